@@ -1,0 +1,1 @@
+"""Benchmark harness: worker pool, timers, memory probes, counting communicator."""

@@ -1,0 +1,208 @@
+"""A persistent pool of ranks: spawned once per world size, then runs many tasks.
+
+Spawning a rank costs seconds (importing torch, joining the process group), so tests, `verify`
+and sweeps send many configurations to the same ranks. A task is a module-level function and
+its arguments; every rank runs it and the pool returns the per-rank results. A task that raises
+on any rank, a rank that dies, or a task past its timeout is reported as an exception; the pool
+kills its ranks in the last two cases (they may be stuck in a collective) and starts fresh ones
+on the next task.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch.multiprocessing as mp
+
+from cpbench.errors import CpbenchError
+
+
+class TaskError(CpbenchError):
+    """A task raised on at least one rank, or a rank died."""
+
+    def __init__(self, message: str, errors: dict[int, str], restarted: bool) -> None:
+        super().__init__(message)
+        self.errors = errors
+        self.restarted = restarted
+
+
+class TaskTimeout(CpbenchError):
+    """A task ran past its timeout; the pool's ranks were killed."""
+
+
+@dataclass(frozen=True)
+class WorldSpec:
+    world_size: int
+    device: str  # "cpu" or "cuda"
+    threads_per_rank: int = 1
+
+    @property
+    def backend(self) -> str:
+        return "nccl" if self.device == "cuda" else "gloo"
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _worker_main(
+    rank: int, spec: WorldSpec, port: int, tasks: Any, results: Any, parent: int
+) -> None:
+    import datetime  # noqa: PLC0415 - runs in the child
+
+    import torch  # noqa: PLC0415
+    import torch.distributed as dist  # noqa: PLC0415
+
+    torch.set_num_threads(spec.threads_per_rank)
+    os.environ.setdefault("OMP_NUM_THREADS", str(spec.threads_per_rank))
+    if spec.device == "cuda":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    dist.init_process_group(
+        spec.backend,
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=spec.world_size,
+        timeout=datetime.timedelta(seconds=600),
+    )
+    results.put(("ready", rank, "ok", None))
+    while True:
+        try:
+            task = tasks.get(timeout=1.0)
+        except queue.Empty:
+            if os.getppid() != parent:  # the parent died: do not linger as an orphan
+                break
+            continue
+        if task is None:
+            break
+        task_id, fn, args = task
+        try:
+            results.put((task_id, rank, "ok", fn(*args)))
+        except BaseException as exc:  # report everything; the parent decides what to do
+            message = f"{type(exc).__name__}: {exc}"
+            results.put((task_id, rank, "error", (message, traceback.format_exc())))
+    dist.destroy_process_group()
+
+
+class WorkerPool:
+    """`with WorkerPool(WorldSpec(4, "cpu")) as pool: per_rank = pool.run(fn, arg, timeout=60)`"""
+
+    def __init__(self, spec: WorldSpec, start_timeout: float = 120.0) -> None:
+        self.spec = spec
+        self.start_timeout = start_timeout
+        self._procs: list[Any] = []
+        self._tasks: list[Any] = []
+        self._results: Any = None
+        self._next_id = 0
+        self._last_traceback = ""
+        self.spawns = 0
+
+    @property
+    def alive(self) -> bool:
+        return bool(self._procs) and all(p.is_alive() for p in self._procs)
+
+    def start(self) -> None:
+        if self.alive:
+            return
+        self.close()
+        ctx = mp.get_context("spawn")
+        port = _free_port()
+        self._results = ctx.Queue()
+        self._tasks = [ctx.Queue() for _ in range(self.spec.world_size)]
+        for rank in range(self.spec.world_size):
+            proc = ctx.Process(
+                target=_worker_main,
+                args=(rank, self.spec, port, self._tasks[rank], self._results, os.getpid()),
+                daemon=True,
+            )
+            proc.start()
+            self._procs.append(proc)
+        self.spawns += 1
+        self._collect("ready", self.start_timeout)
+
+    def run(self, fn: Callable[..., Any], *args: Any, timeout: float = 300.0) -> list[Any]:
+        """Run `fn(*args)` on every rank; return the results in rank order."""
+        self.start()
+        task_id = self._next_id
+        self._next_id += 1
+        for q in self._tasks:
+            q.put((task_id, fn, args))
+        return self._collect(task_id, timeout)
+
+    def _collect(self, task_id: Any, timeout: float) -> list[Any]:
+        n = self.spec.world_size
+        results: dict[int, Any] = {}
+        errors: dict[int, str] = {}
+        deadline = time.monotonic() + timeout
+        grace_deadline: float | None = None
+        while len(results) + len(errors) < n:
+            now = time.monotonic()
+            limit = deadline if grace_deadline is None else min(deadline, grace_deadline)
+            if now >= limit:
+                if errors:  # the other ranks are stuck waiting for the failed one
+                    self.close(force=True)
+                    raise TaskError(self._error_message(errors), errors, restarted=True)
+                self.close(force=True)
+                raise TaskTimeout(
+                    f"task did not finish within {timeout:g} s on ranks "
+                    f"{sorted(set(range(n)) - set(results))}; the pool's ranks were killed"
+                )
+            try:
+                tid, rank, status, payload = self._results.get(timeout=0.2)
+            except queue.Empty:
+                dead = [r for r, p in enumerate(self._procs) if not p.is_alive()]
+                if dead:
+                    codes = {r: self._procs[r].exitcode for r in dead}
+                    for r in dead:
+                        errors.setdefault(r, f"rank {r} died (exit code {codes[r]})")
+                    self.close(force=True)
+                    raise TaskError(self._error_message(errors), errors, restarted=True)
+                continue
+            if tid != task_id:
+                continue  # a late answer of an earlier, abandoned task
+            if status == "ok":
+                results[rank] = payload
+            else:
+                errors[rank] = payload[0]
+                self._last_traceback = payload[1]
+                grace_deadline = time.monotonic() + min(10.0, timeout)
+        if errors:
+            raise TaskError(self._error_message(errors), errors, restarted=False)
+        return [results[r] for r in range(n)]
+
+    @staticmethod
+    def _error_message(errors: dict[int, str]) -> str:
+        first = min(errors)
+        return f"rank {first}: {errors[first]}" + (
+            f" (and {len(errors) - 1} more ranks)" if len(errors) > 1 else ""
+        )
+
+    def close(self, force: bool = False) -> None:
+        """Stop the ranks: politely, or at once (`force`) when they may be stuck."""
+        for q in self._tasks:
+            try:
+                q.put(None)
+            except (OSError, ValueError):
+                pass
+        for proc in self._procs:
+            proc.join(timeout=0.0 if force else 5.0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=5.0)
+        self._procs = []
+        self._tasks = []
+
+    def __enter__(self) -> WorkerPool:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

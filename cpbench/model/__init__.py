@@ -1,0 +1,1 @@
+"""Pure math: shapes, constraints, formulas, FLOPs, memory. Never imports torch.distributed."""

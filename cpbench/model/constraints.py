@@ -1,0 +1,156 @@
+"""Feasibility rules for a context-parallel configuration, in one place.
+
+The attention code, the benchmark harness and the recommender all ask `check_mesh` whether a
+(model shape, U x R mesh, layout) combination can run, so that every rule and every message
+lives here. Pure Python: no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+from cpbench.errors import CpbenchError
+
+Layout = Literal["contiguous", "zigzag", "striped"]
+LAYOUTS: tuple[str, ...] = get_args(Layout)
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """The attention problem of one layer, global (before any sharding)."""
+
+    seq_len: int
+    """L: global sequence length in tokens."""
+    heads: int
+    """h: query heads."""
+    kv_heads: int
+    """h_kv: key/value heads (GQA when smaller than heads; MHA when equal)."""
+    head_dim: int
+    """d_h: channels per head."""
+    batch: int = 1
+    """B: sequences per micro-batch."""
+
+    def __post_init__(self) -> None:
+        for name in ("seq_len", "heads", "kv_heads", "head_dim", "batch"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise CpbenchError(f"{name} must be a positive integer, got {value!r}")
+        if self.heads % self.kv_heads != 0:
+            raise CpbenchError(
+                f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads}) "
+                f"(GQA groups query heads evenly over KV heads)"
+            )
+
+    @property
+    def gqa_group(self) -> int:
+        """Query heads per KV head (h / h_kv)."""
+        return self.heads // self.kv_heads
+
+
+@dataclass(frozen=True)
+class Feasibility:
+    """Answer of `check_mesh`: whether a mesh runs, why not, and the KV replication it uses."""
+
+    ok: bool
+    """True when the configuration can run."""
+    reason: str | None
+    """The rule that rejects it, with the numbers; None when ok."""
+    kv_replication: int = 1
+    """Copies of each KV head made before the Ulysses exchange (1 = none)."""
+
+    def raise_if_infeasible(self) -> Feasibility:
+        if not self.ok:
+            raise CpbenchError(self.reason or "infeasible configuration")
+        return self
+
+
+def required_kv_replication(kv_heads: int, ulysses: int) -> int | None:
+    """KV copies needed so that every Ulysses rank gets whole KV heads; None if impossible.
+
+    `U | h_kv` needs none; `h_kv < U` with `U % h_kv == 0` needs `U / h_kv` copies (each rank
+    then holds exactly one KV head, and its query heads all map to it).
+    """
+    if kv_heads % ulysses == 0:
+        return 1
+    if ulysses % kv_heads == 0:
+        return ulysses // kv_heads
+    return None
+
+
+def seq_divisor(ulysses: int, ring: int, layout: str) -> int:
+    """The sequence length must be a multiple of this for the layout on a U x R mesh.
+
+    Every layout gives each of the U*R ranks L/(U*R) tokens; zigzag also cuts the sequence into
+    2*R chunks, so L must be a multiple of lcm(U*R, 2*R).
+    """
+    world = ulysses * ring
+    if layout == "zigzag":
+        two_r = 2 * ring
+        a, b = world, two_r
+        while b:
+            a, b = b, a % b
+        return world * two_r // a
+    return world
+
+
+def check_mesh(
+    shape: AttentionShape,
+    ulysses: int,
+    ring: int,
+    layout: str = "contiguous",
+    kv_replication: int | None = None,
+    world_size: int | None = None,
+) -> Feasibility:
+    """Check a U x R mesh for a shape; never raises for an infeasible mesh, returns the reason.
+
+    `kv_replication=None` chooses the replication automatically; `1` forbids it; any other
+    value must equal the one the mesh needs.
+    """
+    for name, value in (("ulysses", ulysses), ("ring", ring)):
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            return Feasibility(False, f"{name} degree must be a positive integer, got {value!r}")
+    if layout not in LAYOUTS:
+        return Feasibility(False, f"layout {layout!r} is not one of {', '.join(LAYOUTS)}")
+    if world_size is not None and ulysses * ring != world_size:
+        return Feasibility(
+            False, f"ulysses ({ulysses}) x ring ({ring}) = {ulysses * ring} != world size ({world_size})"
+        )
+    if shape.heads % ulysses != 0:
+        return Feasibility(
+            False,
+            f"ulysses ({ulysses}) must divide heads ({shape.heads}): the all-to-all gives each rank "
+            f"heads / ulysses query heads",
+        )
+    needed = required_kv_replication(shape.kv_heads, ulysses)
+    if needed is None:
+        return Feasibility(
+            False,
+            f"ulysses ({ulysses}) and kv_heads ({shape.kv_heads}) do not divide each other: "
+            f"need ulysses | kv_heads, or kv_heads | ulysses to replicate KV heads; "
+            f"use a ulysses degree that divides {shape.kv_heads} and a larger ring",
+        )
+    if kv_replication is not None:
+        if kv_replication == 1 and needed > 1:
+            return Feasibility(
+                False,
+                f"ulysses {ulysses} needs {ulysses} | kv_heads ({shape.kv_heads}): "
+                f"replicate KV x{needed} or use ring >= {needed} with ulysses {ulysses // needed}",
+            )
+        if kv_replication != needed:
+            return Feasibility(
+                False,
+                f"kv_replication ({kv_replication}) is not what ulysses ({ulysses}) with "
+                f"kv_heads ({shape.kv_heads}) needs ({needed})",
+            )
+    divisor = seq_divisor(ulysses, ring, layout)
+    if shape.seq_len % divisor != 0:
+        rule = (
+            f"lcm(ulysses x ring = {ulysses * ring}, 2 x ring = {2 * ring}) = {divisor}"
+            if layout == "zigzag"
+            else f"ulysses ({ulysses}) x ring ({ring}) = {divisor}"
+        )
+        return Feasibility(
+            False, f"seq_len ({shape.seq_len}) must be divisible by {rule} for the {layout} layout"
+        )
+    return Feasibility(True, None, needed)

@@ -1,0 +1,334 @@
+"""Attention FLOPs and the causal work of each rank under a layout. Pure Python.
+
+Work is counted in attended (query, key) token pairs. Under a causal mask a query at position q
+attends to the keys at positions <= q; the pair with key == query counts 1/2 (the continuum
+convention: a diagonal block of `n` tokens counts `n^2/2`), so the work of all ranks sums to
+exactly `L^2/2` for every layout and the per-rank FLOPs sum exactly to the global causal FLOPs.
+Without a mask every query attends to all `L` keys.
+
+The layout acts on the ring level: ring rank `j` (of `R`) holds `L/R` token positions
+(contiguous: `[j*L/R, (j+1)*L/R)`; zigzag: chunks `j` and `2R-1-j` of `2R`; striped: positions
+`i` with `i mod R == j`). The `U` Ulysses ranks of a ring group split its heads evenly, so each
+does `1/U` of its ring rank's work; global rank `p = j*U + u`. At ring step `s` ring rank `j`
+computes against the K/V chunk of ring rank `(j - s) mod R`.
+
+Everything is closed form over chunks, ranks and steps, never a loop over tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Literal, get_args
+
+from cpbench.errors import CpbenchError
+from cpbench.model.constraints import LAYOUTS, AttentionShape, check_mesh, seq_divisor
+
+FLOPS_CONVENTION = (
+    "attention FLOPs count the two matmuls (Q K^T and P V) only: forward = 4*B*h*L^2*d_h for a "
+    "full (non-causal) mask and half of it, 2*B*h*L^2*d_h, for a causal mask; backward = 2.5 x "
+    "forward (forward+backward = 3.5 x forward); per rank 4*B*(h/U)*d_h FLOPs per attended "
+    "(query, key) pair, a pair on the causal diagonal counting 1/2"
+)
+BACKWARD_FACTOR = Fraction(5, 2)
+"""Backward FLOPs / forward FLOPs."""
+
+FlopsPhase = Literal["forward", "backward", "forward_backward"]
+FLOPS_PHASES: tuple[str, ...] = get_args(FlopsPhase)
+_PHASE_FACTOR: dict[str, Fraction] = {
+    "forward": Fraction(1),
+    "backward": BACKWARD_FACTOR,
+    "forward_backward": 1 + BACKWARD_FACTOR,
+}
+
+
+def phase_factor(phase: str) -> Fraction:
+    """FLOPs of a phase in units of forward FLOPs (1, 2.5 or 3.5)."""
+    if phase not in _PHASE_FACTOR:
+        raise CpbenchError(f"phase {phase!r} is not one of {', '.join(FLOPS_PHASES)}")
+    return _PHASE_FACTOR[phase]
+
+
+def attention_flops(shape: AttentionShape, causal: bool = True, phase: str = "forward") -> float:
+    """Global attention FLOPs of one layer: 4*B*h*L^2*d_h forward (non-causal), see convention."""
+    pairs = total_pairs(shape.seq_len, causal)
+    return float(flops_per_pair(shape, 1) * pairs * phase_factor(phase))
+
+
+def flops_per_pair(shape: AttentionShape, ulysses: int = 1) -> int:
+    """Forward FLOPs of one (query, key) pair on one rank: 4*B*(h/U)*d_h."""
+    if ulysses <= 0 or shape.heads % ulysses:
+        raise CpbenchError(
+            f"ulysses ({ulysses}) must be a positive divisor of heads ({shape.heads})"
+        )
+    return 4 * shape.batch * (shape.heads // ulysses) * shape.head_dim
+
+
+def total_pairs(seq_len: int, causal: bool) -> Fraction:
+    """Attended pairs of the whole sequence: L^2/2 causal, L^2 full."""
+    return Fraction(seq_len * seq_len, 2) if causal else Fraction(seq_len * seq_len)
+
+
+# ------------------------------------------------------------------------------ positions
+
+
+def ring_rank_positions(seq_len: int, ring: int, layout: str, ring_rank: int) -> tuple[range, ...]:
+    """Token positions held by a ring rank under a layout, as ranges (striped: one strided)."""
+    _check_ring_layout(seq_len, ring, layout)
+    if not 0 <= ring_rank < ring:
+        raise CpbenchError(f"ring rank {ring_rank} is outside 0..{ring - 1}")
+    shard = seq_len // ring
+    if layout == "contiguous":
+        return (range(ring_rank * shard, (ring_rank + 1) * shard),)
+    if layout == "zigzag":
+        chunk = seq_len // (2 * ring)
+        first, second = ring_rank, 2 * ring - 1 - ring_rank
+        return (
+            range(first * chunk, (first + 1) * chunk),
+            range(second * chunk, (second + 1) * chunk),
+        )
+    return (range(ring_rank, seq_len, ring),)
+
+
+def _check_ring_layout(seq_len: int, ring: int, layout: str) -> None:
+    for name, value in (("seq_len", seq_len), ("ring", ring)):
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise CpbenchError(f"{name} must be a positive integer, got {value!r}")
+    if layout not in LAYOUTS:
+        raise CpbenchError(f"layout {layout!r} is not one of {', '.join(LAYOUTS)}")
+    divisor = seq_divisor(1, ring, layout)
+    if seq_len % divisor:
+        raise CpbenchError(
+            f"seq_len ({seq_len}) must be divisible by {divisor} for the {layout} layout "
+            f"over a ring of {ring}"
+        )
+
+
+# ---------------------------------------------------------------------------- pair counting
+
+
+def range_pairs(query: range, key: range, causal: bool = True) -> Fraction:
+    """Attended pairs between a contiguous query range and a contiguous key range."""
+    if query.step != 1 or key.step != 1:
+        raise CpbenchError("range_pairs needs contiguous ranges (step 1)")
+    if not causal:
+        return Fraction(len(query) * len(key))
+    below = _keys_below_sum(query.start, query.stop, key.start, key.stop)
+    overlap = max(0, min(query.stop, key.stop) - max(query.start, key.start))
+    return below + Fraction(overlap, 2)
+
+
+def _keys_below_sum(q_lo: int, q_hi: int, k_lo: int, k_hi: int) -> int:
+    """Sum over queries q in [q_lo, q_hi) of the keys k in [k_lo, k_hi) with k < q."""
+    width = k_hi - k_lo
+    # queries in (k_lo, k_hi) see q - k_lo keys: an arithmetic series
+    lo, hi = max(q_lo, k_lo + 1), min(q_hi, k_hi)
+    partial = (hi - lo) * ((lo - k_lo) + (hi - 1 - k_lo)) // 2 if hi > lo else 0
+    # queries at or after k_hi see all `width` keys
+    full = max(0, q_hi - max(q_lo, k_hi)) * width
+    return partial + full
+
+
+def striped_pairs(shard: int, query_rank: int, key_rank: int, causal: bool = True) -> Fraction:
+    """Pairs between the striped shards of two ring ranks (`shard` = L/R tokens each).
+
+    Query positions `j + R*k`, key positions `i + R*l`: the key is earlier when `l <= k` for
+    `i < j` (n(n+1)/2 pairs), when `l < k` for `i > j` (n(n-1)/2), and for `i == j` the n(n-1)/2
+    earlier keys plus the diagonal n/2 make n^2/2.
+    """
+    n = shard
+    if not causal:
+        return Fraction(n * n)
+    if key_rank < query_rank:
+        return Fraction(n * (n + 1), 2)
+    if key_rank > query_rank:
+        return Fraction(n * (n - 1), 2)
+    return Fraction(n * n, 2)
+
+
+def chunk_pairs(
+    seq_len: int, ring: int, layout: str, query_rank: int, key_rank: int, causal: bool = True
+) -> Fraction:
+    """Pairs ring rank `query_rank` computes against the K/V shard of ring rank `key_rank`."""
+    if layout == "striped":
+        _check_ring_layout(seq_len, ring, layout)
+        return striped_pairs(seq_len // ring, query_rank, key_rank, causal)
+    queries = ring_rank_positions(seq_len, ring, layout, query_rank)
+    keys = ring_rank_positions(seq_len, ring, layout, key_rank)
+    return sum((range_pairs(q, k, causal) for q in queries for k in keys), Fraction(0))
+
+
+def ring_step_pairs(
+    seq_len: int, ring: int, layout: str, causal: bool = True
+) -> tuple[tuple[Fraction, ...], ...]:
+    """`[s][j]`: pairs ring rank j computes at ring step s (K/V of ring rank (j - s) mod R)."""
+    _check_ring_layout(seq_len, ring, layout)
+    return tuple(
+        tuple(
+            chunk_pairs(seq_len, ring, layout, j, (j - s) % ring, causal) for j in range(ring)
+        )
+        for s in range(ring)
+    )
+
+
+def ring_rank_pairs(seq_len: int, ring: int, layout: str, causal: bool = True) -> tuple[Fraction, ...]:
+    """Pairs each ring rank computes over all ring steps (all heads of the ring group).
+
+    Closed forms with n = L/R: contiguous n^2*(j + 1/2); zigzag 2R*(L/(2R))^2 for every rank;
+    striped R*n*(n-1)/2 + j*n + n/2.
+    """
+    _check_ring_layout(seq_len, ring, layout)
+    n = seq_len // ring
+    if not causal:
+        return tuple(Fraction(seq_len * n) for _ in range(ring))
+    if layout == "contiguous":
+        return tuple(n * n * (j + Fraction(1, 2)) for j in range(ring))
+    if layout == "zigzag":
+        chunk = seq_len // (2 * ring)
+        return tuple(Fraction(2 * ring * chunk * chunk) for _ in range(ring))
+    return tuple(
+        Fraction(ring * n * (n - 1), 2) + j * n + Fraction(n, 2) for j in range(ring)
+    )
+
+
+def global_rank(ring_rank: int, ulysses_rank: int, ulysses: int) -> int:
+    """Global rank p = j*U + u of Ulysses rank u inside ring rank j."""
+    return ring_rank * ulysses + ulysses_rank
+
+
+def imbalance(values: tuple[float, ...] | list[float]) -> float:
+    """Slowest / mean (1.0 = perfectly balanced)."""
+    if not values:
+        raise CpbenchError("imbalance needs at least one value")
+    mean = sum(values) / len(values)
+    return float(max(values) / mean) if mean else 1.0
+
+
+# ---------------------------------------------------------------------------- layout work
+
+
+@dataclass(frozen=True)
+class LayoutWork:
+    """Attention work of every rank and every ring step under a layout."""
+
+    seq_len: int
+    """L."""
+    ulysses: int
+    """U: ranks sharing a ring rank's work by heads."""
+    ring: int
+    """R: ring ranks the layout spreads the tokens over."""
+    layout: str
+    """contiguous, zigzag or striped."""
+    causal: bool
+    """Causal mask (True) or full attention."""
+    step_pairs: tuple[tuple[Fraction, ...], ...]
+    """`[s][j]`: pairs of ring rank j at ring step s, all heads of the ring group."""
+    ring_rank_pairs: tuple[Fraction, ...]
+    """Pairs of each ring rank over all steps, all heads of the ring group."""
+
+    @property
+    def world(self) -> int:
+        """P = U * R."""
+        return self.ulysses * self.ring
+
+    @property
+    def rank_pairs(self) -> tuple[Fraction, ...]:
+        """Pairs per global rank p = j*U + u: its ring rank's pairs / U (head share)."""
+        return tuple(
+            self.ring_rank_pairs[p // self.ulysses] / self.ulysses for p in range(self.world)
+        )
+
+    @property
+    def chunk_size(self) -> Fraction:
+        """L / (2P): the chunk of the `2P`-chunk unit."""
+        return Fraction(self.seq_len, 2 * self.world)
+
+    @property
+    def rank_chunk_units(self) -> tuple[Fraction, ...]:
+        """Pairs per global rank in units of (L/(2P))^2; mean 2P causal, 4P full."""
+        unit = self.chunk_size**2
+        return tuple(pairs / unit for pairs in self.rank_pairs)
+
+    @property
+    def total(self) -> Fraction:
+        """Pairs of all ranks: L^2/2 causal, L^2 full."""
+        return sum(self.ring_rank_pairs, Fraction(0))
+
+    @property
+    def imbalance(self) -> float:
+        """Slowest rank / mean rank."""
+        return imbalance([float(p) for p in self.ring_rank_pairs])
+
+    @property
+    def step_max_pairs(self) -> tuple[Fraction, ...]:
+        """Pairs of the busiest ring rank at each ring step (what sets a step's time)."""
+        return tuple(max(step) for step in self.step_pairs)
+
+
+def layout_work(
+    seq_len: int, ulysses: int, ring: int, layout: str, causal: bool = True
+) -> LayoutWork:
+    """Work of every rank and ring step; seq_len must be a multiple of `seq_divisor`."""
+    if not isinstance(ulysses, int) or isinstance(ulysses, bool) or ulysses <= 0:
+        raise CpbenchError(f"ulysses degree must be a positive integer, got {ulysses!r}")
+    _check_ring_layout(seq_len, ring, layout)
+    divisor = seq_divisor(ulysses, ring, layout)
+    if seq_len % divisor:
+        raise CpbenchError(
+            f"seq_len ({seq_len}) must be divisible by {divisor} for the {layout} layout on a "
+            f"{ulysses} x {ring} mesh"
+        )
+    return LayoutWork(
+        seq_len,
+        ulysses,
+        ring,
+        layout,
+        causal,
+        ring_step_pairs(seq_len, ring, layout, causal),
+        ring_rank_pairs(seq_len, ring, layout, causal),
+    )
+
+
+# ----------------------------------------------------------------------------------- FLOPs
+
+
+@dataclass(frozen=True)
+class FlopsBreakdown:
+    """Global and per-rank attention FLOPs of one layer under a layout."""
+
+    shape: AttentionShape
+    """The global problem."""
+    work: LayoutWork
+    """Pairs per rank and step it is computed from."""
+    pair_flops: int
+    """Forward FLOPs per pair on one rank: 4*B*(h/U)*d_h."""
+
+    def global_flops(self, phase: str = "forward") -> float:
+        """All ranks together; equals `attention_flops`."""
+        return attention_flops(self.shape, self.work.causal, phase)
+
+    def rank_flops(self, phase: str = "forward") -> tuple[float, ...]:
+        """FLOPs of each global rank p = j*U + u."""
+        factor = self.pair_flops * phase_factor(phase)
+        u = self.work.ulysses
+        return tuple(
+            float(self.work.ring_rank_pairs[p // u] * factor) for p in range(self.work.world)
+        )
+
+    def step_flops(self, phase: str = "forward") -> tuple[tuple[float, ...], ...]:
+        """`[s][j]`: FLOPs of each global rank of ring rank j at ring step s."""
+        factor = self.pair_flops * phase_factor(phase)
+        return tuple(tuple(float(p * factor) for p in step) for step in self.work.step_pairs)
+
+    def slowest_rank_flops(self, phase: str = "forward") -> float:
+        """FLOPs of the busiest rank, which sets the step time."""
+        return max(self.rank_flops(phase))
+
+
+def flops_breakdown(
+    shape: AttentionShape, ulysses: int, ring: int, layout: str, causal: bool = True
+) -> FlopsBreakdown:
+    """FLOPs per rank and step of a mesh (CpbenchError if `check_mesh` rejects it)."""
+    check_mesh(shape, ulysses, ring, layout).raise_if_infeasible()
+    work = layout_work(shape.seq_len, ulysses, ring, layout, causal)
+    return FlopsBreakdown(shape, work, flops_per_pair(shape, ulysses))

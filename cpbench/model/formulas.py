@@ -1,0 +1,535 @@
+"""Communication volume of context-parallel attention, per rank, as numbers and as formulas.
+
+Every volume exists twice: a number computed from the configuration, and a symbolic expression
+over the symbols below that `evaluate_formula` turns into the same number (the tests check it), so
+the CLI can print the formula, the formula with the values substituted, and the value.
+
+Symbols: `B` batch, `L` global sequence length, `h` query heads, `h_kv` KV heads, `d_h` head dim,
+`d = h*d_h`, `d_kv = h_kv*d_h`, `U` Ulysses degree, `R` ring degree, `c` KV replication,
+`e` bytes per element of the input dtype (fp32 accumulators always use 4).
+
+Counting convention (it is what the instrumented communicator counts, so analytic bytes equal
+counted bytes): an all-to-all over `U` ranks "sends" the elements a rank hands in minus the `1/U`
+part that stays on the rank itself; a point-to-point send counts the elements of the tensor sent.
+Nothing is counted for `U == 1` (no all-to-all) or `R == 1` (no ring).
+
+What the implementation sends, per rank and per layer (`S = L/(U*R)` tokens per rank):
+
+- Ulysses stage (`U > 1`), forward: `a2a_q` hands in `B*S*h*d_h`, `a2a_kv` hands in K and V packed
+  after replication, `2*B*S*c*h_kv*d_h`, and `a2a_out` hands in `B*S*h*d_h`; backward mirrors it
+  with `a2a_dout`, `a2a_dq`, `a2a_dkv` of the same sizes, all in the input dtype.
+- Ring stage (`R > 1`) over the `L/R` tokens of a ring shard with `h/U` query heads and
+  `c*h_kv/U` KV heads: forward `R-1` hops of K/V packed (`2*B*(L/R)*(c*h_kv/U)*d_h` elements, dtype);
+  backward the same `R-1` K/V hops plus `R` hops of the fp32 dK/dV accumulator, which travels with
+  its chunk and makes one final hop home.
+
+The layout permutes tokens; it changes the work of each rank, never these volumes. Pure Python.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Literal, get_args
+
+from cpbench.errors import CpbenchError
+from cpbench.model.constraints import AttentionShape, check_mesh, seq_divisor
+
+Dtype = Literal["float32", "bfloat16", "float16"]
+DTYPES: tuple[str, ...] = get_args(Dtype)
+DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
+DTYPE_ALIASES: dict[str, str] = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+FP32_BYTES = 4
+"""Bytes per element of the fp32 accumulators (dK/dV travelling the ring, outputs, LSE)."""
+
+Phase = Literal["forward", "backward"]
+PHASES: tuple[str, ...] = get_args(Phase)
+Stage = Literal["ulysses", "ring"]
+CollectiveKind = Literal["all_to_all", "send_recv"]
+Scheme = Literal["single", "ulysses", "ring", "usp"]
+
+
+def canonical_dtype(name: str) -> str:
+    """The canonical dtype name for `name` (`bf16` -> `bfloat16`); CpbenchError if unknown."""
+    key = str(name).strip().lower()
+    key = DTYPE_ALIASES.get(key, key)
+    if key not in DTYPE_BYTES:
+        allowed = ", ".join([*DTYPES, *DTYPE_ALIASES])
+        raise CpbenchError(f"dtype {name!r} is not supported; use one of {allowed}")
+    return key
+
+
+def dtype_bytes(name: str) -> int:
+    """Bytes per element of a dtype name (aliases accepted)."""
+    return DTYPE_BYTES[canonical_dtype(name)]
+
+
+@dataclass(frozen=True)
+class CpConfig:
+    """A feasible context-parallel configuration: one attention layer on a U x R mesh."""
+
+    shape: AttentionShape
+    """The global attention problem."""
+    ulysses: int
+    """U: ranks in a Ulysses (all-to-all) group."""
+    ring: int
+    """R: ranks in a ring group."""
+    layout: str
+    """Token layout over the ranks: contiguous, zigzag or striped."""
+    dtype: str
+    """Canonical dtype name of Q/K/V/O and of the K/V and activation exchanges."""
+    kv_replication: int
+    """c: copies of each KV head made before the Ulysses exchange (1 = none)."""
+
+    @property
+    def world(self) -> int:
+        """P = U * R ranks."""
+        return self.ulysses * self.ring
+
+    @property
+    def tokens_per_rank(self) -> int:
+        """S = L / (U*R): tokens a rank holds before and after attention."""
+        return self.shape.seq_len // self.world
+
+    @property
+    def ring_shard(self) -> int:
+        """L / R: tokens of a ring shard (what a rank sees after the Ulysses exchange)."""
+        return self.shape.seq_len // self.ring
+
+    @property
+    def heads_per_rank(self) -> int:
+        """h / U: query heads a rank attends for after the Ulysses exchange."""
+        return self.shape.heads // self.ulysses
+
+    @property
+    def kv_heads_per_rank(self) -> int:
+        """c * h_kv / U: KV heads a rank holds after the Ulysses exchange."""
+        return self.kv_replication * self.shape.kv_heads // self.ulysses
+
+    @property
+    def bytes_per_element(self) -> int:
+        """e: bytes per element of `dtype`."""
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def scheme(self) -> Scheme:
+        """single (1 rank), ulysses (R=1), ring (U=1) or usp (both > 1)."""
+        if self.ulysses == 1:
+            return "single" if self.ring == 1 else "ring"
+        return "ulysses" if self.ring == 1 else "usp"
+
+    def symbols(self) -> dict[str, int]:
+        """Value of every symbol the formulas use."""
+        s = self.shape
+        return {
+            "B": s.batch,
+            "L": s.seq_len,
+            "h": s.heads,
+            "h_kv": s.kv_heads,
+            "d_h": s.head_dim,
+            "d": s.heads * s.head_dim,
+            "d_kv": s.kv_heads * s.head_dim,
+            "U": self.ulysses,
+            "R": self.ring,
+            "c": self.kv_replication,
+            "e": self.bytes_per_element,
+        }
+
+
+def cp_config(
+    shape: AttentionShape,
+    ulysses: int = 1,
+    ring: int = 1,
+    layout: str = "contiguous",
+    dtype: str = "bfloat16",
+) -> CpConfig:
+    """Validate a configuration with `check_mesh`; CpbenchError with its reason if infeasible."""
+    canonical = canonical_dtype(dtype)
+    feasibility = check_mesh(shape, ulysses, ring, layout).raise_if_infeasible()
+    return CpConfig(shape, ulysses, ring, layout, canonical, feasibility.kv_replication)
+
+
+def config_from_sizes(
+    seq_len: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    batch: int = 1,
+    ulysses: int = 1,
+    ring: int = 1,
+    layout: str = "contiguous",
+    dtype: str = "bfloat16",
+) -> CpConfig:
+    """`cp_config` from plain sizes (AttentionShape validates them)."""
+    shape = AttentionShape(seq_len, heads, kv_heads, head_dim, batch)
+    return cp_config(shape, ulysses, ring, layout, dtype)
+
+
+# ----------------------------------------------------------------------------------- formulas
+
+_SYMBOL = re.compile(r"\b(B|L|h_kv|h|d_h|d_kv|d|U|R|c|e)\b")
+
+
+def substitute(formula: str, symbols: Mapping[str, int]) -> str:
+    """The formula with every symbol replaced by its value: `B*(L/U)` -> `1*(8192/4)`."""
+    return _SYMBOL.sub(lambda m: str(symbols[m.group(1)]), formula)
+
+
+def evaluate_formula(formula: str, symbols: Mapping[str, int]) -> Fraction:
+    """Exact value of a formula (+ - * / and parentheses over integers and symbols)."""
+    tree = ast.parse(formula, mode="eval")
+    return _evaluate_node(tree.body, symbols, formula)
+
+
+def _evaluate_node(node: ast.expr, symbols: Mapping[str, int], formula: str) -> Fraction:
+    if isinstance(node, ast.Constant) and isinstance(node.value, int):
+        return Fraction(node.value)
+    if isinstance(node, ast.Name):
+        if node.id not in symbols:
+            raise CpbenchError(f"unknown symbol {node.id!r} in formula {formula!r}")
+        return Fraction(symbols[node.id])
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return -_evaluate_node(node.operand, symbols, formula)
+    if isinstance(node, ast.BinOp):
+        left = _evaluate_node(node.left, symbols, formula)
+        right = _evaluate_node(node.right, symbols, formula)
+        if isinstance(node.op, ast.Add):
+            return left + right
+        if isinstance(node.op, ast.Sub):
+            return left - right
+        if isinstance(node.op, ast.Mult):
+            return left * right
+        if isinstance(node.op, ast.Div):
+            return left / right
+    raise CpbenchError(f"formula {formula!r} uses an unsupported expression")
+
+
+# ------------------------------------------------------------------------- volume dataclasses
+
+
+@dataclass(frozen=True)
+class CollectiveVolume:
+    """One collective of a stage: how often it runs and what a rank sends through it."""
+
+    name: str
+    """Identifier the instrumented communicator uses too, e.g. `a2a_kv`, `p2p_dkv`."""
+    stage: Stage
+    """ulysses (all-to-all) or ring (point-to-point)."""
+    phase: Phase
+    """forward or backward."""
+    kind: CollectiveKind
+    """all_to_all or send_recv."""
+    group_size: int
+    """Ranks taking part: U for an all-to-all, R for the ring."""
+    calls: int
+    """Calls per layer and phase (1 per all-to-all; hops for the ring)."""
+    elements_per_call: int
+    """Elements a rank hands in per call (all-to-all: self part included; send: the tensor)."""
+    elements_sent: int
+    """Elements a rank sends over all calls, its own all-to-all part excluded."""
+    bytes_per_element: int
+    """e of the input dtype, or 4 for fp32 accumulators."""
+    element_symbol: str
+    """How `bytes_per_element` is written in formulas: `e`, or `4` for fp32 accumulators."""
+    per_call_formula: str
+    """Symbolic `elements_per_call`."""
+    formula: str
+    """Symbolic `elements_sent`."""
+
+    @property
+    def bytes_sent(self) -> int:
+        """Bytes a rank sends over all calls."""
+        return self.elements_sent * self.bytes_per_element
+
+    @property
+    def bytes_per_call(self) -> int:
+        """Bytes handed in per call: the `size` nccl-tests reports for this collective."""
+        return self.elements_per_call * self.bytes_per_element
+
+    @property
+    def bytes_formula(self) -> str:
+        """Symbolic `bytes_sent`."""
+        return f"{self.element_symbol}*{self.formula}"
+
+
+@dataclass(frozen=True)
+class StageVolume:
+    """The collectives of one stage (Ulysses or ring) in one phase, with the stage formula."""
+
+    stage: Stage
+    """ulysses or ring."""
+    phase: Phase
+    """forward or backward."""
+    collectives: tuple[CollectiveVolume, ...]
+    """Its collectives, in the order they run."""
+    formula: str
+    """Symbolic elements sent per rank by the whole stage."""
+    bytes_formula: str
+    """Symbolic bytes sent per rank by the whole stage."""
+
+    @property
+    def elements_sent(self) -> int:
+        """Elements a rank sends in this stage."""
+        return sum(c.elements_sent for c in self.collectives)
+
+    @property
+    def bytes_sent(self) -> int:
+        """Bytes a rank sends in this stage."""
+        return sum(c.bytes_sent for c in self.collectives)
+
+
+@dataclass(frozen=True)
+class CommVolume:
+    """Communication of one attention layer per rank, forward and backward."""
+
+    config: CpConfig
+    """The configuration it is computed for."""
+    forward: tuple[StageVolume, ...]
+    """Forward stages that communicate (none for a single rank)."""
+    backward: tuple[StageVolume, ...]
+    """Backward stages that communicate."""
+
+    def stages(self, phase: Phase) -> tuple[StageVolume, ...]:
+        """The stages of a phase."""
+        if phase not in PHASES:
+            raise CpbenchError(f"phase {phase!r} is not one of {', '.join(PHASES)}")
+        return self.forward if phase == "forward" else self.backward
+
+    def collectives(self, phase: Phase) -> tuple[CollectiveVolume, ...]:
+        """Every collective of a phase, in order."""
+        return tuple(c for stage in self.stages(phase) for c in stage.collectives)
+
+    def elements_sent(self, phase: Phase) -> int:
+        """Elements a rank sends in a phase."""
+        return sum(stage.elements_sent for stage in self.stages(phase))
+
+    def bytes_sent(self, phase: Phase) -> int:
+        """Bytes a rank sends in a phase."""
+        return sum(stage.bytes_sent for stage in self.stages(phase))
+
+    def global_bytes_sent(self, phase: Phase) -> int:
+        """Bytes all U*R ranks send in a phase (every rank sends the same amount)."""
+        return self.bytes_sent(phase) * self.config.world
+
+    def global_elements_sent(self, phase: Phase) -> int:
+        """Elements all U*R ranks send in a phase."""
+        return self.elements_sent(phase) * self.config.world
+
+
+# ------------------------------------------------------------------------ numbers (per rank)
+
+
+def ulysses_q_elements(config: CpConfig) -> int:
+    """Elements a rank hands to `a2a_q` (and `a2a_out`, `a2a_dout`, `a2a_dq`): B*S*h*d_h."""
+    s = config.shape
+    return s.batch * config.tokens_per_rank * s.heads * s.head_dim
+
+
+def ulysses_kv_elements(config: CpConfig) -> int:
+    """Elements a rank hands to `a2a_kv` (and `a2a_dkv`): 2*B*S*c*h_kv*d_h, K and V packed."""
+    s = config.shape
+    return 2 * s.batch * config.tokens_per_rank * config.kv_replication * s.kv_heads * s.head_dim
+
+
+def all_to_all_sent(handed_in: int, group_size: int) -> int:
+    """Elements an all-to-all sends: what a rank hands in minus its own 1/U part."""
+    if group_size <= 1:
+        return 0
+    if handed_in % group_size:
+        raise CpbenchError(
+            f"an all-to-all over {group_size} ranks needs a buffer divisible by {group_size}, "
+            f"got {handed_in} elements"
+        )
+    return handed_in // group_size * (group_size - 1)
+
+
+def ring_kv_chunk_elements(config: CpConfig) -> int:
+    """Elements of one ring hop of K/V packed: 2*B*(L/R)*(c*h_kv/U)*d_h."""
+    s = config.shape
+    return 2 * s.batch * config.ring_shard * config.kv_heads_per_rank * s.head_dim
+
+
+def ulysses_elements_sent(config: CpConfig, phase: Phase = "forward") -> int:
+    """Elements a rank sends in the Ulysses stage; equal forward and backward."""
+    _check_phase(phase)
+    handed = 2 * ulysses_q_elements(config) + ulysses_kv_elements(config)
+    return all_to_all_sent(handed, config.ulysses)
+
+
+def ring_elements_sent(config: CpConfig, phase: Phase = "forward") -> int:
+    """Elements a rank sends in the ring stage: (R-1) K/V hops, plus R dK/dV hops backward."""
+    _check_phase(phase)
+    if config.ring == 1:
+        return 0
+    hops = config.ring - 1 if phase == "forward" else 2 * config.ring - 1
+    return hops * ring_kv_chunk_elements(config)
+
+
+def ring_bytes_sent(config: CpConfig, phase: Phase = "forward") -> int:
+    """Bytes a rank sends in the ring stage (the backward dK/dV hops are fp32)."""
+    _check_phase(phase)
+    if config.ring == 1:
+        return 0
+    chunk = ring_kv_chunk_elements(config)
+    kv_bytes = (config.ring - 1) * chunk * config.bytes_per_element
+    if phase == "forward":
+        return kv_bytes
+    return kv_bytes + config.ring * chunk * FP32_BYTES
+
+
+def _check_phase(phase: str) -> None:
+    if phase not in PHASES:
+        raise CpbenchError(f"phase {phase!r} is not one of {', '.join(PHASES)}")
+
+
+# ---------------------------------------------------------------------- formulas (symbolic)
+
+
+def _tokens_symbol(config: CpConfig) -> str:
+    """S = L/(U*R) written as simply as the mesh allows."""
+    return "(L/U)" if config.ring == 1 else "(L/(U*R))"
+
+
+def _ring_kv_heads_symbol(config: CpConfig) -> str:
+    """KV heads per rank in the ring: h_kv for pure ring, c*h_kv/U with Ulysses."""
+    return "h_kv" if config.ulysses == 1 else "(c*h_kv/U)"
+
+
+def _ring_kv_width_symbol(config: CpConfig) -> str:
+    """KV channels per rank in the ring: d_kv for pure ring, c*d_kv/U with Ulysses."""
+    return "d_kv" if config.ulysses == 1 else "(c*d_kv/U)"
+
+
+def _all_to_all(
+    config: CpConfig, name: str, phase: Phase, handed: int, handed_formula: str
+) -> CollectiveVolume:
+    u = config.ulysses
+    return CollectiveVolume(
+        name=name,
+        stage="ulysses",
+        phase=phase,
+        kind="all_to_all",
+        group_size=u,
+        calls=1,
+        elements_per_call=handed,
+        elements_sent=all_to_all_sent(handed, u),
+        bytes_per_element=config.bytes_per_element,
+        element_symbol="e",
+        per_call_formula=handed_formula,
+        formula=f"{handed_formula}*(U-1)/U",
+    )
+
+
+def ulysses_stage(config: CpConfig, phase: Phase) -> StageVolume | None:
+    """The Ulysses all-to-alls of a phase; None when U == 1."""
+    _check_phase(phase)
+    if config.ulysses == 1:
+        return None
+    tokens = _tokens_symbol(config)
+    q_formula = f"B*{tokens}*h*d_h"
+    kv_formula = f"2*B*{tokens}*c*h_kv*d_h"
+    q, kv = ulysses_q_elements(config), ulysses_kv_elements(config)
+    if phase == "forward":
+        specs = [("a2a_q", q, q_formula), ("a2a_kv", kv, kv_formula), ("a2a_out", q, q_formula)]
+    else:
+        specs = [("a2a_dout", q, q_formula), ("a2a_dq", q, q_formula), ("a2a_dkv", kv, kv_formula)]
+    collectives = tuple(_all_to_all(config, n, phase, e, f) for n, e, f in specs)
+    formula = f"B*{tokens}*(U-1)/U*(2*d + 2*c*d_kv)"
+    return StageVolume("ulysses", phase, collectives, formula, f"e*{formula}")
+
+
+def _ring_hops(
+    config: CpConfig, name: str, phase: Phase, hops: int, fp32: bool
+) -> CollectiveVolume:
+    chunk_formula = f"2*B*(L/R)*{_ring_kv_heads_symbol(config)}*d_h"
+    hops_symbol = "(R-1)" if hops == config.ring - 1 else "R"
+    return CollectiveVolume(
+        name=name,
+        stage="ring",
+        phase=phase,
+        kind="send_recv",
+        group_size=config.ring,
+        calls=hops,
+        elements_per_call=ring_kv_chunk_elements(config),
+        elements_sent=hops * ring_kv_chunk_elements(config),
+        bytes_per_element=FP32_BYTES if fp32 else config.bytes_per_element,
+        element_symbol="4" if fp32 else "e",
+        per_call_formula=chunk_formula,
+        formula=f"{hops_symbol}*{chunk_formula}",
+    )
+
+
+def ring_stage(config: CpConfig, phase: Phase) -> StageVolume | None:
+    """The ring hops of a phase; None when R == 1."""
+    _check_phase(phase)
+    r = config.ring
+    if r == 1:
+        return None
+    width = _ring_kv_width_symbol(config)
+    kv = _ring_hops(config, "p2p_kv", phase, r - 1, fp32=False)
+    if phase == "forward":
+        formula = f"2*B*L*{width}*(R-1)/R"
+        return StageVolume("ring", phase, (kv,), formula, f"e*{formula}")
+    dkv = _ring_hops(config, "p2p_dkv", phase, r, fp32=True)
+    formula = f"2*B*L*{width}*(2*R-1)/R"
+    bytes_formula = f"e*2*B*L*{width}*(R-1)/R + 4*2*B*L*{width}"
+    return StageVolume("ring", phase, (kv, dkv), formula, bytes_formula)
+
+
+def comm_volume(config: CpConfig) -> CommVolume:
+    """Per-rank communication of a configuration, forward and backward."""
+    forward = (ulysses_stage(config, "forward"), ring_stage(config, "forward"))
+    backward = (ulysses_stage(config, "backward"), ring_stage(config, "backward"))
+    return CommVolume(
+        config,
+        tuple(s for s in forward if s is not None),
+        tuple(s for s in backward if s is not None),
+    )
+
+
+# ---------------------------------------------------------------------- nccl-tests bandwidth
+
+
+def algbw(size_bytes: float, seconds: float) -> float:
+    """nccl-tests algorithm bandwidth in bytes/s: the `size` of a call over its time.
+
+    For an all-to-all `size` is the whole buffer a rank hands in, its own part included
+    (`CollectiveVolume.bytes_per_call`); for send/recv it is the message.
+    """
+    if seconds <= 0:
+        raise CpbenchError(f"time must be positive to compute a bandwidth, got {seconds} s")
+    if size_bytes < 0:
+        raise CpbenchError(f"size must be non-negative, got {size_bytes} bytes")
+    return size_bytes / seconds
+
+
+def busbw_factor(kind: CollectiveKind, group_size: int) -> Fraction:
+    """busbw / algbw: (n-1)/n for an all-to-all over n ranks, 1 for send/recv."""
+    if group_size < 1:
+        raise CpbenchError(f"group size must be at least 1, got {group_size}")
+    if kind == "all_to_all":
+        return Fraction(group_size - 1, group_size)
+    if kind == "send_recv":
+        return Fraction(1)
+    raise CpbenchError(f"collective kind {kind!r} is not one of all_to_all, send_recv")
+
+
+def busbw(algbw_bytes_per_s: float, kind: CollectiveKind, group_size: int) -> float:
+    """nccl-tests bus bandwidth from the algorithm bandwidth."""
+    return algbw_bytes_per_s * float(busbw_factor(kind, group_size))
+
+
+def bandwidths(
+    size_bytes: float, seconds: float, kind: CollectiveKind, group_size: int
+) -> tuple[float, float]:
+    """(algbw, busbw) in bytes/s of one call of `size_bytes` that took `seconds`."""
+    alg = algbw(size_bytes, seconds)
+    return alg, busbw(alg, kind, group_size)
+
+
+def seq_len_divisor(config: CpConfig) -> int:
+    """The multiple of which the sequence length must be for this mesh and layout."""
+    return seq_divisor(config.ulysses, config.ring, config.layout)

@@ -1,0 +1,287 @@
+"""Memory per rank of one context-parallel attention layer: an itemised lower bound. Pure Python.
+
+Each item is a tensor the implementation must hold (shape, dtype, bytes) and the stages during
+which it is alive. A layer runs through up to six stages: forward all-to-all in (Ulysses),
+forward attention (the ring or the local kernel), forward all-to-all out, and the same three in
+backward. The peak of a phase is the largest sum of live items over its stages; the total is the
+sum of every item allocated in it. Nothing else (model weights, kernel workspaces, allocator
+slack) is counted, hence a lower bound.
+
+Notation: `S = L/(U*R)` tokens per rank, `n = L/R` tokens of a ring shard, `h/U` query heads and
+`c*h_kv/U` KV heads per rank after the Ulysses exchange, `e` bytes of the dtype, fp32 = 4.
+For pure ring (U = 1) the ring-level tensors are the local shards and are counted once.
+Every item is proportional to L, so `max_seq_len_for_budget` is a closed form.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+from cpbench.errors import CpbenchError
+from cpbench.model.constraints import AttentionShape, seq_divisor
+from cpbench.model.formulas import DTYPE_BYTES, CpConfig, canonical_dtype, cp_config
+
+MemoryPhase = Literal["forward", "forward_backward"]
+MEMORY_PHASES: tuple[str, ...] = get_args(MemoryPhase)
+
+FWD_A2A_IN = "fwd_a2a_in"
+FWD_ATTENTION = "fwd_attention"
+FWD_A2A_OUT = "fwd_a2a_out"
+BWD_A2A_IN = "bwd_a2a_in"
+BWD_ATTENTION = "bwd_attention"
+BWD_A2A_OUT = "bwd_a2a_out"
+STAGES: tuple[str, ...] = (
+    FWD_A2A_IN,
+    FWD_ATTENTION,
+    FWD_A2A_OUT,
+    BWD_A2A_IN,
+    BWD_ATTENTION,
+    BWD_A2A_OUT,
+)
+FORWARD_STAGES: tuple[str, ...] = STAGES[:3]
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class MemoryItem:
+    """One tensor a rank holds."""
+
+    name: str
+    """What it is, e.g. `q_local`, `kv_ring_buffers`."""
+    shape: tuple[int, ...]
+    """Its shape."""
+    dtype: str
+    """Canonical dtype name (fp32 accumulators are `float32` whatever the input dtype)."""
+    stages: tuple[str, ...]
+    """Stages during which it is alive, in order; the first is where it is allocated."""
+    note: str = ""
+    """One line on what it is for."""
+
+    @property
+    def elements(self) -> int:
+        """Elements of the tensor."""
+        count = 1
+        for size in self.shape:
+            count *= size
+        return count
+
+    @property
+    def bytes(self) -> int:
+        """Bytes of the tensor."""
+        return self.elements * DTYPE_BYTES[self.dtype]
+
+    @property
+    def phase(self) -> str:
+        """forward when allocated in a forward stage, else backward."""
+        return "forward" if self.stages[0] in FORWARD_STAGES else "backward"
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Itemised per-rank memory of one layer, with totals and peaks."""
+
+    config: CpConfig
+    """The configuration."""
+    items: tuple[MemoryItem, ...]
+    """Every tensor, forward ones first."""
+    stages: tuple[str, ...]
+    """The stages this scheme runs through (no all-to-all stages when U = 1)."""
+
+    def items_of(self, phase: MemoryPhase) -> tuple[MemoryItem, ...]:
+        """Items allocated in a phase: forward only, or forward and backward."""
+        _check_phase(phase)
+        if phase == "forward_backward":
+            return self.items
+        return tuple(item for item in self.items if item.phase == "forward")
+
+    def stage_bytes(self, stage: str) -> int:
+        """Bytes alive during a stage."""
+        if stage not in self.stages:
+            raise CpbenchError(f"stage {stage!r} is not one of {', '.join(self.stages)}")
+        return sum(item.bytes for item in self.items if stage in item.stages)
+
+    def total(self, phase: MemoryPhase) -> int:
+        """Sum of every item allocated in the phase (as if nothing were ever freed)."""
+        return sum(item.bytes for item in self.items_of(phase))
+
+    def peak(self, phase: MemoryPhase) -> int:
+        """Largest live bytes over the stages of the phase."""
+        _check_phase(phase)
+        stages = [s for s in self.stages if phase == "forward_backward" or s in FORWARD_STAGES]
+        return max(self.stage_bytes(s) for s in stages)
+
+    def peak_stage(self, phase: MemoryPhase) -> str:
+        """The stage where the peak of the phase is reached."""
+        _check_phase(phase)
+        stages = [s for s in self.stages if phase == "forward_backward" or s in FORWARD_STAGES]
+        return max(stages, key=self.stage_bytes)
+
+
+def _check_phase(phase: str) -> None:
+    if phase not in MEMORY_PHASES:
+        raise CpbenchError(f"memory phase {phase!r} is not one of {', '.join(MEMORY_PHASES)}")
+
+
+def scheme_stages(ulysses: int) -> tuple[str, ...]:
+    """Stages a scheme runs through: all six with Ulysses, the two attention stages without."""
+    return STAGES if ulysses > 1 else (FWD_ATTENTION, BWD_ATTENTION)
+
+
+class _ItemBuilder:
+    """Collects items, clipping each lifetime to the stages the scheme has."""
+
+    def __init__(self, config: CpConfig) -> None:
+        self.config = config
+        self.stages = scheme_stages(config.ulysses)
+        self.items: list[MemoryItem] = []
+
+    def add(
+        self, name: str, shape: tuple[int, ...], fp32: bool, first: str, last: str, note: str
+    ) -> None:
+        lo, hi = STAGES.index(first), STAGES.index(last)
+        alive = tuple(s for s in self.stages if lo <= STAGES.index(s) <= hi)
+        dtype = "float32" if fp32 else self.config.dtype
+        self.items.append(MemoryItem(name, shape, dtype, alive, note))
+
+
+def memory_estimate(config: CpConfig) -> MemoryEstimate:
+    """Itemised per-rank memory of one attention layer, forward and backward."""
+    builder = _ItemBuilder(config)
+    _add_forward_items(builder)
+    _add_backward_items(builder)
+    return MemoryEstimate(config, tuple(builder.items), builder.stages)
+
+
+def _dims(config: CpConfig) -> dict[str, int]:
+    s = config.shape
+    return {
+        "B": s.batch,
+        "S": config.tokens_per_rank,
+        "n": config.ring_shard,
+        "h": s.heads,
+        "h_kv": s.kv_heads,
+        "ckv": config.kv_replication * s.kv_heads,
+        "hU": config.heads_per_rank,
+        "kvU": config.kv_heads_per_rank,
+        "d_h": s.head_dim,
+    }
+
+
+def _add_forward_items(b: _ItemBuilder) -> None:
+    cfg = b.config
+    x = _dims(cfg)
+    B, S, n, d_h = x["B"], x["S"], x["n"], x["d_h"]  # noqa: N806 (the paper's symbols)
+    ulysses, ring = cfg.ulysses > 1, cfg.ring > 1
+    local_q = (B, S, x["h"], d_h)
+    local_kv = (B, S, x["h_kv"], d_h)
+    heads_q = (B, n, x["hU"], d_h)
+    heads_kv = (2, B, n, x["kvU"], d_h)
+    send_kv = (2, B, S, x["ckv"], d_h)
+
+    b.add("q_local", local_q, False, FWD_A2A_IN, BWD_A2A_OUT, "input shard, held by the caller")
+    b.add("k_local", local_kv, False, FWD_A2A_IN, BWD_A2A_OUT, "input shard, held by the caller")
+    b.add("v_local", local_kv, False, FWD_A2A_IN, BWD_A2A_OUT, "input shard, held by the caller")
+    if ulysses:
+        if cfg.kv_replication > 1:
+            b.add("kv_replicated", send_kv, False, FWD_A2A_IN, FWD_A2A_IN, "KV heads copied c x")
+        b.add("a2a_q_send", local_q, False, FWD_A2A_IN, FWD_A2A_IN, "all-to-all send buffer")
+        b.add("a2a_kv_send", send_kv, False, FWD_A2A_IN, FWD_A2A_IN, "all-to-all send buffer")
+        b.add("q_heads", heads_q, False, FWD_A2A_IN, BWD_ATTENTION, "Q' head shard, saved")
+        b.add("kv_heads", heads_kv, False, FWD_A2A_IN, BWD_ATTENTION, "K'/V' head shard, saved")
+    if ring:
+        b.add("out_accumulator", heads_q, True, FWD_ATTENTION, FWD_ATTENTION, "online softmax")
+        b.add("kv_ring_buffers", (2, *heads_kv), False, FWD_ATTENTION, FWD_ATTENTION,
+              "K/V chunks in flight, double buffered")
+    b.add("lse", (B, x["hU"], n), True, FWD_ATTENTION, BWD_ATTENTION, "log-sum-exp, saved")
+    if ulysses:
+        b.add("o_heads", heads_q, False, FWD_ATTENTION, BWD_ATTENTION, "O' head shard, saved")
+        b.add("a2a_out_send", heads_q, False, FWD_A2A_OUT, FWD_A2A_OUT, "all-to-all send buffer")
+    first = FWD_A2A_OUT if ulysses else FWD_ATTENTION
+    b.add("o_local", local_q, False, first, BWD_A2A_OUT, "output shard, held by the caller")
+
+
+def _add_backward_items(b: _ItemBuilder) -> None:
+    cfg = b.config
+    x = _dims(cfg)
+    B, S, n, d_h = x["B"], x["S"], x["n"], x["d_h"]  # noqa: N806 (the paper's symbols)
+    ulysses, ring = cfg.ulysses > 1, cfg.ring > 1
+    local_q = (B, S, x["h"], d_h)
+    local_kv = (B, S, x["h_kv"], d_h)
+    heads_q = (B, n, x["hU"], d_h)
+    heads_kv = (2, B, n, x["kvU"], d_h)
+    send_kv = (2, B, S, x["ckv"], d_h)
+
+    b.add("do_local", local_q, False, BWD_A2A_IN, BWD_A2A_OUT, "output gradient, from the caller")
+    if ulysses:
+        b.add("a2a_dout_send", local_q, False, BWD_A2A_IN, BWD_A2A_IN, "all-to-all send buffer")
+        b.add("do_heads", heads_q, False, BWD_A2A_IN, BWD_ATTENTION, "dO' head shard")
+    if ring:
+        b.add("kv_ring_buffers_bwd", (2, *heads_kv), False, BWD_ATTENTION, BWD_ATTENTION,
+              "K/V chunks in flight, double buffered")
+        b.add("dq_accumulator", heads_q, True, BWD_ATTENTION, BWD_ATTENTION, "dQ accumulator")
+        b.add("dkv_accumulator", heads_kv, True, BWD_ATTENTION, BWD_ATTENTION,
+              "dK/dV accumulator travelling the ring")
+        b.add("dkv_recv_buffer", heads_kv, True, BWD_ATTENTION, BWD_ATTENTION,
+              "receive buffer of the travelling dK/dV")
+    if ulysses:
+        first = BWD_A2A_OUT if ring else BWD_ATTENTION
+        b.add("dq_heads", heads_q, False, first, BWD_A2A_OUT, "dQ' head shard in dtype")
+        b.add("dkv_heads", heads_kv, False, first, BWD_A2A_OUT, "dK'/dV' head shard in dtype")
+        b.add("a2a_dq_send", local_q, False, BWD_A2A_OUT, BWD_A2A_OUT, "all-to-all send buffer")
+        b.add("a2a_dkv_send", send_kv, False, BWD_A2A_OUT, BWD_A2A_OUT, "all-to-all send buffer")
+        if cfg.kv_replication > 1:
+            b.add("dkv_replicated", send_kv, False, BWD_A2A_OUT, BWD_A2A_OUT,
+                  "gradients of the KV copies, summed into dk/dv")
+    first = BWD_A2A_OUT if ulysses else BWD_ATTENTION
+    b.add("dq_local", local_q, False, first, BWD_A2A_OUT, "gradient of the input shard")
+    b.add("dk_local", local_kv, False, first, BWD_A2A_OUT, "gradient of the input shard")
+    b.add("dv_local", local_kv, False, first, BWD_A2A_OUT, "gradient of the input shard")
+
+
+def memory_for_sizes(
+    seq_len: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    batch: int = 1,
+    ulysses: int = 1,
+    ring: int = 1,
+    layout: str = "contiguous",
+    dtype: str = "bfloat16",
+) -> MemoryEstimate:
+    """`memory_estimate` from plain sizes."""
+    shape = AttentionShape(seq_len, heads, kv_heads, head_dim, batch)
+    return memory_estimate(cp_config(shape, ulysses, ring, layout, dtype))
+
+
+def max_seq_len_for_budget(
+    budget_bytes: float,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    batch: int = 1,
+    ulysses: int = 1,
+    ring: int = 1,
+    layout: str = "contiguous",
+    dtype: str = "bfloat16",
+    phase: MemoryPhase = "forward_backward",
+) -> int:
+    """Longest L, a multiple of `seq_divisor(U, R, layout)`, whose per-rank peak fits the budget.
+
+    Every item is proportional to L, so peak(L) = peak(D) * L / D with D the divisor and the
+    answer is floor(budget / peak(D)) * D; 0 when not even D fits.
+    """
+    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, (int, float)):
+        raise CpbenchError(f"memory budget must be a number of bytes, got {budget_bytes!r}")
+    if budget_bytes <= 0:
+        raise CpbenchError(f"memory budget must be positive, got {budget_bytes} bytes")
+    _check_phase(phase)
+    canonical_dtype(dtype)
+    divisor = seq_divisor(ulysses, ring, layout) if _positive_ints(ulysses, ring) else 1
+    unit = memory_for_sizes(divisor, heads, kv_heads, head_dim, batch, ulysses, ring, layout, dtype)
+    return int(budget_bytes // unit.peak(phase)) * divisor
+
+
+def _positive_ints(*values: object) -> bool:
+    return all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values)

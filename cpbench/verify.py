@@ -1,0 +1,157 @@
+"""`cpbench verify`: every scheme x layout x causal x GQA case that a world size allows, checked
+against the single-process reference (forward output and dQ/dK/dV).
+
+All ranks build the same global tensors from a seed, shard them, run `cp_attention` forward
+and backward, and gather output and gradients back; rank 0 compares them with the float64
+reference. The cases run in batches on a persistent `WorkerPool`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from cpbench.errors import CpbenchError
+from cpbench.model.constraints import LAYOUTS, AttentionShape, check_mesh
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+TOLERANCE = {"float32": 2e-4, "float16": 1e-2, "bfloat16": 5e-2}
+"""Max abs error allowed against the float64 reference, per input dtype. The inputs are
+N(0, 1), outputs and gradients are O(1); fp32 kernels agree to ~1e-6, the margin covers the
+order of the LSE merges; bf16 has an 8-bit mantissa (relative step 2^-8 = 4e-3) and its
+gradients sum over the sequence."""
+
+
+@dataclass(frozen=True)
+class VerifyCase:
+    ulysses: int
+    ring: int
+    layout: str
+    causal: bool
+    heads: int
+    kv_heads: int
+    seq_len: int
+    head_dim: int = 16
+    batch: int = 2
+    dtype: str = "float32"
+    kernel: str = "auto"
+    seed: int = 0
+
+    @property
+    def scheme(self) -> str:
+        if self.ulysses == 1:
+            return "ring"
+        return "ulysses" if self.ring == 1 else "usp"
+
+    @property
+    def label(self) -> str:
+        return (
+            f"{self.scheme} U{self.ulysses}xR{self.ring} {self.layout} "
+            f"{'causal' if self.causal else 'full'} h{self.heads}/kv{self.kv_heads}"
+        )
+
+
+def factorizations(world_size: int) -> list[tuple[int, int]]:
+    """Every (U, R) with U * R == world_size, pure ring first."""
+    return [(u, world_size // u) for u in range(1, world_size + 1) if world_size % u == 0]
+
+
+def default_cases(world_size: int, dtype: str = "float32", kernel: str = "auto") -> list[VerifyCase]:
+    """The verify matrix: meshes x layouts x causal x GQA ratios 1, 2, 4 and KV replication.
+
+    With 8 query heads, kv_heads 8, 4, 2 give GQA ratios 1, 2, 4; kv_heads 1 needs KV
+    replication whenever U > 1. Infeasible combinations are left out (none with these sizes).
+    """
+    seq_len = 16 * world_size * 2
+    cases = []
+    for ulysses, ring in factorizations(world_size):
+        for layout in LAYOUTS:
+            for causal in (True, False):
+                for kv_heads in (8, 4, 2, 1):
+                    case = VerifyCase(
+                        ulysses, ring, layout, causal, 8, kv_heads, seq_len, dtype=dtype,
+                        kernel=kernel,
+                    )
+                    shape = AttentionShape(seq_len, 8, kv_heads, case.head_dim, case.batch)
+                    if check_mesh(shape, ulysses, ring, layout).ok:
+                        cases.append(case)
+    return cases
+
+
+def _global_inputs(case: VerifyCase, device: torch.device) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(case.seed)
+    b, n, d = case.batch, case.seq_len, case.head_dim
+    q = torch.randn(b, n, case.heads, d, generator=g)
+    k = torch.randn(b, n, case.kv_heads, d, generator=g)
+    v = torch.randn(b, n, case.kv_heads, d, generator=g)
+    dout = torch.randn(b, n, case.heads, d, generator=g)
+    return tuple(t.to(device) for t in (q, k, v, dout))
+
+
+def run_case_on_rank(case: VerifyCase, device: torch.device) -> dict | None:
+    """Collective: run one case on every rank; rank 0 returns the errors, others None."""
+    import torch.distributed as dist  # noqa: PLC0415
+
+    from cpbench.attention import build_mesh, cp_attention, reference_attention, shard, unshard  # noqa: PLC0415
+
+    mesh = build_mesh(case.ulysses, case.ring)
+    dtype = DTYPES[case.dtype]
+    q, k, v, dout = _global_inputs(case, device)
+    local = [shard(t, mesh, case.layout).to(dtype).requires_grad_(True) for t in (q, k, v)]
+    out = cp_attention(*local, mesh, causal=case.causal, layout=case.layout, kernel=case.kernel)
+    out.backward(shard(dout, mesh, case.layout).to(dtype))
+    gathered = [unshard(t, mesh, case.layout) for t in (out.detach(), *(x.grad for x in local))]
+    if dist.get_rank() != 0:
+        return None
+    ref_inputs = [t.double().requires_grad_(True) for t in (q, k, v)]
+    ref_out = reference_attention(*ref_inputs, causal=case.causal)
+    ref_out.backward(dout.double())
+    refs = [ref_out.detach(), *(x.grad for x in ref_inputs)]
+    errors = {
+        name: float((got.double() - ref).abs().max())
+        for name, got, ref in zip(("out", "dq", "dk", "dv"), gathered, refs, strict=True)
+    }
+    tolerance = TOLERANCE[case.dtype]
+    return {
+        **asdict(case),
+        "scheme": case.scheme,
+        "label": case.label,
+        "errors": errors,
+        "max_error": max(errors.values()),
+        "tolerance": tolerance,
+        "passed": max(errors.values()) <= tolerance,
+    }
+
+
+def run_cases_on_rank(cases: list[VerifyCase], device: str = "cpu") -> list[dict | None]:
+    """Pool task: run a batch of cases; an exception in one case is recorded, not raised."""
+    dev = torch.device(device)
+    out: list[dict | None] = []
+    for case in cases:
+        try:
+            out.append(run_case_on_rank(case, dev))
+        except CpbenchError as exc:  # deterministic on every rank: no collective is left open
+            out.append({**asdict(case), "label": case.label, "passed": False, "error": str(exc)})
+    return out
+
+
+def run_verify(
+    world_size: int, device: str = "cpu", dtype: str = "float32", kernel: str = "auto",
+    cases: list[VerifyCase] | None = None, timeout: float = 600.0,
+) -> list[dict]:
+    """Spawn `world_size` ranks once and run every case; returns rank 0's records."""
+    from cpbench.bench.pool import WorkerPool, WorldSpec  # noqa: PLC0415
+
+    if world_size < 1:
+        raise CpbenchError(f"world size must be at least 1, got {world_size}")
+    if dtype not in DTYPES:
+        raise CpbenchError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    if device == "cuda" and torch.cuda.device_count() < world_size:
+        raise CpbenchError(
+            f"world size ({world_size}) needs {world_size} GPUs, found {torch.cuda.device_count()}"
+        )
+    cases = cases if cases is not None else default_cases(world_size, dtype, kernel)
+    with WorkerPool(WorldSpec(world_size, device)) as pool:
+        per_rank = pool.run(run_cases_on_rank, cases, device, timeout=timeout)
+    return [r for r in per_rank[0] if r is not None]
