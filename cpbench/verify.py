@@ -57,7 +57,9 @@ def factorizations(world_size: int) -> list[tuple[int, int]]:
     return [(u, world_size // u) for u in range(1, world_size + 1) if world_size % u == 0]
 
 
-def default_cases(world_size: int, dtype: str = "float32", kernel: str = "auto") -> list[VerifyCase]:
+def default_cases(
+    world_size: int, dtype: str = "float32", kernel: str = "auto"
+) -> list[VerifyCase]:
     """The verify matrix: meshes x layouts x causal x GQA ratios 1, 2, 4 and KV replication.
 
     With 8 query heads, kv_heads 8, 4, 2 give GQA ratios 1, 2, 4; kv_heads 1 needs KV
@@ -70,7 +72,14 @@ def default_cases(world_size: int, dtype: str = "float32", kernel: str = "auto")
             for causal in (True, False):
                 for kv_heads in (8, 4, 2, 1):
                     case = VerifyCase(
-                        ulysses, ring, layout, causal, 8, kv_heads, seq_len, dtype=dtype,
+                        ulysses,
+                        ring,
+                        layout,
+                        causal,
+                        8,
+                        kv_heads,
+                        seq_len,
+                        dtype=dtype,
                         kernel=kernel,
                     )
                     shape = AttentionShape(seq_len, 8, kv_heads, case.head_dim, case.batch)
@@ -137,8 +146,12 @@ def run_cases_on_rank(cases: list[VerifyCase], device: str = "cpu") -> list[dict
 
 
 def run_verify(
-    world_size: int, device: str = "cpu", dtype: str = "float32", kernel: str = "auto",
-    cases: list[VerifyCase] | None = None, timeout: float = 600.0,
+    world_size: int,
+    device: str = "cpu",
+    dtype: str = "float32",
+    kernel: str = "auto",
+    cases: list[VerifyCase] | None = None,
+    timeout: float = 600.0,
 ) -> list[dict]:
     """Spawn `world_size` ranks once and run every case; returns rank 0's records."""
     from cpbench.bench.pool import WorkerPool, WorldSpec  # noqa: PLC0415

@@ -40,8 +40,12 @@ def cp_attention(
             f"k {tuple(k.shape)}, v {tuple(v.shape)}"
         )
     b, s, h, d = q.shape
-    shape = AttentionShape(seq_len=s * mesh.world, heads=h, kv_heads=k.shape[2], head_dim=d, batch=b)
-    feasible = check_mesh(shape, mesh.ulysses, mesh.ring, layout, kv_replication).raise_if_infeasible()
+    shape = AttentionShape(
+        seq_len=s * mesh.world, heads=h, kv_heads=k.shape[2], head_dim=d, batch=b
+    )
+    feasible = check_mesh(
+        shape, mesh.ulysses, mesh.ring, layout, kv_replication
+    ).raise_if_infeasible()
     local_kernel = select_kernel(q.device, q.dtype, kernel) if isinstance(kernel, str) else kernel
     skip_comm = variant == "compute"
 

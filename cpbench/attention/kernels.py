@@ -270,7 +270,7 @@ def flash_attn_available() -> bool:
     return True
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _kernel_instance(cls: type) -> LocalKernel:
     return cls()
 

@@ -57,9 +57,7 @@ def ring_positions(seq_len: int, ring: int, layout: str, ring_rank: int) -> torc
     return torch.arange(ring_rank, seq_len, ring)
 
 
-def positions(
-    seq_len: int, ulysses: int, ring: int, layout: str, rank: int
-) -> torch.Tensor:
+def positions(seq_len: int, ulysses: int, ring: int, layout: str, rank: int) -> torch.Tensor:
     """Global token positions held by global CP rank `rank` (= ring_rank*U + ulysses_rank)."""
     _check(seq_len, ulysses, ring, layout)
     if not 0 <= rank < ulysses * ring:

@@ -75,8 +75,13 @@ class RingAttention(torch.autograd.Function):
             pending = None
             if step + 1 < spec.size:
                 pending = ring_exchange(
-                    current, spec.send_to, spec.recv_from, spec.group, "p2p_kv",
-                    KV_MESSAGE_TAG, skip_comm,
+                    current,
+                    spec.send_to,
+                    spec.recv_from,
+                    spec.group,
+                    "p2p_kv",
+                    KV_MESSAGE_TAG,
+                    skip_comm,
                 )
             source = (spec.rank - step) % spec.size
             for p in ring_block_pieces(layout, causal, spec.rank, source, n):
@@ -121,8 +126,13 @@ class RingAttention(torch.autograd.Function):
             kv_pending = None
             if step + 1 < spec.size:
                 kv_pending = ring_exchange(
-                    current, spec.send_to, spec.recv_from, spec.group, "p2p_kv",
-                    KV_MESSAGE_TAG, skip_comm,
+                    current,
+                    spec.send_to,
+                    spec.recv_from,
+                    spec.group,
+                    "p2p_kv",
+                    KV_MESSAGE_TAG,
+                    skip_comm,
                 )
             source = (spec.rank - step) % spec.size
             block_dkv: torch.Tensor | None = None
@@ -131,8 +141,14 @@ class RingAttention(torch.autograd.Function):
                     break
                 rows, cols = slice(p.q_start, p.q_end), slice(p.k_start, p.k_end)
                 dq_p, dk_p, dv_p = kernel.backward(
-                    dout[:, rows], q[:, rows], current[:, cols, 0], current[:, cols, 1],
-                    out[:, rows], lse[:, :, rows], p.causal, scale,
+                    dout[:, rows],
+                    q[:, rows],
+                    current[:, cols, 0],
+                    current[:, cols, 1],
+                    out[:, rows],
+                    lse[:, :, rows],
+                    p.causal,
+                    scale,
                 )
                 dq[:, rows] += dq_p
                 if block_dkv is None:
@@ -143,15 +159,22 @@ class RingAttention(torch.autograd.Function):
                 received = dkv_pending.wait()
                 dkv_acc = received if block_dkv is None else received.add_(block_dkv)
             else:
-                dkv_acc = block_dkv if block_dkv is not None else torch.zeros(
-                    kv.shape, dtype=torch.float32, device=kv.device
+                dkv_acc = (
+                    block_dkv
+                    if block_dkv is not None
+                    else torch.zeros(kv.shape, dtype=torch.float32, device=kv.device)
                 )
             if spec.size > 1:
                 # The accumulator follows its chunk to the next rank; after the last step
                 # this hop brings it back to the chunk's owner.
                 dkv_pending = ring_exchange(
-                    dkv_acc, spec.send_to, spec.recv_from, spec.group, "p2p_dkv",
-                    DKV_MESSAGE_TAG, skip_comm,
+                    dkv_acc,
+                    spec.send_to,
+                    spec.recv_from,
+                    spec.group,
+                    "p2p_dkv",
+                    DKV_MESSAGE_TAG,
+                    skip_comm,
                 )
             if kv_pending is not None:
                 current = kv_pending.wait()

@@ -164,7 +164,7 @@ class WorkerPool:
                     for r in dead:
                         errors.setdefault(r, f"rank {r} died (exit code {codes[r]})")
                     self.close(force=True)
-                    raise TaskError(self._error_message(errors), errors, restarted=True)
+                    raise TaskError(self._error_message(errors), errors, restarted=True) from None
                 continue
             if tid != task_id:
                 continue  # a late answer of an earlier, abandoned task

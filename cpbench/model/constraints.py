@@ -114,13 +114,14 @@ def check_mesh(
         return Feasibility(False, f"layout {layout!r} is not one of {', '.join(LAYOUTS)}")
     if world_size is not None and ulysses * ring != world_size:
         return Feasibility(
-            False, f"ulysses ({ulysses}) x ring ({ring}) = {ulysses * ring} != world size ({world_size})"
+            False,
+            f"ulysses ({ulysses}) x ring ({ring}) = {ulysses * ring} != world size ({world_size})",
         )
     if shape.heads % ulysses != 0:
         return Feasibility(
             False,
-            f"ulysses ({ulysses}) must divide heads ({shape.heads}): the all-to-all gives each rank "
-            f"heads / ulysses query heads",
+            f"ulysses ({ulysses}) must divide heads ({shape.heads}): "
+            f"the all-to-all gives each rank heads / ulysses query heads",
         )
     needed = required_kv_replication(shape.kv_heads, ulysses)
     if needed is None:

@@ -164,14 +164,14 @@ def ring_step_pairs(
     """`[s][j]`: pairs ring rank j computes at ring step s (K/V of ring rank (j - s) mod R)."""
     _check_ring_layout(seq_len, ring, layout)
     return tuple(
-        tuple(
-            chunk_pairs(seq_len, ring, layout, j, (j - s) % ring, causal) for j in range(ring)
-        )
+        tuple(chunk_pairs(seq_len, ring, layout, j, (j - s) % ring, causal) for j in range(ring))
         for s in range(ring)
     )
 
 
-def ring_rank_pairs(seq_len: int, ring: int, layout: str, causal: bool = True) -> tuple[Fraction, ...]:
+def ring_rank_pairs(
+    seq_len: int, ring: int, layout: str, causal: bool = True
+) -> tuple[Fraction, ...]:
     """Pairs each ring rank computes over all ring steps (all heads of the ring group).
 
     Closed forms with n = L/R: contiguous n^2*(j + 1/2); zigzag 2R*(L/(2R))^2 for every rank;
@@ -186,9 +186,7 @@ def ring_rank_pairs(seq_len: int, ring: int, layout: str, causal: bool = True) -
     if layout == "zigzag":
         chunk = seq_len // (2 * ring)
         return tuple(Fraction(2 * ring * chunk * chunk) for _ in range(ring))
-    return tuple(
-        Fraction(ring * n * (n - 1), 2) + j * n + Fraction(n, 2) for j in range(ring)
-    )
+    return tuple(Fraction(ring * n * (n - 1), 2) + j * n + Fraction(n, 2) for j in range(ring))
 
 
 def global_rank(ring_rank: int, ulysses_rank: int, ulysses: int) -> int:

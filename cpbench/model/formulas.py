@@ -19,9 +19,9 @@ What the implementation sends, per rank and per layer (`S = L/(U*R)` tokens per 
   after replication, `2*B*S*c*h_kv*d_h`, and `a2a_out` hands in `B*S*h*d_h`; backward mirrors it
   with `a2a_dout`, `a2a_dq`, `a2a_dkv` of the same sizes, all in the input dtype.
 - Ring stage (`R > 1`) over the `L/R` tokens of a ring shard with `h/U` query heads and
-  `c*h_kv/U` KV heads: forward `R-1` hops of K/V packed (`2*B*(L/R)*(c*h_kv/U)*d_h` elements, dtype);
-  backward the same `R-1` K/V hops plus `R` hops of the fp32 dK/dV accumulator, which travels with
-  its chunk and makes one final hop home.
+  `c*h_kv/U` KV heads: forward `R-1` hops of K/V packed (`2*B*(L/R)*(c*h_kv/U)*d_h` elements,
+  dtype); backward the same `R-1` K/V hops plus `R` hops of the fp32 dK/dV accumulator, which
+  travels with its chunk and makes one final hop home.
 
 The layout permutes tokens; it changes the work of each rank, never these volumes. Pure Python.
 """

@@ -134,14 +134,22 @@ class _ItemBuilder:
     def __init__(self, config: CpConfig) -> None:
         self.config = config
         self.stages = scheme_stages(config.ulysses)
+        self.shapes = _tensor_shapes(config)
         self.items: list[MemoryItem] = []
 
-    def add(
-        self, name: str, shape: tuple[int, ...], fp32: bool, first: str, last: str, note: str
+    def add(self, name: str, shape: str, first: str, last: str, note: str) -> None:
+        """An item of shape `self.shapes[shape]` in the input dtype, alive first..last."""
+        self._append(name, self.shapes[shape], self.config.dtype, first, last, note)
+
+    def add_fp32(self, name: str, shape: str, first: str, last: str, note: str) -> None:
+        """An fp32 item (accumulator, LSE) of shape `self.shapes[shape]`, alive first..last."""
+        self._append(name, self.shapes[shape], "float32", first, last, note)
+
+    def _append(
+        self, name: str, shape: tuple[int, ...], dtype: str, first: str, last: str, note: str
     ) -> None:
         lo, hi = STAGES.index(first), STAGES.index(last)
         alive = tuple(s for s in self.stages if lo <= STAGES.index(s) <= hi)
-        dtype = "float32" if fp32 else self.config.dtype
         self.items.append(MemoryItem(name, shape, dtype, alive, note))
 
 
@@ -153,90 +161,72 @@ def memory_estimate(config: CpConfig) -> MemoryEstimate:
     return MemoryEstimate(config, tuple(builder.items), builder.stages)
 
 
-def _dims(config: CpConfig) -> dict[str, int]:
+def _tensor_shapes(config: CpConfig) -> dict[str, tuple[int, ...]]:
+    """Per-rank shapes: local (sequence shard), head-sharded (after the all-to-all), buffers."""
     s = config.shape
+    batch, tokens, shard, d_h = s.batch, config.tokens_per_rank, config.ring_shard, s.head_dim
+    heads_kv = (2, batch, shard, config.kv_heads_per_rank, d_h)
     return {
-        "B": s.batch,
-        "S": config.tokens_per_rank,
-        "n": config.ring_shard,
-        "h": s.heads,
-        "h_kv": s.kv_heads,
-        "ckv": config.kv_replication * s.kv_heads,
-        "hU": config.heads_per_rank,
-        "kvU": config.kv_heads_per_rank,
-        "d_h": s.head_dim,
+        "local_q": (batch, tokens, s.heads, d_h),
+        "local_kv": (batch, tokens, s.kv_heads, d_h),
+        "send_kv": (2, batch, tokens, config.kv_replication * s.kv_heads, d_h),
+        "heads_q": (batch, shard, config.heads_per_rank, d_h),
+        "heads_kv": heads_kv,
+        "ring_kv_double": (2, *heads_kv),
+        "lse": (batch, config.heads_per_rank, shard),
     }
 
 
 def _add_forward_items(b: _ItemBuilder) -> None:
-    cfg = b.config
-    x = _dims(cfg)
-    B, S, n, d_h = x["B"], x["S"], x["n"], x["d_h"]  # noqa: N806 (the paper's symbols)
-    ulysses, ring = cfg.ulysses > 1, cfg.ring > 1
-    local_q = (B, S, x["h"], d_h)
-    local_kv = (B, S, x["h_kv"], d_h)
-    heads_q = (B, n, x["hU"], d_h)
-    heads_kv = (2, B, n, x["kvU"], d_h)
-    send_kv = (2, B, S, x["ckv"], d_h)
-
-    b.add("q_local", local_q, False, FWD_A2A_IN, BWD_A2A_OUT, "input shard, held by the caller")
-    b.add("k_local", local_kv, False, FWD_A2A_IN, BWD_A2A_OUT, "input shard, held by the caller")
-    b.add("v_local", local_kv, False, FWD_A2A_IN, BWD_A2A_OUT, "input shard, held by the caller")
+    ulysses, ring = b.config.ulysses > 1, b.config.ring > 1
+    held = "input shard, held by the caller"
+    b.add("q_local", "local_q", FWD_A2A_IN, BWD_A2A_OUT, held)
+    b.add("k_local", "local_kv", FWD_A2A_IN, BWD_A2A_OUT, held)
+    b.add("v_local", "local_kv", FWD_A2A_IN, BWD_A2A_OUT, held)
     if ulysses:
-        if cfg.kv_replication > 1:
-            b.add("kv_replicated", send_kv, False, FWD_A2A_IN, FWD_A2A_IN, "KV heads copied c x")
-        b.add("a2a_q_send", local_q, False, FWD_A2A_IN, FWD_A2A_IN, "all-to-all send buffer")
-        b.add("a2a_kv_send", send_kv, False, FWD_A2A_IN, FWD_A2A_IN, "all-to-all send buffer")
-        b.add("q_heads", heads_q, False, FWD_A2A_IN, BWD_ATTENTION, "Q' head shard, saved")
-        b.add("kv_heads", heads_kv, False, FWD_A2A_IN, BWD_ATTENTION, "K'/V' head shard, saved")
+        if b.config.kv_replication > 1:
+            b.add("kv_replicated", "send_kv", FWD_A2A_IN, FWD_A2A_IN, "KV heads copied c times")
+        b.add("a2a_q_send", "local_q", FWD_A2A_IN, FWD_A2A_IN, "all-to-all send buffer")
+        b.add("a2a_kv_send", "send_kv", FWD_A2A_IN, FWD_A2A_IN, "all-to-all send buffer")
+        b.add("q_heads", "heads_q", FWD_A2A_IN, BWD_ATTENTION, "Q' head shard, saved")
+        b.add("kv_heads", "heads_kv", FWD_A2A_IN, BWD_ATTENTION, "K'/V' head shard, saved")
     if ring:
-        b.add("out_accumulator", heads_q, True, FWD_ATTENTION, FWD_ATTENTION, "online softmax")
-        b.add("kv_ring_buffers", (2, *heads_kv), False, FWD_ATTENTION, FWD_ATTENTION,
-              "K/V chunks in flight, double buffered")
-    b.add("lse", (B, x["hU"], n), True, FWD_ATTENTION, BWD_ATTENTION, "log-sum-exp, saved")
+        b.add_fp32("out_accumulator", "heads_q", FWD_ATTENTION, FWD_ATTENTION, "online softmax")
+        b.add("kv_ring_buffers", "ring_kv_double", FWD_ATTENTION, FWD_ATTENTION, "K/V in flight")
+    b.add_fp32("lse", "lse", FWD_ATTENTION, BWD_ATTENTION, "log-sum-exp, saved")
     if ulysses:
-        b.add("o_heads", heads_q, False, FWD_ATTENTION, BWD_ATTENTION, "O' head shard, saved")
-        b.add("a2a_out_send", heads_q, False, FWD_A2A_OUT, FWD_A2A_OUT, "all-to-all send buffer")
+        b.add("o_heads", "heads_q", FWD_ATTENTION, BWD_ATTENTION, "O' head shard, saved")
+        b.add("a2a_out_send", "heads_q", FWD_A2A_OUT, FWD_A2A_OUT, "all-to-all send buffer")
     first = FWD_A2A_OUT if ulysses else FWD_ATTENTION
-    b.add("o_local", local_q, False, first, BWD_A2A_OUT, "output shard, held by the caller")
+    b.add("o_local", "local_q", first, BWD_A2A_OUT, "output shard, held by the caller")
 
 
 def _add_backward_items(b: _ItemBuilder) -> None:
-    cfg = b.config
-    x = _dims(cfg)
-    B, S, n, d_h = x["B"], x["S"], x["n"], x["d_h"]  # noqa: N806 (the paper's symbols)
-    ulysses, ring = cfg.ulysses > 1, cfg.ring > 1
-    local_q = (B, S, x["h"], d_h)
-    local_kv = (B, S, x["h_kv"], d_h)
-    heads_q = (B, n, x["hU"], d_h)
-    heads_kv = (2, B, n, x["kvU"], d_h)
-    send_kv = (2, B, S, x["ckv"], d_h)
-
-    b.add("do_local", local_q, False, BWD_A2A_IN, BWD_A2A_OUT, "output gradient, from the caller")
+    ulysses, ring = b.config.ulysses > 1, b.config.ring > 1
+    b.add("do_local", "local_q", BWD_A2A_IN, BWD_A2A_OUT, "output gradient, from the caller")
     if ulysses:
-        b.add("a2a_dout_send", local_q, False, BWD_A2A_IN, BWD_A2A_IN, "all-to-all send buffer")
-        b.add("do_heads", heads_q, False, BWD_A2A_IN, BWD_ATTENTION, "dO' head shard")
+        b.add("a2a_dout_send", "local_q", BWD_A2A_IN, BWD_A2A_IN, "all-to-all send buffer")
+        b.add("do_heads", "heads_q", BWD_A2A_IN, BWD_ATTENTION, "dO' head shard")
     if ring:
-        b.add("kv_ring_buffers_bwd", (2, *heads_kv), False, BWD_ATTENTION, BWD_ATTENTION,
-              "K/V chunks in flight, double buffered")
-        b.add("dq_accumulator", heads_q, True, BWD_ATTENTION, BWD_ATTENTION, "dQ accumulator")
-        b.add("dkv_accumulator", heads_kv, True, BWD_ATTENTION, BWD_ATTENTION,
-              "dK/dV accumulator travelling the ring")
-        b.add("dkv_recv_buffer", heads_kv, True, BWD_ATTENTION, BWD_ATTENTION,
-              "receive buffer of the travelling dK/dV")
+        b.add(
+            "kv_ring_buffers_bwd", "ring_kv_double", BWD_ATTENTION, BWD_ATTENTION, "K/V in flight"
+        )
+        b.add_fp32("dq_accumulator", "heads_q", BWD_ATTENTION, BWD_ATTENTION, "dQ' accumulator")
+        b.add_fp32("dkv_accumulator", "heads_kv", BWD_ATTENTION, BWD_ATTENTION, "travelling dK/dV")
+        b.add_fp32("dkv_recv_buffer", "heads_kv", BWD_ATTENTION, BWD_ATTENTION, "its next hop")
     if ulysses:
         first = BWD_A2A_OUT if ring else BWD_ATTENTION
-        b.add("dq_heads", heads_q, False, first, BWD_A2A_OUT, "dQ' head shard in dtype")
-        b.add("dkv_heads", heads_kv, False, first, BWD_A2A_OUT, "dK'/dV' head shard in dtype")
-        b.add("a2a_dq_send", local_q, False, BWD_A2A_OUT, BWD_A2A_OUT, "all-to-all send buffer")
-        b.add("a2a_dkv_send", send_kv, False, BWD_A2A_OUT, BWD_A2A_OUT, "all-to-all send buffer")
-        if cfg.kv_replication > 1:
-            b.add("dkv_replicated", send_kv, False, BWD_A2A_OUT, BWD_A2A_OUT,
-                  "gradients of the KV copies, summed into dk/dv")
+        b.add("dq_heads", "heads_q", first, BWD_A2A_OUT, "dQ' head shard in dtype")
+        b.add("dkv_heads", "heads_kv", first, BWD_A2A_OUT, "dK'/dV' head shard in dtype")
+        b.add("a2a_dq_send", "local_q", BWD_A2A_OUT, BWD_A2A_OUT, "all-to-all send buffer")
+        b.add("a2a_dkv_send", "send_kv", BWD_A2A_OUT, BWD_A2A_OUT, "all-to-all send buffer")
+        if b.config.kv_replication > 1:
+            b.add("dkv_replicated", "send_kv", BWD_A2A_OUT, BWD_A2A_OUT, "copies' grads, summed")
     first = BWD_A2A_OUT if ulysses else BWD_ATTENTION
-    b.add("dq_local", local_q, False, first, BWD_A2A_OUT, "gradient of the input shard")
-    b.add("dk_local", local_kv, False, first, BWD_A2A_OUT, "gradient of the input shard")
-    b.add("dv_local", local_kv, False, first, BWD_A2A_OUT, "gradient of the input shard")
+    grad = "gradient of the input shard"
+    b.add("dq_local", "local_q", first, BWD_A2A_OUT, grad)
+    b.add("dk_local", "local_kv", first, BWD_A2A_OUT, grad)
+    b.add("dv_local", "local_kv", first, BWD_A2A_OUT, grad)
 
 
 def memory_for_sizes(

@@ -1,0 +1,74 @@
+"""Timing of a step across ranks: warm up, then N timed iterations; each iteration's time is the
+max over ranks (the slowest rank sets the step). CUDA events on GPU, perf_counter on CPU."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+def _elapsed_cuda(step: Callable[[], object]) -> float:
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    start.record()
+    step()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3
+
+
+def _elapsed_cpu(step: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
+    step()
+    return time.perf_counter() - t0
+
+
+def time_iterations(
+    step: Callable[[], object],
+    warmup: int,
+    iters: int,
+    device: torch.device,
+    group: dist.ProcessGroup | None = None,
+) -> list[float]:
+    """Seconds per iteration, each the max over the ranks of `group` (all ranks call this)."""
+    distributed = dist.is_available() and dist.is_initialized()
+    elapsed = _elapsed_cuda if device.type == "cuda" else _elapsed_cpu
+    for _ in range(warmup):
+        step()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    samples = []
+    for _ in range(iters):
+        if distributed:
+            dist.barrier(group=group)  # start together, so the max is the step, not the skew
+        samples.append(elapsed(step))
+    if not distributed:
+        return samples
+    t = torch.tensor(samples, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return t.tolist()
+
+
+@dataclass(frozen=True)
+class TimingSummary:
+    median: float
+    p10: float
+    p90: float
+    samples: tuple[float, ...]
+
+    @classmethod
+    def of(cls, samples: list[float]) -> TimingSummary:
+        ordered = sorted(samples)
+
+        def q(frac: float) -> float:
+            pos = frac * (len(ordered) - 1)
+            lo = int(pos)
+            hi = min(lo + 1, len(ordered) - 1)
+            return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+        return cls(statistics.median(ordered), q(0.1), q(0.9), tuple(samples))

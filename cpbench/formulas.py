@@ -1,0 +1,507 @@
+"""Application service of `cpbench formulas`: every analytic number of one configuration.
+
+`formulas_report` returns a JSON-serialisable dict (the `--json` answer); `render_formulas`
+turns that dict into rich tables for people. The CLI is a thin wrapper around the two.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.table import Table
+
+from cpbench.model.constraints import AttentionShape
+from cpbench.model.flops import FLOPS_CONVENTION, FlopsBreakdown, flops_breakdown
+from cpbench.model.formulas import (
+    PHASES,
+    CollectiveVolume,
+    CommVolume,
+    CpConfig,
+    StageVolume,
+    busbw_factor,
+    comm_volume,
+    cp_config,
+    seq_len_divisor,
+    substitute,
+)
+from cpbench.model.memory import GIB, MemoryEstimate, max_seq_len_for_budget, memory_estimate
+
+WHAT_IF_BUDGET_GIB = 80
+"""Per-rank memory of the "largest sequence that fits" what-if (an 80 GiB accelerator)."""
+MAX_STEP_MATRIX_RING = 32
+"""Rings larger than this report only the busiest rank per step, not the full step matrix."""
+COUNTING_CONVENTION = (
+    "elements a rank sends per layer: an all-to-all counts what the rank hands in minus the 1/U "
+    "part it keeps; a send counts the tensor sent; bytes = elements x e (dtype) or x 4 (fp32 "
+    "dK/dV on the ring)"
+)
+NCCL_CONVENTION = (
+    "nccl-tests view: size = bytes a rank hands in per call (all-to-all: whole buffer, own part "
+    "included; send/recv: the message); algbw = size / time; busbw = algbw x (n-1)/n for an "
+    "all-to-all over n ranks, = algbw for send/recv"
+)
+WORK_UNIT = (
+    "attended (query, key) token pairs, a causal-diagonal pair counting 1/2; a rank's pairs are "
+    "its ring rank's pairs / U (the U Ulysses ranks split the heads); chunk units = pairs / "
+    "(L/(2P))^2"
+)
+
+
+# ------------------------------------------------------------------------------- the report
+
+
+def formulas_report(
+    seq_len: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    batch: int = 1,
+    ulysses: int = 1,
+    ring: int = 1,
+    layout: str = "contiguous",
+    dtype: str = "bfloat16",
+    causal: bool = True,
+) -> dict[str, Any]:
+    """Every analytic number of a configuration; CpbenchError when it is infeasible."""
+    shape = AttentionShape(seq_len, heads, kv_heads, head_dim, batch)
+    config = cp_config(shape, ulysses, ring, layout, dtype)
+    flops = flops_breakdown(shape, ulysses, ring, layout, causal)
+    volume = comm_volume(config)
+    return {
+        "inputs": _inputs(config, causal),
+        "mesh": _mesh(config),
+        "symbols": config.symbols(),
+        "shapes": _shapes(config),
+        "communication": _communication(volume),
+        "nccl_tests": _nccl_view(volume),
+        "flops": _flops(flops),
+        "work": _work(flops),
+        "memory": _memory(memory_estimate(config)),
+        "what_if": _what_if(config),
+    }
+
+
+def _inputs(config: CpConfig, causal: bool) -> dict[str, Any]:
+    s = config.shape
+    return {
+        "seq_len": s.seq_len,
+        "heads": s.heads,
+        "kv_heads": s.kv_heads,
+        "head_dim": s.head_dim,
+        "batch": s.batch,
+        "ulysses": config.ulysses,
+        "ring": config.ring,
+        "layout": config.layout,
+        "dtype": config.dtype,
+        "bytes_per_element": config.bytes_per_element,
+        "causal": causal,
+    }
+
+
+def _mesh(config: CpConfig) -> dict[str, Any]:
+    return {
+        "feasible": True,
+        "scheme": config.scheme,
+        "world_size": config.world,
+        "kv_replication": config.kv_replication,
+        "seq_divisor": seq_len_divisor(config),
+        "tokens_per_rank": config.tokens_per_rank,
+        "ring_shard_tokens": config.ring_shard,
+        "heads_per_rank": config.heads_per_rank,
+        "kv_heads_per_rank": config.kv_heads_per_rank,
+    }
+
+
+def _shapes(config: CpConfig) -> dict[str, Any]:
+    s = config.shape
+    b, tokens, shard, d_h = s.batch, config.tokens_per_rank, config.ring_shard, s.head_dim
+    kv = {
+        "local": [b, tokens, s.kv_heads, d_h],
+        "replicated": [b, tokens, config.kv_replication * s.kv_heads, d_h],
+        "after_all_to_all": [b, shard, config.kv_heads_per_rank, d_h],
+    }
+    return {
+        "q": {
+            "local": [b, tokens, s.heads, d_h],
+            "after_all_to_all": [b, shard, config.heads_per_rank, d_h],
+        },
+        "k": kv,
+        "v": dict(kv),
+        "o": {"heads": [b, shard, config.heads_per_rank, d_h], "local": [b, tokens, s.heads, d_h]},
+        "ring_kv_chunk": (
+            [2, b, shard, config.kv_heads_per_rank, d_h] if config.ring > 1 else None
+        ),
+        "lse": [b, config.heads_per_rank, shard],
+    }
+
+
+def _collective(c: CollectiveVolume, symbols: dict[str, int]) -> dict[str, Any]:
+    return {
+        "name": c.name,
+        "stage": c.stage,
+        "kind": c.kind,
+        "group_size": c.group_size,
+        "calls": c.calls,
+        "elements_per_call": c.elements_per_call,
+        "per_call_formula": c.per_call_formula,
+        "formula": c.formula,
+        "substituted": substitute(c.formula, symbols),
+        "elements_sent": c.elements_sent,
+        "bytes_per_element": c.bytes_per_element,
+        "bytes_formula": c.bytes_formula,
+        "bytes_substituted": substitute(c.bytes_formula, symbols),
+        "bytes_sent": c.bytes_sent,
+    }
+
+
+def _stage(stage: StageVolume, symbols: dict[str, int]) -> dict[str, Any]:
+    return {
+        "stage": stage.stage,
+        "formula": stage.formula,
+        "substituted": substitute(stage.formula, symbols),
+        "elements_sent": stage.elements_sent,
+        "bytes_formula": stage.bytes_formula,
+        "bytes_substituted": substitute(stage.bytes_formula, symbols),
+        "bytes_sent": stage.bytes_sent,
+        "collectives": [_collective(c, symbols) for c in stage.collectives],
+    }
+
+
+def _communication(volume: CommVolume) -> dict[str, Any]:
+    symbols = volume.config.symbols()
+    report: dict[str, Any] = {"convention": COUNTING_CONVENTION}
+    for phase in PHASES:
+        report[phase] = {
+            "stages": [_stage(s, symbols) for s in volume.stages(phase)],
+            "elements_per_rank": volume.elements_sent(phase),
+            "bytes_per_rank": volume.bytes_sent(phase),
+            "global_elements": volume.global_elements_sent(phase),
+            "global_bytes": volume.global_bytes_sent(phase),
+        }
+    report["forward_backward"] = {
+        "bytes_per_rank": sum(volume.bytes_sent(p) for p in PHASES),
+        "global_bytes": sum(volume.global_bytes_sent(p) for p in PHASES),
+    }
+    return report
+
+
+def _nccl_view(volume: CommVolume) -> dict[str, Any]:
+    rows = []
+    for phase in PHASES:
+        for c in volume.collectives(phase):
+            factor = busbw_factor(c.kind, c.group_size)
+            rows.append(
+                {
+                    "phase": phase,
+                    "name": c.name,
+                    "kind": c.kind,
+                    "group_size": c.group_size,
+                    "calls": c.calls,
+                    "size_bytes": c.bytes_per_call,
+                    "busbw_factor": float(factor),
+                    "bus_bytes_per_call": c.bytes_per_call * factor.numerator // factor.denominator,
+                }
+            )
+    return {"convention": NCCL_CONVENTION, "collectives": rows}
+
+
+def _flops(breakdown: FlopsBreakdown) -> dict[str, Any]:
+    phases = ("forward", "backward", "forward_backward")
+    return {
+        "convention": FLOPS_CONVENTION,
+        "causal": breakdown.work.causal,
+        "per_pair_per_rank": breakdown.pair_flops,
+        "global": {p: breakdown.global_flops(p) for p in phases},
+        "per_rank": {p: list(breakdown.rank_flops(p)) for p in ("forward", "forward_backward")},
+        "slowest_rank": {
+            p: breakdown.slowest_rank_flops(p) for p in ("forward", "forward_backward")
+        },
+        "per_step_slowest_forward": [
+            float(pairs * breakdown.pair_flops) for pairs in breakdown.work.step_max_pairs
+        ],
+    }
+
+
+def _work(breakdown: FlopsBreakdown) -> dict[str, Any]:
+    work = breakdown.work
+    full_matrix = work.ring <= MAX_STEP_MATRIX_RING
+    return {
+        "unit": WORK_UNIT,
+        "layout": work.layout,
+        "causal": work.causal,
+        "chunk_size": float(work.chunk_size),
+        "total_pairs": float(work.total),
+        "ring_rank_pairs": [float(p) for p in work.ring_rank_pairs],
+        "rank_pairs": [float(p) for p in work.rank_pairs],
+        "rank_chunk_units": [float(p) for p in work.rank_chunk_units],
+        "imbalance": work.imbalance,
+        "step_pairs": (
+            [[float(p) for p in step] for step in work.step_pairs] if full_matrix else None
+        ),
+        "step_max_pairs": [float(p) for p in work.step_max_pairs],
+    }
+
+
+def _memory(estimate: MemoryEstimate) -> dict[str, Any]:
+    items = [
+        {
+            "name": item.name,
+            "shape": list(item.shape),
+            "dtype": item.dtype,
+            "bytes": item.bytes,
+            "phase": item.phase,
+            "stages": list(item.stages),
+            "note": item.note,
+        }
+        for item in estimate.items
+    ]
+    report: dict[str, Any] = {
+        "items": items,
+        "stages": {stage: estimate.stage_bytes(stage) for stage in estimate.stages},
+    }
+    for phase in ("forward", "forward_backward"):
+        report[phase] = {
+            "total": estimate.total(phase),
+            "peak": estimate.peak(phase),
+            "peak_stage": estimate.peak_stage(phase),
+        }
+    return report
+
+
+def _what_if(config: CpConfig) -> dict[str, Any]:
+    s = config.shape
+    budget = WHAT_IF_BUDGET_GIB * GIB
+    args = (s.heads, s.kv_heads, s.head_dim, s.batch, config.ulysses, config.ring)
+    rest = (config.layout, config.dtype)
+    return {
+        "budget_gib": WHAT_IF_BUDGET_GIB,
+        "budget_bytes": budget,
+        "seq_divisor": seq_len_divisor(config),
+        "max_seq_len_forward": max_seq_len_for_budget(budget, *args, *rest, phase="forward"),
+        "max_seq_len_forward_backward": max_seq_len_for_budget(
+            budget, *args, *rest, phase="forward_backward"
+        ),
+    }
+
+
+# ---------------------------------------------------------------------------- rendering
+
+
+def format_bytes(value: float) -> str:
+    """Bytes with a binary unit: 1536 -> '1.50 KiB'."""
+    for unit, size in (("TiB", 1024**4), ("GiB", GIB), ("MiB", 1024**2), ("KiB", 1024)):
+        if abs(value) >= size:
+            return f"{value / size:.2f} {unit}"
+    return f"{value:.0f} B"
+
+
+def format_count(value: float) -> str:
+    """A count with an SI suffix: 1.5e12 -> '1.50 T'."""
+    for unit, size in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= size:
+            return f"{value / size:.2f} {unit}"
+    return f"{value:g}"
+
+
+def _shape_text(shape: list[int] | None) -> str:
+    return "-" if shape is None else "[" + ", ".join(str(x) for x in shape) + "]"
+
+
+def render_formulas(report: dict[str, Any]) -> list[Table]:
+    """Rich tables of a `formulas_report` dict, in reading order."""
+    return [
+        _configuration_table(report),
+        _shapes_table(report),
+        _communication_table(report),
+        _nccl_table(report),
+        _flops_table(report),
+        _work_table(report),
+        _memory_table(report),
+        _what_if_table(report),
+    ]
+
+
+def _configuration_table(report: dict[str, Any]) -> Table:
+    table = Table(title="Configuration", show_header=False)
+    table.add_column("name")
+    table.add_column("value")
+    for key, value in report["inputs"].items():
+        table.add_row(key, str(value))
+    for key, value in report["mesh"].items():
+        table.add_row(key, str(value))
+    symbols = ", ".join(f"{k}={v}" for k, v in report["symbols"].items())
+    table.add_row("symbols", symbols)
+    return table
+
+
+def _shapes_table(report: dict[str, Any]) -> Table:
+    mesh = report["mesh"]
+    table = Table(
+        title="Per-rank tensor shapes",
+        caption=f"{mesh['tokens_per_rank']} tokens per rank, ring shard "
+        f"{mesh['ring_shard_tokens']} tokens",
+    )
+    for column in ("tensor", "local (sequence shard)", "after all-to-all (head shard)"):
+        table.add_column(column)
+    shapes = report["shapes"]
+    table.add_row(
+        "q", _shape_text(shapes["q"]["local"]), _shape_text(shapes["q"]["after_all_to_all"])
+    )
+    for name in ("k", "v"):
+        local = _shape_text(shapes[name]["local"])
+        if shapes[name]["replicated"] != shapes[name]["local"]:
+            local += f" -> replicated {_shape_text(shapes[name]['replicated'])}"
+        table.add_row(name, local, _shape_text(shapes[name]["after_all_to_all"]))
+    table.add_row("o", _shape_text(shapes["o"]["local"]), _shape_text(shapes["o"]["heads"]))
+    table.add_row("lse (fp32)", "", _shape_text(shapes["lse"]))
+    table.add_row("ring K/V chunk", "", _shape_text(shapes["ring_kv_chunk"]))
+    return table
+
+
+def _communication_table(report: dict[str, Any]) -> Table:
+    comm = report["communication"]
+    table = Table(title="Communication per rank, one layer", caption=comm["convention"])
+    for column in ("phase", "collective", "calls", "formula (elements sent)", "substituted"):
+        table.add_column(column)
+    table.add_column("elements", justify="right")
+    table.add_column("bytes", justify="right")
+    for phase in PHASES:
+        for stage in comm[phase]["stages"]:
+            for c in stage["collectives"]:
+                table.add_row(
+                    phase,
+                    f"{c['name']} ({c['kind']})",
+                    str(c["calls"]),
+                    c["formula"],
+                    c["substituted"],
+                    format_count(c["elements_sent"]),
+                    format_bytes(c["bytes_sent"]),
+                )
+            table.add_row(
+                phase,
+                f"{stage['stage']} total",
+                "",
+                stage["bytes_formula"] + " bytes",
+                stage["bytes_substituted"],
+                format_count(stage["elements_sent"]),
+                format_bytes(stage["bytes_sent"]),
+                style="bold",
+            )
+        totals = comm[phase]
+        table.add_row(
+            phase,
+            "per rank / all ranks",
+            "",
+            "",
+            "",
+            format_count(totals["elements_per_rank"]),
+            f"{format_bytes(totals['bytes_per_rank'])} / {format_bytes(totals['global_bytes'])}",
+            style="bold",
+            end_section=True,
+        )
+    return table
+
+
+def _nccl_table(report: dict[str, Any]) -> Table:
+    nccl = report["nccl_tests"]
+    table = Table(title="nccl-tests view (per call)", caption=nccl["convention"])
+    for column in ("phase", "collective", "kind", "n", "calls"):
+        table.add_column(column)
+    for column in ("size", "busbw / algbw", "bus bytes"):
+        table.add_column(column, justify="right")
+    for row in nccl["collectives"]:
+        table.add_row(
+            row["phase"],
+            row["name"],
+            row["kind"],
+            str(row["group_size"]),
+            str(row["calls"]),
+            format_bytes(row["size_bytes"]),
+            f"{row['busbw_factor']:.4g}",
+            format_bytes(row["bus_bytes_per_call"]),
+        )
+    return table
+
+
+def _flops_table(report: dict[str, Any]) -> Table:
+    flops = report["flops"]
+    table = Table(title="Attention FLOPs, one layer", caption=flops["convention"])
+    for column in ("", "forward", "backward", "forward+backward"):
+        table.add_column(column, justify="right")
+    g = flops["global"]
+    table.add_row(
+        "all ranks",
+        format_count(g["forward"]),
+        format_count(g["backward"]),
+        format_count(g["forward_backward"]),
+    )
+    slow = flops["slowest_rank"]
+    table.add_row(
+        "slowest rank", format_count(slow["forward"]), "", format_count(slow["forward_backward"])
+    )
+    return table
+
+
+def _work_table(report: dict[str, Any]) -> Table:
+    work, flops, mesh = report["work"], report["flops"], report["mesh"]
+    u = report["inputs"]["ulysses"]
+    table = Table(
+        title=f"Work per rank ({work['layout']}, {'causal' if work['causal'] else 'full'})",
+        caption=f"imbalance (slowest / mean) = {work['imbalance']:.4f}; unit: {work['unit']}",
+    )
+    for column in ("ring rank", "global ranks"):
+        table.add_column(column)
+    for column in ("pairs per rank", "chunk units", "fwd FLOPs per rank"):
+        table.add_column(column, justify="right")
+    for j, pairs in enumerate(work["ring_rank_pairs"]):
+        p = j * u
+        table.add_row(
+            str(j),
+            f"{p}..{p + u - 1}" if u > 1 else str(p),
+            format_count(pairs / u),
+            f"{work['rank_chunk_units'][p]:.6g}",
+            format_count(flops["per_rank"]["forward"][p]),
+        )
+    table.add_row("world", str(mesh["world_size"]), format_count(work["total_pairs"]), "", "")
+    return table
+
+
+def _memory_table(report: dict[str, Any]) -> Table:
+    memory = report["memory"]
+    table = Table(title="Memory per rank, one layer (lower bound)")
+    for column in ("item", "shape", "dtype", "phase", "bytes", "alive in"):
+        table.add_column(column, justify="right" if column == "bytes" else "left")
+    for item in memory["items"]:
+        table.add_row(
+            item["name"],
+            _shape_text(item["shape"]),
+            item["dtype"],
+            item["phase"],
+            format_bytes(item["bytes"]),
+            ", ".join(item["stages"]),
+        )
+    for phase in ("forward", "forward_backward"):
+        m = memory[phase]
+        table.add_row(
+            f"{phase} total / peak",
+            "",
+            "",
+            "",
+            f"{format_bytes(m['total'])} / {format_bytes(m['peak'])}",
+            f"peak in {m['peak_stage']}",
+            style="bold",
+        )
+    return table
+
+
+def _what_if_table(report: dict[str, Any]) -> Table:
+    what_if = report["what_if"]
+    table = Table(
+        title=f"Largest sequence fitting {what_if['budget_gib']} GiB per rank (attention only)",
+        caption=f"multiples of {what_if['seq_divisor']}",
+    )
+    table.add_column("phase")
+    table.add_column("max seq_len", justify="right")
+    table.add_row("forward", f"{what_if['max_seq_len_forward']:,}")
+    table.add_row("forward+backward", f"{what_if['max_seq_len_forward_backward']:,}")
+    return table
