@@ -166,3 +166,17 @@ def formulas(
         return
     for table in render_formulas(report):
         console.print(table)
+
+
+# Commands in their own modules register themselves on `app` when imported (after `command`
+# exists, hence at the end).
+from cpbench.commands import recommend as _recommend  # noqa: E402, F401
+from cpbench.commands import report as _report  # noqa: E402, F401
+from cpbench.commands import sweep as _sweep  # noqa: E402, F401
+
+if __name__ == "__main__":  # `python -m cpbench.cli ...`, e.g. under `torchrun -m cpbench.cli`
+    # Run the app of the imported module `cpbench.cli`, on which the commands registered
+    # (this file, run as __main__, is a second module object).
+    from cpbench.cli import app as registered_app
+
+    registered_app()

@@ -59,3 +59,17 @@ def sleep_then_rank(seconds: float) -> int:
 
     time.sleep(seconds)
     return dist.get_rank()
+
+
+def measure_or_misbehave(config: dict, settings: dict) -> dict:
+    """`measure_config`, except that head_dim 24 raises on rank 1 and head_dim 40 hangs: the
+    faults a sweep must survive (a rank that raises, a configuration that never returns)."""
+    import torch.distributed as dist  # noqa: PLC0415
+
+    from cpbench.bench.measure import measure_config  # noqa: PLC0415
+
+    if config["head_dim"] == 24 and dist.get_rank() == 1:
+        raise RuntimeError("CUDA out of memory (injected)")
+    if config["head_dim"] == 40:
+        time.sleep(3600)
+    return measure_config(config, settings)

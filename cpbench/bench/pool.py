@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import queue
+import signal
 import socket
 import time
 import traceback
@@ -22,6 +23,10 @@ from typing import Any
 import torch.multiprocessing as mp
 
 from cpbench.errors import CpbenchError
+
+ERROR_GRACE_SECONDS = 2.0
+"""After one rank reports an error, how long the others get to report theirs before the pool
+is presumed stuck (they are usually blocked in a collective the failed rank never joins)."""
 
 
 class TaskError(CpbenchError):
@@ -62,6 +67,8 @@ def _worker_main(
     import torch  # noqa: PLC0415
     import torch.distributed as dist  # noqa: PLC0415
 
+    # Ctrl-C is the parent's to handle: it kills the ranks and keeps what was measured.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(spec.threads_per_rank)
     os.environ.setdefault("OMP_NUM_THREADS", str(spec.threads_per_rank))
     if spec.device == "cuda":
@@ -173,7 +180,7 @@ class WorkerPool:
             else:
                 errors[rank] = payload[0]
                 self._last_traceback = payload[1]
-                grace_deadline = time.monotonic() + min(10.0, timeout)
+                grace_deadline = time.monotonic() + min(ERROR_GRACE_SECONDS, timeout)
         if errors:
             raise TaskError(self._error_message(errors), errors, restarted=False)
         return [results[r] for r in range(n)]

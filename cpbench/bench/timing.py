@@ -34,8 +34,11 @@ def time_iterations(
     iters: int,
     device: torch.device,
     group: dist.ProcessGroup | None = None,
+    reduce_max: bool = True,
 ) -> list[float]:
-    """Seconds per iteration, each the max over the ranks of `group` (all ranks call this)."""
+    """Seconds per iteration on this rank, or (`reduce_max`) each iteration's max over the
+    ranks of `group`. Every iteration starts with a barrier, so iteration i of every rank is
+    the same step. All ranks call this."""
     distributed = dist.is_available() and dist.is_initialized()
     elapsed = _elapsed_cuda if device.type == "cuda" else _elapsed_cpu
     for _ in range(warmup):
@@ -47,7 +50,7 @@ def time_iterations(
         if distributed:
             dist.barrier(group=group)  # start together, so the max is the step, not the skew
         samples.append(elapsed(step))
-    if not distributed:
+    if not distributed or not reduce_max:
         return samples
     t = torch.tensor(samples, dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)

@@ -1,0 +1,5 @@
+"""`python -m cpbench`."""
+
+from cpbench.cli import app
+
+app()

@@ -1,0 +1,141 @@
+"""One configuration, measured on every rank of a pool (a pool task).
+
+Order: correctness check against the single-process reference (once, at a reduced length when
+the configuration is too long for a reference), then warm-up and timed iterations of the full
+step, of the compute-only variant (communication removed, same shapes) and of the
+communication-only variant (kernels removed, same bytes); then one iteration under the byte
+counter and one under the memory probe. Returns this rank's numbers; `sweep` assembles the
+record from all ranks.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from cpbench.attention import build_mesh, cp_attention
+from cpbench.attention.comm import ByteCounter, counting
+from cpbench.attention.kernels import select_kernel
+from cpbench.bench.environment import rank_environment
+from cpbench.bench.memory import measure_peak_memory
+from cpbench.bench.timing import time_iterations
+from cpbench.io.scenarios import BenchConfig
+from cpbench.model.constraints import seq_divisor
+from cpbench.verify import DTYPES, TOLERANCE, VerifyCase, run_case_on_rank
+
+
+def check_seq_len(config: BenchConfig, cap: int) -> int:
+    """The length the reference check runs at: min(L, cap) rounded down to a valid length."""
+    divisor = seq_divisor(config.ulysses, config.ring, config.layout)
+    return max(divisor, min(config.seq_len, cap) // divisor * divisor)
+
+
+def _device(config: BenchConfig) -> torch.device:
+    if config.device == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _accuracy(config: BenchConfig, cap: int, device: torch.device) -> dict[str, Any] | None:
+    case = VerifyCase(
+        ulysses=config.ulysses,
+        ring=config.ring,
+        layout=config.layout,
+        causal=config.causal,
+        heads=config.heads,
+        kv_heads=config.kv_heads,
+        seq_len=check_seq_len(config, cap),
+        head_dim=config.head_dim,
+        batch=config.batch,
+        dtype=config.dtype,
+        kernel=config.backend,
+    )
+    result = run_case_on_rank(case, device)
+    if result is None:
+        return None
+    return {
+        "max_abs_error": result["max_error"],
+        "errors": result["errors"],
+        "check_seq_len": case.seq_len,
+        "tolerance": TOLERANCE[config.dtype],
+        "passed": result["passed"],
+    }
+
+
+def _median(samples: list[float]) -> float:
+    return statistics.median(samples)
+
+
+def measure_config(config_dict: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
+    """Pool task (collective): measure one feasible configuration on this rank.
+
+    `settings`: warmup, iters, check_max_seq_len."""
+    config = BenchConfig.from_dict(config_dict)
+    device = _device(config)
+    dtype = DTYPES[config.dtype]
+    mesh = build_mesh(config.ulysses, config.ring)
+    kernel = select_kernel(device, dtype, config.backend)
+    accuracy = _accuracy(config, settings["check_max_seq_len"], device)
+
+    backward = config.phase == "fwd+bwd"
+    local_len = config.seq_len // mesh.world
+    g = torch.Generator(device=device).manual_seed(1000 + dist.get_rank())
+
+    def rand(heads: int) -> torch.Tensor:
+        shape = (config.batch, local_len, heads, config.head_dim)
+        return torch.randn(shape, generator=g, device=device, dtype=dtype)
+
+    q, k, v = (rand(h).requires_grad_(backward) for h in (config.heads, config.kv_heads, config.kv_heads))
+    dout = rand(config.heads)
+
+    def make_step(variant: str) -> Callable[[], None]:
+        def step() -> None:
+            for t in (q, k, v):
+                t.grad = None
+            with torch.set_grad_enabled(backward):
+                out = cp_attention(
+                    q, k, v, mesh, causal=config.causal, layout=config.layout, kernel=kernel,
+                    kv_replication=config.kv_replication, variant=variant,  # type: ignore[arg-type]
+                )
+                if backward:
+                    out.backward(dout)
+
+        return step
+
+    warmup, iters = settings["warmup"], settings["iters"]
+    timings = {}
+    for variant in ("full", "compute", "comm"):
+        own = time_iterations(make_step(variant), warmup, iters, device, reduce_max=False)
+        timings[variant] = own
+
+    counter = ByteCounter()
+    full_step = make_step("full")
+    with counting(counter):
+        for t in (q, k, v):
+            t.grad = None
+        with torch.set_grad_enabled(backward):
+            out = cp_attention(
+                q, k, v, mesh, causal=config.causal, layout=config.layout, kernel=kernel,
+                kv_replication=config.kv_replication,
+            )
+            if backward:
+                with counter.phase("bwd"):
+                    out.backward(dout)
+    del out
+
+    memory = measure_peak_memory(full_step, device, (q, k, v, dout))
+    return {
+        "rank": dist.get_rank(),
+        "kernel": kernel.name,
+        "samples": timings["full"],
+        "compute_samples": timings["compute"],
+        "comm_samples": timings["comm"],
+        "bytes": counter.as_dict(),
+        "memory": memory,
+        "accuracy": accuracy,
+        "host": rank_environment(config.device),
+    }

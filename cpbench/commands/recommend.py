@@ -1,0 +1,181 @@
+"""`cpbench recommend`, `cpbench calibrate` and `cpbench validate`: thin typer wrappers
+registered on cpbench.cli.app; the work is in cpbench/recommend.py."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Literal
+
+import typer
+
+from cpbench.cli import command, console
+
+Phase = Literal["fwd", "fwd+bwd"]
+Split = Literal["stratified", "random"]
+
+HardwareOption = Annotated[
+    str | None,
+    typer.Option(
+        "--hardware",
+        help=(
+            "Hardware profile: a built-in name (h100-sxm, h200-sxm, a100-80gb, l40s-pcie, "
+            "cpu-local) or a TOML file (e.g. written by `cpbench calibrate`). Default: h100-sxm, "
+            "or cpu-local when the results are CPU runs."
+        ),
+    ),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")]
+
+
+@command
+def recommend(
+    heads: Annotated[int, typer.Option(help="Query heads h of the model.")],
+    kv_heads: Annotated[int, typer.Option(help="KV heads h_kv (GQA when < heads).")],
+    seq_len: Annotated[int, typer.Option(help="Global sequence length L in tokens.")] = 131072,
+    head_dim: Annotated[int, typer.Option(help="Head dimension d_h.")] = 128,
+    batch: Annotated[int, typer.Option(help="Micro-batch B (sequences per DP rank).")] = 1,
+    gpus: Annotated[int, typer.Option(help="GPUs in total (world size).")] = 8,
+    gpus_per_node: Annotated[
+        int | None,
+        typer.Option(help="GPUs per node (default: the hardware profile's, 8 for GPUs)."),
+    ] = None,
+    hardware: HardwareOption = None,
+    dtype: Annotated[
+        str, typer.Option(help="Activation dtype: bfloat16, float16, float32 (bf16, fp16, fp32).")
+    ] = "bfloat16",
+    causal: Annotated[bool, typer.Option("--causal/--no-causal", help="Causal mask.")] = True,
+    tp: Annotated[int, typer.Option(help="Tensor-parallel size (splits the heads first).")] = 1,
+    pp: Annotated[int, typer.Option(help="Pipeline-parallel size.")] = 1,
+    cp: Annotated[
+        int | None,
+        typer.Option(help="Context-parallel size U x R (default: gpus / (TP x PP), DP = 1)."),
+    ] = None,
+    grad_accum: Annotated[
+        int, typer.Option(help="Micro-batches per optimizer step (global batch formula).")
+    ] = 1,
+    phase: Annotated[
+        Phase, typer.Option(help="Rank by forward only, or forward+backward (training).")
+    ] = "fwd+bwd",
+    results: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--results",
+            help=(
+                "JSONL results of `cpbench sweep` (repeatable): calibrate the profile on them; "
+                "configurations they measured are ranked by measurement."
+            ),
+        ),
+    ] = None,
+    top: Annotated[int, typer.Option(help="Feasible candidates to list (0 = all).")] = 10,
+    as_json: JsonOption = False,
+) -> None:
+    """Rank every U x R mesh of the CP degree and every layout by predicted step time.
+
+    Prints the feasible candidates (time with its compute / imbalance / exposed-comm breakdown,
+    bytes per link tier, memory per rank, longest sequence that fits), the rejected ones with
+    the rule that rejects them, why the winner wins, and the settings for Megatron-LM,
+    DeepSpeed, yunchang and torchtitan. With --tp/--pp/--cp it also solves
+    world = TP x CP x PP x DP.
+    """
+    from cpbench import recommend as service  # noqa: PLC0415 - keep `cpbench --help` fast
+
+    request = service.RecommendRequest(
+        heads=heads,
+        kv_heads=kv_heads,
+        seq_len=seq_len,
+        head_dim=head_dim,
+        batch=batch,
+        gpus=gpus,
+        gpus_per_node=gpus_per_node,
+        hardware=hardware,
+        dtype=dtype,
+        causal=causal,
+        tp=tp,
+        pp=pp,
+        cp=cp,
+        grad_accum=grad_accum,
+        phase=phase,
+        results=tuple(results or ()),
+        top=top,
+    )
+    report = service.recommendation_report(service.recommend(request))
+    if as_json:
+        print(json.dumps(report, indent=1))
+        return
+    for renderable in service.render_recommendation(report):
+        console.print(renderable)
+
+
+@command
+def calibrate(
+    results: Annotated[list[str], typer.Argument(help="JSONL results files of `cpbench sweep`.")],
+    output: Annotated[
+        str | None,
+        typer.Option("-o", "--output", help="Write the fitted profile to this TOML file."),
+    ] = None,
+    hardware: HardwareOption = None,
+    name: Annotated[
+        str | None, typer.Option(help="Name of the fitted profile (default: PRIOR-calibrated).")
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Fit a hardware profile to measured results (least squares).
+
+    Link latency and busbw per collective kind and tier from the comm-only times, the kernel
+    efficiency curve and step overhead from the compute-only times, the ring overlap from the
+    step times. Prints every parameter before and after, the number of points and the residual.
+    """
+    from cpbench import recommend as service  # noqa: PLC0415
+
+    report = service.calibrate_results(results, hardware, output, name)
+    if as_json:
+        print(json.dumps(report, indent=1))
+        return
+    console.print(service.render_calibration(report))
+
+
+@command
+def validate(
+    results: Annotated[list[str], typer.Argument(help="JSONL results files of `cpbench sweep`.")],
+    hardware: HardwareOption = None,
+    holdout: Annotated[
+        bool,
+        typer.Option(
+            "--holdout",
+            help="Calibrate on part of the configurations, predict the held-out rest.",
+        ),
+    ] = False,
+    holdout_fraction: Annotated[
+        float,
+        typer.Option(
+            help="Share of the configurations held out (a value other than 0.5 implies --holdout)."
+        ),
+    ] = 0.5,
+    seed: Annotated[int, typer.Option(help="Seed of the holdout split.")] = 0,
+    split: Annotated[
+        Split,
+        typer.Option(help="Holdout split: stratified by U x R mesh, or random."),
+    ] = "stratified",
+    calibrate_first: Annotated[
+        bool,
+        typer.Option(
+            "--calibrate",
+            help="Calibrate on all the results first (in-sample check of the fit).",
+        ),
+    ] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Predicted vs measured step time per configuration, with the median and max absolute
+    percentage error, the Spearman rank correlation and the regret of the model's pick."""
+    from cpbench import recommend as service  # noqa: PLC0415
+
+    if holdout_fraction != 0.5 and not holdout:
+        holdout = True
+    report = service.validate_results(
+        results, hardware, holdout, holdout_fraction, seed, split, calibrate_first
+    )
+    if as_json:
+        print(json.dumps(report, indent=1))
+        return
+    for renderable in service.render_validation(report):
+        console.print(renderable)

@@ -1,0 +1,94 @@
+"""`cpbench report` command(s): thin typer wrappers registered on cpbench.cli.app."""
+
+from __future__ import annotations
+
+import json
+import webbrowser
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from cpbench.cli import command, console, err_console
+from cpbench.errors import CpbenchError
+
+
+@command
+def report(
+    results: Annotated[
+        list[Path],
+        typer.Argument(
+            help="Results files (JSONL, one record per configuration) written by `cpbench sweep`.",
+            show_default=False,
+        ),
+    ],
+    output: Annotated[
+        Path, typer.Option("--output", "-o", help="HTML file to write (parent folders created).")
+    ] = Path("report.html"),
+    title: Annotated[
+        str | None, typer.Option(help="Page title (default: the scenario names).")
+    ] = None,
+    hardware: Annotated[
+        str | None,
+        typer.Option(
+            help="Hardware profile (built-in name or TOML file) for the fraction of peak, the "
+            "predicted-vs-measured section and the recommendation. Default: cpu-local for CPU "
+            "records, else inferred from the device names (skipped when none matches).",
+        ),
+    ] = None,
+    compare: Annotated[
+        bool,
+        typer.Option(
+            "--compare",
+            help="Compare exactly two files, BEFORE AFTER: the change per configuration "
+            "(matched by record id) as a table and a bar chart.",
+        ),
+    ] = False,
+    open_browser: Annotated[
+        bool, typer.Option("--open", help="Open the written page in the default web browser.")
+    ] = False,
+    as_json: Annotated[
+        bool,
+        typer.Option("--json", help="Print one JSON document (output path, counts) on stdout."),
+    ] = False,
+) -> None:
+    """Write one self-contained HTML report (works offline: plotly.js is embedded, nothing is
+    fetched) of one or more results files: step time, TFLOP/s, communication (analytic vs
+    measured), overlap, memory, causal load balance, the U x R map, predicted vs measured,
+    the recommendation and a sortable table of every record, failures included."""
+    from cpbench.report import build_comparison, build_report, write_report  # noqa: PLC0415
+
+    if compare:
+        if len(results) != 2:
+            raise CpbenchError(
+                f"--compare needs exactly two results files (BEFORE AFTER), got {len(results)}"
+            )
+        page = build_comparison(results[0], results[1], title=title)
+    else:
+        page = build_report(results, title=title, hardware=hardware)
+    for warning in page.warnings:
+        err_console.print(f"cpbench: warning: {warning}", markup=False, highlight=False)
+    path = write_report(page, output)
+    if as_json:
+        print(
+            json.dumps(
+                {
+                    "output": str(path),
+                    "records": page.records,
+                    "figures": page.figures,
+                    "profile": page.profile,
+                    "notes": page.notes,
+                    "warnings": page.warnings,
+                }
+            )
+        )
+    else:
+        for note in page.notes:
+            err_console.print(f"cpbench: note: {note}", markup=False, highlight=False)
+        console.print(
+            f"wrote {path} ({page.records} records, {page.figures} figures)",
+            markup=False,
+            highlight=False,
+        )
+    if open_browser:
+        webbrowser.open(path.resolve().as_uri())

@@ -1,0 +1,178 @@
+"""`cpbench sweep` and `cpbench run`: thin typer wrappers around `cpbench.sweep.run_sweep`,
+with a progress bar while it runs and a results table at the end."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from cpbench.cli import command, console, resolve_device
+from cpbench.errors import CpbenchError
+
+Device = Literal["auto", "cpu", "cuda"]
+
+
+def _gib(n: float | None) -> str:
+    return "-" if n is None else f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def _fmt_seconds(s: float | None) -> str:
+    return "-" if s is None else f"{s * 1e3:.1f} ms"
+
+
+def results_table(records: list[dict[str, Any]]) -> Table:
+    """One row per configuration; the best configuration per (seq_len, heads) in bold green."""
+    best: dict[tuple[int, int, str], float] = {}
+    for r in records:
+        if r["status"] == "ok":
+            c = r["config"]
+            key = (c["seq_len"], c["heads"], c["phase"])
+            best[key] = min(best.get(key, float("inf")), r["timing"]["median"])
+    table = Table(title="cpbench sweep results", show_lines=False)
+    for col in ("L", "h/kv", "UxR", "layout", "phase", "step", "TFLOP/s", "bytes/rank analytic",
+                "measured", "overlap", "peak mem", "max err", "status"):
+        table.add_column(col, justify="right" if col not in ("layout", "status", "phase") else "left")
+    for r in records:
+        c = r["config"]
+        row_style = None
+        cells = [str(c["seq_len"]), f"{c['heads']}/{c['kv_heads']}", f"{c['ulysses']}x{c['ring']}",
+                 c["layout"], c["phase"]]
+        if r["status"] == "ok":
+            t, comm = r["timing"], r["comm"]
+            analytic = sum(comm["analytic_bytes"].values())
+            measured = max(sum(x) for x in zip(*comm["measured_bytes"].values(), strict=True))
+            match = "[green]=[/]" if comm["match"] else "[bold red]MISMATCH[/]"
+            overlap = "-" if t["overlap"] is None else f"{t['overlap']:.2f}"
+            acc = r.get("accuracy") or {}
+            cells += [
+                _fmt_seconds(t["median"]), f"{r['flops']['achieved_tflops']:.3f}",
+                _gib(analytic), f"{_gib(measured)} {match}", overlap,
+                _gib(max(r["memory"]["peak_bytes"])),
+                f"{acc.get('max_abs_error', float('nan')):.1e}", "ok",
+            ]
+            if t["median"] == best.get((c["seq_len"], c["heads"], c["phase"])):
+                row_style = "bold green"
+        else:
+            cells += ["-"] * 7 + [f"{r['status']}: {r['error']}"]
+        table.add_row(*cells, style=row_style)
+    return table
+
+
+@command
+def sweep(
+    scenario: Annotated[
+        str | None,
+        typer.Argument(help="Scenario TOML path or shipped name (default: cpu-smoke without a "
+                       "GPU, gpu-node with GPUs)."),
+    ] = None,
+    out: Annotated[Path | None, typer.Option(help="JSONL output (default results/<name>-<time>.jsonl).")] = None,
+    device: Annotated[Device, typer.Option(help="auto picks cuda when available.")] = "auto",
+    resume: Annotated[bool, typer.Option(help="Skip configurations already in --out.")] = False,
+    timeout: Annotated[float | None, typer.Option(help="Seconds per configuration (overrides the scenario).")] = None,
+    world_size: Annotated[int | None, typer.Option(help="Override the scenario's world size.")] = None,
+) -> None:
+    """Run every configuration of a scenario: correctness check, timing, overlap, counted
+    bytes and peak memory per configuration, one JSONL record each, appended as it ends.
+    Works unchanged under torchrun for several nodes."""
+    from cpbench.io.scenarios import default_scenario, load_scenario  # noqa: PLC0415
+
+    spec = load_scenario(scenario) if scenario else default_scenario(resolve_device(device))
+    _run_and_report(spec, device, out, resume, timeout, world_size)
+
+
+def _run_and_report(spec: Any, device: str, out: Path | None, resume: bool,
+                    timeout: float | None, world_size: int | None) -> None:
+    import torch  # noqa: PLC0415
+
+    from cpbench.sweep import default_output, launched_by_torchrun, run_sweep  # noqa: PLC0415
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    dev, n = spec.resolve(device, gpus)
+    n = world_size or n
+    if dev == "cuda" and not launched_by_torchrun() and n > gpus:
+        raise CpbenchError(f"world size ({n}) needs {n} local GPUs, found {gpus}: "
+                           f"use torchrun for several nodes")
+    if resume and out is None:
+        raise CpbenchError("--resume needs --out FILE (the sweep to continue)")
+    path = out or default_output(spec)
+    points = spec.expand(dev, n)
+    quiet = launched_by_torchrun() and int(__import__("os").environ.get("RANK", "0")) != 0
+    progress = Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TimeRemainingColumn(), console=console, disable=quiet, transient=False,
+    )
+    with progress:
+        task = progress.add_task(f"{spec.name} (world {n}, {dev})", total=len(points))
+
+        def on_start(config: Any) -> None:
+            progress.update(task, description=f"{config.key}")
+
+        def on_record(record: dict[str, Any]) -> None:
+            progress.advance(task)
+
+        result = run_sweep(spec, dev, n, path, resume=resume, timeout=timeout,
+                           on_record=on_record, on_start=on_start)
+        progress.update(task, completed=len(points), description=spec.name)
+    if quiet:
+        return
+    console.print(results_table(result.records))
+    counts = ", ".join(f"{v} {k}" for k, v in sorted(result.counts().items()))
+    console.print(
+        f"{len(result.records)} configurations ({counts or 'none'}; {result.resumed} already in "
+        f"the file) in {result.wall_seconds:.1f} s -> {path}"
+    )
+    if result.interrupted:
+        console.print("[yellow]interrupted: every configuration finished so far is saved[/]")
+        raise typer.Exit(130)
+    mismatches = [r["id"] for r in result.records if r["status"] == "ok" and not r["comm"]["match"]]
+    if mismatches:
+        console.print(f"[bold red]measured bytes != analytic bytes for {len(mismatches)} "
+                      f"configurations: {', '.join(mismatches)}[/]")
+
+
+@command
+def run(
+    seq_len: Annotated[int, typer.Option(help="Global sequence length.")] = 4096,
+    heads: Annotated[int, typer.Option(help="Query heads.")] = 8,
+    kv_heads: Annotated[int, typer.Option(help="KV heads.")] = 8,
+    head_dim: Annotated[int, typer.Option(help="Head dimension.")] = 64,
+    batch: Annotated[int, typer.Option(help="Micro-batch.")] = 1,
+    ulysses: Annotated[int, typer.Option(help="Ulysses degree U.")] = 1,
+    ring: Annotated[int, typer.Option(help="Ring degree R.")] = 2,
+    layout: Annotated[Literal["contiguous", "zigzag", "striped"], typer.Option()] = "zigzag",
+    dtype: Annotated[Literal["float32", "bfloat16", "float16"] | None,
+                     typer.Option(help="Default float32 on CPU, bfloat16 on CUDA.")] = None,
+    causal: Annotated[bool, typer.Option("--causal/--no-causal")] = True,
+    phase: Annotated[Literal["fwd", "fwd+bwd"], typer.Option()] = "fwd+bwd",
+    backend: Annotated[Literal["auto", "sdpa", "naive", "flash_attn"],
+                       typer.Option(help="Local attention kernel.")] = "auto",
+    warmup: Annotated[int, typer.Option()] = 1,
+    iters: Annotated[int, typer.Option()] = 5,
+    device: Annotated[Device, typer.Option()] = "auto",
+    out: Annotated[Path | None, typer.Option(help="JSONL output.")] = None,
+    timeout: Annotated[float, typer.Option(help="Seconds before the run is abandoned.")] = 600.0,
+) -> None:
+    """Measure one configuration (world size = ulysses x ring) and print its record."""
+    from cpbench.io.scenarios import parse_scenario  # noqa: PLC0415
+
+    dev = resolve_device(device)
+    spec = parse_scenario(
+        {
+            "name": "run", "description": "cpbench run", "world_size": ulysses * ring,
+            "device": dev, "warmup": warmup, "iters": iters, "timeout": timeout,
+            "axes": {
+                "seq_len": seq_len, "batch": batch, "heads": heads, "kv_heads": kv_heads,
+                "head_dim": head_dim, "dtype": dtype or ("bfloat16" if dev == "cuda" else "float32"),
+                "causal": causal, "mesh": [f"{ulysses}x{ring}"], "layout": layout,
+                "backend": backend, "phase": phase,
+            },
+        },
+        "<cpbench run>",
+    )
+    ((_, feasibility),) = spec.expand(dev, ulysses * ring)
+    feasibility.raise_if_infeasible()
+    _run_and_report(spec, dev, out, False, timeout, None)

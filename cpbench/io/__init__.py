@@ -1,0 +1,1 @@
+"""Input and output: scenarios (TOML), results store (JSONL), schema."""

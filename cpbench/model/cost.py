@@ -1,0 +1,732 @@
+"""Cost model: predicted step time of one CP attention layer on a hardware profile. Pure Python.
+
+Inputs: a configuration (shape, U x R mesh, layout, dtype, causal mask, KV replication), a
+`HardwareProfile` and the number of devices per node. The model follows what the
+implementation does (`cpbench/attention/`):
+
+- **Placement.** CP rank `p` sits on global rank `p * rank_stride` (`rank_stride` = TP in
+  Megatron's tp-cp-dp-pp order, 1 otherwise); node = global rank // devices per node. Ulysses
+  groups are runs of U consecutive CP ranks: inside a node when they fit, otherwise the part of
+  an all-to-all going to peers on other nodes uses the inter-node tier. Ring groups are strided
+  by U: when any hop of a ring crosses a node boundary, that hop paces every step (the ring is
+  synchronous), so the ring runs at the inter-node send/recv speed.
+- **Compute.** The kernel of a ring step runs at `peak(dtype) x efficiency(L/R)` FLOP/s on
+  `flops.py`'s per-step work of the busiest rank (the slowest rank sets the step), plus the
+  profile's fixed `step_overhead` per step, plus the memory-bound fp32 work of ring.py at the
+  profile's memory bandwidth (forward: the online-softmax merge, 7 passes over the output
+  accumulator from step 1 on; backward: the dQ accumulation, 3 passes over Q-sized, and the
+  dK/dV accumulation, 7 passes over K/V-sized fp32 tensors, every step); backward = 2.5 x
+  forward FLOPs.
+- **Ring.** Forward: steps `s = 0..R-2` post the next K/V hop before computing, so a step takes
+  `max(c_s, h) + (1 - overlap) * min(c_s, h)`; the last step computes with no transfer in flight.
+  Backward: K/V hops (steps 0..R-2) and the fp32 dK/dV accumulator hops (posted after each
+  step's compute, in flight during the next step) share the link; the last dK/dV hop home is
+  exposed.
+- **Ulysses.** The all-to-alls (Q, K/V, O forward; dO, dQ, dK/dV backward) are not overlapped:
+  each costs `latency + bytes a rank sends / busbw` on its tier.
+- **Breakdown** of a phase: `compute` (the mean rank's kernel time: perfect balance),
+  `imbalance` (busiest-rank-per-step compute minus that), `exposed comm` (the rest of the step
+  time); `comm` is all communication serialised (what a comm-only measurement sees).
+- **Memory** per rank from `memory.py` (a lower bound for one layer, fwd+bwd peak) against the
+  profile's capacity, and the largest sequence that fits.
+
+Units: seconds, bytes, FLOP.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from fractions import Fraction
+from typing import Any, Literal, get_args
+
+from cpbench.errors import CpbenchError
+from cpbench.model.constraints import AttentionShape, check_mesh
+from cpbench.model.flops import (
+    BACKWARD_FACTOR,
+    attention_flops,
+    flops_per_pair,
+    ring_rank_pairs,
+    ring_step_pairs,
+)
+from cpbench.model.formulas import (
+    CollectiveKind,
+    CommVolume,
+    CpConfig,
+    canonical_dtype,
+    comm_volume,
+)
+from cpbench.model.hardware import GIB, HardwareProfile, LinkTier
+from cpbench.model.memory import max_seq_len_for_budget, memory_estimate
+
+RecordPhase = Literal["fwd", "fwd+bwd"]
+RECORD_PHASES: tuple[str, ...] = get_args(RecordPhase)
+MERGE_FORWARD_PASSES = 7
+"""fp32 passes over the output accumulator per forward merge (ring.py `_merge`)."""
+ACCUMULATE_Q_PASSES = 3
+"""fp32 passes over a Q-sized tensor per backward step (dQ += block dQ)."""
+ACCUMULATE_KV_PASSES = 7
+"""fp32 passes over a K/V-sized tensor per backward step (block dK/dV, received + block)."""
+MAX_EXACT_RING = 64
+"""Rings up to this size take their per-step work from flops.py; larger ones use the same
+closed forms (flops.py's step matrix is R x R)."""
+
+
+# -------------------------------------------------------------------------------- candidate
+
+
+@dataclass(frozen=True)
+class MeshCandidate:
+    """A configuration to predict: shape, mesh, layout, dtype, mask, KV replication, phase."""
+
+    shape: AttentionShape
+    """The global attention problem of one layer (per TP rank when TP > 1)."""
+    ulysses: int
+    """U: Ulysses degree."""
+    ring: int
+    """R: ring degree."""
+    layout: str = "zigzag"
+    """contiguous, zigzag or striped."""
+    dtype: str = "bfloat16"
+    """Dtype of Q/K/V/O (aliases accepted)."""
+    causal: bool = True
+    """Causal mask."""
+    kv_replication: int | None = None
+    """KV copies before the Ulysses exchange; None chooses what the mesh needs."""
+    phase: RecordPhase = "fwd+bwd"
+    """What a step is: forward only, or forward and backward (training)."""
+
+    def __post_init__(self) -> None:
+        if self.phase not in RECORD_PHASES:
+            raise CpbenchError(f"phase {self.phase!r} is not one of {', '.join(RECORD_PHASES)}")
+
+    @property
+    def world(self) -> int:
+        """P = U * R."""
+        return self.ulysses * self.ring
+
+    def cp_config(self) -> CpConfig:
+        """The validated CpConfig; CpbenchError with check_mesh's rule when infeasible."""
+        dtype = canonical_dtype(self.dtype)
+        feasibility = check_mesh(
+            self.shape, self.ulysses, self.ring, self.layout, self.kv_replication
+        ).raise_if_infeasible()
+        return CpConfig(
+            self.shape, self.ulysses, self.ring, self.layout, dtype, feasibility.kv_replication
+        )
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> MeshCandidate:
+        """From a results record's `config` dict (cpbench/io/schema.py); CpbenchError if a
+        required key is missing."""
+        missing = [k for k in ("seq_len", "heads", "kv_heads", "head_dim") if k not in config]
+        if missing:
+            raise CpbenchError(f"results config lacks {', '.join(missing)}")
+        shape = AttentionShape(
+            int(config["seq_len"]),
+            int(config["heads"]),
+            int(config["kv_heads"]),
+            int(config["head_dim"]),
+            int(config.get("batch", 1)),
+        )
+        phase = str(config.get("phase", "fwd+bwd"))
+        return cls(
+            shape,
+            int(config.get("ulysses", 1)),
+            int(config.get("ring", 1)),
+            str(config.get("layout", "contiguous")),
+            str(config.get("dtype", "float32")),
+            bool(config.get("causal", True)),
+            config.get("kv_replication"),
+            phase,  # type: ignore[arg-type]
+        )
+
+    @classmethod
+    def from_cp_config(
+        cls, config: CpConfig, causal: bool = True, phase: RecordPhase = "fwd+bwd"
+    ) -> MeshCandidate:
+        """From a validated CpConfig (which carries no mask or phase)."""
+        return cls(
+            config.shape,
+            config.ulysses,
+            config.ring,
+            config.layout,
+            config.dtype,
+            causal,
+            config.kv_replication,
+            phase,
+        )
+
+
+# -------------------------------------------------------------------------------- placement
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the CP groups of a U x R mesh sit and which link tier each collective uses."""
+
+    ulysses: int
+    """U."""
+    ring: int
+    """R."""
+    devices_per_node: int
+    """G: devices (ranks) per node."""
+    rank_stride: int
+    """Global ranks between consecutive CP ranks (TP in Megatron's order, else 1)."""
+    nodes: int
+    """Nodes the CP group spans."""
+    ulysses_tier: LinkTier
+    """Tier of the all-to-all: inter_node when a Ulysses group spans nodes."""
+    ulysses_peers_in_node: int
+    """k: members of the worst Ulysses group on one node (itself included); k = U inside."""
+    ring_tier: LinkTier
+    """Tier pacing the ring: inter_node when any hop crosses a node boundary."""
+    ring_crossing_hops: int
+    """Hops of the worst ring group (out of R) that cross a node boundary."""
+
+    @property
+    def ulysses_inter_fraction(self) -> Fraction:
+        """Share of a rank's all-to-all bytes sent to other nodes: (U - k) / (U - 1)."""
+        if self.ulysses == 1:
+            return Fraction(0)
+        return Fraction(self.ulysses - self.ulysses_peers_in_node, self.ulysses - 1)
+
+    def describe(self) -> str:
+        """One sentence per stage: where the groups are and which tier they use."""
+        parts = []
+        if self.ulysses > 1:
+            if self.ulysses_tier == "intra_node":
+                parts.append(
+                    f"each Ulysses group ({self.ulysses} consecutive ranks) stays inside a node"
+                )
+            else:
+                parts.append(
+                    f"a Ulysses group of {self.ulysses} spans nodes ({self.ulysses_peers_in_node} "
+                    f"peers per node): {self.ulysses_inter_fraction} of its all-to-all bytes "
+                    f"cross nodes"
+                )
+        if self.ring > 1:
+            stride = f"strided by {self.ulysses}" if self.ulysses > 1 else "consecutive"
+            if self.ring_tier == "intra_node":
+                parts.append(f"the ring of {self.ring} ({stride}) stays inside a node")
+            else:
+                parts.append(
+                    f"the ring of {self.ring} ({stride}) crosses nodes on "
+                    f"{self.ring_crossing_hops} of {self.ring} hops, which pace every step"
+                )
+        if not parts:
+            return "a single rank: no communication"
+        return "; ".join(parts)
+
+
+def placement(ulysses: int, ring: int, devices_per_node: int, rank_stride: int = 1) -> Placement:
+    """Placement of a U x R mesh on nodes of `devices_per_node` devices."""
+    for name, value in (
+        ("ulysses", ulysses),
+        ("ring", ring),
+        ("devices per node", devices_per_node),
+        ("rank stride", rank_stride),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise CpbenchError(f"{name} must be a positive integer, got {value!r}")
+
+    def node(cp_rank: int) -> int:
+        return cp_rank * rank_stride // devices_per_node
+
+    world = ulysses * ring
+    peers = ulysses
+    for j in range(ring):
+        nodes = [node(j * ulysses + u) for u in range(ulysses)]
+        peers = min(peers, min(nodes.count(n) for n in set(nodes)))
+    crossing = 0
+    if ring > 1:
+        for u in range(ulysses):
+            hops = sum(
+                node(j * ulysses + u) != node(((j + 1) % ring) * ulysses + u) for j in range(ring)
+            )
+            crossing = max(crossing, hops)
+    return Placement(
+        ulysses,
+        ring,
+        devices_per_node,
+        rank_stride,
+        node(world - 1) - node(0) + 1,
+        "intra_node" if peers == ulysses else "inter_node",
+        peers,
+        "inter_node" if crossing else "intra_node",
+        crossing,
+    )
+
+
+# --------------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class PhaseTime:
+    """Predicted time of one phase of one layer, with its breakdown (seconds)."""
+
+    phase: str
+    """forward, backward or forward_backward."""
+    total_s: float
+    """Predicted step time: compute_s + imbalance_s + exposed_comm_s."""
+    compute_s: float
+    """Kernel time at perfect balance (mean rank's FLOPs) plus per-step overheads."""
+    imbalance_s: float
+    """Extra kernel time because the busiest rank of each ring step sets the step."""
+    exposed_comm_s: float
+    """Communication time not hidden behind compute."""
+    comm_s: float
+    """All communication serialised (what a comm-only measurement sees)."""
+    ulysses_comm_s: float
+    """All-to-all time (always exposed)."""
+    ring_comm_s: float
+    """Ring hop time, serialised."""
+    memory_bound_s: float
+    """Ring merges and accumulations at memory bandwidth (part of compute_s)."""
+    overlappable_s: float
+    """Sum over ring steps of min(compute, comm): what perfect overlap hides."""
+    slowest_flops: float
+    """FLOPs of the busiest rank summed over steps (the kernel work that sets the time)."""
+    steps: int
+    """Kernel steps (R per phase): each pays the profile's step overhead."""
+
+    @property
+    def hidden_comm_s(self) -> float:
+        """Communication hidden behind compute."""
+        return max(0.0, self.comm_s - self.exposed_comm_s)
+
+    def __add__(self, other: PhaseTime) -> PhaseTime:
+        values = {
+            f.name: getattr(self, f.name) + getattr(other, f.name)
+            for f in fields(self)
+            if f.name != "phase"
+        }
+        return PhaseTime(phase="forward_backward", **values)
+
+
+@dataclass(frozen=True)
+class TierTraffic:
+    """Bytes one rank sends through one collective kind on one link tier, per layer."""
+
+    tier: LinkTier
+    """intra_node or inter_node."""
+    kind: CollectiveKind
+    """all_to_all or send_recv."""
+    forward_bytes: int
+    """Forward bytes."""
+    backward_bytes: int
+    """Backward bytes."""
+
+    @property
+    def total_bytes(self) -> int:
+        """Forward plus backward bytes."""
+        return self.forward_bytes + self.backward_bytes
+
+
+@dataclass(frozen=True)
+class CommTerm:
+    """A linear piece of the serialised communication time: messages x latency + bytes / bw.
+
+    Calibration fits latency and bandwidth per (tier, kind) on these pieces; the cost model
+    sums the same pieces, so the two cannot disagree.
+    """
+
+    tier: LinkTier
+    """Link tier."""
+    kind: CollectiveKind
+    """Collective kind."""
+    phase: str
+    """forward or backward."""
+    messages: int
+    """Calls (or concurrent exchanges) paying the latency."""
+    bytes: float
+    """Bytes a rank sends, scaled by the ranks sharing the link (a NIC)."""
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Predicted time, traffic and memory of one configuration on one profile."""
+
+    candidate: MeshCandidate
+    """What was predicted."""
+    config: CpConfig
+    """Its validated CpConfig (KV replication resolved)."""
+    profile_name: str
+    """Hardware profile used."""
+    placement: Placement
+    """Which tier each collective uses."""
+    kernel_seq_len: int
+    """L/R: the sequence length the kernel efficiency is read at."""
+    attention_tflops: float
+    """Achieved kernel TFLOP/s per rank assumed (peak x efficiency)."""
+    forward: PhaseTime
+    """Forward breakdown."""
+    backward: PhaseTime
+    """Backward breakdown."""
+    traffic: tuple[TierTraffic, ...]
+    """Bytes per rank per (tier, kind); they sum to comm_volume's totals."""
+    comm_terms: tuple[CommTerm, ...]
+    """Linear pieces of the serialised communication time (for calibration)."""
+    work_imbalance: float
+    """Slowest / mean rank attention work under the layout (1.0 = balanced)."""
+    memory_bytes: int
+    """Per-rank peak of the phase (memory.py's lower bound for one layer)."""
+    memory_capacity_bytes: float
+    """The profile's capacity per device."""
+    max_seq_len: int
+    """Largest sequence (a multiple of the layout's divisor) whose peak fits the capacity."""
+
+    @property
+    def forward_backward(self) -> PhaseTime:
+        """Forward plus backward."""
+        return self.forward + self.backward
+
+    @property
+    def phase_time(self) -> PhaseTime:
+        """The breakdown of the candidate's phase (fwd or fwd+bwd)."""
+        return self.forward if self.candidate.phase == "fwd" else self.forward_backward
+
+    @property
+    def step_s(self) -> float:
+        """Predicted step time of the candidate's phase."""
+        return self.phase_time.total_s
+
+    @property
+    def compute_only_s(self) -> float:
+        """Predicted time with communication removed (busiest rank per step)."""
+        t = self.phase_time
+        return t.compute_s + t.imbalance_s
+
+    @property
+    def comm_only_s(self) -> float:
+        """Predicted time of the communication alone."""
+        return self.phase_time.comm_s
+
+    @property
+    def fits(self) -> bool:
+        """Whether the per-rank peak fits the capacity."""
+        return self.memory_bytes <= self.memory_capacity_bytes
+
+    def bytes_by_tier(self, phase: str = "forward_backward") -> dict[str, int]:
+        """Bytes per rank on each tier: phase forward, backward or forward_backward."""
+        out = {"intra_node": 0, "inter_node": 0}
+        for t in self.traffic:
+            if phase == "forward":
+                out[t.tier] += t.forward_bytes
+            elif phase == "backward":
+                out[t.tier] += t.backward_bytes
+            else:
+                out[t.tier] += t.total_bytes
+        return out
+
+    def memory_rule(self) -> str | None:
+        """The rejection rule when the peak does not fit, else None."""
+        if self.fits:
+            return None
+        return (
+            f"needs {self.memory_bytes / GIB:.1f} GiB per rank > "
+            f"{self.memory_capacity_bytes / GIB:.1f} GiB of device memory ({self.profile_name}); "
+            f"the longest sequence that fits this mesh is {self.max_seq_len}"
+        )
+
+
+# ----------------------------------------------------------------------------- step work
+
+
+@functools.lru_cache(maxsize=4096)
+def step_max_pairs(seq_len: int, ring: int, layout: str, causal: bool) -> tuple[Fraction, ...]:
+    """Pairs of the busiest ring rank at each ring step (all heads of a ring group).
+
+    From flops.py's step matrix for R <= MAX_EXACT_RING; above, its closed forms with
+    n = L/R: non-causal n^2 per step; step 0 (own shard) n^2/2; later steps n^2 (contiguous),
+    n^2/2 (zigzag), n(n+1)/2 (striped).
+    """
+    if ring <= MAX_EXACT_RING:
+        return tuple(max(step) for step in ring_step_pairs(seq_len, ring, layout, causal))
+    n = Fraction(seq_len, ring)
+    if not causal:
+        return tuple(n * n for _ in range(ring))
+    later = {"contiguous": n * n, "zigzag": n * n / 2, "striped": n * (n + 1) / 2}[layout]
+    return (n * n / 2, *(later for _ in range(ring - 1)))
+
+
+# ------------------------------------------------------------------------------ the model
+
+
+@dataclass(frozen=True)
+class _Context:
+    """What every part of one prediction needs."""
+
+    config: CpConfig
+    candidate: MeshCandidate
+    profile: HardwareProfile
+    placement: Placement
+    volume: CommVolume
+    flops_per_s: float
+
+
+def predict(
+    config_like: MeshCandidate | CpConfig | Mapping[str, Any],
+    profile: HardwareProfile,
+    gpus_per_node: int | None = None,
+    rank_stride: int = 1,
+) -> Prediction:
+    """Predict one configuration; CpbenchError when the mesh is infeasible.
+
+    `config_like` is a MeshCandidate, a CpConfig (causal, fwd+bwd) or a results record's
+    `config` dict; `gpus_per_node` defaults to the profile's devices per node.
+    """
+    candidate = _as_candidate(config_like)
+    config = candidate.cp_config()
+    per_node = gpus_per_node if gpus_per_node is not None else profile.devices_per_node
+    place = placement(config.ulysses, config.ring, per_node, rank_stride)
+    kernel_seq_len = config.ring_shard
+    ctx = _Context(
+        config,
+        candidate,
+        profile,
+        place,
+        comm_volume(config),
+        profile.attention_flops_per_s(config.dtype, kernel_seq_len),
+    )
+    forward, forward_terms = _phase_time(ctx, "forward")
+    backward, backward_terms = _phase_time(ctx, "backward")
+    memory_phase = "forward" if candidate.phase == "fwd" else "forward_backward"
+    shape = config.shape
+    return Prediction(
+        candidate=candidate,
+        config=config,
+        profile_name=profile.name,
+        placement=place,
+        kernel_seq_len=kernel_seq_len,
+        attention_tflops=ctx.flops_per_s / 1e12,
+        forward=forward,
+        backward=backward,
+        traffic=_traffic(ctx),
+        comm_terms=forward_terms + backward_terms,
+        work_imbalance=_work_imbalance(config, candidate.causal),
+        memory_bytes=memory_estimate(config).peak(memory_phase),  # type: ignore[arg-type]
+        memory_capacity_bytes=profile.memory_bytes,
+        max_seq_len=max_seq_len_for_budget(
+            profile.memory_bytes,
+            shape.heads,
+            shape.kv_heads,
+            shape.head_dim,
+            shape.batch,
+            config.ulysses,
+            config.ring,
+            config.layout,
+            config.dtype,
+            memory_phase,  # type: ignore[arg-type]
+        ),
+    )
+
+
+def _as_candidate(config_like: MeshCandidate | CpConfig | Mapping[str, Any]) -> MeshCandidate:
+    if isinstance(config_like, MeshCandidate):
+        return config_like
+    if isinstance(config_like, CpConfig):
+        return MeshCandidate.from_cp_config(config_like)
+    if isinstance(config_like, Mapping):
+        return MeshCandidate.from_config(config_like)
+    raise CpbenchError(
+        f"cannot predict a {type(config_like).__name__}: give a MeshCandidate, a CpConfig or a "
+        f"results record's config dict"
+    )
+
+
+def _work_imbalance(config: CpConfig, causal: bool) -> float:
+    pairs = ring_rank_pairs(config.shape.seq_len, config.ring, config.layout, causal)
+    mean = sum(pairs, Fraction(0)) / len(pairs)
+    return float(max(pairs) / mean) if mean else 1.0
+
+
+def _phase_factor(phase: str) -> Fraction:
+    return Fraction(1) if phase == "forward" else BACKWARD_FACTOR
+
+
+def merge_bytes(config: CpConfig, phase: str, step: int) -> int:
+    """fp32 bytes the ring's merge (forward) or accumulation (backward) moves at a step."""
+    if config.ring == 1:
+        return 0
+    s = config.shape
+    q_elements = s.batch * config.ring_shard * config.heads_per_rank * s.head_dim
+    kv_elements = 2 * s.batch * config.ring_shard * config.kv_heads_per_rank * s.head_dim
+    if phase == "forward":
+        return 0 if step == 0 else MERGE_FORWARD_PASSES * q_elements * 4
+    return (ACCUMULATE_Q_PASSES * q_elements + ACCUMULATE_KV_PASSES * kv_elements) * 4
+
+
+def _step_merges(ctx: _Context, phase: str) -> list[float]:
+    """Memory-bound seconds of each ring step of a phase."""
+    c = ctx.config
+    return [merge_bytes(c, phase, s) / ctx.profile.memory_bandwidth for s in range(c.ring)]
+
+
+def _step_compute(ctx: _Context, phase: str, merges: list[float]) -> list[float]:
+    """Time of the busiest rank at each ring step: kernel, overhead and memory-bound work."""
+    c = ctx.config
+    per_pair = flops_per_pair(c.shape, c.ulysses) * _phase_factor(phase)
+    steps = step_max_pairs(c.shape.seq_len, c.ring, c.layout, ctx.candidate.causal)
+    overhead = ctx.profile.step_overhead_s
+    return [
+        float(p * per_pair) / ctx.flops_per_s + overhead + merge
+        for p, merge in zip(steps, merges, strict=True)
+    ]
+
+
+def _phase_time(ctx: _Context, phase: str) -> tuple[PhaseTime, tuple[CommTerm, ...]]:
+    c = ctx.config
+    merges = _step_merges(ctx, phase)
+    computes = _step_compute(ctx, phase, merges)
+    ulysses_s, ulysses_terms = _ulysses_time(ctx, phase)
+    ring_total, ring_comm, overlappable, ring_terms = _ring_time(ctx, phase, computes)
+    slowest = sum(computes)
+    mean_flops = attention_flops(c.shape, ctx.candidate.causal, phase) / c.world
+    balanced = mean_flops / ctx.flops_per_s + c.ring * ctx.profile.step_overhead_s + sum(merges)
+    total = ulysses_s + ring_total
+    per_pair = flops_per_pair(c.shape, c.ulysses) * _phase_factor(phase)
+    steps = step_max_pairs(c.shape.seq_len, c.ring, c.layout, ctx.candidate.causal)
+    timing = PhaseTime(
+        phase=phase,
+        total_s=total,
+        compute_s=balanced,
+        imbalance_s=max(0.0, slowest - balanced),
+        exposed_comm_s=total - max(slowest, balanced),
+        comm_s=ulysses_s + ring_comm,
+        ulysses_comm_s=ulysses_s,
+        ring_comm_s=ring_comm,
+        memory_bound_s=sum(merges),
+        overlappable_s=overlappable,
+        slowest_flops=float(sum(steps, Fraction(0)) * per_pair),
+        steps=c.ring,
+    )
+    return timing, ulysses_terms + ring_terms
+
+
+def _ulysses_time(ctx: _Context, phase: str) -> tuple[float, tuple[CommTerm, ...]]:
+    """Exposed all-to-all time of a phase and its linear pieces."""
+    total, terms = 0.0, []
+    for collective in ctx.volume.collectives(phase):  # type: ignore[arg-type]
+        if collective.kind != "all_to_all":
+            continue
+        seconds, pieces = _all_to_all_call(ctx, phase, collective.bytes_sent)
+        total += seconds
+        terms.extend(pieces)
+    return total, tuple(terms)
+
+
+def _all_to_all_call(ctx: _Context, phase: str, bytes_sent: int) -> tuple[float, list[CommTerm]]:
+    """One all-to-all call: inside a node, or split between the tiers (the slower part sets
+    the time, the inter-node latency is paid once)."""
+    place, profile = ctx.placement, ctx.profile
+    intra = profile.intra_node
+    if place.ulysses_tier == "intra_node":
+        term = CommTerm("intra_node", "all_to_all", phase, 1, bytes_sent)
+        return intra.all_to_all.seconds(bytes_sent), [term]
+    inter = profile.inter_node
+    inter_bytes = float(bytes_sent * place.ulysses_inter_fraction)
+    intra_bytes = bytes_sent - inter_bytes
+    inter_scaled = inter_bytes * inter.devices_per_nic
+    intra_s = intra_bytes / intra.all_to_all.busbw
+    inter_s = inter_scaled / inter.all_to_all.busbw
+    seconds = inter.all_to_all.latency_s + max(intra_s, inter_s)
+    if inter_s >= intra_s:
+        return seconds, [CommTerm("inter_node", "all_to_all", phase, 1, inter_scaled)]
+    return seconds, [
+        CommTerm("inter_node", "all_to_all", phase, 1, 0.0),
+        CommTerm("intra_node", "all_to_all", phase, 0, intra_bytes),
+    ]
+
+
+def _ring_hop_bytes(ctx: _Context, phase: str) -> tuple[int, int]:
+    """(K/V hop bytes, dK/dV hop bytes) per call of a phase; zeros without a ring."""
+    kv = dkv = 0
+    for collective in ctx.volume.collectives(phase):  # type: ignore[arg-type]
+        if collective.name == "p2p_kv":
+            kv = collective.bytes_per_call
+        elif collective.name == "p2p_dkv":
+            dkv = collective.bytes_per_call
+    return kv, dkv
+
+
+def _ring_time(
+    ctx: _Context, phase: str, computes: list[float]
+) -> tuple[float, float, float, tuple[CommTerm, ...]]:
+    """(ring stage time, serialised hop time, overlappable time, linear pieces)."""
+    r = ctx.config.ring
+    if r == 1:
+        return computes[0], 0.0, 0.0, ()
+    tier = ctx.placement.ring_tier
+    link = ctx.profile.link(tier)
+    cost, sharing = link.send_recv, link.devices_per_nic
+    kv, dkv = _ring_hop_bytes(ctx, phase)
+    overlap = ctx.profile.overlap
+    total = comm = hidden = 0.0
+    terms = []
+    for s, compute in enumerate(computes):
+        in_flight = (kv if s < r - 1 else 0) + (dkv if s >= 1 else 0)
+        if in_flight == 0:
+            total += compute
+            continue
+        hop = cost.seconds(in_flight, 1, sharing)
+        comm += hop
+        hidden += min(compute, hop)
+        total += max(compute, hop) + (1 - overlap) * min(compute, hop)
+        terms.append(CommTerm(tier, "send_recv", phase, 1, float(in_flight * sharing)))
+    if dkv:
+        home = cost.seconds(dkv, 1, sharing)  # the last dK/dV hop brings it home, exposed
+        total += home
+        comm += home
+        terms.append(CommTerm(tier, "send_recv", phase, 1, float(dkv * sharing)))
+    return total, comm, hidden, tuple(terms)
+
+
+def _traffic(ctx: _Context) -> tuple[TierTraffic, ...]:
+    """Bytes per rank per (tier, kind), forward and backward."""
+    place = ctx.placement
+    per_phase: dict[tuple[str, str], list[int]] = {}
+    for index, phase in enumerate(("forward", "backward")):
+        for stage in ctx.volume.stages(phase):  # type: ignore[arg-type]
+            sent = stage.bytes_sent
+            if stage.stage == "ulysses":
+                inter = int(sent * place.ulysses_inter_fraction)
+                split = {"inter_node": inter, "intra_node": sent - inter}
+                kind = "all_to_all"
+            else:
+                split = {place.ring_tier: sent}
+                kind = "send_recv"
+            for tier, value in split.items():
+                if value:
+                    per_phase.setdefault((tier, kind), [0, 0])[index] += value
+    return tuple(
+        TierTraffic(tier, kind, fwd, bwd)  # type: ignore[arg-type]
+        for (tier, kind), (fwd, bwd) in sorted(per_phase.items())
+    )
+
+
+# ------------------------------------------------------------------------------ records
+
+
+def record_devices_per_node(config: Mapping[str, Any]) -> int:
+    """Devices per node of a record: world_size / nodes (one node when absent)."""
+    world = int(
+        config.get("world_size") or int(config.get("ulysses", 1)) * int(config.get("ring", 1))
+    )
+    nodes = max(1, int(config.get("nodes") or 1))
+    return max(1, world // nodes)
+
+
+def prediction_for_record(record: Mapping[str, Any], profile: HardwareProfile) -> Prediction | None:
+    """Prediction for a results record (its config, phase and node count); None when the record
+    is not `ok`, lacks a config, or describes a configuration the model cannot evaluate."""
+    if record.get("status") != "ok":
+        return None
+    config = record.get("config")
+    if not isinstance(config, Mapping):
+        return None
+    try:
+        return predict(MeshCandidate.from_config(config), profile, record_devices_per_node(config))
+    except (CpbenchError, TypeError, ValueError):
+        return None

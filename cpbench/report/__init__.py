@@ -1,0 +1,382 @@
+"""The `cpbench report` application service: results files -> one self-contained HTML page.
+
+`build_report(paths, ...)` reads the records (`cpbench.io.results`), adds what the cost model
+knows when a hardware profile is available (predicted step time, fraction of peak, the
+recommendation), and assembles the page (`cpbench.report.html`, figures from
+`cpbench.report.figures`). `build_comparison(before, after)` makes the before/after page.
+`write_report` writes either to a file. Nothing here prints; warnings (a torn last line) are
+returned for the CLI to show.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from cpbench.errors import CpbenchError
+from cpbench.io.results import read_records, records_frame
+from cpbench.report import figures
+from cpbench.report.html import (
+    NO_PROFILE_NOTE,
+    Recommendation,
+    render_compare,
+    render_report,
+)
+
+__all__ = [
+    "NO_PROFILE_NOTE",
+    "Recommendation",
+    "Report",
+    "build_comparison",
+    "build_report",
+    "figures",
+    "measured_best",
+    "write_report",
+]
+
+
+@dataclass
+class Report:
+    """A rendered page and what went into it."""
+
+    html: str
+    records: int
+    figures: int
+    profile: str | None = None
+    """Name of the hardware profile used, None when none was available."""
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    """Why a section is empty or a model part is missing (for the CLI to show)."""
+
+
+def _read(paths: Sequence[Path]) -> tuple[list[dict], list[str]]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        records = read_records(list(paths))
+    return records, [str(w.message) for w in caught]
+
+
+def _count_figures(page: str) -> int:
+    return page.count("class='figure-spec'")
+
+
+# ------------------------------------------------------------------------------ cost model
+
+
+@dataclass
+class ModelResult:
+    """What the cost model adds to a report."""
+
+    profile_name: str | None = None
+    profile_line: str = NO_PROFILE_NOTE
+    predicted_s: dict[int, float] = field(default_factory=dict)
+    """Frame index -> predicted step time (seconds)."""
+    peak_fraction: dict[int, float] = field(default_factory=dict)
+    """Frame index -> achieved TFLOP/s / peak TFLOP/s of all ranks."""
+    prediction_note: str | None = None
+    peak_note: str | None = None
+    recommendation: Recommendation | None = None
+    recommendation_note: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def default_hardware(records: Sequence[Mapping[str, Any]]) -> str | None:
+    """The profile to use when none is given: 'cpu-local' for CPU records; for GPU records the
+    built-in profile whose name matches the device names; None when nothing matches."""
+    kinds = {
+        str(r["config"].get("device"))
+        for r in records
+        if isinstance(r.get("config"), Mapping) and r["config"].get("device")
+    }
+    if kinds == {"cpu"}:
+        return "cpu-local"
+    names = {
+        str(d)
+        for r in records
+        if isinstance(r.get("environment"), Mapping)
+        for d in (r["environment"].get("devices") or [])
+    }
+    return _profile_for_devices(sorted(names)) if names else None
+
+
+def _profile_for_devices(device_names: Sequence[str]) -> str | None:
+    """The built-in profile whose device token (the part of its name before the first '-',
+    e.g. 'h100' of 'h100-sxm') appears in every device name; None when no single one does."""
+    try:
+        from cpbench.model.hardware import builtin_profiles  # noqa: PLC0415
+    except ImportError:
+        return None
+    lowered = [name.lower().replace(" ", "") for name in device_names]
+    matches = [
+        name
+        for name in builtin_profiles()
+        if all(name.split("-")[0] in device for device in lowered)
+    ]
+    return matches[0] if len(matches) == 1 else None
+
+
+def cost_model(
+    records: Sequence[Mapping[str, Any]], frame: pd.DataFrame, hardware: str | None
+) -> ModelResult:
+    """Predictions, peak fractions and the recommendation for `hardware` (a profile name or
+    file; None = `default_hardware`). Every part missing from the model is a note, never an
+    error, except an explicitly named profile that does not load."""
+    result = ModelResult()
+    result.recommendation, result.recommendation_note = _measured_recommendation(frame)
+    name = hardware or default_hardware(records)
+    if name is None:
+        result.prediction_note = f"{NO_PROFILE_NOTE}: pass --hardware NAME|PATH"
+        result.notes.append(result.prediction_note)
+        return result
+    try:
+        from cpbench.model.hardware import load_profile  # noqa: PLC0415
+    except ImportError:
+        result.prediction_note = f"{NO_PROFILE_NOTE} (cpbench.model.hardware is not installed)"
+        result.notes.append(result.prediction_note)
+        return result
+    try:
+        profile = load_profile(name)
+    except CpbenchError:
+        if hardware is not None:
+            raise
+        result.prediction_note = f"{NO_PROFILE_NOTE} (no built-in profile {name!r})"
+        result.notes.append(result.prediction_note)
+        return result
+    result.profile_name = str(profile.name)
+    described = f"{profile.name}: {profile.description}"
+    if profile.calibration is not None:
+        cal = profile.calibration
+        described += (
+            f" (calibrated from {cal.prior} on {cal.points} measurements, "
+            f"rms error {cal.residual:.0%})"
+        )
+    result.profile_line = described + ("" if hardware else " (default for these records)")
+    _add_peak_fractions(frame, profile, result)
+    _add_predictions(records, profile, result)
+    return result
+
+
+def _peak_tflops(profile: Any, dtype: str) -> float | None:
+    """Peak dense TFLOP/s of one device for a dtype (None when the profile has none)."""
+    try:
+        return float(profile.peak_flops(dtype)) / 1e12
+    except (CpbenchError, AttributeError, TypeError, ValueError):
+        return None
+
+
+def _add_peak_fractions(frame: pd.DataFrame, profile: Any, result: ModelResult) -> None:
+    rows = figures.ok_rows(frame, "achieved_tflops", "world_size")
+    for idx, row in rows.iterrows():
+        peak = _peak_tflops(profile, str(row["dtype"]))
+        if peak and peak > 0:
+            result.peak_fraction[idx] = float(row["achieved_tflops"]) / (
+                peak * int(row["world_size"])
+            )
+    if not result.peak_fraction:
+        result.peak_note = f"profile {result.profile_name} gives no peak TFLOP/s for these dtypes"
+
+
+def _add_predictions(
+    records: Sequence[Mapping[str, Any]], profile: Any, result: ModelResult
+) -> None:
+    try:
+        from cpbench.model.cost import prediction_for_record  # noqa: PLC0415
+    except ImportError:
+        result.prediction_note = "no cost model available (cpbench.model.cost is not installed)"
+        result.notes.append(result.prediction_note)
+        return
+    for idx, record in enumerate(records):
+        if record.get("status") != "ok":
+            continue
+        try:
+            prediction = prediction_for_record(dict(record), profile)
+        except CpbenchError:
+            continue
+        seconds = _predicted_seconds(prediction)
+        if seconds is not None:
+            result.predicted_s[idx] = seconds
+    if not result.predicted_s:
+        result.prediction_note = (
+            f"the cost model predicts none of these records ({result.profile_name})"
+        )
+
+
+def _predicted_seconds(prediction: Any) -> float | None:
+    """`Prediction.step_s` (the record's phase), when finite and positive."""
+    value = getattr(prediction, "step_s", None) if prediction is not None else None
+    if isinstance(value, (int, float)) and math.isfinite(value) and value > 0:
+        return float(value)
+    return None
+
+
+# -------------------------------------------------------------------------- recommendation
+
+
+def measured_best(frame: pd.DataFrame) -> pd.DataFrame:
+    """The fastest successful configuration per (phase, sequence length) with the runner-up
+    and the slowest, and how much faster the best is than each."""
+    rows = figures.ok_rows(frame, "median_s", "seq_len")
+    out = []
+    for (phase, seq_len), g in rows.groupby(["phase", "seq_len"], sort=True):
+        g = g.sort_values("median_s")
+        best = g.iloc[0]
+        second = g.iloc[1] if len(g) > 1 else None
+        worst = g.iloc[-1]
+        out.append(
+            {
+                "phase": phase,
+                "L": int(seq_len),
+                "best": f"{best['mesh']} {best['layout']}",
+                "best ms": round(float(best["median_s"]) * 1e3, 4),
+                "runner-up": f"{second['mesh']} {second['layout']}" if second is not None else "",
+                "runner-up ms": (
+                    round(float(second["median_s"]) * 1e3, 4) if second is not None else None
+                ),
+                "slowest": f"{worst['mesh']} {worst['layout']}",
+                "speedup vs slowest": round(float(worst["median_s"] / best["median_s"]), 3),
+                "measured": len(g),
+                "_id": best["id"],
+            }
+        )
+    ordered = sorted(
+        out,
+        key=lambda r: (
+            figures.PHASE_ORDER.index(r["phase"]) if r["phase"] in figures.PHASE_ORDER else 9,
+            r["L"],
+        ),
+    )
+    return pd.DataFrame(ordered)
+
+
+def _measured_recommendation(frame: pd.DataFrame) -> tuple[Recommendation | None, str | None]:
+    best = measured_best(frame)
+    if best.empty:
+        return None, "No successful configuration: nothing to recommend."
+    phase = "fwd+bwd" if "fwd+bwd" in set(best["phase"]) else str(best["phase"].iloc[0])
+    top = best[best["phase"] == phase].iloc[-1]
+    record = frame[frame["id"] == top["_id"]].iloc[0]
+    summary = (
+        f"For the longest measured sequence (L={int(top['L'])}, phase {phase}) the fastest "
+        f"configuration is {top['best']} ({top['best ms']:.4g} ms per step), "
+        f"{top['speedup vs slowest']:.2f}x faster than the slowest one measured ({top['slowest']})."
+    )
+    rec = Recommendation(
+        summary=summary,
+        rows=[
+            {k: v for k, v in r.items() if not k.startswith("_")} for r in best.to_dict("records")
+        ],
+        settings=framework_settings(record),
+    )
+    return rec, None
+
+
+def framework_settings(row: Mapping[str, Any]) -> dict[str, str]:
+    """Settings of Megatron-LM, DeepSpeed, yunchang and torchtitan for a measured mesh (from
+    `cpbench.recommend` when it provides them)."""
+    try:
+        from cpbench import recommend  # noqa: PLC0415 - written separately
+    except ImportError:
+        return {}
+    fn = getattr(recommend, "framework_settings", None)
+    if fn is None:
+        return {}
+    try:
+        settings = fn(
+            ulysses=int(row["ulysses"]),
+            ring=int(row["ring"]),
+            layout=str(row["layout"]),
+        )
+    except (CpbenchError, TypeError, KeyError):
+        return {}
+    return {str(k): str(v) for k, v in dict(settings).items()}
+
+
+# ---------------------------------------------------------------------------------- service
+
+
+def build_report(
+    paths: Sequence[Path],
+    *,
+    title: str | None = None,
+    hardware: str | None = None,
+    generated_at: datetime | None = None,
+) -> Report:
+    """Read `paths` and render the report page (CpbenchError when there is nothing to show)."""
+    if not paths:
+        raise CpbenchError("give at least one results file (JSONL)")
+    records, warned = _read(paths)
+    if not records:
+        raise CpbenchError(f"{', '.join(map(str, paths))}: no results records to report")
+    frame = records_frame(records)
+    model = cost_model(records, frame, hardware)
+    if model.predicted_s:
+        frame["predicted_s"] = pd.Series(model.predicted_s, dtype="float64")
+    if model.peak_fraction:
+        frame["peak_fraction"] = pd.Series(model.peak_fraction, dtype="float64")
+    page = render_report(
+        records,
+        frame,
+        title=title,
+        sources=[Path(p).name for p in paths],
+        profile_line=model.profile_line,
+        prediction_note=model.prediction_note,
+        recommendation=model.recommendation,
+        recommendation_note=model.recommendation_note,
+        peak_note=model.peak_note,
+        generated_at=generated_at,
+    )
+    return Report(
+        page,
+        len(records),
+        _count_figures(page),
+        model.profile_name,
+        warned,
+        model.notes,
+    )
+
+
+def build_comparison(
+    before: Path,
+    after: Path,
+    *,
+    title: str | None = None,
+    generated_at: datetime | None = None,
+) -> Report:
+    """The before/after page of two results files, matched by record id."""
+    before_records, w1 = _read([before])
+    after_records, w2 = _read([after])
+    for path, recs in ((before, before_records), (after, after_records)):
+        if not recs:
+            raise CpbenchError(f"{path}: no results records to compare")
+    page = render_compare(
+        before_records,
+        after_records,
+        records_frame(before_records),
+        records_frame(after_records),
+        title=title,
+        sources=(Path(before).name, Path(after).name),
+        generated_at=generated_at,
+    )
+    return Report(
+        page, len(before_records) + len(after_records), _count_figures(page), None, w1 + w2
+    )
+
+
+def write_report(report: Report, output: Path) -> Path:
+    """Write the page to `output` (parent folders created); returns the path."""
+    output = Path(output)
+    if output.is_dir():
+        raise CpbenchError(f"output {output} is a directory; give a file name such as report.html")
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(report.html, encoding="utf-8")
+    except OSError as exc:
+        raise CpbenchError(f"cannot write {output}: {exc.strerror or exc}") from exc
+    return output

@@ -1,0 +1,336 @@
+"""`cpbench sweep` / `cpbench run`: run every configuration of a scenario and append one record
+per configuration to a JSONL file as soon as it ends.
+
+Locally the ranks are a persistent `WorkerPool` (spawned once per sweep, re-spawned only after
+a failure that may have left ranks stuck). Under torchrun (or SLURM) the processes already form
+the world: every process runs this same loop in place (`InProcessWorld`), rank 0 writes.
+A configuration that raises, runs out of memory or hangs is recorded as failed/timeout and the
+sweep goes on; Ctrl-C stops it, keeping every record already written.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from cpbench.bench.timing import TimingSummary
+from cpbench.errors import CpbenchError
+from cpbench.io.results import append_record, completed_ids
+from cpbench.io.scenarios import BenchConfig, Scenario
+from cpbench.io.schema import SCHEMA_VERSION
+from cpbench.model.constraints import Feasibility
+from cpbench.model.flops import FLOPS_CONVENTION, flops_breakdown
+from cpbench.model.formulas import comm_volume, config_from_sizes
+from cpbench.model.memory import memory_estimate
+
+PHASE_KEYS = {"fwd": "forward", "bwd": "backward"}
+
+
+class World(Protocol):
+    """Where a task runs on every rank: a local pool or the torchrun world itself."""
+
+    def run(self, fn: Callable[..., Any], *args: Any, timeout: float) -> list[Any]: ...
+
+    def close(self, force: bool = False) -> None: ...
+
+
+def launched_by_torchrun() -> bool:
+    """True when this process is one rank of an externally launched world."""
+    env = os.environ
+    return "RANK" in env and "WORLD_SIZE" in env and "MASTER_ADDR" in env
+
+
+class InProcessWorld:
+    """The world torchrun (or SLURM + env://) launched: this process is one of its ranks and
+    runs every task itself; results of all ranks are gathered to every rank. A hung
+    configuration cannot be killed from inside; the process group's timeout bounds it."""
+
+    def __init__(self, device: str, timeout: float) -> None:
+        import torch  # noqa: PLC0415
+        import torch.distributed as dist  # noqa: PLC0415
+
+        if not dist.is_initialized():
+            if device == "cuda":
+                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            dist.init_process_group(
+                "nccl" if device == "cuda" else "gloo",
+                timeout=datetime.timedelta(seconds=max(timeout, 60.0)),
+            )
+        if device == "cpu":
+            torch.set_num_threads(1)
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        self.spawns = 0
+
+    def run(self, fn: Callable[..., Any], *args: Any, timeout: float) -> list[Any]:
+        import torch.distributed as dist  # noqa: PLC0415
+
+        from cpbench.bench.pool import TaskError  # noqa: PLC0415
+
+        try:
+            mine: Any = ("ok", fn(*args))
+        except Exception as exc:  # noqa: BLE001 - every rank must reach the gather below
+            mine = ("error", f"{type(exc).__name__}: {exc}")
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, mine)
+        errors = {r: g[1] for r, g in enumerate(gathered) if g[0] == "error"}
+        if errors:
+            first = min(errors)
+            raise TaskError(f"rank {first}: {errors[first]}", errors, restarted=False)
+        return [g[1] for g in gathered]
+
+    def close(self, force: bool = False) -> None:
+        return None
+
+
+@dataclass
+class SweepResult:
+    """What a sweep did; the records are also in `path`."""
+
+    path: Path
+    records: list[dict[str, Any]] = field(default_factory=list)
+    resumed: int = 0
+    interrupted: bool = False
+    wall_seconds: float = 0.0
+    spawns: int = 0
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for r in self.records:
+            out[r["status"]] = out.get(r["status"], 0) + 1
+        return out
+
+
+def default_output(scenario: Scenario, results_dir: Path = Path("results")) -> Path:
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return results_dir / f"{scenario.name}-{stamp}.jsonl"
+
+
+def _base_record(
+    config: BenchConfig, feasibility: Feasibility, scenario: Scenario, environment: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "id": config.key,
+        "scenario": scenario.name,
+        "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "status": "ok",
+        "error": None,
+        "config": config.to_dict(feasibility.kv_replication if feasibility.ok else 1, None),
+        "environment": environment,
+    }
+
+
+def _overlap(step: float, compute: float, comm: float) -> tuple[float | None, str]:
+    """(compute + comm - step) / min(compute, comm), clamped to [0, 1], with what it means."""
+    if min(compute, comm) <= 0:
+        return None, "no communication in this configuration"
+    raw = (compute + comm - step) / min(compute, comm)
+    if raw < 0:
+        return 0.0, (
+            f"raw {raw:.2f}: the step took longer than compute + communication run apart "
+            "(they contend for the same cores or links)"
+        )
+    if raw > 1:
+        return 1.0, f"raw {raw:.2f}: above 1 from timing noise; communication fully hidden"
+    return raw, "fraction of the shorter of compute/communication hidden under the other"
+
+
+def assemble_record(
+    base: dict[str, Any], config: BenchConfig, per_rank: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The record of a measured configuration, from every rank's `measure_config` answer."""
+    record = dict(base)
+    iters = len(per_rank[0]["samples"])
+
+    def max_over_ranks(key: str) -> list[float]:
+        return [max(r[key][i] for r in per_rank) for i in range(iters)]
+
+    step = TimingSummary.of(max_over_ranks("samples"))
+    compute = statistics.median(max_over_ranks("compute_samples"))
+    comm = statistics.median(max_over_ranks("comm_samples"))
+    overlap, note = _overlap(step.median, compute, comm)
+    record["timing"] = {
+        "phase": config.phase,
+        "median": step.median,
+        "p10": step.p10,
+        "p90": step.p90,
+        "samples": list(step.samples),
+        "per_rank_median": [statistics.median(r["samples"]) for r in per_rank],
+        "compute_only": compute,
+        "compute_only_per_rank": [statistics.median(r["compute_samples"]) for r in per_rank],
+        "comm_only": comm,
+        "exposed_comm": max(0.0, step.median - compute),
+        "overlap": overlap,
+        "overlap_note": note,
+    }
+    record["config"]["kernel"] = per_rank[0]["kernel"]
+    record["comm"] = _comm_section(config, record["config"]["kv_replication"], per_rank, comm)
+    analytic_memory = memory_estimate(_model_config(config)).peak(
+        "forward_backward" if config.phase == "fwd+bwd" else "forward"
+    )
+    record["memory"] = {
+        "peak_bytes": [r["memory"]["peak_bytes"] for r in per_rank],
+        "source": per_rank[0]["memory"]["source"],
+        "rss_peak_bytes": _per_rank_or_none(per_rank, "rss_peak_bytes"),
+        "nvml_used_bytes": _per_rank_or_none(per_rank, "nvml_used_bytes"),
+        "analytic_peak_bytes": analytic_memory,
+    }
+    flops = flops_breakdown(config.shape, config.ulysses, config.ring, config.layout, config.causal)
+    model_phase = "forward_backward" if config.phase == "fwd+bwd" else "forward"
+    total = flops.global_flops(model_phase)
+    record["flops"] = {
+        "convention": FLOPS_CONVENTION,
+        "global": total,
+        "slowest_rank": flops.slowest_rank_flops(model_phase),
+        "achieved_tflops": total / step.median / 1e12,
+        "achieved_tflops_per_rank": total / step.median / 1e12 / config.world_size,
+    }
+    record["accuracy"] = per_rank[0]["accuracy"]
+    record["environment"] = {
+        **record["environment"],
+        "hostnames": sorted({r["host"]["hostname"] for r in per_rank}),
+        "devices": [r["host"]["device"] for r in per_rank],
+    }
+    if record["accuracy"] is not None and not record["accuracy"]["passed"]:
+        record["status"] = "failed"
+        record["error"] = (
+            f"result differs from the reference: max abs error "
+            f"{record['accuracy']['max_abs_error']:.3g} > {record['accuracy']['tolerance']:g}"
+        )
+    elif not record["comm"]["match"]:
+        record["error"] = "measured bytes != analytic bytes (see comm.by_collective)"
+    return record
+
+
+def _per_rank_or_none(per_rank: list[dict[str, Any]], key: str) -> list[int] | None:
+    values = [r["memory"][key] for r in per_rank]
+    return None if all(v is None for v in values) else values
+
+
+def _model_config(config: BenchConfig) -> Any:
+    return config_from_sizes(
+        config.seq_len, config.heads, config.kv_heads, config.head_dim, config.batch,
+        config.ulysses, config.ring, config.layout, config.dtype,
+    )
+
+
+def _comm_section(
+    config: BenchConfig, kv_replication: int, per_rank: list[dict[str, Any]], comm_seconds: float
+) -> dict[str, Any]:
+    volume = comm_volume(_model_config(config))
+    phases = ("fwd", "bwd") if config.phase == "fwd+bwd" else ("fwd",)
+    by_collective: dict[str, dict[str, Any]] = {}
+    analytic: dict[str, int] = {}
+    measured: dict[str, list[int]] = {}
+    match = True
+    for phase in phases:
+        expected = {c.name: c.bytes_sent for c in volume.collectives(PHASE_KEYS[phase])}
+        counted = [r["bytes"].get(phase, {}) for r in per_rank]
+        names = sorted(set(expected) | {n for c in counted for n in c})
+        by_collective[phase] = {
+            n: {"analytic": expected.get(n, 0), "measured": [c.get(n, 0) for c in counted]}
+            for n in names
+        }
+        analytic[phase] = sum(expected.values())
+        measured[phase] = [sum(c.values()) for c in counted]
+        match = match and all(c == expected for c in counted)
+    per_rank_bytes = max(sum(m) for m in zip(*measured.values(), strict=True)) if measured else 0
+    return {
+        "analytic_bytes": analytic,
+        "measured_bytes": measured,
+        "by_collective": by_collective,
+        "match": match,
+        "achieved_algbw_GBps": per_rank_bytes / comm_seconds / 1e9 if comm_seconds > 0 and per_rank_bytes else None,
+    }
+
+
+def _failure_message(exc: BaseException) -> str:
+    text = str(exc)
+    if "out of memory" in text.lower():
+        return f"out of memory: {text}"
+    return text
+
+
+def run_sweep(
+    scenario: Scenario,
+    device: str,
+    world_size: int,
+    out: Path,
+    resume: bool = False,
+    timeout: float | None = None,
+    on_record: Callable[[dict[str, Any]], None] | None = None,
+    on_start: Callable[[BenchConfig], None] | None = None,
+    respawn_each: bool = False,
+    task: Callable[..., dict[str, Any]] | None = None,
+) -> SweepResult:
+    """Run the scenario; append a record per configuration to `out` as soon as it ends.
+
+    `respawn_each` re-spawns the ranks for every configuration (to measure what the persistent
+    pool saves); `task` replaces `measure_config` (tests inject failures through it)."""
+    from cpbench.bench.environment import process_environment  # noqa: PLC0415
+    from cpbench.bench.measure import measure_config  # noqa: PLC0415
+    from cpbench.bench.pool import TaskError, TaskTimeout, WorkerPool, WorldSpec  # noqa: PLC0415
+
+    if out.exists() and out.stat().st_size > 0 and not resume:
+        raise CpbenchError(f"output {out} already has records: pass --resume to continue it, "
+                           f"or --out for a new file")
+    points = scenario.expand(device, world_size)
+    done = completed_ids(out) if resume and out.exists() else set()
+    limit = timeout if timeout is not None else scenario.timeout
+    settings = {"warmup": scenario.warmup, "iters": scenario.iters,
+                "check_max_seq_len": scenario.check_max_seq_len}
+    environment = process_environment()
+    world: World
+    writer = True
+    if launched_by_torchrun():
+        in_process = InProcessWorld(device, limit)
+        if in_process.world_size != world_size:
+            raise CpbenchError(f"scenario world_size ({world_size}) != torchrun world size "
+                               f"({in_process.world_size})")
+        world, writer = in_process, in_process.rank == 0
+    else:
+        world = WorkerPool(WorldSpec(world_size, device))
+    result = SweepResult(path=out)
+    started = time.perf_counter()
+    try:
+        for config, feasibility in points:
+            if config.key in done:
+                result.resumed += 1
+                continue
+            record = _base_record(config, feasibility, scenario, environment)
+            if not feasibility.ok:
+                record.update(status="skipped", error=feasibility.reason)
+            else:
+                if on_start:
+                    on_start(config)
+                try:
+                    per_rank = world.run(
+                        task or measure_config, record["config"], settings, timeout=limit
+                    )
+                    record = assemble_record(record, config, per_rank)
+                except TaskTimeout as exc:
+                    record.update(status="timeout", error=str(exc))
+                except TaskError as exc:
+                    record.update(status="failed", error=_failure_message(exc))
+                if respawn_each:
+                    world.close()
+            if writer:
+                append_record(out, record)
+            result.records.append(record)
+            if on_record:
+                on_record(record)
+    except KeyboardInterrupt:
+        result.interrupted = True
+        world.close(force=True)
+    finally:
+        world.close()
+        result.wall_seconds = time.perf_counter() - started
+        result.spawns = getattr(world, "spawns", 0)
+    return result

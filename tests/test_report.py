@@ -1,0 +1,485 @@
+"""The HTML report: figure builders on the synthetic fixture, page assembly (offline, escaped,
+notes instead of empty charts), comparison mode and the `cpbench report` command."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from cpbench.cli import app
+from cpbench.io.results import SOURCE_KEY, read_records, records_frame
+from cpbench.report import (
+    NO_PROFILE_NOTE,
+    build_comparison,
+    build_report,
+    default_hardware,
+    measured_best,
+    write_report,
+)
+from cpbench.report import figures as F
+from cpbench.report.html import script_json
+
+FIXTURES = Path(__file__).parent / "fixtures"
+SWEEP = FIXTURES / "sweep.jsonl"
+AFTER = FIXTURES / "after.jsonl"
+WHEN = datetime(2026, 11, 29, 20, 0, tzinfo=timezone.utc)
+HOSTILE = "<script>alert(1)</script>"
+runner = CliRunner()
+
+SERIES = {
+    "U4xR1 contiguous",
+    "U2xR2 contiguous",
+    "U2xR2 zigzag",
+    "U2xR2 striped",
+    "U1xR4 contiguous",
+    "U1xR4 zigzag",
+    "U1xR4 striped",
+}
+
+
+@pytest.fixture(scope="module")
+def records() -> list[dict]:
+    return read_records(SWEEP)
+
+
+@pytest.fixture(scope="module")
+def frame(records: list[dict]) -> pd.DataFrame:
+    return records_frame(records)
+
+
+@pytest.fixture(scope="module")
+def page() -> str:
+    return build_report([SWEEP], generated_at=WHEN).html
+
+
+def _strip(record: dict) -> dict:
+    return {k: v for k, v in record.items() if k != SOURCE_KEY}
+
+
+def _write(path: Path, recs: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(_strip(r)) + "\n" for r in recs))
+    return path
+
+
+# ------------------------------------------------------------------------------ the figures
+
+
+def test_step_time_one_line_per_mesh_and_layout_and_a_facet_per_phase(frame: pd.DataFrame):
+    fig = F.step_time_figure(frame)
+    assert fig is not None
+    assert len(fig.data) == 14  # 7 (mesh, layout) series x 2 phases
+    assert {t.name for t in fig.data} == SERIES
+    assert [a.text for a in fig.layout.annotations] == ["phase fwd", "phase fwd+bwd"]
+    for trace in fig.data:
+        assert list(trace.x) == [1024, 2048, 4096]
+        assert all(lo >= 0 for lo in trace.error_y.arrayminus)
+    assert sum(bool(t.showlegend) for t in fig.data) == 7  # each series in the legend once
+    assert fig.layout.xaxis.type == "log" and fig.layout.yaxis.type == "log"
+    zigzag = next(t for t in fig.data if t.name == "U1xR4 zigzag" and t.xaxis == "x2")
+    ok = frame[(frame["status"] == "ok") & (frame["phase"] == "fwd+bwd")]
+    expect = ok[(ok["mesh"] == "U1xR4") & (ok["layout"] == "zigzag")].sort_values("seq_len")
+    assert list(zigzag.y) == pytest.approx(list(expect["median_s"] * 1e3))
+
+
+def test_facets_exist_only_for_phases_with_data(frame: pd.DataFrame):
+    only_fwd_bwd = frame[frame["phase"] == "fwd+bwd"]
+    fig = F.step_time_figure(only_fwd_bwd)
+    assert [a.text for a in fig.layout.annotations] == ["phase fwd+bwd"]
+    assert len(fig.data) == 7
+
+
+def test_every_builder_returns_none_without_data(frame: pd.DataFrame):
+    failures = frame[frame["status"] != "ok"]
+    builders = (
+        F.step_time_figure,
+        F.throughput_figure,
+        F.comm_bytes_figure,
+        F.bandwidth_figure,
+        F.overlap_figure,
+        F.memory_figure,
+        F.load_balance_figure,
+        F.heatmap_figure,
+        F.prediction_figure,
+    )
+    for build in builders:
+        assert build(failures) is None, build.__name__
+        assert build(records_frame([])) is None, build.__name__
+
+
+def test_throughput_adds_a_fraction_of_peak_row_when_known(frame: pd.DataFrame):
+    plain = F.throughput_figure(frame)
+    assert len(plain.data) == 14 and "peak" not in plain.layout.title.text
+    with_peak = frame.copy()
+    with_peak["peak_fraction"] = with_peak["achieved_tflops"] / 0.312
+    fig = F.throughput_figure(with_peak)
+    assert len(fig.data) == 28
+    fractions = [t for t in fig.data if t.yaxis in ("y3", "y4")]
+    assert len(fractions) == 14
+    first = with_peak[(with_peak["status"] == "ok")].iloc[0]
+    trace = next(
+        t for t in fractions if t.name == f"{first['mesh']} {first['layout']}" and t.yaxis == "y3"
+    )
+    assert trace.y[0] == pytest.approx(first["peak_fraction"] * 100)
+
+
+def test_comm_mismatch_is_a_red_cross_on_the_right_point(frame: pd.DataFrame):
+    fig = F.comm_bytes_figure(frame)
+    assert fig is not None
+    bad = [t for t in fig.data if t.name == "MISMATCH"]
+    assert len(bad) == 1
+    (trace,) = bad
+    assert trace.marker.color == F.MISMATCH_COLOR and trace.marker.symbol == "x"
+    row = frame[frame["comm_mismatch"].fillna(False).astype(bool)].iloc[0]
+    assert list(trace.x) == [row["analytic_bwd_bytes"]]
+    assert list(trace.y) == [row["measured_bwd_bytes"]]
+    assert row["id"] in trace.customdata[0] and "+4,096 B" in trace.customdata[0]
+    assert "1 mismatch" in fig.layout.title.text
+    matching = [t for t in fig.data if t.mode == "markers" and t.name != "MISMATCH"]
+    assert all(list(t.x) == list(t.y) for t in matching)
+    # every ok record has a fwd point; fwd+bwd records also a bwd point
+    ok = frame[frame["status"] == "ok"]
+    points = sum(len(t.x) for t in fig.data if t.mode == "markers")
+    assert points == len(ok) + (ok["phase"] == "fwd+bwd").sum()
+
+
+def test_comm_figure_without_mismatch_has_no_red(frame: pd.DataFrame):
+    clean = frame[~frame["comm_mismatch"].fillna(False).astype(bool)]
+    fig = F.comm_bytes_figure(clean)
+    assert all(t.name != "MISMATCH" for t in fig.data)
+    assert "mismatch" not in fig.layout.title.text
+
+
+def test_bandwidth_lines(frame: pd.DataFrame):
+    fig = F.bandwidth_figure(frame)
+    assert len(fig.data) == 14 and {t.name for t in fig.data} == SERIES
+
+
+def test_overlap_stacks_compute_and_exposed_comm_to_the_step(frame: pd.DataFrame):
+    fig = F.overlap_figure(frame)
+    assert fig.layout.barmode == "stack"
+    bars = [t for t in fig.data if t.type == "bar"]
+    overlap = [t for t in fig.data if t.type == "scatter"]
+    assert len(bars) == 4 and len(overlap) == 2  # compute + exposed per phase, overlap markers
+    compute = next(t for t in bars if t.name.startswith("compute") and t.xaxis == "x")
+    exposed = next(t for t in bars if t.name.startswith("exposed") and t.xaxis == "x")
+    ok = frame[(frame["status"] == "ok") & (frame["phase"] == "fwd")]
+    assert len(compute.x) == len(ok) == 21
+    steps = dict(zip(compute.x, [c + e for c, e in zip(compute.y, exposed.y)], strict=True))
+    label = "U1xR4 contiguous 4K"
+    row = ok[(ok["mesh"] == "U1xR4") & (ok["layout"] == "contiguous") & (ok["seq_len"] == 4096)]
+    assert steps[label] == pytest.approx(float(row["median_s"].iloc[0]) * 1e3)
+    assert all(0 <= v <= 100 for v in overlap[0].y if v is not None)
+
+
+def test_memory_measured_and_analytic_per_mesh(frame: pd.DataFrame):
+    fig = F.memory_figure(frame)
+    names = {t.name for t in fig.data}
+    assert names == {
+        f"{m} {w}" for m in ("U4xR1", "U2xR2", "U1xR4") for w in ("measured", "analytic")
+    }
+    assert len(fig.data) == 12
+    analytic = [t for t in fig.data if t.name.endswith("analytic")]
+    assert all(t.line.dash == "dash" for t in analytic)
+    measured = next(t for t in fig.data if t.name == "U1xR4 measured" and t.xaxis == "x")
+    ok = frame[(frame["status"] == "ok") & (frame["phase"] == "fwd") & (frame["mesh"] == "U1xR4")]
+    expect = ok.groupby("seq_len")["peak_bytes"].max() / 1024**2
+    assert list(measured.y) == pytest.approx(list(expect))
+
+
+def test_load_balance_contiguous_vs_zigzag_vs_striped(frame: pd.DataFrame):
+    fig = F.load_balance_figure(frame)
+    titles = [a.text for a in fig.layout.annotations]
+    assert titles == [
+        "U2xR2 fwd L=4K",
+        "U1xR4 fwd L=4K",
+        "U2xR2 fwd+bwd L=4K",
+        "U1xR4 fwd+bwd L=4K",
+    ]  # pure Ulysses (U4xR1) has no ring: the layout does not change its balance
+    assert {t.name for t in fig.data} == {"contiguous", "zigzag", "striped"}
+    assert len(fig.data) == 12
+    ring = [t for t in fig.data if t.xaxis == "x2"]  # U1xR4 fwd
+    spread = {t.name: max(t.y) / min(t.y) for t in ring}
+    assert spread["contiguous"] > 3 and spread["zigzag"] < 1.01 and spread["striped"] < 1.01
+    assert list(ring[0].x) == ["rank 0", "rank 1", "rank 2", "rank 3"]
+
+
+def test_heatmap_one_per_sequence_length_relative_to_the_fastest(frame: pd.DataFrame):
+    fig = F.heatmap_figure(frame)
+    assert [t.name for t in fig.data] == ["L=1K", "L=2K", "L=4K"]
+    assert "fwd+bwd" in fig.layout.title.text
+    for trace in fig.data:
+        assert list(trace.y) == ["U=1", "U=2", "U=4"] and list(trace.x) == ["R=1", "R=2", "R=4"]
+        values = [v for row in trace.z for v in row if v is not None]
+        assert min(values) == pytest.approx(1.0) and len(values) == 3  # the P=4 diagonal
+        assert trace.z[0][0] is None  # U=1 x R=1 was not measured
+    cell = fig.data[2].text[2][0]  # U=4, R=1 at 4K: only contiguous ran
+    assert "contiguous" in cell and "ms" in cell
+
+
+def test_prediction_needs_predicted_times(frame: pd.DataFrame):
+    assert F.prediction_figure(frame) is None
+    with_model = frame.copy()
+    with_model["predicted_s"] = with_model["median_s"] * 1.2
+    fig = F.prediction_figure(with_model)
+    errors = next(t for t in fig.data if t.type == "bar")
+    ok = with_model["median_s"].notna().sum()
+    assert len(errors.y) == ok and all(e == pytest.approx(20.0) for e in errors.y)
+    assert "median |error| 20%" in fig.layout.title.text
+
+
+def test_compare_frame_and_figure(frame: pd.DataFrame):
+    after = records_frame(read_records(AFTER))
+    compared = F.compare_frame(frame, after)
+    matched = compared[compared["ratio"].notna()]
+    assert len(matched) == 7 and len(compared) == len(frame)
+    assert list(compared["ratio"].notna()[:7]) == [True] * 7  # matched rows first
+    zig = matched[(matched["mesh"] == "U1xR4") & (matched["layout"] == "zigzag")].iloc[0]
+    assert zig["ratio"] == pytest.approx(zig["after_s"] / zig["before_s"])
+    assert zig["ratio"] < 0.95  # the fixture's zigzag got faster
+    fig = F.compare_figure(compared)
+    (bars,) = fig.data
+    assert len(bars.x) == 7
+    colors = dict(zip(bars.y, bars.marker.color, strict=True))
+    assert colors["U1xR4 zigzag 4K fwd+bwd"] == "#2ca02c"
+    assert colors["U4xR1 contiguous 4K fwd+bwd"] == F.MISMATCH_COLOR  # slower
+    assert F.compare_figure(F.compare_frame(frame, frame.iloc[0:0])) is None
+
+
+def test_log_ticks_are_labelled_in_full():
+    axis = F.log_ticks([0.02, 0.9])
+    assert axis["tickvals"] == pytest.approx([0.02, 0.05, 0.1, 0.2, 0.5, 1.0])
+    assert axis["ticktext"] == ["0.02", "0.05", "0.1", "0.2", "0.5", "1"]
+    bytes_axis = F.log_ticks([1 << 20, 1 << 23], F.format_bytes_short, base2=True)
+    assert bytes_axis["ticktext"] == ["1 MiB", "2 MiB", "4 MiB", "8 MiB"]
+    assert F.format_seq_len(131072) == "128K" and F.format_seq_len(1000) == "1000"
+
+
+# ---------------------------------------------------------------------------------- the page
+
+
+def test_page_is_offline_and_embeds_plotly_once(page: str):
+    assert page.count("plotly.js v") >= 1
+    head_of_bundle = page.index('<script type="text/javascript">')
+    assert page.count('<script type="text/javascript">') == 1
+    assert page.count("Plotly.newPlot") >= 1 and head_of_bundle > 0
+    assert not re.search(r"<script[^>]+src=", page)
+    assert not re.search(r"<link[^>]*>", page)
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)
+    assert "@import" not in page and "fonts.googleapis" not in page
+    figures = page.count("class='figure-spec'")
+    assert figures == 9
+    assert f'data-figures="{figures}"' in page
+    assert page.count("class='plot'") == figures
+
+
+def test_header_counts_and_grouped_reasons(page: str):
+    assert "cpbench report: cpu-smoke" in page
+    assert "42 ran" in page and "1 failed" in page and "1 skipped" in page
+    assert "1 timed out" in page
+    assert "ulysses degree 3 must divide heads (8)" in page
+    assert "4 x cpu: AMD EPYC 9654 96-Core Processor" in page
+    assert "torch 2.13.0+cpu" in page and "python 3.12.3" in page
+    assert "2026-11-29 20:00 UTC" in page
+    assert "cpu-local: local CPU ranks" in page  # the default profile for CPU records
+
+
+def test_record_table_lists_everything_with_errors_and_marks_the_mismatch(page: str):
+    table = page[page.index("id='record-table'") :]
+    table = table[: table.index("</table>")]
+    assert table.count("<tr class=") == 45
+    assert "st-row-failed" in table and "st-row-skipped" in table and "st-row-timeout" in table
+    assert "max abs error 3.1e-02 exceeds the tolerance" in table
+    assert table.count("class='bad'") == 1
+    assert "data-type='num'" in table  # numeric columns sort as numbers
+
+
+def test_reasons_are_grouped_by_pattern(records: list[dict]):
+    from cpbench.report.html import summarize
+
+    skipped = [
+        dict(_strip(records[-2]), id=f"s{u}", error=f"ulysses degree {u} must divide heads (8)")
+        for u in (3, 5, 6)
+    ]
+    summary = summarize(skipped)
+    assert summary["reasons"]["skipped"] == [(3, "ulysses degree 3 must divide heads (8)", 3)]
+
+
+def test_hostile_strings_are_escaped_everywhere(records: list[dict], tmp_path: Path):
+    evil = [copy.deepcopy(_strip(r)) for r in records[:6]]
+    for r in evil:
+        r["scenario"] = HOSTILE
+        r["config"]["layout"] = HOSTILE
+        r["environment"] = dict(r["environment"], devices=[HOSTILE], torch=HOSTILE)
+    failed = dict(copy.deepcopy(evil[0]), id=HOSTILE, status="failed", error=HOSTILE)
+    path = _write(tmp_path / "evil.jsonl", [*evil, failed])
+    html_page = build_report([path], title=f"title {HOSTILE}").html
+    assert HOSTILE not in html_page
+    assert "<script>alert" not in html_page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html_page
+    # inside the embedded figure JSON the tag is \u003c-escaped (and HTML-escaped for plotly)
+    assert "\\u003cscript\\u003e" in html_page or "\\u0026lt;script\\u0026gt;" in html_page
+    # the only <script> elements are ours
+    assert len(re.findall(r"<script\b", html_page)) == html_page.count("</script>")
+
+
+def test_script_json_cannot_close_its_element():
+    text = script_json({"a": "</script><b>&amp;", "b": "\u2028"})
+    assert "<" not in text and ">" not in text and "&" not in text
+    assert json.loads(text) == {"a": "</script><b>&amp;", "b": "\u2028"}
+
+
+def test_missing_phase_and_empty_sections_get_a_note(records: list[dict], tmp_path: Path):
+    only = [r for r in records if r["config"]["phase"] == "fwd+bwd"]
+    html_page = build_report([_write(tmp_path / "fb.jsonl", only)]).html
+    assert "No successful fwd measurement" in html_page
+    assert "phase fwd+bwd" in html_page
+
+    failures = [r for r in records if r["status"] != "ok"]
+    empty = build_report([_write(tmp_path / "bad.jsonl", failures)])
+    assert empty.figures == 0
+    assert "class='plot'" not in empty.html and "plotly.js v" not in empty.html
+    for note in (
+        "No successful configuration has a step time",
+        "No configuration reports its peak memory",
+        "No causal multi-rank configuration has per-rank timings",
+        "No successful configuration: nothing to recommend.",
+    ):
+        assert note in empty.html
+    assert 'document.body.dataset.rendered = "0"' in empty.html
+
+
+def test_recommendation_names_the_fastest_measured_mesh(frame: pd.DataFrame, page: str):
+    best = measured_best(frame)
+    top = best[(best["phase"] == "fwd+bwd") & (best["L"] == 4096)].iloc[0]
+    ok = frame[
+        (frame["status"] == "ok") & (frame["phase"] == "fwd+bwd") & (frame["seq_len"] == 4096)
+    ]
+    fastest = ok.loc[ok["median_s"].idxmin()]
+    assert top["best"] == f"{fastest['mesh']} {fastest['layout']}"
+    assert top["speedup vs slowest"] == pytest.approx(
+        ok["median_s"].max() / ok["median_s"].min(), rel=1e-3
+    )
+    assert f"the fastest configuration is {top['best']}" in page
+
+
+def test_hardware_profile_choice(records: list[dict]):
+    assert default_hardware(records) == "cpu-local"
+    gpu = copy.deepcopy(records[:1])
+    gpu[0]["config"]["device"] = "cuda"
+    gpu[0]["environment"]["devices"] = ["NVIDIA H100 80GB HBM3"] * 8
+    assert default_hardware(gpu) == "h100-sxm"
+    gpu[0]["environment"]["devices"] = ["Some Future Accelerator"]
+    assert default_hardware(gpu) is None
+
+
+def test_unknown_gpu_gets_the_no_profile_note(records: list[dict], tmp_path: Path):
+    recs = [copy.deepcopy(_strip(r)) for r in records[:8]]
+    for r in recs:
+        r["config"]["device"] = "cuda"
+        r["environment"] = dict(r["environment"], devices=["Some Future Accelerator"])
+    report = build_report([_write(tmp_path / "gpu.jsonl", recs)])
+    assert report.profile is None
+    assert NO_PROFILE_NOTE in report.html
+    assert "id='prediction'" in report.html
+    assert any(NO_PROFILE_NOTE in n for n in report.notes)
+
+
+def test_predicted_vs_measured_with_the_cpu_profile(frame: pd.DataFrame):
+    report = build_report([SWEEP], hardware="cpu-local")
+    assert report.profile == "cpu-local"
+    assert "Cost model: predicted vs measured step time" in report.html
+    assert "% of hardware peak" in report.html
+
+
+def test_comparison_page(tmp_path: Path):
+    report = build_comparison(SWEEP, AFTER, generated_at=WHEN)
+    assert report.figures == 1
+    assert "sweep.jsonl" in report.html and "after.jsonl" in report.html
+    assert "7 configuration(s) in both files" in report.html
+    table = report.html[report.html.index("id='compare'") :]
+    table = table[: table.index("</table>")]
+    assert table.count("<tr class=") == 45
+    assert "class='good'" in table and "class='bad'" in table
+
+
+# ------------------------------------------------------------------------------ the command
+
+
+def test_cli_writes_the_report(tmp_path: Path):
+    out = tmp_path / "sub" / "r.html"
+    result = runner.invoke(app, ["report", str(SWEEP), "-o", str(out), "--title", "T", "--json"])
+    assert result.exit_code == 0, result.output
+    answer = json.loads(result.stdout)
+    assert answer == {
+        "output": str(out),
+        "records": 45,
+        "figures": 9,
+        "profile": "cpu-local",
+        "notes": [],
+        "warnings": [],
+    }
+    assert out.read_text().count("<h1>T</h1>") == 1
+
+
+def test_cli_compare_and_its_argument_check(tmp_path: Path):
+    out = tmp_path / "c.html"
+    result = runner.invoke(app, ["report", str(SWEEP), str(AFTER), "--compare", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "wrote" in result.stdout and out.exists()
+    result = runner.invoke(app, ["report", str(SWEEP), "--compare", "-o", str(out)])
+    assert result.exit_code == 2
+    assert result.stderr.strip().splitlines() == [
+        "cpbench: error: --compare needs exactly two results files (BEFORE AFTER), got 1"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda d: d / "missing.jsonl", "missing.jsonl does not exist"),
+        (lambda d: _text(d / "e.jsonl", "\n\n"), "no results records to report"),
+        (lambda d: _text(d / "m.jsonl", '{"id": 1}\n{bad\n{"id": 2}\n'), "m.jsonl:2: malformed"),
+    ],
+)
+def test_cli_bad_input_is_one_line_and_exit_2(tmp_path: Path, make, message: str):
+    path = make(tmp_path)
+    result = runner.invoke(app, ["report", str(path), "-o", str(tmp_path / "x.html")])
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and lines[0].startswith("cpbench: error:")
+
+
+def test_cli_unknown_hardware_is_an_error(tmp_path: Path):
+    result = runner.invoke(
+        app, ["report", str(SWEEP), "--hardware", "nope", "-o", str(tmp_path / "x.html")]
+    )
+    assert result.exit_code == 2
+    assert "hardware 'nope' is neither a built-in profile" in result.stderr
+
+
+def test_cli_warns_about_a_torn_last_line(tmp_path: Path):
+    path = tmp_path / "torn.jsonl"
+    path.write_text(SWEEP.read_text() + '{"id": "half')
+    result = runner.invoke(app, ["report", str(path), "-o", str(tmp_path / "x.html")])
+    assert result.exit_code == 0, result.output
+    assert "cpbench: warning:" in result.stderr and "torn last line" in result.stderr
+
+
+def _text(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def test_write_report_refuses_a_directory(tmp_path: Path):
+    from cpbench.errors import CpbenchError
+
+    report = build_report([SWEEP])
+    with pytest.raises(CpbenchError, match="is a directory"):
+        write_report(report, tmp_path)

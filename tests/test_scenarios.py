@@ -1,0 +1,385 @@
+"""Scenario files: parsing, validation messages, expansion and the shipped scenarios."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from cpbench.errors import CpbenchError
+from cpbench.io.scenarios import (
+    BUILTIN,
+    BenchConfig,
+    Scenario,
+    available_scenarios,
+    default_scenario,
+    factorizations,
+    load_scenario,
+    parse_scenario,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# name -> (device, world size used for the expansion, points, feasible)
+SHIPPED = {
+    "cpu-smoke": ("cpu", 4, 24, 24),
+    "gpu-node": ("cuda", 8, 8, 8),
+    "llama3-8b-node": ("cuda", 8, 32, 32),
+    "gqa-ratio": ("cuda", 8, 24, 24),
+    "layout-study": ("cuda", 8, 12, 12),
+    "two-node": ("cuda", 16, 8, 8),
+    "cpu-world4": ("cpu", 4, 18, 18),
+}
+
+
+@pytest.fixture
+def in_root(monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(ROOT)
+    return ROOT
+
+
+def write(tmp_path: Path, text: str, name: str = "x.toml") -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+BASE = """
+name = "t"
+world_size = 8
+device = "cuda"
+
+[axes]
+seq_len = 4096
+heads = 32
+kv_heads = 8
+head_dim = 128
+"""
+
+
+def minimal(**axes: object) -> dict:
+    base: dict = {"seq_len": 4096, "heads": 8, "kv_heads": 8, "head_dim": 64}
+    base.update(axes)
+    return {"name": "t", "world_size": 4, "device": "cpu", "axes": base}
+
+
+# --- shipped scenarios ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_shipped_scenarios_parse_and_expand(in_root: Path, name: str) -> None:
+    device, world, points, feasible = SHIPPED[name]
+    scenario = load_scenario(name)
+    assert scenario.name == name
+    assert scenario.description
+    if scenario.world_size != "auto":
+        assert scenario.world_size == world
+    expanded = scenario.expand(device, world)
+    assert len(expanded) == points
+    assert sum(f.ok for _, f in expanded) == feasible
+    assert all(c.world_size == world and c.device == device for c, _ in expanded)
+
+
+def test_every_scenario_file_is_in_the_table(in_root: Path) -> None:
+    files = {p.stem for p in (ROOT / "scenarios").glob("*.toml")}
+    files |= {p.stem for p in (ROOT / "cpbench" / "data").glob("*.toml")}
+    assert files == set(SHIPPED)
+    assert set(available_scenarios()) == set(SHIPPED)
+
+
+def test_load_by_path_and_builtin_source(in_root: Path) -> None:
+    assert load_scenario("scenarios/gqa-ratio.toml").source == "scenarios/gqa-ratio.toml"
+    assert load_scenario("gqa-ratio").source == "scenarios/gqa-ratio.toml"
+    assert load_scenario("cpu-smoke").source == BUILTIN
+
+
+def test_cpu_smoke_default() -> None:
+    scenario = default_scenario("cpu")
+    assert scenario.name == "cpu-smoke"
+    assert scenario.resolve("auto", 0) == ("cpu", 4)
+    expanded = scenario.expand("cpu", 4)
+    feasible = [c for c, f in expanded if f.ok]
+    assert len(feasible) >= 12
+    assert {(c.ulysses, c.ring) for c in feasible} == {(1, 4), (2, 2), (4, 1)}
+    assert {c.layout for c in feasible} >= {"zigzag", "contiguous"}
+    assert any(c.kv_heads < c.heads for c in feasible)
+    assert {c.dtype for c in feasible} == {"float32"}
+
+
+def test_gpu_default_uses_every_local_gpu() -> None:
+    scenario = default_scenario("cuda")
+    assert scenario.name == "gpu-node"
+    assert scenario.world_size == "auto"
+    assert scenario.resolve("auto", 4) == ("cuda", 4)
+    meshes = {(c.ulysses, c.ring) for c, _ in scenario.expand("cuda", 4)}
+    assert meshes == {(1, 4), (2, 2), (4, 1)}
+
+
+def test_keys_unique_across_every_shipped_expansion(in_root: Path) -> None:
+    for name, (device, world, _, _) in SHIPPED.items():
+        keys = [c.key for c, _ in load_scenario(name).expand(device, world)]
+        assert len(keys) == len(set(keys)), name
+
+
+# --- expansion -----------------------------------------------------------------------------
+
+
+def test_mesh_all_is_every_factorisation() -> None:
+    scenario = parse_scenario(minimal(mesh="all"), "x.toml")
+    assert [(c.ulysses, c.ring) for c, _ in scenario.expand("cpu", 4)] == [(1, 4), (2, 2), (4, 1)]
+    auto = parse_scenario({**minimal(heads=12, kv_heads=12), "world_size": "auto"}, "x.toml")
+    assert [(c.ulysses, c.ring) for c, _ in auto.expand("cpu", 6)] == factorizations(6)
+    assert factorizations(6) == [(1, 6), (2, 3), (3, 2), (6, 1)]
+
+
+def test_mesh_strings_and_pairs() -> None:
+    scenario = parse_scenario(minimal(mesh=["4x1", [2, 2], "1 x 4"]), "x.toml")
+    assert scenario.mesh == ((4, 1), (2, 2), (1, 4))
+
+
+def test_gqa_ratio_equals_kv_heads() -> None:
+    data = minimal(gqa_ratio=[1, 4])
+    del data["axes"]["kv_heads"]
+    by_ratio = parse_scenario(data, "x.toml")
+    by_heads = parse_scenario(minimal(kv_heads=[8, 2]), "x.toml")
+    assert (by_ratio.kv_heads, by_ratio.gqa_ratio) == (None, (1, 4))
+    keys_ratio = [c.key for c, _ in by_ratio.expand("cpu", 4)]
+    keys_heads = [c.key for c, _ in by_heads.expand("cpu", 4)]
+    assert keys_ratio == keys_heads
+
+
+def test_no_kv_axis_means_mha() -> None:
+    data = minimal()
+    del data["axes"]["kv_heads"]
+    configs = [c for c, _ in parse_scenario(data, "x.toml").expand("cpu", 4)]
+    assert {c.kv_heads for c in configs} == {8}
+
+
+def test_infeasible_points_are_kept_with_their_reason(in_root: Path) -> None:
+    scenario = dataclasses.replace(load_scenario("gqa-ratio"), kv_replication=(1,))
+    expanded = scenario.expand("cuda", 8)
+    assert len(expanded) == 24
+    skipped = {(c.ulysses, c.kv_heads): f for c, f in expanded if not f.ok}
+    assert set(skipped) == {(8, 4), (8, 2), (8, 1), (4, 2), (4, 1), (2, 1)}
+    assert "replicate KV x8" in skipped[(8, 1)].reason
+    # automatic replication makes the same points run, with their copies
+    auto = {(c.ulysses, c.kv_heads): f for c, f in load_scenario("gqa-ratio").expand("cuda", 8)}
+    assert auto[(8, 1)].ok and auto[(8, 1)].kv_replication == 8
+    # heads not divisible by ulysses: skipped, not dropped
+    odd = parse_scenario({**minimal(heads=8, kv_heads=8), "world_size": 6}, "x.toml")
+    reasons = {(c.ulysses, c.ring): f.reason for c, f in odd.expand("cpu", 6)}
+    assert len(reasons) == 4
+    assert "must divide heads (8)" in reasons[(3, 2)]
+
+
+def test_default_dtype_follows_device() -> None:
+    scenario = parse_scenario({**minimal(), "world_size": "auto"}, "x.toml")
+    assert {c.dtype for c, _ in scenario.expand("cpu", 4)} == {"float32"}
+    assert {c.dtype for c, _ in scenario.expand("cuda", 4)} == {"bfloat16"}
+
+
+def test_kv_replication_values() -> None:
+    scenario = parse_scenario(minimal(kv_replication=["auto", "off", 2]), "x.toml")
+    assert scenario.kv_replication == (None, 1, 2)
+
+
+def test_resolve() -> None:
+    scenario = parse_scenario({**minimal(), "world_size": "auto", "device": "auto"}, "x.toml")
+    assert scenario.resolve("auto", 0) == ("cpu", 4)
+    assert scenario.resolve("auto", 8) == ("cuda", 8)
+    assert scenario.resolve("cpu", 8) == ("cpu", 4)
+    with pytest.raises(CpbenchError, match="no GPU"):
+        scenario.resolve("cuda", 0)
+    fixed = parse_scenario(minimal(), "x.toml")
+    assert fixed.resolve("auto", 0) == ("cpu", 4)
+
+
+def test_expand_checks_world_size() -> None:
+    # a command-line override of the world size works with mesh = "all"
+    assert len(parse_scenario(minimal(), "x.toml").expand("cpu", 8)) == 4
+    auto = parse_scenario({**minimal(mesh=["2x2"]), "world_size": "auto"}, "x.toml")
+    with pytest.raises(CpbenchError, match=r"x.toml: key 'mesh': \"2x2\".*!= world_size \(8\)"):
+        auto.expand("cuda", 8)
+
+
+# --- BenchConfig ---------------------------------------------------------------------------
+
+
+def _config(**changes: object) -> BenchConfig:
+    config = BenchConfig(
+        seq_len=1024,
+        batch=1,
+        heads=8,
+        kv_heads=2,
+        head_dim=64,
+        dtype="float32",
+        causal=True,
+        ulysses=2,
+        ring=2,
+        layout="zigzag",
+        kv_replication=None,
+        backend="auto",
+        phase="fwd+bwd",
+        device="cpu",
+        world_size=4,
+    )
+    return dataclasses.replace(config, **changes)
+
+
+def test_key_and_scheme() -> None:
+    config = _config()
+    assert (
+        config.key == "L1024-B1-h8-kv2-d64-float32-causal-U2xR2-zigzag-repauto-auto-fwd+bwd-cpu-w4"
+    )
+    assert config.scheme == "usp"
+    assert _config(ulysses=1, ring=4).scheme == "ring"
+    assert _config(ulysses=4, ring=1).scheme == "ulysses"
+    assert _config(ulysses=1, ring=1, world_size=1).scheme == "single"
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("seq_len", 2048),
+        ("batch", 2),
+        ("heads", 16),
+        ("kv_heads", 8),
+        ("head_dim", 128),
+        ("dtype", "bfloat16"),
+        ("causal", False),
+        ("ulysses", 4),
+        ("ring", 1),
+        ("layout", "striped"),
+        ("kv_replication", 1),
+        ("backend", "sdpa"),
+        ("phase", "fwd"),
+        ("device", "cuda"),
+        ("world_size", 8),
+        ("nodes", 2),
+    ],
+)
+def test_key_differs_when_any_field_differs(field: str, value: object) -> None:
+    assert field in {f.name for f in dataclasses.fields(BenchConfig)}
+    assert _config(**{field: value}).key != _config().key
+
+
+def test_to_dict_from_dict_round_trip() -> None:
+    config = _config(kv_replication=2, ulysses=4, ring=1)
+    record = config.to_dict(kv_replication=2, kernel="sdpa")
+    assert record["kernel"] == "sdpa" and record["scheme"] == "ulysses"
+    assert BenchConfig.from_dict(record) == config
+    # automatic replication is recorded resolved
+    auto = _config()
+    feasibility = auto.feasibility()
+    assert feasibility.ok and feasibility.kv_replication == 1
+    back = BenchConfig.from_dict(auto.to_dict(feasibility.kv_replication, None))
+    assert back == dataclasses.replace(auto, kv_replication=1)
+    assert back.feasibility() == feasibility
+    # nodes defaults to 1, extra keys are ignored
+    del record["nodes"]
+    assert BenchConfig.from_dict({**record, "extra": 1}) == config
+    with pytest.raises(CpbenchError, match="lacks seq_len"):
+        BenchConfig.from_dict({k: v for k, v in record.items() if k != "seq_len"})
+
+
+def test_config_validation_and_feasibility() -> None:
+    with pytest.raises(CpbenchError, match="layout 'diagonal'"):
+        _config(layout="diagonal")
+    with pytest.raises(CpbenchError, match="seq_len must be a positive integer"):
+        _config(seq_len=0)
+    bad_gqa = _config(kv_heads=3).feasibility()
+    assert not bad_gqa.ok and "multiple of kv_heads (3)" in bad_gqa.reason
+    wrong_world = _config(world_size=8).feasibility()
+    assert not wrong_world.ok and "world size (8)" in wrong_world.reason
+
+
+def test_check_seq_len() -> None:
+    config = _config(seq_len=131072, ulysses=1, ring=8, world_size=8)  # zigzag: multiple of 16
+    assert config.check_seq_len(4096) == 4096
+    assert config.check_seq_len(4100) == 4096
+    assert config.check_seq_len(10) == 16
+    assert _config(seq_len=1024).check_seq_len(4096) == 1024
+
+
+# --- validation errors ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        (BASE + "\n" + "colour = 'red'\n", ["unknown key 'colour' in [axes]", "seq_len"]),
+        ("iterations = 5\n" + BASE, ["unknown key 'iterations'", "allowed keys", "iters"]),
+        ("seq_len = 8\n" + BASE, ["unknown key 'seq_len'", "[axes] table"]),
+        (BASE + 'mesh = ["4by2"]\n', ["key 'mesh'", '"4by2" is not a mesh']),
+        (BASE + 'mesh = ["3x3"]\n', ["key 'mesh'", '"3x3"', "= 9 != world_size (8)"]),
+        (BASE + "mesh = [8]\n", ["key 'mesh'", "8 is not a mesh"]),
+        (BASE + 'mesh = "0x8"\n', ["key 'mesh'", "'0x8'", "positive"]),
+        (BASE.replace("seq_len = 4096", "seq_len = [4096, 0]"), ["key 'seq_len'", "0", "positive"]),
+        (BASE.replace("seq_len = 4096", "seq_len = []"), ["key 'seq_len'", "empty"]),
+        (BASE.replace("seq_len = 4096", "seq_len = 4096.5"), ["key 'seq_len'", "4096.5"]),
+        (BASE.replace("seq_len = 4096", "seq_len = [1, 1]"), ["key 'seq_len'", "repeated"]),
+        (BASE + 'layout = ["zigzag", "diagonal"]\n', ["key 'layout'", "'diagonal'", "striped"]),
+        (BASE + 'dtype = "fp8"\n', ["key 'dtype'", "'fp8'", "bfloat16"]),
+        (BASE + 'backend = "cudnn"\n', ["key 'backend'", "'cudnn'", "flash_attn"]),
+        (BASE + 'phase = "bwd"\n', ["key 'phase'", "'bwd'", "fwd+bwd"]),
+        (BASE + "causal = 1\n", ["key 'causal'", "1 is not true or false"]),
+        (BASE + 'kv_replication = "maybe"\n', ["key 'kv_replication'", "'maybe'"]),
+        (BASE + "gqa_ratio = 4\n", ["'kv_heads' = 8", "'gqa_ratio' = 4", "exactly one"]),
+        (BASE.replace("kv_heads = 8", "gqa_ratio = [3]"), ["key 'gqa_ratio'", "3", "heads (32)"]),
+        (BASE.replace("kv_heads = 8", "kv_heads = 5"), ["key 'kv_heads'", "5", "heads (32)"]),
+        (BASE.replace("world_size = 8", "world_size = 0"), ["key 'world_size'", "0"]),
+        (BASE.replace("world_size = 8", "world_size = 'many'"), ["key 'world_size'", "'many'"]),
+        (BASE.replace('device = "cuda"', 'device = "tpu"'), ["key 'device'", "'tpu'"]),
+        ("warmup = -1\n" + BASE, ["key 'warmup'", "-1", ">= 0"]),
+        ("iters = 0\n" + BASE, ["key 'iters'", "0", "positive"]),
+        ("timeout = 0\n" + BASE, ["key 'timeout'", "0", "positive"]),
+        ("nodes = 3\n" + BASE, ["key 'world_size'", "8", "nodes (3)"]),
+        ("name = 5\n" + BASE.replace('name = "t"\n', ""), ["key 'name'", "5"]),
+        ("axes = 3\n", ["key 'axes'", "3"]),
+        ('name = "t"\n', ["missing the [axes] table"]),
+        (BASE.replace("seq_len = 4096\n", ""), ["key 'seq_len' is required"]),
+        (BASE + "heads = 8\n", ["invalid TOML", "line"]),
+        ("name = \n" + BASE, ["invalid TOML", "line 1"]),
+    ],
+)
+def test_validation_errors(tmp_path: Path, text: str, expected: list[str]) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(CpbenchError) as info:
+        load_scenario(path)
+    message = str(info.value)
+    assert message.startswith(path + ": "), message
+    for part in expected:
+        assert part in message, (part, message)
+
+
+def test_error_example_from_the_docs(tmp_path: Path) -> None:
+    path = write(tmp_path, BASE + 'mesh = "3x3"\n')
+    with pytest.raises(CpbenchError) as info:
+        load_scenario(path)
+    assert str(info.value) == (
+        f"{path}: key 'mesh': \"3x3\" gives ulysses (3) x ring (3) = 9 != world_size (8)"
+    )
+
+
+def test_unknown_names_and_files(in_root: Path) -> None:
+    with pytest.raises(CpbenchError, match="unknown scenario 'nope'; available: .*cpu-smoke"):
+        load_scenario("nope")
+    with pytest.raises(CpbenchError, match="missing.toml: no such scenario file"):
+        load_scenario("missing.toml")
+    with pytest.raises(CpbenchError, match="device 'auto'"):
+        default_scenario("auto")
+
+
+def test_scenario_defaults(tmp_path: Path) -> None:
+    path = write(tmp_path, "[axes]\nseq_len = 1024\nheads = 8\n", name="tiny.toml")
+    scenario = load_scenario(path)
+    assert isinstance(scenario, Scenario)
+    assert scenario.name == "tiny"
+    assert (scenario.world_size, scenario.device, scenario.nodes) == ("auto", "auto", 1)
+    assert (scenario.warmup, scenario.iters, scenario.timeout) == (3, 10, 300.0)
+    assert scenario.check_max_seq_len == 4096
+    assert scenario.mesh == "all"
+    assert (scenario.batch, scenario.head_dim, scenario.causal) == ((1,), (128,), (True,))
+    assert (scenario.layout, scenario.kv_replication) == (("zigzag",), (None,))
+    assert (scenario.backend, scenario.phase) == (("auto",), ("fwd+bwd",))
