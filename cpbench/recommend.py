@@ -10,7 +10,6 @@ torchtitan. `*_report` functions return JSON-serialisable dicts (the `--json` an
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from cpbench.errors import CpbenchError
+from cpbench.io.results import read_records
 from cpbench.model.calibrate import (
     CalibrationResult,
     Measurement,
@@ -50,32 +50,9 @@ TIME_CONVENTION = (
 
 
 def load_results(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
-    """Records of JSONL results files; a torn last line is skipped, unknown fields kept."""
-    records: list[dict[str, Any]] = []
-    for path in paths:
-        records.extend(_read_jsonl(Path(path)))
-    return records
-
-
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        raise CpbenchError(f"results file {path} does not exist") from None
-    except OSError as exc:
-        raise CpbenchError(f"cannot read results file {path}: {exc.strerror}") from None
-    numbered = [(i + 1, line) for i, line in enumerate(lines) if line.strip()]
-    records = []
-    for position, (number, line) in enumerate(numbered):
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            if position == len(numbered) - 1:
-                break  # a torn last line: the writer was interrupted
-            raise CpbenchError(f"{path}:{number} is not a JSON record: {exc.msg}") from None
-        if isinstance(record, dict):
-            records.append(record)
-    return records
+    """Records of JSONL results files (cpbench.io.results: a torn last line is skipped, a
+    malformed line elsewhere is a CpbenchError naming the file and line)."""
+    return read_records([Path(p) for p in paths])
 
 
 # -------------------------------------------------------------------------- parallel sizes

@@ -216,8 +216,15 @@ def _per_rank_or_none(per_rank: list[dict[str, Any]], key: str) -> list[int] | N
 
 def _model_config(config: BenchConfig) -> Any:
     return config_from_sizes(
-        config.seq_len, config.heads, config.kv_heads, config.head_dim, config.batch,
-        config.ulysses, config.ring, config.layout, config.dtype,
+        config.seq_len,
+        config.heads,
+        config.kv_heads,
+        config.head_dim,
+        config.batch,
+        config.ulysses,
+        config.ring,
+        config.layout,
+        config.dtype,
     )
 
 
@@ -247,7 +254,9 @@ def _comm_section(
         "measured_bytes": measured,
         "by_collective": by_collective,
         "match": match,
-        "achieved_algbw_GBps": per_rank_bytes / comm_seconds / 1e9 if comm_seconds > 0 and per_rank_bytes else None,
+        "achieved_algbw_GBps": per_rank_bytes / comm_seconds / 1e9
+        if comm_seconds > 0 and per_rank_bytes
+        else None,
     }
 
 
@@ -279,21 +288,28 @@ def run_sweep(
     from cpbench.bench.pool import TaskError, TaskTimeout, WorkerPool, WorldSpec  # noqa: PLC0415
 
     if out.exists() and out.stat().st_size > 0 and not resume:
-        raise CpbenchError(f"output {out} already has records: pass --resume to continue it, "
-                           f"or --out for a new file")
+        raise CpbenchError(
+            f"output {out} already has records: pass --resume to continue it, "
+            f"or --out for a new file"
+        )
     points = scenario.expand(device, world_size)
     done = completed_ids(out) if resume and out.exists() else set()
     limit = timeout if timeout is not None else scenario.timeout
-    settings = {"warmup": scenario.warmup, "iters": scenario.iters,
-                "check_max_seq_len": scenario.check_max_seq_len}
+    settings = {
+        "warmup": scenario.warmup,
+        "iters": scenario.iters,
+        "check_max_seq_len": scenario.check_max_seq_len,
+    }
     environment = process_environment()
     world: World
     writer = True
     if launched_by_torchrun():
         in_process = InProcessWorld(device, limit)
         if in_process.world_size != world_size:
-            raise CpbenchError(f"scenario world_size ({world_size}) != torchrun world size "
-                               f"({in_process.world_size})")
+            raise CpbenchError(
+                f"scenario world_size ({world_size}) != torchrun world size "
+                f"({in_process.world_size})"
+            )
         world, writer = in_process, in_process.rank == 0
     else:
         world = WorkerPool(WorldSpec(world_size, device))

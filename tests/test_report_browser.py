@@ -45,6 +45,9 @@ CHROMIUM_FLAGS = (
     "--window-size=1400,2200",
 )
 LOCAL_SCHEMES = ("file:", "data:", "blob:", "about:")
+HOSTILE = "<script>alert(1)</script>"
+HOSTILE_IMG = "<img src=x onerror=alert(2)>"
+HOSTILE_ERROR = "<script>alert(3)</script>"
 
 
 def find_chromium() -> str | None:
@@ -168,10 +171,10 @@ class Chromium:
         data = self.call("Page.captureScreenshot", params, session)["data"]
         path.write_bytes(base64.b64decode(data))
 
-    def errors(self) -> list[str]:
-        """Console errors, uncaught exceptions and browser log errors seen so far."""
+    def errors(self, since: int = 0) -> list[str]:
+        """Console errors, uncaught exceptions and browser log errors (events from `since` on)."""
         found = []
-        for event in self.events:
+        for event in self.events[since:]:
             method, params = event.get("method"), event.get("params", {})
             if method == "Runtime.exceptionThrown":
                 found.append(json.dumps(params.get("exceptionDetails", {}))[:500])
@@ -181,10 +184,11 @@ class Chromium:
                 found.append(params["entry"].get("text", "")[:500])
         return found
 
-    def requests(self) -> list[str]:
+    def requests(self, since: int = 0) -> list[str]:
+        """URLs of every request the pages made (events from `since` on)."""
         return [
             e["params"]["request"]["url"]
-            for e in self.events
+            for e in self.events[since:]
             if e.get("method") == "Network.requestWillBeSent"
         ]
 
@@ -245,16 +249,11 @@ def _check_page(chrome: Chromium, path: Path, figures: int) -> tuple[str, dict]:
     assert state["plots"] == figures
     assert state["plotsWithSvg"] == figures
     assert state["emptyPlots"] == 0
-    new_events = chrome.events[before_events:]
-    urls = [
-        e["params"]["request"]["url"]
-        for e in new_events
-        if e.get("method") == "Network.requestWillBeSent"
-    ]
+    urls = chrome.requests(before_events)
     assert urls, "the page load itself should have been seen"
     remote = [u for u in urls if not u.startswith(LOCAL_SCHEMES)]
     assert remote == [], f"network requests made: {remote}"
-    assert chrome.errors() == []
+    assert chrome.errors(before_events) == []
     return session, state
 
 
@@ -285,32 +284,48 @@ def test_report_renders_every_figure_offline_without_errors(browser: Chromium, t
     assert result["aria"] == "descending"
 
 
-def test_comparison_page_renders(browser: Chromium, tmp_path: Path):
-    report = build_comparison(FIXTURES / "sweep.jsonl", FIXTURES / "after.jsonl")
-    path = write_report(report, tmp_path / "compare.html")
+def test_comparison_page_renders_and_hostile_strings_stay_text(browser: Chromium, tmp_path: Path):
+    after = [json.loads(line) for line in (FIXTURES / "after.jsonl").read_text().splitlines()]
+    for record in after:
+        record["scenario"] = HOSTILE
+        record["config"]["layout"] = HOSTILE_IMG
+    failed = dict(after[0], id="hostile-failed", status="failed", error=HOSTILE_ERROR)
+    path = tmp_path / "evil.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in [*after, failed]))
+    report = build_comparison(FIXTURES / "sweep.jsonl", path)
+    page = write_report(report, tmp_path / "compare.html")
     assert report.figures == 1
-    _check_page(browser, path, 1)
-
-
-def test_hostile_strings_stay_text_in_the_browser(browser: Chromium, tmp_path: Path):
-    line = (FIXTURES / "sweep.jsonl").read_text().splitlines()[0]
-    record = json.loads(line)
-    record["scenario"] = "<script>alert(1)</script>"
-    record["config"]["layout"] = "<img src=x onerror=alert(2)>"
-    record["id"] = "hostile"
-    failed = dict(record, id="hostile-failed", status="failed", error="<script>alert(3)</script>")
-    results = tmp_path / "hostile.jsonl"
-    results.write_text(json.dumps(record) + "\n" + json.dumps(failed) + "\n")
-    report = build_report([results])
-    path = write_report(report, tmp_path / "hostile.html")
-    session, _ = _check_page(browser, path, report.figures)
-    texts = browser.evaluate(
+    session, _ = _check_page(browser, page, 1)
+    seen = browser.evaluate(
         session,
-        "({h1: document.querySelector('h1').textContent,"
-        " scripts: document.querySelectorAll('script:not([type])').length,"
+        "({scenario: document.querySelector('dl.facts dd').textContent,"
         " imgs: document.querySelectorAll('img').length,"
-        " body: document.body.innerText})",
+        " scripts: document.querySelectorAll('script').length,"
+        " body: document.body.innerText,"
+        " bars: Array.from(document.querySelectorAll('.js-plotly-plot .ytick text'))"
+        "   .map(t => t.textContent)})",
     )
-    assert texts["h1"] == "cpbench report: <script>alert(1)</script>"
-    assert "<script>alert(3)</script>" in texts["body"]
-    assert texts["imgs"] == 0
+    assert HOSTILE in seen["scenario"]
+    assert HOSTILE_ERROR in seen["body"]
+    assert seen["imgs"] == 0
+    assert any(HOSTILE_IMG in label for label in seen["bars"])  # shown as text by plotly
+    assert not [e for e in browser.events if e.get("method") == "Page.javascriptDialogOpening"]
+
+
+def test_the_checks_do_catch_errors_and_requests(browser: Chromium, tmp_path: Path):
+    """The harness itself: a page that throws and fetches from a remote host is caught."""
+    page = tmp_path / "bad.html"
+    page.write_text(
+        "<html><body><script>throw new Error('boom')</script>"
+        "<img src='http://127.0.0.1:9/pixel.png'>"
+        "<script>document.body.dataset.rendered = '0'</script></body></html>"
+    )
+    before = len(browser.events)
+    session = browser.open_page(page.resolve().as_uri())
+    browser.wait_for(session, "document.body && document.body.dataset.rendered !== undefined")
+    deadline = time.monotonic() + 5
+    pixel = "http://127.0.0.1:9/pixel.png"
+    while time.monotonic() < deadline and pixel not in browser.requests(before):
+        time.sleep(0.05)
+    assert pixel in browser.requests(before)
+    assert any("boom" in text for text in browser.errors(before))

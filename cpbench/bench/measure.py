@@ -89,7 +89,9 @@ def measure_config(config_dict: dict[str, Any], settings: dict[str, Any]) -> dic
         shape = (config.batch, local_len, heads, config.head_dim)
         return torch.randn(shape, generator=g, device=device, dtype=dtype)
 
-    q, k, v = (rand(h).requires_grad_(backward) for h in (config.heads, config.kv_heads, config.kv_heads))
+    q, k, v = (
+        rand(h).requires_grad_(backward) for h in (config.heads, config.kv_heads, config.kv_heads)
+    )
     dout = rand(config.heads)
 
     def make_step(variant: str) -> Callable[[], None]:
@@ -98,8 +100,15 @@ def measure_config(config_dict: dict[str, Any], settings: dict[str, Any]) -> dic
                 t.grad = None
             with torch.set_grad_enabled(backward):
                 out = cp_attention(
-                    q, k, v, mesh, causal=config.causal, layout=config.layout, kernel=kernel,
-                    kv_replication=config.kv_replication, variant=variant,  # type: ignore[arg-type]
+                    q,
+                    k,
+                    v,
+                    mesh,
+                    causal=config.causal,
+                    layout=config.layout,
+                    kernel=kernel,
+                    kv_replication=config.kv_replication,
+                    variant=variant,  # type: ignore[arg-type]
                 )
                 if backward:
                     out.backward(dout)
@@ -119,7 +128,13 @@ def measure_config(config_dict: dict[str, Any], settings: dict[str, Any]) -> dic
             t.grad = None
         with torch.set_grad_enabled(backward):
             out = cp_attention(
-                q, k, v, mesh, causal=config.causal, layout=config.layout, kernel=kernel,
+                q,
+                k,
+                v,
+                mesh,
+                causal=config.causal,
+                layout=config.layout,
+                kernel=kernel,
                 kv_replication=config.kv_replication,
             )
             if backward:

@@ -33,9 +33,9 @@ def results_table(records: list[dict[str, Any]]) -> Table:
             key = (c["seq_len"], c["heads"], c["phase"])
             best[key] = min(best.get(key, float("inf")), r["timing"]["median"])
     table = Table(title="cpbench sweep results", show_lines=False)
-    for col in ("L", "h/kv", "UxR", "layout", "phase", "step", "TFLOP/s", "bytes/rank analytic",
-                "measured", "overlap", "peak mem", "max err", "status"):
-        table.add_column(col, justify="right" if col not in ("layout", "status", "phase") else "left")
+    for col in ("L", "h/kv", "UxR", "layout", "phase", "step", "TFLOP/s", "bytes/rank",
+                "overlap", "peak mem", "max err", "status"):
+        table.add_column(col, justify="left" if col in ("layout", "status", "phase") else "right")
     for r in records:
         c = r["config"]
         row_style = None
@@ -45,19 +45,20 @@ def results_table(records: list[dict[str, Any]]) -> Table:
             t, comm = r["timing"], r["comm"]
             analytic = sum(comm["analytic_bytes"].values())
             measured = max(sum(x) for x in zip(*comm["measured_bytes"].values(), strict=True))
-            match = "[green]=[/]" if comm["match"] else "[bold red]MISMATCH[/]"
+            # "=": the counted bytes equal the analytic model's, collective by collective.
+            traffic = (f"{_gib(analytic)} =" if comm["match"]
+                       else f"[bold red]{_gib(analytic)} != {_gib(measured)}[/]")
             overlap = "-" if t["overlap"] is None else f"{t['overlap']:.2f}"
             acc = r.get("accuracy") or {}
             cells += [
-                _fmt_seconds(t["median"]), f"{r['flops']['achieved_tflops']:.3f}",
-                _gib(analytic), f"{_gib(measured)} {match}", overlap,
-                _gib(max(r["memory"]["peak_bytes"])),
-                f"{acc.get('max_abs_error', float('nan')):.1e}", "ok",
+                _fmt_seconds(t["median"]), f"{r['flops']['achieved_tflops']:.3f}", traffic,
+                overlap, _gib(max(r["memory"]["peak_bytes"])),
+                f"{acc.get('max_abs_error', float('nan')):.0e}", "ok",
             ]
             if t["median"] == best.get((c["seq_len"], c["heads"], c["phase"])):
                 row_style = "bold green"
         else:
-            cells += ["-"] * 7 + [f"{r['status']}: {r['error']}"]
+            cells += ["-"] * 6 + [f"{r['status']}: {r['error']}"]
         table.add_row(*cells, style=row_style)
     return table
 
@@ -66,14 +67,22 @@ def results_table(records: list[dict[str, Any]]) -> Table:
 def sweep(
     scenario: Annotated[
         str | None,
-        typer.Argument(help="Scenario TOML path or shipped name (default: cpu-smoke without a "
-                       "GPU, gpu-node with GPUs)."),
+        typer.Argument(
+            help="Scenario TOML path or shipped name (default: cpu-smoke without a "
+            "GPU, gpu-node with GPUs)."
+        ),
     ] = None,
-    out: Annotated[Path | None, typer.Option(help="JSONL output (default results/<name>-<time>.jsonl).")] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="JSONL output (default results/<name>-<time>.jsonl).")
+    ] = None,
     device: Annotated[Device, typer.Option(help="auto picks cuda when available.")] = "auto",
     resume: Annotated[bool, typer.Option(help="Skip configurations already in --out.")] = False,
-    timeout: Annotated[float | None, typer.Option(help="Seconds per configuration (overrides the scenario).")] = None,
-    world_size: Annotated[int | None, typer.Option(help="Override the scenario's world size.")] = None,
+    timeout: Annotated[
+        float | None, typer.Option(help="Seconds per configuration (overrides the scenario).")
+    ] = None,
+    world_size: Annotated[
+        int | None, typer.Option(help="Override the scenario's world size.")
+    ] = None,
 ) -> None:
     """Run every configuration of a scenario: correctness check, timing, overlap, counted
     bytes and peak memory per configuration, one JSONL record each, appended as it ends.
@@ -84,8 +93,14 @@ def sweep(
     _run_and_report(spec, device, out, resume, timeout, world_size)
 
 
-def _run_and_report(spec: Any, device: str, out: Path | None, resume: bool,
-                    timeout: float | None, world_size: int | None) -> None:
+def _run_and_report(
+    spec: Any,
+    device: str,
+    out: Path | None,
+    resume: bool,
+    timeout: float | None,
+    world_size: int | None,
+) -> None:
     import torch  # noqa: PLC0415
 
     from cpbench.sweep import default_output, launched_by_torchrun, run_sweep  # noqa: PLC0415
@@ -94,16 +109,22 @@ def _run_and_report(spec: Any, device: str, out: Path | None, resume: bool,
     dev, n = spec.resolve(device, gpus)
     n = world_size or n
     if dev == "cuda" and not launched_by_torchrun() and n > gpus:
-        raise CpbenchError(f"world size ({n}) needs {n} local GPUs, found {gpus}: "
-                           f"use torchrun for several nodes")
+        raise CpbenchError(
+            f"world size ({n}) needs {n} local GPUs, found {gpus}: use torchrun for several nodes"
+        )
     if resume and out is None:
         raise CpbenchError("--resume needs --out FILE (the sweep to continue)")
     path = out or default_output(spec)
     points = spec.expand(dev, n)
     quiet = launched_by_torchrun() and int(__import__("os").environ.get("RANK", "0")) != 0
     progress = Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TimeRemainingColumn(), console=console, disable=quiet, transient=False,
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        disable=quiet,
+        transient=False,
     )
     with progress:
         task = progress.add_task(f"{spec.name} (world {n}, {dev})", total=len(points))
@@ -114,8 +135,16 @@ def _run_and_report(spec: Any, device: str, out: Path | None, resume: bool,
         def on_record(record: dict[str, Any]) -> None:
             progress.advance(task)
 
-        result = run_sweep(spec, dev, n, path, resume=resume, timeout=timeout,
-                           on_record=on_record, on_start=on_start)
+        result = run_sweep(
+            spec,
+            dev,
+            n,
+            path,
+            resume=resume,
+            timeout=timeout,
+            on_record=on_record,
+            on_start=on_start,
+        )
         progress.update(task, completed=len(points), description=spec.name)
     if quiet:
         return
@@ -130,8 +159,10 @@ def _run_and_report(spec: Any, device: str, out: Path | None, resume: bool,
         raise typer.Exit(130)
     mismatches = [r["id"] for r in result.records if r["status"] == "ok" and not r["comm"]["match"]]
     if mismatches:
-        console.print(f"[bold red]measured bytes != analytic bytes for {len(mismatches)} "
-                      f"configurations: {', '.join(mismatches)}[/]")
+        console.print(
+            f"[bold red]measured bytes != analytic bytes for {len(mismatches)} "
+            f"configurations: {', '.join(mismatches)}[/]"
+        )
 
 
 @command
@@ -144,12 +175,15 @@ def run(
     ulysses: Annotated[int, typer.Option(help="Ulysses degree U.")] = 1,
     ring: Annotated[int, typer.Option(help="Ring degree R.")] = 2,
     layout: Annotated[Literal["contiguous", "zigzag", "striped"], typer.Option()] = "zigzag",
-    dtype: Annotated[Literal["float32", "bfloat16", "float16"] | None,
-                     typer.Option(help="Default float32 on CPU, bfloat16 on CUDA.")] = None,
+    dtype: Annotated[
+        Literal["float32", "bfloat16", "float16"] | None,
+        typer.Option(help="Default float32 on CPU, bfloat16 on CUDA."),
+    ] = None,
     causal: Annotated[bool, typer.Option("--causal/--no-causal")] = True,
     phase: Annotated[Literal["fwd", "fwd+bwd"], typer.Option()] = "fwd+bwd",
-    backend: Annotated[Literal["auto", "sdpa", "naive", "flash_attn"],
-                       typer.Option(help="Local attention kernel.")] = "auto",
+    backend: Annotated[
+        Literal["auto", "sdpa", "naive", "flash_attn"], typer.Option(help="Local attention kernel.")
+    ] = "auto",
     warmup: Annotated[int, typer.Option()] = 1,
     iters: Annotated[int, typer.Option()] = 5,
     device: Annotated[Device, typer.Option()] = "auto",
@@ -162,13 +196,25 @@ def run(
     dev = resolve_device(device)
     spec = parse_scenario(
         {
-            "name": "run", "description": "cpbench run", "world_size": ulysses * ring,
-            "device": dev, "warmup": warmup, "iters": iters, "timeout": timeout,
+            "name": "run",
+            "description": "cpbench run",
+            "world_size": ulysses * ring,
+            "device": dev,
+            "warmup": warmup,
+            "iters": iters,
+            "timeout": timeout,
             "axes": {
-                "seq_len": seq_len, "batch": batch, "heads": heads, "kv_heads": kv_heads,
-                "head_dim": head_dim, "dtype": dtype or ("bfloat16" if dev == "cuda" else "float32"),
-                "causal": causal, "mesh": [f"{ulysses}x{ring}"], "layout": layout,
-                "backend": backend, "phase": phase,
+                "seq_len": seq_len,
+                "batch": batch,
+                "heads": heads,
+                "kv_heads": kv_heads,
+                "head_dim": head_dim,
+                "dtype": dtype or ("bfloat16" if dev == "cuda" else "float32"),
+                "causal": causal,
+                "mesh": [f"{ulysses}x{ring}"],
+                "layout": layout,
+                "backend": backend,
+                "phase": phase,
             },
         },
         "<cpbench run>",

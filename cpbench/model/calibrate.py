@@ -53,6 +53,8 @@ from cpbench.model.memory import memory_estimate
 
 DEFAULT_RIDGE = 1e-4
 """Weight of the pull towards the prior (in squared relative units per parameter)."""
+TIE = 1e-6
+"""Relative difference under which two predictions are a tie."""
 OVERLAP_RIDGE = 1e-3
 """Pull of the overlap fit towards the prior (squared relative units)."""
 Split = Literal["stratified", "random"]
@@ -542,6 +544,8 @@ def validation_summary(
 
     Regret of a group (same problem, dtype, mask, phase, ranks): measured time of the
     configuration the model ranks fastest / the measured fastest - 1; `regret` is the largest.
+    Configurations the model cannot tell apart (within TIE, e.g. the layouts of a U x 1 mesh,
+    which run the same computation) count with their mean measured time.
     """
     if not rows:
         raise CpbenchError("nothing to validate: no measurements")
@@ -551,14 +555,16 @@ def validation_summary(
         groups.setdefault(m.group, []).append(i)
     details = []
     for members in groups.values():
-        chosen = min(members, key=lambda i: rows[i]["predicted_s"])
+        fastest = min(rows[i]["predicted_s"] for i in members)
+        chosen = [i for i in members if rows[i]["predicted_s"] <= fastest * (1 + TIE)]
         best = min(members, key=lambda i: rows[i]["measured_s"])
+        chosen_s = statistics.fmean(rows[i]["measured_s"] for i in chosen)
         details.append(
             {
                 "configurations": len(members),
-                "chosen": rows[chosen]["config"],
+                "chosen": " = ".join(rows[i]["config"] for i in chosen),
                 "best": rows[best]["config"],
-                "regret": rows[chosen]["measured_s"] / rows[best]["measured_s"] - 1,
+                "regret": chosen_s / rows[best]["measured_s"] - 1,
                 "spearman": spearman(
                     [rows[i]["predicted_s"] for i in members],
                     [rows[i]["measured_s"] for i in members],

@@ -10,6 +10,10 @@ implementation does (`cpbench/attention/`):
   an all-to-all going to peers on other nodes uses the inter-node tier. Ring groups are strided
   by U: when any hop of a ring crosses a node boundary, that hop paces every step (the ring is
   synchronous), so the ring runs at the inter-node send/recv speed.
+- **Shared compute.** A profile may have fewer compute slots per node than ranks (CPU cores):
+  then a step takes at least the mean rank's time x ranks / slots, because idle ranks lend
+  their slots to busy ones (on 4 ranks over 2 cores the causal imbalance of a layout matters
+  little, the total work does).
 - **Compute.** The kernel of a ring step runs at `peak(dtype) x efficiency(L/R)` FLOP/s on
   `flops.py`'s per-step work of the busiest rank (the slowest rank sets the step), plus the
   profile's fixed `step_overhead` per step, plus the memory-bound fp32 work of ring.py at the
@@ -42,7 +46,7 @@ from fractions import Fraction
 from typing import Any, Literal, get_args
 
 from cpbench.errors import CpbenchError
-from cpbench.model.constraints import AttentionShape, check_mesh
+from cpbench.model.constraints import LAYOUTS, AttentionShape, check_mesh
 from cpbench.model.flops import (
     BACKWARD_FACTOR,
     attention_flops,
@@ -283,13 +287,14 @@ class PhaseTime:
     ring_comm_s: float
     """Ring hop time, serialised."""
     memory_bound_s: float
-    """Ring merges and accumulations at memory bandwidth (part of compute_s)."""
+    """Memory-bound seconds (ring merges, accumulations) in the time-setting compute."""
     overlappable_s: float
     """Sum over ring steps of min(compute, comm): what perfect overlap hides."""
     slowest_flops: float
-    """FLOPs of the busiest rank summed over steps (the kernel work that sets the time)."""
-    steps: int
-    """Kernel steps (R per phase): each pays the profile's step overhead."""
+    """FLOPs that set the kernel time, summed over steps: the busiest rank's, or on a node with
+    more ranks than compute slots the mean rank's x ranks / slots when that is larger."""
+    steps: float
+    """Step overheads paid: R per phase (x ranks / slots where the node's share sets a step)."""
 
     @property
     def hidden_comm_s(self) -> float:
@@ -435,20 +440,41 @@ class Prediction:
 
 
 @functools.lru_cache(maxsize=4096)
-def step_max_pairs(seq_len: int, ring: int, layout: str, causal: bool) -> tuple[Fraction, ...]:
-    """Pairs of the busiest ring rank at each ring step (all heads of a ring group).
-
-    From flops.py's step matrix for R <= MAX_EXACT_RING; above, its closed forms with
-    n = L/R: non-causal n^2 per step; step 0 (own shard) n^2/2; later steps n^2 (contiguous),
-    n^2/2 (zigzag), n(n+1)/2 (striped).
-    """
+def step_pair_stats(
+    seq_len: int, ring: int, layout: str, causal: bool
+) -> tuple[tuple[Fraction, Fraction], ...]:
+    """(busiest ring rank, mean over ring ranks) pairs at each ring step, all heads of a ring
+    group: from flops.py's step matrix for R <= MAX_EXACT_RING, else in closed form."""
     if ring <= MAX_EXACT_RING:
-        return tuple(max(step) for step in ring_step_pairs(seq_len, ring, layout, causal))
+        return tuple(
+            (max(step), sum(step, Fraction(0)) / ring)
+            for step in ring_step_pairs(seq_len, ring, layout, causal)
+        )
+    return closed_form_step_pair_stats(seq_len, ring, layout, causal)
+
+
+def closed_form_step_pair_stats(
+    seq_len: int, ring: int, layout: str, causal: bool
+) -> tuple[tuple[Fraction, Fraction], ...]:
+    """flops.py's (busiest, mean) pairs per ring step in closed form, n = L/R. Non-causal: n^2.
+    Causal step 0 (own shard): n^2/2. Later steps s: contiguous, the R-s ranks after the
+    source see the whole chunk (busiest n^2, mean (R-s)n^2/R); zigzag, every rank sees half
+    (n^2/2); striped, ranks after the source n(n+1)/2, the s before it n(n-1)/2."""
+    if layout not in LAYOUTS:
+        raise CpbenchError(f"layout {layout!r} is not one of {', '.join(LAYOUTS)}")
     n = Fraction(seq_len, ring)
     if not causal:
-        return tuple(n * n for _ in range(ring))
-    later = {"contiguous": n * n, "zigzag": n * n / 2, "striped": n * (n + 1) / 2}[layout]
-    return (n * n / 2, *(later for _ in range(ring - 1)))
+        return tuple((n * n, n * n) for _ in range(ring))
+    stats = [(n * n / 2, n * n / 2)]
+    for s in range(1, ring):
+        if layout == "contiguous":
+            stats.append((n * n, n * n * (ring - s) / ring))
+        elif layout == "zigzag":
+            stats.append((n * n / 2, n * n / 2))
+        else:
+            after, before = n * (n + 1) / 2, n * (n - 1) / 2
+            stats.append((after, (after * (ring - s) + before * s) / ring))
+    return tuple(stats)
 
 
 # ------------------------------------------------------------------------------ the model
@@ -564,30 +590,63 @@ def _step_merges(ctx: _Context, phase: str) -> list[float]:
     return [merge_bytes(c, phase, s) / ctx.profile.memory_bandwidth for s in range(c.ring)]
 
 
-def _step_compute(ctx: _Context, phase: str, merges: list[float]) -> list[float]:
-    """Time of the busiest rank at each ring step: kernel, overhead and memory-bound work."""
+@dataclass(frozen=True)
+class _StepCost:
+    """What sets one ring step's compute time, in pieces the calibration can refit."""
+
+    seconds: float
+    """Step compute time."""
+    flops: float
+    """FLOPs that set it (busiest rank, or the node's share when ranks share compute slots)."""
+    overheads: float
+    """Step overheads paid (1, or ranks / slots on a shared node)."""
+    memory_s: float
+    """Memory-bound seconds in it."""
+
+
+def _node_share(ctx: _Context) -> float:
+    """Ranks per compute slot on a node (> 1 only when more ranks than slots, e.g. CPU cores)."""
+    slots = ctx.profile.compute_slots_per_node
+    if slots is None:
+        return 1.0
+    place = ctx.placement
+    ranks = min(place.devices_per_node, ctx.config.world * place.rank_stride)
+    return max(1.0, ranks / slots)
+
+
+def _step_costs(ctx: _Context, phase: str, merges: list[float]) -> list[_StepCost]:
+    """Compute time of each ring step: the busiest rank's kernel, overhead and memory-bound
+    work; on a node with more ranks than compute slots, at least the mean rank's times
+    ranks / slots (the slots are shared, so idle ranks lend theirs)."""
     c = ctx.config
     per_pair = flops_per_pair(c.shape, c.ulysses) * _phase_factor(phase)
-    steps = step_max_pairs(c.shape.seq_len, c.ring, c.layout, ctx.candidate.causal)
-    overhead = ctx.profile.step_overhead_s
-    return [
-        float(p * per_pair) / ctx.flops_per_s + overhead + merge
-        for p, merge in zip(steps, merges, strict=True)
-    ]
+    stats = step_pair_stats(c.shape.seq_len, c.ring, c.layout, ctx.candidate.causal)
+    overhead, share = ctx.profile.step_overhead_s, _node_share(ctx)
+    costs = []
+    for (busiest, mean), merge in zip(stats, merges, strict=True):
+        busiest_flops, mean_flops = float(busiest * per_pair), float(mean * per_pair)
+        alone = busiest_flops / ctx.flops_per_s + overhead + merge
+        shared = share * (mean_flops / ctx.flops_per_s + overhead + merge)
+        if share > 1 and shared > alone:
+            costs.append(_StepCost(shared, share * mean_flops, share, share * merge))
+        else:
+            costs.append(_StepCost(alone, busiest_flops, 1.0, merge))
+    return costs
 
 
 def _phase_time(ctx: _Context, phase: str) -> tuple[PhaseTime, tuple[CommTerm, ...]]:
     c = ctx.config
     merges = _step_merges(ctx, phase)
-    computes = _step_compute(ctx, phase, merges)
+    costs = _step_costs(ctx, phase, merges)
+    computes = [cost.seconds for cost in costs]
     ulysses_s, ulysses_terms = _ulysses_time(ctx, phase)
     ring_total, ring_comm, overlappable, ring_terms = _ring_time(ctx, phase, computes)
     slowest = sum(computes)
     mean_flops = attention_flops(c.shape, ctx.candidate.causal, phase) / c.world
-    balanced = mean_flops / ctx.flops_per_s + c.ring * ctx.profile.step_overhead_s + sum(merges)
+    balanced = _node_share(ctx) * (
+        mean_flops / ctx.flops_per_s + c.ring * ctx.profile.step_overhead_s + sum(merges)
+    )
     total = ulysses_s + ring_total
-    per_pair = flops_per_pair(c.shape, c.ulysses) * _phase_factor(phase)
-    steps = step_max_pairs(c.shape.seq_len, c.ring, c.layout, ctx.candidate.causal)
     timing = PhaseTime(
         phase=phase,
         total_s=total,
@@ -597,10 +656,10 @@ def _phase_time(ctx: _Context, phase: str) -> tuple[PhaseTime, tuple[CommTerm, .
         comm_s=ulysses_s + ring_comm,
         ulysses_comm_s=ulysses_s,
         ring_comm_s=ring_comm,
-        memory_bound_s=sum(merges),
+        memory_bound_s=sum(cost.memory_s for cost in costs),
         overlappable_s=overlappable,
-        slowest_flops=float(sum(steps, Fraction(0)) * per_pair),
-        steps=c.ring,
+        slowest_flops=sum(cost.flops for cost in costs),
+        steps=sum(cost.overheads for cost in costs),
     )
     return timing, ulysses_terms + ring_terms
 

@@ -182,6 +182,9 @@ class HardwareProfile:
     """Links between devices of one node."""
     inter_node: LinkTierProfile
     """Links between nodes (per NIC)."""
+    compute_slots_per_node: int | None = None
+    """Ranks of a node that can compute at full speed at once (CPU cores); None = every rank.
+    More ranks than slots share them."""
     calibration: CalibrationInfo | None = None
     """Set on profiles fitted to measurements."""
     origin: str = field(default="built-in", compare=False)
@@ -266,6 +269,7 @@ _TOP_KEYS = {
     "name",
     "description",
     "devices_per_node",
+    "compute_slots_per_node",
     "memory",
     "peak_tflops",
     "kernel_efficiency",
@@ -360,6 +364,11 @@ def profile_from_dict(data: Mapping[str, Any], origin: str = "<dict>") -> Hardwa
         overheads_source=r.string(overheads, "source", "overheads.", default=""),
         intra_node=_read_tier(r, links, "intra_node"),
         inter_node=_read_tier(r, links, "inter_node"),
+        compute_slots_per_node=(
+            r.positive_int(data, "compute_slots_per_node")
+            if "compute_slots_per_node" in data
+            else None
+        ),
         calibration=_read_calibration(r, data.get("calibration")),
         origin=origin,
     )
@@ -468,6 +477,11 @@ def profile_to_toml(profile: HardwareProfile, header: str = "") -> str:
         f"name = {_toml_string(profile.name)}",
         f"description = {_toml_string(profile.description)}",
         f"devices_per_node = {profile.devices_per_node}",
+        *(
+            [f"compute_slots_per_node = {profile.compute_slots_per_node}"]
+            if profile.compute_slots_per_node is not None
+            else []
+        ),
         "",
         "[memory]",
         f"capacity_gib = {_toml_float(profile.memory_gib)}",

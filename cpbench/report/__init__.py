@@ -10,6 +10,7 @@ returned for the CLI to show.
 
 from __future__ import annotations
 
+import importlib
 import math
 import warnings
 from collections.abc import Mapping, Sequence
@@ -36,8 +37,11 @@ __all__ = [
     "Report",
     "build_comparison",
     "build_report",
+    "cost_model",
+    "default_hardware",
     "figures",
     "measured_best",
+    "measured_workload",
     "write_report",
 ]
 
@@ -123,7 +127,10 @@ def _profile_for_devices(device_names: Sequence[str]) -> str | None:
 
 
 def cost_model(
-    records: Sequence[Mapping[str, Any]], frame: pd.DataFrame, hardware: str | None
+    records: Sequence[Mapping[str, Any]],
+    frame: pd.DataFrame,
+    hardware: str | None,
+    paths: Sequence[Path] = (),
 ) -> ModelResult:
     """Predictions, peak fractions and the recommendation for `hardware` (a profile name or
     file; None = `default_hardware`). Every part missing from the model is a note, never an
@@ -160,6 +167,10 @@ def cost_model(
     result.profile_line = described + ("" if hardware else " (default for these records)")
     _add_peak_fractions(frame, profile, result)
     _add_predictions(records, profile, result)
+    if result.recommendation is not None and paths:
+        result.recommendation, result.recommendation_note = _service_recommendation(
+            frame, paths, hardware or name, result.recommendation
+        )
     return result
 
 
@@ -256,46 +267,129 @@ def measured_best(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def _measured_recommendation(frame: pd.DataFrame) -> tuple[Recommendation | None, str | None]:
+    """The recommendation from the measurements alone: the fastest configuration measured."""
     best = measured_best(frame)
     if best.empty:
         return None, "No successful configuration: nothing to recommend."
     phase = "fwd+bwd" if "fwd+bwd" in set(best["phase"]) else str(best["phase"].iloc[0])
     top = best[best["phase"] == phase].iloc[-1]
-    record = frame[frame["id"] == top["_id"]].iloc[0]
     summary = (
         f"For the longest measured sequence (L={int(top['L'])}, phase {phase}) the fastest "
         f"configuration is {top['best']} ({top['best ms']:.4g} ms per step), "
         f"{top['speedup vs slowest']:.2f}x faster than the slowest one measured ({top['slowest']})."
     )
-    rec = Recommendation(
-        summary=summary,
-        rows=[
-            {k: v for k, v in r.items() if not k.startswith("_")} for r in best.to_dict("records")
-        ],
-        settings=framework_settings(record),
-    )
-    return rec, None
+    return Recommendation(summary=summary, tables=[(MEASURED_CAPTION, _best_rows(best))]), None
 
 
-def framework_settings(row: Mapping[str, Any]) -> dict[str, str]:
-    """Settings of Megatron-LM, DeepSpeed, yunchang and torchtitan for a measured mesh (from
-    `cpbench.recommend` when it provides them)."""
+MEASURED_CAPTION = "Fastest measured configuration per phase and sequence length"
+
+
+def _best_rows(best: pd.DataFrame) -> list[dict[str, Any]]:
+    return [{k: v for k, v in r.items() if not k.startswith("_")} for r in best.to_dict("records")]
+
+
+def measured_workload(frame: pd.DataFrame) -> dict[str, Any] | None:
+    """The workload the measurements describe, for `cpbench.recommend`: the attention shape,
+    dtype and mask with the most successful records, its longest sequence of the fwd+bwd phase
+    (else fwd) and the largest world size (and devices per node) it ran on."""
+    keys = ["heads", "kv_heads", "head_dim", "batch", "dtype", "causal"]
+    rows = figures.ok_rows(frame, "median_s", "seq_len", "world_size", *keys)
+    if rows.empty:
+        return None
+    groups = rows.groupby(keys, dropna=False)
+    shape, group = max(groups, key=lambda kv: len(kv[1]))
+    phase = "fwd+bwd" if (group["phase"] == "fwd+bwd").any() else "fwd"
+    group = group[group["phase"] == phase]
+    widest = group.loc[group["world_size"].astype(int).idxmax()]
+    nodes = int(widest["nodes"]) if not pd.isna(widest["nodes"]) else 1
+    world = int(widest["world_size"])
+    return {
+        **{k: (v.item() if hasattr(v, "item") else v) for k, v in zip(keys, shape, strict=True)},
+        "seq_len": int(group["seq_len"].max()),
+        "phase": phase,
+        "gpus": world,
+        "gpus_per_node": max(1, world // max(1, nodes)),
+        "shapes": groups.ngroups,
+    }
+
+
+def _service_recommendation(
+    frame: pd.DataFrame, paths: Sequence[Path], hardware: str, measured: Recommendation
+) -> tuple[Recommendation | None, str | None]:
+    """`cpbench.recommend` for the measured workload, calibrated on the results files: its
+    explanation, ranked candidates (measured ones by their measurement), rejected meshes and
+    framework settings, plus the measured-best table."""
     try:
-        from cpbench import recommend  # noqa: PLC0415 - written separately
+        service = importlib.import_module("cpbench.recommend")
     except ImportError:
-        return {}
-    fn = getattr(recommend, "framework_settings", None)
-    if fn is None:
-        return {}
+        return measured, "recommendation service not available (cpbench.recommend)"
+    workload = measured_workload(frame)
+    if workload is None:
+        return measured, None
+    request = service.RecommendRequest(
+        heads=int(workload["heads"]),
+        kv_heads=int(workload["kv_heads"]),
+        seq_len=workload["seq_len"],
+        head_dim=int(workload["head_dim"]),
+        batch=int(workload["batch"]),
+        gpus=workload["gpus"],
+        gpus_per_node=workload["gpus_per_node"],
+        hardware=hardware,
+        dtype=str(workload["dtype"]),
+        causal=bool(workload["causal"]),
+        phase=workload["phase"],
+        results=tuple(str(p) for p in paths),
+        top=0,
+    )
     try:
-        settings = fn(
-            ulysses=int(row["ulysses"]),
-            ring=int(row["ring"]),
-            layout=str(row["layout"]),
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a torn last line was reported when read above
+            rec = service.recommend(request)
+    except CpbenchError as exc:
+        return measured, f"the recommendation service could not rank this workload: {exc}"
+    ranked_rows = [
+        {
+            "rank": i,
+            "U x R": f"{c.prediction.config.ulysses}x{c.prediction.config.ring}",
+            "layout": service.layout_label(c.prediction),
+            "ranked by": c.source,
+            "time ms": round(c.time_s * 1e3, 4),
+            "predicted ms": round(c.prediction.step_s * 1e3, 4),
+            "memory/rank GiB": round(c.prediction.memory_bytes / 1024**3, 3),
+        }
+        for i, c in enumerate(rec.ranked[:10], start=1)
+    ]
+    shapes = workload["shapes"]
+    notes = [
+        f"Workload: h={workload['heads']}, h_kv={workload['kv_heads']}, "
+        f"d_h={workload['head_dim']}, B={workload['batch']}, {workload['dtype']}, "
+        f"{'causal' if workload['causal'] else 'full mask'}, L={workload['seq_len']}, "
+        f"phase {workload['phase']}, {workload['gpus']} devices "
+        f"({workload['gpus_per_node']} per node)"
+        + (
+            f"; the results hold {shapes} attention shapes, this one has the most records."
+            if shapes > 1
+            else "."
         )
-    except (CpbenchError, TypeError, KeyError):
-        return {}
-    return {str(k): str(v) for k, v in dict(settings).items()}
+    ]
+    if rec.calibration is not None:
+        cal = rec.calibration
+        notes.append(
+            f"Profile {rec.profile.name}: {cal.prior.name} calibrated on {cal.points} "
+            f"measurements (rms step-time error {cal.residual_before:.0%} -> {cal.residual:.0%})."
+        )
+    for r in rec.rejected:
+        notes.append(f"Rejected {r.ulysses}x{r.ring} ({', '.join(r.layouts)}): {r.rule}")
+    out = Recommendation(
+        summary=rec.explanation,
+        tables=[
+            ("Ranked candidates (measured where measured, else the model)", ranked_rows),
+            *measured.tables,
+        ],
+        settings=[(f.framework, f.settings, f.note) for f in rec.frameworks],
+        notes=notes,
+    )
+    return out, None
 
 
 # ---------------------------------------------------------------------------------- service
@@ -315,7 +409,7 @@ def build_report(
     if not records:
         raise CpbenchError(f"{', '.join(map(str, paths))}: no results records to report")
     frame = records_frame(records)
-    model = cost_model(records, frame, hardware)
+    model = cost_model(records, frame, hardware, paths)
     if model.predicted_s:
         frame["predicted_s"] = pd.Series(model.predicted_s, dtype="float64")
     if model.peak_fraction:

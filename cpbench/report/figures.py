@@ -217,25 +217,24 @@ def _facets(phases: Sequence[str], titles: Sequence[str] | None = None, **kw: An
     )
 
 
-def _line_facets(
+def _line_traces(
     rows: pd.DataFrame,
     y: str,
+    phases: Sequence[str],
     *,
-    title: str,
-    y_title: str,
     scale: float = 1.0,
     hover_unit: str = "",
     error_cols: tuple[str, str] | None = None,
-    log_y: bool | None = None,
-) -> go.Figure:
-    """One facet per phase, one line per (mesh, layout[, source]) over the sequence length;
-    colour = mesh, dash = layout."""
-    phases = phases_of(rows)
-    fig = _facets(phases, shared_yaxes=False)
+    legend: bool = True,
+) -> tuple[list[go.Scatter], list[int]]:
+    """Lines over the sequence length, one per (mesh, layout[, source]) and phase (colour =
+    mesh, dash = layout), with the facet column (1-based position in `phases`) of each."""
     colors = _mesh_colors(rows)
     keys = _series_keys(rows, ("mesh", "layout"))
     meshes = mesh_order(rows)
     shown: set[str] = set()
+    traces: list[go.Scatter] = []
+    cols: list[int] = []
     for col, phase in enumerate(phases, start=1):
         sub = rows[rows["phase"] == phase]
         groups = sorted(
@@ -260,14 +259,14 @@ def _line_facets(
                     "thickness": 1,
                     "width": 3,
                 }
-            fig.add_trace(
+            traces.append(
                 go.Scatter(
                     x=_values(g["seq_len"]),
                     y=_values(g[y] * scale),
                     mode="lines+markers",
                     name=name,
                     legendgroup=name,
-                    showlegend=name not in shown,
+                    showlegend=legend and name not in shown,
                     line={"color": colors.get(key[0], "#444"), "dash": LAYOUT_DASH.get(key[1])},
                     error_y=error_y,
                     customdata=_values(g["id"]),
@@ -275,19 +274,44 @@ def _line_facets(
                         f"{name} ({phase})<br>L=%{{x}}<br>%{{y:.4g}} {hover_unit}"
                         "<br>%{customdata}<extra></extra>"
                     ),
-                ),
-                row=1,
-                col=col,
+                )
             )
+            cols.append(col)
             shown.add(name)
+    return traces, cols
+
+
+def _y_scale(fig: go.Figure, values: pd.Series, log_y: bool | None, **where: Any) -> None:
+    if log_y is None:
+        log_y = _log_wanted(values)
+    if log_y:
+        fig.update_yaxes(**log_ticks(values), **where)
+    else:
+        fig.update_yaxes(type="linear", rangemode="tozero", **where)
+
+
+def _line_facets(
+    rows: pd.DataFrame,
+    y: str,
+    *,
+    title: str,
+    y_title: str,
+    scale: float = 1.0,
+    hover_unit: str = "",
+    error_cols: tuple[str, str] | None = None,
+    log_y: bool | None = None,
+) -> go.Figure:
+    """One facet per phase, one line per (mesh, layout[, source]) over the sequence length;
+    colour = mesh, dash = layout."""
+    phases = phases_of(rows)
+    fig = _facets(phases, shared_yaxes=False)
+    traces, cols = _line_traces(
+        rows, y, phases, scale=scale, hover_unit=hover_unit, error_cols=error_cols
+    )
+    fig.add_traces(traces, rows=[1] * len(traces), cols=cols)
     _base_layout(fig, title)
     _seq_axis(fig, rows["seq_len"])
-    if log_y is None:
-        log_y = _log_wanted(rows[y])
-    if log_y:
-        fig.update_yaxes(**log_ticks(rows[y] * scale))
-    else:
-        fig.update_yaxes(type="linear", rangemode="tozero")
+    _y_scale(fig, rows[y] * scale, log_y)
     fig.update_yaxes(title_text=y_title, col=1)
     return fig
 
@@ -321,27 +345,18 @@ def throughput_figure(frame: pd.DataFrame) -> go.Figure | None:
     rows = plot_rows(frame, "achieved_tflops", "seq_len")
     if rows.empty:
         return None
-    fig = _line_facets(
-        rows,
-        "achieved_tflops",
-        title="Achieved attention TFLOP/s (all ranks)",
-        y_title="TFLOP/s",
-        hover_unit="TFLOP/s",
-        log_y=False,
-    )
+    title = "Achieved attention TFLOP/s (all ranks)"
     if "peak_fraction" not in rows or rows["peak_fraction"].notna().sum() == 0:
-        return fig
+        return _line_facets(
+            rows,
+            "achieved_tflops",
+            title=title,
+            y_title="TFLOP/s",
+            hover_unit="TFLOP/s",
+            log_y=False,
+        )
     phases = phases_of(rows)
-    frac = _line_facets(
-        rows[rows["peak_fraction"].notna()],
-        "peak_fraction",
-        title="",
-        y_title="% of peak",
-        scale=100.0,
-        hover_unit="% of peak",
-        log_y=False,
-    )
-    both = make_subplots(
+    fig = make_subplots(
         rows=2,
         cols=len(phases),
         subplot_titles=[f"phase {p}: TFLOP/s" for p in phases]
@@ -349,16 +364,19 @@ def throughput_figure(frame: pd.DataFrame) -> go.Figure | None:
         vertical_spacing=0.14,
         horizontal_spacing=0.08,
     )
-    for row, source in ((1, fig), (2, frac)):
-        for trace in source.data:
-            col = 1 if trace.xaxis in (None, "x") else int(trace.xaxis[1:])
-            trace.showlegend = bool(trace.showlegend) and row == 1
-            both.add_trace(trace, row=row, col=col)
-    _base_layout(both, "Achieved attention TFLOP/s and fraction of the hardware peak", 640)
-    _seq_axis(both, rows["seq_len"])
-    both.update_yaxes(title_text="TFLOP/s", row=1, col=1)
-    both.update_yaxes(title_text="% of peak", row=2, col=1)
-    return both
+    tflops, cols = _line_traces(rows, "achieved_tflops", phases, hover_unit="TFLOP/s")
+    fig.add_traces(tflops, rows=[1] * len(tflops), cols=cols)
+    known = rows[rows["peak_fraction"].notna()]
+    frac, cols = _line_traces(
+        known, "peak_fraction", phases, scale=100.0, hover_unit="% of peak", legend=False
+    )
+    fig.add_traces(frac, rows=[2] * len(frac), cols=cols)
+    _base_layout(fig, "Achieved attention TFLOP/s and fraction of the hardware peak", 640)
+    _seq_axis(fig, rows["seq_len"])
+    fig.update_yaxes(rangemode="tozero")
+    fig.update_yaxes(title_text="TFLOP/s", row=1, col=1)
+    fig.update_yaxes(title_text="% of peak", row=2, col=1)
+    return fig
 
 
 def comm_bytes_figure(frame: pd.DataFrame) -> go.Figure | None:

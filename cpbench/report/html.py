@@ -73,16 +73,17 @@ class Section:
 
 @dataclass
 class Recommendation:
-    """What the recommendation section shows (built by `cpbench.report`)."""
+    """What the recommendation section shows (built by `cpbench.report`); plain text only,
+    escaped when rendered."""
 
     summary: str = ""
-    """One paragraph (plain text)."""
-    rows: list[dict[str, Any]] = field(default_factory=list)
-    """A table: one dict per row, keys = column titles (plain values)."""
-    settings: dict[str, str] = field(default_factory=dict)
-    """Framework -> settings to use (plain text, shown as code)."""
+    """One paragraph."""
+    tables: list[tuple[str, list[dict[str, Any]]]] = field(default_factory=list)
+    """(caption, rows): one dict per row, keys = column titles."""
+    settings: list[tuple[str, str, str]] = field(default_factory=list)
+    """(framework, settings to use, note)."""
     notes: list[str] = field(default_factory=list)
-    """Extra lines (plain text)."""
+    """Extra lines: the workload, the profile, rejected meshes."""
 
 
 def _fmt_num(value: Any, digits: int = 4) -> str:
@@ -394,18 +395,23 @@ def recommendation_html(rec: Recommendation | None, note: str | None) -> str:
     parts = []
     if rec.summary:
         parts.append(f"<p class='summary'>{esc(rec.summary)}</p>")
-    if rec.rows:
-        keys = list(dict.fromkeys(k for row in rec.rows for k in row))
-        frame = pd.DataFrame(rec.rows, columns=keys)
-        parts.append(
-            table_html(frame, [Column(k, k) for k in keys], table_id="recommendation-table")
-        )
     if rec.settings:
         items = "".join(
-            f"<dt>{esc(fw)}</dt><dd><code>{esc(text)}</code></dd>"
-            for fw, text in rec.settings.items()
+            f"<dt>{esc(fw)}</dt><dd><code>{esc(text)}</code>"
+            + (f"<div class='muted'>{esc(why)}</div>" if why else "")
+            + "</dd>"
+            for fw, text, why in rec.settings
         )
-        parts.append(f"<dl class='settings'>{items}</dl>")
+        parts.append(f"<h3>Framework settings</h3><dl class='settings'>{items}</dl>")
+    for i, (caption, rows) in enumerate(rec.tables):
+        if not rows:
+            continue
+        keys = list(dict.fromkeys(k for row in rows for k in row))
+        frame = pd.DataFrame(rows, columns=keys)
+        parts.append(f"<h3>{esc(caption)}</h3>")
+        parts.append(
+            table_html(frame, [Column(k, k) for k in keys], table_id=f"recommendation-table-{i}")
+        )
     parts.extend(f"<p class='note'>{esc(n)}</p>" for n in rec.notes)
     if note:
         parts.append(f"<p class='note'>{esc(note)}</p>")
@@ -422,6 +428,7 @@ body { margin: 0 auto; max-width: 1360px; padding: 16px 24px 48px; color: var(--
   font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif; }
 h1 { font-size: 22px; margin: 8px 0 12px; }
 h2 { font-size: 17px; margin: 28px 0 4px; padding-top: 8px; border-top: 1px solid var(--line); }
+h3 { font-size: 14px; margin: 14px 0 4px; }
 dl.facts { display: grid; grid-template-columns: max-content 1fr; gap: 2px 14px; margin: 0; }
 dl.facts dt { color: var(--muted); }
 dl.facts dd { margin: 0; }

@@ -1,0 +1,238 @@
+"""Calibration recovers a known profile from synthetic records; validation and holdout work."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from cpbench.cli import app
+from cpbench.errors import CpbenchError
+from cpbench.model.calibrate import (
+    calibrate,
+    holdout_evaluation,
+    measurements_from_records,
+    solve_relative,
+    spearman,
+    split_measurements,
+    synthetic_record,
+    validate,
+)
+from cpbench.model.constraints import AttentionShape
+from cpbench.model.cost import MeshCandidate
+from cpbench.model.hardware import (
+    EfficiencyCurve,
+    HardwareProfile,
+    LinkCost,
+    load_profile,
+    with_link_cost,
+)
+
+runner = CliRunner()
+SEQ_LENS = (512, 1024, 2048)
+MESHES = ((1, 4), (2, 2), (4, 1))
+LAYOUTS = ("contiguous", "zigzag")
+
+
+def _truth() -> HardwareProfile:
+    """A ground truth well away from the cpu-local prior the fits start from."""
+    truth = replace(
+        load_profile("cpu-local"),
+        name="truth",
+        overlap=0.7,
+        step_overhead_s=2e-3,
+        efficiency=EfficiencyCurve((128, 256, 512, 1024, 2048), (0.1, 0.2, 0.3, 0.35, 0.4)),
+    )
+    truth = with_link_cost(truth, "intra_node", "all_to_all", LinkCost(400e-6, 0.8e9))
+    return with_link_cost(truth, "intra_node", "send_recv", LinkCost(250e-6, 1.2e9))
+
+
+TRUTH = _truth()
+
+
+def _records(noise: float, seed: int = 1, seq_lens: tuple[int, ...] = SEQ_LENS) -> list[dict]:
+    """A CPU sweep of world size 4: every mesh, two layouts, timed by the truth (+ noise)."""
+    rng = random.Random(seed)
+    return [
+        synthetic_record(
+            MeshCandidate(AttentionShape(L, 8, 4, 64), u, r, layout, "float32"),
+            TRUTH,
+            4,
+            noise=noise,
+            rng=rng,
+        )
+        for L in seq_lens
+        for u, r in MESHES
+        for layout in LAYOUTS
+    ]
+
+
+@pytest.fixture(scope="module")
+def noiseless() -> list[dict]:
+    return _records(0.0)
+
+
+def _relative(a: float, b: float) -> float:
+    return abs(a / b - 1)
+
+
+def _assert_recovered(
+    profile: HardwareProfile, tol: float, overhead_tol: float, overlap_tol: float
+) -> None:
+    for kind in ("all_to_all", "send_recv"):
+        fitted, true = profile.intra_node.cost(kind), TRUTH.intra_node.cost(kind)  # type: ignore[arg-type]
+        assert _relative(fitted.latency_s, true.latency_s) < tol, kind
+        assert _relative(fitted.busbw, true.busbw) < tol, kind
+    for n in (128, 256, 512, 1024, 2048):
+        fitted_flops = profile.attention_flops_per_s("float32", n)
+        assert _relative(fitted_flops, TRUTH.attention_flops_per_s("float32", n)) < tol, n
+    assert _relative(profile.step_overhead_s, TRUTH.step_overhead_s) < overhead_tol
+    assert abs(profile.overlap - TRUTH.overlap) < overlap_tol
+
+
+def test_calibration_recovers_noiseless_parameters(noiseless: list[dict]) -> None:
+    # tolerance: 1% (the ridge towards the prior biases the fit by a fraction of a percent)
+    result = calibrate(noiseless, "cpu-local")
+    _assert_recovered(result.profile, tol=0.01, overhead_tol=0.02, overlap_tol=0.02)
+    assert result.points == 18 and result.residual < 0.005 < result.residual_before
+    assert {f.target for f in result.fits} == {"comm_only", "compute_only", "median"}
+    assert result.profile.calibration is not None
+    assert result.profile.calibration.prior == "cpu-local"
+
+
+def test_calibration_with_two_percent_noise() -> None:
+    # tolerance: 5% for links and kernel throughput, 15% for the small step overhead,
+    # 0.15 for the overlap (its signal is a few percent of the step)
+    result = calibrate(_records(0.02), "cpu-local")
+    _assert_recovered(result.profile, tol=0.05, overhead_tol=0.15, overlap_tol=0.15)
+    assert result.residual < 0.05
+
+
+def test_validate_reports_no_error_on_noiseless_data(noiseless: list[dict]) -> None:
+    report = validate(noiseless, TRUTH)
+    assert report["n"] == 18
+    assert report["max_abs_error"] < 1e-9
+    assert report["spearman"] == pytest.approx(1.0)
+    assert report["regret"] == pytest.approx(0.0)
+    assert len(report["groups"]) == len(SEQ_LENS)
+
+
+def test_holdout_evaluation(noiseless: list[dict]) -> None:
+    result = holdout_evaluation(noiseless, seed=0)
+    assert result["n_train"] + result["n_test"] == 18
+    assert result["n_train"] == result["n_test"] == 9
+    assert result["median_abs_error"] < 0.02 and result["max_abs_error"] < 0.05
+    assert result["regret"] == pytest.approx(0.0, abs=1e-9)
+    assert result["spearman"] > 0.95
+    assert result["prior"] == "cpu-local"
+    json.dumps(result)  # JSON-serialisable
+
+
+def test_holdout_on_a_single_sweep_of_six() -> None:
+    # the brief's study: world size 4, every mesh, two layouts, calibrate on 3, predict 3
+    records = _records(0.0, seq_lens=(2048,))
+    result = holdout_evaluation(records, seed=3)
+    assert (result["n_train"], result["n_test"]) == (3, 3)
+    assert result["median_abs_error"] < 0.2 and result["regret"] <= 0.1
+
+
+def test_stratified_split_puts_every_mesh_on_both_sides(noiseless: list[dict]) -> None:
+    measurements = measurements_from_records(noiseless)
+    for seed in range(5):
+        train, test = split_measurements(measurements, 0.5, seed, "stratified")
+        assert len(train) == len(test) == 9
+        meshes = {(m.candidate.ulysses, m.candidate.ring) for m in train}
+        assert meshes == {(m.candidate.ulysses, m.candidate.ring) for m in test} == set(MESHES)
+    train, test = split_measurements(measurements, 0.25, 0, "random")
+    assert (len(train), len(test)) == (14, 4)  # round(4.5) == 4
+    with pytest.raises(CpbenchError, match="holdout fraction must be between 0 and 1"):
+        split_measurements(measurements, 1.0)
+    with pytest.raises(CpbenchError, match="at least 2 measured configurations, got 1"):
+        split_measurements(measurements[:1])
+
+
+def test_measurements_skip_failed_and_deduplicate(noiseless: list[dict]) -> None:
+    failed = {**noiseless[0], "status": "failed", "timing": None}
+    repeated = json.loads(json.dumps(noiseless[1]))
+    repeated["timing"]["median"] = 123.0
+    measurements = measurements_from_records([failed, *noiseless[1:], repeated])
+    assert len(measurements) == 17
+    assert any(m.median_s == 123.0 for m in measurements)
+    with pytest.raises(CpbenchError, match="no usable measurements"):
+        calibrate([failed])
+
+
+def test_spearman() -> None:
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(0.9486832980505138)
+    assert spearman([1], [2]) is None and spearman([1, 1], [1, 2]) is None
+
+
+def test_positive_least_squares_pins_negative_unknowns() -> None:
+    import numpy as np  # noqa: PLC0415
+
+    design = np.array([[1.0, 1.0], [2.0, 1.0], [3.0, 1.0]])
+    target = np.array([1.0, 2.0, 3.0])  # exactly x = (1, 0): the second unknown wants <= 0
+    solution = solve_relative(design, target, np.array([0.5, 0.5]), ridge=1e-9)
+    assert solution[0] == pytest.approx(1.0, rel=1e-3) and 0 < solution[1] < 1e-5
+
+
+# ------------------------------------------------------------------------------------ CLI
+
+
+def _write(path: Path, records: list[dict[str, Any]], torn: bool = False) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records) + ('{"torn' if torn else ""))
+    return str(path)
+
+
+def test_cli_calibrate_writes_a_loadable_profile(tmp_path: Path, noiseless: list[dict]) -> None:
+    results = _write(tmp_path / "sweep.jsonl", noiseless, torn=True)
+    out = tmp_path / "fitted.toml"
+    with pytest.warns(UserWarning, match="torn last line"):
+        result = runner.invoke(app, ["calibrate", results, "-o", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["points"] == 18 and report["residual"] < 0.005
+    assert report["output"] == str(out)
+    profile = load_profile(str(out))
+    assert profile.calibration is not None and profile.calibration.points == 18
+    # predictions with the written profile match the truth
+    with pytest.warns(UserWarning, match="torn last line"):
+        validated = runner.invoke(app, ["validate", results, "--hardware", str(out), "--json"])
+    assert validated.exit_code == 0, validated.output
+    assert json.loads(validated.stdout)["median_abs_error"] < 0.01
+
+
+def test_cli_validate_holdout_and_table(tmp_path: Path, noiseless: list[dict]) -> None:
+    results = _write(tmp_path / "sweep.jsonl", noiseless)
+    result = runner.invoke(app, ["validate", results, "--holdout", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["mode"] == "holdout" and doc["n_test"] == 9
+    table = runner.invoke(app, ["validate", results, "--holdout-fraction", "0.3"])
+    assert table.exit_code == 0, table.output
+    assert "median |error|" in table.stdout and "Spearman" in table.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["validate", "nosuch.jsonl"], "results file nosuch.jsonl does not exist"),
+        (["calibrate", "RESULTS", "--hardware", "nosuch"], "hardware 'nosuch' is neither"),
+        (["validate", "RESULTS", "--holdout-fraction", "1.5"], "holdout fraction must be"),
+    ],
+)
+def test_cli_bad_input(
+    tmp_path: Path, noiseless: list[dict], args: list[str], message: str
+) -> None:
+    results = _write(tmp_path / "sweep.jsonl", noiseless)
+    result = runner.invoke(app, [results if a == "RESULTS" else a for a in args])
+    assert result.exit_code == 2
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1

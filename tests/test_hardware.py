@@ -1,0 +1,173 @@
+"""Hardware profiles: the shipped ones load, carry sources, round-trip; bad ones are rejected."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cpbench.errors import CpbenchError
+from cpbench.model.hardware import (
+    GB,
+    GIB,
+    LINK_TIERS,
+    EfficiencyCurve,
+    LinkCost,
+    builtin_profiles,
+    load_profile,
+    profile_from_dict,
+    profile_from_toml,
+    profile_to_toml,
+    save_profile,
+    tomllib,  # the stdlib module, or tomli on Python 3.10
+)
+
+SHIPPED = ("a100-80gb", "cpu-local", "h100-sxm", "h200-sxm", "l40s-pcie")
+
+
+def test_shipped_profiles_are_listed() -> None:
+    assert set(SHIPPED) <= set(builtin_profiles())
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_profile_loads_with_sources(name: str) -> None:
+    profile = load_profile(name)
+    assert profile.name == name
+    assert profile.memory_gib > 0 and profile.memory_bandwidth > 0
+    assert profile.peak_flops("float32") > 0
+    assert profile.memory_source and profile.peak_source and profile.efficiency.source
+    assert profile.overheads_source
+    for tier in LINK_TIERS:
+        link = profile.link(tier)  # type: ignore[arg-type]
+        for kind in ("all_to_all", "send_recv"):
+            cost = link.cost(kind)  # type: ignore[arg-type]
+            assert cost.busbw > 0 and cost.latency_s >= 0
+            assert cost.source, f"{name} {tier} {kind} has no source"
+
+
+def test_gpu_profiles_quote_datasheets_and_mark_estimates() -> None:
+    for name in ("a100-80gb", "h100-sxm", "h200-sxm", "l40s-pcie"):
+        profile = load_profile(name)
+        assert "datasheet" in profile.peak_source
+        assert "datasheet" in profile.memory_source
+        assert "estimate" in profile.intra_node.all_to_all.source
+    cpu = load_profile("cpu-local")
+    assert "estimate" in cpu.efficiency.source
+    # the brief's ranges for this machine: 0.02-0.05 TFLOP/s, 1-3 GB/s, 50-200 us
+    for n in (1024, 8192):
+        assert 0.02e12 <= cpu.attention_flops_per_s("float32", n) <= 0.05e12
+    for cost in (cpu.intra_node.all_to_all, cpu.intra_node.send_recv):
+        assert 1 * GB <= cost.busbw <= 3 * GB
+        assert 50e-6 <= cost.latency_s <= 200e-6
+
+
+def test_datasheet_numbers() -> None:
+    h100, a100 = load_profile("h100-sxm"), load_profile("a100-80gb")
+    assert h100.peak_flops("bf16") == pytest.approx(989.5e12)
+    assert a100.peak_flops("bfloat16") == pytest.approx(312e12)
+    assert load_profile("h200-sxm").memory_bytes > 140 * GIB > h100.memory_bytes
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_toml_round_trip(name: str, tmp_path: Path) -> None:
+    profile = load_profile(name)
+    assert profile_from_toml(profile_to_toml(profile)) == profile
+    path = save_profile(profile, tmp_path / f"{name}.toml", header="a header\nline two")
+    loaded = load_profile(str(path))
+    assert loaded == profile
+    assert loaded.origin == str(path)
+
+
+def test_unknown_name_lists_the_known_ones() -> None:
+    with pytest.raises(CpbenchError) as info:
+        load_profile("nosuch")
+    message = str(info.value)
+    assert "'nosuch'" in message
+    for name in SHIPPED:
+        assert name in message
+
+
+def test_invalid_toml_file(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text("name = \n")
+    with pytest.raises(CpbenchError, match="is not valid TOML"):
+        load_profile(str(path))
+
+
+def _h100_dict() -> dict[str, Any]:
+    return tomllib.loads(profile_to_toml(load_profile("h100-sxm")))
+
+
+def _set(data: dict[str, Any], dotted: str, value: Any) -> dict[str, Any]:
+    *parents, leaf = dotted.split(".")
+    table = data
+    for key in parents:
+        table = table[key]
+    if value is _DELETE:
+        del table[leaf]
+    else:
+        table[leaf] = value
+    return data
+
+
+_DELETE = object()
+
+
+@pytest.mark.parametrize(
+    ("dotted", "value", "message"),
+    [
+        ("memory", _DELETE, "memory must be a table"),
+        ("memory.capacity_gib", -1, "memory.capacity_gib must be a positive number, got -1"),
+        (
+            "links.inter_node.send_recv.busbw_GBps",
+            0,
+            "links.inter_node.send_recv.busbw_GBps must be a positive number, got 0",
+        ),
+        (
+            "links.intra_node.all_to_all.latency_us",
+            "fast",
+            "latency_us must be a number >= 0, got 'fast'",
+        ),
+        ("kernel_efficiency.efficiency", [0.5, 1.5, 0.5, 0.5, 0.5, 0.5], "in (0, 1], got 1.5"),
+        ("kernel_efficiency.seq_len", [4, 2, 8, 16, 32, 64], "must be strictly increasing"),
+        ("kernel_efficiency.seq_len", [1, 2], "differ in length"),
+        ("peak_tflops.int8", 100, "peak_tflops.int8 is not a dtype"),
+        ("overheads.overlap", 1.5, "overheads.overlap must be a number in [0, 1], got 1.5"),
+        ("links.intra_node.devices_per_nic", 0, "must be a positive integer, got 0"),
+        ("devices_per_node", 2.5, "devices_per_node must be a positive integer, got 2.5"),
+        ("colour", "blue", "unknown key(s) colour"),
+        ("links.intra_node.send_recv.bandwidth", 3, "unknown key(s) bandwidth"),
+        ("schema_version", 2, "schema_version must be 1, got 2"),
+    ],
+)
+def test_malformed_profile_names_key_and_rule(dotted: str, value: Any, message: str) -> None:
+    data = _set(_h100_dict(), dotted, value)
+    with pytest.raises(CpbenchError) as info:
+        profile_from_dict(data, origin="my.toml")
+    assert message in str(info.value)
+    assert "my.toml" in str(info.value)
+
+
+def test_missing_dtype_peak_is_a_clear_error() -> None:
+    data = _h100_dict()
+    del data["peak_tflops"]["float16"]
+    profile = profile_from_dict(data)
+    with pytest.raises(CpbenchError, match="no peak TFLOP/s for float16"):
+        profile.peak_flops("fp16")
+
+
+def test_efficiency_curve_interpolates_in_log_length_and_clamps() -> None:
+    curve = EfficiencyCurve((1024, 4096), (0.2, 0.6))
+    assert curve.at(512) == 0.2 and curve.at(1024) == 0.2
+    assert curve.at(2048) == pytest.approx(0.4)  # halfway in log2
+    assert curve.at(4096) == 0.6 and curve.at(1 << 20) == 0.6
+    values = [curve.at(n) for n in range(1024, 4097, 64)]
+    assert values == sorted(values)
+
+
+def test_link_cost_is_latency_plus_bytes_over_busbw() -> None:
+    cost = LinkCost(latency_s=10e-6, busbw=100 * GB)
+    assert cost.seconds(1e9, calls=3) == pytest.approx(30e-6 + 0.01)
+    assert cost.seconds(1e9, calls=1, sharing=2) == pytest.approx(10e-6 + 0.02)
+    assert cost.seconds(0, calls=0) == 0.0
