@@ -23,7 +23,7 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=6)
     args = parser.parse_args()
     scenario = load_scenario(args.scenario)
-    world = scenario.resolve("cpu", 0)
+    _, world = scenario.resolve("cpu", 0)
     points = [(c, f) for c, f in scenario.expand("cpu", world) if f.ok][: args.count]
     keep = {c.key for c, _ in points}
 

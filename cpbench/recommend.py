@@ -999,7 +999,7 @@ def render_validation(report: Mapping[str, Any]) -> list[RenderableType]:
     summary = Text(
         f"median |error| {_pct(report['median_abs_error'])}, max |error| "
         f"{_pct(report['max_abs_error'])}, Spearman {_num(report['spearman'])}, regret of the "
-        f"model's pick {_pct(report['regret'])}"
+        f"model's pick {_pct(report['regret'])} (worst group; mean {_pct(report['regret_mean'])})"
     )
     out: list[RenderableType] = [table, summary]
     for g in report.get("groups", []):

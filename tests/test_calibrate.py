@@ -181,6 +181,10 @@ def test_positive_least_squares_pins_negative_unknowns() -> None:
     target = np.array([1.0, 2.0, 3.0])  # exactly x = (1, 0): the second unknown wants <= 0
     solution = solve_relative(design, target, np.array([0.5, 0.5]), ridge=1e-9)
     assert solution[0] == pytest.approx(1.0, rel=1e-3) and 0 < solution[1] < 1e-5
+    bounded = solve_relative(
+        design, target, np.array([0.5, 0.5]), ridge=1e-9, lower=np.array([0.0, 0.3])
+    )
+    assert bounded[1] == pytest.approx(0.3) and bounded[0] < 1.0
 
 
 # ------------------------------------------------------------------------------------ CLI

@@ -111,8 +111,9 @@ def test_shared_compute_slots_hide_the_causal_imbalance() -> None:
     # work sets the step; on GPUs (a slot per rank) the busiest rank does
     shape = AttentionShape(4096, 8, 8, 64)
     cpu = [predict(MeshCandidate(shape, 1, 4, lay, "float32"), CPU, 4) for lay in LAYOUTS[:2]]
-    assert cpu[0].forward.imbalance_s < 0.05 * cpu[0].forward.compute_s
-    assert cpu[0].step_s == pytest.approx(cpu[1].step_s, rel=0.05)
+    # (per ring step: at the last step only one rank of four works, so a little remains)
+    assert cpu[0].forward.imbalance_s < 0.15 * cpu[0].forward.compute_s
+    assert cpu[0].step_s == pytest.approx(cpu[1].step_s, rel=0.15)
     gpu = replace(CPU, compute_slots_per_node=None)
     spread = [predict(MeshCandidate(shape, 1, 4, lay, "float32"), gpu, 4) for lay in LAYOUTS[:2]]
     assert spread[0].step_s > 1.4 * spread[1].step_s

@@ -61,7 +61,7 @@ def find_chromium() -> str | None:
 class Chromium:
     """Headless Chromium and a minimal DevTools-protocol client over `--remote-debugging-pipe`."""
 
-    def __init__(self, binary: str, timeout: float = 20.0) -> None:
+    def __init__(self, binary: str, timeout: float = 60.0) -> None:
         self.timeout = timeout
         self.events: list[dict[str, Any]] = []
         self._replies: queue.Queue[dict[str, Any]] = queue.Queue()
@@ -153,7 +153,7 @@ class Chromium:
             raise RuntimeError(f"{expression!r} threw: {result['exceptionDetails']}")
         return result["result"].get("value")
 
-    def wait_for(self, session: str, expression: str, timeout: float = 20.0) -> Any:
+    def wait_for(self, session: str, expression: str, timeout: float = 60.0) -> Any:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             value = self.evaluate(session, expression)

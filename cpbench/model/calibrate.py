@@ -55,6 +55,9 @@ DEFAULT_RIDGE = 1e-4
 """Weight of the pull towards the prior (in squared relative units per parameter)."""
 TIE = 1e-6
 """Relative difference under which two predictions are a tie."""
+EFFICIENCY_CEILING = 2.0
+"""A fitted kernel efficiency may reach this multiple of the prior's peak (the peaks are then
+raised so the curve stays in (0, 1]); beyond it the data are explained some other way."""
 OVERLAP_RIDGE = 1e-3
 """Pull of the overlap fit towards the prior (squared relative units)."""
 Split = Literal["stratified", "random"]
@@ -165,30 +168,36 @@ def _predict(m: Measurement, profile: HardwareProfile) -> Prediction:
 
 
 def solve_relative(
-    design: np.ndarray, target: np.ndarray, prior: np.ndarray, ridge: float = DEFAULT_RIDGE
+    design: np.ndarray,
+    target: np.ndarray,
+    prior: np.ndarray,
+    ridge: float = DEFAULT_RIDGE,
+    lower: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Positive x minimising sum(((design @ x - target) / target)^2) + ridge * sum((x/prior - 1)^2).
+    """x >= lower minimising sum(((design @ x - target) / target)^2) + ridge * sum((x/prior - 1)^2).
 
-    Active-set: unknowns that come out non-positive are pinned at 1e-6 x prior and the rest
-    re-solved.
+    Active set: unknowns that come out below their bound (default 1e-6 x prior, i.e. positive)
+    are pinned at it and the rest re-solved.
     """
     scaled = design * prior[None, :] / target[:, None]
     size = len(prior)
     matrix = np.vstack([scaled, math.sqrt(ridge) * np.eye(size)])
     rhs = np.concatenate([np.ones(len(target)), math.sqrt(ridge) * np.ones(size)])
-    floor = 1e-6
+    bound = np.full(size, 1e-6)
+    if lower is not None:
+        bound = np.maximum(bound, lower / prior)
     pinned = np.zeros(size, dtype=bool)
-    z = np.full(size, floor)
+    z = bound.copy()
     for _ in range(size + 1):
         free = ~pinned
         residual_rhs = rhs - matrix[:, pinned] @ z[pinned]
         solution, *_ = np.linalg.lstsq(matrix[:, free], residual_rhs, rcond=None)
         z[free] = solution
-        bad = free & (z <= floor)
-        if not bad.any():
+        below = free & (z < bound)
+        if not below.any():
             break
-        pinned |= bad
-        z[pinned] = floor
+        pinned |= below
+        z[pinned] = bound[pinned]
     return z * prior
 
 
@@ -334,7 +343,8 @@ def _fit_compute(
     prior = np.array(
         [1.0 / profile.efficiency.at(n) for n in lengths] + [max(profile.step_overhead_s, 1e-6)]
     )
-    fitted = solve_relative(design, target, prior, ridge)
+    lower = np.array([1.0 / EFFICIENCY_CEILING] * len(lengths) + [0.0])
+    fitted = solve_relative(design, target, prior, ridge, lower)
     efficiency = [float(1.0 / x) for x in fitted[:overhead_col]]
     overhead = float(fitted[overhead_col])
     scale = max(1.0, max(efficiency))
@@ -578,6 +588,7 @@ def validation_summary(
         "max_abs_error": max(errors),
         "spearman": spearman([r["predicted_s"] for r in rows], [r["measured_s"] for r in rows]),
         "regret": max((d["regret"] for d in rankable), default=None),
+        "regret_mean": (statistics.fmean(d["regret"] for d in rankable) if rankable else None),
         "groups": details,
     }
 
@@ -655,6 +666,7 @@ def holdout_evaluation(
         "max_abs_error": summary["max_abs_error"],
         "spearman": summary["spearman"],
         "regret": summary["regret"],
+        "regret_mean": summary["regret_mean"],
         "groups": summary["groups"],
         "split": split,
         "fraction": fraction,

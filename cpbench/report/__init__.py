@@ -231,11 +231,12 @@ def _predicted_seconds(prediction: Any) -> float | None:
 
 
 def measured_best(frame: pd.DataFrame) -> pd.DataFrame:
-    """The fastest successful configuration per (phase, sequence length) with the runner-up
-    and the slowest, and how much faster the best is than each."""
-    rows = figures.ok_rows(frame, "median_s", "seq_len")
+    """The fastest successful configuration per phase, workload variant (when the results
+    hold several, see `figures.with_variant`) and sequence length, with the runner-up and the
+    slowest, and how much faster the best is than each."""
+    rows = figures.with_variant(figures.ok_rows(frame, "median_s", "seq_len"))
     out = []
-    for (phase, seq_len), g in rows.groupby(["phase", "seq_len"], sort=True):
+    for (phase, variant, seq_len), g in rows.groupby(["phase", "variant", "seq_len"], sort=True):
         g = g.sort_values("median_s")
         best = g.iloc[0]
         second = g.iloc[1] if len(g) > 1 else None
@@ -243,6 +244,7 @@ def measured_best(frame: pd.DataFrame) -> pd.DataFrame:
         out.append(
             {
                 "phase": phase,
+                **({"workload": variant} if variant else {}),
                 "L": int(seq_len),
                 "best": f"{best['mesh']} {best['layout']}",
                 "best ms": round(float(best["median_s"]) * 1e3, 4),
@@ -260,6 +262,7 @@ def measured_best(frame: pd.DataFrame) -> pd.DataFrame:
         out,
         key=lambda r: (
             figures.PHASE_ORDER.index(r["phase"]) if r["phase"] in figures.PHASE_ORDER else 9,
+            r.get("workload", ""),
             r["L"],
         ),
     )

@@ -84,7 +84,7 @@ def ok_rows(frame: pd.DataFrame, *required: str) -> pd.DataFrame:
     return rows
 
 
-TEXT_COLUMNS = ("id", "mesh", "layout", "phase", "scheme", "source", "kernel", "dtype")
+TEXT_COLUMNS = ("id", "mesh", "layout", "phase", "scheme", "source", "kernel", "dtype", "variant")
 """Record strings that end up in figure text; plotly reads a subset of HTML in text, so they
 are HTML-escaped (plotly shows `&lt;` as `<`) before they get there."""
 
@@ -98,9 +98,50 @@ def escaped(frame: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+VARIANT_COLUMNS = (
+    ("heads", "h{}"),
+    ("kv_heads", "kv{}"),
+    ("head_dim", "d{}"),
+    ("batch", "B{}"),
+    ("dtype", "{}"),
+    ("causal", None),
+    ("kernel", "{}"),
+    ("backend", "backend {}"),
+    ("nodes", "{} node(s)"),
+)
+"""Workload dimensions besides L, the mesh, the layout and the phase; those that take more
+than one value in a frame tell its series apart (e.g. 'kv2' vs 'kv8' in a GQA sweep)."""
+
+
+def with_variant(frame: pd.DataFrame) -> pd.DataFrame:
+    """A copy with a `variant` column: the values of the VARIANT_COLUMNS that vary in `frame`
+    ('' when the frame holds one workload)."""
+    out = frame.copy()
+    varying = [
+        (col, fmt)
+        for col, fmt in VARIANT_COLUMNS
+        if col in out and out[col].nunique(dropna=True) > 1
+    ]
+
+    def label(row: Any) -> str:
+        parts = []
+        for col, fmt in varying:
+            value = _value(row[col])
+            if value is None:
+                continue
+            if fmt is None:
+                parts.append("causal" if value else "full mask")
+            else:
+                parts.append(fmt.format(value))
+        return " ".join(parts)
+
+    out["variant"] = [label(row) for _, row in out.iterrows()] if varying else ""
+    return out
+
+
 def plot_rows(frame: pd.DataFrame, *required: str) -> pd.DataFrame:
-    """`ok_rows`, escaped for use in figure text."""
-    return escaped(ok_rows(frame, *required))
+    """`ok_rows` with the `variant` column, escaped for use in figure text."""
+    return escaped(with_variant(ok_rows(frame, *required)))
 
 
 def phases_of(frame: pd.DataFrame) -> list[str]:
@@ -129,14 +170,31 @@ def _multi_source(frame: pd.DataFrame) -> bool:
 
 
 def _series_keys(frame: pd.DataFrame, base: Sequence[str]) -> list[str]:
-    return [*base, "source"] if _multi_source(frame) else list(base)
+    """`base`, plus `variant` when several workloads are present, plus `source` when the
+    frame comes from several files."""
+    keys = list(base)
+    if "variant" in frame and frame["variant"].nunique() > 1:
+        keys.append("variant")
+    if _multi_source(frame):
+        keys.append("source")
+    return keys
 
 
 def _series_name(key: tuple, keys: Sequence[str]) -> str:
     parts = []
     for k, v in zip(keys, key, strict=True):
+        if v in ("", None):
+            continue
         parts.append(f"[{v}]" if k == "source" else str(v))
     return " ".join(parts)
+
+
+SYMBOLS = ("circle", "square", "diamond", "triangle-up", "cross", "star", "x", "pentagon")
+
+
+def _variant_symbols(frame: pd.DataFrame) -> dict[str, str]:
+    variants = sorted({str(v) for v in frame.get("variant", pd.Series(dtype=str)).dropna()})
+    return {v: SYMBOLS[i % len(SYMBOLS)] for i, v in enumerate(variants)}
 
 
 def _mesh_colors(frame: pd.DataFrame) -> dict[str, str]:
@@ -230,6 +288,7 @@ def _line_traces(
     """Lines over the sequence length, one per (mesh, layout[, source]) and phase (colour =
     mesh, dash = layout), with the facet column (1-based position in `phases`) of each."""
     colors = _mesh_colors(rows)
+    symbols = _variant_symbols(rows)
     keys = _series_keys(rows, ("mesh", "layout"))
     meshes = mesh_order(rows)
     shown: set[str] = set()
@@ -268,6 +327,7 @@ def _line_traces(
                     legendgroup=name,
                     showlegend=legend and name not in shown,
                     line={"color": colors.get(key[0], "#444"), "dash": LAYOUT_DASH.get(key[1])},
+                    marker={"symbol": symbols.get(str(g["variant"].iloc[0]), "circle")},
                     error_y=error_y,
                     customdata=_values(g["id"]),
                     hovertemplate=(
@@ -504,6 +564,9 @@ def bandwidth_figure(frame: pd.DataFrame) -> go.Figure | None:
 
 def _config_label(rec: Any, with_phase: bool = False) -> str:
     label = f"{rec.mesh} {rec.layout} {format_seq_len(rec.seq_len)}"
+    variant = getattr(rec, "variant", "")
+    if variant:
+        label += f" {variant}"
     return f"{label} {rec.phase}" if with_phase else label
 
 
@@ -527,7 +590,7 @@ def overlap_figure(frame: pd.DataFrame) -> go.Figure | None:
         sub = rows[rows["phase"] == phase].copy()
         sub["_m"] = [meshes.index(m) if m in meshes else 99 for m in sub["mesh"]]
         sub["_l"] = [LAYOUT_ORDER.index(x) if x in LAYOUT_ORDER else 9 for x in sub["layout"]]
-        sub = sub.sort_values(["_m", "_l", "seq_len"])
+        sub = sub.sort_values(["_m", "_l", "variant", "seq_len"])
         labels = [_config_label(rec) for rec in sub.itertuples(index=False)]
         if _multi_source(rows):
             labels = [f"{lab} [{s}]" for lab, s in zip(labels, sub["source"], strict=True)]
@@ -622,6 +685,7 @@ def memory_figure(frame: pd.DataFrame) -> go.Figure | None:
     phases = phases_of(rows)
     fig = _facets(phases)
     colors = _mesh_colors(rows)
+    symbols = _variant_symbols(rows)
     keys = _series_keys(rows, ("mesh",))
     shown: set[str] = set()
     for col, phase in enumerate(phases, start=1):
@@ -631,6 +695,7 @@ def memory_figure(frame: pd.DataFrame) -> go.Figure | None:
             name = _series_name(key, keys)
             per_len = g.groupby("seq_len")[["peak_bytes", "analytic_peak_bytes"]].max().sort_index()
             color = colors.get(key[0], "#444")
+            symbol = symbols.get(str(g["variant"].iloc[0]), "circle")
             for what, column, dash in (
                 ("measured", "peak_bytes", "solid"),
                 ("analytic", "analytic_peak_bytes", "dash"),
@@ -648,7 +713,7 @@ def memory_figure(frame: pd.DataFrame) -> go.Figure | None:
                         legendgroup=label,
                         showlegend=label not in shown,
                         line={"color": color, "dash": dash},
-                        marker={"size": 7},
+                        marker={"size": 7, "symbol": symbol},
                         hovertemplate=(
                             f"{label} ({phase})<br>L=%{{x}}<br>%{{y:.4g}} {unit}<extra></extra>"
                         ),
@@ -695,14 +760,19 @@ def load_balance_figure(frame: pd.DataFrame) -> go.Figure | None:
     rows = rows[rows[column].notna()]
     facets = []
     meshes = mesh_order(rows)
+    variants = sorted(set(rows["variant"]))
     for phase in phases_of(rows):
-        for mesh in meshes:
-            sub = rows[(rows["phase"] == phase) & (rows["mesh"] == mesh)]
-            if sub.empty:
-                continue
-            counts = sub.groupby("seq_len")["layout"].nunique()
-            best = max(counts.index, key=lambda n: (counts[n], n))
-            facets.append((mesh, phase, int(best), sub[sub["seq_len"] == best]))
+        for variant in variants:
+            for mesh in meshes:
+                sub = rows[
+                    (rows["phase"] == phase) & (rows["mesh"] == mesh) & (rows["variant"] == variant)
+                ]
+                if sub.empty:
+                    continue
+                counts = sub.groupby("seq_len")["layout"].nunique()
+                best = max(counts.index, key=lambda n: (counts[n], n))
+                title = " ".join(x for x in (mesh, variant, phase) if x)
+                facets.append((title, int(best), sub[sub["seq_len"] == best]))
     if not facets:
         return None
     facets = facets[:MAX_BALANCE_FACETS]
@@ -711,12 +781,12 @@ def load_balance_figure(frame: pd.DataFrame) -> go.Figure | None:
     fig = make_subplots(
         rows=nrows,
         cols=cols,
-        subplot_titles=[f"{m} {p} L={format_seq_len(n)}" for m, p, n, _ in facets],
+        subplot_titles=[f"{t} L={format_seq_len(n)}" for t, n, _ in facets],
         vertical_spacing=0.18 if nrows > 1 else 0.1,
         horizontal_spacing=0.06,
     )
     shown: set[str] = set()
-    for i, (_mesh, _phase, _n, sub) in enumerate(facets):
+    for i, (_title, _n, sub) in enumerate(facets):
         r, c = i // cols + 1, i % cols + 1
         for layout in layout_order(sub["layout"]):
             for rec in sub[sub["layout"] == layout].itertuples(index=False):
@@ -761,28 +831,30 @@ def heatmap_phase(frame: pd.DataFrame) -> str | None:
 
 
 def heatmap_figure(frame: pd.DataFrame) -> go.Figure | None:
-    """One U x R heatmap of the median step time per sequence length (the fastest layout of
-    each cell, named in the cell), for the phase `heatmap_phase` picks. The colour is the time
-    relative to the fastest mesh of the same length (1 = fastest), on one shared scale."""
+    """One U x R heatmap of the median step time per sequence length (and workload variant,
+    when several are measured): the fastest layout of each cell, named in the cell, for the
+    phase `heatmap_phase` picks. The colour is the time relative to the fastest mesh of the
+    same map (1 = fastest), on one shared scale."""
     phase = heatmap_phase(frame)
     if phase is None:
         return None
     rows = plot_rows(frame, "median_s", "seq_len", "ulysses", "ring")
     rows = rows[rows["phase"] == phase]
-    seq_lens = sorted({int(n) for n in rows["seq_len"]})[-MAX_HEATMAPS:]
+    maps = sorted({(str(v), int(n)) for v, n in zip(rows["variant"], rows["seq_len"], strict=True)})
+    maps = maps[-MAX_HEATMAPS:]
     us = sorted({int(u) for u in rows["ulysses"]})
     rs = sorted({int(r) for r in rows["ring"]})
-    cols = min(len(seq_lens), 4)
-    nrows = math.ceil(len(seq_lens) / cols)
+    cols = min(len(maps), 4)
+    nrows = math.ceil(len(maps) / cols)
     fig = make_subplots(
         rows=nrows,
         cols=cols,
-        subplot_titles=[f"L={format_seq_len(n)}" for n in seq_lens],
+        subplot_titles=[f"{v} L={format_seq_len(n)}".strip() for v, n in maps],
         horizontal_spacing=0.07,
         vertical_spacing=0.2 if nrows > 1 else 0.1,
     )
-    for i, n in enumerate(seq_lens):
-        sub = rows[rows["seq_len"] == n]
+    for i, (variant, n) in enumerate(maps):
+        sub = rows[(rows["seq_len"] == n) & (rows["variant"] == variant)]
         fastest = float(sub["median_s"].min())
         z: list[list[float | None]] = []
         text: list[list[str]] = []
@@ -812,7 +884,7 @@ def heatmap_figure(frame: pd.DataFrame) -> go.Figure | None:
                 texttemplate="%{text}",
                 coloraxis="coloraxis",
                 hoverongaps=False,
-                name=f"L={format_seq_len(n)}",
+                name=f"{variant} L={format_seq_len(n)}".strip(),
                 hovertemplate="%{y} x %{x}<br>%{text}<extra></extra>",
             ),
             row=i // cols + 1,

@@ -782,6 +782,12 @@ def render_compare(
             f"(more than 5%); geometric mean after/before {geo:.3f}."
         )
     only = len(compared) - len(matched)
+
+    def side(name: str, recs: Sequence[Mapping[str, Any]]) -> str:
+        ok = sum(1 for r in recs if r.get("status") == "ok")
+        return f"{name}: {len(recs)} records, {ok} ok"
+
+    verdict = f"{side(sources[0], before_records)}; {side(sources[1], after_records)}. " + verdict
     sections = [
         Section(
             "change",
