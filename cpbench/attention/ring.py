@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from cpbench.attention.comm import ring_exchange
+from cpbench.attention.comm import PendingExchange, ring_exchange
 from cpbench.attention.kernels import LocalKernel
 from cpbench.attention.layouts import ring_block_pieces
 
@@ -53,6 +53,17 @@ def _merge(
     lse.sub_(F.logsigmoid(lse - block_lse))
 
 
+def _post_next_kv(
+    current: torch.Tensor, spec: RingSpec, step: int, skip_comm: bool
+) -> PendingExchange | None:
+    """Post the transfer of the K/V chunk the next step needs (none after the last step)."""
+    if step + 1 >= spec.size:
+        return None
+    return ring_exchange(
+        current, spec.send_to, spec.recv_from, spec.group, "p2p_kv", KV_MESSAGE_TAG, skip_comm
+    )
+
+
 class RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(  # type: ignore[override]
@@ -72,17 +83,7 @@ class RingAttention(torch.autograd.Function):
         lse = torch.full((b, h, n), float("-inf"), dtype=torch.float32, device=q.device)
         current = kv.contiguous()
         for step in range(spec.size):
-            pending = None
-            if step + 1 < spec.size:
-                pending = ring_exchange(
-                    current,
-                    spec.send_to,
-                    spec.recv_from,
-                    spec.group,
-                    "p2p_kv",
-                    KV_MESSAGE_TAG,
-                    skip_comm,
-                )
+            pending = _post_next_kv(current, spec, step, skip_comm)
             source = (spec.rank - step) % spec.size
             for p in ring_block_pieces(layout, causal, spec.rank, source, n):
                 if skip_compute:
@@ -123,17 +124,7 @@ class RingAttention(torch.autograd.Function):
         dkv_acc: torch.Tensor | None = None
         dkv_pending = None
         for step in range(spec.size):
-            kv_pending = None
-            if step + 1 < spec.size:
-                kv_pending = ring_exchange(
-                    current,
-                    spec.send_to,
-                    spec.recv_from,
-                    spec.group,
-                    "p2p_kv",
-                    KV_MESSAGE_TAG,
-                    skip_comm,
-                )
+            kv_pending = _post_next_kv(current, spec, step, skip_comm)
             source = (spec.rank - step) % spec.size
             block_dkv: torch.Tensor | None = None
             for p in ring_block_pieces(layout, causal, spec.rank, source, n):

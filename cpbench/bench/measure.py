@@ -10,8 +10,8 @@ record from all ranks.
 
 from __future__ import annotations
 
-import statistics
-from collections.abc import Callable
+import contextlib
+import functools
 from typing import Any
 
 import torch
@@ -66,10 +66,6 @@ def _accuracy(config: BenchConfig, cap: int, device: torch.device) -> dict[str, 
     }
 
 
-def _median(samples: list[float]) -> float:
-    return statistics.median(samples)
-
-
 def measure_config(config_dict: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
     """Pool task (collective): measure one feasible configuration on this rank.
 
@@ -94,36 +90,7 @@ def measure_config(config_dict: dict[str, Any], settings: dict[str, Any]) -> dic
     )
     dout = rand(config.heads)
 
-    def make_step(variant: str) -> Callable[[], None]:
-        def step() -> None:
-            for t in (q, k, v):
-                t.grad = None
-            with torch.set_grad_enabled(backward):
-                out = cp_attention(
-                    q,
-                    k,
-                    v,
-                    mesh,
-                    causal=config.causal,
-                    layout=config.layout,
-                    kernel=kernel,
-                    kv_replication=config.kv_replication,
-                    variant=variant,  # type: ignore[arg-type]
-                )
-                if backward:
-                    out.backward(dout)
-
-        return step
-
-    warmup, iters = settings["warmup"], settings["iters"]
-    timings = {}
-    for variant in ("full", "compute", "comm"):
-        own = time_iterations(make_step(variant), warmup, iters, device, reduce_max=False)
-        timings[variant] = own
-
-    counter = ByteCounter()
-    full_step = make_step("full")
-    with counting(counter):
+    def run_step(variant: str = "full", counter: ByteCounter | None = None) -> None:
         for t in (q, k, v):
             t.grad = None
         with torch.set_grad_enabled(backward):
@@ -136,13 +103,23 @@ def measure_config(config_dict: dict[str, Any], settings: dict[str, Any]) -> dic
                 layout=config.layout,
                 kernel=kernel,
                 kv_replication=config.kv_replication,
+                variant=variant,  # type: ignore[arg-type]
             )
             if backward:
-                with counter.phase("bwd"):
+                with counter.phase("bwd") if counter else contextlib.nullcontext():
                     out.backward(dout)
-    del out
 
-    memory = measure_peak_memory(full_step, device, (q, k, v, dout))
+    warmup, iters = settings["warmup"], settings["iters"]
+    timings = {
+        variant: time_iterations(
+            functools.partial(run_step, variant), warmup, iters, device, reduce_max=False
+        )
+        for variant in ("full", "compute", "comm")
+    }
+    counter = ByteCounter()
+    with counting(counter):
+        run_step("full", counter)
+    memory = measure_peak_memory(run_step, device, (q, k, v, dout))
     return {
         "rank": dist.get_rank(),
         "kernel": kernel.name,
