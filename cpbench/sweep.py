@@ -197,6 +197,7 @@ def assemble_record(
         **record["environment"],
         "hostnames": sorted({r["host"]["hostname"] for r in per_rank}),
         "devices": [r["host"]["device"] for r in per_rank],
+        "torch_threads_per_rank": per_rank[0]["host"]["torch_threads"],
     }
     if record["accuracy"] is not None and not record["accuracy"]["passed"]:
         record["status"] = "failed"

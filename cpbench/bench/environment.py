@@ -39,7 +39,11 @@ def rank_environment(device: str) -> dict[str, Any]:
         name = torch.cuda.get_device_name(index)
     else:
         name = f"cpu: {_cpu_model()}"
-    return {"hostname": socket.gethostname(), "device": name}
+    return {
+        "hostname": socket.gethostname(),
+        "device": name,
+        "torch_threads": torch.get_num_threads(),
+    }
 
 
 def process_environment() -> dict[str, Any]:
@@ -61,6 +65,5 @@ def process_environment() -> dict[str, Any]:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
         "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)},
     }

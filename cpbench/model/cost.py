@@ -25,7 +25,9 @@ implementation does (`cpbench/attention/`):
   `max(c_s, h) + (1 - overlap) * min(c_s, h)`; the last step computes with no transfer in flight.
   Backward: K/V hops (steps 0..R-2) and the fp32 dK/dV accumulator hops (posted after each
   step's compute, in flight during the next step) share the link; the last dK/dV hop home is
-  exposed.
+  exposed. (The textbook "max(compute, comm) per step plus the first, unhidden step": here the
+  step computed with nothing in flight is the last forward step, since step 0 computes on the
+  own chunk while the first hop travels.)
 - **Ulysses.** The all-to-alls (Q, K/V, O forward; dO, dQ, dK/dV backward) are not overlapped:
   each costs `latency + bytes a rank sends / busbw` on its tier.
 - **Breakdown** of a phase: `compute` (the mean rank's kernel time: perfect balance),
