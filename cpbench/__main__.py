@@ -1,5 +1,5 @@
 """`python -m cpbench`."""
 
-from cpbench.cli import app
+from cpbench.cli import main
 
-app()
+main()

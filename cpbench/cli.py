@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cpbench.errors import CpbenchError
+from cpbench.impls.names import IMPLS, Impl
 
 app = typer.Typer(
     name="cpbench",
@@ -42,16 +43,23 @@ def command(fn: Callable[..., Any]) -> Callable[..., Any]:
     return app.command()(wrapper)
 
 
-@app.callback()
-def _root(
-    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
-) -> None:
-    """cpbench: measure, model and recommend context-parallel attention configurations."""
-    if version:
+def _print_version(value: bool) -> None:
+    if value:
         from cpbench import __version__  # noqa: PLC0415
 
         console.print(f"cpbench {__version__}")
         raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True,
+                     help="Print the version and exit."),
+    ] = False,
+) -> None:
+    """cpbench: measure, model and recommend context-parallel attention configurations."""
 
 
 def resolve_device(device: str) -> str:
@@ -79,6 +87,13 @@ def verify(
         Literal["auto", "flash_attn", "sdpa", "naive"], typer.Option(help="Local attention kernel.")
     ] = "auto",
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
+    impl: Annotated[
+        Impl,
+        typer.Option(
+            help="Implementation to check (cpbench's own, or an installed external library: "
+            f"{', '.join(IMPLS[1:])}); cases it cannot run are listed as skipped."
+        ),
+    ] = "cpbench",
 ) -> None:
     """Check every scheme x layout x causal x GQA case against the single-process reference.
 
@@ -95,16 +110,29 @@ def verify(
         if world_size is not None
         else (torch.cuda.device_count() if dev == "cuda" else 4)
     )
-    records = run_verify(n, dev, dtype or ("bfloat16" if dev == "cuda" else "float32"), kernel)
-    failed = [r for r in records if not r["passed"]]
+    records = run_verify(
+        n, dev, dtype or ("bfloat16" if dev == "cuda" else "float32"), kernel, impl=impl
+    )
+    failed = [r for r in records if r["passed"] is False]
+    skipped = [r for r in records if r.get("skipped")]
     if as_json:
         print(
             json.dumps(
-                {"world_size": n, "device": dev, "cases": records, "passed": not failed}, indent=1
+                {
+                    "world_size": n,
+                    "device": dev,
+                    "impl": impl,
+                    "cases": records,
+                    "passed": not failed,
+                },
+                indent=1,
             )
         )
     else:
-        table = Table(title=f"cpbench verify: world size {n}, {dev}")
+        title = f"cpbench verify: world size {n}, {dev}" + (
+            f", impl {impl}" if impl != "cpbench" else ""
+        )
+        table = Table(title=title)
         columns = ("scheme", "UxR", "layout", "mask", "h/kv", "rep", "out", "dq", "dk", "dv", "")
         for col in columns:
             table.add_column(col, justify="right" if col in ("out", "dq", "dk", "dv") else "left")
@@ -114,7 +142,12 @@ def verify(
             e = r.get("errors", {})
             rep = required_kv_replication(r["kv_heads"], r["ulysses"]) or "-"
             cells = [f"{e[k]:.0e}" if k in e else "-" for k in ("out", "dq", "dk", "dv")]
-            verdict = "[green]ok[/]" if r["passed"] else f"[red]FAIL[/] {r.get('error', '')}"
+            if r.get("skipped"):
+                verdict = f"[yellow]skipped[/] {r['skipped']}"
+            elif r["passed"]:
+                verdict = "[green]ok[/]" + (" (known issue)" if r.get("known_issues") else "")
+            else:
+                verdict = f"[red]FAIL[/] {r.get('error', '')}"
             table.add_row(
                 r["scheme"],
                 f"{r['ulysses']}x{r['ring']}",
@@ -125,13 +158,20 @@ def verify(
                 *cells,
                 verdict,
             )
+        tolerances = [r["tolerance"] for r in records if "tolerance" in r]
         console.print(
-            f"tolerance: max abs error <= {records[0]['tolerance']:g} vs float64"
-            if records
-            else "no cases"
+            f"tolerance: max abs error <= {tolerances[0]:g} vs float64"
+            if tolerances
+            else "no cases ran"
         )
         console.print(table)
-        console.print(f"{len(records) - len(failed)}/{len(records)} cases passed")
+        for issue in dict.fromkeys(i for r in records for i in r.get("known_issues", [])):
+            console.print(f"known upstream issue (its gradient gets the bf16 tolerance): {issue}")
+        ran = len(records) - len(skipped)
+        console.print(
+            f"{ran - len(failed)}/{ran} cases passed"
+            + (f", {len(skipped)} skipped (not supported by {impl})" if skipped else "")
+        )
     if failed:
         raise typer.Exit(1)
 
@@ -174,9 +214,30 @@ from cpbench.commands import recommend as _recommend  # noqa: E402, F401
 from cpbench.commands import report as _report  # noqa: E402, F401
 from cpbench.commands import sweep as _sweep  # noqa: E402, F401
 
-if __name__ == "__main__":  # `python -m cpbench.cli ...`, e.g. under `torchrun -m cpbench.cli`
-    # Run the app of the imported module `cpbench.cli`, on which the commands registered
-    # (this file, run as __main__, is a second module object).
-    from cpbench.cli import app as registered_app
 
-    registered_app()
+def main() -> None:
+    """Console entry point: the app, with usage errors (unknown option, a value of the wrong
+    type) printed as one line on stderr with exit code 2, like the domain errors."""
+    import sys  # noqa: PLC0415
+
+    try:
+        code = app(standalone_mode=False, prog_name="cpbench")
+    except typer.TyperException as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":
+            exc.show()  # type: ignore[attr-defined] - prints the help text
+        else:
+            message = " ".join(exc.format_message().split())
+            err_console.print(f"cpbench: error: {message}", markup=False, highlight=False)
+        sys.exit(getattr(exc, "exit_code", 2))
+    except typer.Abort:
+        err_console.print("cpbench: aborted")
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+if __name__ == "__main__":  # `python -m cpbench.cli ...`, e.g. under `torchrun -m cpbench.cli`
+    # Run the entry point of the imported module `cpbench.cli`, on which the commands
+    # registered (this file, run as __main__, is a second module object).
+    from cpbench.cli import main as registered_main
+
+    registered_main()

@@ -52,3 +52,25 @@ def test_verify_json_world_size_2() -> None:
     assert doc["passed"] and doc["world_size"] == 2
     assert {(c["ulysses"], c["ring"]) for c in doc["cases"]} == {(1, 2), (2, 1)}
     assert all(c["max_error"] < c["tolerance"] for c in doc["cases"])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["formulas", "--dtype", "fp8"], "'fp8' is not one of"),
+        (["formulas", "--seq-len", "abc"], "--seq-len"),
+        (["nosuch"], "No such command 'nosuch'"),
+        (["formulas", "--ulysses", "3"], "ulysses (3) must divide heads (32)"),
+    ],
+)
+def test_console_entry_point_usage_errors_are_one_line(args: list[str], message: str) -> None:
+    """The installed `cpbench` (cpbench.cli:main): usage errors too are one line, exit 2."""
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    done = subprocess.run([sys.executable, "-m", "cpbench.cli", *args], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("cpbench: error:") and message in lines[0]

@@ -211,8 +211,8 @@ class CudaSdpaKernel:
 
 class FlashAttnKernel:
     """The flash-attn package (Dao-AILab) on CUDA: native GQA, [B, S, H, D] layout, LSE out,
-    backward with given out/LSE. Its private functions changed signature across releases, so
-    the calls go through keyword arguments that 2.4 - 2.8 accept."""
+    backward with given out/LSE. Its private functions changed signature across releases; the
+    calls below are those of 2.7 and 2.8 (older versions are not selected)."""
 
     name = "flash_attn"
 
@@ -262,12 +262,28 @@ class FlashAttnKernel:
         return dq, dk, dv
 
 
-def flash_attn_available() -> bool:
+FLASH_ATTN_MIN_VERSION = (2, 7)
+"""The private `_flash_attn_forward/_backward` took `window_size_left/right` and returned
+(out, lse, ...) from 2.7 on; 2.4-2.6 had a `window_size` tuple and 8 return values."""
+
+
+def flash_attn_version() -> tuple[int, ...] | None:
+    """The installed flash-attn version, or None when it does not import."""
     try:
-        import flash_attn  # noqa: F401, PLC0415
+        import flash_attn  # noqa: PLC0415 - optional dependency
     except ImportError:
-        return False
-    return True
+        return None
+    parts = []
+    for piece in str(getattr(flash_attn, "__version__", "0")).split(".")[:2]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
+
+
+def flash_attn_available() -> bool:
+    """flash-attn is installed in a version whose private API FlashAttnKernel speaks."""
+    version = flash_attn_version()
+    return version is not None and version >= FLASH_ATTN_MIN_VERSION
 
 
 @functools.cache
@@ -292,8 +308,8 @@ def select_kernel(
     if name == "flash_attn" or (name == "auto" and cuda and half and flash_attn_available()):
         if not (cuda and half and flash_attn_available()):
             raise CpbenchError(
-                f"kernel 'flash_attn' needs CUDA, fp16/bf16 and the flash-attn package "
-                f"(device {device.type}, dtype {dtype}, installed: {flash_attn_available()}); "
+                f"kernel 'flash_attn' needs CUDA, fp16/bf16 and flash-attn >= 2.7 "
+                f"(device {device.type}, dtype {dtype}, installed: {flash_attn_version()}); "
                 f"install with: pip install 'cpbench[gpu]'"
             )
         return _kernel_instance(FlashAttnKernel)
