@@ -532,3 +532,21 @@ def test_write_report_refuses_a_directory(tmp_path: Path):
     assert write_report(Report("<p>x</p>", 0, 0), tmp_path / "a" / "b.html").read_text() == (
         "<p>x</p>"
     )
+
+
+def test_odd_values_in_valid_json_do_not_crash_the_report(tmp_path: Path) -> None:
+    """Hand-edited or foreign files: a zero step time, a null config, non-integral sizes and a
+    string where a bool belongs still give a page (the odd values become missing), exit 0."""
+    ok = [r for r in read_records(FIXTURES / "sweep.jsonl") if r["status"] == "ok"]
+    zero, no_config, weird = (copy.deepcopy(r) for r in ok[:3])
+    zero["timing"]["median"] = 0
+    no_config["config"] = None
+    weird["config"].update(ulysses=2.5, causal="false", seq_len=10**30)
+    path = tmp_path / "odd.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in (zero, no_config, weird, *ok[3:6])))
+    frame = records_frame(read_records(path))
+    assert frame["ulysses"].isna().sum() >= 2 and frame["causal"].isna().sum() >= 2
+    out = tmp_path / "odd.html"
+    result = CliRunner().invoke(app, ["report", str(path), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert out.stat().st_size > 100_000

@@ -72,6 +72,7 @@ COLUMNS = (
     "error",
     "schema_version",
     *CONFIG_INT_COLUMNS,
+    "impl",
     "dtype",
     "causal",
     "layout",
@@ -233,7 +234,10 @@ def records_frame(records: list[dict]) -> pd.DataFrame:
     extra = sorted({k for row in rows for k in row} - set(COLUMNS))
     frame = pd.DataFrame(rows, columns=[*COLUMNS, *extra])
     for col in CONFIG_INT_COLUMNS:
-        frame[col] = pd.to_numeric(frame[col], errors="coerce").astype("Int64")
+        numbers = pd.to_numeric(frame[col], errors="coerce")
+        # A non-integral or out-of-range value in a hand-edited file becomes missing, not a crash.
+        whole = numbers.where((numbers % 1 == 0) & (numbers.abs() < 2**62))
+        frame[col] = whole.astype("Int64")
     for col in FLOAT_COLUMNS:
         frame[col] = pd.to_numeric(frame[col], errors="coerce").astype("float64")
     frame["schema_version"] = pd.to_numeric(frame["schema_version"], errors="coerce").astype(
@@ -241,7 +245,7 @@ def records_frame(records: list[dict]) -> pd.DataFrame:
     )
     booleans = ("causal", "comm_match", "comm_mismatch", "comm_fwd_mismatch", "comm_bwd_mismatch")
     for col in (*booleans, "accuracy_passed"):
-        frame[col] = frame[col].astype("boolean")
+        frame[col] = frame[col].map(lambda v: v if isinstance(v, bool) else pd.NA).astype("boolean")
     for col in ("per_rank_median_s", "compute_only_per_rank_s"):
         frame[col] = frame[col].astype(object)
     return frame
@@ -323,6 +327,8 @@ def _flatten(record: Mapping[str, Any]) -> dict[str, Any]:
     )
     if row.get("phase") is None:
         row["phase"] = timing.get("phase")
+    if config and row.get("impl") is None:
+        row["impl"] = "cpbench"  # records written before the impl axis are cpbench's own
     u, r = config.get("ulysses"), config.get("ring")
     row["mesh"] = f"U{u}xR{r}" if u is not None and r is not None else None
 
@@ -362,6 +368,9 @@ def _flatten(record: Mapping[str, Any]) -> dict[str, Any]:
         ),
         devices=", ".join(map(str, devices)) if isinstance(devices, list) else devices,
     )
+    if "match" in comm and comm["match"] is None:
+        # An external library's bytes next to cpbench's model: no verdict (cpbench.sweep).
+        row.update(comm_mismatch=None, comm_fwd_mismatch=None, comm_bwd_mismatch=None)
     for key in FLOAT_COLUMNS:
         value = row.get(key)
         if isinstance(value, float) and math.isinf(value):
@@ -369,4 +378,14 @@ def _flatten(record: Mapping[str, Any]) -> dict[str, Any]:
     return row
 
 
-_CONFIG_TEXT = ("dtype", "causal", "layout", "backend", "kernel", "device", "phase", "scheme")
+_CONFIG_TEXT = (
+    "impl",
+    "dtype",
+    "causal",
+    "layout",
+    "backend",
+    "kernel",
+    "device",
+    "phase",
+    "scheme",
+)

@@ -246,6 +246,10 @@ def load_profile(name_or_path: str | Path) -> HardwareProfile:
             content = path.read_text(encoding="utf-8")
         except OSError as exc:
             raise CpbenchError(f"cannot read hardware profile {text}: {exc.strerror}") from None
+        except UnicodeDecodeError as exc:
+            raise CpbenchError(
+                f"hardware profile {text} is not UTF-8 text (byte {exc.start}): a TOML file expected"
+            ) from None
         return profile_from_toml(content, origin=str(path))
     raise CpbenchError(
         f"hardware {text!r} is neither a built-in profile ({', '.join(names)}) "

@@ -206,6 +206,9 @@ def _add_predictions(
     for idx, record in enumerate(records):
         if record.get("status") != "ok":
             continue
+        config = record.get("config")
+        if isinstance(config, Mapping) and config.get("impl", "cpbench") != "cpbench":
+            continue  # the cost model describes cpbench's own implementation
         try:
             prediction = prediction_for_record(dict(record), profile)
         except CpbenchError:
@@ -235,6 +238,7 @@ def measured_best(frame: pd.DataFrame) -> pd.DataFrame:
     hold several, see `figures.with_variant`) and sequence length, with the runner-up and the
     slowest, and how much faster the best is than each."""
     rows = figures.with_variant(figures.ok_rows(frame, "median_s", "seq_len"))
+    rows = rows[rows["median_s"] > 0]  # a zero time is a broken record, not the fastest one
     out = []
     for (phase, variant, seq_len), g in rows.groupby(["phase", "variant", "seq_len"], sort=True):
         g = g.sort_values("median_s")

@@ -84,7 +84,18 @@ def ok_rows(frame: pd.DataFrame, *required: str) -> pd.DataFrame:
     return rows
 
 
-TEXT_COLUMNS = ("id", "mesh", "layout", "phase", "scheme", "source", "kernel", "dtype", "variant")
+TEXT_COLUMNS = (
+    "id",
+    "mesh",
+    "layout",
+    "phase",
+    "scheme",
+    "source",
+    "kernel",
+    "dtype",
+    "variant",
+    "impl",
+)
 """Record strings that end up in figure text; plotly reads a subset of HTML in text, so they
 are HTML-escaped (plotly shows `&lt;` as `<`) before they get there."""
 
@@ -99,6 +110,7 @@ def escaped(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 VARIANT_COLUMNS = (
+    ("impl", "{}"),
     ("heads", "h{}"),
     ("kv_heads", "kv{}"),
     ("head_dim", "d{}"),
@@ -110,7 +122,8 @@ VARIANT_COLUMNS = (
     ("nodes", "{} node(s)"),
 )
 """Workload dimensions besides L, the mesh, the layout and the phase; those that take more
-than one value in a frame tell its series apart (e.g. 'kv2' vs 'kv8' in a GQA sweep)."""
+than one value in a frame tell its series apart (e.g. 'kv2' vs 'kv8' in a GQA sweep; the
+implementation, 'cpbench' vs 'torch_cp', when a sweep measured several)."""
 
 
 def with_variant(frame: pd.DataFrame) -> pd.DataFrame:
@@ -442,7 +455,9 @@ def throughput_figure(frame: pd.DataFrame) -> go.Figure | None:
 def comm_bytes_figure(frame: pd.DataFrame) -> go.Figure | None:
     """Measured bytes per rank (max over ranks) against the analytic bytes, forward and
     backward, one marker per configuration and direction; a diagonal marks agreement and any
-    mismatch is drawn as a large red cross."""
+    mismatch is drawn as a large red cross. External implementations (impl other than cpbench)
+    are their own series and never a mismatch: the analytic model describes cpbench's
+    implementation, and their bytes are plotted against it for comparison only."""
     rows = plot_rows(frame)
     points = []
     for direction in ("fwd", "bwd"):
@@ -452,19 +467,21 @@ def comm_bytes_figure(frame: pd.DataFrame) -> go.Figure | None:
             continue
         sub = rows[rows[a].notna() & rows[m].notna() & ((rows[a] > 0) | (rows[m] > 0))]
         for rec in sub.itertuples(index=False):
+            impl = _value(getattr(rec, "impl", None)) or "cpbench"
             differs = _value(getattr(rec, flag, None))
             if differs is None:
                 differs = float(getattr(rec, a)) != float(getattr(rec, m))
             record_level = bool(_value(rec.comm_mismatch)) and not (
                 _value(rec.comm_fwd_mismatch) or _value(rec.comm_bwd_mismatch)
             )
+            external = impl != "cpbench"
             points.append(
                 {
                     "direction": direction,
-                    "scheme": rec.scheme,
+                    "scheme": rec.scheme if not external else f"{impl} ({rec.scheme})",
                     "analytic": float(getattr(rec, a)),
                     "measured": float(getattr(rec, m)),
-                    "mismatch": bool(differs) or record_level,
+                    "mismatch": not external and (bool(differs) or record_level),
                     "id": rec.id,
                 }
             )
@@ -839,9 +856,11 @@ def heatmap_figure(frame: pd.DataFrame) -> go.Figure | None:
     if phase is None:
         return None
     rows = plot_rows(frame, "median_s", "seq_len", "ulysses", "ring")
-    rows = rows[rows["phase"] == phase]
+    rows = rows[(rows["phase"] == phase) & (rows["median_s"] > 0)]
     maps = sorted({(str(v), int(n)) for v, n in zip(rows["variant"], rows["seq_len"], strict=True)})
     maps = maps[-MAX_HEATMAPS:]
+    if not maps:
+        return None
     us = sorted({int(u) for u in rows["ulysses"]})
     rs = sorted({int(r) for r in rows["ring"]})
     cols = min(len(maps), 4)

@@ -260,6 +260,7 @@ class Column:
 
 RECORD_COLUMNS = (
     Column("status", "status"),
+    Column("impl", "impl"),
     Column("mesh", "mesh"),
     Column("layout", "layout"),
     Column("L", "seq_len", "num"),
@@ -355,7 +356,9 @@ def _record_cell_class(row: pd.Series, column: Column) -> str:
 def records_table_html(frame: pd.DataFrame) -> str:
     """Every record (failures included, with their errors), sortable by any column."""
     columns = [
-        c for c in RECORD_COLUMNS if not (c.key == "source" and frame["source"].nunique() < 2)
+        c
+        for c in RECORD_COLUMNS
+        if not (c.key in ("source", "impl") and (c.key not in frame or frame[c.key].nunique() < 2))
     ]
     return table_html(
         frame,
