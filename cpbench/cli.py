@@ -129,6 +129,7 @@ def verify(
             )
         )
     else:
+        reasons: dict[str, int] = {}
         title = f"cpbench verify: world size {n}, {dev}" + (
             f", impl {impl}" if impl != "cpbench" else ""
         )
@@ -143,7 +144,8 @@ def verify(
             rep = required_kv_replication(r["kv_heads"], r["ulysses"]) or "-"
             cells = [f"{e[k]:.0e}" if k in e else "-" for k in ("out", "dq", "dk", "dv")]
             if r.get("skipped"):
-                verdict = f"[yellow]skipped[/] {r['skipped']}"
+                number = reasons.setdefault(r["skipped"], len(reasons) + 1)
+                verdict = f"[yellow]skipped[/] ({number})"
             elif r["passed"]:
                 verdict = "[green]ok[/]" + (" (known issue)" if r.get("known_issues") else "")
             else:
@@ -165,6 +167,8 @@ def verify(
             else "no cases ran"
         )
         console.print(table)
+        for reason, number in reasons.items():
+            console.print(f"skipped ({number}): {reason}", highlight=False)
         for issue in dict.fromkeys(i for r in records for i in r.get("known_issues", [])):
             console.print(f"known upstream issue (its gradient gets the bf16 tolerance): {issue}")
         ran = len(records) - len(skipped)

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from cpbench.bench.timing import TimingSummary
 from cpbench.errors import CpbenchError
+from cpbench.impls.names import DEFAULT_IMPL
 from cpbench.io.results import append_record, completed_ids
 from cpbench.io.scenarios import BenchConfig, Scenario
 from cpbench.io.schema import SCHEMA_VERSION
@@ -30,6 +31,10 @@ from cpbench.model.formulas import comm_volume, config_from_sizes
 from cpbench.model.memory import memory_estimate
 
 PHASE_KEYS = {"fwd": "forward", "bwd": "backward"}
+NO_VARIANTS_NOTE = (
+    "compute-only and communication-only variants exist only for cpbench's own implementation; "
+    "an external library is timed as a whole (no overlap figure)"
+)
 
 
 class World(Protocol):
@@ -153,9 +158,13 @@ def assemble_record(
         return [max(r[key][i] for r in per_rank) for i in range(iters)]
 
     step = TimingSummary.of(max_over_ranks("samples"))
-    compute = statistics.median(max_over_ranks("compute_samples"))
-    comm = statistics.median(max_over_ranks("comm_samples"))
-    overlap, note = _overlap(step.median, compute, comm)
+    variants = per_rank[0]["compute_samples"] is not None
+    compute = statistics.median(max_over_ranks("compute_samples")) if variants else None
+    comm = statistics.median(max_over_ranks("comm_samples")) if variants else None
+    if compute is not None and comm is not None:
+        overlap, note = _overlap(step.median, compute, comm)
+    else:
+        overlap, note = None, NO_VARIANTS_NOTE
     record["timing"] = {
         "phase": config.phase,
         "median": step.median,
@@ -164,14 +173,18 @@ def assemble_record(
         "samples": list(step.samples),
         "per_rank_median": [statistics.median(r["samples"]) for r in per_rank],
         "compute_only": compute,
-        "compute_only_per_rank": [statistics.median(r["compute_samples"]) for r in per_rank],
+        "compute_only_per_rank": (
+            [statistics.median(r["compute_samples"]) for r in per_rank] if variants else None
+        ),
         "comm_only": comm,
-        "exposed_comm": max(0.0, step.median - compute),
+        "exposed_comm": max(0.0, step.median - compute) if compute is not None else None,
         "overlap": overlap,
         "overlap_note": note,
     }
     record["config"]["kernel"] = per_rank[0]["kernel"]
     record["comm"] = _comm_section(config, record["config"]["kv_replication"], per_rank, comm)
+    if config.impl != DEFAULT_IMPL:
+        _as_external(record["comm"])
     analytic_memory = memory_estimate(_model_config(config)).peak(
         "forward_backward" if config.phase == "fwd+bwd" else "forward"
     )
@@ -199,15 +212,36 @@ def assemble_record(
         "devices": [r["host"]["device"] for r in per_rank],
         "torch_threads_per_rank": per_rank[0]["host"]["torch_threads"],
     }
+    if config.impl != DEFAULT_IMPL:
+        record["environment"]["impl_version"] = per_rank[0].get("impl_version")
     if record["accuracy"] is not None and not record["accuracy"]["passed"]:
         record["status"] = "failed"
         record["error"] = (
             f"result differs from the reference: max abs error "
             f"{record['accuracy']['max_abs_error']:.3g} > {record['accuracy']['tolerance']:g}"
         )
-    elif not record["comm"]["match"]:
+    elif record["comm"]["match"] is False:
         record["error"] = "measured bytes != analytic bytes (see comm.by_collective)"
     return record
+
+
+EXTERNAL_COMM_NOTE = (
+    "measured at the torch.distributed boundary while the library ran (cpbench.impls.counting); "
+    "analytic_bytes is cpbench's model of its own implementation, shown for comparison, so "
+    "match is null; model_ratio = max measured over ranks / analytic, per phase"
+)
+
+
+def _as_external(comm: dict[str, Any]) -> None:
+    """Measured bytes of an external library next to cpbench's model, without a verdict."""
+    comm["match"] = None
+    comm["note"] = EXTERNAL_COMM_NOTE
+    comm["model_ratio"] = {
+        phase: (max(measured) / comm["analytic_bytes"][phase])
+        if comm["analytic_bytes"].get(phase)
+        else None
+        for phase, measured in comm["measured_bytes"].items()
+    }
 
 
 def _per_rank_or_none(per_rank: list[dict[str, Any]], key: str) -> list[int] | None:
@@ -230,7 +264,10 @@ def _model_config(config: BenchConfig) -> Any:
 
 
 def _comm_section(
-    config: BenchConfig, kv_replication: int, per_rank: list[dict[str, Any]], comm_seconds: float
+    config: BenchConfig,
+    kv_replication: int,
+    per_rank: list[dict[str, Any]],
+    comm_seconds: float | None,
 ) -> dict[str, Any]:
     volume = comm_volume(_model_config(config))
     phases = ("fwd", "bwd") if config.phase == "fwd+bwd" else ("fwd",)
@@ -256,9 +293,19 @@ def _comm_section(
         "by_collective": by_collective,
         "match": match,
         "achieved_algbw_GBps": per_rank_bytes / comm_seconds / 1e9
-        if comm_seconds > 0 and per_rank_bytes
+        if comm_seconds and comm_seconds > 0 and per_rank_bytes
         else None,
     }
+
+
+def impl_skip_reason(config: BenchConfig) -> str | None:
+    """Why an external impl cannot run a (mesh-feasible) configuration; None for cpbench's
+    own or a supported one."""
+    if config.impl == DEFAULT_IMPL:
+        return None
+    from cpbench.impls import skip_reason  # noqa: PLC0415
+
+    return skip_reason(config)
 
 
 def _failure_message(exc: BaseException) -> str:
@@ -322,8 +369,9 @@ def run_sweep(
                 result.resumed += 1
                 continue
             record = _base_record(config, feasibility, scenario, environment)
-            if not feasibility.ok:
-                record.update(status="skipped", error=feasibility.reason)
+            reason = feasibility.reason if not feasibility.ok else impl_skip_reason(config)
+            if reason:
+                record.update(status="skipped", error=reason)
             else:
                 if on_start:
                     on_start(config)

@@ -73,3 +73,70 @@ def measure_or_misbehave(config: dict, settings: dict) -> dict:
     if config["head_dim"] == 40:
         time.sleep(3600)
     return measure_config(config, settings)
+
+
+def impl_layouts(seq_len: int, ulysses: int, ring: int) -> dict[str, bool]:
+    """Each library's own shard of an arange sequence vs cpbench's `positions` (on every rank):
+    yunchang's extract_local per ring_impl_type, torch's head-tail / plain sharding."""
+    import torch.distributed as dist  # noqa: PLC0415
+
+    from cpbench.attention.layouts import positions  # noqa: PLC0415
+    from cpbench.impls import get_adapter, usp  # noqa: PLC0415
+    from cpbench.io.scenarios import BenchConfig  # noqa: PLC0415
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    tokens = torch.arange(seq_len).view(1, seq_len, 1)
+    out: dict[str, bool] = {}
+    from yunchang import EXTRACT_FUNC_DICT  # noqa: PLC0415
+    from yunchang.globals import PROCESS_GROUP  # noqa: PLC0415
+
+    PROCESS_GROUP.ULYSSES_PG, PROCESS_GROUP.RING_PG = usp._process_groups(ulysses, ring)
+    for layout, kind in usp.RING_IMPL_TYPES.items():
+        local = EXTRACT_FUNC_DICT[kind](tokens, rank, world_size=world, rd=ring, ud=ulysses)
+        expected = positions(seq_len, ulysses, ring, layout, rank)
+        out[f"yunchang {kind}"] = torch.equal(local.flatten(), expected)
+    if ulysses == 1:
+        for layout in ("zigzag", "contiguous"):
+            config = BenchConfig(
+                seq_len=seq_len, batch=1, heads=1, kv_heads=1, head_dim=1, dtype="float32",
+                causal=True, ulysses=1, ring=ring, layout=layout, kv_replication=None,
+                backend="auto", phase="fwd+bwd", device="cpu", world_size=world,
+                impl="torch_cp",
+            )
+            local = get_adapter("torch_cp").prepare(config).shard(tokens)
+            out[f"torch_cp {layout}"] = torch.equal(
+                local.flatten(), positions(seq_len, 1, ring, layout, rank)
+            )
+    return out
+
+
+def library_counting_cases() -> dict[str, int]:
+    """What `library_counting` records for known calls (world size 2, every rank):
+    all_to_all_single with and without splits, all_gather_into_tensor (counted once, although
+    it calls all_gather_single inside c10d), P2POp + batch_isend_irecv, and the functional
+    all_to_all_single that torch's permute_tensor uses."""
+    import torch.distributed as dist  # noqa: PLC0415
+    import torch.distributed._functional_collectives as ft_c  # noqa: PLC0415
+
+    from cpbench.impls.counting import library_counting  # noqa: PLC0415
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    peer = (rank + 1) % world
+    originals = (dist.isend, dist.all_to_all_single, ft_c.all_to_all_single)
+    counter = ByteCounter()
+    x = torch.ones(4, 8)  # 128 bytes
+    with library_counting(counter):
+        dist.all_to_all_single(torch.empty_like(x), x)  # 64 bytes leave this rank
+        # Uneven splits: 1 row to rank 0, 3 rows to rank 1 (the own part is not counted).
+        dist.all_to_all_single(torch.empty(2 * (1 + 2 * rank), 8), x, [1 + 2 * rank] * 2, [1, 3])
+        dist.all_gather_into_tensor(torch.empty(4 * world, 8), x)  # 128 x (world - 1)
+        received = torch.empty_like(x)
+        ops = [dist.P2POp(dist.isend, x, peer), dist.P2POp(dist.irecv, received, peer)]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+        ft_c.permute_tensor(x.flatten(), [1, 0], dist.group.WORLD).wait()  # 1-D, as torch uses it
+    restored = (dist.isend, dist.all_to_all_single, ft_c.all_to_all_single) == originals
+    return {
+        **{f"{p}:{tag}": n for (p, tag), n in counter.bytes.items()},
+        "restored": int(restored),
+    }

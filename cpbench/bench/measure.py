@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 from typing import Any
 
 import torch
@@ -29,8 +30,11 @@ from cpbench.verify import DTYPES, TOLERANCE, VerifyCase, run_case_on_rank
 
 
 def check_seq_len(config: BenchConfig, cap: int) -> int:
-    """The length the reference check runs at: min(L, cap) rounded down to a valid length."""
+    """The length the reference check runs at: min(L, cap) rounded down to a valid length
+    (TransformerEngine also needs 2P equal chunks)."""
     divisor = seq_divisor(config.ulysses, config.ring, config.layout)
+    if config.impl.startswith("transformer_engine"):
+        divisor = math.lcm(divisor, 2 * config.world_size)
     return max(divisor, min(config.seq_len, cap) // divisor * divisor)
 
 
@@ -69,9 +73,15 @@ def _accuracy(config: BenchConfig, cap: int, device: torch.device) -> dict[str, 
 def measure_config(config_dict: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
     """Pool task (collective): measure one feasible configuration on this rank.
 
-    `settings`: warmup, iters, check_max_seq_len."""
+    `settings`: warmup, iters, check_max_seq_len. An external impl is measured through its
+    adapter (`cpbench.bench.measure_impl`); cpbench's own path below is unchanged."""
     config = BenchConfig.from_dict(config_dict)
     device = _device(config)
+    if config.impl != "cpbench":
+        from cpbench.bench.measure_impl import measure_external  # noqa: PLC0415
+
+        check_len = check_seq_len(config, settings["check_max_seq_len"])
+        return measure_external(config, settings, device, check_len)
     dtype = DTYPES[config.dtype]
     mesh = build_mesh(config.ulysses, config.ring)
     kernel = select_kernel(device, dtype, config.backend)

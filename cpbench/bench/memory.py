@@ -15,7 +15,10 @@ from typing import Any
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import (
+    TorchDispatchMode,
+    is_traceable_wrapper_subclass_type,
+)
 from torch.utils._pytree import tree_flatten
 
 
@@ -29,12 +32,22 @@ class TensorAllocationTracker(TorchDispatchMode):
         self.peak = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if any(is_traceable_wrapper_subclass_type(t) for t in types):
+            # A wrapper subclass (DTensor, as torch's context parallelism uses) owns no storage
+            # and runs its own ops on plain local tensors: defer to it with this mode still
+            # active, so those local allocations are counted (returning NotImplemented from a
+            # mode hands the op to the subclass's __torch_dispatch__).
+            return NotImplemented
         out = func(*args, **(kwargs or {}))
         # Drop dead storages first: a new storage may reuse a freed one's address.
         for key in [k for k, (ref, _) in self._live.items() if ref.expired()]:
             self.current -= self._live.pop(key)[1]
         for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor) and t.device.type == "cpu":
+            if (
+                isinstance(t, torch.Tensor)
+                and t.device.type == "cpu"
+                and not is_traceable_wrapper_subclass_type(type(t))
+            ):
                 storage = t.untyped_storage()
                 key = storage.data_ptr()
                 if key and key not in self._live:

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from cpbench.cli import command, console, resolve_device
 from cpbench.errors import CpbenchError
+from cpbench.impls.names import IMPL_HELP, Impl
 
 Device = Literal["auto", "cpu", "cuda"]
 
@@ -32,22 +33,36 @@ def results_table(records: list[dict[str, Any]]) -> Table:
             c = r["config"]
             key = (c["seq_len"], c["heads"], c["phase"])
             best[key] = min(best.get(key, float("inf")), r["timing"]["median"])
+    impls = {r["config"].get("impl", "cpbench") for r in records}
+    show_impl = impls != {"cpbench"} and bool(impls)
     table = Table(title="cpbench sweep results", show_lines=False)
-    for col in ("L", "h/kv", "UxR", "layout", "phase", "step", "TFLOP/s", "bytes/rank",
-                "overlap", "peak mem", "max err", "status"):
-        table.add_column(col, justify="left" if col in ("layout", "status", "phase") else "right")
+    columns = ["L", "h/kv", "UxR", "layout", "phase", "step", "TFLOP/s", "bytes/rank",
+               "overlap", "peak mem", "max err", "status"]
+    if show_impl:
+        columns.insert(0, "impl")
+    for col in columns:
+        table.add_column(
+            col, justify="left" if col in ("impl", "layout", "status", "phase") else "right"
+        )
     for r in records:
         c = r["config"]
         row_style = None
         cells = [str(c["seq_len"]), f"{c['heads']}/{c['kv_heads']}", f"{c['ulysses']}x{c['ring']}",
                  c["layout"], c["phase"]]
+        if show_impl:
+            cells.insert(0, c.get("impl", "cpbench"))
         if r["status"] == "ok":
             t, comm = r["timing"], r["comm"]
             analytic = sum(comm["analytic_bytes"].values())
             measured = max(sum(x) for x in zip(*comm["measured_bytes"].values(), strict=True))
-            # "=": the counted bytes equal the analytic model's, collective by collective.
-            traffic = (f"{_gib(analytic)} =" if comm["match"]
-                       else f"[bold red]{_gib(analytic)} != {_gib(measured)}[/]")
+            # "=": the counted bytes equal the analytic model's, collective by collective;
+            # "(lib)": an external library's bytes, counted at the torch.distributed boundary.
+            if comm["match"] is None:
+                traffic = f"{_gib(measured)} (lib)"
+            elif comm["match"]:
+                traffic = f"{_gib(analytic)} ="
+            else:
+                traffic = f"[bold red]{_gib(analytic)} != {_gib(measured)}[/]"
             overlap = "-" if t["overlap"] is None else f"{t['overlap']:.2f}"
             acc = r.get("accuracy") or {}
             cells += [
@@ -157,7 +172,9 @@ def _run_and_report(
     if result.interrupted:
         console.print("[yellow]interrupted: every configuration finished so far is saved[/]")
         raise typer.Exit(130)
-    mismatches = [r["id"] for r in result.records if r["status"] == "ok" and not r["comm"]["match"]]
+    mismatches = [
+        r["id"] for r in result.records if r["status"] == "ok" and r["comm"]["match"] is False
+    ]
     if mismatches:
         console.print(
             f"[bold red]measured bytes != analytic bytes for {len(mismatches)} "
@@ -189,6 +206,14 @@ def run(
     device: Annotated[Device, typer.Option()] = "auto",
     out: Annotated[Path | None, typer.Option(help="JSONL output.")] = None,
     timeout: Annotated[float, typer.Option(help="Seconds before the run is abandoned.")] = 600.0,
+    impl: Annotated[
+        Impl,
+        typer.Option(
+            help="Implementation to measure: "
+            + "; ".join(f"{name}: {text}" for name, text in IMPL_HELP.items())
+            + ". External libraries are optional extras (cpbench[ring], [usp], [te])."
+        ),
+    ] = "cpbench",
 ) -> None:
     """Measure one configuration (world size = ulysses x ring) and print its record."""
     from cpbench.io.scenarios import parse_scenario  # noqa: PLC0415
@@ -215,10 +240,16 @@ def run(
                 "layout": layout,
                 "backend": backend,
                 "phase": phase,
+                "impl": impl,
             },
         },
         "<cpbench run>",
     )
-    ((_, feasibility),) = spec.expand(dev, ulysses * ring)
+    ((config, feasibility),) = spec.expand(dev, ulysses * ring)
     feasibility.raise_if_infeasible()
+    from cpbench.sweep import impl_skip_reason  # noqa: PLC0415
+
+    reason = impl_skip_reason(config)
+    if reason:
+        raise CpbenchError(f"impl {impl!r} cannot run this configuration: {reason}")
     _run_and_report(spec, dev, out, False, timeout, None)

@@ -368,7 +368,7 @@ def _flatten(record: Mapping[str, Any]) -> dict[str, Any]:
         ),
         devices=", ".join(map(str, devices)) if isinstance(devices, list) else devices,
     )
-    if "match" in comm and comm["match"] is None:
+    if row.get("impl") not in (None, "cpbench") and comm.get("match") is None:
         # An external library's bytes next to cpbench's model: no verdict (cpbench.sweep).
         row.update(comm_mismatch=None, comm_fwd_mismatch=None, comm_bwd_mismatch=None)
     for key in FLOAT_COLUMNS:

@@ -18,6 +18,7 @@ kv_heads = [8, 2]           # or gqa_ratio = [1, 4]
 head_dim = 64
 mesh = "all"                # or ["4x1", "2x2"] or [[4, 1], [2, 2]]
 layout = ["zigzag", "contiguous"]
+impl = ["cpbench", "torch_cp"]   # optional: external implementations (cpbench.impls)
 ```
 
 Pure Python (no torch), so the CLI can list and validate scenarios without importing torch.
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 from cpbench.errors import CpbenchError
+from cpbench.impls.names import DEFAULT_IMPL, IMPLS
 from cpbench.model.constraints import (
     LAYOUTS,
     AttentionShape,
@@ -94,6 +96,7 @@ AXIS_KEYS: tuple[str, ...] = (
     "kv_replication",
     "backend",
     "phase",
+    "impl",
 )
 _MESH_RE = re.compile(r"^\s*(\d+)\s*[xX]\s*(\d+)\s*$")
 
@@ -152,6 +155,9 @@ class BenchConfig:
     """Number of ranks (U x R for a feasible point)."""
     nodes: int = 1
     """Hosts the ranks span (torchrun --nnodes)."""
+    impl: str = DEFAULT_IMPL
+    """Which implementation runs the attention: cpbench's own or an external library
+    (`cpbench.impls.names.IMPLS`)."""
 
     def __post_init__(self) -> None:
         for name in ("seq_len", "batch", "heads", "kv_heads", "head_dim", "ulysses", "ring"):
@@ -164,6 +170,7 @@ class BenchConfig:
             ("backend", BACKENDS),
             ("phase", PHASES),
             ("device", DEVICES),
+            ("impl", IMPLS),
         ):
             if getattr(self, name) not in allowed:
                 raise CpbenchError(
@@ -205,7 +212,8 @@ class BenchConfig:
     @property
     def key(self) -> str:
         """Stable id of the point (the record's "id", used by --resume); differs whenever any
-        field differs. kv_replication appears as requested ("repauto" for automatic)."""
+        field differs. kv_replication appears as requested ("repauto" for automatic); the impl
+        is appended unless it is cpbench's own (ids of earlier results stay valid)."""
         rep = "auto" if self.kv_replication is None else str(self.kv_replication)
         key = (
             f"L{self.seq_len}-B{self.batch}-h{self.heads}-kv{self.kv_heads}-d{self.head_dim}"
@@ -213,7 +221,8 @@ class BenchConfig:
             f"-U{self.ulysses}xR{self.ring}-{self.layout}-rep{rep}-{self.backend}-{self.phase}"
             f"-{self.device}-w{self.world_size}"
         )
-        return key if self.nodes == 1 else f"{key}-n{self.nodes}"
+        key = key if self.nodes == 1 else f"{key}-n{self.nodes}"
+        return key if self.impl == DEFAULT_IMPL else f"{key}-impl_{self.impl}"
 
     def check_seq_len(self, max_seq_len: int) -> int:
         """Sequence length of the correctness check: min(seq_len, max_seq_len) rounded down to
@@ -244,14 +253,16 @@ class BenchConfig:
             "nodes": self.nodes,
             "phase": self.phase,
             "scheme": self.scheme,
+            "impl": self.impl,
         }
 
     @classmethod
     def from_dict(cls, d: dict) -> BenchConfig:
         """Rebuild a point from a record's "config" dict; extra keys (scheme, kernel) are
-        ignored. Its kv_replication is the recorded (resolved) value."""
+        ignored. Its kv_replication is the recorded (resolved) value; a record without "impl"
+        (written before the impl axis) is cpbench's own."""
         names = [f.name for f in fields(cls)]
-        missing = [n for n in names if n not in d and n != "nodes"]
+        missing = [n for n in names if n not in d and n not in ("nodes", "impl")]
         if missing:
             raise CpbenchError(f"config record lacks {', '.join(missing)}")
         return cls(**{n: d[n] for n in names if n in d})
@@ -317,6 +328,8 @@ class Scenario:
     """Axis: local attention kernels."""
     phase: tuple[Phase, ...]
     """Axis: timed phases."""
+    impl: tuple[str, ...] = (DEFAULT_IMPL,)
+    """Axis: implementations (cpbench's own and external libraries, `cpbench.impls`)."""
 
     def resolve(self, device: str = "auto", gpu_count: int = 0) -> tuple[Device, int]:
         """The device and world size to run with.
@@ -351,8 +364,10 @@ class Scenario:
         return list(self.mesh)
 
     def expand(self, device: str, world_size: int) -> list[tuple[BenchConfig, Feasibility]]:
-        """Every point of the axes' product, in a fixed order (mesh varies fastest), each with
-        its feasibility; infeasible points are kept.
+        """Every point of the axes' product, in a fixed order (mesh varies fastest, the impl
+        next), each with its feasibility; infeasible points are kept. The feasibility is
+        cpbench's mesh and shape rules; what an external impl supports on top of them is
+        checked when the sweep runs (`cpbench.impls.skip_reason`).
 
         `world_size` is normally the one `resolve` gives; a different one (a command-line
         override) is accepted as long as every listed mesh multiplies to it."""
@@ -380,6 +395,7 @@ class Scenario:
             kv_replication,
             backend,
             phase,
+            impl,
             (ulysses, ring),
         ) in itertools.product(
             self.seq_len,
@@ -392,6 +408,7 @@ class Scenario:
             self.kv_replication,
             self.backend,
             self.phase,
+            self.impl,
             meshes,
         ):
             config = BenchConfig(
@@ -411,6 +428,7 @@ class Scenario:
                 device=device,  # type: ignore[arg-type]
                 world_size=world_size,
                 nodes=self.nodes,
+                impl=impl,
             )
             out.append((config, config.feasibility()))
         return out
@@ -584,6 +602,7 @@ def parse_scenario(data: dict, source: str) -> Scenario:
     kv_replication = axis("kv_replication", "auto", rd.kv_replication)
     backend = axis("backend", "auto", lambda k, v: rd.choice(k, v, BACKENDS))
     phase = axis("phase", "fwd+bwd", lambda k, v: rd.choice(k, v, PHASES))
+    impl = axis("impl", DEFAULT_IMPL, lambda k, v: rd.choice(k, v, IMPLS))
 
     scenario = Scenario(
         name=name,
@@ -609,6 +628,7 @@ def parse_scenario(data: dict, source: str) -> Scenario:
         kv_replication=kv_replication,
         backend=backend,
         phase=phase,
+        impl=impl,
     )
     if world_size != "auto":
         scenario.meshes(world_size)  # a mesh that does not fit is an error in the file

@@ -19,7 +19,10 @@ fields and skip a torn last line. Bump SCHEMA_VERSION on an incompatible change.
     "kernel": "sdpa",                  # kernel used (null when not run)
     "device": "cpu" | "cuda", "world_size": 4, "nodes": 1,
     "phase": "fwd" | "fwd+bwd",
-    "scheme": "ring" | "ulysses" | "usp" | "single"
+    "scheme": "ring" | "ulysses" | "usp" | "single",
+    "impl": "cpbench" | "torch_cp" | "ring_flash_attn" | ...   # cpbench.impls.names.IMPLS;
+                                       # absent in older records = cpbench; ids of other impls
+                                       # end in "-impl_<name>"
   },
   "timing": {                          # seconds; present when status == "ok"
     "phase": "fwd+bwd",
@@ -27,6 +30,8 @@ fields and skip a torn last line. Bump SCHEMA_VERSION on an incompatible change.
     "samples": [...],                  # per iteration, max over ranks
     "per_rank_median": [...],          # each rank's own median (causal load balance)
     "compute_only": 0.025,             # median of the same step with communication removed
+                                       # (null, like comm_only / exposed_comm / overlap, for an
+                                       # external impl: the variants exist only for cpbench)
     "compute_only_per_rank": [...],
     "comm_only": 0.009,                # median of the same communication with kernels removed
     "exposed_comm": 0.006,             # max(0, median - compute_only)
@@ -37,7 +42,10 @@ fields and skip a torn last line. Bump SCHEMA_VERSION on an incompatible change.
     "analytic_bytes": {"fwd": 123, "bwd": 456},        # per rank, from cpbench.model
     "measured_bytes": {"fwd": [...], "bwd": [...]},     # per rank, counted
     "by_collective": {"fwd": {"a2a_q": {"analytic": 1, "measured": [...]}, ...}, "bwd": {...}},
-    "match": true,
+    "match": true,                     # null for an external impl: its bytes are counted at
+                                       # the torch.distributed boundary and compared, not judged
+    "note": "...",                     # external impl only: what was counted and how
+    "model_ratio": {"fwd": 1.0, "bwd": 1.0},  # external impl only: measured / analytic
     "achieved_algbw_GBps": 1.2 | null  # measured bytes per rank / comm_only time
   },
   "memory": {
@@ -51,8 +59,11 @@ fields and skip a torn last line. Bump SCHEMA_VERSION on an incompatible change.
     "achieved_tflops": 0.5,            # global FLOPs / median step / 1e12 (all ranks)
     "achieved_tflops_per_rank": 0.12
   },
-  "accuracy": {"max_abs_error": 1e-6, "check_seq_len": 1024, "tolerance": 2e-4, "passed": true},
+  "accuracy": {"max_abs_error": 1e-6, "check_seq_len": 1024, "tolerance": 2e-4, "passed": true,
+               "known_issues": [...], "tolerances": {...}},  # the last two only when a documented
+                                       # upstream precision issue loosened one gradient's bound
   "environment": {"torch": "...", "nccl": "...", "flash_attn": null, "python": "...",
+                  "impl_version": "0.1.8",   # external impl only: the library's version
                   "hostnames": [...], "devices": [...], "env": {"NCCL_...": "..."}, ...}
 }
 ```

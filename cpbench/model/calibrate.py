@@ -114,11 +114,15 @@ def _positive_time(value: Any) -> float | None:
 
 
 def measurement_from_record(record: Mapping[str, Any]) -> Measurement | None:
-    """A Measurement from an `ok` record with a usable config and timing.median; else None."""
+    """A Measurement from an `ok` record with a usable config and timing.median; else None.
+    Records of external implementations (config.impl other than cpbench) are left out: the
+    cost model describes cpbench's own implementation."""
     if record.get("status") != "ok":
         return None
     config, timing = record.get("config"), record.get("timing")
     if not isinstance(config, Mapping) or not isinstance(timing, Mapping):
+        return None
+    if config.get("impl", "cpbench") != "cpbench":
         return None
     median = _positive_time(timing.get("median"))
     if median is None:

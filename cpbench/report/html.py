@@ -355,11 +355,11 @@ def _record_cell_class(row: pd.Series, column: Column) -> str:
 
 def records_table_html(frame: pd.DataFrame) -> str:
     """Every record (failures included, with their errors), sortable by any column."""
-    columns = [
-        c
-        for c in RECORD_COLUMNS
-        if not (c.key in ("source", "impl") and (c.key not in frame or frame[c.key].nunique() < 2))
-    ]
+    impls = set(frame["impl"].dropna()) if "impl" in frame else set()
+    hide = {"source"} if frame["source"].nunique() < 2 else set()
+    if impls <= {"cpbench"}:
+        hide.add("impl")  # shown when an external implementation is in the results
+    columns = [c for c in RECORD_COLUMNS if c.key not in hide]
     return table_html(
         frame,
         columns,

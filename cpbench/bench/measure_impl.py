@@ -1,0 +1,116 @@
+"""One configuration of an external implementation (`cpbench.impls`), measured on every rank.
+
+The same order and the same answer as `cpbench.bench.measure.measure_config` (which calls this
+for impl != cpbench): correctness check against the reference through the adapter (at the
+reduced length), warm-up and timed iterations of the full step inside the adapter's step
+context, one iteration under the library-boundary byte counter, one under the memory probe.
+There is no compute-only or communication-only variant: those remove cpbench's own transfers
+or kernels and exist only for its implementation (`compute_samples` / `comm_samples` are None).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from cpbench.attention.comm import ByteCounter
+from cpbench.bench.environment import rank_environment
+from cpbench.bench.memory import measure_peak_memory
+from cpbench.bench.timing import time_iterations
+from cpbench.impls import get_adapter
+from cpbench.impls.counting import library_counting
+from cpbench.io.scenarios import BenchConfig
+from cpbench.verify import DTYPES, TOLERANCE, VerifyCase, run_case_on_rank
+
+
+def kernel_label(kernel: str) -> str:
+    """The adapter's local kernel; flash-attn marked when it is the tests' CPU stand-in."""
+    flash_attn = sys.modules.get("flash_attn")
+    if kernel == "flash_attn" and getattr(flash_attn, "STAND_IN", False):
+        return "flash_attn (CPU stand-in)"
+    return kernel
+
+
+def _accuracy(config: BenchConfig, check_len: int, device: torch.device) -> dict[str, Any] | None:
+    case = VerifyCase(
+        ulysses=config.ulysses,
+        ring=config.ring,
+        layout=config.layout,
+        causal=config.causal,
+        heads=config.heads,
+        kv_heads=config.kv_heads,
+        seq_len=check_len,
+        head_dim=config.head_dim,
+        batch=config.batch,
+        dtype=config.dtype,
+        kernel=config.backend,
+        impl=config.impl,
+    )
+    result = run_case_on_rank(case, device)
+    if result is None:
+        return None
+    accuracy = {
+        "max_abs_error": result["max_error"],
+        "errors": result["errors"],
+        "check_seq_len": case.seq_len,
+        "tolerance": TOLERANCE[config.dtype],
+        "passed": result["passed"],
+    }
+    if "known_issues" in result:
+        accuracy["tolerances"] = result["tolerances"]
+        accuracy["known_issues"] = result["known_issues"]
+    return accuracy
+
+
+def measure_external(
+    config: BenchConfig, settings: dict[str, Any], device: torch.device, check_len: int
+) -> dict[str, Any]:
+    """Pool task body (collective) for an external impl; see the module docstring."""
+    adapter = get_adapter(config.impl)
+    accuracy = _accuracy(config, check_len, device)
+    runner = adapter.prepare(config)
+    dtype = DTYPES[config.dtype]
+    backward = config.phase == "fwd+bwd"
+    local_len = config.seq_len // config.world_size
+    g = torch.Generator(device=device).manual_seed(1000 + dist.get_rank())
+
+    def rand(heads: int) -> torch.Tensor:
+        shape = (config.batch, local_len, heads, config.head_dim)
+        return torch.randn(shape, generator=g, device=device, dtype=dtype)
+
+    q, k, v = (
+        rand(h).requires_grad_(backward) for h in (config.heads, config.kv_heads, config.kv_heads)
+    )
+    dout = rand(config.heads)
+
+    def run_step(counter: ByteCounter | None = None) -> None:
+        for t in (q, k, v):
+            t.grad = None
+        with runner.context(), torch.set_grad_enabled(backward):
+            out = runner.forward(q, k, v)
+            if backward:
+                with counter.phase("bwd") if counter else contextlib.nullcontext():
+                    out.backward(dout)
+
+    samples = time_iterations(run_step, settings["warmup"], settings["iters"], device,
+                              reduce_max=False)
+    counter = ByteCounter()
+    with library_counting(counter):
+        run_step(counter)
+    memory = measure_peak_memory(run_step, device, (q, k, v, dout))
+    return {
+        "rank": dist.get_rank(),
+        "kernel": kernel_label(adapter.kernel),
+        "impl_version": adapter.version(),
+        "samples": samples,
+        "compute_samples": None,
+        "comm_samples": None,
+        "bytes": counter.as_dict(),
+        "memory": memory,
+        "accuracy": accuracy,
+        "host": rank_environment(config.device),
+    }

@@ -1,0 +1,63 @@
+"""External attention implementations behind one adapter protocol (`cpbench.impls.base`), so a
+sweep measures them on the same configurations, with the same correctness check, as cpbench's
+own schemes:
+
+| impl | library | module |
+|---|---|---|
+| cpbench | cpbench.attention (the default; its own fast path in the benchmark) | cpbench_impl |
+| torch_cp, torch_cp:alltoall | torch.distributed.tensor.experimental.context_parallel | torch_cp |
+| ring_flash_attn | ring-flash-attn (zhuzilin/ring-flash-attention) | ring_flash |
+| yunchang | yunchang (feifeibear/long-context-attention, USP) | usp |
+| transformer_engine, transformer_engine:all_gather | TransformerEngine DotProductAttention | te |
+
+The libraries are optional extras (`pip install 'cpbench[ring]'`, `[usp]`, `[te]`), imported
+only when an adapter is prepared; a missing one makes its configurations `skipped` with an
+install hint. This package's import is torch-free (scenarios validate names through it).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+from cpbench.impls.names import DEFAULT_IMPL, IMPL_HELP, IMPLS, base_name, check_impl
+
+if TYPE_CHECKING:
+    from cpbench.impls.base import Adapter
+    from cpbench.io.scenarios import BenchConfig
+
+_MODULES = {
+    "cpbench": "cpbench.impls.cpbench_impl",
+    "torch_cp": "cpbench.impls.torch_cp",
+    "ring_flash_attn": "cpbench.impls.ring_flash",
+    "yunchang": "cpbench.impls.usp",
+    "transformer_engine": "cpbench.impls.te",
+}
+
+_ADAPTERS: dict[str, Adapter] = {}
+
+
+def get_adapter(name: str) -> Adapter:
+    """The adapter of an impl name (imports its module, not the library)."""
+    check_impl(name)
+    if name not in _ADAPTERS:
+        module = importlib.import_module(_MODULES[base_name(name)])
+        _ADAPTERS[name] = module.adapter(name)
+    return _ADAPTERS[name]
+
+
+def skip_reason(config: BenchConfig) -> str | None:
+    """Why `config` cannot run with its impl (the library's rule, or that the library is not
+    installed, with the install hint); None when it can. Capability comes first: it is pure
+    and names the rule even where the library is not installed."""
+    adapter = get_adapter(config.impl)
+    return adapter.capability(config) or adapter.installed()
+
+
+__all__ = [
+    "DEFAULT_IMPL",
+    "IMPLS",
+    "IMPL_HELP",
+    "get_adapter",
+    "skip_reason",
+]

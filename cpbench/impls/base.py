@@ -1,0 +1,166 @@
+"""What an implementation adapter is: the small protocol every library sits behind.
+
+An `Adapter` maps a cpbench configuration (`BenchConfig`: mesh U x R, layout, causal mask,
+heads / KV heads, dtype, device) to one library's API:
+
+- `capability(config)`: pure; None when the library can run the configuration, else the reason
+  (the rule of the library that rejects it). Recorded as the `skipped` reason.
+- `installed()`: None when the library imports, else an install hint (what is missing, the pip
+  line). Recorded as the `skipped` reason too.
+- `known_issues(config)`: documented upstream precision issues that loosen the tolerance of
+  one gradient, named with the file and line of the library (reported, never hidden).
+- `prepare(config)`: collective on every rank; builds the process groups / modules the library
+  needs and returns a `Runner` for this configuration.
+
+A `Runner` holds one prepared configuration on one rank: `shard` / `unshard` with the
+library's own token layout, `forward(q, k, v)` on local shards `[B, S, h, D]` with autograd,
+and `context()` that wraps a whole step (forward and backward: torch's context parallel
+dispatcher must stay enabled for the backward).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.distributed as dist
+
+from cpbench.io.scenarios import BenchConfig
+
+
+@dataclass(frozen=True)
+class KnownIssue:
+    """A documented upstream precision issue: the gradients it affects are checked against
+    `tolerance` instead of the dtype's default, and the record names the issue."""
+
+    tensors: tuple[str, ...]
+    """Which of out, dq, dk, dv it affects."""
+    tolerance: float
+    """Max abs error accepted for those tensors (against the float64 reference)."""
+    description: str
+    """What the library does, where (file and line of the installed version)."""
+
+
+class Runner(Protocol):
+    def shard(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's piece of a global `[B, L, H, D]` tensor, in the library's layout."""
+        ...
+
+    def unshard(self, local: torch.Tensor) -> torch.Tensor:
+        """The global tensor from every rank's piece (collective)."""
+        ...
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Attention of local shards `q [B, S, h, D]`, `k`/`v [B, S, h_kv, D]`; autograd."""
+        ...
+
+    def context(self) -> contextlib.AbstractContextManager[None]:
+        """Entered around a whole step (forward and backward)."""
+        ...
+
+
+class Adapter(Protocol):
+    name: str
+    """The impl name (`cpbench.impls.names.IMPLS`)."""
+    kernel: str
+    """The local attention kernel the library runs (recorded as config.kernel)."""
+
+    def capability(self, config: BenchConfig) -> str | None: ...
+
+    def installed(self) -> str | None: ...
+
+    def version(self) -> str | None: ...
+
+    def known_issues(self, config: BenchConfig) -> tuple[KnownIssue, ...]: ...
+
+    def prepare(self, config: BenchConfig) -> Runner: ...
+
+
+# ----------------------------------------------------------------------------- shared pieces
+
+
+def cp_group() -> dist.ProcessGroup:
+    """The CP group of a measurement: the whole world (a pool or a torchrun world)."""
+    return dist.group.WORLD  # type: ignore[return-value]
+
+
+class PositionSharding:
+    """Shard / unshard by an explicit map of global token positions per CP rank."""
+
+    def __init__(self, positions: Callable[[int], torch.Tensor], world: int, rank: int) -> None:
+        self._positions = positions
+        self._world = world
+        self._rank = rank
+
+    def shard(self, x: torch.Tensor) -> torch.Tensor:
+        index = self._positions(self._rank).to(x.device)
+        return x.index_select(1, index).contiguous()
+
+    def unshard(self, local: torch.Tensor) -> torch.Tensor:
+        pieces = [torch.empty_like(local) for _ in range(self._world)]
+        dist.all_gather(pieces, local.contiguous(), group=cp_group())
+        order = torch.cat([self._positions(r) for r in range(self._world)])
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(order.numel())
+        return torch.cat(pieces, dim=1).index_select(1, inverse.to(local.device))
+
+
+@contextlib.contextmanager
+def no_context() -> Iterator[None]:
+    yield
+
+
+def half_precision_reason(config: BenchConfig, library: str) -> str | None:
+    """flash-attn takes fp16/bf16 only, and the ring code built on it relies on that: its
+    backward accumulates with `block_dq_buffer.to(torch.float32)`, a copy for fp16/bf16 but
+    the buffer itself for float32, which the next block's backward then overwrites."""
+    if config.dtype not in ("float16", "bfloat16"):
+        return (
+            f"{library} runs on flash-attn, which takes fp16/bf16 only (dtype {config.dtype}); "
+            f"its ring backward relies on it (`block_dq_buffer.to(torch.float32)` aliases the "
+            f"buffer for float32 inputs, which gives wrong gradients)"
+        )
+    return None
+
+
+def own_kernel_reason(config: BenchConfig, library: str) -> str | None:
+    """External libraries bring their own local kernel: only backend 'auto' applies."""
+    if config.backend != "auto":
+        return (
+            f"{library} uses its own attention kernel: backend must be 'auto' "
+            f"(got {config.backend!r}; backends select cpbench's local kernels)"
+        )
+    return None
+
+
+def no_kv_replication_reason(config: BenchConfig, library: str) -> str | None:
+    """Libraries whose all-to-all splits the KV heads over the Ulysses group as they are."""
+    if config.ulysses > 1 and config.kv_heads % config.ulysses:
+        return (
+            f"{library} splits the kv_heads ({config.kv_heads}) over ulysses ({config.ulysses}) "
+            f"without KV-head replication: needs kv_heads % ulysses == 0"
+        )
+    if config.kv_replication not in (None, 1):
+        return (
+            f"{library} has no KV-head replication: kv_replication must be auto or off "
+            f"(got {config.kv_replication})"
+        )
+    return None
+
+
+def self_send_reason(config: BenchConfig, library: str) -> str | None:
+    """ring-flash-attention's ring code (also in yunchang) posts the last dK/dV hop even on a
+    ring of one rank, i.e. a send to itself: NCCL allows it, gloo does not."""
+    if config.ring == 1 and config.device == "cpu":
+        return (
+            f"{library}'s ring backward sends dK/dV to itself on a ring of one rank (R = 1), "
+            f"which gloo cannot do (NCCL can): needs ring >= 2 on CPU"
+        )
+    return None
+
+
+def first_reason(*reasons: str | None) -> str | None:
+    return next((r for r in reasons if r), None)

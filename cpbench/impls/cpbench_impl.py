@@ -1,0 +1,63 @@
+"""cpbench's own schemes behind the adapter protocol (for code that treats every impl alike;
+`cpbench.bench.measure` keeps its direct path for cpbench, with the compute-only and
+communication-only variants)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from cpbench.attention import build_mesh, cp_attention, shard, unshard
+from cpbench.attention.mesh import CPMesh
+from cpbench.impls.base import KnownIssue, no_context
+from cpbench.io.scenarios import BenchConfig
+
+
+@dataclass(frozen=True)
+class CpbenchRunner:
+    mesh: CPMesh
+    config: BenchConfig
+
+    def shard(self, x: torch.Tensor) -> torch.Tensor:
+        return shard(x, self.mesh, self.config.layout)
+
+    def unshard(self, local: torch.Tensor) -> torch.Tensor:
+        return unshard(local, self.mesh, self.config.layout)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        c = self.config
+        return cp_attention(
+            q, k, v, self.mesh, causal=c.causal, layout=c.layout, kernel=c.backend,
+            kv_replication=c.kv_replication,
+        )
+
+    def context(self):  # type: ignore[no-untyped-def]
+        return no_context()
+
+
+@dataclass(frozen=True)
+class CpbenchAdapter:
+    name: str = "cpbench"
+    kernel: str = "auto"
+
+    def capability(self, config: BenchConfig) -> str | None:
+        return None  # cpbench's rules are the mesh feasibility itself (check_mesh)
+
+    def installed(self) -> str | None:
+        return None
+
+    def version(self) -> str | None:
+        from cpbench import __version__  # noqa: PLC0415
+
+        return __version__
+
+    def known_issues(self, config: BenchConfig) -> tuple[KnownIssue, ...]:
+        return ()
+
+    def prepare(self, config: BenchConfig) -> CpbenchRunner:
+        return CpbenchRunner(build_mesh(config.ulysses, config.ring), config)
+
+
+def adapter(name: str) -> CpbenchAdapter:
+    return CpbenchAdapter(name)

@@ -1,0 +1,163 @@
+"""ring-flash-attention (zhuzilin/ring-flash-attention, PyPI `ring-flash-attn`) as an
+implementation: ring attention over all P ranks (U = 1), one function per layout:
+
+| cpbench layout | function | mask |
+|---|---|---|
+| contiguous | ring_flash_attn_func | causal or full |
+| zigzag | zigzag_ring_flash_attn_func (rank r: chunks r and 2P-1-r) | causal only (asserts) |
+| striped | stripe_flash_attn_func (token i on rank i mod P) | causal only (asserts) |
+
+Its layouts are cpbench's with U = 1 (checked in the tests against the library's shard
+definitions); the adapter shards with `cpbench.attention.layouts.positions`. GQA: K/V keep
+their h_kv heads (flash-attn handles the groups). The local kernel is flash-attn's private
+`_flash_attn_forward` / `_flash_attn_backward` (CUDA, fp16/bf16); on a CPU the tests and the
+comparison benchmark put a stand-in `flash_attn` on sys.path (tests/stand_ins).
+
+Precision (0.1.8, upstream): fp16/bf16 only, as flash-attn (with float32 inputs its backward
+aliases `block_dq_buffer.to(torch.float32)` with the buffer it overwrites next: wrong
+gradients; float32 is rejected with that reason). `ring_flash_attn_backward` returns
+`dq.to(torch.bfloat16)` whatever the input dtype (ring_flash_attn/ring_flash_attn.py), so with
+the contiguous layout and float16 inputs dQ is rounded to bf16: checked against the bf16
+tolerance and named in the record (a `KnownIssue`).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from cpbench.attention.kernels import default_scale
+from cpbench.attention.layouts import positions
+from cpbench.impls.base import (
+    KnownIssue,
+    PositionSharding,
+    cp_group,
+    first_reason,
+    half_precision_reason,
+    no_context,
+    own_kernel_reason,
+    self_send_reason,
+)
+from cpbench.io.scenarios import BenchConfig
+from cpbench.verify import TOLERANCE
+
+FUNCTIONS = {
+    "contiguous": "ring_flash_attn_func",
+    "zigzag": "zigzag_ring_flash_attn_func",
+    "striped": "stripe_flash_attn_func",
+}
+BF16_DQ = KnownIssue(
+    ("dq",),
+    TOLERANCE["bfloat16"],
+    "ring-flash-attn's ring_flash_attn_backward (contiguous layout) returns "
+    "dq.to(torch.bfloat16) whatever the input dtype (ring_flash_attn/ring_flash_attn.py, "
+    "0.1.8): dQ of float16 inputs is rounded to bf16",
+)
+
+
+def install_hint(exc: BaseException) -> str:
+    """What to install when `import ring_flash_attn` fails."""
+    text = str(exc)
+    missing = getattr(exc, "name", None) or ""
+    if missing.split(".")[0] == "flash_attn" or "'flash_attn" in text:
+        return (
+            f"ring-flash-attn needs flash-attn (CUDA only): pip install flash-attn ({text})"
+        )
+    if missing.split(".")[0] == "transformers" or "transformers" in text:
+        return (
+            f"ring-flash-attn 0.1.8 imports its HuggingFace adapter at import time, which needs "
+            f"transformers < 5: pip install 'transformers<5' ({text})"
+        )
+    return f"ring-flash-attn is not installed: pip install 'cpbench[ring]' ({text})"
+
+
+@dataclass(frozen=True)
+class RingFlashRunner:
+    config: BenchConfig
+    function: Any
+    group: Any
+    sharding: PositionSharding
+
+    def shard(self, x: torch.Tensor) -> torch.Tensor:
+        return self.sharding.shard(x)
+
+    def unshard(self, local: torch.Tensor) -> torch.Tensor:
+        return self.sharding.unshard(local)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        c = self.config
+        return self.function(
+            q,
+            k,
+            v,
+            dropout_p=0.0,
+            softmax_scale=default_scale(c.head_dim),
+            causal=c.causal,
+            group=self.group,
+        )
+
+    def context(self):  # type: ignore[no-untyped-def]
+        return no_context()
+
+
+@dataclass(frozen=True)
+class RingFlashAdapter:
+    name: str = "ring_flash_attn"
+    kernel: str = "flash_attn"
+
+    def capability(self, config: BenchConfig) -> str | None:
+        return first_reason(
+            own_kernel_reason(config, "ring-flash-attn"),
+            half_precision_reason(config, "ring-flash-attn"),
+            self._mesh_reason(config),
+            self_send_reason(config, "ring-flash-attn"),
+        )
+
+    @staticmethod
+    def _mesh_reason(config: BenchConfig) -> str | None:
+        if config.ulysses != 1:
+            return (
+                f"ring-flash-attn is ring attention only: needs ulysses = 1, got "
+                f"{config.ulysses} (yunchang composes it with Ulysses)"
+            )
+        if config.layout != "contiguous" and not config.causal:
+            return (
+                f"ring-flash-attn's {FUNCTIONS[config.layout]} is causal only (it asserts "
+                f"causal=True); a full mask needs layout contiguous (ring_flash_attn_func)"
+            )
+        return None
+
+    def installed(self) -> str | None:
+        try:
+            importlib.import_module("ring_flash_attn")
+        except ImportError as exc:
+            return install_hint(exc)
+        return None
+
+    def version(self) -> str | None:
+        try:
+            return importlib.metadata.version("ring-flash-attn")
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    def known_issues(self, config: BenchConfig) -> tuple[KnownIssue, ...]:
+        backward = config.phase == "fwd+bwd"
+        if backward and config.layout == "contiguous" and config.dtype == "float16":
+            return (BF16_DQ,)
+        return ()
+
+    def prepare(self, config: BenchConfig) -> RingFlashRunner:
+        module = importlib.import_module("ring_flash_attn")
+        world, rank = config.world_size, torch.distributed.get_rank()
+        sharding = PositionSharding(
+            lambda r: positions(config.seq_len, 1, world, config.layout, r), world, rank
+        )
+        return RingFlashRunner(config, getattr(module, FUNCTIONS[config.layout]), cp_group(),
+                               sharding)
+
+
+def adapter(name: str) -> RingFlashAdapter:
+    return RingFlashAdapter(name)

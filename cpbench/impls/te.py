@@ -1,0 +1,185 @@
+"""NVIDIA TransformerEngine (`transformer_engine.pytorch.DotProductAttention`, what Megatron-LM
+runs) as an implementation. The mesh picks `cp_comm_type`, as Megatron's `--cp-comm-type`:
+
+| mesh | cp_comm_type | cp_group |
+|---|---|---|
+| U = 1, R = P | "p2p" (ring), or "all_gather" with impl `transformer_engine:all_gather` | all P ranks |
+| U = P, R = 1 | "a2a" (Ulysses) | all P ranks |
+| U, R > 1 | "a2a+p2p" (hierarchical, `--hierarchical-context-parallel-sizes U R`) | [Ulysses group, ring group] |
+
+with `cp_global_ranks` the P global ranks and `cp_stream` a side CUDA stream, set through
+`DotProductAttention.set_context_parallel_group`; `qkv_format="bshd"`, `attn_mask_type`
+"causal" or "no_mask", `num_gqa_groups = kv_heads`.
+
+Layout: TE (with Megatron's `get_batch_on_this_cp_rank`) always splits the sequence into 2P
+chunks over the P CP ranks and gives rank p chunks p and 2P-1-p. With U = 1 that is cpbench's
+zigzag; with U > 1 it differs from cpbench's ring-level zigzag (TE reorders the chunks inside
+its all-to-all so that the ring level ends up zigzagged), so the adapter shards with TE's own
+layout (`te_positions`) and the check compares the gathered output with the reference as
+always. Only layout zigzag is accepted (it is what TE computes with).
+
+Needs CUDA and fp16/bf16 (TE's context parallelism runs on its fused / flash backends; fp32
+falls back to the unfused backend, which has no CP). It cannot run on a CPU machine: there it
+is skipped with that reason, and it is untested here (no GPU in CI).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.metadata
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from cpbench.attention import build_mesh
+from cpbench.attention.kernels import default_scale
+from cpbench.impls.base import (
+    KnownIssue,
+    PositionSharding,
+    cp_group,
+    first_reason,
+    no_context,
+    no_kv_replication_reason,
+    own_kernel_reason,
+)
+from cpbench.impls.names import variant
+from cpbench.io.scenarios import BenchConfig
+
+
+def te_positions(seq_len: int, world: int, rank: int) -> torch.Tensor:
+    """Global token positions of CP rank `rank` in TE's (Megatron's) split: chunks `rank` and
+    `2P-1-rank` of 2P equal chunks."""
+    chunk = seq_len // (2 * world)
+    last = 2 * world - 1 - rank
+    first = torch.arange(rank * chunk, (rank + 1) * chunk)
+    return torch.cat([first, torch.arange(last * chunk, (last + 1) * chunk)])
+
+
+def comm_type(config: BenchConfig, name: str) -> str:
+    if variant(name) == "all_gather":
+        return "all_gather"
+    if config.ulysses == 1:
+        return "p2p"
+    return "a2a" if config.ring == 1 else "a2a+p2p"
+
+
+@functools.cache
+def _side_stream() -> Any:
+    return torch.cuda.Stream()
+
+
+@dataclass(frozen=True)
+class TeRunner:
+    config: BenchConfig
+    attention: Any
+    sharding: PositionSharding
+
+    def shard(self, x: torch.Tensor) -> torch.Tensor:
+        return self.sharding.shard(x)
+
+    def unshard(self, local: torch.Tensor) -> torch.Tensor:
+        return self.sharding.unshard(local)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        b, s, h, d = q.shape
+        out = self.attention(q.contiguous(), k.contiguous(), v.contiguous())
+        return out.view(b, s, h, d)  # TE returns [B, S, h * d] for bshd
+
+    def context(self):  # type: ignore[no-untyped-def]
+        return no_context()
+
+
+@dataclass(frozen=True)
+class TeAdapter:
+    name: str
+    kernel: str = "te_fused"
+
+    def capability(self, config: BenchConfig) -> str | None:
+        return first_reason(
+            self._device_reason(config),
+            own_kernel_reason(config, "TransformerEngine"),
+            no_kv_replication_reason(config, "TransformerEngine"),
+            self._mesh_reason(config),
+        )
+
+    @staticmethod
+    def _device_reason(config: BenchConfig) -> str | None:
+        if config.device != "cuda":
+            return (
+                f"TransformerEngine's context parallelism runs only on CUDA (its fused / "
+                f"flash attention backends); device {config.device}"
+            )
+        if config.dtype not in ("float16", "bfloat16"):
+            return (
+                f"TransformerEngine's context parallelism needs fp16/bf16 (float32 falls back "
+                f"to the unfused backend, which has no CP); dtype {config.dtype}"
+            )
+        return None
+
+    def _mesh_reason(self, config: BenchConfig) -> str | None:
+        if config.layout != "zigzag":
+            return (
+                f"TransformerEngine splits the sequence its own way (rank p holds chunks p and "
+                f"2P-1-p of 2P, Megatron's get_batch_on_this_cp_rank): use layout zigzag, "
+                f"got {config.layout}"
+            )
+        if config.seq_len % (2 * config.world_size):
+            return (
+                f"TransformerEngine splits the sequence into 2P = {2 * config.world_size} "
+                f"chunks: seq_len ({config.seq_len}) must be divisible by it"
+            )
+        if variant(self.name) == "all_gather" and config.ulysses != 1:
+            return (
+                f"cp_comm_type 'all_gather' is a ring-level scheme: needs ulysses = 1, got "
+                f"{config.ulysses}"
+            )
+        return None
+
+    def installed(self) -> str | None:
+        try:
+            importlib.import_module("transformer_engine.pytorch")
+        except Exception as exc:  # noqa: BLE001 - TE raises more than ImportError without CUDA
+            return (
+                f"TransformerEngine is not installed or cannot load (CUDA only): "
+                f"pip install 'cpbench[te]' ({type(exc).__name__}: {exc})"
+            )
+        return None
+
+    def version(self) -> str | None:
+        try:
+            return importlib.metadata.version("transformer-engine")
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    def known_issues(self, config: BenchConfig) -> tuple[KnownIssue, ...]:
+        return ()
+
+    def prepare(self, config: BenchConfig) -> TeRunner:
+        te = importlib.import_module("transformer_engine.pytorch")
+        kind = comm_type(config, self.name)
+        mesh = build_mesh(config.ulysses, config.ring)
+        group: Any = cp_group()
+        if kind == "a2a+p2p":
+            group = [mesh.ulysses_group, mesh.ring_group]
+        attention = te.DotProductAttention(
+            num_attention_heads=config.heads,
+            kv_channels=config.head_dim,
+            num_gqa_groups=config.kv_heads,
+            attention_dropout=0.0,
+            qkv_format="bshd",
+            attn_mask_type="causal" if config.causal else "no_mask",
+            softmax_scale=default_scale(config.head_dim),
+        )
+        attention.set_context_parallel_group(group, list(mesh.cp_ranks), _side_stream(), kind)
+        world = config.world_size
+        sharding = PositionSharding(
+            lambda p: te_positions(config.seq_len, world, p), world, dist.get_rank()
+        )
+        return TeRunner(config, attention, sharding)
+
+
+def adapter(name: str) -> TeAdapter:
+    return TeAdapter(name)

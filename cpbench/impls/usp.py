@@ -1,0 +1,164 @@
+"""yunchang (feifeibear/long-context-attention: USP, PyPI `yunchang`) as an implementation:
+`LongContextAttention` — Ulysses all-to-all over U ranks, then ring attention over R ranks —
+with the process groups made by yunchang's own `set_seq_parallel_pg(U, R, rank, world,
+use_ulysses_low=True)` (Ulysses groups are runs of U consecutive ranks, as in cpbench).
+
+| cpbench layout | ring_impl_type | mask |
+|---|---|---|
+| contiguous | basic | causal or full |
+| zigzag | zigzag | causal only (asserts) |
+| striped | strip | causal only (asserts) |
+
+yunchang defines its layouts as cpbench does (at the ring level, then U contiguous pieces per
+Ulysses group: `yunchang.comm.extract_local`); the tests check its extract functions against
+`cpbench.attention.layouts.positions`, and the adapter shards with the latter. GQA: its
+all-to-all splits Q's and K/V's heads over the U ranks as they are, so kv_heads % U == 0 is
+needed (no KV-head replication). Local kernel: flash-attn (AttnType.FA; CUDA fp16/bf16, or
+the CPU stand-in of the tests). yunchang's torch kernels (AttnType.TORCH_*) have no backward
+("Not implemented backward for PyTorch attention types"), so FA is the only training path.
+
+Precision (0.6.4, upstream): the same two issues as ring-flash-attention's ring code, which
+yunchang vendors: fp16/bf16 only (float32 is rejected: its backward aliases an accumulation
+buffer), and the basic ring's backward returns `dq.to(torch.bfloat16)`
+(yunchang/ring/ring_flash_attn.py): float16 inputs get a bf16-rounded dQ (a `KnownIssue`).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.metadata
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from cpbench.attention.kernels import default_scale
+from cpbench.attention.layouts import positions
+from cpbench.impls.base import (
+    KnownIssue,
+    PositionSharding,
+    first_reason,
+    half_precision_reason,
+    no_context,
+    no_kv_replication_reason,
+    own_kernel_reason,
+    self_send_reason,
+)
+from cpbench.io.scenarios import BenchConfig
+from cpbench.verify import TOLERANCE
+
+RING_IMPL_TYPES = {"contiguous": "basic", "zigzag": "zigzag", "striped": "strip"}
+BF16_DQ = KnownIssue(
+    ("dq",),
+    TOLERANCE["bfloat16"],
+    "yunchang's basic ring backward (contiguous layout) returns dq.to(torch.bfloat16) "
+    "whatever the input dtype (yunchang/ring/ring_flash_attn.py, 0.6.4): dQ of float16 inputs "
+    "is rounded to bf16",
+)
+
+
+@functools.cache
+def _process_groups(ulysses: int, ring: int) -> tuple[Any, Any]:
+    """yunchang's (Ulysses group, ring group) of this rank for a U x R mesh, made once per
+    mesh by its own `set_seq_parallel_pg` (collective: every rank calls it in the same order)."""
+    from yunchang.globals import PROCESS_GROUP, set_seq_parallel_pg  # noqa: PLC0415
+
+    set_seq_parallel_pg(ulysses, ring, dist.get_rank(), dist.get_world_size())
+    return PROCESS_GROUP.ULYSSES_PG, PROCESS_GROUP.RING_PG
+
+
+@dataclass(frozen=True)
+class UspRunner:
+    config: BenchConfig
+    attention: Any
+    sharding: PositionSharding
+
+    def shard(self, x: torch.Tensor) -> torch.Tensor:
+        return self.sharding.shard(x)
+
+    def unshard(self, local: torch.Tensor) -> torch.Tensor:
+        return self.sharding.unshard(local)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        c = self.config
+        return self.attention(
+            q, k, v, dropout_p=0.0, softmax_scale=default_scale(c.head_dim), causal=c.causal
+        )
+
+    def context(self):  # type: ignore[no-untyped-def]
+        return no_context()
+
+
+@dataclass(frozen=True)
+class UspAdapter:
+    name: str = "yunchang"
+    kernel: str = "flash_attn"
+
+    def capability(self, config: BenchConfig) -> str | None:
+        return first_reason(
+            own_kernel_reason(config, "yunchang"),
+            half_precision_reason(config, "yunchang"),
+            no_kv_replication_reason(config, "yunchang"),
+            self._layout_reason(config),
+            self_send_reason(config, "yunchang"),
+        )
+
+    @staticmethod
+    def _layout_reason(config: BenchConfig) -> str | None:
+        if config.layout != "contiguous" and not config.causal:
+            return (
+                f"yunchang's ring_impl_type {RING_IMPL_TYPES[config.layout]!r} is causal only "
+                f"(it asserts causal=True); a full mask needs layout contiguous ('basic')"
+            )
+        return None
+
+    def installed(self) -> str | None:
+        try:
+            globals_module = importlib.import_module("yunchang.globals")
+            importlib.import_module("yunchang")
+        except ImportError as exc:
+            return f"yunchang is not installed: pip install 'cpbench[usp]' ({exc})"
+        if not getattr(globals_module, "HAS_FLASH_ATTN", False):
+            return (
+                "yunchang's ring attention with a backward runs on flash-attn (CUDA only), "
+                "which is not importable: pip install flash-attn"
+            )
+        return None
+
+    def version(self) -> str | None:
+        try:
+            return importlib.metadata.version("yunchang")
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    def known_issues(self, config: BenchConfig) -> tuple[KnownIssue, ...]:
+        backward = config.phase == "fwd+bwd"
+        if backward and config.layout == "contiguous" and config.dtype == "float16":
+            return (BF16_DQ,)
+        return ()
+
+    def prepare(self, config: BenchConfig) -> UspRunner:
+        from yunchang import LongContextAttention  # noqa: PLC0415
+        from yunchang.globals import PROCESS_GROUP  # noqa: PLC0415
+        from yunchang.kernels import AttnType  # noqa: PLC0415
+
+        # LongContextAttention reads yunchang's global groups when it is built.
+        PROCESS_GROUP.ULYSSES_PG, PROCESS_GROUP.RING_PG = _process_groups(
+            config.ulysses, config.ring
+        )
+        attention = LongContextAttention(
+            ring_impl_type=RING_IMPL_TYPES[config.layout], attn_type=AttnType.FA
+        )
+        u, r = config.ulysses, config.ring
+        sharding = PositionSharding(
+            lambda p: positions(config.seq_len, u, r, config.layout, p),
+            config.world_size,
+            dist.get_rank(),
+        )
+        return UspRunner(config, attention, sharding)
+
+
+def adapter(name: str) -> UspAdapter:
+    return UspAdapter(name)
