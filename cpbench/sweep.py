@@ -90,6 +90,22 @@ class InProcessWorld:
             raise TaskError(f"rank {first}: {errors[first]}", errors, restarted=False)
         return [g[1] for g in gathered]
 
+    def broadcast_from_rank0(self, fn: Callable[[], Any]) -> Any:
+        """Run `fn` on rank 0 only and give its result (or its CpbenchError) to every rank."""
+        import torch.distributed as dist  # noqa: PLC0415
+
+        box: list[Any] = [None]
+        if self.rank == 0:
+            try:
+                box[0] = ("ok", fn())
+            except CpbenchError as exc:
+                box[0] = ("error", str(exc))
+        dist.broadcast_object_list(box, src=0)
+        status, value = box[0]
+        if status == "error":
+            raise CpbenchError(value)
+        return value
+
     def close(self, force: bool = False) -> None:
         return None
 
@@ -292,7 +308,7 @@ def _comm_section(
         "measured_bytes": measured,
         "by_collective": by_collective,
         "match": match,
-        "achieved_algbw_GBps": per_rank_bytes / comm_seconds / 1e9
+        "achieved_busbw_GBps": per_rank_bytes / comm_seconds / 1e9
         if comm_seconds and comm_seconds > 0 and per_rank_bytes
         else None,
     }
@@ -315,6 +331,23 @@ def _failure_message(exc: BaseException) -> str:
     return text
 
 
+def _prepare_output(out: Path, resume: bool) -> set[str]:
+    """Check that `out` can take the sweep (fail before anything is measured); return the ids
+    already recorded in it when resuming."""
+    if out.exists() and out.stat().st_size > 0 and not resume:
+        raise CpbenchError(
+            f"output {out} already has records: pass --resume to continue it, "
+            f"or --out for a new file"
+        )
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with out.open("a", encoding="utf-8"):
+            pass
+    except OSError as exc:
+        raise CpbenchError(f"cannot write results to {out}: {exc.strerror or exc}") from None
+    return completed_ids(out) if resume else set()
+
+
 def run_sweep(
     scenario: Scenario,
     device: str,
@@ -335,13 +368,7 @@ def run_sweep(
     from cpbench.bench.measure import measure_config  # noqa: PLC0415
     from cpbench.bench.pool import TaskError, TaskTimeout, WorkerPool, WorldSpec  # noqa: PLC0415
 
-    if out.exists() and out.stat().st_size > 0 and not resume:
-        raise CpbenchError(
-            f"output {out} already has records: pass --resume to continue it, "
-            f"or --out for a new file"
-        )
     points = scenario.expand(device, world_size)
-    done = completed_ids(out) if resume and out.exists() else set()
     limit = timeout if timeout is not None else scenario.timeout
     settings = {
         "warmup": scenario.warmup,
@@ -359,7 +386,11 @@ def run_sweep(
                 f"({in_process.world_size})"
             )
         world, writer = in_process, in_process.rank == 0
+        # Only rank 0 reads and writes the file (nodes may not share a disk); every rank must
+        # skip the same configurations, so the answer is broadcast.
+        done = in_process.broadcast_from_rank0(lambda: _prepare_output(out, resume))
     else:
+        done = _prepare_output(out, resume)
         world = WorkerPool(WorldSpec(world_size, device))
     result = SweepResult(path=out)
     started = time.perf_counter()

@@ -79,7 +79,7 @@ def test_sweep_records_every_point_with_equal_bytes(tmp_path: Path) -> None:
 def test_failing_and_hanging_configurations_inside_a_sweep(tmp_path: Path) -> None:
     # head_dim 24 raises on rank 1, 40 hangs; 16 and 32 are good and must all be recorded.
     scenario = load_scenario(
-        str(_scenario(tmp_path, kv_heads="[4]", head_dim="[16, 24, 40, 32]", timeout=5, mesh='["1x2"]'))
+        str(_scenario(tmp_path, kv_heads="[4]", head_dim="[16, 24, 40, 32]", timeout=10, mesh='["1x2"]'))
     )
     out = tmp_path / "r.jsonl"
     result = run_sweep(scenario, "cpu", 2, out, task=rank_tasks.measure_or_misbehave)
@@ -191,3 +191,20 @@ def test_sweep_under_torchrun_uses_the_launched_world(tmp_path: Path) -> None:
     records = read_records(out)
     assert [r["config"]["ulysses"] for r in records] == [1, 2]
     assert all(r["status"] == "ok" and r["comm"]["match"] for r in records)
+
+
+def test_bad_output_and_timeout_fail_before_anything_runs(tmp_path: Path) -> None:
+    from typer.testing import CliRunner  # noqa: PLC0415
+
+    from cpbench.cli import app  # noqa: PLC0415
+
+    path = _scenario(tmp_path, kv_heads="[4]")
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    started = time.monotonic()
+    res = CliRunner().invoke(app, ["sweep", str(path), "--out", str(blocker / "r.jsonl")])
+    assert res.exit_code == 2 and "cannot write results to" in res.stderr
+    assert time.monotonic() - started < 10  # no rank was spawned
+    for bad in ("0", "-1", "nan"):
+        res = CliRunner().invoke(app, ["sweep", str(path), "--timeout", bad])
+        assert res.exit_code == 2 and "--timeout" in res.stderr, res.output

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -24,9 +25,10 @@ from cpbench.attention.kernels import select_kernel
 from cpbench.bench.environment import rank_environment
 from cpbench.bench.memory import measure_peak_memory
 from cpbench.bench.timing import time_iterations
+from cpbench.errors import CpbenchError
 from cpbench.io.scenarios import BenchConfig
 from cpbench.model.constraints import seq_divisor
-from cpbench.verify import DTYPES, TOLERANCE, VerifyCase, run_case_on_rank
+from cpbench.verify import DTYPES, VerifyCase, run_case_on_rank
 
 
 def check_seq_len(config: BenchConfig, cap: int) -> int:
@@ -42,6 +44,27 @@ def _device(config: BenchConfig) -> torch.device:
     if config.device == "cuda":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+def agreed(fn: Callable[[], Any], device: torch.device) -> Any:
+    """Run `fn` on every rank; when it raises on any rank, raise on every rank.
+
+    The reference check ends with work only rank 0 does (the float64 reference, the likeliest
+    place to run out of memory); without this agreement the other ranks would walk into the
+    timing collectives alone and hang there until a timeout kills them all."""
+    error: Exception | None = None
+    value = None
+    try:
+        value = fn()
+    except Exception as exc:  # noqa: BLE001 - re-raised below, on every rank
+        error = exc
+    flag = torch.tensor([0.0 if error is None else 1.0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    if error is not None:
+        raise error
+    if flag.item() > 0:
+        raise CpbenchError("another rank failed during the reference check")
+    return value
 
 
 def _accuracy(config: BenchConfig, cap: int, device: torch.device) -> dict[str, Any] | None:
@@ -65,7 +88,8 @@ def _accuracy(config: BenchConfig, cap: int, device: torch.device) -> dict[str, 
         "max_abs_error": result["max_error"],
         "errors": result["errors"],
         "check_seq_len": case.seq_len,
-        "tolerance": TOLERANCE[config.dtype],
+        "tolerance": result["tolerance"],
+        "bounds": result["bounds"],
         "passed": result["passed"],
     }
 
@@ -85,7 +109,7 @@ def measure_config(config_dict: dict[str, Any], settings: dict[str, Any]) -> dic
     dtype = DTYPES[config.dtype]
     mesh = build_mesh(config.ulysses, config.ring)
     kernel = select_kernel(device, dtype, config.backend)
-    accuracy = _accuracy(config, settings["check_max_seq_len"], device)
+    accuracy = agreed(lambda: _accuracy(config, settings["check_max_seq_len"], device), device)
 
     backward = config.phase == "fwd+bwd"
     local_len = config.seq_len // mesh.world

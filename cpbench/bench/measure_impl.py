@@ -19,12 +19,13 @@ import torch.distributed as dist
 
 from cpbench.attention.comm import ByteCounter
 from cpbench.bench.environment import rank_environment
+from cpbench.bench.measure import agreed
 from cpbench.bench.memory import measure_peak_memory
 from cpbench.bench.timing import time_iterations
 from cpbench.impls import get_adapter
 from cpbench.impls.counting import library_counting
 from cpbench.io.scenarios import BenchConfig
-from cpbench.verify import DTYPES, TOLERANCE, VerifyCase, run_case_on_rank
+from cpbench.verify import DTYPES, VerifyCase, run_case_on_rank
 
 
 def kernel_label(kernel: str) -> str:
@@ -57,7 +58,8 @@ def _accuracy(config: BenchConfig, check_len: int, device: torch.device) -> dict
         "max_abs_error": result["max_error"],
         "errors": result["errors"],
         "check_seq_len": case.seq_len,
-        "tolerance": TOLERANCE[config.dtype],
+        "tolerance": result["tolerance"],
+        "bounds": result["bounds"],
         "passed": result["passed"],
     }
     if "known_issues" in result:
@@ -71,7 +73,7 @@ def measure_external(
 ) -> dict[str, Any]:
     """Pool task body (collective) for an external impl; see the module docstring."""
     adapter = get_adapter(config.impl)
-    accuracy = _accuracy(config, check_len, device)
+    accuracy = agreed(lambda: _accuracy(config, check_len, device), device)
     runner = adapter.prepare(config)
     dtype = DTYPES[config.dtype]
     backward = config.phase == "fwd+bwd"

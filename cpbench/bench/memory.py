@@ -25,9 +25,15 @@ from torch.utils._pytree import tree_flatten
 class TensorAllocationTracker(TorchDispatchMode):
     """Live and peak bytes of the tensor storages created while the mode is active."""
 
-    def __init__(self) -> None:
+    def __init__(self, existing: Iterable[torch.Tensor | None] = ()) -> None:
         super().__init__()
         self._live: dict[int, tuple[StorageWeakRef, int]] = {}
+        # Storages alive before the step (the inputs) are known at 0 bytes, so that views of
+        # them made during the step (q.unsqueeze, slices) are not counted as new allocations.
+        for t in existing:
+            if t is not None:
+                storage = t.untyped_storage()
+                self._live[storage.data_ptr()] = (StorageWeakRef(storage), 0)
         self.current = 0
         self.peak = 0
 
@@ -88,11 +94,14 @@ def _reset_vm_hwm() -> bool:
 
 
 def _nvml_used_bytes(device_index: int) -> int | None:
+    """Device memory in use on this rank's GPU. NVML numbers GPUs in PCI order and ignores
+    CUDA_VISIBLE_DEVICES, so the GPU is looked up by its UUID, not by the CUDA index."""
     try:
         import pynvml  # noqa: PLC0415 - nvidia-ml-py; raises without a driver
 
         pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(device_index)
+        uuid = str(torch.cuda.get_device_properties(device_index).uuid)
+        handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
         return int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
     except Exception:  # noqa: BLE001 - NVML missing or failing: the allocator number stands
         return None
@@ -113,9 +122,10 @@ def measure_peak_memory(
             "rss_peak_bytes": None,
             "nvml_used_bytes": _nvml_used_bytes(device.index or 0),
         }
+    inputs = list(inputs)
     baseline = storage_bytes(inputs)
     rss_ok = _reset_vm_hwm()
-    with TensorAllocationTracker() as tracker:
+    with TensorAllocationTracker(existing=inputs) as tracker:
         step()
     return {
         "peak_bytes": baseline + tracker.peak,

@@ -3,6 +3,7 @@ with a progress bar while it runs and a results table at the end."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -129,6 +130,10 @@ def _run_and_report(
         )
     if resume and out is None:
         raise CpbenchError("--resume needs --out FILE (the sweep to continue)")
+    if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
+        raise CpbenchError(f"--timeout ({timeout}) must be a positive, finite number of seconds")
+    if world_size is not None and world_size < 1:
+        raise CpbenchError(f"--world-size ({world_size}) must be at least 1")
     path = out or default_output(spec)
     points = spec.expand(dev, n)
     quiet = launched_by_torchrun() and int(__import__("os").environ.get("RANK", "0")) != 0

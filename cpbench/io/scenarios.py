@@ -27,6 +27,7 @@ Pure Python (no torch), so the CLI can list and validate scenarios without impor
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
@@ -551,8 +552,13 @@ def parse_scenario(data: dict, source: str) -> Scenario:
     warmup = rd.int_("warmup", data.get("warmup", 3), minimum=0)
     iters = rd.int_("iters", data.get("iters", 10))
     timeout = data.get("timeout", 300)
-    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0:
-        raise rd.error("timeout", f"{timeout!r} must be a positive number of seconds")
+    if (
+        not isinstance(timeout, (int, float))
+        or isinstance(timeout, bool)
+        or not math.isfinite(timeout)
+        or timeout <= 0
+    ):
+        raise rd.error("timeout", f"{timeout!r} must be a positive, finite number of seconds")
     check_max = rd.int_("check_max_seq_len", data.get("check_max_seq_len", 4096))
     nodes = rd.int_("nodes", data.get("nodes", 1))
     if nodes > 1 and world_size == "auto":

@@ -46,7 +46,7 @@ fields and skip a torn last line. Bump SCHEMA_VERSION on an incompatible change.
                                        # the torch.distributed boundary and compared, not judged
     "note": "...",                     # external impl only: what was counted and how
     "model_ratio": {"fwd": 1.0, "bwd": 1.0},  # external impl only: measured / analytic
-    "achieved_algbw_GBps": 1.2 | null  # measured bytes per rank / comm_only time
+    "achieved_busbw_GBps": 1.2 | null  # bytes a rank sends / comm_only time (nccl-tests busbw)
   },
   "memory": {
     "peak_bytes": [...], "source": "cpu-tensor-tracker" | "torch-cuda-allocator",

@@ -564,16 +564,16 @@ def comm_bytes_figure(frame: pd.DataFrame) -> go.Figure | None:
 
 
 def bandwidth_figure(frame: pd.DataFrame) -> go.Figure | None:
-    """Achieved algorithm bandwidth (measured bytes per rank / communication-only time) vs
+    """Achieved bus bandwidth (nccl-tests busbw: bytes a rank sends / communication-only time) vs
     sequence length, per mesh and layout, one facet per phase."""
-    rows = plot_rows(frame, "algbw_GBps", "seq_len")
-    rows = rows[rows["algbw_GBps"] > 0]
+    rows = plot_rows(frame, "busbw_GBps", "seq_len")
+    rows = rows[rows["busbw_GBps"] > 0]
     if rows.empty:
         return None
     return _line_facets(
         rows,
-        "algbw_GBps",
-        title="Achieved communication bandwidth (algbw per rank)",
+        "busbw_GBps",
+        title="Achieved communication bandwidth (nccl-tests busbw per rank: bytes sent / comm-only time)",
         y_title="GB/s",
         hover_unit="GB/s",
     )

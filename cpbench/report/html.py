@@ -278,7 +278,7 @@ RECORD_COLUMNS = (
     Column("fwd bytes measured", "measured_fwd_bytes", "bytes"),
     Column("bwd bytes analytic", "analytic_bwd_bytes", "bytes"),
     Column("bwd bytes measured", "measured_bwd_bytes", "bytes"),
-    Column("GB/s", "algbw_GBps", "num"),
+    Column("GB/s", "busbw_GBps", "num"),
     Column("peak mem", "peak_bytes", "bytes"),
     Column("analytic mem", "analytic_peak_bytes", "bytes"),
     Column("max abs err", "max_abs_error", "num"),

@@ -1,0 +1,32 @@
+"""The CPU tensor-allocation tracker: counts storages created by the step, not views of the
+inputs, and frees what dies."""
+
+from __future__ import annotations
+
+import torch
+
+from cpbench.bench.memory import measure_peak_memory
+
+MIB = 2**20
+
+
+def test_views_of_inputs_are_not_new_memory() -> None:
+    q = torch.randn(256, 1024)  # 1 MiB
+    cpu = torch.device("cpu")
+    assert measure_peak_memory(lambda: q.unsqueeze(0)[:, :10], cpu, (q,))["peak_bytes"] == MIB
+    assert measure_peak_memory(lambda: q * 2, cpu, (q,))["peak_bytes"] == 2 * MIB
+
+
+def test_peak_counts_temporaries_that_die_before_the_end() -> None:
+    q = torch.randn(256, 1024)
+
+    def step() -> torch.Tensor:
+        a = q * 2  # +1 MiB
+        b = a.exp()  # +1 MiB while a is alive: peak 3 MiB with q
+        del a
+        return b.sum()
+
+    record = measure_peak_memory(step, torch.device("cpu"), (q,))
+    assert record["peak_bytes"] == 3 * MIB  # q, a and b at once; the sum comes after a died
+    assert record["source"] == "cpu-tensor-tracker"
+    assert record["rss_peak_bytes"] is None or record["rss_peak_bytes"] > MIB
