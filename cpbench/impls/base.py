@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -164,3 +164,22 @@ def self_send_reason(config: BenchConfig, library: str) -> str | None:
 
 def first_reason(*reasons: str | None) -> str | None:
     return next((r for r in reasons if r), None)
+
+
+def distribution_version(distribution: str) -> str | None:
+    """The installed version of a pip distribution, or None."""
+    import importlib.metadata  # noqa: PLC0415
+
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def bf16_dq_when_fp16_contiguous(config: Any, issue: KnownIssue) -> tuple[KnownIssue, ...]:
+    """The issue shared by ring-flash-attn and yunchang's ring: their contiguous-layout
+    backward returns dQ cast to bf16, which only shows for fp16 inputs."""
+    backward = config.phase == "fwd+bwd"
+    if backward and config.layout == "contiguous" and config.dtype == "float16":
+        return (issue,)
+    return ()

@@ -97,8 +97,10 @@ def _counters(record: Recorder) -> dict[str, Callable[[tuple, dict], None]]:
 
     def a2a_single(a: tuple, k: dict) -> None:
         tensor = _arg(a, k, 1, "input")
-        record("all_to_all", _all_to_all_bytes(tensor, _arg(a, k, 3, "input_split_sizes"),
-                                               _arg(a, k, 4, "group")))
+        record(
+            "all_to_all",
+            _all_to_all_bytes(tensor, _arg(a, k, 3, "input_split_sizes"), _arg(a, k, 4, "group")),
+        )
 
     def a2a_list(a: tuple, k: dict) -> None:
         inputs = _arg(a, k, 1, "input_tensor_list")
@@ -154,8 +156,10 @@ def _counters(record: Recorder) -> dict[str, Callable[[tuple, dict], None]]:
 def _functional_counters(record: Recorder) -> dict[str, Callable[[tuple, dict], None]]:
     def a2a(a: tuple, k: dict) -> None:
         tensor = _arg(a, k, 0, "self")
-        record("all_to_all", _all_to_all_bytes(tensor, _arg(a, k, 2, "input_split_sizes"),
-                                               _arg(a, k, 3, "group")))
+        record(
+            "all_to_all",
+            _all_to_all_bytes(tensor, _arg(a, k, 2, "input_split_sizes"), _arg(a, k, 3, "group")),
+        )
 
     def gather(a: tuple, k: dict) -> None:
         n = _group_size(_arg(a, k, 2, "group"))

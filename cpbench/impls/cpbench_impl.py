@@ -28,7 +28,13 @@ class CpbenchRunner:
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         c = self.config
         return cp_attention(
-            q, k, v, self.mesh, causal=c.causal, layout=c.layout, kernel=c.backend,
+            q,
+            k,
+            v,
+            self.mesh,
+            causal=c.causal,
+            layout=c.layout,
+            kernel=c.backend,
             kv_replication=c.kv_replication,
         )
 

@@ -23,7 +23,7 @@ tolerance and named in the record (a `KnownIssue`).
 
 from __future__ import annotations
 
-import importlib.metadata
+import importlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +34,9 @@ from cpbench.attention.layouts import positions
 from cpbench.impls.base import (
     KnownIssue,
     PositionSharding,
+    bf16_dq_when_fp16_contiguous,
     cp_group,
+    distribution_version,
     first_reason,
     half_precision_reason,
     no_context,
@@ -63,9 +65,7 @@ def install_hint(exc: BaseException) -> str:
     text = str(exc)
     missing = getattr(exc, "name", None) or ""
     if missing.split(".")[0] == "flash_attn" or "'flash_attn" in text:
-        return (
-            f"ring-flash-attn needs flash-attn (CUDA only): pip install flash-attn ({text})"
-        )
+        return f"ring-flash-attn needs flash-attn (CUDA only): pip install flash-attn ({text})"
     if missing.split(".")[0] == "transformers" or "transformers" in text:
         return (
             f"ring-flash-attn 0.1.8 imports its HuggingFace adapter at import time, which needs "
@@ -138,16 +138,10 @@ class RingFlashAdapter:
         return None
 
     def version(self) -> str | None:
-        try:
-            return importlib.metadata.version("ring-flash-attn")
-        except importlib.metadata.PackageNotFoundError:
-            return None
+        return distribution_version("ring-flash-attn")
 
     def known_issues(self, config: BenchConfig) -> tuple[KnownIssue, ...]:
-        backward = config.phase == "fwd+bwd"
-        if backward and config.layout == "contiguous" and config.dtype == "float16":
-            return (BF16_DQ,)
-        return ()
+        return bf16_dq_when_fp16_contiguous(config, BF16_DQ)
 
     def prepare(self, config: BenchConfig) -> RingFlashRunner:
         module = importlib.import_module("ring_flash_attn")
@@ -155,8 +149,9 @@ class RingFlashAdapter:
         sharding = PositionSharding(
             lambda r: positions(config.seq_len, 1, world, config.layout, r), world, rank
         )
-        return RingFlashRunner(config, getattr(module, FUNCTIONS[config.layout]), cp_group(),
-                               sharding)
+        return RingFlashRunner(
+            config, getattr(module, FUNCTIONS[config.layout]), cp_group(), sharding
+        )
 
 
 def adapter(name: str) -> RingFlashAdapter:

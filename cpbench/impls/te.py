@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import importlib.metadata
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +39,7 @@ from cpbench.impls.base import (
     KnownIssue,
     PositionSharding,
     cp_group,
+    distribution_version,
     first_reason,
     no_context,
     no_kv_replication_reason,
@@ -149,10 +149,7 @@ class TeAdapter:
         return None
 
     def version(self) -> str | None:
-        try:
-            return importlib.metadata.version("transformer-engine")
-        except importlib.metadata.PackageNotFoundError:
-            return None
+        return distribution_version("transformer-engine")
 
     def known_issues(self, config: BenchConfig) -> tuple[KnownIssue, ...]:
         return ()

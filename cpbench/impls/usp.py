@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import importlib.metadata
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +38,8 @@ from cpbench.attention.layouts import positions
 from cpbench.impls.base import (
     KnownIssue,
     PositionSharding,
+    bf16_dq_when_fp16_contiguous,
+    distribution_version,
     first_reason,
     half_precision_reason,
     no_context,
@@ -128,16 +129,10 @@ class UspAdapter:
         return None
 
     def version(self) -> str | None:
-        try:
-            return importlib.metadata.version("yunchang")
-        except importlib.metadata.PackageNotFoundError:
-            return None
+        return distribution_version("yunchang")
 
     def known_issues(self, config: BenchConfig) -> tuple[KnownIssue, ...]:
-        backward = config.phase == "fwd+bwd"
-        if backward and config.layout == "contiguous" and config.dtype == "float16":
-            return (BF16_DQ,)
-        return ()
+        return bf16_dq_when_fp16_contiguous(config, BF16_DQ)
 
     def prepare(self, config: BenchConfig) -> UspRunner:
         from yunchang import LongContextAttention  # noqa: PLC0415
