@@ -67,6 +67,24 @@ def agreed(fn: Callable[[], Any], device: torch.device) -> Any:
     return value
 
 
+def random_shards(config: BenchConfig, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """This rank's q, k, v (requiring grad when the phase has a backward) and dout: random
+    local shards of the configuration's shape (values do not matter for timing)."""
+    dtype = DTYPES[config.dtype]
+    local_len = config.seq_len // config.world_size
+    g = torch.Generator(device=device).manual_seed(1000 + dist.get_rank())
+    backward = config.phase == "fwd+bwd"
+
+    def rand(heads: int) -> torch.Tensor:
+        shape = (config.batch, local_len, heads, config.head_dim)
+        return torch.randn(shape, generator=g, device=device, dtype=dtype)
+
+    q, k, v = (
+        rand(h).requires_grad_(backward) for h in (config.heads, config.kv_heads, config.kv_heads)
+    )
+    return q, k, v, rand(config.heads)
+
+
 def _accuracy(config: BenchConfig, cap: int, device: torch.device) -> dict[str, Any] | None:
     case = VerifyCase(
         ulysses=config.ulysses,
@@ -112,17 +130,7 @@ def measure_config(config_dict: dict[str, Any], settings: dict[str, Any]) -> dic
     accuracy = agreed(lambda: _accuracy(config, settings["check_max_seq_len"], device), device)
 
     backward = config.phase == "fwd+bwd"
-    local_len = config.seq_len // mesh.world
-    g = torch.Generator(device=device).manual_seed(1000 + dist.get_rank())
-
-    def rand(heads: int) -> torch.Tensor:
-        shape = (config.batch, local_len, heads, config.head_dim)
-        return torch.randn(shape, generator=g, device=device, dtype=dtype)
-
-    q, k, v = (
-        rand(h).requires_grad_(backward) for h in (config.heads, config.kv_heads, config.kv_heads)
-    )
-    dout = rand(config.heads)
+    q, k, v, dout = random_shards(config, device)
 
     def run_step(variant: str = "full", counter: ByteCounter | None = None) -> None:
         for t in (q, k, v):

@@ -19,13 +19,13 @@ import torch.distributed as dist
 
 from cpbench.attention.comm import ByteCounter
 from cpbench.bench.environment import rank_environment
-from cpbench.bench.measure import agreed
+from cpbench.bench.measure import agreed, random_shards
 from cpbench.bench.memory import measure_peak_memory
 from cpbench.bench.timing import time_iterations
 from cpbench.impls import get_adapter
 from cpbench.impls.counting import library_counting
 from cpbench.io.scenarios import BenchConfig
-from cpbench.verify import DTYPES, VerifyCase, run_case_on_rank
+from cpbench.verify import VerifyCase, run_case_on_rank
 
 
 def kernel_label(kernel: str) -> str:
@@ -75,19 +75,8 @@ def measure_external(
     adapter = get_adapter(config.impl)
     accuracy = agreed(lambda: _accuracy(config, check_len, device), device)
     runner = adapter.prepare(config)
-    dtype = DTYPES[config.dtype]
     backward = config.phase == "fwd+bwd"
-    local_len = config.seq_len // config.world_size
-    g = torch.Generator(device=device).manual_seed(1000 + dist.get_rank())
-
-    def rand(heads: int) -> torch.Tensor:
-        shape = (config.batch, local_len, heads, config.head_dim)
-        return torch.randn(shape, generator=g, device=device, dtype=dtype)
-
-    q, k, v = (
-        rand(h).requires_grad_(backward) for h in (config.heads, config.kv_heads, config.kv_heads)
-    )
-    dout = rand(config.heads)
+    q, k, v, dout = random_shards(config, device)
 
     def run_step(counter: ByteCounter | None = None) -> None:
         for t in (q, k, v):
@@ -98,8 +87,9 @@ def measure_external(
                 with counter.phase("bwd") if counter else contextlib.nullcontext():
                     out.backward(dout)
 
-    samples = time_iterations(run_step, settings["warmup"], settings["iters"], device,
-                              reduce_max=False)
+    samples = time_iterations(
+        run_step, settings["warmup"], settings["iters"], device, reduce_max=False
+    )
     counter = ByteCounter()
     with library_counting(counter):
         run_step(counter)

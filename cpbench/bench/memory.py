@@ -101,7 +101,9 @@ def _nvml_used_bytes(device_index: int) -> int | None:
 
         pynvml.nvmlInit()
         uuid = str(torch.cuda.get_device_properties(device_index).uuid)
-        handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
+        handle = pynvml.nvmlDeviceGetHandleByUUID(
+            uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
+        )
         return int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
     except Exception:  # noqa: BLE001 - NVML missing or failing: the allocator number stands
         return None
