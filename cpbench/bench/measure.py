@@ -85,7 +85,11 @@ def random_shards(config: BenchConfig, device: torch.device) -> tuple[torch.Tens
     return q, k, v, rand(config.heads)
 
 
-def _accuracy(config: BenchConfig, cap: int, device: torch.device) -> dict[str, Any] | None:
+def reference_check(
+    config: BenchConfig, check_len: int, device: torch.device
+) -> dict[str, Any] | None:
+    """The record's `accuracy` (rank 0; None elsewhere): the configuration, at `check_len`
+    tokens, through the same path as `cpbench verify` — cpbench's or the impl's adapter."""
     case = VerifyCase(
         ulysses=config.ulysses,
         ring=config.ring,
@@ -93,16 +97,17 @@ def _accuracy(config: BenchConfig, cap: int, device: torch.device) -> dict[str, 
         causal=config.causal,
         heads=config.heads,
         kv_heads=config.kv_heads,
-        seq_len=check_seq_len(config, cap),
+        seq_len=check_len,
         head_dim=config.head_dim,
         batch=config.batch,
         dtype=config.dtype,
         kernel=config.backend,
+        impl=config.impl,
     )
     result = run_case_on_rank(case, device)
     if result is None:
         return None
-    return {
+    accuracy = {
         "max_abs_error": result["max_error"],
         "errors": result["errors"],
         "check_seq_len": case.seq_len,
@@ -110,6 +115,10 @@ def _accuracy(config: BenchConfig, cap: int, device: torch.device) -> dict[str, 
         "bounds": result["bounds"],
         "passed": result["passed"],
     }
+    if "known_issues" in result:
+        accuracy["tolerances"] = result["tolerances"]
+        accuracy["known_issues"] = result["known_issues"]
+    return accuracy
 
 
 def measure_config(config_dict: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
@@ -127,7 +136,8 @@ def measure_config(config_dict: dict[str, Any], settings: dict[str, Any]) -> dic
     dtype = DTYPES[config.dtype]
     mesh = build_mesh(config.ulysses, config.ring)
     kernel = select_kernel(device, dtype, config.backend)
-    accuracy = agreed(lambda: _accuracy(config, settings["check_max_seq_len"], device), device)
+    check_len = check_seq_len(config, settings["check_max_seq_len"])
+    accuracy = agreed(lambda: reference_check(config, check_len, device), device)
 
     backward = config.phase == "fwd+bwd"
     q, k, v, dout = random_shards(config, device)

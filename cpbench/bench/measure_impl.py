@@ -19,13 +19,12 @@ import torch.distributed as dist
 
 from cpbench.attention.comm import ByteCounter
 from cpbench.bench.environment import rank_environment
-from cpbench.bench.measure import agreed, random_shards
+from cpbench.bench.measure import agreed, random_shards, reference_check
 from cpbench.bench.memory import measure_peak_memory
 from cpbench.bench.timing import time_iterations
 from cpbench.impls import get_adapter
 from cpbench.impls.counting import library_counting
 from cpbench.io.scenarios import BenchConfig
-from cpbench.verify import VerifyCase, run_case_on_rank
 
 
 def kernel_label(kernel: str) -> str:
@@ -36,44 +35,12 @@ def kernel_label(kernel: str) -> str:
     return kernel
 
 
-def _accuracy(config: BenchConfig, check_len: int, device: torch.device) -> dict[str, Any] | None:
-    case = VerifyCase(
-        ulysses=config.ulysses,
-        ring=config.ring,
-        layout=config.layout,
-        causal=config.causal,
-        heads=config.heads,
-        kv_heads=config.kv_heads,
-        seq_len=check_len,
-        head_dim=config.head_dim,
-        batch=config.batch,
-        dtype=config.dtype,
-        kernel=config.backend,
-        impl=config.impl,
-    )
-    result = run_case_on_rank(case, device)
-    if result is None:
-        return None
-    accuracy = {
-        "max_abs_error": result["max_error"],
-        "errors": result["errors"],
-        "check_seq_len": case.seq_len,
-        "tolerance": result["tolerance"],
-        "bounds": result["bounds"],
-        "passed": result["passed"],
-    }
-    if "known_issues" in result:
-        accuracy["tolerances"] = result["tolerances"]
-        accuracy["known_issues"] = result["known_issues"]
-    return accuracy
-
-
 def measure_external(
     config: BenchConfig, settings: dict[str, Any], device: torch.device, check_len: int
 ) -> dict[str, Any]:
     """Pool task body (collective) for an external impl; see the module docstring."""
     adapter = get_adapter(config.impl)
-    accuracy = agreed(lambda: _accuracy(config, check_len, device), device)
+    accuracy = agreed(lambda: reference_check(config, check_len, device), device)
     runner = adapter.prepare(config)
     backward = config.phase == "fwd+bwd"
     q, k, v, dout = random_shards(config, device)
