@@ -86,9 +86,15 @@ def unshard_tensors(
         )
     seq_len = sum(p.shape[dim] for p in pieces)
     order = torch.cat([positions(seq_len, ulysses, ring, layout, r) for r in range(len(pieces))])
+    return reassemble(pieces, order, dim)
+
+
+def reassemble(pieces: list[torch.Tensor], order: torch.Tensor, dim: int = 1) -> torch.Tensor:
+    """Concatenate rank-ordered pieces and put every token back at its global position;
+    `order` lists the global position of each concatenated token."""
     stacked = torch.cat(pieces, dim=dim)
     inverse = torch.empty_like(order)
-    inverse[order] = torch.arange(seq_len)
+    inverse[order] = torch.arange(order.numel())
     return stacked.index_select(dim, inverse.to(stacked.device))
 
 

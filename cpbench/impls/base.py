@@ -28,6 +28,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
+from cpbench.attention.layouts import reassemble
 from cpbench.io.scenarios import BenchConfig
 
 
@@ -102,10 +103,19 @@ class PositionSharding:
     def unshard(self, local: torch.Tensor) -> torch.Tensor:
         pieces = [torch.empty_like(local) for _ in range(self._world)]
         dist.all_gather(pieces, local.contiguous(), group=cp_group())
-        order = torch.cat([self._positions(r) for r in range(self._world)])
-        inverse = torch.empty_like(order)
-        inverse[order] = torch.arange(order.numel())
-        return torch.cat(pieces, dim=1).index_select(1, inverse.to(local.device))
+        return reassemble(pieces, torch.cat([self._positions(r) for r in range(self._world)]))
+
+
+class ShardsByPositions:
+    """Mixin of the runners that shard with a `sharding: PositionSharding` field."""
+
+    sharding: PositionSharding
+
+    def shard(self, x: torch.Tensor) -> torch.Tensor:
+        return self.sharding.shard(x)
+
+    def unshard(self, local: torch.Tensor) -> torch.Tensor:
+        return self.sharding.unshard(local)
 
 
 @contextlib.contextmanager

@@ -34,6 +34,7 @@ from cpbench.attention.layouts import positions
 from cpbench.impls.base import (
     KnownIssue,
     PositionSharding,
+    ShardsByPositions,
     bf16_dq_when_fp16_contiguous,
     cp_group,
     distribution_version,
@@ -75,17 +76,11 @@ def install_hint(exc: BaseException) -> str:
 
 
 @dataclass(frozen=True)
-class RingFlashRunner:
+class RingFlashRunner(ShardsByPositions):
     config: BenchConfig
     function: Any
     group: Any
     sharding: PositionSharding
-
-    def shard(self, x: torch.Tensor) -> torch.Tensor:
-        return self.sharding.shard(x)
-
-    def unshard(self, local: torch.Tensor) -> torch.Tensor:
-        return self.sharding.unshard(local)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         c = self.config

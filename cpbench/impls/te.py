@@ -38,6 +38,7 @@ from cpbench.attention.kernels import default_scale
 from cpbench.impls.base import (
     KnownIssue,
     PositionSharding,
+    ShardsByPositions,
     cp_group,
     distribution_version,
     first_reason,
@@ -72,16 +73,10 @@ def _side_stream() -> Any:
 
 
 @dataclass(frozen=True)
-class TeRunner:
+class TeRunner(ShardsByPositions):
     config: BenchConfig
     attention: Any
     sharding: PositionSharding
-
-    def shard(self, x: torch.Tensor) -> torch.Tensor:
-        return self.sharding.shard(x)
-
-    def unshard(self, local: torch.Tensor) -> torch.Tensor:
-        return self.sharding.unshard(local)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         b, s, h, d = q.shape

@@ -38,6 +38,7 @@ from cpbench.attention.layouts import positions
 from cpbench.impls.base import (
     KnownIssue,
     PositionSharding,
+    ShardsByPositions,
     bf16_dq_when_fp16_contiguous,
     distribution_version,
     first_reason,
@@ -71,16 +72,10 @@ def _process_groups(ulysses: int, ring: int) -> tuple[Any, Any]:
 
 
 @dataclass(frozen=True)
-class UspRunner:
+class UspRunner(ShardsByPositions):
     config: BenchConfig
     attention: Any
     sharding: PositionSharding
-
-    def shard(self, x: torch.Tensor) -> torch.Tensor:
-        return self.sharding.shard(x)
-
-    def unshard(self, local: torch.Tensor) -> torch.Tensor:
-        return self.sharding.unshard(local)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         c = self.config

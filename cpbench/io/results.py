@@ -63,15 +63,7 @@ FLOAT_COLUMNS = (
 )
 """Measurement columns (float64, NaN where a record has no value)."""
 
-COLUMNS = (
-    "id",
-    "source",
-    "scenario",
-    "timestamp",
-    "status",
-    "error",
-    "schema_version",
-    *CONFIG_INT_COLUMNS,
+_CONFIG_TEXT = (
     "impl",
     "dtype",
     "causal",
@@ -81,6 +73,18 @@ COLUMNS = (
     "device",
     "phase",
     "scheme",
+)
+
+COLUMNS = (
+    "id",
+    "source",
+    "scenario",
+    "timestamp",
+    "status",
+    "error",
+    "schema_version",
+    *CONFIG_INT_COLUMNS,
+    *_CONFIG_TEXT,
     "mesh",
     *FLOAT_COLUMNS,
     "per_rank_median_s",
@@ -376,16 +380,3 @@ def _flatten(record: Mapping[str, Any]) -> dict[str, Any]:
         if isinstance(value, float) and math.isinf(value):
             row[key] = None
     return row
-
-
-_CONFIG_TEXT = (
-    "impl",
-    "dtype",
-    "causal",
-    "layout",
-    "backend",
-    "kernel",
-    "device",
-    "phase",
-    "scheme",
-)
