@@ -2,7 +2,7 @@
 (torch_cp = PyTorch context_parallel, ring_flash_attn, yunchang; TransformerEngine where a GPU
 runs it) on the same shapes, the same world size and the same machine, in one run.
 
-Every configuration goes through the sweep harness (`cpbench.sweep.run_sweep`): correctness
+Every configuration goes through the sweep harness (`cpbench.app.sweep.run_sweep`): correctness
 check against the float64 reference, warm-up, timed iterations (per-iteration max over
 ranks), bytes counted per rank (cpbench: its own communicator; the libraries: at the
 torch.distributed boundary), peak memory per rank. Printed per world size and dtype: median
@@ -29,9 +29,9 @@ from typing import Any
 
 import torch
 
-from cpbench.io.results import read_records
-from cpbench.io.scenarios import parse_scenario
-from cpbench.sweep import run_sweep
+from cpbench.app.sweep import run_sweep
+from cpbench.results.scenarios import parse_scenario
+from cpbench.results.store import read_records
 
 ROOT = Path(__file__).resolve().parent.parent
 IMPLS = {

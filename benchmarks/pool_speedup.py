@@ -13,8 +13,8 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from cpbench.io.scenarios import load_scenario
-from cpbench.sweep import run_sweep
+from cpbench.app.sweep import run_sweep
+from cpbench.results.scenarios import load_scenario
 
 
 def main() -> None:

@@ -1,5 +1,5 @@
 """`python -m cpbench`."""
 
-from cpbench.cli import main
+from cpbench.cli.main import main
 
 main()

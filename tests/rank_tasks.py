@@ -81,8 +81,8 @@ def impl_layouts(seq_len: int, ulysses: int, ring: int) -> dict[str, bool]:
     import torch.distributed as dist  # noqa: PLC0415
 
     from cpbench.attention.layouts import positions  # noqa: PLC0415
+    from cpbench.config.bench import BenchConfig  # noqa: PLC0415
     from cpbench.impls import get_adapter, usp  # noqa: PLC0415
-    from cpbench.io.scenarios import BenchConfig  # noqa: PLC0415
 
     rank, world = dist.get_rank(), dist.get_world_size()
     tokens = torch.arange(seq_len).view(1, seq_len, 1)

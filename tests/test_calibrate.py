@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from cpbench.cli import app
+from cpbench.cli.main import app
+from cpbench.config.constraints import AttentionShape
 from cpbench.errors import CpbenchError
 from cpbench.model.calibrate import (
     calibrate,
@@ -23,7 +24,6 @@ from cpbench.model.calibrate import (
     synthetic_record,
     validate,
 )
-from cpbench.model.constraints import AttentionShape
 from cpbench.model.cost import MeshCandidate
 from cpbench.model.hardware import (
     EfficiencyCurve,

@@ -7,7 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from cpbench.cli import app
+from cpbench.cli.main import app
 
 runner = CliRunner()
 

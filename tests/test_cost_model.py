@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from cpbench.config.constraints import LAYOUTS, AttentionShape
 from cpbench.errors import CpbenchError
-from cpbench.model.constraints import LAYOUTS, AttentionShape
 from cpbench.model.cost import (
     MeshCandidate,
     closed_form_step_pair_stats,

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import pytest
 
+from cpbench.app.verify import default_cases
 from cpbench.bench.pool import TaskError, TaskTimeout
+from cpbench.bench.reference import run_cases_on_rank
+from cpbench.config.bench import VerifyCase
+from cpbench.config.tolerances import TOLERANCE
 from cpbench.model.formulas import comm_volume, config_from_sizes
-from cpbench.verify import TOLERANCE, VerifyCase, default_cases, run_cases_on_rank
 from tests import rank_tasks
 
 WORLD_SIZES = [1, 2, 4]

@@ -9,9 +9,11 @@ import pytest
 from rich.console import Console
 from rich.table import Table
 
+from cpbench.app.formulas import formulas_report
 from cpbench.errors import CpbenchError
-from cpbench.formulas import format_bytes, format_count, formulas_report, render_formulas
 from cpbench.model.formulas import PHASES, comm_volume, config_from_sizes, evaluate_formula
+from cpbench.render.formulas import render_formulas
+from cpbench.units import format_bytes, format_count
 
 TOP_LEVEL_KEYS = {
     "inputs",

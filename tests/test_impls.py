@@ -18,10 +18,13 @@ from pathlib import Path
 
 import pytest
 
+from cpbench.app.verify import split_cases
+from cpbench.bench.reference import run_cases_on_rank
+from cpbench.config.bench import BenchConfig, VerifyCase
+from cpbench.config.tolerances import TOLERANCE
 from cpbench.errors import CpbenchError
 from cpbench.impls import IMPLS, get_adapter, skip_reason
-from cpbench.io.scenarios import BenchConfig, parse_scenario
-from cpbench.verify import TOLERANCE, VerifyCase, run_cases_on_rank, split_cases
+from cpbench.results.scenarios import parse_scenario
 from tests import rank_tasks
 from tests.impl_support import STAND_INS, use_stand_ins
 
@@ -207,7 +210,7 @@ def test_verify_lists_what_an_impl_cannot_run_as_skipped() -> None:
 def test_cli_run_rejects_an_impl_that_cannot_run(tmp_path: Path) -> None:
     from typer.testing import CliRunner  # noqa: PLC0415
 
-    from cpbench.cli import app  # noqa: PLC0415
+    from cpbench.cli.main import app  # noqa: PLC0415
 
     res = CliRunner().invoke(
         app, ["run", "--impl", "transformer_engine", "--device", "cpu", "--seq-len", "64"]
@@ -315,10 +318,10 @@ impl = ["cpbench", "torch_cp", "ring_flash_attn", "yunchang", "transformer_engin
 
 
 def test_sweep_with_impl_axis_and_the_report(tmp_path: Path) -> None:
-    from cpbench.io.results import read_records, records_frame  # noqa: PLC0415
-    from cpbench.io.scenarios import load_scenario  # noqa: PLC0415
-    from cpbench.report import build_report  # noqa: PLC0415
-    from cpbench.sweep import run_sweep  # noqa: PLC0415
+    from cpbench.app.report import build_report  # noqa: PLC0415
+    from cpbench.app.sweep import run_sweep  # noqa: PLC0415
+    from cpbench.results.scenarios import load_scenario  # noqa: PLC0415
+    from cpbench.results.store import read_records, records_frame  # noqa: PLC0415
 
     path = tmp_path / "impls.toml"
     path.write_text(IMPL_SCENARIO)

@@ -12,8 +12,8 @@ from cpbench.attention.layouts import (
     shard_tensor,
     unshard_tensors,
 )
+from cpbench.config.constraints import LAYOUTS
 from cpbench.errors import CpbenchError
-from cpbench.model.constraints import LAYOUTS
 
 MESHES = [(1, 1), (1, 2), (2, 1), (1, 4), (4, 1), (2, 2), (2, 3), (3, 2), (1, 8)]
 

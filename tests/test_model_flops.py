@@ -8,13 +8,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cpbench.errors import CpbenchError
-from cpbench.model.constraints import (
+from cpbench.config.constraints import (
     LAYOUTS,
     AttentionShape,
     required_kv_replication,
     seq_divisor,
 )
+from cpbench.errors import CpbenchError
 from cpbench.model.flops import (
     FLOPS_CONVENTION,
     attention_flops,

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cpbench.config.constraints import LAYOUTS, required_kv_replication, seq_divisor
 from cpbench.errors import CpbenchError
-from cpbench.model.constraints import LAYOUTS, required_kv_replication, seq_divisor
 from cpbench.model.memory import (
     GIB,
     MEMORY_PHASES,

@@ -9,19 +9,19 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cpbench.cli import app
-from cpbench.errors import CpbenchError
-from cpbench.model.calibrate import synthetic_record
-from cpbench.model.constraints import AttentionShape
-from cpbench.model.cost import MeshCandidate
-from cpbench.model.hardware import load_profile
-from cpbench.recommend import (
+from cpbench.app.recommend import (
     RecommendRequest,
     cp_comm_type,
     recommend,
     recommendation_report,
     solve_parallel_sizes,
 )
+from cpbench.cli.main import app
+from cpbench.config.constraints import AttentionShape
+from cpbench.errors import CpbenchError
+from cpbench.model.calibrate import synthetic_record
+from cpbench.model.cost import MeshCandidate
+from cpbench.model.hardware import load_profile
 
 runner = CliRunner()
 

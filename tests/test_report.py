@@ -15,10 +15,7 @@ import pytest
 from plotly.offline import get_plotlyjs
 from typer.testing import CliRunner
 
-from cpbench.cli import app
-from cpbench.errors import CpbenchError
-from cpbench.io.results import SOURCE_KEY, read_records, records_frame
-from cpbench.report import (
+from cpbench.app.report import (
     NO_PROFILE_NOTE,
     Report,
     build_comparison,
@@ -28,8 +25,11 @@ from cpbench.report import (
     measured_workload,
     write_report,
 )
-from cpbench.report import figures as F
-from cpbench.report.html import script_json, summarize
+from cpbench.cli.main import app
+from cpbench.errors import CpbenchError
+from cpbench.render import figures as F
+from cpbench.render.html import script_json, summarize
+from cpbench.results.store import SOURCE_KEY, read_records, records_frame
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SWEEP = FIXTURES / "sweep.jsonl"
@@ -393,7 +393,7 @@ def test_recommendation_names_the_fastest_measured_mesh(frame: pd.DataFrame, pag
 def test_recommendation_without_the_service_falls_back_to_the_measurements(
     monkeypatch: pytest.MonkeyPatch, records: list[dict], tmp_path: Path
 ):
-    monkeypatch.setitem(sys.modules, "cpbench.recommend", None)  # import fails
+    monkeypatch.setitem(sys.modules, "cpbench.app.recommend", None)  # import fails
     fwd_bwd = [r for r in records if r["config"]["phase"] == "fwd+bwd"]
     page = build_report([_write(tmp_path / "fb.jsonl", fwd_bwd)]).html
     section = page[page.index("id='recommendation'") : page.index("id='records'")]

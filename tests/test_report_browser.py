@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from cpbench.report import build_comparison, build_report, write_report
+from cpbench.app.report import build_comparison, build_report, write_report
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "chrome")

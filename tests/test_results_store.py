@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from cpbench.results import store as results
 
 from cpbench.errors import CpbenchError
-from cpbench.io import results
-from cpbench.io.results import (
+from cpbench.results.store import (
     SOURCE_KEY,
     append_record,
     completed_ids,

@@ -7,14 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from cpbench.config.bench import BenchConfig, factorizations
 from cpbench.errors import CpbenchError
-from cpbench.io.scenarios import (
+from cpbench.results.scenarios import (
     BUILTIN,
-    BenchConfig,
     Scenario,
     available_scenarios,
     default_scenario,
-    factorizations,
     load_scenario,
     parse_scenario,
 )

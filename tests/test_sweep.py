@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from cpbench.io.results import read_records, records_frame
-from cpbench.io.scenarios import load_scenario
-from cpbench.sweep import run_sweep
+from cpbench.app.sweep import run_sweep
+from cpbench.results.scenarios import load_scenario
+from cpbench.results.store import read_records, records_frame
 from tests import rank_tasks
 
 TINY = """
@@ -127,7 +127,7 @@ def test_resume_after_a_killed_sweep_loses_and_duplicates_nothing(tmp_path: Path
     assert len(done) == len(first)
     from typer.testing import CliRunner  # noqa: PLC0415
 
-    from cpbench.cli import app  # noqa: PLC0415
+    from cpbench.cli.main import app  # noqa: PLC0415
 
     res = CliRunner().invoke(app, ["sweep", str(path), "--out", str(out), "--resume"])
     assert res.exit_code == 0, res.output
@@ -140,7 +140,7 @@ def test_resume_after_a_killed_sweep_loses_and_duplicates_nothing(tmp_path: Path
 def test_cli_run_prints_one_record_and_bad_input_exits_2(tmp_path: Path) -> None:
     from typer.testing import CliRunner  # noqa: PLC0415
 
-    from cpbench.cli import app  # noqa: PLC0415
+    from cpbench.cli.main import app  # noqa: PLC0415
 
     out = tmp_path / "one.jsonl"
     res = CliRunner().invoke(
@@ -196,7 +196,7 @@ def test_sweep_under_torchrun_uses_the_launched_world(tmp_path: Path) -> None:
 def test_bad_output_and_timeout_fail_before_anything_runs(tmp_path: Path) -> None:
     from typer.testing import CliRunner  # noqa: PLC0415
 
-    from cpbench.cli import app  # noqa: PLC0415
+    from cpbench.cli.main import app  # noqa: PLC0415
 
     path = _scenario(tmp_path, kv_heads="[4]")
     blocker = tmp_path / "file"

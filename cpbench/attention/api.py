@@ -15,8 +15,8 @@ from cpbench.attention.layouts import shard_tensor, unshard_tensors
 from cpbench.attention.mesh import CPMesh
 from cpbench.attention.ring import RingAttention, RingSpec, Variant
 from cpbench.attention.ulysses import HeadsToSeq, SeqToHeads
+from cpbench.config.constraints import AttentionShape, check_mesh
 from cpbench.errors import CpbenchError
-from cpbench.model.constraints import AttentionShape, check_mesh
 
 
 def cp_attention(

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 
 import torch
 
+from cpbench.config.constraints import LAYOUTS, seq_divisor
 from cpbench.errors import CpbenchError
-from cpbench.model.constraints import LAYOUTS, seq_divisor
 
 
 def _check(seq_len: int, ulysses: int, ring: int, layout: str) -> None:

@@ -19,12 +19,12 @@ import torch.distributed as dist
 
 from cpbench.attention.comm import ByteCounter
 from cpbench.bench.environment import rank_environment
-from cpbench.bench.measure import agreed, random_shards, reference_check
 from cpbench.bench.memory import measure_peak_memory
+from cpbench.bench.reference import agreed, random_shards, reference_check
 from cpbench.bench.timing import time_iterations
+from cpbench.config.bench import BenchConfig
 from cpbench.impls import get_adapter
 from cpbench.impls.counting import library_counting
-from cpbench.io.scenarios import BenchConfig
 
 
 def kernel_label(kernel: str) -> str:

@@ -20,11 +20,11 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from cpbench.impls.names import DEFAULT_IMPL, IMPL_HELP, IMPLS, base_name, check_impl
+from cpbench.config.impls import DEFAULT_IMPL, IMPL_HELP, IMPLS, base_name, check_impl
 
 if TYPE_CHECKING:
+    from cpbench.config.bench import BenchConfig
     from cpbench.impls.base import Adapter
-    from cpbench.io.scenarios import BenchConfig
 
 _MODULES = {
     "cpbench": "cpbench.impls.cpbench_impl",

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from cpbench.attention.layouts import reassemble
-from cpbench.io.scenarios import BenchConfig
+from cpbench.config.bench import BenchConfig
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ class Runner(Protocol):
 
 class Adapter(Protocol):
     name: str
-    """The impl name (`cpbench.impls.names.IMPLS`)."""
+    """The impl name (`cpbench.config.impls.IMPLS`)."""
     kernel: str
     """The local attention kernel the library runs (recorded as config.kernel)."""
 

@@ -10,8 +10,8 @@ import torch
 
 from cpbench.attention import build_mesh, cp_attention, shard, unshard
 from cpbench.attention.mesh import CPMesh
+from cpbench.config.bench import BenchConfig
 from cpbench.impls.base import KnownIssue, no_context
-from cpbench.io.scenarios import BenchConfig
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,8 @@ import torch
 
 from cpbench.attention.kernels import default_scale
 from cpbench.attention.layouts import positions
+from cpbench.config.bench import BenchConfig
+from cpbench.config.tolerances import TOLERANCE
 from cpbench.impls.base import (
     KnownIssue,
     PositionSharding,
@@ -44,8 +46,6 @@ from cpbench.impls.base import (
     own_kernel_reason,
     self_send_reason,
 )
-from cpbench.io.scenarios import BenchConfig
-from cpbench.verify import TOLERANCE
 
 FUNCTIONS = {
     "contiguous": "ring_flash_attn_func",

@@ -35,6 +35,8 @@ import torch.distributed as dist
 
 from cpbench.attention import build_mesh
 from cpbench.attention.kernels import default_scale
+from cpbench.config.bench import BenchConfig
+from cpbench.config.impls import variant
 from cpbench.impls.base import (
     KnownIssue,
     PositionSharding,
@@ -46,8 +48,6 @@ from cpbench.impls.base import (
     no_kv_replication_reason,
     own_kernel_reason,
 )
-from cpbench.impls.names import variant
-from cpbench.io.scenarios import BenchConfig
 
 
 def te_positions(seq_len: int, world: int, rank: int) -> torch.Tensor:

@@ -37,6 +37,8 @@ import torch
 import torch.nn.functional as F
 
 from cpbench.attention.kernels import default_scale
+from cpbench.config.bench import BenchConfig
+from cpbench.config.impls import variant
 from cpbench.errors import CpbenchError
 from cpbench.impls.base import (
     KnownIssue,
@@ -44,8 +46,6 @@ from cpbench.impls.base import (
     first_reason,
     own_kernel_reason,
 )
-from cpbench.impls.names import variant
-from cpbench.io.scenarios import BenchConfig
 
 SEQ_DIM = 2
 """The sequence dimension of SDPA's [B, H, S, D] inputs (what torch's CP shards)."""

@@ -35,6 +35,8 @@ import torch.distributed as dist
 
 from cpbench.attention.kernels import default_scale
 from cpbench.attention.layouts import positions
+from cpbench.config.bench import BenchConfig
+from cpbench.config.tolerances import TOLERANCE
 from cpbench.impls.base import (
     KnownIssue,
     PositionSharding,
@@ -48,8 +50,6 @@ from cpbench.impls.base import (
     own_kernel_reason,
     self_send_reason,
 )
-from cpbench.io.scenarios import BenchConfig
-from cpbench.verify import TOLERANCE
 
 RING_IMPL_TYPES = {"contiguous": "basic", "zigzag": "zigzag", "striped": "strip"}
 BF16_DQ = KnownIssue(

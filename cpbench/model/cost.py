@@ -47,8 +47,8 @@ from dataclasses import dataclass, fields
 from fractions import Fraction
 from typing import Any, Literal, get_args
 
+from cpbench.config.constraints import LAYOUTS, AttentionShape, check_mesh
 from cpbench.errors import CpbenchError
-from cpbench.model.constraints import LAYOUTS, AttentionShape, check_mesh
 from cpbench.model.flops import (
     BACKWARD_FACTOR,
     attention_flops,

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Literal, get_args
 
+from cpbench.config.constraints import LAYOUTS, AttentionShape, check_mesh, seq_divisor
 from cpbench.errors import CpbenchError
-from cpbench.model.constraints import LAYOUTS, AttentionShape, check_mesh, seq_divisor
 
 FLOPS_CONVENTION = (
     "attention FLOPs count the two matmuls (Q K^T and P V) only: forward = 4*B*h*L^2*d_h for a "

@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Literal, get_args
 
+from cpbench.config.constraints import AttentionShape, check_mesh, seq_divisor
 from cpbench.errors import CpbenchError
-from cpbench.model.constraints import AttentionShape, check_mesh, seq_divisor
 
 Dtype = Literal["float32", "bfloat16", "float16"]
 DTYPES: tuple[str, ...] = get_args(Dtype)

@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
+from cpbench.config.constraints import AttentionShape, seq_divisor
 from cpbench.errors import CpbenchError
-from cpbench.model.constraints import AttentionShape, seq_divisor
 from cpbench.model.formulas import DTYPE_BYTES, CpConfig, canonical_dtype, cp_config
 
 MemoryPhase = Literal["forward", "forward_backward"]

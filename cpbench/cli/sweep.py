@@ -1,4 +1,4 @@
-"""`cpbench sweep` and `cpbench run`: thin typer wrappers around `cpbench.sweep.run_sweep`,
+"""`cpbench sweep` and `cpbench run`: thin typer wrappers around `cpbench.app.sweep.run_sweep`,
 with a progress bar while it runs and a results table at the end."""
 
 from __future__ import annotations
@@ -9,74 +9,13 @@ from typing import Annotated, Any, Literal
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-from rich.table import Table
 
-from cpbench.cli import command, console, resolve_device
+from cpbench.cli.common import command, console, resolve_device
+from cpbench.config.impls import IMPL_HELP, Impl
 from cpbench.errors import CpbenchError
-from cpbench.impls.names import IMPL_HELP, Impl
+from cpbench.render.tables import results_table
 
 Device = Literal["auto", "cpu", "cuda"]
-
-
-def _gib(n: float | None) -> str:
-    return "-" if n is None else f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
-
-
-def _fmt_seconds(s: float | None) -> str:
-    return "-" if s is None else f"{s * 1e3:.1f} ms"
-
-
-def results_table(records: list[dict[str, Any]]) -> Table:
-    """One row per configuration; the best configuration per (seq_len, heads) in bold green."""
-    best: dict[tuple[int, int, str], float] = {}
-    for r in records:
-        if r["status"] == "ok":
-            c = r["config"]
-            key = (c["seq_len"], c["heads"], c["phase"])
-            best[key] = min(best.get(key, float("inf")), r["timing"]["median"])
-    impls = {r["config"].get("impl", "cpbench") for r in records}
-    show_impl = impls != {"cpbench"} and bool(impls)
-    table = Table(title="cpbench sweep results", show_lines=False)
-    columns = ["L", "h/kv", "UxR", "layout", "phase", "step", "TFLOP/s", "bytes/rank",
-               "overlap", "peak mem", "max err", "status"]
-    if show_impl:
-        columns.insert(0, "impl")
-    for col in columns:
-        table.add_column(
-            col, justify="left" if col in ("impl", "layout", "status", "phase") else "right"
-        )
-    for r in records:
-        c = r["config"]
-        row_style = None
-        cells = [str(c["seq_len"]), f"{c['heads']}/{c['kv_heads']}", f"{c['ulysses']}x{c['ring']}",
-                 c["layout"], c["phase"]]
-        if show_impl:
-            cells.insert(0, c.get("impl", "cpbench"))
-        if r["status"] == "ok":
-            t, comm = r["timing"], r["comm"]
-            analytic = sum(comm["analytic_bytes"].values())
-            measured = max(sum(x) for x in zip(*comm["measured_bytes"].values(), strict=True))
-            # "=": the counted bytes equal the analytic model's, collective by collective;
-            # "(lib)": an external library's bytes, counted at the torch.distributed boundary.
-            if comm["match"] is None:
-                traffic = f"{_gib(measured)} (lib)"
-            elif comm["match"]:
-                traffic = f"{_gib(analytic)} ="
-            else:
-                traffic = f"[bold red]{_gib(analytic)} != {_gib(measured)}[/]"
-            overlap = "-" if t["overlap"] is None else f"{t['overlap']:.2f}"
-            acc = r.get("accuracy") or {}
-            cells += [
-                _fmt_seconds(t["median"]), f"{r['flops']['achieved_tflops']:.3f}", traffic,
-                overlap, _gib(max(r["memory"]["peak_bytes"])),
-                f"{acc.get('max_abs_error', float('nan')):.0e}", "ok",
-            ]
-            if t["median"] == best.get((c["seq_len"], c["heads"], c["phase"])):
-                row_style = "bold green"
-        else:
-            cells += ["-"] * 6 + [f"{r['status']}: {r['error']}"]
-        table.add_row(*cells, style=row_style)
-    return table
 
 
 @command
@@ -103,7 +42,7 @@ def sweep(
     """Run every configuration of a scenario: correctness check, timing, overlap, counted
     bytes and peak memory per configuration, one JSONL record each, appended as it ends.
     Works unchanged under torchrun for several nodes."""
-    from cpbench.io.scenarios import default_scenario, load_scenario  # noqa: PLC0415
+    from cpbench.results.scenarios import default_scenario, load_scenario  # noqa: PLC0415
 
     spec = load_scenario(scenario) if scenario else default_scenario(resolve_device(device))
     _run_and_report(spec, device, out, resume, timeout, world_size)
@@ -119,7 +58,7 @@ def _run_and_report(
 ) -> None:
     import torch  # noqa: PLC0415
 
-    from cpbench.sweep import default_output, launched_by_torchrun, run_sweep  # noqa: PLC0415
+    from cpbench.app.sweep import default_output, launched_by_torchrun, run_sweep  # noqa: PLC0415
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     dev, n = spec.resolve(device, gpus)
@@ -221,7 +160,7 @@ def run(
     ] = "cpbench",
 ) -> None:
     """Measure one configuration (world size = ulysses x ring) and print its record."""
-    from cpbench.io.scenarios import parse_scenario  # noqa: PLC0415
+    from cpbench.results.scenarios import parse_scenario  # noqa: PLC0415
 
     dev = resolve_device(device)
     spec = parse_scenario(
@@ -252,7 +191,7 @@ def run(
     )
     ((config, feasibility),) = spec.expand(dev, ulysses * ring)
     feasibility.raise_if_infeasible()
-    from cpbench.sweep import impl_skip_reason  # noqa: PLC0415
+    from cpbench.app.sweep import impl_skip_reason  # noqa: PLC0415
 
     reason = impl_skip_reason(config)
     if reason:

@@ -1,6 +1,6 @@
 """The results store: one JSON record per configuration, one per line (JSONL).
 
-The record format is described in `cpbench.io.schema`. Writers append and fsync one record as
+The record format is described in `cpbench.results.schema`. Writers append and fsync one record as
 soon as its configuration ends (`append_record`), so a crash loses at most the record being
 written; such a torn last line is skipped with a warning by `read_records`. A malformed line
 anywhere else is an error that names the file and the line.
@@ -373,7 +373,7 @@ def _flatten(record: Mapping[str, Any]) -> dict[str, Any]:
         devices=", ".join(map(str, devices)) if isinstance(devices, list) else devices,
     )
     if row.get("impl") not in (None, "cpbench") and comm.get("match") is None:
-        # An external library's bytes next to cpbench's model: no verdict (cpbench.sweep).
+        # An external library's bytes next to cpbench's model: no verdict (cpbench.app.sweep).
         row.update(comm_mismatch=None, comm_fwd_mismatch=None, comm_bwd_mismatch=None)
     for key in FLOAT_COLUMNS:
         value = row.get(key)

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from cpbench.cli import command, console, err_console
+from cpbench.cli.common import command, console, err_console
 from cpbench.errors import CpbenchError
 
 
@@ -56,7 +56,7 @@ def report(
     fetched) of one or more results files: step time, TFLOP/s, communication (analytic vs
     measured), overlap, memory, causal load balance, the U x R map, predicted vs measured,
     the recommendation and a sortable table of every record, failures included."""
-    from cpbench.report import build_comparison, build_report, write_report  # noqa: PLC0415
+    from cpbench.app.report import build_comparison, build_report, write_report  # noqa: PLC0415
 
     if compare:
         if len(results) != 2:

@@ -27,7 +27,7 @@ import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
 from cpbench import __version__
-from cpbench.report import figures as F
+from cpbench.render import figures as F
 
 NO_PROFILE_NOTE = "no hardware profile available"
 PLOTLY_CONFIG = {"displaylogo": False, "responsive": True, "showLink": False}
@@ -73,7 +73,7 @@ class Section:
 
 @dataclass
 class Recommendation:
-    """What the recommendation section shows (built by `cpbench.report`); plain text only,
+    """What the recommendation section shows (built by `cpbench.app.report`); plain text only,
     escaped when rendered."""
 
     summary: str = ""

@@ -8,12 +8,9 @@ lives here. Pure Python: no torch.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, get_args
 
+from cpbench.config.vocabulary import LAYOUTS
 from cpbench.errors import CpbenchError
-
-Layout = Literal["contiguous", "zigzag", "striped"]
-LAYOUTS: tuple[str, ...] = get_args(Layout)
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,9 @@
 """The `cpbench report` application service: results files -> one self-contained HTML page.
 
-`build_report(paths, ...)` reads the records (`cpbench.io.results`), adds what the cost model
+`build_report(paths, ...)` reads the records (`cpbench.results.store`), adds what the cost model
 knows when a hardware profile is available (predicted step time, fraction of peak, the
-recommendation), and assembles the page (`cpbench.report.html`, figures from
-`cpbench.report.figures`). `build_comparison(before, after)` makes the before/after page.
+recommendation), and assembles the page (`cpbench.render.html`, figures from
+`cpbench.render.figures`). `build_comparison(before, after)` makes the before/after page.
 `write_report` writes either to a file. Nothing here prints; warnings (a torn last line) are
 returned for the CLI to show.
 """
@@ -22,14 +22,14 @@ from typing import Any
 import pandas as pd
 
 from cpbench.errors import CpbenchError
-from cpbench.io.results import read_records, records_frame
-from cpbench.report import figures
-from cpbench.report.html import (
+from cpbench.render import figures
+from cpbench.render.html import (
     NO_PROFILE_NOTE,
     Recommendation,
     render_compare,
     render_report,
 )
+from cpbench.results.store import read_records, records_frame
 
 __all__ = [
     "NO_PROFILE_NOTE",
@@ -296,7 +296,7 @@ def _best_rows(best: pd.DataFrame) -> list[dict[str, Any]]:
 
 
 def measured_workload(frame: pd.DataFrame) -> dict[str, Any] | None:
-    """The workload the measurements describe, for `cpbench.recommend`: the attention shape,
+    """The workload the measurements describe, for `cpbench.app.recommend`: the attention shape,
     dtype and mask with the most successful records, its longest sequence of the fwd+bwd phase
     (else fwd) and the largest world size (and devices per node) it ran on."""
     keys = ["heads", "kv_heads", "head_dim", "batch", "dtype", "causal"]
@@ -323,13 +323,13 @@ def measured_workload(frame: pd.DataFrame) -> dict[str, Any] | None:
 def _service_recommendation(
     frame: pd.DataFrame, paths: Sequence[Path], hardware: str, measured: Recommendation
 ) -> tuple[Recommendation | None, str | None]:
-    """`cpbench.recommend` for the measured workload, calibrated on the results files: its
+    """`cpbench.app.recommend` for the measured workload, calibrated on the results files: its
     explanation, ranked candidates (measured ones by their measurement), rejected meshes and
     framework settings, plus the measured-best table."""
     try:
-        service = importlib.import_module("cpbench.recommend")
+        service = importlib.import_module("cpbench.app.recommend")
     except ImportError:
-        return measured, "recommendation service not available (cpbench.recommend)"
+        return measured, "recommendation service not available (cpbench.app.recommend)"
     workload = measured_workload(frame)
     if workload is None:
         return measured, None

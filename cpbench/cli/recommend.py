@@ -8,7 +8,8 @@ from typing import Annotated, Literal
 
 import typer
 
-from cpbench.cli import command, console
+from cpbench.cli.common import command, console
+from cpbench.render import recommend as render
 
 Phase = Literal["fwd", "fwd+bwd"]
 Split = Literal["stratified", "random"]
@@ -77,7 +78,7 @@ def recommend(
     DeepSpeed, yunchang and torchtitan. With --tp/--pp/--cp it also solves
     world = TP x CP x PP x DP.
     """
-    from cpbench import recommend as service  # noqa: PLC0415 - keep `cpbench --help` fast
+    from cpbench.app import recommend as service  # noqa: PLC0415 - keep `cpbench --help` fast
 
     request = service.RecommendRequest(
         heads=heads,
@@ -102,7 +103,7 @@ def recommend(
     if as_json:
         print(json.dumps(report, indent=1))
         return
-    for renderable in service.render_recommendation(report):
+    for renderable in render.render_recommendation(report):
         console.print(renderable)
 
 
@@ -125,13 +126,13 @@ def calibrate(
     efficiency curve and step overhead from the compute-only times, the ring overlap from the
     step times. Prints every parameter before and after, the number of points and the residual.
     """
-    from cpbench import recommend as service  # noqa: PLC0415
+    from cpbench.app import calibrate as service  # noqa: PLC0415
 
     report = service.calibrate_results(results, hardware, output, name)
     if as_json:
         print(json.dumps(report, indent=1))
         return
-    console.print(service.render_calibration(report))
+    console.print(render.render_calibration(report))
 
 
 @command
@@ -167,7 +168,7 @@ def validate(
 ) -> None:
     """Predicted vs measured step time per configuration, with the median and max absolute
     percentage error, the Spearman rank correlation and the regret of the model's pick."""
-    from cpbench import recommend as service  # noqa: PLC0415
+    from cpbench.app import calibrate as service  # noqa: PLC0415
 
     if holdout_fraction != 0.5 and not holdout:
         holdout = True
@@ -177,5 +178,5 @@ def validate(
     if as_json:
         print(json.dumps(report, indent=1))
         return
-    for renderable in service.render_validation(report):
+    for renderable in render.render_validation(report):
         console.print(renderable)

@@ -1,6 +1,6 @@
 """Figure builders of the HTML report: pure functions from a results frame to a plotly Figure.
 
-Every builder takes the DataFrame of `cpbench.io.results.records_frame` (or, for comparisons,
+Every builder takes the DataFrame of `cpbench.results.store.records_frame` (or, for comparisons,
 the frame of `compare_frame`) and returns a `plotly.graph_objects.Figure`, or None when the
 frame holds nothing to draw (the page then shows a one-line note instead of an empty chart).
 Only successful records (`status == "ok"`) are plotted; facets exist only for the phases

@@ -20,7 +20,7 @@ fields and skip a torn last line. Bump SCHEMA_VERSION on an incompatible change.
     "device": "cpu" | "cuda", "world_size": 4, "nodes": 1,
     "phase": "fwd" | "fwd+bwd",
     "scheme": "ring" | "ulysses" | "usp" | "single",
-    "impl": "cpbench" | "torch_cp" | "ring_flash_attn" | ...   # cpbench.impls.names.IMPLS;
+    "impl": "cpbench" | "torch_cp" | "ring_flash_attn" | ...   # cpbench.config.impls.IMPLS;
                                        # absent in older records = cpbench; ids of other impls
                                        # end in "-impl_<name>"
   },

@@ -10,32 +10,26 @@ torchtitan. `*_report` functions return JSON-serialisable dicts (the `--json` an
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rich.console import Group, RenderableType
-from rich.table import Table
-from rich.text import Text
-
+from cpbench.config.constraints import LAYOUTS, AttentionShape, check_mesh
 from cpbench.errors import CpbenchError
-from cpbench.io.results import read_records
 from cpbench.model.calibrate import (
     CalibrationResult,
     Measurement,
     calibrate,
     calibration_summary,
     default_prior_name,
-    holdout_evaluation,
     measurements_from_records,
-    validate,
 )
-from cpbench.model.constraints import LAYOUTS, AttentionShape, check_mesh
 from cpbench.model.cost import RECORD_PHASES, MeshCandidate, Prediction, RecordPhase, predict
 from cpbench.model.flops import FLOPS_CONVENTION
 from cpbench.model.formulas import canonical_dtype
-from cpbench.model.hardware import GB, GIB, HardwareProfile, load_profile, save_profile
+from cpbench.model.hardware import GB, GIB, HardwareProfile, load_profile
+from cpbench.results.store import read_records
 
 DEFAULT_HARDWARE = "h100-sxm"
 YUNCHANG_RING_IMPL = {"contiguous": "basic", "zigzag": "zigzag", "striped": "strip"}
@@ -50,7 +44,7 @@ TIME_CONVENTION = (
 
 
 def load_results(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
-    """Records of JSONL results files (cpbench.io.results: a torn last line is skipped, a
+    """Records of JSONL results files (cpbench.results.store: a torn last line is skipped, a
     malformed line elsewhere is a CpbenchError naming the file and line)."""
     return read_records([Path(p) for p in paths])
 
@@ -800,248 +794,3 @@ def recommendation_report(rec: Recommendation) -> dict[str, Any]:
         ],
         "calibration": calibration_summary(rec.calibration) if rec.calibration else None,
     }
-
-
-# ------------------------------------------------------------------------------- render
-
-
-def render_recommendation(report: Mapping[str, Any]) -> list[RenderableType]:
-    """Rich renderables of a recommendation report (the dict of `recommendation_report`)."""
-    q, s = report["inputs"], report["parallel"]
-    header = Text(
-        f"L={q['seq_len']} heads={q['heads']} kv_heads={q['kv_heads']} head_dim={q['head_dim']} "
-        f"micro-batch={q['batch']} {q['dtype']} {'causal' if q['causal'] else 'full'} "
-        f"{q['phase']} | {q['gpus']} GPUs, {q['gpus_per_node']} per node, {q['hardware']} | "
-        f"{s['world_formula']}"
-    )
-    out: list[RenderableType] = [header]
-    if s["tp"] > 1:
-        out.append(
-            Text(
-                f"TP {s['tp']} splits the heads first: CP works on {s['attention_heads_per_tp_rank']} "
-                f"query / {s['kv_heads_per_tp_rank']} KV heads per TP rank."
-            )
-        )
-    if report["candidates"]:
-        out.append(_candidates_table(report))
-    if report["rejected"]:
-        out.append(_rejected_table(report["rejected"]))
-    out.append(Text("Why: " + report["explanation"]))
-    if report["frameworks"]:
-        out.append(_frameworks_table(report["frameworks"]))
-    out.append(Text(f"{s['world_formula']}; {s['global_batch_formula']}"))
-    out.append(Text(f"Conventions: {report['conventions']['time']}.", style="dim"))
-    if report["calibration"]:
-        cal = report["calibration"]
-        out.append(
-            Text(
-                f"Calibrated {cal['prior']} on {cal['points']} measurements: RMS relative error "
-                f"{cal['residual_before']:.1%} -> {cal['residual']:.1%}.",
-                style="dim",
-            )
-        )
-    return out
-
-
-def _candidates_table(report: Mapping[str, Any]) -> Table:
-    shown, feasible = len(report["candidates"]), report["feasible"]
-    more = f" (top {shown} of {feasible}; --top 0 lists all)" if shown < feasible else ""
-    table = Table(title=f"Feasible candidates, fastest first{more}")
-    for col in (
-        "#",
-        "U x R",
-        "layout",
-        "KV rep",
-        "time ms",
-        "compute",
-        "imbalance",
-        "exposed comm",
-        "intra GB",
-        "inter GB",
-        "mem GiB",
-        "max L",
-        "source",
-    ):
-        table.add_column(col, justify="left" if col in ("U x R", "layout", "source") else "right")
-    for c in report["candidates"]:
-        tiers = c["bytes_per_tier"]
-        table.add_row(
-            str(c["rank"]),
-            f"{c['ulysses']} x {c['ring']}",
-            c["layout"] if c["layout_matters"] else "any",
-            f"x{c['kv_replication']}",
-            f"{c['time_s'] * 1e3:.2f}",
-            f"{c['compute_s'] * 1e3:.2f}",
-            f"{c['imbalance_s'] * 1e3:.2f}",
-            f"{c['exposed_comm_s'] * 1e3:.2f}",
-            f"{tiers['intra_node'] / GB:.3f}",
-            f"{tiers['inter_node'] / GB:.3f}",
-            f"{c['memory_bytes'] / GIB:.2f}",
-            str(c["max_seq_len"]),
-            c["source"],
-        )
-    return table
-
-
-def _rejected_table(rejected: Sequence[Mapping[str, Any]]) -> Table:
-    table = Table(title="Rejected candidates")
-    table.add_column("U x R")
-    table.add_column("layouts")
-    table.add_column("rule")
-    for r in rejected:
-        table.add_row(f"{r['ulysses']} x {r['ring']}", ", ".join(r["layouts"]), r["rule"])
-    return table
-
-
-def _frameworks_table(frameworks: Sequence[Mapping[str, Any]]) -> Table:
-    table = Table(title="Settings for the winner")
-    table.add_column("framework")
-    table.add_column("settings")
-    table.add_column("note")
-    for f in frameworks:
-        name = f["framework"] if f["expressible"] else f"{f['framework']} (cannot express it)"
-        table.add_row(name, f["settings"], f["note"])
-    return table
-
-
-# ------------------------------------------------------------------- calibrate / validate
-
-
-def calibrate_results(
-    paths: Sequence[str],
-    hardware: str | None = None,
-    output: str | None = None,
-    name: str | None = None,
-) -> dict[str, Any]:
-    """Fit a profile to results files and optionally write it as TOML; the report dict."""
-    measurements = measurements_from_records(load_results(paths))
-    if not measurements:
-        raise CpbenchError(
-            f"no usable records in {', '.join(paths)}: calibration needs status 'ok' records "
-            f"with a feasible config and timing.median"
-        )
-    prior = load_profile(hardware or default_prior_name(measurements))
-    result = calibrate(measurements, prior, name=name, files=tuple(paths))
-    written = None
-    if output:
-        header = (
-            f"Calibrated by `cpbench calibrate` from {', '.join(paths)} "
-            f"({result.points} measurements, prior {prior.name}).\n"
-            f"RMS relative step-time error {result.residual:.1%} on those points "
-            f"(prior: {result.residual_before:.1%}). Load with --hardware {output}"
-        )
-        written = str(save_profile(result.profile, output, header))
-    return {**calibration_summary(result), "output": written}
-
-
-def validate_results(
-    paths: Sequence[str],
-    hardware: str | None = None,
-    holdout: bool = False,
-    fraction: float = 0.5,
-    seed: int = 0,
-    split: str = "stratified",
-    calibrate_first: bool = False,
-) -> dict[str, Any]:
-    """Predicted vs measured per configuration (or a holdout evaluation); the report dict."""
-    measurements = measurements_from_records(load_results(paths))
-    if not measurements:
-        raise CpbenchError(
-            f"no usable records in {', '.join(paths)}: validation needs status 'ok' records "
-            f"with a feasible config and timing.median"
-        )
-    prior = load_profile(hardware or default_prior_name(measurements))
-    if holdout:
-        result = holdout_evaluation(
-            measurements,
-            seed,
-            prior=prior,
-            fraction=fraction,
-            split=split,  # type: ignore[arg-type]
-        )
-        return {"mode": "holdout", "profile": prior.name, **result}
-    profile = prior
-    calibration = None
-    if calibrate_first:
-        fitted = calibrate(measurements, prior, files=tuple(paths))
-        profile, calibration = fitted.profile, calibration_summary(fitted)
-    report = validate(measurements, profile)
-    mode = "in-sample (calibrated on the same results)" if calibrate_first else "as given"
-    return {"mode": mode, **report, "calibration": calibration}
-
-
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1%}"
-
-
-def _num(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}"
-
-
-def render_validation(report: Mapping[str, Any]) -> list[RenderableType]:
-    """Rich renderables of a validate report."""
-    title = f"Predicted vs measured ({report['mode']}, profile {report['profile']})"
-    if report["mode"] == "holdout":
-        title += (
-            f": calibrated on {report['n_train']}, predicting {report['n_test']} held out "
-            f"({report['split']} split, seed {report['seed']})"
-        )
-    table = Table(title=title)
-    for col in ("configuration", "measured ms", "predicted ms", "error"):
-        table.add_column(col, justify="left" if col == "configuration" else "right")
-    for r in report["rows"]:
-        table.add_row(
-            r["config"],
-            f"{r['measured_s'] * 1e3:.2f}",
-            f"{r['predicted_s'] * 1e3:.2f}",
-            f"{r['error']:+.1%}",
-        )
-    summary = Text(
-        f"median |error| {_pct(report['median_abs_error'])}, max |error| "
-        f"{_pct(report['max_abs_error'])}, Spearman {_num(report['spearman'])}, regret of the "
-        f"model's pick {_pct(report['regret'])} (worst group; mean {_pct(report['regret_mean'])})"
-    )
-    out: list[RenderableType] = [table, summary]
-    for g in report.get("groups", []):
-        if g["configurations"] > 1:
-            out.append(
-                Text(
-                    f"  group of {g['configurations']}: model picks {g['chosen']}, measured best "
-                    f"{g['best']}, regret {_pct(g['regret'])}",
-                    style="dim",
-                )
-            )
-    calibration = report.get("calibration")
-    if calibration:
-        out.append(render_calibration(calibration))
-    return out
-
-
-def render_calibration(report: Mapping[str, Any]) -> RenderableType:
-    """Rich renderable of a calibration summary."""
-    table = Table(
-        title=(
-            f"Calibration of {report['prior']} on {report['points']} measurements: RMS relative "
-            f"step-time error {report['residual_before']:.1%} -> {report['residual']:.1%}"
-        )
-    )
-    for col in ("fit", "parameter", "prior", "fitted", "unit", "points"):
-        table.add_column(col, justify="right" if col in ("prior", "fitted", "points") else "left")
-    for fit in report["fits"]:
-        label = (
-            f"{fit['target']} ({fit['points']} pts, RMS {fit['residual_before']:.1%} -> "
-            f"{fit['residual_after']:.1%})"
-        )
-        for i, param in enumerate(fit["parameters"]):
-            table.add_row(
-                label if i == 0 else "",
-                param["name"],
-                f"{param['prior']:.4g}",
-                f"{param['fitted']:.4g}",
-                param["unit"],
-                str(param["points"]),
-            )
-    notes = [Text(f"note: {n}", style="dim") for n in report["notes"]]
-    if report.get("output"):
-        notes.append(Text(f"wrote {report['output']} (load it with --hardware {report['output']})"))
-    return Group(table, *notes)

@@ -1,0 +1,218 @@
+"""The reference check on the ranks: a case's global inputs from a seed, sharded through
+cpbench's schemes or an impl adapter, forward and backward, gathered back and compared on rank 0
+with the float64 single-process reference (output and dQ/dK/dV)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from cpbench.config.bench import BenchConfig, VerifyCase
+from cpbench.config.constraints import seq_divisor
+from cpbench.config.impls import DEFAULT_IMPL, check_impl
+from cpbench.config.tolerances import TOLERANCE, allowed_error
+from cpbench.errors import CpbenchError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+"""torch dtype of each `Dtype` literal."""
+
+
+def error_bound(dtype: str, reference: torch.Tensor, absolute: float | None = None) -> float:
+    """Allowed max abs error for one tensor: absolute + relative x max |reference|."""
+    return allowed_error(dtype, float(reference.abs().max()), absolute)
+
+
+def _global_inputs(case: VerifyCase, device: torch.device) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(case.seed)
+    b, n, d = case.batch, case.seq_len, case.head_dim
+    q = torch.randn(b, n, case.heads, d, generator=g)
+    k = torch.randn(b, n, case.kv_heads, d, generator=g)
+    v = torch.randn(b, n, case.kv_heads, d, generator=g)
+    dout = torch.randn(b, n, case.heads, d, generator=g)
+    return tuple(t.to(device) for t in (q, k, v, dout))
+
+
+def _run_cpbench(case: VerifyCase, inputs: tuple) -> list[torch.Tensor]:
+    from cpbench.attention import build_mesh, cp_attention, shard, unshard  # noqa: PLC0415
+
+    mesh = build_mesh(case.ulysses, case.ring)
+    dtype = DTYPES[case.dtype]
+    q, k, v, dout = inputs
+    local = [shard(t, mesh, case.layout).to(dtype).requires_grad_(True) for t in (q, k, v)]
+    out = cp_attention(*local, mesh, causal=case.causal, layout=case.layout, kernel=case.kernel)
+    out.backward(shard(dout, mesh, case.layout).to(dtype))
+    return [unshard(t, mesh, case.layout) for t in (out.detach(), *(x.grad for x in local))]
+
+
+def _run_impl(case: VerifyCase, runner: Any, inputs: tuple) -> list[torch.Tensor]:
+    """The case through an impl adapter's runner: its layout, its step context."""
+    dtype = DTYPES[case.dtype]
+    q, k, v, dout = inputs
+    local = [runner.shard(t).to(dtype).requires_grad_(True) for t in (q, k, v)]
+    with runner.context():
+        out = runner.forward(*local)
+        out.backward(runner.shard(dout).to(dtype))
+    grads = [x.grad for x in local]
+    if any(g is None for g in grads):
+        raise CpbenchError(f"{case.impl}: the backward produced no gradient for q, k or v")
+    return [runner.unshard(t) for t in (out.detach(), *grads)]
+
+
+def run_case_on_rank(case: VerifyCase, device: torch.device) -> dict | None:
+    """Collective: run one case on every rank; rank 0 returns the errors, others None."""
+    import torch.distributed as dist  # noqa: PLC0415
+
+    from cpbench.attention import reference_attention  # noqa: PLC0415
+
+    inputs = _global_inputs(case, device)
+    tolerances = dict.fromkeys(("out", "dq", "dk", "dv"), TOLERANCE[case.dtype])
+    known: list[str] = []
+    if case.impl == DEFAULT_IMPL:
+        gathered = _run_cpbench(case, inputs)
+    else:
+        from cpbench.impls import get_adapter  # noqa: PLC0415
+
+        adapter = get_adapter(check_impl(case.impl))
+        config = case.bench_config(device.type)
+        gathered = _run_impl(case, adapter.prepare(config), inputs)
+        for issue in adapter.known_issues(config):
+            known.append(issue.description)
+            for name in issue.tensors:
+                tolerances[name] = max(tolerances[name], issue.tolerance)
+    if dist.get_rank() != 0:
+        return None
+    q, k, v, dout = inputs
+    dtype = DTYPES[case.dtype]
+    ref_inputs = [t.to(dtype).double().requires_grad_(True) for t in (q, k, v)]
+    ref_out = reference_attention(*ref_inputs, causal=case.causal)
+    ref_out.backward(dout.to(dtype).double())
+    refs = [ref_out.detach(), *(x.grad for x in ref_inputs)]
+    errors = {
+        name: float((got.double() - ref).abs().max())
+        for name, got, ref in zip(("out", "dq", "dk", "dv"), gathered, refs, strict=True)
+    }
+    bounds = {
+        name: error_bound(case.dtype, ref, tolerances[name])
+        for name, ref in zip(("out", "dq", "dk", "dv"), refs, strict=True)
+    }
+    result = {
+        **asdict(case),
+        "scheme": case.scheme,
+        "label": case.label,
+        "errors": errors,
+        "max_error": max(errors.values()),
+        "bounds": bounds,
+        "tolerance": max(bounds.values()),
+        "passed": all(errors[n] <= bounds[n] for n in errors),
+    }
+    if known:
+        result["tolerances"] = tolerances
+        result["known_issues"] = known
+    return result
+
+
+def run_cases_on_rank(cases: list[VerifyCase], device: str = "cpu") -> list[dict | None]:
+    """Pool task: run a batch of cases; an exception in one case is recorded, not raised."""
+    dev = torch.device(device)
+    out: list[dict | None] = []
+    for case in cases:
+        try:
+            out.append(run_case_on_rank(case, dev))
+        except CpbenchError as exc:  # deterministic on every rank: no collective is left open
+            out.append({**asdict(case), "label": case.label, "passed": False, "error": str(exc)})
+    return out
+
+
+def check_seq_len(config: BenchConfig, cap: int) -> int:
+    """The length the reference check runs at: min(L, cap) rounded down to a valid length
+    (TransformerEngine also needs 2P equal chunks)."""
+    divisor = seq_divisor(config.ulysses, config.ring, config.layout)
+    if config.impl.startswith("transformer_engine"):
+        divisor = math.lcm(divisor, 2 * config.world_size)
+    return max(divisor, min(config.seq_len, cap) // divisor * divisor)
+
+
+def _device(config: BenchConfig) -> torch.device:
+    if config.device == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def agreed(fn: Callable[[], Any], device: torch.device) -> Any:
+    """Run `fn` on every rank; when it raises on any rank, raise on every rank.
+
+    The reference check ends with work only rank 0 does (the float64 reference, the likeliest
+    place to run out of memory); without this agreement the other ranks would walk into the
+    timing collectives alone and hang there until a timeout kills them all."""
+    error: Exception | None = None
+    value = None
+    try:
+        value = fn()
+    except Exception as exc:  # noqa: BLE001 - re-raised below, on every rank
+        error = exc
+    flag = torch.tensor([0.0 if error is None else 1.0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    if error is not None:
+        raise error
+    if flag.item() > 0:
+        raise CpbenchError("another rank failed during the reference check")
+    return value
+
+
+def random_shards(config: BenchConfig, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """This rank's q, k, v (requiring grad when the phase has a backward) and dout: random
+    local shards of the configuration's shape (values do not matter for timing)."""
+    dtype = DTYPES[config.dtype]
+    local_len = config.seq_len // config.world_size
+    g = torch.Generator(device=device).manual_seed(1000 + dist.get_rank())
+    backward = config.phase == "fwd+bwd"
+
+    def rand(heads: int) -> torch.Tensor:
+        shape = (config.batch, local_len, heads, config.head_dim)
+        return torch.randn(shape, generator=g, device=device, dtype=dtype)
+
+    q, k, v = (
+        rand(h).requires_grad_(backward) for h in (config.heads, config.kv_heads, config.kv_heads)
+    )
+    return q, k, v, rand(config.heads)
+
+
+def reference_check(
+    config: BenchConfig, check_len: int, device: torch.device
+) -> dict[str, Any] | None:
+    """The record's `accuracy` (rank 0; None elsewhere): the configuration, at `check_len`
+    tokens, through the same path as `cpbench verify` — cpbench's or the impl's adapter."""
+    case = VerifyCase(
+        ulysses=config.ulysses,
+        ring=config.ring,
+        layout=config.layout,
+        causal=config.causal,
+        heads=config.heads,
+        kv_heads=config.kv_heads,
+        seq_len=check_len,
+        head_dim=config.head_dim,
+        batch=config.batch,
+        dtype=config.dtype,
+        kernel=config.backend,
+        impl=config.impl,
+    )
+    result = run_case_on_rank(case, device)
+    if result is None:
+        return None
+    accuracy = {
+        "max_abs_error": result["max_error"],
+        "errors": result["errors"],
+        "check_seq_len": case.seq_len,
+        "tolerance": result["tolerance"],
+        "bounds": result["bounds"],
+        "passed": result["passed"],
+    }
+    if "known_issues" in result:
+        accuracy["tolerances"] = result["tolerances"]
+        accuracy["known_issues"] = result["known_issues"]
+    return accuracy

@@ -1,0 +1,71 @@
+"""What every command module shares: the typer app, the consoles, the `command` decorator that
+turns errors into exit codes (once, here) and device resolution."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
+
+import typer
+from rich.console import Console
+
+from cpbench.errors import CpbenchError
+
+app = typer.Typer(
+    name="cpbench",
+    help="Benchmark and auto-tune context-parallel attention (Ulysses, Ring, USP).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console()
+err_console = Console(stderr=True, soft_wrap=True)
+
+Device = Literal["auto", "cpu", "cuda"]
+
+
+def command(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Register a command; a CpbenchError becomes one line on stderr and exit code 2 (the one
+    place where domain errors meet the process exit code)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except CpbenchError as exc:
+            err_console.print(f"cpbench: error: {exc}", markup=False, highlight=False)
+            raise typer.Exit(2) from None
+
+    return app.command()(wrapper)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from cpbench import __version__  # noqa: PLC0415
+
+        console.print(f"cpbench {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True,
+                     help="Print the version and exit."),
+    ] = False,
+) -> None:
+    """cpbench: measure, model and recommend context-parallel attention configurations."""
+
+
+def resolve_device(device: str) -> str:
+    import torch  # noqa: PLC0415 - keep `cpbench --help` fast
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise CpbenchError("device 'cuda' requested but torch sees no CUDA device")
+    return device
+
+

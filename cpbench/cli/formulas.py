@@ -1,0 +1,42 @@
+"""`cpbench formulas`: a thin typer wrapper around `cpbench.app.formulas`."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from cpbench.cli.common import command, console
+from cpbench.config.vocabulary import Dtype, Layout
+
+
+@command
+def formulas(
+    seq_len: Annotated[int, typer.Option(help="Global sequence length L in tokens.")] = 131072,
+    heads: Annotated[int, typer.Option(help="Query heads h.")] = 32,
+    kv_heads: Annotated[int, typer.Option(help="KV heads h_kv (GQA when < heads).")] = 8,
+    head_dim: Annotated[int, typer.Option(help="Head dimension d_h.")] = 128,
+    batch: Annotated[int, typer.Option(help="Micro-batch B.")] = 1,
+    ulysses: Annotated[int, typer.Option(help="Ulysses degree U.")] = 1,
+    ring: Annotated[int, typer.Option(help="Ring degree R.")] = 1,
+    layout: Annotated[Layout, typer.Option(help="Token layout.")] = "zigzag",
+    dtype: Annotated[Dtype, typer.Option(help="Activation dtype.")] = "bfloat16",
+    causal: Annotated[bool, typer.Option("--causal/--no-causal", help="Causal mask.")] = True,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
+) -> None:
+    """Print the analytic communication volumes (formula and value), FLOPs, per-rank causal
+    work and imbalance, memory per rank and tensor shapes of one U x R configuration."""
+    from cpbench.app.formulas import formulas_report  # noqa: PLC0415
+    from cpbench.render.formulas import render_formulas  # noqa: PLC0415
+
+    report = formulas_report(
+        seq_len, heads, kv_heads, head_dim, batch, ulysses, ring, layout, dtype, causal
+    )
+    if as_json:
+        print(json.dumps(report, indent=1))
+        return
+    for table in render_formulas(report):
+        console.print(table)
+
+

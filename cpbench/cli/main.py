@@ -1,0 +1,37 @@
+"""The `cpbench` console entry point: the typer app with every command module registered.
+
+Command modules register themselves on `cpbench.cli.common.app` when imported; this module
+imports them all, then runs the app with usage errors turned into exit code 2."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from cpbench.cli import formulas as _formulas  # noqa: F401
+from cpbench.cli import recommend as _recommend  # noqa: F401
+from cpbench.cli import report as _report  # noqa: F401
+from cpbench.cli import sweep as _sweep  # noqa: F401
+from cpbench.cli import verify as _verify  # noqa: F401
+from cpbench.cli.common import app, err_console
+
+
+def main() -> None:
+    """Console entry point: the app, with usage errors (unknown option, a value of the wrong
+    type) printed as one line on stderr with exit code 2, like the domain errors."""
+    try:
+        code = app(standalone_mode=False, prog_name="cpbench")
+    except typer.TyperException as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":
+            exc.show()  # type: ignore[attr-defined] - prints the help text
+        else:
+            message = " ".join(exc.format_message().split())
+            err_console.print(f"cpbench: error: {message}", markup=False, highlight=False)
+        sys.exit(getattr(exc, "exit_code", 2))
+    except typer.Abort:
+        err_console.print("cpbench: aborted")
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)
+
+

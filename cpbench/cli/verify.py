@@ -1,0 +1,77 @@
+"""`cpbench verify`: a thin typer wrapper around `cpbench.app.verify.run_verify`."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from cpbench.cli.common import Device, command, console, resolve_device
+from cpbench.config.impls import IMPLS, Impl
+from cpbench.config.vocabulary import Backend, Dtype
+from cpbench.render.tables import verify_tables
+
+
+@command
+def verify(
+    world_size: Annotated[
+        int | None,
+        typer.Option(help="Ranks to spawn (default: all GPUs on CUDA, 4 on CPU)."),
+    ] = None,
+    device: Annotated[Device, typer.Option(help="auto picks cuda when available.")] = "auto",
+    dtype: Annotated[
+        Dtype,
+        typer.Option(help="Input dtype (default float32 on CPU, bfloat16 on CUDA)."),
+    ] = None,  # type: ignore[assignment]
+    kernel: Annotated[
+        Backend, typer.Option(help="Local attention kernel.")
+    ] = "auto",
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
+    impl: Annotated[
+        Impl,
+        typer.Option(
+            help="Implementation to check (cpbench's own, or an installed external library: "
+            f"{', '.join(IMPLS[1:])}); cases it cannot run are listed as skipped."
+        ),
+    ] = "cpbench",
+) -> None:
+    """Check every scheme x layout x causal x GQA case against the single-process reference.
+
+    Spawns the ranks once (gloo on CPU, NCCL on GPUs), compares the forward output and
+    dQ/dK/dV with a float64 reference, prints a table and exits 1 on any mismatch.
+    """
+    import torch  # noqa: PLC0415
+
+    from cpbench.app.verify import run_verify  # noqa: PLC0415
+
+    dev = resolve_device(device)
+    n = (
+        world_size
+        if world_size is not None
+        else (torch.cuda.device_count() if dev == "cuda" else 4)
+    )
+    records = run_verify(
+        n, dev, dtype or ("bfloat16" if dev == "cuda" else "float32"), kernel, impl=impl
+    )
+    failed = [r for r in records if r["passed"] is False]
+    if as_json:
+        print(
+            json.dumps(
+                {
+                    "world_size": n,
+                    "device": dev,
+                    "impl": impl,
+                    "cases": records,
+                    "passed": not failed,
+                },
+                indent=1,
+            )
+        )
+    else:
+        for renderable in verify_tables(records, n, dev, impl):
+            console.print(renderable, highlight=False)
+    if failed:
+        raise typer.Exit(1)
+
+

@@ -1,0 +1,252 @@
+"""`BenchConfig`: one benchmark point, the configuration type every layer shares.
+
+Pure Python (no torch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from cpbench.config.constraints import AttentionShape, Feasibility, check_mesh, seq_divisor
+from cpbench.config.impls import DEFAULT_IMPL, IMPLS
+from cpbench.config.vocabulary import (
+    BACKENDS,
+    DEVICES,
+    DTYPES,
+    LAYOUTS,
+    PHASES,
+    Backend,
+    Device,
+    Dtype,
+    Layout,
+    Phase,
+    Scheme,
+)
+from cpbench.errors import CpbenchError
+
+
+def factorizations(world_size: int) -> list[tuple[int, int]]:
+    """Every (U, R) with U * R == world_size, pure ring (U = 1) first.
+
+    Same order as `cpbench.app.verify.factorizations`, repeated here to keep this module free of
+    torch."""
+    return [(u, world_size // u) for u in range(1, world_size + 1) if world_size % u == 0]
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# --------------------------------------------------------------------------------------------
+# One benchmark point
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """One benchmark point: a model shape on a U x R mesh with a layout, kernel and phase."""
+
+    seq_len: int
+    """L: global sequence length in tokens."""
+    batch: int
+    """B: sequences per micro-batch."""
+    heads: int
+    """h: query heads."""
+    kv_heads: int
+    """h_kv: key/value heads (GQA when smaller than heads)."""
+    head_dim: int
+    """d_h: channels per head."""
+    dtype: Dtype
+    """Element type of Q, K, V and the output."""
+    causal: bool
+    """Causal (decoder) mask when true, full attention when false."""
+    ulysses: int
+    """U: Ulysses (all-to-all) degree."""
+    ring: int
+    """R: ring degree."""
+    layout: Layout
+    """How the sequence is cut over the ring: contiguous, zigzag or striped."""
+    kv_replication: int | None
+    """Copies of each KV head before the Ulysses exchange; None = as many as the mesh needs,
+    1 = none allowed."""
+    backend: Backend
+    """Local attention kernel requested (auto picks the best available)."""
+    phase: Phase
+    """What is timed: the forward pass, or forward plus backward."""
+    device: Device
+    """Where the ranks run: cpu (gloo) or cuda (nccl)."""
+    world_size: int
+    """Number of ranks (U x R for a feasible point)."""
+    nodes: int = 1
+    """Hosts the ranks span (torchrun --nnodes)."""
+    impl: str = DEFAULT_IMPL
+    """Which implementation runs the attention: cpbench's own or an external library
+    (`cpbench.config.impls.IMPLS`)."""
+
+    def __post_init__(self) -> None:
+        for name in ("seq_len", "batch", "heads", "kv_heads", "head_dim", "ulysses", "ring"):
+            _check_positive_int(name, getattr(self, name))
+        for name in ("world_size", "nodes"):
+            _check_positive_int(name, getattr(self, name))
+        for name, allowed in (
+            ("dtype", DTYPES),
+            ("layout", LAYOUTS),
+            ("backend", BACKENDS),
+            ("phase", PHASES),
+            ("device", DEVICES),
+            ("impl", IMPLS),
+        ):
+            if getattr(self, name) not in allowed:
+                raise CpbenchError(
+                    f"{name} {getattr(self, name)!r} is not one of {', '.join(allowed)}"
+                )
+        if not isinstance(self.causal, bool):
+            raise CpbenchError(f"causal must be true or false, got {self.causal!r}")
+        if self.kv_replication is not None:
+            _check_positive_int("kv_replication", self.kv_replication)
+
+    @property
+    def shape(self) -> AttentionShape:
+        """The global attention problem (raises CpbenchError if kv_heads does not divide heads)."""
+        return AttentionShape(
+            seq_len=self.seq_len,
+            heads=self.heads,
+            kv_heads=self.kv_heads,
+            head_dim=self.head_dim,
+            batch=self.batch,
+        )
+
+    def feasibility(self) -> Feasibility:
+        """Whether the point can run, why not, and the KV replication it uses."""
+        try:
+            shape = self.shape
+        except CpbenchError as exc:
+            return Feasibility(False, str(exc))
+        return check_mesh(
+            shape, self.ulysses, self.ring, self.layout, self.kv_replication, self.world_size
+        )
+
+    @property
+    def scheme(self) -> Scheme:
+        """single (U = R = 1), ring (U = 1), ulysses (R = 1) or usp (both > 1)."""
+        if self.ulysses == 1:
+            return "single" if self.ring == 1 else "ring"
+        return "ulysses" if self.ring == 1 else "usp"
+
+    @property
+    def key(self) -> str:
+        """Stable id of the point (the record's "id", used by --resume); differs whenever any
+        field differs. kv_replication appears as requested ("repauto" for automatic); the impl
+        is appended unless it is cpbench's own (ids of earlier results stay valid)."""
+        rep = "auto" if self.kv_replication is None else str(self.kv_replication)
+        key = (
+            f"L{self.seq_len}-B{self.batch}-h{self.heads}-kv{self.kv_heads}-d{self.head_dim}"
+            f"-{self.dtype}-{'causal' if self.causal else 'full'}"
+            f"-U{self.ulysses}xR{self.ring}-{self.layout}-rep{rep}-{self.backend}-{self.phase}"
+            f"-{self.device}-w{self.world_size}"
+        )
+        key = key if self.nodes == 1 else f"{key}-n{self.nodes}"
+        return key if self.impl == DEFAULT_IMPL else f"{key}-impl_{self.impl}"
+
+    def check_seq_len(self, max_seq_len: int) -> int:
+        """Sequence length of the correctness check: min(seq_len, max_seq_len) rounded down to
+        a multiple the mesh and layout accept (never below one such multiple)."""
+        divisor = seq_divisor(self.ulysses, self.ring, self.layout)
+        length = min(self.seq_len, max_seq_len) // divisor * divisor
+        return max(length, divisor)
+
+    def to_dict(self, kv_replication: int | None = None, kernel: str | None = None) -> dict:
+        """The record's "config" dict (see cpbench.results.schema), with the resolved KV replication
+        (None keeps the requested value) and the kernel actually used (None when not run)."""
+        return {
+            "seq_len": self.seq_len,
+            "batch": self.batch,
+            "heads": self.heads,
+            "kv_heads": self.kv_heads,
+            "head_dim": self.head_dim,
+            "dtype": self.dtype,
+            "causal": self.causal,
+            "ulysses": self.ulysses,
+            "ring": self.ring,
+            "layout": self.layout,
+            "kv_replication": self.kv_replication if kv_replication is None else kv_replication,
+            "backend": self.backend,
+            "kernel": kernel,
+            "device": self.device,
+            "world_size": self.world_size,
+            "nodes": self.nodes,
+            "phase": self.phase,
+            "scheme": self.scheme,
+            "impl": self.impl,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> BenchConfig:
+        """Rebuild a point from a record's "config" dict; extra keys (scheme, kernel) are
+        ignored. Its kv_replication is the recorded (resolved) value; a record without "impl"
+        (written before the impl axis) is cpbench's own."""
+        names = [f.name for f in fields(cls)]
+        missing = [n for n in names if n not in d and n not in ("nodes", "impl")]
+        if missing:
+            raise CpbenchError(f"config record lacks {', '.join(missing)}")
+        return cls(**{n: d[n] for n in names if n in d})
+
+
+def _check_positive_int(name: str, value: object) -> None:
+    if not _is_int(value) or value <= 0:  # type: ignore[operator]
+        raise CpbenchError(f"{name} must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True)
+class VerifyCase:
+    """One correctness case of `cpbench verify` (and of the check before every benchmarked
+    point): a mesh, layout, mask and GQA shape on small tensors drawn from `seed`."""
+
+    ulysses: int
+    ring: int
+    layout: str
+    causal: bool
+    heads: int
+    kv_heads: int
+    seq_len: int
+    head_dim: int = 16
+    batch: int = 2
+    dtype: str = "float32"
+    kernel: str = "auto"
+    seed: int = 0
+    impl: str = DEFAULT_IMPL
+
+    @property
+    def scheme(self) -> str:
+        if self.ulysses == 1:
+            return "ring"
+        return "ulysses" if self.ring == 1 else "usp"
+
+    @property
+    def label(self) -> str:
+        label = (
+            f"{self.scheme} U{self.ulysses}xR{self.ring} {self.layout} "
+            f"{'causal' if self.causal else 'full'} h{self.heads}/kv{self.kv_heads}"
+        )
+        return label if self.impl == DEFAULT_IMPL else f"{self.impl} {label}"
+
+    def bench_config(self, device: str) -> BenchConfig:
+        """The case as a BenchConfig (fwd+bwd), for the impl adapters' capability checks."""
+        return BenchConfig(
+            seq_len=self.seq_len,
+            batch=self.batch,
+            heads=self.heads,
+            kv_heads=self.kv_heads,
+            head_dim=self.head_dim,
+            dtype=self.dtype,  # type: ignore[arg-type]
+            causal=self.causal,
+            ulysses=self.ulysses,
+            ring=self.ring,
+            layout=self.layout,  # type: ignore[arg-type]
+            kv_replication=None,
+            backend=self.kernel,  # type: ignore[arg-type]
+            phase="fwd+bwd",
+            device=device,  # type: ignore[arg-type]
+            world_size=self.ulysses * self.ring,
+            impl=self.impl,
+        )

@@ -1,1 +1,0 @@
-"""Input and output: scenarios (TOML), results store (JSONL), schema."""

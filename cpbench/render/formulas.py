@@ -1,0 +1,214 @@
+"""Rich tables of a `cpbench.app.formulas.formulas_report` dict."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.table import Table
+
+from cpbench.model.formulas import PHASES
+from cpbench.units import format_bytes, format_count
+
+
+def _shape_text(shape: list[int] | None) -> str:
+    return "-" if shape is None else "[" + ", ".join(str(x) for x in shape) + "]"
+
+
+def render_formulas(report: dict[str, Any]) -> list[Table]:
+    """Rich tables of a `formulas_report` dict, in reading order."""
+    return [
+        _configuration_table(report),
+        _shapes_table(report),
+        _communication_table(report),
+        _nccl_table(report),
+        _flops_table(report),
+        _work_table(report),
+        _memory_table(report),
+        _what_if_table(report),
+    ]
+
+
+def _configuration_table(report: dict[str, Any]) -> Table:
+    table = Table(title="Configuration", show_header=False)
+    table.add_column("name")
+    table.add_column("value")
+    for key, value in report["inputs"].items():
+        table.add_row(key, str(value))
+    for key, value in report["mesh"].items():
+        table.add_row(key, str(value))
+    symbols = ", ".join(f"{k}={v}" for k, v in report["symbols"].items())
+    table.add_row("symbols", symbols)
+    return table
+
+
+def _shapes_table(report: dict[str, Any]) -> Table:
+    mesh = report["mesh"]
+    table = Table(
+        title="Per-rank tensor shapes",
+        caption=f"{mesh['tokens_per_rank']} tokens per rank, ring shard "
+        f"{mesh['ring_shard_tokens']} tokens",
+    )
+    for column in ("tensor", "local (sequence shard)", "after all-to-all (head shard)"):
+        table.add_column(column)
+    shapes = report["shapes"]
+    table.add_row(
+        "q", _shape_text(shapes["q"]["local"]), _shape_text(shapes["q"]["after_all_to_all"])
+    )
+    for name in ("k", "v"):
+        local = _shape_text(shapes[name]["local"])
+        if shapes[name]["replicated"] != shapes[name]["local"]:
+            local += f" -> replicated {_shape_text(shapes[name]['replicated'])}"
+        table.add_row(name, local, _shape_text(shapes[name]["after_all_to_all"]))
+    table.add_row("o", _shape_text(shapes["o"]["local"]), _shape_text(shapes["o"]["heads"]))
+    table.add_row("lse (fp32)", "", _shape_text(shapes["lse"]))
+    table.add_row("ring K/V chunk", "", _shape_text(shapes["ring_kv_chunk"]))
+    return table
+
+
+def _communication_table(report: dict[str, Any]) -> Table:
+    comm = report["communication"]
+    table = Table(title="Communication per rank, one layer", caption=comm["convention"])
+    for column in ("phase", "collective", "calls", "formula (elements sent)", "substituted"):
+        table.add_column(column)
+    table.add_column("elements", justify="right")
+    table.add_column("bytes", justify="right")
+    for phase in PHASES:
+        for stage in comm[phase]["stages"]:
+            for c in stage["collectives"]:
+                table.add_row(
+                    phase,
+                    f"{c['name']} ({c['kind']})",
+                    str(c["calls"]),
+                    c["formula"],
+                    c["substituted"],
+                    format_count(c["elements_sent"]),
+                    format_bytes(c["bytes_sent"]),
+                )
+            table.add_row(
+                phase,
+                f"{stage['stage']} total",
+                "",
+                stage["bytes_formula"] + " bytes",
+                stage["bytes_substituted"],
+                format_count(stage["elements_sent"]),
+                format_bytes(stage["bytes_sent"]),
+                style="bold",
+            )
+        totals = comm[phase]
+        table.add_row(
+            phase,
+            "per rank / all ranks",
+            "",
+            "",
+            "",
+            format_count(totals["elements_per_rank"]),
+            f"{format_bytes(totals['bytes_per_rank'])} / {format_bytes(totals['global_bytes'])}",
+            style="bold",
+            end_section=True,
+        )
+    return table
+
+
+def _nccl_table(report: dict[str, Any]) -> Table:
+    nccl = report["nccl_tests"]
+    table = Table(title="nccl-tests view (per call)", caption=nccl["convention"])
+    for column in ("phase", "collective", "kind", "n", "calls"):
+        table.add_column(column)
+    for column in ("size", "busbw / algbw", "bus bytes"):
+        table.add_column(column, justify="right")
+    for row in nccl["collectives"]:
+        table.add_row(
+            row["phase"],
+            row["name"],
+            row["kind"],
+            str(row["group_size"]),
+            str(row["calls"]),
+            format_bytes(row["size_bytes"]),
+            f"{row['busbw_factor']:.4g}",
+            format_bytes(row["bus_bytes_per_call"]),
+        )
+    return table
+
+
+def _flops_table(report: dict[str, Any]) -> Table:
+    flops = report["flops"]
+    table = Table(title="Attention FLOPs, one layer", caption=flops["convention"])
+    for column in ("", "forward", "backward", "forward+backward"):
+        table.add_column(column, justify="right")
+    g = flops["global"]
+    table.add_row(
+        "all ranks",
+        format_count(g["forward"]),
+        format_count(g["backward"]),
+        format_count(g["forward_backward"]),
+    )
+    slow = flops["slowest_rank"]
+    table.add_row(
+        "slowest rank", format_count(slow["forward"]), "", format_count(slow["forward_backward"])
+    )
+    return table
+
+
+def _work_table(report: dict[str, Any]) -> Table:
+    work, flops, mesh = report["work"], report["flops"], report["mesh"]
+    u = report["inputs"]["ulysses"]
+    table = Table(
+        title=f"Work per rank ({work['layout']}, {'causal' if work['causal'] else 'full'})",
+        caption=f"imbalance (slowest / mean) = {work['imbalance']:.4f}; unit: {work['unit']}",
+    )
+    for column in ("ring rank", "global ranks"):
+        table.add_column(column)
+    for column in ("pairs per rank", "chunk units", "fwd FLOPs per rank"):
+        table.add_column(column, justify="right")
+    for j, pairs in enumerate(work["ring_rank_pairs"]):
+        p = j * u
+        table.add_row(
+            str(j),
+            f"{p}..{p + u - 1}" if u > 1 else str(p),
+            format_count(pairs / u),
+            f"{work['rank_chunk_units'][p]:.6g}",
+            format_count(flops["per_rank"]["forward"][p]),
+        )
+    table.add_row("world", str(mesh["world_size"]), format_count(work["total_pairs"]), "", "")
+    return table
+
+
+def _memory_table(report: dict[str, Any]) -> Table:
+    memory = report["memory"]
+    table = Table(title="Memory per rank, one layer (lower bound)")
+    for column in ("item", "shape", "dtype", "phase", "bytes", "alive in"):
+        table.add_column(column, justify="right" if column == "bytes" else "left")
+    for item in memory["items"]:
+        table.add_row(
+            item["name"],
+            _shape_text(item["shape"]),
+            item["dtype"],
+            item["phase"],
+            format_bytes(item["bytes"]),
+            ", ".join(item["stages"]),
+        )
+    for phase in ("forward", "forward_backward"):
+        m = memory[phase]
+        table.add_row(
+            f"{phase} total / peak",
+            "",
+            "",
+            "",
+            f"{format_bytes(m['total'])} / {format_bytes(m['peak'])}",
+            f"peak in {m['peak_stage']}",
+            style="bold",
+        )
+    return table
+
+
+def _what_if_table(report: dict[str, Any]) -> Table:
+    what_if = report["what_if"]
+    table = Table(
+        title=f"Largest sequence fitting {what_if['budget_gib']} GiB per rank (attention only)",
+        caption=f"multiples of {what_if['seq_divisor']}",
+    )
+    table.add_column("phase")
+    table.add_column("max seq_len", justify="right")
+    table.add_row("forward", f"{what_if['max_seq_len_forward']:,}")
+    table.add_row("forward+backward", f"{what_if['max_seq_len_forward_backward']:,}")
+    return table
