@@ -1,7 +1,26 @@
-"""The one exception type the CLI turns into a clear message and exit code 2."""
+"""The exceptions the CLI turns into exit codes, once (`cpbench.cli.common.command`).
+
+- `CpbenchError`: bad input or an impossible configuration; the message names the values and the
+  rule. Exit code 2.
+- `RunFailure`: the input was fine but running it failed: a rank raised or died, a task hung past
+  its timeout. Exit code 1, like a wrong result (a benchmark that could not measure must not pass
+  for one that did).
+"""
 
 from __future__ import annotations
 
 
 class CpbenchError(ValueError):
     """Bad input or an impossible configuration; the message names the values and the rule."""
+
+
+class RunFailure(RuntimeError):
+    """Running a valid configuration failed (a rank raised or died, a task timed out)."""
+
+
+EXIT_OK = 0
+EXIT_WRONG_RESULT = 1
+"""A result failed its reference check, measured bytes differ from the analytic bytes, or the run
+itself failed (`RunFailure`)."""
+EXIT_BAD_INPUT = 2
+"""`CpbenchError`, or a usage error (unknown option, a value of the wrong type)."""

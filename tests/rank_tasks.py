@@ -75,6 +75,23 @@ def measure_or_misbehave(config: dict, settings: dict) -> dict:
     return measure_config(config, settings)
 
 
+def measure_then_corrupt(config: dict, settings: dict) -> dict:
+    """`measure_config`, then one wrong result injected on rank 0 by head_dim: 24 counts one
+    byte more than the forward sent (a byte mismatch), 40 fails the reference check. The
+    record assembly and the CLI's exit code must both notice."""
+    import torch.distributed as dist  # noqa: PLC0415
+
+    from cpbench.bench.measure import measure_config  # noqa: PLC0415
+
+    result = measure_config(config, settings)
+    if dist.get_rank() == 0 and config["head_dim"] == 24:
+        collective = sorted(result["bytes"]["fwd"])[0]
+        result["bytes"]["fwd"][collective] += 1
+    if dist.get_rank() == 0 and config["head_dim"] == 40:
+        result["accuracy"] = {**result["accuracy"], "passed": False}
+    return result
+
+
 def impl_layouts(seq_len: int, ulysses: int, ring: int) -> dict[str, bool]:
     """Each library's own shard of an arange sequence vs cpbench's `positions` (on every rank):
     yunchang's extract_local per ring_impl_type, torch's head-tail / plain sharding."""

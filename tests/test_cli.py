@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import functools
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
+from cpbench.app import sweep as sweep_service
+from cpbench.bench.pool import TaskError
 from cpbench.cli.main import app
+from cpbench.results.store import read_records
+from tests import rank_tasks
 
 runner = CliRunner()
 
@@ -74,3 +80,86 @@ def test_console_entry_point_usage_errors_are_one_line(args: list[str], message:
     assert done.stdout == ""
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("cpbench: error:") and message in lines[0]
+
+
+SWEEP = """
+name = "exit-codes"
+description = "one good point, one byte mismatch, one failed reference check"
+world_size = 2
+device = "cpu"
+warmup = 0
+iters = 1
+timeout = 60
+
+[axes]
+seq_len = [64]
+heads = [4]
+kv_heads = [4]
+head_dim = {head_dims}
+mesh = ["1x2"]
+layout = ["zigzag"]
+dtype = "float32"
+phase = ["fwd+bwd"]
+"""
+
+
+def _sweep_file(tmp_path: Path, head_dims: str) -> Path:
+    path = tmp_path / "exit-codes.toml"
+    path.write_text(SWEEP.format(head_dims=head_dims), encoding="utf-8")
+    return path
+
+
+def test_sweep_exits_1_on_a_wrong_result_and_0_when_all_are_right(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real sweep on 2 gloo ranks (one spawn); rank 0 corrupts head_dim 24's counted bytes
+    and head_dim 40's reference check (tests/rank_tasks.py). nccl-tests' rule: a benchmark
+    that found a wrong result fails."""
+    monkeypatch.setattr(
+        sweep_service,
+        "run_sweep",
+        functools.partial(sweep_service.run_sweep, task=rank_tasks.measure_then_corrupt),
+    )
+    out = tmp_path / "r.jsonl"
+    result = runner.invoke(
+        app, ["sweep", str(_sweep_file(tmp_path, "[16, 24, 40]")), "--out", str(out)]
+    )
+    assert result.exit_code == 1, result.output
+    records = {r["config"]["head_dim"]: r for r in read_records(out)}
+    assert records[16]["status"] == "ok" and records[16]["comm"]["match"] is True
+    assert records[24]["comm"]["match"] is False
+    assert records[40]["status"] == "failed" and records[40]["accuracy"]["passed"] is False
+    assert "FAILED: measured bytes != analytic bytes for 1 configuration" in result.output
+    assert "FAILED: result differs from the reference for 1 configuration" in result.output
+
+    good = tmp_path / "good.jsonl"
+    result = runner.invoke(app, ["sweep", str(_sweep_file(tmp_path, "[16]")), "--out", str(good)])
+    assert result.exit_code == 0, result.output
+    assert [r["status"] for r in read_records(good)] == ["ok"]
+
+
+def test_a_crashed_rank_exits_1_not_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank that dies is a failed run, not bad input."""
+
+    def crash(*args: object, **kwargs: object) -> None:
+        raise TaskError("rank 1: process died (exit code -9)", {1: "died"}, restarted=True)
+
+    monkeypatch.setattr(sweep_service, "run_sweep", crash)
+    result = runner.invoke(app, ["sweep", str(_sweep_file(tmp_path, "[16]")), "--out",
+                                 str(tmp_path / "r.jsonl")])
+    assert result.exit_code == 1
+    assert result.stderr.strip() == "cpbench: failed: rank 1: process died (exit code -9)"
+
+
+def test_run_kv_heads_defaults_to_heads(tmp_path: Path) -> None:
+    """`--heads 4` alone is MHA: the default never contradicts the other arguments."""
+    out = tmp_path / "run.jsonl"
+    result = runner.invoke(
+        app,
+        ["run", "--heads", "4", "--seq-len", "64", "--head-dim", "16", "--ring", "2",
+         "--warmup", "0", "--iters", "1", "--device", "cpu", "--out", str(out)],
+    )
+    assert result.exit_code == 0, result.output
+    (record,) = read_records(out)
+    assert (record["config"]["heads"], record["config"]["kv_heads"]) == (4, 4)
+    assert record["status"] == "ok"

@@ -22,14 +22,14 @@ from typing import Any
 
 import torch.multiprocessing as mp
 
-from cpbench.errors import CpbenchError
+from cpbench.errors import RunFailure
 
 ERROR_GRACE_SECONDS = 2.0
 """After one rank reports an error, how long the others get to report theirs before the pool
 is presumed stuck (they are usually blocked in a collective the failed rank never joins)."""
 
 
-class TaskError(CpbenchError):
+class TaskError(RunFailure):
     """A task raised on at least one rank, or a rank died."""
 
     def __init__(self, message: str, errors: dict[int, str], restarted: bool) -> None:
@@ -38,7 +38,7 @@ class TaskError(CpbenchError):
         self.restarted = restarted
 
 
-class TaskTimeout(CpbenchError):
+class TaskTimeout(RunFailure):
     """A task ran past its timeout; the pool's ranks were killed."""
 
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 
-from cpbench.errors import CpbenchError
+from cpbench.config.vocabulary import CliDevice
+from cpbench.errors import EXIT_BAD_INPUT, EXIT_WRONG_RESULT, CpbenchError, RunFailure
 
 app = typer.Typer(
     name="cpbench",
@@ -22,12 +23,13 @@ app = typer.Typer(
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
 
-Device = Literal["auto", "cpu", "cuda"]
+Device = CliDevice
 
 
 def command(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Register a command; a CpbenchError becomes one line on stderr and exit code 2 (the one
-    place where domain errors meet the process exit code)."""
+    """Register a command; the one place where errors meet the process exit code: a
+    CpbenchError (bad input) becomes one line on stderr and exit code 2, a RunFailure (a rank
+    raised or died, a timeout) one line and exit code 1."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -35,7 +37,10 @@ def command(fn: Callable[..., Any]) -> Callable[..., Any]:
             return fn(*args, **kwargs)
         except CpbenchError as exc:
             err_console.print(f"cpbench: error: {exc}", markup=False, highlight=False)
-            raise typer.Exit(2) from None
+            raise typer.Exit(EXIT_BAD_INPUT) from None
+        except RunFailure as exc:
+            err_console.print(f"cpbench: failed: {exc}", markup=False, highlight=False)
+            raise typer.Exit(EXIT_WRONG_RESULT) from None
 
     return app.command()(wrapper)
 

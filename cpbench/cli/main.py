@@ -15,6 +15,12 @@ from cpbench.cli import report as _report  # noqa: F401
 from cpbench.cli import sweep as _sweep  # noqa: F401
 from cpbench.cli import verify as _verify  # noqa: F401
 from cpbench.cli.common import app, err_console
+from cpbench.errors import EXIT_BAD_INPUT
+
+try:  # typer >= 0.28 vendors click and raises its own exception types
+    from typer import TyperException as UsageFailure
+except ImportError:  # typer 0.19 - 0.27 run on click
+    from click import ClickException as UsageFailure  # type: ignore[no-redef]
 
 
 def main() -> None:
@@ -22,13 +28,13 @@ def main() -> None:
     type) printed as one line on stderr with exit code 2, like the domain errors."""
     try:
         code = app(standalone_mode=False, prog_name="cpbench")
-    except typer.TyperException as exc:
+    except UsageFailure as exc:
         if type(exc).__name__ == "NoArgsIsHelpError":
-            exc.show()  # type: ignore[attr-defined] - prints the help text
+            exc.show()  # type: ignore[attr-defined]  # NoArgsIsHelpError: prints the help
         else:
             message = " ".join(exc.format_message().split())
             err_console.print(f"cpbench: error: {message}", markup=False, highlight=False)
-        sys.exit(getattr(exc, "exit_code", 2))
+        sys.exit(getattr(exc, "exit_code", EXIT_BAD_INPUT))
     except typer.Abort:
         err_console.print("cpbench: aborted")
         sys.exit(1)

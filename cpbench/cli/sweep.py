@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from cpbench.cli.common import command, console, resolve_device
+from cpbench.cli.common import Device, command, console, resolve_device
 from cpbench.config.impls import IMPL_HELP, Impl
-from cpbench.errors import CpbenchError
+from cpbench.config.vocabulary import DEFAULT_DTYPE, Backend, Dtype, Layout, Phase
+from cpbench.errors import EXIT_WRONG_RESULT, CpbenchError
 from cpbench.render.tables import results_table
-
-Device = Literal["auto", "cpu", "cuda"]
 
 
 @command
@@ -55,7 +54,10 @@ def _run_and_report(
     resume: bool,
     timeout: float | None,
     world_size: int | None,
+    single: bool = False,
 ) -> None:
+    """Run the sweep with a progress bar, print the table; exit 1 on any wrong result (and, for
+    `cpbench run`, when its one configuration failed or timed out)."""
     import torch  # noqa: PLC0415
 
     from cpbench.app.sweep import default_output, launched_by_torchrun, run_sweep  # noqa: PLC0415
@@ -105,7 +107,10 @@ def _run_and_report(
             on_start=on_start,
         )
         progress.update(task, completed=len(points), description=spec.name)
+    wrong = wrong_results(result.records)
     if quiet:
+        if wrong:
+            raise typer.Exit(EXIT_WRONG_RESULT)
         return
     console.print(results_table(result.records))
     counts = ", ".join(f"{v} {k}" for k, v in sorted(result.counts().items()))
@@ -116,34 +121,52 @@ def _run_and_report(
     if result.interrupted:
         console.print("[yellow]interrupted: every configuration finished so far is saved[/]")
         raise typer.Exit(130)
-    mismatches = [
-        r["id"] for r in result.records if r["status"] == "ok" and r["comm"]["match"] is False
-    ]
-    if mismatches:
+    for reason, ids in wrong.items():
         console.print(
-            f"[bold red]measured bytes != analytic bytes for {len(mismatches)} "
-            f"configurations: {', '.join(mismatches)}[/]"
+            f"[bold red]FAILED: {reason} for {len(ids)} configuration"
+            f"{'s' if len(ids) > 1 else ''}: {', '.join(ids)}[/]",
+            soft_wrap=True,
         )
+    if wrong:
+        raise typer.Exit(EXIT_WRONG_RESULT)
+    if single and any(r["status"] != "ok" for r in result.records):
+        raise typer.Exit(EXIT_WRONG_RESULT)  # `cpbench run`: its one configuration did not run
+
+
+def wrong_results(records: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """Ids of the records whose result is wrong, by reason: a failed reference check, or
+    measured bytes that differ from the analytic bytes. A configuration that crashed, ran out of
+    memory or timed out measured nothing wrong: it is recorded, and the sweep still passes."""
+    wrong: dict[str, list[str]] = {}
+    for r in records:
+        accuracy, comm = r.get("accuracy") or {}, r.get("comm") or {}
+        if accuracy.get("passed") is False:
+            wrong.setdefault("result differs from the reference", []).append(r["id"])
+        if r["status"] == "ok" and comm.get("match") is False:
+            wrong.setdefault("measured bytes != analytic bytes", []).append(r["id"])
+    return wrong
 
 
 @command
 def run(
     seq_len: Annotated[int, typer.Option(help="Global sequence length.")] = 4096,
     heads: Annotated[int, typer.Option(help="Query heads.")] = 8,
-    kv_heads: Annotated[int, typer.Option(help="KV heads.")] = 8,
+    kv_heads: Annotated[
+        int | None, typer.Option(help="KV heads (default: --heads, i.e. MHA).")
+    ] = None,
     head_dim: Annotated[int, typer.Option(help="Head dimension.")] = 64,
     batch: Annotated[int, typer.Option(help="Micro-batch.")] = 1,
     ulysses: Annotated[int, typer.Option(help="Ulysses degree U.")] = 1,
     ring: Annotated[int, typer.Option(help="Ring degree R.")] = 2,
-    layout: Annotated[Literal["contiguous", "zigzag", "striped"], typer.Option()] = "zigzag",
+    layout: Annotated[Layout, typer.Option(help="Token layout over the ring.")] = "zigzag",
     dtype: Annotated[
-        Literal["float32", "bfloat16", "float16"] | None,
+        Dtype | None,
         typer.Option(help="Default float32 on CPU, bfloat16 on CUDA."),
     ] = None,
     causal: Annotated[bool, typer.Option("--causal/--no-causal")] = True,
-    phase: Annotated[Literal["fwd", "fwd+bwd"], typer.Option()] = "fwd+bwd",
+    phase: Annotated[Phase, typer.Option()] = "fwd+bwd",
     backend: Annotated[
-        Literal["auto", "sdpa", "naive", "flash_attn"], typer.Option(help="Local attention kernel.")
+        Backend, typer.Option(help="Local attention kernel.")
     ] = "auto",
     warmup: Annotated[int, typer.Option()] = 1,
     iters: Annotated[int, typer.Option()] = 5,
@@ -176,9 +199,9 @@ def run(
                 "seq_len": seq_len,
                 "batch": batch,
                 "heads": heads,
-                "kv_heads": kv_heads,
+                "kv_heads": heads if kv_heads is None else kv_heads,
                 "head_dim": head_dim,
-                "dtype": dtype or ("bfloat16" if dev == "cuda" else "float32"),
+                "dtype": dtype or DEFAULT_DTYPE[dev],
                 "causal": causal,
                 "mesh": [f"{ulysses}x{ring}"],
                 "layout": layout,
@@ -196,4 +219,4 @@ def run(
     reason = impl_skip_reason(config)
     if reason:
         raise CpbenchError(f"impl {impl!r} cannot run this configuration: {reason}")
-    _run_and_report(spec, dev, out, False, timeout, None)
+    _run_and_report(spec, dev, out, False, timeout, None, single=True)
