@@ -319,6 +319,7 @@ impl = ["cpbench", "torch_cp", "ring_flash_attn", "yunchang", "transformer_engin
 
 def test_sweep_with_impl_axis_and_the_report(tmp_path: Path) -> None:
     from cpbench.app.report import build_report  # noqa: PLC0415
+    from cpbench.render.html import render_report  # noqa: PLC0415
     from cpbench.app.sweep import run_sweep  # noqa: PLC0415
     from cpbench.results.scenarios import load_scenario  # noqa: PLC0415
     from cpbench.results.store import read_records, records_frame  # noqa: PLC0415
@@ -361,7 +362,7 @@ def test_sweep_with_impl_axis_and_the_report(tmp_path: Path) -> None:
                                   "transformer_engine"}
     external = frame[(frame["impl"] != "cpbench") & (frame["status"] == "ok")]
     assert external["comm_mismatch"].isna().all()
-    report = build_report([out])
+    report = render_report(build_report([out]))
     assert "<th scope='col' data-type='text'>impl</th>" in report.html
     for impl in ("torch_cp", "ring_flash_attn", "yunchang"):
         assert f"{impl} (ring)" in report.html  # its own series in the bytes figure

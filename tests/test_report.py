@@ -17,18 +17,21 @@ from typer.testing import CliRunner
 
 from cpbench.app.report import (
     NO_PROFILE_NOTE,
-    Report,
+    ComparisonData,
+    ReportData,
     build_comparison,
     build_report,
     default_hardware,
     measured_best,
     measured_workload,
+    summarize,
     write_report,
 )
 from cpbench.cli.main import app
 from cpbench.errors import CpbenchError
 from cpbench.render import figures as F
-from cpbench.render.html import script_json, summarize
+from cpbench.render.html import STATIC_FILES, Page, environment, render_comparison, render_report
+from cpbench.results.frame import compare_frame
 from cpbench.results.store import SOURCE_KEY, read_records, records_frame
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -60,9 +63,14 @@ def frame(records: list[dict]) -> pd.DataFrame:
     return records_frame(records)
 
 
+def _report(paths: list[Path], **kwargs) -> Page:
+    """The service's data drawn as a page (what `cpbench report` writes)."""
+    return render_report(build_report(paths, **kwargs))
+
+
 @pytest.fixture(scope="module")
 def page() -> str:
-    return build_report([SWEEP], generated_at=WHEN).html
+    return _report([SWEEP], generated_at=WHEN).html
 
 
 def _strip(record: dict) -> dict:
@@ -243,7 +251,7 @@ def test_prediction_needs_predicted_times(frame: pd.DataFrame):
 
 def test_compare_frame_and_figure(frame: pd.DataFrame):
     after = records_frame(read_records(AFTER))
-    compared = F.compare_frame(frame, after)
+    compared = compare_frame(frame, after)
     matched = compared[compared["ratio"].notna()]
     assert len(matched) == 7 and len(compared) == len(frame)
     assert list(compared["ratio"].notna()[:7]) == [True] * 7  # matched rows first
@@ -256,7 +264,7 @@ def test_compare_frame_and_figure(frame: pd.DataFrame):
     colors = dict(zip(bars.y, bars.marker.color, strict=True))
     assert colors["U1xR4 zigzag 4K fwd+bwd"] == "#2ca02c"
     assert colors["U4xR1 contiguous 4K fwd+bwd"] == F.MISMATCH_COLOR  # slower
-    assert F.compare_figure(F.compare_frame(frame, frame.iloc[0:0])) is None
+    assert F.compare_figure(compare_frame(frame, frame.iloc[0:0])) is None
 
 
 def test_log_ticks_are_labelled_in_full():
@@ -321,7 +329,7 @@ def test_reasons_are_grouped_by_pattern(records: list[dict]):
         for u in (3, 5, 6)
     ]
     summary = summarize(skipped)
-    assert summary["reasons"]["skipped"] == [(3, "ulysses degree 3 must divide heads (8)", 3)]
+    assert summary.reasons["skipped"] == [(3, "ulysses degree 3 must divide heads (8)", 3)]
 
 
 def test_hostile_strings_are_escaped_everywhere(records: list[dict], tmp_path: Path):
@@ -332,7 +340,7 @@ def test_hostile_strings_are_escaped_everywhere(records: list[dict], tmp_path: P
         r["environment"] = dict(r["environment"], devices=[HOSTILE], torch=HOSTILE)
     failed = dict(copy.deepcopy(evil[0]), id=HOSTILE, status="failed", error=HOSTILE)
     path = _write(tmp_path / "evil.jsonl", [*evil, failed])
-    html_page = build_report([path], title=f"title {HOSTILE}").html
+    html_page = _report([path], title=f"title {HOSTILE}").html
     assert HOSTILE not in html_page
     assert "<script>alert" not in html_page
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html_page
@@ -343,21 +351,40 @@ def test_hostile_strings_are_escaped_everywhere(records: list[dict], tmp_path: P
 
 
 def test_script_json_cannot_close_its_element():
-    text = script_json({"a": "</script><b>&amp;", "b": "\u2028"})
-    assert "<" not in text and ">" not in text and "&" not in text
-    assert json.loads(text) == {"a": "</script><b>&amp;", "b": "\u2028"}
+    value = {"a": "</script><b>&amp;'", "b": "\u2028"}
+    text = environment().from_string("{{ v | tojson }}").render(v=value)
+    assert "<" not in text and ">" not in text and "&" not in text and "'" not in text
+    assert "\u2028" not in text  # JSON escapes it (a line break inside a <script> element)
+    assert json.loads(text) == value
+
+
+def test_static_files_are_inlined_and_the_service_returns_data(page: str):
+    from importlib.resources import files  # noqa: PLC0415
+
+    for name in STATIC_FILES.values():
+        text = files("cpbench.render").joinpath("static", name).read_text(encoding="utf-8")
+        assert len(text) > 100 and text in page, name
+    data = build_report([SWEEP], generated_at=WHEN)
+    assert isinstance(data, ReportData) and not hasattr(data, "html")
+    assert data.records == 45 and data.profile == "cpu-local"
+    assert data.title == "cpbench report: cpu-smoke"
+    assert {"predicted_s", "peak_fraction"} <= set(data.frame.columns)
+    assert data.summary.statuses == {"ok": 42, "failed": 1, "skipped": 1, "timeout": 1}
+    comparison = build_comparison(SWEEP, AFTER, generated_at=WHEN)
+    assert isinstance(comparison, ComparisonData)
+    assert (comparison.matched, comparison.unmatched) == (7, 38)
 
 
 def test_missing_phase_and_empty_sections_get_a_note(records: list[dict], tmp_path: Path):
     only = [
         r for r in records if r["config"]["phase"] == "fwd+bwd" and r["config"]["seq_len"] < 4096
     ]
-    html_page = build_report([_write(tmp_path / "fb.jsonl", only)]).html
+    html_page = _report([_write(tmp_path / "fb.jsonl", only)]).html
     assert "No successful fwd measurement" in html_page
     assert "phase fwd+bwd" in html_page
 
     failures = [r for r in records if r["status"] != "ok"]
-    empty = build_report([_write(tmp_path / "bad.jsonl", failures)])
+    empty = _report([_write(tmp_path / "bad.jsonl", failures)])
     assert empty.figures == 0
     assert "class='plot'" not in empty.html and "plotly.js v" not in empty.html
     for note in (
@@ -395,7 +422,7 @@ def test_recommendation_without_the_service_falls_back_to_the_measurements(
 ):
     monkeypatch.setitem(sys.modules, "cpbench.app.recommend", None)  # import fails
     fwd_bwd = [r for r in records if r["config"]["phase"] == "fwd+bwd"]
-    page = build_report([_write(tmp_path / "fb.jsonl", fwd_bwd)]).html
+    page = _report([_write(tmp_path / "fb.jsonl", fwd_bwd)]).html
     section = page[page.index("id='recommendation'") : page.index("id='records'")]
     assert "For the longest measured sequence (L=4096, phase fwd+bwd)" in section
     assert "recommendation service not available" in section
@@ -435,9 +462,10 @@ def test_unknown_gpu_gets_the_no_profile_note(records: list[dict], tmp_path: Pat
         r["config"]["device"] = "cuda"
         r["environment"] = dict(r["environment"], devices=["Some Future Accelerator"])
     report = build_report([_write(tmp_path / "gpu.jsonl", recs)])
+    html_page = render_report(report).html
     assert report.profile is None
-    assert NO_PROFILE_NOTE in report.html
-    assert "id='prediction'" in report.html
+    assert NO_PROFILE_NOTE in html_page
+    assert "id='prediction'" in html_page
     assert any(NO_PROFILE_NOTE in n for n in report.notes)
 
 
@@ -447,7 +475,7 @@ def test_predicted_vs_measured_with_the_default_cpu_profile(page: str):
 
 
 def test_comparison_page(tmp_path: Path):
-    report = build_comparison(SWEEP, AFTER, generated_at=WHEN)
+    report = render_comparison(build_comparison(SWEEP, AFTER, generated_at=WHEN))
     assert report.figures == 1
     assert "sweep.jsonl" in report.html and "after.jsonl" in report.html
     assert "7 configuration(s) in both files" in report.html
@@ -528,10 +556,8 @@ def _text(path: Path, text: str) -> Path:
 
 def test_write_report_refuses_a_directory(tmp_path: Path):
     with pytest.raises(CpbenchError, match="is a directory"):
-        write_report(Report("<html></html>", 0, 0), tmp_path)
-    assert write_report(Report("<p>x</p>", 0, 0), tmp_path / "a" / "b.html").read_text() == (
-        "<p>x</p>"
-    )
+        write_report("<html></html>", tmp_path)
+    assert write_report("<p>x</p>", tmp_path / "a" / "b.html").read_text() == "<p>x</p>"
 
 
 def test_odd_values_in_valid_json_do_not_crash_the_report(tmp_path: Path) -> None:

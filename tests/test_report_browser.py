@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 
 from cpbench.app.report import build_comparison, build_report, write_report
+from cpbench.render.html import render_comparison, render_report
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "chrome")
@@ -258,8 +259,8 @@ def _check_page(chrome: Chromium, path: Path, figures: int) -> tuple[str, dict]:
 
 
 def test_report_renders_every_figure_offline_without_errors(browser: Chromium, tmp_path: Path):
-    report = build_report([FIXTURES / "sweep.jsonl"], hardware=None)
-    path = write_report(report, tmp_path / "report.html")
+    report = render_report(build_report([FIXTURES / "sweep.jsonl"], hardware=None))
+    path = write_report(report.html, tmp_path / "report.html")
     assert report.figures >= 8
     session, state = _check_page(browser, path, report.figures)
     assert state["title"].startswith("cpbench report")
@@ -292,8 +293,8 @@ def test_comparison_page_renders_and_hostile_strings_stay_text(browser: Chromium
     failed = dict(after[0], id="hostile-failed", status="failed", error=HOSTILE_ERROR)
     path = tmp_path / "evil.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in [*after, failed]))
-    report = build_comparison(FIXTURES / "sweep.jsonl", path)
-    page = write_report(report, tmp_path / "compare.html")
+    report = render_comparison(build_comparison(FIXTURES / "sweep.jsonl", path))
+    page = write_report(report.html, tmp_path / "compare.html")
     assert report.figures == 1
     session, _ = _check_page(browser, page, 1)
     seen = browser.evaluate(

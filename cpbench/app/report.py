@@ -1,63 +1,165 @@
-"""The `cpbench report` application service: results files -> one self-contained HTML page.
+"""The `cpbench report` application service: results files -> the data of the report page.
 
-`build_report(paths, ...)` reads the records (`cpbench.results.store`), adds what the cost model
-knows when a hardware profile is available (predicted step time, fraction of peak, the
-recommendation), and assembles the page (`cpbench.render.html`, figures from
-`cpbench.render.figures`). `build_comparison(before, after)` makes the before/after page.
-`write_report` writes either to a file. Nothing here prints; warnings (a torn last line) are
-returned for the CLI to show.
+`build_report(paths, ...)` reads the records (`cpbench.results.store`), summarizes them, adds
+what the cost model knows when a hardware profile is available (predicted step time, fraction
+of peak, the recommendation) and returns a `ReportData`; `build_comparison(before, after)`
+returns the `ComparisonData` of two files matched by record id. The page itself is drawn by
+`cpbench.render.html` from that data; `write_report` writes it to a file. Nothing here prints
+or renders; warnings (a torn last line) are returned for the CLI to show.
 """
 
 from __future__ import annotations
 
 import importlib
 import math
+import re
 import warnings
-from collections.abc import Mapping, Sequence
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from cpbench.errors import CpbenchError
-from cpbench.render import figures
-from cpbench.render.html import (
-    NO_PROFILE_NOTE,
-    Recommendation,
-    render_compare,
-    render_report,
-)
+from cpbench.results.frame import PHASE_ORDER, compare_frame, ok_rows, with_variant
 from cpbench.results.store import read_records, records_frame
 
 __all__ = [
     "NO_PROFILE_NOTE",
+    "ComparisonData",
     "Recommendation",
-    "Report",
+    "ReportData",
+    "Summary",
     "build_comparison",
     "build_report",
     "cost_model",
     "default_hardware",
-    "figures",
     "measured_best",
     "measured_workload",
+    "summarize",
     "write_report",
 ]
 
+NO_PROFILE_NOTE = "no hardware profile available"
+
 
 @dataclass
-class Report:
-    """A rendered page and what went into it."""
+class Recommendation:
+    """What the recommendation section shows; plain text only (escaped when rendered)."""
 
-    html: str
-    records: int
-    figures: int
+    summary: str = ""
+    """One paragraph."""
+    tables: list[tuple[str, list[dict[str, Any]]]] = field(default_factory=list)
+    """(caption, rows): one dict per row, keys = column titles."""
+    settings: list[tuple[str, str, str]] = field(default_factory=list)
+    """(framework, settings to use, note)."""
+    notes: list[str] = field(default_factory=list)
+    """Extra lines: the workload, the profile, rejected meshes."""
+
+
+@dataclass
+class Summary:
+    """The header facts of a set of records."""
+
+    scenarios: list[str]
+    """Scenario names, sorted."""
+    total: int
+    """Number of records."""
+    statuses: dict[str, int]
+    """Status -> number of records."""
+    reasons: dict[str, list[tuple[int, str, int]]]
+    """failed/skipped/timeout -> (count, example message, distinct messages) per message
+    pattern (numbers ignored), most frequent first."""
+    devices: dict[str, int]
+    """Device name -> the most of them one record ran on."""
+    hosts: list[str]
+    """Host names, sorted."""
+    software: dict[str, list[str]]
+    """Environment entry (torch, python, ...) -> the values seen, sorted."""
+    env: dict[str, list[str]]
+    """Environment variable -> the values seen, sorted."""
+    first: str | None
+    """Earliest record timestamp (None when no record has one)."""
+    last: str | None
+    """Latest record timestamp."""
+    device_kinds: list[str]
+    """Config device kinds (cpu, cuda), sorted."""
+
+
+@dataclass
+class ReportData:
+    """Everything the report page shows, for `cpbench.render.html.render_report`."""
+
+    title: str
+    sources: list[str]
+    """Names of the results files."""
+    summary: Summary
+    frame: pd.DataFrame
+    """The records frame, with `predicted_s` and `peak_fraction` columns when the cost model
+    gave them."""
+    generated_at: datetime
     profile: str | None = None
     """Name of the hardware profile used, None when none was available."""
+    profile_line: str = NO_PROFILE_NOTE
+    """The profile as the header describes it."""
+    flops_convention: str | None = None
+    """The FLOP-counting convention(s) of the records."""
+    prediction_note: str | None = None
+    """Why the predicted-vs-measured section is empty or partial."""
+    peak_note: str | None = None
+    """Why the fraction of peak is missing."""
+    recommendation: Recommendation | None = None
+    recommendation_note: str | None = None
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     """Why a section is empty or a model part is missing (for the CLI to show)."""
+
+    @property
+    def records(self) -> int:
+        return self.summary.total
+
+
+@dataclass
+class ComparisonData:
+    """Everything the before/after page shows, for `cpbench.render.html.render_comparison`."""
+
+    title: str
+    sources: tuple[str, str]
+    """Names of the BEFORE and AFTER files."""
+    summary: Summary
+    """Of both files' records together."""
+    before: pd.DataFrame
+    after: pd.DataFrame
+    compared: pd.DataFrame
+    """`cpbench.results.frame.compare_frame(before, after)`."""
+    generated_at: datetime
+    before_records: int
+    before_ok: int
+    after_records: int
+    after_ok: int
+    matched: int
+    """Ids with a time on both sides."""
+    faster: int
+    """Matched ids more than 5% faster after."""
+    slower: int
+    """Matched ids more than 5% slower after."""
+    geomean: float | None
+    """Geometric mean of after/before over the matched ids (None when none matched)."""
+    warnings: list[str] = field(default_factory=list)
+    profile: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def records(self) -> int:
+        return self.before_records + self.after_records
+
+    @property
+    def unmatched(self) -> int:
+        """Ids present in one file only or not ok on both sides."""
+        return len(self.compared) - self.matched
 
 
 def _read(paths: Sequence[Path]) -> tuple[list[dict], list[str]]:
@@ -67,8 +169,72 @@ def _read(paths: Sequence[Path]) -> tuple[list[dict], list[str]]:
     return records, [str(w.message) for w in caught]
 
 
-def _count_figures(page: str) -> int:
-    return page.count("class='figure-spec'")
+# ---------------------------------------------------------------------------------- summary
+
+
+def _group_reasons(messages: Iterable[str]) -> list[tuple[int, str, int]]:
+    """(count, example, variants) per message pattern (numbers ignored), most frequent first."""
+    groups: dict[str, list[str]] = {}
+    for msg in messages:
+        key = re.sub(r"\d+(\.\d+)?(e[-+]?\d+)?", "#", msg or "(no reason recorded)")
+        groups.setdefault(key, []).append(msg or "(no reason recorded)")
+    out = [(len(v), v[0], len(set(v))) for v in groups.values()]
+    return sorted(out, key=lambda t: (-t[0], t[1]))
+
+
+def _cfg(record: Mapping[str, Any]) -> Mapping[str, Any]:
+    cfg = record.get("config")
+    return cfg if isinstance(cfg, Mapping) else {}
+
+
+def summarize(records: Sequence[Mapping[str, Any]]) -> Summary:
+    """Header facts: scenarios, devices, hosts, software versions, environment variables,
+    record time span and status counts with grouped reasons."""
+    statuses = Counter(str(r.get("status")) for r in records)
+    devices: Counter[str] = Counter()
+    hosts: set[str] = set()
+    software: dict[str, set[str]] = {}
+    env_vars: dict[str, set[str]] = {}
+    for r in records:
+        env = r.get("environment")
+        if not isinstance(env, Mapping):
+            continue
+        devs = env.get("devices")
+        if isinstance(devs, list):
+            for name, count in Counter(map(str, devs)).items():
+                devices[name] = max(devices[name], count)
+        hostnames = env.get("hostnames")
+        if isinstance(hostnames, list):
+            hosts.update(map(str, hostnames))
+        for key, value in env.items():
+            if key in ("devices", "hostnames", "env"):
+                continue
+            if value is None or isinstance(value, (str, int, float, bool)):
+                software.setdefault(str(key), set()).add("none" if value is None else str(value))
+        variables = env.get("env")
+        if isinstance(variables, Mapping):
+            for key, value in variables.items():
+                env_vars.setdefault(str(key), set()).add(str(value))
+    stamps = sorted(str(r["timestamp"]) for r in records if r.get("timestamp"))
+    return Summary(
+        scenarios=sorted({str(r.get("scenario")) for r in records if r.get("scenario")}),
+        total=len(records),
+        statuses=dict(statuses),
+        reasons={
+            status: _group_reasons(
+                str(r.get("error") or "") for r in records if r.get("status") == status
+            )
+            for status in ("failed", "skipped", "timeout")
+            if statuses.get(status)
+        },
+        devices=dict(devices),
+        hosts=sorted(hosts),
+        software={k: sorted(v) for k, v in sorted(software.items())},
+        env={k: sorted(v) for k, v in sorted(env_vars.items())},
+        first=stamps[0] if stamps else None,
+        last=stamps[-1] if stamps else None,
+        device_kinds=sorted({str(_cfg(r).get("device")) for r in records if _cfg(r).get("device")}),
+    )
 
 
 # ------------------------------------------------------------------------------ cost model
@@ -183,7 +349,7 @@ def _peak_tflops(profile: Any, dtype: str) -> float | None:
 
 
 def _add_peak_fractions(frame: pd.DataFrame, profile: Any, result: ModelResult) -> None:
-    rows = figures.ok_rows(frame, "achieved_tflops", "world_size")
+    rows = ok_rows(frame, "achieved_tflops", "world_size")
     for idx, row in rows.iterrows():
         peak = _peak_tflops(profile, str(row["dtype"]))
         if peak and peak > 0:
@@ -235,9 +401,9 @@ def _predicted_seconds(prediction: Any) -> float | None:
 
 def measured_best(frame: pd.DataFrame) -> pd.DataFrame:
     """The fastest successful configuration per phase, workload variant (when the results
-    hold several, see `figures.with_variant`) and sequence length, with the runner-up and the
+    hold several, see `cpbench.results.frame.with_variant`) and sequence length, with the runner-up and the
     slowest, and how much faster the best is than each."""
-    rows = figures.with_variant(figures.ok_rows(frame, "median_s", "seq_len"))
+    rows = with_variant(ok_rows(frame, "median_s", "seq_len"))
     rows = rows[rows["median_s"] > 0]  # a zero time is a broken record, not the fastest one
     out = []
     for (phase, variant, seq_len), g in rows.groupby(["phase", "variant", "seq_len"], sort=True):
@@ -265,7 +431,7 @@ def measured_best(frame: pd.DataFrame) -> pd.DataFrame:
     ordered = sorted(
         out,
         key=lambda r: (
-            figures.PHASE_ORDER.index(r["phase"]) if r["phase"] in figures.PHASE_ORDER else 9,
+            PHASE_ORDER.index(r["phase"]) if r["phase"] in PHASE_ORDER else 9,
             r.get("workload", ""),
             r["L"],
         ),
@@ -300,7 +466,7 @@ def measured_workload(frame: pd.DataFrame) -> dict[str, Any] | None:
     dtype and mask with the most successful records, its longest sequence of the fwd+bwd phase
     (else fwd) and the largest world size (and devices per node) it ran on."""
     keys = ["heads", "kv_heads", "head_dim", "batch", "dtype", "causal"]
-    rows = figures.ok_rows(frame, "median_s", "seq_len", "world_size", *keys)
+    rows = ok_rows(frame, "median_s", "seq_len", "world_size", *keys)
     if rows.empty:
         return None
     groups = rows.groupby(keys, dropna=False)
@@ -408,8 +574,9 @@ def build_report(
     title: str | None = None,
     hardware: str | None = None,
     generated_at: datetime | None = None,
-) -> Report:
-    """Read `paths` and render the report page (CpbenchError when there is nothing to show)."""
+) -> ReportData:
+    """Read `paths` and gather what the report page shows (CpbenchError when there is nothing
+    to show)."""
     if not paths:
         raise CpbenchError("give at least one results file (JSONL)")
     records, warned = _read(paths)
@@ -421,25 +588,27 @@ def build_report(
         frame["predicted_s"] = pd.Series(model.predicted_s, dtype="float64")
     if model.peak_fraction:
         frame["peak_fraction"] = pd.Series(model.peak_fraction, dtype="float64")
-    page = render_report(
-        records,
-        frame,
-        title=title,
+    summary = summarize(records)
+    conventions = {
+        str(r["flops"]["convention"])
+        for r in records
+        if isinstance(r.get("flops"), Mapping) and r["flops"].get("convention")
+    }
+    return ReportData(
+        title=title or "cpbench report: " + (", ".join(summary.scenarios) or "results"),
         sources=[Path(p).name for p in paths],
+        summary=summary,
+        frame=frame,
+        generated_at=generated_at or datetime.now(timezone.utc),
+        profile=model.profile_name,
         profile_line=model.profile_line,
+        flops_convention="; ".join(sorted(conventions)) or None,
         prediction_note=model.prediction_note,
+        peak_note=model.peak_note,
         recommendation=model.recommendation,
         recommendation_note=model.recommendation_note,
-        peak_note=model.peak_note,
-        generated_at=generated_at,
-    )
-    return Report(
-        page,
-        len(records),
-        _count_figures(page),
-        model.profile_name,
-        warned,
-        model.notes,
+        warnings=warned,
+        notes=model.notes,
     )
 
 
@@ -449,35 +618,50 @@ def build_comparison(
     *,
     title: str | None = None,
     generated_at: datetime | None = None,
-) -> Report:
-    """The before/after page of two results files, matched by record id."""
+) -> ComparisonData:
+    """The before/after data of two results files, matched by record id."""
     before_records, w1 = _read([before])
     after_records, w2 = _read([after])
     for path, recs in ((before, before_records), (after, after_records)):
         if not recs:
             raise CpbenchError(f"{path}: no results records to compare")
-    page = render_compare(
-        before_records,
-        after_records,
-        records_frame(before_records),
-        records_frame(after_records),
-        title=title,
-        sources=(Path(before).name, Path(after).name),
-        generated_at=generated_at,
+    sources = (Path(before).name, Path(after).name)
+    before_frame, after_frame = records_frame(before_records), records_frame(after_records)
+    compared = compare_frame(before_frame, after_frame)
+    matched = compared[compared["ratio"].notna()]
+    geomean = (
+        math.exp(float(pd.Series(matched["ratio"]).apply(math.log).mean()))
+        if not matched.empty
+        else None
     )
-    return Report(
-        page, len(before_records) + len(after_records), _count_figures(page), None, w1 + w2
+    return ComparisonData(
+        title=title or f"cpbench comparison: {sources[0]} -> {sources[1]}",
+        sources=sources,
+        summary=summarize([*before_records, *after_records]),
+        before=before_frame,
+        after=after_frame,
+        compared=compared,
+        generated_at=generated_at or datetime.now(timezone.utc),
+        before_records=len(before_records),
+        before_ok=sum(1 for r in before_records if r.get("status") == "ok"),
+        after_records=len(after_records),
+        after_ok=sum(1 for r in after_records if r.get("status") == "ok"),
+        matched=len(matched),
+        faster=int((matched["ratio"] < 0.95).sum()),
+        slower=int((matched["ratio"] > 1.05).sum()),
+        geomean=geomean,
+        warnings=w1 + w2,
     )
 
 
-def write_report(report: Report, output: Path) -> Path:
-    """Write the page to `output` (parent folders created); returns the path."""
+def write_report(html: str, output: Path) -> Path:
+    """Write the page `html` to `output` (parent folders created); returns the path."""
     output = Path(output)
     if output.is_dir():
         raise CpbenchError(f"output {output} is a directory; give a file name such as report.html")
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(report.html, encoding="utf-8")
+        output.write_text(html, encoding="utf-8")
     except OSError as exc:
         raise CpbenchError(f"cannot write {output}: {exc.strerror or exc}") from exc
     return output

@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 import webbrowser
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from cpbench.cli.common import command, console, err_console
 from cpbench.errors import CpbenchError
+
+if TYPE_CHECKING:
+    from cpbench.app.report import ComparisonData, ReportData
 
 
 @command
@@ -57,36 +60,40 @@ def report(
     measured), overlap, memory, causal load balance, the U x R map, predicted vs measured,
     the recommendation and a sortable table of every record, failures included."""
     from cpbench.app.report import build_comparison, build_report, write_report  # noqa: PLC0415
+    from cpbench.render.html import render_comparison, render_report  # noqa: PLC0415
 
+    data: ReportData | ComparisonData
     if compare:
         if len(results) != 2:
             raise CpbenchError(
                 f"--compare needs exactly two results files (BEFORE AFTER), got {len(results)}"
             )
-        page = build_comparison(results[0], results[1], title=title)
+        data = build_comparison(results[0], results[1], title=title)
+        page = render_comparison(data)
     else:
-        page = build_report(results, title=title, hardware=hardware)
-    for warning in page.warnings:
+        data = build_report(results, title=title, hardware=hardware)
+        page = render_report(data)
+    for warning in data.warnings:
         err_console.print(f"cpbench: warning: {warning}", markup=False, highlight=False)
-    path = write_report(page, output)
+    path = write_report(page.html, output)
     if as_json:
         print(
             json.dumps(
                 {
                     "output": str(path),
-                    "records": page.records,
+                    "records": data.records,
                     "figures": page.figures,
-                    "profile": page.profile,
-                    "notes": page.notes,
-                    "warnings": page.warnings,
+                    "profile": data.profile,
+                    "notes": data.notes,
+                    "warnings": data.warnings,
                 }
             )
         )
     else:
-        for note in page.notes:
+        for note in data.notes:
             err_console.print(f"cpbench: note: {note}", markup=False, highlight=False)
         console.print(
-            f"wrote {path} ({page.records} records, {page.figures} figures)",
+            f"wrote {path} ({data.records} records, {page.figures} figures)",
             markup=False,
             highlight=False,
         )

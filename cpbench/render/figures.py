@@ -1,8 +1,8 @@
 """Figure builders of the HTML report: pure functions from a results frame to a plotly Figure.
 
 Every builder takes the DataFrame of `cpbench.results.store.records_frame` (or, for comparisons,
-the frame of `compare_frame`) and returns a `plotly.graph_objects.Figure`, or None when the
-frame holds nothing to draw (the page then shows a one-line note instead of an empty chart).
+the frame of `cpbench.results.frame.compare_frame`) and returns a `plotly.graph_objects.Figure`,
+or None when the frame holds nothing to draw (the page then shows a one-line note instead of an empty chart).
 Only successful records (`status == "ok"`) are plotted; facets exist only for the phases
 that have data. Nothing here reads files, prints or touches the network.
 """
@@ -18,7 +18,9 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-PHASE_ORDER = ("fwd", "fwd+bwd")
+from cpbench.results.frame import ok_rows, phases_of, with_variant
+from cpbench.results.frame import value as _value
+
 LAYOUT_ORDER = ("contiguous", "zigzag", "striped")
 LAYOUT_DASH = {"contiguous": "solid", "zigzag": "dash", "striped": "dot"}
 LAYOUT_COLOR = {"contiguous": "#d62728", "zigzag": "#1f77b4", "striped": "#2ca02c"}
@@ -55,33 +57,8 @@ def format_seq_len(n: float) -> str:
     return str(n)
 
 
-def _value(v: Any) -> Any:
-    """A plain JSON-friendly value (None for NaN/NA)."""
-    if v is None or v is pd.NA:
-        return None
-    if isinstance(v, float) and math.isnan(v):
-        return None
-    if hasattr(v, "item"):
-        v = v.item()
-        if isinstance(v, float) and math.isnan(v):
-            return None
-    return v
-
-
 def _values(series: Iterable[Any]) -> list[Any]:
     return [_value(v) for v in series]
-
-
-def ok_rows(frame: pd.DataFrame, *required: str) -> pd.DataFrame:
-    """Successful records with a value in every `required` column."""
-    if frame.empty or "status" not in frame:
-        return frame.iloc[0:0]
-    rows = frame[frame["status"] == "ok"]
-    for col in required:
-        if col not in rows:
-            return rows.iloc[0:0]
-        rows = rows[rows[col].notna()]
-    return rows
 
 
 TEXT_COLUMNS = (
@@ -109,58 +86,9 @@ def escaped(frame: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-VARIANT_COLUMNS = (
-    ("impl", "{}"),
-    ("heads", "h{}"),
-    ("kv_heads", "kv{}"),
-    ("head_dim", "d{}"),
-    ("batch", "B{}"),
-    ("dtype", "{}"),
-    ("causal", None),
-    ("kernel", "{}"),
-    ("backend", "backend {}"),
-    ("nodes", "{} node(s)"),
-)
-"""Workload dimensions besides L, the mesh, the layout and the phase; those that take more
-than one value in a frame tell its series apart (e.g. 'kv2' vs 'kv8' in a GQA sweep; the
-implementation, 'cpbench' vs 'torch_cp', when a sweep measured several)."""
-
-
-def with_variant(frame: pd.DataFrame) -> pd.DataFrame:
-    """A copy with a `variant` column: the values of the VARIANT_COLUMNS that vary in `frame`
-    ('' when the frame holds one workload)."""
-    out = frame.copy()
-    varying = [
-        (col, fmt)
-        for col, fmt in VARIANT_COLUMNS
-        if col in out and out[col].nunique(dropna=True) > 1
-    ]
-
-    def label(row: Any) -> str:
-        parts = []
-        for col, fmt in varying:
-            value = _value(row[col])
-            if value is None:
-                continue
-            if fmt is None:
-                parts.append("causal" if value else "full mask")
-            else:
-                parts.append(fmt.format(value))
-        return " ".join(parts)
-
-    out["variant"] = [label(row) for _, row in out.iterrows()] if varying else ""
-    return out
-
-
 def plot_rows(frame: pd.DataFrame, *required: str) -> pd.DataFrame:
     """`ok_rows` with the `variant` column, escaped for use in figure text."""
     return escaped(with_variant(ok_rows(frame, *required)))
-
-
-def phases_of(frame: pd.DataFrame) -> list[str]:
-    """Phases present, fwd first, then fwd+bwd, then any other in name order."""
-    present = {p for p in frame["phase"].dropna().unique()} if "phase" in frame else set()
-    return [p for p in PHASE_ORDER if p in present] + sorted(present - set(PHASE_ORDER))
 
 
 def mesh_order(frame: pd.DataFrame) -> list[str]:
@@ -1007,41 +935,6 @@ def prediction_figure(frame: pd.DataFrame) -> go.Figure | None:
 
 
 # -------------------------------------------------------------------------------- comparison
-
-
-def compare_frame(before: pd.DataFrame, after: pd.DataFrame) -> pd.DataFrame:
-    """Before/after per configuration, matched by record id (the last record of an id wins):
-    id, mesh, layout, seq_len, phase, status and median of each side, `ratio` = after/before
-    (NaN when either side has no time) and `change` in percent. Ids found on one side only are
-    kept (with NaN on the other)."""
-    keep = ["id", "mesh", "layout", "seq_len", "phase", "status", "median_s"]
-    b = before[keep].drop_duplicates("id", keep="last")
-    a = after[keep].drop_duplicates("id", keep="last")
-    merged = b.merge(a, on="id", how="outer", suffixes=("_before", "_after"), sort=False)
-    for col in ("mesh", "layout", "seq_len", "phase"):
-        merged[col] = merged[f"{col}_after"].combine_first(merged[f"{col}_before"])
-    before_s = merged["median_s_before"].where(merged["status_before"] == "ok")
-    after_s = merged["median_s_after"].where(merged["status_after"] == "ok")
-    out = pd.DataFrame(
-        {
-            "id": merged["id"],
-            "mesh": merged["mesh"],
-            "layout": merged["layout"],
-            "seq_len": merged["seq_len"],
-            "phase": merged["phase"],
-            "status_before": merged["status_before"],
-            "status_after": merged["status_after"],
-            "before_s": before_s.astype("float64"),
-            "after_s": after_s.astype("float64"),
-        }
-    )
-    out["ratio"] = out["after_s"] / out["before_s"]
-    out["change_pct"] = (out["ratio"] - 1.0) * 100.0
-    out["_unmatched"] = out["ratio"].isna()
-    out = out.sort_values(
-        ["_unmatched", "phase", "seq_len", "mesh", "layout", "id"], na_position="last"
-    )
-    return out.drop(columns="_unmatched").reset_index(drop=True)
 
 
 def compare_figure(compared: pd.DataFrame, threshold: float = 0.05) -> go.Figure | None:

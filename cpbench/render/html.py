@@ -1,89 +1,157 @@
-"""Page assembly of the HTML report: one self-contained file, no network access at all.
+"""The HTML report page, drawn from the data of `cpbench.app.report`: one self-contained file
+that needs no network access at all.
 
-plotly.js is embedded once (inline `<script>`), every figure's JSON sits in a
-`<script type="application/json">` block with `<`, `>` and `&` escaped as `\\u003c` etc., and
-every string taken from a results file goes through `html.escape`. A small script draws the
-figures and then sets `document.body.dataset.rendered` to their number; errors caught by
-`window.onerror` (and rejected promises) are collected in `document.body.dataset.errors`.
-The record table sorts on a click on a column header (a few lines of own JS, no library).
+The page is a jinja2 template (`templates/page.html`, autoescaped: every string taken from a
+results file is HTML-escaped on the way in); its CSS and scripts are the files of `static/`,
+inlined. plotly.js is embedded once (inline `<script>`), every figure's JSON sits in a
+`<script type="application/json">` block written by jinja2's `tojson` (`<`, `>`, `&` and `'`
+escaped as `\\u003c` etc.). `static/render.js` draws the figures and then sets
+`document.body.dataset.rendered` to their number; errors caught by `window.onerror` (and
+rejected promises, `static/errors.js`) are collected in `document.body.dataset.errors`. The
+record table sorts on a click on a column header (`static/sort.js`, no library).
 """
 
 from __future__ import annotations
 
-import html
 import json
 import math
-import re
-from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime
+from functools import cache
+from importlib.resources import files
 from typing import Any
 
 import pandas as pd
 import plotly
 import plotly.graph_objects as go
 import plotly.io as pio
+from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
+from markupsafe import Markup
 from plotly.offline import get_plotlyjs
 
 from cpbench import __version__
+from cpbench.app.report import (
+    NO_PROFILE_NOTE,
+    ComparisonData,
+    Recommendation,
+    ReportData,
+    Summary,
+)
 from cpbench.render import figures as F
+from cpbench.results.frame import PHASE_ORDER, ok_rows, phases_of
 
-NO_PROFILE_NOTE = "no hardware profile available"
 PLOTLY_CONFIG = {"displaylogo": False, "responsive": True, "showLink": False}
+STATIC_FILES = {
+    "css": "report.css",
+    "errors_js": "errors.js",
+    "render_js": "render.js",
+    "sort_js": "sort.js",
+}
+"""Template name -> file of `cpbench/render/static/` inlined into the page."""
 
 
-def esc(value: Any) -> str:
-    """HTML-escaped text of any value ('' for None/NaN)."""
-    if value is None or value is pd.NA:
-        return ""
-    if isinstance(value, float) and math.isnan(value):
-        return ""
-    return html.escape(str(value), quote=True)
-
-
-def script_json(data: Any) -> str:
-    """JSON safe to place inside a <script> element: `<`, `>`, `&` and the JS line separators
-    become \\u escapes (JSON.parse reads them back unchanged)."""
-    text = data if isinstance(data, str) else json.dumps(data)
-    return (
-        text.replace("<", "\\u003c")
-        .replace(">", "\\u003e")
-        .replace("&", "\\u0026")
-        .replace("\u2028", "\\u2028")
-        .replace("\u2029", "\\u2029")
+@cache
+def environment() -> Environment:
+    """The jinja2 environment of the report templates (autoescaped HTML, `tojson` keeps the
+    key order of the figures)."""
+    env = Environment(
+        loader=PackageLoader("cpbench.render", "templates"),
+        autoescape=select_autoescape(("html",), default_for_string=True),
+        undefined=StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
     )
+    env.policies["json.dumps_kwargs"] = {"sort_keys": False, "separators": (",", ":")}
+    return env
+
+
+@cache
+def static_files() -> dict[str, Markup]:
+    """The CSS and scripts inlined into the page (our own files: not escaped)."""
+    folder = files("cpbench.render").joinpath("static")
+    return {
+        key: Markup(folder.joinpath(name).read_text(encoding="utf-8"))
+        for key, name in STATIC_FILES.items()
+    }
 
 
 # ------------------------------------------------------------------------------ page content
 
 
+@dataclass(frozen=True)
+class Page:
+    """A rendered page."""
+
+    html: str
+    figures: int
+    """Number of figures on the page."""
+
+
+@dataclass(frozen=True)
+class Column:
+    """A table column: title, frame column, how to show its values, CSS class of its cells."""
+
+    title: str
+    key: str
+    kind: str = "text"  # text | num | bytes | ms | pct
+    cls: str = ""
+
+
+@dataclass(frozen=True)
+class Head:
+    title: str
+    kind: str
+    """'text' or 'num': how the column sorts."""
+
+
+@dataclass(frozen=True)
+class Cell:
+    sort: str
+    """The value the table sorts on."""
+    text: str
+    cls: str = ""
+
+
+@dataclass(frozen=True)
+class Row:
+    cls: str
+    cells: list[Cell]
+
+
+@dataclass(frozen=True)
+class Table:
+    """A sortable table as the template draws it (plain text; escaped when rendered)."""
+
+    table_id: str
+    head: list[Head]
+    rows: list[Row]
+
+
+@dataclass(frozen=True)
+class RecommendationView:
+    """The recommendation section: the service's recommendation with its tables laid out."""
+
+    recommendation: Recommendation | None
+    note: str | None
+    tables: list[tuple[str, Table]] = field(default_factory=list)
+
+
 @dataclass
 class Section:
     """One section of the page: a heading, a line on how to read it, a figure (or a note
-    saying why there is none) and optional extra HTML (already escaped)."""
+    saying why there is none), and a table or the recommendation."""
 
     key: str
     title: str
     explain: str = ""
     figure: go.Figure | None = None
     note: str | None = None
-    extra_html: str = ""
-
-
-@dataclass
-class Recommendation:
-    """What the recommendation section shows (built by `cpbench.app.report`); plain text only,
-    escaped when rendered."""
-
-    summary: str = ""
-    """One paragraph."""
-    tables: list[tuple[str, list[dict[str, Any]]]] = field(default_factory=list)
-    """(caption, rows): one dict per row, keys = column titles."""
-    settings: list[tuple[str, str, str]] = field(default_factory=list)
-    """(framework, settings to use, note)."""
-    notes: list[str] = field(default_factory=list)
-    """Extra lines: the workload, the profile, rejected meshes."""
+    table: Table | None = None
+    recommendation: RecommendationView | None = None
+    plot_id: str | None = None
+    """Id of the figure's element, set when the page is drawn."""
 
 
 def _fmt_num(value: Any, digits: int = 4) -> str:
@@ -105,157 +173,7 @@ def format_bytes(value: Any) -> str:
     return f"{v:.0f} B"
 
 
-# ---------------------------------------------------------------------------------- summary
-
-
-def _group_reasons(messages: Iterable[str]) -> list[tuple[int, str, int]]:
-    """(count, example, variants) per message pattern (numbers ignored), most frequent first."""
-    groups: dict[str, list[str]] = {}
-    for msg in messages:
-        key = re.sub(r"\d+(\.\d+)?(e[-+]?\d+)?", "#", msg or "(no reason recorded)")
-        groups.setdefault(key, []).append(msg or "(no reason recorded)")
-    out = [(len(v), v[0], len(set(v))) for v in groups.values()]
-    return sorted(out, key=lambda t: (-t[0], t[1]))
-
-
-def summarize(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Header facts: scenarios, devices, hosts, software versions, environment variables,
-    record time span and status counts with grouped reasons."""
-    scenarios = sorted({str(r.get("scenario")) for r in records if r.get("scenario")})
-    statuses = Counter(str(r.get("status")) for r in records)
-    reasons = {
-        status: _group_reasons(
-            str(r.get("error") or "") for r in records if r.get("status") == status
-        )
-        for status in ("failed", "skipped", "timeout")
-        if statuses.get(status)
-    }
-    devices: Counter[str] = Counter()
-    hosts: set[str] = set()
-    software: dict[str, set[str]] = {}
-    env_vars: dict[str, set[str]] = {}
-    for r in records:
-        env = r.get("environment")
-        if not isinstance(env, Mapping):
-            continue
-        devs = env.get("devices")
-        if isinstance(devs, list):
-            for name, count in Counter(map(str, devs)).items():
-                devices[name] = max(devices[name], count)
-        hostnames = env.get("hostnames")
-        if isinstance(hostnames, list):
-            hosts.update(map(str, hostnames))
-        for key, value in env.items():
-            if key in ("devices", "hostnames", "env"):
-                continue
-            if value is None or isinstance(value, (str, int, float, bool)):
-                software.setdefault(str(key), set()).add("none" if value is None else str(value))
-        variables = env.get("env")
-        if isinstance(variables, Mapping):
-            for key, value in variables.items():
-                env_vars.setdefault(str(key), set()).add(str(value))
-    stamps = sorted(str(r["timestamp"]) for r in records if r.get("timestamp"))
-    return {
-        "scenarios": scenarios,
-        "total": len(records),
-        "statuses": dict(statuses),
-        "reasons": reasons,
-        "devices": dict(devices),
-        "hosts": sorted(hosts),
-        "software": {k: sorted(v) for k, v in sorted(software.items())},
-        "env": {k: sorted(v) for k, v in sorted(env_vars.items())},
-        "first": stamps[0] if stamps else None,
-        "last": stamps[-1] if stamps else None,
-        "device_kinds": sorted(
-            {str(_cfg(r).get("device")) for r in records if _cfg(r).get("device")}
-        ),
-    }
-
-
-def _cfg(record: Mapping[str, Any]) -> Mapping[str, Any]:
-    cfg = record.get("config")
-    return cfg if isinstance(cfg, Mapping) else {}
-
-
-def _header_html(
-    title: str,
-    summary: Mapping[str, Any],
-    sources: Sequence[str],
-    generated_at: datetime,
-    profile_line: str,
-) -> str:
-    st = summary["statuses"]
-    counts = (
-        f"<strong>{summary['total']}</strong> configurations: "
-        f"<span class='st-ok'>{st.get('ok', 0)} ran</span>, "
-        f"<span class='st-failed'>{st.get('failed', 0)} failed</span>, "
-        f"<span class='st-skipped'>{st.get('skipped', 0)} skipped</span>, "
-        f"<span class='st-timeout'>{st.get('timeout', 0)} timed out</span>"
-    )
-    others = {k: v for k, v in st.items() if k not in ("ok", "failed", "skipped", "timeout")}
-    if others:
-        counts += ", " + ", ".join(f"{v} {esc(k)}" for k, v in sorted(others.items()))
-    reason_items = []
-    for status, groups in summary["reasons"].items():
-        for count, example, variants in groups:
-            more = f" <span class='muted'>({variants} variants)</span>" if variants > 1 else ""
-            reason_items.append(
-                f"<li><span class='st-{esc(status)}'>{esc(status)}</span> x{count}: "
-                f"{esc(example)}{more}</li>"
-            )
-    devices = ", ".join(f"{n} x {esc(name)}" for name, n in summary["devices"].items()) or "unknown"
-    hosts = summary["hosts"]
-    host_text = (
-        f"{len(hosts)} host(s): "
-        + ", ".join(esc(h) for h in hosts[:8])
-        + (" ..." if len(hosts) > 8 else "")
-        if hosts
-        else "unknown"
-    )
-    software = "; ".join(f"{esc(k)} {esc(', '.join(v))}" for k, v in summary["software"].items())
-    software = (software + "; " if software else "") + (
-        f"report: cpbench {esc(__version__)}, plotly {esc(plotly.__version__)}"
-    )
-    span = (
-        f"{esc(summary['first'])} to {esc(summary['last'])}"
-        if summary["first"] and summary["first"] != summary["last"]
-        else esc(summary["first"] or "unknown")
-    )
-    env_rows = "".join(
-        f"<tr><td>{esc(k)}</td><td>{esc(', '.join(v))}</td></tr>" for k, v in summary["env"].items()
-    )
-    env_html = (
-        f"<details><summary>environment variables ({len(summary['env'])})</summary>"
-        f"<table class='plain'>{env_rows}</table></details>"
-        if env_rows
-        else ""
-    )
-    return f"""<header>
-<h1>{esc(title)}</h1>
-<dl class="facts">
-<dt>scenario</dt><dd>{esc(", ".join(summary["scenarios"]) or "unknown")}</dd>
-<dt>results</dt><dd>{esc(", ".join(sources))}</dd>
-<dt>hardware</dt><dd>{devices}; {host_text}</dd>
-<dt>profile</dt><dd>{esc(profile_line)}</dd>
-<dt>software</dt><dd>{software}</dd>
-<dt>measured</dt><dd>{span}</dd>
-<dt>report</dt><dd>generated {esc(generated_at.strftime("%Y-%m-%d %H:%M %Z").strip())}</dd>
-<dt>status</dt><dd>{counts}</dd>
-</dl>
-{"<ul class='reasons'>" + "".join(reason_items) + "</ul>" if reason_items else ""}
-{env_html}
-</header>"""
-
-
 # ------------------------------------------------------------------------------------ tables
-
-
-@dataclass(frozen=True)
-class Column:
-    title: str
-    key: str
-    kind: str = "text"  # text | num | bytes | ms | pct
-    cls: str = ""
 
 
 RECORD_COLUMNS = (
@@ -307,35 +225,27 @@ def _cell(value: Any, kind: str) -> tuple[str, str]:
     return str(value), str(value)
 
 
-def table_html(
+def table(
     frame: pd.DataFrame,
     columns: Sequence[Column],
     *,
     table_id: str,
-    row_class: Any = None,
-    cell_class: Any = None,
-) -> str:
-    """A sortable table of `frame` (columns missing or all empty are left out); every value is
-    escaped. `row_class(row) -> str` and `cell_class(row, column) -> str` add CSS classes."""
+    row_class: Callable[[pd.Series], str] | None = None,
+    cell_class: Callable[[pd.Series, Column], str] | None = None,
+) -> Table:
+    """A sortable table of `frame` (columns missing or all empty are left out).
+    `row_class(row) -> str` and `cell_class(row, column) -> str` add CSS classes."""
     cols = [c for c in columns if c.key in frame and frame[c.key].notna().any()]
-    head = "".join(
-        f"<th scope='col' data-type='{'text' if c.kind == 'text' else 'num'}'>{esc(c.title)}</th>"
-        for c in cols
-    )
-    body = []
+    rows = []
     for _, row in frame.iterrows():
         cells = []
         for c in cols:
             sort, text = _cell(row[c.key], c.kind)
             classes = " ".join(x for x in (c.cls, cell_class(row, c) if cell_class else "") if x)
-            attr = f" class='{esc(classes)}'" if classes else ""
-            cells.append(f"<td data-sort='{esc(sort)}'{attr}>{esc(text)}</td>")
-        rcls = row_class(row) if row_class else ""
-        body.append(f"<tr class='{esc(rcls)}'>" + "".join(cells) + "</tr>")
-    return (
-        f"<div class='table-wrap'><table class='sortable' id='{esc(table_id)}'>"
-        f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div>"
-    )
+            cells.append(Cell(sort, text, classes))
+        rows.append(Row(row_class(row) if row_class else "", cells))
+    head = [Head(c.title, "text" if c.kind == "text" else "num") for c in cols]
+    return Table(table_id, head, rows)
 
 
 def _record_row_class(row: pd.Series) -> str:
@@ -353,14 +263,14 @@ def _record_cell_class(row: pd.Series, column: Column) -> str:
     return ""
 
 
-def records_table_html(frame: pd.DataFrame) -> str:
+def records_table(frame: pd.DataFrame) -> Table:
     """Every record (failures included, with their errors), sortable by any column."""
     impls = set(frame["impl"].dropna()) if "impl" in frame else set()
     hide = {"source"} if frame["source"].nunique() < 2 else set()
     if impls <= {"cpbench"}:
         hide.add("impl")  # shown when an external implementation is in the results
     columns = [c for c in RECORD_COLUMNS if c.key not in hide]
-    return table_html(
+    return table(
         frame,
         columns,
         table_id="record-table",
@@ -392,211 +302,73 @@ def _compare_cell_class(row: pd.Series, column: Column) -> str:
     return ""
 
 
-def recommendation_html(rec: Recommendation | None, note: str | None) -> str:
+def recommendation_view(rec: Recommendation | None, note: str | None) -> RecommendationView:
+    """The recommendation with its tables (those with rows) laid out."""
     if rec is None:
-        return f"<p class='note'>{esc(note or NO_PROFILE_NOTE)}</p>"
-    parts = []
-    if rec.summary:
-        parts.append(f"<p class='summary'>{esc(rec.summary)}</p>")
-    if rec.settings:
-        items = "".join(
-            f"<dt>{esc(fw)}</dt><dd><code>{esc(text)}</code>"
-            + (f"<div class='muted'>{esc(why)}</div>" if why else "")
-            + "</dd>"
-            for fw, text, why in rec.settings
-        )
-        parts.append(f"<h3>Framework settings</h3><dl class='settings'>{items}</dl>")
+        return RecommendationView(None, note)
+    tables = []
     for i, (caption, rows) in enumerate(rec.tables):
         if not rows:
             continue
         keys = list(dict.fromkeys(k for row in rows for k in row))
         frame = pd.DataFrame(rows, columns=keys)
-        parts.append(f"<h3>{esc(caption)}</h3>")
-        parts.append(
-            table_html(frame, [Column(k, k) for k in keys], table_id=f"recommendation-table-{i}")
-        )
-    parts.extend(f"<p class='note'>{esc(n)}</p>" for n in rec.notes)
-    if note:
-        parts.append(f"<p class='note'>{esc(note)}</p>")
-    return "\n".join(parts)
+        columns = [Column(k, k) for k in keys]
+        tables.append((caption, table(frame, columns, table_id=f"recommendation-table-{i}")))
+    return RecommendationView(rec, note, tables)
 
 
 # ------------------------------------------------------------------------------------- page
 
 
-CSS = """
-:root { --fg: #1d232a; --muted: #66707a; --line: #dde2e7; --bad: #c62828; --good: #2e7d32; }
-* { box-sizing: border-box; }
-body { margin: 0 auto; max-width: 1360px; padding: 16px 24px 48px; color: var(--fg);
-  font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif; }
-h1 { font-size: 22px; margin: 8px 0 12px; }
-h2 { font-size: 17px; margin: 28px 0 4px; padding-top: 8px; border-top: 1px solid var(--line); }
-h3 { font-size: 14px; margin: 14px 0 4px; }
-dl.facts { display: grid; grid-template-columns: max-content 1fr; gap: 2px 14px; margin: 0; }
-dl.facts dt { color: var(--muted); }
-dl.facts dd { margin: 0; }
-ul.reasons { margin: 6px 0; padding-left: 20px; }
-nav.toc { margin: 12px 0; font-size: 13px; }
-nav.toc a { margin-right: 12px; color: #1565c0; text-decoration: none; }
-p.explain { color: var(--muted); margin: 2px 0 6px; }
-p.note { color: var(--muted); font-style: italic; margin: 4px 0; }
-.plot { width: 100%; min-height: 320px; }
-.st-ok { color: var(--good); } .st-failed, .st-timeout { color: var(--bad); }
-.st-skipped { color: #8d6e00; } .muted { color: var(--muted); }
-.table-wrap { overflow-x: auto; max-height: 640px; overflow-y: auto; border: 1px solid var(--line); }
-table.sortable { border-collapse: collapse; font-size: 12px; white-space: nowrap; }
-table.sortable th { position: sticky; top: 0; background: #f3f5f7; cursor: pointer; user-select: none;
-  padding: 4px 8px; border-bottom: 1px solid var(--line); text-align: left; }
-table.sortable th[aria-sort="ascending"]::after { content: " \\25B2"; }
-table.sortable th[aria-sort="descending"]::after { content: " \\25BC"; }
-table.sortable td { padding: 3px 8px; border-bottom: 1px solid #eef1f4; }
-table.sortable tr.st-row-failed, table.sortable tr.st-row-timeout { background: #fff4f4; }
-table.sortable tr.st-row-skipped { background: #fffbea; }
-td.bad { background: #ffcdd2; color: var(--bad); font-weight: 600; }
-td.good { color: var(--good); font-weight: 600; }
-td.err { white-space: normal; min-width: 260px; max-width: 520px; }
-td.id { color: var(--muted); font-family: ui-monospace, Menlo, Consolas, monospace; }
-table.plain td { padding: 1px 10px 1px 0; font-size: 12px; }
-dl.settings dt { font-weight: 600; margin-top: 6px; }
-dl.settings dd { margin: 2px 0 0 16px; }
-code { font-family: ui-monospace, Menlo, Consolas, monospace; font-size: 12px; background: #f3f5f7;
-  padding: 1px 4px; white-space: pre-wrap; }
-p.summary { font-size: 15px; }
-"""
-
-ERRORS_JS = """
-(function () {
-  function record(message) {
-    var body = document.body;
-    var prev = body.dataset.errors ? body.dataset.errors + "\\n" : "";
-    body.dataset.errors = prev + String(message);
-  }
-  window.__cpbenchRecordError = record;
-  window.addEventListener("error", function (e) {
-    record((e && e.message) || "error loading " + ((e && e.target && e.target.src) || "a resource"));
-  }, true);
-  window.addEventListener("unhandledrejection", function (e) {
-    record("unhandled rejection: " + (e && e.reason && (e.reason.stack || e.reason)));
-  });
-})();
-"""
-
-RENDER_JS = """
-(function () {
-  var specs = document.querySelectorAll("script.figure-spec");
-  var config = JSON.parse(document.getElementById("plotly-config").textContent);
-  var jobs = [];
-  specs.forEach(function (node) {
-    var spec = JSON.parse(node.textContent);
-    var target = document.getElementById(node.dataset.target);
-    jobs.push(Plotly.newPlot(target, spec.data, spec.layout || {}, config));
-  });
-  Promise.all(jobs).then(function () {
-    document.body.dataset.rendered = String(jobs.length);
-  }, function (err) {
-    window.__cpbenchRecordError("plot failed: " + (err && (err.stack || err)));
-  });
-})();
-"""
-
-SORT_JS = """
-(function () {
-  function key(cell) {
-    return cell.hasAttribute("data-sort") ? cell.getAttribute("data-sort") : cell.textContent.trim();
-  }
-  document.querySelectorAll("table.sortable").forEach(function (table) {
-    var heads = table.querySelectorAll("thead th");
-    heads.forEach(function (th, col) {
-      th.tabIndex = 0;
-      function sort() {
-        var ascending = th.getAttribute("aria-sort") !== "ascending";
-        heads.forEach(function (h) { h.removeAttribute("aria-sort"); });
-        th.setAttribute("aria-sort", ascending ? "ascending" : "descending");
-        var numeric = th.dataset.type === "num";
-        var body = table.tBodies[0];
-        var rows = Array.prototype.slice.call(body.rows);
-        rows.sort(function (a, b) {
-          var x = key(a.cells[col]), y = key(b.cells[col]);
-          if (x === "" || y === "") { return x === y ? 0 : (x === "" ? 1 : -1); }
-          var c = numeric ? parseFloat(x) - parseFloat(y)
-                          : x.localeCompare(y, undefined, {numeric: true});
-          return ascending ? c : -c;
-        });
-        rows.forEach(function (r) { body.appendChild(r); });
-      }
-      th.addEventListener("click", sort);
-      th.addEventListener("keydown", function (e) {
-        if (e.key === "Enter" || e.key === " ") { e.preventDefault(); sort(); }
-      });
-    });
-  });
-})();
-"""
-
-
-def figure_json(fig: go.Figure) -> str:
-    """The figure as JSON safe to embed in a <script> element."""
-    return script_json(pio.to_json(fig, validate=False, pretty=False))
+def figure_data(fig: go.Figure) -> Any:
+    """The figure as plain JSON data (plotly's own serialisation: NaN -> null, arrays ->
+    lists), for the template's `tojson`."""
+    return json.loads(pio.to_json(fig, validate=False, pretty=False))
 
 
 def render_page(
     *,
     title: str,
-    header_html: str,
+    summary: Summary,
+    sources: Sequence[str],
+    generated_at: datetime,
+    profile_line: str,
     sections: Sequence[Section],
-) -> str:
+) -> Page:
     """The whole HTML document: header, table of contents, sections (figures drawn from
     embedded JSON by the one embedded copy of plotly.js)."""
-    toc = " ".join(f"<a href='#{esc(s.key)}'>{esc(s.title)}</a>" for s in sections)
-    body: list[str] = []
-    specs: list[str] = []
-    count = 0
+    specs: list[dict[str, Any]] = []
     for s in sections:
-        body.append(f"<section id='{esc(s.key)}'><h2>{esc(s.title)}</h2>")
-        if s.explain:
-            body.append(f"<p class='explain'>{esc(s.explain)}</p>")
-        if s.note:
-            body.append(f"<p class='note'>{esc(s.note)}</p>")
         if s.figure is not None:
-            target = f"fig-{count}"
-            count += 1
-            body.append(f"<div class='plot' id='{target}'></div>")
-            specs.append(
-                f"<script type='application/json' class='figure-spec' data-target='{target}'>"
-                f"{figure_json(s.figure)}</script>"
-            )
-        if s.extra_html:
-            body.append(s.extra_html)
-        body.append("</section>")
-    return f"""<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<meta name="generator" content="cpbench {esc(__version__)}">
-<title>{esc(title)}</title>
-<style>{CSS}</style>
-</head>
-<body data-figures="{count}" data-errors="">
-<script>{ERRORS_JS}</script>
-{header_html}
-<nav class="toc">{toc}</nav>
-{"".join(body)}
-<script type="application/json" id="plotly-config">{script_json(PLOTLY_CONFIG)}</script>
-{"".join(specs)}
-<script>{SORT_JS}</script>
-<script type="text/javascript">{get_plotlyjs() if count else ""}</script>
-<script>{RENDER_JS if count else 'document.body.dataset.rendered = "0";'}</script>
-</body>
-</html>
-"""
+            s.plot_id = f"fig-{len(specs)}"
+            specs.append({"target": s.plot_id, "figure": figure_data(s.figure)})
+    html = (
+        environment()
+        .get_template("page.html")
+        .render(
+            title=title,
+            summary=summary,
+            sources=list(sources),
+            generated_at=generated_at,
+            profile_line=profile_line,
+            sections=sections,
+            specs=specs,
+            static=static_files(),
+            plotly_config=PLOTLY_CONFIG,
+            plotly_js=Markup(get_plotlyjs()) if specs else "",
+            version=__version__,
+            plotly_version=plotly.__version__,
+            no_profile_note=NO_PROFILE_NOTE,
+        )
+    )
+    return Page(html, len(specs))
 
 
 def _missing_phases_note(frame: pd.DataFrame) -> str | None:
-    present = set(F.phases_of(F.ok_rows(frame, "median_s")))
+    present = set(phases_of(ok_rows(frame, "median_s")))
     if not present:
         return None
-    missing = [p for p in F.PHASE_ORDER if p not in present]
+    missing = [p for p in PHASE_ORDER if p not in present]
     if not missing:
         return None
     return (
@@ -605,16 +377,9 @@ def _missing_phases_note(frame: pd.DataFrame) -> str | None:
     )
 
 
-def report_sections(
-    frame: pd.DataFrame,
-    *,
-    prediction_note: str | None = None,
-    recommendation: Recommendation | None = None,
-    recommendation_note: str | None = None,
-    flops_convention: str | None = None,
-    peak_note: str | None = None,
-) -> list[Section]:
+def report_sections(report: ReportData) -> list[Section]:
     """The sections of a report, in page order."""
+    frame = report.frame
     phase_note = _missing_phases_note(frame)
     heat_phase = F.heatmap_phase(frame)
     sections = [
@@ -630,9 +395,9 @@ def report_sections(
             "throughput",
             "Achieved TFLOP/s",
             "Global attention FLOPs / median step time. "
-            + (f"Convention: {flops_convention}." if flops_convention else ""),
+            + (f"Convention: {report.flops_convention}." if report.flops_convention else ""),
             F.throughput_figure(frame),
-            peak_note,
+            report.peak_note,
         ),
         Section(
             "communication",
@@ -681,24 +446,20 @@ def report_sections(
             "Predicted vs measured",
             "Cost-model step time for the hardware profile vs the measurement.",
             F.prediction_figure(frame),
-            prediction_note,
+            report.prediction_note,
         ),
         Section(
             "recommendation",
             "Recommendation",
             "The best configuration for the measured workload and the settings to reproduce it.",
-            None,
-            None,
-            recommendation_html(recommendation, recommendation_note),
+            recommendation=recommendation_view(report.recommendation, report.recommendation_note),
         ),
         Section(
             "records",
             "All records",
             "Click a column header to sort. Failed, skipped and timed-out configurations are "
             "listed with their error.",
-            None,
-            None,
-            records_table_html(frame),
+            table=records_table(frame),
         ),
     ]
     defaults = {
@@ -718,112 +479,73 @@ def report_sections(
     return sections
 
 
-def render_report(
-    records: Sequence[Mapping[str, Any]],
-    frame: pd.DataFrame,
-    *,
-    title: str | None = None,
-    sources: Sequence[str] = (),
-    profile_line: str = NO_PROFILE_NOTE,
-    prediction_note: str | None = None,
-    recommendation: Recommendation | None = None,
-    recommendation_note: str | None = None,
-    peak_note: str | None = None,
-    generated_at: datetime | None = None,
-) -> str:
-    """The HTML report of `records` (whose frame is `frame`, possibly with `predicted_s` and
-    `peak_fraction` columns added by the cost model)."""
-    summary = summarize(records)
-    title = title or "cpbench report: " + (", ".join(summary["scenarios"]) or "results")
-    conventions = {
-        str(r["flops"]["convention"])
-        for r in records
-        if isinstance(r.get("flops"), Mapping) and r["flops"].get("convention")
-    }
-    sections = report_sections(
-        frame,
-        prediction_note=prediction_note,
-        recommendation=recommendation,
-        recommendation_note=recommendation_note,
-        flops_convention="; ".join(sorted(conventions)) or None,
-        peak_note=peak_note,
+def render_report(report: ReportData) -> Page:
+    """The HTML report page of `report` (`cpbench.app.report.build_report`)."""
+    return render_page(
+        title=report.title,
+        summary=report.summary,
+        sources=report.sources,
+        generated_at=report.generated_at,
+        profile_line=report.profile_line,
+        sections=report_sections(report),
     )
-    header = _header_html(
-        title,
-        summary,
-        list(sources) or sorted({str(s) for s in frame["source"].dropna()}),
-        generated_at or datetime.now(timezone.utc),
-        profile_line,
-    )
-    return render_page(title=title, header_html=header, sections=sections)
 
 
-def render_compare(
-    before_records: Sequence[Mapping[str, Any]],
-    after_records: Sequence[Mapping[str, Any]],
-    before: pd.DataFrame,
-    after: pd.DataFrame,
-    *,
-    title: str | None = None,
-    sources: Sequence[str] = ("before", "after"),
-    generated_at: datetime | None = None,
-) -> str:
-    """A before/after page: the change per configuration (matched by record id) as a bar
-    chart and a table, then every record of both files."""
-    compared = F.compare_frame(before, after)
-    matched = compared[compared["ratio"].notna()]
-    summary = summarize([*before_records, *after_records])
-    title = title or f"cpbench comparison: {sources[0]} -> {sources[1]}"
-    if matched.empty:
+def _verdict(comparison: ComparisonData) -> str:
+    c = comparison
+    if c.geomean is None:
         verdict = "No configuration ran successfully in both files: nothing to compare."
     else:
-        geo = math.exp(float(pd.Series(matched["ratio"]).apply(math.log).mean()))
-        slower = int((matched["ratio"] > 1.05).sum())
-        faster = int((matched["ratio"] < 0.95).sum())
         verdict = (
-            f"{len(matched)} configuration(s) in both files: {faster} faster, {slower} slower "
-            f"(more than 5%); geometric mean after/before {geo:.3f}."
+            f"{c.matched} configuration(s) in both files: {c.faster} faster, {c.slower} slower "
+            f"(more than 5%); geometric mean after/before {c.geomean:.3f}."
         )
-    only = len(compared) - len(matched)
+    before, after = c.sources
+    return (
+        f"{before}: {c.before_records} records, {c.before_ok} ok; "
+        f"{after}: {c.after_records} records, {c.after_ok} ok. "
+        + verdict
+        + (
+            f" {c.unmatched} id(s) present in one file only or not ok on both sides."
+            if c.unmatched
+            else ""
+        )
+    )
 
-    def side(name: str, recs: Sequence[Mapping[str, Any]]) -> str:
-        ok = sum(1 for r in recs if r.get("status") == "ok")
-        return f"{name}: {len(recs)} records, {ok} ok"
 
-    verdict = f"{side(sources[0], before_records)}; {side(sources[1], after_records)}. " + verdict
+def render_comparison(comparison: ComparisonData) -> Page:
+    """A before/after page (`cpbench.app.report.build_comparison`): the change per
+    configuration (matched by record id) as a bar chart and a table, then every record of
+    both files."""
+    c = comparison
     sections = [
         Section(
             "change",
             "Change per configuration",
-            verdict
-            + (f" {only} id(s) present in one file only or not ok on both sides." if only else ""),
-            F.compare_figure(compared),
-            None if not matched.empty else "Nothing to chart.",
+            _verdict(c),
+            F.compare_figure(c.compared),
+            None if c.matched else "Nothing to chart.",
         ),
         Section(
             "before-after",
             "Before / after",
             "Matched by record id; after/before < 1 is faster. Click a header to sort.",
-            None,
-            None,
-            table_html(
-                compared, COMPARE_COLUMNS, table_id="compare", cell_class=_compare_cell_class
+            table=table(
+                c.compared, COMPARE_COLUMNS, table_id="compare", cell_class=_compare_cell_class
             ),
         ),
         Section(
             "records",
             "All records",
             "Every record of both files, with its source. Click a column header to sort.",
-            None,
-            None,
-            records_table_html(pd.concat([before, after], ignore_index=True)),
+            table=records_table(pd.concat([c.before, c.after], ignore_index=True)),
         ),
     ]
-    header = _header_html(
-        title,
-        summary,
-        list(sources),
-        generated_at or datetime.now(timezone.utc),
-        "not used for a comparison",
+    return render_page(
+        title=c.title,
+        summary=c.summary,
+        sources=c.sources,
+        generated_at=c.generated_at,
+        profile_line="not used for a comparison",
+        sections=sections,
     )
-    return render_page(title=title, header_html=header, sections=sections)
