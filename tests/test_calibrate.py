@@ -21,7 +21,6 @@ from cpbench.model.calibrate import (
     solve_relative,
     spearman,
     split_measurements,
-    synthetic_record,
     validate,
 )
 from cpbench.model.cost import MeshCandidate
@@ -32,6 +31,7 @@ from cpbench.model.hardware import (
     load_profile,
     with_link_cost,
 )
+from tests.synthetic import synthetic_record
 
 runner = CliRunner()
 SEQ_LENS = (512, 1024, 2048)
@@ -85,7 +85,7 @@ def _assert_recovered(
     profile: HardwareProfile, tol: float, overhead_tol: float, overlap_tol: float
 ) -> None:
     for kind in ("all_to_all", "send_recv"):
-        fitted, true = profile.intra_node.cost(kind), TRUTH.intra_node.cost(kind)  # type: ignore[arg-type]
+        fitted, true = profile.intra_node.cost(kind), TRUTH.intra_node.cost(kind)
         assert _relative(fitted.latency_s, true.latency_s) < tol, kind
         assert _relative(fitted.busbw, true.busbw) < tol, kind
     for n in (128, 256, 512, 1024, 2048):
@@ -172,6 +172,10 @@ def test_spearman() -> None:
     assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
     assert spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(0.9486832980505138)
     assert spearman([1], [2]) is None and spearman([1, 1], [1, 2]) is None
+    assert spearman([], []) is None and spearman([3, 1, 2], [5, 5, 5]) is None  # no spread
+    assert spearman([3, 1, 2], [0.3, 0.1, 0.2]) == pytest.approx(1.0)  # ranks, not order given
+    with pytest.raises(CpbenchError, match="equal lengths, got 2 and 3"):
+        spearman([1, 2], [1, 2, 3])
 
 
 def test_positive_least_squares_pins_negative_unknowns() -> None:
@@ -185,6 +189,35 @@ def test_positive_least_squares_pins_negative_unknowns() -> None:
         design, target, np.array([0.5, 0.5]), ridge=1e-9, lower=np.array([0.0, 0.3])
     )
     assert bounded[1] == pytest.approx(0.3) and bounded[0] < 1.0
+
+
+def test_bounded_least_squares_is_the_constrained_optimum() -> None:
+    """KKT conditions on random problems: a free unknown has zero gradient, one at its bound a
+    gradient pointing out of the feasible set (pinning the first unknowns that come out
+    negative and never releasing them, as an active set that only grows does, fails this)."""
+    import numpy as np  # noqa: PLC0415
+
+    rng = np.random.default_rng(0)
+    at_bound = 0
+    for _ in range(200):
+        m, n = int(rng.integers(2, 12)), int(rng.integers(1, 6))
+        design = rng.uniform(0, 1, (m, n)) * rng.choice([0.0, 1.0], (m, n), p=[0.3, 0.7])
+        target, prior = rng.uniform(0.1, 2, m), rng.uniform(0.1, 3, n)
+        ridge = 10 ** rng.uniform(-9, -2)
+        lower = rng.uniform(0, 1, n) * prior if rng.random() < 0.3 else np.zeros(n)
+        x = solve_relative(design, target, prior, ridge, lower)
+        bound = np.maximum(1e-6 * prior, lower)
+        assert np.all(x >= bound * (1 - 1e-12))
+        # gradient of the objective in the scaled unknowns z = x / prior (order 1)
+        residual = (design @ x - target) / target
+        gradient = prior * (
+            2 * design.T @ (residual / target) + 2 * ridge * (x / prior - 1) / prior
+        )
+        pinned = np.isclose(x, bound, rtol=1e-9, atol=0)
+        at_bound += int(pinned.any())
+        assert np.all(np.abs(gradient[~pinned]) < 1e-7), gradient
+        assert np.all(gradient[pinned] > -1e-7), gradient
+    assert at_bound > 50  # the bounds matter in many of the problems (tolerance: count)
 
 
 # ------------------------------------------------------------------------------------ CLI

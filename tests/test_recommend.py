@@ -19,9 +19,9 @@ from cpbench.app.recommend import (
 from cpbench.cli.main import app
 from cpbench.config.constraints import AttentionShape
 from cpbench.errors import CpbenchError
-from cpbench.model.calibrate import synthetic_record
 from cpbench.model.cost import MeshCandidate
 from cpbench.model.hardware import load_profile
+from tests.synthetic import synthetic_record
 
 runner = CliRunner()
 

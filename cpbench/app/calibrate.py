@@ -9,6 +9,7 @@ from typing import Any
 from cpbench.app.recommend import load_results
 from cpbench.errors import CpbenchError
 from cpbench.model.calibrate import (
+    Split,
     calibrate,
     calibration_summary,
     default_prior_name,
@@ -52,7 +53,7 @@ def validate_results(
     holdout: bool = False,
     fraction: float = 0.5,
     seed: int = 0,
-    split: str = "stratified",
+    split: Split = "stratified",
     calibrate_first: bool = False,
 ) -> dict[str, Any]:
     """Predicted vs measured per configuration (or a holdout evaluation); the report dict."""
@@ -69,7 +70,7 @@ def validate_results(
             seed,
             prior=prior,
             fraction=fraction,
-            split=split,  # type: ignore[arg-type]
+            split=split,
         )
         return {"mode": "holdout", "profile": prior.name, **result}
     profile = prior
@@ -80,5 +81,3 @@ def validate_results(
     report = validate(measurements, profile)
     mode = "in-sample (calibrated on the same results)" if calibrate_first else "as given"
     return {"mode": mode, **report, "calibration": calibration}
-
-

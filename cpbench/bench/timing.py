@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -59,19 +60,22 @@ def time_iterations(
 
 @dataclass(frozen=True)
 class TimingSummary:
+    """Summary of one configuration's timed iterations (seconds)."""
+
     median: float
+    """Median iteration time (statistics.median: mean of the middle two for an even count)."""
     p10: float
+    """10th percentile, linearly interpolated between order statistics (numpy's default)."""
     p90: float
+    """90th percentile, interpolated the same way."""
     samples: tuple[float, ...]
+    """Every iteration's time, in the order timed."""
 
     @classmethod
     def of(cls, samples: list[float]) -> TimingSummary:
-        ordered = sorted(samples)
-
-        def q(frac: float) -> float:
-            pos = frac * (len(ordered) - 1)
-            lo = int(pos)
-            hi = min(lo + 1, len(ordered) - 1)
-            return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
-
-        return cls(statistics.median(ordered), q(0.1), q(0.9), tuple(samples))
+        """Median, p10 and p90 of `samples`; the quantiles use numpy.percentile's `linear`
+        method (position q x (n - 1) in the sorted samples, as statistics.quantiles'
+        `inclusive` method)."""
+        median = statistics.median(samples)
+        p10, p90 = np.percentile(np.asarray(samples, dtype=float), [10, 90], method="linear")
+        return cls(median, float(p10), float(p90), tuple(samples))

@@ -1,0 +1,375 @@
+"""Calibration: fit a hardware profile to measured times by least squares.
+
+The cost model (cpbench/model/cost.py) is linear in its parameters for each of the three
+measured times of a configuration (see measurements.py), so each is a least-squares fit, done
+in this order:
+
+1. **links** from `comm_only`: `sum(messages x latency + bytes x sharing / busbw)` over the
+   model's `CommTerm`s, unknowns latency and 1/busbw per (tier, collective kind) that occurs;
+2. **kernel efficiency** from `compute_only`: `slowest FLOPs / (peak x eff(L/R)) + steps x
+   step_overhead + memory-bound merges`, unknowns 1/eff at every measured kernel sequence length
+   `L/R` (the fitted curve's points) and the step overhead; when a fitted efficiency exceeds 1
+   the dtype peaks are raised by that factor so the curve stays in (0, 1];
+3. **overlap** from `median`: the ring step is `max(c, h) + (1 - overlap) min(c, h)`, so the
+   part of the step above perfect overlap is linear in `1 - overlap`.
+
+Each fit minimises relative residuals (times span orders of magnitude), with unknowns scaled by
+the prior profile and a small ridge term pulling them towards it: a parameter no measurement
+constrains keeps its prior value. Parameters are kept positive (bounded least squares,
+scipy.optimize.lsq_linear).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+from scipy.optimize import lsq_linear
+
+from cpbench.errors import CpbenchError
+from cpbench.model.calibrate.measurements import Measurement, as_measurements, resolve_prior
+from cpbench.model.calibrate.stats import rms
+from cpbench.model.cost import CommTerm, Prediction
+from cpbench.model.hardware import (
+    GB,
+    CalibrationInfo,
+    EfficiencyCurve,
+    HardwareProfile,
+    LinkCost,
+    with_link_cost,
+)
+
+DEFAULT_RIDGE = 1e-4
+"""Weight of the pull towards the prior (in squared relative units per parameter)."""
+MIN_SCALE = 1e-6
+"""Lowest value of an unknown, as a multiple of its prior (keeps every parameter positive)."""
+EFFICIENCY_CEILING = 2.0
+"""A fitted kernel efficiency may reach this multiple of the prior's peak (the peaks are then
+raised so the curve stays in (0, 1]); beyond it the data are explained some other way."""
+OVERLAP_RIDGE = 1e-3
+"""Pull of the overlap fit towards the prior (squared relative units)."""
+
+
+# ---------------------------------------------------------------------------- least squares
+
+
+def solve_relative(
+    design: np.ndarray,
+    target: np.ndarray,
+    prior: np.ndarray,
+    ridge: float = DEFAULT_RIDGE,
+    lower: np.ndarray | None = None,
+) -> np.ndarray:
+    """x >= lower minimising sum(((design @ x - target) / target)^2) + ridge * sum((x/prior - 1)^2).
+
+    Solved for z = x / prior, with the ridge rows sqrt(ridge) (z - 1) stacked under the relative
+    residuals, as a bounded linear least-squares problem (scipy.optimize.lsq_linear, bounded-
+    variable method): z >= MIN_SCALE (positive), raised to lower / prior where `lower` is given.
+    """
+    scaled = design * prior[None, :] / target[:, None]
+    size = len(prior)
+    root = math.sqrt(ridge)
+    matrix = np.vstack([scaled, root * np.eye(size)])
+    rhs = np.concatenate([np.ones(len(target)), np.full(size, root)])
+    bound = np.full(size, MIN_SCALE)
+    if lower is not None:
+        bound = np.maximum(bound, lower / prior)
+    solution = lsq_linear(matrix, rhs, bounds=(bound, np.inf), method="bvls")
+    return np.maximum(np.asarray(solution.x, dtype=float), bound) * prior
+
+
+# ------------------------------------------------------------------------------- fit reports
+
+
+@dataclass(frozen=True)
+class ParameterFit:
+    """One fitted parameter, before and after."""
+
+    name: str
+    """e.g. `intra_node all_to_all busbw`."""
+    unit: str
+    """Unit of prior and fitted."""
+    prior: float
+    """Value in the prior profile."""
+    fitted: float
+    """Value after the fit."""
+    points: int
+    """Measurements that constrain it (0: kept at the prior)."""
+
+
+@dataclass(frozen=True)
+class FitReport:
+    """One least-squares fit: what was fitted on how many points, and how well."""
+
+    target: str
+    """Measured quantity: comm_only, compute_only or median."""
+    points: int
+    """Measurements used."""
+    residual_before: float
+    """RMS relative error of the prior on those points."""
+    residual_after: float
+    """RMS relative error after the fit."""
+    parameters: tuple[ParameterFit, ...]
+    """The fitted parameters."""
+
+
+@dataclass(frozen=True)
+class CalibrationResult:
+    """A calibrated profile with the report of its fits."""
+
+    profile: HardwareProfile
+    """The fitted profile."""
+    prior: HardwareProfile
+    """The profile the fit started from."""
+    points: int
+    """Measurements used."""
+    fits: tuple[FitReport, ...]
+    """Links, kernel efficiency, overlap."""
+    residual: float
+    """RMS relative error of the predicted step (median) on the points, after the fit."""
+    residual_before: float
+    """The same with the prior."""
+    notes: tuple[str, ...]
+    """What could not be fitted, and why."""
+
+
+# ----------------------------------------------------------------------------------- links
+
+
+def _fit_links(
+    measurements: Sequence[Measurement], profile: HardwareProfile, ridge: float
+) -> tuple[HardwareProfile, FitReport | None]:
+    rows: list[tuple[Measurement, float, Prediction, list[CommTerm]]] = []
+    for m in measurements:
+        if m.comm_only_s is None:
+            continue
+        p = m.predict(profile)
+        terms = [t for t in p.comm_terms if t.phase == "forward" or m.candidate.phase != "fwd"]
+        if terms:
+            rows.append((m, m.comm_only_s, p, terms))
+    if not rows:
+        return profile, None
+    keys = sorted({(t.tier, t.kind) for *_, terms in rows for t in terms})
+    column = {key: 2 * i for i, key in enumerate(keys)}
+    design = np.zeros((len(rows), 2 * len(keys)))
+    for i, (*_, terms) in enumerate(rows):
+        for t in terms:
+            design[i, column[(t.tier, t.kind)]] += t.messages
+            design[i, column[(t.tier, t.kind)] + 1] += t.bytes
+    prior = np.array(
+        [
+            value
+            for tier, kind in keys
+            for value in (
+                max(profile.link(tier).cost(kind).latency_s, 1e-7),
+                1.0 / profile.link(tier).cost(kind).busbw,
+            )
+        ]
+    )
+    target = np.array([comm for _, comm, _, _ in rows])
+    fitted = solve_relative(design, target, prior, ridge)
+    before = [(p.comm_only_s - comm) / comm for _, comm, p, _ in rows]
+    parameters = []
+    for tier, kind in keys:
+        col = column[(tier, kind)]
+        old = profile.link(tier).cost(kind)
+        points = int(np.count_nonzero(design[:, col] + design[:, col + 1]))
+        cost = LinkCost(
+            float(fitted[col]),
+            float(1.0 / fitted[col + 1]),
+            f"calibrated on {points} comm-only measurements (prior {profile.name})",
+        )
+        profile = with_link_cost(profile, tier, kind, cost)
+        parameters += [
+            ParameterFit(
+                f"{tier} {kind} latency", "us", old.latency_s * 1e6, cost.latency_s * 1e6, points
+            ),
+            ParameterFit(f"{tier} {kind} busbw", "GB/s", old.busbw / GB, cost.busbw / GB, points),
+        ]
+    after = [(m.predict(profile).comm_only_s - comm) / comm for m, comm, _, _ in rows]
+    report = FitReport("comm_only", len(rows), rms(before), rms(after), tuple(parameters))
+    return profile, report
+
+
+# -------------------------------------------------------------------------------- compute
+
+
+def _fit_compute(
+    measurements: Sequence[Measurement], profile: HardwareProfile, ridge: float
+) -> tuple[HardwareProfile, FitReport | None, list[str]]:
+    """Fit 1/eff at every measured kernel sequence length n = L/R, and the step overhead, to
+    the compute-only times: `slowest FLOPs / peak x (1/eff(n)) + steps x overhead`."""
+    rows = [
+        (m, m.compute_only_s, m.predict(profile))
+        for m in measurements
+        if m.compute_only_s is not None
+    ]
+    if not rows:
+        return profile, None, ["no compute_only times: kernel efficiency kept from the prior"]
+    lengths = sorted({p.kernel_seq_len for *_, p in rows})
+    column = {n: i for i, n in enumerate(lengths)}
+    overhead_col = len(lengths)
+    design = np.zeros((len(rows), len(lengths) + 1))
+    target = np.zeros(len(rows))
+    for i, (_, compute, p) in enumerate(rows):
+        t = p.phase_time
+        design[i, column[p.kernel_seq_len]] = t.slowest_flops / profile.peak_flops(p.config.dtype)
+        design[i, overhead_col] = t.steps
+        target[i] = max(compute - t.memory_bound_s, 0.1 * compute)
+    prior = np.array(
+        [1.0 / profile.efficiency.at(n) for n in lengths] + [max(profile.step_overhead_s, 1e-6)]
+    )
+    lower = np.array([1.0 / EFFICIENCY_CEILING] * len(lengths) + [0.0])
+    fitted = solve_relative(design, target, prior, ridge, lower)
+    efficiency = [float(1.0 / x) for x in fitted[:overhead_col]]
+    overhead = float(fitted[overhead_col])
+    scale = max(1.0, max(efficiency))
+    notes = []
+    peaks = dict(profile.peak_tflops)
+    if scale > 1.0:
+        peaks = {k: v * scale for k, v in peaks.items()}
+        notes.append(
+            f"a fitted kernel efficiency reached {scale:.2f} of the prior peak: every dtype's peak "
+            f"raised x{scale:.2f} so the curve stays in (0, 1]"
+        )
+    notes.append(
+        f"kernel efficiency fitted at L/R = {', '.join(str(n) for n in lengths)}; "
+        f"interpolated between them, constant outside"
+    )
+    curve = EfficiencyCurve(
+        tuple(lengths),
+        tuple(min(1.0, e / scale) for e in efficiency),
+        f"calibrated on {len(rows)} compute-only measurements (prior {profile.name})",
+    )
+    new = replace(profile, peak_tflops=peaks, efficiency=curve, step_overhead_s=overhead)
+    before = [(p.compute_only_s - compute) / compute for _, compute, p in rows]
+    after = [(m.predict(new).compute_only_s - compute) / compute for m, compute, _ in rows]
+    parameters = [
+        ParameterFit(
+            f"kernel efficiency at L/R={n}",
+            "",
+            profile.efficiency.at(n),
+            new.efficiency.at(n),
+            int(np.count_nonzero(design[:, column[n]])),
+        )
+        for n in lengths
+    ]
+    parameters.append(
+        ParameterFit(
+            "step overhead", "us", profile.step_overhead_s * 1e6, overhead * 1e6, len(rows)
+        )
+    )
+    report = FitReport("compute_only", len(rows), rms(before), rms(after), tuple(parameters))
+    return new, report, notes
+
+
+# -------------------------------------------------------------------------------- overlap
+
+
+def _fit_overlap(
+    measurements: Sequence[Measurement], profile: HardwareProfile
+) -> tuple[HardwareProfile, FitReport | None]:
+    """Fit u = 1 - overlap: median - step(overlap = 1) = u x overlappable, relative residuals,
+    with OVERLAP_RIDGE pulling u towards the prior (the signal is small when the ring's
+    communication is short next to its compute)."""
+    full = replace(profile, overlap=1.0)
+    rows = []
+    for m in measurements:
+        p = m.predict(full)
+        if p.phase_time.overlappable_s > 0:
+            rows.append((m, p))
+    if not rows:
+        return profile, None
+    prior_u = 1.0 - profile.overlap
+    num = OVERLAP_RIDGE * prior_u
+    den = OVERLAP_RIDGE
+    for m, p in rows:
+        s = p.phase_time.overlappable_s / m.median_s
+        num += s * (m.median_s - p.step_s) / m.median_s
+        den += s * s
+    overlap = float(min(1.0, max(0.0, 1.0 - num / den)))
+    new = replace(profile, overlap=overlap)
+    before = [relative_error(m, profile) for m, _ in rows]
+    after = [relative_error(m, new) for m, _ in rows]
+    parameter = ParameterFit("ring overlap", "", profile.overlap, overlap, len(rows))
+    return new, FitReport("median", len(rows), rms(before), rms(after), (parameter,))
+
+
+# ------------------------------------------------------------------------------- calibrate
+
+
+def relative_error(m: Measurement, profile: HardwareProfile) -> float:
+    """(predicted - measured) / measured step time of `m` on `profile`."""
+    return (m.predict(profile).step_s - m.median_s) / m.median_s
+
+
+def calibrate(
+    records: Iterable[Mapping[str, Any]] | Sequence[Measurement],
+    prior: HardwareProfile | str | None = None,
+    *,
+    name: str | None = None,
+    files: Sequence[str] = (),
+    ridge: float = DEFAULT_RIDGE,
+) -> CalibrationResult:
+    """Fit a profile to measurements (records or Measurement objects); see the module doc."""
+    measurements = as_measurements(records)
+    if not measurements:
+        raise CpbenchError(
+            "no usable measurements: calibration needs records with status 'ok', a feasible "
+            "config and a positive timing.median"
+        )
+    base = resolve_prior(prior, measurements)
+    profile, links = _fit_links(measurements, base, ridge)
+    profile, compute, notes = _fit_compute(measurements, profile, ridge)
+    profile, overlap = _fit_overlap(measurements, profile)
+    if links is None:
+        notes.insert(0, "no comm_only times with communication: links kept from the prior")
+    if overlap is None:
+        notes.append("no ring configuration measured: overlap kept from the prior")
+    residual = rms([relative_error(m, profile) for m in measurements])
+    info = CalibrationInfo(base.name, len(measurements), residual, tuple(files))
+    profile = replace(
+        profile,
+        name=name or f"{base.name}-calibrated",
+        description=f"{base.description} (calibrated on {len(measurements)} measurements)",
+        calibration=info,
+        origin="calibrated",
+        overheads_source=f"step overhead and overlap calibrated (prior {base.name})",
+    )
+    fits = tuple(f for f in (links, compute, overlap) if f is not None)
+    before = rms([relative_error(m, base) for m in measurements])
+    return CalibrationResult(profile, base, len(measurements), fits, residual, before, tuple(notes))
+
+
+def calibration_summary(result: CalibrationResult) -> dict[str, Any]:
+    """JSON-serialisable summary of a calibration."""
+    return {
+        "prior": result.prior.name,
+        "profile": result.profile.name,
+        "points": result.points,
+        "residual_before": result.residual_before,
+        "residual": result.residual,
+        "fits": [
+            {
+                "target": f.target,
+                "points": f.points,
+                "residual_before": f.residual_before,
+                "residual_after": f.residual_after,
+                "parameters": [
+                    {
+                        "name": p.name,
+                        "unit": p.unit,
+                        "prior": p.prior,
+                        "fitted": p.fitted,
+                        "points": p.points,
+                    }
+                    for p in f.parameters
+                ],
+            }
+            for f in result.fits
+        ],
+        "notes": list(result.notes),
+    }

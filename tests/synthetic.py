@@ -1,0 +1,100 @@
+"""Synthetic results records: ground truth for testing calibration, validation and recommend."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from cpbench.model.cost import MeshCandidate, predict
+from cpbench.model.flops import FLOPS_CONVENTION, attention_flops
+from cpbench.model.formulas import comm_volume
+from cpbench.model.hardware import HardwareProfile
+from cpbench.model.memory import memory_estimate
+
+
+def synthetic_record(
+    candidate: MeshCandidate,
+    profile: HardwareProfile,
+    devices_per_node: int | None = None,
+    noise: float = 0.0,
+    rng: random.Random | None = None,
+    device: str = "cpu",
+) -> dict[str, Any]:
+    """A results record (schema.py) whose times are the cost model's on `profile`, each times
+    (1 + noise x N(0, 1)): ground truth for testing calibration and validation."""
+    rng = rng or random.Random(0)
+    per_node = devices_per_node or profile.devices_per_node
+    p = predict(candidate, profile, per_node)
+    c = p.config
+
+    def noisy(value: float) -> float:
+        return max(value * (1.0 + noise * rng.gauss(0.0, 1.0)), 1e-9)
+
+    median, compute, comm = noisy(p.step_s), noisy(p.compute_only_s), noisy(p.comm_only_s)
+    world = c.world
+    nodes = max(1, -(-world // per_node))
+    volume = comm_volume(c)
+    causal = "causal" if candidate.causal else "full"
+    s = c.shape
+    record_id = (
+        f"L{s.seq_len}-B{s.batch}-h{s.heads}-kv{s.kv_heads}-d{s.head_dim}-{c.dtype}-{causal}-"
+        f"U{c.ulysses}xR{c.ring}-{c.layout}-rep{c.kv_replication}-auto-{candidate.phase}-"
+        f"{device}-w{world}"
+    )
+    flops = attention_flops(
+        s, candidate.causal, "forward" if candidate.phase == "fwd" else "forward_backward"
+    )
+    return {
+        "schema_version": 1,
+        "id": record_id,
+        "scenario": "synthetic",
+        "status": "ok",
+        "error": None,
+        "config": {
+            "seq_len": s.seq_len,
+            "batch": s.batch,
+            "heads": s.heads,
+            "kv_heads": s.kv_heads,
+            "head_dim": s.head_dim,
+            "dtype": c.dtype,
+            "causal": candidate.causal,
+            "ulysses": c.ulysses,
+            "ring": c.ring,
+            "layout": c.layout,
+            "kv_replication": c.kv_replication,
+            "backend": "auto",
+            "kernel": "synthetic",
+            "device": device,
+            "world_size": world,
+            "nodes": nodes,
+            "phase": candidate.phase,
+            "scheme": c.scheme,
+        },
+        "timing": {
+            "phase": candidate.phase,
+            "median": median,
+            "p10": median,
+            "p90": median,
+            "samples": [median],
+            "compute_only": compute,
+            "comm_only": comm,
+            "exposed_comm": max(0.0, median - compute),
+        },
+        "comm": {
+            "analytic_bytes": {
+                "fwd": volume.bytes_sent("forward"),
+                "bwd": volume.bytes_sent("backward"),
+            },
+            "measured_bytes": {
+                "fwd": [volume.bytes_sent("forward")] * world,
+                "bwd": [volume.bytes_sent("backward")] * world,
+            },
+            "match": True,
+        },
+        "memory": {"analytic_peak_bytes": memory_estimate(c).peak("forward_backward")},
+        "flops": {
+            "convention": FLOPS_CONVENTION,
+            "global": flops,
+            "achieved_tflops": flops / median / 1e12,
+        },
+    }
