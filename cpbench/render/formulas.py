@@ -1,4 +1,7 @@
-"""Rich tables of a `cpbench.app.formulas.formulas_report` dict."""
+"""Rich tables of a `cpbench.app.formulas.formulas_report` dict.
+
+Each is a `FitTable`: the whole table on a wide console; on a narrow one (80 columns, a pipe) its
+columns split into parts that repeat the row's name, so no formula, shape or number is cut."""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ from typing import Any
 from rich.table import Table
 
 from cpbench.model.formulas import PHASES
+from cpbench.render.tables import FitTable
 from cpbench.units import format_bytes, format_count
 
 
@@ -29,9 +33,9 @@ def render_formulas(report: dict[str, Any]) -> list[Table]:
 
 
 def _configuration_table(report: dict[str, Any]) -> Table:
-    table = Table(title="Configuration", show_header=False)
-    table.add_column("name")
-    table.add_column("value")
+    table = FitTable(title="Configuration", show_header=False)
+    table.add_column("name", key=True)
+    table.add_column("value", wrap=True)
     for key, value in report["inputs"].items():
         table.add_row(key, str(value))
     for key, value in report["mesh"].items():
@@ -43,13 +47,13 @@ def _configuration_table(report: dict[str, Any]) -> Table:
 
 def _shapes_table(report: dict[str, Any]) -> Table:
     mesh = report["mesh"]
-    table = Table(
+    table = FitTable(
         title="Per-rank tensor shapes",
         caption=f"{mesh['tokens_per_rank']} tokens per rank, ring shard "
         f"{mesh['ring_shard_tokens']} tokens",
     )
     for column in ("tensor", "local (sequence shard)", "after all-to-all (head shard)"):
-        table.add_column(column)
+        table.add_column(column, key=column == "tensor")
     shapes = report["shapes"]
     table.add_row(
         "q", _shape_text(shapes["q"]["local"]), _shape_text(shapes["q"]["after_all_to_all"])
@@ -57,7 +61,7 @@ def _shapes_table(report: dict[str, Any]) -> Table:
     for name in ("k", "v"):
         local = _shape_text(shapes[name]["local"])
         if shapes[name]["replicated"] != shapes[name]["local"]:
-            local += f" -> replicated {_shape_text(shapes[name]['replicated'])}"
+            local += f"\n-> replicated {_shape_text(shapes[name]['replicated'])}"
         table.add_row(name, local, _shape_text(shapes[name]["after_all_to_all"]))
     table.add_row("o", _shape_text(shapes["o"]["local"]), _shape_text(shapes["o"]["heads"]))
     table.add_row("lse (fp32)", "", _shape_text(shapes["lse"]))
@@ -67,11 +71,14 @@ def _shapes_table(report: dict[str, Any]) -> Table:
 
 def _communication_table(report: dict[str, Any]) -> Table:
     comm = report["communication"]
-    table = Table(title="Communication per rank, one layer", caption=comm["convention"])
-    for column in ("phase", "collective", "calls", "formula (elements sent)", "substituted"):
-        table.add_column(column)
-    table.add_column("elements", justify="right")
-    table.add_column("bytes", justify="right")
+    table = FitTable(title="Communication per rank, one layer", caption=comm["convention"])
+    table.add_column("phase", key=True)
+    table.add_column("collective", key=True, wrap=True)
+    table.add_column("calls", priority=0)
+    table.add_column("formula (elements sent)", wrap=True)
+    table.add_column("substituted", wrap=True, priority=2)
+    table.add_column("elements", justify="right", priority=0)
+    table.add_column("bytes", justify="right", priority=0)
     for phase in PHASES:
         for stage in comm[phase]["stages"]:
             for c in stage["collectives"]:
@@ -111,9 +118,9 @@ def _communication_table(report: dict[str, Any]) -> Table:
 
 def _nccl_table(report: dict[str, Any]) -> Table:
     nccl = report["nccl_tests"]
-    table = Table(title="nccl-tests view (per call)", caption=nccl["convention"])
+    table = FitTable(title="nccl-tests view (per call)", caption=nccl["convention"])
     for column in ("phase", "collective", "kind", "n", "calls"):
-        table.add_column(column)
+        table.add_column(column, key=column in ("phase", "collective"))
     for column in ("size", "busbw / algbw", "bus bytes"):
         table.add_column(column, justify="right")
     for row in nccl["collectives"]:
@@ -132,9 +139,9 @@ def _nccl_table(report: dict[str, Any]) -> Table:
 
 def _flops_table(report: dict[str, Any]) -> Table:
     flops = report["flops"]
-    table = Table(title="Attention FLOPs, one layer", caption=flops["convention"])
+    table = FitTable(title="Attention FLOPs, one layer", caption=flops["convention"])
     for column in ("", "forward", "backward", "forward+backward"):
-        table.add_column(column, justify="right")
+        table.add_column(column, justify="right", key=not column)
     g = flops["global"]
     table.add_row(
         "all ranks",
@@ -152,12 +159,12 @@ def _flops_table(report: dict[str, Any]) -> Table:
 def _work_table(report: dict[str, Any]) -> Table:
     work, flops, mesh = report["work"], report["flops"], report["mesh"]
     u = report["inputs"]["ulysses"]
-    table = Table(
+    table = FitTable(
         title=f"Work per rank ({work['layout']}, {'causal' if work['causal'] else 'full'})",
         caption=f"imbalance (slowest / mean) = {work['imbalance']:.4f}; unit: {work['unit']}",
     )
     for column in ("ring rank", "global ranks"):
-        table.add_column(column)
+        table.add_column(column, key=column == "ring rank")
     for column in ("pairs per rank", "chunk units", "fwd FLOPs per rank"):
         table.add_column(column, justify="right")
     for j, pairs in enumerate(work["ring_rank_pairs"]):
@@ -175,9 +182,14 @@ def _work_table(report: dict[str, Any]) -> Table:
 
 def _memory_table(report: dict[str, Any]) -> Table:
     memory = report["memory"]
-    table = Table(title="Memory per rank, one layer (lower bound)")
+    table = FitTable(title="Memory per rank, one layer (lower bound)")
     for column in ("item", "shape", "dtype", "phase", "bytes", "alive in"):
-        table.add_column(column, justify="right" if column == "bytes" else "left")
+        table.add_column(
+            column,
+            justify="right" if column == "bytes" else "left",
+            key=column == "item",
+            wrap=column in ("item", "alive in"),
+        )
     for item in memory["items"]:
         table.add_row(
             item["name"],
@@ -203,7 +215,7 @@ def _memory_table(report: dict[str, Any]) -> Table:
 
 def _what_if_table(report: dict[str, Any]) -> Table:
     what_if = report["what_if"]
-    table = Table(
+    table = FitTable(
         title=f"Largest sequence fitting {what_if['budget_gib']} GiB per rank (attention only)",
         caption=f"multiples of {what_if['seq_divisor']}",
     )

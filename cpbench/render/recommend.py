@@ -7,10 +7,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rich.console import Group, RenderableType
-from rich.table import Table
 from rich.text import Text
 
-from cpbench.units import GB, GIB
+from cpbench.render.tables import FitTable
+from cpbench.units import format_gb, format_gib, format_number, format_percent, format_seconds
 
 
 def render_recommendation(report: Mapping[str, Any]) -> list[RenderableType]:
@@ -44,33 +44,41 @@ def render_recommendation(report: Mapping[str, Any]) -> list[RenderableType]:
         out.append(
             Text(
                 f"Calibrated {cal['prior']} on {cal['points']} measurements: RMS relative error "
-                f"{cal['residual_before']:.1%} -> {cal['residual']:.1%}.",
+                f"{format_percent(cal['residual_before'])} -> {format_percent(cal['residual'])}.",
                 style="dim",
             )
         )
     return out
 
 
-def _candidates_table(report: Mapping[str, Any]) -> Table:
+def _candidates_table(report: Mapping[str, Any]) -> FitTable:
     shown, feasible = len(report["candidates"]), report["feasible"]
     more = f" (top {shown} of {feasible}; --top 0 lists all)" if shown < feasible else ""
-    table = Table(title=f"Feasible candidates, fastest first{more}")
+    table = FitTable(
+        title=f"Feasible candidates, fastest first{more}",
+        caption="times in ms per attention layer and micro-batch; GB = 1e9 bytes per rank and "
+        "layer; mem GiB per rank; max L in tokens",
+    )
     for col in (
         "#",
         "U x R",
         "layout",
         "KV rep",
         "time ms",
-        "compute",
-        "imbalance",
-        "exposed comm",
+        "compute ms",
+        "imbalance ms",
+        "exposed comm ms",
         "intra GB",
         "inter GB",
         "mem GiB",
         "max L",
         "source",
     ):
-        table.add_column(col, justify="left" if col in ("U x R", "layout", "source") else "right")
+        table.add_column(
+            col,
+            justify="left" if col in ("U x R", "layout", "source") else "right",
+            key=col in ("#", "U x R", "layout"),
+        )
     for c in report["candidates"]:
         tiers = c["bytes_per_tier"]
         table.add_row(
@@ -78,47 +86,43 @@ def _candidates_table(report: Mapping[str, Any]) -> Table:
             f"{c['ulysses']} x {c['ring']}",
             c["layout"] if c["layout_matters"] else "any",
             f"x{c['kv_replication']}",
-            f"{c['time_s'] * 1e3:.2f}",
-            f"{c['compute_s'] * 1e3:.2f}",
-            f"{c['imbalance_s'] * 1e3:.2f}",
-            f"{c['exposed_comm_s'] * 1e3:.2f}",
-            f"{tiers['intra_node'] / GB:.3f}",
-            f"{tiers['inter_node'] / GB:.3f}",
-            f"{c['memory_bytes'] / GIB:.2f}",
+            format_seconds(c["time_s"], 2, unit=False),
+            format_seconds(c["compute_s"], 2, unit=False),
+            format_seconds(c["imbalance_s"], 2, unit=False),
+            format_seconds(c["exposed_comm_s"], 2, unit=False),
+            format_gb(tiers["intra_node"], unit=False),
+            format_gb(tiers["inter_node"], unit=False),
+            format_gib(c["memory_bytes"], unit=False),
             str(c["max_seq_len"]),
             c["source"],
         )
     return table
 
 
-def _rejected_table(rejected: Sequence[Mapping[str, Any]]) -> Table:
-    table = Table(title="Rejected candidates")
-    table.add_column("U x R")
-    table.add_column("layouts")
-    table.add_column("rule")
+def _rejected_table(rejected: Sequence[Mapping[str, Any]]) -> FitTable:
+    table = FitTable(title="Rejected candidates")
+    table.add_column("U x R", key=True)
+    table.add_column("layouts", wrap=True)
+    table.add_column("rule", wrap=True)
     for r in rejected:
-        table.add_row(f"{r['ulysses']} x {r['ring']}", ", ".join(r["layouts"]), r["rule"])
+        table.add_row(f"{r['ulysses']} x {r['ring']}", ", ".join(r["layouts"]), Text(r["rule"]))
     return table
 
 
-def _frameworks_table(frameworks: Sequence[Mapping[str, Any]]) -> Table:
-    table = Table(title="Settings for the winner")
-    table.add_column("framework")
-    table.add_column("settings")
-    table.add_column("note")
+def _settings_lines(settings: str) -> str:
+    """One command-line flag (or one call) per line, so a flag never parts from its value."""
+    return settings.replace(" --", "\n--").replace("; ", ";\n")
+
+
+def _frameworks_table(frameworks: Sequence[Mapping[str, Any]]) -> FitTable:
+    table = FitTable(title="Settings for the winner", narrow="stack")
+    table.add_column("framework", key=True, wrap=True)
+    table.add_column("settings", wrap=True)
+    table.add_column("note", wrap=True)
     for f in frameworks:
         name = f["framework"] if f["expressible"] else f"{f['framework']} (cannot express it)"
-        table.add_row(name, f["settings"], f["note"])
+        table.add_row(Text(name), Text(_settings_lines(f["settings"])), Text(f["note"]))
     return table
-
-
-
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1%}"
-
-
-def _num(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}"
 
 
 def render_validation(report: Mapping[str, Any]) -> list[RenderableType]:
@@ -129,20 +133,25 @@ def render_validation(report: Mapping[str, Any]) -> list[RenderableType]:
             f": calibrated on {report['n_train']}, predicting {report['n_test']} held out "
             f"({report['split']} split, seed {report['seed']})"
         )
-    table = Table(title=title)
+    table = FitTable(title=title)
     for col in ("configuration", "measured ms", "predicted ms", "error"):
-        table.add_column(col, justify="left" if col == "configuration" else "right")
+        table.add_column(
+            col,
+            justify="left" if col == "configuration" else "right",
+            key=col == "configuration",
+            wrap=col == "configuration",
+        )
     for r in report["rows"]:
         table.add_row(
-            r["config"],
-            f"{r['measured_s'] * 1e3:.2f}",
-            f"{r['predicted_s'] * 1e3:.2f}",
-            f"{r['error']:+.1%}",
+            Text(r["config"]),
+            format_seconds(r["measured_s"], 2, unit=False),
+            format_seconds(r["predicted_s"], 2, unit=False),
+            format_percent(r["error"], sign=True),
         )
     summary = Text(
-        f"median |error| {_pct(report['median_abs_error'])}, max |error| "
-        f"{_pct(report['max_abs_error'])}, Spearman {_num(report['spearman'])}, regret of the "
-        f"model's pick {_pct(report['regret'])} (worst group; mean {_pct(report['regret_mean'])})"
+        f"median |error| {format_percent(report['median_abs_error'])}, max |error| "
+        f"{format_percent(report['max_abs_error'])}, Spearman {format_number(report['spearman'])}, regret of the "
+        f"model's pick {format_percent(report['regret'])} (worst group; mean {format_percent(report['regret_mean'])})"
     )
     out: list[RenderableType] = [table, summary]
     for g in report.get("groups", []):
@@ -150,7 +159,7 @@ def render_validation(report: Mapping[str, Any]) -> list[RenderableType]:
             out.append(
                 Text(
                     f"  group of {g['configurations']}: model picks {g['chosen']}, measured best "
-                    f"{g['best']}, regret {_pct(g['regret'])}",
+                    f"{g['best']}, regret {format_percent(g['regret'])}",
                     style="dim",
                 )
             )
@@ -162,23 +171,30 @@ def render_validation(report: Mapping[str, Any]) -> list[RenderableType]:
 
 def render_calibration(report: Mapping[str, Any]) -> RenderableType:
     """Rich renderable of a calibration summary."""
-    table = Table(
+    table = FitTable(
         title=(
             f"Calibration of {report['prior']} on {report['points']} measurements: RMS relative "
-            f"step-time error {report['residual_before']:.1%} -> {report['residual']:.1%}"
-        )
+            f"step-time error {format_percent(report['residual_before'])} -> "
+            f"{format_percent(report['residual'])}"
+        ),
+        caption="prior and fitted in the unit of the unit column (no unit: dimensionless)",
     )
     for col in ("fit", "parameter", "prior", "fitted", "unit", "points"):
-        table.add_column(col, justify="right" if col in ("prior", "fitted", "points") else "left")
+        table.add_column(
+            col,
+            justify="right" if col in ("prior", "fitted", "points") else "left",
+            key=col == "parameter",
+            wrap=col in ("fit", "parameter"),
+        )
     for fit in report["fits"]:
         label = (
-            f"{fit['target']} ({fit['points']} pts, RMS {fit['residual_before']:.1%} -> "
-            f"{fit['residual_after']:.1%})"
+            f"{fit['target']} ({fit['points']} pts, RMS {format_percent(fit['residual_before'])} "
+            f"-> {format_percent(fit['residual_after'])})"
         )
         for i, param in enumerate(fit["parameters"]):
             table.add_row(
-                label if i == 0 else "",
-                param["name"],
+                Text(label if i == 0 else ""),
+                Text(param["name"]),
                 f"{param['prior']:.4g}",
                 f"{param['fitted']:.4g}",
                 param["unit"],

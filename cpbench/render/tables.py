@@ -1,29 +1,266 @@
-"""Rich tables for the measurement commands: the sweep / run results and the verify matrix.
+"""Rich tables for the measurement commands: the sweep / run results and the verify matrix, and
+`FitTable`, the table every renderer here uses so that each table reads whole at any console
+width (80 columns, or a pipe, where rich assumes 80) without cutting a word or a number.
 
 Renderers take the records the services return and give rich renderables; only the CLI prints
-them.
+them. A `FitTable` chooses its layout from the console width when it is printed, so the CLI
+passes nothing.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
-from rich.console import RenderableType
+from rich.cells import cell_len
+from rich.console import Console, ConsoleOptions, JustifyMethod, RenderableType, RenderResult
+from rich.measure import Measurement
 from rich.table import Table
+from rich.text import Text, TextType
 
 from cpbench.config.constraints import required_kv_replication
+from cpbench.units import format_memory, format_seconds
+
+# --------------------------------------------------------------------- fitting the width
+
+#: A prose column never gets narrower than this (or than its longest word, or its full text).
+WRAP_FLOOR = 16
+
+Narrow = Literal["split", "stack"]
 
 
-def _gib(n: float | None) -> str:
-    return "-" if n is None else f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+@dataclass
+class _Col:
+    """One column as `FitTable` lays it out: header and cells as Text, and how it may shrink."""
+
+    header: Text
+    cells: list[Text]
+    justify: JustifyMethod = "left"
+    key: bool = False
+    wrap: bool = False
+    priority: int = 1
+
+    def _texts(self) -> list[Text]:
+        return [self.header, *self.cells]
+
+    @property
+    def natural(self) -> int:
+        """Width with every cell and the header on one line."""
+        return max((cell_len(line) for t in self._texts() for line in t.plain.split("\n")),
+                   default=0)
+
+    @property
+    def minimum(self) -> int:
+        """Narrowest width that cuts no word: a number column keeps each cell on its line (its
+        header may wrap between words); a prose column wraps between words."""
+        longest_word = max(
+            (cell_len(w) for t in self._texts() for w in t.plain.split()), default=0
+        )
+        if not self.wrap:
+            cells = max(
+                (cell_len(line) for t in self.cells for line in t.plain.split("\n")), default=0
+            )
+            return max(cells, max((cell_len(w) for w in self.header.plain.split()), default=0))
+        return max(longest_word, min(self.natural, WRAP_FLOOR))
 
 
-def _fmt_seconds(s: float | None) -> str:
-    return "-" if s is None else f"{s * 1e3:.1f} ms"
+def _as_text(cell: RenderableType | None) -> Text:
+    if cell is None:
+        return Text("")
+    if isinstance(cell, Text):
+        return cell.copy()
+    if isinstance(cell, str):
+        return Text.from_markup(cell)
+    raise TypeError(f"FitTable cells are str or rich Text, got {type(cell).__name__}")
 
 
-def results_table(records: list[dict[str, Any]]) -> Table:
-    """One row per configuration; the best configuration per (seq_len, heads) in bold green."""
+class FitTable(Table):
+    """A rich `Table` that fits the console width and never cuts a word or a number.
+
+    Add columns and rows as to a `Table`; `add_column` also takes `key` (the column names the row:
+    it is repeated in every part of a split table), `wrap` (prose that may wrap between words;
+    other columns keep each cell on one line) and `priority` (lower fills the first part first).
+    At render time, from `options.max_width`:
+
+    1. the whole table, as `Table` would print it, when it fits on one line per cell;
+    2. else the whole table with its prose columns wrapped between words;
+    3. else (`narrow="split"`) the columns in parts, each a table of its own that repeats the key
+       columns (and a "#" row number with `index=True`), or (`narrow="stack"`, or when even one
+       column beside the keys does not fit) one block of header / value lines per row.
+    """
+
+    def __init__(
+        self,
+        *headers: str,
+        index: bool = False,
+        narrow: Narrow = "split",
+        **kwargs: Any,
+    ) -> None:
+        self._fit: list[tuple[bool, bool, int]] = []
+        self.index = index
+        self.narrow: Narrow = narrow
+        super().__init__(*headers, **kwargs)
+
+    def add_column(
+        self,
+        header: RenderableType = "",
+        footer: RenderableType = "",
+        *,
+        key: bool = False,
+        wrap: bool = False,
+        priority: int = 1,
+        **kwargs: Any,
+    ) -> None:
+        """`Table.add_column`, plus how the column behaves when the table is too wide."""
+        super().add_column(header, footer, **kwargs)
+        self._fit.append((key, wrap, priority))
+
+    # ------------------------------------------------------------------ layout
+    def _columns(self) -> list[_Col]:
+        return [
+            _Col(_as_text(c.header), [_as_text(x) for x in c.cells], c.justify, key, wrap, prio)
+            for c, (key, wrap, prio) in zip(self.columns, self._fit, strict=True)
+        ]
+
+    def _extra(self, n: int, edge: bool | None = None) -> int:
+        """Border and padding characters of a table of n columns (box edges, 1 space each side)."""
+        edge = self.show_edge if edge is None else edge
+        return (2 if self.box and edge else 0) + (n - 1 if self.box else 0) + 2 * n
+
+    def _widths(self, cols: list[_Col], width: int, edge: bool | None = None) -> list[int] | None:
+        """Content widths that fit `width` cutting no word, or None when no such widths exist."""
+        room = width - self._extra(len(cols), edge)
+        natural = [c.natural for c in cols]
+        if sum(natural) <= room:
+            return natural
+        widths = [c.minimum for c in cols]
+        if sum(widths) > room:
+            return None
+        # the spare room goes first to the headers of the number columns (a few characters keep
+        # each on one line), then to the prose columns, the nearest to one line per cell first
+        spare = room - sum(widths)
+        for i in sorted(range(len(cols)), key=lambda i: (cols[i].wrap, natural[i] - widths[i])):
+            grow = min(spare, natural[i] - widths[i])
+            widths[i] += grow
+            spare -= grow
+        return widths
+
+    def _table(
+        self, cols: list[_Col], widths: list[int], title: TextType | None, caption: TextType | None
+    ) -> Table:
+        table = Table(
+            title=title,
+            caption=caption,
+            box=self.box,
+            show_edge=self.show_edge,
+            show_header=self.show_header,
+            show_lines=self.show_lines,
+            header_style=self.header_style,
+            title_style=self.title_style,
+            caption_style=self.caption_style,
+        )
+        for col, w in zip(cols, widths, strict=True):
+            table.add_column(col.header, justify=col.justify, width=w, overflow="fold")
+        for r, row in enumerate(self.rows):
+            table.add_row(
+                *(c.cells[r] for c in cols), style=row.style, end_section=row.end_section
+            )
+        return table
+
+    def layouts(self, width: int) -> list[Table]:
+        """The tables this renders as at `width` columns (one, or the parts of a split)."""
+        cols = self._columns()
+        widths = self._widths(cols, width)
+        if widths is not None:
+            return [self._table(cols, widths, self.title, self.caption)]
+        parts = self._split(cols, width) if self.narrow == "split" else None
+        if parts is None:
+            return [self._stack(cols, width)]
+        title = self.title.plain if isinstance(self.title, Text) else self.title or ""
+        out = []
+        for n, (part, part_widths) in enumerate(parts, 1):
+            label = f"{title} ({n}/{len(parts)})".strip()
+            out.append(
+                self._table(part, part_widths, label, self.caption if n == len(parts) else None)
+            )
+        return out
+
+    def _split(self, cols: list[_Col], width: int) -> list[tuple[list[_Col], list[int]]] | None:
+        if self.index:
+            numbers = [Text(str(i + 1)) for i in range(len(self.rows))]
+            cols = [_Col(Text("#"), numbers, "right", key=True), *cols]
+        keys = [c for c in cols if c.key]
+        rest = sorted((c for c in cols if not c.key), key=lambda c: c.priority)
+        position = {id(c): i for i, c in enumerate(cols)}
+
+        def ordered(part: list[_Col]) -> list[_Col]:
+            return sorted(keys + part, key=lambda c: position[id(c)])
+
+        groups: list[list[_Col]] = [[]]
+        for col in rest:
+            if self._widths(ordered([*groups[-1], col]), width) is None:
+                if self._widths(ordered([col]), width) is None:
+                    return None
+                groups.append([])
+            groups[-1].append(col)
+        out = []
+        for group in groups:
+            part = ordered(group)
+            widths = self._widths(part, width)
+            assert widths is not None
+            out.append((part, widths))
+        return out
+
+    def _stack(self, cols: list[_Col], width: int) -> Table:
+        """One block per row: a line per non-empty cell, its header on the left; without the
+        outer edges when a word would not fit inside them (then folded, as a last resort)."""
+        names = _Col(Text(""), [c.header for c in cols], wrap=True)
+        values = _Col(Text(""), [x for c in cols for x in c.cells], wrap=True)
+        edge = self.show_edge and self._widths([names, values], width) is not None
+        name_w = names.minimum
+        value_w = max(1, width - self._extra(2, edge) - name_w)
+        widths = self._widths([names, values], width, edge) or [name_w, value_w]
+        table = Table(
+            title=self.title,
+            caption=self.caption,
+            box=self.box,
+            show_edge=edge,
+            show_header=False,
+            title_style=self.title_style,
+            caption_style=self.caption_style,
+        )
+        table.add_column(width=widths[0], overflow="fold", style="bold")
+        table.add_column(width=widths[1], overflow="fold")
+        for r, row in enumerate(self.rows):
+            cells = [(c.header, c.cells[r]) for c in cols if c.cells[r].plain.strip()]
+            for k, (header, cell) in enumerate(cells):
+                table.add_row(header, cell, style=row.style, end_section=k == len(cells) - 1)
+        return table
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield from self.layouts(options.max_width)
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        cols = self._columns()
+        full = sum(c.natural for c in cols) + self._extra(len(cols))
+        return Measurement(min(full, options.max_width), min(full, options.max_width))
+
+
+# --------------------------------------------------------------------- the sweep results
+
+RESULTS_CAPTION = (
+    "step: median time per iteration (max over ranks); TFLOP/s: achieved, all ranks; "
+    "bytes/rank: sent per rank per step ('=' the counted bytes equal the analytic model's, "
+    "'(lib)' an external library's, counted at the torch.distributed boundary); overlap: share "
+    "of the communication hidden behind compute (0 none, 1 all); peak mem: max over ranks; "
+    "max err: max abs error vs the reference"
+)
+
+
+def results_table(records: list[dict[str, Any]]) -> FitTable:
+    """One row per configuration; the best configuration per (seq_len, heads) in bold green.
+
+    Narrower than the whole table, it splits into parts with a "#" row number."""
     best: dict[tuple[int, int, str], float] = {}
     for r in records:
         if r["status"] == "ok":
@@ -32,20 +269,24 @@ def results_table(records: list[dict[str, Any]]) -> Table:
             best[key] = min(best.get(key, float("inf")), r["timing"]["median"])
     impls = {r["config"].get("impl", "cpbench") for r in records}
     show_impl = impls != {"cpbench"} and bool(impls)
-    table = Table(title="cpbench sweep results", show_lines=False)
+    table = FitTable(title="cpbench sweep results", caption=RESULTS_CAPTION, index=True)
     columns = ["L", "h/kv", "UxR", "layout", "phase", "step", "TFLOP/s", "bytes/rank",
                "overlap", "peak mem", "max err", "status"]
     if show_impl:
         columns.insert(0, "impl")
     for col in columns:
         table.add_column(
-            col, justify="left" if col in ("impl", "layout", "status", "phase") else "right"
+            col,
+            justify="left" if col in ("impl", "layout", "status", "phase") else "right",
+            wrap=col == "status",
         )
     for r in records:
         c = r["config"]
         row_style = None
-        cells = [str(c["seq_len"]), f"{c['heads']}/{c['kv_heads']}", f"{c['ulysses']}x{c['ring']}",
-                 c["layout"], c["phase"]]
+        cells: list[str | Text] = [
+            str(c["seq_len"]), f"{c['heads']}/{c['kv_heads']}", f"{c['ulysses']}x{c['ring']}",
+            c["layout"], c["phase"],
+        ]
         if show_impl:
             cells.insert(0, c.get("impl", "cpbench"))
         if r["status"] == "ok":
@@ -55,32 +296,36 @@ def results_table(records: list[dict[str, Any]]) -> Table:
             # "=": the counted bytes equal the analytic model's, collective by collective;
             # "(lib)": an external library's bytes, counted at the torch.distributed boundary.
             if comm["match"] is None:
-                traffic = f"{_gib(measured)} (lib)"
+                traffic = f"{format_memory(measured)} (lib)"
             elif comm["match"]:
-                traffic = f"{_gib(analytic)} ="
+                traffic = f"{format_memory(analytic)} ="
             else:
-                traffic = f"[bold red]{_gib(analytic)} != {_gib(measured)}[/]"
+                traffic = f"[bold red]{format_memory(analytic)} != {format_memory(measured)}[/]"
             overlap = "-" if t["overlap"] is None else f"{t['overlap']:.2f}"
             acc = r.get("accuracy") or {}
             cells += [
-                _fmt_seconds(t["median"]), f"{r['flops']['achieved_tflops']:.3f}", traffic,
-                overlap, _gib(max(r["memory"]["peak_bytes"])),
+                format_seconds(t["median"]), f"{r['flops']['achieved_tflops']:.3f}", traffic,
+                overlap, format_memory(max(r["memory"]["peak_bytes"])),
                 f"{acc.get('max_abs_error', float('nan')):.0e}", "ok",
             ]
             if t["median"] == best.get((c["seq_len"], c["heads"], c["phase"])):
                 row_style = "bold green"
         else:
-            cells += ["-"] * 6 + [f"{r['status']}: {r['error']}"]
+            cells += ["-"] * 6 + [Text(f"{r['status']}: {r['error']}")]
         table.add_row(*cells, style=row_style)
     return table
 
 
+# --------------------------------------------------------------------- the verify matrix
 
 
 def verify_tables(
     records: list[dict[str, Any]], n: int, dev: str, impl: str
 ) -> list[RenderableType]:
-    """The verify matrix: one row per case, then the skip reasons, known issues and a count."""
+    """The verify matrix: one row per case, then the skip reasons, known issues and a count.
+
+    Narrower than the whole matrix, it splits into parts that each repeat the case (scheme,
+    mesh, layout, mask, heads)."""
     out: list[RenderableType] = []
     failed = [r for r in records if r["passed"] is False]
     skipped = [r for r in records if r.get("skipped")]
@@ -88,10 +333,16 @@ def verify_tables(
     title = f"cpbench verify: world size {n}, {dev}" + (
         f", impl {impl}" if impl != "cpbench" else ""
     )
-    table = Table(title=title)
+    table = FitTable(title=title)
     columns = ("scheme", "UxR", "layout", "mask", "h/kv", "rep", "out", "dq", "dk", "dv", "")
     for col in columns:
-        table.add_column(col, justify="right" if col in ("out", "dq", "dk", "dv") else "left")
+        table.add_column(
+            col,
+            justify="right" if col in ("out", "dq", "dk", "dv") else "left",
+            key=col in ("scheme", "UxR", "layout", "mask", "h/kv"),
+            wrap=col == "",
+            priority=0 if col in ("", "rep") else 1,
+        )
 
     for r in records:
         e = r.get("errors", {})
@@ -99,11 +350,13 @@ def verify_tables(
         cells = [f"{e[k]:.0e}" if k in e else "-" for k in ("out", "dq", "dk", "dv")]
         if r.get("skipped"):
             number = reasons.setdefault(r["skipped"], len(reasons) + 1)
-            verdict = f"[yellow]skipped[/] ({number})"
+            verdict = Text.from_markup(f"[yellow]skipped[/] ({number})")
         elif r["passed"]:
-            verdict = "[green]ok[/]" + (" (known issue)" if r.get("known_issues") else "")
+            verdict = Text.from_markup(
+                "[green]ok[/]" + (" (known issue)" if r.get("known_issues") else "")
+            )
         else:
-            verdict = f"[red]FAIL[/] {r.get('error', '')}"
+            verdict = Text.from_markup("[red]FAIL[/] ") + Text(str(r.get("error", "")))
         table.add_row(
             r["scheme"],
             f"{r['ulysses']}x{r['ring']}",
@@ -116,7 +369,8 @@ def verify_tables(
         )
     tolerances = [r["tolerance"] for r in records if "tolerance" in r]
     out.append(
-        f"tolerance: max abs error <= {tolerances[0]:g} vs float64"
+        f"tolerance: max abs error <= {tolerances[0]:g} vs float64 (out, dq, dk, dv: max abs "
+        "error of the output and of each gradient)"
         if tolerances
         else "no cases ran"
     )

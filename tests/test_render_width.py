@@ -1,0 +1,260 @@
+"""Every results table reads whole at 80 columns (a terminal, or a pipe, where rich assumes 80):
+no line wider than the console, no ellipsis, every key value present whole; at 200 columns the
+whole table with all its columns."""
+
+from __future__ import annotations
+
+import io
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.cells import cell_len
+from rich.console import Console, RenderableType
+
+from cpbench.app.formulas import formulas_report
+from cpbench.app.recommend import RecommendRequest, recommend, recommendation_report
+from cpbench.render.formulas import render_formulas
+from cpbench.render.recommend import render_calibration, render_recommendation, render_validation
+from cpbench.render.tables import FitTable, results_table, verify_tables
+from cpbench.results.store import read_records
+
+FIXTURE = Path(__file__).parent / "fixtures" / "sweep.jsonl"
+BORDERS = re.compile(r"[\s│┃┆|]+")
+
+
+def render(renderables: Sequence[RenderableType], width: int) -> str:
+    console = Console(width=width, file=io.StringIO(), color_system=None, force_terminal=False)
+    for renderable in renderables:
+        console.print(renderable)
+    out = console.file.getvalue()  # type: ignore[attr-defined]
+    assert isinstance(out, str)
+    return out
+
+
+def assert_readable(text: str, width: int) -> None:
+    widest = max(cell_len(line) for line in text.splitlines())
+    assert widest <= width, f"a line of {widest} characters at width {width}"
+    assert "…" not in text
+
+
+def words(text: str) -> set[str]:
+    """The words of the rendered text, box characters removed."""
+    return set(BORDERS.split(text))
+
+
+def assert_words_whole(value: str, text: str) -> None:
+    """Every word of `value` appears whole (cells wrap only between words)."""
+    missing = {w for w in value.split() if w not in words(text)}
+    assert not missing, f"cut or missing words of {value!r}: {sorted(missing)}"
+
+
+def a_line_with(text: str, *cells: str) -> bool:
+    return any(all(c in line for c in cells) for line in text.splitlines())
+
+
+# ------------------------------------------------------------------------ sweep / run
+
+
+@pytest.fixture(scope="module")
+def records() -> list[dict[str, Any]]:
+    return read_records(FIXTURE)
+
+
+SWEEP_COLUMNS = ("L", "h/kv", "UxR", "layout", "phase", "step", "TFLOP/s", "bytes/rank",
+                 "overlap", "peak mem", "max err", "status")
+
+
+@pytest.mark.parametrize("width", [80, 60])
+def test_results_table_narrow(records: list[dict[str, Any]], width: int) -> None:
+    text = render([results_table(records)], width)
+    assert_readable(text, width)
+    ok = [r for r in records if r["status"] == "ok"]
+    assert len(ok) >= 40
+    for r in ok:
+        c = r["config"]
+        step = f"{r['timing']['median'] * 1e3:.1f} ms"
+        assert a_line_with(text, f"{c['ulysses']}x{c['ring']}", c["layout"], c["phase"], step), r
+    for r in records:
+        if r["status"] != "ok":
+            assert_words_whole(r["error"], text)
+    for col in SWEEP_COLUMNS:
+        assert_words_whole(col, text)
+
+
+def test_results_table_wide_keeps_every_column(records: list[dict[str, Any]]) -> None:
+    text = render([results_table(records)], 200)
+    assert_readable(text, 200)
+    header = next(line for line in text.splitlines() if "bytes/rank" in line)
+    for col in SWEEP_COLUMNS:
+        assert col in header
+    assert "(1/2)" not in text  # one table, not parts
+
+
+# ------------------------------------------------------------------------ verify
+
+
+def _case(scheme: str, u: int, r: int, layout: str, causal: bool, kv: int, **extra: Any) -> dict:
+    case = {"scheme": scheme, "ulysses": u, "ring": r, "layout": layout, "causal": causal,
+            "heads": 8, "kv_heads": kv, "passed": True, "tolerance": 2.5e-4,
+            "errors": {"out": 4e-7, "dq": 7e-7, "dk": 1.2e-6, "dv": 2.3e-6}}
+    case.update(extra)
+    return case
+
+
+VERIFY = [
+    _case("ring", 1, 4, "contiguous", True, 8),
+    _case("usp", 2, 2, "zigzag", False, 1),
+    _case("ulysses", 4, 1, "striped", True, 2, known_issues=["flash-attn issue #123"]),
+    _case("usp", 2, 2, "striped", True, 4, passed=False,
+          error="RuntimeError: max abs error 3.1e-02 exceeds the tolerance 2e-04"),
+    {**_case("ring", 1, 4, "zigzag", True, 8, passed=None), "errors": {},
+     "skipped": "the library has no zigzag ring; needs a contiguous layout"},
+]
+
+
+@pytest.mark.parametrize("width", [80, 60])
+def test_verify_tables_narrow(width: int) -> None:
+    text = render(verify_tables(VERIFY, 4, "cpu", "cpbench"), width)
+    assert_readable(text, width)
+    for case in VERIFY:
+        mask = "causal" if case["causal"] else "full"
+        mesh = f"{case['ulysses']}x{case['ring']}"
+        # 80 columns: parts that repeat the case on each line; 60: one block per case
+        if width == 80:
+            assert a_line_with(text, case["scheme"], mesh, case["layout"], mask)
+        assert {case["scheme"], mesh, case["layout"], mask} <= words(text)
+    for name in ("4e-07", "7e-07", "1e-06", "2e-06"):
+        assert name in words(text)
+    assert_words_whole(VERIFY[3]["error"], text)
+    assert_words_whole(VERIFY[4]["skipped"], text)
+    assert "4/5 cases passed" in text or "3/4 cases passed" in text
+
+
+def test_verify_tables_wide_keeps_every_column() -> None:
+    text = render(verify_tables(VERIFY, 4, "cpu", "cpbench"), 200)
+    header = next(line for line in text.splitlines() if "scheme" in line)
+    for col in ("scheme", "UxR", "layout", "mask", "h/kv", "rep", "out", "dq", "dk", "dv"):
+        assert re.search(rf"\b{re.escape(col)}\b", header), col
+    assert "(1/2)" not in text
+
+
+# ------------------------------------------------------------------------ recommend
+
+
+@pytest.fixture(scope="module", params=[{"gpus": 16, "tp": 2}, {"gpus": 64}])
+def report(request: pytest.FixtureRequest) -> dict[str, Any]:
+    return recommendation_report(recommend(RecommendRequest(heads=32, kv_heads=8, **request.param)))
+
+
+@pytest.mark.parametrize("width", [80, 60])
+def test_recommendation_narrow(report: dict[str, Any], width: int) -> None:
+    text = render(render_recommendation(report), width)
+    assert_readable(text, width)
+    winner = report["winner"]
+    assert a_line_with(text, f"{winner['ulysses']} x {winner['ring']}", winner["layout"])
+    for c in report["candidates"]:
+        layout = c["layout"] if c["layout_matters"] else "any"
+        assert a_line_with(text, f"{c['ulysses']} x {c['ring']}", layout, f"{c['time_s'] * 1e3:.2f}")
+        assert a_line_with(text, f"{c['ulysses']} x {c['ring']}", str(c["max_seq_len"]))
+    for f in report["frameworks"]:
+        assert_words_whole(f["settings"], text)
+        assert_words_whole(f["note"], text)
+    for r in report["rejected"]:
+        assert_words_whole(r["rule"], text)
+    # a flag never parts from its value
+    assert a_line_with(text, "--cp-comm-type a2a")
+
+
+def test_recommendation_wide_keeps_every_column(report: dict[str, Any]) -> None:
+    text = render(render_recommendation(report), 200)
+    header = next(line for line in text.splitlines() if "U x R" in line and "source" in line)
+    for col in ("#", "U x R", "layout", "KV rep", "time ms", "compute", "imbalance",
+                "exposed comm", "intra GB", "inter GB", "mem GiB", "max L", "source"):
+        assert col in header
+    assert a_line_with(text, "framework", "settings", "note")
+
+
+# ------------------------------------------------------------------------ formulas
+
+
+@pytest.fixture(scope="module")
+def formulas() -> dict[str, Any]:
+    return formulas_report(262144, 32, 8, 128, ulysses=4, ring=2, layout="zigzag")
+
+
+@pytest.mark.parametrize("width", [80, 60])
+def test_formulas_narrow(formulas: dict[str, Any], width: int) -> None:
+    text = render(render_formulas(formulas), width)
+    assert_readable(text, width)
+    for phase in ("forward", "backward"):
+        for stage in formulas["communication"][phase]["stages"]:
+            for c in stage["collectives"]:
+                assert_words_whole(c["formula"], text)
+                assert_words_whole(c["substituted"], text)
+                assert a_line_with(text, phase, c["name"], c["kind"])
+    for item in formulas["memory"]["items"]:
+        assert a_line_with(text, item["name"])
+    assert "[1, 32768, 32, 128]" in text  # a shape stays on one line
+
+
+def test_formulas_wide_is_whole_tables(formulas: dict[str, Any]) -> None:
+    text = render(render_formulas(formulas), 240)
+    assert "(1/" not in text
+    assert a_line_with(text, "phase", "collective", "calls", "formula (elements sent)",
+                       "substituted", "elements", "bytes")
+
+
+# ------------------------------------------------------------------------ calibrate / validate
+
+
+@pytest.mark.parametrize("width", [80, 60])
+def test_calibration_and_validation_narrow(width: int) -> None:
+    from cpbench.app.calibrate import calibrate_results, validate_results  # noqa: PLC0415
+
+    calibration = calibrate_results([str(FIXTURE)], None, None, None)
+    text = render([render_calibration(calibration)], width)
+    assert_readable(text, width)
+    for fit in calibration["fits"]:
+        for param in fit["parameters"]:
+            assert_words_whole(param["name"], text)
+            assert f"{param['fitted']:.4g}" in words(text)
+    validation = validate_results([str(FIXTURE)], None, True, 0.5, 0, "stratified", True)
+    text = render(render_validation(validation), width)
+    assert_readable(text, width)
+    for row in validation["rows"]:
+        assert_words_whole(row["config"], text)
+        assert a_line_with(text, f"{row['measured_s'] * 1e3:.2f}", f"{row['error']:+.1%}")
+
+
+# ------------------------------------------------------------------------ FitTable itself
+
+
+def _table(narrow: Any = "split") -> FitTable:
+    table = FitTable(title="t", narrow=narrow, index=True)
+    table.add_column("name", key=True)
+    for col in ("alpha ms", "beta GiB", "gamma", "delta"):
+        table.add_column(col, justify="right")
+    table.add_column("note", wrap=True)
+    for i in range(3):
+        table.add_row(f"row{i}", "12.34", "0.75", "1000000", "x2",
+                      "a rather long note that has to wrap between its words somewhere")
+    return table
+
+
+@pytest.mark.parametrize("width", [100, 60, 40, 30])
+@pytest.mark.parametrize("narrow", ["split", "stack"])
+def test_fit_table_any_width(width: int, narrow: str) -> None:
+    text = render([_table(narrow)], width)
+    assert_readable(text, width)
+    for value in ("row2", "12.34", "0.75", "1000000", "x2", "alpha", "beta", "GiB"):
+        assert value in words(text)
+    assert_words_whole("a rather long note that has to wrap between its words somewhere", text)
+
+
+def test_fit_table_wide_is_one_table() -> None:
+    text = render([_table()], 150)
+    assert "(1/" not in text and "#" not in text
+    assert a_line_with(text, "row0", "12.34", "0.75", "1000000", "x2", "a rather long note")
