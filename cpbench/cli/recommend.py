@@ -1,18 +1,18 @@
 """`cpbench recommend`, `cpbench calibrate` and `cpbench validate`: thin typer wrappers
-registered on cpbench.cli.app; the work is in cpbench/recommend.py."""
+registered on `cpbench.cli.common.app`; the work is in `cpbench.app.recommend` and
+`cpbench.app.calibrate`, the output in `cpbench.render.recommend`."""
 
 from __future__ import annotations
 
 import json
-from typing import Annotated, Literal
+from typing import Annotated
 
 import typer
 
 from cpbench.cli.common import command, console
+from cpbench.config.vocabulary import Phase
+from cpbench.model.calibrate import Split
 from cpbench.render import recommend as render
-
-Phase = Literal["fwd", "fwd+bwd"]
-Split = Literal["stratified", "random"]
 
 HardwareOption = Annotated[
     str | None,
