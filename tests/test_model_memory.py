@@ -7,10 +7,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cpbench.config.constraints import LAYOUTS, required_kv_replication, seq_divisor
+from cpbench.config.vocabulary import STEP_PASSES
 from cpbench.errors import CpbenchError
 from cpbench.model.memory import (
     GIB,
-    MEMORY_PHASES,
     MemoryEstimate,
     max_seq_len_for_budget,
     memory_for_sizes,
@@ -63,7 +63,7 @@ def test_memory_grows_with_seq_len_and_is_linear(mesh: Mesh, k: int) -> None:
     step = divisor_of(mesh)
     small, large = estimate(k * step, mesh), estimate((k + 1) * step, mesh)
     double = estimate(2 * k * step, mesh)
-    for phase in MEMORY_PHASES:
+    for phase in STEP_PASSES:
         assert large.peak(phase) > small.peak(phase)
         assert large.total(phase) > small.total(phase)
         assert double.peak(phase) == 2 * small.peak(phase)
@@ -73,7 +73,7 @@ def test_memory_grows_with_seq_len_and_is_linear(mesh: Mesh, k: int) -> None:
 
 
 @FAST
-@given(meshes(), st.integers(1, 200 * GIB), st.sampled_from(MEMORY_PHASES))
+@given(meshes(), st.integers(1, 200 * GIB), st.sampled_from(STEP_PASSES))
 def test_max_seq_len_is_consistent_with_the_memory_function(
     mesh: Mesh, budget: int, phase: str
 ) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from cpbench.config.constraints import AttentionShape
+from cpbench.config.vocabulary import PASS_TOTALS, STEP_PASSES
 from cpbench.model.flops import FLOPS_CONVENTION, FlopsBreakdown, flops_breakdown
 from cpbench.model.formulas import (
     PHASES,
@@ -204,16 +205,13 @@ def _nccl_view(volume: CommVolume) -> dict[str, Any]:
 
 
 def _flops(breakdown: FlopsBreakdown) -> dict[str, Any]:
-    phases = ("forward", "backward", "forward_backward")
     return {
         "convention": FLOPS_CONVENTION,
         "causal": breakdown.work.causal,
         "per_pair_per_rank": breakdown.pair_flops,
-        "global": {p: breakdown.global_flops(p) for p in phases},
-        "per_rank": {p: list(breakdown.rank_flops(p)) for p in ("forward", "forward_backward")},
-        "slowest_rank": {
-            p: breakdown.slowest_rank_flops(p) for p in ("forward", "forward_backward")
-        },
+        "global": {p: breakdown.global_flops(p) for p in PASS_TOTALS},
+        "per_rank": {p: list(breakdown.rank_flops(p)) for p in STEP_PASSES},
+        "slowest_rank": {p: breakdown.slowest_rank_flops(p) for p in STEP_PASSES},
         "per_step_slowest_forward": [
             float(pairs * breakdown.pair_flops) for pairs in breakdown.work.step_max_pairs
         ],
@@ -257,7 +255,7 @@ def _memory(estimate: MemoryEstimate) -> dict[str, Any]:
         "items": items,
         "stages": {stage: estimate.stage_bytes(stage) for stage in estimate.stages},
     }
-    for phase in ("forward", "forward_backward"):
+    for phase in STEP_PASSES:
         report[phase] = {
             "total": estimate.total(phase),
             "peak": estimate.peak(phase),

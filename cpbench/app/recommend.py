@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cpbench.config.constraints import LAYOUTS, AttentionShape, check_mesh
+from cpbench.config.constraints import AttentionShape, check_mesh
+from cpbench.config.vocabulary import LAYOUTS, PHASE_PASSES, YUNCHANG_RING_IMPL_TYPES, Phase
 from cpbench.errors import CpbenchError
 from cpbench.model.calibrate import (
     CalibrationResult,
@@ -25,14 +26,13 @@ from cpbench.model.calibrate import (
     default_prior_name,
     measurements_from_records,
 )
-from cpbench.model.cost import RECORD_PHASES, MeshCandidate, Prediction, RecordPhase, predict
+from cpbench.model.cost import MeshCandidate, Prediction, check_phase, predict
 from cpbench.model.flops import FLOPS_CONVENTION
 from cpbench.model.formulas import canonical_dtype
 from cpbench.model.hardware import GB, GIB, HardwareProfile, load_profile
 from cpbench.results.store import read_records
 
 DEFAULT_HARDWARE = "h100-sxm"
-YUNCHANG_RING_IMPL = {"contiguous": "basic", "zigzag": "zigzag", "striped": "strip"}
 TIME_CONVENTION = (
     "times are per attention layer and micro-batch on the slowest rank; "
     "compute = kernel time at perfect balance; imbalance = extra time of the busiest rank per "
@@ -167,7 +167,7 @@ class RecommendRequest:
     """Context-parallel size; None = gpus / (TP x PP)."""
     grad_accum: int = 1
     """Micro-batches per optimizer step (global batch formula)."""
-    phase: RecordPhase = "fwd+bwd"
+    phase: Phase = "fwd+bwd"
     """Rank by the forward step, or forward+backward (training)."""
     results: tuple[str, ...] = ()
     """Results files: calibrate the profile on them, rank measured configurations by their
@@ -311,8 +311,7 @@ def recommend(request: RecommendRequest) -> Recommendation:
 
 
 def _check_request(request: RecommendRequest) -> None:
-    if request.phase not in RECORD_PHASES:
-        raise CpbenchError(f"phase {request.phase!r} is not one of {', '.join(RECORD_PHASES)}")
+    check_phase(request.phase)
     if request.top < 0:
         raise CpbenchError(f"top must be >= 0 (0 lists all), got {request.top}")
     if request.gpus_per_node is not None:
@@ -635,7 +634,7 @@ def deepspeed_setting(p: Prediction, ranked: Sequence[RankedCandidate]) -> Frame
 def yunchang_setting(p: Prediction, sizes: ParallelSizes) -> FrameworkSetting:
     """set_seq_parallel_pg(U, R, rank, world_size) and the ring implementation of the layout."""
     c = p.config
-    impl = YUNCHANG_RING_IMPL[c.layout if c.ring > 1 else "contiguous"]
+    impl = YUNCHANG_RING_IMPL_TYPES[c.layout if c.ring > 1 else "contiguous"]
     code = (
         f"set_seq_parallel_pg({c.ulysses}, {c.ring}, rank, world_size={sizes.world}); "
         f'LongContextAttention(ring_impl_type="{impl}")'
@@ -711,9 +710,7 @@ def _candidate_dict(position: int, r: RankedCandidate) -> dict[str, Any]:
         "comm_s": t.comm_s,
         "forward_s": p.forward.total_s,
         "forward_backward_s": p.forward_backward.total_s,
-        "bytes_per_tier": p.bytes_by_tier(
-            "forward" if p.candidate.phase == "fwd" else "forward_backward"
-        ),
+        "bytes_per_tier": p.bytes_by_tier(PHASE_PASSES[p.candidate.phase]),
         "traffic": [
             {
                 "tier": x.tier,

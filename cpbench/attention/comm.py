@@ -68,9 +68,14 @@ def _record(tag: str, nbytes: int) -> None:
 
 
 def all_to_all(
-    x: torch.Tensor, group: dist.ProcessGroup, group_size: int, tag: str, skip: bool = False
+    x: torch.Tensor,
+    group: dist.ProcessGroup | None,
+    group_size: int,
+    tag: str,
+    skip: bool = False,
 ) -> torch.Tensor:
-    """All-to-all of `x` ([group_size, ...], chunk i goes to group rank i) on `group`."""
+    """All-to-all of `x` ([group_size, ...], chunk i goes to group rank i) on `group` (None:
+    the default group)."""
     x = x.contiguous()
     if skip:
         # Same output shape and one copy, as the real exchange; nothing crosses the wire.

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Literal, Protocol
+from typing import Protocol
 
 import torch
 
-KernelName = Literal["auto", "flash_attn", "sdpa", "naive"]
-KERNEL_NAMES: tuple[str, ...] = ("auto", "flash_attn", "sdpa", "naive")
+from cpbench.config.vocabulary import BACKENDS
+
+_FlashAux = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+"""(cum_seq_q, cum_seq_k, philox seed, philox offset) of the CUDA flash forward."""
 
 
 class LocalKernel(Protocol):
@@ -96,7 +98,9 @@ class NaiveKernel:
         probs = torch.nan_to_num(probs, nan=0.0)
         return probs, lse
 
-    def forward(self, q, k, v, causal, scale):  # type: ignore[no-untyped-def]
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         ct = self._compute_dtype(q)
         probs, lse = self._probs(q, k, causal, scale, None)
         vv = _expand_kv(v, q.shape[2]).to(ct)
@@ -104,7 +108,17 @@ class NaiveKernel:
         lse_out = lse if ct == torch.float64 else lse.float()
         return out.to(q.dtype), lse_out
 
-    def backward(self, dout, q, k, v, out, lse, causal, scale):  # type: ignore[no-untyped-def]
+    def backward(
+        self,
+        dout: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        out: torch.Tensor,
+        lse: torch.Tensor,
+        causal: bool,
+        scale: float,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         ct = self._compute_dtype(q)
         probs, _ = self._probs(q, k, causal, scale, lse)
         vv = _expand_kv(v, q.shape[2]).to(ct)
@@ -139,13 +153,25 @@ class CpuSdpaKernel:
         x = x.transpose(1, 2)
         return x if x.dtype == torch.float32 else x.contiguous()
 
-    def forward(self, q, k, v, causal, scale):  # type: ignore[no-untyped-def]
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             self._bhsd(q), self._bhsd(k), self._bhsd(v), 0.0, causal, scale=scale
         )
         return out.transpose(1, 2), lse
 
-    def backward(self, dout, q, k, v, out, lse, causal, scale):  # type: ignore[no-untyped-def]
+    def backward(
+        self,
+        dout: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        out: torch.Tensor,
+        lse: torch.Tensor,
+        causal: bool,
+        scale: float,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
             self._bhsd(dout),
             self._bhsd(q),
@@ -170,9 +196,11 @@ class CudaSdpaKernel:
     name = "sdpa"
 
     def __init__(self) -> None:
-        self._aux: tuple | None = None
+        self._aux: _FlashAux | None = None
 
-    def forward(self, q, k, v, causal, scale):  # type: ignore[no-untyped-def]
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         h = q.shape[2]
         res = torch.ops.aten._scaled_dot_product_flash_attention(
             q.transpose(1, 2),
@@ -186,11 +214,23 @@ class CudaSdpaKernel:
         self._aux = (res[2], res[3], res[6], res[7])
         return res[0].transpose(1, 2), res[1].float()
 
-    def backward(self, dout, q, k, v, out, lse, causal, scale):  # type: ignore[no-untyped-def]
+    def backward(
+        self,
+        dout: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        out: torch.Tensor,
+        lse: torch.Tensor,
+        causal: bool,
+        scale: float,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         h = q.shape[2]
         if self._aux is None:  # a backward before any forward in this process
             self.forward(q[:, :1], k[:, :1], v[:, :1], False, scale)
-        cum_q, cum_k, seed, offset = self._aux  # type: ignore[misc]
+        if self._aux is None:  # unreachable: forward sets it
+            raise RuntimeError("CudaSdpaKernel.forward did not record its auxiliary outputs")
+        cum_q, cum_k, seed, offset = self._aux
         dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_backward(
             dout.transpose(1, 2),
             q.transpose(1, 2),
@@ -228,7 +268,9 @@ class FlashAttnKernel:
 
         self._fa = flash_attn_interface
 
-    def forward(self, q, k, v, causal, scale):  # type: ignore[no-untyped-def]
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         res = self._fa._flash_attn_forward(
             q.contiguous(),
             k.contiguous(),
@@ -244,7 +286,17 @@ class FlashAttnKernel:
         )
         return res[0], res[1].float()
 
-    def backward(self, dout, q, k, v, out, lse, causal, scale):  # type: ignore[no-untyped-def]
+    def backward(
+        self,
+        dout: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        out: torch.Tensor,
+        lse: torch.Tensor,
+        causal: bool,
+        scale: float,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         self._fa._flash_attn_backward(
             dout.contiguous(),
@@ -306,8 +358,8 @@ def select_kernel(
     from cpbench.errors import CpbenchError  # noqa: PLC0415
 
     device = torch.device(device)
-    if name not in KERNEL_NAMES:
-        raise CpbenchError(f"kernel {name!r} is not one of {', '.join(KERNEL_NAMES)}")
+    if name not in BACKENDS:
+        raise CpbenchError(f"kernel {name!r} is not one of {', '.join(BACKENDS)}")
     cuda = device.type == "cuda"
     half = dtype in (torch.float16, torch.bfloat16)
     if name == "naive":

@@ -11,7 +11,7 @@ GQA: only the H_kv heads travel; the kernel handles the head groups locally.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
 import torch.distributed as dist
@@ -24,6 +24,7 @@ from cpbench.attention.layouts import ring_block_pieces
 Variant = Literal["full", "compute", "comm"]
 """`full` the real step; `compute` the same step with communication removed (each rank sees
 its own chunk at every step); `comm` the same communication with the kernels removed."""
+VARIANTS: tuple[Variant, ...] = get_args(Variant)
 
 KV_MESSAGE_TAG = 0
 DKV_MESSAGE_TAG = 1
@@ -66,7 +67,7 @@ def _post_next_kv(
 
 class RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         q: torch.Tensor,
         kv: torch.Tensor,
@@ -113,7 +114,7 @@ class RingAttention(torch.autograd.Function):
         return out_final
 
     @staticmethod
-    def backward(ctx: Any, dout: torch.Tensor) -> tuple:  # type: ignore[override]
+    def backward(ctx: Any, dout: torch.Tensor) -> tuple:
         q, kv, out, lse = ctx.saved_tensors
         spec, layout, causal, scale, kernel, variant = ctx.config
         skip_comm, skip_compute = variant == "compute", variant == "comm"

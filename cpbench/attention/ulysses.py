@@ -39,25 +39,25 @@ def heads_to_seq(
 
 class SeqToHeads(torch.autograd.Function):
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any, x: torch.Tensor, group: Any, size: int, tags: tuple[str, str], skip: bool
     ) -> torch.Tensor:
         ctx.args = (group, size, tags[1], skip)
         return seq_to_heads(x, group, size, tags[0], skip)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
         return heads_to_seq(grad, *ctx.args), None, None, None, None
 
 
 class HeadsToSeq(torch.autograd.Function):
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any, x: torch.Tensor, group: Any, size: int, tags: tuple[str, str], skip: bool
     ) -> torch.Tensor:
         ctx.args = (group, size, tags[1], skip)
         return heads_to_seq(x, group, size, tags[0], skip)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
         return seq_to_heads(grad, *ctx.args), None, None, None, None

@@ -20,11 +20,12 @@ import torch.distributed as dist
 from cpbench.attention import build_mesh, cp_attention
 from cpbench.attention.comm import ByteCounter, counting
 from cpbench.attention.kernels import select_kernel
+from cpbench.attention.ring import VARIANTS, Variant
 from cpbench.bench.environment import rank_environment
 from cpbench.bench.measure_impl import measure_external
 from cpbench.bench.memory import measure_peak_memory
 from cpbench.bench.reference import (
-    DTYPES,
+    TORCH_DTYPES,
     _device,
     agreed,
     check_seq_len,
@@ -45,7 +46,7 @@ def measure_config(config_dict: dict[str, Any], settings: dict[str, Any]) -> dic
     if config.impl != "cpbench":
         check_len = check_seq_len(config, settings["check_max_seq_len"])
         return measure_external(config, settings, device, check_len)
-    dtype = DTYPES[config.dtype]
+    dtype = TORCH_DTYPES[config.dtype]
     mesh = build_mesh(config.ulysses, config.ring)
     kernel = select_kernel(device, dtype, config.backend)
     check_len = check_seq_len(config, settings["check_max_seq_len"])
@@ -54,7 +55,7 @@ def measure_config(config_dict: dict[str, Any], settings: dict[str, Any]) -> dic
     backward = config.phase == "fwd+bwd"
     q, k, v, dout = random_shards(config, device)
 
-    def run_step(variant: str = "full", counter: ByteCounter | None = None) -> None:
+    def run_step(variant: Variant = "full", counter: ByteCounter | None = None) -> None:
         for t in (q, k, v):
             t.grad = None
         with torch.set_grad_enabled(backward):
@@ -67,7 +68,7 @@ def measure_config(config_dict: dict[str, Any], settings: dict[str, Any]) -> dic
                 layout=config.layout,
                 kernel=kernel,
                 kv_replication=config.kv_replication,
-                variant=variant,  # type: ignore[arg-type]
+                variant=variant,
             )
             if backward:
                 with counter.phase("bwd") if counter else contextlib.nullcontext():
@@ -78,7 +79,7 @@ def measure_config(config_dict: dict[str, Any], settings: dict[str, Any]) -> dic
         variant: time_iterations(
             functools.partial(run_step, variant), warmup, iters, device, reduce_max=False
         )
-        for variant in ("full", "compute", "comm")
+        for variant in VARIANTS
     }
     counter = ByteCounter()
     with counting(counter):

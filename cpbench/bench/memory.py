@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -37,7 +37,13 @@ class TensorAllocationTracker(TorchDispatchMode):
         self.current = 0
         self.peak = 0
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_dispatch__(
+        self,
+        func: Callable[..., Any],
+        types: Iterable[type],
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
         if any(is_traceable_wrapper_subclass_type(t) for t in types):
             # A wrapper subclass (DTensor, as torch's context parallelism uses) owns no storage
             # and runs its own ops on plain local tensors: defer to it with this mode still

@@ -16,10 +16,11 @@ from cpbench.config.bench import BenchConfig, VerifyCase
 from cpbench.config.constraints import seq_divisor
 from cpbench.config.impls import DEFAULT_IMPL, check_impl
 from cpbench.config.tolerances import TOLERANCE, allowed_error
+from cpbench.config.vocabulary import DTYPES
 from cpbench.errors import CpbenchError
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-"""torch dtype of each `Dtype` literal."""
+TORCH_DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in DTYPES}
+"""torch dtype of each `Dtype` literal (each is the name of a torch dtype)."""
 
 
 def error_bound(dtype: str, reference: torch.Tensor, absolute: float | None = None) -> float:
@@ -37,29 +38,38 @@ def _global_inputs(case: VerifyCase, device: torch.device) -> tuple[torch.Tensor
     return tuple(t.to(device) for t in (q, k, v, dout))
 
 
+def _grads(leaves: list[torch.Tensor], who: str) -> list[torch.Tensor]:
+    """The gradients of q, k, v after the backward (an error when one is missing)."""
+    grads = [x.grad for x in leaves]
+    present = [g for g in grads if g is not None]
+    if len(present) != len(grads):
+        raise CpbenchError(f"{who}: the backward produced no gradient for q, k or v")
+    return present
+
+
 def _run_cpbench(case: VerifyCase, inputs: tuple) -> list[torch.Tensor]:
     from cpbench.attention import build_mesh, cp_attention, shard, unshard  # noqa: PLC0415
 
     mesh = build_mesh(case.ulysses, case.ring)
-    dtype = DTYPES[case.dtype]
+    dtype = TORCH_DTYPES[case.dtype]
     q, k, v, dout = inputs
     local = [shard(t, mesh, case.layout).to(dtype).requires_grad_(True) for t in (q, k, v)]
-    out = cp_attention(*local, mesh, causal=case.causal, layout=case.layout, kernel=case.kernel)
+    lq, lk, lv = local
+    out = cp_attention(lq, lk, lv, mesh, causal=case.causal, layout=case.layout, kernel=case.kernel)
     out.backward(shard(dout, mesh, case.layout).to(dtype))
-    return [unshard(t, mesh, case.layout) for t in (out.detach(), *(x.grad for x in local))]
+    grads = _grads(local, case.impl)
+    return [unshard(t, mesh, case.layout) for t in (out.detach(), *grads)]
 
 
 def _run_impl(case: VerifyCase, runner: Any, inputs: tuple) -> list[torch.Tensor]:
     """The case through an impl adapter's runner: its layout, its step context."""
-    dtype = DTYPES[case.dtype]
+    dtype = TORCH_DTYPES[case.dtype]
     q, k, v, dout = inputs
     local = [runner.shard(t).to(dtype).requires_grad_(True) for t in (q, k, v)]
     with runner.context():
         out = runner.forward(*local)
         out.backward(runner.shard(dout).to(dtype))
-    grads = [x.grad for x in local]
-    if any(g is None for g in grads):
-        raise CpbenchError(f"{case.impl}: the backward produced no gradient for q, k or v")
+    grads = _grads(local, case.impl)
     return [runner.unshard(t) for t in (out.detach(), *grads)]
 
 
@@ -87,11 +97,12 @@ def run_case_on_rank(case: VerifyCase, device: torch.device) -> dict | None:
     if dist.get_rank() != 0:
         return None
     q, k, v, dout = inputs
-    dtype = DTYPES[case.dtype]
+    dtype = TORCH_DTYPES[case.dtype]
     ref_inputs = [t.to(dtype).double().requires_grad_(True) for t in (q, k, v)]
-    ref_out = reference_attention(*ref_inputs, causal=case.causal)
+    ref_q, ref_k, ref_v = ref_inputs
+    ref_out = reference_attention(ref_q, ref_k, ref_v, causal=case.causal)
     ref_out.backward(dout.to(dtype).double())
-    refs = [ref_out.detach(), *(x.grad for x in ref_inputs)]
+    refs = [ref_out.detach(), *_grads(ref_inputs, "reference")]
     errors = {
         name: float((got.double() - ref).abs().max())
         for name, got, ref in zip(("out", "dq", "dk", "dv"), gathered, refs, strict=True)
@@ -167,7 +178,7 @@ def agreed(fn: Callable[[], Any], device: torch.device) -> Any:
 def random_shards(config: BenchConfig, device: torch.device) -> tuple[torch.Tensor, ...]:
     """This rank's q, k, v (requiring grad when the phase has a backward) and dout: random
     local shards of the configuration's shape (values do not matter for timing)."""
-    dtype = DTYPES[config.dtype]
+    dtype = TORCH_DTYPES[config.dtype]
     local_len = config.seq_len // config.world_size
     g = torch.Generator(device=device).manual_seed(1000 + dist.get_rank())
     backward = config.phase == "fwd+bwd"

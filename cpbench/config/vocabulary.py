@@ -28,3 +28,27 @@ CliDevice = ScenarioDevice
 """A `--device` option: auto picks cuda when a GPU is visible."""
 DEFAULT_DTYPE: dict[str, str] = {"cpu": "float32", "cuda": "bfloat16"}
 """Dtype of a configuration that names none, per device."""
+
+Pass = Literal["forward", "backward"]
+"""One pass of a step, as the analytic model (cpbench/model) counts bytes, FLOPs and time."""
+PassTotal = Literal["forward", "backward", "forward_backward"]
+"""A pass, or both together (forward_backward: the sum of the two)."""
+StepPasses = Literal["forward", "forward_backward"]
+"""The passes a step runs, in the model's words: `Phase` fwd is forward, fwd+bwd is
+forward_backward (what a memory peak covers)."""
+
+PASSES: tuple[Pass, ...] = get_args(Pass)
+PASS_TOTALS: tuple[PassTotal, ...] = get_args(PassTotal)
+STEP_PASSES: tuple[StepPasses, ...] = get_args(StepPasses)
+PHASE_PASSES: dict[Phase, StepPasses] = {"fwd": "forward", "fwd+bwd": "forward_backward"}
+"""The passes of each `Phase`."""
+
+HalfDtype = Literal["bfloat16", "float16"]
+"""The 16-bit `Dtype`s: what flash-attn (and the libraries built on it) take."""
+HALF_DTYPES: tuple[HalfDtype, ...] = get_args(HalfDtype)
+YUNCHANG_RING_IMPL_TYPES: dict[str, str] = {
+    "contiguous": "basic",
+    "zigzag": "zigzag",
+    "striped": "strip",
+}
+"""yunchang's `ring_impl_type` for each `Layout` (its name for the same token order)."""

@@ -30,6 +30,7 @@ import torch.distributed as dist
 
 from cpbench.attention.layouts import reassemble
 from cpbench.config.bench import BenchConfig
+from cpbench.config.vocabulary import HALF_DTYPES
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,10 @@ class Adapter(Protocol):
 
 def cp_group() -> dist.ProcessGroup:
     """The CP group of a measurement: the whole world (a pool or a torchrun world)."""
-    return dist.group.WORLD  # type: ignore[return-value]
+    world = dist.group.WORLD
+    if world is None:
+        raise RuntimeError("cp_group() needs an initialised torch.distributed process group")
+    return world
 
 
 class PositionSharding:
@@ -127,7 +131,7 @@ def half_precision_reason(config: BenchConfig, library: str) -> str | None:
     """flash-attn takes fp16/bf16 only, and the ring code built on it relies on that: its
     backward accumulates with `block_dq_buffer.to(torch.float32)`, a copy for fp16/bf16 but
     the buffer itself for float32, which the next block's backward then overwrites."""
-    if config.dtype not in ("float16", "bfloat16"):
+    if config.dtype not in HALF_DTYPES:
         return (
             f"{library} runs on flash-attn, which takes fp16/bf16 only (dtype {config.dtype}); "
             f"its ring backward relies on it (`block_dq_buffer.to(torch.float32)` aliases the "

@@ -39,6 +39,7 @@ import torch.distributed._functional_collectives as ft_c
 import torch.distributed.distributed_c10d as c10d
 
 from cpbench.attention.comm import ByteCounter
+from cpbench.impls.base import cp_group
 
 Recorder = Callable[[str, int], None]
 _P2P = ("isend", "send")
@@ -91,7 +92,7 @@ def _counters(record: Recorder) -> dict[str, Callable[[tuple, dict], None]]:
     def sent(a: tuple, k: dict) -> None:
         dst, group = _arg(a, k, 1, "dst"), _arg(a, k, 2, "group")
         if dst is None:
-            dst = dist.get_global_rank(group or dist.group.WORLD, _arg(a, k, 4, "group_dst"))
+            dst = dist.get_global_rank(group or cp_group(), _arg(a, k, 4, "group_dst"))
         if dst != dist.get_rank():  # a send to itself (NCCL allows it) crosses no link
             record("p2p", _nbytes(_arg(a, k, 0, "tensor")))
 
@@ -187,7 +188,6 @@ def _wrap(original: Callable, count: Callable[[tuple, dict], None]) -> Callable:
         count(args, kwargs)
         return original(*args, **kwargs)
 
-    wrapper.__cpbench_counting__ = True  # type: ignore[attr-defined]
     return wrapper
 
 

@@ -4,6 +4,7 @@ communication-only variants)."""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -38,7 +39,7 @@ class CpbenchRunner:
             kv_replication=c.kv_replication,
         )
 
-    def context(self):  # type: ignore[no-untyped-def]
+    def context(self) -> contextlib.AbstractContextManager[None]:
         return no_context()
 
 

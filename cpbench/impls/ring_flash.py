@@ -23,6 +23,7 @@ tolerance and named in the record (a `KnownIssue`).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 from dataclasses import dataclass
 from typing import Any
@@ -94,7 +95,7 @@ class RingFlashRunner(ShardsByPositions):
             group=self.group,
         )
 
-    def context(self):  # type: ignore[no-untyped-def]
+    def context(self) -> contextlib.AbstractContextManager[None]:
         return no_context()
 
 

@@ -25,6 +25,7 @@ is skipped with that reason, and it is untested here (no GPU in CI).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from cpbench.attention import build_mesh
 from cpbench.attention.kernels import default_scale
 from cpbench.config.bench import BenchConfig
 from cpbench.config.impls import variant
+from cpbench.config.vocabulary import HALF_DTYPES
 from cpbench.impls.base import (
     KnownIssue,
     PositionSharding,
@@ -83,7 +85,7 @@ class TeRunner(ShardsByPositions):
         out = self.attention(q.contiguous(), k.contiguous(), v.contiguous())
         return out.view(b, s, h, d)  # TE returns [B, S, h * d] for bshd
 
-    def context(self):  # type: ignore[no-untyped-def]
+    def context(self) -> contextlib.AbstractContextManager[None]:
         return no_context()
 
 
@@ -107,7 +109,7 @@ class TeAdapter:
                 f"TransformerEngine's context parallelism runs only on CUDA (its fused / "
                 f"flash attention backends); device {config.device}"
             )
-        if config.dtype not in ("float16", "bfloat16"):
+        if config.dtype not in HALF_DTYPES:
             return (
                 f"TransformerEngine's context parallelism needs fp16/bf16 (float32 falls back "
                 f"to the unfused backend, which has no CP); dtype {config.dtype}"

@@ -29,7 +29,7 @@ import contextlib
 import functools
 import importlib
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -179,7 +179,10 @@ def _cpu_sdpa_handler(op_call: Any, args: tuple[object, ...], kwargs: dict[str, 
     if sharding is None or sharding.needs_redistribute:
         raise RuntimeError(f"{op_call}: inputs must be sharded on the sequence dimension")
     forward_op, _ = _cpu_ops()
-    ring = _ring_forward if op_call is forward_op else _ring_backward
+    # The op's arguments, unwrapped from DTensors: torch types them as plain objects.
+    ring: Callable[..., tuple[torch.Tensor, ...]] = (
+        _ring_forward if op_call is forward_op else _ring_backward
+    )
     local = ring(op_info.compute_mesh, *op_info.local_args, **op_info.local_kwargs)
     return dispatcher.wrap(local, sharding.output_spec)
 

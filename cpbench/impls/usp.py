@@ -25,6 +25,7 @@ buffer), and the basic ring's backward returns `dq.to(torch.bfloat16)`
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from cpbench.attention.kernels import default_scale
 from cpbench.attention.layouts import positions
 from cpbench.config.bench import BenchConfig
 from cpbench.config.tolerances import TOLERANCE
+from cpbench.config.vocabulary import YUNCHANG_RING_IMPL_TYPES
 from cpbench.impls.base import (
     KnownIssue,
     PositionSharding,
@@ -51,7 +53,7 @@ from cpbench.impls.base import (
     self_send_reason,
 )
 
-RING_IMPL_TYPES = {"contiguous": "basic", "zigzag": "zigzag", "striped": "strip"}
+RING_IMPL_TYPES = YUNCHANG_RING_IMPL_TYPES
 BF16_DQ = KnownIssue(
     ("dq",),
     TOLERANCE["bfloat16"],
@@ -83,7 +85,7 @@ class UspRunner(ShardsByPositions):
             q, k, v, dropout_p=0.0, softmax_scale=default_scale(c.head_dim), causal=c.causal
         )
 
-    def context(self):  # type: ignore[no-untyped-def]
+    def context(self) -> contextlib.AbstractContextManager[None]:
         return no_context()
 
 

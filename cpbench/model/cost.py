@@ -45,9 +45,18 @@ import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from fractions import Fraction
-from typing import Any, Literal, get_args
+from typing import Any, TypeGuard
 
-from cpbench.config.constraints import LAYOUTS, AttentionShape, check_mesh
+from cpbench.config.constraints import AttentionShape, check_mesh
+from cpbench.config.vocabulary import (
+    LAYOUTS,
+    PASSES,
+    PHASE_PASSES,
+    PHASES,
+    Pass,
+    PassTotal,
+    Phase,
+)
 from cpbench.errors import CpbenchError
 from cpbench.model.flops import (
     BACKWARD_FACTOR,
@@ -66,8 +75,6 @@ from cpbench.model.formulas import (
 from cpbench.model.hardware import GIB, HardwareProfile, LinkTier
 from cpbench.model.memory import max_seq_len_for_budget, memory_estimate
 
-RecordPhase = Literal["fwd", "fwd+bwd"]
-RECORD_PHASES: tuple[str, ...] = get_args(RecordPhase)
 MERGE_FORWARD_PASSES = 7
 """fp32 passes over the output accumulator per forward merge (ring.py `_merge`)."""
 ACCUMULATE_Q_PASSES = 3
@@ -80,6 +87,18 @@ closed forms (flops.py's step matrix is R x R)."""
 
 
 # -------------------------------------------------------------------------------- candidate
+
+
+def is_phase(value: object) -> TypeGuard[Phase]:
+    """Whether `value` is a `Phase` (fwd or fwd+bwd)."""
+    return value in PHASES
+
+
+def check_phase(value: object) -> Phase:
+    """`value` as a `Phase`; CpbenchError naming it when it is none."""
+    if not is_phase(value):
+        raise CpbenchError(f"phase {value!r} is not one of {', '.join(PHASES)}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -100,12 +119,11 @@ class MeshCandidate:
     """Causal mask."""
     kv_replication: int | None = None
     """KV copies before the Ulysses exchange; None chooses what the mesh needs."""
-    phase: RecordPhase = "fwd+bwd"
+    phase: Phase = "fwd+bwd"
     """What a step is: forward only, or forward and backward (training)."""
 
     def __post_init__(self) -> None:
-        if self.phase not in RECORD_PHASES:
-            raise CpbenchError(f"phase {self.phase!r} is not one of {', '.join(RECORD_PHASES)}")
+        check_phase(self.phase)
 
     @property
     def world(self) -> int:
@@ -136,7 +154,7 @@ class MeshCandidate:
             int(config["head_dim"]),
             int(config.get("batch", 1)),
         )
-        phase = str(config.get("phase", "fwd+bwd"))
+        phase = check_phase(str(config.get("phase", "fwd+bwd")))
         return cls(
             shape,
             int(config.get("ulysses", 1)),
@@ -145,12 +163,12 @@ class MeshCandidate:
             str(config.get("dtype", "float32")),
             bool(config.get("causal", True)),
             config.get("kv_replication"),
-            phase,  # type: ignore[arg-type]
+            phase,
         )
 
     @classmethod
     def from_cp_config(
-        cls, config: CpConfig, causal: bool = True, phase: RecordPhase = "fwd+bwd"
+        cls, config: CpConfig, causal: bool = True, phase: Phase = "fwd+bwd"
     ) -> MeshCandidate:
         """From a validated CpConfig (which carries no mask or phase)."""
         return cls(
@@ -272,7 +290,7 @@ def placement(ulysses: int, ring: int, devices_per_node: int, rank_stride: int =
 class PhaseTime:
     """Predicted time of one phase of one layer, with its breakdown (seconds)."""
 
-    phase: str
+    phase: PassTotal
     """forward, backward or forward_backward."""
     total_s: float
     """Predicted step time: compute_s + imbalance_s + exposed_comm_s."""
@@ -343,7 +361,7 @@ class CommTerm:
     """Link tier."""
     kind: CollectiveKind
     """Collective kind."""
-    phase: str
+    phase: Pass
     """forward or backward."""
     messages: int
     """Calls (or concurrent exchanges) paying the latency."""
@@ -520,7 +538,7 @@ def predict(
     )
     forward, forward_terms = _phase_time(ctx, "forward")
     backward, backward_terms = _phase_time(ctx, "backward")
-    memory_phase = "forward" if candidate.phase == "fwd" else "forward_backward"
+    memory_phase = PHASE_PASSES[candidate.phase]
     shape = config.shape
     return Prediction(
         candidate=candidate,
@@ -534,7 +552,7 @@ def predict(
         traffic=_traffic(ctx),
         comm_terms=forward_terms + backward_terms,
         work_imbalance=_work_imbalance(config, candidate.causal),
-        memory_bytes=memory_estimate(config).peak(memory_phase),  # type: ignore[arg-type]
+        memory_bytes=memory_estimate(config).peak(memory_phase),
         memory_capacity_bytes=profile.memory_bytes,
         max_seq_len=max_seq_len_for_budget(
             profile.memory_bytes,
@@ -546,7 +564,7 @@ def predict(
             config.ring,
             config.layout,
             config.dtype,
-            memory_phase,  # type: ignore[arg-type]
+            memory_phase,
         ),
     )
 
@@ -570,11 +588,11 @@ def _work_imbalance(config: CpConfig, causal: bool) -> float:
     return float(max(pairs) / mean) if mean else 1.0
 
 
-def _phase_factor(phase: str) -> Fraction:
+def _phase_factor(phase: Pass) -> Fraction:
     return Fraction(1) if phase == "forward" else BACKWARD_FACTOR
 
 
-def merge_bytes(config: CpConfig, phase: str, step: int) -> int:
+def merge_bytes(config: CpConfig, phase: Pass, step: int) -> int:
     """fp32 bytes the ring's merge (forward) or accumulation (backward) moves at a step."""
     if config.ring == 1:
         return 0
@@ -586,7 +604,7 @@ def merge_bytes(config: CpConfig, phase: str, step: int) -> int:
     return (ACCUMULATE_Q_PASSES * q_elements + ACCUMULATE_KV_PASSES * kv_elements) * 4
 
 
-def _step_merges(ctx: _Context, phase: str) -> list[float]:
+def _step_merges(ctx: _Context, phase: Pass) -> list[float]:
     """Memory-bound seconds of each ring step of a phase."""
     c = ctx.config
     return [merge_bytes(c, phase, s) / ctx.profile.memory_bandwidth for s in range(c.ring)]
@@ -616,7 +634,7 @@ def _node_share(ctx: _Context) -> float:
     return max(1.0, ranks / slots)
 
 
-def _step_costs(ctx: _Context, phase: str, merges: list[float]) -> list[_StepCost]:
+def _step_costs(ctx: _Context, phase: Pass, merges: list[float]) -> list[_StepCost]:
     """Compute time of each ring step: the busiest rank's kernel, overhead and memory-bound
     work; on a node with more ranks than compute slots, at least the mean rank's times
     ranks / slots (the slots are shared, so idle ranks lend theirs)."""
@@ -636,7 +654,7 @@ def _step_costs(ctx: _Context, phase: str, merges: list[float]) -> list[_StepCos
     return costs
 
 
-def _phase_time(ctx: _Context, phase: str) -> tuple[PhaseTime, tuple[CommTerm, ...]]:
+def _phase_time(ctx: _Context, phase: Pass) -> tuple[PhaseTime, tuple[CommTerm, ...]]:
     c = ctx.config
     merges = _step_merges(ctx, phase)
     costs = _step_costs(ctx, phase, merges)
@@ -666,10 +684,10 @@ def _phase_time(ctx: _Context, phase: str) -> tuple[PhaseTime, tuple[CommTerm, .
     return timing, ulysses_terms + ring_terms
 
 
-def _ulysses_time(ctx: _Context, phase: str) -> tuple[float, tuple[CommTerm, ...]]:
+def _ulysses_time(ctx: _Context, phase: Pass) -> tuple[float, tuple[CommTerm, ...]]:
     """Exposed all-to-all time of a phase and its linear pieces."""
     total, terms = 0.0, []
-    for collective in ctx.volume.collectives(phase):  # type: ignore[arg-type]
+    for collective in ctx.volume.collectives(phase):
         if collective.kind != "all_to_all":
             continue
         seconds, pieces = _all_to_all_call(ctx, phase, collective.bytes_sent)
@@ -678,7 +696,7 @@ def _ulysses_time(ctx: _Context, phase: str) -> tuple[float, tuple[CommTerm, ...
     return total, tuple(terms)
 
 
-def _all_to_all_call(ctx: _Context, phase: str, bytes_sent: int) -> tuple[float, list[CommTerm]]:
+def _all_to_all_call(ctx: _Context, phase: Pass, bytes_sent: int) -> tuple[float, list[CommTerm]]:
     """One all-to-all call: inside a node, or split between the tiers (the slower part sets
     the time, the inter-node latency is paid once)."""
     place, profile = ctx.placement, ctx.profile
@@ -701,10 +719,10 @@ def _all_to_all_call(ctx: _Context, phase: str, bytes_sent: int) -> tuple[float,
     ]
 
 
-def _ring_hop_bytes(ctx: _Context, phase: str) -> tuple[int, int]:
+def _ring_hop_bytes(ctx: _Context, phase: Pass) -> tuple[int, int]:
     """(K/V hop bytes, dK/dV hop bytes) per call of a phase; zeros without a ring."""
     kv = dkv = 0
-    for collective in ctx.volume.collectives(phase):  # type: ignore[arg-type]
+    for collective in ctx.volume.collectives(phase):
         if collective.name == "p2p_kv":
             kv = collective.bytes_per_call
         elif collective.name == "p2p_dkv":
@@ -713,7 +731,7 @@ def _ring_hop_bytes(ctx: _Context, phase: str) -> tuple[int, int]:
 
 
 def _ring_time(
-    ctx: _Context, phase: str, computes: list[float]
+    ctx: _Context, phase: Pass, computes: list[float]
 ) -> tuple[float, float, float, tuple[CommTerm, ...]]:
     """(ring stage time, serialised hop time, overlappable time, linear pieces)."""
     r = ctx.config.ring
@@ -747,10 +765,12 @@ def _ring_time(
 def _traffic(ctx: _Context) -> tuple[TierTraffic, ...]:
     """Bytes per rank per (tier, kind), forward and backward."""
     place = ctx.placement
-    per_phase: dict[tuple[str, str], list[int]] = {}
-    for index, phase in enumerate(("forward", "backward")):
-        for stage in ctx.volume.stages(phase):  # type: ignore[arg-type]
+    per_phase: dict[tuple[LinkTier, CollectiveKind], list[int]] = {}
+    for index, phase in enumerate(PASSES):
+        for stage in ctx.volume.stages(phase):
             sent = stage.bytes_sent
+            split: dict[LinkTier, int]
+            kind: CollectiveKind
             if stage.stage == "ulysses":
                 inter = int(sent * place.ulysses_inter_fraction)
                 split = {"inter_node": inter, "intra_node": sent - inter}
@@ -762,8 +782,7 @@ def _traffic(ctx: _Context) -> tuple[TierTraffic, ...]:
                 if value:
                     per_phase.setdefault((tier, kind), [0, 0])[index] += value
     return tuple(
-        TierTraffic(tier, kind, fwd, bwd)  # type: ignore[arg-type]
-        for (tier, kind), (fwd, bwd) in sorted(per_phase.items())
+        TierTraffic(tier, kind, fwd, bwd) for (tier, kind), (fwd, bwd) in sorted(per_phase.items())
     )
 
 

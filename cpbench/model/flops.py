@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Literal, get_args
 
-from cpbench.config.constraints import LAYOUTS, AttentionShape, check_mesh, seq_divisor
+from cpbench.config.constraints import AttentionShape, check_mesh, seq_divisor
+from cpbench.config.vocabulary import LAYOUTS, PASS_TOTALS
 from cpbench.errors import CpbenchError
 
 FLOPS_CONVENTION = (
@@ -33,8 +33,6 @@ FLOPS_CONVENTION = (
 BACKWARD_FACTOR = Fraction(5, 2)
 """Backward FLOPs / forward FLOPs."""
 
-FlopsPhase = Literal["forward", "backward", "forward_backward"]
-FLOPS_PHASES: tuple[str, ...] = get_args(FlopsPhase)
 _PHASE_FACTOR: dict[str, Fraction] = {
     "forward": Fraction(1),
     "backward": BACKWARD_FACTOR,
@@ -45,7 +43,7 @@ _PHASE_FACTOR: dict[str, Fraction] = {
 def phase_factor(phase: str) -> Fraction:
     """FLOPs of a phase in units of forward FLOPs (1, 2.5 or 3.5)."""
     if phase not in _PHASE_FACTOR:
-        raise CpbenchError(f"phase {phase!r} is not one of {', '.join(FLOPS_PHASES)}")
+        raise CpbenchError(f"phase {phase!r} is not one of {', '.join(PASS_TOTALS)}")
     return _PHASE_FACTOR[phase]
 
 

@@ -33,23 +33,21 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Literal, get_args
+from typing import Literal
 
 from cpbench.config.constraints import AttentionShape, check_mesh, seq_divisor
+from cpbench.config.vocabulary import DTYPES, PASSES, Pass, Scheme
 from cpbench.errors import CpbenchError
 
-Dtype = Literal["float32", "bfloat16", "float16"]
-DTYPES: tuple[str, ...] = get_args(Dtype)
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
 DTYPE_ALIASES: dict[str, str] = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 FP32_BYTES = 4
 """Bytes per element of the fp32 accumulators (dK/dV travelling the ring, outputs, LSE)."""
 
-Phase = Literal["forward", "backward"]
-PHASES: tuple[str, ...] = get_args(Phase)
+PHASES: tuple[Pass, ...] = PASSES
+"""The passes the communication is counted for (the name `cpbench.render.formulas` reads)."""
 Stage = Literal["ulysses", "ring"]
 CollectiveKind = Literal["all_to_all", "send_recv"]
-Scheme = Literal["single", "ulysses", "ring", "usp"]
 
 
 def canonical_dtype(name: str) -> str:
@@ -218,7 +216,7 @@ class CollectiveVolume:
     """Identifier the instrumented communicator uses too, e.g. `a2a_kv`, `p2p_dkv`."""
     stage: Stage
     """ulysses (all-to-all) or ring (point-to-point)."""
-    phase: Phase
+    phase: Pass
     """forward or backward."""
     kind: CollectiveKind
     """all_to_all or send_recv."""
@@ -261,7 +259,7 @@ class StageVolume:
 
     stage: Stage
     """ulysses or ring."""
-    phase: Phase
+    phase: Pass
     """forward or backward."""
     collectives: tuple[CollectiveVolume, ...]
     """Its collectives, in the order they run."""
@@ -292,29 +290,29 @@ class CommVolume:
     backward: tuple[StageVolume, ...]
     """Backward stages that communicate."""
 
-    def stages(self, phase: Phase) -> tuple[StageVolume, ...]:
+    def stages(self, phase: Pass) -> tuple[StageVolume, ...]:
         """The stages of a phase."""
-        if phase not in PHASES:
-            raise CpbenchError(f"phase {phase!r} is not one of {', '.join(PHASES)}")
+        if phase not in PASSES:
+            raise CpbenchError(f"phase {phase!r} is not one of {', '.join(PASSES)}")
         return self.forward if phase == "forward" else self.backward
 
-    def collectives(self, phase: Phase) -> tuple[CollectiveVolume, ...]:
+    def collectives(self, phase: Pass) -> tuple[CollectiveVolume, ...]:
         """Every collective of a phase, in order."""
         return tuple(c for stage in self.stages(phase) for c in stage.collectives)
 
-    def elements_sent(self, phase: Phase) -> int:
+    def elements_sent(self, phase: Pass) -> int:
         """Elements a rank sends in a phase."""
         return sum(stage.elements_sent for stage in self.stages(phase))
 
-    def bytes_sent(self, phase: Phase) -> int:
+    def bytes_sent(self, phase: Pass) -> int:
         """Bytes a rank sends in a phase."""
         return sum(stage.bytes_sent for stage in self.stages(phase))
 
-    def global_bytes_sent(self, phase: Phase) -> int:
+    def global_bytes_sent(self, phase: Pass) -> int:
         """Bytes all U*R ranks send in a phase (every rank sends the same amount)."""
         return self.bytes_sent(phase) * self.config.world
 
-    def global_elements_sent(self, phase: Phase) -> int:
+    def global_elements_sent(self, phase: Pass) -> int:
         """Elements all U*R ranks send in a phase."""
         return self.elements_sent(phase) * self.config.world
 
@@ -352,14 +350,14 @@ def ring_kv_chunk_elements(config: CpConfig) -> int:
     return 2 * s.batch * config.ring_shard * config.kv_heads_per_rank * s.head_dim
 
 
-def ulysses_elements_sent(config: CpConfig, phase: Phase = "forward") -> int:
+def ulysses_elements_sent(config: CpConfig, phase: Pass = "forward") -> int:
     """Elements a rank sends in the Ulysses stage; equal forward and backward."""
     _check_phase(phase)
     handed = 2 * ulysses_q_elements(config) + ulysses_kv_elements(config)
     return all_to_all_sent(handed, config.ulysses)
 
 
-def ring_elements_sent(config: CpConfig, phase: Phase = "forward") -> int:
+def ring_elements_sent(config: CpConfig, phase: Pass = "forward") -> int:
     """Elements a rank sends in the ring stage: (R-1) K/V hops, plus R dK/dV hops backward."""
     _check_phase(phase)
     if config.ring == 1:
@@ -368,7 +366,7 @@ def ring_elements_sent(config: CpConfig, phase: Phase = "forward") -> int:
     return hops * ring_kv_chunk_elements(config)
 
 
-def ring_bytes_sent(config: CpConfig, phase: Phase = "forward") -> int:
+def ring_bytes_sent(config: CpConfig, phase: Pass = "forward") -> int:
     """Bytes a rank sends in the ring stage (the backward dK/dV hops are fp32)."""
     _check_phase(phase)
     if config.ring == 1:
@@ -381,8 +379,8 @@ def ring_bytes_sent(config: CpConfig, phase: Phase = "forward") -> int:
 
 
 def _check_phase(phase: str) -> None:
-    if phase not in PHASES:
-        raise CpbenchError(f"phase {phase!r} is not one of {', '.join(PHASES)}")
+    if phase not in PASSES:
+        raise CpbenchError(f"phase {phase!r} is not one of {', '.join(PASSES)}")
 
 
 # ---------------------------------------------------------------------- formulas (symbolic)
@@ -404,7 +402,7 @@ def _ring_kv_width_symbol(config: CpConfig) -> str:
 
 
 def _all_to_all(
-    config: CpConfig, name: str, phase: Phase, handed: int, handed_formula: str
+    config: CpConfig, name: str, phase: Pass, handed: int, handed_formula: str
 ) -> CollectiveVolume:
     u = config.ulysses
     return CollectiveVolume(
@@ -423,7 +421,7 @@ def _all_to_all(
     )
 
 
-def ulysses_stage(config: CpConfig, phase: Phase) -> StageVolume | None:
+def ulysses_stage(config: CpConfig, phase: Pass) -> StageVolume | None:
     """The Ulysses all-to-alls of a phase; None when U == 1."""
     _check_phase(phase)
     if config.ulysses == 1:
@@ -441,9 +439,7 @@ def ulysses_stage(config: CpConfig, phase: Phase) -> StageVolume | None:
     return StageVolume("ulysses", phase, collectives, formula, f"e*{formula}")
 
 
-def _ring_hops(
-    config: CpConfig, name: str, phase: Phase, hops: int, fp32: bool
-) -> CollectiveVolume:
+def _ring_hops(config: CpConfig, name: str, phase: Pass, hops: int, fp32: bool) -> CollectiveVolume:
     chunk_formula = f"2*B*(L/R)*{_ring_kv_heads_symbol(config)}*d_h"
     hops_symbol = "(R-1)" if hops == config.ring - 1 else "R"
     return CollectiveVolume(
@@ -462,7 +458,7 @@ def _ring_hops(
     )
 
 
-def ring_stage(config: CpConfig, phase: Phase) -> StageVolume | None:
+def ring_stage(config: CpConfig, phase: Pass) -> StageVolume | None:
     """The ring hops of a phase; None when R == 1."""
     _check_phase(phase)
     r = config.ring

@@ -16,14 +16,11 @@ Every item is proportional to L, so `max_seq_len_for_budget` is a closed form.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, get_args
 
 from cpbench.config.constraints import AttentionShape, seq_divisor
+from cpbench.config.vocabulary import STEP_PASSES, Pass, StepPasses
 from cpbench.errors import CpbenchError
 from cpbench.model.formulas import DTYPE_BYTES, CpConfig, canonical_dtype, cp_config
-
-MemoryPhase = Literal["forward", "forward_backward"]
-MEMORY_PHASES: tuple[str, ...] = get_args(MemoryPhase)
 
 FWD_A2A_IN = "fwd_a2a_in"
 FWD_ATTENTION = "fwd_attention"
@@ -72,7 +69,7 @@ class MemoryItem:
         return self.elements * DTYPE_BYTES[self.dtype]
 
     @property
-    def phase(self) -> str:
+    def phase(self) -> Pass:
         """forward when allocated in a forward stage, else backward."""
         return "forward" if self.stages[0] in FORWARD_STAGES else "backward"
 
@@ -88,7 +85,7 @@ class MemoryEstimate:
     stages: tuple[str, ...]
     """The stages this scheme runs through (no all-to-all stages when U = 1)."""
 
-    def items_of(self, phase: MemoryPhase) -> tuple[MemoryItem, ...]:
+    def items_of(self, phase: StepPasses) -> tuple[MemoryItem, ...]:
         """Items allocated in a phase: forward only, or forward and backward."""
         _check_phase(phase)
         if phase == "forward_backward":
@@ -101,17 +98,17 @@ class MemoryEstimate:
             raise CpbenchError(f"stage {stage!r} is not one of {', '.join(self.stages)}")
         return sum(item.bytes for item in self.items if stage in item.stages)
 
-    def total(self, phase: MemoryPhase) -> int:
+    def total(self, phase: StepPasses) -> int:
         """Sum of every item allocated in the phase (as if nothing were ever freed)."""
         return sum(item.bytes for item in self.items_of(phase))
 
-    def peak(self, phase: MemoryPhase) -> int:
+    def peak(self, phase: StepPasses) -> int:
         """Largest live bytes over the stages of the phase."""
         _check_phase(phase)
         stages = [s for s in self.stages if phase == "forward_backward" or s in FORWARD_STAGES]
         return max(self.stage_bytes(s) for s in stages)
 
-    def peak_stage(self, phase: MemoryPhase) -> str:
+    def peak_stage(self, phase: StepPasses) -> str:
         """The stage where the peak of the phase is reached."""
         _check_phase(phase)
         stages = [s for s in self.stages if phase == "forward_backward" or s in FORWARD_STAGES]
@@ -119,8 +116,8 @@ class MemoryEstimate:
 
 
 def _check_phase(phase: str) -> None:
-    if phase not in MEMORY_PHASES:
-        raise CpbenchError(f"memory phase {phase!r} is not one of {', '.join(MEMORY_PHASES)}")
+    if phase not in STEP_PASSES:
+        raise CpbenchError(f"memory phase {phase!r} is not one of {', '.join(STEP_PASSES)}")
 
 
 def scheme_stages(ulysses: int) -> tuple[str, ...]:
@@ -255,7 +252,7 @@ def max_seq_len_for_budget(
     ring: int = 1,
     layout: str = "contiguous",
     dtype: str = "bfloat16",
-    phase: MemoryPhase = "forward_backward",
+    phase: StepPasses = "forward_backward",
 ) -> int:
     """Longest L, a multiple of `seq_divisor(U, R, layout)`, whose per-rank peak fits the budget.
 
