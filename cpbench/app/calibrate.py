@@ -9,6 +9,7 @@ from typing import Any
 from cpbench.app.recommend import load_results
 from cpbench.errors import CpbenchError
 from cpbench.model.calibrate import (
+    Measurement,
     Split,
     calibrate,
     calibration_summary,
@@ -17,7 +18,21 @@ from cpbench.model.calibrate import (
     measurements_from_records,
     validate,
 )
-from cpbench.model.hardware import load_profile, save_profile
+from cpbench.model.hardware import HardwareProfile, load_profile, save_profile
+
+
+def _measurements_and_prior(
+    paths: Sequence[str], hardware: str | None, job: str
+) -> tuple[list[Measurement], HardwareProfile]:
+    """The usable measurements of `paths` and the profile to start from (given, or the default
+    prior for their device); CpbenchError when no record is usable."""
+    measurements = measurements_from_records(load_results(paths))
+    if not measurements:
+        raise CpbenchError(
+            f"no usable records in {', '.join(paths)}: {job} needs status 'ok' records "
+            f"with a feasible config and timing.median"
+        )
+    return measurements, load_profile(hardware or default_prior_name(measurements))
 
 
 def calibrate_results(
@@ -27,13 +42,7 @@ def calibrate_results(
     name: str | None = None,
 ) -> dict[str, Any]:
     """Fit a profile to results files and optionally write it as TOML; the report dict."""
-    measurements = measurements_from_records(load_results(paths))
-    if not measurements:
-        raise CpbenchError(
-            f"no usable records in {', '.join(paths)}: calibration needs status 'ok' records "
-            f"with a feasible config and timing.median"
-        )
-    prior = load_profile(hardware or default_prior_name(measurements))
+    measurements, prior = _measurements_and_prior(paths, hardware, "calibration")
     result = calibrate(measurements, prior, name=name, files=tuple(paths))
     written = None
     if output:
@@ -57,13 +66,7 @@ def validate_results(
     calibrate_first: bool = False,
 ) -> dict[str, Any]:
     """Predicted vs measured per configuration (or a holdout evaluation); the report dict."""
-    measurements = measurements_from_records(load_results(paths))
-    if not measurements:
-        raise CpbenchError(
-            f"no usable records in {', '.join(paths)}: validation needs status 'ok' records "
-            f"with a feasible config and timing.median"
-        )
-    prior = load_profile(hardware or default_prior_name(measurements))
+    measurements, prior = _measurements_and_prior(paths, hardware, "validation")
     if holdout:
         result = holdout_evaluation(
             measurements,
