@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pytest
+from pydantic import BaseModel
 
 from cpbench.errors import CpbenchError
+from cpbench.model.formulas import DTYPES
 from cpbench.model.hardware import (
+    COLLECTIVE_KINDS,
     GB,
     GIB,
     LINK_TIERS,
+    CalibrationInfo,
     EfficiencyCurve,
     LinkCost,
+    PeakTable,
+    ProfileFile,
     builtin_profiles,
     load_profile,
     profile_from_dict,
@@ -39,9 +46,9 @@ def test_shipped_profile_loads_with_sources(name: str) -> None:
     assert profile.memory_source and profile.peak_source and profile.efficiency.source
     assert profile.overheads_source
     for tier in LINK_TIERS:
-        link = profile.link(tier)  # type: ignore[arg-type]
-        for kind in ("all_to_all", "send_recv"):
-            cost = link.cost(kind)  # type: ignore[arg-type]
+        link = profile.link(tier)
+        for kind in COLLECTIVE_KINDS:
+            cost = link.cost(kind)
             assert cost.busbw > 0 and cost.latency_s >= 0
             assert cost.source, f"{name} {tier} {kind} has no source"
 
@@ -171,3 +178,65 @@ def test_link_cost_is_latency_plus_bytes_over_busbw() -> None:
     assert cost.seconds(1e9, calls=3) == pytest.approx(30e-6 + 0.01)
     assert cost.seconds(1e9, calls=1, sharing=2) == pytest.approx(10e-6 + 0.02)
     assert cost.seconds(0, calls=0) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("dotted", "value", "message"),
+    [
+        ("devices_per_node", True, "devices_per_node must be a positive integer, got True"),
+        ("devices_per_node", "8", "devices_per_node must be a positive integer, got '8'"),
+        ("memory.capacity_gib", True, "memory.capacity_gib must be a positive number, got True"),
+        ("memory.bandwidth_GBps", "3", "memory.bandwidth_GBps must be a positive number, got '3'"),
+        ("kernel_efficiency.seq_len", [1, 2, 3, 4, 5, True],
+         "kernel_efficiency.seq_len must hold positive integers, got True"),
+        ("schema_version", True, "schema_version must be 1, got True"),
+        ("name", 5, "name must be a string, got 5"),
+        ("name", _DELETE, "name is required"),
+        ("peak_tflops", {"source": "x"},
+         "peak_tflops needs at least one of float32, bfloat16, float16"),
+        ("calibration", 3, "calibration must be a table"),
+        ("links.intra_node.colour", 1, "[links.intra_node] has unknown key(s) colour; allowed: "
+         "all_to_all, devices_per_nic, name, send_recv"),
+    ],
+)  # fmt: skip
+def test_types_are_strict(dotted: str, value: Any, message: str) -> None:
+    """No coercion: an integer key takes neither `true` nor "8", a number no string."""
+    data = _set(_h100_dict(), dotted, value)
+    with pytest.raises(CpbenchError) as info:
+        profile_from_dict(data, origin="my.toml")
+    assert str(info.value) == f"hardware profile my.toml: {message}"
+
+
+def test_written_profile_keeps_the_header_and_awkward_strings(tmp_path: Path) -> None:
+    odd = 'quotes " and \\ backslash,\nnew line, tab\t, unicode µs é'
+    calibration = CalibrationInfo("cpu-local", 18, 0.0123456789, ("a b.jsonl", odd))
+    profile = dataclasses.replace(
+        load_profile("cpu-local"),
+        description=odd,
+        compute_slots_per_node=None,
+        calibration=calibration,
+    )
+    path = save_profile(profile, tmp_path / "fitted.toml", header="fitted by cpbench\n\nline 3")
+    text = path.read_text(encoding="utf-8")
+    assert text.startswith("# fitted by cpbench\n#\n# line 3\nschema_version = 1\n")
+    loaded = load_profile(str(path))
+    assert loaded.description == odd and loaded.compute_slots_per_node is None
+    assert loaded.calibration is not None and loaded.calibration.files == ("a b.jsonl", odd)
+    # numbers keep 6 significant digits, the rest of the profile is unchanged
+    assert loaded.calibration.residual == 0.0123457
+    assert loaded == dataclasses.replace(
+        profile, calibration=dataclasses.replace(calibration, residual=0.0123457)
+    )
+
+
+def test_file_models_describe_every_key() -> None:
+    assert set(PeakTable.model_fields) == {*DTYPES, "source"}
+    tables: list[type[BaseModel]] = [ProfileFile]
+    while tables:
+        model = tables.pop()
+        for name, field in model.model_fields.items():
+            assert field.description, f"{model.__name__}.{name} has no docstring"
+            tables += [
+                t for t in (field.annotation, *get_args(field.annotation))
+                if isinstance(t, type) and issubclass(t, BaseModel)
+            ]  # fmt: skip

@@ -10,8 +10,12 @@ import pytest
 from cpbench.config.bench import BenchConfig, factorizations
 from cpbench.errors import CpbenchError
 from cpbench.results.scenarios import (
+    AXIS_KEYS,
     BUILTIN,
+    TOP_LEVEL_KEYS,
     Scenario,
+    ScenarioAxes,
+    ScenarioFile,
     available_scenarios,
     default_scenario,
     load_scenario,
@@ -382,3 +386,57 @@ def test_scenario_defaults(tmp_path: Path) -> None:
     assert (scenario.batch, scenario.head_dim, scenario.causal) == ((1,), (128,), (True,))
     assert (scenario.layout, scenario.kv_replication) == (("zigzag",), (None,))
     assert (scenario.backend, scenario.phase) == (("auto",), ("fwd+bwd",))
+
+
+# --- the file models -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("warmup = true\n" + BASE, "key 'warmup': True is not an integer"),
+        ('iters = "4"\n' + BASE, "key 'iters': '4' is not an integer"),
+        ("nodes = 1.0\n" + BASE, "key 'nodes': 1.0 is not an integer"),
+        (BASE.replace("world_size = 8", "world_size = true"), "key 'world_size': True is not"),
+        (BASE.replace("heads = 32", "heads = [32, true]"), "key 'heads': True is not an integer"),
+        (BASE.replace("seq_len = 4096", 'seq_len = "4096"'), "key 'seq_len': '4096' is not an"),
+        (BASE + 'causal = "yes"\n', "key 'causal': 'yes' is not true or false"),
+        ("timeout = true\n" + BASE, "key 'timeout': True must be a positive, finite number"),
+        ("timeout = inf\n" + BASE, "key 'timeout': inf must be a positive, finite number"),
+        ("description = 3\n" + BASE, "key 'description': 3 is not a string"),
+        (BASE + "mesh = [[2, 4, 1]]\n", "key 'mesh': [2, 4, 1] is not a mesh"),
+        (BASE + 'kv_replication = ["off", 1]\n', "key 'kv_replication': 1 is repeated in"),
+    ],
+)
+def test_types_are_strict(tmp_path: Path, text: str, expected: str) -> None:
+    """No coercion: an integer key takes neither `true` nor "4", a bool no string."""
+    path = write(tmp_path, text)
+    with pytest.raises(CpbenchError) as info:
+        load_scenario(path)
+    assert str(info.value).startswith(f"{path}: {expected}"), str(info.value)
+
+
+def test_first_problem_is_reported_in_reading_order(tmp_path: Path) -> None:
+    # an unknown top-level key comes before the bad values, a bad value before a later one
+    both = write(tmp_path, "colour = 1\nwarmup = -1\n" + BASE.replace("heads = 32", "heads = 0"))
+    with pytest.raises(CpbenchError, match="unknown key 'colour'"):
+        load_scenario(both)
+    values = write(tmp_path, "warmup = -1\n" + BASE.replace("heads = 32", "heads = 0"), "y.toml")
+    with pytest.raises(CpbenchError, match=r"key 'warmup': -1 must be >= 0$"):
+        load_scenario(values)
+
+
+def test_file_keys_and_their_descriptions() -> None:
+    assert TOP_LEVEL_KEYS == (
+        "name", "description", "world_size", "device", "warmup", "iters", "timeout",
+        "check_max_seq_len", "nodes", "axes",
+    )  # fmt: skip
+    assert AXIS_KEYS == (
+        "seq_len", "batch", "heads", "kv_heads", "gqa_ratio", "head_dim", "dtype", "causal",
+        "mesh", "layout", "kv_replication", "backend", "phase", "impl",
+    )  # fmt: skip
+    for model in (ScenarioFile, ScenarioAxes):
+        for name, field in model.model_fields.items():
+            assert field.description, f"{model.__name__}.{name} has no docstring"
+    # every axis of the file is an attribute of Scenario
+    assert set(AXIS_KEYS) <= {f.name for f in dataclasses.fields(Scenario)}

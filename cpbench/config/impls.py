@@ -21,7 +21,7 @@ Impl = Literal[
     "transformer_engine:all_gather",
 ]
 IMPLS: tuple[str, ...] = get_args(Impl)
-DEFAULT_IMPL = "cpbench"
+DEFAULT_IMPL: Impl = "cpbench"
 
 IMPL_HELP: dict[str, str] = {
     "cpbench": "cpbench's own Ulysses / ring / USP (cpbench.attention)",

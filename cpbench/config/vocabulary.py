@@ -26,7 +26,7 @@ SCENARIO_DEVICES: tuple[str, ...] = get_args(ScenarioDevice)
 
 CliDevice = ScenarioDevice
 """A `--device` option: auto picks cuda when a GPU is visible."""
-DEFAULT_DTYPE: dict[str, str] = {"cpu": "float32", "cuda": "bfloat16"}
+DEFAULT_DTYPE: dict[str, Dtype] = {"cpu": "float32", "cuda": "bfloat16"}
 """Dtype of a configuration that names none, per device."""
 
 Pass = Literal["forward", "backward"]

@@ -19,7 +19,9 @@ A profile describes one kind of device and the two link tiers between devices:
   communication that is hidden behind the longer).
 
 Built-in profiles are TOML files in `cpbench/data/hardware/`; every number carries its source.
-A user file with the same layout is accepted wherever a name is (`--hardware PATH`).
+A user file with the same layout is accepted wherever a name is (`--hardware PATH`). The layout
+is the pydantic model `ProfileFile` (strict types, no unknown keys; errors read
+`hardware profile <file>: <key> <rule>, got <value>`); `profile_to_toml` writes it with tomli-w.
 """
 
 from __future__ import annotations
@@ -30,8 +32,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
+import tomli_w
+from pydantic import AfterValidator, Field, ValidationError, model_validator
+
+from cpbench.config.file_schema import MESSAGE, RULE, FileModel, problem, rule, table_at
 from cpbench.errors import CpbenchError
 from cpbench.model.formulas import DTYPES, CollectiveKind, canonical_dtype
 
@@ -41,15 +47,14 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 LinkTier = Literal["intra_node", "inter_node"]
-LINK_TIERS: tuple[str, ...] = get_args(LinkTier)
-COLLECTIVE_KINDS: tuple[str, ...] = ("all_to_all", "send_recv")
+LINK_TIERS: tuple[LinkTier, ...] = get_args(LinkTier)
+COLLECTIVE_KINDS: tuple[CollectiveKind, ...] = get_args(CollectiveKind)
 PROFILE_SCHEMA_VERSION = 1
 GIB = 1024**3
 GB = 1e9
 """nccl-tests reports GB/s with GB = 1e9 bytes."""
 
 _DATA_PACKAGE = "cpbench"
-_DATA_FOLDER = ("data", "hardware")
 
 
 # ------------------------------------------------------------------------------ dataclasses
@@ -222,7 +227,7 @@ class HardwareProfile:
 
 
 def _data_dir() -> Any:
-    return resources.files(_DATA_PACKAGE).joinpath(*_DATA_FOLDER)
+    return resources.files(_DATA_PACKAGE) / "data" / "hardware"
 
 
 def builtin_profiles() -> tuple[str, ...]:
@@ -266,269 +271,321 @@ def profile_from_toml(content: str, origin: str = "<string>") -> HardwareProfile
     return profile_from_dict(data, origin)
 
 
-# ------------------------------------------------------------------------------- validation
+# ------------------------------------------------------------------------------- the file
 
-_TOP_KEYS = {
-    "schema_version",
-    "name",
-    "description",
-    "devices_per_node",
-    "compute_slots_per_node",
-    "memory",
-    "peak_tflops",
-    "kernel_efficiency",
-    "overheads",
-    "links",
-    "calibration",
-}
+PositiveNumber = Annotated[float, Field(gt=0), rule("must be a positive number")]
+NonNegativeNumber = Annotated[float, Field(ge=0), rule("must be a number >= 0")]
+UnitInterval = Annotated[float, Field(ge=0, le=1), rule("must be a number in [0, 1]")]
+PositiveInteger = Annotated[int, Field(gt=0), rule("must be a positive integer")]
 
 
-class _Reader:
-    """Typed access to a TOML table with messages that name the file and the key."""
+def _increasing(values: list[int]) -> list[int]:
+    if any(b <= a for a, b in zip(values, values[1:], strict=False)):
+        raise problem(f"must be strictly increasing, got {values}")
+    return values
 
-    def __init__(self, origin: str) -> None:
-        self.origin = origin
 
-    def fail(self, key: str, rule: str) -> CpbenchError:
-        return CpbenchError(f"hardware profile {self.origin}: {key} {rule}")
+class MemoryTable(FileModel):
+    """`[memory]`: capacity and bandwidth of one device's memory."""
 
-    def table(self, data: Mapping[str, Any], key: str, prefix: str = "") -> Mapping[str, Any]:
-        value = data.get(key)
-        if not isinstance(value, Mapping):
-            raise self.fail(f"{prefix}{key}", "must be a table")
-        return value
+    capacity_gib: PositiveNumber
+    """Capacity per device, GiB (HBM, or a CPU rank's share of RAM)."""
+    bandwidth_GBps: PositiveNumber
+    """Bandwidth, GB/s (1e9 bytes)."""
+    source: str = ""
+    """Where the numbers come from."""
 
-    def string(
-        self, data: Mapping[str, Any], key: str, prefix: str = "", default: Any = None
-    ) -> str:
-        value = data.get(key, default)
-        if not isinstance(value, str):
-            raise self.fail(f"{prefix}{key}", f"must be a string, got {value!r}")
-        return value
 
-    def positive(
-        self, data: Mapping[str, Any], key: str, prefix: str = "", upper: float | None = None
-    ) -> float:
-        value = data.get(key)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            raise self.fail(f"{prefix}{key}", f"must be a positive number, got {value!r}")
-        if upper is not None and value > upper:
-            raise self.fail(f"{prefix}{key}", f"must be at most {upper}, got {value!r}")
-        return float(value)
+class PeakTable(FileModel):
+    """`[peak_tflops]`: peak dense TFLOP/s per dtype (at least one)."""
 
-    def positive_int(
-        self, data: Mapping[str, Any], key: str, prefix: str = "", default: Any = None
-    ) -> int:
-        value = data.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise self.fail(f"{prefix}{key}", f"must be a positive integer, got {value!r}")
-        return value
+    float32: PositiveNumber | None = None
+    """Peak TFLOP/s in float32 (absent: unknown)."""
+    bfloat16: PositiveNumber | None = None
+    """Peak TFLOP/s in bfloat16."""
+    float16: PositiveNumber | None = None
+    """Peak TFLOP/s in float16."""
+    source: str = ""
+    """Where the peaks come from."""
 
-    def known_keys(self, data: Mapping[str, Any], allowed: set[str], where: str) -> None:
-        unknown = sorted(set(data) - allowed)
-        if unknown:
-            raise self.fail(
-                where or "(top level)",
-                f"has unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}",
+    @model_validator(mode="after")
+    def _one_peak(self) -> PeakTable:
+        if not self.peaks():
+            raise problem(f"needs at least one of {', '.join(DTYPES)}")
+        return self
+
+    def peaks(self) -> dict[str, float]:
+        """The given peaks by dtype."""
+        return self.model_dump(exclude={"source"}, exclude_none=True)
+
+
+class EfficiencyTable(FileModel):
+    """`[kernel_efficiency]`: the attention-kernel efficiency curve (`EfficiencyCurve`)."""
+
+    seq_len: Annotated[
+        list[Annotated[int, Field(gt=0), rule("must hold positive integers")]],
+        Field(min_length=1),
+        AfterValidator(_increasing),
+    ]
+    """Kernel sequence lengths, strictly increasing."""
+    efficiency: Annotated[
+        list[Annotated[float, Field(gt=0, le=1), rule("must hold numbers in (0, 1]")]],
+        Field(min_length=1),
+    ]
+    """Efficiency at each length."""
+    source: str = ""
+    """Where the curve comes from."""
+
+    @model_validator(mode="after")
+    def _same_length(self) -> EfficiencyTable:
+        if len(self.seq_len) != len(self.efficiency):
+            raise problem(
+                f"seq_len ({len(self.seq_len)} values) and efficiency "
+                f"({len(self.efficiency)} values) differ in length"
             )
+        return self
+
+
+class OverheadsTable(FileModel):
+    """`[overheads]`: fixed time per ring step and the overlap of a step."""
+
+    step_overhead_us: NonNegativeNumber
+    """Fixed time per ring step and kernel call, microseconds."""
+    overlap: UnitInterval
+    """Fraction of min(compute, comm) of a ring step hidden behind the longer one."""
+    source: str = ""
+    """Where the numbers come from."""
+
+
+class CostTable(FileModel):
+    """`[links.<tier>.<kind>]`: one collective kind on one tier (`LinkCost`)."""
+
+    latency_us: NonNegativeNumber
+    """Fixed time per call, microseconds."""
+    busbw_GBps: PositiveNumber
+    """nccl-tests bus bandwidth, GB/s."""
+    source: str = ""
+    """Where the numbers come from."""
+
+
+class TierTable(FileModel):
+    """`[links.<tier>]`: one link tier (`LinkTierProfile`)."""
+
+    name: str | None = None
+    """The technology; absent = the tier's name."""
+    devices_per_nic: PositiveInteger = 1
+    """Ranks sharing one endpoint of the tier."""
+    all_to_all: CostTable
+    """All-to-all on this tier."""
+    send_recv: CostTable
+    """Ring send/recv on this tier."""
+
+
+class LinksTable(FileModel):
+    """`[links]`: both tiers."""
+
+    intra_node: TierTable
+    """Links between devices of one node."""
+    inter_node: TierTable
+    """Links between nodes (per NIC)."""
+
+
+class CalibrationTable(FileModel):
+    """`[calibration]`: how a calibrated profile was fitted (`CalibrationInfo`)."""
+
+    prior: str
+    """Name of the profile the fit started from."""
+    points: PositiveInteger
+    """Measured configurations used."""
+    residual: NonNegativeNumber
+    """RMS relative error of the fitted step times."""
+    files: Annotated[list[str], rule("must be a list of strings")] = Field(default_factory=list)
+    """Results files the measurements came from."""
+
+
+class ProfileFile(FileModel):
+    """A hardware profile file; see the module docstring for what the numbers mean."""
+
+    schema_version: Annotated[
+        int,
+        Field(ge=PROFILE_SCHEMA_VERSION, le=PROFILE_SCHEMA_VERSION),
+        rule(f"must be {PROFILE_SCHEMA_VERSION}"),
+    ] = PROFILE_SCHEMA_VERSION
+    """Layout version of the file."""
+    name: str
+    """Short identifier, e.g. h100-sxm."""
+    description: str = ""
+    """One line: device, node, links."""
+    devices_per_node: PositiveInteger
+    """Devices (ranks) in a node."""
+    compute_slots_per_node: PositiveInteger | None = None
+    """Ranks of a node that compute at full speed at once (CPU cores); absent = every rank."""
+    memory: MemoryTable
+    """Device memory."""
+    peak_tflops: PeakTable
+    """Peak dense TFLOP/s per dtype."""
+    kernel_efficiency: EfficiencyTable
+    """Attention-kernel efficiency over the kernel sequence length."""
+    overheads: OverheadsTable
+    """Per-step overhead and overlap."""
+    links: LinksTable
+    """The two link tiers."""
+    calibration: CalibrationTable | None = None
+    """Present on profiles fitted to measurements."""
+
+
+def _profile_error(exc: ValidationError, origin: str) -> CpbenchError:
+    """The first problem (unknown keys first), as `hardware profile <file>: <key> <rule>`."""
+    errors = exc.errors()
+    extras = [e for e in errors if e["type"] == "extra_forbidden"]
+    error = extras[0] if extras else errors[0]
+    loc, kind, value = error["loc"], error["type"], error["input"]
+    ctx: dict[str, Any] = error.get("ctx") or {}
+    key = ".".join(part for part in loc if isinstance(part, str)) or "(top level)"
+    if kind == "extra_forbidden" and loc[:-1] == ("peak_tflops",):
+        text = f"is not a dtype; use {', '.join(DTYPES)} (and source)"
+    elif kind == "extra_forbidden":
+        parent = loc[:-1]
+        table = table_at(ProfileFile, parent)
+        allowed = sorted(table.model_fields) if table is not None else []
+        unknown = sorted(str(e["loc"][-1]) for e in extras if e["loc"][:-1] == parent)
+        key = f"[{'.'.join(str(part) for part in parent)}]" if parent else "(top level)"
+        text = f"has unknown key(s) {', '.join(unknown)}; allowed: {', '.join(allowed)}"
+    elif kind == MESSAGE:
+        text = ctx["message"]
+    elif kind == RULE:
+        text = f"{ctx['rule']}, got {value!r}"
+    elif kind == "model_type" or (kind == "missing" and table_at(ProfileFile, loc) is not None):
+        text = "must be a table"
+    elif kind == "missing":
+        text = "is required"
+    elif kind == "string_type":
+        text = f"must be a string, got {value!r}"
+    elif kind == "list_type":
+        text = f"must be a list, got {value!r}"
+    elif kind == "too_short":
+        text = "must not be empty"
+    else:
+        text = f"{error['msg']}, got {value!r}"
+    return CpbenchError(f"hardware profile {origin}: {key} {text}")
+
+
+def _tier(tier: LinkTier, table: TierTable) -> LinkTierProfile:
+    def cost(c: CostTable) -> LinkCost:
+        return LinkCost(c.latency_us * 1e-6, c.busbw_GBps * GB, c.source)
+
+    return LinkTierProfile(
+        tier,
+        table.name if table.name is not None else tier,
+        cost(table.all_to_all),
+        cost(table.send_recv),
+        table.devices_per_nic,
+    )
 
 
 def profile_from_dict(data: Mapping[str, Any], origin: str = "<dict>") -> HardwareProfile:
     """Validate a parsed profile; CpbenchError naming the key and the rule on any problem."""
-    r = _Reader(origin)
-    r.known_keys(data, _TOP_KEYS, "")
-    version = data.get("schema_version", PROFILE_SCHEMA_VERSION)
-    if version != PROFILE_SCHEMA_VERSION:
-        raise r.fail("schema_version", f"must be {PROFILE_SCHEMA_VERSION}, got {version!r}")
-    memory = r.table(data, "memory")
-    r.known_keys(memory, {"capacity_gib", "bandwidth_GBps", "source"}, "[memory]")
-    overheads = r.table(data, "overheads")
-    r.known_keys(overheads, {"step_overhead_us", "overlap", "source"}, "[overheads]")
-    overlap = overheads.get("overlap")
-    if isinstance(overlap, bool) or not isinstance(overlap, (int, float)) or not 0 <= overlap <= 1:
-        raise r.fail("overheads.overlap", f"must be a number in [0, 1], got {overlap!r}")
-    step_us = overheads.get("step_overhead_us")
-    if isinstance(step_us, bool) or not isinstance(step_us, (int, float)) or step_us < 0:
-        raise r.fail("overheads.step_overhead_us", f"must be a number >= 0, got {step_us!r}")
-    peaks, peak_source = _read_peaks(r, r.table(data, "peak_tflops"))
-    links = r.table(data, "links")
-    r.known_keys(links, set(LINK_TIERS), "[links]")
+    try:
+        spec = ProfileFile.model_validate(data)
+    except ValidationError as exc:
+        raise _profile_error(exc, origin) from None
+    curve, overheads, cal = spec.kernel_efficiency, spec.overheads, spec.calibration
     return HardwareProfile(
-        name=r.string(data, "name"),
-        description=r.string(data, "description", default=""),
-        devices_per_node=r.positive_int(data, "devices_per_node"),
-        memory_gib=r.positive(memory, "capacity_gib", "memory."),
-        memory_source=r.string(memory, "source", "memory.", default=""),
-        memory_bandwidth=r.positive(memory, "bandwidth_GBps", "memory.") * GB,
-        peak_tflops=peaks,
-        peak_source=peak_source,
-        efficiency=_read_curve(r, r.table(data, "kernel_efficiency")),
-        step_overhead_s=float(step_us) * 1e-6,
-        overlap=float(overlap),
-        overheads_source=r.string(overheads, "source", "overheads.", default=""),
-        intra_node=_read_tier(r, links, "intra_node"),
-        inter_node=_read_tier(r, links, "inter_node"),
-        compute_slots_per_node=(
-            r.positive_int(data, "compute_slots_per_node")
-            if "compute_slots_per_node" in data
+        name=spec.name,
+        description=spec.description,
+        devices_per_node=spec.devices_per_node,
+        memory_gib=spec.memory.capacity_gib,
+        memory_source=spec.memory.source,
+        memory_bandwidth=spec.memory.bandwidth_GBps * GB,
+        peak_tflops=spec.peak_tflops.peaks(),
+        peak_source=spec.peak_tflops.source,
+        efficiency=EfficiencyCurve(tuple(curve.seq_len), tuple(curve.efficiency), curve.source),
+        step_overhead_s=overheads.step_overhead_us * 1e-6,
+        overlap=overheads.overlap,
+        overheads_source=overheads.source,
+        intra_node=_tier("intra_node", spec.links.intra_node),
+        inter_node=_tier("inter_node", spec.links.inter_node),
+        compute_slots_per_node=spec.compute_slots_per_node,
+        calibration=(
+            CalibrationInfo(cal.prior, cal.points, cal.residual, tuple(cal.files))
+            if cal is not None
             else None
         ),
-        calibration=_read_calibration(r, data.get("calibration")),
         origin=origin,
-    )
-
-
-def _read_peaks(r: _Reader, table: Mapping[str, Any]) -> tuple[dict[str, float], str]:
-    peaks: dict[str, float] = {}
-    for key in table:
-        if key == "source":
-            continue
-        if key not in DTYPES:
-            raise r.fail(
-                f"peak_tflops.{key}", f"is not a dtype; use {', '.join(DTYPES)} (and source)"
-            )
-        peaks[key] = r.positive(table, key, "peak_tflops.")
-    if not peaks:
-        raise r.fail("peak_tflops", f"needs at least one of {', '.join(DTYPES)}")
-    return peaks, r.string(table, "source", "peak_tflops.", default="")
-
-
-def _read_curve(r: _Reader, table: Mapping[str, Any]) -> EfficiencyCurve:
-    r.known_keys(table, {"seq_len", "efficiency", "source"}, "[kernel_efficiency]")
-    lens, values = table.get("seq_len"), table.get("efficiency")
-    if not isinstance(lens, list) or not isinstance(values, list) or not lens:
-        raise r.fail("kernel_efficiency", "needs non-empty lists seq_len and efficiency")
-    if len(lens) != len(values):
-        raise r.fail(
-            "kernel_efficiency",
-            f"seq_len ({len(lens)} values) and efficiency ({len(values)} values) differ in length",
-        )
-    for n in lens:
-        if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
-            raise r.fail("kernel_efficiency.seq_len", f"must hold positive integers, got {n!r}")
-    if any(b <= a for a, b in zip(lens, lens[1:], strict=False)):
-        raise r.fail("kernel_efficiency.seq_len", f"must be strictly increasing, got {lens}")
-    for v in values:
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
-            raise r.fail("kernel_efficiency.efficiency", f"must hold numbers in (0, 1], got {v!r}")
-    source = r.string(table, "source", "kernel_efficiency.", default="")
-    return EfficiencyCurve(tuple(lens), tuple(float(v) for v in values), source)
-
-
-def _read_tier(r: _Reader, links: Mapping[str, Any], tier: str) -> LinkTierProfile:
-    prefix = f"links.{tier}."
-    table = r.table(links, tier, "links.")
-    r.known_keys(table, {"name", "devices_per_nic", *COLLECTIVE_KINDS}, f"[links.{tier}]")
-    costs = {}
-    for kind in COLLECTIVE_KINDS:
-        cost = r.table(table, kind, prefix)
-        where = f"{prefix}{kind}."
-        r.known_keys(cost, {"latency_us", "busbw_GBps", "source"}, f"[{prefix}{kind}]")
-        latency = cost.get("latency_us")
-        if isinstance(latency, bool) or not isinstance(latency, (int, float)) or latency < 0:
-            raise r.fail(f"{where}latency_us", f"must be a number >= 0, got {latency!r}")
-        costs[kind] = LinkCost(
-            float(latency) * 1e-6,
-            r.positive(cost, "busbw_GBps", where) * GB,
-            r.string(cost, "source", where, default=""),
-        )
-    return LinkTierProfile(
-        tier,  # type: ignore[arg-type]
-        r.string(table, "name", prefix, default=tier),
-        costs["all_to_all"],
-        costs["send_recv"],
-        r.positive_int(table, "devices_per_nic", prefix, default=1),
-    )
-
-
-def _read_calibration(r: _Reader, table: Any) -> CalibrationInfo | None:
-    if table is None:
-        return None
-    if not isinstance(table, Mapping):
-        raise r.fail("calibration", "must be a table")
-    r.known_keys(table, {"prior", "points", "residual", "files"}, "[calibration]")
-    files = table.get("files", [])
-    if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
-        raise r.fail("calibration.files", f"must be a list of strings, got {files!r}")
-    residual = table.get("residual")
-    if isinstance(residual, bool) or not isinstance(residual, (int, float)) or residual < 0:
-        raise r.fail("calibration.residual", f"must be a number >= 0, got {residual!r}")
-    return CalibrationInfo(
-        r.string(table, "prior", "calibration."),
-        r.positive_int(table, "points", "calibration."),
-        float(residual),
-        tuple(files),
     )
 
 
 # ---------------------------------------------------------------------------------- writing
 
 
-def _toml_string(text: str) -> str:
-    escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-    return f'"{escaped}"'
+def _round(value: float) -> float:
+    """Six significant digits: what a written profile keeps of a (fitted) number."""
+    return float(f"{value:.6g}")
 
 
-def _toml_float(value: float) -> str:
-    return repr(float(f"{value:.6g}"))
+def profile_document(profile: HardwareProfile) -> dict[str, Any]:
+    """The profile as the TOML document `profile_from_dict` reads (numbers rounded to 6
+    digits; keys absent where the profile has nothing)."""
+
+    def cost(c: LinkCost) -> dict[str, Any]:
+        return {
+            "latency_us": _round(c.latency_s * 1e6),
+            "busbw_GBps": _round(c.busbw / GB),
+            "source": c.source,
+        }
+
+    document: dict[str, Any] = {
+        "schema_version": PROFILE_SCHEMA_VERSION,
+        "name": profile.name,
+        "description": profile.description,
+        "devices_per_node": profile.devices_per_node,
+    }
+    if profile.compute_slots_per_node is not None:
+        document["compute_slots_per_node"] = profile.compute_slots_per_node
+    document["memory"] = {
+        "capacity_gib": _round(profile.memory_gib),
+        "bandwidth_GBps": _round(profile.memory_bandwidth / GB),
+        "source": profile.memory_source,
+    }
+    document["peak_tflops"] = {
+        **{dtype: _round(peak) for dtype, peak in sorted(profile.peak_tflops.items())},
+        "source": profile.peak_source,
+    }
+    document["kernel_efficiency"] = {
+        "seq_len": list(profile.efficiency.seq_lens),
+        "efficiency": [_round(v) for v in profile.efficiency.values],
+        "source": profile.efficiency.source,
+    }
+    document["overheads"] = {
+        "step_overhead_us": _round(profile.step_overhead_s * 1e6),
+        "overlap": _round(profile.overlap),
+        "source": profile.overheads_source,
+    }
+    document["links"] = {
+        tier.tier: {
+            "name": tier.name,
+            "devices_per_nic": tier.devices_per_nic,
+            "all_to_all": cost(tier.all_to_all),
+            "send_recv": cost(tier.send_recv),
+        }
+        for tier in (profile.intra_node, profile.inter_node)
+    }
+    if profile.calibration is not None:
+        c = profile.calibration
+        document["calibration"] = {
+            "prior": c.prior,
+            "points": c.points,
+            "residual": _round(c.residual),
+            "files": list(c.files),
+        }
+    return document
 
 
 def profile_to_toml(profile: HardwareProfile, header: str = "") -> str:
-    """The profile as TOML that `load_profile` reads back (numbers rounded to 6 digits)."""
-    lines = [f"# {line}" if line else "#" for line in header.splitlines()]
-    lines += [
-        f"schema_version = {PROFILE_SCHEMA_VERSION}",
-        f"name = {_toml_string(profile.name)}",
-        f"description = {_toml_string(profile.description)}",
-        f"devices_per_node = {profile.devices_per_node}",
-        *(
-            [f"compute_slots_per_node = {profile.compute_slots_per_node}"]
-            if profile.compute_slots_per_node is not None
-            else []
-        ),
-        "",
-        "[memory]",
-        f"capacity_gib = {_toml_float(profile.memory_gib)}",
-        f"bandwidth_GBps = {_toml_float(profile.memory_bandwidth / GB)}",
-        f"source = {_toml_string(profile.memory_source)}",
-        "",
-        "[peak_tflops]",
-        *(f"{k} = {_toml_float(v)}" for k, v in sorted(profile.peak_tflops.items())),
-        f"source = {_toml_string(profile.peak_source)}",
-        "",
-        "[kernel_efficiency]",
-        f"seq_len = [{', '.join(str(n) for n in profile.efficiency.seq_lens)}]",
-        f"efficiency = [{', '.join(_toml_float(v) for v in profile.efficiency.values)}]",
-        f"source = {_toml_string(profile.efficiency.source)}",
-        "",
-        "[overheads]",
-        f"step_overhead_us = {_toml_float(profile.step_overhead_s * 1e6)}",
-        f"overlap = {_toml_float(profile.overlap)}",
-        f"source = {_toml_string(profile.overheads_source)}",
-    ]
-    for tier in (profile.intra_node, profile.inter_node):
-        lines += ["", f"[links.{tier.tier}]", f"name = {_toml_string(tier.name)}"]
-        lines.append(f"devices_per_nic = {tier.devices_per_nic}")
-        for kind in COLLECTIVE_KINDS:
-            cost = tier.cost(kind)  # type: ignore[arg-type]
-            lines += [
-                "",
-                f"[links.{tier.tier}.{kind}]",
-                f"latency_us = {_toml_float(cost.latency_s * 1e6)}",
-                f"busbw_GBps = {_toml_float(cost.busbw / GB)}",
-                f"source = {_toml_string(cost.source)}",
-            ]
-    if profile.calibration is not None:
-        c = profile.calibration
-        lines += [
-            "",
-            "[calibration]",
-            f"prior = {_toml_string(c.prior)}",
-            f"points = {c.points}",
-            f"residual = {_toml_float(c.residual)}",
-            f"files = [{', '.join(_toml_string(f) for f in c.files)}]",
-        ]
-    return "\n".join(lines) + "\n"
+    """The profile as TOML that `load_profile` reads back (numbers rounded to 6 digits), after
+    `header` as comment lines."""
+    comments = "".join(f"# {line}\n" if line else "#\n" for line in header.splitlines())
+    return comments + tomli_w.dumps(profile_document(profile))
 
 
 def save_profile(profile: HardwareProfile, path: str | Path, header: str = "") -> Path:
@@ -546,8 +603,15 @@ def with_link_cost(
 ) -> HardwareProfile:
     """A copy of the profile with one (tier, kind) LinkCost replaced."""
     link = profile.link(tier)
-    new_link = replace(link, **{kind: cost})
-    return replace(profile, **{tier: new_link})
+    if kind == "all_to_all":
+        link = replace(link, all_to_all=cost)
+    elif kind == "send_recv":
+        link = replace(link, send_recv=cost)
+    else:
+        raise CpbenchError(f"collective kind {kind!r} is not one of {', '.join(COLLECTIVE_KINDS)}")
+    if tier == "intra_node":
+        return replace(profile, intra_node=link)
+    return replace(profile, inter_node=link)
 
 
 def scaled_bandwidth(profile: HardwareProfile, factor: float) -> HardwareProfile:
@@ -557,11 +621,6 @@ def scaled_bandwidth(profile: HardwareProfile, factor: float) -> HardwareProfile
     result = profile
     for tier in LINK_TIERS:
         for kind in COLLECTIVE_KINDS:
-            cost = result.link(tier).cost(kind)  # type: ignore[arg-type]
-            result = with_link_cost(
-                result,
-                tier,
-                kind,
-                replace(cost, busbw=cost.busbw * factor),  # type: ignore[arg-type]
-            )
+            cost = result.link(tier).cost(kind)
+            result = with_link_cost(result, tier, kind, replace(cost, busbw=cost.busbw * factor))
     return result

@@ -3,8 +3,10 @@
 A scenario holds run settings (world size, device, warm-up, iterations, timeout) and an `[axes]`
 table; `Scenario.expand` takes the product of the axes and pairs every point (`BenchConfig`)
 with its `Feasibility`. Infeasible points are kept: the sweep records them as `skipped` with the
-rule that rejects them. Mistakes in the file itself (unknown keys, wrong types, a mesh that does
-not multiply to the world size) raise `CpbenchError` naming the file, the key and the rule.
+rule that rejects them. The file is described by the pydantic models `ScenarioFile` and
+`ScenarioAxes` (strict types, no unknown keys); mistakes in it (unknown keys, wrong types, a mesh
+that does not multiply to the world size) raise `CpbenchError` naming the file, the key, the
+value and the rule: `<file>: key '<key>': <value> <rule>`, the first problem only.
 
 ```toml
 name = "example"
@@ -27,17 +29,33 @@ Pure Python (no torch), so the CLI can list and validate scenarios without impor
 from __future__ import annotations
 
 import itertools
-import math
 import re
-from collections.abc import Callable, Iterable
+import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, TypeVar, cast
+
+from pydantic import (
+    AfterValidator,
+    Discriminator,
+    Field,
+    NonNegativeInt,
+    PlainValidator,
+    PositiveInt,
+    Tag,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+    model_validator,
+)
+from pydantic_core import ErrorDetails
 
 from cpbench.config.bench import BenchConfig, _check_positive_int, _is_int, factorizations
 from cpbench.config.constraints import Feasibility
-from cpbench.config.impls import DEFAULT_IMPL, IMPLS
+from cpbench.config.file_schema import MESSAGE, RULE, FileModel, problem, rule
+from cpbench.config.impls import DEFAULT_IMPL, IMPLS, Impl
 from cpbench.config.vocabulary import (
     BACKENDS,
     DEFAULT_DTYPE,
@@ -55,44 +73,16 @@ from cpbench.config.vocabulary import (
 )
 from cpbench.errors import CpbenchError
 
-try:
+if sys.version_info >= (3, 11):
     import tomllib
-except ImportError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
 
 BUILTIN = "<builtin>"
 """`Scenario.source` of a scenario shipped inside the package (`cpbench/data/*.toml`)."""
 CPU_WORLD_SIZE = 4
 """Ranks that `world_size = "auto"` gives on the CPU (gloo)."""
 
-TOP_LEVEL_KEYS: tuple[str, ...] = (
-    "name",
-    "description",
-    "world_size",
-    "device",
-    "warmup",
-    "iters",
-    "timeout",
-    "check_max_seq_len",
-    "nodes",
-    "axes",
-)
-AXIS_KEYS: tuple[str, ...] = (
-    "seq_len",
-    "batch",
-    "heads",
-    "kv_heads",
-    "gqa_ratio",
-    "head_dim",
-    "dtype",
-    "causal",
-    "mesh",
-    "layout",
-    "kv_replication",
-    "backend",
-    "phase",
-    "impl",
-)
 _MESH_RE = re.compile(r"^\s*(\d+)\s*[xX]\s*(\d+)\s*$")
 
 
@@ -163,20 +153,23 @@ class Scenario:
         torchrun the ranks span several nodes)."""
         if device not in SCENARIO_DEVICES:
             raise CpbenchError(f"device {device!r} is not one of {', '.join(SCENARIO_DEVICES)}")
-        chosen = device if device != "auto" else self.device
-        if chosen == "auto":
-            chosen = "cuda" if gpu_count > 0 else "cpu"
-        if chosen == "cuda" and gpu_count <= 0:
+        wanted = device if device != "auto" else self.device
+        chosen: Device
+        if wanted == "cpu" or (wanted == "auto" and gpu_count <= 0):
+            chosen = "cpu"
+        elif gpu_count <= 0:
             raise CpbenchError(f"{self.source}: device 'cuda' requested but no GPU is visible")
+        else:
+            chosen = "cuda"
         if self.world_size != "auto":
             world = self.world_size
         else:
             world = gpu_count if chosen == "cuda" else CPU_WORLD_SIZE
-        return chosen, world  # type: ignore[return-value]
+        return chosen, world
 
     def meshes(self, world_size: int) -> list[tuple[int, int]]:
         """The (U, R) pairs of the mesh axis for a world size; raises if one does not fit."""
-        if self.mesh == "all":
+        if isinstance(self.mesh, str):  # "all"
             return factorizations(world_size)
         for u, r in self.mesh:
             if u * r != world_size:
@@ -198,42 +191,34 @@ class Scenario:
             raise CpbenchError(f"device {device!r} is not one of {', '.join(DEVICES)}")
         _check_positive_int("world_size", world_size)
         meshes = self.meshes(world_size)
-        dtypes = self.dtype if self.dtype is not None else (DEFAULT_DTYPE[device],)
+        dtypes = self.dtype or (DEFAULT_DTYPE[device],)
         head_pairs = [
             (h, kv)
             for h in self.heads
             for kv in (
-                self.kv_heads if self.kv_heads is not None else [h // g for g in self.gqa_ratio]  # type: ignore[union-attr]
+                self.kv_heads
+                if self.kv_heads is not None
+                else [h // g for g in self.gqa_ratio or (1,)]
             )
         ]
+        # two products of at most six axes each (typed), multiplied: the same order as one
+        shapes = itertools.product(
+            self.seq_len, self.batch, head_pairs, self.head_dim, dtypes, self.causal
+        )
+        runs = list(
+            itertools.product(
+                self.layout, self.kv_replication, self.backend, self.phase, self.impl, meshes
+            )
+        )
         out = []
-        for (
-            seq_len,
-            batch,
-            (heads, kv_heads),
-            head_dim,
-            dtype,
-            causal,
+        for (seq_len, batch, (heads, kv_heads), head_dim, dtype, causal), (
             layout,
             kv_replication,
             backend,
             phase,
             impl,
             (ulysses, ring),
-        ) in itertools.product(
-            self.seq_len,
-            self.batch,
-            head_pairs,
-            self.head_dim,
-            dtypes,
-            self.causal,
-            self.layout,
-            self.kv_replication,
-            self.backend,
-            self.phase,
-            self.impl,
-            meshes,
-        ):
+        ) in itertools.product(shapes, runs):
             config = BenchConfig(
                 seq_len=seq_len,
                 batch=batch,
@@ -248,7 +233,7 @@ class Scenario:
                 kv_replication=kv_replication,
                 backend=backend,
                 phase=phase,
-                device=device,  # type: ignore[arg-type]
+                device=cast(Device, device),  # checked above
                 world_size=world_size,
                 nodes=self.nodes,
                 impl=impl,
@@ -258,209 +243,290 @@ class Scenario:
 
 
 # --------------------------------------------------------------------------------------------
-# Parsing
+# The file: pydantic models
 # --------------------------------------------------------------------------------------------
 
+T = TypeVar("T")
 
-class _Reader:
-    """Validates values of one file, with messages `<file>: key '<key>': <value> <rule>`."""
 
-    def __init__(self, source: str) -> None:
-        self.source = source
+def _axis_values(value: object, handler: ValidatorFunctionWrapHandler) -> tuple[Any, ...]:
+    """A list of values (a scalar means a list of one), each validated by the item type; no
+    value twice."""
+    raw = list(value) if isinstance(value, (list, tuple)) else [value]
+    parsed: tuple[Any, ...] = handler(tuple(raw))
+    for i, item in enumerate(parsed):
+        if item in parsed[:i]:
+            raise problem(f"{raw[i]!r} is repeated in {raw!r}")
+    return parsed
 
-    def error(self, key: str, message: str) -> CpbenchError:
-        return CpbenchError(f"{self.source}: key '{key}': {message}")
 
-    def int_(self, key: str, value: object, minimum: int = 1) -> int:
-        if not _is_int(value):
-            raise self.error(key, f"{value!r} is not an integer")
-        if value < minimum:  # type: ignore[operator]
-            rule = "positive" if minimum == 1 else f">= {minimum}"
-            raise self.error(key, f"{value!r} must be {rule}")
-        return value  # type: ignore[return-value]
+Axis = Annotated[tuple[T, ...], Field(min_length=1), WrapValidator(_axis_values)]
+"""An axis: one value or a non-empty list of distinct values of the item type."""
 
-    def str_(self, key: str, value: object) -> str:
-        if not isinstance(value, str):
-            raise self.error(key, f"{value!r} is not a string")
+
+def _one_of(values: Iterable[str]) -> WrapValidator:
+    return rule(f"is not one of {', '.join(values)}")
+
+
+def _mesh_entry(value: object) -> tuple[int, int]:
+    """One mesh: "UxR" (spaces allowed) or [U, R], both degrees positive."""
+    if isinstance(value, str):
+        match = _MESH_RE.match(value)
+        if not match:
+            raise problem(f'"{value}" is not a mesh; write "UxR" such as "4x2", or [4, 2]')
+        u, r = int(match.group(1)), int(match.group(2))
+    elif isinstance(value, (list, tuple)) and len(value) == 2 and all(_is_int(v) for v in value):
+        u, r = value
+    else:
+        raise problem(f'{value!r} is not a mesh; write "UxR" such as "4x2", [4, 2], or "all"')
+    if u <= 0 or r <= 0:
+        raise problem(f"{value!r}: ulysses and ring degrees must be positive")
+    return u, r
+
+
+def _kv_replication(value: object) -> int | None:
+    """`"auto"` (None: as many copies as the mesh needs), "off" (1) or a positive integer."""
+    if value == "auto":
+        return None
+    if value == "off":
+        return 1
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
         return value
+    raise problem(f'{value!r} is not "auto", "off" or a positive integer')
 
-    def choice(self, key: str, value: object, allowed: Iterable[str]) -> str:
-        allowed = tuple(allowed)
-        if not isinstance(value, str) or value not in allowed:
-            raise self.error(key, f"{value!r} is not one of {', '.join(allowed)}")
-        return value
 
-    def bool_(self, key: str, value: object) -> bool:
-        if not isinstance(value, bool):
-            raise self.error(key, f"{value!r} is not true or false")
-        return value
+def _not_empty(name: str | None) -> str | None:
+    if name is not None and not name.strip():
+        raise problem("must not be empty")
+    return name
 
-    def axis(self, key: str, value: object, item: Callable[[str, object], Any]) -> tuple:
-        """A list of values (a scalar means a list of one), each read by `item`; no repeats."""
-        values = value if isinstance(value, list) else [value]
-        if not values:
-            raise self.error(key, "the list is empty; give at least one value")
-        parsed = tuple(item(key, v) for v in values)
-        for i, v in enumerate(parsed):
-            if v in parsed[:i]:
-                raise self.error(key, f"{values[i]!r} is repeated in {values!r}")
-        return parsed
 
-    def mesh_entry(self, key: str, value: object) -> tuple[int, int]:
-        if isinstance(value, str):
-            match = _MESH_RE.match(value)
-            if not match:
-                raise self.error(
-                    key, f'"{value}" is not a mesh; write "UxR" such as "4x2", or [4, 2]'
-                )
-            pair: list[object] = [int(match.group(1)), int(match.group(2))]
-        elif isinstance(value, list) and len(value) == 2 and all(_is_int(v) for v in value):
-            pair = value
-        else:
-            raise self.error(
-                key,
-                f'{value!r} is not a mesh; write "UxR" such as "4x2", [4, 2], or "all"',
+def _literal_or(literal: str, tag: str) -> Discriminator:
+    """Validate against the union member tagged "literal" when the value is `literal`, else the
+    one tagged `tag` (so that errors come from that member only)."""
+    return Discriminator(lambda value: "literal" if value == literal else tag)
+
+
+MeshEntry = Annotated[tuple[int, int], PlainValidator(_mesh_entry)]
+KvReplication = Annotated[int | None, PlainValidator(_kv_replication)]
+WorldSize = Annotated[
+    Annotated[Literal["auto"], Tag("literal")] | Annotated[PositiveInt, Tag("int")],
+    _literal_or("auto", "int"),
+]
+MeshAxis = Annotated[
+    Annotated[Literal["all"], Tag("literal")] | Annotated[Axis[MeshEntry], Tag("list")],
+    _literal_or("all", "list"),
+]
+
+
+class ScenarioAxes(FileModel):
+    """The `[axes]` table: each key one value or a list; the sweep is their product."""
+
+    seq_len: Axis[PositiveInt]
+    """Global sequence lengths (required)."""
+    batch: Axis[PositiveInt] = (1,)
+    """Batch sizes."""
+    heads: Axis[PositiveInt]
+    """Query heads (required)."""
+    kv_heads: Axis[PositiveInt] | None = None
+    """KV heads, each dividing every heads value; at most one of kv_heads and gqa_ratio."""
+    gqa_ratio: Axis[PositiveInt] | None = None
+    """Query heads per KV head (kv_heads = heads // ratio); neither given = 1 (MHA)."""
+    head_dim: Axis[PositiveInt] = (128,)
+    """Channels per head."""
+    dtype: Axis[Annotated[Dtype, _one_of(DTYPES)]] | None = None
+    """Element types; absent = float32 on cpu, bfloat16 on cuda."""
+    causal: Axis[bool] = (True,)
+    """Causal mask or not."""
+    mesh: MeshAxis = "all"
+    """(U, R) meshes as "UxR" or [U, R], or "all" = every factorisation of the world size."""
+    layout: Axis[Annotated[Layout, _one_of(LAYOUTS)]] = ("zigzag",)
+    """Sequence layouts."""
+    kv_replication: Axis[KvReplication] = (None,)
+    """KV replication: "auto", "off" or a number of copies."""
+    backend: Axis[Annotated[Backend, _one_of(BACKENDS)]] = ("auto",)
+    """Local attention kernels."""
+    phase: Axis[Annotated[Phase, _one_of(PHASES)]] = ("fwd+bwd",)
+    """Timed phases."""
+    impl: Axis[Annotated[Impl, _one_of(IMPLS)]] = (DEFAULT_IMPL,)
+    """Implementations (cpbench's own and external libraries, `cpbench.impls`)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_kv_axis(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "kv_heads" in data and "gqa_ratio" in data:
+            raise problem(
+                f"keys 'kv_heads' = {data['kv_heads']!r} and 'gqa_ratio' = "
+                f"{data['gqa_ratio']!r} are both given; use exactly one of them",
+                key="",
             )
-        u, r = pair
-        if u <= 0 or r <= 0:  # type: ignore[operator]
-            raise self.error(key, f"{value!r}: ulysses and ring degrees must be positive")
-        return u, r  # type: ignore[return-value]
+        return data
 
-    def kv_replication(self, key: str, value: object) -> int | None:
-        if value == "auto":
-            return None
-        if value == "off":
-            return 1
-        if _is_int(value) and value >= 1:  # type: ignore[operator]
-            return value  # type: ignore[return-value]
-        raise self.error(key, f'{value!r} is not "auto", "off" or a positive integer')
+    @model_validator(mode="after")
+    def _groups_divide_heads(self) -> ScenarioAxes:
+        for g in self.gqa_ratio or ():
+            for h in self.heads:
+                if h % g:
+                    raise problem(f"{g} does not divide heads ({h})", key="gqa_ratio")
+        for kv in self.kv_heads or ():
+            for h in self.heads:
+                if h % kv:
+                    raise problem(
+                        f"{kv} does not divide heads ({h}): GQA groups must be even",
+                        key="kv_heads",
+                    )
+        return self
+
+
+class ScenarioFile(FileModel):
+    """A scenario file: run settings and the `[axes]` table."""
+
+    name: Annotated[str | None, AfterValidator(_not_empty)] = None
+    """Short name; absent = the file's stem."""
+    description: str = ""
+    """One or two sentences: what the sweep studies."""
+    world_size: WorldSize = "auto"
+    """Ranks, or "auto" (all local GPUs on cuda, 4 on cpu)."""
+    device: Annotated[ScenarioDevice, _one_of(SCENARIO_DEVICES)] = "auto"
+    """cpu, cuda, or auto (cuda when a GPU is visible)."""
+    warmup: NonNegativeInt = 3
+    """Untimed iterations before timing."""
+    iters: PositiveInt = 10
+    """Timed iterations."""
+    timeout: Annotated[
+        float,
+        Field(gt=0, allow_inf_nan=False),
+        rule("must be a positive, finite number of seconds"),
+    ] = 300.0
+    """Seconds one configuration may take before it is recorded as `timeout`."""
+    check_max_seq_len: PositiveInt = 4096
+    """Longest sequence of the reference check."""
+    nodes: PositiveInt = 1
+    """Hosts the ranks span; world_size must be a multiple of it."""
+    axes: ScenarioAxes
+    """The axes of the sweep (required)."""
+
+    @model_validator(mode="after")
+    def _world_fits_nodes(self) -> ScenarioFile:
+        if self.nodes > 1 and self.world_size == "auto":
+            raise problem(
+                f'"auto" is for one node; with nodes = {self.nodes} give a number',
+                key="world_size",
+            )
+        if self.world_size != "auto" and self.world_size % self.nodes != 0:
+            raise problem(
+                f"{self.world_size} is not a multiple of nodes ({self.nodes})", key="world_size"
+            )
+        return self
+
+
+TOP_LEVEL_KEYS: tuple[str, ...] = tuple(ScenarioFile.model_fields)
+AXIS_KEYS: tuple[str, ...] = tuple(ScenarioAxes.model_fields)
+
+_TYPE_RULES: dict[str, str] = {
+    "int_type": "is not an integer",
+    "string_type": "is not a string",
+    "bool_type": "is not true or false",
+}
+
+
+def _rank(error: ErrorDetails) -> int:
+    """Which problem to report first, in the order a reader fixes them: unknown top-level keys,
+    the [axes] table itself, unknown and missing axes, then the values top to bottom."""
+    loc, kind = error["loc"], error["type"]
+    if not loc:
+        return 0 if kind == "model_type" else 6
+    if loc[0] != "axes":
+        return 0 if kind == "extra_forbidden" else 4
+    if len(loc) == 1:
+        return 1
+    return {"extra_forbidden": 2, "missing": 3}.get(kind, 5)
+
+
+def _scenario_error(exc: ValidationError, source: str) -> CpbenchError:
+    """The first problem of a validation, in the words `<file>: key '<key>': <value> <rule>`."""
+    error = min(exc.errors(), key=_rank)
+    loc, kind, value = error["loc"], error["type"], error["input"]
+    ctx: dict[str, Any] = error.get("ctx") or {}
+    in_axes = len(loc) > 1 and loc[0] == "axes"
+    key = str(loc[1] if in_axes else loc[0]) if loc else ""
+    if kind == "model_type" and not loc:
+        return CpbenchError(f"{source}: expected a TOML table, got {type(value).__name__}")
+    if kind == "extra_forbidden" and in_axes:
+        return CpbenchError(
+            f"{source}: unknown key {key!r} in [axes]; allowed keys: {', '.join(AXIS_KEYS)}"
+        )
+    if kind == "extra_forbidden":
+        hint = " (axis keys go in the [axes] table)" if key in AXIS_KEYS else ""
+        return CpbenchError(
+            f"{source}: unknown key {key!r}{hint}; allowed keys: {', '.join(TOP_LEVEL_KEYS)}"
+        )
+    if kind == "missing":
+        if in_axes:
+            return CpbenchError(f"{source}: key '{key}' is required in [axes]")
+        return CpbenchError(f"{source}: missing the [axes] table (seq_len, heads, ...)")
+    if kind == "model_type":
+        text = f"{value!r} is not a table; write an [axes] section"
+    elif kind == MESSAGE:
+        key = key if ctx.get("key") is None else ctx["key"]
+        text = ctx["message"]
+    elif kind == "too_short":
+        text = "the list is empty; give at least one value"
+    elif kind == "greater_than":  # PositiveInt
+        text = f"{value!r} must be " + ("positive" if ctx["gt"] == 0 else f"> {ctx['gt']}")
+    elif kind == "greater_than_equal":  # NonNegativeInt
+        text = f"{value!r} must be >= {ctx['ge']}"
+    else:
+        text = f"{value!r} {ctx['rule'] if kind == RULE else _TYPE_RULES.get(kind, error['msg'])}"
+    return CpbenchError(f"{source}: key '{key}': {text}" if key else f"{source}: {text}")
+
+
+# --------------------------------------------------------------------------------------------
+# Parsing
+# --------------------------------------------------------------------------------------------
 
 
 def parse_scenario(data: dict, source: str) -> Scenario:
     """Build and validate a scenario from a parsed TOML document; `source` names the file in
     error messages."""
-    if not isinstance(data, dict):
-        raise CpbenchError(f"{source}: expected a TOML table, got {type(data).__name__}")
-    rd = _Reader(source)
-    for key in data:
-        if key not in TOP_LEVEL_KEYS:
-            hint = " (axis keys go in the [axes] table)" if key in AXIS_KEYS else ""
-            raise CpbenchError(
-                f"{source}: unknown key {key!r}{hint}; allowed keys: {', '.join(TOP_LEVEL_KEYS)}"
-            )
-    axes = data.get("axes")
-    if axes is None:
-        raise CpbenchError(f"{source}: missing the [axes] table (seq_len, heads, ...)")
-    if not isinstance(axes, dict):
-        raise rd.error("axes", f"{axes!r} is not a table; write an [axes] section")
-    for key in axes:
-        if key not in AXIS_KEYS:
-            raise CpbenchError(
-                f"{source}: unknown key {key!r} in [axes]; allowed keys: {', '.join(AXIS_KEYS)}"
-            )
-    for key in ("seq_len", "heads"):
-        if key not in axes:
-            raise CpbenchError(f"{source}: key '{key}' is required in [axes]")
-
-    default_name = Path(source).stem if source != BUILTIN else "unnamed"
-    name = rd.str_("name", data.get("name", default_name))
-    if not name.strip():
-        raise rd.error("name", "must not be empty")
-    description = rd.str_("description", data.get("description", ""))
-    world_size: int | Literal["auto"]
-    raw_world = data.get("world_size", "auto")
-    world_size = "auto" if raw_world == "auto" else rd.int_("world_size", raw_world)
-    device = rd.choice("device", data.get("device", "auto"), SCENARIO_DEVICES)
-    warmup = rd.int_("warmup", data.get("warmup", 3), minimum=0)
-    iters = rd.int_("iters", data.get("iters", 10))
-    timeout = data.get("timeout", 300)
-    if (
-        not isinstance(timeout, (int, float))
-        or isinstance(timeout, bool)
-        or not math.isfinite(timeout)
-        or timeout <= 0
-    ):
-        raise rd.error("timeout", f"{timeout!r} must be a positive, finite number of seconds")
-    check_max = rd.int_("check_max_seq_len", data.get("check_max_seq_len", 4096))
-    nodes = rd.int_("nodes", data.get("nodes", 1))
-    if nodes > 1 and world_size == "auto":
-        raise rd.error("world_size", f'"auto" is for one node; with nodes = {nodes} give a number')
-    if world_size != "auto" and world_size % nodes != 0:
-        raise rd.error("world_size", f"{world_size} is not a multiple of nodes ({nodes})")
-
-    def axis(key: str, default: object, item: Callable[[str, object], Any]) -> tuple:
-        return rd.axis(key, axes.get(key, default), item)
-
-    seq_len = axis("seq_len", None, rd.int_)
-    batch = axis("batch", 1, rd.int_)
-    heads = axis("heads", None, rd.int_)
-    head_dim = axis("head_dim", 128, rd.int_)
-    kv_heads: tuple[int, ...] | None = None
-    gqa_ratio: tuple[int, ...] | None = None
-    if "kv_heads" in axes and "gqa_ratio" in axes:
-        raise CpbenchError(
-            f"{source}: keys 'kv_heads' = {axes['kv_heads']!r} and 'gqa_ratio' = "
-            f"{axes['gqa_ratio']!r} are both given; use exactly one of them"
-        )
-    if "gqa_ratio" in axes:
-        gqa_ratio = axis("gqa_ratio", None, rd.int_)
-        for g in gqa_ratio:
-            for h in heads:
-                if h % g:
-                    raise rd.error("gqa_ratio", f"{g} does not divide heads ({h})")
-    elif "kv_heads" not in axes:
-        gqa_ratio = (1,)  # neither given: MHA, kv_heads = heads
-    else:
-        kv_heads = axis("kv_heads", None, rd.int_)
-        for kv in kv_heads:
-            for h in heads:
-                if h % kv:
-                    raise rd.error(
-                        "kv_heads", f"{kv} does not divide heads ({h}): GQA groups must be even"
-                    )
-    dtype = axis("dtype", None, lambda k, v: rd.choice(k, v, DTYPES)) if "dtype" in axes else None
-    causal = axis("causal", True, rd.bool_)
-    raw_mesh = axes.get("mesh", "all")
-    mesh: tuple[tuple[int, int], ...] | Literal["all"]
-    if raw_mesh == "all":
-        mesh = "all"
-    else:
-        mesh = rd.axis("mesh", raw_mesh, rd.mesh_entry)
-    layout = axis("layout", "zigzag", lambda k, v: rd.choice(k, v, LAYOUTS))
-    kv_replication = axis("kv_replication", "auto", rd.kv_replication)
-    backend = axis("backend", "auto", lambda k, v: rd.choice(k, v, BACKENDS))
-    phase = axis("phase", "fwd+bwd", lambda k, v: rd.choice(k, v, PHASES))
-    impl = axis("impl", DEFAULT_IMPL, lambda k, v: rd.choice(k, v, IMPLS))
-
+    try:
+        spec = ScenarioFile.model_validate(data)
+    except ValidationError as exc:
+        raise _scenario_error(exc, source) from None
+    axes = spec.axes
     scenario = Scenario(
-        name=name,
-        description=description,
+        name=spec.name if spec.name is not None else _default_name(source),
+        description=spec.description,
         source=source,
-        world_size=world_size,
-        device=device,  # type: ignore[arg-type]
-        warmup=warmup,
-        iters=iters,
-        timeout=float(timeout),
-        check_max_seq_len=check_max,
-        nodes=nodes,
-        seq_len=seq_len,
-        batch=batch,
-        heads=heads,
-        kv_heads=kv_heads,
-        gqa_ratio=gqa_ratio,
-        head_dim=head_dim,
-        dtype=dtype,
-        causal=causal,
-        mesh=mesh,
-        layout=layout,
-        kv_replication=kv_replication,
-        backend=backend,
-        phase=phase,
-        impl=impl,
+        world_size=spec.world_size,
+        device=spec.device,
+        warmup=spec.warmup,
+        iters=spec.iters,
+        timeout=spec.timeout,
+        check_max_seq_len=spec.check_max_seq_len,
+        nodes=spec.nodes,
+        seq_len=axes.seq_len,
+        batch=axes.batch,
+        heads=axes.heads,
+        kv_heads=axes.kv_heads,
+        gqa_ratio=(1,) if axes.kv_heads is None and axes.gqa_ratio is None else axes.gqa_ratio,
+        head_dim=axes.head_dim,
+        dtype=axes.dtype,
+        causal=axes.causal,
+        mesh=axes.mesh,
+        layout=axes.layout,
+        kv_replication=axes.kv_replication,
+        backend=axes.backend,
+        phase=axes.phase,
+        impl=axes.impl,
     )
-    if world_size != "auto":
-        scenario.meshes(world_size)  # a mesh that does not fit is an error in the file
+    if scenario.world_size != "auto":
+        scenario.meshes(scenario.world_size)  # a mesh that does not fit is an error in the file
     return scenario
+
+
+def _default_name(source: str) -> str:
+    return Path(source).stem if source != BUILTIN else "unnamed"
 
 
 def _builtin_dir() -> Any:
