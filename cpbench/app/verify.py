@@ -22,12 +22,12 @@ from cpbench.bench.reference import run_cases_on_rank
 from cpbench.config.bench import VerifyCase, factorizations
 from cpbench.config.constraints import AttentionShape, check_mesh
 from cpbench.config.impls import DEFAULT_IMPL, check_impl
-from cpbench.config.vocabulary import DTYPES, LAYOUTS
+from cpbench.config.vocabulary import DTYPES, LAYOUTS, Backend, Device, Dtype
 from cpbench.errors import CpbenchError
 
 
 def default_cases(
-    world_size: int, dtype: str = "float32", kernel: str = "auto", impl: str = DEFAULT_IMPL
+    world_size: int, dtype: Dtype = "float32", kernel: Backend = "auto", impl: str = DEFAULT_IMPL
 ) -> list[VerifyCase]:
     """The verify matrix: meshes x layouts x causal x GQA ratios 1, 2, 4 and KV replication.
 
@@ -70,7 +70,9 @@ def skipped_case(case: VerifyCase, reason: str) -> dict:
     }
 
 
-def split_cases(cases: list[VerifyCase], device: str) -> tuple[list[VerifyCase], list[dict]]:
+def split_cases(
+    cases: list[VerifyCase], device: Device
+) -> tuple[list[VerifyCase], list[dict]]:
     """(cases to run, skipped records): an impl's capability rules and installation.
     Raises CpbenchError when an external impl is not installed at all."""
     from cpbench.impls import get_adapter  # noqa: PLC0415
@@ -92,9 +94,9 @@ def split_cases(cases: list[VerifyCase], device: str) -> tuple[list[VerifyCase],
 
 def run_verify(
     world_size: int,
-    device: str = "cpu",
-    dtype: str = "float32",
-    kernel: str = "auto",
+    device: Device = "cpu",
+    dtype: Dtype = "float32",
+    kernel: Backend = "auto",
     cases: list[VerifyCase] | None = None,
     timeout: float = 600.0,
     impl: str = DEFAULT_IMPL,

@@ -88,7 +88,7 @@ def run_case_on_rank(case: VerifyCase, device: torch.device) -> dict | None:
         from cpbench.impls import get_adapter  # noqa: PLC0415
 
         adapter = get_adapter(check_impl(case.impl))
-        config = case.bench_config(device.type)
+        config = case.bench_config("cuda" if device.type == "cuda" else "cpu")
         gathered = _run_impl(case, adapter.prepare(config), inputs)
         for issue in adapter.known_issues(config):
             known.append(issue.description)

@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 
 from cpbench.config.vocabulary import CliDevice
+from cpbench.config.vocabulary import Device as RunDevice
 from cpbench.errors import EXIT_BAD_INPUT, EXIT_WRONG_RESULT, CpbenchError, RunFailure
 
 app = typer.Typer(
@@ -23,7 +24,6 @@ app = typer.Typer(
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
 
-Device = CliDevice
 
 
 def command(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -64,7 +64,8 @@ def _root(
     """cpbench: measure, model and recommend context-parallel attention configurations."""
 
 
-def resolve_device(device: str) -> str:
+def resolve_device(device: CliDevice) -> RunDevice:
+    """The device a `--device` option means here: auto picks cuda when torch sees a GPU."""
     import torch  # noqa: PLC0415 - keep `cpbench --help` fast
 
     if device == "auto":

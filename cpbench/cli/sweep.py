@@ -10,9 +10,9 @@ from typing import Annotated, Any
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from cpbench.cli.common import Device, command, console, resolve_device
+from cpbench.cli.common import command, console, resolve_device
 from cpbench.config.impls import IMPL_HELP, Impl
-from cpbench.config.vocabulary import DEFAULT_DTYPE, Backend, Dtype, Layout, Phase
+from cpbench.config.vocabulary import DEFAULT_DTYPE, Backend, CliDevice, Dtype, Layout, Phase
 from cpbench.errors import EXIT_WRONG_RESULT, CpbenchError
 from cpbench.render.tables import results_table
 
@@ -29,7 +29,7 @@ def sweep(
     out: Annotated[
         Path | None, typer.Option(help="JSONL output (default results/<name>-<time>.jsonl).")
     ] = None,
-    device: Annotated[Device, typer.Option(help="auto picks cuda when available.")] = "auto",
+    device: Annotated[CliDevice, typer.Option(help="auto picks cuda when available.")] = "auto",
     resume: Annotated[bool, typer.Option(help="Skip configurations already in --out.")] = False,
     timeout: Annotated[
         float | None, typer.Option(help="Seconds per configuration (overrides the scenario).")
@@ -170,7 +170,7 @@ def run(
     ] = "auto",
     warmup: Annotated[int, typer.Option()] = 1,
     iters: Annotated[int, typer.Option()] = 5,
-    device: Annotated[Device, typer.Option()] = "auto",
+    device: Annotated[CliDevice, typer.Option()] = "auto",
     out: Annotated[Path | None, typer.Option(help="JSONL output.")] = None,
     timeout: Annotated[float, typer.Option(help="Seconds before the run is abandoned.")] = 600.0,
     impl: Annotated[

@@ -7,9 +7,9 @@ from typing import Annotated
 
 import typer
 
-from cpbench.cli.common import Device, command, console, resolve_device
+from cpbench.cli.common import command, console, resolve_device
 from cpbench.config.impls import IMPLS, Impl
-from cpbench.config.vocabulary import Backend, Dtype
+from cpbench.config.vocabulary import Backend, CliDevice, Dtype
 from cpbench.render.tables import verify_tables
 
 
@@ -19,7 +19,7 @@ def verify(
         int | None,
         typer.Option(help="Ranks to spawn (default: all GPUs on CUDA, 4 on CPU)."),
     ] = None,
-    device: Annotated[Device, typer.Option(help="auto picks cuda when available.")] = "auto",
+    device: Annotated[CliDevice, typer.Option(help="auto picks cuda when available.")] = "auto",
     dtype: Annotated[
         Dtype,
         typer.Option(help="Input dtype (default float32 on CPU, bfloat16 on CUDA)."),

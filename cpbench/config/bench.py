@@ -204,20 +204,20 @@ class VerifyCase:
 
     ulysses: int
     ring: int
-    layout: str
+    layout: Layout
     causal: bool
     heads: int
     kv_heads: int
     seq_len: int
     head_dim: int = 16
     batch: int = 2
-    dtype: str = "float32"
-    kernel: str = "auto"
+    dtype: Dtype = "float32"
+    kernel: Backend = "auto"
     seed: int = 0
     impl: str = DEFAULT_IMPL
 
     @property
-    def scheme(self) -> str:
+    def scheme(self) -> Scheme:
         if self.ulysses == 1:
             return "ring"
         return "ulysses" if self.ring == 1 else "usp"
@@ -230,7 +230,7 @@ class VerifyCase:
         )
         return label if self.impl == DEFAULT_IMPL else f"{self.impl} {label}"
 
-    def bench_config(self, device: str) -> BenchConfig:
+    def bench_config(self, device: Device) -> BenchConfig:
         """The case as a BenchConfig (fwd+bwd), for the impl adapters' capability checks."""
         return BenchConfig(
             seq_len=self.seq_len,
@@ -238,15 +238,15 @@ class VerifyCase:
             heads=self.heads,
             kv_heads=self.kv_heads,
             head_dim=self.head_dim,
-            dtype=self.dtype,  # type: ignore[arg-type]
+            dtype=self.dtype,
             causal=self.causal,
             ulysses=self.ulysses,
             ring=self.ring,
-            layout=self.layout,  # type: ignore[arg-type]
+            layout=self.layout,
             kv_replication=None,
-            backend=self.kernel,  # type: ignore[arg-type]
+            backend=self.kernel,
             phase="fwd+bwd",
-            device=device,  # type: ignore[arg-type]
+            device=device,
             world_size=self.ulysses * self.ring,
             impl=self.impl,
         )

@@ -20,7 +20,7 @@ Impl = Literal[
     "transformer_engine",
     "transformer_engine:all_gather",
 ]
-IMPLS: tuple[str, ...] = get_args(Impl)
+IMPLS: tuple[Impl, ...] = get_args(Impl)
 DEFAULT_IMPL: Impl = "cpbench"
 
 IMPL_HELP: dict[str, str] = {

@@ -17,12 +17,12 @@ Device = Literal["cpu", "cuda"]
 ScenarioDevice = Literal["auto", "cpu", "cuda"]
 Scheme = Literal["single", "ring", "ulysses", "usp"]
 
-LAYOUTS: tuple[str, ...] = get_args(Layout)
-DTYPES: tuple[str, ...] = get_args(Dtype)
-BACKENDS: tuple[str, ...] = get_args(Backend)
-PHASES: tuple[str, ...] = get_args(Phase)
-DEVICES: tuple[str, ...] = get_args(Device)
-SCENARIO_DEVICES: tuple[str, ...] = get_args(ScenarioDevice)
+LAYOUTS: tuple[Layout, ...] = get_args(Layout)
+DTYPES: tuple[Dtype, ...] = get_args(Dtype)
+BACKENDS: tuple[Backend, ...] = get_args(Backend)
+PHASES: tuple[Phase, ...] = get_args(Phase)
+DEVICES: tuple[Device, ...] = get_args(Device)
+SCENARIO_DEVICES: tuple[ScenarioDevice, ...] = get_args(ScenarioDevice)
 
 CliDevice = ScenarioDevice
 """A `--device` option: auto picks cuda when a GPU is visible."""

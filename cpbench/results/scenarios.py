@@ -35,7 +35,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar, cast
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
     AfterValidator,
@@ -233,7 +233,7 @@ class Scenario:
                 kv_replication=kv_replication,
                 backend=backend,
                 phase=phase,
-                device=cast(Device, device),  # checked above
+                device=device,
                 world_size=world_size,
                 nodes=self.nodes,
                 impl=impl,
