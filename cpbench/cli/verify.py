@@ -9,7 +9,7 @@ import typer
 
 from cpbench.cli.common import command, console, resolve_device
 from cpbench.config.impls import IMPLS, Impl
-from cpbench.config.vocabulary import Backend, CliDevice, Dtype
+from cpbench.config.vocabulary import DEFAULT_DTYPE, Backend, CliDevice, Dtype
 from cpbench.render.tables import verify_tables
 
 
@@ -21,9 +21,9 @@ def verify(
     ] = None,
     device: Annotated[CliDevice, typer.Option(help="auto picks cuda when available.")] = "auto",
     dtype: Annotated[
-        Dtype,
+        Dtype | None,
         typer.Option(help="Input dtype (default float32 on CPU, bfloat16 on CUDA)."),
-    ] = None,  # type: ignore[assignment]
+    ] = None,
     kernel: Annotated[
         Backend, typer.Option(help="Local attention kernel.")
     ] = "auto",
@@ -52,7 +52,7 @@ def verify(
         else (torch.cuda.device_count() if dev == "cuda" else 4)
     )
     records = run_verify(
-        n, dev, dtype or ("bfloat16" if dev == "cuda" else "float32"), kernel, impl=impl
+        n, dev, dtype or DEFAULT_DTYPE[dev], kernel, impl=impl
     )
     failed = [r for r in records if r["passed"] is False]
     if as_json:

@@ -6,6 +6,7 @@ Pure Python (no torch).
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import TypeGuard
 
 from cpbench.config.constraints import AttentionShape, Feasibility, check_mesh, seq_divisor
 from cpbench.config.impls import DEFAULT_IMPL, IMPLS
@@ -33,7 +34,8 @@ def factorizations(world_size: int) -> list[tuple[int, int]]:
     return [(u, world_size // u) for u in range(1, world_size + 1) if world_size % u == 0]
 
 
-def _is_int(value: object) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
+    """An int that is not a bool (TOML and Python both let True pass for 1)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -193,7 +195,7 @@ class BenchConfig:
 
 
 def _check_positive_int(name: str, value: object) -> None:
-    if not _is_int(value) or value <= 0:  # type: ignore[operator]
+    if not _is_int(value) or value <= 0:
         raise CpbenchError(f"{name} must be a positive integer, got {value!r}")
 
 
