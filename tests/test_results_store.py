@@ -1,5 +1,6 @@
 """The JSONL results store: append + fsync, torn last lines, errors that name file and line,
-completed ids for --resume, and the flattened pandas frame (round trip through JSONL)."""
+completed ids for --resume, the typed record (round trip, migration of version 1 records,
+required fields, odd values) and the flattened pandas frame (round trip through JSONL)."""
 
 from __future__ import annotations
 
@@ -11,16 +12,26 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from cpbench.results import store as results
+from pydantic import ValidationError
 
 from cpbench.errors import CpbenchError
+from cpbench.results import store as results
+from cpbench.results.schema import (
+    SCHEMA_VERSION,
+    ResultRecord,
+    TimingSection,
+    dump_record,
+    migrate_record,
+)
 from cpbench.results.store import (
     SOURCE_KEY,
     append_record,
     completed_ids,
     read_records,
+    read_results,
     records_frame,
 )
+from tests.fixtures import make_fixtures
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -36,6 +47,12 @@ def _strip(record: dict) -> dict:
 
 def _sample(fixture_records: list[dict], n: int = 3) -> list[dict]:
     return [_strip(copy.deepcopy(r)) for r in fixture_records[:n]]
+
+
+def _line(fixture_records: list[dict], record_id: str, **extra: object) -> str:
+    """One JSONL line: the first fixture record under another id, with extra top-level keys."""
+    record = dict(_strip(copy.deepcopy(fixture_records[0])), id=record_id, **extra)
+    return json.dumps(record) + "\n"
 
 
 # ---------------------------------------------------------------------------------- writing
@@ -102,9 +119,11 @@ def test_torn_last_line_is_skipped_with_a_warning(
     assert [r["id"] for r in got] == [r["id"] for r in records]
 
 
-def test_torn_last_line_followed_by_blank_lines_is_still_the_last(tmp_path: Path) -> None:
+def test_torn_last_line_followed_by_blank_lines_is_still_the_last(
+    tmp_path: Path, fixture_records: list[dict]
+) -> None:
     path = tmp_path / "r.jsonl"
-    path.write_text('{"id": "a"}\n\n{"id": \n\n   \n')
+    path.write_text(_line(fixture_records, "a") + '\n{"id": \n\n   \n')
     with pytest.warns(UserWarning, match="torn"):
         assert [r["id"] for r in read_records(path)] == ["a"]
 
@@ -130,10 +149,13 @@ def test_missing_file_and_folder_are_named(tmp_path: Path) -> None:
         read_records(tmp_path)
 
 
-def test_blank_lines_unknown_fields_and_several_files(tmp_path: Path) -> None:
+def test_blank_lines_unknown_fields_and_several_files(
+    tmp_path: Path, fixture_records: list[dict]
+) -> None:
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
-    a.write_text('\n{"id": "1", "future_field": {"x": [1, 2]}}\n\n')
-    b.write_text('{"id": "2"}\n{"id": "3", "config": {"new_knob": 7}}\n')
+    a.write_text("\n" + _line(fixture_records, "1", future_field={"x": [1, 2]}) + "\n")
+    config = dict(fixture_records[0]["config"], new_knob=7)
+    b.write_text(_line(fixture_records, "2") + _line(fixture_records, "3", config=config))
     got = read_records([a, str(b)])
     assert [r["id"] for r in got] == ["1", "2", "3"]
     assert got[0]["future_field"] == {"x": [1, 2]}
@@ -255,3 +277,95 @@ def test_jsonl_round_trip_through_pandas(tmp_path: Path, fixture_records: list[d
     assert list(again["id"]) == list(flat["id"])
     assert again["median_s"].tolist() == pytest.approx(flat["median_s"].tolist(), nan_ok=True)
     assert again["seq_len"].tolist() == flat["seq_len"].astype(int).tolist()
+
+
+# ------------------------------------------------------------------------------ typed record
+
+
+def test_a_record_round_trips_through_the_model(tmp_path: Path) -> None:
+    record = make_fixtures.ok_record(2048, 2, 2, "zigzag", "fwd+bwd")
+    data = dump_record(record)
+    assert data["flops"]["global"] == record.flops.global_flops  # type: ignore[union-attr]
+    assert ResultRecord.model_validate(data) == record
+    path = tmp_path / "one.jsonl"
+    append_record(path, record)
+    (again,) = read_results(path)
+    assert again.source == "one.jsonl"
+    assert again.model_dump() == record.model_dump()
+    assert json.loads(path.read_text()) == data == _strip(read_records(path)[0])
+
+
+def test_a_version_1_record_before_the_impl_axis_migrates(tmp_path: Path) -> None:
+    """The fixture record predates the impl axis and the busbw rename: read, it is cpbench's
+    own and its bandwidth has today's name, with the same value; nothing else changes."""
+    raw = json.loads((FIXTURES / "v1-before-impl.jsonl").read_text())
+    assert raw["schema_version"] == SCHEMA_VERSION == 1
+    assert "impl" not in raw["config"] and "achieved_busbw_GBps" not in raw["comm"]
+    (record,) = read_records(FIXTURES / "v1-before-impl.jsonl")
+    assert record["config"]["impl"] == "cpbench"
+    assert record["comm"]["achieved_busbw_GBps"] == raw["comm"]["achieved_algbw_GBps"]
+    assert "achieved_algbw_GBps" not in record["comm"]
+    raw["config"]["impl"] = "cpbench"
+    raw["comm"]["achieved_busbw_GBps"] = raw["comm"].pop("achieved_algbw_GBps")
+    assert _strip(record) == raw
+    assert migrate_record(_strip(record)) == _strip(record)  # idempotent
+    row = records_frame([record]).iloc[0]
+    assert row["busbw_GBps"] == pytest.approx(raw["comm"]["achieved_busbw_GBps"], rel=1e-12)
+
+
+def test_the_fixture_files_are_what_the_model_built_generator_writes() -> None:
+    """tests/fixtures/*.jsonl (version 1, migrated on reading) equal make_fixtures' records."""
+    for name, expected in (("sweep", make_fixtures.sweep()), ("after", make_fixtures.after())):
+        got = read_results(FIXTURES / f"{name}.jsonl")
+        assert [r.model_dump() for r in got] == [r.model_dump() for r in expected], name
+
+
+def test_a_record_without_a_required_field_is_rejected_naming_it(
+    tmp_path: Path, fixture_records: list[dict]
+) -> None:
+    record = _strip(copy.deepcopy(fixture_records[0]))
+    del record["status"]
+    path = tmp_path / "r.jsonl"
+    path.write_text(_line(fixture_records, "a") + json.dumps(record) + "\n")
+    with pytest.raises(CpbenchError, match=r"r\.jsonl:2: not a results record: status: field"):
+        read_records(path)
+    del record["timing"]["median"]
+    record["status"] = "ok"
+    path.write_text(json.dumps(record) + "\n")
+    with pytest.raises(CpbenchError, match=r"r\.jsonl:1: .*timing\.median: field required"):
+        read_results(path)
+    unreadable_id = dict(_strip(fixture_records[0]), id=7)
+    with pytest.raises(CpbenchError, match=r"record 7: .*id: Input should be a valid string"):
+        records_frame([unreadable_id])
+
+
+def test_odd_values_are_read_as_missing_with_a_warning(
+    tmp_path: Path, fixture_records: list[dict]
+) -> None:
+    record = _strip(copy.deepcopy(fixture_records[0]))
+    record["timing"]["overlap"] = "high"  # may be null: only the value goes
+    record["memory"]["peak_bytes"][1] = "lots"  # may not be null: the list goes
+    record["flops"]["achieved_tflops"] = True  # not a number; required: the section goes
+    path = tmp_path / "odd.jsonl"
+    path.write_text(json.dumps(record) + "\n")
+    with pytest.warns(UserWarning, match=r"odd\.jsonl:1: read as missing: ") as caught:
+        (got,) = read_records(path)
+    message = str(caught[0].message)
+    assert "timing.overlap, memory.peak_bytes, flops (" in message
+    assert "memory.peak_bytes.1: Input should be a valid integer (got 'lots')" in message
+    assert got["timing"]["overlap"] is None and got["memory"]["peak_bytes"] is None
+    assert got["flops"] is None
+    assert got["timing"]["median"] == record["timing"]["median"]  # the rest is kept
+    assert got["memory"]["analytic_peak_bytes"] == record["memory"]["analytic_peak_bytes"]
+
+
+def test_the_writer_rejects_a_wrong_shape() -> None:
+    record = make_fixtures.ok_record(1024, 4, 1, "contiguous", "fwd")
+    assert record.config is not None
+    with pytest.raises(ValidationError, match="status"):
+        record.status = "done"  # type: ignore[assignment]
+    with pytest.raises(ValidationError, match="median"):
+        TimingSection.model_validate({"phase": "fwd", "median": "fast"})
+    with pytest.raises(ValidationError, match="causal"):
+        record.config.causal = "yes"  # type: ignore[assignment]
+    assert record.status == "ok" and record.config.causal is True

@@ -13,7 +13,7 @@ import pytest
 
 from cpbench.app.sweep import run_sweep
 from cpbench.results.scenarios import load_scenario
-from cpbench.results.store import read_records, records_frame
+from cpbench.results.store import SOURCE_KEY, read_records, read_results, records_frame
 from tests import rank_tasks
 
 TINY = """
@@ -57,6 +57,10 @@ def test_sweep_records_every_point_with_equal_bytes(tmp_path: Path) -> None:
     records = read_records(out)
     assert len(records) == len(result.records) == 2 * 2 * 2  # kv x mesh x phase
     assert [r["id"] for r in records] == [r["id"] for r in result.records]
+    # What the sweep returns is what it wrote, and every line is a typed record.
+    assert [{k: v for k, v in r.items() if k != SOURCE_KEY} for r in records] == result.records
+    typed = read_results(out)
+    assert all(r.source == "r.jsonl" and r.config and r.config.impl == "cpbench" for r in typed)
     assert {r["status"] for r in records} == {"ok"}
     for r in records:
         assert r["schema_version"] == 1

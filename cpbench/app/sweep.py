@@ -23,15 +23,29 @@ from cpbench.bench.world import InProcessWorld, World, launched_by_torchrun
 from cpbench.config.bench import BenchConfig
 from cpbench.config.constraints import Feasibility
 from cpbench.config.impls import DEFAULT_IMPL
+from cpbench.config.vocabulary import Pass
 from cpbench.errors import CpbenchError
 from cpbench.model.flops import FLOPS_CONVENTION, flops_breakdown
 from cpbench.model.formulas import comm_volume, config_from_sizes
 from cpbench.model.memory import memory_estimate
 from cpbench.results.scenarios import Scenario
-from cpbench.results.schema import SCHEMA_VERSION
+from cpbench.results.schema import (
+    SCHEMA_VERSION,
+    AccuracySection,
+    CollectiveBytes,
+    CommSection,
+    ConfigSection,
+    Direction,
+    EnvironmentSection,
+    FlopsSection,
+    MemorySection,
+    ResultRecord,
+    TimingSection,
+    dump_record,
+)
 from cpbench.results.store import append_record, completed_ids
 
-PHASE_KEYS = {"fwd": "forward", "bwd": "backward"}
+PHASE_KEYS: dict[Direction, Pass] = {"fwd": "forward", "bwd": "backward"}
 NO_VARIANTS_NOTE = (
     "compute-only and communication-only variants exist only for cpbench's own implementation; "
     "an external library is timed as a whole (no overlap figure)"
@@ -62,18 +76,24 @@ def default_output(scenario: Scenario, results_dir: Path = Path("results")) -> P
 
 
 def _base_record(
-    config: BenchConfig, feasibility: Feasibility, scenario: Scenario, environment: dict[str, Any]
-) -> dict[str, Any]:
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "id": config.key,
-        "scenario": scenario.name,
-        "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "status": "ok",
-        "error": None,
-        "config": config.to_dict(feasibility.kv_replication if feasibility.ok else 1, None),
-        "environment": environment,
-    }
+    config: BenchConfig,
+    feasibility: Feasibility,
+    scenario: Scenario,
+    environment: EnvironmentSection,
+) -> ResultRecord:
+    """The record of a configuration before it runs (status ok, no measurements yet)."""
+    return ResultRecord(
+        schema_version=SCHEMA_VERSION,
+        id=config.key,
+        scenario=scenario.name,
+        timestamp=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        status="ok",
+        error=None,
+        config=ConfigSection.model_validate(
+            config.to_dict(feasibility.kv_replication if feasibility.ok else 1, None)
+        ),
+        environment=environment.model_copy(),
+    )
 
 
 def _overlap(step: float, compute: float, comm: float) -> tuple[float | None, str]:
@@ -92,10 +112,11 @@ def _overlap(step: float, compute: float, comm: float) -> tuple[float | None, st
 
 
 def assemble_record(
-    base: dict[str, Any], config: BenchConfig, per_rank: list[dict[str, Any]]
-) -> dict[str, Any]:
+    base: ResultRecord, config: BenchConfig, per_rank: list[dict[str, Any]]
+) -> ResultRecord:
     """The record of a measured configuration, from every rank's `measure_config` answer."""
-    record = dict(base)
+    record = base.model_copy(deep=True)
+    assert record.config is not None and record.environment is not None
     iters = len(per_rank[0]["samples"])
 
     def max_over_ranks(key: str) -> list[float]:
@@ -109,63 +130,62 @@ def assemble_record(
         overlap, note = _overlap(step.median, compute, comm)
     else:
         overlap, note = None, NO_VARIANTS_NOTE
-    record["timing"] = {
-        "phase": config.phase,
-        "median": step.median,
-        "p10": step.p10,
-        "p90": step.p90,
-        "samples": list(step.samples),
-        "per_rank_median": [statistics.median(r["samples"]) for r in per_rank],
-        "compute_only": compute,
-        "compute_only_per_rank": (
+    record.timing = TimingSection(
+        phase=config.phase,
+        median=step.median,
+        p10=step.p10,
+        p90=step.p90,
+        samples=list(step.samples),
+        per_rank_median=[statistics.median(r["samples"]) for r in per_rank],
+        compute_only=compute,
+        compute_only_per_rank=(
             [statistics.median(r["compute_samples"]) for r in per_rank] if variants else None
         ),
-        "comm_only": comm,
-        "exposed_comm": max(0.0, step.median - compute) if compute is not None else None,
-        "overlap": overlap,
-        "overlap_note": note,
-    }
-    record["config"]["kernel"] = per_rank[0]["kernel"]
-    record["comm"] = _comm_section(config, record["config"]["kv_replication"], per_rank, comm)
+        comm_only=comm,
+        exposed_comm=max(0.0, step.median - compute) if compute is not None else None,
+        overlap=overlap,
+        overlap_note=note,
+    )
+    record.config.kernel = per_rank[0]["kernel"]
+    record.comm = _comm_section(config, per_rank, comm)
     if config.impl != DEFAULT_IMPL:
-        _as_external(record["comm"])
+        _as_external(record.comm)
     analytic_memory = memory_estimate(_model_config(config)).peak(
         "forward_backward" if config.phase == "fwd+bwd" else "forward"
     )
-    record["memory"] = {
-        "peak_bytes": [r["memory"]["peak_bytes"] for r in per_rank],
-        "source": per_rank[0]["memory"]["source"],
-        "rss_peak_bytes": _per_rank_or_none(per_rank, "rss_peak_bytes"),
-        "nvml_used_bytes": _per_rank_or_none(per_rank, "nvml_used_bytes"),
-        "analytic_peak_bytes": analytic_memory,
-    }
+    record.memory = MemorySection(
+        peak_bytes=[r["memory"]["peak_bytes"] for r in per_rank],
+        source=per_rank[0]["memory"]["source"],
+        rss_peak_bytes=_per_rank_or_none(per_rank, "rss_peak_bytes"),
+        nvml_used_bytes=_per_rank_or_none(per_rank, "nvml_used_bytes"),
+        analytic_peak_bytes=analytic_memory,
+    )
     flops = flops_breakdown(config.shape, config.ulysses, config.ring, config.layout, config.causal)
     model_phase = "forward_backward" if config.phase == "fwd+bwd" else "forward"
     total = flops.global_flops(model_phase)
-    record["flops"] = {
-        "convention": FLOPS_CONVENTION,
-        "global": total,
-        "slowest_rank": flops.slowest_rank_flops(model_phase),
-        "achieved_tflops": total / step.median / 1e12,
-        "achieved_tflops_per_rank": total / step.median / 1e12 / config.world_size,
-    }
-    record["accuracy"] = per_rank[0]["accuracy"]
-    record["environment"] = {
-        **record["environment"],
-        "hostnames": sorted({r["host"]["hostname"] for r in per_rank}),
-        "devices": [r["host"]["device"] for r in per_rank],
-        "torch_threads_per_rank": per_rank[0]["host"]["torch_threads"],
-    }
+    record.flops = FlopsSection(
+        convention=FLOPS_CONVENTION,
+        global_flops=total,
+        slowest_rank=flops.slowest_rank_flops(model_phase),
+        achieved_tflops=total / step.median / 1e12,
+        achieved_tflops_per_rank=total / step.median / 1e12 / config.world_size,
+    )
+    accuracy = per_rank[0]["accuracy"]
+    record.accuracy = AccuracySection.model_validate(accuracy) if accuracy is not None else None
+    environment = record.environment
+    environment.hostnames = sorted({r["host"]["hostname"] for r in per_rank})
+    environment.devices = [r["host"]["device"] for r in per_rank]
+    environment.torch_threads_per_rank = per_rank[0]["host"]["torch_threads"]
     if config.impl != DEFAULT_IMPL:
-        record["environment"]["impl_version"] = per_rank[0].get("impl_version")
-    if record["accuracy"] is not None and not record["accuracy"]["passed"]:
-        record["status"] = "failed"
-        record["error"] = (
+        environment.impl_version = per_rank[0].get("impl_version")
+    if record.accuracy is not None and not record.accuracy.passed:
+        record.status = "failed"
+        record.error = (
             f"result differs from the reference: max abs error "
-            f"{record['accuracy']['max_abs_error']:.3g} > {record['accuracy']['tolerance']:g}"
+            f"{record.accuracy.max_abs_error:.3g} > {record.accuracy.tolerance:g}"
         )
-    elif record["comm"]["match"] is False:
-        record["error"] = "measured bytes != analytic bytes (see comm.by_collective)"
+    elif record.comm.match is False:
+        record.error = "measured bytes != analytic bytes (see comm.by_collective)"
     return record
 
 
@@ -176,19 +196,19 @@ EXTERNAL_COMM_NOTE = (
 )
 
 
-def _as_external(comm: dict[str, Any]) -> None:
+def _as_external(comm: CommSection) -> None:
     """Measured bytes of an external library next to cpbench's model, without a verdict."""
-    comm["match"] = None
-    comm["note"] = EXTERNAL_COMM_NOTE
-    comm["model_ratio"] = {
-        phase: (max(measured) / comm["analytic_bytes"][phase])
-        if comm["analytic_bytes"].get(phase)
+    comm.match = None
+    comm.note = EXTERNAL_COMM_NOTE
+    comm.model_ratio = {
+        phase: (max(measured) / comm.analytic_bytes[phase])
+        if comm.analytic_bytes.get(phase)
         else None
-        for phase, measured in comm["measured_bytes"].items()
+        for phase, measured in comm.measured_bytes.items()
     }
 
 
-def _per_rank_or_none(per_rank: list[dict[str, Any]], key: str) -> list[int] | None:
+def _per_rank_or_none(per_rank: list[dict[str, Any]], key: str) -> list[int | None] | None:
     values = [r["memory"][key] for r in per_rank]
     return None if all(v is None for v in values) else values
 
@@ -209,37 +229,36 @@ def _model_config(config: BenchConfig) -> Any:
 
 def _comm_section(
     config: BenchConfig,
-    kv_replication: int,
     per_rank: list[dict[str, Any]],
     comm_seconds: float | None,
-) -> dict[str, Any]:
+) -> CommSection:
     volume = comm_volume(_model_config(config))
-    phases = ("fwd", "bwd") if config.phase == "fwd+bwd" else ("fwd",)
-    by_collective: dict[str, dict[str, Any]] = {}
-    analytic: dict[str, int] = {}
-    measured: dict[str, list[int]] = {}
+    phases: tuple[Direction, ...] = ("fwd", "bwd") if config.phase == "fwd+bwd" else ("fwd",)
+    by_collective: dict[Direction, dict[str, CollectiveBytes]] = {}
+    analytic: dict[Direction, int] = {}
+    measured: dict[Direction, list[int]] = {}
     match = True
     for phase in phases:
         expected = {c.name: c.bytes_sent for c in volume.collectives(PHASE_KEYS[phase])}
         counted = [r["bytes"].get(phase, {}) for r in per_rank]
         names = sorted(set(expected) | {n for c in counted for n in c})
         by_collective[phase] = {
-            n: {"analytic": expected.get(n, 0), "measured": [c.get(n, 0) for c in counted]}
+            n: CollectiveBytes(analytic=expected.get(n, 0), measured=[c.get(n, 0) for c in counted])
             for n in names
         }
         analytic[phase] = sum(expected.values())
         measured[phase] = [sum(c.values()) for c in counted]
         match = match and all(c == expected for c in counted)
     per_rank_bytes = max(sum(m) for m in zip(*measured.values(), strict=True)) if measured else 0
-    return {
-        "analytic_bytes": analytic,
-        "measured_bytes": measured,
-        "by_collective": by_collective,
-        "match": match,
-        "achieved_busbw_GBps": per_rank_bytes / comm_seconds / 1e9
+    return CommSection(
+        analytic_bytes=analytic,
+        measured_bytes=measured,
+        by_collective=by_collective,
+        match=match,
+        achieved_busbw_GBps=per_rank_bytes / comm_seconds / 1e9
         if comm_seconds and comm_seconds > 0 and per_rank_bytes
         else None,
-    }
+    )
 
 
 def impl_skip_reason(config: BenchConfig) -> str | None:
@@ -250,6 +269,12 @@ def impl_skip_reason(config: BenchConfig) -> str | None:
     from cpbench.impls import skip_reason  # noqa: PLC0415
 
     return skip_reason(config)
+
+
+def _task_config(record: ResultRecord) -> dict[str, Any]:
+    """The record's config as the ranks' task takes it (`BenchConfig.from_dict`)."""
+    assert record.config is not None
+    return record.config.model_dump(mode="json")
 
 
 def _failure_message(exc: BaseException) -> str:
@@ -303,7 +328,7 @@ def run_sweep(
         "iters": scenario.iters,
         "check_max_seq_len": scenario.check_max_seq_len,
     }
-    environment = process_environment()
+    environment = EnvironmentSection.model_validate(process_environment())
     world: World
     writer = True
     if launched_by_torchrun():
@@ -330,26 +355,27 @@ def run_sweep(
             record = _base_record(config, feasibility, scenario, environment)
             reason = feasibility.reason if not feasibility.ok else impl_skip_reason(config)
             if reason:
-                record.update(status="skipped", error=reason)
+                record.status, record.error = "skipped", reason
             else:
                 if on_start:
                     on_start(config)
                 try:
                     per_rank = world.run(
-                        task or measure_config, record["config"], settings, timeout=limit
+                        task or measure_config, _task_config(record), settings, timeout=limit
                     )
                     record = assemble_record(record, config, per_rank)
                 except TaskTimeout as exc:
-                    record.update(status="timeout", error=str(exc))
+                    record.status, record.error = "timeout", str(exc)
                 except TaskError as exc:
-                    record.update(status="failed", error=_failure_message(exc))
+                    record.status, record.error = "failed", _failure_message(exc)
                 if respawn_each:
                     world.close()
             if writer:
                 append_record(out, record)
-            result.records.append(record)
+            written = dump_record(record)
+            result.records.append(written)
             if on_record:
-                on_record(record)
+                on_record(written)
     except KeyboardInterrupt:
         result.interrupted = True
         world.close(force=True)

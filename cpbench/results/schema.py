@@ -1,75 +1,309 @@
 """The results record: one JSON object per configuration, one per line (JSONL).
 
-Writers append and flush one record as soon as its configuration ends; readers ignore unknown
-fields and skip a torn last line. Bump SCHEMA_VERSION on an incompatible change.
+`ResultRecord` is the record, its sections are the models below; every field carries its own
+docstring. Writers (`cpbench.app.sweep`) build a `ResultRecord` and append its
+`model_dump(mode="json", exclude_unset=True)`; readers (`cpbench.results.store`) validate every
+line through the model after `migrate_record` has brought older key names up to date.
 
 ```
-{
-  "schema_version": 1,
-  "id": "L1024-B1-h8-kv2-d64-float32-causal-U2xR2-zigzag-rep1-auto-fwd+bwd-cpu-w4",
-  "scenario": "cpu-smoke",            # scenario name
-  "timestamp": "2026-11-29T18:00:00+00:00",
-  "status": "ok" | "failed" | "skipped" | "timeout",
-  "error": null | "one line: what went wrong / the rule that rejects the configuration",
-  "config": {
-    "seq_len": 1024, "batch": 1, "heads": 8, "kv_heads": 2, "head_dim": 64,
-    "dtype": "float32", "causal": true, "ulysses": 2, "ring": 2, "layout": "zigzag",
-    "kv_replication": 1,               # copies of each KV head (1 = none), resolved
-    "backend": "auto",                 # kernel requested: auto | sdpa | naive | flash_attn
-    "kernel": "sdpa",                  # kernel used (null when not run)
-    "device": "cpu" | "cuda", "world_size": 4, "nodes": 1,
-    "phase": "fwd" | "fwd+bwd",
-    "scheme": "ring" | "ulysses" | "usp" | "single",
-    "impl": "cpbench" | "torch_cp" | "ring_flash_attn" | ...   # cpbench.config.impls.IMPLS;
-                                       # absent in older records = cpbench; ids of other impls
-                                       # end in "-impl_<name>"
-  },
-  "timing": {                          # seconds; present when status == "ok"
-    "phase": "fwd+bwd",
-    "median": 0.031, "p10": 0.030, "p90": 0.034,
-    "samples": [...],                  # per iteration, max over ranks
-    "per_rank_median": [...],          # each rank's own median (causal load balance)
-    "compute_only": 0.025,             # median of the same step with communication removed
-                                       # (null, like comm_only / exposed_comm / overlap, for an
-                                       # external impl: the variants exist only for cpbench)
-    "compute_only_per_rank": [...],
-    "comm_only": 0.009,                # median of the same communication with kernels removed
-    "exposed_comm": 0.006,             # max(0, median - compute_only)
-    "overlap": 0.33 | null,            # (compute + comm - step) / min(compute, comm), clamped
-    "overlap_note": "..."
-  },
-  "comm": {
-    "analytic_bytes": {"fwd": 123, "bwd": 456},        # per rank, from cpbench.model
-    "measured_bytes": {"fwd": [...], "bwd": [...]},     # per rank, counted
-    "by_collective": {"fwd": {"a2a_q": {"analytic": 1, "measured": [...]}, ...}, "bwd": {...}},
-    "match": true,                     # null for an external impl: its bytes are counted at
-                                       # the torch.distributed boundary and compared, not judged
-    "note": "...",                     # external impl only: what was counted and how
-    "model_ratio": {"fwd": 1.0, "bwd": 1.0},  # external impl only: measured / analytic
-    "achieved_busbw_GBps": 1.2 | null  # bytes a rank sends / comm_only time (nccl-tests busbw)
-  },
-  "memory": {
-    "peak_bytes": [...], "source": "cpu-tensor-tracker" | "torch-cuda-allocator",
-    "rss_peak_bytes": [...] | null,    # CPU: process peak RSS during the step
-    "nvml_used_bytes": [...] | null,   # GPU: device memory in use after the step (NVML)
-    "analytic_peak_bytes": 789         # cpbench.model.memory lower bound, per rank
-  },
-  "flops": {
-    "convention": "...", "global": 1.0e9, "slowest_rank": 3.0e8,
-    "achieved_tflops": 0.5,            # global FLOPs / median step / 1e12 (all ranks)
-    "achieved_tflops_per_rank": 0.12
-  },
-  "accuracy": {"max_abs_error": 1e-6, "check_seq_len": 1024, "tolerance": 2e-4, "passed": true,
-               "known_issues": [...], "tolerances": {...}},  # the last two only when a documented
-                                       # upstream precision issue loosened one gradient's bound
-  "environment": {"torch": "...", "nccl": "...", "flash_attn": null, "python": "...",
-                  "impl_version": "0.1.8",   # external impl only: the library's version
-                  "hostnames": [...], "devices": [...], "env": {"NCCL_...": "..."}, ...}
-}
+{"schema_version": 1, "id": "L1024-...-cpu-w4", "scenario": "cpu-smoke",
+ "timestamp": "2026-11-29T18:00:00+00:00", "status": "ok", "error": null,
+ "config": {...}, "timing": {...}, "comm": {...}, "memory": {...}, "flops": {...},
+ "accuracy": {...}, "environment": {...}}
 ```
+
+Unknown keys are kept everywhere (`extra="allow"`: a newer writer's fields survive a read and a
+re-write). Bump SCHEMA_VERSION on an incompatible change and teach `migrate_record` the old shape.
 """
 
 from __future__ import annotations
 
+from typing import Any, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+
+from cpbench.config.vocabulary import Phase
+
 SCHEMA_VERSION = 1
-STATUSES = ("ok", "failed", "skipped", "timeout")
+"""Version of the record's shape. Version 1 records written before the `impl` axis lack
+`config.impl`; those written before the busbw rename carry `comm.achieved_algbw_GBps`
+(`migrate_record` handles both)."""
+
+Status = Literal["ok", "failed", "skipped", "timeout"]
+"""What happened to a configuration: measured, failed (an error or a wrong result), skipped (a
+rule rejects it, or the impl cannot run it) or timed out."""
+STATUSES: tuple[str, ...] = get_args(Status)
+
+Direction = Literal["fwd", "bwd"]
+"""A direction of the communication counts: the forward or the backward pass."""
+
+
+class Section(BaseModel):
+    """Common settings of the record and its sections: strict types (no "false" -> False, no
+    True -> 1), unknown keys kept, assignments validated, field docstrings as descriptions."""
+
+    model_config = ConfigDict(
+        extra="allow",
+        strict=True,
+        validate_assignment=True,
+        use_attribute_docstrings=True,
+    )
+
+
+class ConfigSection(Section):
+    """The configuration measured (`cpbench.config.bench.BenchConfig.to_dict`)."""
+
+    seq_len: int
+    """Global sequence length (tokens)."""
+    batch: int
+    """Batch size."""
+    heads: int
+    """Query heads."""
+    kv_heads: int
+    """Key/value heads (GQA when fewer than heads)."""
+    head_dim: int
+    """Dimension of one head."""
+    dtype: str
+    """float32 | bfloat16 | float16 (`cpbench.config.vocabulary.Dtype`)."""
+    causal: bool
+    """Causal mask (else full attention)."""
+    ulysses: int
+    """Ulysses (all-to-all) degree U of the U x R mesh."""
+    ring: int
+    """Ring degree R of the U x R mesh."""
+    layout: str
+    """contiguous | zigzag | striped: how the sequence is cut over the ring."""
+    kv_replication: int
+    """Copies of each KV head (1 = none), resolved."""
+    backend: str
+    """Kernel requested: auto | sdpa | naive | flash_attn."""
+    kernel: str | None
+    """Kernel used (null when not run)."""
+    device: str
+    """cpu | cuda."""
+    world_size: int
+    """Ranks of the run (U x R)."""
+    nodes: int
+    """Nodes the ranks span."""
+    phase: Phase
+    """fwd | fwd+bwd: what one timed step runs."""
+    scheme: str
+    """ring | ulysses | usp | single."""
+    impl: str
+    """The implementation measured (`cpbench.config.impls.IMPLS`); ids of impls other than
+    cpbench end in "-impl_<name>". Absent in records written before the impl axis, which are
+    cpbench's own (`migrate_record`)."""
+
+
+class TimingSection(Section):
+    """Step times in seconds; present when status is "ok"."""
+
+    phase: Phase
+    """fwd | fwd+bwd: what one timed step runs."""
+    median: float
+    """Median step time (the max over ranks of each iteration)."""
+    p10: float
+    """10th percentile of the step time."""
+    p90: float
+    """90th percentile of the step time."""
+    samples: list[float]
+    """Step time of each iteration, max over ranks."""
+    per_rank_median: list[float] | None = None
+    """Each rank's own median (the causal load balance)."""
+    compute_only: float | None
+    """Median of the same step with communication removed; null, like comm_only, exposed_comm
+    and overlap, for an external impl (the variants exist only for cpbench)."""
+    compute_only_per_rank: list[float] | None = None
+    """Each rank's median of the compute-only step."""
+    comm_only: float | None
+    """Median of the same communication with the kernels removed."""
+    exposed_comm: float | None
+    """max(0, median - compute_only): communication not hidden under compute."""
+    overlap: float | None = None
+    """(compute + comm - step) / min(compute, comm), clamped to [0, 1]; null without
+    communication or variants."""
+    overlap_note: str | None = None
+    """What the overlap figure means for this record (clamping, no communication, ...)."""
+
+
+class CollectiveBytes(Section):
+    """Bytes of one collective in one direction."""
+
+    analytic: int
+    """Bytes a rank sends, from cpbench.model."""
+    measured: list[int]
+    """Bytes each rank sent, counted."""
+
+
+class CommSection(Section):
+    """Communication volume, analytic and counted."""
+
+    analytic_bytes: dict[Direction, int]
+    """Bytes a rank sends per direction, from cpbench.model."""
+    measured_bytes: dict[Direction, list[int]]
+    """Bytes each rank sent per direction, counted."""
+    by_collective: dict[Direction, dict[str, CollectiveBytes]] | None = None
+    """Per direction, per collective: analytic and counted bytes."""
+    match: bool | None
+    """Counted bytes equal the analytic ones on every rank; null for an external impl (its
+    bytes are counted at the torch.distributed boundary and compared, not judged)."""
+    note: str | None = None
+    """External impl only: what was counted and how."""
+    model_ratio: dict[Direction, float | None] | None = None
+    """External impl only: max measured over ranks / analytic, per direction."""
+    achieved_busbw_GBps: float | None = None
+    """Bytes a rank sends / comm_only time, in GB/s (nccl-tests busbw); null without
+    communication or variants. Older records call it achieved_algbw_GBps."""
+
+
+class MemorySection(Section):
+    """Memory per rank, measured and analytic (bytes)."""
+
+    peak_bytes: list[int] | None = None
+    """Peak bytes of each rank during the step."""
+    source: str | None = None
+    """cpu-tensor-tracker | torch-cuda-allocator: what measured peak_bytes."""
+    rss_peak_bytes: list[int | None] | None = None
+    """CPU: process peak RSS of each rank during the step."""
+    nvml_used_bytes: list[int | None] | None = None
+    """GPU: device memory in use after the step (NVML), per rank."""
+    analytic_peak_bytes: int | None = None
+    """cpbench.model.memory lower bound of a rank's peak."""
+
+
+class FlopsSection(Section):
+    """Attention FLOPs and the FLOP/s achieved."""
+
+    model_config = ConfigDict(
+        validate_by_name=True, validate_by_alias=True, serialize_by_alias=True
+    )
+
+    convention: str
+    """What is counted (cpbench.model.flops.FLOPS_CONVENTION)."""
+    global_flops: float = Field(validation_alias="global", serialization_alias="global")
+    """FLOPs of one step over all ranks (key "global" in the file)."""
+    slowest_rank: float | None = None
+    """FLOPs of the busiest rank."""
+    achieved_tflops: float
+    """Global FLOPs / median step / 1e12 (all ranks)."""
+    achieved_tflops_per_rank: float | None = None
+    """achieved_tflops / world_size."""
+
+
+class AccuracySection(Section):
+    """The reference check of the configuration (`cpbench.bench.reference.reference_check`)."""
+
+    max_abs_error: float
+    """Largest absolute error over the output and the gradients."""
+    errors: dict[str, float] | None = None
+    """Max absolute error per tensor (out, dq, dk, dv)."""
+    check_seq_len: int
+    """Sequence length of the check (the configuration's, capped by check_max_seq_len)."""
+    tolerance: float
+    """The largest per-tensor bound."""
+    bounds: dict[str, float] | None = None
+    """Error bound per tensor."""
+    passed: bool
+    """Every tensor's error is within its bound."""
+    known_issues: list[str] | None = None
+    """Only when a documented upstream precision issue loosened a gradient's bound: the
+    issues."""
+    tolerances: dict[str, float] | None = None
+    """Only with known_issues: the relative tolerance used per tensor."""
+
+
+class EnvironmentSection(Section):
+    """What the record was measured on; any further keys are kept."""
+
+    cpbench: str | None = None
+    """cpbench version."""
+    torch: str | None = None
+    """torch version."""
+    cuda: str | None = None
+    """CUDA version torch was built with (null on a CPU build)."""
+    nccl: str | None = None
+    """NCCL version (null without CUDA)."""
+    flash_attn: str | None = None
+    """flash-attn version (null when not installed)."""
+    python: str | None = None
+    """Python version."""
+    platform: str | None = None
+    """platform.platform()."""
+    cpu_count: int | None = None
+    """os.cpu_count()."""
+    env: dict[str, str] | None = None
+    """Environment variables that change communication (NCCL_*, CUDA_*, GLOO_*, OMP_*, ...)."""
+    hostnames: list[str] | None = None
+    """Hosts of the ranks (sorted, once each)."""
+    devices: list[str] | None = None
+    """Each rank's device."""
+    torch_threads_per_rank: int | None = None
+    """torch.get_num_threads() on a rank."""
+    impl_version: str | None = None
+    """External impl only: the library's version."""
+
+
+class ResultRecord(Section):
+    """One configuration's result: one line of a results file."""
+
+    schema_version: int = Field(ge=1)
+    """Version of the record's shape (SCHEMA_VERSION when written by this cpbench)."""
+    id: str
+    """The configuration's key (`BenchConfig.key`); `--resume` skips the ids in the file."""
+    scenario: str | None = None
+    """Name of the scenario that produced the record."""
+    timestamp: str | None = None
+    """When the configuration ended, ISO 8601 with the UTC offset."""
+    status: Status
+    """ok | failed | skipped | timeout."""
+    error: str | None = None
+    """One line: what went wrong, or the rule that rejects the configuration; null when ok
+    (an ok record whose counted bytes differ from the model says so here)."""
+    config: ConfigSection | None
+    """The configuration (null only in a file whose config could not be read)."""
+    timing: TimingSection | None = None
+    """Step times; present when status is "ok"."""
+    comm: CommSection | None = None
+    """Communication bytes; present when status is "ok"."""
+    memory: MemorySection | None = None
+    """Memory; present when status is "ok"."""
+    flops: FlopsSection | None = None
+    """FLOPs; present when status is "ok"."""
+    accuracy: AccuracySection | None = None
+    """The reference check; present when it ran."""
+    environment: EnvironmentSection | None = None
+    """Versions, hosts, devices and variables."""
+
+    _source: str | None = PrivateAttr(default=None)
+
+    @property
+    def source(self) -> str | None:
+        """Name of the file the record was read from (None for a record built in memory)."""
+        return self._source
+
+
+def migrate_record(raw: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a record as read from a file, brought to the current shape: the one place that
+    knows older records. Version 1 records may lack `config.impl` (written before the impl
+    axis: cpbench's own) or `config.phase` (then `timing.phase` says it), and may name the
+    bandwidth `comm.achieved_algbw_GBps`. Values it cannot interpret are left for validation."""
+    record = dict(raw)
+    config, timing, comm = record.get("config"), record.get("timing"), record.get("comm")
+    if isinstance(config, dict):
+        config = record["config"] = dict(config)
+        if config.get("impl") is None:
+            config["impl"] = "cpbench"
+        if config.get("phase") is None and isinstance(timing, dict) and "phase" in timing:
+            config["phase"] = timing["phase"]
+    if isinstance(comm, dict) and "achieved_algbw_GBps" in comm:
+        comm = record["comm"] = dict(comm)
+        algbw = comm.pop("achieved_algbw_GBps")
+        if comm.get("achieved_busbw_GBps") is None:
+            comm["achieved_busbw_GBps"] = algbw
+    return record
+
+
+def dump_record(record: ResultRecord) -> dict[str, Any]:
+    """The record as a JSON-ready dict: the keys that were set, none of the defaults, so a
+    record read and written again keeps its shape."""
+    return record.model_dump(mode="json", exclude_unset=True)

@@ -1,30 +1,44 @@
 """The results store: one JSON record per configuration, one per line (JSONL).
 
-The record format is described in `cpbench.results.schema`. Writers append and fsync one record as
+The record is `cpbench.results.schema.ResultRecord`. Writers append and fsync one record as
 soon as its configuration ends (`append_record`), so a crash loses at most the record being
 written; such a torn last line is skipped with a warning by `read_records`. A malformed line
-anywhere else is an error that names the file and the line.
+anywhere else is an error that names the file and the line, and so is a line that is not a
+record (not an object, or without a required field). Every line is migrated
+(`schema.migrate_record`) and validated; a value of the wrong type (a hand-edited file) is read
+as missing, with a warning that names the file, the line and the field.
 
-`records_frame` flattens records into a pandas DataFrame with one row per record; the report
-and the tables read that frame.
+`read_results` gives the typed records, `read_records` the same as dicts (the report, calibrate
+and recommend read those). `records_frame` flattens records into a pandas DataFrame with one row
+per record; the report and the tables read that frame.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from pydantic import ValidationError
 
 from cpbench.errors import CpbenchError
+from cpbench.results.schema import (
+    CommSection,
+    Direction,
+    ResultRecord,
+    dump_record,
+    migrate_record,
+)
 
 SOURCE_KEY = "_source"
-"""Key `read_records` adds to every record: the name of the file it was read from."""
+"""Key `read_records` adds to every record: the name of the file it was read from (the typed
+records of `read_results` have it as `ResultRecord.source`)."""
 
 CONFIG_INT_COLUMNS = (
     "seq_len",
@@ -103,24 +117,26 @@ COLUMNS = (
 # ------------------------------------------------------------------------------------ writing
 
 
-def append_record(path: Path, record: dict) -> None:
+def append_record(path: Path, record: ResultRecord | Mapping[str, Any]) -> None:
     """Append one record as one JSON line, then flush and fsync (parent folders are created).
+    A `ResultRecord` is written as `schema.dump_record` gives it.
 
     A file whose last line was torn by a crash is repaired first: a complete JSON line that
     only lacks its newline gets one; an incomplete fragment is cut off (with a warning), so
     the new record never lands glued to the fragment.
     """
     path = Path(path)
+    data = dump_record(record) if isinstance(record, ResultRecord) else record
     try:
-        line = json.dumps(record, separators=(",", ":")) + "\n"
+        line = json.dumps(data, separators=(",", ":")) + "\n"
     except (TypeError, ValueError) as exc:
-        raise CpbenchError(f"record {record.get('id')!r} is not JSON serialisable: {exc}") from exc
+        raise CpbenchError(f"record {data.get('id')!r} is not JSON serialisable: {exc}") from exc
     path.parent.mkdir(parents=True, exist_ok=True)
     _repair_torn_tail(path)
-    data = line.encode("utf-8")
+    encoded = line.encode("utf-8")
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        view = memoryview(data)
+        view = memoryview(encoded)
         while view:
             written = os.write(fd, view)
             view = view[written:]
@@ -167,22 +183,35 @@ def _repair_torn_tail(path: Path) -> None:
 # ------------------------------------------------------------------------------------ reading
 
 
-def read_records(paths: Path | str | Iterable[Path | str]) -> list[dict]:
-    """Records of one or more JSONL files, in file order.
+def read_results(paths: Path | str | Iterable[Path | str]) -> list[ResultRecord]:
+    """Typed records of one or more JSONL files, in file order, each with its file's name as
+    `source`.
 
     Blank lines are skipped; a torn last line (a crash mid-write) is skipped with a warning; any
-    other malformed line raises CpbenchError naming the file and line. Unknown fields are kept
-    as they are. Each record gets `SOURCE_KEY` set to its file's name.
+    other malformed line, or a line that is not a record (see `parse_record`), raises
+    CpbenchError naming the file and line. Unknown fields are kept.
     """
     if isinstance(paths, (str, Path)):
         paths = [paths]
-    records: list[dict] = []
+    records: list[ResultRecord] = []
     for path in paths:
         records.extend(_read_file(Path(path)))
     return records
 
 
-def _read_file(path: Path) -> list[dict]:
+def read_records(paths: Path | str | Iterable[Path | str]) -> list[dict[str, Any]]:
+    """`read_results` as dicts (`schema.dump_record`: validated, migrated, the keys of the
+    file), each with `SOURCE_KEY` set to its file's name."""
+    return [_as_dict(record) for record in read_results(paths)]
+
+
+def _as_dict(record: ResultRecord) -> dict[str, Any]:
+    out = dump_record(record)
+    out[SOURCE_KEY] = record.source
+    return out
+
+
+def _read_file(path: Path) -> list[ResultRecord]:
     if not path.exists():
         raise CpbenchError(f"results file {path} does not exist")
     if path.is_dir():
@@ -193,27 +222,114 @@ def _read_file(path: Path) -> list[dict]:
         raise CpbenchError(f"cannot read results file {path}: {exc.strerror or exc}") from exc
     lines = raw.split(b"\n")
     numbered = [(n, line) for n, line in enumerate(lines, start=1) if line.strip()]
-    records: list[dict] = []
+    parsed: list[tuple[int, dict[str, Any]]] = []
+    # Every line is JSON first, so that a malformed line is named before a line that is valid
+    # JSON but not a record.
     for i, (lineno, line) in enumerate(numbered):
         is_last = i == len(numbered) - 1
         try:
-            record = json.loads(line.decode("utf-8"))
+            data = json.loads(line.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             if is_last:
                 warnings.warn(
                     f"{path}:{lineno}: skipping a torn last line (an interrupted write?)",
-                    stacklevel=3,
+                    stacklevel=4,
                 )
                 continue
             raise CpbenchError(f"{path}:{lineno}: malformed results line: {exc}") from None
-        if not isinstance(record, dict):
+        if not isinstance(data, dict):
             raise CpbenchError(
-                f"{path}:{lineno}: a results line must be a JSON object, "
-                f"not {type(record).__name__}"
+                f"{path}:{lineno}: a results line must be a JSON object, not {type(data).__name__}"
             )
-        record[SOURCE_KEY] = path.name
+        parsed.append((lineno, data))
+    records = []
+    for lineno, data in parsed:
+        record = parse_record(data, f"{path}:{lineno}")
+        record._source = path.name
         records.append(record)
     return records
+
+
+def parse_record(raw: Mapping[str, Any], where: str) -> ResultRecord:
+    """One record, migrated (`schema.migrate_record`) and validated.
+
+    A record without a required field (or whose id, status or schema_version cannot be read)
+    raises CpbenchError naming `where` and the field. A value of the wrong type (a hand-edited
+    file: 2.5 mesh degrees, "false" for a bool) is read as missing: it becomes null where the
+    field may be null, else the smallest section around it that may be null does, with one
+    warning that names `where`, the fields and the values.
+    """
+    data = migrate_record(dict(raw))
+    try:
+        return ResultRecord.model_validate(data)
+    except ValidationError as exc:
+        first = exc
+    problems = [
+        f"{_dotted(e['loc'])}: {e['msg']}"
+        + ("" if e["type"] == "missing" else f" (got {_short(e['input'])})")
+        for e in first.errors()
+    ]
+    missing = [e for e in first.errors() if e["type"] == "missing"]
+    if missing:
+        raise CpbenchError(
+            f"{where}: not a results record: "
+            + "; ".join(f"{_dotted(e['loc'])}: field required" for e in missing)
+        )
+    data = copy.deepcopy(data)
+    nulled: list[tuple[str | int, ...]] = []
+    error: ValidationError = first
+    while True:
+        path = _nullable_path(data, error.errors()[0]["loc"])
+        if path is None:
+            raise CpbenchError(f"{where}: not a results record: {'; '.join(problems)}")
+        _set(data, path, None)
+        nulled = [p for p in nulled if p[: len(path)] != path] + [path]
+        try:
+            record = ResultRecord.model_validate(data)
+        except ValidationError as exc:
+            error = exc
+            continue
+        break
+    warnings.warn(
+        f"{where}: read as missing: {', '.join(_dotted(p) for p in nulled)} "
+        f"({'; '.join(problems)})",
+        stacklevel=3,
+    )
+    return record
+
+
+def _dotted(loc: Sequence[str | int]) -> str:
+    return ".".join(str(part) for part in loc)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _nullable_path(data: dict[str, Any], loc: Sequence[str | int]) -> tuple[str | int, ...] | None:
+    """The path to null for an error at `loc`: the deepest part of `loc` present in `data`, or
+    its parent when that is null already (null is not allowed there); None at the top."""
+    path: list[str | int] = []
+    node: Any = data
+    for part in loc:
+        if isinstance(node, dict) and isinstance(part, str) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            node = node[part]
+        else:
+            break
+        path.append(part)
+    if path and node is None:
+        path.pop()
+    return tuple(path) if path else None
+
+
+def _set(data: dict[str, Any], path: tuple[str | int, ...], value: Any) -> None:
+    node: Any = data
+    for part in path[:-1]:
+        node = node[part]
+    node[path[-1]] = value
 
 
 def completed_ids(path: Path) -> set[str]:
@@ -224,22 +340,23 @@ def completed_ids(path: Path) -> set[str]:
         return set()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return {str(r["id"]) for r in read_records(path) if r.get("id") is not None}
+        return {record.id for record in read_results(path)}
 
 
 # --------------------------------------------------------------------------------- the frame
 
 
-def records_frame(records: list[dict]) -> pd.DataFrame:
+def records_frame(records: Iterable[ResultRecord | Mapping[str, Any]]) -> pd.DataFrame:
     """One row per record, flattened (see `COLUMNS`): configuration fields as top-level columns,
     status and error, timing (seconds), communication bytes (measured: max over ranks), memory
-    (peak: max over ranks), FLOP/s, accuracy, the source file's name and the scenario."""
-    rows = [_flatten(r) for r in records]
+    (peak: max over ranks), FLOP/s, accuracy, the source file's name and the scenario. A dict
+    goes through `parse_record` first (as `read_records` gives them, or built in memory)."""
+    rows = [_flatten(_typed(r)) for r in records]
     extra = sorted({k for row in rows for k in row} - set(COLUMNS))
     frame = pd.DataFrame(rows, columns=[*COLUMNS, *extra])
     for col in CONFIG_INT_COLUMNS:
         numbers = pd.to_numeric(frame[col], errors="coerce")
-        # A non-integral or out-of-range value in a hand-edited file becomes missing, not a crash.
+        # An out-of-range value in a hand-edited file becomes missing, not a crash.
         whole = numbers.where((numbers % 1 == 0) & (numbers.abs() < 2**62))
         frame[col] = whole.astype("Int64")
     for col in FLOAT_COLUMNS:
@@ -255,126 +372,112 @@ def records_frame(records: list[dict]) -> pd.DataFrame:
     return frame
 
 
-def _get(mapping: Any, *keys: str) -> Any:
-    for key in keys:
-        if not isinstance(mapping, Mapping):
-            return None
-        mapping = mapping.get(key)
-    return mapping
+def _typed(record: ResultRecord | Mapping[str, Any]) -> ResultRecord:
+    if isinstance(record, ResultRecord):
+        return record
+    data = {k: v for k, v in record.items() if k != SOURCE_KEY}
+    typed = parse_record(data, f"record {record.get('id')!r}")
+    source = record.get(SOURCE_KEY)
+    typed._source = source if isinstance(source, str) else None
+    return typed
 
 
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+def _max(values: Sequence[float | None] | None) -> float | None:
+    """The largest of the values that are known (max over ranks); None without any."""
+    known = [v for v in values or () if v is not None]
+    return float(max(known)) if known else None
+
+
+def _direction_mismatch(comm: CommSection | None, direction: Direction) -> bool | None:
+    """True when any rank's measured bytes of a direction differ from the analytic bytes;
+    None when the record lacks either number."""
+    if comm is None:
         return None
-    return float(value)
-
-
-def _max_over_ranks(value: Any) -> float | None:
-    if isinstance(value, (list, tuple)):
-        numbers = [n for n in (_number(v) for v in value) if n is not None]
-        return max(numbers) if numbers else None
-    return _number(value)
-
-
-def _rank_list(value: Any) -> list[float] | None:
-    if not isinstance(value, (list, tuple)) or not value:
-        return None
-    numbers = [_number(v) for v in value]
-    if any(n is None for n in numbers):
-        return None
-    return [float(n) for n in numbers if n is not None]
-
-
-def _direction_mismatch(comm: Any, direction: str) -> bool | None:
-    """True when any rank's measured bytes of a direction (fwd/bwd) differ from the analytic
-    bytes; None when the record lacks either number."""
-    expected = _number(_get(comm, "analytic_bytes", direction))
-    got = _get(comm, "measured_bytes", direction)
+    expected = comm.analytic_bytes.get(direction)
+    got = comm.measured_bytes.get(direction)
     if expected is None or got is None:
         return None
-    values = got if isinstance(got, (list, tuple)) else [got]
-    return any(_number(v) != expected for v in values)
+    return any(v != expected for v in got)
 
 
-def _mismatch(comm: Any) -> bool | None:
+def _mismatch(comm: CommSection | None) -> bool | None:
     """True when any rank's measured bytes differ from the analytic bytes in a direction (or
     the record says they do not match); None when the record has no communication counts."""
     flags = [_direction_mismatch(comm, d) for d in ("fwd", "bwd")]
-    match = _get(comm, "match")
-    if isinstance(match, bool):
+    match = comm.match if comm is not None else None
+    if match is not None:
         return any(f is True for f in flags) or not match
     known = [f for f in flags if f is not None]
     return any(known) if known else None
 
 
-def _flatten(record: Mapping[str, Any]) -> dict[str, Any]:
-    config = record.get("config") if isinstance(record.get("config"), Mapping) else {}
-    timing = record.get("timing") if isinstance(record.get("timing"), Mapping) else {}
-    comm = record.get("comm") if isinstance(record.get("comm"), Mapping) else {}
-    memory = record.get("memory") if isinstance(record.get("memory"), Mapping) else {}
-    flops = record.get("flops") if isinstance(record.get("flops"), Mapping) else {}
-    accuracy = record.get("accuracy") if isinstance(record.get("accuracy"), Mapping) else {}
-    env = record.get("environment") if isinstance(record.get("environment"), Mapping) else {}
+def _flatten(record: ResultRecord) -> dict[str, Any]:
+    config, timing, comm = record.config, record.timing, record.comm
+    memory, flops, accuracy, env = record.memory, record.flops, record.accuracy, record.environment
 
     row: dict[str, Any] = {}
-    for key, value in config.items():
-        if key not in COLUMNS or key in CONFIG_INT_COLUMNS or key in _CONFIG_TEXT:
-            row[key] = value
+    if config is not None:
+        for key, value in config.model_dump(mode="json").items():
+            if key not in COLUMNS or key in CONFIG_INT_COLUMNS or key in _CONFIG_TEXT:
+                row[key] = value
+        row["mesh"] = f"U{config.ulysses}xR{config.ring}"
+    else:
+        row.update(mesh=None, phase=timing.phase if timing is not None else None)
     row.update(
-        id=record.get("id"),
-        source=record.get(SOURCE_KEY),
-        scenario=record.get("scenario"),
-        timestamp=record.get("timestamp"),
-        status=record.get("status"),
-        error=record.get("error"),
-        schema_version=record.get("schema_version"),
+        id=record.id,
+        source=record.source,
+        scenario=record.scenario,
+        timestamp=record.timestamp,
+        status=record.status,
+        error=record.error,
+        schema_version=record.schema_version,
     )
-    if row.get("phase") is None:
-        row["phase"] = timing.get("phase")
-    if config and row.get("impl") is None:
-        row["impl"] = "cpbench"  # records written before the impl axis are cpbench's own
-    u, r = config.get("ulysses"), config.get("ring")
-    row["mesh"] = f"U{u}xR{r}" if u is not None and r is not None else None
-
-    analytic = comm.get("analytic_bytes") if isinstance(comm.get("analytic_bytes"), Mapping) else {}
-    measured = comm.get("measured_bytes") if isinstance(comm.get("measured_bytes"), Mapping) else {}
-    peak = _max_over_ranks(memory.get("peak_bytes"))
-    devices = env.get("devices")
-    row.update(
-        median_s=_number(timing.get("median")),
-        p10_s=_number(timing.get("p10")),
-        p90_s=_number(timing.get("p90")),
-        compute_only_s=_number(timing.get("compute_only")),
-        comm_only_s=_number(timing.get("comm_only")),
-        exposed_comm_s=_number(timing.get("exposed_comm")),
-        overlap=_number(timing.get("overlap")),
-        analytic_fwd_bytes=_number(analytic.get("fwd")),
-        analytic_bwd_bytes=_number(analytic.get("bwd")),
-        measured_fwd_bytes=_max_over_ranks(measured.get("fwd")),
-        measured_bwd_bytes=_max_over_ranks(measured.get("bwd")),
-        busbw_GBps=_number(comm.get("achieved_busbw_GBps", comm.get("achieved_algbw_GBps"))),
-        peak_bytes=peak,
-        analytic_peak_bytes=_number(memory.get("analytic_peak_bytes")),
-        rss_peak_bytes=_max_over_ranks(memory.get("rss_peak_bytes")),
-        flops_global=_number(flops.get("global")),
-        achieved_tflops=_number(flops.get("achieved_tflops")),
-        achieved_tflops_per_rank=_number(flops.get("achieved_tflops_per_rank")),
-        max_abs_error=_number(accuracy.get("max_abs_error")),
-        per_rank_median_s=_rank_list(timing.get("per_rank_median")),
-        compute_only_per_rank_s=_rank_list(timing.get("compute_only_per_rank")),
-        comm_match=comm.get("match") if isinstance(comm.get("match"), bool) else None,
-        comm_mismatch=_mismatch(comm),
-        comm_fwd_mismatch=_direction_mismatch(comm, "fwd"),
-        comm_bwd_mismatch=_direction_mismatch(comm, "bwd"),
-        memory_source=memory.get("source"),
-        accuracy_passed=(
-            accuracy.get("passed") if isinstance(accuracy.get("passed"), bool) else None
-        ),
-        devices=", ".join(map(str, devices)) if isinstance(devices, list) else devices,
-    )
-    if row.get("impl") not in (None, "cpbench") and comm.get("match") is None:
-        # An external library's bytes next to cpbench's model: no verdict (cpbench.app.sweep).
-        row.update(comm_mismatch=None, comm_fwd_mismatch=None, comm_bwd_mismatch=None)
+    if timing is not None:
+        row.update(
+            median_s=timing.median,
+            p10_s=timing.p10,
+            p90_s=timing.p90,
+            compute_only_s=timing.compute_only,
+            comm_only_s=timing.comm_only,
+            exposed_comm_s=timing.exposed_comm,
+            overlap=timing.overlap,
+            per_rank_median_s=list(timing.per_rank_median or ()) or None,
+            compute_only_per_rank_s=list(timing.compute_only_per_rank or ()) or None,
+        )
+    if comm is not None:
+        row.update(
+            analytic_fwd_bytes=comm.analytic_bytes.get("fwd"),
+            analytic_bwd_bytes=comm.analytic_bytes.get("bwd"),
+            measured_fwd_bytes=_max(comm.measured_bytes.get("fwd")),
+            measured_bwd_bytes=_max(comm.measured_bytes.get("bwd")),
+            busbw_GBps=comm.achieved_busbw_GBps,
+            comm_match=comm.match,
+        )
+    if memory is not None:
+        row.update(
+            peak_bytes=_max(memory.peak_bytes),
+            analytic_peak_bytes=memory.analytic_peak_bytes,
+            rss_peak_bytes=_max(memory.rss_peak_bytes),
+            memory_source=memory.source,
+        )
+    if flops is not None:
+        row.update(
+            flops_global=flops.global_flops,
+            achieved_tflops=flops.achieved_tflops,
+            achieved_tflops_per_rank=flops.achieved_tflops_per_rank,
+        )
+    if accuracy is not None:
+        row.update(max_abs_error=accuracy.max_abs_error, accuracy_passed=accuracy.passed)
+    devices = env.devices if env is not None else None
+    row["devices"] = ", ".join(devices) if devices is not None else None
+    external = config is not None and config.impl != "cpbench"
+    if not (external and comm is not None and comm.match is None):
+        # An external library's bytes next to cpbench's model get no verdict (cpbench.app.sweep).
+        row.update(
+            comm_mismatch=_mismatch(comm),
+            comm_fwd_mismatch=_direction_mismatch(comm, "fwd"),
+            comm_bwd_mismatch=_direction_mismatch(comm, "bwd"),
+        )
     for key in FLOAT_COLUMNS:
         value = row.get(key)
         if isinstance(value, float) and math.isinf(value):
