@@ -12,13 +12,13 @@ GB = 1e9
 MISSING = "-"
 
 
-def format_bytes(value: float | None, digits: int = 2) -> str:
-    """Bytes with a binary unit: 1536 -> '1.50 KiB'; None -> '-'."""
+def format_bytes(value: float | None, spec: str = ".2f") -> str:
+    """Bytes with a binary unit: 1536 -> '1.50 KiB' (`spec` ".3g": '1.5 KiB'); None -> '-'."""
     if value is None:
         return MISSING
     for unit, size in (("TiB", 1024**4), ("GiB", GIB), ("MiB", MIB), ("KiB", 1024)):
         if abs(value) >= size:
-            return f"{value / size:.{digits}f} {unit}"
+            return f"{value / size:{spec}} {unit}"
     return f"{value:.0f} B"
 
 

@@ -30,7 +30,7 @@ from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescap
 from markupsafe import Markup
 from plotly.offline import get_plotlyjs
 
-from cpbench import __version__
+from cpbench import __version__, units
 from cpbench.app.report import (
     NO_PROFILE_NOTE,
     ComparisonData,
@@ -166,11 +166,7 @@ def format_bytes(value: Any) -> str:
     """1536 -> '1.5 KiB' (binary units), '' for missing."""
     if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
         return ""
-    v = float(value)
-    for unit, size in (("GiB", 1024.0**3), ("MiB", 1024.0**2), ("KiB", 1024.0)):
-        if abs(v) >= size:
-            return f"{v / size:.3g} {unit}"
-    return f"{v:.0f} B"
+    return units.format_bytes(float(value), ".3g")
 
 
 # ------------------------------------------------------------------------------------ tables
