@@ -1,0 +1,208 @@
+"""Rank every U x R x layout candidate of the CP degree with the cost model (calibrated on
+measurements when results files are given; measured candidates ranked by measurement)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from cpbench.app.recommend.explain import _no_winner, explain
+from cpbench.app.recommend.frameworks import framework_settings
+from cpbench.app.recommend.parallel import (
+    ParallelSizes,
+    _check_positive,
+    divisors,
+    solve_parallel_sizes,
+)
+from cpbench.app.recommend.types import (
+    DEFAULT_HARDWARE,
+    RankedCandidate,
+    Recommendation,
+    RecommendRequest,
+    Rejection,
+    layout_label,
+    rank_key,
+)
+from cpbench.config.constraints import AttentionShape, check_mesh
+from cpbench.config.vocabulary import LAYOUTS
+from cpbench.errors import CpbenchError
+from cpbench.model.calibrate import (
+    Measurement,
+    calibrate,
+    default_prior_name,
+    measurements_from_records,
+)
+from cpbench.model.cost import MeshCandidate, check_phase, predict
+from cpbench.model.formulas import canonical_dtype
+from cpbench.model.hardware import HardwareProfile, load_profile
+from cpbench.results.store import read_records
+
+
+def load_results(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
+    """Records of JSONL results files (cpbench.results.store: a torn last line is skipped, a
+    malformed line elsewhere is a CpbenchError naming the file and line)."""
+    return read_records([Path(p) for p in paths])
+
+
+
+
+
+
+def recommend(request: RecommendRequest) -> Recommendation:
+    """Rank every U x R x layout candidate of the CP degree; see the module docstring."""
+    _check_request(request)
+    AttentionShape(
+        request.seq_len, request.heads, request.kv_heads, request.head_dim, request.batch
+    )
+    sizes = solve_parallel_sizes(
+        request.gpus, request.tp, request.pp, request.cp, request.batch, request.grad_accum
+    )
+    shape = _tp_shape(request)
+    records = load_results(request.results) if request.results else []
+    measurements = measurements_from_records(records)
+    profile = _profile_for(request, measurements)
+    calibration = None
+    if measurements:
+        calibration = calibrate(measurements, profile, files=request.results)
+        profile = calibration.profile
+    per_node = request.gpus_per_node or profile.devices_per_node
+    _check_nodes(request.gpus, per_node)
+    ranked, rejected = _evaluate(request, sizes, shape, profile, per_node, measurements)
+    frameworks = framework_settings(ranked, sizes) if ranked else ()
+    return Recommendation(
+        request=request,
+        profile=profile,
+        sizes=sizes,
+        shape=shape,
+        gpus_per_node=per_node,
+        ranked=tuple(ranked),
+        rejected=tuple(rejected),
+        explanation=explain(ranked, profile) if ranked else _no_winner(rejected),
+        frameworks=frameworks,
+        calibration=calibration,
+    )
+
+
+def _check_request(request: RecommendRequest) -> None:
+    check_phase(request.phase)
+    if request.top < 0:
+        raise CpbenchError(f"top must be >= 0 (0 lists all), got {request.top}")
+    if request.gpus_per_node is not None:
+        _check_positive("gpus per node", request.gpus_per_node)
+    canonical_dtype(request.dtype)
+
+
+def _check_nodes(gpus: int, per_node: int) -> None:
+    if gpus > per_node and gpus % per_node:
+        raise CpbenchError(
+            f"gpus ({gpus}) must be a multiple of gpus per node ({per_node}) when they span nodes"
+        )
+
+
+def _tp_shape(request: RecommendRequest) -> AttentionShape:
+    """The attention problem of one TP rank: Megatron splits query heads and KV heads by TP."""
+    tp = request.tp
+    if request.heads % tp or request.kv_heads % tp:
+        raise CpbenchError(
+            f"TP ({tp}) must divide heads ({request.heads}) and kv_heads ({request.kv_heads}): "
+            f"tensor parallelism gives each TP rank heads / TP query and KV heads"
+        )
+    return AttentionShape(
+        request.seq_len,
+        request.heads // tp,
+        request.kv_heads // tp,
+        request.head_dim,
+        request.batch,
+    )
+
+
+def _profile_for(request: RecommendRequest, measurements: Sequence[Measurement]) -> HardwareProfile:
+    if request.hardware:
+        return load_profile(request.hardware)
+    if measurements:
+        return load_profile(default_prior_name(measurements))
+    return load_profile(DEFAULT_HARDWARE)
+
+
+def _candidate_layouts(ring: int, causal: bool) -> tuple[str, ...]:
+    """Layouts worth comparing: all with a causal ring; one otherwise (they cost the same)."""
+    return LAYOUTS if causal and ring > 1 else ("contiguous",)
+
+
+def _evaluate(
+    request: RecommendRequest,
+    sizes: ParallelSizes,
+    shape: AttentionShape,
+    profile: HardwareProfile,
+    per_node: int,
+    measurements: Sequence[Measurement],
+) -> tuple[list[RankedCandidate], list[Rejection]]:
+    ranked: list[RankedCandidate] = []
+    mesh_rules: dict[tuple[int, int, str], list[str]] = {}
+    memory: list[Rejection] = []
+    for ulysses in divisors(sizes.cp):
+        ring = sizes.cp // ulysses
+        for layout in _candidate_layouts(ring, request.causal):
+            feasibility = check_mesh(shape, ulysses, ring, layout)
+            if not feasibility.ok:
+                key = (ulysses, ring, feasibility.reason or "infeasible")
+                label = layout if request.causal and ring > 1 else "any"
+                mesh_rules.setdefault(key, []).append(label)
+                continue
+            candidate = MeshCandidate(
+                shape, ulysses, ring, layout, request.dtype, request.causal, None, request.phase
+            )
+            prediction = predict(candidate, profile, per_node, rank_stride=sizes.tp)
+            rule = prediction.memory_rule()
+            if rule is not None:
+                memory.append(Rejection(ulysses, ring, (layout_label(prediction),), rule, "memory"))
+                continue
+            measured = _matching_measurement(candidate, measurements)
+            ranked.append(
+                RankedCandidate(
+                    prediction,
+                    measured.median_s if measured else None,
+                    measured.record_id if measured else None,
+                )
+            )
+    ranked.sort(key=rank_key)
+    rejected = [
+        Rejection(u, r, tuple(layouts), rule, "mesh")
+        for (u, r, rule), layouts in mesh_rules.items()
+    ]
+    return ranked, rejected + _merge_memory_rejections(memory)
+
+
+def _merge_memory_rejections(rejections: Sequence[Rejection]) -> list[Rejection]:
+    """One row per mesh: its layouts need the same memory (their longest sequences differ
+    only by the layout's divisor); the row keeps the first layout's rule."""
+    merged: dict[tuple[int, int], Rejection] = {}
+    for r in rejections:
+        key = (r.ulysses, r.ring)
+        first = merged.get(key)
+        merged[key] = (
+            r
+            if first is None
+            else Rejection(r.ulysses, r.ring, first.layouts + r.layouts, first.rule, r.kind)
+        )
+    return list(merged.values())
+
+
+def _matching_measurement(
+    candidate: MeshCandidate, measurements: Sequence[Measurement]
+) -> Measurement | None:
+    """The measurement of this configuration (R = 1 or no mask: any layout matches)."""
+    layout_matters = candidate.causal and candidate.ring > 1
+    for m in measurements:
+        c = m.candidate
+        if (
+            c.shape == candidate.shape
+            and (c.ulysses, c.ring) == (candidate.ulysses, candidate.ring)
+            and (c.layout == candidate.layout or not layout_matters)
+            and canonical_dtype(c.dtype) == canonical_dtype(candidate.dtype)
+            and c.causal == candidate.causal
+            and c.phase == candidate.phase
+        ):
+            return m
+    return None

@@ -1,0 +1,179 @@
+"""What a recommendation is asked and what it answers: the request, ranked candidates,
+rejections, framework settings and the recommendation itself."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cpbench.app.recommend.parallel import ParallelSizes
+from cpbench.config.constraints import AttentionShape
+from cpbench.config.vocabulary import Phase
+from cpbench.model.calibrate import (
+    CalibrationResult,
+)
+from cpbench.model.cost import Prediction
+from cpbench.model.hardware import HardwareProfile
+
+DEFAULT_HARDWARE = "h100-sxm"
+TIME_CONVENTION = (
+    "times are per attention layer and micro-batch on the slowest rank; "
+    "compute = kernel time at perfect balance; imbalance = extra time of the busiest rank per "
+    "ring step; exposed comm = communication not hidden behind compute"
+)
+
+
+
+
+
+
+@dataclass(frozen=True)
+class RecommendRequest:
+    """What `cpbench recommend` is asked."""
+
+    heads: int
+    """Query heads of the model."""
+    kv_heads: int
+    """KV heads of the model."""
+    seq_len: int = 131072
+    """Global sequence length."""
+    head_dim: int = 128
+    """Head dimension."""
+    batch: int = 1
+    """Micro-batch (sequences per step of one data-parallel rank)."""
+    gpus: int = 8
+    """GPUs in total."""
+    gpus_per_node: int | None = None
+    """Devices per node; None = the hardware profile's."""
+    hardware: str | None = None
+    """Profile name or TOML path; None = h100-sxm (cpu-local when all results are CPU runs)."""
+    dtype: str = "bfloat16"
+    """Activation dtype."""
+    causal: bool = True
+    """Causal mask."""
+    tp: int = 1
+    """Tensor-parallel size (splits the heads before CP)."""
+    pp: int = 1
+    """Pipeline-parallel size."""
+    cp: int | None = None
+    """Context-parallel size; None = gpus / (TP x PP)."""
+    grad_accum: int = 1
+    """Micro-batches per optimizer step (global batch formula)."""
+    phase: Phase = "fwd+bwd"
+    """Rank by the forward step, or forward+backward (training)."""
+    results: tuple[str, ...] = ()
+    """Results files: calibrate the profile on them, rank measured configurations by their
+    measurement."""
+    top: int = 10
+    """Feasible candidates to list (0 = all)."""
+
+
+@dataclass(frozen=True)
+class RankedCandidate:
+    """A feasible candidate with its prediction and, when measured, its measurement."""
+
+    prediction: Prediction
+    """The (calibrated) model's prediction."""
+    measured_s: float | None = None
+    """Measured step time (results record median) when this configuration was measured."""
+    record_id: str | None = None
+    """Id of the record measured."""
+
+    @property
+    def time_s(self) -> float:
+        """What it is ranked by: the measurement when there is one, else the prediction."""
+        return self.measured_s if self.measured_s is not None else self.prediction.step_s
+
+    @property
+    def source(self) -> str:
+        """measured or model."""
+        return "measured" if self.measured_s is not None else "model"
+
+    @property
+    def label(self) -> str:
+        """`U x R layout`."""
+        c = self.prediction.config
+        return f"{c.ulysses}x{c.ring} {layout_label(self.prediction)}"
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A candidate that cannot run, with the rule that rejects it."""
+
+    ulysses: int
+    """U."""
+    ring: int
+    """R."""
+    layouts: tuple[str, ...]
+    """Layouts the rule rejects."""
+    rule: str
+    """The rule with the numbers (check_mesh's reason, or the memory rule)."""
+    kind: str
+    """mesh or memory."""
+
+
+@dataclass(frozen=True)
+class FrameworkSetting:
+    """How to run the winner (or the closest thing) in one framework."""
+
+    framework: str
+    """Megatron-LM, DeepSpeed, yunchang or torchtitan."""
+    expressible: bool
+    """Whether the framework can express the winning mesh and layout."""
+    settings: str
+    """Flags, config keys or code."""
+    note: str
+    """What to watch out for, or what the framework runs instead."""
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """The answer of `recommend`."""
+
+    request: RecommendRequest
+    """The question."""
+    profile: HardwareProfile
+    """The profile used (calibrated when results were given)."""
+    sizes: ParallelSizes
+    """TP x CP x PP x DP."""
+    shape: AttentionShape
+    """The attention problem of one TP rank (heads / TP)."""
+    gpus_per_node: int
+    """Devices per node used for placement."""
+    ranked: tuple[RankedCandidate, ...]
+    """Feasible candidates, fastest first (all of them)."""
+    rejected: tuple[Rejection, ...]
+    """Infeasible candidates with their rules."""
+    explanation: str
+    """One paragraph on the winner."""
+    frameworks: tuple[FrameworkSetting, ...]
+    """Settings per framework."""
+    calibration: CalibrationResult | None
+    """The calibration done on the results, if any."""
+
+    @property
+    def winner(self) -> RankedCandidate | None:
+        """The fastest feasible candidate."""
+        return self.ranked[0] if self.ranked else None
+
+
+def layout_label(prediction: Prediction) -> str:
+    """The layout, or `any` when it cannot matter (R = 1, or no causal mask)."""
+    if prediction.config.ring == 1 or not prediction.candidate.causal:
+        return "any"
+    return prediction.config.layout
+
+
+LAYOUT_PREFERENCE = {"zigzag": 0, "striped": 1, "contiguous": 2}
+"""Among equal times prefer zigzag: every framework that load-balances uses it."""
+
+
+def rank_key(r: RankedCandidate) -> tuple[float, int, int, int]:
+    """Time (to 4 significant digits, so float noise cannot reorder ties), then layout
+    preference, memory, and the larger Ulysses degree."""
+    p = r.prediction
+    return (
+        float(f"{r.time_s:.4g}"),
+        LAYOUT_PREFERENCE[p.config.layout],
+        p.memory_bytes,
+        -p.config.ulysses,
+    )
