@@ -163,3 +163,20 @@ def test_run_kv_heads_defaults_to_heads(tmp_path: Path) -> None:
     (record,) = read_records(out)
     assert (record["config"]["heads"], record["config"]["kv_heads"]) == (4, 4)
     assert record["status"] == "ok"
+
+
+def test_the_command_line_starts_without_the_heavy_libraries() -> None:
+    """`cpbench --help` and argument errors stay fast (~0.2 s): registering the commands
+    imports neither torch nor the numeric and report libraries (each command imports what it
+    needs when it runs). scipy alone made start-up 1.2 s once."""
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    heavy = ("torch", "scipy", "pandas", "plotly", "numpy", "jinja2")
+    probe = (
+        "import sys, cpbench.cli.main; "
+        f"print(','.join(m for m in {heavy!r} if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=60, check=True)
+    assert done.stdout.strip() == ""

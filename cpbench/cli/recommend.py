@@ -10,8 +10,7 @@ from typing import Annotated
 import typer
 
 from cpbench.cli.common import command, console
-from cpbench.config.vocabulary import Phase
-from cpbench.model.calibrate import Split
+from cpbench.config.vocabulary import Phase, Split
 from cpbench.render import recommend as render
 
 HardwareOption = Annotated[

@@ -52,3 +52,7 @@ YUNCHANG_RING_IMPL_TYPES: dict[str, str] = {
     "striped": "strip",
 }
 """yunchang's `ring_impl_type` for each `Layout` (its name for the same token order)."""
+
+Split = Literal["stratified", "random"]
+"""How `cpbench validate --holdout` splits measurements into calibration and test halves."""
+SPLITS: tuple[Split, ...] = get_args(Split)

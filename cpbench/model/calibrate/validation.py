@@ -6,8 +6,9 @@ import math
 import random
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Literal, get_args
+from typing import Any
 
+from cpbench.config.vocabulary import SPLITS, Split
 from cpbench.errors import CpbenchError
 from cpbench.model.calibrate.fit import calibrate, calibration_summary
 from cpbench.model.calibrate.measurements import Measurement, as_measurements
@@ -16,8 +17,6 @@ from cpbench.model.hardware import HardwareProfile
 
 TIE = 1e-6
 """Relative difference under which two predictions are a tie."""
-Split = Literal["stratified", "random"]
-SPLITS: tuple[str, ...] = get_args(Split)
 
 
 def validation_rows(
