@@ -19,8 +19,11 @@ class RunFailure(RuntimeError):
 
 
 EXIT_OK = 0
+"""Everything ran and every result is right."""
 EXIT_WRONG_RESULT = 1
 """A result failed its reference check, measured bytes differ from the analytic bytes, or the run
 itself failed (`RunFailure`)."""
 EXIT_BAD_INPUT = 2
 """`CpbenchError`, or a usage error (unknown option, a value of the wrong type)."""
+EXIT_INTERRUPTED = 130
+"""Ctrl-C (128 + SIGINT): every record finished so far is kept."""

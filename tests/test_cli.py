@@ -70,7 +70,7 @@ def test_verify_json_world_size_2() -> None:
     ],
 )
 def test_console_entry_point_usage_errors_are_one_line(args: list[str], message: str) -> None:
-    """The installed `cpbench` (cpbench.cli:main): usage errors too are one line, exit 2."""
+    """The installed `cpbench` (`cpbench.cli.main:main`): usage errors too are one line, exit 2."""
     import subprocess  # noqa: PLC0415
     import sys  # noqa: PLC0415
 

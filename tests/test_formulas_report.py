@@ -10,8 +10,9 @@ from rich.console import Console
 from rich.table import Table
 
 from cpbench.app.formulas import formulas_report
+from cpbench.config.vocabulary import PASSES
 from cpbench.errors import CpbenchError
-from cpbench.model.formulas import PHASES, comm_volume, config_from_sizes, evaluate_formula
+from cpbench.model.formulas import comm_volume, config_from_sizes, evaluate_formula
 from cpbench.render.formulas import render_formulas
 from cpbench.units import format_bytes, format_count
 
@@ -55,7 +56,7 @@ def test_report_numbers_match_the_model_and_the_formulas(usp_report: dict) -> No
     config = config_from_sizes(262144, 32, 8, 128, ulysses=4, ring=2, layout="zigzag")
     volume = comm_volume(config)
     comm = usp_report["communication"]
-    for phase in PHASES:
+    for phase in PASSES:
         assert comm[phase]["bytes_per_rank"] == volume.bytes_sent(phase)
         assert comm[phase]["global_bytes"] == 8 * volume.bytes_sent(phase)
         for stage in comm[phase]["stages"]:
@@ -63,7 +64,7 @@ def test_report_numbers_match_the_model_and_the_formulas(usp_report: dict) -> No
             for c in stage["collectives"]:
                 assert evaluate_formula(c["substituted"], {}) == c["elements_sent"]
                 assert evaluate_formula(c["bytes_substituted"], {}) == c["bytes_sent"]
-    assert comm["forward_backward"]["bytes_per_rank"] == sum(volume.bytes_sent(p) for p in PHASES)
+    assert comm["forward_backward"]["bytes_per_rank"] == sum(volume.bytes_sent(p) for p in PASSES)
     nccl = {(r["phase"], r["name"]): r for r in usp_report["nccl_tests"]["collectives"]}
     # a2a_q hands in B*S*h*d_h = 32768*32*128 elements * 2 B = 256 MiB; busbw factor 3/4
     assert nccl["forward", "a2a_q"]["size_bytes"] == 256 * 2**20

@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cpbench.config.constraints import LAYOUTS, required_kv_replication, seq_divisor
+from cpbench.config.vocabulary import PASSES
 from cpbench.errors import CpbenchError
 from cpbench.model.formulas import (
-    PHASES,
     CpConfig,
     algbw,
     bandwidths,
@@ -68,7 +68,7 @@ def configs(draw: st.DrawFn, max_ring: int = 8) -> CpConfig:
 def test_every_symbolic_formula_evaluates_to_its_number(config: CpConfig) -> None:
     symbols = config.symbols()
     volume = comm_volume(config)
-    for phase in PHASES:
+    for phase in PASSES:
         for stage in volume.stages(phase):
             assert evaluate_formula(stage.formula, symbols) == stage.elements_sent
             assert evaluate_formula(stage.bytes_formula, symbols) == stage.bytes_sent
@@ -86,7 +86,7 @@ def test_every_symbolic_formula_evaluates_to_its_number(config: CpConfig) -> Non
 @given(configs())
 def test_stage_functions_agree_with_collectives(config: CpConfig) -> None:
     volume = comm_volume(config)
-    for phase in PHASES:
+    for phase in PASSES:
         by_stage = {s.stage: s for s in volume.stages(phase)}
         ulysses = by_stage.get("ulysses")
         ring = by_stage.get("ring")
@@ -166,7 +166,7 @@ def test_gqa_reduces_only_the_kv_terms(config: CpConfig) -> None:
     mha = cp_config(mha_shape, config.ulysses, config.ring, config.layout, config.dtype)
     ratio = Fraction(config.kv_replication * s.kv_heads, s.heads)
     gqa_volume, mha_volume = comm_volume(config), comm_volume(mha)
-    for phase in PHASES:
+    for phase in PASSES:
         mha_by_name = {c.name: c for c in mha_volume.collectives(phase)}
         for c in gqa_volume.collectives(phase):
             reference = mha_by_name[c.name]
@@ -190,7 +190,7 @@ def test_backward_mirrors_forward(config: CpConfig) -> None:
     for layout in LAYOUTS:
         if config.shape.seq_len % seq_divisor(config.ulysses, config.ring, layout) == 0:
             other = cp_config(config.shape, config.ulysses, config.ring, layout, config.dtype)
-            for phase in PHASES:
+            for phase in PASSES:
                 assert comm_volume(other).bytes_sent(phase) == volume.bytes_sent(phase)
 
 
@@ -200,7 +200,7 @@ def test_sum_over_ranks_equals_global_total(config: CpConfig) -> None:
     """Count message by message over every rank: an all-to-all sends handed/U elements to each
     of the U-1 other ranks of its group; a ring hop sends the whole chunk to the next rank."""
     volume = comm_volume(config)
-    for phase in PHASES:
+    for phase in PASSES:
         counted = 0
         for _rank in range(config.world):
             for c in volume.collectives(phase):
@@ -301,7 +301,7 @@ def test_nccl_bandwidth_helpers() -> None:
 @FAST
 @given(configs(), st.floats(1e-6, 10.0))
 def test_busbw_times_time_is_the_bytes_sent_per_call(config: CpConfig, seconds: float) -> None:
-    for phase in PHASES:
+    for phase in PASSES:
         for c in comm_volume(config).collectives(phase):
             _, bus = bandwidths(c.bytes_per_call, seconds, c.kind, c.group_size)
             assert bus * seconds == pytest.approx(c.bytes_sent / c.calls, rel=1e-12)

@@ -1,7 +1,7 @@
 """Application service of `cpbench formulas`: every analytic number of one configuration.
 
-`formulas_report` returns a JSON-serialisable dict (the `--json` answer); `render_formulas`
-turns that dict into rich tables for people. The CLI is a thin wrapper around the two.
+`formulas_report` returns a JSON-serialisable dict (the `--json` answer);
+`cpbench.render.formulas.render_formulas` turns that dict into rich tables for people.
 """
 
 from __future__ import annotations
@@ -9,10 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 from cpbench.config.constraints import AttentionShape
-from cpbench.config.vocabulary import PASS_TOTALS, STEP_PASSES
+from cpbench.config.vocabulary import PASS_TOTALS, PASSES, STEP_PASSES
 from cpbench.model.flops import FLOPS_CONVENTION, FlopsBreakdown, flops_breakdown
 from cpbench.model.formulas import (
-    PHASES,
     CollectiveVolume,
     CommVolume,
     CpConfig,
@@ -169,7 +168,7 @@ def _stage(stage: StageVolume, symbols: dict[str, int]) -> dict[str, Any]:
 def _communication(volume: CommVolume) -> dict[str, Any]:
     symbols = volume.config.symbols()
     report: dict[str, Any] = {"convention": COUNTING_CONVENTION}
-    for phase in PHASES:
+    for phase in PASSES:
         report[phase] = {
             "stages": [_stage(s, symbols) for s in volume.stages(phase)],
             "elements_per_rank": volume.elements_sent(phase),
@@ -178,15 +177,15 @@ def _communication(volume: CommVolume) -> dict[str, Any]:
             "global_bytes": volume.global_bytes_sent(phase),
         }
     report["forward_backward"] = {
-        "bytes_per_rank": sum(volume.bytes_sent(p) for p in PHASES),
-        "global_bytes": sum(volume.global_bytes_sent(p) for p in PHASES),
+        "bytes_per_rank": sum(volume.bytes_sent(p) for p in PASSES),
+        "global_bytes": sum(volume.global_bytes_sent(p) for p in PASSES),
     }
     return report
 
 
 def _nccl_view(volume: CommVolume) -> dict[str, Any]:
     rows = []
-    for phase in PHASES:
+    for phase in PASSES:
         for c in volume.collectives(phase):
             factor = busbw_factor(c.kind, c.group_size)
             rows.append(

@@ -25,6 +25,7 @@ import pandas as pd
 
 from cpbench.errors import CpbenchError
 from cpbench.results.frame import PHASE_ORDER, compare_frame, ok_rows, with_variant
+from cpbench.results.schema import STATUSES
 from cpbench.results.store import read_records, records_frame
 
 __all__ = [
@@ -224,7 +225,8 @@ def summarize(records: Sequence[Mapping[str, Any]]) -> Summary:
             status: _group_reasons(
                 str(r.get("error") or "") for r in records if r.get("status") == status
             )
-            for status in ("failed", "skipped", "timeout")
+            for status in STATUSES
+            if status != "ok"
             if statuses.get(status)
         },
         devices=dict(devices),

@@ -23,7 +23,7 @@ from cpbench.bench.world import InProcessWorld, World, launched_by_torchrun
 from cpbench.config.bench import BenchConfig
 from cpbench.config.constraints import Feasibility
 from cpbench.config.impls import DEFAULT_IMPL
-from cpbench.config.vocabulary import Pass
+from cpbench.config.vocabulary import PHASE_PASSES, Pass
 from cpbench.errors import CpbenchError
 from cpbench.model.flops import FLOPS_CONVENTION, flops_breakdown
 from cpbench.model.formulas import comm_volume, config_from_sizes
@@ -150,9 +150,8 @@ def assemble_record(
     record.comm = _comm_section(config, per_rank, comm)
     if config.impl != DEFAULT_IMPL:
         _as_external(record.comm)
-    analytic_memory = memory_estimate(_model_config(config)).peak(
-        "forward_backward" if config.phase == "fwd+bwd" else "forward"
-    )
+    model_phase = PHASE_PASSES[config.phase]
+    analytic_memory = memory_estimate(_model_config(config)).peak(model_phase)
     record.memory = MemorySection(
         peak_bytes=[r["memory"]["peak_bytes"] for r in per_rank],
         source=per_rank[0]["memory"]["source"],
@@ -161,7 +160,6 @@ def assemble_record(
         analytic_peak_bytes=analytic_memory,
     )
     flops = flops_breakdown(config.shape, config.ulysses, config.ring, config.layout, config.causal)
-    model_phase = "forward_backward" if config.phase == "fwd+bwd" else "forward"
     total = flops.global_flops(model_phase)
     record.flops = FlopsSection(
         convention=FLOPS_CONVENTION,

@@ -26,11 +26,10 @@ from cpbench.bench.measure_impl import measure_external
 from cpbench.bench.memory import measure_peak_memory
 from cpbench.bench.reference import (
     TORCH_DTYPES,
-    _device,
     agreed,
-    check_seq_len,
     random_shards,
     reference_check,
+    torch_device,
 )
 from cpbench.bench.timing import time_iterations
 from cpbench.config.bench import BenchConfig
@@ -42,14 +41,14 @@ def measure_config(config_dict: dict[str, Any], settings: dict[str, Any]) -> dic
     `settings`: warmup, iters, check_max_seq_len. An external impl is measured through its
     adapter (`cpbench.bench.measure_impl`); cpbench's own path below is unchanged."""
     config = BenchConfig.from_dict(config_dict)
-    device = _device(config)
+    device = torch_device(config)
     if config.impl != "cpbench":
-        check_len = check_seq_len(config, settings["check_max_seq_len"])
+        check_len = config.check_seq_len(settings["check_max_seq_len"])
         return measure_external(config, settings, device, check_len)
     dtype = TORCH_DTYPES[config.dtype]
     mesh = build_mesh(config.ulysses, config.ring)
     kernel = select_kernel(device, dtype, config.backend)
-    check_len = check_seq_len(config, settings["check_max_seq_len"])
+    check_len = config.check_seq_len(settings["check_max_seq_len"])
     accuracy = agreed(lambda: reference_check(config, check_len, device), device)
 
     backward = config.phase == "fwd+bwd"

@@ -4,7 +4,6 @@ with the float64 single-process reference (output and dQ/dK/dV)."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
@@ -13,7 +12,6 @@ import torch
 import torch.distributed as dist
 
 from cpbench.config.bench import BenchConfig, VerifyCase
-from cpbench.config.constraints import seq_divisor
 from cpbench.config.impls import DEFAULT_IMPL, check_impl
 from cpbench.config.tolerances import TOLERANCE, allowed_error
 from cpbench.config.vocabulary import DTYPES
@@ -135,20 +133,19 @@ def run_cases_on_rank(cases: list[VerifyCase], device: str = "cpu") -> list[dict
         try:
             out.append(run_case_on_rank(case, dev))
         except CpbenchError as exc:  # deterministic on every rank: no collective is left open
-            out.append({**asdict(case), "label": case.label, "passed": False, "error": str(exc)})
+            out.append(
+                {
+                    **asdict(case),
+                    "scheme": case.scheme,
+                    "label": case.label,
+                    "passed": False,
+                    "error": str(exc),
+                }
+            )
     return out
 
 
-def check_seq_len(config: BenchConfig, cap: int) -> int:
-    """The length the reference check runs at: min(L, cap) rounded down to a valid length
-    (TransformerEngine also needs 2P equal chunks)."""
-    divisor = seq_divisor(config.ulysses, config.ring, config.layout)
-    if config.impl.startswith("transformer_engine"):
-        divisor = math.lcm(divisor, 2 * config.world_size)
-    return max(divisor, min(config.seq_len, cap) // divisor * divisor)
-
-
-def _device(config: BenchConfig) -> torch.device:
+def torch_device(config: BenchConfig) -> torch.device:
     if config.device == "cuda":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")

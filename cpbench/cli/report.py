@@ -1,4 +1,4 @@
-"""`cpbench report` command(s): thin typer wrappers registered on cpbench.cli.app."""
+"""`cpbench report` command(s): thin typer wrappers registered on `cpbench.cli.common.app`."""
 
 from __future__ import annotations
 

@@ -4,16 +4,17 @@ with a progress bar while it runs and a results table at the end."""
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from cpbench.cli.common import command, console, resolve_device
+from cpbench.cli.common import command, console, err_console, resolve_device
 from cpbench.config.impls import IMPL_HELP, Impl
 from cpbench.config.vocabulary import DEFAULT_DTYPE, Backend, CliDevice, Dtype, Layout, Phase
-from cpbench.errors import EXIT_WRONG_RESULT, CpbenchError
+from cpbench.errors import EXIT_INTERRUPTED, EXIT_WRONG_RESULT, CpbenchError
 from cpbench.render.tables import results_table
 
 
@@ -60,7 +61,8 @@ def _run_and_report(
     `cpbench run`, when its one configuration failed or timed out)."""
     import torch  # noqa: PLC0415
 
-    from cpbench.app.sweep import default_output, launched_by_torchrun, run_sweep  # noqa: PLC0415
+    from cpbench.app.sweep import default_output, run_sweep  # noqa: PLC0415
+    from cpbench.bench.world import launched_by_torchrun  # noqa: PLC0415
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     dev, n = spec.resolve(device, gpus)
@@ -77,7 +79,7 @@ def _run_and_report(
         raise CpbenchError(f"--world-size ({world_size}) must be at least 1")
     path = out or default_output(spec)
     points = spec.expand(dev, n)
-    quiet = launched_by_torchrun() and int(__import__("os").environ.get("RANK", "0")) != 0
+    quiet = launched_by_torchrun() and int(os.environ.get("RANK", "0")) != 0
     progress = Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -120,7 +122,7 @@ def _run_and_report(
     )
     if result.interrupted:
         console.print("[yellow]interrupted: every configuration finished so far is saved[/]")
-        raise typer.Exit(130)
+        raise typer.Exit(EXIT_INTERRUPTED)
     for reason, ids in wrong.items():
         console.print(
             f"[bold red]FAILED: {reason} for {len(ids)} configuration"
@@ -129,14 +131,21 @@ def _run_and_report(
         )
     if wrong:
         raise typer.Exit(EXIT_WRONG_RESULT)
-    if single and any(r["status"] != "ok" for r in result.records):
-        raise typer.Exit(EXIT_WRONG_RESULT)  # `cpbench run`: its one configuration did not run
+    not_run = [r for r in result.records if r["status"] != "ok"] if single else []
+    for r in not_run:  # `cpbench run`: its one configuration did not run
+        err_console.print(
+            f"cpbench: failed: {r['status']}: {r['error']}", markup=False, highlight=False
+        )
+    if not_run:
+        raise typer.Exit(EXIT_WRONG_RESULT)
 
 
 def wrong_results(records: list[dict[str, Any]]) -> dict[str, list[str]]:
     """Ids of the records whose result is wrong, by reason: a failed reference check, or
     measured bytes that differ from the analytic bytes. A configuration that crashed, ran out of
-    memory or timed out measured nothing wrong: it is recorded, and the sweep still passes."""
+    memory or timed out measured nothing wrong: it is recorded, and the sweep still passes.
+    Only the records of this invocation count: those already in the file (`--resume`) were
+    judged by the run that wrote them."""
     wrong: dict[str, list[str]] = {}
     for r in records:
         accuracy, comm = r.get("accuracy") or {}, r.get("comm") or {}

@@ -10,6 +10,7 @@ import typer
 from cpbench.cli.common import command, console, resolve_device
 from cpbench.config.impls import IMPLS, Impl
 from cpbench.config.vocabulary import DEFAULT_DTYPE, Backend, CliDevice, Dtype
+from cpbench.errors import EXIT_WRONG_RESULT
 from cpbench.render.tables import verify_tables
 
 
@@ -72,6 +73,6 @@ def verify(
         for renderable in verify_tables(records, n, dev, impl):
             console.print(renderable, highlight=False)
     if failed:
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_WRONG_RESULT)
 
 

@@ -5,10 +5,17 @@ Pure Python (no torch).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from typing import TypeGuard
 
-from cpbench.config.constraints import AttentionShape, Feasibility, check_mesh, seq_divisor
+from cpbench.config.constraints import (
+    AttentionShape,
+    Feasibility,
+    check_mesh,
+    scheme_of,
+    seq_divisor,
+)
 from cpbench.config.impls import DEFAULT_IMPL, IMPLS
 from cpbench.config.vocabulary import (
     BACKENDS,
@@ -27,14 +34,12 @@ from cpbench.errors import CpbenchError
 
 
 def factorizations(world_size: int) -> list[tuple[int, int]]:
-    """Every (U, R) with U * R == world_size, pure ring (U = 1) first.
-
-    Same order as `cpbench.app.verify.factorizations`, repeated here to keep this module free of
-    torch."""
+    """Every U x R mesh of `world_size` ranks as (U, R), pure ring (U = 1) first: the meshes a
+    scenario's `mesh = "all"`, `cpbench verify` and `cpbench recommend` consider."""
     return [(u, world_size // u) for u in range(1, world_size + 1) if world_size % u == 0]
 
 
-def _is_int(value: object) -> TypeGuard[int]:
+def is_int(value: object) -> TypeGuard[int]:
     """An int that is not a bool (TOML and Python both let True pass for 1)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -87,9 +92,9 @@ class BenchConfig:
 
     def __post_init__(self) -> None:
         for name in ("seq_len", "batch", "heads", "kv_heads", "head_dim", "ulysses", "ring"):
-            _check_positive_int(name, getattr(self, name))
+            check_positive_int(name, getattr(self, name))
         for name in ("world_size", "nodes"):
-            _check_positive_int(name, getattr(self, name))
+            check_positive_int(name, getattr(self, name))
         for name, allowed in (
             ("dtype", DTYPES),
             ("layout", LAYOUTS),
@@ -105,7 +110,7 @@ class BenchConfig:
         if not isinstance(self.causal, bool):
             raise CpbenchError(f"causal must be true or false, got {self.causal!r}")
         if self.kv_replication is not None:
-            _check_positive_int("kv_replication", self.kv_replication)
+            check_positive_int("kv_replication", self.kv_replication)
 
     @property
     def shape(self) -> AttentionShape:
@@ -131,9 +136,7 @@ class BenchConfig:
     @property
     def scheme(self) -> Scheme:
         """single (U = R = 1), ring (U = 1), ulysses (R = 1) or usp (both > 1)."""
-        if self.ulysses == 1:
-            return "single" if self.ring == 1 else "ring"
-        return "ulysses" if self.ring == 1 else "usp"
+        return scheme_of(self.ulysses, self.ring)
 
     @property
     def key(self) -> str:
@@ -152,8 +155,11 @@ class BenchConfig:
 
     def check_seq_len(self, max_seq_len: int) -> int:
         """Sequence length of the correctness check: min(seq_len, max_seq_len) rounded down to
-        a multiple the mesh and layout accept (never below one such multiple)."""
+        a multiple the mesh and layout accept (never below one such multiple); TransformerEngine
+        also needs 2P equal chunks."""
         divisor = seq_divisor(self.ulysses, self.ring, self.layout)
+        if self.impl.startswith("transformer_engine"):
+            divisor = math.lcm(divisor, 2 * self.world_size)
         length = min(self.seq_len, max_seq_len) // divisor * divisor
         return max(length, divisor)
 
@@ -194,8 +200,8 @@ class BenchConfig:
         return cls(**{n: d[n] for n in names if n in d})
 
 
-def _check_positive_int(name: str, value: object) -> None:
-    if not _is_int(value) or value <= 0:
+def check_positive_int(name: str, value: object) -> None:
+    if not is_int(value) or value <= 0:
         raise CpbenchError(f"{name} must be a positive integer, got {value!r}")
 
 
@@ -220,9 +226,7 @@ class VerifyCase:
 
     @property
     def scheme(self) -> Scheme:
-        if self.ulysses == 1:
-            return "ring"
-        return "ulysses" if self.ring == 1 else "usp"
+        return scheme_of(self.ulysses, self.ring)
 
     @property
     def label(self) -> str:

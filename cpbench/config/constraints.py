@@ -9,8 +9,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cpbench.config.vocabulary import LAYOUTS
+from cpbench.config.vocabulary import LAYOUTS, Scheme
 from cpbench.errors import CpbenchError
+
+
+def scheme_of(ulysses: int, ring: int) -> Scheme:
+    """The scheme a U x R mesh runs: single (U = R = 1), ring (U = 1), ulysses (R = 1) or usp
+    (both > 1)."""
+    if ulysses == 1:
+        return "single" if ring == 1 else "ring"
+    return "ulysses" if ring == 1 else "usp"
 
 
 @dataclass(frozen=True)

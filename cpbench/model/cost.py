@@ -142,7 +142,7 @@ class MeshCandidate:
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> MeshCandidate:
-        """From a results record's `config` dict (cpbench/io/schema.py); CpbenchError if a
+        """From a results record's `config` dict (`cpbench.results.schema.ConfigSection`); CpbenchError if a
         required key is missing."""
         missing = [k for k in ("seq_len", "heads", "kv_heads", "head_dim") if k not in config]
         if missing:

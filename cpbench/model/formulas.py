@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Literal
 
-from cpbench.config.constraints import AttentionShape, check_mesh, seq_divisor
+from cpbench.config.constraints import AttentionShape, check_mesh, scheme_of, seq_divisor
 from cpbench.config.vocabulary import DTYPES, PASSES, Pass, Scheme
 from cpbench.errors import CpbenchError
 
@@ -44,7 +44,6 @@ DTYPE_ALIASES: dict[str, str] = {"fp32": "float32", "bf16": "bfloat16", "fp16": 
 FP32_BYTES = 4
 """Bytes per element of the fp32 accumulators (dK/dV travelling the ring, outputs, LSE)."""
 
-PHASES: tuple[Pass, ...] = PASSES
 """The passes the communication is counted for (the name `cpbench.render.formulas` reads)."""
 Stage = Literal["ulysses", "ring"]
 CollectiveKind = Literal["all_to_all", "send_recv"]
@@ -115,9 +114,7 @@ class CpConfig:
     @property
     def scheme(self) -> Scheme:
         """single (1 rank), ulysses (R=1), ring (U=1) or usp (both > 1)."""
-        if self.ulysses == 1:
-            return "single" if self.ring == 1 else "ring"
-        return "ulysses" if self.ring == 1 else "usp"
+        return scheme_of(self.ulysses, self.ring)
 
     def symbols(self) -> dict[str, int]:
         """Value of every symbol the formulas use."""

@@ -38,8 +38,9 @@ import tomli_w
 from pydantic import AfterValidator, Field, ValidationError, model_validator
 
 from cpbench.config.file_schema import MESSAGE, RULE, FileModel, problem, rule, table_at
+from cpbench.config.vocabulary import DTYPES
 from cpbench.errors import CpbenchError
-from cpbench.model.formulas import DTYPES, CollectiveKind, canonical_dtype
+from cpbench.model.formulas import CollectiveKind, canonical_dtype
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -18,6 +18,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from cpbench import units
 from cpbench.results.frame import ok_rows, phases_of, with_variant
 from cpbench.results.frame import value as _value
 
@@ -176,10 +177,7 @@ def log_ticks(values: Iterable[Any], fmt: Any = None, base2: bool = False) -> di
 
 def format_bytes_short(v: float) -> str:
     """Axis label of a byte count: 1048576 -> '1 MiB'."""
-    for unit, size in (("GiB", 1024.0**3), ("MiB", 1024.0**2), ("KiB", 1024.0)):
-        if v >= size:
-            return f"{v / size:.3g} {unit}"
-    return f"{v:.3g} B"
+    return units.format_bytes(v, ".3g")
 
 
 def _seq_axis(fig: go.Figure, seq_lens: Iterable[Any], **where: Any) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 from rich.table import Table
 
-from cpbench.model.formulas import PHASES
+from cpbench.config.vocabulary import PASSES
 from cpbench.render.tables import FitTable
 from cpbench.units import format_bytes, format_count
 
@@ -79,7 +79,7 @@ def _communication_table(report: dict[str, Any]) -> Table:
     table.add_column("substituted", wrap=True, priority=2)
     table.add_column("elements", justify="right", priority=0)
     table.add_column("bytes", justify="right", priority=0)
-    for phase in PHASES:
+    for phase in PASSES:
         for stage in comm[phase]["stages"]:
             for c in stage["collectives"]:
                 table.add_row(

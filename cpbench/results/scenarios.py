@@ -52,7 +52,7 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails
 
-from cpbench.config.bench import BenchConfig, _check_positive_int, _is_int, factorizations
+from cpbench.config.bench import BenchConfig, check_positive_int, factorizations, is_int
 from cpbench.config.constraints import Feasibility
 from cpbench.config.file_schema import MESSAGE, RULE, FileModel, problem, rule
 from cpbench.config.impls import DEFAULT_IMPL, IMPLS, Impl
@@ -189,7 +189,7 @@ class Scenario:
         override) is accepted as long as every listed mesh multiplies to it."""
         if device not in DEVICES:
             raise CpbenchError(f"device {device!r} is not one of {', '.join(DEVICES)}")
-        _check_positive_int("world_size", world_size)
+        check_positive_int("world_size", world_size)
         meshes = self.meshes(world_size)
         dtypes = self.dtype or (DEFAULT_DTYPE[device],)
         head_pairs = [
@@ -275,7 +275,7 @@ def _mesh_entry(value: object) -> tuple[int, int]:
         if not match:
             raise problem(f'"{value}" is not a mesh; write "UxR" such as "4x2", or [4, 2]')
         u, r = int(match.group(1)), int(match.group(2))
-    elif isinstance(value, (list, tuple)) and len(value) == 2 and all(_is_int(v) for v in value):
+    elif isinstance(value, (list, tuple)) and len(value) == 2 and all(is_int(v) for v in value):
         u, r = value
     else:
         raise problem(f'{value!r} is not a mesh; write "UxR" such as "4x2", [4, 2], or "all"')

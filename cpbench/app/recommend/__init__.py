@@ -1,17 +1,18 @@
-"""Application service of `cpbench recommend`, `cpbench calibrate` and `cpbench validate`.
+"""Application service of `cpbench recommend`.
 
 `recommend` ranks every U x R factorisation of the CP degree and every layout with the cost
 model (calibrated on measurements when results files are given; measured configurations are
 ranked by their measurement), lists the rejected ones with the rule that rejects them, explains
-the winner and prints the settings that reproduce it in Megatron-LM, DeepSpeed, yunchang and
-torchtitan. `*_report` functions return JSON-serialisable dicts (the `--json` answers);
-`render_*` functions turn them into rich renderables. The CLI is a thin wrapper around both.
+the winner and gives the settings that reproduce it in Megatron-LM, DeepSpeed, yunchang and
+torchtitan; `recommendation_report` turns the answer into a JSON-serialisable dict (the
+`--json` answer). `cpbench.render.recommend` renders it; calibrate / validate are in
+`cpbench.app.calibrate`.
 """
 
 from __future__ import annotations
 
 from cpbench.app.recommend.frameworks import cp_comm_type, framework_settings
-from cpbench.app.recommend.parallel import ParallelSizes, divisors, solve_parallel_sizes
+from cpbench.app.recommend.parallel import ParallelSizes, solve_parallel_sizes
 from cpbench.app.recommend.ranking import load_results, recommend
 from cpbench.app.recommend.report import recommendation_report
 from cpbench.app.recommend.types import (
@@ -35,7 +36,6 @@ __all__ = [
     "RecommendRequest",
     "Rejection",
     "cp_comm_type",
-    "divisors",
     "framework_settings",
     "layout_label",
     "load_results",

@@ -85,7 +85,7 @@ def _balance_sentence(p: Prediction) -> str:
     )
 
 
-def _no_winner(rejected: Sequence[Rejection]) -> str:
+def no_winner(rejected: Sequence[Rejection]) -> str:
     return (
         f"No candidate is feasible: all {len(rejected)} are rejected; see the rules above "
         f"(change the CP degree, the sequence length, or the hardware)."

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
+from cpbench.config.bench import check_positive_int
 from cpbench.errors import CpbenchError
 
 
@@ -60,7 +60,7 @@ def solve_parallel_sizes(
         ("micro batch", micro_batch),
         ("grad accum", grad_accum),
     ):
-        _check_positive(name, value)
+        check_positive_int(name, value)
     if gpus % (tp * pp):
         raise CpbenchError(
             f"gpus ({gpus}) must be divisible by TP x PP = {tp} x {pp} = {tp * pp} "
@@ -68,7 +68,7 @@ def solve_parallel_sizes(
         )
     if cp is None:
         cp = gpus // (tp * pp)
-    _check_positive("cp", cp)
+    check_positive_int("cp", cp)
     model = tp * cp * pp
     if gpus % model:
         raise CpbenchError(
@@ -76,13 +76,3 @@ def solve_parallel_sizes(
             f"(world = TP x CP x PP x DP)"
         )
     return ParallelSizes(gpus, tp, cp, pp, gpus // model, micro_batch, grad_accum)
-
-
-def _check_positive(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise CpbenchError(f"{name} must be a positive integer, got {value!r}")
-
-
-def divisors(n: int) -> list[int]:
-    """Divisors of n, increasing."""
-    return [d for d in range(1, n + 1) if n % d == 0]

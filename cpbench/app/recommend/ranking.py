@@ -7,12 +7,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from cpbench.app.recommend.explain import _no_winner, explain
+from cpbench.app.recommend.explain import explain, no_winner
 from cpbench.app.recommend.frameworks import framework_settings
 from cpbench.app.recommend.parallel import (
     ParallelSizes,
-    _check_positive,
-    divisors,
     solve_parallel_sizes,
 )
 from cpbench.app.recommend.types import (
@@ -24,6 +22,7 @@ from cpbench.app.recommend.types import (
     layout_label,
     rank_key,
 )
+from cpbench.config.bench import check_positive_int, factorizations
 from cpbench.config.constraints import AttentionShape, check_mesh
 from cpbench.config.vocabulary import LAYOUTS
 from cpbench.errors import CpbenchError
@@ -78,7 +77,7 @@ def recommend(request: RecommendRequest) -> Recommendation:
         gpus_per_node=per_node,
         ranked=tuple(ranked),
         rejected=tuple(rejected),
-        explanation=explain(ranked, profile) if ranked else _no_winner(rejected),
+        explanation=explain(ranked, profile) if ranked else no_winner(rejected),
         frameworks=frameworks,
         calibration=calibration,
     )
@@ -89,7 +88,7 @@ def _check_request(request: RecommendRequest) -> None:
     if request.top < 0:
         raise CpbenchError(f"top must be >= 0 (0 lists all), got {request.top}")
     if request.gpus_per_node is not None:
-        _check_positive("gpus per node", request.gpus_per_node)
+        check_positive_int("gpus per node", request.gpus_per_node)
     canonical_dtype(request.dtype)
 
 
@@ -141,8 +140,7 @@ def _evaluate(
     ranked: list[RankedCandidate] = []
     mesh_rules: dict[tuple[int, int, str], list[str]] = {}
     memory: list[Rejection] = []
-    for ulysses in divisors(sizes.cp):
-        ring = sizes.cp // ulysses
+    for ulysses, ring in factorizations(sizes.cp):
         for layout in _candidate_layouts(ring, request.causal):
             feasibility = check_mesh(shape, ulysses, ring, layout)
             if not feasibility.ok:
