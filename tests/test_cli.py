@@ -180,3 +180,22 @@ def test_the_command_line_starts_without_the_heavy_libraries() -> None:
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                           timeout=60, check=True)
     assert done.stdout.strip() == ""
+
+
+def test_run_exits_1_and_says_why_when_its_configuration_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`cpbench run` measures one configuration: when it fails (here rank 1 raises an injected
+    out-of-memory error, tests/rank_tasks.py), the run failed: exit 1 and the reason on stderr."""
+    monkeypatch.setattr(
+        sweep_service,
+        "run_sweep",
+        functools.partial(sweep_service.run_sweep, task=rank_tasks.measure_or_misbehave),
+    )
+    result = runner.invoke(
+        app,
+        ["run", "--heads", "4", "--seq-len", "64", "--head-dim", "24", "--ring", "2",
+         "--warmup", "0", "--iters", "1", "--device", "cpu", "--out", str(tmp_path / "r.jsonl")],
+    )
+    assert result.exit_code == 1, result.output
+    assert "cpbench: failed: failed:" in result.stderr and "out of memory" in result.stderr
