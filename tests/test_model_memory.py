@@ -10,12 +10,12 @@ from cpbench.config.constraints import LAYOUTS, required_kv_replication, seq_div
 from cpbench.config.vocabulary import STEP_PASSES
 from cpbench.errors import CpbenchError
 from cpbench.model.memory import (
-    GIB,
     MemoryEstimate,
     max_seq_len_for_budget,
     memory_for_sizes,
     scheme_stages,
 )
+from cpbench.units import GIB
 
 FAST = settings(max_examples=50, deadline=None)
 

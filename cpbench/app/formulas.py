@@ -22,7 +22,8 @@ from cpbench.model.formulas import (
     seq_len_divisor,
     substitute,
 )
-from cpbench.model.memory import GIB, MemoryEstimate, max_seq_len_for_budget, memory_estimate
+from cpbench.model.memory import MemoryEstimate, max_seq_len_for_budget, memory_estimate
+from cpbench.units import GIB
 
 WHAT_IF_BUDGET_GIB = 80
 """Per-rank memory of the "largest sequence that fits" what-if (an 80 GiB accelerator)."""

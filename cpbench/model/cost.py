@@ -72,8 +72,9 @@ from cpbench.model.formulas import (
     canonical_dtype,
     comm_volume,
 )
-from cpbench.model.hardware import GIB, HardwareProfile, LinkTier
+from cpbench.model.hardware import HardwareProfile, LinkTier
 from cpbench.model.memory import max_seq_len_for_budget, memory_estimate
+from cpbench.units import GIB
 
 MERGE_FORWARD_PASSES = 7
 """fp32 passes over the output accumulator per forward merge (ring.py `_merge`)."""

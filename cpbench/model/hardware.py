@@ -41,6 +41,7 @@ from cpbench.config.file_schema import MESSAGE, RULE, FileModel, problem, rule, 
 from cpbench.config.vocabulary import DTYPES
 from cpbench.errors import CpbenchError
 from cpbench.model.formulas import CollectiveKind, canonical_dtype
+from cpbench.units import GB, GIB
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -51,8 +52,6 @@ LinkTier = Literal["intra_node", "inter_node"]
 LINK_TIERS: tuple[LinkTier, ...] = get_args(LinkTier)
 COLLECTIVE_KINDS: tuple[CollectiveKind, ...] = get_args(CollectiveKind)
 PROFILE_SCHEMA_VERSION = 1
-GIB = 1024**3
-GB = 1e9
 """nccl-tests reports GB/s with GB = 1e9 bytes."""
 
 _DATA_PACKAGE = "cpbench"

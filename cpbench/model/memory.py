@@ -37,7 +37,6 @@ STAGES: tuple[str, ...] = (
     BWD_A2A_OUT,
 )
 FORWARD_STAGES: tuple[str, ...] = STAGES[:3]
-GIB = 1024**3
 
 
 @dataclass(frozen=True)

@@ -19,10 +19,11 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from cpbench import units
+from cpbench.config.vocabulary import LAYOUTS
 from cpbench.results.frame import ok_rows, phases_of, with_variant
 from cpbench.results.frame import value as _value
 
-LAYOUT_ORDER = ("contiguous", "zigzag", "striped")
+LAYOUT_ORDER = LAYOUTS
 LAYOUT_DASH = {"contiguous": "solid", "zigzag": "dash", "striped": "dot"}
 LAYOUT_COLOR = {"contiguous": "#d62728", "zigzag": "#1f77b4", "striped": "#2ca02c"}
 PALETTE = (

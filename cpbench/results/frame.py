@@ -9,7 +9,9 @@ from typing import Any
 
 import pandas as pd
 
-PHASE_ORDER = ("fwd", "fwd+bwd")
+from cpbench.config.vocabulary import PHASES
+
+PHASE_ORDER = PHASES
 
 VARIANT_COLUMNS: tuple[tuple[str, str | None], ...] = (
     ("impl", "{}"),

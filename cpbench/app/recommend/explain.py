@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 from cpbench.app.recommend.types import RankedCandidate, Rejection, layout_label, rank_key
 from cpbench.model.cost import Prediction
-from cpbench.model.hardware import GIB, HardwareProfile
-from cpbench.units import format_gb, format_seconds
+from cpbench.model.hardware import HardwareProfile
+from cpbench.units import GIB, format_gb, format_seconds
 
 
 def explain(ranked: Sequence[RankedCandidate], profile: HardwareProfile) -> str:
