@@ -18,6 +18,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "units", ""),  # "" = the package root (__version__)
     ("config",),
     ("model",),
+    ("compat",),  # the torch-version compatibility shims every torch-using layer calls
     ("attention",),
     ("impls",),
     ("bench",),

@@ -1,0 +1,40 @@
+"""Local (single-device) attention kernels with one interface: `(out, lse)` forward and a
+backward that takes a given `out`/`lse`.
+
+Ring attention computes attention block by block and merges the partial results with their
+log-sum-exp (LSE); its backward runs each block's backward against the FINAL output and LSE.
+So a kernel here must return the LSE and must accept an externally given out/LSE in backward —
+which the fused kernels of flash-attn and PyTorch do, and which the einsum kernel reproduces.
+
+Tensors are `[B, S, H, D]` (`k`/`v` may have fewer heads: GQA); `lse` is `[B, H, S]` float32 in
+natural log. `causal=True` is the top-left aligned mask (query row i sees key column j <= i),
+which is what every causal ring block needs once the caller has sliced it (see `layouts.py`).
+"""
+
+from __future__ import annotations
+
+from cpbench.attention.kernels.base import LocalKernel, causal_mask, default_scale
+from cpbench.attention.kernels.cpu_sdpa import CpuSdpaKernel
+from cpbench.attention.kernels.cuda_sdpa import CudaSdpaKernel
+from cpbench.attention.kernels.flash_attn import (
+    FLASH_ATTN_MIN_VERSION,
+    FlashAttnKernel,
+    flash_attn_available,
+    flash_attn_version,
+)
+from cpbench.attention.kernels.naive import NaiveKernel
+from cpbench.attention.kernels.select import select_kernel
+
+__all__ = [
+    "FLASH_ATTN_MIN_VERSION",
+    "CpuSdpaKernel",
+    "CudaSdpaKernel",
+    "FlashAttnKernel",
+    "LocalKernel",
+    "NaiveKernel",
+    "causal_mask",
+    "default_scale",
+    "flash_attn_available",
+    "flash_attn_version",
+    "select_kernel",
+]

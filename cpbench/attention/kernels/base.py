@@ -1,0 +1,55 @@
+"""The kernel interface (`LocalKernel`) and the helpers every kernel shares."""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol
+
+import torch
+
+_FlashAux = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+"""(cum_seq_q, cum_seq_k, philox seed, philox offset) of the CUDA flash forward."""
+
+
+class LocalKernel(Protocol):
+    name: str
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def backward(
+        self,
+        dout: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        out: torch.Tensor,
+        lse: torch.Tensor,
+        causal: bool,
+        scale: float,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
+
+
+def default_scale(head_dim: int) -> float:
+    return 1.0 / math.sqrt(head_dim)
+
+
+def _expand_kv(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """[B, S, h_kv, D] -> [B, S, heads, D] by repeating each KV head over its query group."""
+    group = heads // x.shape[2]
+    return x if group == 1 else x.repeat_interleave(group, dim=2)
+
+
+def _reduce_kv_grad(dx: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """Sum the gradients of the repeated KV heads back onto the h_kv heads."""
+    b, s, h, d = dx.shape
+    group = h // kv_heads
+    return dx if group == 1 else dx.view(b, s, kv_heads, group, d).sum(dim=3)
+
+
+def causal_mask(sq: int, sk: int, offset: int, device: torch.device) -> torch.Tensor:
+    """Boolean [sq, sk], True where query row i may see key column j: j <= i + offset."""
+    rows = torch.arange(sq, device=device).unsqueeze(1)
+    cols = torch.arange(sk, device=device).unsqueeze(0)
+    return cols <= rows + offset

@@ -1,0 +1,94 @@
+"""flash-attn (>= 2.7) through its private forward/backward, which take and return the LSE."""
+
+from __future__ import annotations
+
+import torch
+
+
+class FlashAttnKernel:
+    """The flash-attn package (Dao-AILab) on CUDA: native GQA, [B, S, H, D] layout, LSE out,
+    backward with given out/LSE. Its private functions changed signature across releases; the
+    calls below are those of 2.7 and 2.8 (older versions are not selected)."""
+
+    name = "flash_attn"
+
+    def __init__(self) -> None:
+        from flash_attn import flash_attn_interface  # noqa: PLC0415 - optional dependency
+
+        self._fa = flash_attn_interface
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        res = self._fa._flash_attn_forward(
+            q.contiguous(),
+            k.contiguous(),
+            v.contiguous(),
+            dropout_p=0.0,
+            softmax_scale=scale,
+            causal=causal,
+            window_size_left=-1,
+            window_size_right=-1,
+            softcap=0.0,
+            alibi_slopes=None,
+            return_softmax=False,
+        )
+        return res[0], res[1].float()
+
+    def backward(
+        self,
+        dout: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        out: torch.Tensor,
+        lse: torch.Tensor,
+        causal: bool,
+        scale: float,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        self._fa._flash_attn_backward(
+            dout.contiguous(),
+            q.contiguous(),
+            k.contiguous(),
+            v.contiguous(),
+            out.contiguous(),
+            lse.contiguous(),
+            dq,
+            dk,
+            dv,
+            dropout_p=0.0,
+            softmax_scale=scale,
+            causal=causal,
+            window_size_left=-1,
+            window_size_right=-1,
+            softcap=0.0,
+            alibi_slopes=None,
+            deterministic=False,
+            rng_state=None,
+        )
+        return dq, dk, dv
+
+
+FLASH_ATTN_MIN_VERSION = (2, 7)
+"""The private `_flash_attn_forward/_backward` took `window_size_left/right` and returned
+(out, lse, ...) from 2.7 on; 2.4-2.6 had a `window_size` tuple and 8 return values."""
+
+
+def flash_attn_version() -> tuple[int, ...] | None:
+    """The installed flash-attn version, or None when it does not import."""
+    try:
+        import flash_attn  # noqa: PLC0415 - optional dependency
+    except ImportError:
+        return None
+    parts = []
+    for piece in str(getattr(flash_attn, "__version__", "0")).split(".")[:2]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
+
+
+def flash_attn_available() -> bool:
+    """flash-attn is installed in a version whose private API FlashAttnKernel speaks."""
+    version = flash_attn_version()
+    return version is not None and version >= FLASH_ATTN_MIN_VERSION

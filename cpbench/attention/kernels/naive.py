@@ -1,0 +1,76 @@
+"""The einsum kernel: float64-capable, any mask, GQA by expanding K/V; also the reference."""
+
+from __future__ import annotations
+
+import torch
+
+from cpbench.attention.kernels.base import _expand_kv, _reduce_kv_grad, causal_mask
+
+
+class NaiveKernel:
+    """Plain einsum attention in float32 (or float64 for float64 inputs).
+
+    The last resort on any device and the kernel of the test reference. Materialises the
+    [S_q, S_k] score matrix, so it is only for small blocks.
+    """
+
+    name = "naive"
+
+    @staticmethod
+    def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+        return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+    def _probs(
+        self, q: torch.Tensor, k: torch.Tensor, causal: bool, scale: float, lse: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        ct = self._compute_dtype(q)
+        kk = _expand_kv(k, q.shape[2]).to(ct)
+        scores = torch.einsum("bqhd,bkhd->bhqk", q.to(ct), kk) * scale
+        if causal:
+            mask = causal_mask(q.shape[1], k.shape[1], 0, q.device)
+            scores = scores.masked_fill(~mask, float("-inf"))
+        if lse is None:
+            lse = torch.logsumexp(scores, dim=-1)
+        probs = torch.exp(scores - lse.to(ct).unsqueeze(-1))
+        # Rows that see no key at all have lse = -inf; their probabilities are zero, not NaN.
+        probs = torch.nan_to_num(probs, nan=0.0)
+        return probs, lse
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        ct = self._compute_dtype(q)
+        probs, lse = self._probs(q, k, causal, scale, None)
+        vv = _expand_kv(v, q.shape[2]).to(ct)
+        out = torch.einsum("bhqk,bkhd->bqhd", probs, vv)
+        lse_out = lse if ct == torch.float64 else lse.float()
+        return out.to(q.dtype), lse_out
+
+    def backward(
+        self,
+        dout: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        out: torch.Tensor,
+        lse: torch.Tensor,
+        causal: bool,
+        scale: float,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        ct = self._compute_dtype(q)
+        probs, _ = self._probs(q, k, causal, scale, lse)
+        vv = _expand_kv(v, q.shape[2]).to(ct)
+        kk = _expand_kv(k, q.shape[2]).to(ct)
+        do = dout.to(ct)
+        dv = torch.einsum("bhqk,bqhd->bkhd", probs, do)
+        dp = torch.einsum("bqhd,bkhd->bhqk", do, vv)
+        delta = (do * out.to(ct)).sum(dim=-1).transpose(1, 2).unsqueeze(-1)  # [B, H, Sq, 1]
+        ds = probs * (dp - delta) * scale
+        dq = torch.einsum("bhqk,bkhd->bqhd", ds, kk)
+        dk = torch.einsum("bhqk,bqhd->bkhd", ds, q.to(ct))
+        kv_heads = k.shape[2]
+        return (
+            dq.to(q.dtype),
+            _reduce_kv_grad(dk, kv_heads).to(k.dtype),
+            _reduce_kv_grad(dv, kv_heads).to(v.dtype),
+        )
