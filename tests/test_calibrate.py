@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from cpbench.app.calibrate import calibrate_results, validate_results
 from cpbench.cli.main import app
 from cpbench.config.constraints import AttentionShape
 from cpbench.errors import CpbenchError
@@ -22,6 +23,12 @@ from cpbench.model.calibrate import (
     spearman,
     split_measurements,
     validate,
+)
+from cpbench.model.calibrate.measurements import (
+    Measurement,
+    default_prior,
+    default_prior_name,
+    resolve_prior,
 )
 from cpbench.model.cost import MeshCandidate
 from cpbench.model.hardware import (
@@ -273,3 +280,83 @@ def test_cli_bad_input(
     assert result.exit_code == 2
     assert message in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+# ------------------------------------------------------------------- prior from the device
+
+
+def _gpu_measurement(names: tuple[str, ...], kernel: str = "auto") -> Measurement:
+    candidate = MeshCandidate(AttentionShape(8192, 8, 8, 128), 2, 2, "zigzag", "bf16",
+                              kernel=kernel)  # fmt: skip
+    return Measurement("r", candidate, 4, 1.0, None, None, "cuda", names)
+
+
+@pytest.mark.parametrize(
+    ("names", "prior"),
+    [
+        (("NVIDIA H100 80GB HBM3",), "h100-sxm"),
+        (("NVIDIA H200",), "h200-sxm"),
+        (("NVIDIA A100-SXM4-80GB",), "a100-80gb"),
+        (("NVIDIA L40S",), "l40s-pcie"),
+    ],
+)
+def test_prior_is_the_profile_of_the_gpu_the_records_name(
+    names: tuple[str, ...], prior: str
+) -> None:
+    choice = default_prior([_gpu_measurement(names)])
+    assert choice.name == prior and choice.warning is None
+    assert default_prior_name([_gpu_measurement(names)]) == prior
+
+
+def test_unknown_gpu_falls_back_to_h100_with_a_warning_naming_it() -> None:
+    choice = default_prior([_gpu_measurement(("NVIDIA B200",))])
+    assert choice.name == "h100-sxm"
+    assert choice.warning == (
+        "no built-in hardware profile describes 'NVIDIA B200' (environment.devices): starting "
+        "from h100-sxm; pass --hardware NAME|PATH with a profile of this GPU"
+    )
+    unnamed = default_prior([_gpu_measurement(())])
+    assert unnamed.name == "h100-sxm" and unnamed.warning is not None
+    assert "the records name no device" in unnamed.warning
+
+
+def test_records_carry_their_device_names_into_the_prior(noiseless: list[dict]) -> None:
+    assert default_prior(measurements_from_records(noiseless)).name == "cpu-local"
+    gpu = [
+        {**r, "config": {**r["config"], "device": "cuda"},
+         "environment": {**(r.get("environment") or {}), "devices": ["NVIDIA H200"] * 4}}
+        for r in noiseless
+    ]  # fmt: skip
+    measurements = measurements_from_records(gpu)
+    assert measurements[0].device_names == ("NVIDIA H200",)
+    assert default_prior(measurements).name == "h200-sxm"
+
+
+def test_prior_takes_the_measured_kernel_as_its_default() -> None:
+    fa3 = [_gpu_measurement(("NVIDIA H100 80GB HBM3",), "flash_attn3")]
+    prior = resolve_prior(None, fa3)
+    assert prior.name == "h100-sxm" and prior.default_kernel == "flash_attn3"
+    assert prior.efficiency == load_profile("h100-sxm").curve("flash_attn3")
+    mixed = fa3 + [_gpu_measurement(("NVIDIA H100 80GB HBM3",), "flash_attn")]
+    assert resolve_prior(None, mixed).default_kernel == "flash_attn"
+
+
+def test_calibrate_report_names_the_prior_and_warns_on_an_unknown_gpu(
+    tmp_path: Path, noiseless: list[dict]
+) -> None:
+    gpu = [
+        {**r, "config": {**r["config"], "device": "cuda"},
+         "environment": {**(r.get("environment") or {}), "devices": ["Some Future GPU"]}}
+        for r in noiseless
+    ]  # fmt: skip
+    path = _write(tmp_path / "gpu.jsonl", gpu)
+    report = calibrate_results([path])
+    assert report["prior"] == "h100-sxm"
+    assert report["prior_choice"]["name"] == "h100-sxm"
+    assert report["warnings"] == [report["prior_choice"]["warning"]]
+    assert "'Some Future GPU'" in report["warnings"][0]
+    cpu = validate_results([_write(tmp_path / "cpu.jsonl", noiseless)])
+    assert cpu["prior_choice"] == {
+        "name": "cpu-local", "reason": "the records were measured on CPU", "warning": None
+    }  # fmt: skip
+    assert cpu["warnings"] == []

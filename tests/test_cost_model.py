@@ -230,3 +230,62 @@ def test_prediction_for_record() -> None:
     assert prediction_for_record({"status": "failed", "config": config}, CPU) is None
     assert prediction_for_record({"status": "ok"}, CPU) is None
     assert prediction_for_record({"status": "ok", "config": {**config, "ring": 3}}, CPU) is None
+
+
+# --------------------------------------------------------------------- kernel curve choice
+
+KERNEL_SHAPE = AttentionShape(65536, 32, 8, 128)
+
+
+@pytest.mark.parametrize(
+    ("kernel", "family"),
+    [("auto", "flash_attn"), ("flash_attn", "flash_attn"), ("sdpa", "cuda_sdpa"),
+     ("flash_attn3", "flash_attn3"), ("cudnn", "cudnn"), ("naive", "einsum")],
+)  # fmt: skip
+def test_prediction_reads_the_curve_of_the_kernel_it_runs(kernel: str, family: str) -> None:
+    candidate = MeshCandidate(KERNEL_SHAPE, 2, 4, "zigzag", "bfloat16", kernel=kernel)
+    p = predict(candidate, H100)
+    n = p.kernel_seq_len
+    assert n == 65536 // 4
+    assert p.kernel == family and p.curve_kernel == family
+    expected = H100.peak_flops("bf16") * H100.curve(family).at(n) / 1e12
+    assert p.attention_tflops == pytest.approx(expected, rel=1e-12)
+    assert f"{family} efficiency curve of h100-sxm" in p.curve_note
+    assert p.curve_source == H100.curve(family).source
+
+
+def test_faster_kernel_families_predict_faster_steps() -> None:
+    def step(kernel: str) -> float:
+        candidate = MeshCandidate(KERNEL_SHAPE, 2, 4, "zigzag", "bfloat16", kernel=kernel)
+        return predict(candidate, H100).compute_only_s
+
+    # FA3 paper, H100: FA3 1.5-2x FA2; cuDNN between; einsum far slower
+    assert 1.5 <= step("flash_attn") / step("flash_attn3") <= 2.0
+    assert step("flash_attn3") < step("cudnn") < step("flash_attn") < step("naive")
+
+
+def test_a_family_without_a_curve_reads_the_default_and_says_so() -> None:
+    a100 = load_profile("a100-80gb")
+    candidate = MeshCandidate(KERNEL_SHAPE, 2, 4, "zigzag", "bfloat16", kernel="cudnn")
+    p = predict(candidate, a100)
+    assert p.kernel == "cudnn" and p.curve_kernel == "flash_attn"
+    assert p.attention_tflops == pytest.approx(
+        a100.peak_flops("bf16") * a100.efficiency.at(p.kernel_seq_len) / 1e12, rel=1e-12
+    )
+    assert "a100-80gb has no cudnn efficiency curve, its default flash_attn curve was used" in (
+        p.curve_note
+    )
+
+
+def test_record_kernel_then_backend_choose_the_curve() -> None:
+    config = {"seq_len": 16384, "heads": 32, "kv_heads": 8, "head_dim": 128, "ulysses": 2,
+              "ring": 2, "layout": "zigzag", "dtype": "bfloat16", "device": "cuda"}  # fmt: skip
+    used = {**config, "backend": "auto", "kernel": "flash_attn3"}
+    assert MeshCandidate.from_config(used).kernel == "flash_attn3"
+    assert predict(used, H100).kernel == "flash_attn3"
+    # kernel unknown (a synthetic or future name) or null: the requested backend, else auto
+    assert MeshCandidate.from_config({**config, "kernel": None, "backend": "sdpa"}).kernel == "sdpa"
+    assert MeshCandidate.from_config({**config, "kernel": "synthetic"}).kernel == "auto"
+    assert predict({**config, "kernel": "sdpa"}, CPU).kernel == "cpu_sdpa"
+    with pytest.raises(CpbenchError, match="kernel 'xformers' is not one of auto, sdpa"):
+        MeshCandidate(KERNEL_SHAPE, 2, 4, kernel="xformers")

@@ -23,11 +23,14 @@ from cpbench.model.hardware import (
     ProfileFile,
     builtin_profiles,
     load_profile,
+    profile_for_devices,
     profile_from_dict,
     profile_from_toml,
     profile_to_toml,
+    resolve_kernel_family,
     save_profile,
     tomllib,  # the stdlib module, or tomli on Python 3.10
+    with_default_kernel,
 )
 
 SHIPPED = ("a100-80gb", "cpu-local", "h100-sxm", "h200-sxm", "l40s-pcie")
@@ -136,9 +139,9 @@ _DELETE = object()
             "fast",
             "latency_us must be a number >= 0, got 'fast'",
         ),
-        ("kernel_efficiency.efficiency", [0.5, 1.5, 0.5, 0.5, 0.5, 0.5], "in (0, 1], got 1.5"),
-        ("kernel_efficiency.seq_len", [4, 2, 8, 16, 32, 64], "must be strictly increasing"),
-        ("kernel_efficiency.seq_len", [1, 2], "differ in length"),
+        ("efficiency.flash_attn.efficiency", [0.5, 1.5, 0.5, 0.5, 0.5, 0.5], "in (0, 1], got 1.5"),
+        ("efficiency.flash_attn.seq_len", [4, 2, 8, 16, 32, 64], "must be strictly increasing"),
+        ("efficiency.flash_attn.seq_len", [1, 2], "differ in length"),
         ("peak_tflops.int8", 100, "peak_tflops.int8 is not a dtype"),
         ("overheads.overlap", 1.5, "overheads.overlap must be a number in [0, 1], got 1.5"),
         ("links.intra_node.devices_per_nic", 0, "must be a positive integer, got 0"),
@@ -187,8 +190,8 @@ def test_link_cost_is_latency_plus_bytes_over_busbw() -> None:
         ("devices_per_node", "8", "devices_per_node must be a positive integer, got '8'"),
         ("memory.capacity_gib", True, "memory.capacity_gib must be a positive number, got True"),
         ("memory.bandwidth_GBps", "3", "memory.bandwidth_GBps must be a positive number, got '3'"),
-        ("kernel_efficiency.seq_len", [1, 2, 3, 4, 5, True],
-         "kernel_efficiency.seq_len must hold positive integers, got True"),
+        ("efficiency.flash_attn.seq_len", [1, 2, 3, 4, 5, True],
+         "efficiency.flash_attn.seq_len must hold positive integers, got True"),
         ("schema_version", True, "schema_version must be 1, got True"),
         ("name", 5, "name must be a string, got 5"),
         ("name", _DELETE, "name is required"),
@@ -240,3 +243,133 @@ def test_file_models_describe_every_key() -> None:
                 t for t in (field.annotation, *get_args(field.annotation))
                 if isinstance(t, type) and issubclass(t, BaseModel)
             ]  # fmt: skip
+
+
+# ------------------------------------------------------------------ kernel families, devices
+
+
+def _single_curve(name: str, family: str) -> dict[str, Any]:
+    """A shipped profile in the single-curve layout of older files."""
+    data = tomllib.loads(profile_to_toml(load_profile(name)))
+    data["kernel_efficiency"] = data.pop("efficiency")[family]
+    del data["device"]
+    return data
+
+
+@pytest.mark.parametrize(
+    ("name", "family"), [("cpu-local", "cpu_sdpa"), ("h100-sxm", "flash_attn")]
+)
+def test_single_curve_profiles_still_load(name: str, family: str) -> None:
+    old = profile_from_dict(_single_curve(name, family), origin="old.toml")
+    new = load_profile(name)
+    assert old.default_kernel == family and old.kernel_curves == {}
+    assert old.efficiency == new.curve(family)
+    # one curve serves every kernel, as before kernel families
+    for kernel in ("auto", "sdpa", "naive", "flash_attn", "flash_attn3", "cudnn"):
+        assert old.attention_flops_per_s("float32", 2048, kernel) == pytest.approx(
+            old.peak_flops("float32") * new.curve(family).at(2048), rel=1e-12
+        )
+    # written back in the new layout, it reads the same
+    assert profile_from_toml(profile_to_toml(old)) == old
+
+
+def test_single_curve_errors_name_the_old_key() -> None:
+    data = _single_curve("h100-sxm", "flash_attn")
+    data["kernel_efficiency"]["efficiency"] = [0.5, 1.5, 0.5, 0.5, 0.5, 0.5]
+    with pytest.raises(CpbenchError) as info:
+        profile_from_dict(data, origin="old.toml")
+    assert str(info.value) == (
+        "hardware profile old.toml: kernel_efficiency.efficiency must hold numbers in (0, 1], "
+        "got 1.5"
+    )
+    both = {**_h100_dict(), "kernel_efficiency": data["kernel_efficiency"]}
+    with pytest.raises(CpbenchError, match=r"has both \[efficiency\] and \[kernel_efficiency\]"):
+        profile_from_dict(both, origin="both.toml")
+
+
+@pytest.mark.parametrize(
+    ("dotted", "value", "message"),
+    [
+        ("efficiency.default", "cudnn9", "efficiency.default must be one of flash_attn, "
+         "flash_attn3, cudnn, cuda_sdpa, cpu_sdpa, einsum, got 'cudnn9'"),
+        ("efficiency.flash", {}, "[efficiency] has unknown key(s) flash; allowed: cpu_sdpa, "
+         "cuda_sdpa, cudnn, default, einsum, flash_attn, flash_attn3, source"),
+        ("efficiency.flash_attn", _DELETE, "efficiency default 'flash_attn' has no "
+         "[efficiency.flash_attn] curve (curves given: flash_attn3, cudnn, cuda_sdpa, einsum)"),
+        ("device.kind", "tpu", "device.kind must be one of cpu, cuda, got 'tpu'"),
+        ("device.names", ["H100("], "device.names must hold regular expressions; 'H100(' is "
+         "not one"),
+    ],
+)  # fmt: skip
+def test_kernel_and_device_tables_are_validated(dotted: str, value: Any, message: str) -> None:
+    data = _set(_h100_dict(), dotted, value)
+    with pytest.raises(CpbenchError) as info:
+        profile_from_dict(data, origin="my.toml")
+    assert str(info.value).startswith(f"hardware profile my.toml: {message}")
+
+
+def test_hopper_profiles_default_to_flash_attention_2_with_cited_curves() -> None:
+    for name in ("h100-sxm", "h200-sxm"):
+        profile = load_profile(name)
+        assert profile.default_kernel == "flash_attn"
+        assert {"flash_attn", "flash_attn3", "cudnn"} <= set(profile.curves)
+        for family in ("flash_attn", "flash_attn3", "cudnn"):
+            assert "arXiv:2407.08608" in profile.curve(family).source
+        fa2, fa3 = profile.curve("flash_attn"), profile.curve("flash_attn3")
+        # FlashAttention-3 paper, H100 bf16 head dim 128: FA2 about a third of peak at 8-16k,
+        # FA3 about 1.5-2x faster (the old single curve was FA3's: 2x optimistic for FA2)
+        for n in (8192, 16384):
+            assert 0.30 <= fa2.at(n) <= 0.36
+            assert 0.55 <= fa3.at(n) <= 0.65
+            assert 1.5 <= fa3.at(n) / fa2.at(n) <= 2.0
+        assert load_profile(name).curve("cuda_sdpa").source.startswith("estimate")
+
+
+@pytest.mark.parametrize(
+    ("kernel", "device", "dtype", "family"),
+    [
+        ("auto", "cuda", "bf16", "flash_attn"),
+        ("auto", "cuda", "float32", "cuda_sdpa"),
+        ("auto", "cpu", "float32", "cpu_sdpa"),
+        ("sdpa", "cuda", "bfloat16", "cuda_sdpa"),
+        ("sdpa", "cpu", "bfloat16", "cpu_sdpa"),
+        ("naive", "cuda", "bfloat16", "einsum"),
+        ("FA3", "cuda", "bfloat16", "flash_attn3"),
+        ("cudnn", "cuda", "bfloat16", "cudnn"),
+    ],
+)
+def test_kernel_names_resolve_to_families(
+    kernel: str, device: str, dtype: str, family: str
+) -> None:
+    profile = load_profile("cpu-local" if device == "cpu" else "h100-sxm")
+    assert profile.kernel_for(kernel, dtype) == family
+    assert resolve_kernel_family(kernel, device, "flash_attn", dtype) == family
+
+
+def test_auto_follows_the_profile_default_and_unknown_kernels_are_named() -> None:
+    fa3_default = with_default_kernel(load_profile("h100-sxm"), "flash_attn3")
+    assert fa3_default.kernel_for("auto", "bf16") == "flash_attn3"
+    assert fa3_default.efficiency == load_profile("h100-sxm").curve("flash_attn3")
+    assert fa3_default.curve("flash_attn") == load_profile("h100-sxm").efficiency
+    with pytest.raises(CpbenchError, match="kernel 'xformers' is not one of auto, sdpa, "):
+        load_profile("h100-sxm").kernel_for("xformers")
+
+
+@pytest.mark.parametrize(
+    ("names", "profile"),
+    [
+        (["NVIDIA H100 80GB HBM3"] * 8, "h100-sxm"),
+        (["NVIDIA H200"], "h200-sxm"),
+        (["NVIDIA A100-SXM4-80GB"], "a100-80gb"),
+        (["NVIDIA L40S"], "l40s-pcie"),
+        (["cpu: AMD EPYC 7B13"], "cpu-local"),
+        (["NVIDIA H100 PCIe"], None),  # another device than the SXM5 card
+        (["NVIDIA H200 NVL"], None),
+        (["NVIDIA A100 80GB PCIe"], None),
+        (["NVIDIA L40"], None),
+        (["NVIDIA H100 80GB HBM3", "NVIDIA H200"], None),  # no one profile describes both
+        ([], None),
+    ],
+)
+def test_profile_for_devices(names: list[str], profile: str | None) -> None:
+    assert profile_for_devices(names) == profile

@@ -13,26 +13,31 @@ from cpbench.model.calibrate import (
     Split,
     calibrate,
     calibration_summary,
-    default_prior_name,
     holdout_evaluation,
     measurements_from_records,
     validate,
 )
+from cpbench.model.calibrate.measurements import PriorChoice, default_prior
 from cpbench.model.hardware import HardwareProfile, load_profile, save_profile
 
 
 def _measurements_and_prior(
     paths: Sequence[str], hardware: str | None, job: str
-) -> tuple[list[Measurement], HardwareProfile]:
-    """The usable measurements of `paths` and the profile to start from (given, or the default
-    prior for their device); CpbenchError when no record is usable."""
+) -> tuple[list[Measurement], HardwareProfile, dict[str, Any]]:
+    """The usable measurements of `paths`, the profile to start from (given, or the built-in
+    profile of the GPU the records name) and how it was chosen (`prior_choice` of the report:
+    name, reason, warning); CpbenchError when no record is usable."""
     measurements = measurements_from_records(load_results(paths))
     if not measurements:
         raise CpbenchError(
             f"no usable records in {', '.join(paths)}: {job} needs status 'ok' records "
             f"with a feasible config and timing.median"
         )
-    return measurements, load_profile(hardware or default_prior_name(measurements))
+    choice = (
+        PriorChoice(hardware, "given with --hardware") if hardware else default_prior(measurements)
+    )
+    chosen = {"name": choice.name, "reason": choice.reason, "warning": choice.warning}
+    return measurements, load_profile(choice.name), chosen
 
 
 def calibrate_results(
@@ -42,7 +47,7 @@ def calibrate_results(
     name: str | None = None,
 ) -> dict[str, Any]:
     """Fit a profile to results files and optionally write it as TOML; the report dict."""
-    measurements, prior = _measurements_and_prior(paths, hardware, "calibration")
+    measurements, prior, chosen = _measurements_and_prior(paths, hardware, "calibration")
     result = calibrate(measurements, prior, name=name, files=tuple(paths))
     written = None
     if output:
@@ -53,7 +58,12 @@ def calibrate_results(
             f"(prior: {result.residual_before:.1%}). Load with --hardware {output}"
         )
         written = str(save_profile(result.profile, output, header))
-    return {**calibration_summary(result), "output": written}
+    return {
+        **calibration_summary(result),
+        "output": written,
+        "prior_choice": chosen,
+        "warnings": [chosen["warning"]] if chosen["warning"] else [],
+    }
 
 
 def validate_results(
@@ -66,7 +76,11 @@ def validate_results(
     calibrate_first: bool = False,
 ) -> dict[str, Any]:
     """Predicted vs measured per configuration (or a holdout evaluation); the report dict."""
-    measurements, prior = _measurements_and_prior(paths, hardware, "validation")
+    measurements, prior, chosen = _measurements_and_prior(paths, hardware, "validation")
+    extra: dict[str, Any] = {
+        "prior_choice": chosen,
+        "warnings": [chosen["warning"]] if chosen["warning"] else [],
+    }
     if holdout:
         result = holdout_evaluation(
             measurements,
@@ -75,7 +89,7 @@ def validate_results(
             fraction=fraction,
             split=split,
         )
-        return {"mode": "holdout", "profile": prior.name, **result}
+        return {"mode": "holdout", "profile": prior.name, **result, **extra}
     profile = prior
     calibration = None
     if calibrate_first:
@@ -83,4 +97,4 @@ def validate_results(
         profile, calibration = fitted.profile, calibration_summary(fitted)
     report = validate(measurements, profile)
     mode = "in-sample (calibrated on the same results)" if calibrate_first else "as given"
-    return {"mode": mode, **report, "calibration": calibration}
+    return {"mode": mode, **report, "calibration": calibration, **extra}

@@ -279,19 +279,13 @@ def default_hardware(records: Sequence[Mapping[str, Any]]) -> str | None:
 
 
 def _profile_for_devices(device_names: Sequence[str]) -> str | None:
-    """The built-in profile whose device token (the part of its name before the first '-',
-    e.g. 'h100' of 'h100-sxm') appears in every device name; None when no single one does."""
+    """The built-in profile describing every device name (the model's one device -> profile
+    rule, `cpbench.model.hardware.profile_for_devices`); None when no single one does."""
     try:
-        from cpbench.model.hardware import builtin_profiles  # noqa: PLC0415
+        from cpbench.model.hardware import profile_for_devices  # noqa: PLC0415
     except ImportError:
         return None
-    lowered = [name.lower().replace(" ", "") for name in device_names]
-    matches = [
-        name
-        for name in builtin_profiles()
-        if all(name.split("-")[0] in device for device in lowered)
-    ]
-    return matches[0] if len(matches) == 1 else None
+    return profile_for_devices(device_names)
 
 
 def cost_model(

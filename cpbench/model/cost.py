@@ -14,6 +14,10 @@ implementation does (`cpbench/attention/`):
   then a step takes at least the mean rank's time x ranks / slots, because idle ranks lend
   their slots to busy ones (on 4 ranks over 2 cores the causal imbalance of a layout matters
   little, the total work does).
+- **Kernel.** The efficiency curve is that of the kernel family the configuration runs
+  (`MeshCandidate.kernel`, a record's `config.kernel` or `backend`: `auto` is the profile's
+  default family on its device, e.g. FlashAttention-2 on a CUDA profile in bf16); a family the
+  profile has no curve for reads the default family's (`Prediction.curve_note` says which).
 - **Compute.** The kernel of a ring step runs at `peak(dtype) x efficiency(L/R)` FLOP/s on
   `flops.py`'s per-step work of the busiest rank (the slowest rank sets the step), plus the
   profile's fixed `step_overhead` per step, plus the memory-bound fp32 work of ring.py at the
@@ -72,7 +76,7 @@ from cpbench.model.formulas import (
     canonical_dtype,
     comm_volume,
 )
-from cpbench.model.hardware import HardwareProfile, LinkTier
+from cpbench.model.hardware import KERNEL_NAMES, HardwareProfile, LinkTier, is_kernel_name
 from cpbench.model.memory import max_seq_len_for_budget, memory_estimate
 from cpbench.units import GIB
 
@@ -122,9 +126,14 @@ class MeshCandidate:
     """KV copies before the Ulysses exchange; None chooses what the mesh needs."""
     phase: Phase = "fwd+bwd"
     """What a step is: forward only, or forward and backward (training)."""
+    kernel: str = "auto"
+    """Local attention kernel (`cpbench.model.hardware.KERNEL_NAMES`: auto, sdpa, naive,
+    flash_attn, flash_attn3, cudnn, ...): picks the profile's efficiency curve."""
 
     def __post_init__(self) -> None:
         check_phase(self.phase)
+        if not is_kernel_name(self.kernel):
+            raise CpbenchError(f"kernel {self.kernel!r} is not one of {', '.join(KERNEL_NAMES)}")
 
     @property
     def world(self) -> int:
@@ -156,6 +165,10 @@ class MeshCandidate:
             int(config.get("batch", 1)),
         )
         phase = check_phase(str(config.get("phase", "fwd+bwd")))
+        kernel = next(
+            (str(k) for k in (config.get("kernel"), config.get("backend")) if is_kernel_name(k)),
+            "auto",
+        )
         return cls(
             shape,
             int(config.get("ulysses", 1)),
@@ -165,6 +178,7 @@ class MeshCandidate:
             bool(config.get("causal", True)),
             config.get("kv_replication"),
             phase,
+            kernel,
         )
 
     @classmethod
@@ -384,6 +398,13 @@ class Prediction:
     """Which tier each collective uses."""
     kernel_seq_len: int
     """L/R: the sequence length the kernel efficiency is read at."""
+    kernel: str
+    """Kernel family the configuration runs (`KernelFamily`; `auto` resolved on the profile)."""
+    curve_kernel: str
+    """Family whose efficiency curve was read: `kernel`, or the profile's default family when
+    the profile has no curve for `kernel`."""
+    curve_source: str
+    """Where that curve comes from (the profile's source text)."""
     attention_tflops: float
     """Achieved kernel TFLOP/s per rank assumed (peak x efficiency)."""
     forward: PhaseTime
@@ -402,6 +423,18 @@ class Prediction:
     """The profile's capacity per device."""
     max_seq_len: int
     """Largest sequence (a multiple of the layout's divisor) whose peak fits the capacity."""
+
+    @property
+    def curve_note(self) -> str:
+        """Which efficiency curve the prediction used, in one sentence."""
+        requested = self.candidate.kernel
+        runs = self.kernel if requested == self.kernel else f"{requested} runs {self.kernel}"
+        if self.curve_kernel == self.kernel:
+            return f"kernel {runs}: {self.kernel} efficiency curve of {self.profile_name}"
+        return (
+            f"kernel {runs}: {self.profile_name} has no {self.kernel} efficiency curve, "
+            f"its default {self.curve_kernel} curve was used"
+        )
 
     @property
     def forward_backward(self) -> PhaseTime:
@@ -529,13 +562,16 @@ def predict(
     per_node = gpus_per_node if gpus_per_node is not None else profile.devices_per_node
     place = placement(config.ulysses, config.ring, per_node, rank_stride)
     kernel_seq_len = config.ring_shard
+    family = profile.kernel_for(candidate.kernel, config.dtype)
+    curve_family = family if profile.has_curve(family) else profile.default_kernel
+    curve = profile.curve(curve_family)
     ctx = _Context(
         config,
         candidate,
         profile,
         place,
         comm_volume(config),
-        profile.attention_flops_per_s(config.dtype, kernel_seq_len),
+        profile.peak_flops(config.dtype) * curve.at(kernel_seq_len),
     )
     forward, forward_terms = _phase_time(ctx, "forward")
     backward, backward_terms = _phase_time(ctx, "backward")
@@ -547,6 +583,9 @@ def predict(
         profile_name=profile.name,
         placement=place,
         kernel_seq_len=kernel_seq_len,
+        kernel=family,
+        curve_kernel=curve_family,
+        curve_source=curve.source,
         attention_tflops=ctx.flops_per_s / 1e12,
         forward=forward,
         backward=backward,

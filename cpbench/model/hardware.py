@@ -2,9 +2,15 @@
 
 A profile describes one kind of device and the two link tiers between devices:
 
-- compute: peak dense TFLOP/s per dtype (vendor datasheet) and an attention-kernel efficiency
-  curve over the kernel's sequence length (the `L/R` tokens of a ring shard that one kernel
-  call works on): achieved attention FLOP/s = peak x efficiency(L/R);
+- compute: peak dense TFLOP/s per dtype (vendor datasheet) and, per attention-kernel family
+  (`KERNEL_FAMILIES`: FlashAttention-2, FlashAttention-3, cuDNN, PyTorch's CUDA or CPU SDPA,
+  einsum), an efficiency curve over the kernel's sequence length (the `L/R` tokens of a ring
+  shard that one kernel call works on): achieved attention FLOP/s = peak x efficiency(L/R) of
+  the family the configuration runs (`HardwareProfile.kernel_for`: `auto` is the profile's
+  default family on its device); a family without a curve uses the default family's curve;
+- device: which devices the profile describes (`cpu` or `cuda`, and regular expressions matched
+  against the device names records carry), so that `profile_for_devices` finds the profile of
+  a results file;
 - memory: capacity per device (HBM, or the share of RAM for a CPU rank) and its bandwidth
   (the ring's fp32 merges and gradient accumulations are memory-bound);
 - links: `intra_node` (NVLink, PCIe, loopback) and `inter_node` (InfiniBand/RoCE per NIC), each
@@ -22,13 +28,17 @@ Built-in profiles are TOML files in `cpbench/data/hardware/`; every number carri
 A user file with the same layout is accepted wherever a name is (`--hardware PATH`). The layout
 is the pydantic model `ProfileFile` (strict types, no unknown keys; errors read
 `hardware profile <file>: <key> <rule>, got <value>`); `profile_to_toml` writes it with tomli-w.
+Files written before kernel families (one `[kernel_efficiency]` curve for every kernel) still
+load: the curve becomes the default family's, so every kernel reads it, as before.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
@@ -47,6 +57,33 @@ if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
+
+KernelFamily = Literal["flash_attn", "flash_attn3", "cudnn", "cuda_sdpa", "cpu_sdpa", "einsum"]
+"""An attention-kernel family the profiles give efficiency curves for: FlashAttention-2
+(flash-attn 2.x), FlashAttention-3 (flash-attn's Hopper build), cuDNN's fused attention,
+PyTorch's CUDA SDPA op (FA2 code vendored in PyTorch), PyTorch's CPU SDPA op, and the einsum
+kernel that materialises the scores."""
+KERNEL_FAMILIES: tuple[KernelFamily, ...] = get_args(KernelFamily)
+DeviceKind = Literal["cpu", "cuda"]
+"""What a profile's ranks run on."""
+DEVICE_KINDS: tuple[DeviceKind, ...] = get_args(DeviceKind)
+KERNEL_ALIASES: dict[str, KernelFamily] = {
+    "naive": "einsum",
+    "fa2": "flash_attn",
+    "flash_attn2": "flash_attn",
+    "flash_attn_2": "flash_attn",
+    "fa3": "flash_attn3",
+    "flash_attn_3": "flash_attn3",
+    "flash_attn_interface": "flash_attn3",
+    "cudnn_attention": "cudnn",
+    "cudnn_sdpa": "cudnn",
+}
+"""Kernel names (`--kernel`, a record's `config.kernel`) that name a family under another
+spelling; `sdpa` is `cuda_sdpa` or `cpu_sdpa` by the profile's device, `auto` its default."""
+KERNEL_NAMES: tuple[str, ...] = ("auto", "sdpa", *KERNEL_FAMILIES, *KERNEL_ALIASES)
+"""Every kernel name `HardwareProfile.kernel_for` resolves."""
+FALLBACK_GPU_PROFILE = "h100-sxm"
+"""The profile of GPU records whose device no built-in profile matches (with a warning)."""
 
 LinkTier = Literal["intra_node", "inter_node"]
 LINK_TIERS: tuple[LinkTier, ...] = get_args(LinkTier)
@@ -176,7 +213,7 @@ class HardwareProfile:
     peak_source: str
     """Where the peaks come from."""
     efficiency: EfficiencyCurve
-    """Attention-kernel efficiency over the kernel sequence length."""
+    """Efficiency curve of the default kernel family (`default_kernel`)."""
     step_overhead_s: float
     """Fixed time per ring step and kernel call (launch, merge, bookkeeping), seconds."""
     overlap: float
@@ -192,6 +229,18 @@ class HardwareProfile:
     More ranks than slots share them."""
     calibration: CalibrationInfo | None = None
     """Set on profiles fitted to measurements."""
+    default_kernel: KernelFamily = "flash_attn"
+    """The family `auto` runs on this device in 16-bit (the family of `efficiency`)."""
+    default_kernel_source: str = ""
+    """Why that family is the default."""
+    kernel_curves: Mapping[str, EfficiencyCurve] = field(default_factory=dict)
+    """Efficiency curves of the other kernel families, by family (`KernelFamily`)."""
+    device_kind: DeviceKind = "cuda"
+    """What the ranks run on: cpu or cuda."""
+    device_names: tuple[str, ...] = ()
+    """Case-insensitive regular expressions, one of which matches the name of a device this
+    profile describes (as torch.cuda.get_device_name or a record's environment.devices spell
+    it), e.g. `\\bH200\\b`."""
     origin: str = field(default="built-in", compare=False)
     """Where it was loaded from: 'built-in' or a file path."""
 
@@ -210,9 +259,40 @@ class HardwareProfile:
             )
         return self.peak_tflops[key] * 1e12
 
-    def attention_flops_per_s(self, dtype: str, kernel_seq_len: float) -> float:
-        """Achieved attention FLOP/s: peak(dtype) x efficiency(kernel sequence length)."""
-        return self.peak_flops(dtype) * self.efficiency.at(kernel_seq_len)
+    @property
+    def curves(self) -> dict[str, EfficiencyCurve]:
+        """Every family's curve, the default family's first."""
+        others = {k: v for k, v in self.kernel_curves.items() if k != self.default_kernel}
+        return {self.default_kernel: self.efficiency, **others}
+
+    def has_curve(self, family: str) -> bool:
+        """Whether the profile has a curve of its own for `family`."""
+        return family == self.default_kernel or family in self.kernel_curves
+
+    def curve(self, family: str | None = None) -> EfficiencyCurve:
+        """The curve of a family (None: the default); a family without one reads the default
+        family's curve (`has_curve` tells which)."""
+        if family is None or family == self.default_kernel:
+            return self.efficiency
+        return self.kernel_curves.get(family, self.efficiency)
+
+    def kernel_for(self, kernel: str = "auto", dtype: str = "bfloat16") -> KernelFamily:
+        """The family a kernel name runs on this profile's device: `auto` is what cpbench's
+        `auto` chooses there (cpu: CPU SDPA; cuda: the default family in fp16/bf16, PyTorch's
+        SDPA in float32), `sdpa` PyTorch's op of the device; CpbenchError on unknown names."""
+        return resolve_kernel_family(kernel, self.device_kind, self.default_kernel, dtype)
+
+    def attention_flops_per_s(
+        self, dtype: str, kernel_seq_len: float, kernel: str | None = None
+    ) -> float:
+        """Achieved attention FLOP/s: peak(dtype) x efficiency(kernel sequence length) of the
+        kernel's family (None: the default family)."""
+        family = None if kernel is None else self.kernel_for(kernel, dtype)
+        return self.peak_flops(dtype) * self.curve(family).at(kernel_seq_len)
+
+    def matches_device(self, device_name: str) -> bool:
+        """Whether one of `device_names` matches a device name (case-insensitive search)."""
+        return any(re.search(p, device_name, re.IGNORECASE) for p in self.device_names)
 
     def link(self, tier: LinkTier) -> LinkTierProfile:
         """The profile of a link tier."""
@@ -221,6 +301,46 @@ class HardwareProfile:
         if tier == "inter_node":
             return self.inter_node
         raise CpbenchError(f"link tier {tier!r} is not one of {', '.join(LINK_TIERS)}")
+
+
+# --------------------------------------------------------------------------------- kernels
+
+
+def resolve_kernel_family(
+    kernel: str, device: str, default: str = "flash_attn", dtype: str = "bfloat16"
+) -> KernelFamily:
+    """The family a kernel name runs on a device (see `HardwareProfile.kernel_for`); `default`
+    is what `auto` runs there in fp16/bf16. CpbenchError naming the value and the choices."""
+    name = str(kernel).strip().lower()
+    if name == "auto":
+        if device == "cpu":
+            return "cpu_sdpa"
+        if canonical_dtype(dtype) == "float32":
+            return "cuda_sdpa"
+        return _family(default)
+    if name == "sdpa":
+        return "cpu_sdpa" if device == "cpu" else "cuda_sdpa"
+    if name in KERNEL_ALIASES:
+        return KERNEL_ALIASES[name]
+    if name in KERNEL_FAMILIES:
+        return _family(name)
+    raise CpbenchError(
+        f"kernel {kernel!r} is not one of {', '.join(KERNEL_NAMES)}: the cost model has no "
+        f"efficiency family for it"
+    )
+
+
+def _family(name: str) -> KernelFamily:
+    for family in KERNEL_FAMILIES:
+        if family == name:
+            return family
+    raise CpbenchError(f"kernel family {name!r} is not one of {', '.join(KERNEL_FAMILIES)}")
+
+
+def is_kernel_name(kernel: object) -> bool:
+    """Whether `kernel` is a name `resolve_kernel_family` knows (auto, sdpa, a family, an
+    alias)."""
+    return isinstance(kernel, str) and kernel.strip().lower() in KERNEL_NAMES
 
 
 # ------------------------------------------------------------------------------- built-ins
@@ -236,6 +356,29 @@ def builtin_profiles() -> tuple[str, ...]:
     return tuple(
         sorted(p.name[: -len(".toml")] for p in folder.iterdir() if p.name.endswith(".toml"))
     )
+
+
+@functools.cache
+def _builtin(name: str) -> HardwareProfile:
+    resource = _data_dir().joinpath(f"{name}.toml")
+    return profile_from_toml(resource.read_text(encoding="utf-8"), origin="built-in")
+
+
+def profile_for_devices(device_names: Sequence[str]) -> str | None:
+    """The built-in profile that describes every one of these device names (as records'
+    `environment.devices` or torch.cuda.get_device_name spell them: 'NVIDIA H100 80GB HBM3' ->
+    h100-sxm, 'NVIDIA H200' -> h200-sxm, 'NVIDIA A100-SXM4-80GB' -> a100-80gb, 'NVIDIA L40S'
+    -> l40s-pcie, 'cpu: ...' -> cpu-local); None when none or more than one does (or no name
+    is given). The one device -> profile rule of cpbench (report, calibrate, recommend)."""
+    names = [str(n) for n in device_names if str(n).strip()]
+    if not names:
+        return None
+    matches = [
+        name
+        for name in builtin_profiles()
+        if all(_builtin(name).matches_device(device) for device in names)
+    ]
+    return matches[0] if len(matches) == 1 else None
 
 
 def load_profile(name_or_path: str | Path) -> HardwareProfile:
@@ -320,7 +463,8 @@ class PeakTable(FileModel):
 
 
 class EfficiencyTable(FileModel):
-    """`[kernel_efficiency]`: the attention-kernel efficiency curve (`EfficiencyCurve`)."""
+    """`[efficiency.<family>]`: one kernel family's efficiency curve (`EfficiencyCurve`); also
+    the layout of the single-curve `[kernel_efficiency]` table of older files."""
 
     seq_len: Annotated[
         list[Annotated[int, Field(gt=0), rule("must hold positive integers")]],
@@ -344,6 +488,72 @@ class EfficiencyTable(FileModel):
                 f"({len(self.efficiency)} values) differ in length"
             )
         return self
+
+
+def _family_rule() -> str:
+    return f"must be one of {', '.join(KERNEL_FAMILIES)}"
+
+
+class EfficiencyTables(FileModel):
+    """`[efficiency]`: the attention-kernel efficiency curve of each kernel family that has one
+    (`[efficiency.flash_attn]`, ...), and which of them `auto` runs."""
+
+    default: Annotated[KernelFamily, rule(_family_rule())]
+    """The family `auto` runs on this device in fp16/bf16 (it must have a curve); families
+    without a curve read this one's."""
+    source: str = ""
+    """Where the choice of default comes from."""
+    flash_attn: EfficiencyTable | None = None
+    """FlashAttention-2 (flash-attn 2.x)."""
+    flash_attn3: EfficiencyTable | None = None
+    """FlashAttention-3 (flash-attn's Hopper build, flash_attn_interface)."""
+    cudnn: EfficiencyTable | None = None
+    """cuDNN fused attention (PyTorch's cuDNN SDPA op)."""
+    cuda_sdpa: EfficiencyTable | None = None
+    """PyTorch's CUDA SDPA op (its vendored FlashAttention-2)."""
+    cpu_sdpa: EfficiencyTable | None = None
+    """PyTorch's CPU SDPA op."""
+    einsum: EfficiencyTable | None = None
+    """The einsum kernel (materialises the scores)."""
+
+    @model_validator(mode="after")
+    def _default_has_a_curve(self) -> EfficiencyTables:
+        if self.tables().get(self.default) is None:
+            given = ", ".join(self.tables()) or "none"
+            raise problem(
+                f"default {self.default!r} has no [efficiency.{self.default}] curve "
+                f"(curves given: {given})",
+                "",
+            )
+        return self
+
+    def tables(self) -> dict[str, EfficiencyTable]:
+        """The given curves by family."""
+        found = {family: getattr(self, family) for family in KERNEL_FAMILIES}
+        return {family: table for family, table in found.items() if table is not None}
+
+
+def _patterns(values: list[str]) -> list[str]:
+    for value in values:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise problem(f"must hold regular expressions; {value!r} is not one ({exc})") from None
+    return values
+
+
+class DeviceTable(FileModel):
+    """`[device]`: the devices the profile describes."""
+
+    kind: Annotated[DeviceKind, rule(f"must be one of {', '.join(DEVICE_KINDS)}")]
+    """What the ranks run on: cpu or cuda."""
+    names: Annotated[list[str], rule("must be a list of strings"), AfterValidator(_patterns)] = (
+        Field(default_factory=list)
+    )
+    """Case-insensitive regular expressions searched in a device name (torch's
+    get_device_name, a record's environment.devices); one match is enough."""
+    source: str = ""
+    """Where the names come from."""
 
 
 class OverheadsTable(FileModel):
@@ -422,10 +632,12 @@ class ProfileFile(FileModel):
     """Ranks of a node that compute at full speed at once (CPU cores); absent = every rank."""
     memory: MemoryTable
     """Device memory."""
+    device: DeviceTable | None = None
+    """The devices it describes (absent: cuda, matching no device name)."""
     peak_tflops: PeakTable
     """Peak dense TFLOP/s per dtype."""
-    kernel_efficiency: EfficiencyTable
-    """Attention-kernel efficiency over the kernel sequence length."""
+    efficiency: EfficiencyTables
+    """Attention-kernel efficiency curves per kernel family."""
     overheads: OverheadsTable
     """Per-step overhead and overlap."""
     links: LinksTable
@@ -433,9 +645,48 @@ class ProfileFile(FileModel):
     calibration: CalibrationTable | None = None
     """Present on profiles fitted to measurements."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _migrate_single_curve(cls, data: Any) -> Any:
+        """A file of the single-curve layout (`[kernel_efficiency]`, one curve for every kernel)
+        gets that curve as its default family's: `cpu_sdpa` on a CPU profile (`[device] kind`,
+        or compute slots per node, or 'cpu' in the name), else `flash_attn`."""
+        if not isinstance(data, Mapping) or "kernel_efficiency" not in data:
+            return data
+        if "efficiency" in data:
+            raise problem(
+                "has both [efficiency] and [kernel_efficiency] (the single-curve layout of "
+                "older files): keep [efficiency]",
+                "",
+            )
+        migrated = {k: v for k, v in data.items() if k != "kernel_efficiency"}
+        family = migrated_family(data)
+        migrated["efficiency"] = {
+            "default": family,
+            "source": "one curve for every kernel (a file of the single-curve layout)",
+            family: data["kernel_efficiency"],
+        }
+        return migrated
 
-def _profile_error(exc: ValidationError, origin: str) -> CpbenchError:
-    """The first problem (unknown keys first), as `hardware profile <file>: <key> <rule>`."""
+
+def migrated_family(data: Mapping[str, Any]) -> KernelFamily:
+    """The family a single-curve file's curve is filed under (see `ProfileFile`)."""
+    device = data.get("device")
+    kind = device.get("kind") if isinstance(device, Mapping) else None
+    cpu_like = kind == "cpu" or (
+        kind is None
+        and (
+            data.get("compute_slots_per_node") is not None
+            or "cpu" in str(data.get("name", "")).lower()
+        )
+    )
+    return "cpu_sdpa" if cpu_like else "flash_attn"
+
+
+def _profile_error(exc: ValidationError, origin: str, legacy: str | None = None) -> CpbenchError:
+    """The first problem (unknown keys first), as `hardware profile <file>: <key> <rule>`;
+    `legacy` is the family a single-curve file's `[kernel_efficiency]` was migrated to (its
+    keys are named as the file spells them)."""
     errors = exc.errors()
     extras = [e for e in errors if e["type"] == "extra_forbidden"]
     error = extras[0] if extras else errors[0]
@@ -467,6 +718,8 @@ def _profile_error(exc: ValidationError, origin: str) -> CpbenchError:
         text = "must not be empty"
     else:
         text = f"{error['msg']}, got {value!r}"
+    if legacy is not None:
+        key = re.sub(rf"^(\[?)efficiency\.{legacy}\b", r"\1kernel_efficiency", key)
     return CpbenchError(f"hardware profile {origin}: {key} {text}")
 
 
@@ -485,11 +738,20 @@ def _tier(tier: LinkTier, table: TierTable) -> LinkTierProfile:
 
 def profile_from_dict(data: Mapping[str, Any], origin: str = "<dict>") -> HardwareProfile:
     """Validate a parsed profile; CpbenchError naming the key and the rule on any problem."""
+    legacy = None
+    if isinstance(data, Mapping) and "kernel_efficiency" in data and "efficiency" not in data:
+        legacy = migrated_family(data)
     try:
         spec = ProfileFile.model_validate(data)
     except ValidationError as exc:
-        raise _profile_error(exc, origin) from None
-    curve, overheads, cal = spec.kernel_efficiency, spec.overheads, spec.calibration
+        raise _profile_error(exc, origin, legacy) from None
+    overheads, cal, device = spec.overheads, spec.calibration, spec.device
+    curves = {
+        family: EfficiencyCurve(tuple(t.seq_len), tuple(t.efficiency), t.source)
+        for family, t in spec.efficiency.tables().items()
+    }
+    default = spec.efficiency.default
+    kind: DeviceKind = device.kind if device is not None else "cuda"
     return HardwareProfile(
         name=spec.name,
         description=spec.description,
@@ -499,7 +761,7 @@ def profile_from_dict(data: Mapping[str, Any], origin: str = "<dict>") -> Hardwa
         memory_bandwidth=spec.memory.bandwidth_GBps * GB,
         peak_tflops=spec.peak_tflops.peaks(),
         peak_source=spec.peak_tflops.source,
-        efficiency=EfficiencyCurve(tuple(curve.seq_len), tuple(curve.efficiency), curve.source),
+        efficiency=curves.pop(default),
         step_overhead_s=overheads.step_overhead_us * 1e-6,
         overlap=overheads.overlap,
         overheads_source=overheads.source,
@@ -511,6 +773,11 @@ def profile_from_dict(data: Mapping[str, Any], origin: str = "<dict>") -> Hardwa
             if cal is not None
             else None
         ),
+        default_kernel=default,
+        default_kernel_source=spec.efficiency.source,
+        kernel_curves=curves,
+        device_kind=kind,
+        device_names=tuple(device.names) if device is not None else (),
         origin=origin,
     )
 
@@ -542,6 +809,7 @@ def profile_document(profile: HardwareProfile) -> dict[str, Any]:
     }
     if profile.compute_slots_per_node is not None:
         document["compute_slots_per_node"] = profile.compute_slots_per_node
+    document["device"] = {"kind": profile.device_kind, "names": list(profile.device_names)}
     document["memory"] = {
         "capacity_gib": _round(profile.memory_gib),
         "bandwidth_GBps": _round(profile.memory_bandwidth / GB),
@@ -551,10 +819,17 @@ def profile_document(profile: HardwareProfile) -> dict[str, Any]:
         **{dtype: _round(peak) for dtype, peak in sorted(profile.peak_tflops.items())},
         "source": profile.peak_source,
     }
-    document["kernel_efficiency"] = {
-        "seq_len": list(profile.efficiency.seq_lens),
-        "efficiency": [_round(v) for v in profile.efficiency.values],
-        "source": profile.efficiency.source,
+    document["efficiency"] = {
+        "default": profile.default_kernel,
+        "source": profile.default_kernel_source,
+        **{
+            family: {
+                "seq_len": list(curve.seq_lens),
+                "efficiency": [_round(v) for v in curve.values],
+                "source": curve.source,
+            }
+            for family, curve in profile.curves.items()
+        },
     }
     document["overheads"] = {
         "step_overhead_us": _round(profile.step_overhead_s * 1e6),
@@ -612,6 +887,33 @@ def with_link_cost(
     if tier == "intra_node":
         return replace(profile, intra_node=link)
     return replace(profile, inter_node=link)
+
+
+def with_curve(profile: HardwareProfile, family: str, curve: EfficiencyCurve) -> HardwareProfile:
+    """A copy of the profile with the curve of one kernel family set (the default family's is
+    `efficiency`)."""
+    known = _family(family)
+    if known == profile.default_kernel:
+        return replace(profile, efficiency=curve)
+    return replace(profile, kernel_curves={**profile.kernel_curves, known: curve})
+
+
+def with_default_kernel(profile: HardwareProfile, family: str) -> HardwareProfile:
+    """A copy whose default family (the one `efficiency` holds and `auto` runs) is `family`;
+    the old default's curve moves to `kernel_curves`, the new one's (or the old default's, when
+    it has none) to `efficiency`."""
+    known = _family(family)
+    if known == profile.default_kernel:
+        return profile
+    curves = dict(profile.curves)
+    efficiency = curves.pop(known, profile.efficiency)
+    return replace(
+        profile,
+        efficiency=efficiency,
+        default_kernel=known,
+        kernel_curves=curves,
+        default_kernel_source=f"{known} made the default (was {profile.default_kernel})",
+    )
 
 
 def scaled_bandwidth(profile: HardwareProfile, factor: float) -> HardwareProfile:

@@ -3,6 +3,10 @@
 A results record (cpbench/results/schema.py) with status `ok` gives three measured times of one
 configuration: the step (`timing.median`), the step with communication removed
 (`timing.compute_only`) and the communication alone (`timing.comm_only`).
+
+The prior of a calibration (`default_prior`) is the built-in profile of the device the records
+name (`environment.devices`, `cpbench.model.hardware.profile_for_devices`); GPU records whose
+device no profile describes start from h100-sxm, with a warning naming the device.
 """
 
 from __future__ import annotations
@@ -14,12 +18,18 @@ from typing import Any, cast
 
 from cpbench.errors import CpbenchError
 from cpbench.model.cost import MeshCandidate, Prediction, predict, record_devices_per_node
-from cpbench.model.hardware import HardwareProfile, load_profile
+from cpbench.model.hardware import (
+    FALLBACK_GPU_PROFILE,
+    HardwareProfile,
+    load_profile,
+    profile_for_devices,
+    with_default_kernel,
+)
 
 CPU_PRIOR = "cpu-local"
 """Prior profile of measurements taken on CPU only."""
-GPU_PRIOR = "h100-sxm"
-"""Prior profile of any other measurements."""
+GPU_PRIOR = FALLBACK_GPU_PROFILE
+"""Prior profile of GPU measurements whose device no built-in profile describes."""
 
 
 @dataclass(frozen=True)
@@ -40,12 +50,16 @@ class Measurement:
     """Measured communication alone, when recorded."""
     device: str
     """cpu or cuda."""
+    device_names: tuple[str, ...] = ()
+    """The devices the record names (environment.devices, once each, sorted)."""
 
     @property
     def key(self) -> tuple[Any, ...]:
         """Identity of the configuration (duplicates keep the last record)."""
         c = self.candidate
-        return (c.shape, c.ulysses, c.ring, c.layout, c.dtype, c.causal, c.phase, self.device)
+        return (
+            c.shape, c.ulysses, c.ring, c.layout, c.dtype, c.causal, c.phase, c.kernel, self.device
+        )  # fmt: skip
 
     @property
     def group(self) -> tuple[Any, ...]:
@@ -89,6 +103,9 @@ def measurement_from_record(record: Mapping[str, Any]) -> Measurement | None:
         candidate.cp_config()
     except (CpbenchError, TypeError, ValueError):
         return None
+    environment = record.get("environment")
+    devices = environment.get("devices") if isinstance(environment, Mapping) else None
+    names = sorted({str(d) for d in devices or () if str(d).strip()})
     return Measurement(
         str(record.get("id") or ""),
         candidate,
@@ -97,6 +114,7 @@ def measurement_from_record(record: Mapping[str, Any]) -> Measurement | None:
         _positive_time(timing.get("compute_only")),
         _positive_time(timing.get("comm_only")),
         str(config.get("device", "cpu")),
+        tuple(names),
     )
 
 
@@ -122,17 +140,65 @@ def as_measurements(
     return measurements_from_records(cast("list[Mapping[str, Any]]", items))
 
 
-def default_prior_name(measurements: Sequence[Measurement]) -> str:
-    """cpu-local for CPU measurements, else h100-sxm."""
+@dataclass(frozen=True)
+class PriorChoice:
+    """The built-in profile a calibration starts from, and why."""
+
+    name: str
+    """Profile name."""
+    reason: str
+    """Why it was chosen, in one sentence."""
+    warning: str | None = None
+    """Set when no built-in profile describes the records' device (the fallback was taken)."""
+
+
+def default_prior(measurements: Sequence[Measurement]) -> PriorChoice:
+    """cpu-local for CPU measurements; for GPU ones the built-in profile whose device matches
+    every device the records name (`profile_for_devices`), else h100-sxm with a warning."""
     if measurements and all(m.device == "cpu" for m in measurements):
-        return CPU_PRIOR
-    return GPU_PRIOR
+        return PriorChoice(CPU_PRIOR, "the records were measured on CPU")
+    gpu = [m for m in measurements if m.device != "cpu"] or list(measurements)
+    names = sorted({name for m in gpu for name in m.device_names})
+    matched = profile_for_devices(names)
+    if matched is not None:
+        return PriorChoice(matched, f"the records name {_quoted(names)}")
+    if not names:
+        problem = "the records name no device (environment.devices)"
+    else:
+        problem = f"no built-in hardware profile describes {_quoted(names)} (environment.devices)"
+    return PriorChoice(
+        GPU_PRIOR,
+        f"fallback: {problem}",
+        f"{problem}: starting from {GPU_PRIOR}; pass --hardware NAME|PATH with a profile "
+        f"of this GPU",
+    )
+
+
+def _quoted(names: Sequence[str]) -> str:
+    return ", ".join(repr(n) for n in names)
+
+
+def default_prior_name(measurements: Sequence[Measurement]) -> str:
+    """The name of `default_prior` (cpu-local, the records' GPU profile, or h100-sxm)."""
+    return default_prior(measurements).name
+
+
+def measured_kernels(profile: HardwareProfile, measurements: Sequence[Measurement]) -> set[str]:
+    """The kernel families the measurements ran, resolved on `profile`."""
+    return {profile.kernel_for(m.candidate.kernel, m.candidate.dtype) for m in measurements}
 
 
 def resolve_prior(
     prior: HardwareProfile | str | None, measurements: Sequence[Measurement]
 ) -> HardwareProfile:
-    """The prior profile: given, loaded by name, or the default for the measurements' device."""
+    """The prior profile: given, loaded by name, or the default for the measurements' device;
+    when every measurement ran one kernel family other than the profile's default, that
+    family becomes the default (so the fitted curve, `efficiency`, is the measured kernel's)."""
     if isinstance(prior, HardwareProfile):
-        return prior
-    return load_profile(prior or default_prior_name(measurements))
+        base = prior
+    else:
+        base = load_profile(prior or default_prior_name(measurements))
+    families = measured_kernels(base, measurements)
+    if len(families) == 1:
+        return with_default_kernel(base, families.pop())
+    return base
