@@ -23,6 +23,7 @@ def render_recommendation(report: Mapping[str, Any]) -> list[RenderableType]:
         f"{s['world_formula']}"
     )
     out: list[RenderableType] = [header]
+    out += [Text(f"warning: {w}", style="yellow") for w in report.get("warnings", [])]
     if s["tp"] > 1:
         out.append(
             Text(
@@ -154,6 +155,7 @@ def render_validation(report: Mapping[str, Any]) -> list[RenderableType]:
         f"model's pick {format_percent(report['regret'])} (worst group; mean {format_percent(report['regret_mean'])})"
     )
     out: list[RenderableType] = [table, summary]
+    out += [Text(f"warning: {w}", style="yellow") for w in report.get("warnings", [])]
     for g in report.get("groups", []):
         if g["configurations"] > 1:
             out.append(
@@ -200,7 +202,8 @@ def render_calibration(report: Mapping[str, Any]) -> RenderableType:
                 param["unit"],
                 str(param["points"]),
             )
-    notes = [Text(f"note: {n}", style="dim") for n in report["notes"]]
+    notes = [Text(f"warning: {w}", style="yellow") for w in report.get("warnings", [])]
+    notes += [Text(f"note: {n}", style="dim") for n in report["notes"]]
     if report.get("output"):
         notes.append(Text(f"wrote {report['output']} (load it with --hardware {report['output']})"))
     return Group(table, *notes)

@@ -46,6 +46,7 @@ def explain(ranked: Sequence[RankedCandidate], profile: HardwareProfile) -> str:
         f"per rank; {c.heads_per_rank} query head(s) and {c.kv_heads_per_rank} KV head(s) per rank "
         f"after the all-to-all"
         + (f" (KV heads replicated x{c.kv_replication})." if c.kv_replication > 1 else ".")
+        + f" Compute model: {p.curve_note}."
     )
     parts.append(
         f"It needs {p.memory_bytes / GIB:.2f} GiB per rank of {p.memory_capacity_bytes / GIB:.1f} "

@@ -29,7 +29,7 @@ from cpbench.errors import CpbenchError
 from cpbench.model.calibrate import (
     Measurement,
     calibrate,
-    default_prior_name,
+    default_prior,
     measurements_from_records,
 )
 from cpbench.model.cost import MeshCandidate, check_phase, predict
@@ -60,7 +60,7 @@ def recommend(request: RecommendRequest) -> Recommendation:
     shape = _tp_shape(request)
     records = load_results(request.results) if request.results else []
     measurements = measurements_from_records(records)
-    profile = _profile_for(request, measurements)
+    profile, warnings = _profile_for(request, measurements)
     calibration = None
     if measurements:
         calibration = calibrate(measurements, profile, files=request.results)
@@ -80,6 +80,7 @@ def recommend(request: RecommendRequest) -> Recommendation:
         explanation=explain(ranked, profile) if ranked else no_winner(rejected),
         frameworks=frameworks,
         calibration=calibration,
+        warnings=warnings,
     )
 
 
@@ -116,12 +117,17 @@ def _tp_shape(request: RecommendRequest) -> AttentionShape:
     )
 
 
-def _profile_for(request: RecommendRequest, measurements: Sequence[Measurement]) -> HardwareProfile:
+def _profile_for(
+    request: RecommendRequest, measurements: Sequence[Measurement]
+) -> tuple[HardwareProfile, tuple[str, ...]]:
+    """The profile to rank with (the one given, the measured GPU's, or the default) and the
+    warning when the measured GPU has no built-in profile."""
     if request.hardware:
-        return load_profile(request.hardware)
+        return load_profile(request.hardware), ()
     if measurements:
-        return load_profile(default_prior_name(measurements))
-    return load_profile(DEFAULT_HARDWARE)
+        prior = default_prior(measurements)
+        return load_profile(prior.name), (prior.warning,) if prior.warning else ()
+    return load_profile(DEFAULT_HARDWARE), ()
 
 
 def _candidate_layouts(ring: int, causal: bool) -> tuple[str, ...]:

@@ -57,6 +57,9 @@ def _candidate_dict(position: int, r: RankedCandidate) -> dict[str, Any]:
         "work_imbalance": p.work_imbalance,
         "kernel_seq_len": p.kernel_seq_len,
         "attention_tflops_per_rank": p.attention_tflops,
+        "kernel": p.kernel,
+        "efficiency_curve": p.curve_kernel,
+        "curve_note": p.curve_note,
         "memory_bytes": p.memory_bytes,
         "memory_capacity_bytes": p.memory_capacity_bytes,
         "max_seq_len": p.max_seq_len,
@@ -68,6 +71,7 @@ def recommendation_report(rec: Recommendation) -> dict[str, Any]:
     q, s = rec.request, rec.sizes
     listed = rec.ranked if q.top == 0 else rec.ranked[: q.top]
     return {
+        "warnings": list(rec.warnings),
         "inputs": {
             "heads": q.heads,
             "kv_heads": q.kv_heads,

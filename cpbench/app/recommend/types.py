@@ -149,6 +149,9 @@ class Recommendation:
     """Settings per framework."""
     calibration: CalibrationResult | None
     """The calibration done on the results, if any."""
+    warnings: tuple[str, ...] = ()
+    """What the user should know about the answer (e.g. no built-in profile describes the
+    measured GPU, so the calibration started from a fallback)."""
 
     @property
     def winner(self) -> RankedCandidate | None:
