@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.util
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -143,14 +144,24 @@ def test_te_layout_is_megatrons_global_zigzag() -> None:
 
 
 def _fail_import(monkeypatch: pytest.MonkeyPatch, module: str, message: str) -> None:
-    real = importlib.import_module
+    """`import module` fails with `message` ("No module named 'x'": x is missing). The parent
+    looks libraries up with importlib.util.find_spec (cpbench.impls.base.module_available),
+    which then does not find x; a rank's import_module raises the message."""
+    missing = message.split("'")[1]
+    real_import, real_find_spec = importlib.import_module, importlib.util.find_spec
 
-    def fake(name: str, package: str | None = None):  # type: ignore[no-untyped-def]
+    def fake_import(name: str, package: str | None = None):  # type: ignore[no-untyped-def]
         if name == module or name.startswith(module + "."):
             raise ModuleNotFoundError(message)
-        return real(name, package)
+        return real_import(name, package)
 
-    monkeypatch.setattr(importlib, "import_module", fake)
+    def fake_find_spec(name: str, package: str | None = None):  # type: ignore[no-untyped-def]
+        if name == missing or name.startswith(missing + "."):
+            return None
+        return real_find_spec(name, package)
+
+    monkeypatch.setattr(importlib, "import_module", fake_import)
+    monkeypatch.setattr(importlib.util, "find_spec", fake_find_spec)
 
 
 @pytest.mark.parametrize(

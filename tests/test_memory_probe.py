@@ -30,3 +30,13 @@ def test_peak_counts_temporaries_that_die_before_the_end() -> None:
     assert record["peak_bytes"] == 3 * MIB  # q, a and b at once; the sum comes after a died
     assert record["source"] == "cpu-tensor-tracker"
     assert record["rss_peak_bytes"] is None or record["rss_peak_bytes"] > MIB
+
+
+def test_cpu_record_names_its_sources_and_has_no_gpu_numbers() -> None:
+    q = torch.randn(256, 1024)
+    record = measure_peak_memory(lambda: q * 2, torch.device("cpu"), (q,))
+    assert record["reserved_peak_bytes"] is None and record["nvml_process_peak_bytes"] is None
+    assert set(record["sources"]) == {"peak_bytes", "rss_peak_bytes"}
+    assert record["sources"]["peak_bytes"].startswith("cpu-tensor-tracker")
+    expected_rss = "VmHWM" if record["rss_peak_bytes"] is not None else "unavailable"
+    assert expected_rss in record["sources"]["rss_peak_bytes"]

@@ -33,6 +33,7 @@ SHIPPED = {
     "layout-study": ("cuda", 8, 12, 12),
     "two-node": ("cuda", 16, 8, 8),
     "cpu-world4": ("cpu", 4, 18, 18),
+    "gpu-acceptance": ("cuda", 8, 48, 48),
 }
 
 
@@ -324,7 +325,7 @@ def test_check_seq_len() -> None:
         (BASE.replace("seq_len = 4096", "seq_len = [1, 1]"), ["key 'seq_len'", "repeated"]),
         (BASE + 'layout = ["zigzag", "diagonal"]\n', ["key 'layout'", "'diagonal'", "striped"]),
         (BASE + 'dtype = "fp8"\n', ["key 'dtype'", "'fp8'", "bfloat16"]),
-        (BASE + 'backend = "cudnn"\n', ["key 'backend'", "'cudnn'", "flash_attn"]),
+        (BASE + 'backend = "xformers"\n', ["key 'backend'", "'xformers'", "flash_attn"]),
         (BASE + 'phase = "bwd"\n', ["key 'phase'", "'bwd'", "fwd+bwd"]),
         (BASE + "causal = 1\n", ["key 'causal'", "1 is not true or false"]),
         (BASE + 'kv_replication = "maybe"\n', ["key 'kv_replication'", "'maybe'"]),

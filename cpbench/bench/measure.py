@@ -1,7 +1,8 @@
 """One configuration, measured on every rank of a pool (a pool task).
 
 Order: correctness check against the single-process reference (once, at a reduced length when
-the configuration is too long for a reference), then warm-up and timed iterations of the full
+the configuration is too long for a reference; its tensors are freed and, on CUDA, the
+allocator's cache emptied before anything is timed), then warm-up and timed iterations of the full
 step, of the compute-only variant (communication removed, same shapes) and of the
 communication-only variant (kernels removed, same bytes); then one iteration under the byte
 counter and one under the memory probe. Returns this rank's numbers; `sweep` assembles the
@@ -23,7 +24,7 @@ from cpbench.attention.kernels import select_kernel
 from cpbench.attention.ring import VARIANTS, Variant
 from cpbench.bench.environment import rank_environment
 from cpbench.bench.measure_impl import measure_external
-from cpbench.bench.memory import measure_peak_memory
+from cpbench.bench.memory import measure_peak_memory, release_cached_memory
 from cpbench.bench.reference import (
     TORCH_DTYPES,
     agreed,
@@ -50,6 +51,9 @@ def measure_config(config_dict: dict[str, Any], settings: dict[str, Any]) -> dic
     kernel = select_kernel(device, dtype, config.backend)
     check_len = config.check_seq_len(settings["check_max_seq_len"])
     accuracy = agreed(lambda: reference_check(config, check_len, device), device)
+    # The check's tensors (the float64 reference on rank 0) are garbage now: return their
+    # cached blocks, so neither timing nor the memory probe inherits them.
+    release_cached_memory(device)
 
     backward = config.phase == "fwd+bwd"
     q, k, v, dout = random_shards(config, device)

@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from cpbench.attention.comm import ByteCounter
 from cpbench.bench.environment import rank_environment
-from cpbench.bench.memory import measure_peak_memory
+from cpbench.bench.memory import measure_peak_memory, release_cached_memory
 from cpbench.bench.reference import agreed, random_shards, reference_check
 from cpbench.bench.timing import time_iterations
 from cpbench.config.bench import BenchConfig
@@ -41,6 +41,9 @@ def measure_external(
     """Pool task body (collective) for an external impl; see the module docstring."""
     adapter = get_adapter(config.impl)
     accuracy = agreed(lambda: reference_check(config, check_len, device), device)
+    # The check's tensors (the float64 reference on rank 0) are garbage now: return their
+    # cached blocks, so neither timing nor the memory probe inherits them.
+    release_cached_memory(device)
     runner = adapter.prepare(config)
     backward = config.phase == "fwd+bwd"
     q, k, v, dout = random_shards(config, device)

@@ -1,8 +1,12 @@
 """Peak memory of one step, per rank, with the source named.
 
-- GPU: the torch CUDA caching allocator's peak (`max_memory_allocated`, what tensors occupy)
-  and NVML's device memory in use (what the user sees in nvidia-smi, incl. NCCL buffers and
-  the CUDA context).
+- GPU, for the measured step only (`release_cached_memory` first, then the allocator's peak
+  statistics are reset right before it): the torch caching allocator's peak allocated
+  (`max_memory_allocated`, what tensors occupy) and peak reserved (`max_memory_reserved`, what
+  the allocator holds from the driver: allocated plus its cache and fragmentation), and NVML's
+  peak for this process, sampled while the step runs (`cpbench.bench.nvml`: what nvidia-smi
+  lists for the rank's PID, incl. the CUDA context and NCCL buffers; not the device-wide
+  "used", which counts every process on the GPU).
 - CPU: a tensor-allocation tracker (a TorchDispatchMode that adds up the storages created by
   every op and drops them when they die) — the quantity the analytic model predicts — and the
   process's peak RSS (VmHWM, reset before the step), the quantity the user pays for.
@@ -10,16 +14,17 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._python_dispatch import (
-    TorchDispatchMode,
-    is_traceable_wrapper_subclass_type,
-)
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
+
+from cpbench.bench.nvml import ProcessMemorySampler, nvml_uuid
+from cpbench.compat import is_traceable_wrapper_subclass_type
 
 
 class TensorAllocationTracker(TorchDispatchMode):
@@ -99,45 +104,73 @@ def _reset_vm_hwm() -> bool:
         return False
 
 
-def _nvml_used_bytes(device_index: int) -> int | None:
-    """Device memory in use on this rank's GPU. NVML numbers GPUs in PCI order and ignores
-    CUDA_VISIBLE_DEVICES, so the GPU is looked up by its UUID, not by the CUDA index."""
-    try:
-        import pynvml  # noqa: PLC0415 - nvidia-ml-py; raises without a driver
+CPU_SOURCES = {
+    "peak_bytes": "cpu-tensor-tracker: bytes of the inputs' storages plus the peak of the "
+    "storages the step's ops created and had alive at once (TorchDispatchMode)",
+    "rss_peak_bytes": "/proc/self/status VmHWM after /proc/self/clear_refs reset it before the "
+    "step: the process's peak resident memory",
+}
+"""What measured each number of a CPU rank (recorded as the memory section's `sources`)."""
 
-        pynvml.nvmlInit()
-        uuid = str(torch.cuda.get_device_properties(device_index).uuid)
-        handle = pynvml.nvmlDeviceGetHandleByUUID(
-            uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
-        )
-        return int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
-    except Exception:  # noqa: BLE001 - NVML missing or failing: the allocator number stands
-        return None
+CUDA_SOURCES = {
+    "peak_bytes": "torch.cuda.max_memory_allocated after torch.cuda.reset_peak_memory_stats "
+    "right before the step: tensors alive at once",
+    "reserved_peak_bytes": "torch.cuda.max_memory_reserved, reset the same way after "
+    "torch.cuda.empty_cache: what the caching allocator held from the driver",
+}
+"""What measured the allocator numbers of a GPU rank; NVML's source comes from the sampler."""
+
+
+def release_cached_memory(device: torch.device) -> None:
+    """Let earlier work stop counting: collect unreachable tensors (the reference check's, an
+    earlier configuration's) and, on CUDA, return the caching allocator's unused blocks to the
+    driver, so that neither the allocator's reserve nor NVML's process memory still holds them."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+
+
+def _device_uuid(device: torch.device) -> str:
+    return nvml_uuid(torch.cuda.get_device_properties(device).uuid)
 
 
 def measure_peak_memory(
-    step: Callable[[], Any], device: torch.device, inputs: Iterable[torch.Tensor | None]
+    step: Callable[[], Any],
+    device: torch.device,
+    inputs: Iterable[torch.Tensor | None],
+    nvml: Any = None,
 ) -> dict[str, Any]:
-    """Run `step` once and return this rank's peak memory with its sources."""
+    """Run `step` once and return this rank's peak memory with the source of each number
+    (`sources`, by key). `nvml` replaces the pynvml module (tests)."""
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
+        release_cached_memory(device)
         torch.cuda.reset_peak_memory_stats(device)
-        step()
-        torch.cuda.synchronize(device)
+        with ProcessMemorySampler(_device_uuid(device), nvml=nvml) as sampler:
+            step()
+            torch.cuda.synchronize(device)
         return {
             "peak_bytes": int(torch.cuda.max_memory_allocated(device)),
             "source": "torch-cuda-allocator",
+            "reserved_peak_bytes": int(torch.cuda.max_memory_reserved(device)),
+            "nvml_process_peak_bytes": sampler.peak_bytes,
             "rss_peak_bytes": None,
-            "nvml_used_bytes": _nvml_used_bytes(device.index or 0),
+            "sources": {**CUDA_SOURCES, "nvml_process_peak_bytes": sampler.source},
         }
     inputs = list(inputs)
     baseline = storage_bytes(inputs)
     rss_ok = _reset_vm_hwm()
     with TensorAllocationTracker(existing=inputs) as tracker:
         step()
+    rss = _read_vm_hwm() if rss_ok else None
+    sources = dict(CPU_SOURCES)
+    if rss is None:
+        sources["rss_peak_bytes"] = "unavailable: /proc/self/clear_refs or VmHWM not readable"
     return {
         "peak_bytes": baseline + tracker.peak,
         "source": "cpu-tensor-tracker",
-        "rss_peak_bytes": _read_vm_hwm() if rss_ok else None,
-        "nvml_used_bytes": None,
+        "reserved_peak_bytes": None,
+        "nvml_process_peak_bytes": None,
+        "rss_peak_bytes": rss,
+        "sources": sources,
     }

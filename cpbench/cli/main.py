@@ -9,6 +9,7 @@ import sys
 
 import typer
 
+from cpbench.cli import doctor as _doctor  # noqa: F401
 from cpbench.cli import formulas as _formulas  # noqa: F401
 from cpbench.cli import recommend as _recommend  # noqa: F401
 from cpbench.cli import report as _report  # noqa: F401

@@ -11,7 +11,11 @@ from typing import Literal, get_args
 Layout = Literal["contiguous", "zigzag", "striped"]
 """How the sequence is cut over the ring (see cpbench/attention/layouts.py)."""
 Dtype = Literal["float32", "bfloat16", "float16"]
-Backend = Literal["auto", "sdpa", "naive", "flash_attn"]
+Backend = Literal["auto", "sdpa", "naive", "flash_attn", "flash_attn3", "cudnn", "efficient"]
+"""The local attention kernel (cpbench/attention/kernels): auto picks the fastest usable one;
+sdpa is PyTorch's fused flash op (CPU or CUDA fp16/bf16), naive the einsum reference,
+flash_attn flash-attn 2, flash_attn3 FlashAttention-3 (Hopper), cudnn cuDNN attention,
+efficient PyTorch's memory-efficient op (CUDA, also float32)."""
 Phase = Literal["fwd", "fwd+bwd"]
 Device = Literal["cpu", "cuda"]
 ScenarioDevice = Literal["auto", "cpu", "cuda"]

@@ -11,8 +11,11 @@ own schemes:
 | transformer_engine, transformer_engine:all_gather | TransformerEngine DotProductAttention | te |
 
 The libraries are optional extras (`pip install 'cpbench[ring]'`, `[usp]`, `[te]`), imported
-only when an adapter is prepared; a missing one makes its configurations `skipped` with an
-install hint. This package's import is torch-free (scenarios validate names through it).
+only when an adapter is prepared, i.e. in the ranks; a missing one makes its configurations
+`skipped` with an install hint. The parent process (sweep, verify, run) only looks them up
+(`cpbench.impls.base.module_available`): importing yunchang or TransformerEngine there can
+create a CUDA context on GPU 0. This package's import is torch-free (scenarios validate names
+through it).
 """
 
 from __future__ import annotations

@@ -5,8 +5,15 @@ heads / KV heads, dtype, device) to one library's API:
 
 - `capability(config)`: pure; None when the library can run the configuration, else the reason
   (the rule of the library that rejects it). Recorded as the `skipped` reason.
-- `installed()`: None when the library imports, else an install hint (what is missing, the pip
-  line). Recorded as the `skipped` reason too.
+- `installed()`: None when the library and what it needs at import are installed, else an
+  install hint (what is missing, the pip line). Recorded as the `skipped` reason too. It runs
+  in the parent process (sweep, verify, run) and must not import the library there: importing
+  can create a CUDA context on GPU 0 (yunchang's import, with flashinfer installed, calls
+  `torch.cuda.get_device_capability()`; TransformerEngine's loads its CUDA libraries), which
+  then holds memory on a GPU a rank measures on. It looks the modules up with
+  `module_available` (`importlib.util.find_spec`, which imports nothing for a top-level
+  name); the library is imported in the ranks only, by `prepare` (`import_library`, whose
+  error carries the same hint when an installed library fails to import).
 - `known_issues(config)`: documented upstream precision issues that loosen the tolerance of
   one gradient, named with the file and line of the library (reported, never hidden).
 - `prepare(config)`: collective on every rank; builds the process groups / modules the library
@@ -21,8 +28,12 @@ dispatcher must stay enabled for the backward).
 from __future__ import annotations
 
 import contextlib
+import importlib
+import importlib.util
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any, Protocol
 
 import torch
@@ -178,6 +189,35 @@ def self_send_reason(config: BenchConfig, library: str) -> str | None:
 
 def first_reason(*reasons: str | None) -> str | None:
     return next((r for r in reasons if r), None)
+
+
+def module_available(name: str) -> bool:
+    """Whether the top-level module `name` can be imported, without importing it: already
+    imported, or found on sys.path by `importlib.util.find_spec` (for a top-level name it only
+    searches the path; a dotted name would import its parents, so only top-level names)."""
+    if "." in name:
+        raise ValueError(f"module_available takes a top-level module name, got {name!r}")
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ValueError:  # in sys.modules without a __spec__ (a module made at run time)
+        return sys.modules.get(name) is not None
+
+
+def missing_module(*names: str) -> ModuleNotFoundError | None:
+    """The error `import` would raise for the first of `names` not available, or None."""
+    for name in names:
+        if not module_available(name):
+            return ModuleNotFoundError(f"No module named {name!r}", name=name)
+    return None
+
+
+def import_library(module: str, hint: Callable[[BaseException], str]) -> ModuleType:
+    """Import an optional library in a rank (`prepare`); an ImportError carries the install
+    hint `hint` makes of it (what `installed()` would have said had it seen the failure)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise ImportError(hint(exc)) from exc
 
 
 def distribution_version(distribution: str) -> str | None:

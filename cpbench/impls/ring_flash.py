@@ -24,7 +24,6 @@ tolerance and named in the record (a `KnownIssue`).
 from __future__ import annotations
 
 import contextlib
-import importlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +42,8 @@ from cpbench.impls.base import (
     distribution_version,
     first_reason,
     half_precision_reason,
+    import_library,
+    missing_module,
     no_context,
     own_kernel_reason,
     self_send_reason,
@@ -74,6 +75,24 @@ def install_hint(exc: BaseException) -> str:
             f"transformers < 5: pip install 'transformers<5' ({text})"
         )
     return f"ring-flash-attn is not installed: pip install 'cpbench[ring]' ({text})"
+
+
+def _major(version: str | None) -> int:
+    """The leading number of a version string (0 when unknown)."""
+    head = (version or "").split(".")[0]
+    return int(head) if head.isdigit() else 0
+
+
+def _hf_adapter_needs_old_transformers() -> bool:
+    """ring-flash-attn up to 0.1.8 imports `is_flash_attn_greater_or_equal_2_10` from
+    transformers at import time (ring_flash_attn/adapters/hf_adapter.py), which transformers
+    5 no longer has; a later release is given the benefit of the doubt (its rank's import
+    would fail with the hint)."""
+    version = distribution_version("ring-flash-attn")
+    if version is None:
+        return True
+    parts = [int(p) for p in version.split("+")[0].split(".")[:3] if p.isdigit()]
+    return tuple(parts) <= (0, 1, 8)
 
 
 @dataclass(frozen=True)
@@ -127,10 +146,15 @@ class RingFlashAdapter:
         return None
 
     def installed(self) -> str | None:
-        try:
-            importlib.import_module("ring_flash_attn")
-        except ImportError as exc:
-            return install_hint(exc)
+        """Looked up, not imported (see `cpbench.impls.base`): the library, then what its
+        import needs (flash-attn; transformers, for the HuggingFace adapter that 0.1.8
+        imports at import time, older than 5)."""
+        missing = missing_module("ring_flash_attn", "flash_attn", "transformers")
+        if missing is not None:
+            return install_hint(missing)
+        transformers = distribution_version("transformers")
+        if _hf_adapter_needs_old_transformers() and _major(transformers) >= 5:
+            return install_hint(ImportError(f"transformers {transformers} is installed"))
         return None
 
     def version(self) -> str | None:
@@ -140,7 +164,7 @@ class RingFlashAdapter:
         return bf16_dq_when_fp16_contiguous(config, BF16_DQ)
 
     def prepare(self, config: BenchConfig) -> RingFlashRunner:
-        module = importlib.import_module("ring_flash_attn")
+        module = import_library("ring_flash_attn", install_hint)
         world, rank = config.world_size, torch.distributed.get_rank()
         sharding = PositionSharding(
             lambda r: positions(config.seq_len, 1, world, config.layout, r), world, rank

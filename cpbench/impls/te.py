@@ -46,6 +46,7 @@ from cpbench.impls.base import (
     cp_group,
     distribution_version,
     first_reason,
+    missing_module,
     no_context,
     no_kv_replication_reason,
     own_kernel_reason,
@@ -67,6 +68,13 @@ def comm_type(config: BenchConfig, name: str) -> str:
     if config.ulysses == 1:
         return "p2p"
     return "a2a" if config.ring == 1 else "a2a+p2p"
+
+
+def _not_installed(exc: BaseException) -> str:
+    return (
+        f"TransformerEngine is not installed or cannot load (CUDA only): "
+        f"pip install 'cpbench[te]' ({type(exc).__name__}: {exc})"
+    )
 
 
 @functools.cache
@@ -136,14 +144,11 @@ class TeAdapter:
         return None
 
     def installed(self) -> str | None:
-        try:
-            importlib.import_module("transformer_engine.pytorch")
-        except Exception as exc:  # noqa: BLE001 - TE raises more than ImportError without CUDA
-            return (
-                f"TransformerEngine is not installed or cannot load (CUDA only): "
-                f"pip install 'cpbench[te]' ({type(exc).__name__}: {exc})"
-            )
-        return None
+        """Looked up, not imported (see `cpbench.impls.base`): TE's import loads its CUDA
+        libraries and queries the GPU. An installed TE that cannot load fails in the rank's
+        `prepare`, with the same hint."""
+        missing = missing_module("transformer_engine")
+        return _not_installed(missing) if missing is not None else None
 
     def version(self) -> str | None:
         return distribution_version("transformer-engine")
@@ -152,7 +157,10 @@ class TeAdapter:
         return ()
 
     def prepare(self, config: BenchConfig) -> TeRunner:
-        te = importlib.import_module("transformer_engine.pytorch")
+        try:  # imported here, in the rank only
+            te = importlib.import_module("transformer_engine.pytorch")
+        except Exception as exc:  # noqa: BLE001 - TE raises more than ImportError without CUDA
+            raise ImportError(_not_installed(exc)) from exc
         kind = comm_type(config, self.name)
         mesh = build_mesh(config.ulysses, config.ring)
         group: Any = cp_group()

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +47,9 @@ from cpbench.impls.base import (
     distribution_version,
     first_reason,
     half_precision_reason,
+    import_library,
+    missing_module,
+    module_available,
     no_context,
     no_kv_replication_reason,
     own_kernel_reason,
@@ -61,6 +64,10 @@ BF16_DQ = KnownIssue(
     "whatever the input dtype (yunchang/ring/ring_flash_attn.py, 0.6.4): dQ of float16 inputs "
     "is rounded to bf16",
 )
+
+
+def _not_installed(exc: BaseException) -> str:
+    return f"yunchang is not installed: pip install 'cpbench[usp]' ({exc})"
 
 
 @functools.cache
@@ -113,12 +120,20 @@ class UspAdapter:
         return None
 
     def installed(self) -> str | None:
-        try:
-            globals_module = importlib.import_module("yunchang.globals")
-            importlib.import_module("yunchang")
-        except ImportError as exc:
-            return f"yunchang is not installed: pip install 'cpbench[usp]' ({exc})"
-        if not getattr(globals_module, "HAS_FLASH_ATTN", False):
+        """Looked up, not imported (see `cpbench.impls.base`; yunchang's import may create a
+        CUDA context): yunchang, and flash-attn for its ring backward. Where yunchang is
+        already imported (a rank, a test), its own verdict `yunchang.globals.HAS_FLASH_ATTN`
+        decides."""
+        missing = missing_module("yunchang")
+        if missing is not None:
+            return _not_installed(missing)
+        loaded = sys.modules.get("yunchang.globals")
+        has_flash_attn = (
+            bool(getattr(loaded, "HAS_FLASH_ATTN", False))
+            if loaded is not None
+            else module_available("flash_attn")
+        )
+        if not has_flash_attn:
             return (
                 "yunchang's ring attention with a backward runs on flash-attn (CUDA only), "
                 "which is not importable: pip install flash-attn"
@@ -132,6 +147,7 @@ class UspAdapter:
         return bf16_dq_when_fp16_contiguous(config, BF16_DQ)
 
     def prepare(self, config: BenchConfig) -> UspRunner:
+        import_library("yunchang", _not_installed)  # imported here, in the rank only
         from yunchang import LongContextAttention  # noqa: PLC0415
         from yunchang.globals import PROCESS_GROUP  # noqa: PLC0415
         from yunchang.kernels import AttnType  # noqa: PLC0415

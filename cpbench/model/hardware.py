@@ -77,6 +77,8 @@ KERNEL_ALIASES: dict[str, KernelFamily] = {
     "flash_attn_interface": "flash_attn3",
     "cudnn_attention": "cudnn",
     "cudnn_sdpa": "cudnn",
+    "efficient": "cuda_sdpa",  # memory-efficient SDPA (fp32 on CUDA): no published curve;
+    # an estimate by the closest family (PyTorch's CUDA SDPA)
 }
 """Kernel names (`--kernel`, a record's `config.kernel`) that name a family under another
 spelling; `sdpa` is `cuda_sdpa` or `cpu_sdpa` by the profile's device, `auto` its default."""

@@ -27,7 +27,9 @@ from cpbench.config.vocabulary import Phase
 SCHEMA_VERSION = 1
 """Version of the record's shape. Version 1 records written before the `impl` axis lack
 `config.impl`; those written before the busbw rename carry `comm.achieved_algbw_GBps`
-(`migrate_record` handles both)."""
+(`migrate_record` handles both); GPU records written before the per-process memory probes carry
+`memory.nvml_used_bytes` (device-wide, read once: kept and documented as such) and no
+`memory.sources`."""
 
 Status = Literal["ok", "failed", "skipped", "timeout"]
 """What happened to a configuration: measured, failed (an error or a wrong result), skipped (a
@@ -76,7 +78,8 @@ class ConfigSection(Section):
     kv_replication: int
     """Copies of each KV head (1 = none), resolved."""
     backend: str
-    """Kernel requested: auto | sdpa | naive | flash_attn."""
+    """Kernel requested (`cpbench.config.vocabulary.Backend`): auto | sdpa | naive | flash_attn |
+    flash_attn3 | cudnn | efficient."""
     kernel: str | None
     """Kernel used (null when not run)."""
     device: str
@@ -157,16 +160,36 @@ class CommSection(Section):
 
 
 class MemorySection(Section):
-    """Memory per rank, measured and analytic (bytes)."""
+    """Memory per rank, measured and analytic (bytes). Measured numbers are of the one step run
+    under the memory probe (`cpbench.bench.memory`); `sources` names what measured each."""
 
     peak_bytes: list[int] | None = None
-    """Peak bytes of each rank during the step."""
+    """Peak bytes of each rank during the step: on GPU `torch.cuda.max_memory_allocated`
+    (tensors alive at once, statistics reset right before the step), on CPU the tensor tracker
+    (the inputs' storages plus the peak of the storages the step created)."""
     source: str | None = None
     """cpu-tensor-tracker | torch-cuda-allocator: what measured peak_bytes."""
+    reserved_peak_bytes: list[int | None] | None = None
+    """GPU: peak bytes the torch caching allocator held from the driver during the step, per
+    rank (`torch.cuda.max_memory_reserved`, after `torch.cuda.empty_cache` and a reset right
+    before the step): peak_bytes plus the allocator's cache and fragmentation."""
+    nvml_process_peak_bytes: list[int | None] | None = None
+    """GPU: peak of the rank's own process memory on its GPU during the step, per rank: NVML's
+    `usedGpuMemory` for the rank's PID in `nvmlDeviceGetComputeRunningProcesses` (v3 where
+    available), GPU found by UUID, sampled by a background thread while the step ran. What
+    nvidia-smi lists per process: the allocator's reserve plus the CUDA context, NCCL buffers
+    and library workspaces; other processes on the GPU are not counted. Null for a rank where
+    NVML is missing or does not list the PID (`sources` says why)."""
     rss_peak_bytes: list[int | None] | None = None
-    """CPU: process peak RSS of each rank during the step."""
+    """CPU: process peak RSS of each rank during the step (VmHWM, reset before the step)."""
+    sources: dict[str, str] | None = None
+    """What measured each of the fields above, by field name (for NVML: the query, the PID,
+    the sampling; or why the value is null). Absent in records written before it."""
     nvml_used_bytes: list[int | None] | None = None
-    """GPU: device memory in use after the step (NVML), per rank."""
+    """Older GPU records only (no longer written): NVML's device-wide "used" memory read once
+    after the step (`nvmlDeviceGetMemoryInfo`): not a peak, not this process's share (every
+    process on the GPU), and including the allocator's cache of earlier work. Kept as read;
+    nvml_process_peak_bytes replaces it."""
     analytic_peak_bytes: int | None = None
     """cpbench.model.memory lower bound of a rank's peak."""
 

@@ -4,32 +4,50 @@ from __future__ import annotations
 
 import torch
 
-from cpbench.attention.kernels.base import _expand_kv, _FlashAux, _reduce_kv_grad
+from cpbench.attention.kernels import ops
+from cpbench.attention.kernels.base import _expand_kv, _reduce_kv_grad
+
+
+def cuda_flash_native_gqa(version: str | None = None) -> bool:
+    """Whether `aten._scaled_dot_product_flash_attention` (and its backward) of this torch
+    takes K/V with fewer heads than Q. The op runs PyTorch's vendored FlashAttention-2, whose
+    `mha_fwd`/`mha_bwd` handle `num_heads % num_heads_k == 0` themselves (dK/dV come back with
+    the KV heads); torch 2.5 routes `scaled_dot_product_attention(..., enable_gqa=True)` to it
+    unexpanded (pytorch#132689), which is the release cpbench relies on. Older torch: expand.
+    (A version question: to move to `cpbench.compat`.)"""
+    return ops.torch_at_least(2, 5, version)
 
 
 class CudaSdpaKernel:
     """PyTorch's CUDA flash-attention op (fp16/bf16), which returns the LSE and whose backward
-    takes out/LSE. GQA: K/V are expanded locally (no communication is affected) and their
-    gradients summed back. The backward op also wants the forward's auxiliary outputs
-    (cumulative sequence lengths, RNG state): with no varlen and no dropout they do not depend
-    on the block, so the ones of the last forward are reused, as PyTorch's own ring does."""
+    takes out/LSE. Our [B, S, H, D] tensors go in as [B, H, S, D] views (no copy). GQA: K/V go
+    in with their own heads where the op accepts it (`cuda_flash_native_gqa`), else they are
+    expanded locally (no communication is affected) and their gradients summed back. The
+    backward op also wants the forward's auxiliary outputs (cumulative sequence lengths, RNG
+    state): with no varlen and no dropout they do not depend on the block, so the ones of the
+    last forward are reused, as PyTorch's own ring does."""
 
     name = "sdpa"
 
     def __init__(self) -> None:
-        self._aux: _FlashAux | None = None
+        self._aux: tuple[torch.Tensor, ...] | None = None
+
+    @staticmethod
+    def _kv(x: torch.Tensor, heads: int) -> torch.Tensor:
+        return (x if cuda_flash_native_gqa() else _expand_kv(x, heads)).transpose(1, 2)
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
     ) -> tuple[torch.Tensor, torch.Tensor]:
         h = q.shape[2]
-        res = torch.ops.aten._scaled_dot_product_flash_attention(
-            q.transpose(1, 2),
-            _expand_kv(k, h).transpose(1, 2),
-            _expand_kv(v, h).transpose(1, 2),
-            0.0,
-            causal,
-            False,
+        res = ops.call_op(
+            "_scaled_dot_product_flash_attention",
+            query=q.transpose(1, 2),
+            key=self._kv(k, h),
+            value=self._kv(v, h),
+            dropout_p=0.0,
+            is_causal=causal,
+            return_debug_mask=False,
             scale=scale,
         )
         self._aux = (res[2], res[3], res[6], res[7])
@@ -52,21 +70,22 @@ class CudaSdpaKernel:
         if self._aux is None:  # unreachable: forward sets it
             raise RuntimeError("CudaSdpaKernel.forward did not record its auxiliary outputs")
         cum_q, cum_k, seed, offset = self._aux
-        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_backward(
-            dout.transpose(1, 2),
-            q.transpose(1, 2),
-            _expand_kv(k, h).transpose(1, 2),
-            _expand_kv(v, h).transpose(1, 2),
-            out.transpose(1, 2),
-            lse.contiguous(),
-            cum_q,
-            cum_k,
-            q.shape[1],
-            k.shape[1],
-            0.0,
-            causal,
-            seed,
-            offset,
+        dq, dk, dv = ops.call_op(
+            "_scaled_dot_product_flash_attention_backward",
+            grad_out=dout.transpose(1, 2),
+            query=q.transpose(1, 2),
+            key=self._kv(k, h),
+            value=self._kv(v, h),
+            out=out.transpose(1, 2),
+            logsumexp=lse.contiguous(),
+            cum_seq_q=cum_q,
+            cum_seq_k=cum_k,
+            max_q=q.shape[1],
+            max_k=k.shape[1],
+            dropout_p=0.0,
+            is_causal=causal,
+            philox_seed=seed,
+            philox_offset=offset,
             scale=scale,
         )
         kv_heads = k.shape[2]

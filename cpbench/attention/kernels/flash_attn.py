@@ -4,11 +4,21 @@ from __future__ import annotations
 
 import torch
 
+from cpbench.attention.kernels.ops import last_dim_contiguous
+
 
 class FlashAttnKernel:
     """The flash-attn package (Dao-AILab) on CUDA: native GQA, [B, S, H, D] layout, LSE out,
     backward with given out/LSE. Its private functions changed signature across releases; the
-    calls below are those of 2.7 and 2.8 (older versions are not selected)."""
+    calls below are those of 2.7 and 2.8 (older versions are not selected).
+
+    Inputs are handed over as they come when their last dimension is contiguous: flash-attn
+    reads any batch/sequence/head strides and copies only a tensor whose `stride(-1) != 1`
+    (`maybe_contiguous` in flash_attn_interface.py), so K and V, strided views of the ring's
+    packed `[B, S, 2, H, D]` buffer, and row slices of a ring block cost no copy. Only a tensor
+    the library would copy anyway is made contiguous here (`last_dim_contiguous`). The LSE
+    stays `.contiguous()`: the CUDA kernel indexes it as a dense [B, H, S] array (a slice of
+    the ring's LSE is not), and it is S floats per head, not S x D."""
 
     name = "flash_attn"
 
@@ -21,9 +31,9 @@ class FlashAttnKernel:
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
     ) -> tuple[torch.Tensor, torch.Tensor]:
         res = self._fa._flash_attn_forward(
-            q.contiguous(),
-            k.contiguous(),
-            v.contiguous(),
+            last_dim_contiguous(q),
+            last_dim_contiguous(k),
+            last_dim_contiguous(v),
             dropout_p=0.0,
             softmax_scale=scale,
             causal=causal,
@@ -48,11 +58,11 @@ class FlashAttnKernel:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         self._fa._flash_attn_backward(
-            dout.contiguous(),
-            q.contiguous(),
-            k.contiguous(),
-            v.contiguous(),
-            out.contiguous(),
+            last_dim_contiguous(dout),
+            last_dim_contiguous(q),
+            last_dim_contiguous(k),
+            last_dim_contiguous(v),
+            last_dim_contiguous(out),
             lse.contiguous(),
             dq,
             dk,

@@ -1,21 +1,43 @@
-"""Which kernel runs: `select_kernel` from the device, the dtype and the requested name."""
+"""Which kernel runs: `select_kernel` from the device, the dtype and the requested name.
+
+`auto` on CUDA, fp16/bf16: FlashAttention-3 on Hopper when it imports, else flash-attn 2,
+else cuDNN attention on Hopper and newer, else PyTorch's CUDA flash op; float32 on CUDA:
+PyTorch's memory-efficient op (never the einsum kernel, whose S^2 scores run out of memory at
+real lengths); float64 anywhere: einsum. On CPU: PyTorch's fused CPU op, einsum for float64.
+An explicit choice that cannot run here is a `CpbenchError` saying what is missing
+(`kernel_unavailable`, which `kernel_availability` reports for every kernel at once).
+"""
 
 from __future__ import annotations
 
 import functools
+import importlib
 
 import torch
 
+from cpbench.attention.kernels import ops
 from cpbench.attention.kernels.base import LocalKernel
 from cpbench.attention.kernels.cpu_sdpa import CpuSdpaKernel
 from cpbench.attention.kernels.cuda_sdpa import CudaSdpaKernel
+from cpbench.attention.kernels.cudnn import CudnnKernel, cudnn_unavailable
+from cpbench.attention.kernels.efficient import EfficientKernel, efficient_unavailable
 from cpbench.attention.kernels.flash_attn import (
     FlashAttnKernel,
     flash_attn_available,
     flash_attn_version,
 )
+from cpbench.attention.kernels.flash_attn3 import (
+    FlashAttn3Kernel,
+    flash_attn3_available,
+    flash_attn3_version,
+)
 from cpbench.attention.kernels.naive import NaiveKernel
 from cpbench.config.vocabulary import BACKENDS
+from cpbench.errors import CpbenchError
+
+HALF = (torch.float16, torch.bfloat16)
+HOPPER = 9
+"""Compute capability major of Hopper (H100/H200: sm90), FlashAttention-3's architecture."""
 
 
 @functools.cache
@@ -23,34 +45,117 @@ def _kernel_instance(cls: type) -> LocalKernel:
     return cls()
 
 
+def _kernel_class(name: str, device: torch.device) -> type:
+    if name == "sdpa":
+        return CudaSdpaKernel if device.type == "cuda" else CpuSdpaKernel
+    classes: dict[str, type] = {
+        "naive": NaiveKernel,
+        "flash_attn": FlashAttnKernel,
+        "flash_attn3": FlashAttn3Kernel,
+        "cudnn": CudnnKernel,
+        "efficient": EfficientKernel,
+    }
+    return classes[name]
+
+
+def _flash_attn_unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
+    if device.type == "cuda" and dtype in HALF and flash_attn_available():
+        return None
+    return (
+        f"needs CUDA, fp16/bf16 and flash-attn >= 2.7 (device {device.type}, dtype {dtype}, "
+        f"installed: {flash_attn_version()}); install with: pip install 'cpbench[gpu]'"
+    )
+
+
+def _flash_attn3_unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
+    if device.type != "cuda":
+        return f"needs a CUDA device (got {device.type})"
+    if dtype not in HALF:
+        return f"needs fp16/bf16 (got {dtype})"
+    capability = ops.device_capability(device)
+    if capability is None or capability[0] != HOPPER:
+        return f"needs a Hopper GPU (compute capability 9.x; device has {capability})"
+    if not flash_attn3_available():
+        return (
+            "needs FlashAttention-3: module 'flash_attn_interface' (flash-attention's hopper/, "
+            "the flash_attn_3 wheel) does not import"
+        )
+    return None
+
+
+def kernel_unavailable(name: str, device: torch.device | str, dtype: torch.dtype) -> str | None:
+    """Why kernel `name` (not `auto`) cannot run on `device` in `dtype`; None when it can."""
+    device = torch.device(device)
+    if name == "naive":
+        return None
+    if name == "sdpa":
+        if device.type == "cuda" and dtype not in HALF:
+            return f"on CUDA needs fp16/bf16, got {dtype} (float32 on CUDA: kernel 'efficient')"
+        return None
+    if name == "flash_attn":
+        return _flash_attn_unavailable(device, dtype)
+    if name == "flash_attn3":
+        return _flash_attn3_unavailable(device, dtype)
+    if name == "cudnn":
+        return cudnn_unavailable(device, dtype)
+    if name == "efficient":
+        return efficient_unavailable(device, dtype)
+    raise CpbenchError(f"kernel {name!r} is not one of {', '.join(BACKENDS)}")
+
+
+def auto_kernel_name(device: torch.device | str, dtype: torch.dtype) -> str:
+    """The kernel `auto` runs on `device` in `dtype` (see the module docstring)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return "naive" if dtype == torch.float64 else "sdpa"
+    if dtype == torch.float32:
+        return "efficient"
+    if dtype not in HALF:
+        return "naive"
+    for name in ("flash_attn3", "flash_attn"):
+        if kernel_unavailable(name, device, dtype) is None:
+            return name
+    capability = ops.device_capability(device)
+    if (
+        capability is not None
+        and capability[0] >= HOPPER
+        and cudnn_unavailable(device, dtype) is None
+    ):
+        return "cudnn"
+    return "sdpa"
+
+
+def kernel_availability(device: torch.device | str, dtype: torch.dtype) -> dict[str, str | None]:
+    """Every kernel name (not `auto`) with why it cannot run here, None for those that can."""
+    return {name: kernel_unavailable(name, device, dtype) for name in BACKENDS if name != "auto"}
+
+
+def kernel_version(name: str) -> str | None:
+    """The version of what runs kernel `name`: the library (flash-attn, FA3), cuDNN's number,
+    or torch for PyTorch's own ops; None when that library is not installed."""
+    if name == "flash_attn":
+        try:
+            return str(importlib.import_module("flash_attn").__version__)
+        except (ImportError, AttributeError):
+            return None
+    if name == "flash_attn3":
+        return flash_attn3_version()
+    if name == "cudnn":
+        version = ops.cudnn_version()
+        return None if version is None else str(version)
+    return str(torch.__version__)
+
+
 def select_kernel(
     device: torch.device | str, dtype: torch.dtype, name: str = "auto"
 ) -> LocalKernel:
-    """Pick a kernel: flash-attn on CUDA when importable, else the fused SDPA op of the device,
-    else einsum. `name` overrides the choice; an impossible override is an error."""
-    from cpbench.errors import CpbenchError  # noqa: PLC0415
-
+    """Pick a kernel: `auto` as `auto_kernel_name` says, else the named one; an impossible
+    named choice is a `CpbenchError` saying what is missing."""
     device = torch.device(device)
     if name not in BACKENDS:
         raise CpbenchError(f"kernel {name!r} is not one of {', '.join(BACKENDS)}")
-    cuda = device.type == "cuda"
-    half = dtype in (torch.float16, torch.bfloat16)
-    if name == "naive":
-        return _kernel_instance(NaiveKernel)
-    if name == "flash_attn" or (name == "auto" and cuda and half and flash_attn_available()):
-        if not (cuda and half and flash_attn_available()):
-            raise CpbenchError(
-                f"kernel 'flash_attn' needs CUDA, fp16/bf16 and flash-attn >= 2.7 "
-                f"(device {device.type}, dtype {dtype}, installed: {flash_attn_version()}); "
-                f"install with: pip install 'cpbench[gpu]'"
-            )
-        return _kernel_instance(FlashAttnKernel)
-    if cuda:
-        if half:
-            return _kernel_instance(CudaSdpaKernel)
-        if name == "sdpa":
-            raise CpbenchError(f"kernel 'sdpa' on CUDA needs fp16/bf16, got {dtype}")
-        return _kernel_instance(NaiveKernel)
-    if dtype == torch.float64 and name == "auto":
-        return _kernel_instance(NaiveKernel)
-    return _kernel_instance(CpuSdpaKernel)
+    chosen = auto_kernel_name(device, dtype) if name == "auto" else name
+    reason = kernel_unavailable(chosen, device, dtype)
+    if reason is not None:
+        raise CpbenchError(f"kernel {chosen!r} {reason}")
+    return _kernel_instance(_kernel_class(chosen, device))

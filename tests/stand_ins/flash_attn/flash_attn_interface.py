@@ -3,7 +3,8 @@
 Signatures and return values are those of flash-attn 2.7 / 2.8 (`_flash_attn_forward` returns
 `(out, softmax_lse, S_dmask, rng_state)` with `softmax_lse [B, H, S]` float32;
 `_flash_attn_backward` writes dq / dk / dv into the given tensors, which may be strided views,
-and returns `softmax_d`). Tensors are `[B, S, H, D]`; K/V may have fewer heads (GQA).
+and returns `softmax_d`). Tensors are `[B, S, H, D]`; K/V may have fewer heads (GQA), which
+the stand-in expands before the CPU op (whose own GQA is wrong in torch 2.6).
 
 Causal masks: flash-attn aligns the causal diagonal to the bottom right when the query and key
 lengths differ (query i sees key j iff j <= i + Sk - Sq). The CPU op's `is_causal` is top-left,
@@ -54,8 +55,19 @@ def _mask(q: torch.Tensor, k: torch.Tensor, causal: bool) -> tuple[bool, torch.T
     )
 
 
-def _heads_first(x: torch.Tensor) -> torch.Tensor:
+def _heads_first(x: torch.Tensor, heads: int | None = None) -> torch.Tensor:
+    """[B, S, h, D] -> [B, h, S, D]; K/V with fewer heads than `heads` (GQA) are expanded
+    first: the CPU op handles GQA itself only in newer torch (2.6's gives wrong results)."""
+    group = 1 if heads is None else heads // x.shape[2]
+    x = x if group == 1 else x.repeat_interleave(group, dim=2)
     return x.transpose(1, 2)
+
+
+def _kv_grad(grad: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """The CPU op's [B, H, S, D] gradient of expanded K/V -> [B, S, h_kv, D], summed."""
+    b, h, s, d = grad.shape
+    grad = grad.transpose(1, 2)
+    return grad if h == kv_heads else grad.reshape(b, s, kv_heads, h // kv_heads, d).sum(3)
 
 
 def _flash_attn_forward(
@@ -73,10 +85,11 @@ def _flash_attn_forward(
 ):  # type: ignore[no-untyped-def]
     _refuse_unsupported(q, dropout_p, window_size_left, window_size_right, softcap, alibi_slopes)
     is_causal, mask = _mask(q, k, causal)
+    heads = q.shape[2]
     out, lse = _FWD(
         _heads_first(q),
-        _heads_first(k),
-        _heads_first(v),
+        _heads_first(k, heads),
+        _heads_first(v, heads),
         0.0,
         is_causal,
         attn_mask=mask,
@@ -108,11 +121,12 @@ def _flash_attn_backward(
 ):  # type: ignore[no-untyped-def]
     _refuse_unsupported(q, dropout_p, window_size_left, window_size_right, softcap, alibi_slopes)
     is_causal, mask = _mask(q, k, causal)
+    heads = q.shape[2]
     grad_q, grad_k, grad_v = _BWD(
         _heads_first(dout),
         _heads_first(q),
-        _heads_first(k),
-        _heads_first(v),
+        _heads_first(k, heads),
+        _heads_first(v, heads),
         _heads_first(out),
         softmax_lse.contiguous(),
         0.0,
@@ -121,8 +135,8 @@ def _flash_attn_backward(
         scale=softmax_scale,
     )
     dq.copy_(grad_q.transpose(1, 2))
-    dk.copy_(grad_k.transpose(1, 2))
-    dv.copy_(grad_v.transpose(1, 2))
+    dk.copy_(_kv_grad(grad_k, k.shape[2]))
+    dv.copy_(_kv_grad(grad_v, v.shape[2]))
     # softmax_d: rowsum(dout * out), [B, H, S] float32, as flash-attn returns it.
     return (dout.float() * out.float()).sum(dim=-1).transpose(1, 2).contiguous()
 

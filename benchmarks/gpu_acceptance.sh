@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# The GPU acceptance run: the first thing to run on a GPU machine. On whatever GPUs are visible
+# (one included), in under 8 minutes, everything lands under one folder:
+#
+#   doctor.json / doctor.txt    `cpbench doctor`: versions, GPUs, interconnect, usable kernels
+#   verify-<impl>.json          `cpbench verify` in bf16, every case of the world size, for
+#                               cpbench and every external implementation doctor finds usable
+#   scenario.toml, sweep.jsonl  scenarios/gpu-acceptance.toml with the backend axis set to the
+#                               usable kernels; every record carries its memory probes
+#   report.html, report.json    `cpbench report` of the sweep
+#   summary.md                  one page: kernel TFLOP/s, verify counts, memory sources,
+#                               versions, the steps and their exit codes
+#   steps.tsv, logs/            each step's exit code, seconds and stderr
+#
+# usage: benchmarks/gpu_acceptance.sh OUT_DIR [--dry-run]
+#   --dry-run (or CPBENCH_ACCEPTANCE_DRY=1): the same steps on the CPU with tiny sizes, gloo,
+#   2 ranks (the test suite runs it: tests/test_gpu_acceptance.py).
+#   CPBENCH_PYTHON: the Python that has cpbench installed (default: python3).
+#   CPBENCH_ACCEPTANCE_BUDGET: seconds for the whole run (default 470).
+# Exit code: 0 when every step succeeded, 1 when one failed (a wrong result, a crash), 2 on bad
+# usage or when no GPU is visible outside the dry run. The summary is written in every case.
+set -uo pipefail
+
+usage() { echo "usage: $0 OUT_DIR [--dry-run]" >&2; exit 2; }
+OUT="" DRY="${CPBENCH_ACCEPTANCE_DRY:-0}"
+for arg in "$@"; do
+  case "$arg" in
+    --dry-run) DRY=1 ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+    -*) usage ;;
+    *) [[ -z "$OUT" ]] || usage; OUT="$arg" ;;
+  esac
+done
+[[ -n "$OUT" ]] || usage
+[[ "$DRY" == 1 || "$DRY" == true ]] && DRY=1 || DRY=0
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ROOT="$(dirname "$HERE")"
+PY="${CPBENCH_PYTHON:-python3}"
+BUDGET="${CPBENCH_ACCEPTANCE_BUDGET:-470}"
+mkdir -p "$OUT/logs" || exit 2
+OUT="$(cd "$OUT" && pwd)"
+: > "$OUT/steps.tsv"
+START=$(date +%s)
+FAILED=0
+export COLUMNS="${COLUMNS:-100}"
+export PYTHONUNBUFFERED=1
+
+# step NAME LIMIT STDOUT_FILE CMD...: run CMD with at most LIMIT seconds (and never past the
+# budget), stdout to STDOUT_FILE, stderr to logs/NAME.log; append "NAME<TAB>rc<TAB>seconds".
+step() {
+  local name="$1" limit="$2" stdout="$3"
+  shift 3
+  local left=$(( START + BUDGET - $(date +%s) ))
+  (( limit > left )) && limit=$left
+  if (( limit < 5 )); then
+    printf '%s\t%s\t%s\n' "$name" "skipped" 0 >> "$OUT/steps.tsv"
+    echo "[acceptance] $name: skipped (time budget spent)" >&2
+    return 0
+  fi
+  echo "[acceptance] $name (at most ${limit} s)" >&2
+  local t0 rc
+  t0=$(date +%s.%N)
+  if command -v timeout > /dev/null; then
+    (cd "$ROOT" && timeout --signal=INT --kill-after=20 "$limit" "$@") \
+      > "$stdout" 2> "$OUT/logs/$name.log"
+  else
+    (cd "$ROOT" && "$@") > "$stdout" 2> "$OUT/logs/$name.log"
+  fi
+  rc=$?
+  printf '%s\t%s\t%s\n' "$name" "$rc" \
+    "$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')" \
+    >> "$OUT/steps.tsv"
+  if (( rc != 0 )); then
+    FAILED=1
+    echo "[acceptance] $name: exit $rc (see $OUT/logs/$name.log)" >&2
+  fi
+  return 0
+}
+
+dry_flag=()
+(( DRY )) && dry_flag=(--dry-run)
+
+# 1. doctor, then the plan: device, world size, usable kernels and impls; the sweep's scenario
+step doctor 60 "$OUT/doctor.json" "$PY" -m cpbench doctor --json
+step plan 60 "$OUT/plan.txt" "$PY" "$HERE/acceptance_summary.py" plan "$OUT" \
+  --template "$ROOT/scenarios/gpu-acceptance.toml" ${dry_flag[@]+"${dry_flag[@]}"}
+if ! read -r DEVICE WORLD IMPLS < "$OUT/plan.txt" || [[ -z "${WORLD:-}" ]]; then
+  cat "$OUT/logs/plan.log" >&2
+  "$PY" "$HERE/acceptance_summary.py" summary "$OUT" > "$OUT/summary.md" 2>> "$OUT/logs/plan.log"
+  exit 2
+fi
+echo "[acceptance] $DEVICE, world size $WORLD, impls: $IMPLS" >&2
+
+# 2. verify in bf16, every case of the world size: cpbench first, then each usable library
+for impl in ${IMPLS//,/ }; do
+  limit=60
+  [[ "$impl" == cpbench ]] && limit=150
+  step "verify-${impl//:/_}" "$limit" "$OUT/verify-${impl//:/_}.json" \
+    "$PY" -m cpbench verify --device "$DEVICE" --world-size "$WORLD" --dtype bfloat16 \
+    --impl "$impl" --json
+done
+
+# 3. the sweep (memory probes in every record), leaving 45 s for the report and the summary
+left=$(( START + BUDGET - $(date +%s) - 45 ))
+step sweep "$left" "$OUT/logs/sweep.out" "$PY" -m cpbench sweep "$OUT/scenario.toml" \
+  --out "$OUT/sweep.jsonl" --device "$DEVICE" --world-size "$WORLD"
+
+# 4. the report of the sweep, 5. the one-page summary
+if [[ -s "$OUT/sweep.jsonl" ]]; then
+  step report 40 "$OUT/report.json" "$PY" -m cpbench report "$OUT/sweep.jsonl" \
+    --output "$OUT/report.html" --json
+fi
+step summary 20 "$OUT/summary.md" "$PY" "$HERE/acceptance_summary.py" summary "$OUT"
+cat "$OUT/summary.md"
+echo "[acceptance] done in $(( $(date +%s) - START )) s: $OUT" >&2
+exit "$FAILED"

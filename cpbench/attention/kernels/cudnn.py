@@ -1,0 +1,136 @@
+"""cuDNN's fused attention through PyTorch: `aten._scaled_dot_product_cudnn_attention` and its
+`_backward`, which return and take the LSE (the ops PyTorch's own context-parallel ring uses)."""
+
+from __future__ import annotations
+
+import torch
+
+from cpbench.attention.kernels import ops
+from cpbench.attention.kernels.base import _expand_kv, _reduce_kv_grad
+
+CUDNN_MIN_VERSION = 90000
+"""cuDNN 9.0: the release PyTorch's cuDNN attention (torch >= 2.5) is built and tested on."""
+CUDNN_MIN_CAPABILITY = (8, 0)
+"""cuDNN's fused flash attention (fprop and bprop) runs on Ampere and newer."""
+TORCH_MIN = (2, 5)
+"""torch 2.5 gave the op `attn_bias` and `compute_log_sumexp` and made it a public SDPA backend;
+2.4's op was marked not ready for use (pytorch#122695)."""
+
+
+def cudnn_native_gqa(version: str | None = None) -> bool:
+    """Whether this torch's cuDNN attention op is known to take K/V with fewer heads than Q.
+    cuDNN's graph handles it, and PyTorch lets it through with a test of its own since
+    pytorch#150337 (2.8); for 2.5-2.7 no such check was found, so K/V are expanded there
+    (always correct, one copy of K/V per call). (A version question: to move to
+    `cpbench.compat`.)"""
+    return ops.torch_at_least(2, 8, version)
+
+
+def cudnn_unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
+    """Why the cuDNN kernel cannot run on `device` in `dtype`, None when it can."""
+    if device.type != "cuda":
+        return f"needs a CUDA device (got {device.type})"
+    if dtype not in (torch.float16, torch.bfloat16):
+        return f"needs fp16/bf16 (got {dtype})"
+    if not ops.torch_at_least(*TORCH_MIN):
+        return f"needs torch >= {TORCH_MIN[0]}.{TORCH_MIN[1]} (installed {torch.__version__})"
+    version = ops.cudnn_version()
+    if version is None:
+        return "needs cuDNN, which this torch cannot use (torch.backends.cudnn.is_available())"
+    if version < CUDNN_MIN_VERSION:
+        return f"needs cuDNN >= 9.0 (installed {version})"
+    capability = ops.device_capability(device)
+    if capability is None or capability < CUDNN_MIN_CAPABILITY:
+        return f"needs compute capability >= 8.0 (device has {capability})"
+    return None
+
+
+class CudnnKernel:
+    """cuDNN attention (fp16/bf16, Ampere and newer). Our [B, S, H, D] tensors go in as
+    [B, H, S, D] views (cuDNN takes any strides whose last one is 1). The op returns the LSE as
+    [B, H, S, 1] float32 (aten's layout for this op, cudnn-frontend#837); the kernel hands back
+    [B, H, S] (also when a release gives 3-D) and gives the backward the rank its forward
+    produced, dense, which is how cuDNN reads its stats. O and dO are made contiguous together
+    only when their strides differ (an output in cuDNN's own layout, a gradient that is not): a
+    defensive copy linear in S, since cuDNN builds its backward graph from both layouts. GQA:
+    see `cudnn_native_gqa`. Dropout 0: the RNG state of the last forward is reused in the
+    backward, as for PyTorch's flash op."""
+
+    name = "cudnn"
+
+    def __init__(self) -> None:
+        self._rng: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._lse_4d = True
+
+    @staticmethod
+    def _kv(x: torch.Tensor, heads: int) -> torch.Tensor:
+        return (x if cudnn_native_gqa() else _expand_kv(x, heads)).transpose(1, 2)
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        h = q.shape[2]
+        res = ops.call_op(
+            "_scaled_dot_product_cudnn_attention",
+            query=q.transpose(1, 2),
+            key=self._kv(k, h),
+            value=self._kv(v, h),
+            attn_bias=None,
+            compute_log_sumexp=True,
+            dropout_p=0.0,
+            is_causal=causal,
+            return_debug_mask=False,
+            scale=scale,
+        )
+        out, lse = res[0], res[1]
+        self._rng = (res[6], res[7])
+        self._lse_4d = lse.dim() == 4
+        lse = lse.squeeze(-1) if self._lse_4d else lse
+        return out.transpose(1, 2), lse.float()
+
+    def backward(
+        self,
+        dout: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        out: torch.Tensor,
+        lse: torch.Tensor,
+        causal: bool,
+        scale: float,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        h = q.shape[2]
+        if self._rng is None:  # a backward before any forward in this process
+            self.forward(q[:, :1], k[:, :1], v[:, :1], False, scale)
+        if self._rng is None:  # unreachable: forward sets it
+            raise RuntimeError("CudnnKernel.forward did not record its RNG state")
+        seed, offset = self._rng
+        dout_t, out_t = dout.transpose(1, 2), out.transpose(1, 2)
+        if dout_t.stride() != out_t.stride():
+            dout_t, out_t = dout_t.contiguous(), out_t.contiguous()
+        lse_in = lse.contiguous()
+        dq, dk, dv = ops.call_op(
+            "_scaled_dot_product_cudnn_attention_backward",
+            grad_out=dout_t,
+            query=q.transpose(1, 2),
+            key=self._kv(k, h),
+            value=self._kv(v, h),
+            out=out_t,
+            logsumexp=lse_in.unsqueeze(-1) if self._lse_4d else lse_in,
+            philox_seed=seed,
+            philox_offset=offset,
+            attn_bias=None,
+            cum_seq_q=None,
+            cum_seq_k=None,
+            max_q=q.shape[1],
+            max_k=k.shape[1],
+            dropout_p=0.0,
+            is_causal=causal,
+            scale=scale,
+        )[:3]
+        kv_heads = k.shape[2]
+        return (
+            dq.transpose(1, 2),
+            _reduce_kv_grad(dk.transpose(1, 2), kv_heads),
+            _reduce_kv_grad(dv.transpose(1, 2), kv_heads),
+        )

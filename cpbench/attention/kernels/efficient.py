@@ -1,0 +1,123 @@
+"""PyTorch's memory-efficient attention for CUDA (`aten._scaled_dot_product_efficient_attention`
+and its `_backward`): the fused path for float32 on a GPU, with the LSE out and in."""
+
+from __future__ import annotations
+
+import torch
+
+from cpbench.attention.kernels import ops
+from cpbench.attention.kernels.base import _expand_kv, _reduce_kv_grad
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+"""What the memory-efficient (cutlass) kernels compute in; float64 stays with einsum."""
+LSE_ALIGN = 32
+"""On CUDA the op pads the LSE's sequence dimension to a multiple of 32 (`kAlignLSE`, see
+`meta__scaled_dot_product_efficient_attention` in torch/_meta_registrations.py); on ROCm it
+does not."""
+
+
+def efficient_unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
+    """Why the memory-efficient kernel cannot run on `device` in `dtype`, None when it can."""
+    if device.type != "cuda":
+        return f"needs a CUDA device (got {device.type})"
+    if dtype not in DTYPES:
+        return f"needs float32/fp16/bf16 (got {dtype})"
+    return None
+
+
+def efficient_native_gqa() -> bool:
+    """Whether the memory-efficient op takes K/V with fewer heads than Q: in no release read
+    (its kernel wants equal head counts, and `scaled_dot_product_attention(enable_gqa=True)`
+    never routes GQA to it), so K/V are expanded, one copy per call."""
+    return False
+
+
+class EfficientKernel:
+    """PyTorch's memory-efficient attention (float32, fp16, bf16 on CUDA): O(S) memory, the
+    LSE returned and taken by its backward, so float32 on a GPU never falls back to the einsum
+    kernel's S^2 scores. Our [B, S, H, D] tensors go in as [B, H, S, D] views. The op wants
+    equal head counts, so GQA expands K/V locally and sums their gradients back. The LSE comes
+    back padded (`LSE_ALIGN`): the kernel hands back its first S entries and gives the
+    backward a buffer padded the way its forward padded. Dropout 0: the RNG state of the last
+    forward is reused in the backward."""
+
+    name = "efficient"
+
+    def __init__(self) -> None:
+        self._rng: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._lse_align = 1 if torch.version.hip else LSE_ALIGN  # until a forward shows it
+
+    @staticmethod
+    def _kv(x: torch.Tensor, heads: int) -> torch.Tensor:
+        return (x if efficient_native_gqa() else _expand_kv(x, heads)).transpose(1, 2)
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        h, sq = q.shape[2], q.shape[1]
+        res = ops.call_op(
+            "_scaled_dot_product_efficient_attention",
+            query=q.transpose(1, 2),
+            key=self._kv(k, h),
+            value=self._kv(v, h),
+            attn_bias=None,
+            compute_log_sumexp=True,
+            dropout_p=0.0,
+            is_causal=causal,
+            scale=scale,
+        )
+        out, lse = res[0], res[1]
+        self._rng = (res[2], res[3])
+        if lse.shape[-1] != sq or sq % LSE_ALIGN:  # an S that tells whether it pads
+            self._lse_align = LSE_ALIGN if lse.shape[-1] != sq else 1
+        return out.transpose(1, 2), lse[..., :sq].float()
+
+    def _padded_lse(self, lse: torch.Tensor) -> torch.Tensor:
+        """The [B, H, S] LSE as the op's backward reads it: dense, padded like the forward's."""
+        sq = lse.shape[-1]
+        padded = -(-sq // self._lse_align) * self._lse_align
+        if padded == sq:
+            return lse.contiguous()
+        buffer = lse.new_zeros((*lse.shape[:-1], padded))
+        buffer[..., :sq] = lse
+        return buffer
+
+    def backward(
+        self,
+        dout: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        out: torch.Tensor,
+        lse: torch.Tensor,
+        causal: bool,
+        scale: float,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        h = q.shape[2]
+        if self._rng is None:  # a backward before any forward in this process
+            self.forward(q[:, :1], k[:, :1], v[:, :1], False, scale)
+        if self._rng is None:  # unreachable: forward sets it
+            raise RuntimeError("EfficientKernel.forward did not record its RNG state")
+        seed, offset = self._rng
+        dq, dk, dv = ops.call_op(
+            "_scaled_dot_product_efficient_attention_backward",
+            grad_out_=dout.transpose(1, 2),
+            query=q.transpose(1, 2),
+            key=self._kv(k, h),
+            value=self._kv(v, h),
+            attn_bias=None,
+            out=out.transpose(1, 2),
+            logsumexp=self._padded_lse(lse),
+            philox_seed=seed,
+            philox_offset=offset,
+            dropout_p=0.0,
+            grad_input_mask=[True, True, True, False],
+            is_causal=causal,
+            scale=scale,
+        )[:3]
+        kv_heads = k.shape[2]
+        return (
+            dq.transpose(1, 2),
+            _reduce_kv_grad(dk.transpose(1, 2), kv_heads),
+            _reduce_kv_grad(dv.transpose(1, 2), kv_heads),
+        )

@@ -1,0 +1,170 @@
+"""FlashAttention-3 (flash-attention's `hopper/`, module `flash_attn_interface`) on Hopper.
+
+Like flash-attn 2, FA3 takes [B, S, H, D] tensors whose last dimension is contiguous, handles
+GQA itself, returns the LSE ([B, H, S] float32, natural log) and has a backward that takes
+the given out/LSE. Its private `_flash_attn_forward` / `_flash_attn_backward` changed their
+parameters several times (2024 betas: `window_size` tuple and a 7-tuple return with the LSE
+at index 5; 2025: `k_new`, `qv`, paged-KV and rotary parameters, `(out, lse, ...)` returned;
+late 2025: defaults everywhere, `window_size_left/right`, backward `is_causal`; 2026: forward
+`out_`). The kernel passes each argument by the name the installed signature uses
+(`ops.call_with_signature`), so every one of these releases is called correctly, and a
+release wanting an argument cpbench does not know is a clear error.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import inspect
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from cpbench.attention.kernels.ops import call_with_signature, last_dim_contiguous
+
+MODULE = "flash_attn_interface"
+"""FA3's Python interface, a top-level module of the `flash_attn_3` wheel (hopper/setup.py)."""
+DISTRIBUTIONS = ("flash_attn_3", "flashattn-hopper")
+"""Distribution names FA3 has been installed under (its version, for the record)."""
+
+_UNUSED_INPUTS = (
+    "k_new",
+    "v_new",
+    "qv",
+    "out_",
+    "cu_seqlens_q",
+    "cu_seqlens_k",
+    "cu_seqlens_k_new",
+    "seqused_q",
+    "seqused_k",
+    "sequed_q",
+    "sequed_k",
+    "max_seqlen_q",
+    "max_seqlen_k",
+    "page_table",
+    "kv_batch_idx",
+    "leftpad_k",
+    "rotary_cos",
+    "rotary_sin",
+    "seqlens_rotary",
+    "q_descale",
+    "k_descale",
+    "v_descale",
+    "descale_q",
+    "descale_k",
+    "descale_v",
+    "scheduler_metadata",
+    "pack_gqa",
+)
+"""Parameters of some FA3 release that cpbench leaves unset (None): varlen, paged KV, rotary,
+FP8 descaling, scheduling hints."""
+_SETTINGS: dict[str, Any] = {
+    "window_size": (-1, -1),
+    "window_size_left": -1,
+    "window_size_right": -1,
+    "attention_chunk": 0,
+    "sink_token_length": 0,
+    "softcap": 0.0,
+    "rotary_interleaved": True,
+    "num_splits": 1,
+    "sm_margin": 0,
+    "gqa_parallel": False,
+    "deterministic": False,
+}
+"""Full (unwindowed) attention without softcapping, one split, no SM margin."""
+
+
+def flash_attn3_interface() -> ModuleType | None:
+    """FA3's interface module, or None when it does not import (any error: a wheel built for
+    another torch or CUDA fails with OSError/RuntimeError rather than ImportError)."""
+    try:
+        module = importlib.import_module(MODULE)
+    except Exception:  # any failure to import means FA3 is not usable here
+        return None
+    if not all(hasattr(module, f) for f in ("_flash_attn_forward", "_flash_attn_backward")):
+        return None
+    return module
+
+
+def flash_attn3_version() -> str | None:
+    """The installed FA3 distribution's version, None when none is installed."""
+    for dist in DISTRIBUTIONS:
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def flash_attn3_available() -> bool:
+    """FA3's interface imports and has the private forward/backward the kernel calls."""
+    return flash_attn3_interface() is not None
+
+
+def _new_api(fn: Any) -> bool:
+    """2025 on: `(out, softmax_lse, ...)`; the 2024 betas returned `(out, q, k, v,
+    out_padded, softmax_lse, S_dmask)`. The releases differ in `k_new` (added in 2025), and
+    the kernel also checks the 7-tuple before reading the LSE at index 5."""
+    return "k_new" in inspect.signature(getattr(fn, "_init_fn", fn)).parameters
+
+
+class FlashAttn3Kernel:
+    """FlashAttention-3 on Hopper (fp16/bf16): native GQA, [B, S, H, D] layout, LSE out,
+    backward with given out/LSE. Inputs whose last dimension is contiguous go in as they are
+    (FA3 copies only the others, as flash-attn 2 does); the LSE goes in dense."""
+
+    name = "flash_attn3"
+
+    def __init__(self, module: ModuleType | None = None) -> None:
+        fa = module or flash_attn3_interface()
+        if fa is None:
+            raise ImportError(f"{MODULE} (FlashAttention-3) does not import")
+        self._fa = fa
+        self._beta = not _new_api(fa._flash_attn_forward)
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        known = dict.fromkeys(_UNUSED_INPUTS)
+        known.update(_SETTINGS, out=None, softmax_scale=scale, causal=causal)
+        res = call_with_signature(
+            self._fa._flash_attn_forward,
+            known,
+            last_dim_contiguous(q),
+            last_dim_contiguous(k),
+            last_dim_contiguous(v),
+        )
+        lse = res[5] if self._beta and len(res) == 7 else res[1]
+        return res[0], lse.float()
+
+    def backward(
+        self,
+        dout: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        out: torch.Tensor,
+        lse: torch.Tensor,
+        causal: bool,
+        scale: float,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        def fresh(x: torch.Tensor) -> torch.Tensor:  # contiguous, as FA3 wants its outputs
+            return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+        dq, dk, dv = fresh(q), fresh(k), fresh(v)
+        known = dict.fromkeys(_UNUSED_INPUTS)
+        known.update(
+            _SETTINGS, dq=dq, dk=dk, dv=dv, softmax_scale=scale, causal=causal, is_causal=causal
+        )
+        call_with_signature(
+            self._fa._flash_attn_backward,
+            known,
+            last_dim_contiguous(dout),
+            last_dim_contiguous(q),
+            last_dim_contiguous(k),
+            last_dim_contiguous(v),
+            last_dim_contiguous(out),
+            lse.contiguous(),
+        )
+        return dq, dk, dv

@@ -1,0 +1,204 @@
+"""NVML's view of one process's GPU memory, sampled while a step runs.
+
+What NVML can say about a process: `nvmlDeviceGetComputeRunningProcesses` (`_v3` where the
+driver and nvidia-ml-py have it) lists the compute processes on one GPU with each one's
+`usedGpuMemory`, what `nvidia-smi` shows per process: everything the process holds on that GPU
+(the torch caching allocator's reserve, the CUDA context, NCCL's buffers, library workspaces).
+It is not `nvmlDeviceGetMemoryInfo(...).used`, which is the whole device (every process, and the
+driver's own reservation).
+
+`ProcessMemorySampler` polls that list from a background thread for this process's PID on one
+GPU, found by its UUID (NVML numbers GPUs in PCI order and ignores CUDA_VISIBLE_DEVICES, so the
+CUDA index cannot be used), and keeps the largest value seen. It samples once when it starts and
+once when it stops (after the caller has synchronised the device), so a step shorter than the
+polling interval is still covered: the caching allocator returns memory to the driver only on
+`empty_cache` or an out-of-memory retry, so what a step reserved is still held at its end.
+
+NVML may not list this PID: inside a container without the host's PID namespace the driver
+reports host PIDs. The peak is then None and `source` says why, as it does when NVML is
+missing or fails; the allocator's numbers stand on their own.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from types import ModuleType, TracebackType
+from typing import Any
+
+DEFAULT_INTERVAL_S = 0.002
+"""Seconds between two samples (each one driver query, made off the main thread; the probe's
+step is not one of the timed iterations)."""
+
+QUERIES = (
+    "nvmlDeviceGetComputeRunningProcesses_v3",
+    "nvmlDeviceGetComputeRunningProcesses",
+)
+"""The running-process queries tried, in order: `_v3` where nvidia-ml-py and the driver have it,
+then the unversioned one (which nvidia-ml-py maps to the newest version it knows); the first
+that answers is used from then on and named in the record."""
+
+
+def nvml_uuid(uuid: object) -> str:
+    """A GPU UUID as NVML takes it ("GPU-..."): torch's `get_device_properties(i).uuid` prints
+    without the prefix on some versions and with it on others."""
+    text = str(uuid)
+    return text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}"
+
+
+def _load_nvml() -> ModuleType:
+    import pynvml  # noqa: PLC0415 - nvidia-ml-py; its calls raise without a driver
+
+    return pynvml
+
+
+class ProcessMemorySampler:
+    """`with ProcessMemorySampler(uuid) as sampler: step()` then `sampler.peak_bytes` (None when
+    unknown) and `sampler.source` (what measured it, or why there is no number).
+
+    `nvml` is the pynvml module (`import pynvml` when None; tests pass a fake); `pid` defaults
+    to this process."""
+
+    def __init__(
+        self,
+        device_uuid: str,
+        pid: int | None = None,
+        interval_s: float = DEFAULT_INTERVAL_S,
+        nvml: Any = None,
+    ) -> None:
+        self.device_uuid = nvml_uuid(device_uuid)
+        self.pid = os.getpid() if pid is None else pid
+        self.interval_s = interval_s
+        self.peak_bytes: int | None = None
+        self.samples = 0
+        self.error: str | None = None
+        self.query: str | None = None
+        self._nvml: Any = nvml
+        self._initialised = False
+        self._handle: Any = None
+        self._listed = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------------------ sampling
+
+    def _processes(self) -> list[Any]:
+        """The running compute processes of the device (the first query that works)."""
+        nvml = self._nvml
+        assert nvml is not None
+        if self.query is not None:
+            return list(getattr(nvml, self.query)(self._handle))
+        error: Exception | None = None
+        for name in QUERIES:
+            query = getattr(nvml, name, None)
+            if query is None:
+                continue
+            try:
+                processes = list(query(self._handle))
+            except Exception as exc:  # noqa: BLE001 - an old driver lacks v3: try the next
+                error = exc
+                continue
+            self.query = name
+            return processes
+        raise RuntimeError(f"no NVML running-process query works here ({error})")
+
+    def sample(self) -> int | None:
+        """One sample: this PID's memory on the device now (None when NVML does not list it);
+        the peak is updated."""
+        used: int | None = None
+        listed = False
+        for process in self._processes():
+            if int(process.pid) != self.pid:
+                continue
+            listed = True
+            if process.usedGpuMemory is not None:  # None: the driver withholds it (WDDM)
+                used = (used or 0) + int(process.usedGpuMemory)  # one entry per MIG instance
+        with self._lock:
+            self.samples += 1
+            self._listed = self._listed or listed
+            if used is not None:
+                self.peak_bytes = used if self.peak_bytes is None else max(self.peak_bytes, used)
+        return used
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.sample()
+            except Exception as exc:  # noqa: BLE001 - keep what was sampled, say what failed
+                self.error = f"sampling stopped: {type(exc).__name__}: {exc}"
+                return
+
+    # ------------------------------------------------------------------------------ lifetime
+
+    def start(self) -> ProcessMemorySampler:
+        try:
+            if self._nvml is None:
+                self._nvml = _load_nvml()
+            self._nvml.nvmlInit()
+            self._initialised = True
+            self._handle = self._nvml.nvmlDeviceGetHandleByUUID(self.device_uuid)
+            self.sample()
+        except Exception as exc:  # noqa: BLE001 - NVML missing or failing: no number, a reason
+            self.error = f"NVML unavailable: {type(exc).__name__}: {exc}"
+            self._shutdown()
+            return self
+        self._thread = threading.Thread(target=self._run, name="cpbench-nvml", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+            if self.error is None:
+                try:
+                    self.sample()  # the step's end (the caller synchronised the device)
+                except Exception as exc:  # noqa: BLE001
+                    self.error = f"last sample failed: {type(exc).__name__}: {exc}"
+        self._shutdown()
+
+    def _shutdown(self) -> None:
+        if self._initialised and self._nvml is not None:
+            try:
+                self._nvml.nvmlShutdown()
+            except Exception:  # noqa: BLE001, S110 - nothing to do about a failing shutdown
+                pass
+            self._initialised = False
+
+    def __enter__(self) -> ProcessMemorySampler:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------------------- answer
+
+    @property
+    def source(self) -> str:
+        """What measured `peak_bytes`, or why it is None."""
+        if self.peak_bytes is not None:
+            text = (
+                f"NVML {self.query}: usedGpuMemory of this process (pid {self.pid}) on "
+                f"{self.device_uuid}, max of {self.samples} samples every "
+                f"{self.interval_s * 1e3:g} ms during the step"
+            )
+            return f"{text} ({self.error})" if self.error else text
+        if self.error is not None:
+            return self.error
+        if self._listed:
+            return (
+                f"NVML {self.query} lists this process (pid {self.pid}) on {self.device_uuid} "
+                f"without its usedGpuMemory (the driver withholds it)"
+            )
+        return (
+            f"NVML {self.query} does not list this process (pid {self.pid}) on "
+            f"{self.device_uuid} in {self.samples} samples (a container's PID namespace "
+            f"hides it from the driver)"
+        )

@@ -1,0 +1,29 @@
+"""`cpbench doctor`: a thin typer wrapper around `cpbench.app.doctor.collect`."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from cpbench.cli.common import command, console
+
+
+@command
+def doctor(
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
+) -> None:
+    """Report what a sweep needs and what this machine has: torch, CUDA, NCCL, cuDNN and the
+    attention libraries' versions, the visible GPUs and their interconnect (NVLink / PCIe, as
+    `nvidia-smi topo -m`), NVML, which kernels, implementations and distributed backends can
+    run here, and for each that cannot, why. Run it first on a new machine."""
+    from cpbench.app.doctor import collect  # noqa: PLC0415
+    from cpbench.render.doctor import render_doctor  # noqa: PLC0415
+
+    report = collect()
+    if as_json:
+        print(json.dumps(report.model_dump(mode="json"), indent=1))
+        return
+    for renderable in render_doctor(report):
+        console.print(renderable, highlight=False)

@@ -1,0 +1,603 @@
+"""The GPU kernels' logic on a CPU: which kernel `select_kernel` picks for every device, dtype
+and installed library (availability faked by monkeypatching), flash-attn's inputs handed over
+without copies (on the test-only stand-in), and the argument marshalling of the CUDA SDPA,
+memory-efficient, cuDNN and FlashAttention-3 kernels against fakes of the ops that check what
+they are given and compute with the einsum kernel, so every result is also checked against
+the float64 reference."""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import types
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from cpbench.attention.kernels import (
+    CpuSdpaKernel,
+    CudaSdpaKernel,
+    CudnnKernel,
+    EfficientKernel,
+    FlashAttn3Kernel,
+    FlashAttnKernel,
+    NaiveKernel,
+    auto_kernel_name,
+    cuda_flash_native_gqa,
+    cudnn_native_gqa,
+    default_scale,
+    kernel_availability,
+    kernel_unavailable,
+    kernel_version,
+    ops,
+    select,
+    select_kernel,
+)
+from cpbench.attention.kernels import flash_attn3 as fa3_module
+from cpbench.attention.reference import reference_attention
+from cpbench.config.vocabulary import BACKENDS
+from cpbench.errors import CpbenchError
+from tests.impl_support import use_stand_ins
+
+TOL = 2e-5  # float32 einsum (inside the fakes) against float64
+B, D = 2, 16
+SCALE = default_scale(D)
+NAIVE = NaiveKernel()
+
+
+def _inputs(s: int, heads: int, kv_heads: int, dtype: torch.dtype = torch.float32) -> dict:
+    """q, dout [B, S, H, D]; k, v as views of a packed [B, S, 2, h_kv, D] buffer (the ring's)."""
+    g = torch.Generator().manual_seed(heads * 100 + kv_heads * 10 + s)
+    kv = torch.randn(B, s, 2, kv_heads, D, generator=g).to(dtype)
+    return {
+        "q": torch.randn(B, s, heads, D, generator=g).to(dtype),
+        "kv": kv,
+        "k": kv[:, :, 0],
+        "v": kv[:, :, 1],
+        "dout": torch.randn(B, s, heads, D, generator=g).to(dtype),
+    }
+
+
+def _check_against_reference(kernel: Any, x: dict, causal: bool, tol: float) -> None:
+    """Forward (out, LSE) and backward with the given out/LSE against the float64 reference."""
+    q, k, v, dout = x["q"], x["k"], x["v"], x["dout"]
+    out, lse = kernel.forward(q, k, v, causal, SCALE)
+    ref_in = [t.double().requires_grad_(True) for t in (q, k, v)]
+    ref = reference_attention(*ref_in, causal=causal, scale=SCALE)
+    ref.backward(dout.double())
+    _, ref_lse = NaiveKernel().forward(*(t.double() for t in (q, k, v)), causal, SCALE)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert lse.dtype == torch.float32 and lse.shape == (B, q.shape[2], q.shape[1])
+    assert (out.double() - ref).abs().max() < tol
+    assert (lse.double() - ref_lse).abs().max() < tol
+    grads = kernel.backward(dout, q, k, v, out, lse, causal, SCALE)
+    for got, want in zip(grads, ref_in, strict=True):
+        assert got.shape == want.shape
+        assert (got.double() - want.grad).abs().max() < tol
+
+
+# ----------------------------------------------------------------------------- selection
+
+
+@pytest.fixture
+def fake_env(monkeypatch: pytest.MonkeyPatch) -> Callable[..., None]:
+    """Fake what is installed: torch version, cuDNN, GPU capability, flash-attn 2 and 3.
+    `select_kernel` then returns the kernel class instead of an instance."""
+
+    def setup(
+        torch_version: str = "2.8.0",
+        cudnn: int | None = 90100,
+        capability: tuple[int, int] | None = (9, 0),
+        fa2: bool = False,
+        fa3: bool = False,
+    ) -> None:
+        monkeypatch.setattr(torch, "__version__", torch_version)
+        monkeypatch.setattr(ops, "cudnn_version", lambda: cudnn)
+        monkeypatch.setattr(
+            ops, "device_capability", lambda d: capability if d.type == "cuda" else None
+        )
+        monkeypatch.setattr(select, "flash_attn_available", lambda: fa2)
+        monkeypatch.setattr(select, "flash_attn3_available", lambda: fa3)
+        monkeypatch.setattr(select, "_kernel_instance", lambda cls: cls)
+
+    return setup
+
+
+BF16, FP16, FP32, FP64 = torch.bfloat16, torch.float16, torch.float32, torch.float64
+
+
+@pytest.mark.parametrize(
+    ("env", "device", "dtype", "expected"),
+    [
+        # CUDA fp16/bf16: FA3 on Hopper > flash-attn > cuDNN on Hopper+ > PyTorch's flash op
+        ({"fa3": True, "fa2": True}, "cuda", BF16, FlashAttn3Kernel),
+        ({"fa3": True, "fa2": True}, "cuda", FP16, FlashAttn3Kernel),
+        ({"fa3": True, "fa2": True, "capability": (8, 0)}, "cuda", BF16, FlashAttnKernel),
+        ({"fa3": True, "capability": (10, 0)}, "cuda", BF16, CudnnKernel),
+        ({"fa2": True}, "cuda", BF16, FlashAttnKernel),
+        ({}, "cuda", BF16, CudnnKernel),
+        ({"capability": (10, 0)}, "cuda", FP16, CudnnKernel),
+        ({"capability": (8, 0)}, "cuda", BF16, CudaSdpaKernel),
+        ({"cudnn": 8907}, "cuda", BF16, CudaSdpaKernel),
+        ({"cudnn": None}, "cuda", BF16, CudaSdpaKernel),
+        ({"torch_version": "2.4.1"}, "cuda", BF16, CudaSdpaKernel),
+        # float32 on CUDA: the memory-efficient op, whatever else is installed
+        ({"fa3": True, "fa2": True}, "cuda", FP32, EfficientKernel),
+        ({"cudnn": None, "capability": (7, 0)}, "cuda", FP32, EfficientKernel),
+        # float64 stays with einsum; the CPU keeps its fused op
+        ({"fa3": True, "fa2": True}, "cuda", FP64, NaiveKernel),
+        ({"fa3": True, "fa2": True}, "cpu", FP32, CpuSdpaKernel),
+        ({}, "cpu", BF16, CpuSdpaKernel),
+        ({}, "cpu", FP64, NaiveKernel),
+    ],
+)
+def test_auto_picks_the_fastest_usable_kernel(fake_env, env, device, dtype, expected) -> None:  # type: ignore[no-untyped-def]
+    fake_env(**env)
+    assert select_kernel(device, dtype) is expected
+    assert select_kernel(device, dtype, "auto") is expected
+
+
+@pytest.mark.parametrize(
+    ("env", "device", "dtype", "name", "missing"),
+    [
+        ({"fa3": True}, "cpu", BF16, "flash_attn3", "needs a CUDA device"),
+        ({"fa3": True}, "cuda", FP32, "flash_attn3", "fp16/bf16"),
+        ({"fa3": True, "capability": (8, 0)}, "cuda", BF16, "flash_attn3", "Hopper"),
+        ({"fa3": False}, "cuda", BF16, "flash_attn3", "flash_attn_interface"),
+        ({}, "cpu", BF16, "cudnn", "needs a CUDA device"),
+        ({}, "cuda", FP32, "cudnn", "fp16/bf16"),
+        ({"torch_version": "2.4.1"}, "cuda", BF16, "cudnn", "torch >= 2.5"),
+        ({"cudnn": None}, "cuda", BF16, "cudnn", "needs cuDNN"),
+        ({"cudnn": 8907}, "cuda", BF16, "cudnn", "cuDNN >= 9.0"),
+        ({"capability": (7, 5)}, "cuda", BF16, "cudnn", "compute capability >= 8.0"),
+        ({}, "cpu", FP32, "efficient", "needs a CUDA device"),
+        ({}, "cuda", FP64, "efficient", "float32/fp16/bf16"),
+        ({}, "cuda", FP32, "sdpa", "kernel 'efficient'"),
+        ({"fa2": False}, "cuda", BF16, "flash_attn", "flash-attn >= 2.7"),
+        ({"fa2": True}, "cuda", FP32, "flash_attn", "fp16/bf16"),
+    ],
+)
+def test_impossible_explicit_choice_names_what_is_missing(  # type: ignore[no-untyped-def]
+    fake_env, env, device, dtype, name, missing
+) -> None:
+    fake_env(**env)
+    with pytest.raises(CpbenchError, match=f"kernel '{name}' .*") as info:
+        select_kernel(device, dtype, name)
+    assert missing in str(info.value)
+
+
+def test_every_combination_picks_a_usable_kernel(fake_env) -> None:  # type: ignore[no-untyped-def]
+    """For every device x dtype x installed combination: `auto` names a kernel that can run
+    there, never einsum for float32 on CUDA, and an explicit choice fails exactly when
+    `kernel_unavailable` gives a reason."""
+    names = [n for n in BACKENDS if n != "auto"]
+    for combo in itertools.product(
+        ("cpu", "cuda"),
+        (BF16, FP16, FP32, FP64),
+        ("2.4.1", "2.5.1", "2.9.0"),
+        (None, 8907, 90100),
+        ((7, 5), (8, 0), (9, 0), (10, 0)),
+        (False, True),
+        (False, True),
+    ):
+        device, dtype, version, cudnn, capability, fa2, fa3 = combo
+        fake_env(torch_version=version, cudnn=cudnn, capability=capability, fa2=fa2, fa3=fa3)
+        chosen = auto_kernel_name(device, dtype)
+        assert kernel_unavailable(chosen, device, dtype) is None, combo
+        if device == "cuda" and dtype != FP64:
+            assert chosen != "naive", combo
+        availability = kernel_availability(device, dtype)
+        assert sorted(availability) == sorted(names)
+        for name in names:
+            if availability[name] is None:
+                select_kernel(device, dtype, name)
+            else:
+                with pytest.raises(CpbenchError, match=name):
+                    select_kernel(device, dtype, name)
+
+
+def test_version_rules_for_native_gqa() -> None:
+    assert not cuda_flash_native_gqa("2.4.1") and cuda_flash_native_gqa("2.5.0+cu121")
+    assert cuda_flash_native_gqa("2.9.1")
+    assert not cudnn_native_gqa("2.7.1+cu126") and cudnn_native_gqa("2.8.0")
+
+
+# ----------------------------------------------------------------------------- op marshalling
+
+
+class FakeOp:
+    """Stands for `torch.ops.aten.<name>.default`: the installed torch's real schema (so the
+    argument names are checked), a recording of every call, and an implementation."""
+
+    def __init__(self, name: str, impl: Callable[..., Any], schema: Any = None) -> None:
+        self._schema = schema or getattr(torch.ops.aten, name).default._schema
+        self.impl = impl
+        self.calls: list[dict[str, Any]] = []
+
+    def __call__(self, **kwargs: Any) -> Any:
+        names = {a.name for a in self._schema.arguments}
+        assert set(kwargs) <= names, set(kwargs) - names
+        self.calls.append(kwargs)
+        return self.impl(**kwargs)
+
+
+def _bshd(x: torch.Tensor) -> torch.Tensor:
+    return x.transpose(1, 2)
+
+
+def _fake_flash(**a: Any) -> tuple:
+    out, lse = NAIVE.forward(_bshd(a["query"]), _bshd(a["key"]), _bshd(a["value"]),
+                             a["is_causal"], a["scale"])  # fmt: skip
+    empty = torch.empty(0)
+    sq, sk = a["query"].shape[2], a["key"].shape[2]
+    return _bshd(out), lse, empty, empty, sq, sk, torch.zeros(2), torch.zeros(()), empty
+
+
+def _fake_flash_backward(**a: Any) -> tuple:
+    assert a["logsumexp"].is_contiguous() and a["max_q"] == a["query"].shape[2]
+    assert a["max_k"] == a["key"].shape[2] and a["dropout_p"] == 0.0
+    grads = NAIVE.backward(*(_bshd(a[n]) for n in ("grad_out", "query", "key", "value", "out")),
+                           a["logsumexp"], a["is_causal"], a["scale"])  # fmt: skip
+    return tuple(_bshd(g) for g in grads)
+
+
+def _fake_efficient(**a: Any) -> tuple:
+    """Like the CUDA op: equal head counts only, the LSE padded to a multiple of 32."""
+    assert a["key"].shape[1] == a["query"].shape[1], "the efficient op wants equal heads"
+    assert a["attn_bias"] is None and a["compute_log_sumexp"] is True
+    out, lse = NAIVE.forward(_bshd(a["query"]), _bshd(a["key"]), _bshd(a["value"]),
+                             a["is_causal"], a["scale"])  # fmt: skip
+    sq = lse.shape[-1]
+    padded = torch.full((*lse.shape[:-1], -(-sq // 32) * 32), float("nan"))
+    padded[..., :sq] = lse
+    return _bshd(out), padded, torch.zeros(()), torch.zeros(())
+
+
+def _fake_efficient_backward(**a: Any) -> tuple:
+    sq = a["query"].shape[2]
+    lse = a["logsumexp"]
+    assert lse.is_contiguous() and lse.shape[-1] == -(-sq // 32) * 32
+    assert a["key"].shape[1] == a["query"].shape[1]
+    assert a["grad_input_mask"] == [True, True, True, False] and a["attn_bias"] is None
+    grads = NAIVE.backward(*(_bshd(a[n]) for n in ("grad_out_", "query", "key", "value", "out")),
+                           lse[..., :sq], a["is_causal"], a["scale"])  # fmt: skip
+    return (*(_bshd(g) for g in grads), torch.empty(0))
+
+
+def _fake_cudnn(**a: Any) -> tuple:
+    """Like cuDNN in torch 2.5: output in its own [B, H, S, D]-contiguous layout, LSE 4-D."""
+    assert a["attn_bias"] is None and a["compute_log_sumexp"] is True
+    out, lse = NAIVE.forward(_bshd(a["query"]), _bshd(a["key"]), _bshd(a["value"]),
+                             a["is_causal"], a["scale"])  # fmt: skip
+    sq, sk = a["query"].shape[2], a["key"].shape[2]
+    seed = torch.zeros(())
+    return _bshd(out).contiguous(), lse.unsqueeze(-1), None, None, sq, sk, seed, seed, None
+
+
+def _fake_cudnn_backward(**a: Any) -> tuple:
+    lse = a["logsumexp"]
+    assert lse.dim() == 4 and lse.shape[-1] == 1 and lse.is_contiguous()
+    assert a["grad_out"].stride() == a["out"].stride(), "dO in O's layout"
+    assert a["max_q"] == a["query"].shape[2] and a["max_k"] == a["key"].shape[2]
+    grads = NAIVE.backward(*(_bshd(a[n]) for n in ("grad_out", "query", "key", "value", "out")),
+                           lse.squeeze(-1), a["is_causal"], a["scale"])  # fmt: skip
+    return tuple(_bshd(g) for g in grads)
+
+
+FAKES = {
+    "_scaled_dot_product_flash_attention": _fake_flash,
+    "_scaled_dot_product_flash_attention_backward": _fake_flash_backward,
+    "_scaled_dot_product_efficient_attention": _fake_efficient,
+    "_scaled_dot_product_efficient_attention_backward": _fake_efficient_backward,
+    "_scaled_dot_product_cudnn_attention": _fake_cudnn,
+    "_scaled_dot_product_cudnn_attention_backward": _fake_cudnn_backward,
+}
+
+
+@pytest.fixture
+def fake_ops(monkeypatch: pytest.MonkeyPatch) -> dict[str, FakeOp]:
+    fakes = {name: FakeOp(name, impl) for name, impl in FAKES.items()}
+    monkeypatch.setattr(ops, "aten_op", lambda name: fakes[name])
+    return fakes
+
+
+KERNEL_CASES = [
+    # (kernel class, torch version, whether K/V should reach the op with their own heads)
+    (CudaSdpaKernel, "2.5.0", True),
+    (CudaSdpaKernel, "2.4.1", False),
+    (EfficientKernel, "2.9.0", False),
+    (CudnnKernel, "2.8.0", True),
+    (CudnnKernel, "2.7.1", False),
+]
+
+
+@pytest.mark.parametrize(("cls", "version", "native"), KERNEL_CASES)
+@pytest.mark.parametrize(("heads", "kv_heads"), [(4, 4), (4, 2), (4, 1)])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("s", [32, 40])
+def test_aten_kernels_marshal_and_match_reference(  # type: ignore[no-untyped-def]
+    monkeypatch, fake_ops, cls, version, native, heads, kv_heads, causal, s
+) -> None:
+    monkeypatch.setattr(torch, "__version__", version)
+    kernel = cls()
+    x = _inputs(s, heads, kv_heads)
+    _check_against_reference(kernel, x, causal, TOL)
+    fwd, bwd = (c for n, c in fake_ops.items() if c.calls)
+    for call in (fwd.calls[-1], bwd.calls[-1]):
+        # [B, H, S, D] views of our tensors, scale and mask as given
+        assert call["query"].shape == (B, heads, s, D)
+        assert call["key"].shape == (B, kv_heads if native else heads, s, D)
+        assert call["is_causal"] is causal and call["scale"] == SCALE
+        assert call["dropout_p"] == 0.0
+    if native:  # no copy at all: the op reads the packed K/V buffer itself
+        assert fwd.calls[-1]["key"].data_ptr() == x["k"].data_ptr()
+        assert fwd.calls[-1]["value"].data_ptr() == x["v"].data_ptr()
+        assert fwd.calls[-1]["key"].stride() == x["k"].transpose(1, 2).stride()
+    assert fwd.calls[-1]["query"].data_ptr() == x["q"].data_ptr()
+
+
+@pytest.mark.parametrize(("cls", "version", "native"), KERNEL_CASES)
+def test_aten_kernels_backward_use_the_given_out_and_lse(  # type: ignore[no-untyped-def]
+    monkeypatch, fake_ops, cls, version, native
+) -> None:
+    """A ring block's backward with the global out/LSE is that block's share of the global
+    gradient; a backward before any forward (a fresh process) works too."""
+    monkeypatch.setattr(torch, "__version__", version)
+    x = _inputs(32, 4, 2)
+    q, k, v, dout = x["q"], x["k"], x["v"], x["dout"]
+    fresh = cls()
+    out, lse = NAIVE.forward(q, k, v, False, SCALE)
+    parts = [fresh.backward(dout, q, k[:, sl], v[:, sl], out, lse, False, SCALE)
+             for sl in (slice(0, 16), slice(16, 32))]  # fmt: skip
+    dq, dk, dv = NAIVE.backward(dout, q, k, v, out, lse, False, SCALE)
+    assert (parts[0][0] + parts[1][0] - dq).abs().max() < TOL
+    assert (torch.cat([parts[0][1], parts[1][1]], dim=1) - dk).abs().max() < TOL
+    assert (torch.cat([parts[0][2], parts[1][2]], dim=1) - dv).abs().max() < TOL
+
+
+def test_call_op_follows_the_installed_schema(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch 2.4's cuDNN op had no `attn_bias`/`compute_log_sumexp`: they are not passed; an
+    argument cpbench does not know is an error naming it."""
+    seen: list[dict[str, Any]] = []
+    old = torch._C.parse_schema(
+        "aten::_scaled_dot_product_cudnn_attention(Tensor query, Tensor key, Tensor value, "
+        "float dropout_p=0.0, bool is_causal=False, bool return_debug_mask=False, *, "
+        "float? scale=None) -> (Tensor, Tensor, Tensor, Tensor, SymInt, SymInt, Tensor, "
+        "Tensor, Tensor)"
+    )
+    future = torch._C.parse_schema(
+        "aten::_scaled_dot_product_cudnn_attention(Tensor query, Tensor key, Tensor value, "
+        "Tensor? attn_bias, bool compute_log_sumexp, int window, *, float? scale=None) "
+        "-> (Tensor, Tensor)"
+    )
+    fakes = {
+        "old": FakeOp("_scaled_dot_product_cudnn_attention", lambda **a: seen.append(a), old),
+        "future": FakeOp("_scaled_dot_product_cudnn_attention", lambda **a: None, future),
+    }
+    t = torch.zeros(1)
+    monkeypatch.setattr(ops, "aten_op", lambda name: fakes["old"])
+    ops.call_op("x", query=t, key=t, value=t, attn_bias=None, compute_log_sumexp=True,
+                is_causal=True, scale=0.5)  # fmt: skip
+    assert set(seen[0]) == {"query", "key", "value", "is_causal", "scale"}
+    monkeypatch.setattr(ops, "aten_op", lambda name: fakes["future"])
+    with pytest.raises(CpbenchError, match="'window'"):
+        ops.call_op("x", query=t, key=t, value=t, attn_bias=None, compute_log_sumexp=True)
+
+
+# ----------------------------------------------------------------------------- flash-attn 2
+
+
+class _Recorder:
+    """Wraps the stand-in's private functions and keeps the tensors each call received."""
+
+    def __init__(self, fa: Any) -> None:
+        self.fa = fa
+        self.calls: dict[str, tuple] = {}
+
+    def _flash_attn_forward(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls["fwd"] = args
+        return self.fa._flash_attn_forward(*args, **kwargs)
+
+    def _flash_attn_backward(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls["bwd"] = args
+        return self.fa._flash_attn_backward(*args, **kwargs)
+
+
+@pytest.fixture
+def flash_attn_kernel() -> tuple[FlashAttnKernel, _Recorder]:
+    if not use_stand_ins():
+        pytest.skip("a real flash-attn is installed: the stand-in is not the one imported")
+    kernel = FlashAttnKernel()
+    recorder = _Recorder(kernel._fa)
+    kernel._fa = recorder  # type: ignore[assignment]
+    return kernel, recorder
+
+
+@pytest.mark.parametrize(("heads", "kv_heads"), [(4, 4), (4, 2)])
+@pytest.mark.parametrize("causal", [True, False])
+def test_flash_attn_takes_strided_views_without_copies(  # type: ignore[no-untyped-def]
+    flash_attn_kernel, heads, kv_heads, causal
+) -> None:
+    """K and V (views of the packed buffer, stride(-1) == 1, not contiguous) and a row slice
+    of q reach flash-attn as they are: same storage, same strides. Results stay right."""
+    kernel, recorder = flash_attn_kernel
+    x = _inputs(32, heads, kv_heads, torch.bfloat16)
+    assert not x["k"].is_contiguous() and x["k"].stride(-1) == 1
+    _check_against_reference(kernel, x, causal, 5e-2)  # bf16 inputs and outputs
+    q, k, v = recorder.calls["fwd"][:3]
+    assert (q.data_ptr(), k.data_ptr(), v.data_ptr()) == tuple(
+        x[n].data_ptr() for n in ("q", "k", "v")
+    )
+    assert k.stride() == x["k"].stride() and v.stride() == x["v"].stride()
+    dout, qb, kb, vb = recorder.calls["bwd"][:4]
+    assert kb.data_ptr() == x["k"].data_ptr() and vb.data_ptr() == x["v"].data_ptr()
+    assert dout.data_ptr() == x["dout"].data_ptr() and qb.data_ptr() == x["q"].data_ptr()
+    rows = x["q"][:, 8:24]  # a ring block's query rows
+    kernel.forward(rows, x["k"][:, 8:24], x["v"][:, 8:24], False, SCALE)
+    assert recorder.calls["fwd"][0].data_ptr() == rows.data_ptr()
+
+
+def test_flash_attn_copies_only_what_the_library_would(flash_attn_kernel) -> None:  # type: ignore[no-untyped-def]
+    """A tensor whose last dimension is strided is the one flash-attn itself copies: it is
+    made contiguous (same values), the others are not; the LSE always goes in dense."""
+    kernel, recorder = flash_attn_kernel
+    x = _inputs(16, 2, 2, torch.bfloat16)
+    q_strided = x["q"].transpose(-1, -2).contiguous().transpose(-1, -2)
+    assert q_strided.stride(-1) != 1
+    out, lse = kernel.forward(q_strided, x["k"], x["v"], False, SCALE)
+    q_in, k_in = recorder.calls["fwd"][:2]
+    assert q_in.stride(-1) == 1 and q_in.data_ptr() != q_strided.data_ptr()
+    assert torch.equal(q_in, q_strided) and k_in.data_ptr() == x["k"].data_ptr()
+    big = torch.zeros(B, 2, 32)
+    big[:, :, :16] = lse
+    kernel.backward(x["dout"], x["q"], x["k"], x["v"], out, big[:, :, :16], False, SCALE)
+    assert recorder.calls["bwd"][5].is_contiguous()
+
+
+# ----------------------------------------------------------------------------- FlashAttention-3
+
+
+def _fa3_forward(q, k, v, softmax_scale, causal):  # type: ignore[no-untyped-def]
+    for t in (q, k, v):
+        assert t.stride(-1) == 1
+    return NAIVE.forward(q, k, v, causal, softmax_scale)
+
+
+def _fa3_backward(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal):  # type: ignore[no-untyped-def]
+    assert lse.is_contiguous() and dq.is_contiguous() and dk.is_contiguous()
+    grads = NAIVE.backward(dout, q, k, v, out, lse, causal, softmax_scale)
+    for buffer, grad in zip((dq, dk, dv), grads, strict=True):
+        buffer.copy_(grad)
+    return torch.zeros(1)
+
+
+def _fa3_2024() -> types.ModuleType:
+    """The 2024 betas: `window_size` required, a 7-tuple with the LSE at index 5."""
+
+    def _flash_attn_forward(q, k, v, softmax_scale, causal, window_size, descale_q=None,  # type: ignore[no-untyped-def]
+                            descale_k=None, descale_v=None, gqa_parallel=False):  # fmt: skip
+        assert window_size == (-1, -1) and descale_q is None and gqa_parallel is False
+        out, lse = _fa3_forward(q, k, v, softmax_scale, causal)
+        return out, q, k, v, out, lse, None
+
+    def _flash_attn_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, softmax_scale,  # type: ignore[no-untyped-def]
+                             causal, window_size, deterministic=False):  # fmt: skip
+        assert window_size == (-1, -1) and deterministic is False
+        return _fa3_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, softmax_scale, causal)
+
+    return types.SimpleNamespace(  # type: ignore[return-value]
+        _flash_attn_forward=_flash_attn_forward, _flash_attn_backward=_flash_attn_backward
+    )
+
+
+def _fa3_2025() -> types.ModuleType:
+    """2025: every varlen/paged/rotary parameter positional without default."""
+
+    def _flash_attn_forward(q, k, v, k_new, v_new, qv, out, cu_seqlens_q, cu_seqlens_k,  # type: ignore[no-untyped-def]
+                            cu_seqlens_k_new, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
+                            page_table, kv_batch_idx, leftpad_k, rotary_cos, rotary_sin,
+                            seqlens_rotary, q_descale, k_descale, v_descale, softmax_scale, causal,
+                            window_size=(-1, -1), attention_chunk=0, softcap=0.0,
+                            rotary_interleaved=True, scheduler_metadata=None, num_splits=1,
+                            pack_gqa=None, sm_margin=0):  # fmt: skip
+        unset = (k_new, v_new, qv, out, cu_seqlens_q, cu_seqlens_k, page_table, rotary_cos)
+        assert all(x is None for x in unset) and num_splits == 1 and softcap == 0.0
+        o, lse = _fa3_forward(q, k, v, softmax_scale, causal)
+        return o, lse, None, None
+
+    def _flash_attn_backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k,  # type: ignore[no-untyped-def]
+                             sequed_q, sequed_k, max_seqlen_q, max_seqlen_k, dq, dk, dv,
+                             softmax_scale, causal, window_size=(-1, -1), softcap=0.0,
+                             deterministic=False, sm_margin=0):  # fmt: skip
+        assert cu_seqlens_q is None and sequed_q is None and max_seqlen_q is None
+        return _fa3_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, softmax_scale, causal)
+
+    return types.SimpleNamespace(  # type: ignore[return-value]
+        _flash_attn_forward=_flash_attn_forward, _flash_attn_backward=_flash_attn_backward
+    )
+
+
+def _fa3_2026() -> types.ModuleType:
+    """Late 2025 on: `torch.library.custom_op` wrappers (inspected through `_init_fn`),
+    defaults everywhere, `window_size_left/right`, backward `is_causal`, forward `out_`."""
+
+    def _flash_attn_forward(q, k, v, k_new=None, v_new=None, qv=None, out_=None,  # type: ignore[no-untyped-def]
+                            softmax_scale=None, causal=False, window_size_left=-1,
+                            window_size_right=-1, num_splits=1, sm_margin=0):  # fmt: skip
+        assert (window_size_left, window_size_right) == (-1, -1) and out_ is None
+        o, lse = _fa3_forward(q, k, v, softmax_scale, causal)
+        return o, lse, torch.empty(0), torch.empty(0)
+
+    def _flash_attn_backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q=None,  # type: ignore[no-untyped-def]
+                             cu_seqlens_k=None, dq=None, dk=None, dv=None, softmax_scale=None,
+                             is_causal=False, window_size_left=-1, window_size_right=-1,
+                             deterministic=False):  # fmt: skip
+        assert dq is not None and dk is not None and dv is not None
+        return _fa3_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, softmax_scale,
+                             is_causal)  # fmt: skip
+
+    class CustomOp:  # what torch.library.custom_op returns: (*args, **kwargs) + _init_fn
+        def __init__(self, fn: Callable[..., Any]) -> None:
+            self._init_fn = fn
+
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            return self._init_fn(*args, **kwargs)
+
+    return types.SimpleNamespace(  # type: ignore[return-value]
+        _flash_attn_forward=CustomOp(_flash_attn_forward),
+        _flash_attn_backward=CustomOp(_flash_attn_backward),
+    )
+
+
+@pytest.mark.parametrize("release", [_fa3_2024, _fa3_2025, _fa3_2026], ids=lambda f: f.__name__)
+@pytest.mark.parametrize(("heads", "kv_heads"), [(4, 4), (4, 1)])
+@pytest.mark.parametrize("causal", [True, False])
+def test_flash_attn3_marshalling_for_each_release(release, heads, kv_heads, causal) -> None:  # type: ignore[no-untyped-def]
+    kernel = FlashAttn3Kernel(release())
+    _check_against_reference(kernel, _inputs(32, heads, kv_heads), causal, TOL)
+
+
+def test_flash_attn3_passes_views_and_refuses_an_unknown_release() -> None:
+    seen: dict[str, torch.Tensor] = {}
+
+    def _flash_attn_forward(q, k, v, softmax_scale=None, causal=False):  # type: ignore[no-untyped-def]
+        seen.update(q=q, k=k, v=v)
+        return NAIVE.forward(q, k, v, causal, softmax_scale)
+
+    module = types.SimpleNamespace(
+        _flash_attn_forward=_flash_attn_forward, _flash_attn_backward=lambda *a: None
+    )
+    x = _inputs(16, 2, 2)
+    FlashAttn3Kernel(module).forward(x["q"], x["k"], x["v"], True, SCALE)  # type: ignore[arg-type]
+    assert seen["k"].data_ptr() == x["k"].data_ptr() and seen["k"].stride() == x["k"].stride()
+
+    def future(q, k, v, softmax_scale, causal, new_required_knob):  # type: ignore[no-untyped-def]
+        raise AssertionError("not called")
+
+    module = types.SimpleNamespace(_flash_attn_forward=future, _flash_attn_backward=future)
+    with pytest.raises(CpbenchError, match="'new_required_knob'"):
+        FlashAttn3Kernel(module).forward(x["q"], x["k"], x["v"], True, SCALE)  # type: ignore[arg-type]
+
+
+def test_flash_attn3_availability(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "flash_attn_interface", _fa3_2025())
+    assert fa3_module.flash_attn3_available()
+    monkeypatch.setitem(sys.modules, "flash_attn_interface", types.SimpleNamespace())
+    assert not fa3_module.flash_attn3_available()  # no private forward/backward
+    monkeypatch.setitem(sys.modules, "flash_attn_interface", None)  # import fails
+    assert not fa3_module.flash_attn3_available()
+    with pytest.raises(ImportError, match="flash_attn_interface"):
+        FlashAttn3Kernel()
+
+
+def test_kernel_version_names_what_runs_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ops, "cudnn_version", lambda: 90100)
+    assert kernel_version("cudnn") == "90100"
+    monkeypatch.setattr(ops, "cudnn_version", lambda: None)
+    assert kernel_version("cudnn") is None
+    for name in ("sdpa", "efficient", "naive"):
+        assert kernel_version(name) == str(torch.__version__)
+    monkeypatch.setattr(fa3_module, "DISTRIBUTIONS", ("no-such-distribution-cpbench",))
+    assert kernel_version("flash_attn3") is None
