@@ -5,7 +5,9 @@ Locally the ranks are a persistent `WorkerPool` (spawned once per sweep, re-spaw
 a failure that may have left ranks stuck). Under torchrun (or SLURM) the processes already form
 the world: every process runs this same loop in place (`InProcessWorld`), rank 0 writes.
 A configuration that raises, runs out of memory or hangs is recorded as failed/timeout and the
-sweep goes on; Ctrl-C stops it, keeping every record already written.
+sweep goes on; Ctrl-C stops it, keeping every record already written. (A launched world whose
+rank cannot be interrupted ends the job instead, with that record written; `--resume` goes on:
+see `cpbench.bench.world`.)
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from cpbench.config.bench import BenchConfig
 from cpbench.config.constraints import Feasibility
 from cpbench.config.impls import DEFAULT_IMPL
 from cpbench.config.vocabulary import PHASE_PASSES, Pass
-from cpbench.errors import CpbenchError
+from cpbench.errors import CpbenchError, RunFailure
 from cpbench.model.flops import FLOPS_CONVENTION, flops_breakdown
 from cpbench.model.formulas import comm_volume, config_from_sizes
 from cpbench.model.memory import memory_estimate
@@ -43,7 +45,13 @@ from cpbench.results.schema import (
     TimingSection,
     dump_record,
 )
-from cpbench.results.store import append_record, completed_ids
+from cpbench.results.store import (
+    append_record,
+    clear_inflight,
+    completed_ids,
+    mark_inflight,
+    take_inflight,
+)
 
 PHASE_KEYS: dict[Direction, Pass] = {"fwd": "forward", "bwd": "backward"}
 NO_VARIANTS_NOTE = (
@@ -155,8 +163,13 @@ def assemble_record(
     record.memory = MemorySection(
         peak_bytes=[r["memory"]["peak_bytes"] for r in per_rank],
         source=per_rank[0]["memory"]["source"],
+        reserved_peak_bytes=_per_rank_or_none(per_rank, "reserved_peak_bytes"),
+        nvml_process_peak_bytes=_per_rank_or_none(per_rank, "nvml_process_peak_bytes"),
         rss_peak_bytes=_per_rank_or_none(per_rank, "rss_peak_bytes"),
-        nvml_used_bytes=_per_rank_or_none(per_rank, "nvml_used_bytes"),
+        sources={  # per field, each rank's source once (ranks agree unless NVML differs)
+            key: " | ".join(dict.fromkeys(r["memory"]["sources"][key] for r in per_rank))
+            for key in per_rank[0]["memory"]["sources"]
+        },
         analytic_peak_bytes=analytic_memory,
     )
     flops = flops_breakdown(config.shape, config.ulysses, config.ring, config.layout, config.causal)
@@ -282,9 +295,18 @@ def _failure_message(exc: BaseException) -> str:
     return text
 
 
-def _prepare_output(out: Path, resume: bool) -> set[str]:
+INFLIGHT_ERROR = (
+    "the job ended while this configuration ran (started {started}, timeout {timeout:g} s): a "
+    "rank was killed, hung where it could not be stopped, or the job was cancelled; see the "
+    "job's log. Recorded by --resume; delete this line to measure it again."
+)
+"""The error of a configuration found in flight by `--resume` (`cpbench.results.store`)."""
+
+
+def _prepare_output(out: Path, resume: bool, launched: bool = False) -> set[str]:
     """Check that `out` can take the sweep (fail before anything is measured); return the ids
-    already recorded in it when resuming."""
+    already recorded in it when resuming. In a launched world, a configuration that was in
+    flight when an earlier job died (its marker) is recorded as failed first."""
     if out.exists() and out.stat().st_size > 0 and not resume:
         raise CpbenchError(
             f"output {out} already has records: pass --resume to continue it, "
@@ -296,7 +318,15 @@ def _prepare_output(out: Path, resume: bool) -> set[str]:
             pass
     except OSError as exc:
         raise CpbenchError(f"cannot write results to {out}: {exc.strerror or exc}") from None
-    return completed_ids(out) if resume else set()
+    if not resume:
+        clear_inflight(out)
+        return set()
+    done = completed_ids(out)
+    dead = take_inflight(out) if launched else None
+    if dead is not None and dead["id"] not in done:
+        append_record(out, dead)
+        done.add(dead["id"])
+    return done
 
 
 def run_sweep(
@@ -314,7 +344,11 @@ def run_sweep(
     """Run the scenario; append a record per configuration to `out` as soon as it ends.
 
     `respawn_each` re-spawns the ranks for every configuration (to measure what the persistent
-    pool saves); `task` replaces `measure_config` (tests inject failures through it)."""
+    pool saves); `task` replaces `measure_config` (tests inject failures through it).
+
+    In a launched world (torchrun, srun) every rank runs this loop; rank 0 writes, and before
+    each configuration it writes an in-flight marker (`<out>.inflight`): should the job die
+    while that configuration runs, the next `--resume` records it as failed and goes on."""
     from cpbench.bench.environment import process_environment  # noqa: PLC0415
     from cpbench.bench.measure import measure_config  # noqa: PLC0415
     from cpbench.bench.pool import TaskError, TaskTimeout, WorkerPool, WorldSpec  # noqa: PLC0415
@@ -328,22 +362,44 @@ def run_sweep(
     }
     environment = EnvironmentSection.model_validate(process_environment())
     world: World
-    writer = True
-    if launched_by_torchrun():
+    writer, launched = True, launched_by_torchrun()
+    result = SweepResult(path=out)
+    if launched:
         in_process = InProcessWorld(device, limit)
         if in_process.world_size != world_size:
+            in_process.close()
             raise CpbenchError(
-                f"scenario world_size ({world_size}) != torchrun world size "
+                f"scenario world_size ({world_size}) != launched world size "
                 f"({in_process.world_size})"
             )
         world, writer = in_process, in_process.rank == 0
         # Only rank 0 reads and writes the file (nodes may not share a disk); every rank must
         # skip the same configurations, so the answer is broadcast.
-        done = in_process.broadcast_from_rank0(lambda: _prepare_output(out, resume))
+        try:
+            done = in_process.broadcast_from_rank0(lambda: _prepare_output(out, resume, True))
+        except CpbenchError:
+            in_process.close()
+            raise
     else:
         done = _prepare_output(out, resume)
         world = WorkerPool(WorldSpec(world_size, device))
-    result = SweepResult(path=out)
+
+    def finish(record: ResultRecord) -> None:
+        if writer:
+            append_record(out, record)
+            if launched:
+                clear_inflight(out)
+        written = dump_record(record)
+        result.records.append(written)
+        if on_record:
+            on_record(written)
+
+    def record_failure(record: ResultRecord, exc: BaseException) -> None:
+        if isinstance(exc, TaskTimeout):
+            record.status, record.error = "timeout", str(exc)
+        else:
+            record.status, record.error = "failed", _failure_message(exc)
+
     started = time.perf_counter()
     try:
         for config, feasibility in points:
@@ -357,25 +413,32 @@ def run_sweep(
             else:
                 if on_start:
                     on_start(config)
+                if launched:
+                    if writer:
+                        dead = record.model_copy()
+                        dead.status = "failed"
+                        dead.error = INFLIGHT_ERROR.format(started=record.timestamp, timeout=limit)
+                        mark_inflight(out, dead)
+
+                    def abandon(exc: RunFailure, record: ResultRecord = record) -> None:
+                        record_failure(record, exc)  # the process exits after this
+                        finish(record)
+
+                    in_process.on_abandon = abandon
                 try:
                     per_rank = world.run(
                         task or measure_config, _task_config(record), settings, timeout=limit
                     )
                     record = assemble_record(record, config, per_rank)
-                except TaskTimeout as exc:
-                    record.status, record.error = "timeout", str(exc)
-                except TaskError as exc:
-                    record.status, record.error = "failed", _failure_message(exc)
+                except (TaskTimeout, TaskError) as exc:
+                    record_failure(record, exc)
                 if respawn_each:
                     world.close()
-            if writer:
-                append_record(out, record)
-            written = dump_record(record)
-            result.records.append(written)
-            if on_record:
-                on_record(written)
+            finish(record)
     except KeyboardInterrupt:
         result.interrupted = True
+        if launched and writer:
+            clear_inflight(out)  # stopped on purpose: --resume measures it again
         world.close(force=True)
     finally:
         world.close()

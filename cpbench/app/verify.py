@@ -3,7 +3,8 @@ against the single-process reference (forward output and dQ/dK/dV).
 
 All ranks build the same global tensors from a seed, shard them, run `cp_attention` forward
 and backward, and gather output and gradients back; rank 0 compares them with the float64
-reference. The cases run in batches on a persistent `WorkerPool`.
+reference. The cases run in batches on a persistent `WorkerPool`, or in place on the ranks
+that torchrun/srun launched.
 
 With `impl` set to an external implementation (`cpbench.impls`), the same cases run through
 its adapter: sharded and gathered with the library's own layout, forward and backward inside
@@ -102,14 +103,20 @@ def run_verify(
     impl: str = DEFAULT_IMPL,
 ) -> list[dict]:
     """Spawn `world_size` ranks once and run every case; returns rank 0's records (cases the
-    impl cannot run are records with `skipped` set and `passed` None)."""
+    impl cannot run are records with `skipped` set and `passed` None).
+
+    Under torchrun or srun the launched processes are the world: every rank calls this and
+    runs the cases in place (`world_size` must be the launched world's); every rank returns
+    the same records."""
     from cpbench.bench.pool import WorkerPool, WorldSpec  # noqa: PLC0415
+    from cpbench.bench.world import launched_by_torchrun, launched_world  # noqa: PLC0415
 
     if world_size < 1:
         raise CpbenchError(f"world size must be at least 1, got {world_size}")
     if dtype not in DTYPES:
         raise CpbenchError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
-    if device == "cuda" and torch.cuda.device_count() < world_size:
+    launched = launched_by_torchrun()
+    if device == "cuda" and not launched and torch.cuda.device_count() < world_size:
         raise CpbenchError(
             f"world size ({world_size}) needs {world_size} GPUs, found {torch.cuda.device_count()}"
         )
@@ -117,7 +124,16 @@ def run_verify(
     cases = cases if cases is not None else default_cases(world_size, dtype, kernel, impl)
     runnable, skipped = split_cases(cases, device)
     ran: list[dict] = []
-    if runnable:
+    if launched:
+        with launched_world(device, timeout) as world:
+            if world.world_size != world_size:
+                raise CpbenchError(
+                    f"world size ({world_size}) != launched world size ({world.world_size})"
+                )
+            if runnable:
+                per_rank = world.run(run_cases_on_rank, runnable, device, timeout=timeout)
+                ran = [r for r in per_rank[0] if r is not None]
+    elif runnable:
         with WorkerPool(WorldSpec(world_size, device)) as pool:
             per_rank = pool.run(run_cases_on_rank, runnable, device, timeout=timeout)
         ran = [r for r in per_rank[0] if r is not None]

@@ -71,6 +71,12 @@ class CPMesh:
 _MESH_CACHE: dict[tuple[int, int, tuple[int, ...]], CPMesh] = {}
 
 
+def clear_mesh_cache() -> None:
+    """Forget every cached mesh: call after destroying the default process group (its
+    subgroups die with it), before building meshes over a new one."""
+    _MESH_CACHE.clear()
+
+
 def build_mesh(ulysses: int, ring: int, group: dist.ProcessGroup | None = None) -> CPMesh:
     """Build (or fetch from cache) the U x R mesh over `group` (default: the whole world).
 

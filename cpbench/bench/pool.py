@@ -10,6 +10,7 @@ on the next task.
 
 from __future__ import annotations
 
+import inspect
 import os
 import queue
 import signal
@@ -53,6 +54,15 @@ class WorldSpec:
         return "nccl" if self.device == "cuda" else "gloo"
 
 
+def accepts_device_id(init: Callable[..., Any]) -> bool:
+    """Whether `init_process_group` takes `device_id` (torch 2.3 and later; checked on the
+    function itself, so that a backported or trimmed build answers for itself)."""
+    try:
+        return "device_id" in inspect.signature(init).parameters
+    except (TypeError, ValueError):  # a builtin without a signature
+        return False
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -71,14 +81,19 @@ def _worker_main(
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(spec.threads_per_rank)
     os.environ.setdefault("OMP_NUM_THREADS", str(spec.threads_per_rank))
+    extra: dict[str, Any] = {}
     if spec.device == "cuda":
-        torch.cuda.set_device(rank % torch.cuda.device_count())
+        device = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        if accepts_device_id(dist.init_process_group):
+            extra["device_id"] = device  # binds the communicator to this GPU up front
     dist.init_process_group(
         spec.backend,
         init_method=f"tcp://127.0.0.1:{port}",
         rank=rank,
         world_size=spec.world_size,
         timeout=datetime.timedelta(seconds=600),
+        **extra,
     )
     results.put(("ready", rank, "ok", None))
     while True:

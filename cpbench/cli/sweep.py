@@ -4,7 +4,6 @@ with a progress bar while it runs and a results table at the end."""
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -62,12 +61,12 @@ def _run_and_report(
     import torch  # noqa: PLC0415
 
     from cpbench.app.sweep import default_output, run_sweep  # noqa: PLC0415
-    from cpbench.bench.world import launched_by_torchrun  # noqa: PLC0415
+    from cpbench.bench.world import launched_rank  # noqa: PLC0415
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     dev, n = spec.resolve(device, gpus)
     n = world_size or n
-    if dev == "cuda" and not launched_by_torchrun() and n > gpus:
+    if dev == "cuda" and launched_rank() is None and n > gpus:
         raise CpbenchError(
             f"world size ({n}) needs {n} local GPUs, found {gpus}: use torchrun for several nodes"
         )
@@ -79,7 +78,8 @@ def _run_and_report(
         raise CpbenchError(f"--world-size ({world_size}) must be at least 1")
     path = out or default_output(spec)
     points = spec.expand(dev, n)
-    quiet = launched_by_torchrun() and int(os.environ.get("RANK", "0")) != 0
+    launch = launched_rank()
+    quiet = launch is not None and launch.rank != 0
     progress = Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),

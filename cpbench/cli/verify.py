@@ -18,7 +18,8 @@ from cpbench.render.tables import verify_tables
 def verify(
     world_size: Annotated[
         int | None,
-        typer.Option(help="Ranks to spawn (default: all GPUs on CUDA, 4 on CPU)."),
+        typer.Option(help="Ranks to spawn (default: all GPUs on CUDA, 4 on CPU; the launched world under "
+        "torchrun)."),
     ] = None,
     device: Annotated[CliDevice, typer.Option(help="auto picks cuda when available.")] = "auto",
     dtype: Annotated[
@@ -40,23 +41,29 @@ def verify(
     """Check every scheme x layout x causal x GQA case against the single-process reference.
 
     Spawns the ranks once (gloo on CPU, NCCL on GPUs), compares the forward output and
-    dQ/dK/dV with a float64 reference, prints a table and exits 1 on any mismatch.
+    dQ/dK/dV with a float64 reference, prints a table and exits 1 on any mismatch. Under
+    torchrun (or srun) the launched processes are the world and rank 0 prints.
     """
     import torch  # noqa: PLC0415
 
     from cpbench.app.verify import run_verify  # noqa: PLC0415
+    from cpbench.bench.world import launched_rank  # noqa: PLC0415
 
     dev = resolve_device(device)
-    n = (
-        world_size
-        if world_size is not None
-        else (torch.cuda.device_count() if dev == "cuda" else 4)
-    )
+    launch = launched_rank()
+    if world_size is not None:
+        n = world_size
+    elif launch is not None:  # torchrun / srun: the launched world
+        n = launch.world_size
+    else:
+        n = torch.cuda.device_count() if dev == "cuda" else 4
     records = run_verify(
         n, dev, dtype or DEFAULT_DTYPE[dev], kernel, impl=impl
     )
     failed = [r for r in records if r["passed"] is False]
-    if as_json:
+    if launch is not None and launch.rank != 0:
+        pass  # rank 0 prints; every rank exits with the same code
+    elif as_json:
         print(
             json.dumps(
                 {

@@ -180,6 +180,43 @@ def _repair_torn_tail(path: Path) -> None:
         os.fsync(f.fileno())
 
 
+def inflight_path(out: Path) -> Path:
+    """The in-flight marker of a sweep writing `out`: `<out>.inflight`."""
+    out = Path(out)
+    return out.with_name(out.name + ".inflight")
+
+
+def mark_inflight(out: Path, record: ResultRecord | Mapping[str, Any]) -> None:
+    """Write the record a configuration gets if the job dies while it runs (a launched world
+    writes it before each configuration; `take_inflight` turns it into a record on --resume).
+    Written to a temporary file and renamed, so a marker is never half written."""
+    marker = inflight_path(out)
+    data = dump_record(record) if isinstance(record, ResultRecord) else record
+    temporary = marker.with_name(marker.name + ".tmp")
+    temporary.write_text(json.dumps(data, separators=(",", ":")), encoding="utf-8")
+    os.replace(temporary, marker)
+
+
+def clear_inflight(out: Path) -> None:
+    """Remove the in-flight marker (the configuration ended and is recorded, or was
+    interrupted on purpose and is to be measured again)."""
+    inflight_path(out).unlink(missing_ok=True)
+
+
+def take_inflight(out: Path) -> dict[str, Any] | None:
+    """The record of the configuration that was running when a sweep's job died, and remove
+    the marker; None when there is none (or it cannot be read: it is then dropped)."""
+    marker = inflight_path(out)
+    if not marker.exists():
+        return None
+    try:
+        data = json.loads(marker.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        data = None
+    marker.unlink(missing_ok=True)
+    return data if isinstance(data, dict) and "id" in data else None
+
+
 # ------------------------------------------------------------------------------------ reading
 
 

@@ -1,0 +1,215 @@
+"""Launched worlds (torchrun, srun) on CPU with gloo: faults recorded like the local pool's,
+`verify` in place, SLURM variables, the in-flight marker, and the documented launch lines."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cpbench.app.sweep import INFLIGHT_ERROR, _base_record, _prepare_output
+from cpbench.bench.environment import process_environment
+from cpbench.bench.pool import accepts_device_id
+from cpbench.bench.world import (
+    LaunchedRank,
+    cuda_index,
+    launched_rank,
+)
+from cpbench.errors import CpbenchError
+from cpbench.results.scenarios import load_scenario
+from cpbench.results.schema import EnvironmentSection, ResultRecord
+from cpbench.results.store import inflight_path, mark_inflight, read_records
+
+ROOT = Path(__file__).resolve().parents[1]
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+DRIVER = ROOT / "tests" / "torchrun_sweep.py"
+TIMEOUT = 10  # seconds per configuration: the hanging one costs this much (loaded CI cores)
+
+SCENARIO = """
+name = "faults"
+description = "torchrun fault test"
+world_size = 2
+device = "cpu"
+warmup = 0
+iters = 2
+timeout = {timeout}
+
+[axes]
+seq_len = [64]
+heads = [4]
+kv_heads = [4]
+head_dim = {head_dim}
+mesh = ["1x2"]
+layout = ["zigzag"]
+dtype = "float32"
+phase = ["fwd+bwd"]
+"""
+
+
+def _scenario(tmp_path: Path, head_dim: str = "[16, 24, 40, 32]") -> Path:
+    path = tmp_path / "faults.toml"
+    path.write_text(SCENARIO.format(timeout=TIMEOUT, head_dim=head_dim))
+    return path
+
+
+def _clean_env() -> dict[str, str]:
+    """This test process's environment without any launcher's variables."""
+    launcher = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_")
+    return {k: v for k, v in os.environ.items() if not k.startswith(launcher)}
+
+
+def test_a_raising_and_a_hanging_rank_are_recorded_under_torchrun(tmp_path: Path) -> None:
+    """head_dim 24 raises on rank 1 before the mesh exists (rank 0 then waits for it in the
+    store, where it cannot be interrupted: the job ends with the record written and torchrun
+    restarts it, --resume continuing the file); 40 hangs on both ranks (interrupted at the
+    timeout, the process group rebuilt, the sweep goes on in the same job)."""
+    out = tmp_path / "r.jsonl"
+    cmd = [str(TORCHRUN), "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
+           str(DRIVER), str(_scenario(tmp_path)), str(out), "--resume"]
+    done = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=240, cwd=ROOT, env=_clean_env()
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = read_records(out)
+    ids = [r["id"] for r in records]
+    assert len(ids) == len(set(ids)) == 4  # each configuration once, nothing lost
+    by_dim = {r["config"]["head_dim"]: r for r in records}
+    assert {d: r["status"] for d, r in by_dim.items()} == {
+        16: "ok", 24: "failed", 40: "timeout", 32: "ok"
+    }
+    failed = by_dim[24]["error"]
+    assert "out of memory" in failed and failed.startswith("out of memory: rank 1:"), failed
+    assert f"within {TIMEOUT} s on ranks [0, 1]" in by_dim[40]["error"]
+    assert by_dim[32]["comm"]["match"] and by_dim[32]["accuracy"]["passed"]
+    # The job that could not go on said why and what to do, and left no marker behind.
+    assert "rerun with --resume to continue" in done.stderr
+    assert "another rank failed" in done.stderr
+    assert not inflight_path(out).exists()
+    # The last job measured 40 and 32 after the restart: one rebuild of its process group.
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary == {"counts": {"timeout": 1, "ok": 1}, "spawns": 2}
+
+
+def test_verify_runs_in_place_under_torchrun() -> None:
+    cmd = [str(TORCHRUN), "--standalone", "--nproc-per-node", "2", "-m", "cpbench.cli",
+           "verify", "--device", "cpu", "--json"]
+    done = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=240, cwd=ROOT, env=_clean_env()
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)  # rank 0 alone prints: one JSON document
+    assert report["world_size"] == 2 and report["passed"] is True
+    assert len(report["cases"]) == 48  # 2 meshes x 3 layouts x 2 causal x 4 KV head counts
+    assert all(case["passed"] is True for case in report["cases"])
+
+
+def test_a_sweep_launched_with_slurm_variables_alone(tmp_path: Path) -> None:
+    """srun's variables (no torchrun): rank 0 hosts the store at MASTER_ADDR:MASTER_PORT."""
+    from cpbench.bench.pool import _free_port  # noqa: PLC0415
+
+    out = tmp_path / "slurm.jsonl"
+    base = {**_clean_env(), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+            "SLURM_NTASKS": "2"}
+    cmd = [sys.executable, "-m", "cpbench.cli", "sweep", str(_scenario(tmp_path, "[16]")),
+           "--out", str(out), "--device", "cpu"]
+    procs = [
+        subprocess.Popen(
+            cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**base, "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank)},
+        )
+        for rank in range(2)
+    ]
+    outputs = [p.communicate(timeout=180) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outputs]
+    (record,) = read_records(out)  # rank 0 alone wrote
+    assert record["status"] == "ok" and record["comm"]["match"]
+    assert len(record["memory"]["peak_bytes"]) == 2
+
+
+def test_launched_rank_reads_torchrun_then_slurm_variables() -> None:
+    torchrun = {"RANK": "5", "WORLD_SIZE": "16", "LOCAL_RANK": "5", "MASTER_ADDR": "h0"}
+    assert launched_rank(torchrun) == LaunchedRank(5, 16, 5, "torchrun")
+    slurm = {"SLURM_PROCID": "11", "SLURM_NTASKS": "16", "SLURM_LOCALID": "3",
+             "MASTER_ADDR": "h0"}
+    assert launched_rank(slurm) == LaunchedRank(11, 16, 3, "slurm")
+    # torchrun's variables win; an env:// launch without LOCAL_RANK takes SLURM_LOCALID.
+    assert launched_rank({**slurm, "RANK": "1", "WORLD_SIZE": "2"}) == LaunchedRank(
+        1, 2, 3, "torchrun"
+    )
+    # A batch script (SLURM_PROCID 0, no MASTER_ADDR) or a plain shell is no launched world.
+    assert launched_rank({"SLURM_PROCID": "0", "SLURM_NTASKS": "16"}) is None
+    assert launched_rank({}) is None
+    with pytest.raises(CpbenchError, match="SLURM_PROCID='x' must be an integer"):
+        launched_rank({**slurm, "SLURM_PROCID": "x"})
+
+
+def test_each_rank_picks_the_gpu_of_its_local_rank() -> None:
+    assert cuda_index(3, 8) == 3
+    assert cuda_index(7, 1) == 0  # srun --gpus-per-task 1: one visible GPU per task
+    with pytest.raises(CpbenchError, match="every rank would use GPU 0"):
+        cuda_index(None, 8)
+    with pytest.raises(CpbenchError, match="local rank 8 has no GPU: 8 are visible"):
+        cuda_index(8, 8)
+    with pytest.raises(CpbenchError, match="no GPU"):
+        cuda_index(0, 0)
+
+
+def test_device_id_is_passed_only_where_init_process_group_takes_it() -> None:
+    import torch.distributed as dist  # noqa: PLC0415
+
+    def old_init(backend: str, timeout: object = None) -> None: ...
+
+    def new_init(backend: str, device_id: object = None) -> None: ...
+
+    assert accepts_device_id(new_init) and not accepts_device_id(old_init)
+    assert accepts_device_id(dist.init_process_group)  # torch >= 2.3 has it
+
+
+def _dead_record(tmp_path: Path, head_dim: int) -> ResultRecord:
+    """What rank 0 marks before a configuration runs in a launched world."""
+    scenario = load_scenario(str(_scenario(tmp_path, f"[{head_dim}]")))
+    ((config, feasibility),) = scenario.expand("cpu", 2)
+    environment = EnvironmentSection.model_validate(process_environment())
+    record = _base_record(config, feasibility, scenario, environment)
+    record.status = "failed"
+    record.error = INFLIGHT_ERROR.format(started=record.timestamp, timeout=4.0)
+    return record
+
+
+def test_resume_records_a_configuration_left_in_flight(tmp_path: Path) -> None:
+    out = tmp_path / "r.jsonl"
+    dead = _dead_record(tmp_path, 16)
+    mark_inflight(out, dead)
+    assert _prepare_output(out, resume=True, launched=True) == {dead.id}
+    (record,) = read_records(out)
+    assert record["status"] == "failed" and "the job ended while this" in record["error"]
+    assert not inflight_path(out).exists()
+    assert _prepare_output(out, resume=True, launched=True) == {dead.id}  # recorded once
+    assert len(read_records(out)) == 1
+    # A fresh sweep drops a stale marker instead of recording it.
+    fresh = tmp_path / "fresh.jsonl"
+    mark_inflight(fresh, _dead_record(tmp_path, 32))
+    assert _prepare_output(fresh, resume=False, launched=True) == set()
+    assert not inflight_path(fresh).exists() and read_records(fresh) == []
+
+
+def test_the_documented_torchrun_lines_name_a_rendezvous_backend() -> None:
+    texts = {
+        name: (ROOT / name).read_text()
+        for name in ("README.md", "scenarios/two-node.toml", "scenarios/README.md")
+    }
+    for name, text in texts.items():
+        # A command may wrap over several lines (a `\` in shell, plain wrapping in prose).
+        commands = re.findall(r"torchrun --nnodes \d[^`\n]*(?:\\\n[^`\n]*|\n(?!\n)[^`\n]*)*", text)
+        assert commands, name
+        for command in commands:
+            assert "--rdzv-backend c10d" in command, (name, command)
+            assert "--rdzv-id" in command and "--rdzv-endpoint" in command, (name, command)
+    readme = texts["README.md"]
+    snippet = readme[readme.index("## Using the attention schemes from Python") :]
+    assert snippet.index("torch.cuda.set_device(") < snippet.index("dist.init_process_group(")
