@@ -1,8 +1,8 @@
 """The torch-version shims: the one place that knows which torch has what.
 
-cpbench supports torch from the floor in pyproject.toml (2.6) to the current release. Every call
-whose presence or behaviour differs across that range goes through a small named function here,
-whose docstring says which versions behave how. Each capability is decided by looking at the
+cpbench supports torch from the floor in pyproject.toml (2.5.1) to the current release. Every
+call whose presence or behaviour differs across that range goes through a small named function
+here, whose docstring says which versions behave how. Each capability is decided by looking at the
 installed torch itself (an attribute present, or a tiny probe run once) rather than by parsing
 its version string: builds that users pin (NGC containers `2.6.0a0+...`, vendor wheels,
 nightlies) carry backports and version strings that a version comparison gets wrong, and an
@@ -16,6 +16,7 @@ The layer sits between `model` and `attention`: it may import torch, `cpbench.co
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -24,8 +25,45 @@ import torch.distributed._functional_collectives as ft_c
 import torch.utils._python_dispatch as python_dispatch
 
 TORCH_VERSION = str(torch.__version__)
-"""The installed torch's version string (as reports show it; capabilities are probed, not
-derived from it)."""
+"""The installed torch's version string (as reports show it; CPU capabilities are probed,
+not derived from it)."""
+
+
+def torch_at_least(major: int, minor: int, version: str | None = None) -> bool:
+    """The installed torch (or `version`) is `major.minor` or newer; local tags (`+cu124`)
+    and pre-release suffixes of the same release (`2.6.0a0+...`, as NGC builds name it) count
+    as that release. Only for what cannot be probed here: the CUDA ops below (a probe would
+    need a GPU and would create a CUDA context in whichever process asked first)."""
+    text = version or str(torch.__version__)  # read at call time (tests fake other releases)
+    found = re.match(r"(\d+)\.(\d+)", text)
+    if found is None:
+        raise ValueError(f"torch version {text!r} is not 'major.minor...'")
+    return (int(found[1]), int(found[2])) >= (major, minor)
+
+
+# ---------------------------------------------------------------- CUDA attention ops (by version)
+
+
+def cuda_flash_supports_gqa(version: str | None = None) -> bool:
+    """Whether `aten._scaled_dot_product_flash_attention` (and its backward) takes K/V with
+    fewer heads than Q: its vendored FlashAttention-2 handles `H_q % H_kv == 0` itself, and
+    torch routes `scaled_dot_product_attention(..., enable_gqa=True)` to it unexpanded from
+    2.5 on (pytorch/pytorch#132689); older torch: expand K/V. By version (a CUDA op)."""
+    return torch_at_least(2, 5, version)
+
+
+def cudnn_attention_supports_gqa(version: str | None = None) -> bool:
+    """Whether `aten._scaled_dot_product_cudnn_attention` is known to take K/V with fewer
+    heads than Q: cuDNN's graph handles it and PyTorch checks it since pytorch/pytorch#150337
+    (2.8); for 2.5-2.7 no such check is known, so K/V are expanded there. By version."""
+    return torch_at_least(2, 8, version)
+
+
+def cudnn_attention_usable(version: str | None = None) -> bool:
+    """Whether this torch's cuDNN attention op is usable at all: 2.5 gave it `attn_bias` and
+    `compute_log_sumexp` and made it a public SDPA backend; 2.4's op was marked not ready for
+    use (pytorch/pytorch#122695). By version."""
+    return torch_at_least(2, 5, version)
 
 
 # ----------------------------------------------------------------------- CPU flash attention
@@ -61,7 +99,7 @@ def cpu_flash_supports_gqa() -> bool:
     autograd, so it is invisible to whatever is measuring when it first runs."""
     with python_dispatch._disable_current_modes(), torch.no_grad():
         g = torch.Generator().manual_seed(0)
-        q, k_buf, v_buf = (torch.randn(1, 2, 8, 8, generator=g) for _ in range(3))  # BHSD
+        q, k_buf, v_buf = (torch.randn(1, 2, 8, 8, generator=g, device="cpu") for _ in range(3))
         k, v = k_buf[:, :1], v_buf[:, :1]  # one KV head, strided inside a 2-head buffer
         scale = 8**-0.5
         try:

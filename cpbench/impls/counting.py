@@ -12,8 +12,8 @@ convention as `cpbench.attention.comm`: what this rank's data must deliver to ot
 | isend / send (also inside batch_isend_irecv) | the sent tensor (0 when sent to itself) |
 | all_to_all_single | the input minus this rank's own part (split sizes honoured) |
 | all_to_all | the input list minus this rank's own entry |
-| all_gather(_into_tensor), functional all_gather_single | input x (group size - 1) |
-| reduce_scatter(_tensor), functional reduce_scatter_single | input x (n - 1) / n |
+| all_gather(_into_tensor), functional all_gather_single (older torch: _tensor) | input x (group size - 1) |
+| reduce_scatter(_tensor), functional reduce_scatter_single (older: _tensor) | input x (n - 1) / n |
 | all_reduce (dist and functional) | 2 x tensor x (n - 1) / n (ring) |
 | broadcast | tensor x (n - 1) on the source, 0 elsewhere |
 
@@ -39,6 +39,7 @@ import torch.distributed._functional_collectives as ft_c
 import torch.distributed.distributed_c10d as c10d
 
 from cpbench.attention.comm import ByteCounter
+from cpbench.compat import functional_collectives
 from cpbench.impls.base import cp_group
 
 Recorder = Callable[[str, int], None]
@@ -211,10 +212,13 @@ def library_counting(counter: ByteCounter) -> Iterator[ByteCounter]:
                 if getattr(module, name, None) is original:
                     patched.append((module, name, original))
                     setattr(module, name, wrapper)
-        for name, count in _functional_counters(counter.record).items():
-            original = getattr(ft_c, name)
-            patched.append((ft_c, name, original))
-            setattr(ft_c, name, _wrap(original, count))
+        # The functional names differ across torch versions (all_gather_tensor before
+        # all_gather_single...): `cpbench.compat` names the one this torch calls.
+        counters = _functional_counters(counter.record)
+        for entry, attribute in functional_collectives().items():
+            original = getattr(ft_c, attribute)
+            patched.append((ft_c, attribute, original))
+            setattr(ft_c, attribute, _wrap(original, counters[entry]))
         yield counter
     finally:
         for module, name, original in reversed(patched):

@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import torch
 
+from cpbench import compat
 from cpbench.attention.kernels import ops
 from cpbench.attention.kernels.base import _expand_kv, _reduce_kv_grad
 
 
 def cuda_flash_native_gqa(version: str | None = None) -> bool:
-    """Whether `aten._scaled_dot_product_flash_attention` (and its backward) of this torch
-    takes K/V with fewer heads than Q. The op runs PyTorch's vendored FlashAttention-2, whose
-    `mha_fwd`/`mha_bwd` handle `num_heads % num_heads_k == 0` themselves (dK/dV come back with
-    the KV heads); torch 2.5 routes `scaled_dot_product_attention(..., enable_gqa=True)` to it
-    unexpanded (pytorch#132689), which is the release cpbench relies on. Older torch: expand.
-    (A version question: to move to `cpbench.compat`.)"""
-    return ops.torch_at_least(2, 5, version)
+    """Whether this torch's CUDA flash op takes K/V with fewer heads than Q
+    (`cpbench.compat.cuda_flash_supports_gqa`)."""
+    return compat.cuda_flash_supports_gqa(version)
 
 
 class CudaSdpaKernel:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from cpbench import compat
 from cpbench.attention.kernels import ops
 from cpbench.attention.kernels.base import _expand_kv, _reduce_kv_grad
 
@@ -18,12 +19,9 @@ TORCH_MIN = (2, 5)
 
 
 def cudnn_native_gqa(version: str | None = None) -> bool:
-    """Whether this torch's cuDNN attention op is known to take K/V with fewer heads than Q.
-    cuDNN's graph handles it, and PyTorch lets it through with a test of its own since
-    pytorch#150337 (2.8); for 2.5-2.7 no such check was found, so K/V are expanded there
-    (always correct, one copy of K/V per call). (A version question: to move to
-    `cpbench.compat`.)"""
-    return ops.torch_at_least(2, 8, version)
+    """Whether this torch's cuDNN attention op takes K/V with fewer heads than Q
+    (`cpbench.compat.cudnn_attention_supports_gqa`)."""
+    return compat.cudnn_attention_supports_gqa(version)
 
 
 def cudnn_unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
@@ -32,7 +30,7 @@ def cudnn_unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
         return f"needs a CUDA device (got {device.type})"
     if dtype not in (torch.float16, torch.bfloat16):
         return f"needs fp16/bf16 (got {dtype})"
-    if not ops.torch_at_least(*TORCH_MIN):
+    if not compat.cudnn_attention_usable():
         return f"needs torch >= {TORCH_MIN[0]}.{TORCH_MIN[1]} (installed {torch.__version__})"
     version = ops.cudnn_version()
     if version is None:

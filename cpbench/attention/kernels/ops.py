@@ -15,8 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.torch_version import TorchVersion
 
+from cpbench import compat
 from cpbench.errors import CpbenchError
 
 
@@ -72,8 +72,8 @@ def last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
 
 
 def torch_at_least(major: int, minor: int, version: str | None = None) -> bool:
-    """The installed torch (or `version`) is `major.minor` or newer (local tags ignored)."""
-    return TorchVersion(version or torch.__version__) >= f"{major}.{minor}"
+    """The installed torch (or `version`) is `major.minor` or newer (`cpbench.compat`)."""
+    return compat.torch_at_least(major, minor, version)
 
 
 def device_capability(device: torch.device) -> tuple[int, int] | None:
