@@ -29,7 +29,6 @@ from cpbench.results.scenarios import parse_scenario
 from tests import rank_tasks
 from tests.impl_support import STAND_INS, use_stand_ins
 
-
 TORCH_CP_MISSING = get_adapter("torch_cp").installed()
 """Why torch_cp cannot run on this torch (it follows torch 2.13's private context-parallel
 modules; the floor torch lacks them), or None. Its cases are left out where it is missing."""
