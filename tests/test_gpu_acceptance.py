@@ -74,7 +74,9 @@ def test_plan_uses_what_doctor_found_usable(dry_run: tuple[Path, Any]) -> None:
     assert plan["kernels"] == usable and {"sdpa", "naive"} <= set(usable)
     usable_impls = [i["name"] for i in doctor["impls"] if i["usable"]]
     assert plan["impls"] == [name for name in usable_impls if ":" not in name]  # once each
-    assert plan["impls"][0] == "cpbench" and "torch_cp" in plan["impls"]
+    assert plan["impls"][0] == "cpbench"
+    # torch_cp runs wherever its torch internals exist (not on the floor torch).
+    assert ("torch_cp" in plan["impls"]) == ("torch_cp" in usable_impls)
     records = read_records(out / "sweep.jsonl")
     assert {r["config"]["backend"] for r in records} == set(usable)
     assert {(r["config"]["ulysses"], r["config"]["ring"]) for r in records} == {(1, 2), (2, 1)}

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from cpbench.app.sweep import run_sweep
 from cpbench.results.scenarios import load_scenario
@@ -71,6 +72,9 @@ def test_sweep_records_every_point_with_equal_bytes(tmp_path: Path) -> None:
         assert t["overlap"] is None or 0.0 <= t["overlap"] <= 1.0
         assert len(r["memory"]["peak_bytes"]) == 2 and min(r["memory"]["peak_bytes"]) > 0
         assert r["memory"]["source"] == "cpu-tensor-tracker"
+        # The kernel and the version of what ran it (PyTorch's own CPU op: torch's version).
+        assert r["config"]["kernel"] == "sdpa"
+        assert r["environment"]["kernel_version"] == str(torch.__version__)
         assert r["flops"]["achieved_tflops"] > 0
         assert ("bwd" in r["comm"]["analytic_bytes"]) == (r["config"]["phase"] == "fwd+bwd")
     # KV replication was used where U (2) > kv_heads (1).

@@ -86,13 +86,18 @@ def test_a_raising_and_a_hanging_rank_are_recorded_under_torchrun(tmp_path: Path
     assert "out of memory" in failed and failed.startswith("out of memory: rank 1:"), failed
     assert f"within {TIMEOUT} s on ranks [0, 1]" in by_dim[40]["error"]
     assert by_dim[32]["comm"]["match"] and by_dim[32]["accuracy"]["passed"]
-    # The job that could not go on said why and what to do, and left no marker behind.
-    assert "rerun with --resume to continue" in done.stderr
-    assert "another rank failed" in done.stderr
     assert not inflight_path(out).exists()
-    # The last job measured 40 and 32 after the restart: one rebuild of its process group.
     summary = json.loads(done.stdout.strip().splitlines()[-1])
-    assert summary == {"counts": {"timeout": 1, "ok": 1}, "spawns": 2}
+    if "rerun with --resume to continue" in done.stderr:
+        # Rank 0 was stuck where it cannot be interrupted (torch 2.13: a store wait inside
+        # new_group): the job said why and what to do, torchrun restarted it, and the last
+        # job measured 40 and 32 after one rebuild of its process group.
+        assert "another rank failed" in done.stderr
+        assert summary == {"counts": {"timeout": 1, "ok": 1}, "spawns": 2}
+    else:
+        # Every rank could be interrupted (torch 2.5: no such wait): one job, the group
+        # rebuilt after each fault.
+        assert summary == {"counts": {"ok": 2, "failed": 1, "timeout": 1}, "spawns": 3}
 
 
 def test_verify_runs_in_place_under_torchrun() -> None:

@@ -189,6 +189,7 @@ def assemble_record(
     environment.torch_threads_per_rank = per_rank[0]["host"]["torch_threads"]
     if config.impl != DEFAULT_IMPL:
         environment.impl_version = per_rank[0].get("impl_version")
+    environment.kernel_version = per_rank[0].get("kernel_version")
     if record.accuracy is not None and not record.accuracy.passed:
         record.status = "failed"
         record.error = (

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from cpbench.attention import build_mesh, cp_attention
 from cpbench.attention.comm import ByteCounter, counting
-from cpbench.attention.kernels import select_kernel
+from cpbench.attention.kernels import kernel_version, select_kernel
 from cpbench.attention.ring import VARIANTS, Variant
 from cpbench.bench.environment import rank_environment
 from cpbench.bench.measure_impl import measure_external
@@ -91,6 +91,7 @@ def measure_config(config_dict: dict[str, Any], settings: dict[str, Any]) -> dic
     return {
         "rank": dist.get_rank(),
         "kernel": kernel.name,
+        "kernel_version": kernel_version(kernel.name),
         "samples": timings["full"],
         "compute_samples": timings["compute"],
         "comm_samples": timings["comm"],

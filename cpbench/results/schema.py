@@ -264,6 +264,9 @@ class EnvironmentSection(Section):
     """torch.get_num_threads() on a rank."""
     impl_version: str | None = None
     """External impl only: the library's version."""
+    kernel_version: str | None = None
+    """The version of what ran the local kernel (`config.kernel`): flash-attn's or FA3's
+    version, cuDNN's number, or torch's for PyTorch's own ops. Absent in older records."""
 
 
 class ResultRecord(Section):
