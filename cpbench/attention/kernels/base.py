@@ -53,3 +53,26 @@ def causal_mask(sq: int, sk: int, offset: int, device: torch.device) -> torch.Te
     rows = torch.arange(sq, device=device).unsqueeze(1)
     cols = torch.arange(sk, device=device).unsqueeze(0)
     return cols <= rows + offset
+
+
+class ForwardRngState:
+    """For kernels whose backward op takes the forward's philox (seed, offset) — fixed when
+    dropout is 0, but the op still wants the tensors. The forward stores them in `_rng`."""
+
+    _rng: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def _rng_for_backward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The stored (seed, offset); a backward before any forward in this process runs a
+        one-token forward first to get them."""
+        if self._rng is None:
+            self.forward(q[:, :1], k[:, :1], v[:, :1], False, scale)
+        if self._rng is None:
+            raise RuntimeError(f"{type(self).__name__}.forward did not record its RNG state")
+        return self._rng

@@ -7,7 +7,7 @@ import torch
 
 from cpbench import compat
 from cpbench.attention.kernels import ops
-from cpbench.attention.kernels.base import _expand_kv, _reduce_kv_grad
+from cpbench.attention.kernels.base import ForwardRngState, _expand_kv, _reduce_kv_grad
 
 CUDNN_MIN_VERSION = 90000
 """cuDNN 9.0: the release PyTorch's cuDNN attention (torch >= 2.5) is built and tested on."""
@@ -43,7 +43,7 @@ def cudnn_unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
     return None
 
 
-class CudnnKernel:
+class CudnnKernel(ForwardRngState):
     """cuDNN attention (fp16/bf16, Ampere and newer). Our [B, S, H, D] tensors go in as
     [B, H, S, D] views (cuDNN takes any strides whose last one is 1). The op returns the LSE as
     [B, H, S, 1] float32 (aten's layout for this op, cudnn-frontend#837); the kernel hands back
@@ -98,11 +98,7 @@ class CudnnKernel:
         scale: float,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         h = q.shape[2]
-        if self._rng is None:  # a backward before any forward in this process
-            self.forward(q[:, :1], k[:, :1], v[:, :1], False, scale)
-        if self._rng is None:  # unreachable: forward sets it
-            raise RuntimeError("CudnnKernel.forward did not record its RNG state")
-        seed, offset = self._rng
+        seed, offset = self._rng_for_backward(q, k, v, scale)
         dout_t, out_t = dout.transpose(1, 2), out.transpose(1, 2)
         if dout_t.stride() != out_t.stride():
             dout_t, out_t = dout_t.contiguous(), out_t.contiguous()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from cpbench.attention.kernels import ops
-from cpbench.attention.kernels.base import _expand_kv, _reduce_kv_grad
+from cpbench.attention.kernels.base import ForwardRngState, _expand_kv, _reduce_kv_grad
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 """What the memory-efficient (cutlass) kernels compute in; float64 stays with einsum."""
@@ -32,7 +32,7 @@ def efficient_native_gqa() -> bool:
     return False
 
 
-class EfficientKernel:
+class EfficientKernel(ForwardRngState):
     """PyTorch's memory-efficient attention (float32, fp16, bf16 on CUDA): O(S) memory, the
     LSE returned and taken by its backward, so float32 on a GPU never falls back to the einsum
     kernel's S^2 scores. Our [B, S, H, D] tensors go in as [B, H, S, D] views. The op wants
@@ -94,11 +94,7 @@ class EfficientKernel:
         scale: float,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         h = q.shape[2]
-        if self._rng is None:  # a backward before any forward in this process
-            self.forward(q[:, :1], k[:, :1], v[:, :1], False, scale)
-        if self._rng is None:  # unreachable: forward sets it
-            raise RuntimeError("EfficientKernel.forward did not record its RNG state")
-        seed, offset = self._rng
+        seed, offset = self._rng_for_backward(q, k, v, scale)
         dq, dk, dv = ops.call_op(
             "_scaled_dot_product_efficient_attention_backward",
             grad_out_=dout.transpose(1, 2),
