@@ -103,6 +103,7 @@ done
 
 # 3. the sweep (memory probes in every record), leaving 45 s for the report and the summary
 left=$(( START + BUDGET - $(date +%s) - 45 ))
+rm -f "$OUT/sweep.jsonl" "$OUT/sweep.jsonl.inflight"  # a rerun into the same folder starts afresh
 step sweep "$left" "$OUT/logs/sweep.out" "$PY" -m cpbench sweep "$OUT/scenario.toml" \
   --out "$OUT/sweep.jsonl" --device "$DEVICE" --world-size "$WORLD"
 

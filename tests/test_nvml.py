@@ -99,7 +99,7 @@ def rising_and_falling(
     fake: FakeNvml, levels_mib: list[int], hold_s: float = 0.05
 ) -> Callable[[], None]:
     """A fake step: this PID's memory on this GPU goes through `levels_mib`, each held for
-    `hold_s` (25 sampling intervals of 2 ms), while the other process's memory changes too."""
+    `hold_s` (5 sampling intervals of 10 ms), while the other process's memory changes too."""
 
     def step() -> None:
         for i, level in enumerate(levels_mib):

@@ -327,6 +327,8 @@ def _prepare_output(out: Path, resume: bool, launched: bool = False) -> set[str]
     if dead is not None and dead["id"] not in done:
         append_record(out, dead)
         done.add(dead["id"])
+    if launched:
+        clear_inflight(out)  # after the append: a crash in between keeps the marker
     return done
 
 

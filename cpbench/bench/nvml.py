@@ -26,7 +26,7 @@ import threading
 from types import ModuleType, TracebackType
 from typing import Any
 
-DEFAULT_INTERVAL_S = 0.002
+DEFAULT_INTERVAL_S = 0.01
 """Seconds between two samples (each one driver query, made off the main thread; the probe's
 step is not one of the timed iterations)."""
 

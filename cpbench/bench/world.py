@@ -95,7 +95,7 @@ def launched_rank(env: Mapping[str, str] | None = None) -> LaunchedRank | None:
         return LaunchedRank(
             _env_int(env, "RANK"),
             _env_int(env, "WORLD_SIZE"),
-            None if local is None else int(local),
+            None if local is None else _env_int({"LOCAL_RANK": local}, "LOCAL_RANK"),
             "torchrun",
         )
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
@@ -187,7 +187,7 @@ class _Watch:
         self.running = False
         self._done.set()
         self._thread.join()
-        if self._can_signal:
+        if self._can_signal and self._previous is not None:  # None: set outside Python
             signal.signal(INTERRUPT_SIGNAL, self._previous)  # type: ignore[arg-type]
 
     def _failures(self) -> int:
@@ -343,13 +343,21 @@ class InProcessWorld:
                 finally:
                     watch.running = False
             except _Interrupted:
+                watch.running = False  # the interrupt may have landed before the finally ran
                 what = "timed out" if watch.reason == "timeout" else "was stopped"
                 reply = _Reply(watch.reason, f"rank {self.rank} {what}")
             except Exception as exc:  # noqa: BLE001 - reported to every rank below
+                watch.running = False
                 reply = _Reply("error", f"{type(exc).__name__}: {exc}")
             if reply.outcome != "ok":
                 reply.order = int(self._store.add(f"{key}/failures", 1))
-            self._store.set(f"{key}/rank{self.rank}", pickle.dumps(reply))
+            try:
+                payload = pickle.dumps(reply)
+            except Exception as exc:  # noqa: BLE001 - an unpicklable result must not hang peers
+                reply = _Reply("error", f"rank {self.rank}: result not picklable: {exc}")
+                reply.order = int(self._store.add(f"{key}/failures", 1))
+                payload = pickle.dumps(reply)
+            self._store.set(f"{key}/rank{self.rank}", payload)
             if reply.outcome != "ok" and self.backend == "gloo":
                 # gloo peers waiting on this rank raise once its sockets close. (NCCL peers
                 # wait on the GPU, which this does not reach: they are stopped by their own
@@ -444,10 +452,14 @@ class InProcessWorld:
                 box[0] = ("ok", fn())
             except CpbenchError as exc:
                 box[0] = ("error", str(exc))
+            except Exception as exc:  # noqa: BLE001 - every rank must leave the broadcast
+                box[0] = ("failure", f"{type(exc).__name__}: {exc}")
         dist.broadcast_object_list(box, src=0)
         status, value = box[0]
         if status == "error":
             raise CpbenchError(value)
+        if status == "failure":
+            raise RunFailure(f"rank 0: {value}")
         return value
 
     def close(self, force: bool = False) -> None:

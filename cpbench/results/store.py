@@ -204,8 +204,9 @@ def clear_inflight(out: Path) -> None:
 
 
 def take_inflight(out: Path) -> dict[str, Any] | None:
-    """The record of the configuration that was running when a sweep's job died, and remove
-    the marker; None when there is none (or it cannot be read: it is then dropped)."""
+    """The record of the configuration that was running when a sweep's job died; None when
+    there is none (or it cannot be read). The caller appends it, then `clear_inflight` — in
+    that order, so a crash in between loses nothing."""
     marker = inflight_path(out)
     if not marker.exists():
         return None
@@ -213,7 +214,6 @@ def take_inflight(out: Path) -> dict[str, Any] | None:
         data = json.loads(marker.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         data = None
-    marker.unlink(missing_ok=True)
     return data if isinstance(data, dict) and "id" in data else None
 
 
