@@ -8,8 +8,14 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-Layout = Literal["contiguous", "zigzag", "striped"]
-"""How the sequence is cut over the ring (see cpbench/attention/layouts.py)."""
+Layout = Literal["contiguous", "zigzag", "striped", "doc_zigzag", "balanced"]
+"""How the sequence is cut over the ring (cpbench/model/masking.py defines each): the global
+layouts contiguous, zigzag (2R chunks, rank j holds j and 2R-1-j) and striped (token i on rank
+i mod R); doc_zigzag (every document cut into 2R chunks and zigzagged, documents padded to a
+multiple of 2R); balanced (blocks assigned by cpbench so that the mask-aware work per rank is
+equal, no padding)."""
+Mask = Literal["causal", "full", "document", "sliding_window", "document_sliding_window"]
+"""The attention mask kinds (cpbench/config/masks.py: MaskSpec)."""
 Dtype = Literal["float32", "bfloat16", "float16"]
 Backend = Literal["auto", "sdpa", "naive", "flash_attn", "flash_attn3", "cudnn", "efficient"]
 """The local attention kernel (cpbench/attention/kernels): auto picks the fastest usable one;
@@ -22,6 +28,9 @@ ScenarioDevice = Literal["auto", "cpu", "cuda"]
 Scheme = Literal["single", "ring", "ulysses", "usp"]
 
 LAYOUTS: tuple[Layout, ...] = get_args(Layout)
+GLOBAL_LAYOUTS: tuple[Layout, ...] = ("contiguous", "zigzag", "striped")
+"""The layouts defined over the whole sequence, blind to documents."""
+MASKS: tuple[Mask, ...] = get_args(Mask)
 DTYPES: tuple[Dtype, ...] = get_args(Dtype)
 BACKENDS: tuple[Backend, ...] = get_args(Backend)
 PHASES: tuple[Phase, ...] = get_args(Phase)

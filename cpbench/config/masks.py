@@ -1,0 +1,154 @@
+"""The attention mask of a configuration, described once: `MaskSpec`.
+
+A mask is three independent facts about which (query, key) token pairs attend:
+
+* `causal`: a query sees only keys at its own or earlier positions (false: every key, `full`);
+* `documents`: the sequence is packed from documents of these lengths, in order, and a query
+  sees only keys of its own document (block-diagonal causal);
+* `window`: a query sees only the last `window` keys, itself included (sliding window):
+  key position k is visible from query position q iff q - window < k <= q.
+
+Their combinations are the five `Mask` kinds (`MASKS`): causal, full, document, sliding_window,
+document_sliding_window. The reference, the kernels, the layouts, the model and the report all
+take their mask from a `MaskSpec`; `MaskSpec.visible` is the definition the others must match.
+
+Documents come from explicit lengths, a file of lengths, or a seeded distribution packed into
+sequences of length L (`cpbench.config.documents`). Pure Python (no torch).
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import itertools
+from dataclasses import dataclass
+from functools import cached_property
+
+from cpbench.config.vocabulary import Mask
+from cpbench.errors import CpbenchError
+
+
+@dataclass(frozen=True)
+class MaskSpec:
+    """Which (query, key) pairs of a packed sequence attend."""
+
+    causal: bool = True
+    """Queries see only keys at positions <= their own (false: full attention)."""
+    documents: tuple[int, ...] | None = None
+    """Lengths of the packed documents, in order, summing to the sequence length; None = one
+    document filling the sequence."""
+    window: int | None = None
+    """Sliding window W: a query sees the last W keys (itself included); None = unbounded."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.causal, bool):
+            raise CpbenchError(f"causal must be true or false, got {self.causal!r}")
+        if self.window is not None:
+            if not _positive_int(self.window):
+                raise CpbenchError(f"window must be a positive integer, got {self.window!r}")
+            if not self.causal:
+                raise CpbenchError(
+                    f"a sliding window ({self.window}) needs a causal mask: the window counts "
+                    f"the keys before a query"
+                )
+        if self.documents is not None:
+            if not isinstance(self.documents, tuple) or not self.documents:
+                raise CpbenchError(
+                    f"documents must be a non-empty tuple of lengths, got {self.documents!r}"
+                )
+            bad = [d for d in self.documents if not _positive_int(d)]
+            if bad:
+                raise CpbenchError(f"document lengths must be positive integers, got {bad[0]!r}")
+            if not self.causal and len(self.documents) > 1:
+                raise CpbenchError(
+                    "a document mask is causal within each document: it cannot be combined "
+                    "with full attention"
+                )
+
+    @property
+    def kind(self) -> Mask:
+        """The mask's name in `MASKS`."""
+        if not self.causal:
+            return "full"
+        if self.documents is not None and len(self.documents) > 1:
+            return "document_sliding_window" if self.window is not None else "document"
+        return "sliding_window" if self.window is not None else "causal"
+
+    @property
+    def plain(self) -> bool:
+        """Only causal or full: no documents (beyond one) and no window."""
+        return self.kind in ("causal", "full")
+
+    @property
+    def label(self) -> str:
+        """Short human-readable name: `causal`, `full`, `document (12 docs)`, `window 1024`,
+        `document (12 docs) + window 1024`."""
+        kind = self.kind
+        docs = f"document ({len(self.documents or ())} docs)"
+        if kind == "document":
+            return docs
+        if kind == "sliding_window":
+            return f"window {self.window}"
+        if kind == "document_sliding_window":
+            return f"{docs} + window {self.window}"
+        return kind
+
+    def check_length(self, seq_len: int) -> None:
+        """Raise unless the documents fill exactly `seq_len` tokens."""
+        if self.documents is not None and sum(self.documents) != seq_len:
+            raise CpbenchError(
+                f"the documents' lengths sum to {sum(self.documents)} "
+                f"({len(self.documents)} documents), not the sequence length {seq_len}"
+            )
+
+    def for_length(self, seq_len: int) -> MaskSpec:
+        """This mask with its documents made explicit for a sequence of `seq_len` tokens (one
+        document when none are given); checks the lengths."""
+        self.check_length(seq_len)
+        return self if self.documents is not None else _replace_docs(self, (seq_len,))
+
+    @cached_property
+    def starts(self) -> tuple[int, ...]:
+        """Start position of each document (needs `documents`)."""
+        if self.documents is None:
+            raise CpbenchError("this mask has no documents; call for_length(seq_len) first")
+        return tuple(itertools.accumulate(self.documents, initial=0))[:-1]
+
+    def document_of(self, position: int) -> int:
+        """Index of the document holding a token position."""
+        return bisect.bisect_right(self.starts, position) - 1
+
+    def visible(self, query: int, key: int) -> bool:
+        """The definition: may the query at position `query` attend to the key at `key`?"""
+        if not self.causal:
+            return True
+        if key > query:
+            return False
+        if self.window is not None and query - key >= self.window:
+            return False
+        if self.documents is not None and self.document_of(query) != self.document_of(key):
+            return False
+        return True
+
+    def short_key(self) -> str:
+        """The mask's part of a configuration id: `causal`, `full`, `docs<hash>`, `w<W>`."""
+        parts = ["causal" if self.causal else "full"]
+        if self.documents is not None and len(self.documents) > 1:
+            parts.append(f"docs{len(self.documents)}x{documents_digest(self.documents)}")
+        if self.window is not None:
+            parts.append(f"w{self.window}")
+        return "-".join(parts)
+
+
+def _replace_docs(mask: MaskSpec, documents: tuple[int, ...]) -> MaskSpec:
+    return MaskSpec(causal=mask.causal, documents=documents, window=mask.window)
+
+
+def documents_digest(documents: tuple[int, ...]) -> str:
+    """A short stable digest of a document list (ids of configurations that differ only in it)."""
+    text = ",".join(str(d) for d in documents).encode()
+    return hashlib.sha1(text).hexdigest()[:8]
+
+
+def _positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0

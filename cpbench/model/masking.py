@@ -1,0 +1,515 @@
+"""Mask geometry: where each ring rank's tokens are, and which (query, key) blocks attend.
+
+The one derivation that the ring attention, the reference check, the per-rank work model and the
+byte model share, so that what is computed, what is sent and what is predicted agree exactly.
+Pure Python, closed form over runs of positions and documents (never a loop over tokens).
+
+* A **shard** is the ordered token positions of one ring rank, as `Run`s (arithmetic
+  progressions: contiguous runs have stride 1, striped runs stride R). Positions increase along
+  a shard, so the rows of one document are one contiguous range of local indices.
+* A `Packing` is the sequence as it runs: the mask with its documents explicit (plus the padding
+  documents a layout adds) and each ring rank's shard, for one of the five layouts:
+  - `contiguous`, `zigzag`, `striped`: the global layouts over the whole packed sequence;
+  - `doc_zigzag`: every document cut into 2R chunks, ring rank j holding chunks j and 2R-1-j of
+    each (TransformerEngine's THD layout, ring-flash-attention's varlen zigzag). A document whose
+    length is not a multiple of 2R is followed by a padding document that makes it one (and one
+    more padding document makes the ring shard divisible by U). Padding tokens are documents of
+    their own: they cost work, memory and bytes, which the model counts as padding overhead;
+  - `balanced`: cpbench's work-balanced layout, no padding, every rank exactly L/R tokens.
+    Documents of at least a threshold length are cut into 2R near-equal chunks and zigzagged
+    (their causal work is then equal on every rank at every ring step); the shorter ones stay
+    whole where they fit, heaviest first on the least-loaded rank with room (LPT), a document
+    that overflows a rank continuing on the next. The threshold is the candidate (above L: pure
+    LPT; L/R, L/2R, L/4R, 2R: nearly everything zigzagged) with the least `balance_score`: the
+    ring's busiest-step work sum plus a charge per kernel call. On one causal document it is
+    the zigzag layout;
+  With R = 1 every layout is contiguous (a single rank needs no balancing).
+* A `Piece` is one kernel call of a ring step: local query rows [q_start, q_end) against local
+  key columns [k_start, k_end) of the visiting chunk, visible where `lo <= j - i <= hi` in the
+  piece's own coordinates (i row, j column; None = unbounded): `(None, None)` full, `(None, 0)`
+  top-left causal, anything else a band (a sliding window, or causal with an offset). Every row
+  of a piece sees at least one key (pieces are cropped), so no kernel meets an empty row.
+* A `RingSchedule` lists, for every ring rank and step, its pieces, and `steps`: the ring steps
+  any rank needs (the last step with a non-empty block, + 1). Steps after it are skipped: a
+  sliding window on a contiguous ring sends `steps - 1` K/V hops instead of `R - 1`.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from functools import lru_cache
+
+from cpbench.config.masks import MaskSpec
+from cpbench.config.vocabulary import LAYOUTS, Layout
+from cpbench.errors import CpbenchError
+
+
+@dataclass(frozen=True)
+class Run:
+    """Positions start, start + stride, ..., (length of them)."""
+
+    start: int
+    """First global position."""
+    length: int
+    """Number of positions."""
+    stride: int = 1
+    """Distance between consecutive positions (1 contiguous, R striped)."""
+
+    @property
+    def last(self) -> int:
+        return self.start + (self.length - 1) * self.stride
+
+    def positions(self) -> range:
+        return range(self.start, self.last + 1, self.stride)
+
+
+Shard = tuple[Run, ...]
+"""One ring rank's token positions, in the order it holds them (increasing)."""
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One kernel call: local rows [q_start, q_end) x local keys [k_start, k_end), visible
+    where lo <= j - i <= hi (piece coordinates; None unbounded)."""
+
+    q_start: int
+    q_end: int
+    k_start: int
+    k_end: int
+    lo: int | None
+    """Lowest visible j - i (a sliding window's far edge); None = no lower bound."""
+    hi: int | None
+    """Highest visible j - i (the causal diagonal); None = no upper bound."""
+
+    @property
+    def rows(self) -> int:
+        return self.q_end - self.q_start
+
+    @property
+    def cols(self) -> int:
+        return self.k_end - self.k_start
+
+    @property
+    def is_full(self) -> bool:
+        return self.lo is None and self.hi is None
+
+    @property
+    def is_causal(self) -> bool:
+        """Top-left causal: row i sees columns 0..i."""
+        return self.lo is None and self.hi == 0
+
+    @property
+    def pairs(self) -> int:
+        """Visible (query, key) pairs, counted exactly."""
+        return band_pairs(self.rows, self.cols, self.lo, self.hi)
+
+    def visible(self, i: int, j: int) -> bool:
+        """Piece-local visibility (for tests and the dense masks of kernels that need one)."""
+        d = j - i
+        return (self.lo is None or d >= self.lo) and (self.hi is None or d <= self.hi)
+
+
+# ------------------------------------------------------------------------------ band counting
+
+
+def _sum_clamped(a: int, n: int, cap: int) -> int:
+    """sum_{i=0}^{n-1} min(max(a + i, 0), cap), cap >= 0."""
+    if n <= 0:
+        return 0
+    i_zero = min(max(-a, 0), n)
+    i_cap = min(max(cap - a, 0), n)
+    i_cap = max(i_cap, i_zero)
+    count = i_cap - i_zero
+    linear = count * a + (i_zero + i_cap - 1) * count // 2
+    return linear + (n - i_cap) * cap
+
+
+def band_pairs(rows: int, cols: int, lo: int | None, hi: int | None) -> int:
+    """Cells (i, j) of a rows x cols rectangle with lo <= j - i <= hi."""
+    upper = rows * cols if hi is None else _sum_clamped(hi + 1, rows, cols)
+    lower = 0 if lo is None else _sum_clamped(lo, rows, cols)
+    return max(upper - lower, 0)
+
+
+def _crop(
+    rows: int, cols: int, lo: int | None, hi: int | None
+) -> tuple[int, int, int, int, int | None, int | None] | None:
+    """The band's tight bounding box (r0, r1, c0, c1) and its offsets there, normalised (an
+    offset that no cell reaches becomes None); None when no cell is visible."""
+    if rows <= 0 or cols <= 0 or (lo is not None and hi is not None and lo > hi):
+        return None
+    r0 = 0 if hi is None else max(0, -hi)
+    r1 = rows if lo is None else min(rows, cols - lo)
+    if r0 >= r1:
+        return None
+    c0 = 0 if lo is None else max(0, r0 + lo)
+    c1 = cols if hi is None else min(cols, r1 + hi)
+    if c0 >= c1:
+        return None
+    shift = c0 - r0
+    nq, nk = r1 - r0, c1 - c0
+    new_lo = None if lo is None or lo - shift <= -(nq - 1) else lo - shift
+    new_hi = None if hi is None or hi - shift >= nk - 1 else hi - shift
+    return r0, r1, c0, c1, new_lo, new_hi
+
+
+# ---------------------------------------------------------------------------------- pieces
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _index_range(run: Run, start: int, stop: int) -> tuple[int, int]:
+    """Local indices i of `run` whose position lies in [start, stop)."""
+    i0 = min(max(_ceil_div(start - run.start, run.stride), 0), run.length)
+    i1 = min(max(_ceil_div(stop - run.start, run.stride), 0), run.length)
+    return i0, max(i0, i1)
+
+
+def _run_pieces(mask: MaskSpec, q: Run, q_off: int, k: Run, k_off: int) -> list[Piece]:
+    """The pieces between one query run and one key run (mask with explicit documents)."""
+    if not mask.causal:
+        return [Piece(q_off, q_off + q.length, k_off, k_off + k.length, None, None)]
+    if q.stride != k.stride:
+        raise CpbenchError(f"runs of strides {q.stride} and {k.stride} cannot be paired")
+    if k.start > q.last:  # every key after every query
+        return []
+    if mask.window is not None and q.start - k.last >= mask.window:  # every key too far back
+        return []
+    s = q.stride
+    delta = q.start - k.start
+    hi_all = delta // s
+    lo_all = None if mask.window is None else (delta - mask.window) // s + 1
+    starts = mask.starts
+    docs = mask.documents or ()
+    first = bisect.bisect_right(starts, max(q.start, k.start)) - 1
+    last = bisect.bisect_right(starts, min(q.last, k.last)) - 1
+    pieces = []
+    for d in range(first, last + 1):
+        lo_pos, hi_pos = starts[d], starts[d] + docs[d]
+        i0, i1 = _index_range(q, lo_pos, hi_pos)
+        j0, j1 = _index_range(k, lo_pos, hi_pos)
+        if i0 >= i1 or j0 >= j1:
+            continue
+        shift = j0 - i0
+        lo = None if lo_all is None else lo_all - shift
+        box = _crop(i1 - i0, j1 - j0, lo, hi_all - shift)
+        if box is None:
+            continue
+        r0, r1, c0, c1, b_lo, b_hi = box
+        pieces.append(
+            Piece(q_off + i0 + r0, q_off + i0 + r1, k_off + j0 + c0, k_off + j0 + c1, b_lo, b_hi)
+        )
+    return pieces
+
+
+def _coalesce(pieces: list[Piece]) -> list[Piece]:
+    """One piece for the lot when their union is exactly one band over their bounding box (a
+    zigzag shard's own block is one causal call, not three)."""
+    if len(pieces) < 2:
+        return pieces
+    q0, q1 = min(p.q_start for p in pieces), max(p.q_end for p in pieces)
+    k0, k1 = min(p.k_start for p in pieces), max(p.k_end for p in pieces)
+    los, his = [], []
+    for p in pieces:
+        shift = (p.k_start - k0) - (p.q_start - q0)
+        # An unbounded offset is bounded by the piece's own rectangle.
+        los.append((-(p.rows - 1) if p.lo is None else p.lo) + shift)
+        his.append((p.cols - 1 if p.hi is None else p.hi) + shift)
+    lo, hi = min(los), max(his)
+    if band_pairs(q1 - q0, k1 - k0, lo, hi) != sum(p.pairs for p in pieces):
+        return pieces
+    box = _crop(q1 - q0, k1 - k0, lo, hi)
+    if box is None:  # unreachable: the pieces are not empty
+        return pieces
+    r0, r1, c0, c1, b_lo, b_hi = box
+    return [Piece(q0 + r0, q0 + r1, k0 + c0, k0 + c1, b_lo, b_hi)]
+
+
+def block_pieces(mask: MaskSpec, q_shard: Shard, k_shard: Shard) -> tuple[Piece, ...]:
+    """The kernel calls of a query shard against a key shard (both of one packed sequence,
+    `mask` with explicit documents); empty when no pair is visible."""
+    pieces: list[Piece] = []
+    q_off = 0
+    for q in q_shard:
+        k_off = 0
+        for k in k_shard:
+            pieces.extend(_run_pieces(mask, q, q_off, k, k_off))
+            k_off += k.length
+        q_off += q.length
+    return tuple(_coalesce(pieces))
+
+
+# -------------------------------------------------------------------------------- packings
+
+
+@dataclass(frozen=True)
+class Packing:
+    """The packed sequence as it runs on a ring of R: documents (padding included) and each
+    ring rank's shard."""
+
+    mask: MaskSpec
+    """The mask as run: documents explicit, padding documents included."""
+    seq_len: int
+    """Tokens as run: the sequence length plus the padding."""
+    padding: int
+    """Padding tokens the layout added (doc_zigzag only)."""
+    layout: Layout
+    ring: int
+    shards: tuple[Shard, ...]
+    """Ring rank j's positions."""
+
+    @property
+    def shard_len(self) -> int:
+        return self.seq_len // self.ring
+
+
+def _merge_runs(runs: list[Run]) -> Shard:
+    merged: list[Run] = []
+    for run in sorted(runs, key=lambda r: r.start):
+        if (
+            merged
+            and merged[-1].stride == 1
+            and run.stride == 1
+            and merged[-1].last + 1 == run.start
+        ):
+            merged[-1] = Run(merged[-1].start, merged[-1].length + run.length)
+        else:
+            merged.append(run)
+    return tuple(merged)
+
+
+def row_work(mask: MaskSpec, start: int, stop: int) -> int:
+    """Keys visible from the queries at positions [start, stop), summed (exact)."""
+    if not mask.causal:
+        return (stop - start) * sum(mask.documents or ())
+    total = 0
+    starts, docs = mask.starts, mask.documents or ()
+    d = bisect.bisect_right(starts, start) - 1
+    pos = start
+    while pos < stop:
+        doc_start, doc_stop = starts[d], starts[d] + docs[d]
+        seg_stop = min(stop, doc_stop)
+        # query at p sees min(p - doc_start + 1, W) keys
+        a, n = pos - doc_start + 1, seg_stop - pos
+        cap = mask.window if mask.window is not None else a + n
+        total += _sum_clamped(a, n, cap)
+        pos, d = seg_stop, d + 1
+    return total
+
+
+def _zigzag_shards(starts_lengths: list[tuple[int, int]], ring: int) -> tuple[Shard, ...]:
+    """Zigzag each span (start, length) over 2R chunks; ring rank j gets chunks j and 2R-1-j."""
+    per_rank: list[list[Run]] = [[] for _ in range(ring)]
+    for start, length in starts_lengths:
+        chunk = length // (2 * ring)
+        if chunk == 0:
+            continue
+        for j in range(ring):
+            per_rank[j].append(Run(start + j * chunk, chunk))
+            per_rank[j].append(Run(start + (2 * ring - 1 - j) * chunk, chunk))
+    return tuple(_merge_runs(runs) for runs in per_rank)
+
+
+def _padded_spans(docs: tuple[int, ...], ulysses: int, ring: int) -> list[tuple[int, int]]:
+    """doc_zigzag's spans: each document with the padding that makes it a multiple of 2R, and a
+    final padding span that makes the ring shard a multiple of U; as (document, padding)."""
+    spans = [(d, -d % (2 * ring)) for d in docs]
+    total = sum(d + p for d, p in spans)
+    extra = 0
+    while ((total + extra) // ring) % ulysses:
+        extra += 2 * ring
+    if extra:
+        spans.append((0, extra))
+    return spans
+
+
+def _place(
+    mask: MaskSpec,
+    start: int,
+    length: int,
+    rank: int,
+    room: list[int],
+    load: list[int],
+    owned: list[list[Run]],
+) -> None:
+    """Put positions [start, start+length) on `rank`, spilling what does not fit to the
+    least-loaded ranks with room."""
+    while length > 0:
+        if room[rank] == 0:
+            rank = min((r for r in range(len(room)) if room[r]), key=lambda r: (load[r], r))
+        take = min(length, room[rank])
+        owned[rank].append(Run(start, take))
+        load[rank] += row_work(mask, start, start + take)
+        room[rank] -= take
+        start, length = start + take, length - take
+
+
+def _balanced(mask: MaskSpec, seq_len: int, ring: int, long_doc: int) -> tuple[Shard, ...]:
+    """Documents of at least `long_doc` tokens are cut into 2R near-equal chunks and zigzagged
+    (their causal work is then equal on every rank and ring step); the others are kept whole
+    where they fit, heaviest first on the least-loaded rank with room (LPT), a document that
+    overflows a rank continuing on the next. Every rank ends with exactly L/R tokens."""
+    room, load = [seq_len // ring] * ring, [0] * ring
+    owned: list[list[Run]] = [[] for _ in range(ring)]
+    docs = list(zip(mask.starts, mask.documents or (), strict=True))
+    for start, length in docs:
+        if length < long_doc:
+            continue
+        base, extra = divmod(length, 2 * ring)
+        offset = start
+        for c in range(2 * ring):
+            size = base + (1 if c < extra else 0)
+            _place(mask, offset, size, c if c < ring else 2 * ring - 1 - c, room, load, owned)
+            offset += size
+    short = [(start, length) for start, length in docs if length < long_doc]
+    short.sort(key=lambda d: (-row_work(mask, d[0], d[0] + d[1]), d[0]))
+    for start, length in short:
+        rank = min((r for r in range(ring) if room[r]), key=lambda r: (load[r], r))
+        _place(mask, start, length, rank, room, load, owned)
+    return tuple(_merge_runs(runs) for runs in owned)
+
+
+def _global_shards(seq_len: int, ring: int, layout: str) -> tuple[Shard, ...]:
+    n = seq_len // ring
+    if layout == "contiguous":
+        return tuple((Run(j * n, n),) for j in range(ring))
+    if layout == "zigzag":
+        return _zigzag_shards([(0, seq_len)], ring)
+    return tuple((Run(j, n, ring),) for j in range(ring))
+
+
+def check_packing(seq_len: int, ulysses: int, ring: int, layout: str) -> None:
+    """The divisibility each layout needs of the (unpadded) sequence."""
+    if layout not in LAYOUTS:
+        raise CpbenchError(f"layout {layout!r} is not one of {', '.join(LAYOUTS)}")
+    world = ulysses * ring
+    if layout == "doc_zigzag" and ring > 1:
+        return  # padding makes any length fit
+    divisor = (
+        world if layout != "zigzag" or ring == 1 else world * 2 * ring // _gcd(world, 2 * ring)
+    )
+    if seq_len % divisor:
+        raise CpbenchError(
+            f"sequence length ({seq_len}) must be divisible by {divisor} for the {layout} layout "
+            f"on ulysses ({ulysses}) x ring ({ring})"
+        )
+
+
+def _gcd(a: int, b: int) -> int:
+    while b:
+        a, b = b, a % b
+    return a
+
+
+@lru_cache(maxsize=256)
+def pack(mask: MaskSpec, seq_len: int, ulysses: int, ring: int, layout: Layout) -> Packing:
+    """The packed sequence of `seq_len` tokens under `mask` and `layout` on a U x R mesh."""
+    check_packing(seq_len, ulysses, ring, layout)
+    mask = mask.for_length(seq_len)
+    if ring == 1:
+        return Packing(mask, seq_len, 0, layout, 1, ((Run(0, seq_len),),))
+    if layout == "doc_zigzag":
+        spans = _padded_spans(mask.documents or (seq_len,), ulysses, ring)
+        docs = tuple(x for d, p in spans for x in (d, p) if x)
+        run_mask = MaskSpec(causal=mask.causal, documents=docs, window=mask.window)
+        starts = [0]
+        for d, p in spans:
+            starts.append(starts[-1] + d + p)
+        shards = _zigzag_shards(
+            [(a, d + p) for a, (d, p) in zip(starts[:-1], spans, strict=True)], ring
+        )
+        total = starts[-1]
+        return Packing(run_mask, total, total - seq_len, layout, ring, shards)
+    if layout == "balanced":
+        return _best_balanced(mask, seq_len, ring, layout)
+    return Packing(mask, seq_len, 0, layout, ring, _global_shards(seq_len, ring, layout))
+
+
+def _best_balanced(mask: MaskSpec, seq_len: int, ring: int, layout: Layout) -> Packing:
+    """The balanced candidate (over the long-document thresholds) with the least
+    `balance_score`."""
+    shard = seq_len // ring
+    thresholds = sorted({seq_len + 1, shard, max(shard // 2, 1), max(shard // 4, 1), 2 * ring})
+    best: tuple[tuple[int, int], Packing] | None = None
+    for long_doc in thresholds:
+        shards = _balanced(mask, seq_len, ring, long_doc)
+        packing = Packing(mask, seq_len, 0, layout, ring, shards)
+        schedule = _schedule(mask, shards, ring)
+        score = (balance_score(schedule), schedule.steps)
+        if best is None or score < best[0]:
+            best = (score, packing)
+    if best is None:  # unreachable: there is always a threshold
+        raise CpbenchError(f"no balanced layout of {seq_len} tokens over {ring} ranks")
+    return best[1]
+
+
+# -------------------------------------------------------------------------------- schedule
+
+
+@dataclass(frozen=True)
+class RingSchedule:
+    """Every ring rank's kernel calls at every ring step, and the steps the ring needs."""
+
+    pieces: tuple[tuple[tuple[Piece, ...], ...], ...]
+    """pieces[j][t]: ring rank j's calls at step t, on the chunk of ring rank (j - t) mod R."""
+    steps: int
+    """Ring steps needed: 1 + the last step at which any rank has a visible pair."""
+    own_tokens: tuple[int, ...]
+    """Tokens of each ring rank (its diagonal, for the continuum pair convention)."""
+    causal: bool = True
+    """Whether the mask is causal (every token sees itself: a diagonal)."""
+
+    def pairs(self, ring_rank: int, step: int) -> int:
+        """Exact visible pairs of a ring rank at a step."""
+        return sum(p.pairs for p in self.pieces[ring_rank][step])
+
+
+def _schedule(mask: MaskSpec, shards: tuple[Shard, ...], ring: int) -> RingSchedule:
+    table = tuple(
+        tuple(block_pieces(mask, shards[j], shards[(j - t) % ring]) for t in range(ring))
+        for j in range(ring)
+    )
+    needed = max((t for row in table for t, ps in enumerate(row) if ps), default=0) + 1
+    own = tuple(sum(r.length for r in s) for s in shards)
+    return RingSchedule(table, needed, own, mask.causal)
+
+
+@lru_cache(maxsize=256)
+def ring_schedule(packing: Packing) -> RingSchedule:
+    """The ring's schedule for a packing."""
+    return _schedule(packing.mask, packing.shards, packing.ring)
+
+
+def busiest_step_sum(schedule: RingSchedule) -> int:
+    """Sum over ring steps of the busiest rank's exact pairs: the work a synchronous ring
+    computes for, when compute dominates."""
+    ring = len(schedule.pieces)
+    return sum(max(schedule.pairs(j, t) for j in range(ring)) for t in range(schedule.steps))
+
+
+CALL_COST_PAIRS = 64 * 64
+"""What the balanced layout charges a kernel call, in attended pairs (a 64 x 64 block): the
+launch and tiling overhead that makes many small calls slower than one large one."""
+
+
+def balance_score(schedule: RingSchedule) -> int:
+    """What the balanced layout minimises: the ring's busiest-step work sum plus the busiest
+    rank's kernel calls at `CALL_COST_PAIRS` each."""
+    ring = len(schedule.pieces)
+    calls = max(sum(len(ps) for ps in schedule.pieces[j]) for j in range(ring))
+    return busiest_step_sum(schedule) + CALL_COST_PAIRS * calls
+
+
+def rank_pairs(schedule: RingSchedule, continuum: bool = True) -> tuple[float, ...]:
+    """Pairs per ring rank over all steps. `continuum`: a causal pair on the diagonal counts
+    1/2 (the convention of `cpbench.model.flops`, so that one causal document sums to L^2/2)."""
+    ring = len(schedule.pieces)
+    out = []
+    for j in range(ring):
+        exact = sum(schedule.pairs(j, t) for t in range(schedule.steps))
+        diag = schedule.own_tokens[j] / 2 if continuum and schedule.causal else 0.0
+        out.append(exact - diag)
+    return tuple(out)
