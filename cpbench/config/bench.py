@@ -17,6 +17,7 @@ from cpbench.config.constraints import (
     seq_divisor,
 )
 from cpbench.config.impls import DEFAULT_IMPL, IMPLS
+from cpbench.config.masks import MaskSpec
 from cpbench.config.vocabulary import (
     BACKENDS,
     DEVICES,
@@ -89,6 +90,11 @@ class BenchConfig:
     impl: str = DEFAULT_IMPL
     """Which implementation runs the attention: cpbench's own or an external library
     (`cpbench.config.impls.IMPLS`)."""
+    documents: tuple[int, ...] | None = None
+    """Lengths of the documents packed into each sequence (summing to seq_len); None = one
+    document. A query sees only keys of its own document (`cpbench.config.masks`)."""
+    window: int | None = None
+    """Sliding window W: a query sees the last W keys, itself included; None = unbounded."""
 
     def __post_init__(self) -> None:
         for name in ("seq_len", "batch", "heads", "kv_heads", "head_dim", "ulysses", "ring"):
@@ -111,6 +117,12 @@ class BenchConfig:
             raise CpbenchError(f"causal must be true or false, got {self.causal!r}")
         if self.kv_replication is not None:
             check_positive_int("kv_replication", self.kv_replication)
+        self.mask.check_length(self.seq_len)
+
+    @property
+    def mask(self) -> MaskSpec:
+        """The attention mask: causal or full, documents, window."""
+        return MaskSpec(causal=self.causal, documents=self.documents, window=self.window)
 
     @property
     def shape(self) -> AttentionShape:
@@ -151,6 +163,8 @@ class BenchConfig:
             f"-{self.device}-w{self.world_size}"
         )
         key = key if self.nodes == 1 else f"{key}-n{self.nodes}"
+        mask = self.mask
+        key = key if mask.plain else f"{key}-{mask.short_key()}"
         return key if self.impl == DEFAULT_IMPL else f"{key}-impl_{self.impl}"
 
     def check_seq_len(self, max_seq_len: int) -> int:
@@ -158,6 +172,8 @@ class BenchConfig:
         a multiple the mesh and layout accept (never below one such multiple); TransformerEngine
         also needs 2P equal chunks."""
         divisor = seq_divisor(self.ulysses, self.ring, self.layout)
+        if self.layout == "doc_zigzag":  # the check runs the padded length too
+            divisor = self.ulysses * self.ring
         if self.impl.startswith("transformer_engine"):
             divisor = math.lcm(divisor, 2 * self.world_size)
         length = min(self.seq_len, max_seq_len) // divisor * divisor
@@ -186,6 +202,9 @@ class BenchConfig:
             "phase": self.phase,
             "scheme": self.scheme,
             "impl": self.impl,
+            "mask": self.mask.kind,
+            "documents": None if self.documents is None else list(self.documents),
+            "window": self.window,
         }
 
     @classmethod
@@ -194,10 +213,14 @@ class BenchConfig:
         ignored. Its kv_replication is the recorded (resolved) value; a record without "impl"
         (written before the impl axis) is cpbench's own."""
         names = [f.name for f in fields(cls)]
-        missing = [n for n in names if n not in d and n not in ("nodes", "impl")]
+        optional = ("nodes", "impl", "documents", "window")
+        missing = [n for n in names if n not in d and n not in optional]
         if missing:
             raise CpbenchError(f"config record lacks {', '.join(missing)}")
-        return cls(**{n: d[n] for n in names if n in d})
+        values = {n: d[n] for n in names if n in d}
+        if values.get("documents") is not None:
+            values["documents"] = tuple(values["documents"])
+        return cls(**values)
 
 
 def check_positive_int(name: str, value: object) -> None:
@@ -223,16 +246,24 @@ class VerifyCase:
     kernel: Backend = "auto"
     seed: int = 0
     impl: str = DEFAULT_IMPL
+    documents: tuple[int, ...] | None = None
+    """Packed document lengths (sum = seq_len), None = one document."""
+    window: int | None = None
+    """Sliding window, None = unbounded."""
 
     @property
     def scheme(self) -> Scheme:
         return scheme_of(self.ulysses, self.ring)
 
     @property
+    def mask(self) -> MaskSpec:
+        return MaskSpec(causal=self.causal, documents=self.documents, window=self.window)
+
+    @property
     def label(self) -> str:
         label = (
             f"{self.scheme} U{self.ulysses}xR{self.ring} {self.layout} "
-            f"{'causal' if self.causal else 'full'} h{self.heads}/kv{self.kv_heads}"
+            f"{self.mask.label} h{self.heads}/kv{self.kv_heads}"
         )
         return label if self.impl == DEFAULT_IMPL else f"{self.impl} {label}"
 
@@ -255,4 +286,6 @@ class VerifyCase:
             device=device,
             world_size=self.ulysses * self.ring,
             impl=self.impl,
+            documents=self.documents,
+            window=self.window,
         )

@@ -107,6 +107,18 @@ class MaskSpec:
         self.check_length(seq_len)
         return self if self.documents is not None else _replace_docs(self, (seq_len,))
 
+    def truncated(self, seq_len: int) -> MaskSpec:
+        """This mask on the first `seq_len` tokens (the capped-length reference check): the
+        documents that start before it, the last one cut at `seq_len`."""
+        if self.documents is None:
+            return self
+        kept: list[int] = []
+        for d in self.documents:
+            if sum(kept) >= seq_len:
+                break
+            kept.append(min(d, seq_len - sum(kept)))
+        return _replace_docs(self, tuple(kept))
+
     @cached_property
     def starts(self) -> tuple[int, ...]:
         """Start position of each document (needs `documents`)."""

@@ -40,6 +40,7 @@ import bisect
 from dataclasses import dataclass
 from functools import lru_cache
 
+from cpbench.config.constraints import seq_divisor
 from cpbench.config.masks import MaskSpec
 from cpbench.config.vocabulary import LAYOUTS, Layout
 from cpbench.errors import CpbenchError
@@ -385,23 +386,12 @@ def check_packing(seq_len: int, ulysses: int, ring: int, layout: str) -> None:
     """The divisibility each layout needs of the (unpadded) sequence."""
     if layout not in LAYOUTS:
         raise CpbenchError(f"layout {layout!r} is not one of {', '.join(LAYOUTS)}")
-    world = ulysses * ring
-    if layout == "doc_zigzag" and ring > 1:
-        return  # padding makes any length fit
-    divisor = (
-        world if layout != "zigzag" or ring == 1 else world * 2 * ring // _gcd(world, 2 * ring)
-    )
+    divisor = seq_divisor(ulysses, ring, layout)
     if seq_len % divisor:
         raise CpbenchError(
             f"sequence length ({seq_len}) must be divisible by {divisor} for the {layout} layout "
             f"on ulysses ({ulysses}) x ring ({ring})"
         )
-
-
-def _gcd(a: int, b: int) -> int:
-    while b:
-        a, b = b, a % b
-    return a
 
 
 @lru_cache(maxsize=256)

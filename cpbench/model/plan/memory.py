@@ -1,0 +1,391 @@
+"""Memory per rank of a whole training step, by component. Pure Python.
+
+Notation: `s` tokens of a sequence held by a rank before TP (L / CP: context parallelism
+shards the sequence), `b` micro-batch, `h` hidden, `a` query heads, `a_kv` KV heads, `d_h` head
+dim, `f` MLP inner size, `v` vocabulary, `t` TP, `c` CP, `p` PP, `d` DP, `e` bytes of the
+activation dtype (2 for bf16), `l` layers.
+
+**Weights, gradients, optimizer** (mixed precision Adam, as Megatron-LM keeps them): bf16
+weights 2 B, fp32 main gradients 4 B, fp32 master weights + Adam moments 12 B per parameter =
+18 B (Megatron's distributed-optimizer table, row "bf16 param, fp32 grads": 18 B without, 6 +
+12/d B with the distributed optimizer). TP shards the linear weights and the embedding / output
+projection by t (the norm weights are replicated); ZeRO shards over the d x c data-parallel ranks
+(Megatron's distributed optimizer shards over the DP x CP group, since CP ranks hold the same
+weights): stage 1 the optimizer states, stage 2 also the gradients, stage 3 also the weights
+(then two layers' weights are gathered at a time: the layer running and the one prefetched).
+A pipeline stage holds l / p layers; the first also the embedding, the last the final norm and
+the output projection (with PP > 1 a tied output projection is a copy of the embedding there).
+
+**Activations per layer** (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+Transformer Models", arXiv:2205.05198, Section 4 and Table 2), bytes, for a GPT layer (MHA, GeLU
+MLP with f = 4h, dropout, scores materialised, e = 2):
+
+    no parallelism                         s b h (34 + 5 a s / h)
+    tensor parallel (no SP)                s b h (10 + 24/t + 5 a s / (h t))
+    tensor + sequence parallel             s b h (34/t + 5 a s / (h t))
+    tensor + sequence parallel, selective  s b h 34/t
+    full recompute                         2 s b h (/t with SP)
+
+where 34 = attention 11 (QKV input 2, Q and K 4, V 2, output-projection input 2, dropout mask 1)
++ MLP 19 (input 2, GeLU input 8, GeLU output 8, dropout mask 1) + the two LayerNorm inputs 4, and
+5 a s / h is the softmax output 2, its dropout mask 1 and the dropout output 2, per score.
+
+Adapted here term by term (so that GQA, SwiGLU, no dropout and a fused kernel each change only
+their own term, and the paper's GPT layer gives back the paper's numbers exactly):
+
+    norm inputs          2 x e s b h                 (/t with SP, else replicated)
+    QKV input, MLP input 2 x e s b h                 (/t with SP)
+    Q, O                 2 x e s b a d_h / t         (head-sharded by TP)
+    K, V                 2 x e s b a_kv d_h / t      (GQA: a_kv heads)
+    MLP                  gelu: 2 x e s b f / t (activation input and output);
+                         swiglu: 3 x e s b f / t (gate and up outputs, their product)
+    dropout masks        2 x s b h (/t with SP), only with dropout
+    scores               materialised: e (the softmax output), with dropout 2e + 1 (softmax
+                         output, mask, dropout output), per score: x a s_q s_k b / t, s_q = s
+                         the rank's queries, s_k = L every key; a fused (flash) kernel instead
+                         keeps its log-sum-exp, 4 a s b / t (fp32)
+
+Selective recompute (the paper's: recompute the core attention) drops the score terms; with a
+fused kernel there are none, so selective stores what `none` stores (the kernel's backward
+already recomputes the scores). Full recompute keeps each layer's input, e s b h (/t with SP),
+and rebuilds one layer's activations at a time in backward (the `recompute working set`).
+
+**Pipeline**: with 1F1B the first stage holds p micro-batches in flight (min(p, m) with m
+micro-batches per step), stage k holds p - k, the last one. **Attention buffers**: the CP
+scheme's transient tensors of one layer from `cpbench.model.memory` (ring K/V buffers, fp32
+accumulators, all-to-all send buffers, gradient shards: everything it counts beyond the saved
+Q, K, V, O and LSE, which the activation terms count once). **Logits / loss** on the last stage:
+final norm input and output-projection input e s b h / t each, the bf16 logits e s b v / t and the
+fp32 softmax the vocab-parallel cross entropy keeps, 4 s b v / t (the paper's 4sbv/t).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+from cpbench.errors import CpbenchError
+from cpbench.model.formulas import DTYPE_BYTES, CpConfig, canonical_dtype
+from cpbench.model.memory import memory_estimate
+from cpbench.model.plan.transformer import ModelSpec
+from cpbench.units import GIB
+
+Recompute = Literal["none", "selective", "full"]
+"""Activation recomputation: none, selective (Korthikanti's: the core attention), full (every
+layer from its input)."""
+RECOMPUTES: tuple[Recompute, ...] = get_args(Recompute)
+ZERO_STAGES: tuple[int, ...] = (0, 1, 2, 3)
+"""ZeRO / FSDP stages: 0 nothing sharded, 1 optimizer states (Megatron's distributed
+optimizer), 2 + gradients, 3 + weights (FSDP full shard)."""
+
+WEIGHT_BYTES = 2
+"""bf16 weights."""
+GRAD_BYTES = 4
+"""fp32 main gradients (Megatron accumulates and reduces them in fp32 with bf16 weights)."""
+OPTIMIZER_BYTES = 12
+"""fp32 master weights 4 + Adam first moment 4 + second moment 4."""
+ZERO3_GATHERED_LAYERS = 2
+"""Layers whose full weights a ZeRO-3 rank holds at once (running + prefetched)."""
+SAVED_ATTENTION_ITEMS = frozenset(
+    {"q_local", "k_local", "v_local", "o_local", "lse", "q_heads", "kv_heads", "o_heads"}
+)
+"""`cpbench.model.memory` items the activation terms already count (Q, K, V, O, LSE)."""
+
+
+def check_recompute(value: object) -> Recompute:
+    """`value` as a Recompute; CpbenchError naming it otherwise."""
+    for option in RECOMPUTES:
+        if value == option:
+            return option
+    raise CpbenchError(f"recompute {value!r} is not one of {', '.join(RECOMPUTES)}")
+
+
+def check_zero(value: object) -> int:
+    """`value` as a ZeRO stage; CpbenchError naming it otherwise."""
+    if isinstance(value, bool) or value not in ZERO_STAGES:
+        raise CpbenchError(f"ZeRO stage {value!r} is not one of 0, 1, 2, 3")
+    return int(value)  # type: ignore[call-overload]
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    """How a plan lays the model over its GPUs: world = TP x CP x PP x DP."""
+
+    tp: int
+    """t: tensor-parallel size (with sequence parallelism when > 1 and `sequence_parallel`)."""
+    ulysses: int
+    """U: Ulysses degree of the CP group."""
+    ring: int
+    """R: ring degree of the CP group."""
+    pp: int
+    """p: pipeline stages."""
+    dp: int
+    """d: data-parallel replicas."""
+    micro_batch: int = 1
+    """b: sequences per micro-batch."""
+    micro_batches: int = 1
+    """m: micro-batches per data-parallel rank and optimizer step."""
+    recompute: Recompute = "none"
+    """Activation recomputation."""
+    zero: int = 1
+    """ZeRO stage over the d x c data-parallel ranks."""
+    layout: str = "zigzag"
+    """Token layout of the ring."""
+    sequence_parallel: bool = True
+    """Megatron's sequence parallelism with TP (shards the norm and dropout activations)."""
+
+    @property
+    def cp(self) -> int:
+        """c = U x R."""
+        return self.ulysses * self.ring
+
+    @property
+    def world(self) -> int:
+        """t x c x p x d."""
+        return self.tp * self.cp * self.pp * self.dp
+
+    @property
+    def zero_group(self) -> int:
+        """Ranks ZeRO shards over and gradients are reduced over: d x c."""
+        return self.dp * self.cp
+
+    def label(self) -> str:
+        """`TP t CP UxR PP p DP d`."""
+        return f"TP {self.tp} CP {self.ulysses}x{self.ring} PP {self.pp} DP {self.dp}"
+
+
+@dataclass(frozen=True)
+class MemoryComponent:
+    """Bytes one rank holds for one purpose."""
+
+    name: str
+    """weights, gradients, optimizer, activations, recompute working set, attention buffers,
+    logits/loss, ZeRO-3 gathered weights, runtime reserve."""
+    bytes: float
+    """Bytes per rank."""
+    formula: str
+    """How it is counted, with the numbers."""
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """Memory of one rank of one pipeline stage, by component."""
+
+    stage: str
+    """first, last, or only (PP = 1)."""
+    components: tuple[MemoryComponent, ...]
+    """Every component, in a fixed order."""
+
+    @property
+    def total(self) -> float:
+        """Sum of the components."""
+        return sum(c.bytes for c in self.components)
+
+    @property
+    def largest(self) -> MemoryComponent:
+        """The largest component."""
+        return max(self.components, key=lambda c: c.bytes)
+
+    def component(self, name: str) -> float:
+        """Bytes of a component (0 when absent)."""
+        return sum(c.bytes for c in self.components if c.name == name)
+
+
+# ------------------------------------------------------------------------ activations
+
+
+def layer_activation_bytes(
+    model: ModelSpec,
+    seq_tokens: float,
+    micro_batch: int,
+    tp: int = 1,
+    recompute: Recompute = "none",
+    sequence_parallel: bool = True,
+    scores_materialised: bool = False,
+    dtype: str = "bfloat16",
+    key_tokens: float | None = None,
+) -> float:
+    """Bytes one rank saves for backward per layer and micro-batch (see the module docstring).
+
+    `seq_tokens` is s, the rank's tokens (L / CP); `key_tokens` the keys each query sees when
+    scores are materialised (L; default s, the paper's case of no CP)."""
+    check_recompute(recompute)
+    e = DTYPE_BYTES[canonical_dtype(dtype)]
+    s, b, h, t = seq_tokens, micro_batch, model.hidden, tp
+    sp = t if sequence_parallel else 1  # divisor of the terms SP shards
+    if recompute == "full":
+        return e * s * b * h / sp
+    replicated = 4 * e * s * b * h  # two norm inputs, QKV input, MLP input
+    if model.dropout:
+        replicated += 2 * s * b * h  # attention-output and MLP-output dropout masks
+    sharded = (2 * model.q_width + 2 * model.kv_width) * e * s * b  # Q, O, K, V
+    mlp_tensors = 3 if model.ffn_type == "swiglu" else 2
+    sharded += mlp_tensors * e * s * b * model.ffn_hidden
+    keys = s if key_tokens is None else key_tokens
+    if scores_materialised:
+        per_score = (2 * e + 1) if model.dropout else e
+        scores = per_score * model.heads * s * keys * b if recompute == "none" else 0.0
+    else:
+        scores = 4 * model.heads * s * b  # the fused kernel's fp32 log-sum-exp
+    return replicated / sp + (sharded + scores) / t
+
+
+def korthikanti_layer_bytes(
+    s: int, b: int, h: int, a: int, t: int = 1, sequence_parallel: bool = False,
+    selective: bool = False,
+) -> float:
+    """The paper's closed forms (Table 2) for a GPT layer, bytes per layer."""
+    attention = 0 if selective else 5 * a * s / h
+    if t == 1:
+        return s * b * h * (34 + attention)
+    if sequence_parallel:
+        return s * b * h * (34 / t + attention / t)
+    return s * b * h * (10 + 24 / t + attention / t)
+
+
+def attention_buffer_bytes(config: CpConfig) -> int:
+    """Transient bytes of the CP scheme for one layer: the largest stage of
+    `cpbench.model.memory`'s estimate less the saved Q, K, V, O and LSE it holds there."""
+    estimate = memory_estimate(config)
+    best = 0
+    for stage in estimate.stages:
+        live = sum(
+            item.bytes
+            for item in estimate.items
+            if stage in item.stages and item.name not in SAVED_ATTENTION_ITEMS
+        )
+        best = max(best, live)
+    return best
+
+
+# ------------------------------------------------------------------------- the stage
+
+
+def params_per_rank(model: ModelSpec, layers: int, first: bool, last: bool, pp: int,
+                     tp: int) -> float:
+    """Parameters one rank of a stage holds: the linear weights / t, norms replicated, the
+    embedding (first) and the output projection + final norm (last) / t."""
+    linear = model.attention_params + model.mlp_params
+    params = layers * (linear / tp + model.norm_params_per_layer)
+    if first:
+        params += model.embedding_params / tp
+    if last:
+        head = model.vocab * model.hidden if (pp > 1 and model.tied_embeddings) else model.head_params
+        params += head / tp + model.hidden
+    return params
+
+
+def stage_memory(
+    model: ModelSpec,
+    par: Parallelism,
+    seq_len: int,
+    stage: str,
+    attention_buffers: float,
+    dtype: str = "bfloat16",
+    scores_materialised: bool = False,
+    reserve_bytes: float = 0.0,
+) -> StageMemory:
+    """Memory of one rank of the `first`, `last` or `only` pipeline stage (module docstring)."""
+    if stage not in ("first", "last", "only"):
+        raise CpbenchError(f"stage {stage!r} is not one of first, last, only")
+    if model.layers % par.pp:
+        raise CpbenchError(
+            f"layers ({model.layers}) must be divisible by PP ({par.pp}): every pipeline stage "
+            f"holds layers / PP layers"
+        )
+    check_zero(par.zero)
+    first, last = stage in ("first", "only"), stage in ("last", "only")
+    layers = model.layers // par.pp
+    t, n = par.tp, par.zero_group
+    params = params_per_rank(model, layers, first, last, par.pp, t)
+    w_div = n if par.zero >= 3 else 1
+    g_div = n if par.zero >= 2 else 1
+    o_div = n if par.zero >= 1 else 1
+    e = DTYPE_BYTES[canonical_dtype(dtype)]
+    s = seq_len / par.cp
+    b = par.micro_batch
+    in_flight = min(par.pp, par.micro_batches) if first else 1
+    per_layer = layer_activation_bytes(
+        model, s, b, t, par.recompute, par.sequence_parallel, scores_materialised, dtype, seq_len
+    )
+    p_label = f"{params / 1e9:.3f} G params per rank"
+    parts = [
+        MemoryComponent(
+            "weights", params * WEIGHT_BYTES / w_div,
+            f"{p_label} x {WEIGHT_BYTES} B (bf16)" + (f" / {n} (ZeRO-3)" if w_div > 1 else ""),
+        ),
+        MemoryComponent(
+            "gradients", params * GRAD_BYTES / g_div,
+            f"{p_label} x {GRAD_BYTES} B (fp32)" + (f" / {n} (ZeRO-2+)" if g_div > 1 else ""),
+        ),
+        MemoryComponent(
+            "optimizer", params * OPTIMIZER_BYTES / o_div,
+            f"{p_label} x {OPTIMIZER_BYTES} B (fp32 master + Adam m, v)"
+            + (f" / {n} (ZeRO-1+ over DP {par.dp} x CP {par.cp})" if o_div > 1 else ""),
+        ),
+    ]
+    if par.zero >= 3:
+        gathered = ZERO3_GATHERED_LAYERS * model.layer_params / t * WEIGHT_BYTES
+        parts.append(MemoryComponent(
+            "ZeRO-3 gathered weights", gathered,
+            f"{ZERO3_GATHERED_LAYERS} layers x {model.layer_params / 1e6:.1f} M params / TP {t} "
+            f"x {WEIGHT_BYTES} B",
+        ))
+    parts.append(MemoryComponent(
+        "activations", layers * in_flight * per_layer,
+        f"{layers} layers x {in_flight} micro-batch(es) in flight x "
+        f"{per_layer / 2**20:.1f} MiB per layer ({par.recompute} recompute, s = L/CP = "
+        f"{s:g} tokens, b = {b}, TP {t}{' + SP' if par.sequence_parallel and t > 1 else ''})",
+    ))
+    if par.recompute == "full":
+        working = layer_activation_bytes(
+            model, s, b, t, "none", par.sequence_parallel, scores_materialised, dtype, seq_len
+        )
+        parts.append(MemoryComponent(
+            "recompute working set", working,
+            "one layer's activations rebuilt at a time in backward",
+        ))
+    parts.append(MemoryComponent(
+        "attention buffers", attention_buffers,
+        f"CP {par.ulysses}x{par.ring} {par.layout}: transient buffers of one layer "
+        "(cpbench.model.memory)",
+    ))
+    if last:
+        sp = t if par.sequence_parallel else 1
+        logits = 2 * e * s * b * model.hidden / sp + (e + 4) * s * b * model.vocab / t
+        parts.append(MemoryComponent(
+            "logits/loss", logits,
+            f"final norm + output input 2 x {e} B x s b h / {sp}, logits {e} B + fp32 softmax "
+            f"4 B x s b v / TP {t}",
+        ))
+    if reserve_bytes:
+        parts.append(MemoryComponent(
+            "runtime reserve", reserve_bytes,
+            f"{reserve_bytes / GIB:.1f} GiB: CUDA context, NCCL buffers, allocator fragmentation "
+            "(estimate)",
+        ))
+    return StageMemory(stage, tuple(parts))
+
+
+def plan_memory(
+    model: ModelSpec,
+    par: Parallelism,
+    seq_len: int,
+    attention_buffers: float,
+    dtype: str = "bfloat16",
+    scores_materialised: bool = False,
+    reserve_bytes: float = 0.0,
+) -> tuple[StageMemory, ...]:
+    """The stages whose ranks can set the peak: `only` (PP = 1), else `first` (most
+    micro-batches in flight, the embedding) and `last` (the output projection, the logits)."""
+    stages = ("only",) if par.pp == 1 else ("first", "last")
+    return tuple(
+        stage_memory(model, par, seq_len, stage, attention_buffers, dtype, scores_materialised,
+                     reserve_bytes)
+        for stage in stages
+    )
+
+
+def peak_stage(stages: tuple[StageMemory, ...]) -> StageMemory:
+    """The stage of the largest total."""
+    return max(stages, key=lambda s: s.total)
