@@ -1,0 +1,171 @@
+"""Where packed documents come from: explicit lengths, a file of lengths, or a seeded
+distribution, packed into one sequence of `seq_len` tokens.
+
+One string names the source everywhere (`--documents`, a scenario's `documents` axis):
+
+* `512,1024,2048,...`  explicit lengths;
+* `path/to/lengths.json` (a JSON list of ints, or {"lengths": [...]}) or any other file with
+  one length per line (`#` comments and blank lines ignored), e.g. exported from a tokenised
+  data set;
+* `lognormal:mean=1024,sigma=1.0,max=8192` (mean of the lengths, sigma of their log),
+  `powerlaw:alpha=1.5,min=64,max=8192` (Pareto with tail index alpha, truncated),
+  `uniform:min=64,max=4096` — drawn with Python's `random.Random(seed)`, so a seed gives the
+  same lengths on every machine and Python version.
+
+Packing (`pack_lengths`): documents are taken in order until the sequence is full; the last one
+is cut at `seq_len` (the cut-off tail is dropped, as data loaders that pack do). Explicit lengths
+and files that sum to less than `seq_len` are an error rather than silently padded. The lengths
+used are what a record stores. Pure Python.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+from typing import Literal, get_args
+
+from cpbench.errors import CpbenchError
+
+Distribution = Literal["lognormal", "powerlaw", "uniform"]
+DISTRIBUTIONS: tuple[Distribution, ...] = get_args(Distribution)
+_PARAMETERS: dict[str, tuple[str, ...]] = {
+    "lognormal": ("mean", "sigma", "max", "min"),
+    "powerlaw": ("alpha", "min", "max"),
+    "uniform": ("min", "max"),
+}
+
+
+def pack_lengths(lengths: list[int], seq_len: int, source: str) -> tuple[int, ...]:
+    """Fill one sequence of `seq_len` tokens with `lengths` in order, cutting the last."""
+    packed: list[int] = []
+    total = 0
+    for length in lengths:
+        if total >= seq_len:
+            break
+        if isinstance(length, bool) or not isinstance(length, int) or length <= 0:
+            raise CpbenchError(
+                f"document length {length!r} from {source} is not a positive integer"
+            )
+        take = min(length, seq_len - total)
+        packed.append(take)
+        total += take
+    if total < seq_len:
+        raise CpbenchError(
+            f"the documents of {source} hold {total} tokens, fewer than the sequence length "
+            f"{seq_len}: give more documents or a shorter sequence"
+        )
+    return tuple(packed)
+
+
+def _parameters(kind: str, text: str) -> dict[str, float]:
+    params: dict[str, float] = {}
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, value = item.partition("=")
+        if not sep or name.strip() not in _PARAMETERS[kind]:
+            raise CpbenchError(
+                f"{kind} parameter {item!r} is not one of "
+                f"{', '.join(p + '=<number>' for p in _PARAMETERS[kind])}"
+            )
+        try:
+            params[name.strip()] = float(value)
+        except ValueError:
+            raise CpbenchError(
+                f"{kind} parameter {name.strip()} = {value!r} is not a number"
+            ) from None
+    return params
+
+
+def draw_lengths(kind: str, text: str, seq_len: int, seed: int) -> list[int]:
+    """Lengths drawn from a distribution until they hold at least `seq_len` tokens."""
+    params = _parameters(kind, text)
+    rng = random.Random(seed)
+    low = int(params.get("min", 1))
+    high = int(params.get("max", seq_len))
+    if low < 1 or high < low:
+        raise CpbenchError(f"{kind}: need 1 <= min ({low}) <= max ({high})")
+    if kind == "lognormal":
+        mean = params.get("mean")
+        if mean is None or mean <= 0:
+            raise CpbenchError("lognormal needs mean=<positive number> (the mean length)")
+        sigma = params.get("sigma", 1.0)
+        if sigma < 0:
+            raise CpbenchError(f"lognormal sigma ({sigma}) must be >= 0")
+        mu = math.log(mean) - sigma * sigma / 2  # E[exp(N(mu, sigma))] = mean
+
+        def draw() -> float:
+            return rng.lognormvariate(mu, sigma)
+    elif kind == "powerlaw":
+        alpha = params.get("alpha")
+        if alpha is None or alpha <= 0:
+            raise CpbenchError("powerlaw needs alpha=<positive number> (the tail index)")
+
+        def draw() -> float:
+            return low * rng.paretovariate(alpha)
+    else:
+
+        def draw() -> float:
+            return rng.uniform(low, high)
+
+    lengths: list[int] = []
+    total = 0
+    while total < seq_len:
+        length = min(max(round(draw()), low), high)
+        lengths.append(length)
+        total += length
+    return lengths
+
+
+def _read_file(path: Path) -> list[int]:
+    text = path.read_text()
+    if path.suffix == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise CpbenchError(f"{path}: not JSON ({exc})") from None
+        if isinstance(data, dict):
+            data = data.get("lengths")
+        if not isinstance(data, list):
+            raise CpbenchError(f'{path}: expected a JSON list of lengths or {{"lengths": [...]}}')
+        return data
+    lengths = []
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        try:
+            lengths.append(int(line))
+        except ValueError:
+            raise CpbenchError(f"{path}:{number}: {line!r} is not a document length") from None
+    return lengths
+
+
+def resolve_documents(source: str, seq_len: int, seed: int = 0) -> tuple[int, ...]:
+    """The document lengths of one packed sequence of `seq_len` tokens from a source string
+    (see the module docstring)."""
+    source = source.strip()
+    if not source:
+        raise CpbenchError("documents: empty source (lengths, a file, or a distribution)")
+    kind, sep, rest = source.partition(":")
+    if sep and kind in DISTRIBUTIONS:
+        return pack_lengths(draw_lengths(kind, rest, seq_len, seed), seq_len, source)
+    path = Path(source)
+    if path.is_file():
+        return pack_lengths(_read_file(path), seq_len, str(path))
+    parts = [p.strip() for p in source.split(",")]
+    if all(p.isdigit() for p in parts):
+        lengths = [int(p) for p in parts]
+        if sum(lengths) != seq_len:
+            raise CpbenchError(
+                f"documents {source!r} sum to {sum(lengths)}, not the sequence length {seq_len}"
+            )
+        return pack_lengths(lengths, seq_len, "the explicit lengths")
+    if sep:
+        raise CpbenchError(
+            f"documents {source!r}: distribution {kind!r} is not one of {', '.join(DISTRIBUTIONS)}"
+        )
+    raise CpbenchError(
+        f"documents {source!r} is neither comma-separated lengths, an existing file, nor a "
+        f"distribution ({', '.join(d + ':...' for d in DISTRIBUTIONS)})"
+    )
