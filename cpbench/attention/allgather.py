@@ -1,0 +1,243 @@
+"""All-gather context parallelism (the Llama 3 scheme; Megatron's `--cp-comm-type all_gather`;
+ring-flash-attention's `llama3_*` functions): every rank of the group gathers all K/V, computes
+its local queries against the keys they may see, and reduce-scatters dK/dV back to the owners.
+
+Why it exists beside the ring: with GQA the K/V are small (`2 L d_kv` elements per layer), and
+with every K/V on every rank any mask is a local problem. Its cost is memory that grows with `L`
+(the gathered K/V) and a gather that is exposed unless it is split: K/V travel in head strides
+of `heads_k_stride` KV heads, the gather of the next stride posted before computing on the
+current one (ring-flash-attention's `heads_k_stride`), so only the first stride's gather waits;
+a smaller stride holds less gathered K/V (`2 x R x chunk x stride / h_kv`, double-buffered).
+
+Per rank, group of A ranks, chunk = the rank's K/V `[B, n, 2, h_kv, D]`:
+- forward: all-gather of the K/V, `(A - 1)` chunks received (tag `ag_kv`), in `h_kv / stride`
+  collectives;
+- backward: the same all-gather again (nothing gathered is kept alive), then a reduce-scatter
+  of the fp32 dK/dV of every chunk, `(A - 1)` fp32 chunks sent (tag `rs_dkv`).
+The blocks computed are the mask's pieces (`cpbench.model.masking`): the same `Piece`s the ring
+computes at its steps, all against K/V already present.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from cpbench.attention.comm import _record
+from cpbench.attention.kernels import LocalKernel
+from cpbench.errors import CpbenchError
+from cpbench.model.masking import Piece, RingSchedule
+
+KV_GATHER_TAG = "ag_kv"
+DKV_SCATTER_TAG = "rs_dkv"
+
+
+@dataclass(frozen=True)
+class GatherSpec:
+    """The all-gather group: its process group, size and this rank's index in it."""
+
+    group: dist.ProcessGroup | None
+    size: int
+    rank: int
+
+
+class _Pending:
+    """A posted collective and the tensor it fills."""
+
+    def __init__(self, work: Any, result: torch.Tensor) -> None:
+        self._work = work
+        self._result = result
+
+    def wait(self) -> torch.Tensor:
+        if self._work is not None:
+            self._work.wait()
+        return self._result
+
+
+def all_gather_chunks(x: torch.Tensor, spec: GatherSpec, tag: str, skip: bool = False) -> _Pending:
+    """Post an all-gather of `x` over the group: the result is `[A, *x.shape]` in group order.
+    Counts the `(A - 1)` chunks that reach this rank from the others (what crosses the wire per
+    rank; nccl-tests' algbw of an all-gather divides the whole output by the time)."""
+    x = x.contiguous()
+    out = torch.empty((spec.size, *x.shape), dtype=x.dtype, device=x.device)
+    if skip or spec.size == 1:
+        # compute-only variant: the own chunk in every slot, same shapes, nothing sent
+        out.copy_(x.unsqueeze(0).expand_as(out))
+        return _Pending(None, out)
+    # the output is one tensor of A stacked inputs along dim 0 (gloo wants it flat there)
+    flat = out.view(spec.size * x.shape[0], *x.shape[1:])
+    work = dist.all_gather_into_tensor(flat, x, group=spec.group, async_op=True)
+    _record(tag, x.numel() * x.element_size() * (spec.size - 1))
+    return _Pending(work, out)
+
+
+def reduce_scatter_chunks(
+    x: torch.Tensor, spec: GatherSpec, tag: str, skip: bool = False
+) -> _Pending:
+    """Post a sum reduce-scatter of `x` `[A, ...]`: this rank gets the sum of every rank's slot
+    `rank`. Counts the `(A - 1)` slots this rank sends to the others."""
+    x = x.contiguous()
+    if skip or spec.size == 1:
+        return _Pending(None, x[spec.rank].clone())
+    out = torch.empty(x.shape[1:], dtype=x.dtype, device=x.device)
+    flat = x.view(spec.size * x.shape[1], *x.shape[2:])
+    work = dist.reduce_scatter_tensor(out, flat, group=spec.group, async_op=True)
+    _record(tag, out.numel() * out.element_size() * (spec.size - 1))
+    return _Pending(work, out)
+
+
+def merge_block(
+    out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor, block_lse: torch.Tensor
+) -> None:
+    """In place: (out, lse) <- the softmax merge with a block's (out, lse). Rows not touched yet
+    carry lse = -inf and out = 0; a block's rows are finite (every piece row sees a key), so
+    logaddexp keeps everything finite: o = o1 e^(l1 - l) + o2 e^(l2 - l), l = log(e^l1 + e^l2)."""
+    new_lse = torch.logaddexp(lse, block_lse)
+    old_scale = torch.exp(lse - new_lse).transpose(1, 2).unsqueeze(-1)
+    new_scale = torch.exp(block_lse - new_lse).transpose(1, 2).unsqueeze(-1)
+    out.mul_(old_scale).add_(block_out.float() * new_scale)
+    lse.copy_(new_lse)
+
+
+def _kernel_band(piece: Piece) -> tuple[bool, tuple[int | None, int | None] | None]:
+    """(causal, band) as the kernels take them: band only for pieces that are neither full nor
+    top-left causal."""
+    if piece.is_full:
+        return False, None
+    if piece.is_causal:
+        return True, None
+    return False, (piece.lo, piece.hi)
+
+
+def _call_forward(
+    kernel: LocalKernel,
+    piece: Piece,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    causal, band = _kernel_band(piece)
+    if band is None:
+        return kernel.forward(q, k, v, causal, scale)
+    return kernel.forward(q, k, v, causal, scale, band=band)  # type: ignore[call-arg]
+
+
+def _call_backward(
+    kernel: LocalKernel,
+    piece: Piece,
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    causal, band = _kernel_band(piece)
+    if band is None:
+        return kernel.backward(dout, q, k, v, out, lse, causal, scale)
+    return kernel.backward(dout, q, k, v, out, lse, causal, scale, band=band)  # type: ignore[call-arg]
+
+
+def _strides(kv_heads: int, heads_k_stride: int | None) -> int:
+    stride = kv_heads if heads_k_stride is None else heads_k_stride
+    if stride <= 0 or kv_heads % stride:
+        raise CpbenchError(
+            f"heads_k_stride ({stride}) must be a positive divisor of the KV heads each rank "
+            f"holds ({kv_heads})"
+        )
+    return stride
+
+
+class AllGatherAttention(torch.autograd.Function):
+    """q `[B, n, H, D]`, packed kv `[B, n, 2, H_kv, D]` (this rank's chunk) -> out `[B, n, H, D]`."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        q: torch.Tensor,
+        kv: torch.Tensor,
+        spec: GatherSpec,
+        schedule: RingSchedule,
+        scale: float,
+        kernel: LocalKernel,
+        variant: str,
+        heads_k_stride: int | None,
+    ) -> torch.Tensor:
+        b, n, h, d = q.shape
+        kv_heads = kv.shape[3]
+        stride = _strides(kv_heads, heads_k_stride)
+        group_heads = h // kv_heads
+        skip_comm, skip_compute = variant == "compute", variant == "comm"
+        out = torch.zeros(b, n, h, d, dtype=torch.float32, device=q.device)
+        lse = torch.full((b, h, n), float("-inf"), dtype=torch.float32, device=q.device)
+        strides = kv_heads // stride
+        pending = all_gather_chunks(kv[:, :, :, :stride], spec, KV_GATHER_TAG, skip_comm)
+        for g in range(strides):
+            gathered = pending.wait()
+            if g + 1 < strides:  # the next stride travels while this one is computed on
+                nxt = kv[:, :, :, (g + 1) * stride : (g + 2) * stride]
+                pending = all_gather_chunks(nxt, spec, KV_GATHER_TAG, skip_comm)
+            if skip_compute:
+                continue
+            heads = slice(g * stride * group_heads, (g + 1) * stride * group_heads)
+            for source in range(spec.size):
+                chunk = gathered[source]
+                for p in schedule.pieces[spec.rank][(spec.rank - source) % spec.size]:
+                    rows, cols = slice(p.q_start, p.q_end), slice(p.k_start, p.k_end)
+                    block_out, block_lse = _call_forward(
+                        kernel, p, q[:, rows, heads], chunk[:, cols, 0], chunk[:, cols, 1], scale
+                    )
+                    merge_block(out[:, rows, heads], lse[:, heads, rows], block_out, block_lse)
+        out_final = out.to(q.dtype)
+        ctx.save_for_backward(q, kv, out_final, lse)
+        ctx.config = (spec, schedule, scale, kernel, variant, stride)
+        return out_final
+
+    @staticmethod
+    def backward(ctx: Any, dout: torch.Tensor) -> tuple:
+        q, kv, out, lse = ctx.saved_tensors
+        spec, schedule, scale, kernel, variant, stride = ctx.config
+        skip_comm, skip_compute = variant == "compute", variant == "comm"
+        kv_heads = kv.shape[3]
+        group_heads = q.shape[2] // kv_heads
+        strides = kv_heads // stride
+        dout = dout.contiguous()
+        dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        dkv = torch.empty(kv.shape, dtype=torch.float32, device=kv.device)
+        scatters: list[tuple[int, _Pending]] = []
+        pending = all_gather_chunks(kv[:, :, :, :stride], spec, KV_GATHER_TAG, skip_comm)
+        for g in range(strides):
+            gathered = pending.wait()
+            if g + 1 < strides:
+                nxt = kv[:, :, :, (g + 1) * stride : (g + 2) * stride]
+                pending = all_gather_chunks(nxt, spec, KV_GATHER_TAG, skip_comm)
+            heads = slice(g * stride * group_heads, (g + 1) * stride * group_heads)
+            dgathered = torch.zeros(gathered.shape, dtype=torch.float32, device=kv.device)
+            for source in range(spec.size if not skip_compute else 0):
+                chunk = gathered[source]
+                for p in schedule.pieces[spec.rank][(spec.rank - source) % spec.size]:
+                    rows, cols = slice(p.q_start, p.q_end), slice(p.k_start, p.k_end)
+                    dq_p, dk_p, dv_p = _call_backward(
+                        kernel,
+                        p,
+                        dout[:, rows, heads],
+                        q[:, rows, heads],
+                        chunk[:, cols, 0],
+                        chunk[:, cols, 1],
+                        out[:, rows, heads],
+                        lse[:, heads, rows],
+                        scale,
+                    )
+                    dq[:, rows, heads] += dq_p
+                    dgathered[source][:, cols, 0] += dk_p
+                    dgathered[source][:, cols, 1] += dv_p
+            # each chunk's dK/dV goes home while the next stride is computed on
+            scatters.append((g, reduce_scatter_chunks(dgathered, spec, DKV_SCATTER_TAG, skip_comm)))
+        for g, scatter in scatters:
+            dkv[:, :, :, g * stride : (g + 1) * stride] = scatter.wait()
+        return dq.to(q.dtype), dkv.to(kv.dtype), None, None, None, None, None, None
