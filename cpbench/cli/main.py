@@ -11,6 +11,7 @@ import typer
 
 from cpbench.cli import doctor as _doctor  # noqa: F401
 from cpbench.cli import formulas as _formulas  # noqa: F401
+from cpbench.cli import plan as _plan  # noqa: F401
 from cpbench.cli import recommend as _recommend  # noqa: F401
 from cpbench.cli import report as _report  # noqa: F401
 from cpbench.cli import sweep as _sweep  # noqa: F401

@@ -102,9 +102,9 @@ def check_recompute(value: object) -> Recompute:
 
 def check_zero(value: object) -> int:
     """`value` as a ZeRO stage; CpbenchError naming it otherwise."""
-    if isinstance(value, bool) or value not in ZERO_STAGES:
+    if isinstance(value, bool) or not isinstance(value, int) or value not in ZERO_STAGES:
         raise CpbenchError(f"ZeRO stage {value!r} is not one of 0, 1, 2, 3")
-    return int(value)  # type: ignore[call-overload]
+    return value
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,291 @@
+"""Time of one training step of the whole model, by part. Pure Python.
+
+Per micro-batch, on one rank of the slowest pipeline stage (the last: it also runs the output
+projection), with `s = L / CP` tokens, `b` micro-batch, `t` TP:
+
+- **GEMMs**: each linear of a layer (Q/K/V, output, MLP) costs `2 m n k` FLOPs forward, here
+  `2 b s (weights of the layer) / t`, backward twice that (x3 for forward + backward; x4 with full
+  recompute, which reruns the forward), plus the output projection `2 b s h v / t` x3, at
+  `peak(dtype) x matmul efficiency` (`MATMUL_EFFICIENCY`: the hardware profiles have no GEMM
+  number, so this module gives one per profile, with its source; `--matmul-efficiency`
+  overrides it).
+- **Attention**: `cpbench.model.cost.predict` for the layer's U x R mesh and layout with the
+  heads of one TP rank (forward + backward; + forward again with recompute).
+- **TP + SP collectives** (Megatron with sequence parallelism): per layer 2 all-gathers and 2
+  reduce-scatters forward, the same backward (and forward again with full recompute), each of a
+  tensor of `M = e b s h` bytes: `latency + M (t - 1)/t / busbw` on the node's links (TP stays
+  inside a node), not overlapped with compute.
+- **Pipeline**: 1F1B with `m` micro-batches and `p` stages: `(m + p - 1)` micro-batch times,
+  `(p - 1)` of them the bubble (fraction `(p - 1)/(m + p - 1)`); each micro-batch sends its
+  activations `e b s h / t` bytes (SP's scatter-gather) to the next stage and its gradient back.
+- **DP gradient reduction** over the d x c ranks holding the same weights (fp32 gradients):
+  ZeRO 0 an all-reduce (`2 G (n-1)/n` bytes sent), ZeRO 1/2 a reduce-scatter of the gradients and
+  an all-gather of the bf16 weights, ZeRO 3 that per micro-batch with the weights gathered
+  twice (forward, backward); not overlapped with backward (Megatron's --overlap-grad-reduce
+  hides part of it: an upper bound).
+- **Optimizer**: Adam reads and writes 30 B per (sharded) parameter at the memory bandwidth.
+
+Ring collectives (all-gather, reduce-scatter, all-reduce, pipeline send/recv) take the tier's
+send/recv latency and busbw: NCCL's ring algorithm is a chain of neighbour sends, and nccl-tests
+report every collective's busbw on the same scale.
+
+Throughput: tokens/s/GPU = global batch x L / step time / GPUs. **MFU** = model FLOPs / (step
+time x GPUs x peak(dtype)), model FLOPs = 6 x N x tokens + 3 x attention forward FLOPs, N the
+weights that take part in a matmul per token (the layers' linear weights and the output
+projection, not the embedding lookup), attention forward FLOPs the causal 2 b a L^2 d_h per
+layer and sequence (cpbench's convention, `cpbench.model.flops`); recomputation and
+communication are not useful work.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cpbench.config.constraints import AttentionShape
+from cpbench.errors import CpbenchError
+from cpbench.model.cost import Prediction
+from cpbench.model.flops import attention_flops
+from cpbench.model.formulas import DTYPE_BYTES, canonical_dtype
+from cpbench.model.hardware import HardwareProfile, LinkCost
+from cpbench.model.plan.memory import Parallelism, check_zero, params_per_rank
+from cpbench.model.plan.transformer import ModelSpec
+
+MFU_CONVENTION = (
+    "MFU = (6 x N x tokens + 3 x causal attention forward FLOPs 2*b*a*L^2*d_h per layer) / "
+    "(step time x GPUs x peak dense TFLOP/s of the dtype); N = weights in a matmul per token "
+    "(layers' linears + output projection); recompute and communication are not counted"
+)
+TIME_CONVENTION = (
+    "times in ms per optimizer step on one rank of the slowest pipeline stage; parts sum to the "
+    "step: GEMM, attention, TP/SP comm and pipeline sends of every micro-batch, the pipeline "
+    "bubble, the DP gradient reduction and the optimizer"
+)
+ADAM_BYTES_PER_PARAM = 30
+"""Adam update traffic per parameter: read fp32 grad, master, m, v (16), write master, m, v
+(12), write the bf16 weight (2)."""
+
+
+@dataclass(frozen=True)
+class MatmulEfficiency:
+    """Achieved / peak FLOP/s of the model's GEMMs on a profile."""
+
+    value: float
+    """In (0, 1]."""
+    source: str
+    """Where it comes from."""
+
+
+MATMUL_EFFICIENCY: dict[str, MatmulEfficiency] = {
+    "h100-sxm": MatmulEfficiency(
+        0.70,
+        "estimate: cuBLAS bf16 GEMMs of transformer sizes (k, n >= 4096) reach about 650-750 of "
+        "the 989.5 TFLOP/s dense peak on H100 SXM; Megatron-LM reports 47% MFU for whole GPT "
+        "models on H100, which includes attention, communication and the bubble",
+    ),
+    "h200-sxm": MatmulEfficiency(
+        0.72,
+        "estimate: the H100 SXM figure (same GH100 compute) with slightly fewer memory-bound "
+        "stalls from the faster HBM3e",
+    ),
+    "a100-80gb": MatmulEfficiency(
+        0.80,
+        "estimate: cuBLAS bf16 GEMMs of transformer sizes reach about 250 of the 312 TFLOP/s "
+        "dense peak on A100",
+    ),
+    "l40s-pcie": MatmulEfficiency(
+        0.65,
+        "estimate: Ada GEMMs run power-limited below the 362 TFLOP/s dense bf16 peak",
+    ),
+    "cpu-local": MatmulEfficiency(
+        0.80,
+        "estimate: one core's fp32 GEMM in PyTorch's BLAS (MKL / OpenBLAS) at a large share of "
+        "the 2 FMA x 8 lanes peak; checked by tests/test_plan_measured.py",
+    ),
+}
+"""GEMM efficiency per built-in profile (a calibrated profile `NAME-...` reads NAME's)."""
+FALLBACK_MATMUL_EFFICIENCY = MatmulEfficiency(
+    0.6, "estimate: no GEMM figure for this profile; a conservative share of its peak"
+)
+
+
+def matmul_efficiency(profile: HardwareProfile, override: float | None = None) -> MatmulEfficiency:
+    """The profile's GEMM efficiency (`override` when given; CpbenchError outside (0, 1])."""
+    if override is not None:
+        if isinstance(override, bool) or not 0 < override <= 1:
+            raise CpbenchError(f"matmul efficiency must be in (0, 1], got {override!r}")
+        return MatmulEfficiency(float(override), "given (--matmul-efficiency)")
+    for name in sorted(MATMUL_EFFICIENCY, key=len, reverse=True):
+        if profile.name == name or profile.name.startswith(f"{name}-"):
+            return MATMUL_EFFICIENCY[name]
+    return FALLBACK_MATMUL_EFFICIENCY
+
+
+def ring_collective(cost: LinkCost, bytes_total: float, ranks: int, sharing: int,
+                    factor: float = 1.0, calls: int = 1) -> float:
+    """`calls` ring collectives over `ranks` of a tensor of `bytes_total` bytes: each rank sends
+    `factor x bytes (n-1)/n` (factor 1 all-gather / reduce-scatter, 2 all-reduce)."""
+    if ranks <= 1 or bytes_total <= 0:
+        return 0.0
+    sent = factor * bytes_total * (ranks - 1) / ranks
+    return cost.seconds(sent * calls, calls, sharing)
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """A training step's time on the slowest stage, by part (seconds; parts sum to total_s)."""
+
+    gemm_s: float
+    """GEMMs of every micro-batch (layers + output projection, recompute included)."""
+    attention_s: float
+    """Attention of every micro-batch (cost.predict, forward + backward [+ recompute])."""
+    tp_comm_s: float
+    """TP + SP all-gathers and reduce-scatters of every micro-batch."""
+    pp_comm_s: float
+    """Pipeline activation / gradient sends of every micro-batch."""
+    bubble_s: float
+    """Pipeline bubble: (p - 1) micro-batch times."""
+    dp_comm_s: float
+    """Gradient reduction (and ZeRO weight gathers) over the d x c ranks."""
+    optimizer_s: float
+    """Adam update."""
+    micro_batch_s: float
+    """One micro-batch on the slowest stage."""
+    micro_batches: int
+    """m per DP rank."""
+    bubble_fraction: float
+    """(p - 1) / (m + p - 1)."""
+    matmul_tflops: float
+    """Achieved GEMM TFLOP/s assumed (peak x efficiency)."""
+    model_flops: float
+    """Useful FLOPs of the step (MFU_CONVENTION)."""
+    tokens: int
+    """Tokens per optimizer step (global batch x L)."""
+    world: int
+    """GPUs."""
+    peak_flops: float
+    """Peak dense FLOP/s per GPU of the dtype."""
+
+    @property
+    def total_s(self) -> float:
+        """The step: every part."""
+        return (
+            self.gemm_s + self.attention_s + self.tp_comm_s + self.pp_comm_s + self.bubble_s
+            + self.dp_comm_s + self.optimizer_s
+        )
+
+    @property
+    def attention_share(self) -> float:
+        """attention_s / total_s."""
+        return self.attention_s / self.total_s if self.total_s else 0.0
+
+    @property
+    def tokens_per_s_per_gpu(self) -> float:
+        """Tokens per second per GPU."""
+        return self.tokens / self.total_s / self.world if self.total_s else 0.0
+
+    @property
+    def mfu(self) -> float:
+        """Model FLOPs utilisation (MFU_CONVENTION)."""
+        denominator = self.total_s * self.world * self.peak_flops
+        return self.model_flops / denominator if denominator else 0.0
+
+
+def layer_gemm_flops(model: ModelSpec, tokens: float, micro_batch: int, tp: int) -> float:
+    """Forward GEMM FLOPs of one layer on one TP rank: 2 x b x s x (linear weights) / t."""
+    linear = (
+        model.hidden * (model.q_width + 2 * model.kv_width)
+        + model.q_width * model.hidden
+        + model.mlp_params
+    )
+    return 2.0 * micro_batch * tokens * linear / tp
+
+
+def model_flops(model: ModelSpec, seq_len: int, sequences: int) -> float:
+    """Useful FLOPs of a step of `sequences` sequences of `seq_len` tokens (MFU_CONVENTION)."""
+    tokens = seq_len * sequences
+    shape = AttentionShape(seq_len, model.heads, model.kv_heads, model.head_dim, 1)
+    attention = attention_flops(shape, causal=True, phase="forward")
+    return 6.0 * model.matmul_params * tokens + 3.0 * attention * model.layers * sequences
+
+
+def step_time(
+    model: ModelSpec,
+    par: Parallelism,
+    seq_len: int,
+    attention: Prediction,
+    profile: HardwareProfile,
+    gpus_per_node: int,
+    dtype: str = "bfloat16",
+    efficiency: MatmulEfficiency | None = None,
+) -> StepTime:
+    """Predicted step time of a plan (see the module docstring); `attention` is the prediction
+    of one layer's attention for one micro-batch (heads of one TP rank, rank stride TP)."""
+    check_zero(par.zero)
+    if model.layers % par.pp:
+        raise CpbenchError(
+            f"layers ({model.layers}) must be divisible by PP ({par.pp})"
+        )
+    eff = efficiency or matmul_efficiency(profile)
+    e = DTYPE_BYTES[canonical_dtype(dtype)]
+    peak = profile.peak_flops(dtype)
+    gemm_rate = peak * eff.value
+    t, p, m, b = par.tp, par.pp, par.micro_batches, par.micro_batch
+    s = seq_len / par.cp
+    layers = model.layers // p
+    passes = 4 if par.recompute == "full" else 3
+    gemm = (
+        layers * layer_gemm_flops(model, s, b, t) * passes
+        + 2.0 * b * s * model.hidden * model.vocab / t * 3
+    ) / gemm_rate
+    attn_layer = attention.forward.total_s + attention.backward.total_s
+    if par.recompute != "none":
+        attn_layer += attention.forward.total_s
+    attn = layers * attn_layer
+    intra = profile.intra_node
+    tp_calls = 8 + (4 if par.recompute == "full" else 0)
+    tp = layers * ring_collective(
+        intra.send_recv, e * b * s * model.hidden, t, intra.devices_per_nic, calls=tp_calls
+    )
+    pp = 0.0
+    if p > 1:
+        model_ranks = t * par.cp * par.dp
+        link = profile.inter_node if model_ranks >= gpus_per_node else intra
+        pp = 2 * link.send_recv.seconds(e * b * s * model.hidden / t, 1, link.devices_per_nic)
+    micro = gemm + attn + tp + pp
+    n = par.zero_group
+    stage_params = max(
+        params_per_rank(model, layers, first, last, p, t)
+        for first, last in (((True, p == 1),) if p == 1 else ((True, False), (False, True)))
+    )
+    dp_link = profile.inter_node if t * n > gpus_per_node else intra
+    cost, sharing = dp_link.send_recv, dp_link.devices_per_nic
+    grads, weights = stage_params * 4, stage_params * 2
+    if par.zero == 0:
+        dp = ring_collective(cost, grads, n, sharing, factor=2.0)
+    elif par.zero < 3:
+        dp = ring_collective(cost, grads, n, sharing) + ring_collective(cost, weights, n, sharing)
+    else:
+        dp = m * (
+            ring_collective(cost, weights, n, sharing, calls=2)
+            + ring_collective(cost, grads, n, sharing)
+        )
+    shard = stage_params / (n if par.zero >= 1 else 1)
+    optimizer = shard * ADAM_BYTES_PER_PARAM / profile.memory_bandwidth
+    sequences = m * b * par.dp
+    return StepTime(
+        gemm_s=m * gemm,
+        attention_s=m * attn,
+        tp_comm_s=m * tp,
+        pp_comm_s=m * pp,
+        bubble_s=(p - 1) * micro,
+        dp_comm_s=dp,
+        optimizer_s=optimizer,
+        micro_batch_s=micro,
+        micro_batches=m,
+        bubble_fraction=(p - 1) / (m + p - 1),
+        matmul_tflops=gemm_rate / 1e12,
+        model_flops=model_flops(model, seq_len, sequences),
+        tokens=sequences * seq_len,
+        world=par.world,
+        peak_flops=peak,
+    )

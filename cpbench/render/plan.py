@@ -1,0 +1,192 @@
+"""Rich renderables of a plan report (the dict of `cpbench.app.plan.to_json`), readable at 80
+columns (every table is a `FitTable`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rich.console import RenderableType
+from rich.text import Text
+
+from cpbench.render.tables import FitTable
+from cpbench.units import format_gib, format_percent, format_seconds
+
+MEMORY_ORDER = (
+    "weights",
+    "gradients",
+    "optimizer",
+    "ZeRO-3 gathered weights",
+    "activations",
+    "recompute working set",
+    "attention buffers",
+    "logits/loss",
+    "runtime reserve",
+)
+
+
+def _seconds(value: float) -> str:
+    """Seconds with 3 significant digits (a step runs from ms to minutes)."""
+    return f"{value:.3g}"
+
+
+def render_plan(report: Mapping[str, Any], top: int = 10) -> list[RenderableType]:
+    """The renderables of a plan report: header, feasible plans, the winner's step and memory,
+    the shortest CP, rejected plans, framework settings, conventions."""
+    q = report["inputs"]
+    m = q["model"]
+    header = Text(
+        f"{m['name']} ({q['parameters'] / 1e9:.2f} B parameters) at L = {q['seq_len']} tokens, "
+        f"global batch {q['global_batch']} x micro-batch {q['micro_batch']} | {q['gpus']} GPUs, "
+        f"{q['gpus_per_node']} per node, {q['hardware']} "
+        f"({format_gib(q['memory_capacity_bytes'], 1)} each) | {q['dtype']}, ZeRO {q['zero']}, "
+        f"recompute {q['recompute']}"
+    )
+    out: list[RenderableType] = [header]
+    feasible = report["feasible"]
+    if feasible:
+        out.append(_feasible_table(feasible, top))
+        winner = feasible[report["winner"] - 1]
+        out.append(_step_table(winner))
+        out.append(_memory_table(winner, q["memory_capacity_bytes"]))
+        shortest = report["shortest_cp"]
+        out.append(Text(
+            f"Shortest CP that fits: CP {shortest['cp']} ({shortest['label']}, rank "
+            f"{shortest['rank']}). The winner holds sequences up to L = {winner['max_seq_len']} "
+            f"tokens."
+        ))
+    else:
+        out.append(Text("No plan fits: see the rejected plans.", style="bold red"))
+    if report["rejected"]:
+        out.extend(_rejected(report["rejected"], top))
+    if report["frameworks"]:
+        out.append(_frameworks_table(report["frameworks"]))
+    out += [Text(f"note: {n}", style="dim") for n in report["notes"]]
+    conventions = report["conventions"]
+    out.append(Text(
+        f"Conventions: {conventions['time']}. {conventions['mfu']}. {conventions['memory']}. "
+        f"{conventions['tokens']}.",
+        style="dim",
+    ))
+    return out
+
+
+def _feasible_table(plans: Sequence[Mapping[str, Any]], top: int) -> FitTable:
+    shown = plans[:top] if top else plans
+    more = f" (top {len(shown)} of {len(plans)}; --top 0 lists all)" if len(shown) < len(plans) else ""
+    table = FitTable(
+        title=f"Feasible plans, fastest step first{more}",
+        caption="step s per optimizer step; attn = attention's share of the step; mem GiB on "
+        "the busiest rank; max L = longest sequence in tokens that fits; tok/s per GPU",
+    )
+    for col in ("#", "TP", "CP UxR", "layout", "PP", "DP", "recompute", "step s", "attn",
+                "tok/s", "MFU", "mem GiB", "max L"):
+        left = col in ("CP UxR", "layout", "recompute")
+        table.add_column(col, justify="left" if left else "right",
+                         key=col in ("#", "TP", "CP UxR"))
+    for p in shown:
+        table.add_row(
+            str(p["rank"]), str(p["tp"]), f"{p['ulysses']}x{p['ring']}", p["layout"], str(p["pp"]),
+            str(p["dp"]), p["recompute"], _seconds(p["step_s"]),
+            format_percent(p["attention_share"], 0), f"{p['tokens_per_s_per_gpu']:.0f}",
+            format_percent(p["mfu"], 1), format_gib(p["memory_bytes"], 1, unit=False),
+            str(p["max_seq_len"]),
+        )
+    return table
+
+
+PART_LABELS = {
+    "gemm": "GEMMs (QKV, out, MLP, logits)",
+    "attention": "attention (cpbench cost model)",
+    "tp_comm": "TP + SP all-gather / reduce-scatter",
+    "pp_comm": "pipeline sends",
+    "bubble": "pipeline bubble",
+    "dp_comm": "DP gradient reduction",
+    "optimizer": "optimizer (Adam)",
+}
+
+
+def _step_table(plan: Mapping[str, Any]) -> FitTable:
+    table = FitTable(
+        title=f"Winner {plan['label']}, {plan['recompute']} recompute: step "
+        f"{_seconds(plan['step_s'])} s, attention {format_percent(plan['attention_share'])} "
+        f"of it, MFU {format_percent(plan['mfu'])}",
+        caption=f"{plan['micro_batches']} micro-batch(es) per DP rank; bubble fraction "
+        f"{format_percent(plan['bubble_fraction'])}; ms per optimizer step",
+    )
+    table.add_column("part", key=True, wrap=True)
+    table.add_column("time ms", justify="right")
+    table.add_column("share", justify="right")
+    total = plan["step_s"]
+    for key, label in PART_LABELS.items():
+        value = plan["parts_s"][key]
+        table.add_row(Text(label), format_seconds(value, 1, unit=False),
+                      format_percent(value / total if total else 0.0))
+    return table
+
+
+def _memory_table(plan: Mapping[str, Any], capacity: float) -> FitTable:
+    stages = plan["memory"]
+    names = list(stages)
+    table = FitTable(
+        title=f"Memory per rank of the winner ({format_gib(plan['memory_bytes'], 1)} of "
+        f"{format_gib(capacity, 1)} on the {plan['memory_stage']} stage)",
+        caption="GiB per rank; formula of the busiest stage",
+        narrow="stack",
+    )
+    table.add_column("component", key=True, wrap=True)
+    for stage in names:
+        table.add_column(f"{stage} GiB", justify="right")
+    table.add_column("how", wrap=True)
+    busiest = stages[plan["memory_stage"]]
+    for name in MEMORY_ORDER:
+        if not any(name in stages[s] for s in names):
+            continue
+        cells = [format_gib(stages[s][name]["bytes"], 2, unit=False) if name in stages[s] else "-"
+                 for s in names]
+        how = busiest[name]["formula"] if name in busiest else ""
+        table.add_row(Text(name), *cells, Text(how))
+    totals = [format_gib(sum(c["bytes"] for c in stages[s].values()), 2, unit=False)
+              for s in names]
+    table.add_row(Text("total"), *totals, Text(""))
+    return table
+
+
+def _rejected(rejected: Sequence[Mapping[str, Any]], top: int) -> list[RenderableType]:
+    memory = sorted((r for r in rejected if r["kind"] == "memory"),
+                    key=lambda r: r["memory_bytes"])
+    rules = [r for r in rejected if r["kind"] != "memory"]
+    out: list[RenderableType] = []
+    if memory:
+        shown = memory[:top] if top else memory
+        more = (f" (the {len(shown)} closest to fitting of {len(memory)}; --top 0 lists all)"
+                if len(shown) < len(memory) else "")
+        table = FitTable(title=f"Rejected: out of memory{more}")
+        table.add_column("plan", key=True, wrap=True)
+        table.add_column("overflowing component", wrap=True)
+        for r in shown:
+            table.add_row(Text(r["label"]), Text(r["rule"]))
+        out.append(table)
+    if rules:
+        table = FitTable(title="Rejected: rules")
+        table.add_column("plans", key=True, wrap=True)
+        table.add_column("rule", wrap=True)
+        grouped: dict[str, list[str]] = {}
+        for r in rules:
+            grouped.setdefault(r["rule"], []).append(r["label"])
+        for rule, labels in grouped.items():
+            table.add_row(Text("; ".join(labels)), Text(rule))
+        out.append(table)
+    return out
+
+
+def _frameworks_table(frameworks: Sequence[Mapping[str, Any]]) -> FitTable:
+    table = FitTable(title="Settings for the winner", narrow="stack")
+    table.add_column("framework", key=True, wrap=True)
+    table.add_column("settings", wrap=True)
+    table.add_column("note", wrap=True)
+    for f in frameworks:
+        name = f["framework"] if f["expressible"] else f"{f['framework']} (cannot express it)"
+        settings = f["settings"].replace(" --", "\n--").replace(", ", ",\n")
+        table.add_row(Text(name), Text(settings), Text(f["note"]))
+    return table
