@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from cpbench.config.constraints import LAYOUTS, AttentionShape
+from cpbench.config.constraints import AttentionShape
+from cpbench.config.vocabulary import GLOBAL_LAYOUTS as LAYOUTS
 from cpbench.errors import CpbenchError
 from cpbench.model.cost import (
     MeshCandidate,

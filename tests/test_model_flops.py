@@ -9,11 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cpbench.config.constraints import (
-    LAYOUTS,
     AttentionShape,
     required_kv_replication,
     seq_divisor,
 )
+from cpbench.config.vocabulary import GLOBAL_LAYOUTS as LAYOUTS
 from cpbench.errors import CpbenchError
 from cpbench.model.flops import (
     FLOPS_CONVENTION,

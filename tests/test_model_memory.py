@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cpbench.config.constraints import LAYOUTS, required_kv_replication, seq_divisor
+from cpbench.config.constraints import required_kv_replication, seq_divisor
+from cpbench.config.vocabulary import GLOBAL_LAYOUTS as LAYOUTS
 from cpbench.config.vocabulary import STEP_PASSES
 from cpbench.errors import CpbenchError
 from cpbench.model.memory import (

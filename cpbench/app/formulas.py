@@ -8,10 +8,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from cpbench.config.constraints import AttentionShape
-from cpbench.config.vocabulary import PASS_TOTALS, PASSES, STEP_PASSES
+from cpbench.config.constraints import AttentionShape, check_mesh
+from cpbench.config.documents import resolve_documents
+from cpbench.config.masks import MaskSpec
+from cpbench.config.vocabulary import LAYOUTS, PASS_TOTALS, PASSES, STEP_PASSES
+from cpbench.errors import CpbenchError
 from cpbench.model.flops import FLOPS_CONVENTION, FlopsBreakdown, flops_breakdown
 from cpbench.model.formulas import (
+    HOPS_NOTE,
     CollectiveVolume,
     CommVolume,
     CpConfig,
@@ -46,6 +50,32 @@ WORK_UNIT = (
 )
 
 
+MASK_CONVENTION = (
+    "per layout on this mask: imbalance = slowest ring rank's pairs / mean; overhead = slowest "
+    "ring rank's pairs / (the mask's pairs / R), imbalance and padding together; padding = "
+    "tokens doc_zigzag adds (and the share of extra pairs they cost); ring steps k of R; bytes "
+    "per rank and layer, forward + backward (ring K/V in the dtype, dK/dV in fp32, plus any "
+    "all-to-all)"
+)
+
+
+def mask_from_options(
+    seq_len: int,
+    causal: bool = True,
+    documents: str | None = None,
+    window: int | None = None,
+    seed: int = 0,
+) -> MaskSpec:
+    """The mask of the `--documents SRC --window W --seed N` options (SRC as
+    `cpbench.config.documents.resolve_documents` takes it); CpbenchError naming a bad value."""
+    docs = None if documents is None else resolve_documents(documents, seq_len, seed)
+    if window is not None and (isinstance(window, bool) or window <= 0):
+        raise CpbenchError(f"--window must be a positive number of tokens, got {window}")
+    return MaskSpec(
+        causal=causal, documents=docs if docs and len(docs) > 1 else None, window=window
+    )
+
+
 # ------------------------------------------------------------------------------- the report
 
 
@@ -60,13 +90,17 @@ def formulas_report(
     layout: str = "contiguous",
     dtype: str = "bfloat16",
     causal: bool = True,
+    mask: MaskSpec | None = None,
 ) -> dict[str, Any]:
-    """Every analytic number of a configuration; CpbenchError when it is infeasible."""
+    """Every analytic number of a configuration; CpbenchError when it is infeasible. `mask`
+    (documents, window; its `causal` wins over `causal`) adds the per-layout comparison."""
     shape = AttentionShape(seq_len, heads, kv_heads, head_dim, batch)
-    config = cp_config(shape, ulysses, ring, layout, dtype)
-    flops = flops_breakdown(shape, ulysses, ring, layout, causal)
+    mask = MaskSpec(causal=causal) if mask is None else mask
+    causal = mask.causal
+    config = cp_config(shape, ulysses, ring, layout, dtype, mask)
+    flops = flops_breakdown(shape, ulysses, ring, layout, causal, mask)
     volume = comm_volume(config)
-    return {
+    report = {
         "inputs": _inputs(config, causal),
         "mesh": _mesh(config),
         "symbols": config.symbols(),
@@ -77,6 +111,57 @@ def formulas_report(
         "work": _work(flops),
         "memory": _memory(memory_estimate(config)),
         "what_if": _what_if(config),
+    }
+    if not mask.plain:
+        report["mask"] = _mask_section(config)
+    return report
+
+
+def _mask_section(config: CpConfig) -> dict[str, Any]:
+    """The mask and every layout side by side on this mesh."""
+    mask, shape = config.mask, config.shape
+    layouts = LAYOUTS if config.ring > 1 and mask.causal else (config.layout,)
+    rows = [_layout_row(config, layout) for layout in layouts]
+    return {
+        "label": mask.label,
+        "kind": mask.kind,
+        "documents": len(mask.documents) if mask.documents else 1,
+        "longest_document": max(mask.documents) if mask.documents else shape.seq_len,
+        "window": mask.window,
+        "ring": config.ring,
+        "convention": MASK_CONVENTION,
+        "hops_note": HOPS_NOTE,
+        "layouts": rows,
+    }
+
+
+def _layout_row(config: CpConfig, layout: str) -> dict[str, Any]:
+    shape, u, r = config.shape, config.ulysses, config.ring
+    feasibility = check_mesh(shape, u, r, layout)
+    if not feasibility.ok:
+        return {"layout": layout, "feasible": False, "reason": feasibility.reason}
+    other = cp_config(shape, u, r, layout, config.dtype, config.mask)
+    work = flops_breakdown(shape, u, r, layout, config.mask.causal, config.mask).work
+    volume = comm_volume(other)
+    k = other.ring_steps
+    return {
+        "layout": layout,
+        "feasible": True,
+        "imbalance": work.imbalance,
+        "overhead": work.overhead,
+        "slowest_ring_rank": work.slowest_ring_rank,
+        "slowest_rank_pairs": float(max(work.ring_rank_pairs)) / u,
+        "ring_rank_pairs": [float(p) for p in work.ring_rank_pairs],
+        "padding_tokens": other.padding,
+        "padding_fraction": work.padding_fraction,
+        "run_len": other.run_len,
+        "ring_steps": k,
+        "kv_hops": other.kv_hops,
+        "dkv_hops": other.dkv_hops,
+        "hops_saved": r - k,
+        "bytes_forward": volume.bytes_sent("forward"),
+        "bytes_backward": volume.bytes_sent("backward"),
+        "bytes_forward_backward": volume.bytes_sent("forward") + volume.bytes_sent("backward"),
     }
 
 
@@ -94,6 +179,9 @@ def _inputs(config: CpConfig, causal: bool) -> dict[str, Any]:
         "dtype": config.dtype,
         "bytes_per_element": config.bytes_per_element,
         "causal": causal,
+        "mask": config.mask.kind,
+        "documents": list(config.mask.documents) if config.mask.documents else None,
+        "window": config.mask.window,
     }
 
 
@@ -108,6 +196,9 @@ def _mesh(config: CpConfig) -> dict[str, Any]:
         "ring_shard_tokens": config.ring_shard,
         "heads_per_rank": config.heads_per_rank,
         "kv_heads_per_rank": config.kv_heads_per_rank,
+        "run_len": config.run_len,
+        "padding_tokens": config.padding,
+        "ring_steps": config.ring_steps,
     }
 
 
@@ -168,7 +259,11 @@ def _stage(stage: StageVolume, symbols: dict[str, int]) -> dict[str, Any]:
 
 def _communication(volume: CommVolume) -> dict[str, Any]:
     symbols = volume.config.symbols()
-    report: dict[str, Any] = {"convention": COUNTING_CONVENTION}
+    report: dict[str, Any] = {
+        "convention": COUNTING_CONVENTION,
+        "hops_note": HOPS_NOTE,
+        "ring_steps": volume.config.ring_steps,
+    }
     for phase in PASSES:
         report[phase] = {
             "stages": [_stage(s, symbols) for s in volume.stages(phase)],
@@ -208,8 +303,10 @@ def _flops(breakdown: FlopsBreakdown) -> dict[str, Any]:
     return {
         "convention": FLOPS_CONVENTION,
         "causal": breakdown.work.causal,
+        "mask": breakdown.work.mask.label,
         "per_pair_per_rank": breakdown.pair_flops,
         "global": {p: breakdown.global_flops(p) for p in PASS_TOTALS},
+        "run": {p: breakdown.run_flops(p) for p in PASS_TOTALS},
         "per_rank": {p: list(breakdown.rank_flops(p)) for p in STEP_PASSES},
         "slowest_rank": {p: breakdown.slowest_rank_flops(p) for p in STEP_PASSES},
         "per_step_slowest_forward": [
@@ -231,6 +328,13 @@ def _work(breakdown: FlopsBreakdown) -> dict[str, Any]:
         "rank_pairs": [float(p) for p in work.rank_pairs],
         "rank_chunk_units": [float(p) for p in work.rank_chunk_units],
         "imbalance": work.imbalance,
+        "overhead": work.overhead,
+        "mask": work.mask.label,
+        "ring_steps": work.steps,
+        "padding_tokens": work.padding,
+        "padding_pairs": float(work.padding_pairs),
+        "padding_fraction": work.padding_fraction,
+        "busiest_step_sum": float(work.busiest_step_sum),
         "step_pairs": (
             [[float(p) for p in step] for step in work.step_pairs] if full_matrix else None
         ),

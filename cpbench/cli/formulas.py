@@ -23,15 +23,33 @@ def formulas(
     layout: Annotated[Layout, typer.Option(help="Token layout.")] = "zigzag",
     dtype: Annotated[Dtype, typer.Option(help="Activation dtype.")] = "bfloat16",
     causal: Annotated[bool, typer.Option("--causal/--no-causal", help="Causal mask.")] = True,
+    documents: Annotated[
+        str | None,
+        typer.Option(
+            help=(
+                "Packed documents: lengths (512,1024,...), a file of lengths (JSON or one per "
+                "line) or a distribution (lognormal:mean=1024, powerlaw:alpha=1.5,min=64, "
+                "uniform:min=64,max=4096), packed into --seq-len."
+            )
+        ),
+    ] = None,
+    window: Annotated[
+        int | None, typer.Option(help="Sliding window W: a query sees the last W keys.")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of a --documents distribution.")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
 ) -> None:
     """Print the analytic communication volumes (formula and value), FLOPs, per-rank causal
-    work and imbalance, memory per rank and tensor shapes of one U x R configuration."""
-    from cpbench.app.formulas import formulas_report  # noqa: PLC0415
+    work and imbalance, memory per rank and tensor shapes of one U x R configuration.
+
+    With --documents and/or --window: the mask-aware work per rank, and every layout side by
+    side (imbalance, padding, ring steps and the hops the window saves, bytes)."""
+    from cpbench.app.formulas import formulas_report, mask_from_options  # noqa: PLC0415
     from cpbench.render.formulas import render_formulas  # noqa: PLC0415
 
+    mask = mask_from_options(seq_len, causal, documents, window, seed)
     report = formulas_report(
-        seq_len, heads, kv_heads, head_dim, batch, ulysses, ring, layout, dtype, causal
+        seq_len, heads, kv_heads, head_dim, batch, ulysses, ring, layout, dtype, causal, mask
     )
     if as_json:
         print(json.dumps(report, indent=1))

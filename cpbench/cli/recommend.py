@@ -44,6 +44,20 @@ def recommend(
         str, typer.Option(help="Activation dtype: bfloat16, float16, float32 (bf16, fp16, fp32).")
     ] = "bfloat16",
     causal: Annotated[bool, typer.Option("--causal/--no-causal", help="Causal mask.")] = True,
+    documents: Annotated[
+        str | None,
+        typer.Option(
+            help=(
+                "Packed documents: lengths (512,1024,...), a file of lengths (JSON or one per "
+                "line) or a distribution (lognormal:mean=4096, ...), packed into --seq-len: "
+                "ranks doc_zigzag and the balanced layout too."
+            )
+        ),
+    ] = None,
+    window: Annotated[
+        int | None, typer.Option(help="Sliding window W: a query sees the last W keys.")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of a --documents distribution.")] = 0,
     tp: Annotated[int, typer.Option(help="Tensor-parallel size (splits the heads first).")] = 1,
     pp: Annotated[int, typer.Option(help="Pipeline-parallel size.")] = 1,
     cp: Annotated[
@@ -75,7 +89,9 @@ def recommend(
     bytes per link tier, memory per rank, longest sequence that fits), the rejected ones with
     the rule that rejects them, why the winner wins, and the settings for Megatron-LM,
     DeepSpeed, yunchang and torchtitan. With --tp/--pp/--cp it also solves
-    world = TP x CP x PP x DP.
+    world = TP x CP x PP x DP. With --documents / --window the model is mask-aware: per-rank
+    work of every layout (doc_zigzag and balanced included), padding, and the ring steps a
+    window skips.
     """
     from cpbench.app import recommend as service  # noqa: PLC0415 - keep `cpbench --help` fast
 
@@ -90,6 +106,9 @@ def recommend(
         hardware=hardware,
         dtype=dtype,
         causal=causal,
+        documents=documents,
+        window=window,
+        seed=seed,
         tp=tp,
         pp=pp,
         cp=cp,

@@ -18,18 +18,23 @@ implementation does (`cpbench/attention/`):
   (`MeshCandidate.kernel`, a record's `config.kernel` or `backend`: `auto` is the profile's
   default family on its device, e.g. FlashAttention-2 on a CUDA profile in bf16); a family the
   profile has no curve for reads the default family's (`Prediction.curve_note` says which).
-- **Compute.** The kernel of a ring step runs at `peak(dtype) x efficiency(L/R)` FLOP/s on
+- **Mask.** The candidate's mask (`MeshCandidate.documents`, `window`) sets the work of every
+  rank at every ring step (`flops.layout_work`: the mask geometry of `model/masking.py` for
+  packed documents, windows and the doc_zigzag / balanced layouts), the ring steps k the mask
+  needs (steps k..R-1 are not run: no compute, no hop, no overhead) and, for doc_zigzag, the
+  run length L_run = L + padding that every byte and FLOP term uses.
+- **Compute.** The kernel of a ring step runs at `peak(dtype) x efficiency(L_run/R)` FLOP/s on
   `flops.py`'s per-step work of the busiest rank (the slowest rank sets the step), plus the
   profile's fixed `step_overhead` per step, plus the memory-bound fp32 work of ring.py at the
   profile's memory bandwidth (forward: the online-softmax merge, 7 passes over the output
   accumulator from step 1 on; backward: the dQ accumulation, 3 passes over Q-sized, and the
   dK/dV accumulation, 7 passes over K/V-sized fp32 tensors, every step); backward = 2.5 x
   forward FLOPs.
-- **Ring.** Forward: steps `s = 0..R-2` post the next K/V hop before computing, so a step takes
+- **Ring.** Forward: steps `s = 0..k-2` post the next K/V hop before computing, so a step takes
   `max(c_s, h) + (1 - overlap) * min(c_s, h)`; the last step computes with no transfer in flight.
-  Backward: K/V hops (steps 0..R-2) and the fp32 dK/dV accumulator hops (posted after each
-  step's compute, in flight during the next step) share the link; the last dK/dV hop home is
-  exposed. (The textbook "max(compute, comm) per step plus the first, unhidden step": here the
+  Backward: K/V hops (steps 0..k-2) and the fp32 dK/dV accumulator hops (posted after each
+  step's compute, in flight during the next step) share the link; the last dK/dV hop (to the
+  owner) is exposed; k = 1 sends nothing. (The textbook "max(compute, comm) per step plus the first, unhidden step": here the
   step computed with nothing in flight is the last forward step, since step 0 computes on the
   own chunk while the first hop travels.)
 - **Ulysses.** The all-to-alls (Q, K/V, O forward; dO, dQ, dK/dV backward) are not overlapped:
@@ -52,8 +57,9 @@ from fractions import Fraction
 from typing import Any, TypeGuard
 
 from cpbench.config.constraints import AttentionShape, check_mesh
+from cpbench.config.masks import MaskSpec
 from cpbench.config.vocabulary import (
-    LAYOUTS,
+    GLOBAL_LAYOUTS,
     PASSES,
     PHASE_PASSES,
     PHASES,
@@ -64,9 +70,9 @@ from cpbench.config.vocabulary import (
 from cpbench.errors import CpbenchError
 from cpbench.model.flops import (
     BACKWARD_FACTOR,
-    attention_flops,
+    LayoutWork,
     flops_per_pair,
-    ring_rank_pairs,
+    layout_work,
     ring_step_pairs,
 )
 from cpbench.model.formulas import (
@@ -117,7 +123,7 @@ class MeshCandidate:
     ring: int
     """R: ring degree."""
     layout: str = "zigzag"
-    """contiguous, zigzag or striped."""
+    """Token layout (`LAYOUTS`): contiguous, zigzag, striped, doc_zigzag or balanced."""
     dtype: str = "bfloat16"
     """Dtype of Q/K/V/O (aliases accepted)."""
     causal: bool = True
@@ -129,16 +135,27 @@ class MeshCandidate:
     kernel: str = "auto"
     """Local attention kernel (`cpbench.model.hardware.KERNEL_NAMES`: auto, sdpa, naive,
     flash_attn, flash_attn3, cudnn, ...): picks the profile's efficiency curve."""
+    documents: tuple[int, ...] | None = None
+    """Lengths of the packed documents (summing to seq_len); None = one sequence."""
+    window: int | None = None
+    """Sliding window W (a query sees the last W keys); None = unbounded."""
 
     def __post_init__(self) -> None:
         check_phase(self.phase)
         if not is_kernel_name(self.kernel):
             raise CpbenchError(f"kernel {self.kernel!r} is not one of {', '.join(KERNEL_NAMES)}")
+        self.mask.check_length(self.shape.seq_len)
 
     @property
     def world(self) -> int:
         """P = U * R."""
         return self.ulysses * self.ring
+
+    @property
+    def mask(self) -> MaskSpec:
+        """The mask: causal or full, documents (one document = none), window."""
+        documents = self.documents if self.documents and len(self.documents) > 1 else None
+        return MaskSpec(causal=self.causal, documents=documents, window=self.window)
 
     def cp_config(self) -> CpConfig:
         """The validated CpConfig; CpbenchError with check_mesh's rule when infeasible."""
@@ -147,7 +164,13 @@ class MeshCandidate:
             self.shape, self.ulysses, self.ring, self.layout, self.kv_replication
         ).raise_if_infeasible()
         return CpConfig(
-            self.shape, self.ulysses, self.ring, self.layout, dtype, feasibility.kv_replication
+            self.shape,
+            self.ulysses,
+            self.ring,
+            self.layout,
+            dtype,
+            feasibility.kv_replication,
+            self.mask,
         )
 
     @classmethod
@@ -169,6 +192,8 @@ class MeshCandidate:
             (str(k) for k in (config.get("kernel"), config.get("backend")) if is_kernel_name(k)),
             "auto",
         )
+        documents = config.get("documents")
+        window = config.get("window")
         return cls(
             shape,
             int(config.get("ulysses", 1)),
@@ -179,22 +204,28 @@ class MeshCandidate:
             config.get("kv_replication"),
             phase,
             kernel,
+            tuple(int(d) for d in documents) if documents else None,
+            None if window is None else int(window),
         )
 
     @classmethod
     def from_cp_config(
         cls, config: CpConfig, causal: bool = True, phase: Phase = "fwd+bwd"
     ) -> MeshCandidate:
-        """From a validated CpConfig (which carries no mask or phase)."""
+        """From a validated CpConfig and a phase; the mask is the config's (`causal=False`
+        turns a plain causal mask into full attention, as before masks existed)."""
+        mask = config.mask
         return cls(
             config.shape,
             config.ulysses,
             config.ring,
             config.layout,
             config.dtype,
-            causal,
+            mask.causal and causal,
             config.kv_replication,
             phase,
+            documents=mask.documents,
+            window=mask.window,
         )
 
 
@@ -329,7 +360,8 @@ class PhaseTime:
     """FLOPs that set the kernel time, summed over steps: the busiest rank's, or on a node with
     more ranks than compute slots the mean rank's x ranks / slots when that is larger."""
     steps: float
-    """Step overheads paid: R per phase (x ranks / slots where the node's share sets a step)."""
+    """Step overheads paid: k per phase, the ring steps run (x ranks / slots where the node's
+    share sets a step)."""
 
     @property
     def hidden_comm_s(self) -> float:
@@ -416,13 +448,23 @@ class Prediction:
     comm_terms: tuple[CommTerm, ...]
     """Linear pieces of the serialised communication time (for calibration)."""
     work_imbalance: float
-    """Slowest / mean rank attention work under the layout (1.0 = balanced)."""
+    """Slowest / mean rank attention work under the layout and mask (1.0 = balanced)."""
     memory_bytes: int
     """Per-rank peak of the phase (memory.py's lower bound for one layer)."""
     memory_capacity_bytes: float
     """The profile's capacity per device."""
     max_seq_len: int
     """Largest sequence (a multiple of the layout's divisor) whose peak fits the capacity."""
+    ring_steps: int = 1
+    """k: ring steps run (R unless the mask lets the ring stop early)."""
+    padding: int = 0
+    """Padding tokens the layout adds (doc_zigzag)."""
+    padding_fraction: float = 0.0
+    """Pairs computed for padding / the mask's pairs."""
+    work_overhead: float = 1.0
+    """Slowest rank's pairs / the ideal share of the mask's pairs (imbalance and padding)."""
+    slowest_ring_rank: int = 0
+    """The ring rank with the most work."""
 
     @property
     def curve_note(self) -> str:
@@ -514,8 +556,11 @@ def closed_form_step_pair_stats(
     Causal step 0 (own shard): n^2/2. Later steps s: contiguous, the R-s ranks after the
     source see the whole chunk (busiest n^2, mean (R-s)n^2/R); zigzag, every rank sees half
     (n^2/2); striped, ranks after the source n(n+1)/2, the s before it n(n-1)/2."""
-    if layout not in LAYOUTS:
-        raise CpbenchError(f"layout {layout!r} is not one of {', '.join(LAYOUTS)}")
+    if layout not in GLOBAL_LAYOUTS:
+        raise CpbenchError(
+            f"layout {layout!r} has no closed form (one of {', '.join(GLOBAL_LAYOUTS)}): its "
+            f"work comes from the mask geometry (mask_step_stats)"
+        )
     n = Fraction(seq_len, ring)
     if not causal:
         return tuple((n * n, n * n) for _ in range(ring))
@@ -529,6 +574,24 @@ def closed_form_step_pair_stats(
             after, before = n * (n + 1) / 2, n * (n - 1) / 2
             stats.append((after, (after * (ring - s) + before * s) / ring))
     return tuple(stats)
+
+
+@functools.lru_cache(maxsize=1024)
+def config_work(config: CpConfig) -> LayoutWork:
+    """The work of every ring rank and ring step of a configuration under its mask."""
+    s = config.shape
+    return layout_work(s.seq_len, config.ulysses, config.ring, config.layout, mask=config.mask)
+
+
+def mask_step_stats(config: CpConfig) -> tuple[tuple[Fraction, Fraction], ...]:
+    """(busiest ring rank, mean over ring ranks) pairs at each of the k ring steps the mask
+    needs: `step_pair_stats` for causal or full attention on a global layout, otherwise the
+    mask geometry's per-step pairs."""
+    if config.packing is None:
+        s = config.shape
+        return step_pair_stats(s.seq_len, config.ring, config.layout, config.mask.causal)
+    work = config_work(config)
+    return tuple(zip(work.step_max_pairs, work.step_mean_pairs, strict=True))
 
 
 # ------------------------------------------------------------------------------ the model
@@ -562,6 +625,7 @@ def predict(
     per_node = gpus_per_node if gpus_per_node is not None else profile.devices_per_node
     place = placement(config.ulysses, config.ring, per_node, rank_stride)
     kernel_seq_len = config.ring_shard
+    work = config_work(config)
     family = profile.kernel_for(candidate.kernel, config.dtype)
     curve_family = family if profile.has_curve(family) else profile.default_kernel
     curve = profile.curve(curve_family)
@@ -591,7 +655,7 @@ def predict(
         backward=backward,
         traffic=_traffic(ctx),
         comm_terms=forward_terms + backward_terms,
-        work_imbalance=_work_imbalance(config, candidate.causal),
+        work_imbalance=work.imbalance,
         memory_bytes=memory_estimate(config).peak(memory_phase),
         memory_capacity_bytes=profile.memory_bytes,
         max_seq_len=max_seq_len_for_budget(
@@ -606,6 +670,11 @@ def predict(
             config.dtype,
             memory_phase,
         ),
+        ring_steps=config.ring_steps,
+        padding=config.padding,
+        padding_fraction=work.padding_fraction,
+        work_overhead=work.overhead,
+        slowest_ring_rank=work.slowest_ring_rank,
     )
 
 
@@ -620,12 +689,6 @@ def _as_candidate(config_like: MeshCandidate | CpConfig | Mapping[str, Any]) -> 
         f"cannot predict a {type(config_like).__name__}: give a MeshCandidate, a CpConfig or a "
         f"results record's config dict"
     )
-
-
-def _work_imbalance(config: CpConfig, causal: bool) -> float:
-    pairs = ring_rank_pairs(config.shape.seq_len, config.ring, config.layout, causal)
-    mean = sum(pairs, Fraction(0)) / len(pairs)
-    return float(max(pairs) / mean) if mean else 1.0
 
 
 def _phase_factor(phase: Pass) -> Fraction:
@@ -647,7 +710,7 @@ def merge_bytes(config: CpConfig, phase: Pass, step: int) -> int:
 def _step_merges(ctx: _Context, phase: Pass) -> list[float]:
     """Memory-bound seconds of each ring step of a phase."""
     c = ctx.config
-    return [merge_bytes(c, phase, s) / ctx.profile.memory_bandwidth for s in range(c.ring)]
+    return [merge_bytes(c, phase, s) / ctx.profile.memory_bandwidth for s in range(c.ring_steps)]
 
 
 @dataclass(frozen=True)
@@ -680,7 +743,7 @@ def _step_costs(ctx: _Context, phase: Pass, merges: list[float]) -> list[_StepCo
     ranks / slots (the slots are shared, so idle ranks lend theirs)."""
     c = ctx.config
     per_pair = flops_per_pair(c.shape, c.ulysses) * _phase_factor(phase)
-    stats = step_pair_stats(c.shape.seq_len, c.ring, c.layout, ctx.candidate.causal)
+    stats = mask_step_stats(c)
     overhead, share = ctx.profile.step_overhead_s, _node_share(ctx)
     costs = []
     for (busiest, mean), merge in zip(stats, merges, strict=True):
@@ -702,9 +765,10 @@ def _phase_time(ctx: _Context, phase: Pass) -> tuple[PhaseTime, tuple[CommTerm, 
     ulysses_s, ulysses_terms = _ulysses_time(ctx, phase)
     ring_total, ring_comm, overlappable, ring_terms = _ring_time(ctx, phase, computes)
     slowest = sum(computes)
-    mean_flops = attention_flops(c.shape, ctx.candidate.causal, phase) / c.world
+    run_pairs = config_work(c).total  # the pairs the ranks compute, padding included
+    mean_flops = float(run_pairs * flops_per_pair(c.shape, 1) * _phase_factor(phase)) / c.world
     balanced = _node_share(ctx) * (
-        mean_flops / ctx.flops_per_s + c.ring * ctx.profile.step_overhead_s + sum(merges)
+        mean_flops / ctx.flops_per_s + c.ring_steps * ctx.profile.step_overhead_s + sum(merges)
     )
     total = ulysses_s + ring_total
     timing = PhaseTime(
@@ -774,8 +838,8 @@ def _ring_time(
     ctx: _Context, phase: Pass, computes: list[float]
 ) -> tuple[float, float, float, tuple[CommTerm, ...]]:
     """(ring stage time, serialised hop time, overlappable time, linear pieces)."""
-    r = ctx.config.ring
-    if r == 1:
+    k = ctx.config.ring_steps
+    if ctx.config.ring == 1 or k == 1:
         return computes[0], 0.0, 0.0, ()
     tier = ctx.placement.ring_tier
     link = ctx.profile.link(tier)
@@ -785,7 +849,7 @@ def _ring_time(
     total = comm = hidden = 0.0
     terms = []
     for s, compute in enumerate(computes):
-        in_flight = (kv if s < r - 1 else 0) + (dkv if s >= 1 else 0)
+        in_flight = (kv if s < k - 1 else 0) + (dkv if s >= 1 else 0)
         if in_flight == 0:
             total += compute
             continue
@@ -795,7 +859,7 @@ def _ring_time(
         total += max(compute, hop) + (1 - overlap) * min(compute, hop)
         terms.append(CommTerm(tier, "send_recv", phase, 1, float(in_flight * sharing)))
     if dkv:
-        home = cost.seconds(dkv, 1, sharing)  # the last dK/dV hop brings it home, exposed
+        home = cost.seconds(dkv, 1, sharing)  # the last dK/dV hop goes to its owner, exposed
         total += home
         comm += home
         terms.append(CommTerm(tier, "send_recv", phase, 1, float(dkv * sharing)))

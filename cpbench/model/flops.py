@@ -13,6 +13,17 @@ does `1/U` of its ring rank's work; global rank `p = j*U + u`. At ring step `s` 
 computes against the K/V chunk of ring rank `(j - s) mod R`.
 
 Everything is closed form over chunks, ranks and steps, never a loop over tokens.
+
+**Masks** (`cpbench.config.masks.MaskSpec`: packed documents, a sliding window) and the layouts
+built for them (`doc_zigzag`, `balanced`) take their work from the mask geometry of
+`cpbench.model.masking`: the pairs of every ring rank at every ring step are those of
+`ring_schedule(pack(...))`, the very kernel calls the ring makes, with the same continuum
+convention (a causal pair on the diagonal counts 1/2). The ring runs only the `steps` ring steps
+the mask needs (`LayoutWork.steps`; R for causal or full attention over one sequence).
+`doc_zigzag` pads documents to multiples of 2R: its ranks compute `L_run = L + padding` tokens,
+and the padding's pairs are reported as overhead (`LayoutWork.padding_fraction`). The closed
+forms above are kept for causal and full attention on the global layouts (they are faster and
+agree with the geometry exactly: tests/test_model_masks.py).
 """
 
 from __future__ import annotations
@@ -21,14 +32,20 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from cpbench.config.constraints import AttentionShape, check_mesh, seq_divisor
-from cpbench.config.vocabulary import LAYOUTS, PASS_TOTALS
+from cpbench.config.masks import MaskSpec
+from cpbench.config.vocabulary import GLOBAL_LAYOUTS, LAYOUTS, PASS_TOTALS
 from cpbench.errors import CpbenchError
+from cpbench.model.masking import Packing, pack, ring_schedule, row_work
 
 FLOPS_CONVENTION = (
     "attention FLOPs count the two matmuls (Q K^T and P V) only: forward = 4*B*h*L^2*d_h for a "
     "full (non-causal) mask and half of it, 2*B*h*L^2*d_h, for a causal mask; backward = 2.5 x "
     "forward (forward+backward = 3.5 x forward); per rank 4*B*(h/U)*d_h FLOPs per attended "
-    "(query, key) pair, a pair on the causal diagonal counting 1/2"
+    "(query, key) pair, a pair on the causal diagonal counting 1/2; under a document or "
+    "sliding-window mask the pairs are those the mask leaves visible (exact count minus half "
+    "the diagonal, the same continuum convention: one causal document of n tokens counts "
+    "n^2/2), and a rank computes the pairs of the blocks it is given (doc_zigzag's padding "
+    "tokens included, counted as padding overhead, never as the mask's FLOPs)"
 )
 BACKWARD_FACTOR = Fraction(5, 2)
 """Backward FLOPs / forward FLOPs."""
@@ -51,6 +68,22 @@ def attention_flops(shape: AttentionShape, causal: bool = True, phase: str = "fo
     """Global attention FLOPs of one layer: 4*B*h*L^2*d_h forward (non-causal), see convention."""
     pairs = total_pairs(shape.seq_len, causal)
     return float(flops_per_pair(shape, 1) * pairs * phase_factor(phase))
+
+
+def mask_pairs(mask: MaskSpec, seq_len: int) -> Fraction:
+    """Attended pairs of a mask over `seq_len` tokens, continuum convention: the exact visible
+    pairs minus half the diagonal (L^2/2 for one causal sequence, L^2 full)."""
+    if mask.plain and (mask.documents is None or len(mask.documents) == 1):
+        mask.check_length(seq_len)
+        return total_pairs(seq_len, mask.causal)
+    explicit = mask.for_length(seq_len)
+    exact = row_work(explicit, 0, seq_len)
+    return Fraction(exact) - (Fraction(seq_len, 2) if mask.causal else 0)
+
+
+def mask_flops(shape: AttentionShape, mask: MaskSpec, phase: str = "forward") -> float:
+    """Global attention FLOPs of one layer under a mask: 4*B*h*d_h per attended pair."""
+    return float(flops_per_pair(shape, 1) * mask_pairs(mask, shape.seq_len) * phase_factor(phase))
 
 
 def flops_per_pair(shape: AttentionShape, ulysses: int = 1) -> int:
@@ -76,6 +109,9 @@ def ring_rank_positions(seq_len: int, ring: int, layout: str, ring_rank: int) ->
     if not 0 <= ring_rank < ring:
         raise CpbenchError(f"ring rank {ring_rank} is outside 0..{ring - 1}")
     shard = seq_len // ring
+    if layout not in GLOBAL_LAYOUTS:
+        runs = pack(MaskSpec(), seq_len, 1, ring, layout).shards[ring_rank]
+        return tuple(range(r.start, r.last + 1, r.stride) for r in runs)
     if layout == "contiguous":
         return (range(ring_rank * shard, (ring_rank + 1) * shard),)
     if layout == "zigzag":
@@ -148,6 +184,12 @@ def chunk_pairs(
     seq_len: int, ring: int, layout: str, query_rank: int, key_rank: int, causal: bool = True
 ) -> Fraction:
     """Pairs ring rank `query_rank` computes against the K/V shard of ring rank `key_rank`."""
+    if layout not in GLOBAL_LAYOUTS:
+        _check_ring_layout(seq_len, ring, layout)
+        step = (query_rank - key_rank) % ring
+        return masked_step_pairs(MaskSpec(causal=causal), seq_len, 1, ring, layout)[step][
+            query_rank
+        ]
     if layout == "striped":
         _check_ring_layout(seq_len, ring, layout)
         return striped_pairs(seq_len // ring, query_rank, key_rank, causal)
@@ -159,8 +201,13 @@ def chunk_pairs(
 def ring_step_pairs(
     seq_len: int, ring: int, layout: str, causal: bool = True
 ) -> tuple[tuple[Fraction, ...], ...]:
-    """`[s][j]`: pairs ring rank j computes at ring step s (K/V of ring rank (j - s) mod R)."""
+    """`[s][j]`: pairs ring rank j computes at ring step s (K/V of ring rank (j - s) mod R);
+    R steps (a step the mask does not need is all zeros)."""
     _check_ring_layout(seq_len, ring, layout)
+    if layout not in GLOBAL_LAYOUTS:
+        steps = masked_step_pairs(MaskSpec(causal=causal), seq_len, 1, ring, layout)
+        zeros = tuple(Fraction(0) for _ in range(ring))
+        return steps + (zeros,) * (ring - len(steps))
     return tuple(
         tuple(chunk_pairs(seq_len, ring, layout, j, (j - s) % ring, causal) for j in range(ring))
         for s in range(ring)
@@ -173,9 +220,12 @@ def ring_rank_pairs(
     """Pairs each ring rank computes over all ring steps (all heads of the ring group).
 
     Closed forms with n = L/R: contiguous n^2*(j + 1/2); zigzag 2R*(L/(2R))^2 for every rank;
-    striped R*n*(n-1)/2 + j*n + n/2.
+    striped R*n*(n-1)/2 + j*n + n/2. doc_zigzag and balanced: the mask geometry.
     """
     _check_ring_layout(seq_len, ring, layout)
+    if layout not in GLOBAL_LAYOUTS:
+        steps = masked_step_pairs(MaskSpec(causal=causal), seq_len, 1, ring, layout)
+        return _column_sums(steps, ring)
     n = seq_len // ring
     if not causal:
         return tuple(Fraction(seq_len * n) for _ in range(ring))
@@ -185,6 +235,45 @@ def ring_rank_pairs(
         chunk = seq_len // (2 * ring)
         return tuple(Fraction(2 * ring * chunk * chunk) for _ in range(ring))
     return tuple(Fraction(ring * n * (n - 1), 2) + j * n + Fraction(n, 2) for j in range(ring))
+
+
+def _column_sums(steps: tuple[tuple[Fraction, ...], ...], ring: int) -> tuple[Fraction, ...]:
+    return tuple(sum((step[j] for step in steps), Fraction(0)) for j in range(ring))
+
+
+# ------------------------------------------------------------------------- masked geometry
+
+
+def uses_closed_form(mask: MaskSpec, layout: str) -> bool:
+    """Causal or full attention over one sequence on a global layout: the closed forms apply
+    (every ring step runs, no padding)."""
+    return mask.plain and layout in GLOBAL_LAYOUTS
+
+
+def packing_of(mask: MaskSpec, seq_len: int, ulysses: int, ring: int, layout: str) -> Packing:
+    """The mask geometry's packing (`cpbench.model.masking.pack`, cached); CpbenchError when
+    the layout cannot cut the sequence."""
+    if layout not in LAYOUTS:
+        raise CpbenchError(f"layout {layout!r} is not one of {', '.join(LAYOUTS)}")
+    return pack(mask, seq_len, ulysses, ring, layout)
+
+
+def masked_step_pairs(
+    mask: MaskSpec, seq_len: int, ulysses: int, ring: int, layout: str
+) -> tuple[tuple[Fraction, ...], ...]:
+    """`[s][j]` for the `steps` ring steps the mask needs: ring rank j's pairs at step s from
+    `ring_schedule(pack(...))`, the diagonal's half taken off at step 0 (causal)."""
+    schedule = ring_schedule(packing_of(mask, seq_len, ulysses, ring, layout))
+    rows = []
+    for t in range(schedule.steps):
+        row = []
+        for j in range(ring):
+            pairs = Fraction(schedule.pairs(j, t))
+            if t == 0 and schedule.causal:
+                pairs -= Fraction(schedule.own_tokens[j], 2)
+            row.append(pairs)
+        rows.append(tuple(row))
+    return tuple(rows)
 
 
 def global_rank(ring_rank: int, ulysses_rank: int, ulysses: int) -> int:
@@ -205,27 +294,49 @@ def imbalance(values: tuple[float, ...] | list[float]) -> float:
 
 @dataclass(frozen=True)
 class LayoutWork:
-    """Attention work of every rank and every ring step under a layout."""
+    """Attention work of every rank and every ring step under a layout and a mask."""
 
     seq_len: int
-    """L."""
+    """L: tokens of the sequence (padding excluded)."""
     ulysses: int
     """U: ranks sharing a ring rank's work by heads."""
     ring: int
     """R: ring ranks the layout spreads the tokens over."""
     layout: str
-    """contiguous, zigzag or striped."""
+    """contiguous, zigzag, striped, doc_zigzag or balanced."""
     causal: bool
     """Causal mask (True) or full attention."""
     step_pairs: tuple[tuple[Fraction, ...], ...]
-    """`[s][j]`: pairs of ring rank j at ring step s, all heads of the ring group."""
+    """`[s][j]`: pairs of ring rank j at ring step s, all heads of the ring group, for the
+    `steps` ring steps the ring runs."""
     ring_rank_pairs: tuple[Fraction, ...]
-    """Pairs of each ring rank over all steps, all heads of the ring group."""
+    """Pairs of each ring rank over all steps, all heads of the ring group (padding included)."""
+    mask: MaskSpec = MaskSpec()
+    """The mask (documents explicit when it has more than one)."""
+    run_len: int = 0
+    """L_run: tokens the ranks hold, padding included (0 = seq_len)."""
+    mask_total: Fraction | None = None
+    """Pairs of the mask over the L real tokens (None = the sum of the ranks' pairs)."""
 
     @property
     def world(self) -> int:
         """P = U * R."""
         return self.ulysses * self.ring
+
+    @property
+    def run_length(self) -> int:
+        """L_run = L + padding."""
+        return self.run_len or self.seq_len
+
+    @property
+    def padding(self) -> int:
+        """Padding tokens the layout adds (doc_zigzag only)."""
+        return self.run_length - self.seq_len
+
+    @property
+    def steps(self) -> int:
+        """Ring steps the mask needs (k <= R): K/V makes k - 1 hops."""
+        return len(self.step_pairs)
 
     @property
     def rank_pairs(self) -> tuple[Fraction, ...]:
@@ -236,8 +347,8 @@ class LayoutWork:
 
     @property
     def chunk_size(self) -> Fraction:
-        """L / (2P): the chunk of the `2P`-chunk unit."""
-        return Fraction(self.seq_len, 2 * self.world)
+        """L_run / (2P): the chunk of the `2P`-chunk unit."""
+        return Fraction(self.run_length, 2 * self.world)
 
     @property
     def rank_chunk_units(self) -> tuple[Fraction, ...]:
@@ -247,24 +358,68 @@ class LayoutWork:
 
     @property
     def total(self) -> Fraction:
-        """Pairs of all ranks: L^2/2 causal, L^2 full."""
+        """Pairs of all ranks: L^2/2 causal, L^2 full (plus the padding's pairs)."""
         return sum(self.ring_rank_pairs, Fraction(0))
 
     @property
+    def useful_total(self) -> Fraction:
+        """Pairs of the mask over the real tokens (padding excluded)."""
+        return self.total if self.mask_total is None else self.mask_total
+
+    @property
+    def padding_pairs(self) -> Fraction:
+        """Pairs the ranks compute for padding tokens."""
+        return self.total - self.useful_total
+
+    @property
+    def padding_fraction(self) -> float:
+        """Padding pairs / the mask's pairs (0 without padding)."""
+        useful = self.useful_total
+        return float(self.padding_pairs / useful) if useful else 0.0
+
+    @property
     def imbalance(self) -> float:
-        """Slowest rank / mean rank."""
+        """Slowest rank / mean rank (of the pairs computed)."""
         return imbalance([float(p) for p in self.ring_rank_pairs])
+
+    @property
+    def overhead(self) -> float:
+        """Slowest rank / its ideal share of the mask's pairs (imbalance x (1 + padding))."""
+        ideal = self.useful_total / self.ring
+        return float(max(self.ring_rank_pairs) / ideal) if ideal else 1.0
+
+    @property
+    def slowest_ring_rank(self) -> int:
+        """The ring rank with the most pairs (the first of equals)."""
+        pairs = self.ring_rank_pairs
+        return pairs.index(max(pairs))
 
     @property
     def step_max_pairs(self) -> tuple[Fraction, ...]:
         """Pairs of the busiest ring rank at each ring step (what sets a step's time)."""
         return tuple(max(step) for step in self.step_pairs)
 
+    @property
+    def step_mean_pairs(self) -> tuple[Fraction, ...]:
+        """Mean pairs over the ring ranks at each ring step."""
+        return tuple(sum(step, Fraction(0)) / self.ring for step in self.step_pairs)
+
+    @property
+    def busiest_step_sum(self) -> Fraction:
+        """Sum over ring steps of the busiest rank's pairs: what a synchronous ring waits for."""
+        return sum(self.step_max_pairs, Fraction(0))
+
 
 def layout_work(
-    seq_len: int, ulysses: int, ring: int, layout: str, causal: bool = True
+    seq_len: int,
+    ulysses: int,
+    ring: int,
+    layout: str,
+    causal: bool = True,
+    mask: MaskSpec | None = None,
 ) -> LayoutWork:
-    """Work of every rank and ring step; seq_len must be a multiple of `seq_divisor`."""
+    """Work of every rank and ring step; seq_len must be a multiple of `seq_divisor`. `mask`
+    (documents, window) replaces `causal` when given."""
     if not isinstance(ulysses, int) or isinstance(ulysses, bool) or ulysses <= 0:
         raise CpbenchError(f"ulysses degree must be a positive integer, got {ulysses!r}")
     _check_ring_layout(seq_len, ring, layout)
@@ -274,14 +429,32 @@ def layout_work(
             f"seq_len ({seq_len}) must be divisible by {divisor} for the {layout} layout on a "
             f"{ulysses} x {ring} mesh"
         )
+    mask = MaskSpec(causal=causal) if mask is None else mask
+    mask.check_length(seq_len)
+    if uses_closed_form(mask, layout):
+        return LayoutWork(
+            seq_len,
+            ulysses,
+            ring,
+            layout,
+            mask.causal,
+            ring_step_pairs(seq_len, ring, layout, mask.causal),
+            ring_rank_pairs(seq_len, ring, layout, mask.causal),
+            mask,
+        )
+    packing = packing_of(mask, seq_len, ulysses, ring, layout)
+    steps = masked_step_pairs(mask, seq_len, ulysses, ring, layout)
     return LayoutWork(
         seq_len,
         ulysses,
         ring,
         layout,
-        causal,
-        ring_step_pairs(seq_len, ring, layout, causal),
-        ring_rank_pairs(seq_len, ring, layout, causal),
+        mask.causal,
+        steps,
+        _column_sums(steps, ring),
+        mask if mask.documents is None or len(mask.documents) == 1 else mask.for_length(seq_len),
+        packing.seq_len,
+        mask_pairs(mask, seq_len),
     )
 
 
@@ -300,8 +473,14 @@ class FlopsBreakdown:
     """Forward FLOPs per pair on one rank: 4*B*(h/U)*d_h."""
 
     def global_flops(self, phase: str = "forward") -> float:
-        """All ranks together; equals `attention_flops`."""
-        return attention_flops(self.shape, self.work.causal, phase)
+        """All ranks together, the mask's pairs only (padding excluded); equals
+        `attention_flops` for causal or full attention."""
+        per_pair = flops_per_pair(self.shape, 1) * phase_factor(phase)
+        return float(self.work.useful_total * per_pair)
+
+    def run_flops(self, phase: str = "forward") -> float:
+        """All ranks together as run (padding included): the sum of `rank_flops`."""
+        return float(self.work.total * flops_per_pair(self.shape, 1) * phase_factor(phase))
 
     def rank_flops(self, phase: str = "forward") -> tuple[float, ...]:
         """FLOPs of each global rank p = j*U + u."""
@@ -322,9 +501,15 @@ class FlopsBreakdown:
 
 
 def flops_breakdown(
-    shape: AttentionShape, ulysses: int, ring: int, layout: str, causal: bool = True
+    shape: AttentionShape,
+    ulysses: int,
+    ring: int,
+    layout: str,
+    causal: bool = True,
+    mask: MaskSpec | None = None,
 ) -> FlopsBreakdown:
-    """FLOPs per rank and step of a mesh (CpbenchError if `check_mesh` rejects it)."""
+    """FLOPs per rank and step of a mesh (CpbenchError if `check_mesh` rejects it); `mask`
+    (documents, window) replaces `causal` when given."""
     check_mesh(shape, ulysses, ring, layout).raise_if_infeasible()
-    work = layout_work(shape.seq_len, ulysses, ring, layout, causal)
+    work = layout_work(shape.seq_len, ulysses, ring, layout, causal, mask)
     return FlopsBreakdown(shape, work, flops_per_pair(shape, ulysses))

@@ -6,7 +6,10 @@ the CLI can print the formula, the formula with the values substituted, and the 
 
 Symbols: `B` batch, `L` global sequence length, `h` query heads, `h_kv` KV heads, `d_h` head dim,
 `d = h*d_h`, `d_kv = h_kv*d_h`, `U` Ulysses degree, `R` ring degree, `c` KV replication,
-`e` bytes per element of the input dtype (fp32 accumulators always use 4).
+`e` bytes per element of the input dtype (fp32 accumulators always use 4), `L_run` the tokens
+the ranks hold (L plus the padding doc_zigzag adds; formulas write `L` when there is none), `k`
+the ring steps the mask needs (k = R for causal or full attention over one sequence; a sliding
+window or packed documents may need fewer: `cpbench.model.masking.RingSchedule.steps`).
 
 Counting convention (it is what the instrumented communicator counts, so analytic bytes equal
 counted bytes): an all-to-all over `U` ranks "sends" the elements a rank hands in minus the `1/U`
@@ -19,11 +22,14 @@ What the implementation sends, per rank and per layer (`S = L/(U*R)` tokens per 
   after replication, `2*B*S*c*h_kv*d_h`, and `a2a_out` hands in `B*S*h*d_h`; backward mirrors it
   with `a2a_dout`, `a2a_dq`, `a2a_dkv` of the same sizes, all in the input dtype.
 - Ring stage (`R > 1`) over the `L/R` tokens of a ring shard with `h/U` query heads and
-  `c*h_kv/U` KV heads: forward `R-1` hops of K/V packed (`2*B*(L/R)*(c*h_kv/U)*d_h` elements,
-  dtype); backward the same `R-1` K/V hops plus `R` hops of the fp32 dK/dV accumulator, which
-  travels with its chunk and makes one final hop home.
+  `c*h_kv/U` KV heads: forward `k-1` hops of K/V packed (`2*B*(L/R)*(c*h_kv/U)*d_h` elements,
+  dtype), at steps 0..k-2 (steps k..R-1 are not run); backward the same `k-1` K/V hops plus `k`
+  hops of the fp32 dK/dV accumulator when k > 1 (none when k = 1), which travels with its chunk
+  and, after step k-1, goes straight to its owner. With k = R that is R-1 K/V hops and R dK/dV
+  hops, the last one to the next neighbour, which is the owner.
 
-The layout permutes tokens; it changes the work of each rank, never these volumes. Pure Python.
+A global layout permutes tokens; it changes the work of each rank, never these volumes. The
+mask changes k (the hops) and doc_zigzag's padding changes L_run (every term). Pure Python.
 """
 
 from __future__ import annotations
@@ -36,8 +42,10 @@ from fractions import Fraction
 from typing import Literal
 
 from cpbench.config.constraints import AttentionShape, check_mesh, scheme_of, seq_divisor
-from cpbench.config.vocabulary import DTYPES, PASSES, Pass, Scheme
+from cpbench.config.masks import MaskSpec
+from cpbench.config.vocabulary import DTYPES, GLOBAL_LAYOUTS, PASSES, Pass, Scheme
 from cpbench.errors import CpbenchError
+from cpbench.model.masking import Packing, pack, ring_schedule
 
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
 DTYPE_ALIASES: dict[str, str] = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -75,11 +83,14 @@ class CpConfig:
     ring: int
     """R: ranks in a ring group."""
     layout: str
-    """Token layout over the ranks: contiguous, zigzag or striped."""
+    """Token layout over the ranks (`LAYOUTS`)."""
     dtype: str
     """Canonical dtype name of Q/K/V/O and of the K/V and activation exchanges."""
     kv_replication: int
     """c: copies of each KV head made before the Ulysses exchange (1 = none)."""
+    mask: MaskSpec = MaskSpec()
+    """The attention mask (documents, window): it sets the ring steps k and, with doc_zigzag,
+    the padding. Causal by default; causal and full attention send the same bytes."""
 
     @property
     def world(self) -> int:
@@ -87,14 +98,58 @@ class CpConfig:
         return self.ulysses * self.ring
 
     @property
+    def packing(self) -> Packing | None:
+        """The mask geometry's packing (None for causal or full attention over one sequence
+        on a global layout: every step runs, nothing is padded)."""
+        if self.mask.plain and self.layout in GLOBAL_LAYOUTS:
+            return None
+        return pack(
+            self.mask,
+            self.shape.seq_len,
+            self.ulysses,
+            self.ring,
+            self.layout,
+        )
+
+    @property
+    def run_len(self) -> int:
+        """L_run: tokens the ranks hold (L plus doc_zigzag's padding)."""
+        packing = self.packing
+        return self.shape.seq_len if packing is None else packing.seq_len
+
+    @property
+    def padding(self) -> int:
+        """Padding tokens the layout adds (doc_zigzag only)."""
+        return self.run_len - self.shape.seq_len
+
+    @property
+    def ring_steps(self) -> int:
+        """k: ring steps the mask needs (R for causal or full attention over one sequence)."""
+        packing = self.packing
+        if packing is None or self.ring == 1:
+            return self.ring
+        return ring_schedule(packing).steps
+
+    @property
+    def kv_hops(self) -> int:
+        """K/V hops per pass: k - 1."""
+        return self.ring_steps - 1
+
+    @property
+    def dkv_hops(self) -> int:
+        """fp32 dK/dV hops in the backward: k when k > 1, none when k = 1."""
+        k = self.ring_steps
+        return k if k > 1 else 0
+
+    @property
     def tokens_per_rank(self) -> int:
-        """S = L / (U*R): tokens a rank holds before and after attention."""
-        return self.shape.seq_len // self.world
+        """S = L_run / (U*R): tokens a rank holds before and after attention."""
+        return self.run_len // self.world
 
     @property
     def ring_shard(self) -> int:
-        """L / R: tokens of a ring shard (what a rank sees after the Ulysses exchange)."""
-        return self.shape.seq_len // self.ring
+        """L_run / R: tokens of a ring shard (what a rank sees after the Ulysses exchange)."""
+        return self.run_len // self.ring
 
     @property
     def heads_per_rank(self) -> int:
@@ -122,6 +177,8 @@ class CpConfig:
         return {
             "B": s.batch,
             "L": s.seq_len,
+            "L_run": self.run_len,
+            "k": self.ring_steps,
             "h": s.heads,
             "h_kv": s.kv_heads,
             "d_h": s.head_dim,
@@ -140,11 +197,15 @@ def cp_config(
     ring: int = 1,
     layout: str = "contiguous",
     dtype: str = "bfloat16",
+    mask: MaskSpec | None = None,
 ) -> CpConfig:
-    """Validate a configuration with `check_mesh`; CpbenchError with its reason if infeasible."""
+    """Validate a configuration with `check_mesh` (and the mask against the length);
+    CpbenchError with its reason if infeasible."""
     canonical = canonical_dtype(dtype)
     feasibility = check_mesh(shape, ulysses, ring, layout).raise_if_infeasible()
-    return CpConfig(shape, ulysses, ring, layout, canonical, feasibility.kv_replication)
+    mask = MaskSpec() if mask is None else mask
+    mask.check_length(shape.seq_len)
+    return CpConfig(shape, ulysses, ring, layout, canonical, feasibility.kv_replication, mask)
 
 
 def config_from_sizes(
@@ -157,15 +218,16 @@ def config_from_sizes(
     ring: int = 1,
     layout: str = "contiguous",
     dtype: str = "bfloat16",
+    mask: MaskSpec | None = None,
 ) -> CpConfig:
     """`cp_config` from plain sizes (AttentionShape validates them)."""
     shape = AttentionShape(seq_len, heads, kv_heads, head_dim, batch)
-    return cp_config(shape, ulysses, ring, layout, dtype)
+    return cp_config(shape, ulysses, ring, layout, dtype, mask)
 
 
 # ----------------------------------------------------------------------------------- formulas
 
-_SYMBOL = re.compile(r"\b(B|L|h_kv|h|d_h|d_kv|d|U|R|c|e)\b")
+_SYMBOL = re.compile(r"\b(B|L_run|L|h_kv|h|d_h|d_kv|d|U|R|c|e|k)\b")
 
 
 def substitute(formula: str, symbols: Mapping[str, int]) -> str:
@@ -355,11 +417,12 @@ def ulysses_elements_sent(config: CpConfig, phase: Pass = "forward") -> int:
 
 
 def ring_elements_sent(config: CpConfig, phase: Pass = "forward") -> int:
-    """Elements a rank sends in the ring stage: (R-1) K/V hops, plus R dK/dV hops backward."""
+    """Elements a rank sends in the ring stage: (k-1) K/V hops, plus k dK/dV hops backward
+    (none when k = 1); k = R for causal or full attention over one sequence."""
     _check_phase(phase)
     if config.ring == 1:
         return 0
-    hops = config.ring - 1 if phase == "forward" else 2 * config.ring - 1
+    hops = config.kv_hops if phase == "forward" else config.kv_hops + config.dkv_hops
     return hops * ring_kv_chunk_elements(config)
 
 
@@ -369,10 +432,10 @@ def ring_bytes_sent(config: CpConfig, phase: Pass = "forward") -> int:
     if config.ring == 1:
         return 0
     chunk = ring_kv_chunk_elements(config)
-    kv_bytes = (config.ring - 1) * chunk * config.bytes_per_element
+    kv_bytes = config.kv_hops * chunk * config.bytes_per_element
     if phase == "forward":
         return kv_bytes
-    return kv_bytes + config.ring * chunk * FP32_BYTES
+    return kv_bytes + config.dkv_hops * chunk * FP32_BYTES
 
 
 def _check_phase(phase: str) -> None:
@@ -383,9 +446,15 @@ def _check_phase(phase: str) -> None:
 # ---------------------------------------------------------------------- formulas (symbolic)
 
 
+def _length_symbol(config: CpConfig) -> str:
+    """`L`, or `L_run` when the layout pads."""
+    return "L_run" if config.padding else "L"
+
+
 def _tokens_symbol(config: CpConfig) -> str:
     """S = L/(U*R) written as simply as the mesh allows."""
-    return "(L/U)" if config.ring == 1 else "(L/(U*R))"
+    length = _length_symbol(config)
+    return f"({length}/U)" if config.ring == 1 else f"({length}/(U*R))"
 
 
 def _ring_kv_heads_symbol(config: CpConfig) -> str:
@@ -436,9 +505,17 @@ def ulysses_stage(config: CpConfig, phase: Pass) -> StageVolume | None:
     return StageVolume("ulysses", phase, collectives, formula, f"e*{formula}")
 
 
+def _kv_hops_symbol(config: CpConfig) -> str:
+    """`(R-1)` when every ring step runs, else `(k-1)`."""
+    return "(R-1)" if config.ring_steps == config.ring else "(k-1)"
+
+
 def _ring_hops(config: CpConfig, name: str, phase: Pass, hops: int, fp32: bool) -> CollectiveVolume:
-    chunk_formula = f"2*B*(L/R)*{_ring_kv_heads_symbol(config)}*d_h"
-    hops_symbol = "(R-1)" if hops == config.ring - 1 else "R"
+    chunk_formula = f"2*B*({_length_symbol(config)}/R)*{_ring_kv_heads_symbol(config)}*d_h"
+    if name == "p2p_kv":
+        hops_symbol = _kv_hops_symbol(config)
+    else:
+        hops_symbol = "R" if config.ring_steps == config.ring else "k"
     return CollectiveVolume(
         name=name,
         stage="ring",
@@ -462,13 +539,19 @@ def ring_stage(config: CpConfig, phase: Pass) -> StageVolume | None:
     if r == 1:
         return None
     width = _ring_kv_width_symbol(config)
-    kv = _ring_hops(config, "p2p_kv", phase, r - 1, fp32=False)
-    if phase == "forward":
-        formula = f"2*B*L*{width}*(R-1)/R"
-        return StageVolume("ring", phase, (kv,), formula, f"e*{formula}")
-    dkv = _ring_hops(config, "p2p_dkv", phase, r, fp32=True)
-    formula = f"2*B*L*{width}*(2*R-1)/R"
-    bytes_formula = f"e*2*B*L*{width}*(R-1)/R + 4*2*B*L*{width}"
+    length, hops = _length_symbol(config), _kv_hops_symbol(config)
+    kv = _ring_hops(config, "p2p_kv", phase, config.kv_hops, fp32=False)
+    kv_formula = f"2*B*{length}*{width}*{hops}/R"
+    if phase == "forward" or config.dkv_hops == 0:
+        return StageVolume("ring", phase, (kv,), kv_formula, f"e*{kv_formula}")
+    dkv = _ring_hops(config, "p2p_dkv", phase, config.dkv_hops, fp32=True)
+    if config.ring_steps == r:
+        formula = f"2*B*{length}*{width}*(2*R-1)/R"
+        dkv_formula = f"4*2*B*{length}*{width}"
+    else:
+        formula = f"2*B*{length}*{width}*(2*k-1)/R"
+        dkv_formula = f"4*2*B*{length}*{width}*k/R"
+    bytes_formula = f"e*{kv_formula} + {dkv_formula}"
     return StageVolume("ring", phase, (kv, dkv), formula, bytes_formula)
 
 
@@ -521,6 +604,12 @@ def bandwidths(
     """(algbw, busbw) in bytes/s of one call of `size_bytes` that took `seconds`."""
     alg = algbw(size_bytes, seconds)
     return alg, busbw(alg, kind, group_size)
+
+
+HOPS_NOTE = (
+    "k = ring steps the mask needs (R without a window or packed documents): K/V makes k-1 hops "
+    "per pass, the fp32 dK/dV accumulator k (none when k = 1); steps k..R-1 are skipped"
+)
 
 
 def seq_len_divisor(config: CpConfig) -> int:

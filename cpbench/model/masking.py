@@ -37,6 +37,7 @@ Pure Python, closed form over runs of positions and documents (never a loop over
 from __future__ import annotations
 
 import bisect
+import itertools
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -231,14 +232,26 @@ def _coalesce(pieces: list[Piece]) -> list[Piece]:
 
 def block_pieces(mask: MaskSpec, q_shard: Shard, k_shard: Shard) -> tuple[Piece, ...]:
     """The kernel calls of a query shard against a key shard (both of one packed sequence,
-    `mask` with explicit documents); empty when no pair is visible."""
+    `mask` with explicit documents); empty when no pair is visible. A shard's runs are
+    disjoint and in increasing order, so the key runs a query run can see (keys from the
+    start of its first query's document, or its window, up to its last query) are one range
+    of them, found by bisection."""
     pieces: list[Piece] = []
+    k_offsets = list(itertools.accumulate((k.length for k in k_shard), initial=0))
+    k_starts = [k.start for k in k_shard]
+    k_lasts = [k.last for k in k_shard]
     q_off = 0
     for q in q_shard:
-        k_off = 0
-        for k in k_shard:
-            pieces.extend(_run_pieces(mask, q, q_off, k, k_off))
-            k_off += k.length
+        if mask.causal:
+            lowest = mask.starts[mask.document_of(q.start)]
+            if mask.window is not None:
+                lowest = max(lowest, q.start - mask.window + 1)
+            first = bisect.bisect_left(k_lasts, lowest)
+            last = bisect.bisect_right(k_starts, q.last)
+        else:
+            first, last = 0, len(k_shard)
+        for i in range(first, last):
+            pieces.extend(_run_pieces(mask, q, q_off, k_shard[i], k_offsets[i]))
         q_off += q.length
     return tuple(_coalesce(pieces))
 

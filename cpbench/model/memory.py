@@ -10,7 +10,9 @@ slack) is counted, hence a lower bound.
 Notation: `S = L/(U*R)` tokens per rank, `n = L/R` tokens of a ring shard, `h/U` query heads and
 `c*h_kv/U` KV heads per rank after the Ulysses exchange, `e` bytes of the dtype, fp32 = 4.
 For pure ring (U = 1) the ring-level tensors are the local shards and are counted once.
-Every item is proportional to L, so `max_seq_len_for_budget` is a closed form.
+Every length is the run length L_run (L plus doc_zigzag's padding; `CpConfig.run_len`), so a
+layout that pads holds the padding too. Every item is proportional to L_run, so
+`max_seq_len_for_budget` is a closed form (for doc_zigzag at the lengths that pad nothing).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cpbench.config.constraints import AttentionShape, seq_divisor
+from cpbench.config.masks import MaskSpec
 from cpbench.config.vocabulary import STEP_PASSES, Pass, StepPasses
 from cpbench.errors import CpbenchError
 from cpbench.model.formulas import DTYPE_BYTES, CpConfig, canonical_dtype, cp_config
@@ -235,10 +238,11 @@ def memory_for_sizes(
     ring: int = 1,
     layout: str = "contiguous",
     dtype: str = "bfloat16",
+    mask: MaskSpec | None = None,
 ) -> MemoryEstimate:
-    """`memory_estimate` from plain sizes."""
+    """`memory_estimate` from plain sizes (the mask sets doc_zigzag's padding)."""
     shape = AttentionShape(seq_len, heads, kv_heads, head_dim, batch)
-    return memory_estimate(cp_config(shape, ulysses, ring, layout, dtype))
+    return memory_estimate(cp_config(shape, ulysses, ring, layout, dtype, mask))
 
 
 def max_seq_len_for_budget(
@@ -256,7 +260,8 @@ def max_seq_len_for_budget(
     """Longest L, a multiple of `seq_divisor(U, R, layout)`, whose per-rank peak fits the budget.
 
     Every item is proportional to L, so peak(L) = peak(D) * L / D with D the divisor and the
-    answer is floor(budget / peak(D)) * D; 0 when not even D fits.
+    answer is floor(budget / peak(D)) * D; 0 when not even D fits. doc_zigzag (which pads any
+    length) answers with the zigzag divisor: one document of such a length needs no padding.
     """
     if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, (int, float)):
         raise CpbenchError(f"memory budget must be a number of bytes, got {budget_bytes!r}")
@@ -264,7 +269,8 @@ def max_seq_len_for_budget(
         raise CpbenchError(f"memory budget must be positive, got {budget_bytes} bytes")
     _check_phase(phase)
     canonical_dtype(dtype)
-    divisor = seq_divisor(ulysses, ring, layout) if _positive_ints(ulysses, ring) else 1
+    divisor_layout = "zigzag" if layout == "doc_zigzag" else layout
+    divisor = seq_divisor(ulysses, ring, divisor_layout) if _positive_ints(ulysses, ring) else 1
     unit = memory_for_sizes(divisor, heads, kv_heads, head_dim, batch, ulysses, ring, layout, dtype)
     return int(budget_bytes // unit.peak(phase)) * divisor
 

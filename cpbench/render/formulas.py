@@ -27,9 +27,44 @@ def render_formulas(report: dict[str, Any]) -> list[Table]:
         _nccl_table(report),
         _flops_table(report),
         _work_table(report),
+        *([_mask_table(report)] if "mask" in report else []),
         _memory_table(report),
         _what_if_table(report),
     ]
+
+
+def _mask_table(report: dict[str, Any]) -> Table:
+    mask = report["mask"]
+    window = f", window {mask['window']}" if mask["window"] else ""
+    table = FitTable(
+        title=(
+            f"Layouts under {mask['label']} ({mask['documents']} documents, longest "
+            f"{mask['longest_document']} tokens{window}; ring of {mask['ring']})"
+        ),
+        caption=f"{mask['convention']}; {mask['hops_note']}",
+    )
+    table.add_column("layout", key=True)
+    for column in ("imbalance", "overhead", "padding", "ring steps", "K/V hops", "bytes fwd+bwd"):
+        table.add_column(column, justify="right")
+    for row in mask["layouts"]:
+        if not row["feasible"]:
+            table.add_row(row["layout"], "infeasible", "", "", "", "", row["reason"])
+            continue
+        padding = (
+            f"{row['padding_tokens']} tok (+{row['padding_fraction']:.2%} pairs)"
+            if row["padding_tokens"]
+            else "none"
+        )
+        table.add_row(
+            row["layout"],
+            f"{row['imbalance']:.3f}x",
+            f"{row['overhead']:.3f}x",
+            padding,
+            f"{row['ring_steps']} of {mask['ring']}",
+            str(row["kv_hops"]),
+            format_bytes(row["bytes_forward_backward"]),
+        )
+    return table
 
 
 def _configuration_table(report: dict[str, Any]) -> Table:
@@ -71,7 +106,10 @@ def _shapes_table(report: dict[str, Any]) -> Table:
 
 def _communication_table(report: dict[str, Any]) -> Table:
     comm = report["communication"]
-    table = FitTable(title="Communication per rank, one layer", caption=comm["convention"])
+    caption = comm["convention"]
+    if report["inputs"]["ring"] > 1:
+        caption += f"; {comm['hops_note']} (here k = {comm['ring_steps']})"
+    table = FitTable(title="Communication per rank, one layer", caption=caption)
     table.add_column("phase", key=True)
     table.add_column("collective", key=True, wrap=True)
     table.add_column("calls", priority=0)
@@ -160,8 +198,9 @@ def _work_table(report: dict[str, Any]) -> Table:
     work, flops, mesh = report["work"], report["flops"], report["mesh"]
     u = report["inputs"]["ulysses"]
     table = FitTable(
-        title=f"Work per rank ({work['layout']}, {'causal' if work['causal'] else 'full'})",
-        caption=f"imbalance (slowest / mean) = {work['imbalance']:.4f}; unit: {work['unit']}",
+        title=f"Work per rank ({work['layout']}, {work['mask']})",
+        caption=f"imbalance (slowest / mean) = {work['imbalance']:.4f}; ring steps "
+        f"{work['ring_steps']}; padding {work['padding_tokens']} tokens; unit: {work['unit']}",
     )
     for column in ("ring rank", "global ranks"):
         table.add_column(column, key=column == "ring rank")

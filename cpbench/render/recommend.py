@@ -18,7 +18,8 @@ def render_recommendation(report: Mapping[str, Any]) -> list[RenderableType]:
     q, s = report["inputs"], report["parallel"]
     header = Text(
         f"L={q['seq_len']} heads={q['heads']} kv_heads={q['kv_heads']} head_dim={q['head_dim']} "
-        f"micro-batch={q['batch']} {q['dtype']} {'causal' if q['causal'] else 'full'} "
+        f"micro-batch={q['batch']} {q['dtype']} "
+        f"{q.get('mask_label') or ('causal' if q['causal'] else 'full')} "
         f"{q['phase']} | {q['gpus']} GPUs, {q['gpus_per_node']} per node, {q['hardware']} | "
         f"{s['world_formula']}"
     )
@@ -55,11 +56,18 @@ def render_recommendation(report: Mapping[str, Any]) -> list[RenderableType]:
 def _candidates_table(report: Mapping[str, Any]) -> FitTable:
     shown, feasible = len(report["candidates"]), report["feasible"]
     more = f" (top {shown} of {feasible}; --top 0 lists all)" if shown < feasible else ""
-    table = FitTable(
-        title=f"Feasible candidates, fastest first{more}",
-        caption="times in ms per attention layer and micro-batch; GB = 1e9 bytes per rank and "
-        "layer; mem GiB per rank; max L in tokens",
+    masked = report["inputs"].get("mask", "causal") not in ("causal", "full")
+    caption = (
+        "times in ms per attention layer and micro-batch; GB = 1e9 bytes per rank and "
+        "layer; mem GiB per rank; max L in tokens"
     )
+    if masked:
+        caption += (
+            "; work x = slowest ring rank's work / mean; steps = ring steps run of R; pad = "
+            "padding tokens"
+        )
+    table = FitTable(title=f"Feasible candidates, fastest first{more}", caption=caption)
+    mask_columns = ("work x", "steps", "pad") if masked else ()
     for col in (
         "#",
         "U x R",
@@ -73,6 +81,7 @@ def _candidates_table(report: Mapping[str, Any]) -> FitTable:
         "inter GB",
         "mem GiB",
         "max L",
+        *mask_columns,
         "source",
     ):
         table.add_column(
@@ -95,6 +104,15 @@ def _candidates_table(report: Mapping[str, Any]) -> FitTable:
             format_gb(tiers["inter_node"], unit=False),
             format_gib(c["memory_bytes"], unit=False),
             str(c["max_seq_len"]),
+            *(
+                (
+                    f"{c['work_imbalance']:.2f}",
+                    f"{c['ring_steps']}/{c['ring']}",
+                    str(c["padding_tokens"]),
+                )
+                if masked
+                else ()
+            ),
             c["source"],
         )
     return table

@@ -40,7 +40,10 @@ def explain(ranked: Sequence[RankedCandidate], profile: HardwareProfile) -> str:
         f"(all-to-all is never overlapped; ring hops hide behind the kernels when a step's "
         f"compute is longer than its hop)."
     )
-    parts.append(_balance_sentence(p))
+    balance = _balance_sentence(p)
+    if balance:
+        parts.append(balance)
+    parts.extend(mask_sentences(ranked))
     parts.append(
         f"The kernel works on L/R = {p.kernel_seq_len} tokens at {p.attention_tflops:.1f} TFLOP/s "
         f"per rank; {c.heads_per_rank} query head(s) and {c.kv_heads_per_rank} KV head(s) per rank "
@@ -70,6 +73,15 @@ def _balance_sentence(p: Prediction) -> str:
     c = p.config
     if not p.candidate.causal:
         return "Without a causal mask every rank does the same work."
+    if c.ring == 1 and not c.mask.plain:
+        return (
+            f"Ulysses is balanced under any mask ({c.mask.label}): after the all-to-all every "
+            f"rank sees the whole ring-level sequence with h/U = {c.heads_per_rank} head(s), so "
+            f"the document mix and the window cost neither imbalance nor padding nor extra "
+            f"hops."
+        )
+    if not c.mask.plain:
+        return ""
     if c.ring == 1:
         return (
             "No causal imbalance: after the all-to-all every rank holds the whole sequence "
@@ -84,6 +96,99 @@ def _balance_sentence(p: Prediction) -> str:
         f"The {c.layout} layout leaves causal imbalance (slowest / mean rank "
         f"{p.work_imbalance:.2f}, {format_seconds(p.phase_time.imbalance_s, 2)} per step)."
     )
+
+
+def _same_mesh(ranked: Sequence[RankedCandidate], best: Prediction) -> dict[str, Prediction]:
+    mesh = (best.config.ulysses, best.config.ring)
+    out: dict[str, Prediction] = {}
+    for r in ranked:
+        c = r.prediction.config
+        if (c.ulysses, c.ring) == mesh:
+            out.setdefault(c.layout, r.prediction)
+    return out
+
+
+def _padding_text(p: Prediction) -> str:
+    if not p.padding:
+        return "no padding"
+    return f"{p.padding} padding tokens (+{p.padding_fraction:.2%} pairs)"
+
+
+def mask_sentences(ranked: Sequence[RankedCandidate]) -> list[str]:
+    """Why the layout under a document or window mask: every layout's work on the winner's
+    mesh (imbalance, padding) and the ring steps a window lets the ring skip."""
+    mask = ranked[0].prediction.config.mask
+    if mask.plain or not mask.causal:
+        return []
+    ring_ranked = [r for r in ranked if r.prediction.config.ring > 1]
+    if not ring_ranked:
+        return []
+    best = ring_ranked[0].prediction
+    c = best.config
+    layouts = _same_mesh(ring_ranked, best)
+    r = c.ring
+    out: list[str] = []
+    if ranked[0].prediction.config.ring == 1:
+        out.append(
+            f"Should a ring be needed (more ranks than KV heads allow, or an inter-node "
+            f"all-to-all), the fastest ring mesh is {ring_ranked[0].label} "
+            f"({format_seconds(ring_ranked[0].time_s, 2)})."
+        )
+    docs = mask.documents is not None and len(mask.documents) > 1
+    if docs:
+        pieces = []
+        zigzag = layouts.get("zigzag")
+        if zigzag is not None:
+            pieces.append(
+                f"global zigzag leaves ring rank {zigzag.slowest_ring_rank} with "
+                f"{zigzag.work_imbalance:.2f}x the mean work on this document mix "
+                f"({len(mask.documents or ())} documents)"
+            )
+        balanced = layouts.get("balanced")
+        if balanced is not None:
+            pieces.append(
+                f"the balanced layout brings it to {balanced.work_imbalance:.2f}x with no padding"
+            )
+        doc = layouts.get("doc_zigzag")
+        if doc is not None:
+            pieces.append(
+                f"doc_zigzag is at {doc.work_imbalance:.2f}x with {_padding_text(doc)}"
+            )
+        if pieces:
+            out.append(f"On {c.ulysses}x{r}: " + "; ".join(pieces) + ".")
+    if mask.window is not None:
+        contiguous, zigzag = layouts.get("contiguous"), layouts.get("zigzag")
+        if contiguous is not None and contiguous.ring_steps == r:
+            out.append(
+                f"The window ({mask.window} tokens) saves no ring step on a ring of {r}: "
+                f"every step has keys some query sees."
+            )
+        elif contiguous is not None:
+            k = contiguous.ring_steps
+            text = (
+                f"The window ({mask.window} tokens) needs {k} of {r} ring steps on contiguous "
+                f"({k - 1} K/V hops instead of {r - 1})"
+            )
+            if zigzag is not None:
+                text += f"; zigzag needs {zigzag.ring_steps}" + (
+                    " (all of them)" if zigzag.ring_steps == r else ""
+                )
+            out.append(text + ".")
+    elif docs:
+        skipped = [(name, p.ring_steps) for name, p in layouts.items() if p.ring_steps < r]
+        if skipped:
+            listed = ", ".join(f"{name} {k}" for name, k in skipped)
+            out.append(
+                f"No query sees past its document, so some layouts run fewer than {r} ring "
+                f"steps ({listed})."
+            )
+    role = "winner" if best is ranked[0].prediction else "fastest ring mesh"
+    out.append(
+        f"The {role}'s {c.layout} layout runs {best.ring_steps} of {r} ring steps at "
+        f"{best.work_imbalance:.2f}x the mean work (slowest ring rank {best.slowest_ring_rank}) "
+        f"with {_padding_text(best)}."
+    )
+    return out
 
 
 def no_winner(rejected: Sequence[Rejection]) -> str:

@@ -23,11 +23,74 @@ def framework_settings(
             FrameworkSetting(name, True, "-", none)
             for name in ("Megatron-LM", "DeepSpeed", "yunchang", "torchtitan")
         )
-    return (
+    settings = (
         megatron_setting(best, sizes),
         deepspeed_setting(best, ranked),
         yunchang_setting(best, sizes),
         torchtitan_setting(best, ranked),
+    )
+    mask = best.config.mask
+    if mask.plain:
+        return settings
+    return tuple(_with_mask_note(s, best) for s in settings) + (ring_flash_setting(best),)
+
+
+PACKED_DOCUMENT_NOTES: dict[str, str] = {
+    "Megatron-LM": (
+        "packed documents: THD format (PackedSeqParams with cu_seqlens) and every sequence "
+        "padded to a multiple of 2 x CP (Transformer Engine's per-document zigzag, cpbench's "
+        "doc_zigzag); it has no work-balanced layout"
+    ),
+    "DeepSpeed": (
+        "packed documents: Ulysses leaves each rank the whole sequence, so the kernel's own "
+        "varlen / document mask applies; whether your DeepSpeed version passes cu_seqlens "
+        "through the sequence-parallel all-to-all is unknown to cpbench"
+    ),
+    "yunchang": (
+        "packed documents: cpbench found no varlen (cu_seqlens) entry point documented for "
+        "LongContextAttention: unknown; its ring part comes from ring-flash-attn, which has one"
+    ),
+    "torchtitan": (
+        "packed documents: block_causal (document) masks go through FlexAttention "
+        "(pytorch/torchtitan#1001); with CP the load balancer changes for block_causal in "
+        "recent versions: check that yours supports CP with it"
+    ),
+}
+WINDOW_NOTE = (
+    "sliding window: cpbench skips the ring steps no query can see; check that the framework "
+    "passes the window to its kernels under CP rather than dropping it"
+)
+
+
+def _with_mask_note(setting: FrameworkSetting, p: Prediction) -> FrameworkSetting:
+    mask = p.config.mask
+    notes = [setting.note.rstrip(".")]
+    if mask.documents is not None and len(mask.documents) > 1:
+        notes.append(PACKED_DOCUMENT_NOTES[setting.framework])
+    if mask.window is not None:
+        notes.append(WINDOW_NOTE)
+    return FrameworkSetting(
+        setting.framework, setting.expressible, setting.settings, "; ".join(notes) + "."
+    )
+
+
+def ring_flash_setting(p: Prediction) -> FrameworkSetting:
+    """ring-flash-attn's varlen zigzag for packed documents (ring only)."""
+    c = p.config
+    expressible = c.ulysses == 1
+    note = (
+        "packed documents: zigzag_ring_flash_attn_varlen_func with cu_seqlens, every document "
+        "cut into 2 x ring chunks (cpbench's doc_zigzag, each length a multiple of 2 x ring)"
+    )
+    if not expressible:
+        note += f"; ring only: it cannot express Ulysses (U = {c.ulysses})"
+    if p.config.mask.window is not None:
+        note += f"; {WINDOW_NOTE}"
+    return FrameworkSetting(
+        "ring-flash-attn",
+        expressible,
+        "zigzag_ring_flash_attn_varlen_func(q, k, v, cu_seqlens, max_seqlen, causal=True)",
+        note + ".",
     )
 
 

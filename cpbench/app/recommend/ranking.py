@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from cpbench.app.formulas import mask_from_options
 from cpbench.app.recommend.explain import explain, no_winner
 from cpbench.app.recommend.frameworks import framework_settings
 from cpbench.app.recommend.parallel import (
@@ -24,7 +25,8 @@ from cpbench.app.recommend.types import (
 )
 from cpbench.config.bench import check_positive_int, factorizations
 from cpbench.config.constraints import AttentionShape, check_mesh
-from cpbench.config.vocabulary import LAYOUTS
+from cpbench.config.masks import MaskSpec
+from cpbench.config.vocabulary import GLOBAL_LAYOUTS, LAYOUTS
 from cpbench.errors import CpbenchError
 from cpbench.model.calibrate import (
     Measurement,
@@ -58,6 +60,9 @@ def recommend(request: RecommendRequest) -> Recommendation:
         request.gpus, request.tp, request.pp, request.cp, request.batch, request.grad_accum
     )
     shape = _tp_shape(request)
+    mask = mask_from_options(
+        request.seq_len, request.causal, request.documents, request.window, request.seed
+    )
     records = load_results(request.results) if request.results else []
     measurements = measurements_from_records(records)
     profile, warnings = _profile_for(request, measurements)
@@ -67,7 +72,7 @@ def recommend(request: RecommendRequest) -> Recommendation:
         profile = calibration.profile
     per_node = request.gpus_per_node or profile.devices_per_node
     _check_nodes(request.gpus, per_node)
-    ranked, rejected = _evaluate(request, sizes, shape, profile, per_node, measurements)
+    ranked, rejected = _evaluate(request, sizes, shape, mask, profile, per_node, measurements)
     frameworks = framework_settings(ranked, sizes) if ranked else ()
     return Recommendation(
         request=request,
@@ -81,6 +86,7 @@ def recommend(request: RecommendRequest) -> Recommendation:
         frameworks=frameworks,
         calibration=calibration,
         warnings=warnings,
+        mask=mask,
     )
 
 
@@ -130,15 +136,23 @@ def _profile_for(
     return load_profile(DEFAULT_HARDWARE), ()
 
 
-def _candidate_layouts(ring: int, causal: bool) -> tuple[str, ...]:
-    """Layouts worth comparing: all with a causal ring; one otherwise (they cost the same)."""
-    return LAYOUTS if causal and ring > 1 else ("contiguous",)
+def _candidate_layouts(ring: int, mask: MaskSpec) -> tuple[str, ...]:
+    """Layouts worth comparing on a ring: one without a ring or a causal mask (they cost the
+    same); the global ones for causal attention over one sequence (a window included: the
+    model finds that contiguous needs the fewest ring steps); all five with packed documents
+    (doc_zigzag and balanced are built for them)."""
+    if ring == 1 or not mask.causal:
+        return ("contiguous",)
+    if mask.documents is not None and len(mask.documents) > 1:
+        return LAYOUTS
+    return GLOBAL_LAYOUTS
 
 
 def _evaluate(
     request: RecommendRequest,
     sizes: ParallelSizes,
     shape: AttentionShape,
+    mask: MaskSpec,
     profile: HardwareProfile,
     per_node: int,
     measurements: Sequence[Measurement],
@@ -147,7 +161,7 @@ def _evaluate(
     mesh_rules: dict[tuple[int, int, str], list[str]] = {}
     memory: list[Rejection] = []
     for ulysses, ring in factorizations(sizes.cp):
-        for layout in _candidate_layouts(ring, request.causal):
+        for layout in _candidate_layouts(ring, mask):
             feasibility = check_mesh(shape, ulysses, ring, layout)
             if not feasibility.ok:
                 key = (ulysses, ring, feasibility.reason or "infeasible")
@@ -155,7 +169,16 @@ def _evaluate(
                 mesh_rules.setdefault(key, []).append(label)
                 continue
             candidate = MeshCandidate(
-                shape, ulysses, ring, layout, request.dtype, request.causal, None, request.phase
+                shape,
+                ulysses,
+                ring,
+                layout,
+                request.dtype,
+                mask.causal,
+                None,
+                request.phase,
+                documents=mask.documents,
+                window=mask.window,
             )
             prediction = predict(candidate, profile, per_node, rank_stride=sizes.tp)
             rule = prediction.memory_rule()
@@ -205,7 +228,7 @@ def _matching_measurement(
             and (c.ulysses, c.ring) == (candidate.ulysses, candidate.ring)
             and (c.layout == candidate.layout or not layout_matters)
             and canonical_dtype(c.dtype) == canonical_dtype(candidate.dtype)
-            and c.causal == candidate.causal
+            and c.mask == candidate.mask
             and c.phase == candidate.phase
         ):
             return m

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from cpbench.app.recommend.parallel import ParallelSizes
 from cpbench.config.constraints import AttentionShape
+from cpbench.config.masks import MaskSpec
 from cpbench.config.vocabulary import Phase
 from cpbench.model.calibrate import (
     CalibrationResult,
@@ -50,6 +51,13 @@ class RecommendRequest:
     """Activation dtype."""
     causal: bool = True
     """Causal mask."""
+    documents: str | None = None
+    """Packed documents: lengths, a file of lengths or a distribution
+    (`cpbench.config.documents.resolve_documents`); None = one sequence."""
+    window: int | None = None
+    """Sliding window W (a query sees the last W keys); None = unbounded."""
+    seed: int = 0
+    """Seed of a `documents` distribution."""
     tp: int = 1
     """Tensor-parallel size (splits the heads before CP)."""
     pp: int = 1
@@ -152,6 +160,8 @@ class Recommendation:
     warnings: tuple[str, ...] = ()
     """What the user should know about the answer (e.g. no built-in profile describes the
     measured GPU, so the calibration started from a fallback)."""
+    mask: MaskSpec = MaskSpec()
+    """The mask ranked under (documents resolved from the request)."""
 
     @property
     def winner(self) -> RankedCandidate | None:
@@ -166,8 +176,9 @@ def layout_label(prediction: Prediction) -> str:
     return prediction.config.layout
 
 
-LAYOUT_PREFERENCE = {"zigzag": 0, "striped": 1, "contiguous": 2}
-"""Among equal times prefer zigzag: every framework that load-balances uses it."""
+LAYOUT_PREFERENCE = {"zigzag": 0, "striped": 1, "contiguous": 2, "doc_zigzag": 3, "balanced": 4}
+"""Among equal times prefer zigzag: every framework that load-balances uses it (then the
+layouts frameworks support before cpbench's own balanced one)."""
 
 
 def rank_key(r: RankedCandidate) -> tuple[float, int, int, int]:

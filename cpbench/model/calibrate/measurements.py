@@ -55,23 +55,24 @@ class Measurement:
 
     @property
     def key(self) -> tuple[Any, ...]:
-        """Identity of the configuration (duplicates keep the last record)."""
+        """Identity of the configuration, mask included (duplicates keep the last record)."""
         c = self.candidate
         return (
-            c.shape, c.ulysses, c.ring, c.layout, c.dtype, c.causal, c.phase, c.kernel, self.device
+            c.shape, c.ulysses, c.ring, c.layout, c.dtype, c.mask, c.phase, c.kernel, self.device
         )  # fmt: skip
 
     @property
     def group(self) -> tuple[Any, ...]:
         """Configurations in one group solve the same problem on the same ranks (rankable)."""
         c = self.candidate
-        return (c.shape, c.dtype, c.causal, c.phase, c.world, self.device)
+        return (c.shape, c.dtype, c.mask, c.phase, c.world, self.device)
 
     @property
     def label(self) -> str:
         """Short human description: UxR layout L phase."""
         c = self.candidate
-        return f"{c.ulysses}x{c.ring} {c.layout} L={c.shape.seq_len} {c.phase}"
+        mask = "" if c.mask.plain else f" {c.mask.label}"
+        return f"{c.ulysses}x{c.ring} {c.layout} L={c.shape.seq_len}{mask} {c.phase}"
 
     def predict(self, profile: HardwareProfile) -> Prediction:
         """The cost model's prediction of this configuration on `profile`."""
