@@ -6,8 +6,9 @@ import time
 
 import torch
 
-from cpbench.attention import build_mesh, cp_attention, shard
+from cpbench.attention import build_mesh, cp_attention, run_length, shard
 from cpbench.attention.comm import ByteCounter, counting
+from cpbench.config.masks import MaskSpec
 
 
 def count_bytes(
@@ -21,24 +22,29 @@ def count_bytes(
     layout: str,
     dtype: str,
     variant: str = "full",
+    documents: tuple[int, ...] | None = None,
+    window: int | None = None,
 ) -> dict[str, dict[str, int]]:
-    """Run one forward+backward under a ByteCounter; return {phase: {collective: bytes}}."""
+    """Run one forward+backward under a ByteCounter (causal, with the given documents and
+    window); return {phase: {collective: bytes}}."""
     mesh = build_mesh(ulysses, ring)
     dt = getattr(torch, dtype)
+    mask = MaskSpec(documents=documents, window=window)
+    n = run_length(mask, seq_len, ulysses, ring, layout)
     g = torch.Generator().manual_seed(1)
-    q = torch.randn(batch, seq_len, heads, head_dim, generator=g)
-    k = torch.randn(batch, seq_len, kv_heads, head_dim, generator=g)
-    v = torch.randn(batch, seq_len, kv_heads, head_dim, generator=g)
-    local = [shard(t, mesh, layout).to(dt).requires_grad_(True) for t in (q, k, v)]
+    q = torch.randn(batch, n, heads, head_dim, generator=g)
+    k = torch.randn(batch, n, kv_heads, head_dim, generator=g)
+    v = torch.randn(batch, n, kv_heads, head_dim, generator=g)
+    local = [shard(t, mesh, layout, mask=mask).to(dt).requires_grad_(True) for t in (q, k, v)]
     counter = ByteCounter()
     with counting(counter):
         out = cp_attention(
             *local,
             mesh,
-            causal=True,
             layout=layout,
             variant=variant,
             kernel="naive" if dt != torch.float32 else "auto",
+            mask=mask,
         )
         with counter.phase("bwd"):
             out.sum().backward()
@@ -158,3 +164,46 @@ def library_counting_cases() -> dict[str, int]:
         **{f"{p}:{tag}": n for (p, tag), n in counter.bytes.items()},
         "restored": int(restored),
     }
+
+
+def masked_against_reference(
+    cases: list[tuple[int, int, str, tuple[int, ...] | None, int | None, int, str]],
+) -> list[dict[str, float] | None]:
+    """Each case (U, R, layout, documents, window, kv_heads, kernel) on L = 64, 4 heads, d 8,
+    fp32, forward and backward through `cp_attention`; rank 0 returns the max abs error of
+    out, dq, dk, dv against the float64 reference with the same mask (and with plain causal
+    attention, `causal_*`: how far the check is from the mask-blind answer)."""
+    import torch.distributed as dist  # noqa: PLC0415
+
+    from cpbench.attention import reference_attention, unshard  # noqa: PLC0415
+    from cpbench.attention.layouts import packing  # noqa: PLC0415
+
+    seq_len, heads = 64, 4
+    results: list[dict[str, float] | None] = []
+    for ulysses, ring, layout, documents, window, kv_heads, kernel in cases:
+        mesh = build_mesh(ulysses, ring)
+        mask = MaskSpec(documents=documents, window=window)
+        packed = packing(seq_len, ulysses, ring, layout, mask)
+        g = torch.Generator().manual_seed(7)
+        n = packed.seq_len
+        q = torch.randn(2, n, heads, 8, generator=g)
+        k = torch.randn(2, n, kv_heads, 8, generator=g)
+        v = torch.randn(2, n, kv_heads, 8, generator=g)
+        dout = torch.randn(2, n, heads, 8, generator=g)
+        local = [shard(t, mesh, layout, mask=mask).requires_grad_(True) for t in (q, k, v)]
+        out = cp_attention(*local, mesh, layout=layout, kernel=kernel, mask=mask)
+        out.backward(shard(dout, mesh, layout, mask=mask))
+        got = [unshard(t, mesh, layout, mask=mask) for t in (out.detach(), *(x.grad for x in local))]
+        if dist.get_rank() != 0:
+            results.append(None)
+            continue
+        record: dict[str, float] = {}
+        for prefix, ref_mask in (("", packed.mask), ("causal_", None)):
+            ref_in = [t.double().requires_grad_(True) for t in (q, k, v)]
+            ref = reference_attention(*ref_in, mask=ref_mask)
+            ref.backward(dout.double())
+            refs = [ref.detach(), *(x.grad for x in ref_in)]
+            for name, a, b in zip(("out", "dq", "dk", "dv"), got, refs, strict=True):
+                record[prefix + name] = float((a.double() - b).abs().max())
+        results.append(record)
+    return results

@@ -1,19 +1,25 @@
-"""Pure tests of the token layouts and of the causal block decomposition (no process group)."""
+"""Pure tests of the token layouts (all five, with masks) and of the ring schedule's block
+decomposition against the dense mask (no process group)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from cpbench.attention.kernels.base import band_mask
 from cpbench.attention.layouts import (
+    packing,
     positions,
-    ring_block_pieces,
     ring_positions,
+    run_length,
     shard_tensor,
     unshard_tensors,
 )
-from cpbench.config.constraints import LAYOUTS
+from cpbench.attention.reference import dense_mask
+from cpbench.config.constraints import LAYOUTS, seq_divisor
+from cpbench.config.masks import MaskSpec
 from cpbench.errors import CpbenchError
+from cpbench.model.masking import ring_schedule
 
 MESHES = [(1, 1), (1, 2), (2, 1), (1, 4), (4, 1), (2, 2), (2, 3), (3, 2), (1, 8)]
 
@@ -57,39 +63,85 @@ def test_shard_unshard_round_trip(layout: str, ulysses: int, ring: int) -> None:
     )
 
 
+MASKS = [
+    MaskSpec(),
+    MaskSpec(causal=False),
+    MaskSpec(documents=(1, 3, 60, 1, 55)),
+    MaskSpec(window=5),
+    MaskSpec(documents=(27, 63, 30), window=4),
+]
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("ring", [1, 2, 3, 4, 5])
-@pytest.mark.parametrize("causal", [True, False])
-def test_block_pieces_cover_exactly_the_causal_mask(layout: str, ring: int, causal: bool) -> None:
-    """The union of a ring step's kernel calls, each with its own top-left causal or full mask,
-    must be exactly the global causal mask between the two shards' positions: nothing missing,
-    nothing seen twice."""
-    seq_len = 2 * ring * 4
-    shard_len = seq_len // ring
+@pytest.mark.parametrize("mask", MASKS, ids=lambda m: m.short_key())
+def test_block_pieces_cover_exactly_the_mask(layout: str, ring: int, mask: MaskSpec) -> None:
+    """The union of a ring step's kernel calls (the schedule's pieces), each with its own full,
+    top-left causal or band mask, must be exactly the global mask between the two shards'
+    positions: nothing missing, nothing seen twice."""
+    seq_len = 120 if mask.documents else 2 * ring * 4
+    if seq_len % seq_divisor(1, ring, layout):
+        pytest.skip(f"{seq_len} tokens do not fit {layout} on a ring of {ring}")
+    packed = packing(seq_len, 1, ring, layout, mask)
+    schedule = ring_schedule(packed)
+    dense = dense_mask(packed.mask, packed.seq_len)
     for q_rank in range(ring):
-        q_pos = ring_positions(seq_len, ring, layout, q_rank)
-        for kv_rank in range(ring):
-            k_pos = ring_positions(seq_len, ring, layout, kv_rank)
-            truth = (
-                (k_pos[None, :] <= q_pos[:, None])
-                if causal
-                else torch.ones(shard_len, shard_len, dtype=torch.bool)
-            )
-            covered = torch.zeros(shard_len, shard_len, dtype=torch.int64)
-            for p in ring_block_pieces(layout, causal, q_rank, kv_rank, shard_len):
-                rows = torch.arange(p.q_end - p.q_start)[:, None]
-                cols = torch.arange(p.k_end - p.k_start)[None, :]
-                mask = (
-                    (cols <= rows) if p.causal else torch.ones_like(rows * cols, dtype=torch.bool)
-                )
-                covered[p.q_start : p.q_end, p.k_start : p.k_end] += mask.long()
-            assert covered.max() <= 1, f"{layout} q{q_rank} kv{kv_rank}: a pair is computed twice"
-            assert torch.equal(covered.bool(), truth), f"{layout} q{q_rank} kv{kv_rank}"
+        q_pos = ring_positions(seq_len, ring, layout, q_rank, mask)
+        for step in range(ring):
+            kv_rank = (q_rank - step) % ring
+            k_pos = ring_positions(seq_len, ring, layout, kv_rank, mask)
+            truth = dense[q_pos][:, k_pos]
+            covered = torch.zeros(len(q_pos), len(k_pos), dtype=torch.int64)
+            for p in schedule.pieces[q_rank][step]:
+                band = band_mask(p.rows, p.cols, (p.lo, p.hi), torch.device("cpu"))
+                covered[p.q_start : p.q_end, p.k_start : p.k_end] += band.long()
+            where = f"{layout} {mask.label} q{q_rank} kv{kv_rank}"
+            assert covered.max() <= 1, f"{where}: a pair is computed twice"
+            assert torch.equal(covered.bool(), truth), where
 
 
 def test_zigzag_skips_nothing_and_contiguous_skips_later_blocks() -> None:
-    assert ring_block_pieces("contiguous", True, 0, 1, 8) == []
-    assert len(ring_block_pieces("zigzag", True, 0, 3, 8)) == 1
+    contiguous = ring_schedule(packing(32, 1, 2, "contiguous"))
+    assert contiguous.pieces[0][1] == ()  # rank 0 against rank 1's later chunk: masked
+    zigzag = ring_schedule(packing(64, 1, 4, "zigzag"))
+    assert len(zigzag.pieces[0][1]) == 1  # rank 0 against rank 3: one full block
+
+
+def test_doc_zigzag_pads_and_the_tensors_have_the_run_length() -> None:
+    """Documents (5, 11) on a ring of 2: each padded to a multiple of 2R = 4 (5 -> 8, 11 ->
+    12): the run length is 20, every rank holds 10 positions of it, and a 16-token tensor is
+    refused with the arithmetic."""
+    mask = MaskSpec(documents=(5, 11))
+    assert run_length(mask, 16, 1, 2, "doc_zigzag") == 20
+    held = [positions(16, 1, 2, "doc_zigzag", r, mask) for r in range(2)]
+    assert torch.equal(torch.cat(held).sort().values, torch.arange(20))
+    # Document 0 (+3 padding) is cut into 4 chunks of 2: rank 0 holds chunks 0 and 3.
+    assert held[0][:4].tolist() == [0, 1, 6, 7]
+    x = torch.randn(1, 20, 2, 3)
+    pieces = [shard_tensor(x, 1, 2, "doc_zigzag", r, mask=mask) for r in range(2)]
+    assert torch.equal(unshard_tensors(pieces, 1, 2, "doc_zigzag", mask=mask), x)
+    with pytest.raises(CpbenchError, match=r"runs 20 = 16 \+ 4 padding"):
+        shard_tensor(torch.randn(1, 16, 2, 3), 1, 2, "doc_zigzag", 0, mask=mask)
+    # Without documents, a length that needs padding is refused too.
+    with pytest.raises(CpbenchError, match="pass the mask's documents"):
+        shard_tensor(torch.randn(1, 18, 2, 3), 1, 2, "doc_zigzag", 0)
+
+
+def test_balanced_layout_follows_the_documents() -> None:
+    """The balanced layout depends on the documents: positions partition the sequence with
+    L/R tokens per rank, and a single document (causal or full) is the zigzag layout."""
+    mask = MaskSpec(documents=(40, 3, 3, 2, 8, 8))
+    held = [positions(64, 1, 4, "balanced", r, mask) for r in range(4)]
+    assert all(h.numel() == 16 for h in held)
+    assert torch.equal(torch.cat(held).sort().values, torch.arange(64))
+    for causal in (True, False):
+        one = MaskSpec(causal=causal)
+        assert all(
+            torch.equal(
+                positions(64, 1, 4, "balanced", r, one), positions(64, 1, 4, "zigzag", r)
+            )
+            for r in range(4)
+        )
 
 
 @pytest.mark.parametrize(

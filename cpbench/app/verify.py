@@ -1,5 +1,10 @@
-"""`cpbench verify`: every scheme x layout x causal x GQA case that a world size allows, checked
-against the single-process reference (forward output and dQ/dK/dV).
+"""`cpbench verify`: every scheme x layout x mask x GQA case that a world size allows, checked
+against the single-process reference under the same mask (forward output and dQ/dK/dV).
+
+The masks: causal and full (every layout, GQA ratios 1, 2, 4 and KV replication), and the
+packed-document and sliding-window masks of `mask_cases` with their edge cases (documents
+shorter than a zigzag chunk, single-token documents, a document spanning every rank, window 1,
+a window longer than a chunk, a window longer than the sequence, documents with a window).
 
 All ranks build the same global tensors from a seed, shard them, run `cp_attention` forward
 and backward, and gather output and gradients back; rank 0 compares them with the float64
@@ -19,18 +24,58 @@ from dataclasses import asdict
 
 import torch
 
-from cpbench.bench.reference import run_cases_on_rank
+from cpbench.bench.reference import impl_mask_unsupported, run_cases_on_rank
 from cpbench.config.bench import VerifyCase, factorizations
 from cpbench.config.constraints import AttentionShape, check_mesh
 from cpbench.config.impls import DEFAULT_IMPL, check_impl
+from cpbench.config.masks import MaskSpec
 from cpbench.config.vocabulary import DTYPES, LAYOUTS, Backend, Device, Dtype
 from cpbench.errors import CpbenchError
 
+MASK_KV_HEADS = (8, 2, 1)
+"""GQA shapes of the mask cases (8 query heads): MHA, ratio 4, one KV head (fewer than the
+ranks: KV replication wherever U > 1)."""
+
+
+def mask_cases(seq_len: int, world_size: int) -> list[MaskSpec]:
+    """The document and window masks `cpbench verify` checks on `seq_len` tokens (which it
+    makes a multiple of 8 x world size): the edge cases the ring schedule has to get right.
+
+    * documents (1, 3, 1, L - 28 - ..., 1, 7, 14, 1): single-token documents, documents shorter
+      than a zigzag chunk (L / 2R), and one long document that starts on ring rank 0 and ends
+      on the last, spanning every rank of a contiguous ring;
+    * three documents of uneven lengths (doc_zigzag pads them), alone and with a window of 9;
+    * windows 1 (a query sees only itself), 5 (shorter than a chunk), L/4 + 8 (longer than a
+      contiguous shard at 4 ranks: it reaches two ranks back) and 8 L (longer than the
+      sequence: plain causal, but through the window path).
+    """
+    short = (1, 3, 1)
+    tail = (1, 7, 14, 1)
+    long_doc = seq_len - sum(short) - sum(tail)
+    third = seq_len // 3
+    uneven = (third - 3, third + 5, seq_len - 2 * third - 2)
+    if long_doc < 1 or min(uneven) < 1:
+        raise CpbenchError(f"mask cases need a longer sequence than {seq_len} tokens")
+    return [
+        MaskSpec(documents=(*short, long_doc, *tail)),
+        MaskSpec(documents=uneven),
+        MaskSpec(window=1),
+        MaskSpec(window=5),
+        MaskSpec(window=seq_len // 4 + 8),
+        MaskSpec(window=8 * seq_len),
+        MaskSpec(documents=uneven, window=9),
+    ]
+
 
 def default_cases(
-    world_size: int, dtype: Dtype = "float32", kernel: Backend = "auto", impl: str = DEFAULT_IMPL
+    world_size: int,
+    dtype: Dtype = "float32",
+    kernel: Backend = "auto",
+    impl: str = DEFAULT_IMPL,
+    masks: bool = True,
 ) -> list[VerifyCase]:
-    """The verify matrix: meshes x layouts x causal x GQA ratios 1, 2, 4 and KV replication.
+    """The verify matrix: meshes x layouts x causal/full x GQA ratios 1, 2, 4 and KV
+    replication, then (`masks`) meshes x layouts x `mask_cases` x `MASK_KV_HEADS`.
 
     With 8 query heads, kv_heads 8, 4, 2 give GQA ratios 1, 2, 4; kv_heads 1 needs KV
     replication whenever U > 1. Infeasible combinations are left out (none with these sizes);
@@ -57,6 +102,36 @@ def default_cases(
                     shape = AttentionShape(seq_len, 8, kv_heads, case.head_dim, case.batch)
                     if check_mesh(shape, ulysses, ring, layout).ok:
                         cases.append(case)
+    if masks:
+        cases.extend(_mask_matrix(world_size, seq_len, dtype, kernel, impl))
+    return cases
+
+
+def _mask_matrix(
+    world_size: int, seq_len: int, dtype: Dtype, kernel: Backend, impl: str
+) -> list[VerifyCase]:
+    cases = []
+    for ulysses, ring in factorizations(world_size):
+        for layout in LAYOUTS:
+            for mask in mask_cases(seq_len, world_size):
+                for kv_heads in MASK_KV_HEADS:
+                    case = VerifyCase(
+                        ulysses,
+                        ring,
+                        layout,
+                        mask.causal,
+                        8,
+                        kv_heads,
+                        seq_len,
+                        dtype=dtype,
+                        kernel=kernel,
+                        impl=impl,
+                        documents=mask.documents,
+                        window=mask.window,
+                    )
+                    shape = AttentionShape(seq_len, 8, kv_heads, case.head_dim, case.batch)
+                    if check_mesh(shape, ulysses, ring, layout).ok:
+                        cases.append(case)
     return cases
 
 
@@ -66,6 +141,7 @@ def skipped_case(case: VerifyCase, reason: str) -> dict:
         **asdict(case),
         "scheme": case.scheme,
         "label": case.label,
+        "mask": case.mask.label,
         "passed": None,
         "skipped": reason,
     }
@@ -85,7 +161,9 @@ def split_cases(
         if hint:
             raise CpbenchError(f"impl {impl!r} cannot run: {hint}")
     for case in cases:
-        reason = get_adapter(case.impl).capability(case.bench_config(device))
+        reason = impl_mask_unsupported(case.impl, case.mask, case.layout) or get_adapter(
+            case.impl
+        ).capability(case.bench_config(device))
         if reason:
             skipped.append(skipped_case(case, reason))
         else:
@@ -101,6 +179,7 @@ def run_verify(
     cases: list[VerifyCase] | None = None,
     timeout: float = 600.0,
     impl: str = DEFAULT_IMPL,
+    masks: bool = True,
 ) -> list[dict]:
     """Spawn `world_size` ranks once and run every case; returns rank 0's records (cases the
     impl cannot run are records with `skipped` set and `passed` None).
@@ -121,7 +200,7 @@ def run_verify(
             f"world size ({world_size}) needs {world_size} GPUs, found {torch.cuda.device_count()}"
         )
     check_impl(impl)
-    cases = cases if cases is not None else default_cases(world_size, dtype, kernel, impl)
+    cases = cases if cases is not None else default_cases(world_size, dtype, kernel, impl, masks)
     runnable, skipped = split_cases(cases, device)
     ran: list[dict] = []
     if launched:

@@ -1,14 +1,18 @@
 """Context-parallel attention on explicit process groups: Ulysses, Ring and USP (U x R), for the
-contiguous, zigzag and striped layouts, with GQA and KV replication.
+five layouts (contiguous, zigzag, striped, doc_zigzag, balanced) and every mask (causal, full,
+packed documents, sliding window), with GQA and KV replication.
 
     mesh = build_mesh(ulysses=2, ring=2)
-    q_local = shard(q, mesh, layout="zigzag")          # likewise k, v
-    out_local = cp_attention(q_local, k_local, v_local, mesh, causal=True, layout="zigzag")
-    out = unshard(out_local, mesh, layout="zigzag")
+    mask = MaskSpec(documents=(300, 500, 224), window=128)
+    q_local = shard(q, mesh, layout="balanced", mask=mask)          # likewise k, v
+    out_local = cp_attention(q_local, k_local, v_local, mesh, layout="balanced", mask=mask)
+    out = unshard(out_local, mesh, layout="balanced", mask=mask)
+
+doc_zigzag pads documents: its global tensors have `run_length(mask, L, U, R, layout)` tokens.
 """
 
 from cpbench.attention.api import cp_attention, shard, unshard
-from cpbench.attention.layouts import positions, shard_tensor, unshard_tensors
+from cpbench.attention.layouts import positions, run_length, shard_tensor, unshard_tensors
 from cpbench.attention.mesh import CPMesh, build_mesh, mesh_grid
 from cpbench.attention.reference import reference_attention
 
@@ -19,6 +23,7 @@ __all__ = [
     "mesh_grid",
     "positions",
     "reference_attention",
+    "run_length",
     "shard",
     "shard_tensor",
     "unshard",

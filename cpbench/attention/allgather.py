@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from cpbench.attention.comm import _record
 from cpbench.attention.kernels import LocalKernel
+from cpbench.attention.kernels.base import Band
 from cpbench.errors import CpbenchError
 from cpbench.model.masking import Piece, RingSchedule
 
@@ -102,13 +103,11 @@ def merge_block(
     lse.copy_(new_lse)
 
 
-def _kernel_band(piece: Piece) -> tuple[bool, tuple[int | None, int | None] | None]:
+def _kernel_band(piece: Piece) -> tuple[bool, Band | None]:
     """(causal, band) as the kernels take them: band only for pieces that are neither full nor
-    top-left causal."""
-    if piece.is_full:
-        return False, None
-    if piece.is_causal:
-        return True, None
+    top-left causal (so kernels without band support run every plain mask)."""
+    if piece.is_full or piece.is_causal:
+        return piece.is_causal, None
     return False, (piece.lo, piece.hi)
 
 
@@ -123,7 +122,7 @@ def _call_forward(
     causal, band = _kernel_band(piece)
     if band is None:
         return kernel.forward(q, k, v, causal, scale)
-    return kernel.forward(q, k, v, causal, scale, band=band)  # type: ignore[call-arg]
+    return kernel.forward(q, k, v, causal, scale, band=band)
 
 
 def _call_backward(
@@ -140,7 +139,7 @@ def _call_backward(
     causal, band = _kernel_band(piece)
     if band is None:
         return kernel.backward(dout, q, k, v, out, lse, causal, scale)
-    return kernel.backward(dout, q, k, v, out, lse, causal, scale, band=band)  # type: ignore[call-arg]
+    return kernel.backward(dout, q, k, v, out, lse, causal, scale, band=band)
 
 
 def _strides(kv_heads: int, heads_k_stride: int | None) -> int:

@@ -1,8 +1,13 @@
-"""The public entry point: `cp_attention(q, k, v, mesh, causal=..., layout=...)` on local shards.
+"""The public entry point: `cp_attention(q, k, v, mesh, layout=..., mask=...)` on local shards.
 
 USP composition: KV replication (if the mesh needs it) -> Ulysses all-to-all (sequence ->
 heads) -> ring attention over the ring group -> Ulysses all-to-all back. U = 1 skips the
-all-to-alls (pure ring), R = 1 makes the ring a single local step (pure Ulysses).
+all-to-alls (pure ring), R = 1 makes the ring a single local step (pure Ulysses; with
+documents its pieces are the block-diagonal ones, masked blocks skipped).
+
+The mask (`MaskSpec`: causal or full, packed documents, sliding window) and the layout give
+the ring its schedule (`cpbench.model.masking`): which pieces each step computes and how many
+steps run. `mask=None` is today's mask from `causal` (one document, no window).
 """
 
 from __future__ import annotations
@@ -10,13 +15,34 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from cpbench.attention.kernels import LocalKernel, default_scale, select_kernel
-from cpbench.attention.layouts import shard_tensor, unshard_tensors
+from cpbench.attention.kernels import LocalKernel, band_refusal, default_scale, select_kernel
+from cpbench.attention.layouts import logical_length, packing, shard_tensor, unshard_tensors
 from cpbench.attention.mesh import CPMesh
-from cpbench.attention.ring import RingAttention, RingSpec, Variant
+from cpbench.attention.ring import RingAttention, RingSpec, Variant, ring_plan
 from cpbench.attention.ulysses import HeadsToSeq, SeqToHeads
 from cpbench.config.constraints import AttentionShape, check_mesh
+from cpbench.config.masks import MaskSpec
 from cpbench.errors import CpbenchError
+
+
+def resolve_mask(causal: bool | None, mask: MaskSpec | None) -> MaskSpec:
+    """The mask of a call: `mask` when given (a `causal` that contradicts it is an error),
+    else causal (default) or full from `causal`."""
+    if mask is None:
+        return MaskSpec(causal=True if causal is None else causal)
+    if causal is not None and causal != mask.causal:
+        raise CpbenchError(
+            f"causal={causal} contradicts the mask {mask.label!r} (causal={mask.causal})"
+        )
+    return mask
+
+
+def mask_needs_band(
+    mask: MaskSpec | None, seq_len: int, ulysses: int, ring: int, layout: str
+) -> bool:
+    """Whether the mask's schedule on this mesh and layout has band pieces (what
+    `select_kernel(..., band=...)` must know to pick a kernel that applies them)."""
+    return ring_plan(packing(seq_len, ulysses, ring, layout, mask), 0).needs_band
 
 
 def cp_attention(
@@ -24,29 +50,39 @@ def cp_attention(
     k: torch.Tensor,
     v: torch.Tensor,
     mesh: CPMesh,
-    causal: bool = True,
+    causal: bool | None = None,
     layout: str = "contiguous",
     kernel: str | LocalKernel = "auto",
     scale: float | None = None,
     kv_replication: int | None = None,
     variant: Variant = "full",
+    mask: MaskSpec | None = None,
 ) -> torch.Tensor:
     """Context-parallel attention of this rank's shards `q [B, S, h, D]`, `k`/`v [B, S, h_kv, D]`
-    (sharded with `shard(..., layout=layout)`); returns this rank's output shard `[B, S, h, D]`.
-    Autograd flows through it. Raises CpbenchError for a mesh the shapes cannot use."""
+    (sharded with `shard(..., layout=layout, mask=mask)`); returns this rank's output shard
+    `[B, S, h, D]`. Autograd flows through it. `causal` (default true) applies when `mask` is
+    None. Raises CpbenchError for a mesh the shapes cannot use, a mask whose documents do not
+    fill the sequence, or a kernel that cannot apply the mask's pieces."""
     if q.dim() != 4 or k.shape != v.shape or k.shape[:2] != q.shape[:2] or k.shape[3] != q.shape[3]:
         raise CpbenchError(
             f"expected q [B, S, h, D] and k, v [B, S, h_kv, D]; got q {tuple(q.shape)}, "
             f"k {tuple(k.shape)}, v {tuple(v.shape)}"
         )
+    the_mask = resolve_mask(causal, mask)
     b, s, h, d = q.shape
-    shape = AttentionShape(
-        seq_len=s * mesh.world, heads=h, kv_heads=k.shape[2], head_dim=d, batch=b
-    )
+    run_len = s * mesh.world
+    shape = AttentionShape(seq_len=run_len, heads=h, kv_heads=k.shape[2], head_dim=d, batch=b)
     feasible = check_mesh(
         shape, mesh.ulysses, mesh.ring, layout, kv_replication
     ).raise_if_infeasible()
-    local_kernel = select_kernel(q.device, q.dtype, kernel) if isinstance(kernel, str) else kernel
+    seq_len = logical_length(run_len, mesh.ulysses, mesh.ring, layout, the_mask)
+    plan = ring_plan(packing(seq_len, mesh.ulysses, mesh.ring, layout, the_mask), mesh.ring_rank)
+    if isinstance(kernel, str):
+        local_kernel = select_kernel(q.device, q.dtype, kernel, band=plan.needs_band)
+    else:
+        local_kernel = kernel
+        if plan.needs_band and not getattr(kernel, "supports_band", False):
+            raise CpbenchError(band_refusal(kernel.name, q.device, q.dtype))
     skip_comm = variant == "compute"
 
     if feasible.kv_replication > 1:
@@ -66,9 +102,10 @@ def cp_attention(
         rank=mesh.ring_rank,
         send_to=mesh.ring_next,
         recv_from=mesh.ring_prev,
+        peers=tuple(mesh.ring_peer(j) for j in range(mesh.ring)),
     )
     out = RingAttention.apply(
-        q5.squeeze(2), kv, spec, layout, causal, scale or default_scale(d), local_kernel, variant
+        q5.squeeze(2), kv, spec, plan, scale or default_scale(d), local_kernel, variant
     )
     if mesh.ulysses > 1:
         out = HeadsToSeq.apply(
@@ -77,15 +114,26 @@ def cp_attention(
     return out
 
 
-def shard(x: torch.Tensor, mesh: CPMesh, layout: str = "contiguous", dim: int = 1) -> torch.Tensor:
-    """This rank's shard of a global tensor (every rank holds the global tensor)."""
-    return shard_tensor(x, mesh.ulysses, mesh.ring, layout, mesh.rank, dim)
+def shard(
+    x: torch.Tensor,
+    mesh: CPMesh,
+    layout: str = "contiguous",
+    dim: int = 1,
+    mask: MaskSpec | None = None,
+) -> torch.Tensor:
+    """This rank's shard of a global tensor (every rank holds the global tensor, of the run
+    length `layouts.run_length(mask, L, U, R, layout)` along `dim`)."""
+    return shard_tensor(x, mesh.ulysses, mesh.ring, layout, mesh.rank, dim, mask)
 
 
 def unshard(
-    local: torch.Tensor, mesh: CPMesh, layout: str = "contiguous", dim: int = 1
+    local: torch.Tensor,
+    mesh: CPMesh,
+    layout: str = "contiguous",
+    dim: int = 1,
+    mask: MaskSpec | None = None,
 ) -> torch.Tensor:
     """Gather every rank's shard back into the global tensor (collective over the CP group)."""
     pieces = [torch.empty_like(local) for _ in range(mesh.world)]
     dist.all_gather(pieces, local.contiguous(), group=mesh.cp_group)
-    return unshard_tensors(pieces, mesh.ulysses, mesh.ring, layout, dim)
+    return unshard_tensors(pieces, mesh.ulysses, mesh.ring, layout, dim, mask)

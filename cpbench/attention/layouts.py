@@ -1,91 +1,164 @@
-"""Token layouts over a U x R mesh, and the causal blocks they produce in ring attention.
+"""Token layouts over a U x R mesh: which global positions each CP rank holds.
 
-Definition (the convention of yunchang's USP):
+Definition (the convention of yunchang's USP), for the five layouts of `LAYOUTS`:
 
-* **Ring level.** The layout assigns each ring rank j (0..R-1) a set of L/R token positions, in
-  increasing order:
+* **Ring level.** The layout assigns each ring rank j (0..R-1) a set of token positions, in
+  increasing order; `cpbench.model.masking.pack` is the one derivation (closed form over runs),
+  shared with the ring's schedule and the model:
   - `contiguous`: positions [j*L/R, (j+1)*L/R);
   - `zigzag`: the sequence is cut into 2R chunks; ring rank j holds chunks j and 2R-1-j, so
     every ring rank does the same causal work;
-  - `striped`: positions i with i mod R == j (Striped Attention), balanced at token grain.
+  - `striped`: positions i with i mod R == j (Striped Attention), balanced at token grain;
+  - `doc_zigzag`: every document cut into 2R chunks and zigzagged, documents padded to a
+    multiple of 2R (TransformerEngine's THD layout);
+  - `balanced`: cpbench's work-balanced assignment of document pieces (no padding).
 * **Ulysses level.** The U ranks of a Ulysses group split their ring rank's ordered positions
   into U contiguous pieces; Ulysses rank u takes piece u. The Ulysses all-to-all gathers the
   pieces back in group order, so after it every rank holds its ring rank's positions in ring
-  order, with h/U heads. Ulysses attention needs no balancing (every rank sees the whole
-  ring-level sequence), so with R = 1 every layout shards like `contiguous`.
+  order, with h/U heads. With R = 1 every layout shards like `contiguous`.
 * **Global rank** p = j*U + u: Ulysses groups are consecutive ranks (inside a node).
 
-For U = 1 these are the usual layouts over P = R ranks ("token i to rank i mod P" for striped,
-"rank r gets chunks r and 2P-1-r" for zigzag). A layout is a token permutation: position ids
-(RoPE) and labels must be sharded with it — `positions` gives them.
+The document layouts depend on the mask (its documents; `mask=None` is one causal document
+filling the sequence). `doc_zigzag` runs more tokens than the sequence has: its global tensors
+have the run length `run_length(...)` = L + padding (the padding tokens form documents of their
+own), and `positions` index that run-length tensor. A layout is a token permutation: position
+ids (RoPE) and labels must be sharded with it, which `positions` gives.
 
 Pure tensor arithmetic; no torch.distributed.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
-from cpbench.config.constraints import LAYOUTS, seq_divisor
+from cpbench.config.masks import MaskSpec
+from cpbench.config.vocabulary import Layout
 from cpbench.errors import CpbenchError
+from cpbench.model.masking import Packing, check_packing, pack
+
+DEFAULT_MASK = MaskSpec()
+"""The mask a layout assumes when given none: one causal document filling the sequence."""
 
 
-def _check(seq_len: int, ulysses: int, ring: int, layout: str) -> None:
-    if layout not in LAYOUTS:
-        raise CpbenchError(f"layout {layout!r} is not one of {', '.join(LAYOUTS)}")
-    divisor = seq_divisor(ulysses, ring, layout)
-    if seq_len % divisor != 0:
+def packing(
+    seq_len: int, ulysses: int, ring: int, layout: str, mask: MaskSpec | None = None
+) -> Packing:
+    """The packed sequence of `seq_len` tokens (the logical length, before padding) on a
+    U x R mesh: `cpbench.model.masking.pack`, cached."""
+    check_packing(seq_len, ulysses, ring, layout)
+    layout_name: Layout = layout  # type: ignore[assignment]  # checked just above
+    return pack(mask or DEFAULT_MASK, seq_len, ulysses, ring, layout_name)
+
+
+def run_length(
+    mask: MaskSpec | None, seq_len: int, ulysses: int, ring: int, layout: str
+) -> int:
+    """Tokens the layout runs: `seq_len` plus the padding doc_zigzag adds (the length of the
+    global tensors that `shard_tensor` takes and `unshard_tensors` returns)."""
+    return packing(seq_len, ulysses, ring, layout, mask).seq_len
+
+
+def logical_length(
+    run_len: int, ulysses: int, ring: int, layout: str, mask: MaskSpec | None = None
+) -> int:
+    """The sequence length L whose run length is `run_len` (the length of a global or gathered
+    tensor): the documents' sum when the mask has documents, else `run_len` itself, which then
+    must need no padding. Raises CpbenchError naming both lengths otherwise."""
+    seq_len = sum(mask.documents) if mask is not None and mask.documents is not None else run_len
+    expected = run_length(mask, seq_len, ulysses, ring, layout)
+    if expected != run_len:
+        docs = "" if mask is None or mask.documents is None else f"{len(mask.documents)} "
         raise CpbenchError(
-            f"sequence length ({seq_len}) must be divisible by {divisor} for the {layout} layout "
-            f"on ulysses ({ulysses}) x ring ({ring})"
+            f"a tensor of {run_len} tokens does not fit the {layout} layout of {seq_len} tokens "
+            f"({docs}documents) on ulysses ({ulysses}) x ring ({ring}): it runs "
+            f"{expected} = {seq_len} + {expected - seq_len} padding tokens"
+            + ("" if mask is not None and mask.documents else "; pass the mask's documents")
         )
+    return seq_len
 
 
-def ring_positions(seq_len: int, ring: int, layout: str, ring_rank: int) -> torch.Tensor:
-    """Global token positions held by ring rank `ring_rank`, in the order it holds them."""
-    _check(seq_len, 1, ring, layout)
-    n = seq_len // ring
-    if layout == "contiguous":
-        return torch.arange(ring_rank * n, (ring_rank + 1) * n)
-    if layout == "zigzag":
-        c = seq_len // (2 * ring)
-        first = torch.arange(ring_rank * c, (ring_rank + 1) * c)
-        last = 2 * ring - 1 - ring_rank
-        return torch.cat([first, torch.arange(last * c, (last + 1) * c)])
-    return torch.arange(ring_rank, seq_len, ring)
+@lru_cache(maxsize=256)
+def _ring_positions(
+    seq_len: int, ulysses: int, ring: int, layout: str, mask: MaskSpec | None
+) -> tuple[torch.Tensor, ...]:
+    packed = packing(seq_len, ulysses, ring, layout, mask)
+    return tuple(
+        torch.cat([torch.arange(r.start, r.last + 1, r.stride) for r in shard])
+        for shard in packed.shards
+    )
 
 
-def positions(seq_len: int, ulysses: int, ring: int, layout: str, rank: int) -> torch.Tensor:
-    """Global token positions held by global CP rank `rank` (= ring_rank*U + ulysses_rank)."""
-    _check(seq_len, ulysses, ring, layout)
+def ring_positions(
+    seq_len: int,
+    ring: int,
+    layout: str,
+    ring_rank: int,
+    mask: MaskSpec | None = None,
+    ulysses: int = 1,
+) -> torch.Tensor:
+    """Global token positions held by ring rank `ring_rank`, in the order it holds them
+    (positions of the run-length sequence; `ulysses` matters to doc_zigzag's padding only)."""
+    if not 0 <= ring_rank < ring:
+        raise CpbenchError(f"ring rank ({ring_rank}) must be in [0, ring = {ring})")
+    return _ring_positions(seq_len, ulysses, ring, layout, mask)[ring_rank].clone()
+
+
+def positions(
+    seq_len: int,
+    ulysses: int,
+    ring: int,
+    layout: str,
+    rank: int,
+    mask: MaskSpec | None = None,
+) -> torch.Tensor:
+    """Global token positions held by global CP rank `rank` (= ring_rank*U + ulysses_rank) for
+    a sequence of `seq_len` tokens (indices into the run-length tensor; see `run_length`)."""
+    check_packing(seq_len, ulysses, ring, layout)
     if not 0 <= rank < ulysses * ring:
         raise CpbenchError(f"rank ({rank}) must be in [0, ulysses x ring = {ulysses * ring})")
     ring_rank, ulysses_rank = divmod(rank, ulysses)
-    ring_pos = ring_positions(seq_len, ring, layout, ring_rank)
+    ring_pos = _ring_positions(seq_len, ulysses, ring, layout, mask)[ring_rank]
     piece = ring_pos.numel() // ulysses
-    return ring_pos[ulysses_rank * piece : (ulysses_rank + 1) * piece]
+    return ring_pos[ulysses_rank * piece : (ulysses_rank + 1) * piece].clone()
 
 
 def shard_tensor(
-    x: torch.Tensor, ulysses: int, ring: int, layout: str, rank: int, dim: int = 1
+    x: torch.Tensor,
+    ulysses: int,
+    ring: int,
+    layout: str,
+    rank: int,
+    dim: int = 1,
+    mask: MaskSpec | None = None,
 ) -> torch.Tensor:
-    """The piece of a global tensor that CP rank `rank` holds (a copy, contiguous)."""
-    index = positions(x.shape[dim], ulysses, ring, layout, rank).to(x.device)
+    """The piece of a global tensor (run length along `dim`) that CP rank `rank` holds (a
+    copy, contiguous)."""
+    seq_len = logical_length(x.shape[dim], ulysses, ring, layout, mask)
+    index = positions(seq_len, ulysses, ring, layout, rank, mask).to(x.device)
     return x.index_select(dim, index).contiguous()
 
 
 def unshard_tensors(
-    pieces: list[torch.Tensor], ulysses: int, ring: int, layout: str, dim: int = 1
+    pieces: list[torch.Tensor],
+    ulysses: int,
+    ring: int,
+    layout: str,
+    dim: int = 1,
+    mask: MaskSpec | None = None,
 ) -> torch.Tensor:
-    """Inverse of `shard_tensor`: the global tensor from every rank's piece, in rank order."""
+    """Inverse of `shard_tensor`: the global tensor (run length) from every rank's piece, in
+    rank order."""
     if len(pieces) != ulysses * ring:
         raise CpbenchError(
             f"got {len(pieces)} pieces for ulysses ({ulysses}) x ring ({ring}) = {ulysses * ring}"
         )
-    seq_len = sum(p.shape[dim] for p in pieces)
-    order = torch.cat([positions(seq_len, ulysses, ring, layout, r) for r in range(len(pieces))])
+    run_len = sum(p.shape[dim] for p in pieces)
+    seq_len = logical_length(run_len, ulysses, ring, layout, mask)
+    order = torch.cat(
+        [positions(seq_len, ulysses, ring, layout, r, mask) for r in range(len(pieces))]
+    )
     return reassemble(pieces, order, dim)
 
 
@@ -96,50 +169,3 @@ def reassemble(pieces: list[torch.Tensor], order: torch.Tensor, dim: int = 1) ->
     inverse = torch.empty_like(order)
     inverse[order] = torch.arange(order.numel())
     return stacked.index_select(dim, inverse.to(stacked.device))
-
-
-@dataclass(frozen=True)
-class BlockPiece:
-    """One kernel call of a ring step: query rows [q_start, q_end) of the local queries against
-    key rows [k_start, k_end) of the visiting K/V chunk, top-left causal or full."""
-
-    q_start: int
-    q_end: int
-    k_start: int
-    k_end: int
-    causal: bool
-
-
-def ring_block_pieces(
-    layout: str, causal: bool, q_rank: int, kv_rank: int, shard_len: int
-) -> list[BlockPiece]:
-    """The kernel calls that ring rank `q_rank` makes on the K/V chunk of ring rank `kv_rank`.
-
-    Every shard holds `shard_len` tokens in increasing position order. An empty list means the
-    block is fully masked and skipped. Derivation (i, j local row/column indices):
-    - contiguous: same rank -> causal; earlier rank -> full; later rank -> masked.
-    - zigzag (halves A = chunk r, B = chunk 2R-1-r): same rank -> causal on the whole shard
-      (positions increase along it); earlier rank s < r -> all queries see K/V half A only;
-      later rank s > r -> only query half B sees, and it sees all of K/V.
-    - striped (row i is position i*R + r): key j visible iff j*R + s <= i*R + r, i.e. j <= i when
-      s <= r (causal) and j <= i - 1 when s > r: rows 1.. against columns ..S-2, causal.
-    """
-    n = shard_len
-    if not causal:
-        return [BlockPiece(0, n, 0, n, False)]
-    if layout == "contiguous":
-        if kv_rank == q_rank:
-            return [BlockPiece(0, n, 0, n, True)]
-        return [BlockPiece(0, n, 0, n, False)] if kv_rank < q_rank else []
-    if layout == "zigzag":
-        half = n // 2
-        if kv_rank == q_rank:
-            return [BlockPiece(0, n, 0, n, True)]
-        if kv_rank < q_rank:
-            return [BlockPiece(0, n, 0, half, False)]
-        return [BlockPiece(half, n, 0, n, False)]
-    if layout == "striped":
-        if kv_rank <= q_rank:
-            return [BlockPiece(0, n, 0, n, True)]
-        return [BlockPiece(1, n, 0, n - 1, True)] if n > 1 else []
-    raise CpbenchError(f"layout {layout!r} is not one of {', '.join(LAYOUTS)}")

@@ -5,6 +5,26 @@ from __future__ import annotations
 import torch
 
 from cpbench.attention.kernels import NaiveKernel, causal_mask, default_scale
+from cpbench.config.masks import MaskSpec
+from cpbench.errors import CpbenchError
+
+
+def dense_mask(mask: MaskSpec, seq_len: int, device: torch.device | None = None) -> torch.Tensor:
+    """Boolean [L, L], True where query q may see key k: `MaskSpec.visible`, vectorised
+    (causal, documents, window)."""
+    mask = mask.for_length(seq_len)
+    pos = torch.arange(seq_len, device=device)
+    if not mask.causal:
+        return torch.ones(seq_len, seq_len, dtype=torch.bool, device=device)
+    q, k = pos.unsqueeze(1), pos.unsqueeze(0)
+    keep = k <= q
+    if mask.window is not None:
+        keep &= q - k < mask.window
+    if mask.documents is not None and len(mask.documents) > 1:
+        starts = torch.tensor(mask.starts[1:], device=device)
+        doc = torch.bucketize(pos, starts, right=True)
+        keep &= doc.unsqueeze(1) == doc.unsqueeze(0)
+    return keep
 
 
 def reference_attention(
@@ -14,19 +34,32 @@ def reference_attention(
     causal: bool = True,
     scale: float | None = None,
     causal_offset: int = 0,
+    mask: MaskSpec | None = None,
 ) -> torch.Tensor:
     """softmax(q k^T * scale + mask) v over global tensors `[B, L, h, D]`, GQA included, with
     autograd. `causal_offset` shifts the diagonal: query i sees key j iff j <= i + offset
-    (0 = top-left, Sk - Sq = bottom-right)."""
+    (0 = top-left, Sk - Sq = bottom-right). `mask` (documents, window) replaces `causal` and
+    needs square scores and no offset; its documents must fill L."""
     scale = scale or default_scale(q.shape[-1])
     kk = k.repeat_interleave(q.shape[2] // k.shape[2], dim=2)
     vv = v.repeat_interleave(q.shape[2] // v.shape[2], dim=2)
     scores = torch.einsum("bqhd,bkhd->bhqk", q, kk) * scale
-    if causal:
-        mask = causal_mask(q.shape[1], k.shape[1], causal_offset, q.device)
-        scores = scores.masked_fill(~mask, float("-inf"))
+    if mask is not None:
+        if q.shape[1] != k.shape[1] or causal_offset:
+            raise CpbenchError(
+                f"a mask ({mask.label}) needs as many queries ({q.shape[1]}) as keys "
+                f"({k.shape[1]}) and causal_offset 0 (got {causal_offset})"
+            )
+        if mask.causal != causal and not causal:
+            raise CpbenchError(f"causal=False contradicts the mask {mask.label!r}")
+        keep = dense_mask(mask, q.shape[1], q.device)
+        if not bool(keep.all()):
+            scores = scores.masked_fill(~keep, float("-inf"))
+    elif causal:
+        keep = causal_mask(q.shape[1], k.shape[1], causal_offset, q.device)
+        scores = scores.masked_fill(~keep, float("-inf"))
     probs = torch.nan_to_num(torch.softmax(scores, dim=-1), nan=0.0)
     return torch.einsum("bhqk,bkhd->bqhd", probs, vv)
 
 
-__all__ = ["NaiveKernel", "reference_attention"]
+__all__ = ["NaiveKernel", "dense_mask", "reference_attention"]

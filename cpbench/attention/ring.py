@@ -1,25 +1,43 @@
-"""Ring attention with a custom backward.
+"""Ring attention with a custom backward, driven by the mask's ring schedule.
 
 Q stays local; packed K/V chunks `[B, S, 2, H_kv, D]` travel around the ring of R ranks. The
 transfer of the next chunk is posted before the current chunk is computed on, so the two
 overlap. Partial results are merged in fp32 with their LSE. Backward circulates K/V again, and
-an fp32 dK/dV accumulator travels with each chunk (R hops: the last one brings it home), so no
-step's activations are kept alive: only Q, K/V, the final output and the LSE are saved.
-GQA: only the H_kv heads travel; the kernel handles the head groups locally.
+an fp32 dK/dV accumulator travels with each chunk, so no step's activations are kept alive:
+only Q, K/V, the final output and the LSE are saved. GQA: only the H_kv heads travel; the
+kernel handles the head groups locally.
+
+What each step computes is the `RingSchedule` of the mask and layout
+(`cpbench.model.masking`): ring rank j at step t runs exactly its pieces on the chunk of ring
+rank (j - t) mod R (a piece is a kernel call on a row x column range, full, top-left causal or
+a band), and the ring runs only the schedule's `steps` = k steps (k <= R). The byte protocol
+(docs/design.md; the model counts exactly this), per rank:
+
+* forward: K/V hops at steps 0..k-2 to the next neighbour (`p2p_kv`): k - 1 chunks;
+* backward: the same k - 1 K/V hops; the fp32 dK/dV accumulator (`p2p_dkv`) follows its chunk
+  to the next neighbour at steps 0..k-2 and after step k-1 goes straight home, to ring rank
+  j - (k-1) (received from j + (k-1)): k hops when k > 1, none when k = 1. With k = R the home
+  hop is the next neighbour: the full ring's protocol.
+
+A row may get several pieces in one step (documents, windows) or none at all: the merge is the
+logaddexp form, and a piece whose rows no earlier piece touched is assigned, not merged (the
+first touch of a row must not meet the -inf initial LSE in a difference).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Literal, get_args
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from cpbench.attention.comm import PendingExchange, ring_exchange
 from cpbench.attention.kernels import LocalKernel
-from cpbench.attention.layouts import ring_block_pieces
+from cpbench.attention.kernels.base import Band
+from cpbench.errors import CpbenchError
+from cpbench.model.masking import Packing, ring_schedule
 
 Variant = Literal["full", "compute", "comm"]
 """`full` the real step; `compute` the same step with communication removed (each rank sees
@@ -35,10 +53,85 @@ class RingSpec:
     """What ring attention needs of the mesh: the ring group, position and neighbours."""
 
     group: dist.ProcessGroup | None
+    """The ring's process group (None: the default group)."""
     size: int
+    """R: ranks in the ring."""
     rank: int
+    """This rank's ring rank j."""
     send_to: int
+    """Global rank of ring rank j + 1."""
     recv_from: int
+    """Global rank of ring rank j - 1."""
+    peers: tuple[int, ...] = ()
+    """Global rank of every ring rank (for the dK/dV hop home after a shortened ring); empty:
+    only the neighbours are known (then the ring must run all R steps)."""
+
+    def peer(self, offset: int) -> int:
+        """Global rank of ring rank j + offset."""
+        offset %= self.size
+        if offset == 1:
+            return self.send_to
+        if offset == self.size - 1:
+            return self.recv_from
+        if not self.peers:
+            raise CpbenchError(
+                f"ring rank {self.rank} needs the global rank of ring rank {self.rank} + "
+                f"{offset} (mod {self.size}): give RingSpec its peers"
+            )
+        return self.peers[(self.rank + offset) % self.size]
+
+
+@dataclass(frozen=True)
+class PlannedPiece:
+    """One kernel call of a ring step, ready to slice: rows of the local queries, columns of
+    the visiting K/V chunk, the mask of the call."""
+
+    rows: slice
+    cols: slice
+    causal: bool
+    """Top-left causal (when `band` is None)."""
+    band: Band | None
+    """(lo, hi) for a piece that is neither full nor top-left causal; None otherwise."""
+    first: bool
+    """No earlier piece (this step or before) touched these rows: assign instead of merge."""
+
+
+@dataclass(frozen=True)
+class RingPlan:
+    """One ring rank's calls per step, for the steps the ring runs."""
+
+    steps: int
+    """k: ring steps run (the schedule's `steps`)."""
+    pieces: tuple[tuple[PlannedPiece, ...], ...]
+    """pieces[t]: the calls at step t, on the chunk of ring rank (j - t) mod R."""
+    needs_band: bool = False
+    """Whether any rank of the ring (not only this one) has a band piece: the same answer on
+    every rank, so a kernel that cannot apply one is refused everywhere before any exchange."""
+
+
+@lru_cache(maxsize=512)
+def ring_plan(packing: Packing, ring_rank: int) -> RingPlan:
+    """The plan of ring rank `ring_rank` from the packing's schedule (cached: a step costs no
+    Python geometry)."""
+    schedule = ring_schedule(packing)
+    touched: list[tuple[int, int]] = []
+    steps = []
+    for t in range(schedule.steps):
+        planned = []
+        for p in schedule.pieces[ring_rank][t]:
+            first = all(p.q_end <= a or p.q_start >= b for a, b in touched)
+            touched.append((p.q_start, p.q_end))
+            band = None if p.is_full or p.is_causal else (p.lo, p.hi)
+            planned.append(
+                PlannedPiece(
+                    slice(p.q_start, p.q_end), slice(p.k_start, p.k_end), p.is_causal, band, first
+                )
+            )
+        steps.append(tuple(planned))
+    needs_band = any(
+        not (p.is_full or p.is_causal) for row in schedule.pieces for ps in row for p in ps
+    )
+    return RingPlan(schedule.steps, tuple(steps), needs_band)
 
 
 def _merge(
@@ -46,23 +139,36 @@ def _merge(
 ) -> None:
     """In place: (out, lse) <- softmax-merge of (out, lse) and a block's (out, lse).
 
-    out [B, S, H, D] fp32, lse [B, H, S] fp32. Written as sigmoid/logsigmoid of the LSE
-    difference, which is the stable form of o = o1 e^(l1-l) + o2 e^(l2-l), l = log(e^l1 + e^l2).
-    """
-    diff = (block_lse - lse).transpose(1, 2).unsqueeze(-1)  # [B, S, H, 1]
-    out.sub_(torch.sigmoid(diff) * (out - block_out.float()))
-    lse.sub_(F.logsigmoid(lse - block_lse))
+    out [B, S, H, D] fp32, lse [B, H, S] fp32: l = logaddexp(l1, l2), o = o1 e^(l1-l) +
+    o2 e^(l2-l). A row still at l1 = -inf (out 0) takes the block's values exactly; NaN only
+    if both are -inf, which no piece produces (every row of a piece sees a key)."""
+    new_lse = torch.logaddexp(lse, block_lse)
+    old_w = torch.exp(lse - new_lse).transpose(1, 2).unsqueeze(-1)
+    new_w = torch.exp(block_lse - new_lse).transpose(1, 2).unsqueeze(-1)
+    out.mul_(old_w).add_(block_out.float() * new_w)
+    lse.copy_(new_lse)
 
 
 def _post_next_kv(
-    current: torch.Tensor, spec: RingSpec, step: int, skip_comm: bool
+    current: torch.Tensor, spec: RingSpec, step: int, steps: int, skip_comm: bool
 ) -> PendingExchange | None:
     """Post the transfer of the K/V chunk the next step needs (none after the last step)."""
-    if step + 1 >= spec.size:
+    if step + 1 >= steps:
         return None
     return ring_exchange(
         current, spec.send_to, spec.recv_from, spec.group, "p2p_kv", KV_MESSAGE_TAG, skip_comm
     )
+
+
+def _forward_call(
+    kernel: LocalKernel,
+    p: PlannedPiece,
+    q: torch.Tensor,
+    chunk: torch.Tensor,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    args = (q[:, p.rows], chunk[:, p.cols, 0], chunk[:, p.cols, 1], p.causal, scale)
+    return kernel.forward(*args) if p.band is None else kernel.forward(*args, band=p.band)
 
 
 class RingAttention(torch.autograd.Function):
@@ -72,8 +178,7 @@ class RingAttention(torch.autograd.Function):
         q: torch.Tensor,
         kv: torch.Tensor,
         spec: RingSpec,
-        layout: str,
-        causal: bool,
+        plan: RingPlan,
         scale: float,
         kernel: LocalKernel,
         variant: Variant,
@@ -83,70 +188,57 @@ class RingAttention(torch.autograd.Function):
         out = torch.zeros(b, n, h, d, dtype=torch.float32, device=q.device)
         lse = torch.full((b, h, n), float("-inf"), dtype=torch.float32, device=q.device)
         current = kv.contiguous()
-        for step in range(spec.size):
-            pending = _post_next_kv(current, spec, step, skip_comm)
-            source = (spec.rank - step) % spec.size
-            for p in ring_block_pieces(layout, causal, spec.rank, source, n):
-                if skip_compute:
-                    break
-                block_out, block_lse = kernel.forward(
-                    q[:, p.q_start : p.q_end],
-                    current[:, p.k_start : p.k_end, 0],
-                    current[:, p.k_start : p.k_end, 1],
-                    p.causal,
-                    scale,
-                )
-                if step == 0:  # the own block covers every row: it initialises the merge
-                    out[:, p.q_start : p.q_end] = block_out.float()
-                    lse[:, :, p.q_start : p.q_end] = block_lse
+        for step in range(plan.steps):
+            pending = _post_next_kv(current, spec, step, plan.steps, skip_comm)
+            for p in () if skip_compute else plan.pieces[step]:
+                block_out, block_lse = _forward_call(kernel, p, q, current, scale)
+                if p.first:
+                    out[:, p.rows] = block_out.float()
+                    lse[:, :, p.rows] = block_lse
                 else:
-                    _merge(
-                        out[:, p.q_start : p.q_end],
-                        lse[:, :, p.q_start : p.q_end],
-                        block_out,
-                        block_lse,
-                    )
+                    _merge(out[:, p.rows], lse[:, :, p.rows], block_out, block_lse)
             if pending is not None:
                 current = pending.wait()
         out_final = out.to(q.dtype)
         ctx.save_for_backward(q, kv, out_final, lse)
-        ctx.config = (spec, layout, causal, scale, kernel, variant)
+        ctx.config = (spec, plan, scale, kernel, variant)
         return out_final
 
     @staticmethod
     def backward(ctx: Any, dout: torch.Tensor) -> tuple:
         q, kv, out, lse = ctx.saved_tensors
-        spec, layout, causal, scale, kernel, variant = ctx.config
+        spec, plan, scale, kernel, variant = ctx.config
         skip_comm, skip_compute = variant == "compute", variant == "comm"
-        n = q.shape[1]
+        steps = plan.steps
         dout = dout.contiguous()
         dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         current = kv.contiguous()
         dkv_acc: torch.Tensor | None = None
         dkv_pending = None
-        for step in range(spec.size):
-            kv_pending = _post_next_kv(current, spec, step, skip_comm)
-            source = (spec.rank - step) % spec.size
+        for step in range(steps):
+            kv_pending = _post_next_kv(current, spec, step, steps, skip_comm)
             block_dkv: torch.Tensor | None = None
-            for p in ring_block_pieces(layout, causal, spec.rank, source, n):
-                if skip_compute:
-                    break
-                rows, cols = slice(p.q_start, p.q_end), slice(p.k_start, p.k_end)
-                dq_p, dk_p, dv_p = kernel.backward(
-                    dout[:, rows],
-                    q[:, rows],
-                    current[:, cols, 0],
-                    current[:, cols, 1],
-                    out[:, rows],
-                    lse[:, :, rows],
+            for p in () if skip_compute else plan.pieces[step]:
+                args = (
+                    dout[:, p.rows],
+                    q[:, p.rows],
+                    current[:, p.cols, 0],
+                    current[:, p.cols, 1],
+                    out[:, p.rows],
+                    lse[:, :, p.rows],
                     p.causal,
                     scale,
                 )
-                dq[:, rows] += dq_p
+                dq_p, dk_p, dv_p = (
+                    kernel.backward(*args)
+                    if p.band is None
+                    else kernel.backward(*args, band=p.band)
+                )
+                dq[:, p.rows] += dq_p
                 if block_dkv is None:
                     block_dkv = torch.zeros(kv.shape, dtype=torch.float32, device=kv.device)
-                block_dkv[:, cols, 0] += dk_p
-                block_dkv[:, cols, 1] += dv_p
+                block_dkv[:, p.cols, 0] += dk_p
+                block_dkv[:, p.cols, 1] += dv_p
             if dkv_pending is not None:
                 received = dkv_pending.wait()
                 dkv_acc = received if block_dkv is None else received.add_(block_dkv)
@@ -156,13 +248,14 @@ class RingAttention(torch.autograd.Function):
                     if block_dkv is not None
                     else torch.zeros(kv.shape, dtype=torch.float32, device=kv.device)
                 )
-            if spec.size > 1:
-                # The accumulator follows its chunk to the next rank; after the last step
-                # this hop brings it back to the chunk's owner.
+            if steps > 1:
+                # The accumulator follows its chunk to the next rank; after the last step it
+                # goes straight home, to the chunk's owner j - (k-1) (the next rank when k = R).
+                last = step + 1 == steps
                 dkv_pending = ring_exchange(
                     dkv_acc,
-                    spec.send_to,
-                    spec.recv_from,
+                    spec.peer(-(steps - 1)) if last else spec.send_to,
+                    spec.peer(steps - 1) if last else spec.recv_from,
                     spec.group,
                     "p2p_dkv",
                     DKV_MESSAGE_TAG,
@@ -173,4 +266,4 @@ class RingAttention(torch.autograd.Function):
         dkv = dkv_pending.wait() if dkv_pending is not None else dkv_acc
         if dkv is None:  # unreachable: the loop runs at least once
             raise RuntimeError("ring backward produced no dK/dV")
-        return dq.to(q.dtype), dkv.to(kv.dtype), None, None, None, None, None, None
+        return dq.to(q.dtype), dkv.to(kv.dtype), None, None, None, None, None

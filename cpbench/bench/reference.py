@@ -1,6 +1,12 @@
 """The reference check on the ranks: a case's global inputs from a seed, sharded through
 cpbench's schemes or an impl adapter, forward and backward, gathered back and compared on rank 0
-with the float64 single-process reference (output and dQ/dK/dV)."""
+with the float64 single-process reference under the same mask (output and dQ/dK/dV).
+
+A case's mask (documents, window) goes to the layout, the schemes and the reference alike. The
+doc_zigzag layout runs padding tokens (documents of their own): its global inputs have the run
+length and the reference runs the run mask, padding documents included, so every token is
+compared. External impls take no mask: a case with one (or with a document layout) is an
+error naming it, never a check of the mask-less result."""
 
 from __future__ import annotations
 
@@ -13,8 +19,9 @@ import torch.distributed as dist
 
 from cpbench.config.bench import BenchConfig, VerifyCase
 from cpbench.config.impls import DEFAULT_IMPL, check_impl
+from cpbench.config.masks import MaskSpec
 from cpbench.config.tolerances import TOLERANCE, allowed_error
-from cpbench.config.vocabulary import DTYPES
+from cpbench.config.vocabulary import DTYPES, GLOBAL_LAYOUTS
 from cpbench.errors import CpbenchError
 
 TORCH_DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in DTYPES}
@@ -26,9 +33,32 @@ def error_bound(dtype: str, reference: torch.Tensor, absolute: float | None = No
     return allowed_error(dtype, float(reference.abs().max()), absolute)
 
 
+def impl_mask_unsupported(impl: str, mask: MaskSpec, layout: str) -> str | None:
+    """Why an external impl cannot run a mask or layout (None for cpbench's own, or a plain
+    mask on a global layout): the adapters pass no mask, so the check would be of another
+    attention."""
+    if impl == DEFAULT_IMPL:
+        return None
+    if not mask.plain:
+        return f"impl {impl!r} takes no {mask.kind} mask ({mask.label}): only causal or full"
+    if layout not in GLOBAL_LAYOUTS:
+        return f"impl {impl!r} has no {layout} layout (only {', '.join(GLOBAL_LAYOUTS)})"
+    return None
+
+
+def run_mask(case: VerifyCase) -> tuple[MaskSpec, int]:
+    """(the mask as the case runs it, padding documents included; the run length)."""
+    from cpbench.attention.layouts import packing  # noqa: PLC0415
+
+    packed = packing(case.seq_len, case.ulysses, case.ring, case.layout, case.mask)
+    return packed.mask, packed.seq_len
+
+
 def _global_inputs(case: VerifyCase, device: torch.device) -> tuple[torch.Tensor, ...]:
     g = torch.Generator().manual_seed(case.seed)
     b, n, d = case.batch, case.seq_len, case.head_dim
+    if case.impl == DEFAULT_IMPL:
+        n = run_mask(case)[1]
     q = torch.randn(b, n, case.heads, d, generator=g)
     k = torch.randn(b, n, case.kv_heads, d, generator=g)
     v = torch.randn(b, n, case.kv_heads, d, generator=g)
@@ -50,13 +80,14 @@ def _run_cpbench(case: VerifyCase, inputs: tuple) -> list[torch.Tensor]:
 
     mesh = build_mesh(case.ulysses, case.ring)
     dtype = TORCH_DTYPES[case.dtype]
+    mask, layout = case.mask, case.layout
     q, k, v, dout = inputs
-    local = [shard(t, mesh, case.layout).to(dtype).requires_grad_(True) for t in (q, k, v)]
+    local = [shard(t, mesh, layout, mask=mask).to(dtype).requires_grad_(True) for t in (q, k, v)]
     lq, lk, lv = local
-    out = cp_attention(lq, lk, lv, mesh, causal=case.causal, layout=case.layout, kernel=case.kernel)
-    out.backward(shard(dout, mesh, case.layout).to(dtype))
+    out = cp_attention(lq, lk, lv, mesh, layout=layout, kernel=case.kernel, mask=mask)
+    out.backward(shard(dout, mesh, layout, mask=mask).to(dtype))
     grads = _grads(local, case.impl)
-    return [unshard(t, mesh, case.layout) for t in (out.detach(), *grads)]
+    return [unshard(t, mesh, layout, mask=mask) for t in (out.detach(), *grads)]
 
 
 def _run_impl(case: VerifyCase, runner: Any, inputs: tuple) -> list[torch.Tensor]:
@@ -77,6 +108,9 @@ def run_case_on_rank(case: VerifyCase, device: torch.device) -> dict | None:
 
     from cpbench.attention import reference_attention  # noqa: PLC0415
 
+    unsupported = impl_mask_unsupported(case.impl, case.mask, case.layout)
+    if unsupported:
+        raise CpbenchError(unsupported)
     inputs = _global_inputs(case, device)
     tolerances = dict.fromkeys(("out", "dq", "dk", "dv"), TOLERANCE[case.dtype])
     known: list[str] = []
@@ -98,7 +132,8 @@ def run_case_on_rank(case: VerifyCase, device: torch.device) -> dict | None:
     dtype = TORCH_DTYPES[case.dtype]
     ref_inputs = [t.to(dtype).double().requires_grad_(True) for t in (q, k, v)]
     ref_q, ref_k, ref_v = ref_inputs
-    ref_out = reference_attention(ref_q, ref_k, ref_v, causal=case.causal)
+    mask = run_mask(case)[0] if case.impl == DEFAULT_IMPL else case.mask
+    ref_out = reference_attention(ref_q, ref_k, ref_v, causal=case.causal, mask=mask)
     ref_out.backward(dout.to(dtype).double())
     refs = [ref_out.detach(), *_grads(ref_inputs, "reference")]
     errors = {
@@ -113,6 +148,7 @@ def run_case_on_rank(case: VerifyCase, device: torch.device) -> dict | None:
         **asdict(case),
         "scheme": case.scheme,
         "label": case.label,
+        "mask": case.mask.label,
         "errors": errors,
         "max_error": max(errors.values()),
         "bounds": bounds,
@@ -138,6 +174,7 @@ def run_cases_on_rank(cases: list[VerifyCase], device: str = "cpu") -> list[dict
                     **asdict(case),
                     "scheme": case.scheme,
                     "label": case.label,
+                    "mask": case.mask.label,
                     "passed": False,
                     "error": str(exc),
                 }
@@ -174,9 +211,13 @@ def agreed(fn: Callable[[], Any], device: torch.device) -> Any:
 
 def random_shards(config: BenchConfig, device: torch.device) -> tuple[torch.Tensor, ...]:
     """This rank's q, k, v (requiring grad when the phase has a backward) and dout: random
-    local shards of the configuration's shape (values do not matter for timing)."""
+    local shards of the configuration's shape (values do not matter for timing), of the run
+    length (doc_zigzag's padding included)."""
+    from cpbench.attention.layouts import run_length  # noqa: PLC0415
+
     dtype = TORCH_DTYPES[config.dtype]
-    local_len = config.seq_len // config.world_size
+    run_len = run_length(config.mask, config.seq_len, config.ulysses, config.ring, config.layout)
+    local_len = run_len // config.world_size
     g = torch.Generator(device=device).manual_seed(1000 + dist.get_rank())
     backward = config.phase == "fwd+bwd"
 
@@ -194,7 +235,10 @@ def reference_check(
     config: BenchConfig, check_len: int, device: torch.device
 ) -> dict[str, Any] | None:
     """The record's `accuracy` (rank 0; None elsewhere): the configuration, at `check_len`
-    tokens, through the same path as `cpbench verify` — cpbench's or the impl's adapter."""
+    tokens, through the same path as `cpbench verify` — cpbench's or the impl's adapter —
+    under the point's mask on those tokens (`MaskSpec.truncated`: the documents that start
+    before `check_len`, the last one cut; the window unchanged)."""
+    truncated = config.mask.truncated(check_len)
     case = VerifyCase(
         ulysses=config.ulysses,
         ring=config.ring,
@@ -208,6 +252,8 @@ def reference_check(
         dtype=config.dtype,
         kernel=config.backend,
         impl=config.impl,
+        documents=None if config.documents is None else truncated.documents,
+        window=config.window,
     )
     result = run_case_on_rank(case, device)
     if result is None:

@@ -37,12 +37,23 @@ def verify(
             f"{', '.join(IMPLS[1:])}); cases it cannot run are listed as skipped."
         ),
     ] = "cpbench",
+    masks: Annotated[
+        bool,
+        typer.Option(
+            "--masks/--no-masks",
+            help="Also check the packed-document and sliding-window masks (every scheme x "
+            "layout x mask x GQA case; --no-masks: causal and full only).",
+        ),
+    ] = True,
 ) -> None:
-    """Check every scheme x layout x causal x GQA case against the single-process reference.
+    """Check every scheme x layout x mask x GQA case against the single-process reference.
 
-    Spawns the ranks once (gloo on CPU, NCCL on GPUs), compares the forward output and
-    dQ/dK/dV with a float64 reference, prints a table and exits 1 on any mismatch. Under
-    torchrun (or srun) the launched processes are the world and rank 0 prints.
+    Masks: causal, full, packed documents (documents shorter than a chunk, single-token ones,
+    one spanning every rank), sliding windows (1, shorter and longer than a chunk, longer
+    than the sequence) and documents with a window. Spawns the ranks once (gloo on CPU, NCCL
+    on GPUs), compares the forward output and dQ/dK/dV with a float64 reference under the
+    same mask, prints a table and exits 1 on any mismatch. Under torchrun (or srun) the
+    launched processes are the world and rank 0 prints.
     """
     import torch  # noqa: PLC0415
 
@@ -57,9 +68,7 @@ def verify(
         n = launch.world_size
     else:
         n = torch.cuda.device_count() if dev == "cuda" else 4
-    records = run_verify(
-        n, dev, dtype or DEFAULT_DTYPE[dev], kernel, impl=impl
-    )
+    records = run_verify(n, dev, dtype or DEFAULT_DTYPE[dev], kernel, impl=impl, masks=masks)
     failed = [r for r in records if r["passed"] is False]
     if launch is not None and launch.rank != 0:
         pass  # rank 0 prints; every rank exits with the same code

@@ -38,6 +38,8 @@ from cpbench.attention.kernels.flash_attn3 import (
 from cpbench.attention.kernels.naive import NaiveKernel
 from cpbench.attention.kernels.select import (
     auto_kernel_name,
+    band_capable,
+    band_refusal,
     kernel_availability,
     kernel_unavailable,
     kernel_version,
@@ -55,6 +57,8 @@ __all__ = [
     "LocalKernel",
     "NaiveKernel",
     "auto_kernel_name",
+    "band_capable",
+    "band_refusal",
     "causal_mask",
     "cuda_flash_native_gqa",
     "cudnn_native_gqa",

@@ -7,15 +7,32 @@ from typing import Protocol
 
 import torch
 
+from cpbench.errors import CpbenchError
+
+Band = tuple[int | None, int | None]
+"""A piece's mask as (lo, hi): row i sees column j iff lo <= j - i <= hi (None unbounded);
+`(None, None)` is full attention, `(None, 0)` top-left causal (`cpbench.model.masking.Piece`)."""
+
 _FlashAux = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 """(cum_seq_q, cum_seq_k, philox seed, philox offset) of the CUDA flash forward."""
 
 
 class LocalKernel(Protocol):
+    """`band`, when given, is the whole mask of the call (`causal` is then ignored): the
+    pieces of a packed-document or sliding-window ring block that are neither full nor
+    top-left causal. A kernel that cannot apply a band raises CpbenchError naming it."""
+
     name: str
+    supports_band: bool
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        causal: bool,
+        scale: float,
+        band: Band | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
     def backward(
@@ -28,6 +45,7 @@ class LocalKernel(Protocol):
         lse: torch.Tensor,
         causal: bool,
         scale: float,
+        band: Band | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
 
 
@@ -55,6 +73,46 @@ def causal_mask(sq: int, sk: int, offset: int, device: torch.device) -> torch.Te
     return cols <= rows + offset
 
 
+def normalize_band(causal: bool, band: Band | None) -> tuple[bool, Band | None]:
+    """(causal, band) with the two bands every kernel has a flag for folded back: `(None,
+    None)` -> full, `(None, 0)` -> top-left causal; any other band stays (causal False)."""
+    if band is None:
+        return causal, None
+    if band == (None, None):
+        return False, None
+    if band == (None, 0):
+        return True, None
+    lo, hi = band
+    if lo is not None and hi is not None and lo > hi:
+        raise CpbenchError(f"mask band lo ({lo}) > hi ({hi}): no key is visible")
+    return False, band
+
+
+def band_mask(sq: int, sk: int, band: Band, device: torch.device) -> torch.Tensor:
+    """Boolean [sq, sk], True where lo <= j - i <= hi."""
+    lo, hi = band
+    diff = torch.arange(sk, device=device).unsqueeze(0) - torch.arange(
+        sq, device=device
+    ).unsqueeze(1)
+    keep = torch.ones(sq, sk, dtype=torch.bool, device=device)
+    if lo is not None:
+        keep &= diff >= lo
+    if hi is not None:
+        keep &= diff <= hi
+    return keep
+
+
+def refuse_band(kernel: str, band: Band | None) -> None:
+    """A kernel without a mask argument: a band is an error naming both, never dropped."""
+    if band is not None:
+        lo, hi = band
+        raise CpbenchError(
+            f"kernel {kernel!r} cannot apply the mask band lo ({lo}) <= j - i <= hi ({hi}) of "
+            f"a document or sliding-window piece (it has only a causal flag); use kernel "
+            f"'flash_attn', 'flash_attn3', 'sdpa' on CPU, or 'naive'"
+        )
+
+
 class ForwardRngState:
     """For kernels whose backward op takes the forward's philox (seed, offset) — fixed when
     dropout is 0, but the op still wants the tensors. The forward stores them in `_rng`."""
@@ -62,7 +120,13 @@ class ForwardRngState:
     _rng: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        causal: bool,
+        scale: float,
+        band: Band | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
 

@@ -6,7 +6,13 @@ import torch
 
 from cpbench import compat
 from cpbench.attention.kernels import ops
-from cpbench.attention.kernels.base import _expand_kv, _reduce_kv_grad
+from cpbench.attention.kernels.base import (
+    Band,
+    _expand_kv,
+    _reduce_kv_grad,
+    normalize_band,
+    refuse_band,
+)
 
 
 def cuda_flash_native_gqa(version: str | None = None) -> bool:
@@ -25,6 +31,8 @@ class CudaSdpaKernel:
     last forward are reused, as PyTorch's own ring does."""
 
     name = "sdpa"
+    supports_band = False
+    """Whether a mask band (document / sliding-window piece) can be applied."""
 
     def __init__(self) -> None:
         self._aux: tuple[torch.Tensor, ...] | None = None
@@ -34,8 +42,16 @@ class CudaSdpaKernel:
         return (x if cuda_flash_native_gqa() else _expand_kv(x, heads)).transpose(1, 2)
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        causal: bool,
+        scale: float,
+        band: Band | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        causal, band = normalize_band(causal, band)
+        refuse_band("sdpa (CUDA)", band)
         h = q.shape[2]
         res = ops.call_op(
             "_scaled_dot_product_flash_attention",
@@ -60,7 +76,10 @@ class CudaSdpaKernel:
         lse: torch.Tensor,
         causal: bool,
         scale: float,
+        band: Band | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        causal, band = normalize_band(causal, band)
+        refuse_band("sdpa (CUDA)", band)
         h = q.shape[2]
         if self._aux is None:  # a backward before any forward in this process
             self.forward(q[:, :1], k[:, :1], v[:, :1], False, scale)

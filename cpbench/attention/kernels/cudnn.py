@@ -7,7 +7,14 @@ import torch
 
 from cpbench import compat
 from cpbench.attention.kernels import ops
-from cpbench.attention.kernels.base import ForwardRngState, _expand_kv, _reduce_kv_grad
+from cpbench.attention.kernels.base import (
+    Band,
+    ForwardRngState,
+    _expand_kv,
+    _reduce_kv_grad,
+    normalize_band,
+    refuse_band,
+)
 
 CUDNN_MIN_VERSION = 90000
 """cuDNN 9.0: the release PyTorch's cuDNN attention (torch >= 2.5) is built and tested on."""
@@ -55,6 +62,8 @@ class CudnnKernel(ForwardRngState):
     backward, as for PyTorch's flash op."""
 
     name = "cudnn"
+    supports_band = False
+    """Whether a mask band (document / sliding-window piece) can be applied."""
 
     def __init__(self) -> None:
         self._rng: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -65,8 +74,16 @@ class CudnnKernel(ForwardRngState):
         return (x if cudnn_native_gqa() else _expand_kv(x, heads)).transpose(1, 2)
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        causal: bool,
+        scale: float,
+        band: Band | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        causal, band = normalize_band(causal, band)
+        refuse_band("cudnn", band)
         h = q.shape[2]
         res = ops.call_op(
             "_scaled_dot_product_cudnn_attention",
@@ -96,7 +113,10 @@ class CudnnKernel(ForwardRngState):
         lse: torch.Tensor,
         causal: bool,
         scale: float,
+        band: Band | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        causal, band = normalize_band(causal, band)
+        refuse_band("cudnn", band)
         h = q.shape[2]
         seed, offset = self._rng_for_backward(q, k, v, scale)
         dout_t, out_t = dout.transpose(1, 2), out.transpose(1, 2)

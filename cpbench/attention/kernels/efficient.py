@@ -6,7 +6,14 @@ from __future__ import annotations
 import torch
 
 from cpbench.attention.kernels import ops
-from cpbench.attention.kernels.base import ForwardRngState, _expand_kv, _reduce_kv_grad
+from cpbench.attention.kernels.base import (
+    Band,
+    ForwardRngState,
+    _expand_kv,
+    _reduce_kv_grad,
+    normalize_band,
+    refuse_band,
+)
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 """What the memory-efficient (cutlass) kernels compute in; float64 stays with einsum."""
@@ -42,6 +49,8 @@ class EfficientKernel(ForwardRngState):
     forward is reused in the backward."""
 
     name = "efficient"
+    supports_band = False
+    """Whether a mask band (document / sliding-window piece) can be applied."""
 
     def __init__(self) -> None:
         self._rng: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -52,8 +61,16 @@ class EfficientKernel(ForwardRngState):
         return (x if efficient_native_gqa() else _expand_kv(x, heads)).transpose(1, 2)
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        causal: bool,
+        scale: float,
+        band: Band | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        causal, band = normalize_band(causal, band)
+        refuse_band("efficient", band)
         h, sq = q.shape[2], q.shape[1]
         res = ops.call_op(
             "_scaled_dot_product_efficient_attention",
@@ -92,7 +109,10 @@ class EfficientKernel(ForwardRngState):
         lse: torch.Tensor,
         causal: bool,
         scale: float,
+        band: Band | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        causal, band = normalize_band(causal, band)
+        refuse_band("efficient", band)
         h = q.shape[2]
         seed, offset = self._rng_for_backward(q, k, v, scale)
         dq, dk, dv = ops.call_op(

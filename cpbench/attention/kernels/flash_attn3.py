@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from cpbench.attention.kernels.base import Band, normalize_band
+from cpbench.attention.kernels.flash_attn import flash_window
 from cpbench.attention.kernels.ops import call_with_signature, last_dim_contiguous
 
 MODULE = "flash_attn_interface"
@@ -102,6 +104,12 @@ def flash_attn3_available() -> bool:
     return flash_attn3_interface() is not None
 
 
+def _window(sq: int, sk: int, band: Band | None) -> dict[str, Any]:
+    """The window arguments of every FA3 release for a band (unbounded without one)."""
+    left, right = flash_window(sq, sk, band)
+    return {"window_size": (left, right), "window_size_left": left, "window_size_right": right}
+
+
 def _new_api(fn: Any) -> bool:
     """2025 on: `(out, softmax_lse, ...)`; the 2024 betas returned `(out, q, k, v,
     out_padded, softmax_lse, S_dmask)`. The releases differ in `k_new` (added in 2025), and
@@ -112,9 +120,13 @@ def _new_api(fn: Any) -> bool:
 class FlashAttn3Kernel:
     """FlashAttention-3 on Hopper (fp16/bf16): native GQA, [B, S, H, D] layout, LSE out,
     backward with given out/LSE. Inputs whose last dimension is contiguous go in as they are
-    (FA3 copies only the others, as flash-attn 2 does); the LSE goes in dense."""
+    (FA3 copies only the others, as flash-attn 2 does); the LSE goes in dense. A band goes in
+    as the window (`flash_window`: `window_size` or `window_size_left/right`, whichever the
+    release names) with `causal=False`."""
 
     name = "flash_attn3"
+    supports_band = True
+    """Whether a mask band (document / sliding-window piece) can be applied."""
 
     def __init__(self, module: ModuleType | None = None) -> None:
         fa = module or flash_attn3_interface()
@@ -124,10 +136,18 @@ class FlashAttn3Kernel:
         self._beta = not _new_api(fa._flash_attn_forward)
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        causal: bool,
+        scale: float,
+        band: Band | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        causal, band = normalize_band(causal, band)
         known = dict.fromkeys(_UNUSED_INPUTS)
         known.update(_SETTINGS, out=None, softmax_scale=scale, causal=causal)
+        known.update(_window(q.shape[1], k.shape[1], band))
         res = call_with_signature(
             self._fa._flash_attn_forward,
             known,
@@ -148,7 +168,10 @@ class FlashAttn3Kernel:
         lse: torch.Tensor,
         causal: bool,
         scale: float,
+        band: Band | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        causal, band = normalize_band(causal, band)
+
         def fresh(x: torch.Tensor) -> torch.Tensor:  # contiguous, as FA3 wants its outputs
             return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
@@ -157,6 +180,7 @@ class FlashAttn3Kernel:
         known.update(
             _SETTINGS, dq=dq, dk=dk, dv=dv, softmax_scale=scale, causal=causal, is_causal=causal
         )
+        known.update(_window(q.shape[1], k.shape[1], band))
         call_with_signature(
             self._fa._flash_attn_backward,
             known,

@@ -1,10 +1,17 @@
-"""The einsum kernel: float64-capable, any mask, GQA by expanding K/V; also the reference."""
+"""The einsum kernel: float64-capable, any mask (causal, full or a band), GQA by expanding K/V; also the reference."""
 
 from __future__ import annotations
 
 import torch
 
-from cpbench.attention.kernels.base import _expand_kv, _reduce_kv_grad, causal_mask
+from cpbench.attention.kernels.base import (
+    Band,
+    _expand_kv,
+    _reduce_kv_grad,
+    band_mask,
+    causal_mask,
+    normalize_band,
+)
 
 
 class NaiveKernel:
@@ -15,18 +22,31 @@ class NaiveKernel:
     """
 
     name = "naive"
+    supports_band = True
+    """Whether a mask band (document / sliding-window piece) can be applied."""
 
     @staticmethod
     def _compute_dtype(x: torch.Tensor) -> torch.dtype:
         return torch.float64 if x.dtype == torch.float64 else torch.float32
 
     def _probs(
-        self, q: torch.Tensor, k: torch.Tensor, causal: bool, scale: float, lse: torch.Tensor | None
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        causal: bool,
+        scale: float,
+        lse: torch.Tensor | None,
+        band: Band | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         ct = self._compute_dtype(q)
         kk = _expand_kv(k, q.shape[2]).to(ct)
         scores = torch.einsum("bqhd,bkhd->bhqk", q.to(ct), kk) * scale
-        if causal:
+        causal, band = normalize_band(causal, band)
+        if band is not None:
+            scores = scores.masked_fill(
+                ~band_mask(q.shape[1], k.shape[1], band, q.device), float("-inf")
+            )
+        elif causal:
             mask = causal_mask(q.shape[1], k.shape[1], 0, q.device)
             scores = scores.masked_fill(~mask, float("-inf"))
         if lse is None:
@@ -37,10 +57,16 @@ class NaiveKernel:
         return probs, lse
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        causal: bool,
+        scale: float,
+        band: Band | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         ct = self._compute_dtype(q)
-        probs, lse = self._probs(q, k, causal, scale, None)
+        probs, lse = self._probs(q, k, causal, scale, None, band)
         vv = _expand_kv(v, q.shape[2]).to(ct)
         out = torch.einsum("bhqk,bkhd->bqhd", probs, vv)
         lse_out = lse if ct == torch.float64 else lse.float()
@@ -56,9 +82,10 @@ class NaiveKernel:
         lse: torch.Tensor,
         causal: bool,
         scale: float,
+        band: Band | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         ct = self._compute_dtype(q)
-        probs, _ = self._probs(q, k, causal, scale, lse)
+        probs, _ = self._probs(q, k, causal, scale, lse, band)
         vv = _expand_kv(v, q.shape[2]).to(ct)
         kk = _expand_kv(k, q.shape[2]).to(ct)
         do = dout.to(ct)

@@ -103,9 +103,33 @@ def kernel_unavailable(name: str, device: torch.device | str, dtype: torch.dtype
     raise CpbenchError(f"kernel {name!r} is not one of {', '.join(BACKENDS)}")
 
 
-def auto_kernel_name(device: torch.device | str, dtype: torch.dtype) -> str:
-    """The kernel `auto` runs on `device` in `dtype` (see the module docstring)."""
+def band_capable(name: str, device: torch.device | str) -> bool:
+    """Whether kernel `name` applies a mask band (the pieces of packed documents and sliding
+    windows that are neither full nor top-left causal): einsum, PyTorch's CPU op (a float
+    mask) and flash-attn 2 / 3 (window sizes) do; PyTorch's CUDA flash, memory-efficient and
+    cuDNN ops, called with a causal flag only, do not."""
     device = torch.device(device)
+    if name == "sdpa":
+        return device.type != "cuda"
+    return name in ("naive", "flash_attn", "flash_attn3")
+
+
+def auto_kernel_name(
+    device: torch.device | str, dtype: torch.dtype, band: bool = False
+) -> str:
+    """The kernel `auto` runs on `device` in `dtype` (see the module docstring); with `band`
+    (the mask has band pieces) the first of those that can apply one: the usual choice,
+    else FlashAttention-3, else flash-attn 2, else the usual choice (which then refuses)."""
+    name = _auto_kernel_name(torch.device(device), dtype)
+    if not band or band_capable(name, device):
+        return name
+    for alternative in ("flash_attn3", "flash_attn"):
+        if kernel_unavailable(alternative, device, dtype) is None:
+            return alternative
+    return name
+
+
+def _auto_kernel_name(device: torch.device, dtype: torch.dtype) -> str:
     if device.type != "cuda":
         return "naive" if dtype == torch.float64 else "sdpa"
     if dtype == torch.float32:
@@ -147,15 +171,32 @@ def kernel_version(name: str) -> str | None:
 
 
 def select_kernel(
-    device: torch.device | str, dtype: torch.dtype, name: str = "auto"
+    device: torch.device | str, dtype: torch.dtype, name: str = "auto", band: bool = False
 ) -> LocalKernel:
     """Pick a kernel: `auto` as `auto_kernel_name` says, else the named one; an impossible
-    named choice is a `CpbenchError` saying what is missing."""
+    named choice is a `CpbenchError` saying what is missing. `band`: the mask has band pieces
+    (documents, sliding window), and a kernel that cannot apply them is an error naming it."""
     device = torch.device(device)
     if name not in BACKENDS:
         raise CpbenchError(f"kernel {name!r} is not one of {', '.join(BACKENDS)}")
-    chosen = auto_kernel_name(device, dtype) if name == "auto" else name
+    chosen = auto_kernel_name(device, dtype, band) if name == "auto" else name
     reason = kernel_unavailable(chosen, device, dtype)
     if reason is not None:
         raise CpbenchError(f"kernel {chosen!r} {reason}")
+    if band and not band_capable(chosen, device):
+        raise CpbenchError(band_refusal(chosen, device, dtype))
     return _kernel_instance(_kernel_class(chosen, device))
+
+
+def band_refusal(name: str, device: torch.device | str, dtype: torch.dtype) -> str:
+    """The error of a kernel that cannot apply a mask's band pieces, naming those that can."""
+    capable = [
+        n
+        for n in BACKENDS
+        if n != "auto" and band_capable(n, device) and kernel_unavailable(n, device, dtype) is None
+    ]
+    return (
+        f"kernel {name!r} cannot apply the band pieces of this mask (packed documents or a "
+        f"sliding window need masks that are neither full nor top-left causal); kernels that "
+        f"can on {torch.device(device).type} in {dtype}: {', '.join(capable) or 'none'}"
+    )
