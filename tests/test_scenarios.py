@@ -34,6 +34,7 @@ SHIPPED = {
     "two-node": ("cuda", 16, 8, 8),
     "cpu-world4": ("cpu", 4, 18, 18),
     "gpu-acceptance": ("cuda", 8, 48, 48),
+    "packed-documents": ("cpu", 4, 10, 10),
 }
 
 
@@ -430,14 +431,134 @@ def test_first_problem_is_reported_in_reading_order(tmp_path: Path) -> None:
 def test_file_keys_and_their_descriptions() -> None:
     assert TOP_LEVEL_KEYS == (
         "name", "description", "world_size", "device", "warmup", "iters", "timeout",
-        "check_max_seq_len", "nodes", "axes",
+        "check_max_seq_len", "nodes", "seed", "axes", "also",
     )  # fmt: skip
     assert AXIS_KEYS == (
         "seq_len", "batch", "heads", "kv_heads", "gqa_ratio", "head_dim", "dtype", "causal",
-        "mesh", "layout", "kv_replication", "backend", "phase", "impl",
+        "mesh", "layout", "kv_replication", "backend", "phase", "impl", "documents", "window",
     )  # fmt: skip
     for model in (ScenarioFile, ScenarioAxes):
         for name, field in model.model_fields.items():
             assert field.description, f"{model.__name__}.{name} has no docstring"
     # every axis of the file is an attribute of Scenario
     assert set(AXIS_KEYS) <= {f.name for f in dataclasses.fields(Scenario)}
+
+
+# --- masks: the documents and window axes, [[also]] ------------------------------------------
+
+
+def test_documents_and_window_axes_resolve_per_length_with_the_seed(tmp_path: Path) -> None:
+    data = minimal(
+        seq_len=[4096, 8192],
+        documents=["none", "lognormal:mean=512", "1024,3072"],
+        window=["none", 512, 100000],
+    )
+    data["seed"] = 3
+    # explicit lengths must fill every seq_len: 1024 + 3072 = 4096 only
+    with pytest.raises(
+        CpbenchError,
+        match=r"x\.toml: key 'documents': documents '1024,3072' "
+        r"sum to 4096, not the sequence length 8192",
+    ):
+        parse_scenario(data, "x.toml")
+    data["axes"]["seq_len"] = 4096
+    configs = [c for c, f in parse_scenario(data, "x.toml").expand("cpu", 4) if f.ok]
+    masks = {(c.documents, c.window) for c in configs}
+    assert len(masks) == 3 * 3
+    drawn = {c.documents for c in configs if c.documents and len(c.documents) > 2}
+    (lengths,) = drawn  # one draw, the same for every point
+    assert sum(lengths) == 4096 and len(lengths) > 3
+    assert {c.mask.kind for c in configs} == {
+        "causal", "sliding_window", "document", "document_sliding_window",
+    }  # fmt: skip
+    assert (None, 100000) in masks  # a window longer than the sequence is allowed
+    # the same seed gives the same lengths, another seed others
+    again = [c.documents for c, _ in parse_scenario(data, "x.toml").expand("cpu", 4)]
+    assert lengths in again
+    data["seed"] = 4
+    other = {c.documents for c, _ in parse_scenario(data, "x.toml").expand("cpu", 4)}
+    assert lengths not in other
+    # plain points keep their ids (no mask suffix)
+    assert all(not c.key.endswith("w4096") for c in configs)
+    plain = [c for c in configs if c.documents is None and c.window is None]
+    assert plain and all(c.key.endswith("-cpu-w4") for c in plain)
+
+
+def test_a_documents_file_is_found_beside_the_scenario(tmp_path: Path) -> None:
+    (tmp_path / "lengths.txt").write_text("# one per line\n1000\n3000\n500\n")
+    path = write(tmp_path, BASE + 'documents = "lengths.txt"\n')
+    (config, _), *_ = load_scenario(path).expand("cuda", 8)
+    assert config.documents == (1000, 3000, 96)  # the last one cut at L = 4096
+
+
+@pytest.mark.parametrize(
+    ("axes", "expected"),
+    [
+        ('documents = ""\n', "key 'documents': '' is not a document source"),
+        ("documents = 3\n", "key 'documents': 3 is not a document source"),
+        ('documents = "zipf:a=1"\n', "key 'documents': documents 'zipf:a=1': distribution"),
+        ('documents = "lognormal:mean=-1"\n', "key 'documents': lognormal needs mean="),
+        ('documents = "100,200"\n', "key 'documents': documents '100,200' sum to 300"),
+        ("window = 0\n", "key 'window': 0 is not a window"),
+        ("window = true\n", "key 'window': True is not a window"),
+        ('window = "wide"\n', "key 'window': 'wide' is not a window"),
+        ('window = [512, "none", 512]\n', "key 'window': 512 is repeated in"),
+        ("window = 512\ncausal = [true, false]\n", "key 'window': 512 needs a causal mask"),
+        (
+            'layout = "diagonal"\n',
+            "key 'layout': 'diagonal' is not one of contiguous, zigzag, "
+            "striped, doc_zigzag, balanced",
+        ),
+    ],
+)
+def test_bad_mask_axes_name_the_key_and_the_rule(tmp_path: Path, axes: str, expected: str) -> None:
+    path = write(tmp_path, BASE + axes)
+    with pytest.raises(CpbenchError) as info:
+        load_scenario(path)
+    assert str(info.value).startswith(f"{path}: {expected}"), str(info.value)
+
+
+def test_every_layout_is_an_axis_value() -> None:
+    data = minimal(
+        layout=["contiguous", "zigzag", "striped", "doc_zigzag", "balanced"],
+        documents="lognormal:mean=300",
+        mesh=["1x4"],
+    )
+    expanded = parse_scenario(data, "x.toml").expand("cpu", 4)
+    assert [c.layout for c, _ in expanded] == list(data["axes"]["layout"])
+    assert all(f.ok for _, f in expanded)
+
+
+def test_also_tables_add_their_products_without_repeating_a_point(tmp_path: Path) -> None:
+    text = BASE + (
+        'layout = ["zigzag", "balanced"]\nmesh = ["1x8"]\ndocuments = "2048,2048"\n'
+        '\n[[also]]\nlayout = "contiguous"\ndocuments = "none"\nwindow = ["none", 512]\n'
+        '\n[[also]]\nlayout = "zigzag"\n'  # the first point again: not repeated
+        "gqa_ratio = 2\n"  # replaces kv_heads of [axes]
+    )
+    scenario = load_scenario(write(tmp_path, text))
+    expanded = scenario.expand("cuda", 8)
+    got = [(c.layout, c.documents, c.window, c.kv_heads) for c, _ in expanded]
+    assert got == [
+        ("zigzag", (2048, 2048), None, 8),
+        ("balanced", (2048, 2048), None, 8),
+        ("contiguous", None, None, 8),
+        ("contiguous", None, 512, 8),
+        ("zigzag", (2048, 2048), None, 16),
+    ]
+    assert len({c.key for c, _ in expanded}) == len(expanded)
+
+
+@pytest.mark.parametrize(
+    ("also", "expected"),
+    [
+        ("window = -3\n", "([[also]] table 1): key 'window': -3 is not a window"),
+        ("colour = 1\n", "([[also]] table 1): unknown key 'colour' in [axes]"),
+        ('mesh = ["3x3"]\n', "([[also]] table 1): key 'mesh': \"3x3\" gives ulysses (3)"),
+    ],
+)
+def test_a_bad_also_table_is_named(tmp_path: Path, also: str, expected: str) -> None:
+    path = write(tmp_path, BASE + "\n[[also]]\n" + also)
+    with pytest.raises(CpbenchError) as info:
+        load_scenario(path)
+    assert str(info.value).startswith(f"{path} {expected}"), str(info.value)

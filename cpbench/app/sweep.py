@@ -29,6 +29,7 @@ from cpbench.config.vocabulary import PHASE_PASSES, Pass
 from cpbench.errors import CpbenchError, RunFailure
 from cpbench.model.flops import FLOPS_CONVENTION, flops_breakdown
 from cpbench.model.formulas import comm_volume, config_from_sizes
+from cpbench.model.masking import Packing, pack, rank_pairs, ring_schedule
 from cpbench.model.memory import memory_estimate
 from cpbench.results.scenarios import Scenario
 from cpbench.results.schema import (
@@ -89,7 +90,12 @@ def _base_record(
     scenario: Scenario,
     environment: EnvironmentSection,
 ) -> ResultRecord:
-    """The record of a configuration before it runs (status ok, no measurements yet)."""
+    """The record of a configuration before it runs (status ok, no measurements yet), with the
+    padding its layout adds (null when the layout cannot pack it: the point is skipped)."""
+    packing = packing_of(config)
+    written = config.to_dict(feasibility.kv_replication if feasibility.ok else 1, None)
+    written["padding"] = packing.padding if packing is not None else None
+    written["run_seq_len"] = packing.seq_len if packing is not None else None
     return ResultRecord(
         schema_version=SCHEMA_VERSION,
         id=config.key,
@@ -97,11 +103,30 @@ def _base_record(
         timestamp=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         status="ok",
         error=None,
-        config=ConfigSection.model_validate(
-            config.to_dict(feasibility.kv_replication if feasibility.ok else 1, None)
-        ),
+        config=ConfigSection.model_validate(written),
         environment=environment.model_copy(),
     )
+
+
+def packing_of(config: BenchConfig) -> Packing | None:
+    """The configuration's sequence as it runs on its ring (`cpbench.model.masking.pack`):
+    documents, padding, each ring rank's positions; None when the layout cannot pack it."""
+    try:
+        return pack(config.mask, config.seq_len, config.ulysses, config.ring, config.layout)
+    except CpbenchError:
+        return None
+
+
+def per_rank_work(config: BenchConfig) -> list[float] | None:
+    """Predicted attention work of each rank: the attended (query, key) pairs of its ring rank
+    (`cpbench.model.masking.rank_pairs`, continuum convention: a causal diagonal pair counts
+    1/2) x B x the query heads it computes (h / U). None when the layout cannot pack it."""
+    packing = packing_of(config)
+    if packing is None:
+        return None
+    pairs = rank_pairs(ring_schedule(packing))
+    heads = config.batch * config.heads / config.ulysses
+    return [pairs[rank // config.ulysses] * heads for rank in range(config.world_size)]
 
 
 def _overlap(step: float, compute: float, comm: float) -> tuple[float | None, str]:
@@ -172,7 +197,14 @@ def assemble_record(
         },
         analytic_peak_bytes=analytic_memory,
     )
-    flops = flops_breakdown(config.shape, config.ulysses, config.ring, config.layout, config.causal)
+    flops = flops_breakdown(
+        config.shape,
+        config.ulysses,
+        config.ring,
+        config.layout,
+        config.causal,
+        mask=config.mask,
+    )
     total = flops.global_flops(model_phase)
     record.flops = FlopsSection(
         convention=FLOPS_CONVENTION,
@@ -180,6 +212,7 @@ def assemble_record(
         slowest_rank=flops.slowest_rank_flops(model_phase),
         achieved_tflops=total / step.median / 1e12,
         achieved_tflops_per_rank=total / step.median / 1e12 / config.world_size,
+        per_rank_work=per_rank_work(config),
     )
     accuracy = per_rank[0]["accuracy"]
     record.accuracy = AccuracySection.model_validate(accuracy) if accuracy is not None else None
@@ -236,6 +269,7 @@ def _model_config(config: BenchConfig) -> Any:
         config.ring,
         config.layout,
         config.dtype,
+        mask=config.mask,
     )
 
 

@@ -7,6 +7,12 @@ step, of the compute-only variant (communication removed, same shapes) and of th
 communication-only variant (kernels removed, same bytes); then one iteration under the byte
 counter and one under the memory probe. Returns this rank's numbers; `sweep` assembles the
 record from all ranks.
+
+Masks: the step runs the configuration's mask (`BenchConfig.mask`: documents, window) on local
+shards of the run length (`cpbench.model.masking.pack(...).seq_len`: the sequence plus the
+padding doc_zigzag adds), and the reference check runs the same mask truncated at the check
+length. Each rank times its own iterations, so the per-rank medians of the compute-only variant
+are each rank's own work (what the report sets against `cpbench.model.masking.rank_pairs`).
 """
 
 from __future__ import annotations
@@ -56,7 +62,7 @@ def measure_config(config_dict: dict[str, Any], settings: dict[str, Any]) -> dic
     release_cached_memory(device)
 
     backward = config.phase == "fwd+bwd"
-    q, k, v, dout = random_shards(config, device)
+    q, k, v, dout = random_shards(config, device)  # local shards of the run length
 
     def run_step(variant: Variant = "full", counter: ByteCounter | None = None) -> None:
         for t in (q, k, v):
@@ -67,11 +73,11 @@ def measure_config(config_dict: dict[str, Any], settings: dict[str, Any]) -> dic
                 k,
                 v,
                 mesh,
-                causal=config.causal,
                 layout=config.layout,
                 kernel=kernel,
                 kv_replication=config.kv_replication,
                 variant=variant,
+                mask=config.mask,
             )
             if backward:
                 with counter.phase("bwd") if counter else contextlib.nullcontext():

@@ -173,6 +173,19 @@ def run(
         typer.Option(help="Default float32 on CPU, bfloat16 on CUDA."),
     ] = None,
     causal: Annotated[bool, typer.Option("--causal/--no-causal")] = True,
+    documents: Annotated[
+        str | None,
+        typer.Option(
+            help="Packed documents: lengths '512,1536,...' (summing to --seq-len), a file of "
+            "lengths (JSON list or one per line), or a distribution such as "
+            "'lognormal:mean=1024,max=8192' (drawn with --seed). Default: one document."
+        ),
+    ] = None,
+    window: Annotated[
+        int | None,
+        typer.Option(help="Sliding window in tokens (each query sees the last W keys)."),
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of a --documents distribution.")] = 0,
     phase: Annotated[Phase, typer.Option()] = "fwd+bwd",
     backend: Annotated[
         Backend, typer.Option(help="Local attention kernel.")
@@ -204,6 +217,7 @@ def run(
             "warmup": warmup,
             "iters": iters,
             "timeout": timeout,
+            "seed": seed,
             "axes": {
                 "seq_len": seq_len,
                 "batch": batch,
@@ -217,6 +231,8 @@ def run(
                 "backend": backend,
                 "phase": phase,
                 "impl": impl,
+                "documents": documents,
+                "window": window,
             },
         },
         "<cpbench run>",

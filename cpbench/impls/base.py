@@ -41,7 +41,7 @@ import torch.distributed as dist
 
 from cpbench.attention.layouts import reassemble
 from cpbench.config.bench import BenchConfig
-from cpbench.config.vocabulary import HALF_DTYPES
+from cpbench.config.vocabulary import GLOBAL_LAYOUTS, HALF_DTYPES
 
 
 @dataclass(frozen=True)
@@ -183,6 +183,26 @@ def self_send_reason(config: BenchConfig, library: str) -> str | None:
         return (
             f"{library}'s ring backward sends dK/dV to itself on a ring of one rank (R = 1), "
             f"which gloo cannot do (NCCL can): needs ring >= 2 on CPU"
+        )
+    return None
+
+
+def mask_reason(
+    config: BenchConfig, library: str, layouts: tuple[str, ...] = GLOBAL_LAYOUTS
+) -> str | None:
+    """External adapters run causal or full attention on the layouts they map: any other mask
+    (documents, a sliding window) or a document-aware layout is refused by name, never run with
+    the mask dropped (a silently wrong result)."""
+    mask = config.mask
+    if not mask.plain:
+        return (
+            f"{library} is not run with the {mask.kind} mask ({mask.label}): its cpbench adapter "
+            f"passes only causal or full attention to the library, and a mask is never dropped"
+        )
+    if config.layout not in layouts:
+        return (
+            f"{library} has no {config.layout} layout in its cpbench adapter (it maps "
+            f"{', '.join(layouts)}): layout must be one of those, got {config.layout}"
         )
     return None
 

@@ -21,10 +21,10 @@ class CpbenchRunner:
     config: BenchConfig
 
     def shard(self, x: torch.Tensor) -> torch.Tensor:
-        return shard(x, self.mesh, self.config.layout)
+        return shard(x, self.mesh, self.config.layout, mask=self.config.mask)
 
     def unshard(self, local: torch.Tensor) -> torch.Tensor:
-        return unshard(local, self.mesh, self.config.layout)
+        return unshard(local, self.mesh, self.config.layout, mask=self.config.mask)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         c = self.config
@@ -33,10 +33,10 @@ class CpbenchRunner:
             k,
             v,
             self.mesh,
-            causal=c.causal,
             layout=c.layout,
             kernel=c.backend,
             kv_replication=c.kv_replication,
+            mask=c.mask,
         )
 
     def context(self) -> contextlib.AbstractContextManager[None]:

@@ -43,6 +43,7 @@ from cpbench.impls.base import (
     first_reason,
     half_precision_reason,
     import_library,
+    mask_reason,
     missing_module,
     no_context,
     own_kernel_reason,
@@ -125,6 +126,7 @@ class RingFlashAdapter:
 
     def capability(self, config: BenchConfig) -> str | None:
         return first_reason(
+            mask_reason(config, "ring-flash-attn"),
             own_kernel_reason(config, "ring-flash-attn"),
             half_precision_reason(config, "ring-flash-attn"),
             self._mesh_reason(config),

@@ -46,6 +46,7 @@ from cpbench.impls.base import (
     cp_group,
     distribution_version,
     first_reason,
+    mask_reason,
     missing_module,
     no_context,
     no_kv_replication_reason,
@@ -104,6 +105,7 @@ class TeAdapter:
 
     def capability(self, config: BenchConfig) -> str | None:
         return first_reason(
+            mask_reason(config, "TransformerEngine"),
             self._device_reason(config),
             own_kernel_reason(config, "TransformerEngine"),
             no_kv_replication_reason(config, "TransformerEngine"),

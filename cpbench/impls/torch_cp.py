@@ -44,6 +44,7 @@ from cpbench.impls.base import (
     KnownIssue,
     cp_group,
     first_reason,
+    mask_reason,
     own_kernel_reason,
 )
 
@@ -325,7 +326,11 @@ class TorchCpAdapter:
         return ROTATE_METHODS[variant(self.name)]
 
     def capability(self, config: BenchConfig) -> str | None:
-        return first_reason(own_kernel_reason(config, "torch_cp"), self._layout_reason(config))
+        return first_reason(
+            mask_reason(config, "torch_cp"),
+            own_kernel_reason(config, "torch_cp"),
+            self._layout_reason(config),
+        )
 
     @staticmethod
     def _layout_reason(config: BenchConfig) -> str | None:

@@ -48,6 +48,7 @@ from cpbench.impls.base import (
     first_reason,
     half_precision_reason,
     import_library,
+    mask_reason,
     missing_module,
     module_available,
     no_context,
@@ -103,6 +104,7 @@ class UspAdapter:
 
     def capability(self, config: BenchConfig) -> str | None:
         return first_reason(
+            mask_reason(config, "yunchang"),
             own_kernel_reason(config, "yunchang"),
             half_precision_reason(config, "yunchang"),
             no_kv_replication_reason(config, "yunchang"),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import html
 import math
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -23,9 +23,24 @@ from cpbench.config.vocabulary import LAYOUTS
 from cpbench.results.frame import ok_rows, phases_of, with_variant
 from cpbench.results.frame import value as _value
 
+if TYPE_CHECKING:
+    from cpbench.app.report import WorkFit
+
 LAYOUT_ORDER = LAYOUTS
-LAYOUT_DASH = {"contiguous": "solid", "zigzag": "dash", "striped": "dot"}
-LAYOUT_COLOR = {"contiguous": "#d62728", "zigzag": "#1f77b4", "striped": "#2ca02c"}
+LAYOUT_DASH = {
+    "contiguous": "solid",
+    "zigzag": "dash",
+    "striped": "dot",
+    "doc_zigzag": "dashdot",
+    "balanced": "longdash",
+}
+LAYOUT_COLOR = {
+    "contiguous": "#d62728",
+    "zigzag": "#1f77b4",
+    "striped": "#2ca02c",
+    "doc_zigzag": "#9467bd",
+    "balanced": "#ff7f0e",
+}
 PALETTE = (
     "#1f77b4",
     "#ff7f0e",
@@ -762,6 +777,106 @@ def load_balance_figure(frame: pd.DataFrame) -> go.Figure | None:
         fig,
         f"Causal load balance: {what} (the slowest rank sets the step)",
         max(FIGURE_HEIGHT, 300 * nrows + 120),
+    )
+    return fig
+
+
+def _fmt_r(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def work_balance_figure(fits: Sequence[WorkFit]) -> go.Figure | None:
+    """Packed documents: each rank's measured compute-only time (ms) against the model's
+    per-rank work (attended pairs x B x heads, in units of 1e9), one facet per layout (and
+    phase), one marker shape per mesh; the least-squares line over all layouts of the phase in
+    every facet. Facet titles give the layout's correlation and the padding it paid."""
+    facets: list[tuple[WorkFit, str]] = []
+    for fit in fits:
+        for layout in layout_order(fit.points["layout"]):
+            facets.append((fit, layout))
+    if not facets:
+        return None
+    facets = facets[:MAX_BALANCE_FACETS]
+    cols = min(len(facets), 4)
+    nrows = math.ceil(len(facets) / cols)
+    titles = []
+    for fit, layout in facets:
+        pts = fit.points[fit.points["layout"] == layout]
+        recs = fit.records[fit.records["layout"] == layout]
+        pads = sorted({int(p) for p in recs["padding"].dropna()})
+        pad = "/".join(str(p) for p in pads) if pads else "?"
+        r = None
+        if len(pts) >= 3 and pts["work"].std() > 0 and pts["compute_s"].std() > 0:
+            r = float(pts["work"].corr(pts["compute_s"]))
+        phase = f" {fit.phase}" if len(fits) > 1 else ""
+        titles.append(f"{html.escape(layout)}{phase}: r={_fmt_r(r)}, padding {pad} tok")
+    fig = make_subplots(
+        rows=nrows,
+        cols=cols,
+        subplot_titles=titles,
+        vertical_spacing=0.2 if nrows > 1 else 0.12,
+        horizontal_spacing=0.07,
+    )
+    meshes = sorted({str(m) for fit, _ in facets for m in fit.points["mesh"]})
+    symbols = {m: SYMBOLS[i % len(SYMBOLS)] for i, m in enumerate(meshes)}
+    shown: set[str] = set()
+    for i, (fit, layout) in enumerate(facets):
+        r, c = i // cols + 1, i % cols + 1
+        pts = escaped(fit.points[fit.points["layout"] == layout])
+        for mesh in sorted(set(pts["mesh"])):
+            sub = pts[pts["mesh"] == mesh]
+            fig.add_trace(
+                go.Scatter(
+                    x=_values(sub["work"] / 1e9),
+                    y=_values(sub["compute_s"] * 1e3),
+                    mode="markers",
+                    name=str(mesh),
+                    legendgroup=str(mesh),
+                    showlegend=str(mesh) not in shown,
+                    marker={
+                        "symbol": symbols.get(html.unescape(str(mesh)), "circle"),
+                        "size": 9,
+                        "color": LAYOUT_COLOR.get(layout, "#7f7f7f"),
+                    },
+                    customdata=[
+                        f"{rec.mesh} rank {rec.rank} ({rec.error * 100:+.0f}% from the line)"
+                        for rec in sub.itertuples(index=False)
+                    ],
+                    hovertemplate=(
+                        "work %{x:.4g} G pair-heads<br>compute %{y:.4g} ms<br>%{customdata}"
+                        "<extra></extra>"
+                    ),
+                ),
+                row=r,
+                col=c,
+            )
+            shown.add(str(mesh))
+        lo, hi = float(fit.points["work"].min()), float(fit.points["work"].max())
+        fig.add_trace(
+            go.Scatter(
+                x=[lo / 1e9, hi / 1e9],
+                y=[(fit.slope_s * w + fit.intercept_s) * 1e3 for w in (lo, hi)],
+                mode="lines",
+                name=f"fit ({fit.phase})",
+                legendgroup=f"fit {fit.phase}",
+                showlegend=f"fit {fit.phase}" not in shown,
+                line={"color": "#999", "dash": "dot", "width": 1},
+                hoverinfo="skip",
+            ),
+            row=r,
+            col=c,
+        )
+        shown.add(f"fit {fit.phase}")
+    fig.update_xaxes(title_text="predicted work (1e9 pairs x heads)")
+    fig.update_yaxes(title_text="compute-only ms", col=1)
+    summary = "; ".join(
+        f"{fit.phase}: r = {_fmt_r(fit.correlation)}, largest error {fit.max_error * 100:.0f}%"
+        for fit in fits
+    )
+    _base_layout(
+        fig,
+        f"Packed documents: measured per-rank compute vs predicted work ({summary})",
+        max(FIGURE_HEIGHT, 300 * nrows + 140),
     )
     return fig
 

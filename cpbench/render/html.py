@@ -177,7 +177,9 @@ RECORD_COLUMNS = (
     Column("impl", "impl"),
     Column("mesh", "mesh"),
     Column("layout", "layout"),
+    Column("mask", "mask"),
     Column("L", "seq_len", "num"),
+    Column("padding", "padding", "num"),
     Column("phase", "phase"),
     Column("scheme", "scheme"),
     Column("kernel", "kernel"),
@@ -265,6 +267,11 @@ def records_table(frame: pd.DataFrame) -> Table:
     hide = {"source"} if frame["source"].nunique() < 2 else set()
     if impls <= {"cpbench"}:
         hide.add("impl")  # shown when an external implementation is in the results
+    masks = set(frame["mask"].dropna()) if "mask" in frame else set()
+    if masks <= {"causal"}:
+        hide.add("mask")  # shown when a record has another mask
+    if "padding" in frame and not frame["padding"].fillna(0).astype(bool).any():
+        hide.add("padding")  # shown when a layout padded
     columns = [c for c in RECORD_COLUMNS if c.key not in hide]
     return table(
         frame,
@@ -373,6 +380,56 @@ def _missing_phases_note(frame: pd.DataFrame) -> str | None:
     )
 
 
+WORK_COLUMNS = (
+    Column("phase", "phase"),
+    Column("layout", "layout"),
+    Column("mesh", "mesh"),
+    Column("L", "seq_len", "num"),
+    Column("mask", "mask"),
+    Column("documents", "documents", "num"),
+    Column("padding tokens", "padding", "num"),
+    Column("run length", "run_seq_len", "num"),
+    Column("step median ms", "median_s", "ms"),
+    Column("slowest compute ms", "compute_s", "ms"),
+    Column("work max/mean", "work_imbalance", "num"),
+    Column("compute max/mean", "compute_imbalance", "num"),
+    Column("r (ranks)", "correlation", "num"),
+    Column("id", "id", cls="id"),
+)
+
+
+def work_section(report: ReportData) -> Section:
+    """Packed documents: the per-rank work figure and, per record, the padding each layout
+    paid, its predicted and measured balance and its step time."""
+    fits = report.work
+    rows = (
+        pd.concat([fit.records.assign(phase=fit.phase) for fit in fits], ignore_index=True)
+        if fits
+        else pd.DataFrame()
+    )
+    explain = (
+        "Each rank's median compute-only time (communication removed) against the model's "
+        "work for it: attended (query, key) pairs of its ring rank x B x its heads "
+        "(cpbench.model.masking.rank_pairs, a causal diagonal pair counts 1/2). The dotted "
+        "line is the least-squares fit over every rank of the phase; r is Pearson's "
+        "correlation, the largest error is |fit / measured - 1|. Padding is the tokens the "
+        "layout added (doc_zigzag pads every document to a multiple of 2R)."
+    )
+    if fits:
+        explain += " " + " ".join(
+            f"Phase {fit.phase}: r = {'n/a' if fit.correlation is None else f'{fit.correlation:.3f}'} "
+            f"over {len(fit.points)} ranks, largest error {fit.max_error * 100:.1f}%."
+            for fit in fits
+        )
+    return Section(
+        "packed-documents",
+        "Packed documents: per-rank work and padding",
+        explain,
+        F.work_balance_figure(fits),
+        table=table(rows, WORK_COLUMNS, table_id="work-table") if not rows.empty else None,
+    )
+
+
 def report_sections(report: ReportData) -> list[Section]:
     """The sections of a report, in page order."""
     frame = report.frame
@@ -429,6 +486,7 @@ def report_sections(report: ReportData) -> list[Section]:
             "striped spread the work.",
             F.load_balance_figure(frame),
         ),
+        work_section(report),
         Section(
             "mesh-heatmap",
             "U x R mesh",
@@ -466,6 +524,8 @@ def report_sections(report: ReportData) -> list[Section]:
         "overlap": "No configuration has compute-only and communication-only timings.",
         "memory": "No configuration reports its peak memory.",
         "load-balance": "No causal multi-rank configuration has per-rank timings.",
+        "packed-documents": "No configuration with packed documents has per-rank compute "
+        "times and predicted work.",
         "mesh-heatmap": "No successful configuration has a step time: no U x R map.",
         "prediction": NO_PROFILE_NOTE,
     }

@@ -257,27 +257,56 @@ RESULTS_CAPTION = (
 )
 
 
+def _mask_group(config: dict[str, Any]) -> str:
+    """The string "plain" for causal / full attention, else the mask kind and its documents and window
+    (configurations are compared for the best time within one mask)."""
+    kind = config.get("mask") or "causal"
+    if kind in ("causal", "full"):
+        return "plain"
+    return f"{kind} {config.get('documents')} {config.get('window')}"
+
+
+def _mask_cell(config: dict[str, Any]) -> str:
+    """The mask in a few characters: causal, full, docs (12), w1024, docs (12) w1024; with
+    the padding its layout added."""
+    kind = config.get("mask") or ("causal" if config.get("causal", True) else "full")
+    documents, window = config.get("documents"), config.get("window")
+    parts = []
+    if documents is not None and len(documents) > 1:
+        parts.append(f"docs ({len(documents)})")
+    if window is not None:
+        parts.append(f"w{window}")
+    text = " ".join(parts) or str(kind)
+    padding = config.get("padding")
+    return f"{text} +{padding} pad" if padding else text
+
+
 def results_table(records: list[dict[str, Any]]) -> FitTable:
     """One row per configuration; the best configuration per (seq_len, heads) in bold green.
 
     Narrower than the whole table, it splits into parts with a "#" row number."""
-    best: dict[tuple[int, int, str], float] = {}
+    best: dict[tuple[int, int, str, str], float] = {}
     for r in records:
         if r["status"] == "ok":
             c = r["config"]
-            key = (c["seq_len"], c["heads"], c["phase"])
+            key = (c["seq_len"], c["heads"], c["phase"], _mask_group(c))
             best[key] = min(best.get(key, float("inf")), r["timing"]["median"])
     impls = {r["config"].get("impl", "cpbench") for r in records}
     show_impl = impls != {"cpbench"} and bool(impls)
+    # The mask column appears once a record has documents or a window (causal / full alone
+    # are told apart by the workload, as before masks).
+    show_mask = any(_mask_group(r["config"]) != "plain" for r in records)
     table = FitTable(title="cpbench sweep results", caption=RESULTS_CAPTION, index=True)
     columns = ["L", "h/kv", "UxR", "layout", "phase", "step", "TFLOP/s", "bytes/rank",
                "overlap", "peak mem", "max err", "status"]
+    if show_mask:
+        columns.insert(columns.index("layout") + 1, "mask")
     if show_impl:
         columns.insert(0, "impl")
     for col in columns:
         table.add_column(
             col,
-            justify="left" if col in ("impl", "layout", "status", "phase") else "right",
+            justify="left" if col in ("impl", "layout", "mask", "status", "phase") else "right",
             wrap=col == "status",
         )
     for r in records:
@@ -287,6 +316,8 @@ def results_table(records: list[dict[str, Any]]) -> FitTable:
             str(c["seq_len"]), f"{c['heads']}/{c['kv_heads']}", f"{c['ulysses']}x{c['ring']}",
             c["layout"], c["phase"],
         ]
+        if show_mask:
+            cells.insert(4, _mask_cell(c))
         if show_impl:
             cells.insert(0, c.get("impl", "cpbench"))
         if r["status"] == "ok":
@@ -308,7 +339,7 @@ def results_table(records: list[dict[str, Any]]) -> FitTable:
                 overlap, format_memory(max(r["memory"]["peak_bytes"])),
                 f"{acc.get('max_abs_error', float('nan')):.0e}", "ok",
             ]
-            if t["median"] == best.get((c["seq_len"], c["heads"], c["phase"])):
+            if t["median"] == best.get((c["seq_len"], c["heads"], c["phase"], _mask_group(c))):
                 row_style = "bold green"
         else:
             cells += ["-"] * 6 + [Text(f"{r['status']}: {r['error']}")]

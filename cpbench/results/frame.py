@@ -21,6 +21,8 @@ VARIANT_COLUMNS: tuple[tuple[str, str | None], ...] = (
     ("batch", "B{}"),
     ("dtype", "{}"),
     ("causal", None),
+    ("mask", "{}"),
+    ("window", "window {}"),
     ("kernel", "{}"),
     ("backend", "backend {}"),
     ("nodes", "{} node(s)"),
@@ -28,7 +30,8 @@ VARIANT_COLUMNS: tuple[tuple[str, str | None], ...] = (
 """Workload dimensions besides L, the mesh, the layout and the phase; those that take more
 than one value in a frame tell its series apart (e.g. 'kv2' vs 'kv8' in a GQA sweep; the
 implementation, 'cpbench' vs 'torch_cp', when a sweep measured several). The format is None
-for the mask ('causal' / 'full mask')."""
+for the causal flag ('causal' / 'full mask'), left out when the mask kind varies too (it says
+more: causal, full, document, sliding_window, ...)."""
 
 
 def value(v: Any) -> Any:
@@ -65,6 +68,8 @@ def with_variant(frame: pd.DataFrame) -> pd.DataFrame:
         for col, fmt in VARIANT_COLUMNS
         if col in out and out[col].nunique(dropna=True) > 1
     ]
+    if any(col == "mask" for col, _ in varying):
+        varying = [(col, fmt) for col, fmt in varying if col != "causal"]
 
     def label(row: Any) -> str:
         parts = []

@@ -21,6 +21,27 @@ head_dim = 64
 mesh = "all"                # or ["4x1", "2x2"] or [[4, 1], [2, 2]]
 layout = ["zigzag", "contiguous"]
 impl = ["cpbench", "torch_cp"]   # optional: external implementations (cpbench.impls)
+documents = ["none", "lognormal:mean=1024"]   # optional: packed documents (see below)
+window = ["none", 1024]                      # optional: sliding windows
+```
+
+Masks: `documents` takes the sources `cpbench.config.documents.resolve_documents` takes
+(explicit lengths "512,512,...", a file of lengths, or a distribution such as
+"lognormal:mean=1024,max=8192"), or "none" (one document); each is resolved for every seq_len
+with the scenario's `seed` (top level, default 0), and the resolved lengths go into the
+configuration (a file path is taken relative to the scenario file when it is there). `window`
+takes positive token counts (a window >= L is allowed: it sees everything causal does) or
+"none". Both need a causal mask.
+
+Further products: each `[[also]]` table overrides some axes of `[axes]`; the sweep runs the
+product of `[axes]`, then the product of each `[[also]]` table's axes (a configuration already
+listed is not run twice), e.g. a sliding-window study next to a layout study:
+
+```toml
+[[also]]
+documents = "none"
+layout = "contiguous"
+window = ["none", 1024]
 ```
 
 Pure Python (no torch), so the CLI can list and validate scenarios without importing torch.
@@ -28,11 +49,13 @@ Pure Python (no torch), so the CLI can list and validate scenarios without impor
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
@@ -54,6 +77,7 @@ from pydantic_core import ErrorDetails
 
 from cpbench.config.bench import BenchConfig, check_positive_int, factorizations, is_int
 from cpbench.config.constraints import Feasibility
+from cpbench.config.documents import DISTRIBUTIONS, resolve_documents
 from cpbench.config.file_schema import MESSAGE, RULE, FileModel, problem, rule
 from cpbench.config.impls import DEFAULT_IMPL, IMPLS, Impl
 from cpbench.config.vocabulary import (
@@ -143,6 +167,16 @@ class Scenario:
     """Axis: timed phases."""
     impl: tuple[str, ...] = (DEFAULT_IMPL,)
     """Axis: implementations (cpbench's own and external libraries, `cpbench.impls`)."""
+    documents: tuple[str | None, ...] = (None,)
+    """Axis: document sources (`cpbench.config.documents.resolve_documents`), None = one
+    document; resolved per seq_len with `seed`."""
+    window: tuple[int | None, ...] = (None,)
+    """Axis: sliding windows in tokens, None = unbounded."""
+    seed: int = 0
+    """Seed of the document distributions (the same seed gives the same lengths)."""
+    also: tuple[Scenario, ...] = ()
+    """Further products (the `[[also]]` tables): this scenario with some axes overridden;
+    `expand` lists their points after its own."""
 
     def resolve(self, device: str = "auto", gpu_count: int = 0) -> tuple[Device, int]:
         """The device and world size to run with.
@@ -183,10 +217,22 @@ class Scenario:
         """Every point of the axes' product, in a fixed order (mesh varies fastest, the impl
         next), each with its feasibility; infeasible points are kept. The feasibility is
         cpbench's mesh and shape rules; what an external impl supports on top of them is
-        checked when the sweep runs (`cpbench.impls.skip_reason`).
+        checked when the sweep runs (`cpbench.impls.skip_reason`). The points of the `also`
+        products follow, without the configurations already listed.
 
         `world_size` is normally the one `resolve` gives; a different one (a command-line
         override) is accepted as long as every listed mesh multiplies to it."""
+        out = self._expand_own(device, world_size)
+        seen = {config.key for config, _ in out}
+        for extra in self.also:
+            for config, feasibility in extra._expand_own(device, world_size):
+                if config.key not in seen:
+                    seen.add(config.key)
+                    out.append((config, feasibility))
+        return out
+
+    def _expand_own(self, device: str, world_size: int) -> list[tuple[BenchConfig, Feasibility]]:
+        """The points of this scenario's own axes (not the `also` products)."""
         if device not in DEVICES:
             raise CpbenchError(f"device {device!r} is not one of {', '.join(DEVICES)}")
         check_positive_int("world_size", world_size)
@@ -210,15 +256,17 @@ class Scenario:
                 self.layout, self.kv_replication, self.backend, self.phase, self.impl, meshes
             )
         )
+        masks = list(itertools.product(self.documents, self.window))
         out = []
-        for (seq_len, batch, (heads, kv_heads), head_dim, dtype, causal), (
+        for (seq_len, batch, (heads, kv_heads), head_dim, dtype, causal), (source, window), (
             layout,
             kv_replication,
             backend,
             phase,
             impl,
             (ulysses, ring),
-        ) in itertools.product(shapes, runs):
+        ) in itertools.product(shapes, masks, runs):
+            documents = None if source is None else resolved_documents(source, seq_len, self.seed)
             config = BenchConfig(
                 seq_len=seq_len,
                 batch=batch,
@@ -237,9 +285,18 @@ class Scenario:
                 world_size=world_size,
                 nodes=self.nodes,
                 impl=impl,
+                documents=documents,
+                window=window,
             )
             out.append((config, config.feasibility()))
         return out
+
+
+@lru_cache(maxsize=256)
+def resolved_documents(source: str, seq_len: int, seed: int) -> tuple[int, ...]:
+    """The document lengths a source gives for one sequence length and seed (cached: a
+    scenario resolves each pair once for all its points)."""
+    return resolve_documents(source, seq_len, seed)
 
 
 # --------------------------------------------------------------------------------------------
@@ -295,6 +352,27 @@ def _kv_replication(value: object) -> int | None:
     raise problem(f'{value!r} is not "auto", "off" or a positive integer')
 
 
+def _documents_source(value: object) -> str | None:
+    """A document source string (`cpbench.config.documents`), or "none" / null: one document."""
+    if value is None or value == "none":
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise problem(
+            f"{value!r} is not a document source; write comma-separated lengths, a file of "
+            f'lengths, a distribution ({", ".join(d + ":..." for d in DISTRIBUTIONS)}) or "none"'
+        )
+    return value.strip()
+
+
+def _window(value: object) -> int | None:
+    """A sliding window: a positive number of tokens, or "none" / null (unbounded)."""
+    if value is None or value == "none":
+        return None
+    if is_int(value) and value >= 1:
+        return value
+    raise problem(f'{value!r} is not a window; give a positive number of tokens or "none"')
+
+
 def _not_empty(name: str | None) -> str | None:
     if name is not None and not name.strip():
         raise problem("must not be empty")
@@ -309,6 +387,8 @@ def _literal_or(literal: str, tag: str) -> Discriminator:
 
 MeshEntry = Annotated[tuple[int, int], PlainValidator(_mesh_entry)]
 KvReplication = Annotated[int | None, PlainValidator(_kv_replication)]
+DocumentsSource = Annotated[str | None, PlainValidator(_documents_source)]
+Window = Annotated[int | None, PlainValidator(_window)]
 WorldSize = Annotated[
     Annotated[Literal["auto"], Tag("literal")] | Annotated[PositiveInt, Tag("int")],
     _literal_or("auto", "int"),
@@ -350,6 +430,11 @@ class ScenarioAxes(FileModel):
     """Timed phases."""
     impl: Axis[Annotated[Impl, _one_of(IMPLS)]] = (DEFAULT_IMPL,)
     """Implementations (cpbench's own and external libraries, `cpbench.impls`)."""
+    documents: Axis[DocumentsSource] = (None,)
+    """Packed documents: sources as `cpbench.config.documents.resolve_documents` takes them
+    (lengths, a file, a distribution), or "none" (one document per sequence)."""
+    window: Axis[Window] = (None,)
+    """Sliding windows in tokens, or "none" (unbounded); >= seq_len is allowed."""
 
     @model_validator(mode="before")
     @classmethod
@@ -375,6 +460,21 @@ class ScenarioAxes(FileModel):
                         f"{kv} does not divide heads ({h}): GQA groups must be even",
                         key="kv_heads",
                     )
+        return self
+
+    @model_validator(mode="after")
+    def _masks_need_causal(self) -> ScenarioAxes:
+        if False not in self.causal:
+            return self
+        for key, values in (("window", self.window), ("documents", self.documents)):
+            given = [v for v in values if v is not None]
+            if given:
+                raise problem(
+                    f"{given[0]!r} needs a causal mask (a sliding window counts the keys before "
+                    f"a query, a document mask is causal within each document), but causal "
+                    f"is false",
+                    key=key,
+                )
         return self
 
 
@@ -403,8 +503,12 @@ class ScenarioFile(FileModel):
     """Longest sequence of the reference check."""
     nodes: PositiveInt = 1
     """Hosts the ranks span; world_size must be a multiple of it."""
+    seed: NonNegativeInt = 0
+    """Seed of the document distributions of the documents axis."""
     axes: ScenarioAxes
     """The axes of the sweep (required)."""
+    also: list[dict[str, Any]] = []
+    """Further products: each table overrides some axes of [axes] (`[[also]]`)."""
 
     @model_validator(mode="after")
     def _world_fits_nodes(self) -> ScenarioFile:
@@ -493,7 +597,45 @@ def parse_scenario(data: dict, source: str) -> Scenario:
         spec = ScenarioFile.model_validate(data)
     except ValidationError as exc:
         raise _scenario_error(exc, source) from None
-    axes = spec.axes
+    scenario = _scenario(spec, spec.axes, source)
+    extras = []
+    for number, override in enumerate(spec.also, 1):
+        where = f"{source} ([[also]] table {number})"
+        merged = _merged_axes(data.get("axes") or {}, override)
+        try:
+            axes = ScenarioFile.model_validate({**data, "axes": merged, "also": []}).axes
+        except ValidationError as exc:
+            raise _scenario_error(exc, where) from None
+        extras.append(_scenario(spec, axes, where, base=source))
+    return dataclasses.replace(scenario, also=tuple(extras))
+
+
+def _merged_axes(axes: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """[axes] with an [[also]] table's keys replacing them (naming kv_heads or gqa_ratio
+    replaces both)."""
+    merged = dict(axes)
+    if "kv_heads" in override or "gqa_ratio" in override:
+        merged.pop("kv_heads", None)
+        merged.pop("gqa_ratio", None)
+    merged.update(override)
+    return merged
+
+
+def _scenario(
+    spec: ScenarioFile, axes: ScenarioAxes, source: str, base: str | None = None
+) -> Scenario:
+    """The scenario of a validated file and one set of axes (`source` names it in messages,
+    `base` is the file when that differs); its documents are resolved once for every sequence
+    length (an error names the file and the key)."""
+    documents = tuple(
+        None if d is None else _document_path(d, base or source) for d in axes.documents
+    )
+    for d in documents:
+        for seq_len in axes.seq_len if d is not None else ():
+            try:
+                resolved_documents(d, seq_len, spec.seed)
+            except CpbenchError as exc:
+                raise CpbenchError(f"{source}: key 'documents': {exc}") from None
     scenario = Scenario(
         name=spec.name if spec.name is not None else _default_name(source),
         description=spec.description,
@@ -519,10 +661,23 @@ def parse_scenario(data: dict, source: str) -> Scenario:
         backend=axes.backend,
         phase=axes.phase,
         impl=axes.impl,
+        documents=documents,
+        window=axes.window,
+        seed=spec.seed,
     )
     if scenario.world_size != "auto":
         scenario.meshes(scenario.world_size)  # a mesh that does not fit is an error in the file
     return scenario
+
+
+def _document_path(source: str, scenario_source: str) -> str:
+    """A document file named relative to the scenario file, as a path from here; any other
+    source as given."""
+    kind = source.partition(":")[0]
+    if kind in DISTRIBUTIONS or Path(source).is_absolute() or scenario_source.startswith("<"):
+        return source
+    beside = Path(scenario_source).parent / source
+    return str(beside) if beside.is_file() and not Path(source).is_file() else source
 
 
 def _default_name(source: str) -> str:

@@ -20,16 +20,18 @@ from __future__ import annotations
 
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
-from cpbench.config.vocabulary import Phase
+from cpbench.config.vocabulary import Mask, Phase
 
 SCHEMA_VERSION = 1
 """Version of the record's shape. Version 1 records written before the `impl` axis lack
 `config.impl`; those written before the busbw rename carry `comm.achieved_algbw_GBps`
 (`migrate_record` handles both); GPU records written before the per-process memory probes carry
 `memory.nvml_used_bytes` (device-wide, read once: kept and documented as such) and no
-`memory.sources`."""
+`memory.sources`; records written before masks lack `config.mask`, `documents`, `window`,
+`padding` and `run_seq_len` (read as causal or full by `causal`, one document, no window, no
+padding: see `ConfigSection`)."""
 
 Status = Literal["ok", "failed", "skipped", "timeout"]
 """What happened to a configuration: measured, failed (an error or a wrong result), skipped (a
@@ -68,13 +70,14 @@ class ConfigSection(Section):
     dtype: str
     """float32 | bfloat16 | float16 (`cpbench.config.vocabulary.Dtype`)."""
     causal: bool
-    """Causal mask (else full attention)."""
+    """Causal mask (else full attention); `mask` names the whole mask."""
     ulysses: int
     """Ulysses (all-to-all) degree U of the U x R mesh."""
     ring: int
     """Ring degree R of the U x R mesh."""
     layout: str
-    """contiguous | zigzag | striped: how the sequence is cut over the ring."""
+    """contiguous | zigzag | striped | doc_zigzag | balanced: how the sequence is cut over the
+    ring (`cpbench.config.vocabulary.Layout`)."""
     kv_replication: int
     """Copies of each KV head (1 = none), resolved."""
     backend: str
@@ -96,6 +99,36 @@ class ConfigSection(Section):
     """The implementation measured (`cpbench.config.impls.IMPLS`); ids of impls other than
     cpbench end in "-impl_<name>". Absent in records written before the impl axis, which are
     cpbench's own (`migrate_record`)."""
+    mask: Mask | None = None
+    """causal | full | document | sliding_window | document_sliding_window
+    (`cpbench.config.masks.MaskSpec.kind`). Absent in records written before masks: read as
+    causal or full by `causal` (filled in when the record is read, not written back)."""
+    documents: list[int] | None = None
+    """Lengths of the documents packed into each sequence, in order, summing to seq_len (the
+    resolved lengths, whatever source the scenario named); null = one document."""
+    window: int | None = None
+    """Sliding window W in tokens: a query sees the last W keys, itself included; null =
+    unbounded."""
+    padding: int | None = None
+    """Tokens the layout added (doc_zigzag pads every document to a multiple of 2R; the other
+    layouts add none). Read as 0 from records written before masks; null for a configuration
+    whose layout cannot be packed (skipped)."""
+    run_seq_len: int | None = None
+    """Tokens as run: seq_len + padding (what every byte and FLOP of the record is counted
+    on). Read as seq_len from records written before masks."""
+
+    @model_validator(mode="after")
+    def _mask_defaults(self) -> ConfigSection:
+        """Records written before masks: the mask their `causal` says, no padding. Filled in
+        without marking the fields as set, so such a record is written back as it was read."""
+        if self.mask is None:
+            self.__dict__["mask"] = "causal" if self.causal else "full"
+        if self.padding is None and "padding" not in self.model_fields_set:
+            self.__dict__["padding"] = 0
+        if self.run_seq_len is None and "run_seq_len" not in self.model_fields_set:
+            padding = self.padding if self.padding is not None else 0
+            self.__dict__["run_seq_len"] = self.seq_len + padding
+        return self
 
 
 class TimingSection(Section):
@@ -211,6 +244,11 @@ class FlopsSection(Section):
     """Global FLOPs / median step / 1e12 (all ranks)."""
     achieved_tflops_per_rank: float | None = None
     """achieved_tflops / world_size."""
+    per_rank_work: list[float] | None = None
+    """Predicted attention work of each rank: attended (query, key) pairs of its ring rank x B
+    x the heads it computes (h / U), under the record's mask and layout
+    (`cpbench.model.masking.rank_pairs`, continuum convention: a causal pair on the diagonal
+    counts 1/2). What each rank's compute-only time should follow. Absent in older records."""
 
 
 class AccuracySection(Section):

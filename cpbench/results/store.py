@@ -51,6 +51,9 @@ CONFIG_INT_COLUMNS = (
     "kv_replication",
     "world_size",
     "nodes",
+    "window",
+    "padding",
+    "run_seq_len",
 )
 """Integer configuration fields (nullable `Int64` columns of the frame)."""
 
@@ -87,6 +90,7 @@ _CONFIG_TEXT = (
     "device",
     "phase",
     "scheme",
+    "mask",
 )
 
 COLUMNS = (
@@ -100,9 +104,11 @@ COLUMNS = (
     *CONFIG_INT_COLUMNS,
     *_CONFIG_TEXT,
     "mesh",
+    "documents",
     *FLOAT_COLUMNS,
     "per_rank_median_s",
     "compute_only_per_rank_s",
+    "per_rank_work",
     "comm_match",
     "comm_mismatch",
     "comm_fwd_mismatch",
@@ -386,8 +392,9 @@ def completed_ids(path: Path) -> set[str]:
 def records_frame(records: Iterable[ResultRecord | Mapping[str, Any]]) -> pd.DataFrame:
     """One row per record, flattened (see `COLUMNS`): configuration fields as top-level columns,
     status and error, timing (seconds), communication bytes (measured: max over ranks), memory
-    (peak: max over ranks), FLOP/s, accuracy, the source file's name and the scenario. A dict
-    goes through `parse_record` first (as `read_records` gives them, or built in memory)."""
+    (peak: max over ranks), FLOP/s, accuracy, the source file's name and the scenario. The mask
+    is `mask` (its kind), `documents` (the lengths, a list, or None), `window`, `padding` and
+    `run_seq_len` (older records: causal or full, no padding). A dict goes through `parse_record` first (as `read_records` gives them, or built in memory)."""
     rows = [_flatten(_typed(r)) for r in records]
     extra = sorted({k for row in rows for k in row} - set(COLUMNS))
     frame = pd.DataFrame(rows, columns=[*COLUMNS, *extra])
@@ -404,7 +411,7 @@ def records_frame(records: Iterable[ResultRecord | Mapping[str, Any]]) -> pd.Dat
     booleans = ("causal", "comm_match", "comm_mismatch", "comm_fwd_mismatch", "comm_bwd_mismatch")
     for col in (*booleans, "accuracy_passed"):
         frame[col] = frame[col].map(lambda v: v if isinstance(v, bool) else pd.NA).astype("boolean")
-    for col in ("per_rank_median_s", "compute_only_per_rank_s"):
+    for col in ("per_rank_median_s", "compute_only_per_rank_s", "per_rank_work", "documents"):
         frame[col] = frame[col].astype(object)
     return frame
 
@@ -457,6 +464,7 @@ def _flatten(record: ResultRecord) -> dict[str, Any]:
         for key, value in config.model_dump(mode="json").items():
             if key not in COLUMNS or key in CONFIG_INT_COLUMNS or key in _CONFIG_TEXT:
                 row[key] = value
+        row["documents"] = list(config.documents) if config.documents is not None else None
         row["mesh"] = f"U{config.ulysses}xR{config.ring}"
     else:
         row.update(mesh=None, phase=timing.phase if timing is not None else None)
@@ -502,6 +510,7 @@ def _flatten(record: ResultRecord) -> dict[str, Any]:
             flops_global=flops.global_flops,
             achieved_tflops=flops.achieved_tflops,
             achieved_tflops_per_rank=flops.achieved_tflops_per_rank,
+            per_rank_work=list(flops.per_rank_work) if flops.per_rank_work else None,
         )
     if accuracy is not None:
         row.update(max_abs_error=accuracy.max_abs_error, accuracy_passed=accuracy.passed)

@@ -1,0 +1,228 @@
+"""Masks through the sweep, the record and the report: documents and windows as axes, measured
+on 2 CPU ranks, stored, read back (old records migrated), and plotted per rank against the
+model's work."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cpbench.app.report import build_report, work_fits
+from cpbench.app.sweep import run_sweep
+from cpbench.config.bench import BenchConfig
+from cpbench.impls import skip_reason
+from cpbench.model.masking import pack, rank_pairs, ring_schedule
+from cpbench.render.figures import work_balance_figure
+from cpbench.render.html import render_report
+from cpbench.results.scenarios import load_scenario
+from cpbench.results.schema import ConfigSection, ResultRecord, dump_record, migrate_record
+from cpbench.results.store import append_record, read_records, read_results, records_frame
+
+MASKED = """
+name = "masked"
+description = "documents and windows on 2 ranks"
+world_size = 2
+device = "cpu"
+warmup = 0
+iters = 2
+timeout = 120
+
+[axes]
+seq_len = 64
+heads = 4
+kv_heads = 2
+head_dim = 16
+dtype = "float32"
+mesh = ["1x2", "2x1"]
+layout = ["zigzag", "doc_zigzag", "balanced"]
+documents = "{documents}"
+phase = "fwd+bwd"
+
+[[also]]
+mesh = "1x2"
+layout = "contiguous"
+documents = "none"
+window = ["none", 16]
+"""
+
+DOCUMENTS = "30,3,25,6"
+"""Documents shorter than a chunk (3, 6), none a multiple of 2R = 4 (doc_zigzag pads them)."""
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict]]:
+    folder = tmp_path_factory.mktemp("masks")
+    path = folder / "masked.toml"
+    path.write_text(MASKED.format(documents=DOCUMENTS))
+    out = folder / "r.jsonl"
+    result = run_sweep(load_scenario(str(path)), "cpu", 2, out)
+    return out, result.records
+
+
+def test_a_document_sweep_on_two_ranks_is_checked_counted_and_recorded(
+    swept: tuple[Path, list[dict]],
+) -> None:
+    out, records = swept
+    # 3 layouts x 2 meshes with documents, then the window study (no window, window 16)
+    assert len(records) == 3 * 2 + 2
+    assert [r["status"] for r in records] == ["ok"] * len(records), [r["error"] for r in records]
+    for r in records:
+        c = r["config"]
+        config = BenchConfig.from_dict(c)
+        packing = pack(config.mask, 64, config.ulysses, config.ring, config.layout)
+        assert c["mask"] == config.mask.kind
+        assert c["padding"] == packing.padding and c["run_seq_len"] == 64 + packing.padding
+        # the reference check ran the configuration's own mask and passed
+        assert r["accuracy"]["passed"], r["accuracy"]
+        assert r["accuracy"]["max_abs_error"] <= r["accuracy"]["tolerance"]
+        # counted bytes equal the mask-aware analytic bytes, collective by collective
+        assert r["comm"]["match"], r["comm"]["by_collective"]
+        # each rank's compute-only median and its predicted work are in the record
+        assert len(r["timing"]["compute_only_per_rank"]) == 2
+        pairs = rank_pairs(ring_schedule(packing))
+        heads = 4 / config.ulysses
+        want = [pairs[rank // config.ulysses] * heads for rank in range(2)]
+        assert r["flops"]["per_rank_work"] == pytest.approx(want, rel=1e-12)
+    documented = [r for r in records if r["config"]["documents"] is not None]
+    assert {tuple(r["config"]["documents"]) for r in documented} == {(30, 3, 25, 6)}
+    assert {r["config"]["mask"] for r in documented} == {"document"}
+    # doc_zigzag pads each document to a multiple of 2R on the ring of 2: 2 + 1 + 3 + 2 tokens
+    ring_doc = [
+        r for r in documented if r["config"]["ring"] == 2 and r["config"]["layout"] == "doc_zigzag"
+    ]
+    assert [r["config"]["padding"] for r in ring_doc] == [8]
+    assert all(
+        r["config"]["padding"] == 0 for r in documented if r["config"]["layout"] != "doc_zigzag"
+    )
+    # the window study: plain causal keeps its id; the window adds its mask to the id
+    plain, windowed = records[-2:]
+    assert plain["id"].endswith("-cpu-w2") and plain["config"]["mask"] == "causal"
+    assert windowed["id"].endswith("-causal-w16") and windowed["config"]["mask"] == "sliding_window"
+    # and the file holds what the sweep returned, typed
+    typed = read_results(out)
+    assert [r.id for r in typed] == [r["id"] for r in records]
+    assert typed[0].config is not None and typed[0].config.documents == [30, 3, 25, 6]
+
+
+def test_a_record_with_documents_round_trips(tmp_path: Path, swept: tuple[Path, list[dict]]):
+    _, records = swept
+    record = ResultRecord.model_validate(records[2])
+    assert record.config is not None and record.config.documents == [30, 3, 25, 6]
+    path = tmp_path / "one.jsonl"
+    append_record(path, record)
+    (again,) = read_results(path)
+    assert again.model_dump() == record.model_dump()
+    assert json.loads(path.read_text()) == dump_record(record) == records[2]
+    row = records_frame([record]).iloc[0]
+    assert row["mask"] == "document" and row["documents"] == [30, 3, 25, 6]
+    assert row["padding"] == record.config.padding and row["run_seq_len"] == 64 + row["padding"]
+    assert row["per_rank_work"] == record.flops.per_rank_work  # type: ignore[union-attr]
+
+
+def test_an_old_record_reads_as_causal_or_full_and_is_written_back_unchanged(
+    tmp_path: Path, swept: tuple[Path, list[dict]]
+) -> None:
+    _, records = swept
+    old = json.loads(json.dumps(records[-2]))  # the plain causal point
+    for key in ("mask", "documents", "window", "padding", "run_seq_len"):
+        del old["config"][key]
+    del old["flops"]["per_rank_work"]
+    full = json.loads(json.dumps(old))
+    full["config"]["causal"] = False
+    path = tmp_path / "old.jsonl"
+    path.write_text(json.dumps(old) + "\n" + json.dumps(full) + "\n")
+    causal, no_mask = read_results(path)
+    for record, kind in ((causal, "causal"), (no_mask, "full")):
+        assert record.config is not None
+        assert record.config.mask == kind
+        assert (record.config.documents, record.config.window) == (None, None)
+        assert (record.config.padding, record.config.run_seq_len) == (0, 64)
+    # nothing is added when the record is written again (the fill-in is not "set")
+    assert [dict(r, _source=None) for r in read_records(path)] == [
+        dict(old, _source=None),
+        dict(full, _source=None),
+    ]
+    assert migrate_record(old) == old
+    frame = records_frame([causal, no_mask])
+    assert list(frame["mask"]) == ["causal", "full"] and list(frame["padding"]) == [0, 0]
+    # a skipped point whose layout cannot pack keeps its padding null
+    section = ConfigSection.model_validate({**old["config"], "padding": None, "run_seq_len": None})
+    assert section.padding is None and section.run_seq_len is None
+
+
+def test_the_report_plots_per_rank_work_against_compute_per_layout(
+    swept: tuple[Path, list[dict]],
+) -> None:
+    out, _ = swept
+    report = build_report([out])
+    (fit,) = report.work
+    assert fit.phase == "fwd+bwd"
+    # one point per rank of each document record, none of the plain ones
+    assert len(fit.points) == 3 * 2 * 2
+    assert set(fit.records["layout"]) == {"zigzag", "doc_zigzag", "balanced"}
+    assert fit.max_error >= 0 and (fit.correlation is None or -1 <= fit.correlation <= 1)
+    # the fitted line passes through the points' means (least squares with an intercept)
+    mean_fit = fit.slope_s * fit.points["work"].mean() + fit.intercept_s
+    assert mean_fit == pytest.approx(fit.points["compute_s"].mean(), rel=1e-9)
+    assert work_fits(records_frame(read_records(out))[0:0]) == []
+    page = render_report(report)
+    assert "Packed documents: per-rank work and padding" in page.html
+    figure = work_balance_figure(report.work)
+    assert figure is not None
+    titles = [a.text for a in figure.layout.annotations]
+    # one facet per layout; doc_zigzag paid 8 tokens on the ring of 2, none with R = 1
+    assert [t.split(":")[0] for t in titles] == ["zigzag", "doc_zigzag", "balanced"]
+    assert "padding 0/8 tok" in titles[1] and "padding 0 tok" in titles[2]
+    assert sum(len(t.x) for t in figure.data if t.mode == "markers") == len(fit.points)
+    assert "work-table" in page.html
+    # a mask column in the record table and in the sweep's table
+    assert "<th" in page.html and ">mask<" in page.html
+
+
+def test_external_impls_refuse_a_mask_they_do_not_run() -> None:
+    base = BenchConfig(
+        seq_len=64, batch=1, heads=4, kv_heads=4, head_dim=16, dtype="bfloat16", causal=True,
+        ulysses=1, ring=2, layout="zigzag", kv_replication=None, backend="auto", phase="fwd+bwd",
+        device="cuda", world_size=2, documents=(30, 34),
+    )  # fmt: skip
+    import dataclasses  # noqa: PLC0415
+
+    for impl in ("ring_flash_attn", "yunchang", "torch_cp", "transformer_engine"):
+        docs = skip_reason(dataclasses.replace(base, impl=impl))
+        assert docs is not None and "document mask (document (2 docs))" in docs, docs
+        assert "never dropped" in docs
+        window = skip_reason(dataclasses.replace(base, impl=impl, documents=None, window=16))
+        assert window is not None and "sliding_window mask (window 16)" in window, window
+        layout = skip_reason(
+            dataclasses.replace(base, impl=impl, documents=None, layout="balanced")
+        )
+        assert layout is not None and "no balanced layout" in layout, layout
+    assert skip_reason(dataclasses.replace(base, impl="cpbench")) is None
+
+
+def test_cli_run_takes_documents_window_and_seed(tmp_path: Path) -> None:
+    from typer.testing import CliRunner  # noqa: PLC0415
+
+    from cpbench.cli.main import app  # noqa: PLC0415
+
+    common = ["run", "--seq-len", "64", "--heads", "4", "--head-dim", "16", "--ring", "2",
+              "--iters", "1", "--warmup", "0", "--device", "cpu"]  # fmt: skip
+    out = tmp_path / "one.jsonl"
+    res = CliRunner().invoke(
+        app,
+        [*common, "--layout", "balanced", "--documents", "uniform:min=4,max=24", "--seed", "5",
+         "--window", "12", "--out", str(out)],
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    (record,) = read_records(out)
+    assert record["status"] == "ok" and record["comm"]["match"], record["error"]
+    assert record["config"]["mask"] == "document_sliding_window"
+    assert record["config"]["window"] == 12 and sum(record["config"]["documents"]) == 64
+    assert "mask" in res.output  # the results table shows the mask column
+    bad = CliRunner().invoke(app, [*common, "--documents", "10,10"])
+    assert bad.exit_code == 2
+    assert "key 'documents': documents '10,10' sum to 20, not the sequence length 64" in bad.stderr
+    bad = CliRunner().invoke(app, [*common, "--window", "8", "--no-causal"])
+    assert bad.exit_code == 2 and "key 'window': 8 needs a causal mask" in bad.stderr
