@@ -110,7 +110,7 @@ def test_verify_runs_in_place_under_torchrun() -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout)  # rank 0 alone prints: one JSON document
     assert report["world_size"] == 2 and report["passed"] is True
-    assert len(report["cases"]) == 48  # 2 meshes x 3 layouts x 2 causal x 4 KV head counts
+    assert len(report["cases"]) == 80  # 2 meshes x 5 layouts x 2 causal x 4 KV head counts
     assert all(case["passed"] is True for case in report["cases"])
 
 
