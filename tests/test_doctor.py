@@ -371,3 +371,16 @@ def test_a_gpu_machine_end_to_end_with_fakes(monkeypatch: pytest.MonkeyPatch) ->
     assert all((k.reason is None) is k.usable for k in r.kernels)
     assert all((i.reason is None) is i.usable for i in r.impls)
     assert "world 6" in r.probe_config
+
+
+def test_islands_from_the_fake_nvml_two_switches_two_sockets() -> None:
+    """NVLink pairs inside PCIe switches of 4 on two sockets: three tiers of islands."""
+    nvml = two_switches_two_sockets()
+    topo = read_topology(nvml, nvml_gpus(nvml, env=None))
+    assert [(t.kind, t.islands) for t in topo.tiers] == [
+        ("nvlink", [[0, 1], [2, 3], [4, 5], [6, 7]]),
+        ("pcie_switch", [[0, 1, 2, 3], [4, 5, 6, 7]]),
+        ("socket", [[0, 1, 2, 3, 4, 5, 6, 7]]),
+    ]
+    no_matrix = read_topology(None, [])
+    assert no_matrix.tiers == []  # this CPU machine: one island, nothing to split

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 from typing import Any, get_args
 
@@ -29,8 +30,10 @@ from cpbench.model.hardware import (
     profile_to_toml,
     resolve_kernel_family,
     save_profile,
+    scaled_bandwidth,
     tomllib,  # the stdlib module, or tomli on Python 3.10
     with_default_kernel,
+    with_topology,
 )
 
 SHIPPED = ("a100-80gb", "cpu-local", "h100-sxm", "h200-sxm", "l40s-pcie")
@@ -373,3 +376,69 @@ def test_auto_follows_the_profile_default_and_unknown_kernels_are_named() -> Non
 )
 def test_profile_for_devices(names: list[str], profile: str | None) -> None:
     assert profile_for_devices(names) == profile
+
+
+# ------------------------------------------------------------------------------ topology
+
+TOPOLOGY_SHIPPED = ("l40s-pcie-2x4", "l40s-pcie-2x4-nop2p", "a100-pcie-4")
+
+
+@pytest.mark.parametrize("name", TOPOLOGY_SHIPPED)
+def test_topology_profiles_load_round_trip_and_mark_estimates(name: str, tmp_path: Path) -> None:
+    profile = load_profile(name)
+    assert profile.topology is not None
+    tiers = profile.node_tiers()
+    assert tiers[-1].island == profile.devices_per_node
+    assert all(b.island > a.island and b.island % a.island == 0 for a, b in zip(tiers, tiers[1:], strict=False))
+    for tier in tiers:
+        for kind in COLLECTIVE_KINDS:
+            assert "estimate" in tier.cost(kind).source, f"{name} {tier.kind} {kind}"
+    loaded = load_profile(str(save_profile(profile, tmp_path / f"{name}.toml")))
+    assert loaded == profile
+    assert "datasheet" in profile.peak_source
+
+
+def test_topology_p2p_flag_and_crossing_bandwidth() -> None:
+    p2p, no_p2p = load_profile("l40s-pcie-2x4"), load_profile("l40s-pcie-2x4-nop2p")
+    assert all(t.peer_to_peer for t in p2p.node_tiers())
+    assert not any(t.peer_to_peer for t in no_p2p.node_tiers())
+    for profile in (p2p, no_p2p):
+        inner, outer = profile.node_tiers()
+        assert outer.all_to_all.busbw < inner.all_to_all.busbw  # the uplink is shared
+    # the x16 uplink (31.5 GB/s line rate) shared by 4 GPUs bounds the socket tier per GPU
+    assert p2p.node_tiers()[1].all_to_all.busbw <= 31.5 * GB / 4
+
+
+def test_flat_profiles_are_one_island() -> None:
+    h100 = load_profile("h100-sxm")
+    assert h100.topology is None
+    (tier,) = h100.node_tiers()
+    assert (tier.kind, tier.island) == ("nvlink", 8)
+    assert tier.all_to_all == h100.intra_node.all_to_all
+
+
+@pytest.mark.parametrize(
+    ("islands", "message"),
+    [
+        ([4, 6], "islands must nest"),
+        ([4, 4], "islands must nest"),
+        ([2, 4], "outermost island (4 devices) must be the node: devices_per_node is 8"),
+    ],
+)
+def test_topology_table_rules(islands: list[int], message: str) -> None:
+    data = tomllib.loads(profile_to_toml(load_profile("l40s-pcie-2x4")))
+    tiers = data["topology"]["tiers"]
+    data["topology"]["tiers"] = [{**tiers[0], "island": n} for n in islands]
+    with pytest.raises(CpbenchError, match=re.escape(message)):
+        profile_from_dict(data, "x.toml")
+
+
+def test_with_topology_checks_the_node() -> None:
+    profile = load_profile("l40s-pcie-2x4")
+    assert profile.topology is not None
+    assert with_topology(profile, None).topology is None
+    with pytest.raises(CpbenchError, match=r"outermost must be the node \(4 devices per node\)"):
+        with_topology(load_profile("a100-pcie-4"), profile.topology)
+    assert scaled_bandwidth(profile, 2.0).node_tiers()[1].send_recv.busbw == pytest.approx(
+        2 * profile.node_tiers()[1].send_recv.busbw
+    )

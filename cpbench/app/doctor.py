@@ -31,7 +31,7 @@ from types import ModuleType
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from cpbench.config.bench import BenchConfig
 from cpbench.config.impls import IMPLS
@@ -96,6 +96,15 @@ class Nvml(_Model):
     """Why NVML is not available (None when it is)."""
 
 
+class TopologyTierIslands(_Model):
+    """One tier of islands read from the interconnect matrix."""
+
+    kind: str
+    """What joins the islands (`cpbench.model.hardware.TierKind`)."""
+    islands: list[list[int]]
+    """GPU indices (matrix order) of each island."""
+
+
 class Topology(_Model):
     """The GPU interconnect matrix, as `nvidia-smi topo -m` prints it."""
 
@@ -109,6 +118,9 @@ class Topology(_Model):
     """NUMA node of each GPU (the CPU socket), when known."""
     reason: str | None
     """Why there is no matrix (fewer than two GPUs, no NVML and no nvidia-smi)."""
+    tiers: list[TopologyTierIslands] = Field(default_factory=list)
+    """The islands the matrix implies, innermost tier first (`model.topology.tiers_from_matrix`):
+    what a profile's `[topology]` tiers describe; empty without a matrix (one island)."""
 
 
 class KernelStatus(_Model):
@@ -523,6 +535,17 @@ def smi_topology(gpus: Sequence[Gpu], run: Callable[[], str] | None = None) -> T
     )
 
 
+def with_islands(topology: Topology) -> Topology:
+    """The topology with its `tiers` filled from the matrix."""
+    from cpbench.model.topology import tiers_from_matrix  # noqa: PLC0415 - keeps doctor fast
+
+    tiers = [
+        TopologyTierIslands(kind=t.kind, islands=[list(i) for i in t.islands])
+        for t in tiers_from_matrix(topology.matrix)
+    ]
+    return topology.model_copy(update={"tiers": tiers})
+
+
 def read_topology(
     nvml: Any | None, gpus: Sequence[Gpu], smi: Callable[[], str] | None = None
 ) -> Topology:
@@ -536,11 +559,11 @@ def read_topology(
     problems = []
     if nvml is not None:
         try:
-            return nvml_topology(nvml, gpus)
+            return with_islands(nvml_topology(nvml, gpus))
         except _NvlinkUnsupported as exc:
             problems.append(f"NVML: {exc}")
     try:
-        return smi_topology(gpus, smi)
+        return with_islands(smi_topology(gpus, smi))
     except (OSError, ValueError, subprocess.SubprocessError) as exc:
         problems.append(f"nvidia-smi topo -m: {exc}")
     return Topology(source=None, gpus=labels, matrix=[], numa=[g.numa_node for g in gpus],

@@ -20,6 +20,12 @@ A profile describes one kind of device and the two link tiers between devices:
   message of `size` bytes (each rank sends to its next and receives from its previous, the ring
   pattern of nccl-tests' sendrecv_perf) takes `latency + size / busbw`. `devices_per_nic`
   ranks share one inter-node NIC, so each gets `busbw / devices_per_nic` when all send at once;
+- topology (optional `[topology]`, `NodeTopology`): the tiers inside a node, innermost first
+  (`TierKind`: NVLink domain, PCIe switch, host bridge, NUMA node, socket interconnect), each
+  joining islands of the tier below into islands of `island` devices, with all-to-all and
+  send/recv latency and per-device busbw across it and whether GPU peer-to-peer works across
+  it; `cpbench.model.topology` prices collectives on it. Without one the node is flat: one
+  island joined by `intra_node` (`HardwareProfile.node_tiers`);
 - overheads: a fixed time per ring step and kernel call (launches, the online-softmax merge),
   and the overlap efficiency of a ring step (fraction of the shorter of compute and
   communication that is hidden behind the longer).
@@ -150,6 +156,58 @@ class LinkTierProfile:
         return self.cost(kind).busbw / self.devices_per_nic
 
 
+TierKind = Literal["nvlink", "pcie_switch", "host_bridge", "numa_node", "socket", "network"]
+"""What joins the islands of a topology tier: an NVLink/NVSwitch domain, a PCIe switch, a PCIe
+host bridge (one root complex), the interconnect between host bridges of one NUMA node, the
+socket interconnect (UPI/Infinity Fabric), the network between nodes."""
+TIER_KINDS: tuple[TierKind, ...] = get_args(TierKind)
+
+
+@dataclass(frozen=True)
+class TopologyTier:
+    """One tier of a node's topology: it joins islands of the tier below into islands of
+    `island` devices (devices 0..island-1 form the first island, in device order).
+
+    A message between two devices whose smallest common island is at tier t crosses the links
+    of every tier <= t. `busbw` is per device when every device of an island of the tier
+    below sends across this tier at once (nccl-tests' busbw of a collective that this tier
+    bounds); a tier's links are shared by the ranks of that lower island that cross it.
+    """
+
+    kind: TierKind
+    """What joins the islands (`TierKind`)."""
+    island: int
+    """Devices per island at this tier; strictly increasing up the tiers."""
+    name: str
+    """The technology, e.g. 'PCIe Gen4 x16 to a PCIe switch'."""
+    all_to_all: LinkCost
+    """Latency and per-device busbw of all-to-all traffic across this tier."""
+    send_recv: LinkCost
+    """Latency and per-device busbw of ring send/recv traffic across this tier."""
+    peer_to_peer: bool = True
+    """Whether GPU peer-to-peer works across this tier (False: staged through host memory;
+    the bandwidths already say what that costs)."""
+
+    def cost(self, kind: CollectiveKind) -> LinkCost:
+        """The LinkCost of a collective kind."""
+        if kind == "all_to_all":
+            return self.all_to_all
+        if kind == "send_recv":
+            return self.send_recv
+        raise CpbenchError(f"collective kind {kind!r} is not one of {', '.join(COLLECTIVE_KINDS)}")
+
+
+@dataclass(frozen=True)
+class NodeTopology:
+    """The tiers inside one node, innermost first; the last tier's island is the node. Across
+    nodes the profile's `inter_node` tier applies."""
+
+    tiers: tuple[TopologyTier, ...]
+    """Tiers, innermost first."""
+    source: str = ""
+    """Where the layout comes from (a datasheet, `cpbench doctor`, `cpbench probe`)."""
+
+
 @dataclass(frozen=True)
 class EfficiencyCurve:
     """Attention-kernel efficiency (achieved / peak FLOP/s) over the kernel's sequence length.
@@ -243,6 +301,9 @@ class HardwareProfile:
     """Case-insensitive regular expressions, one of which matches the name of a device this
     profile describes (as torch.cuda.get_device_name or a record's environment.devices spell
     it), e.g. `\\bH200\\b`."""
+    topology: NodeTopology | None = None
+    """The tiers inside a node (`[topology]`); None = a flat node, one island joined by
+    `intra_node` (the cost model's formulas of before topologies)."""
     origin: str = field(default="built-in", compare=False)
     """Where it was loaded from: 'built-in' or a file path."""
 
@@ -295,6 +356,22 @@ class HardwareProfile:
     def matches_device(self, device_name: str) -> bool:
         """Whether one of `device_names` matches a device name (case-insensitive search)."""
         return any(re.search(p, device_name, re.IGNORECASE) for p in self.device_names)
+
+    def node_tiers(self) -> tuple[TopologyTier, ...]:
+        """The tiers inside a node: the `[topology]` tiers, or for a flat node one tier of
+        `devices_per_node` devices with the `intra_node` costs."""
+        if self.topology is not None:
+            return self.topology.tiers
+        intra = self.intra_node
+        return (
+            TopologyTier(
+                "nvlink" if "nvlink" in intra.name.lower() else "pcie_switch",
+                self.devices_per_node,
+                intra.name,
+                intra.all_to_all,
+                intra.send_recv,
+            ),
+        )
 
     def link(self, tier: LinkTier) -> LinkTierProfile:
         """The profile of a link tier."""
@@ -602,6 +679,45 @@ class LinksTable(FileModel):
     """Links between nodes (per NIC)."""
 
 
+class TopologyTierTable(FileModel):
+    """`[[topology.tiers]]`: one tier of a node's topology (`TopologyTier`)."""
+
+    kind: Annotated[TierKind, rule(f"must be one of {', '.join(TIER_KINDS)}")]
+    """What joins the islands."""
+    island: PositiveInteger
+    """Devices per island at this tier."""
+    name: str | None = None
+    """The technology; absent = the kind."""
+    peer_to_peer: bool = True
+    """Whether GPU peer-to-peer works across this tier."""
+    all_to_all: CostTable
+    """All-to-all traffic across this tier."""
+    send_recv: CostTable
+    """Ring send/recv traffic across this tier."""
+
+
+class TopologyTable(FileModel):
+    """`[topology]`: the tiers inside a node, innermost first; islands nest (each tier's
+    island a multiple of the one below) and the last is the node."""
+
+    source: str = ""
+    """Where the layout comes from."""
+    tiers: Annotated[list[TopologyTierTable], Field(min_length=1)]
+    """The tiers, innermost first."""
+
+    @model_validator(mode="after")
+    def _nested(self) -> TopologyTable:
+        sizes = [t.island for t in self.tiers]
+        for below, above in zip(sizes, sizes[1:], strict=False):
+            if above <= below or above % below:
+                raise problem(
+                    f"islands must nest: each tier's island a larger multiple of the one "
+                    f"below, got {sizes} ({above} after {below})",
+                    "",
+                )
+        return self
+
+
 class CalibrationTable(FileModel):
     """`[calibration]`: how a calibrated profile was fitted (`CalibrationInfo`)."""
 
@@ -646,6 +762,19 @@ class ProfileFile(FileModel):
     """The two link tiers."""
     calibration: CalibrationTable | None = None
     """Present on profiles fitted to measurements."""
+    topology: TopologyTable | None = None
+    """The tiers inside a node; absent = a flat node (one island joined by links.intra_node)."""
+
+    @model_validator(mode="after")
+    def _topology_is_the_node(self) -> ProfileFile:
+        if self.topology is not None and self.topology.tiers[-1].island != self.devices_per_node:
+            last = self.topology.tiers[-1].island
+            raise problem(
+                f"outermost island ({last} devices) must be the node: devices_per_node is "
+                f"{self.devices_per_node}",
+                "",
+            )
+        return self
 
     @model_validator(mode="before")
     @classmethod
@@ -780,8 +909,30 @@ def profile_from_dict(data: Mapping[str, Any], origin: str = "<dict>") -> Hardwa
         kernel_curves=curves,
         device_kind=kind,
         device_names=tuple(device.names) if device is not None else (),
+        topology=_topology(spec.topology),
         origin=origin,
     )
+
+
+def _cost(c: CostTable) -> LinkCost:
+    return LinkCost(c.latency_us * 1e-6, c.busbw_GBps * GB, c.source)
+
+
+def _topology(table: TopologyTable | None) -> NodeTopology | None:
+    if table is None:
+        return None
+    tiers = tuple(
+        TopologyTier(
+            t.kind,
+            t.island,
+            t.name if t.name is not None else t.kind,
+            _cost(t.all_to_all),
+            _cost(t.send_recv),
+            t.peer_to_peer,
+        )
+        for t in table.tiers
+    )
+    return NodeTopology(tiers, table.source)
 
 
 # ---------------------------------------------------------------------------------- writing
@@ -847,6 +998,21 @@ def profile_document(profile: HardwareProfile) -> dict[str, Any]:
         }
         for tier in (profile.intra_node, profile.inter_node)
     }
+    if profile.topology is not None:
+        document["topology"] = {
+            "source": profile.topology.source,
+            "tiers": [
+                {
+                    "kind": t.kind,
+                    "island": t.island,
+                    "name": t.name,
+                    "peer_to_peer": t.peer_to_peer,
+                    "all_to_all": cost(t.all_to_all),
+                    "send_recv": cost(t.send_recv),
+                }
+                for t in profile.topology.tiers
+            ],
+        }
     if profile.calibration is not None:
         c = profile.calibration
         document["calibration"] = {
@@ -927,4 +1093,33 @@ def scaled_bandwidth(profile: HardwareProfile, factor: float) -> HardwareProfile
         for kind in COLLECTIVE_KINDS:
             cost = result.link(tier).cost(kind)
             result = with_link_cost(result, tier, kind, replace(cost, busbw=cost.busbw * factor))
+    if result.topology is not None:
+        tiers = tuple(
+            replace(
+                t,
+                all_to_all=replace(t.all_to_all, busbw=t.all_to_all.busbw * factor),
+                send_recv=replace(t.send_recv, busbw=t.send_recv.busbw * factor),
+            )
+            for t in result.topology.tiers
+        )
+        result = replace(result, topology=replace(result.topology, tiers=tiers))
     return result
+
+
+def with_topology(profile: HardwareProfile, topology: NodeTopology | None) -> HardwareProfile:
+    """A copy with the node topology set (None: a flat node); CpbenchError when the outermost
+    island is not the node or the islands do not nest."""
+    if topology is not None:
+        sizes = [t.island for t in topology.tiers]
+        if not sizes or sizes[-1] != profile.devices_per_node:
+            raise CpbenchError(
+                f"topology islands {sizes}: the outermost must be the node "
+                f"({profile.devices_per_node} devices per node)"
+            )
+        for below, above in zip(sizes, sizes[1:], strict=False):
+            if above <= below or above % below:
+                raise CpbenchError(
+                    f"topology islands {sizes} do not nest: {above} is not a larger multiple "
+                    f"of {below}"
+                )
+    return replace(profile, topology=topology)

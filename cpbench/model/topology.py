@@ -1,0 +1,518 @@
+"""Collective costs on a node topology, rank placement and prediction uncertainty. Pure Python.
+
+A profile's topology (`HardwareProfile.node_tiers`, `[topology]` in the file) is a list of
+tiers inside a node, innermost first; tier t joins islands of tier t-1 (single devices below
+tier 0) into islands of `island` devices, device d sitting in island d // island. Across
+nodes the profile's `inter_node` tier is one more level whose islands are nodes. Here:
+
+- **Placement** (`TopologyPlacement`): which device each CP rank runs on. CP rank p = j*U + u
+  (ring index j, Ulysses index u, as `cpbench/attention/mesh.py` builds the groups) sits on
+  device `slot(p) * rank_stride` where `slot` is p itself for `ulysses_low` (Ulysses groups
+  are runs of U consecutive devices, yunchang's `use_ulysses_low=True`, Megatron's
+  hierarchical CP with the all-to-all group innermost) or u*R + j for `ring_low` (rings are
+  runs of R consecutive devices, Ulysses groups strided by R).
+- **All-to-all** over the Ulysses groups (all groups at once): a rank sends bytes_sent / (U-1)
+  to each peer; the bytes to a peer whose smallest common island is at level m cross the
+  links of every level <= m. Level t's links are the uplinks of the islands of level t-1 and
+  carry `busbw_t x (devices of that island)` bytes/s (busbw is per device when the whole
+  island sends across at once), so level t takes `max over islands (bytes leaving it across t)
+  / (busbw_t x island size)`. The call takes the latency of the highest level crossed plus the
+  slowest level's time (the slowest crossed tier bounds it).
+- **Ring hop**: every rank sends a hop to its ring successor at once; a hop pays each level it
+  crosses, the ranks of an island whose hops cross its uplink share it, and the slowest level
+  paces every hop (the ring is synchronous).
+- **Choice** (`choose_placement`): the placement with the least communication time for the
+  candidate's calls, ulysses_low on a tie (what cpbench runs without reordering devices);
+  `Export` says how to run it: `CUDA_VISIBLE_DEVICES` (devices in CP-rank order), yunchang's
+  `use_ulysses_low`, Megatron's `hierarchical_context_parallel_sizes`.
+- **Detection** (`tiers_from_matrix`): island sizes from an `nvidia-smi topo -m` style matrix.
+- **Uncertainty** (`PredictionInterval`, `interval`, `tied`): a multiplicative interval from the
+  calibration residual (RMS relative error of fitted step times) or the prior's stated
+  accuracy, and whether two predictions are within each other's interval.
+
+Units: seconds, bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+from cpbench.errors import CpbenchError
+from cpbench.model.formulas import CollectiveKind
+from cpbench.model.hardware import HardwareProfile, LinkCost, TierKind, TopologyTier
+
+PlacementOrder = Literal["ulysses_low", "ring_low"]
+"""How CP ranks map to devices: Ulysses groups consecutive (ulysses_low) or rings (ring_low)."""
+PLACEMENT_ORDERS: tuple[PlacementOrder, ...] = get_args(PlacementOrder)
+
+PRIOR_RELATIVE_ERROR = 0.35
+"""Stated accuracy of an uncalibrated datasheet prior: one standard deviation of the relative
+step-time error (estimate: the link numbers of the shipped profiles are typical nccl-tests
+figures that vary by +-30% between machines of one class; cpbench's CPU validation of the
+prior alone lands within 30-40% median error)."""
+INTERVAL_Z = 1.0
+"""Width of a printed interval in standard deviations (about 68% coverage)."""
+
+
+# ------------------------------------------------------------------------------- levels
+
+
+@dataclass(frozen=True)
+class Level:
+    """One level of the placement's topology: a node tier, or the network between nodes."""
+
+    kind: TierKind
+    """What joins its islands."""
+    island: int
+    """Devices per island (the node for the network level: islands of it are whole nodes)."""
+    below: int
+    """Devices per island of the level below (1 for the innermost), whose uplinks it prices."""
+    name: str
+    """The technology."""
+    all_to_all: LinkCost
+    """All-to-all cost across it (busbw per device of a lower island sending at once)."""
+    send_recv: LinkCost
+    """Send/recv cost across it."""
+    peer_to_peer: bool
+    """Whether GPU peer-to-peer works across it."""
+
+    def cost(self, kind: CollectiveKind) -> LinkCost:
+        """The LinkCost of a collective kind."""
+        return self.all_to_all if kind == "all_to_all" else self.send_recv
+
+
+def levels(profile: HardwareProfile, devices_per_node: int | None = None) -> tuple[Level, ...]:
+    """The node tiers (clipped to `devices_per_node`, the last one the node) and the network
+    level (per-device busbw = the NIC's busbw / devices sharing it)."""
+    per_node = devices_per_node or profile.devices_per_node
+    tiers: list[TopologyTier] = []
+    for tier in profile.node_tiers():
+        if tier.island < per_node and per_node % tier.island == 0:
+            tiers.append(tier)
+            continue
+        tiers.append(
+            TopologyTier(
+                tier.kind, per_node, tier.name, tier.all_to_all, tier.send_recv, tier.peer_to_peer
+            )
+        )
+        break
+    else:
+        last = tiers[-1]
+        tiers[-1] = TopologyTier(
+            last.kind, per_node, last.name, last.all_to_all, last.send_recv, last.peer_to_peer
+        )
+    out: list[Level] = []
+    below = 1
+    for tier in tiers:
+        out.append(
+            Level(tier.kind, tier.island, below, tier.name, tier.all_to_all, tier.send_recv,
+                  tier.peer_to_peer)
+        )
+        below = tier.island
+    nic = profile.inter_node
+    share = nic.devices_per_nic
+
+    def per_device(c: LinkCost) -> LinkCost:
+        return LinkCost(c.latency_s, c.busbw / share, c.source)
+
+    out.append(
+        Level("network", per_node, per_node, nic.name, per_device(nic.all_to_all),
+              per_device(nic.send_recv), True)
+    )
+    return tuple(out)
+
+
+def meet_level(a: int, b: int, tiers: Sequence[Level]) -> int:
+    """Index of the smallest level whose island holds devices a and b (len - 1: the network)."""
+    for index, level in enumerate(tiers[:-1]):
+        if a // level.island == b // level.island:
+            return index
+    return len(tiers) - 1
+
+
+def _island(device: int, tiers: Sequence[Level], index: int) -> int:
+    """The island of the level below `index` that holds a device (its uplink is level index)."""
+    return device // tiers[index].below
+
+
+# ---------------------------------------------------------------------------- placement
+
+
+@dataclass(frozen=True)
+class Export:
+    """How to run a placement with each framework."""
+
+    cuda_visible_devices: str
+    """Devices in CP-rank order for one node (CUDA_VISIBLE_DEVICES), e.g. '0,4,1,5,2,6,3,7'."""
+    yunchang_use_ulysses_low: bool
+    """yunchang's `set_seq_parallel_pg(..., use_ulysses_low=...)` in the identity order."""
+    megatron_hierarchical_sizes: tuple[int, int]
+    """Megatron-Core's `hierarchical_context_parallel_sizes` (a2a group innermost): [U, R]."""
+    note: str
+    """One sentence: what to set."""
+
+
+@dataclass(frozen=True)
+class TopologyPlacement:
+    """Which device each CP rank of a U x R mesh runs on, on a profile's levels."""
+
+    ulysses: int
+    """U."""
+    ring: int
+    """R."""
+    order: PlacementOrder
+    """ulysses_low or ring_low."""
+    rank_stride: int
+    """Global ranks between consecutive CP slots (TP in Megatron's order)."""
+    devices: tuple[int, ...]
+    """Global device of CP rank p (p = j*U + u)."""
+    tiers: tuple[Level, ...]
+    """The levels it is priced on."""
+
+    def ulysses_group(self, j: int) -> tuple[int, ...]:
+        """Devices of the Ulysses group of ring index j."""
+        return tuple(self.devices[j * self.ulysses + u] for u in range(self.ulysses))
+
+    def ring_group(self, u: int) -> tuple[int, ...]:
+        """Devices of the ring of Ulysses index u, in ring order."""
+        return tuple(self.devices[j * self.ulysses + u] for j in range(self.ring))
+
+    def export(self) -> Export:
+        """CUDA_VISIBLE_DEVICES, yunchang and Megatron settings of this placement."""
+        per_node = self.tiers[-1].island
+        first = [d % per_node for d in self.devices[: min(len(self.devices), per_node)]]
+        visible = ",".join(str(d) for d in first)
+        low = self.order == "ulysses_low"
+        if low:
+            note = (
+                f"default rank order: Ulysses groups of {self.ulysses} consecutive ranks "
+                f"(yunchang use_ulysses_low=True; Megatron hierarchical_context_parallel_sizes "
+                f"[{self.ulysses}, {self.ring}])"
+            )
+        else:
+            note = (
+                f"rings of {self.ring} consecutive devices: yunchang use_ulysses_low=False, or "
+                f"CUDA_VISIBLE_DEVICES={visible} with use_ulysses_low=True / Megatron "
+                f"hierarchical_context_parallel_sizes [{self.ulysses}, {self.ring}]"
+            )
+        return Export(visible, low, (self.ulysses, self.ring), note)
+
+
+def place(
+    ulysses: int,
+    ring: int,
+    profile: HardwareProfile,
+    devices_per_node: int | None = None,
+    rank_stride: int = 1,
+    order: PlacementOrder = "ulysses_low",
+) -> TopologyPlacement:
+    """The placement of a U x R mesh in one order; CpbenchError on a bad size or order."""
+    for label, value in (("ulysses", ulysses), ("ring", ring), ("rank stride", rank_stride)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise CpbenchError(f"{label} must be a positive integer, got {value!r}")
+    if order not in PLACEMENT_ORDERS:
+        raise CpbenchError(f"placement order {order!r} is not one of {', '.join(PLACEMENT_ORDERS)}")
+    devices = []
+    for p in range(ulysses * ring):
+        j, u = divmod(p, ulysses)
+        slot = p if order == "ulysses_low" else u * ring + j
+        devices.append(slot * rank_stride)
+    return TopologyPlacement(
+        ulysses, ring, order, rank_stride, tuple(devices), levels(profile, devices_per_node)
+    )
+
+
+# -------------------------------------------------------------------------------- costs
+
+
+@dataclass(frozen=True)
+class LevelTime:
+    """The part of one collective that crosses one level."""
+
+    kind: TierKind
+    """The level."""
+    name: str
+    """Its technology."""
+    bytes_per_rank: float
+    """Bytes the busiest rank sends across it."""
+    seconds: float
+    """Bandwidth time of the busiest island's uplink at this level."""
+
+
+@dataclass(frozen=True)
+class CollectiveTime:
+    """One collective call on a placement: latency + the slowest crossed level's time."""
+
+    seconds: float
+    """Latency of the highest crossed level + the bounding level's bandwidth time."""
+    latency_s: float
+    """The latency paid."""
+    levels: tuple[LevelTime, ...]
+    """Every level crossed, innermost first."""
+    bounding: int
+    """Index into `levels` of the level that sets the time (-1 when nothing is sent)."""
+
+    @property
+    def bound_by(self) -> str:
+        """The kind of the bounding level ('' when nothing is sent)."""
+        return self.levels[self.bounding].kind if self.bounding >= 0 else ""
+
+    @property
+    def crosses_network(self) -> bool:
+        """Whether any byte leaves the node."""
+        return any(lt.kind == "network" and lt.bytes_per_rank > 0 for lt in self.levels)
+
+
+def _time(
+    tiers: Sequence[Level], kind: CollectiveKind, flows: Sequence[tuple[int, int, float]]
+) -> CollectiveTime:
+    """Concurrent flows (source device, destination device, bytes): per level, the bytes that
+    leave each lower island across it over that island's uplink capacity; the worst island
+    and level set the time, the highest crossed level's latency is paid once."""
+    leaving: dict[tuple[int, int], float] = {}
+    per_rank: dict[tuple[int, int], float] = {}
+    top = -1
+    for src, dst, nbytes in flows:
+        if nbytes <= 0 or src == dst:
+            continue
+        m = meet_level(src, dst, tiers)
+        top = max(top, m)
+        for t in range(m + 1):
+            key = (t, _island(src, tiers, t))
+            leaving[key] = leaving.get(key, 0.0) + nbytes
+            per_rank[(t, src)] = per_rank.get((t, src), 0.0) + nbytes
+    if top < 0:
+        return CollectiveTime(0.0, 0.0, (), -1)
+    out: list[LevelTime] = []
+    for t in range(top + 1):
+        level = tiers[t]
+        cap = level.cost(kind).busbw * level.below
+        seconds = max((v for (lt, _), v in leaving.items() if lt == t), default=0.0) / cap
+        busiest = max((v for (lt, _), v in per_rank.items() if lt == t), default=0.0)
+        out.append(LevelTime(level.kind, level.name, busiest, seconds))
+    bounding = max(range(len(out)), key=lambda i: (out[i].seconds, -i))
+    latency = tiers[top].cost(kind).latency_s
+    return CollectiveTime(latency + out[bounding].seconds, latency, tuple(out), bounding)
+
+
+def all_to_all_time(placement: TopologyPlacement, bytes_sent: float) -> CollectiveTime:
+    """One all-to-all over every Ulysses group at once; `bytes_sent` per rank, own part
+    excluded (formulas.py's counting)."""
+    u = placement.ulysses
+    if u == 1 or bytes_sent <= 0:
+        return CollectiveTime(0.0, 0.0, (), -1)
+    share = bytes_sent / (u - 1)
+    flows = [
+        (a, b, share)
+        for j in range(placement.ring)
+        for a in placement.ulysses_group(j)
+        for b in placement.ulysses_group(j)
+        if a != b
+    ]
+    return _time(placement.tiers, "all_to_all", flows)
+
+
+def ring_hop_time(placement: TopologyPlacement, hop_bytes: float) -> CollectiveTime:
+    """One ring exchange of every ring at once: each rank sends `hop_bytes` to its successor;
+    the slowest hop paces the step."""
+    r = placement.ring
+    if r == 1 or hop_bytes <= 0:
+        return CollectiveTime(0.0, 0.0, (), -1)
+    flows: list[tuple[int, int, float]] = []
+    for u in range(placement.ulysses):
+        group = placement.ring_group(u)
+        flows.extend((group[j], group[(j + 1) % r], hop_bytes) for j in range(r))
+    return _time(placement.tiers, "send_recv", flows)
+
+
+def comm_seconds(
+    placement: TopologyPlacement,
+    all_to_all_calls: Sequence[float],
+    hop_bytes: float,
+    hops: int,
+) -> float:
+    """Serialised communication of a candidate: its all-to-all calls (bytes per rank each)
+    plus `hops` ring exchanges of `hop_bytes`."""
+    total = sum(all_to_all_time(placement, b).seconds for b in all_to_all_calls)
+    return total + hops * ring_hop_time(placement, hop_bytes).seconds
+
+
+def choose_placement(
+    ulysses: int,
+    ring: int,
+    profile: HardwareProfile,
+    all_to_all_calls: Sequence[float],
+    hop_bytes: float,
+    hops: int,
+    devices_per_node: int | None = None,
+    rank_stride: int = 1,
+) -> TopologyPlacement:
+    """The order with the least communication (`comm_seconds`); ulysses_low unless ring_low
+    is faster by more than 1%: what cpbench runs without reordering the devices."""
+    low = place(ulysses, ring, profile, devices_per_node, rank_stride, "ulysses_low")
+    if ulysses == 1 or ring == 1:
+        return low
+    alt = place(ulysses, ring, profile, devices_per_node, rank_stride, "ring_low")
+    t_low = comm_seconds(low, all_to_all_calls, hop_bytes, hops)
+    t_alt = comm_seconds(alt, all_to_all_calls, hop_bytes, hops)
+    return alt if t_alt < 0.99 * t_low else low
+
+
+def describe(placement: TopologyPlacement, a2a_bytes: float, hop_bytes: float) -> str:
+    """Which tiers the all-to-all and the ring cross, and what bounds each (one sentence)."""
+    parts = []
+    if placement.ulysses > 1:
+        a2a = all_to_all_time(placement, a2a_bytes)
+        crossed = ", ".join(lt.kind for lt in a2a.levels)
+        parts.append(
+            f"the all-to-all over {placement.ulysses} ranks crosses {crossed}, bound by "
+            f"{a2a.bound_by} ({_bandwidth_text(a2a)})"
+        )
+    if placement.ring > 1:
+        hop = ring_hop_time(placement, hop_bytes)
+        crossed = ", ".join(lt.kind for lt in hop.levels)
+        parts.append(
+            f"the ring of {placement.ring} crosses {crossed}, its slowest hop bound by "
+            f"{hop.bound_by} ({_bandwidth_text(hop)})"
+        )
+    if not parts:
+        return "a single rank: no communication"
+    no_p2p = [lv.kind for lv in placement.tiers if not lv.peer_to_peer]
+    tail = f"; no GPU peer-to-peer across {', '.join(no_p2p)}" if no_p2p else ""
+    return f"{placement.order} placement: " + "; ".join(parts) + tail
+
+
+def _bandwidth_text(t: CollectiveTime) -> str:
+    lt = t.levels[t.bounding]
+    rate = lt.bytes_per_rank / lt.seconds / 1e9 if lt.seconds > 0 else math.inf
+    return f"{rate:.1f} GB/s per rank, GB = 1e9 bytes"
+
+
+# ---------------------------------------------------------------------------- detection
+
+
+_CELL_LEVEL: dict[str, int] = {"NV": 0, "PIX": 1, "PXB": 1, "PHB": 2, "NODE": 3, "SYS": 4}
+_LEVEL_KIND: tuple[TierKind, ...] = ("nvlink", "pcie_switch", "host_bridge", "numa_node", "socket")
+
+
+@dataclass(frozen=True)
+class DetectedTier:
+    """A tier read from the interconnect matrix."""
+
+    kind: TierKind
+    """What joins the islands."""
+    islands: tuple[tuple[int, ...], ...]
+    """Devices (matrix order) of each island at this tier."""
+    peer_to_peer: bool
+    """Whether peer-to-peer was reported OK between every pair meeting at this tier."""
+
+
+def _root(parent: list[int], x: int) -> int:
+    while parent[x] != x:
+        parent[x] = parent[parent[x]]
+        x = parent[x]
+    return x
+
+
+def tiers_from_matrix(
+    matrix: Sequence[Sequence[str]], p2p: Sequence[Sequence[bool]] | None = None
+) -> tuple[DetectedTier, ...]:
+    """Islands per tier from `nvidia-smi topo -m` cells (NV#, PIX, PXB, PHB, NODE, SYS): at each
+    tier the groups of devices joined by cells at or below it (connected components), only the
+    tiers that merge islands; `p2p[a][b]` (NVML's P2P read status) marks tiers without it."""
+    n = len(matrix)
+    out: list[DetectedTier] = []
+    previous: tuple[tuple[int, ...], ...] = tuple((i,) for i in range(n))
+    for level, kind in enumerate(_LEVEL_KIND):
+        parent = list(range(n))
+        for a in range(n):
+            for b in range(n):
+                cell = str(matrix[a][b]).upper()
+                key = "NV" if cell.startswith("NV") else cell
+                if a != b and _CELL_LEVEL.get(key, 5) <= level:
+                    parent[_root(parent, a)] = _root(parent, b)
+        groups: dict[int, list[int]] = {}
+        for i in range(n):
+            groups.setdefault(_root(parent, i), []).append(i)
+        islands = tuple(sorted(tuple(g) for g in groups.values()))
+        if len(islands) == len(previous):
+            continue
+        ok = True
+        if p2p is not None:
+            ok = all(
+                p2p[a][b]
+                for island in islands
+                for a in island
+                for b in island
+                if a != b and not any(a in p and b in p for p in previous)
+            )
+        out.append(DetectedTier(kind, islands, ok))
+        previous = islands
+    return tuple(out)
+
+
+# ---------------------------------------------------------------------------- uncertainty
+
+
+@dataclass(frozen=True)
+class PredictionInterval:
+    """A predicted time with its uncertainty: [low, high] = time x exp(-+z sigma)."""
+
+    seconds: float
+    """The prediction."""
+    relative_sigma: float
+    """One standard deviation of the relative error (calibration residual or prior accuracy)."""
+    low_s: float
+    """Lower end."""
+    high_s: float
+    """Upper end."""
+    source: str
+    """Where sigma comes from."""
+
+    @property
+    def plus_minus(self) -> float:
+        """Half-width relative to the prediction, e.g. 0.35 for +-35%."""
+        return (self.high_s - self.low_s) / (2 * self.seconds) if self.seconds > 0 else 0.0
+
+
+def relative_sigma(calibration_residual: float | None, points: int = 0) -> tuple[float, str]:
+    """Sigma of the relative error and its source: a calibration's RMS residual inflated by
+    sqrt(n / (n - 2)) for the fitted parameters (at least 5%), else `PRIOR_RELATIVE_ERROR`."""
+    if calibration_residual is None or points <= 0:
+        return PRIOR_RELATIVE_ERROR, (
+            f"uncalibrated prior (+-{PRIOR_RELATIVE_ERROR:.0%} stated accuracy, an estimate)"
+        )
+    inflate = math.sqrt(points / (points - 2)) if points > 2 else 2.0
+    sigma = max(0.05, calibration_residual * inflate)
+    return sigma, f"calibration residual {calibration_residual:.1%} RMS on {points} points"
+
+
+def interval(
+    seconds: float, sigma: float, source: str = "", z: float = INTERVAL_Z
+) -> PredictionInterval:
+    """The multiplicative interval time x exp(+-z sigma); CpbenchError on a negative input."""
+    if seconds < 0 or sigma < 0:
+        raise CpbenchError(f"interval needs seconds >= 0 and sigma >= 0, got {seconds}, {sigma}")
+    return PredictionInterval(
+        seconds, sigma, seconds * math.exp(-z * sigma), seconds * math.exp(z * sigma), source
+    )
+
+
+def tied(best: PredictionInterval, other: PredictionInterval) -> bool:
+    """Whether `other` is within the uncertainty of `best`: the errors of two predictions on
+    the same profile are correlated, so the test is on their ratio against sigma (not on the
+    overlap of two independent intervals)."""
+    if best.seconds <= 0:
+        return other.seconds <= 0
+    return math.log(other.seconds / best.seconds) <= INTERVAL_Z * best.relative_sigma
+
+
+def ties(intervals: Sequence[PredictionInterval]) -> int:
+    """How many of the (sorted, fastest first) predictions tie with the first (itself
+    included)."""
+    if not intervals:
+        return 0
+    return sum(1 for i in intervals if tied(intervals[0], i))

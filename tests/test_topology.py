@@ -1,0 +1,131 @@
+"""The topology functions of cpbench.model.topology, on the shipped profiles (no cost.py)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from cpbench.errors import CpbenchError
+from cpbench.model.hardware import load_profile
+from cpbench.model.topology import (
+    PRIOR_RELATIVE_ERROR,
+    all_to_all_time,
+    choose_placement,
+    interval,
+    levels,
+    meet_level,
+    place,
+    relative_sigma,
+    ring_hop_time,
+    tied,
+    tiers_from_matrix,
+    ties,
+)
+
+MB = 1e6
+
+
+def test_flat_profile_all_to_all_is_todays_formula() -> None:
+    """One island: latency + bytes a rank sends / busbw, exactly (NVLink unchanged)."""
+    h100 = load_profile("h100-sxm")
+    p = place(8, 1, h100)
+    t = all_to_all_time(p, 70 * MB)
+    expected = h100.intra_node.all_to_all.seconds(70 * MB)
+    assert t.seconds == pytest.approx(expected, rel=1e-12)
+    hop = ring_hop_time(place(1, 8, h100), 50 * MB)
+    assert hop.seconds == pytest.approx(h100.intra_node.send_recv.seconds(50 * MB), rel=1e-12)
+
+
+def test_two_switch_levels_and_meet() -> None:
+    prof = load_profile("l40s-pcie-2x4")
+    lv = levels(prof)
+    assert [(x.kind, x.island, x.below) for x in lv] == [
+        ("pcie_switch", 4, 1), ("socket", 8, 4), ("network", 8, 8)
+    ]
+    assert (meet_level(0, 3, lv), meet_level(3, 4, lv), meet_level(0, 8, lv)) == (0, 1, 2)
+
+
+def test_all_to_all_over_8_pcie_gpus_is_bound_by_the_switch_uplink() -> None:
+    """U=8: 4 of a rank's 7 peers sit behind the other switch; the 4 GPUs of a switch share
+    its uplink: (4 ranks x 4/7 x S) / (4 x busbw_socket) = 4/7 S / busbw_socket."""
+    prof = load_profile("l40s-pcie-2x4")
+    socket = prof.node_tiers()[1].all_to_all
+    size = 70 * MB
+    t = all_to_all_time(place(8, 1, prof), size)
+    assert t.bound_by == "socket"
+    assert t.seconds == pytest.approx(socket.latency_s + 4 / 7 * size / socket.busbw, rel=1e-9)
+    inside = all_to_all_time(place(4, 2, prof), size)  # groups of 4 stay under one switch
+    assert [lt.kind for lt in inside.levels] == ["pcie_switch"]
+    assert inside.seconds < 0.5 * t.seconds
+
+
+def test_ring_hop_pays_the_crossed_tier_shared_by_the_crossers() -> None:
+    prof = load_profile("l40s-pcie-2x4")
+    switch, socket = (t.send_recv for t in prof.node_tiers())
+    size = 60 * MB
+    pure = ring_hop_time(place(1, 8, prof), size)  # 1 hop per switch crosses: full uplink
+    assert pure.seconds == pytest.approx(
+        socket.latency_s + max(size / switch.busbw, size / (4 * socket.busbw)), rel=1e-9
+    )
+    strided = ring_hop_time(place(2, 4, prof), size)  # rings {0,2,4,6},{1,3,5,7}: 2 cross
+    assert strided.bound_by == "socket"
+    assert strided.seconds == pytest.approx(socket.latency_s + 2 * size / (4 * socket.busbw))
+    assert strided.seconds > pure.seconds
+
+
+def test_placement_orders_and_export() -> None:
+    prof = load_profile("l40s-pcie-2x4")
+    low = place(2, 4, prof)
+    alt = place(2, 4, prof, order="ring_low")
+    assert low.devices == tuple(range(8))
+    assert alt.ring_group(0) == (0, 1, 2, 3) and alt.ulysses_group(0) == (0, 4)
+    assert alt.export().cuda_visible_devices == "0,4,1,5,2,6,3,7"
+    assert not alt.export().yunchang_use_ulysses_low
+    assert low.export().megatron_hierarchical_sizes == (2, 4)
+    with pytest.raises(CpbenchError, match="placement order 'x'"):
+        place(2, 4, prof, order="x")  # type: ignore[arg-type]
+
+
+def test_choose_placement_keeps_the_all_to_all_inside_a_switch() -> None:
+    prof = load_profile("l40s-pcie-2x4")
+    big_a2a = choose_placement(4, 2, prof, [200 * MB] * 4, 1 * MB, 1)
+    assert big_a2a.order == "ulysses_low"
+    big_ring = choose_placement(4, 2, prof, [1 * MB], 400 * MB, 6)
+    assert big_ring.order == "ring_low"
+
+
+def test_islands_from_the_topo_matrix() -> None:
+    """2 switches x 4 on 2 sockets with NVLink pairs: nvlink pairs, switches, sockets."""
+    matrix = []
+    for a in range(8):
+        row = []
+        for b in range(8):
+            if a == b:
+                row.append("X")
+            elif a // 2 == b // 2:
+                row.append("NV4")
+            elif a // 4 == b // 4:
+                row.append("PIX")
+            else:
+                row.append("SYS")
+        matrix.append(row)
+    p2p = [[(a // 4 == b // 4) for b in range(8)] for a in range(8)]
+    tiers = tiers_from_matrix(matrix, p2p)
+    assert [(t.kind, len(t.islands), t.peer_to_peer) for t in tiers] == [
+        ("nvlink", 4, True), ("pcie_switch", 2, True), ("socket", 1, False)
+    ]
+    assert tiers[1].islands == ((0, 1, 2, 3), (4, 5, 6, 7))
+
+
+def test_interval_and_ties() -> None:
+    sigma, source = relative_sigma(None)
+    assert sigma == PRIOR_RELATIVE_ERROR and "uncalibrated prior" in source
+    cal, _ = relative_sigma(0.10, 12)
+    assert cal == pytest.approx(0.10 * math.sqrt(12 / 10), rel=1e-12)
+    a = interval(1.0, 0.1)
+    assert (a.low_s, a.high_s) == pytest.approx((math.exp(-0.1), math.exp(0.1)))
+    assert tied(a, interval(1.05, 0.1)) and not tied(a, interval(1.2, 0.1))
+    assert ties([a, interval(1.05, 0.1), interval(1.2, 0.1)]) == 2
+    with pytest.raises(CpbenchError, match="sigma >= 0"):
+        interval(1.0, -0.1)
