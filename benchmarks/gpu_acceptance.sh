@@ -7,6 +7,8 @@
 #                               cpbench and every external implementation doctor finds usable
 #   scenario.toml, sweep.jsonl  scenarios/gpu-acceptance.toml with the backend axis set to the
 #                               usable kernels; every record carries its memory probes
+#   efficiency.json             `cpbench efficiency` in bf16 at the world size (>= 2): cpbench's
+#                               schemes and each usable library vs a single-GPU baseline
 #   report.html, report.json    `cpbench report` of the sweep
 #   summary.md                  one page: kernel TFLOP/s, verify counts, memory sources,
 #                               versions, the steps and their exit codes
@@ -26,7 +28,7 @@ OUT="" DRY="${CPBENCH_ACCEPTANCE_DRY:-0}"
 for arg in "$@"; do
   case "$arg" in
     --dry-run) DRY=1 ;;
-    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     -*) usage ;;
     *) [[ -z "$OUT" ]] || usage; OUT="$arg" ;;
   esac
@@ -100,6 +102,21 @@ for impl in ${IMPLS//,/ }; do
     "$PY" -m cpbench verify --device "$DEVICE" --world-size "$WORLD" --dtype bfloat16 \
     --impl "$impl" --json
 done
+
+# 2b. cpbench's own schemes next to each usable library against a single-GPU baseline measured
+# in the same run (`cpbench efficiency`: interleaved rounds, best and median, efficiency =
+# t_single / (P x t_case)); needs at least 2 ranks
+if (( WORLD >= 2 )); then
+  eff_args=(--device "$DEVICE" --world-size "$WORLD" --dtype bfloat16 --json
+            --out "$OUT/efficiency.json")
+  if (( DRY )); then
+    eff_args+=(--seq-len 256 --heads 4 --head-dim 16 --rounds 1 --impl cpbench)
+  else
+    eff_args+=(--seq-len 32768 --heads 16 --head-dim 128 --rounds 3)
+    for impl in ${IMPLS//,/ }; do eff_args+=(--impl "$impl"); done
+  fi
+  step efficiency 90 "$OUT/logs/efficiency.out" "$PY" -m cpbench efficiency "${eff_args[@]}"
+fi
 
 # 3. the sweep (memory probes in every record), leaving 45 s for the report and the summary
 left=$(( START + BUDGET - $(date +%s) - 45 ))

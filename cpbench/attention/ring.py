@@ -32,6 +32,7 @@ from typing import Any, Literal, get_args
 
 import torch
 import torch.distributed as dist
+from torch.profiler import record_function
 
 from cpbench.attention.comm import PendingExchange, ring_exchange
 from cpbench.attention.kernels import LocalKernel
@@ -107,6 +108,12 @@ class RingPlan:
     needs_band: bool = False
     """Whether any rank of the ring (not only this one) has a band piece: the same answer on
     every rank, so a kernel that cannot apply one is refused everywhere before any exchange."""
+    rows_touched: int = 0
+    """Local query rows some piece touches (the union of the pieces' row ranges), counted only
+    when every piece is either `first` or lies inside rows earlier pieces touched (0
+    otherwise): when it is every local row, the fp32 output, LSE and dQ start uninitialised
+    (each row is assigned by its first piece before any merge reads it) instead of being
+    filled with zeros / -inf."""
 
 
 @lru_cache(maxsize=512)
@@ -116,10 +123,15 @@ def ring_plan(packing: Packing, ring_rank: int) -> RingPlan:
     schedule = ring_schedule(packing)
     touched: list[tuple[int, int]] = []
     steps = []
+    assigned_before_read = True
     for t in range(schedule.steps):
         planned = []
         for p in schedule.pieces[ring_rank][t]:
             first = all(p.q_end <= a or p.q_start >= b for a, b in touched)
+            if not first and _union_length([*touched, (p.q_start, p.q_end)]) != _union_length(
+                touched
+            ):
+                assigned_before_read = False  # a merge would read rows nobody assigned
             touched.append((p.q_start, p.q_end))
             band = None if p.is_full or p.is_causal else (p.lo, p.hi)
             planned.append(
@@ -131,7 +143,29 @@ def ring_plan(packing: Packing, ring_rank: int) -> RingPlan:
     needs_band = any(
         not (p.is_full or p.is_causal) for row in schedule.pieces for ps in row for p in ps
     )
-    return RingPlan(schedule.steps, tuple(steps), needs_band)
+    rows = _union_length(touched) if assigned_before_read else 0
+    return RingPlan(schedule.steps, tuple(steps), needs_band, rows)
+
+
+def _union_length(intervals: list[tuple[int, int]]) -> int:
+    """Length of the union of half-open intervals."""
+    total, end = 0, None
+    for a, b in sorted(intervals):
+        if end is None or a > end:
+            total, end = total + b - a, b
+        elif b > end:
+            total, end = total + b - end, b
+    return total
+
+
+def _accumulator(
+    shape: tuple[int, ...], covered: bool, fill: float, device: torch.device
+) -> torch.Tensor:
+    """An fp32 accumulator: uninitialised when every row will be assigned before it is read
+    (`covered`), else filled with `fill` (the rows no piece touches keep it)."""
+    if covered:
+        return torch.empty(shape, dtype=torch.float32, device=device)
+    return torch.full(shape, fill, dtype=torch.float32, device=device)
 
 
 def _merge(
@@ -171,6 +205,30 @@ def _forward_call(
     return kernel.forward(*args) if p.band is None else kernel.forward(*args, band=p.band)
 
 
+def _add_grads(
+    acc: torch.Tensor | None,
+    grads: list[tuple[slice, torch.Tensor, torch.Tensor]],
+    like: torch.Tensor,
+) -> torch.Tensor:
+    """The fp32 dK/dV accumulator `[B, S, 2, H_kv, D]` of a chunk plus this step's piece
+    gradients, added straight into the received accumulator (no per-step block buffer). With
+    no accumulator yet (the chunk's first step), one piece over every column is copied in
+    (no zero fill); otherwise the accumulator starts at zero."""
+    if acc is None:
+        n = like.shape[1]
+        if len(grads) == 1 and grads[0][0].start == 0 and grads[0][0].stop == n:
+            acc = torch.empty(like.shape, dtype=torch.float32, device=like.device)
+            _, dk, dv = grads[0]
+            acc[:, :, 0].copy_(dk)
+            acc[:, :, 1].copy_(dv)
+            return acc
+        acc = torch.zeros(like.shape, dtype=torch.float32, device=like.device)
+    for cols, dk, dv in grads:
+        acc[:, cols, 0] += dk
+        acc[:, cols, 1] += dv
+    return acc
+
+
 class RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(
@@ -185,20 +243,23 @@ class RingAttention(torch.autograd.Function):
     ) -> torch.Tensor:
         b, n, h, d = q.shape
         skip_comm, skip_compute = variant == "compute", variant == "comm"
-        out = torch.zeros(b, n, h, d, dtype=torch.float32, device=q.device)
-        lse = torch.full((b, h, n), float("-inf"), dtype=torch.float32, device=q.device)
+        covered = plan.rows_touched == n and not skip_compute
+        out = _accumulator((b, n, h, d), covered, 0.0, q.device)
+        lse = _accumulator((b, h, n), covered, float("-inf"), q.device)
         current = kv.contiguous()
         for step in range(plan.steps):
             pending = _post_next_kv(current, spec, step, plan.steps, skip_comm)
             for p in () if skip_compute else plan.pieces[step]:
                 block_out, block_lse = _forward_call(kernel, p, q, current, scale)
-                if p.first:
-                    out[:, p.rows] = block_out.float()
-                    lse[:, :, p.rows] = block_lse
-                else:
-                    _merge(out[:, p.rows], lse[:, :, p.rows], block_out, block_lse)
+                with record_function("cpbench::merge"):
+                    if p.first:
+                        out[:, p.rows] = block_out
+                        lse[:, :, p.rows] = block_lse
+                    else:
+                        _merge(out[:, p.rows], lse[:, :, p.rows], block_out, block_lse)
             if pending is not None:
-                current = pending.wait()
+                with record_function("cpbench::wait_kv"):
+                    current = pending.wait()
         out_final = out.to(q.dtype)
         ctx.save_for_backward(q, kv, out_final, lse)
         ctx.config = (spec, plan, scale, kernel, variant)
@@ -210,14 +271,15 @@ class RingAttention(torch.autograd.Function):
         spec, plan, scale, kernel, variant = ctx.config
         skip_comm, skip_compute = variant == "compute", variant == "comm"
         steps = plan.steps
+        covered = plan.rows_touched == q.shape[1] and not skip_compute
         dout = dout.contiguous()
-        dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        dq = _accumulator(tuple(q.shape), covered, 0.0, q.device)
         current = kv.contiguous()
         dkv_acc: torch.Tensor | None = None
         dkv_pending = None
         for step in range(steps):
             kv_pending = _post_next_kv(current, spec, step, steps, skip_comm)
-            block_dkv: torch.Tensor | None = None
+            grads: list[tuple[slice, torch.Tensor, torch.Tensor]] = []
             for p in () if skip_compute else plan.pieces[step]:
                 args = (
                     dout[:, p.rows],
@@ -234,20 +296,18 @@ class RingAttention(torch.autograd.Function):
                     if p.band is None
                     else kernel.backward(*args, band=p.band)
                 )
-                dq[:, p.rows] += dq_p
-                if block_dkv is None:
-                    block_dkv = torch.zeros(kv.shape, dtype=torch.float32, device=kv.device)
-                block_dkv[:, p.cols, 0] += dk_p
-                block_dkv[:, p.cols, 1] += dv_p
+                with record_function("cpbench::accumulate"):
+                    if p.first:
+                        dq[:, p.rows] = dq_p
+                    else:
+                        dq[:, p.rows] += dq_p
+                grads.append((p.cols, dk_p, dv_p))
+            received = None
             if dkv_pending is not None:
-                received = dkv_pending.wait()
-                dkv_acc = received if block_dkv is None else received.add_(block_dkv)
-            else:
-                dkv_acc = (
-                    block_dkv
-                    if block_dkv is not None
-                    else torch.zeros(kv.shape, dtype=torch.float32, device=kv.device)
-                )
+                with record_function("cpbench::wait_dkv"):
+                    received = dkv_pending.wait()
+            with record_function("cpbench::accumulate"):
+                dkv_acc = _add_grads(received, grads, kv)
             if steps > 1:
                 # The accumulator follows its chunk to the next rank; after the last step it
                 # goes straight home, to the chunk's owner j - (k-1) (the next rank when k = R).
@@ -262,8 +322,11 @@ class RingAttention(torch.autograd.Function):
                     skip_comm,
                 )
             if kv_pending is not None:
-                current = kv_pending.wait()
-        dkv = dkv_pending.wait() if dkv_pending is not None else dkv_acc
-        if dkv is None:  # unreachable: the loop runs at least once
+                with record_function("cpbench::wait_kv"):
+                    current = kv_pending.wait()
+        if dkv_pending is not None:
+            with record_function("cpbench::wait_dkv"):
+                dkv_acc = dkv_pending.wait()
+        if dkv_acc is None:  # unreachable: the loop runs at least once
             raise RuntimeError("ring backward produced no dK/dV")
-        return dq.to(q.dtype), dkv.to(kv.dtype), None, None, None, None, None
+        return dq.to(q.dtype), dkv_acc.to(kv.dtype), None, None, None, None, None

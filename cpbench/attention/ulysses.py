@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.profiler import record_function
 
 from cpbench.attention.comm import all_to_all
 
@@ -22,7 +23,8 @@ def seq_to_heads(
     """[B, S, G, H, D] on each of `size` ranks -> [B, size*S, G, H/size, D]."""
     b, s, g, h, d = x.shape
     send = x.view(b, s, g, size, h // size, d).permute(3, 0, 1, 2, 4, 5)
-    recv = all_to_all(send, group, size, tag, skip)  # [src, B, S, G, H/size, D]
+    with record_function("cpbench::a2a"):  # the exchange is blocking: its time is a wait
+        recv = all_to_all(send, group, size, tag, skip)  # [src, B, S, G, H/size, D]
     return recv.permute(1, 0, 2, 3, 4, 5).reshape(b, size * s, g, h // size, d)
 
 
@@ -33,7 +35,8 @@ def heads_to_seq(
     b, s_all, g, h_local, d = x.shape
     s = s_all // size
     send = x.view(b, size, s, g, h_local, d).permute(1, 0, 2, 3, 4, 5)
-    recv = all_to_all(send, group, size, tag, skip)  # [head shard, B, S, G, H/size, D]
+    with record_function("cpbench::a2a"):
+        recv = all_to_all(send, group, size, tag, skip)  # [head shard, B, S, G, H/size, D]
     return recv.permute(1, 2, 3, 0, 4, 5).reshape(b, s, g, size * h_local, d)
 
 

@@ -10,6 +10,7 @@ import sys
 import typer
 
 from cpbench.cli import doctor as _doctor  # noqa: F401
+from cpbench.cli import efficiency as _efficiency  # noqa: F401
 from cpbench.cli import formulas as _formulas  # noqa: F401
 from cpbench.cli import plan as _plan  # noqa: F401
 from cpbench.cli import recommend as _recommend  # noqa: F401

@@ -1,0 +1,102 @@
+"""Tables of `cpbench efficiency` (fitting 80 columns) and of its step profile."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rich.console import RenderableType
+from rich.text import Text
+
+from cpbench.render.tables import FitTable
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.0f}"
+
+
+def _ratio(x: float | None, digits: int = 2) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def _label(case: Mapping[str, Any]) -> str:
+    if case["impl"] == "single":
+        return "single process"
+    return f"{case['impl']} U{case['ulysses']}xR{case['ring']} {case['layout']}"
+
+
+def efficiency_tables(report: Mapping[str, Any]) -> list[RenderableType]:
+    """One table per (world size, dtype): every measured case with best and median step (ms),
+    spread (%), efficiency (best, median) and cpbench's ratio to the fastest library on the
+    same mesh; then what was skipped or failed and why; then the convention."""
+    s = report["settings"]
+    out: list[RenderableType] = []
+    for g in report["groups"]:
+        load0, load1 = g["load_average"]
+        table = FitTable(
+            title=(
+                f"P = {g['world_size']}, {g['dtype']}: causal fwd+bwd L={s['seq_len']} "
+                f"h={s['heads']} h_kv={s['kv_heads']} d={s['head_dim']} B={s['batch']}, "
+                f"{s['rounds']} rounds (load {load0:.1f} -> {load1:.1f})"
+            ),
+        )
+        table.add_column("case", key=True)
+        for col in ("best ms", "median ms", "spread %", "eff best", "eff med", "vs peer"):
+            table.add_column(col, justify="right")
+        for t in (g["baseline"], *g["cases"]):
+            if t["status"] != "ok":
+                continue
+            vs = "-" if t["vs_peer"] is None else f"{t['vs_peer']:.2f} {t['peer']}"
+            table.add_row(
+                _label(t["case"]),
+                _ms(t["best"]),
+                _ms(t["median"]),
+                "-" if t["spread"] is None else f"{t['spread'] * 100:.0f}",
+                _ratio(t["efficiency_best"]),
+                _ratio(t["efficiency_median"]),
+                vs,
+            )
+        out.append(table)
+        others = [t for t in g["cases"] if t["status"] != "ok"]
+        if others:
+            lines = Text()
+            seen: set[tuple[str, str, str]] = set()
+            for t in others:
+                key = (t["case"]["impl"], t["status"], t["reason"] or "")
+                if key in seen:
+                    continue
+                seen.add(key)
+                same = sum(
+                    1 for o in others
+                    if (o["case"]["impl"], o["status"], o["reason"] or "") == key
+                )
+                lines.append(
+                    f"{t['status']}: {_label(t['case'])}"
+                    + (f" (and {same - 1} more)" if same > 1 else "")
+                    + f": {t['reason']}\n"
+                )
+            out.append(lines)
+    out.append(Text(report["convention"]))
+    return out
+
+
+def profile_table(profiles: Sequence[Mapping[str, Any]], dtype: str) -> FitTable:
+    """Milliseconds (and % of the step's wall time) per bucket, one column per profiled step
+    (rank 0's self times; device time too on a GPU)."""
+    table = FitTable(
+        title=f"Where one step's time goes (rank 0, {dtype}, self time ms and % of the wall time)"
+    )
+    table.add_column("bucket", key=True)
+    device = any(p["device"] for p in profiles)
+    for p in profiles:
+        table.add_column(Text(p["label"]), justify="right")
+    buckets = list(profiles[0]["cpu"]) if profiles else []
+    for b in buckets:
+        table.add_row(b, *(f"{p['cpu'][b] * 1e3:.1f} ({p['cpu'][b] / p['wall']:.1%})"
+                           for p in profiles))
+    if device:
+        for b in buckets:
+            table.add_row(f"{b} (device)",
+                          *(f"{p['device'].get(b, 0.0) * 1e3:.1f}" for p in profiles))
+    table.add_row("wall (step)", *(f"{p['wall'] * 1e3:.1f}" for p in profiles))
+    return table
