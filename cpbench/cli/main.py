@@ -13,6 +13,7 @@ from cpbench.cli import doctor as _doctor  # noqa: F401
 from cpbench.cli import efficiency as _efficiency  # noqa: F401
 from cpbench.cli import formulas as _formulas  # noqa: F401
 from cpbench.cli import plan as _plan  # noqa: F401
+from cpbench.cli import probe as _probe  # noqa: F401
 from cpbench.cli import recommend as _recommend  # noqa: F401
 from cpbench.cli import report as _report  # noqa: F401
 from cpbench.cli import sweep as _sweep  # noqa: F401
