@@ -360,3 +360,23 @@ def test_calibrate_report_names_the_prior_and_warns_on_an_unknown_gpu(
         "name": "cpu-local", "reason": "the records were measured on CPU", "warning": None
     }  # fmt: skip
     assert cpu["warnings"] == []
+
+
+def test_validate_calls_a_regret_within_the_noise_a_tie() -> None:
+    """`mark_ties`: a group whose chosen configuration's 95% interval overlaps the measured
+    best's is a tie; one clearly slower is not."""
+    from cpbench.app.calibrate import mark_ties  # noqa: PLC0415
+
+    def record(rid: str, median: float, half: float) -> dict:
+        return {"id": rid, "status": "ok",
+                "timing": {"median": median, "ci_low": median - half, "ci_high": median + half,
+                           "samples": [median] * 6}}
+
+    records = [record("a", 1.0, 0.05), record("b", 1.02, 0.05), record("c", 1.5, 0.01)]
+    report = {
+        "rows": [{"id": "a", "config": "A"}, {"id": "b", "config": "B"}, {"id": "c", "config": "C"}],
+        "groups": [{"chosen": "B", "best": "A"}, {"chosen": "C", "best": "A"}],
+    }
+    mark_ties(report, records)
+    assert [g["tie"] for g in report["groups"]] == [True, False]
+    assert report["groups_within_noise"] == 1

@@ -299,7 +299,7 @@ def test_a_version_1_record_before_the_impl_axis_migrates(tmp_path: Path) -> Non
     """The fixture record predates the impl axis and the busbw rename: read, it is cpbench's
     own and its bandwidth has today's name, with the same value; nothing else changes."""
     raw = json.loads((FIXTURES / "v1-before-impl.jsonl").read_text())
-    assert raw["schema_version"] == SCHEMA_VERSION == 1
+    assert raw["schema_version"] == 1 and SCHEMA_VERSION == 2
     assert "impl" not in raw["config"] and "achieved_busbw_GBps" not in raw["comm"]
     (record,) = read_records(FIXTURES / "v1-before-impl.jsonl")
     assert record["config"]["impl"] == "cpbench"

@@ -431,7 +431,8 @@ def test_first_problem_is_reported_in_reading_order(tmp_path: Path) -> None:
 def test_file_keys_and_their_descriptions() -> None:
     assert TOP_LEVEL_KEYS == (
         "name", "description", "world_size", "device", "warmup", "iters", "timeout",
-        "check_max_seq_len", "nodes", "seed", "axes", "also",
+        "check_max_seq_len", "nodes", "seed", "precision", "max_iters", "budget", "check_rows",
+        "axes", "also",
     )  # fmt: skip
     assert AXIS_KEYS == (
         "seq_len", "batch", "heads", "kv_heads", "gqa_ratio", "head_dim", "dtype", "causal",
@@ -562,3 +563,33 @@ def test_a_bad_also_table_is_named(tmp_path: Path, also: str, expected: str) -> 
     with pytest.raises(CpbenchError) as info:
         load_scenario(path)
     assert str(info.value).startswith(f"{path} {expected}"), str(info.value)
+
+
+def test_precision_keys_and_distinct_points() -> None:
+    """precision / max_iters / budget / check_rows parse with their rules; distinct() merges
+    every layout of a ring-degree-1 mesh (and an "auto" replication equal to the number given)
+    into one point named contiguous, listing the other ids."""
+    scenario = parse_scenario(
+        {**minimal(layout=["zigzag", "striped", "contiguous"], kv_replication=["auto", 1]),
+         "precision": 0.02, "max_iters": 40, "budget": 1.5, "check_rows": 64},
+        "x.toml",
+    )
+    assert (scenario.precision, scenario.max_iters, scenario.budget, scenario.check_rows) == (
+        0.02, 40, 1.5, 64)
+    assert parse_scenario({**minimal(), "precision": "off"}, "x.toml").precision is None
+    points = scenario.distinct("cpu", 4)
+    expanded = scenario.expand("cpu", 4)
+    assert len(expanded) == 3 * 2 * 3  # layouts x replication x meshes
+    # kv 8 needs no copies on any mesh: "auto" = 1; at R = 1 the three layouts are one.
+    assert len(points) == 3 * 2 + 1  # R > 1: 3 layouts x 2 meshes; R = 1: once
+    (ulysses,) = [p for p in points if p.config.ring == 1]
+    assert ulysses.config.layout == "contiguous" and len(ulysses.equivalent) == 5
+    assert all("U4xR1" in e for e in ulysses.equivalent)
+    for bad, rule in (
+        ({"precision": 1.5}, "key 'precision': 1.5 is not a relative width"),
+        ({"precision": 0}, "key 'precision': 0 is not a relative width"),
+        ({"max_iters": 2, "iters": 5}, r"key 'max_iters': 2 is below iters \(5\)"),
+        ({"budget": 0}, "key 'budget': 0 must be a positive"),
+    ):
+        with pytest.raises(CpbenchError, match=rule):
+            parse_scenario({**minimal(), **bad}, "x.toml")

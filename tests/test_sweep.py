@@ -14,6 +14,7 @@ import torch
 
 from cpbench.app.sweep import run_sweep
 from cpbench.results.scenarios import load_scenario
+from cpbench.results.schema import SCHEMA_VERSION
 from cpbench.results.store import SOURCE_KEY, read_records, read_results, records_frame
 from tests import rank_tasks
 
@@ -50,9 +51,9 @@ def _scenario(  # type: ignore[no-untyped-def]
 
 
 def test_sweep_records_every_point_with_equal_bytes(tmp_path: Path) -> None:
-    scenario = load_scenario(
-        str(_scenario(tmp_path, kv_heads="[4, 1]", phase='["fwd", "fwd+bwd"]'))
-    )
+    path = _scenario(tmp_path, kv_heads="[4, 1]", phase='["fwd", "fwd+bwd"]')
+    path.write_text(path.read_text().replace("iters = 2", 'iters = 2\nprecision = "off"'))
+    scenario = load_scenario(str(path))
     out = tmp_path / "r.jsonl"
     result = run_sweep(scenario, "cpu", 2, out)
     records = read_records(out)
@@ -64,7 +65,7 @@ def test_sweep_records_every_point_with_equal_bytes(tmp_path: Path) -> None:
     assert all(r.source == "r.jsonl" and r.config and r.config.impl == "cpbench" for r in typed)
     assert {r["status"] for r in records} == {"ok"}
     for r in records:
-        assert r["schema_version"] == 1
+        assert r["schema_version"] == SCHEMA_VERSION
         assert r["comm"]["match"], r["comm"]["by_collective"]
         assert r["accuracy"]["max_abs_error"] < r["accuracy"]["tolerance"]
         t = r["timing"]
@@ -216,3 +217,78 @@ def test_bad_output_and_timeout_fail_before_anything_runs(tmp_path: Path) -> Non
     for bad in ("0", "-1", "nan"):
         res = CliRunner().invoke(app, ["sweep", str(path), "--timeout", bad])
         assert res.exit_code == 2 and "--timeout" in res.stderr, res.output
+
+
+def test_equivalent_points_run_once_to_a_precision_with_a_full_length_row_check(
+    tmp_path: Path,
+) -> None:
+    """Two layouts on every 2-rank mesh: at ring degree 1 they are one computation (recorded
+    once, as contiguous, the zigzag name listed); every record has its interval, iteration
+    count and the machine's state; L = 128 exceeds the check cap (64), so the record carries
+    the full-length sampled-row error beside the capped check; --resume adds nothing."""
+    path = _scenario(tmp_path, kv_heads="[4]")
+    text = path.read_text().replace("seq_len = [64]", "seq_len = [128]")
+    text = text.replace('layout = ["zigzag"]', 'layout = ["zigzag", "contiguous"]')
+    text = text.replace("iters = 2", "iters = 2\nbudget = 0.5\ncheck_max_seq_len = 64")
+    path.write_text(text)
+    scenario = load_scenario(str(path))
+    assert len(scenario.expand("cpu", 2)) == 4
+    out = tmp_path / "r.jsonl"
+    result = run_sweep(scenario, "cpu", 2, out)
+    records = read_records(out)
+    assert len(records) == 3 and result.duplicates == 1
+    ids = [r["id"] for r in records]
+    assert len(set(ids)) == 3
+    ulysses = next(r for r in records if r["config"]["ring"] == 1)
+    assert ulysses["config"]["layout"] == "contiguous"
+    assert ulysses["config"]["equivalent"] == [ulysses["id"].replace("contiguous", "zigzag")]
+    assert ulysses["timing"]["overlap_status"] == "none by construction"
+    assert ulysses["timing"]["overlap"] == 0.0
+    for r in records:
+        assert r["status"] == "ok", r["error"]
+        t = r["timing"]
+        assert t["iterations"] == len(t["samples"]) >= 6  # enough for a 95% interval
+        assert t["ci_low"] <= t["median"] <= t["ci_high"]
+        assert t["precision_target"] == 0.05
+        assert t["stop_reason"] in ("precision reached", "max iterations", "time budget")
+        assert t["target_met"] == (t["relative_width"] <= 0.05)
+        acc = r["accuracy"]
+        assert acc["check_seq_len"] == 64 and acc["passed"]
+        rows = acc["sampled_rows"]
+        assert rows["seq_len"] == 128 > acc["check_seq_len"] and rows["rows"] == 128
+        assert rows["passed"] and rows["max_abs_error"] < rows["bound"]
+        machine = r["environment"]["machine"]
+        assert machine["ranks_on_node"] == 2 and machine["cores"] >= 1
+        assert machine["oversubscribed"] == (machine["ranks_per_core"] > 1)
+    again = run_sweep(scenario, "cpu", 2, out, resume=True)
+    assert again.resumed == 3 and not again.records
+    assert len(read_records(out)) == 3
+
+
+def test_separate_ties_remeasures_tied_leaders_interleaved(tmp_path: Path) -> None:
+    """Two meshes of one problem timed with a fixed count of 1 iteration (the sample range,
+    wide): with --separate-ties the tied leaders carry the interleaved re-measurement."""
+    from cpbench.app.sweep import settle_ties  # noqa: PLC0415
+    from cpbench.results.schema import ResultRecord  # noqa: PLC0415
+
+    path = _scenario(tmp_path, kv_heads="[4]")
+    out = tmp_path / "r.jsonl"
+    scenario = load_scenario(str(path))
+    run_sweep(scenario, "cpu", 2, out, precision=None)
+    records = [ResultRecord.model_validate({k: v for k, v in r.items() if k != SOURCE_KEY})
+               for r in read_records(out)]
+    for r in records:  # make them tie: the same wide interval
+        assert r.timing is not None
+        r.timing.ci_low, r.timing.ci_high, r.timing.median = 0.5, 1.5, 1.0
+    calls: list[int] = []
+
+    def remeasure(dicts: list[dict]) -> list[float]:
+        calls.append(len(dicts))
+        return [1.0, 2.0] * 8  # A fast, B slow, 8 rounds
+
+    settle_ties(records, remeasure)
+    assert calls == [2]
+    tb = [r.timing.tiebreak for r in records if r.timing is not None]
+    assert all(t is not None and t["separated"] and t["iterations"] == 8 for t in tb)
+    assert tb[0]["median"] == 1.0 and tb[1]["median"] == 2.0  # type: ignore[index]
+    assert tb[0]["leader"] == records[0].id  # type: ignore[index]

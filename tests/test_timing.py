@@ -28,3 +28,54 @@ def test_quantiles_are_inclusive_linear_interpolation(samples: list[float]) -> N
 def test_one_sample_is_its_own_spread() -> None:
     summary = TimingSummary.of([0.25])
     assert (summary.p10, summary.median, summary.p90) == (0.25, 0.25, 0.25)
+
+
+def test_summary_carries_the_median_interval() -> None:
+    samples = [0.10 + 0.001 * i for i in range(20)]
+    summary = TimingSummary.of(samples)
+    assert summary.interval_method.startswith("order statistics")
+    assert summary.ci_low <= summary.median <= summary.ci_high
+    assert summary.relative_width == pytest.approx((summary.ci_high - summary.ci_low) / summary.median)
+
+
+def _synthetic_step(times: list[float]):  # type: ignore[no-untyped-def]
+    """A step whose duration follows `times` (then repeats the last)."""
+    import time  # noqa: PLC0415
+
+    calls = [0]
+
+    def step() -> None:
+        time.sleep(times[min(calls[0], len(times) - 1)])
+        calls[0] += 1
+
+    return step, calls
+
+
+def test_timing_stops_at_the_precision_and_warms_up_while_drifting() -> None:
+    import torch  # noqa: PLC0415
+
+    from cpbench.bench.timing import TimingPolicy, time_to_precision  # noqa: PLC0415
+
+    # Warm-up drifts 40 ms -> 20 ms -> 10 ms, then steady at 10 ms.
+    step, calls = _synthetic_step([0.04, 0.02, 0.01])
+    policy = TimingPolicy(warmup=1, warmup_cap=5, min_iters=3, max_iters=50, precision=0.5)
+    run = time_to_precision(step, policy, torch.device("cpu"))
+    assert run.warmup >= 3  # kept warming while the times drifted by more than 10%
+    assert run.stop == "precision reached" and 6 <= len(run.samples) < 50
+    assert run.samples == run.max_samples  # one process: its own times are the max
+    fixed = time_to_precision(step, TimingPolicy(warmup=0, min_iters=4, precision=None),
+                              torch.device("cpu"))
+    assert (len(fixed.samples), fixed.warmup, fixed.stop) == (4, 0, "fixed count")
+
+
+def test_timing_stops_at_the_budget_when_the_target_is_unreachable() -> None:
+    import torch  # noqa: PLC0415
+
+    from cpbench.bench.timing import TimingPolicy, time_to_precision  # noqa: PLC0415
+
+    step, _ = _synthetic_step([0.001, 0.02] * 100)  # alternating: a wide interval
+    policy = TimingPolicy(warmup=0, warmup_cap=0, min_iters=1, max_iters=1000,
+                          precision=0.001, budget_s=0.2)
+    run = time_to_precision(step, policy, torch.device("cpu"))
+    assert run.stop == "time budget" and len(run.samples) < 1000
+    assert 0.15 <= sum(run.max_samples) <= 0.2 + 0.02  # wall budget: the steps fill most of it

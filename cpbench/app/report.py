@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from cpbench.errors import CpbenchError
+from cpbench.model.calibrate.stats import Interval, rank_with_ties
 from cpbench.results.frame import PHASE_ORDER, compare_frame, ok_rows, with_variant
 from cpbench.results.schema import STATUSES
 from cpbench.results.store import read_records, records_frame
@@ -253,9 +254,10 @@ class ComparisonData:
     matched: int
     """Ids with a time on both sides."""
     faster: int
-    """Matched ids more than 5% faster after."""
+    """Matched ids significantly faster after (the 95% intervals apart:
+    `cpbench.model.calibrate.stats.compare_intervals`, as `cpbench compare`)."""
     slower: int
-    """Matched ids more than 5% slower after."""
+    """Matched ids significantly slower after."""
     geomean: float | None
     """Geometric mean of after/before over the matched ids (None when none matched)."""
     warnings: list[str] = field(default_factory=list)
@@ -510,10 +512,23 @@ def measured_best(frame: pd.DataFrame) -> pd.DataFrame:
     slowest, and how much faster the best is than each."""
     rows = with_variant(ok_rows(frame, "median_s", "seq_len"))
     rows = rows[rows["median_s"] > 0]  # a zero time is a broken record, not the fastest one
+    rows = rows.drop_duplicates("id", keep="last")
     out = []
     for (phase, variant, seq_len), g in rows.groupby(["phase", "variant", "seq_len"], sort=True):
         g = g.sort_values("median_s")
         best = g.iloc[0]
+        intervals = {
+            str(r["id"]): Interval(
+                float(r["median_s"]),
+                float(r["ci_low_s"]) if pd.notna(r["ci_low_s"]) else float(r["median_s"]),
+                float(r["ci_high_s"]) if pd.notna(r["ci_high_s"]) else float(r["median_s"]),
+                0,
+                "",
+            )
+            for _, r in g.iterrows()
+        }
+        ranked = rank_with_ties(intervals)
+        tied = [g[g["id"] == i].iloc[0] for i in ranked.tied]
         second = g.iloc[1] if len(g) > 1 else None
         worst = g.iloc[-1]
         out.append(
@@ -523,6 +538,11 @@ def measured_best(frame: pd.DataFrame) -> pd.DataFrame:
                 "L": int(seq_len),
                 "best": f"{best['mesh']} {best['layout']}",
                 "best ms": round(float(best["median_s"]) * 1e3, 4),
+                "verdict": (
+                    "fastest beyond the noise"
+                    if ranked.clear
+                    else "tie with " + ", ".join(f"{t['mesh']} {t['layout']}" for t in tied[1:])
+                ),
                 "runner-up": f"{second['mesh']} {second['layout']}" if second is not None else "",
                 "runner-up ms": (
                     round(float(second["median_s"]) * 1e3, 4) if second is not None else None
@@ -753,8 +773,8 @@ def build_comparison(
         after_records=len(after_records),
         after_ok=sum(1 for r in after_records if r.get("status") == "ok"),
         matched=len(matched),
-        faster=int((matched["ratio"] < 0.95).sum()),
-        slower=int((matched["ratio"] > 1.05).sum()),
+        faster=int((matched["verdict"] == "faster").sum()),
+        slower=int((matched["verdict"] == "slower").sum()),
         geomean=geomean,
         warnings=w1 + w2,
     )

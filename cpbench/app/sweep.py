@@ -8,6 +8,14 @@ A configuration that raises, runs out of memory or hangs is recorded as failed/t
 sweep goes on; Ctrl-C stops it, keeping every record already written. (A launched world whose
 rank cannot be interrupted ends the job instead, with that record written; `--resume` goes on:
 see `cpbench.bench.world`.)
+
+Each distinct configuration is measured once (`Scenario.distinct`: every layout at ring degree
+1 is the contiguous one; the other names are listed in `config.equivalent`), to a stated
+precision (`cpbench.bench.timing.time_to_precision`), with the machine's state around it
+(`environment.machine`). With `separate_ties`, the records of a block of consecutive points
+of one problem are held until the block ends; the tied leaders of each of its groups are then
+re-measured interleaved (`cpbench.bench.measure.measure_interleaved`) and the records written
+with that `timing.tiebreak`.
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from cpbench.bench.timing import TimingSummary
 from cpbench.bench.world import InProcessWorld, World, launched_by_torchrun
@@ -27,10 +35,17 @@ from cpbench.config.constraints import Feasibility
 from cpbench.config.impls import DEFAULT_IMPL
 from cpbench.config.vocabulary import PHASE_PASSES, Pass
 from cpbench.errors import CpbenchError, RunFailure
+from cpbench.model.calibrate.stats import (
+    Interval,
+    median_interval,
+    overlap_estimate,
+    rank_with_ties,
+)
 from cpbench.model.flops import FLOPS_CONVENTION, flops_breakdown
 from cpbench.model.formulas import comm_volume, config_from_sizes
 from cpbench.model.masking import Packing, pack, rank_pairs, ring_schedule
 from cpbench.model.memory import memory_estimate
+from cpbench.results.frame import rank_group
 from cpbench.results.scenarios import Scenario
 from cpbench.results.schema import (
     SCHEMA_VERSION,
@@ -41,6 +56,7 @@ from cpbench.results.schema import (
     Direction,
     EnvironmentSection,
     FlopsSection,
+    MachineSection,
     MemorySection,
     ResultRecord,
     TimingSection,
@@ -71,6 +87,10 @@ class SweepResult:
     interrupted: bool = False
     wall_seconds: float = 0.0
     spawns: int = 0
+    duplicates: int = 0
+    """Points of the scenario that were the same computation as another (measured once)."""
+    points: int = 0
+    """Distinct configurations of the scenario."""
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -89,6 +109,7 @@ def _base_record(
     feasibility: Feasibility,
     scenario: Scenario,
     environment: EnvironmentSection,
+    equivalent: tuple[str, ...] = (),
 ) -> ResultRecord:
     """The record of a configuration before it runs (status ok, no measurements yet), with the
     padding its layout adds (null when the layout cannot pack it: the point is skipped)."""
@@ -96,6 +117,8 @@ def _base_record(
     written = config.to_dict(feasibility.kv_replication if feasibility.ok else 1, None)
     written["padding"] = packing.padding if packing is not None else None
     written["run_seq_len"] = packing.seq_len if packing is not None else None
+    if equivalent:
+        written["equivalent"] = list(equivalent)
     return ResultRecord(
         schema_version=SCHEMA_VERSION,
         id=config.key,
@@ -129,23 +152,31 @@ def per_rank_work(config: BenchConfig) -> list[float] | None:
     return [pairs[rank // config.ulysses] * heads for rank in range(config.world_size)]
 
 
-def _overlap(step: float, compute: float, comm: float) -> tuple[float | None, str]:
-    """(compute + comm - step) / min(compute, comm), clamped to [0, 1], with what it means."""
-    if min(compute, comm) <= 0:
-        return None, "no communication in this configuration"
-    raw = (compute + comm - step) / min(compute, comm)
-    if raw < 0:
-        return 0.0, (
-            f"raw {raw:.2f}: the step took longer than compute + communication run apart "
-            "(they contend for the same cores or links)"
-        )
-    if raw > 1:
-        return 1.0, f"raw {raw:.2f}: above 1 from timing noise; communication fully hidden"
-    return raw, "fraction of the shorter of compute/communication hidden under the other"
+def hideable_share(config: BenchConfig, comm: CommSection, comm_s: float, compute_s: float) -> float:
+    """The most overlap the scheme allows: an all-to-all (Ulysses) waits for its data before
+    any compute, so only the ring's (or all-gather's) share of the bytes can hide; as a share
+    of min(compute, comm), the overlap's denominator. 1 for a pure ring, 0 for Ulysses."""
+    if config.ring == 1:
+        return 0.0
+    if config.ulysses == 1:
+        return 1.0
+    total = sum(b.analytic for phase in (comm.by_collective or {}).values() for b in phase.values())
+    hideable = sum(
+        b.analytic
+        for phase in (comm.by_collective or {}).values()
+        for name, b in phase.items()
+        if not name.startswith("a2a")
+    )
+    if total <= 0 or min(compute_s, comm_s) <= 0:
+        return 1.0
+    return min(1.0, hideable / total * comm_s / min(compute_s, comm_s))
 
 
 def assemble_record(
-    base: ResultRecord, config: BenchConfig, per_rank: list[dict[str, Any]]
+    base: ResultRecord,
+    config: BenchConfig,
+    per_rank: list[dict[str, Any]],
+    settings: dict[str, Any] | None = None,
 ) -> ResultRecord:
     """The record of a measured configuration, from every rank's `measure_config` answer."""
     record = base.model_copy(deep=True)
@@ -155,14 +186,30 @@ def assemble_record(
     def max_over_ranks(key: str) -> list[float]:
         return [max(r[key][i] for r in per_rank) for i in range(iters)]
 
+    def max_over_ranks_of(key: str) -> list[float]:
+        n = len(per_rank[0][key])
+        return [max(r[key][i] for r in per_rank) for i in range(n)]
+
     step = TimingSummary.of(max_over_ranks("samples"))
     variants = per_rank[0]["compute_samples"] is not None
-    compute = statistics.median(max_over_ranks("compute_samples")) if variants else None
-    comm = statistics.median(max_over_ranks("comm_samples")) if variants else None
-    if compute is not None and comm is not None:
-        overlap, note = _overlap(step.median, compute, comm)
+    compute_iv = median_interval(max_over_ranks_of("compute_samples")) if variants else None
+    comm_iv = median_interval(max_over_ranks_of("comm_samples")) if variants else None
+    compute = compute_iv.median if compute_iv is not None else None
+    comm = comm_iv.median if comm_iv is not None else None
+    record.comm = _comm_section(config, per_rank, comm)
+    step_iv = Interval(step.median, step.ci_low, step.ci_high, len(step.samples), step.interval_method)
+    overlap_value = overlap_low = overlap_high = None
+    overlap_status: str | None = None
+    if compute_iv is not None and comm_iv is not None:
+        hideable = hideable_share(config, record.comm, comm_iv.median, compute_iv.median)
+        estimate = overlap_estimate(step_iv, compute_iv, comm_iv, hideable, config.scheme)
+        overlap_value, overlap_low, overlap_high = estimate.value, estimate.low, estimate.high
+        overlap_status, note = estimate.status, estimate.note
     else:
-        overlap, note = None, NO_VARIANTS_NOTE
+        note = NO_VARIANTS_NOTE
+    precision = settings.get("precision") if settings else None
+    stops = per_rank[0].get("stop") or {}
+    warm = per_rank[0].get("warmup_iterations") or {}
     record.timing = TimingSection(
         phase=config.phase,
         median=step.median,
@@ -176,11 +223,24 @@ def assemble_record(
         ),
         comm_only=comm,
         exposed_comm=max(0.0, step.median - compute) if compute is not None else None,
-        overlap=overlap,
+        overlap=overlap_value,
         overlap_note=note,
+        ci_low=step.ci_low,
+        ci_high=step.ci_high,
+        interval_method=step.interval_method,
+        iterations=len(step.samples),
+        warmup_iterations=warm.get("full"),
+        precision_target=precision,
+        relative_width=step.relative_width,
+        target_met=None if precision is None else step.relative_width <= precision,
+        stop_reason=stops.get("full", "fixed count"),
+        compute_only_ci=[compute_iv.low, compute_iv.high] if compute_iv is not None else None,
+        comm_only_ci=[comm_iv.low, comm_iv.high] if comm_iv is not None else None,
+        overlap_low=overlap_low,
+        overlap_high=overlap_high,
+        overlap_status=overlap_status,
     )
     record.config.kernel = per_rank[0]["kernel"]
-    record.comm = _comm_section(config, per_rank, comm)
     if config.impl != DEFAULT_IMPL:
         _as_external(record.comm)
     model_phase = PHASE_PASSES[config.phase]
@@ -215,6 +275,9 @@ def assemble_record(
         per_rank_work=per_rank_work(config),
     )
     accuracy = per_rank[0]["accuracy"]
+    sampled = per_rank[0].get("sampled_rows")
+    if accuracy is not None and sampled is not None:
+        accuracy = {**accuracy, "sampled_rows": sampled}
     record.accuracy = AccuracySection.model_validate(accuracy) if accuracy is not None else None
     environment = record.environment
     environment.hostnames = sorted({r["host"]["hostname"] for r in per_rank})
@@ -223,11 +286,19 @@ def assemble_record(
     if config.impl != DEFAULT_IMPL:
         environment.impl_version = per_rank[0].get("impl_version")
     environment.kernel_version = per_rank[0].get("kernel_version")
+    rows = record.accuracy.sampled_rows if record.accuracy is not None else None
     if record.accuracy is not None and not record.accuracy.passed:
         record.status = "failed"
         record.error = (
             f"result differs from the reference: max abs error "
             f"{record.accuracy.max_abs_error:.3g} > {record.accuracy.tolerance:g}"
+        )
+    elif rows is not None and not rows.passed:
+        record.status = "failed"
+        record.error = (
+            f"result differs from the reference at the full length ({rows.seq_len} tokens, "
+            f"{rows.rows} sampled rows): max abs error {rows.max_abs_error:.3g} > "
+            f"{rows.bound:.3g}"
         )
     elif record.comm.match is False:
         record.error = "measured bytes != analytic bytes (see comm.by_collective)"
@@ -377,6 +448,8 @@ def run_sweep(
     on_start: Callable[[BenchConfig], None] | None = None,
     respawn_each: bool = False,
     task: Callable[..., dict[str, Any]] | None = None,
+    precision: float | None | Literal["scenario"] = "scenario",
+    separate_ties: bool = False,
 ) -> SweepResult:
     """Run the scenario; append a record per configuration to `out` as soon as it ends.
 
@@ -386,21 +459,19 @@ def run_sweep(
     In a launched world (torchrun, srun) every rank runs this loop; rank 0 writes, and before
     each configuration it writes an in-flight marker (`<out>.inflight`): should the job die
     while that configuration runs, the next `--resume` records it as failed and goes on."""
-    from cpbench.bench.environment import process_environment  # noqa: PLC0415
-    from cpbench.bench.measure import measure_config  # noqa: PLC0415
+    from cpbench.bench.environment import host_snapshot, process_environment  # noqa: PLC0415
+    from cpbench.bench.measure import measure_config, measure_interleaved  # noqa: PLC0415
     from cpbench.bench.pool import TaskError, TaskTimeout, WorkerPool, WorldSpec  # noqa: PLC0415
 
-    points = scenario.expand(device, world_size)
+    points = scenario.distinct(device, world_size)
     limit = timeout if timeout is not None else scenario.timeout
-    settings = {
-        "warmup": scenario.warmup,
-        "iters": scenario.iters,
-        "check_max_seq_len": scenario.check_max_seq_len,
-    }
+    settings = sweep_settings(scenario, precision)
     environment = EnvironmentSection.model_validate(process_environment())
     world: World
     writer, launched = True, launched_by_torchrun()
     result = SweepResult(path=out)
+    result.points = len(points)
+    result.duplicates = len(scenario.expand(device, world_size)) - len(points)
     if launched:
         in_process = InProcessWorld(device, limit)
         if in_process.world_size != world_size:
@@ -421,7 +492,30 @@ def run_sweep(
         done = _prepare_output(out, resume)
         world = WorkerPool(WorldSpec(world_size, device))
 
+    held: list[ResultRecord] = []
+    block: list[Any] = [None]
+
+    def flush() -> None:
+        if held:
+            settle_ties(held, lambda dicts: world.run(
+                measure_interleaved, dicts, settings, timeout=limit * len(dicts)
+            ))
+        for record in held:
+            write(record)
+        held.clear()
+
     def finish(record: ResultRecord) -> None:
+        if not separate_ties:
+            write(record)
+            return
+        assert record.config is not None
+        key = rank_group(record.config.model_dump())[:-3]  # the problem and mask
+        if key != block[0]:
+            flush()
+            block[0] = key
+        held.append(record)
+
+    def write(record: ResultRecord) -> None:
         if writer:
             append_record(out, record)
             if launched:
@@ -439,11 +533,12 @@ def run_sweep(
 
     started = time.perf_counter()
     try:
-        for config, feasibility in points:
-            if config.key in done:
+        for point in points:
+            config, feasibility = point.config, point.feasibility
+            if config.key in done or any(e in done for e in point.equivalent):
                 result.resumed += 1
                 continue
-            record = _base_record(config, feasibility, scenario, environment)
+            record = _base_record(config, feasibility, scenario, environment, point.equivalent)
             reason = feasibility.reason if not feasibility.ok else impl_skip_reason(config)
             if reason:
                 record.status, record.error = "skipped", reason
@@ -463,17 +558,23 @@ def run_sweep(
 
                     in_process.on_abandon = abandon
                 try:
+                    before = host_snapshot()
                     per_rank = world.run(
                         task or measure_config, _task_config(record), settings, timeout=limit
                     )
-                    record = assemble_record(record, config, per_rank)
+                    record = assemble_record(record, config, per_rank, settings)
+                    _add_machine(record, config, before, host_snapshot(), per_rank)
                 except (TaskTimeout, TaskError) as exc:
                     record_failure(record, exc)
                 if respawn_each:
                     world.close()
             finish(record)
+        flush()
     except KeyboardInterrupt:
         result.interrupted = True
+        for record in held:  # measured: keep them, without the tie-break
+            write(record)
+        held.clear()
         if launched and writer:
             clear_inflight(out)  # stopped on purpose: --resume measures it again
         world.close(force=True)
@@ -482,3 +583,89 @@ def run_sweep(
         result.wall_seconds = time.perf_counter() - started
         result.spawns = getattr(world, "spawns", 0)
     return result
+
+
+def sweep_settings(
+    scenario: Scenario, precision: float | None | Literal["scenario"] = "scenario"
+) -> dict[str, Any]:
+    """The ranks' settings of a scenario (`cpbench.bench.measure.measure_config`)."""
+    return {
+        "warmup": scenario.warmup,
+        "iters": scenario.iters,
+        "max_iters": scenario.max_iters,
+        "precision": scenario.precision if precision == "scenario" else precision,
+        "budget": scenario.budget,
+        "check_max_seq_len": scenario.check_max_seq_len,
+        "check_rows": scenario.check_rows,
+    }
+
+
+def _add_machine(
+    record: ResultRecord,
+    config: BenchConfig,
+    before: dict[str, Any],
+    after: dict[str, Any],
+    per_rank: list[dict[str, Any]],
+) -> None:
+    """`environment.machine` of a measured record, and a warning when its precision target
+    was not met."""
+    from cpbench.bench.environment import machine_state  # noqa: PLC0415
+
+    assert record.environment is not None
+    threads = record.environment.torch_threads_per_rank or 1
+    gpus = [r["gpu"] for r in per_rank if r.get("gpu")] or None
+    state = machine_state(before, after, config.world_size, threads, config.device, config.nodes, gpus)
+    timing = record.timing
+    if timing is not None and timing.target_met is False:
+        width = timing.relative_width or float("nan")
+        cause = (
+            " on an oversubscribed machine" if state["oversubscribed"] else ""
+        )
+        state["warnings"].append(
+            f"precision target not met{cause}: 95% interval {width:.1%} of the median > "
+            f"{timing.precision_target:.0%} after {timing.iterations} iterations "
+            f"({timing.stop_reason})"
+        )
+    record.environment.machine = MachineSection.model_validate(state)
+
+
+def settle_ties(
+    records: list[ResultRecord], remeasure: Callable[[list[dict[str, Any]]], list[float]]
+) -> None:
+    """For every group of `records` (`rank_group`) whose leaders tie, re-measure the tied
+    leaders interleaved (`remeasure` gives the flattened round-by-round samples) and set each
+    one's `timing.tiebreak`. A failed re-measurement leaves the tie as it is."""
+    from cpbench.bench.pool import TaskError, TaskTimeout  # noqa: PLC0415
+
+    groups: dict[tuple[Any, ...], list[ResultRecord]] = {}
+    for record in records:
+        if record.status == "ok" and record.timing is not None and record.config is not None:
+            groups.setdefault(rank_group(record.config.model_dump()), []).append(record)
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        by_id = {r.id: r for r in members}
+        ranked = rank_with_ties({r.id: r.timing.interval() for r in members if r.timing})
+        if ranked.clear:
+            continue
+        tied = [by_id[i] for i in ranked.tied]
+        try:
+            flat = remeasure([_task_config(r) for r in tied])
+        except (TaskError, TaskTimeout):
+            continue
+        k = len(tied)
+        intervals = {r.id: median_interval(flat[i::k]) for i, r in enumerate(tied)}
+        again = rank_with_ties(intervals)
+        for r in tied:
+            assert r.timing is not None
+            iv = intervals[r.id]
+            r.timing.tiebreak = {
+                "method": "interleaved A B A B, one full step of each per round",
+                "median": iv.median,
+                "ci_low": iv.low,
+                "ci_high": iv.high,
+                "iterations": iv.n,
+                "with": [t.id for t in tied if t.id != r.id],
+                "separated": again.clear,
+                "leader": again.leader if again.clear else None,
+            }

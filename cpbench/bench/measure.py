@@ -1,12 +1,15 @@
 """One configuration, measured on every rank of a pool (a pool task).
 
 Order: correctness check against the single-process reference (once, at a reduced length when
-the configuration is too long for a reference; its tensors are freed and, on CUDA, the
-allocator's cache emptied before anything is timed), then warm-up and timed iterations of the full
-step, of the compute-only variant (communication removed, same shapes) and of the
-communication-only variant (kernels removed, same bytes); then one iteration under the byte
-counter and one under the memory probe. Returns this rank's numbers; `sweep` assembles the
-record from all ranks.
+the configuration is too long for a reference), then, when that length is below the benchmarked
+one, the full-length sampled-row check (`cpbench.bench.rowcheck`: the forward at the full
+length on a few hundred query rows against a float64 reference); their tensors are freed and,
+on CUDA, the allocator's cache emptied before anything is timed. Then warm-up and timed
+iterations to the target precision (`cpbench.bench.timing.time_to_precision`) of the full step,
+of the compute-only variant (communication removed, same shapes) and of the communication-only
+variant (kernels removed, same bytes; each variant gets half the step's time budget); then one
+iteration under the byte counter and one under the memory probe. Returns this rank's numbers;
+`sweep` assembles the record from all ranks.
 
 Masks: the step runs the configuration's mask (`BenchConfig.mask`: documents, window) on local
 shards of the run length (`cpbench.model.masking.pack(...).seq_len`: the sequence plus the
@@ -25,10 +28,11 @@ import torch
 import torch.distributed as dist
 
 from cpbench.attention import build_mesh, cp_attention
+from cpbench.attention.api import mask_needs_band
 from cpbench.attention.comm import ByteCounter, counting
 from cpbench.attention.kernels import kernel_version, select_kernel
 from cpbench.attention.ring import VARIANTS, Variant
-from cpbench.bench.environment import rank_environment
+from cpbench.bench.environment import gpu_clock_state, rank_environment
 from cpbench.bench.measure_impl import measure_external
 from cpbench.bench.memory import measure_peak_memory, release_cached_memory
 from cpbench.bench.reference import (
@@ -38,15 +42,18 @@ from cpbench.bench.reference import (
     reference_check,
     torch_device,
 )
-from cpbench.bench.timing import time_iterations
+from cpbench.bench.rowcheck import DEFAULT_ROWS, full_length_row_check
+from cpbench.bench.timing import TimedRun, TimingPolicy, time_to_precision
 from cpbench.config.bench import BenchConfig
 
 
 def measure_config(config_dict: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
     """Pool task (collective): measure one feasible configuration on this rank.
 
-    `settings`: warmup, iters, check_max_seq_len. An external impl is measured through its
-    adapter (`cpbench.bench.measure_impl`); cpbench's own path below is unchanged."""
+    `settings`: warmup, iters (the minimum), max_iters, precision (None = a fixed count of
+    iters), budget (seconds of timed steps), check_max_seq_len, check_rows (rows of the
+    full-length check). An external impl is measured through its adapter
+    (`cpbench.bench.measure_impl`); cpbench's own path below is unchanged."""
     config = BenchConfig.from_dict(config_dict)
     device = torch_device(config)
     if config.impl != "cpbench":
@@ -54,9 +61,14 @@ def measure_config(config_dict: dict[str, Any], settings: dict[str, Any]) -> dic
         return measure_external(config, settings, device, check_len)
     dtype = TORCH_DTYPES[config.dtype]
     mesh = build_mesh(config.ulysses, config.ring)
-    kernel = select_kernel(device, dtype, config.backend)
+    band = mask_needs_band(config.mask, config.seq_len, config.ulysses, config.ring, config.layout)
+    kernel = select_kernel(device, dtype, config.backend, band=band)
     check_len = config.check_seq_len(settings["check_max_seq_len"])
     accuracy = agreed(lambda: reference_check(config, check_len, device), device)
+    rows = int(settings.get("check_rows", DEFAULT_ROWS))
+    sampled = None
+    if check_len < config.seq_len and rows > 0:
+        sampled = agreed(lambda: full_length_row_check(config, kernel, device, rows), device)
     # The check's tensors (the float64 reference on rank 0) are garbage now: return their
     # cached blocks, so neither timing nor the memory probe inherits them.
     release_cached_memory(device)
@@ -83,10 +95,11 @@ def measure_config(config_dict: dict[str, Any], settings: dict[str, Any]) -> dic
                 with counter.phase("bwd") if counter else contextlib.nullcontext():
                     out.backward(dout)
 
-    warmup, iters = settings["warmup"], settings["iters"]
-    timings = {
-        variant: time_iterations(
-            functools.partial(run_step, variant), warmup, iters, device, reduce_max=False
+    timings: dict[str, TimedRun] = {
+        variant: time_to_precision(
+            functools.partial(run_step, variant),
+            TimingPolicy.from_settings(settings, 1.0 if variant == "full" else 0.5),
+            device,
         )
         for variant in VARIANTS
     }
@@ -98,11 +111,79 @@ def measure_config(config_dict: dict[str, Any], settings: dict[str, Any]) -> dic
         "rank": dist.get_rank(),
         "kernel": kernel.name,
         "kernel_version": kernel_version(kernel.name),
-        "samples": timings["full"],
-        "compute_samples": timings["compute"],
-        "comm_samples": timings["comm"],
+        "samples": timings["full"].samples,
+        "compute_samples": timings["compute"].samples,
+        "comm_samples": timings["comm"].samples,
+        "warmup_iterations": {v: t.warmup for v, t in timings.items()},
+        "stop": {v: t.stop for v, t in timings.items()},
         "bytes": counter.as_dict(),
         "memory": memory,
         "accuracy": accuracy,
+        "sampled_rows": sampled,
         "host": rank_environment(config.device),
+        "gpu": gpu_clock_state(device.index or 0) if device.type == "cuda" else None,
     }
+
+
+def measure_interleaved(config_dicts: list[dict[str, Any]], settings: dict[str, Any]) -> list[float]:
+    """Pool task (collective): re-measure tied configurations interleaved, A B A B ..., so that
+    slow drift of the machine falls on all of them alike (`sweep --separate-ties`).
+
+    Each round times one full step of every configuration (barrier, time, max over ranks); the
+    rounds go on past `iters` (at least 6) until the ranking of the medians' intervals is
+    clear (`stats.rank_with_ties`), or max_iters rounds, or the budget x the number of
+    configurations. Returns the max-over-ranks samples, one list per configuration, flattened
+    in round order: [round 0: A, B, ...; round 1: A, B, ...] (the caller splits them)."""
+    from cpbench.model.calibrate.stats import median_interval, rank_with_ties  # noqa: PLC0415
+
+    configs = [BenchConfig.from_dict(d) for d in config_dicts]
+    device = torch_device(configs[0])
+    steps = []
+    for config in configs:
+        dtype = TORCH_DTYPES[config.dtype]
+        mesh = build_mesh(config.ulysses, config.ring)
+        band = mask_needs_band(
+            config.mask, config.seq_len, config.ulysses, config.ring, config.layout
+        )
+        kernel = select_kernel(device, dtype, config.backend, band=band)
+        tensors = random_shards(config, device)
+        steps.append(functools.partial(_full_step, config, mesh, kernel, tensors))
+    policy = TimingPolicy.from_settings(settings, float(len(configs)))
+    for step in steps:  # one warm-up each: the inputs are new
+        step()
+    samples: list[list[float]] = [[] for _ in steps]
+    while True:
+        for i, step in enumerate(steps):
+            samples[i].extend(
+                time_to_precision(
+                    step, TimingPolicy(warmup=0, min_iters=1, precision=None), device
+                ).max_samples
+            )
+        n = len(samples[0])
+        if n >= max(6, policy.min_iters):
+            ranked = rank_with_ties({str(i): median_interval(s) for i, s in enumerate(samples)})
+            if ranked.clear or n >= policy.max_iters or sum(map(sum, samples)) >= policy.budget_s:
+                break
+    return [x for round_ in zip(*samples, strict=True) for x in round_]
+
+
+def _full_step(
+    config: BenchConfig, mesh: Any, kernel: Any, tensors: tuple[torch.Tensor, ...]
+) -> None:
+    q, k, v, dout = tensors
+    for t in (q, k, v):
+        t.grad = None
+    backward = config.phase == "fwd+bwd"
+    with torch.set_grad_enabled(backward):
+        out = cp_attention(
+            q,
+            k,
+            v,
+            mesh,
+            layout=config.layout,
+            kernel=kernel,
+            kv_replication=config.kv_replication,
+            mask=config.mask,
+        )
+        if backward:
+            out.backward(dout)

@@ -1,16 +1,36 @@
-"""Timing of a step across ranks: warm up, then N timed iterations; each iteration's time is the
-max over ranks (the slowest rank sets the step). CUDA events on GPU, perf_counter on CPU."""
+"""Timing of a step across ranks: warm up, then timed iterations; each iteration's time is the
+max over ranks (the slowest rank sets the step). CUDA events on GPU, perf_counter on CPU.
+
+`time_iterations` runs a fixed count. `time_to_precision` (what the sweep uses) warms up until
+the timings stop drifting (within a cap), then times iterations until the 95% confidence
+interval of the median of the per-iteration max-over-ranks times is within a target relative
+width (`cpbench.model.calibrate.stats.precise_enough`), between a minimum and a maximum count
+and a time budget. Every rank sees the same max-over-ranks samples (an all-reduce after each
+iteration, outside the timed region), so every rank takes the same decision and the
+collectives stay matched.
+"""
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
 import torch.distributed as dist
+
+from cpbench.model.calibrate.stats import (
+    CONFIDENCE,
+    ORDER_STATISTICS,
+    drifting,
+    median_interval,
+    median_rank_bounds,
+    precise_enough,
+)
 
 
 def _elapsed_cuda(step: Callable[[], object]) -> float:
@@ -58,6 +78,124 @@ def time_iterations(
     return t.tolist()
 
 
+StopReason = Literal["precision reached", "max iterations", "time budget", "fixed count"]
+"""Why the timed iterations stopped."""
+
+
+@dataclass(frozen=True)
+class TimingPolicy:
+    """How long to warm up and how many iterations to time."""
+
+    warmup: int = 1
+    """Warm-up iterations always run (>= 0)."""
+    warmup_cap: int = 5
+    """At most this many warm-up iterations: warm-up goes on past `warmup` while the timings
+    drift (`stats.drifting`, 10%)."""
+    min_iters: int = 6
+    """Timed iterations always run (6 is the fewest with a 95% order-statistic interval)."""
+    max_iters: int = 100
+    """Timed iterations at most."""
+    precision: float | None = 0.05
+    """Target relative width of the median's 95% interval, (high - low) / median; None = a
+    fixed count of `min_iters` iterations."""
+    budget_s: float = 2.0
+    """Wall seconds of timed iterations (barriers included; the max over ranks, so every rank
+    agrees) after which timing stops even if the target is not met."""
+
+    @classmethod
+    def from_settings(cls, settings: dict[str, object], scale: float = 1.0) -> TimingPolicy:
+        """The policy of a sweep's settings dict (warmup, iters, max_iters, precision, budget);
+        `scale` multiplies the budget (the variants get a share of the step's)."""
+        precision = settings.get("precision")
+        iters = int(settings["iters"])  # type: ignore[call-overload]
+        return cls(
+            warmup=int(settings["warmup"]),  # type: ignore[call-overload]
+            warmup_cap=int(settings.get("warmup_cap", 5)),  # type: ignore[call-overload]
+            min_iters=iters,
+            max_iters=max(iters, int(settings.get("max_iters", 100))),  # type: ignore[call-overload]
+            precision=None if precision is None else float(precision),  # type: ignore[arg-type]
+            budget_s=float(settings.get("budget", 2.0)) * scale,  # type: ignore[arg-type]
+        )
+
+
+@dataclass(frozen=True)
+class TimedRun:
+    """What `time_to_precision` measured on this rank."""
+
+    samples: list[float]
+    """This rank's own seconds per timed iteration."""
+    max_samples: list[float]
+    """Each timed iteration's max over the ranks (the step time; the same on every rank)."""
+    warmup: int
+    """Warm-up iterations run."""
+    stop: StopReason
+    """Why timing stopped."""
+
+
+def _reduced(
+    values: list[float], device: torch.device, group: dist.ProcessGroup | None
+) -> list[float]:
+    """The max over the ranks of each value (the values themselves without a process group)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return [float(x) for x in t.tolist()]
+
+
+def time_to_precision(
+    step: Callable[[], object],
+    policy: TimingPolicy,
+    device: torch.device,
+    group: dist.ProcessGroup | None = None,
+) -> TimedRun:
+    """Warm up until the timings stop drifting, then time until the median is known to
+    `policy.precision` (see the module docstring). All ranks call this."""
+    distributed = dist.is_available() and dist.is_initialized()
+    elapsed = _elapsed_cuda if device.type == "cuda" else _elapsed_cpu
+
+    started = [time.perf_counter()]
+
+    def one() -> tuple[float, float, float]:
+        """(this rank's time, the max over ranks, the max wall seconds since timing began)."""
+        if distributed:
+            dist.barrier(group=group)
+        mine = elapsed(step)
+        worst, wall = _reduced([mine, time.perf_counter() - started[0]], device, group)
+        return mine, worst, wall
+
+    warm: list[float] = []
+    while len(warm) < policy.warmup or (
+        policy.precision is not None and len(warm) < policy.warmup_cap and drifting(warm)
+    ):
+        warm.append(one()[1])
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    mine_all: list[float] = []
+    max_all: list[float] = []
+    stop: StopReason = "fixed count"
+    started[0] = time.perf_counter()
+    while True:
+        mine, worst, wall = one()
+        mine_all.append(mine)
+        max_all.append(worst)
+        n = len(max_all)
+        if n < policy.min_iters:
+            continue
+        if policy.precision is None:
+            break
+        if precise_enough(max_all, policy.precision):
+            stop = "precision reached"
+            break
+        if n >= policy.max_iters:
+            stop = "max iterations"
+            break
+        if wall >= policy.budget_s and median_rank_bounds(n) is not None:
+            stop = "time budget"
+            break
+    return TimedRun(mine_all, max_all, len(warm), stop)
+
+
 @dataclass(frozen=True)
 class TimingSummary:
     """Summary of one configuration's timed iterations (seconds)."""
@@ -70,12 +208,32 @@ class TimingSummary:
     """90th percentile, interpolated the same way."""
     samples: tuple[float, ...]
     """Every iteration's time, in the order timed."""
+    ci_low: float = math.nan
+    """Lower end of the median's 95% interval (`stats.median_interval`)."""
+    ci_high: float = math.nan
+    """Upper end of the median's 95% interval."""
+    interval_method: str = ORDER_STATISTICS
+    """How the interval was obtained (order statistics, or the sample range when n < 6)."""
 
     @classmethod
     def of(cls, samples: list[float]) -> TimingSummary:
         """Median, p10 and p90 of `samples`; the quantiles use numpy.percentile's `linear`
         method (position q x (n - 1) in the sorted samples, as statistics.quantiles'
-        `inclusive` method)."""
+        `inclusive` method); the median's 95% interval from `stats.median_interval`."""
         median = statistics.median(samples)
         p10, p90 = np.percentile(np.asarray(samples, dtype=float), [10, 90], method="linear")
-        return cls(median, float(p10), float(p90), tuple(samples))
+        interval = median_interval(samples, CONFIDENCE)
+        return cls(
+            median,
+            float(p10),
+            float(p90),
+            tuple(samples),
+            interval.low,
+            interval.high,
+            interval.method,
+        )
+
+    @property
+    def relative_width(self) -> float:
+        """(ci_high - ci_low) / median."""
+        return (self.ci_high - self.ci_low) / self.median if self.median > 0 else math.inf

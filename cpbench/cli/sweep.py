@@ -14,7 +14,7 @@ from cpbench.cli.common import command, console, err_console, resolve_device
 from cpbench.config.impls import IMPL_HELP, Impl
 from cpbench.config.vocabulary import DEFAULT_DTYPE, Backend, CliDevice, Dtype, Layout, Phase
 from cpbench.errors import EXIT_INTERRUPTED, EXIT_WRONG_RESULT, CpbenchError
-from cpbench.render.tables import results_table
+from cpbench.render.tables import machine_lines, results_table, ties_lines
 
 
 @command
@@ -37,14 +37,50 @@ def sweep(
     world_size: Annotated[
         int | None, typer.Option(help="Override the scenario's world size.")
     ] = None,
+    precision: Annotated[
+        str | None,
+        typer.Option(
+            help="Target relative width of each median's 95% interval, e.g. 0.05 (5%), or "
+            "'off' for a fixed count of iters (default: the scenario's, 0.05)."
+        ),
+    ] = None,
+    separate_ties: Annotated[
+        bool,
+        typer.Option(
+            "--separate-ties",
+            help="Re-measure the tied leaders of each group interleaved (A B A B) to separate "
+            "them; a group's records are written when its block of points ends.",
+        ),
+    ] = False,
 ) -> None:
-    """Run every configuration of a scenario: correctness check, timing, overlap, counted
-    bytes and peak memory per configuration, one JSONL record each, appended as it ends.
-    Works unchanged under torchrun for several nodes."""
+    """Run every distinct configuration of a scenario once: correctness check (capped, and
+    sampled rows at the full length), timing to a stated precision, overlap, counted bytes and
+    peak memory, one JSONL record each, appended as it ends. Works unchanged under torchrun
+    for several nodes."""
     from cpbench.results.scenarios import default_scenario, load_scenario  # noqa: PLC0415
 
     spec = load_scenario(scenario) if scenario else default_scenario(resolve_device(device))
-    _run_and_report(spec, device, out, resume, timeout, world_size)
+    _run_and_report(
+        spec, device, out, resume, timeout, world_size,
+        precision=parse_precision(precision), separate_ties=separate_ties,
+    )
+
+
+def parse_precision(text: str | None) -> float | None | str:
+    """--precision: None (the scenario's: "scenario"), "off" (None), or a width in (0, 1)."""
+    if text is None:
+        return "scenario"
+    if text.strip().lower() == "off":
+        return None
+    try:
+        value = float(text.rstrip("%")) / (100 if text.endswith("%") else 1)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < 1:
+        raise CpbenchError(
+            f"--precision ({text}) must be a relative width between 0 and 1 (0.05 = 5%) or 'off'"
+        )
+    return value
 
 
 def _run_and_report(
@@ -55,6 +91,8 @@ def _run_and_report(
     timeout: float | None,
     world_size: int | None,
     single: bool = False,
+    precision: float | None | str = "scenario",
+    separate_ties: bool = False,
 ) -> None:
     """Run the sweep with a progress bar, print the table; exit 1 on any wrong result (and, for
     `cpbench run`, when its one configuration failed or timed out)."""
@@ -77,7 +115,7 @@ def _run_and_report(
     if world_size is not None and world_size < 1:
         raise CpbenchError(f"--world-size ({world_size}) must be at least 1")
     path = out or default_output(spec)
-    points = spec.expand(dev, n)
+    points = spec.distinct(dev, n)
     launch = launched_rank()
     quiet = launch is not None and launch.rank != 0
     progress = Progress(
@@ -107,6 +145,8 @@ def _run_and_report(
             timeout=timeout,
             on_record=on_record,
             on_start=on_start,
+            precision=precision,  # type: ignore[arg-type]
+            separate_ties=separate_ties,
         )
         progress.update(task, completed=len(points), description=spec.name)
     wrong = wrong_results(result.records)
@@ -115,10 +155,19 @@ def _run_and_report(
             raise typer.Exit(EXIT_WRONG_RESULT)
         return
     console.print(results_table(result.records))
+    for line in ties_lines(result.records):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+    for line in machine_lines(result.records):
+        console.print(f"[yellow]warning:[/] {line}", highlight=False, soft_wrap=True)
     counts = ", ".join(f"{v} {k}" for k, v in sorted(result.counts().items()))
+    merged = (
+        f"; {result.duplicates} equivalent point(s) measured once as another"
+        if result.duplicates
+        else ""
+    )
     console.print(
         f"{len(result.records)} configurations ({counts or 'none'}; {result.resumed} already in "
-        f"the file) in {result.wall_seconds:.1f} s -> {path}"
+        f"the file{merged}) in {result.wall_seconds:.1f} s -> {path}"
     )
     if result.interrupted:
         console.print("[yellow]interrupted: every configuration finished so far is saved[/]")
@@ -191,7 +240,11 @@ def run(
         Backend, typer.Option(help="Local attention kernel.")
     ] = "auto",
     warmup: Annotated[int, typer.Option()] = 1,
-    iters: Annotated[int, typer.Option()] = 5,
+    iters: Annotated[int, typer.Option(help="Timed iterations at least.")] = 5,
+    precision: Annotated[
+        str | None,
+        typer.Option(help="Target relative width of the median's 95% interval, or 'off'."),
+    ] = None,
     device: Annotated[CliDevice, typer.Option()] = "auto",
     out: Annotated[Path | None, typer.Option(help="JSONL output.")] = None,
     timeout: Annotated[float, typer.Option(help="Seconds before the run is abandoned.")] = 600.0,
@@ -244,4 +297,6 @@ def run(
     reason = impl_skip_reason(config)
     if reason:
         raise CpbenchError(f"impl {impl!r} cannot run this configuration: {reason}")
-    _run_and_report(spec, dev, out, False, timeout, None, single=True)
+    _run_and_report(
+        spec, dev, out, False, timeout, None, single=True, precision=parse_precision(precision)
+    )

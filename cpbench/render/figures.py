@@ -1064,10 +1064,16 @@ def compare_figure(compared: pd.DataFrame, threshold: float = 0.05) -> go.Figure
         for r in rows.itertuples(index=False)
     ]
     ratios = [float(v) for v in rows["ratio"]]
-    colors = [
-        MISMATCH_COLOR if v > 1 + threshold else ("#2ca02c" if v < 1 - threshold else "#7f7f7f")
-        for v in ratios
-    ]
+    if "verdict" in rows:  # the statistical verdict (cpbench.results.frame.compare_frame)
+        colors = [
+            {"slower": MISMATCH_COLOR, "faster": "#2ca02c"}.get(str(v), "#7f7f7f")
+            for v in rows["verdict"]
+        ]
+    else:
+        colors = [
+            MISMATCH_COLOR if v > 1 + threshold else ("#2ca02c" if v < 1 - threshold else "#7f7f7f")
+            for v in ratios
+        ]
     fig = go.Figure(
         go.Bar(
             y=labels,
@@ -1090,7 +1096,8 @@ def compare_figure(compared: pd.DataFrame, threshold: float = 0.05) -> go.Figure
     fig.add_vline(x=1.0, line_dash="dot", line_color="#444")
     _base_layout(
         fig,
-        "Step time after / before (below 1 = faster; red = slower, green = faster)",
+        "Step time after / before (below 1 = faster; red = significantly slower, green = "
+        "significantly faster: 95% intervals apart)",
         max(300, 26 * len(rows) + 140),
     )
     fig.update_xaxes(title_text="after / before", range=[0, max(1.2, max(ratios) * 1.15)])

@@ -291,6 +291,9 @@ COMPARE_COLUMNS = (
     Column("after ms", "after_s", "ms"),
     Column("after/before", "ratio", "num"),
     Column("change", "change_pct", "num"),
+    Column("ratio low", "ratio_low", "num"),
+    Column("ratio high", "ratio_high", "num"),
+    Column("verdict", "verdict"),
     Column("status before", "status_before"),
     Column("status after", "status_after"),
     Column("id", "id", cls="id"),
@@ -298,10 +301,9 @@ COMPARE_COLUMNS = (
 
 
 def _compare_cell_class(row: pd.Series, column: Column) -> str:
-    if column.key in ("ratio", "change_pct"):
-        ratio = row.get("ratio")
-        if ratio is not None and not pd.isna(ratio):
-            return "bad" if ratio > 1.05 else ("good" if ratio < 0.95 else "")
+    if column.key in ("ratio", "change_pct", "verdict"):
+        verdict = row.get("verdict")
+        return {"slower": "bad", "faster": "good"}.get(verdict, "") if isinstance(verdict, str) else ""
     return ""
 
 
@@ -554,7 +556,8 @@ def _verdict(comparison: ComparisonData) -> str:
     else:
         verdict = (
             f"{c.matched} configuration(s) in both files: {c.faster} faster, {c.slower} slower "
-            f"(more than 5%); geometric mean after/before {c.geomean:.3f}."
+            f"(95% intervals of the medians apart, as `cpbench compare`), the rest no "
+            f"significant change; geometric mean after/before {c.geomean:.3f}."
         )
     before, after = c.sources
     return (

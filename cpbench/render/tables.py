@@ -9,6 +9,7 @@ passes nothing.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -19,6 +20,8 @@ from rich.table import Table
 from rich.text import Text, TextType
 
 from cpbench.config.constraints import required_kv_replication
+from cpbench.model.calibrate.stats import TIE_RULE
+from cpbench.results.frame import rank_group, rank_records
 from cpbench.units import format_memory, format_seconds
 
 # --------------------------------------------------------------------- fitting the width
@@ -249,10 +252,16 @@ class FitTable(Table):
 # --------------------------------------------------------------------- the sweep results
 
 RESULTS_CAPTION = (
-    "step: median time per iteration (max over ranks); TFLOP/s: achieved, all ranks; "
+    "step: median time per iteration (max over ranks) +/- half the width of its 95% interval "
+    "in percent of the median, n = timed iterations; best: the fastest of its group (same L, "
+    "heads, KV heads, mask, phase) beyond the noise, 'tie' when the intervals of the leaders "
+    "overlap; TFLOP/s: achieved, all ranks; "
     "bytes/rank: sent per rank per step ('=' the counted bytes equal the analytic model's, "
     "'(lib)' an external library's, counted at the torch.distributed boundary); overlap: share "
-    "of the communication hidden behind compute (0 none, 1 all); peak mem: max over ranks; "
+    "of the communication hidden behind compute (0 none, 1 all) with the range the intervals "
+    "allow, 'n/m' when the communication is within the timing noise, '0 (a2a)' for Ulysses, "
+    "whose all-to-alls hide nothing by construction; layout '=x' lists equivalent names "
+    "measured once; peak mem: max over ranks; "
     "max err: max abs error vs the reference"
 )
 
@@ -281,23 +290,54 @@ def _mask_cell(config: dict[str, Any]) -> str:
     return f"{text} +{padding} pad" if padding else text
 
 
+def _layout_cell(config: dict[str, Any]) -> str:
+    """The layout, with the other layout names measured as this one (`config.equivalent`)."""
+    names = []
+    for other in config.get("equivalent") or ():
+        match = re.search(r"-U\d+xR\d+-([a-z_]+)-rep", other)
+        if match and match.group(1) != config["layout"]:
+            names.append(match.group(1))
+    return config["layout"] + "".join(f" ={n}" for n in dict.fromkeys(names))
+
+
+def _step_cell(timing: dict[str, Any]) -> str:
+    median = timing["median"]
+    low, high = timing.get("ci_low"), timing.get("ci_high")
+    n = timing.get("iterations") or len(timing.get("samples") or ())
+    if low is None or high is None or median <= 0:
+        return f"{format_seconds(median)} n={n}"
+    half = (high - low) / 2 / median
+    return f"{format_seconds(median)} ±{half:.0%} n={n}"
+
+
+def _overlap_cell(timing: dict[str, Any]) -> str:
+    status = timing.get("overlap_status")
+    if status == "none by construction":
+        return "0 (a2a)"
+    if status == "not measurable":
+        return "n/m"
+    value = timing.get("overlap")
+    if value is None:
+        return "-"
+    low, high = timing.get("overlap_low"), timing.get("overlap_high")
+    if low is None or high is None:
+        return f"{value:.2f}"
+    return f"{value:.2f} \\[{low:.1f}-{high:.1f}]"
+
+
 def results_table(records: list[dict[str, Any]]) -> FitTable:
-    """One row per configuration; the best configuration per (seq_len, heads) in bold green.
+    """One row per configuration; the best configuration per group (`rank_group`) in bold
+    green, its ties in yellow (`rank_records`: overlapping 95% intervals).
 
     Narrower than the whole table, it splits into parts with a "#" row number."""
-    best: dict[tuple[int, int, str, str], float] = {}
-    for r in records:
-        if r["status"] == "ok":
-            c = r["config"]
-            key = (c["seq_len"], c["heads"], c["phase"], _mask_group(c))
-            best[key] = min(best.get(key, float("inf")), r["timing"]["median"])
+    ranked = rank_records(records)
     impls = {r["config"].get("impl", "cpbench") for r in records}
     show_impl = impls != {"cpbench"} and bool(impls)
     # The mask column appears once a record has documents or a window (causal / full alone
     # are told apart by the workload, as before masks).
     show_mask = any(_mask_group(r["config"]) != "plain" for r in records)
     table = FitTable(title="cpbench sweep results", caption=RESULTS_CAPTION, index=True)
-    columns = ["L", "h/kv", "UxR", "layout", "phase", "step", "TFLOP/s", "bytes/rank",
+    columns = ["L", "h/kv", "UxR", "layout", "phase", "step", "best", "TFLOP/s", "bytes/rank",
                "overlap", "peak mem", "max err", "status"]
     if show_mask:
         columns.insert(columns.index("layout") + 1, "mask")
@@ -306,7 +346,9 @@ def results_table(records: list[dict[str, Any]]) -> FitTable:
     for col in columns:
         table.add_column(
             col,
-            justify="left" if col in ("impl", "layout", "mask", "status", "phase") else "right",
+            justify="left"
+            if col in ("impl", "layout", "mask", "status", "phase", "best")
+            else "right",
             wrap=col == "status",
         )
     for r in records:
@@ -314,7 +356,7 @@ def results_table(records: list[dict[str, Any]]) -> FitTable:
         row_style = None
         cells: list[str | Text] = [
             str(c["seq_len"]), f"{c['heads']}/{c['kv_heads']}", f"{c['ulysses']}x{c['ring']}",
-            c["layout"], c["phase"],
+            _layout_cell(c), c["phase"],
         ]
         if show_mask:
             cells.insert(4, _mask_cell(c))
@@ -332,19 +374,67 @@ def results_table(records: list[dict[str, Any]]) -> FitTable:
                 traffic = f"{format_memory(analytic)} ="
             else:
                 traffic = f"[bold red]{format_memory(analytic)} != {format_memory(measured)}[/]"
-            overlap = "-" if t["overlap"] is None else f"{t['overlap']:.2f}"
             acc = r.get("accuracy") or {}
+            group = ranked.get(rank_group(c))
+            best = ""
+            if group is not None and r["id"] in group.tied:
+                if group.clear:
+                    best, row_style = "best", "bold green"
+                else:
+                    best, row_style = f"tie ({len(group.tied)})", "yellow"
+                if group.resolved_by and r["id"] == group.leader:
+                    best, row_style = "best (rerun)", "bold green"
+            error = f"{acc.get('max_abs_error', float('nan')):.0e}"
+            rows = acc.get("sampled_rows")
+            if rows:
+                error += f" / {rows['max_abs_error']:.0e}@{rows['seq_len']}"
             cells += [
-                format_seconds(t["median"]), f"{r['flops']['achieved_tflops']:.3f}", traffic,
-                overlap, format_memory(max(r["memory"]["peak_bytes"])),
-                f"{acc.get('max_abs_error', float('nan')):.0e}", "ok",
+                _step_cell(t), best, f"{r['flops']['achieved_tflops']:.3f}", traffic,
+                _overlap_cell(t), format_memory(max(r["memory"]["peak_bytes"])),
+                error, "ok",
             ]
-            if t["median"] == best.get((c["seq_len"], c["heads"], c["phase"], _mask_group(c))):
-                row_style = "bold green"
         else:
-            cells += ["-"] * 6 + [Text(f"{r['status']}: {r['error']}")]
+            cells += ["-"] * 7 + [Text(f"{r['status']}: {r['error']}")]
         table.add_row(*cells, style=row_style)
     return table
+
+
+def ties_lines(records: list[dict[str, Any]]) -> list[str]:
+    """One line per group whose leaders tie: who, and the rule (ties are a result, said)."""
+    lines = []
+    by_id = {r["id"]: r for r in records}
+    for ranked in rank_records(records).values():
+        if ranked.clear and not ranked.resolved_by:
+            continue
+        c = by_id[ranked.leader]["config"]
+        names = ", ".join(
+            f"{by_id[i]['config']['ulysses']}x{by_id[i]['config']['ring']} "
+            f"{by_id[i]['config']['layout']}"
+            for i in ranked.tied
+        )
+        where = f"L={c['seq_len']} h/kv {c['heads']}/{c['kv_heads']} {c['phase']}"
+        if ranked.resolved_by:
+            lines.append(f"{where}: tie separated by an {ranked.resolved_by}: {names}")
+        else:
+            lines.append(f"{where}: tie between {names} ({TIE_RULE})")
+    return lines
+
+
+def machine_lines(records: list[dict[str, Any]]) -> list[str]:
+    """The machine warnings of the records (`environment.machine.warnings`), each once, with
+    how many records it concerns."""
+    counts: dict[str, int] = {}
+    for r in records:
+        machine = (r.get("environment") or {}).get("machine") or {}
+        for w in machine.get("warnings") or ():
+            key = (
+                "precision target not met: the median's 95% interval stayed wider than the "
+                "target (see timing.relative_width)"
+                if w.startswith("precision")
+                else w
+            )
+            counts[key] = counts.get(key, 0) + 1
+    return [f"{w} ({n} configuration{'s' if n > 1 else ''})" for w, n in counts.items()]
 
 
 # --------------------------------------------------------------------- the verify matrix
@@ -392,7 +482,7 @@ def verify_tables(
             r["scheme"],
             f"{r['ulysses']}x{r['ring']}",
             r["layout"],
-            "causal" if r["causal"] else "full",
+            r.get("mask") or ("causal" if r["causal"] else "full"),
             f"{r['heads']}/{r['kv_heads']}",
             str(rep),
             *cells,
@@ -416,3 +506,44 @@ def verify_tables(
         + (f", {len(skipped)} skipped (not supported by {impl})" if skipped else "")
     )
     return out
+
+
+# --------------------------------------------------------------------- compare
+
+COMPARE_CAPTION = (
+    "before/after: median step time (max over ranks); after/before: ratio of the medians with "
+    "\\[low-high], every ratio the two 95% intervals allow; faster/slower: the intervals do not "
+    "overlap; regression: slower by more than the threshold"
+)
+
+
+def compare_table(comparison: Any) -> FitTable:
+    """`cpbench compare`: one row per configuration (`cpbench.app.compare.Comparison`)."""
+    table = FitTable(title=f"cpbench compare: {' -> '.join(comparison.sources)}",
+                     caption=COMPARE_CAPTION, index=True)
+    for col in ("L", "UxR", "layout", "phase", "before", "after", "after/before", "verdict"):
+        table.add_column(
+            col,
+            justify="right" if col in ("L", "before", "after", "after/before") else "left",
+            wrap=col == "verdict",
+        )
+    for r in comparison.rows:
+        mesh = str(r.get("mesh") or "").replace("U", "").replace("R", "")
+        ratio: str | Text
+        if r["verdict"] is None:
+            ratio = "-"
+            sides = [r.get("status_before") or "absent", r.get("status_after") or "absent"]
+            verdict = Text(f"not compared ({sides[0]} -> {sides[1]})")
+        else:
+            ratio = Text(f"{r['ratio']:.3f} [{r['ratio_low']:.2f}-{r['ratio_high']:.2f}]")
+            style = {"faster": "green", "slower": "red"}.get(r["verdict"], "")
+            text = r["verdict"] + (" REGRESSION" if r["regression"] else "")
+            verdict = Text(text, style=style)
+        table.add_row(
+            str(r.get("seq_len") or "-"), mesh, str(r.get("layout") or "-"),
+            str(r.get("phase") or "-"),
+            "-" if r.get("before_s") is None else format_seconds(r["before_s"]),
+            "-" if r.get("after_s") is None else format_seconds(r["after_s"]),
+            ratio, verdict,
+        )
+    return table

@@ -5,11 +5,20 @@ order and the before/after comparison of two frames. Pure pandas; nothing here r
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pandas as pd
 
 from cpbench.config.vocabulary import PHASES
+from cpbench.model.calibrate.stats import (
+    Change,
+    Interval,
+    Ranked,
+    compare_intervals,
+    median_interval,
+    rank_with_ties,
+)
 
 PHASE_ORDER = PHASES
 
@@ -93,12 +102,38 @@ def phases_of(frame: pd.DataFrame) -> list[str]:
     return [p for p in PHASE_ORDER if p in present] + sorted(present - set(PHASE_ORDER))
 
 
-def compare_frame(before: pd.DataFrame, after: pd.DataFrame) -> pd.DataFrame:
-    """Before/after per configuration, matched by record id (the last record of an id wins):
-    id, mesh, layout, seq_len, phase, status and median of each side, `ratio` = after/before
-    (NaN when either side has no time) and `change` in percent. Ids found on one side only are
-    kept (with NaN on the other)."""
-    keep = ["id", "mesh", "layout", "seq_len", "phase", "status", "median_s"]
+def _aliased(before: pd.DataFrame, after: pd.DataFrame) -> pd.DataFrame:
+    """`before` with an id renamed to the id of the `after` record that lists it as
+    equivalent (measured once under its canonical name, e.g. a version 1 file's zigzag name of
+    a ring-degree-1 mesh), when `before` has no record of that id itself."""
+    if "equivalent" not in after:
+        return before
+    present = set(before["id"])
+    rename: dict[str, str] = {}
+    for rid, equivalent in zip(after["id"], after["equivalent"], strict=True):
+        if rid in present or not isinstance(equivalent, list):
+            continue
+        for other in equivalent:
+            if other in present and other not in rename:
+                rename[other] = rid
+                break
+    return before.assign(id=before["id"].replace(rename)) if rename else before
+
+
+def compare_frame(
+    before: pd.DataFrame, after: pd.DataFrame, threshold: float = 0.05
+) -> pd.DataFrame:
+    """Before/after per configuration, matched by record id (the last record of an id wins; an
+    id a side measured under an equivalent name matches it, `_aliased`): id, mesh, layout,
+    seq_len, phase, status and median of each side, `ratio` = after/before (NaN when either
+    side has no time), `change_pct` in percent, the ratio's bounds `ratio_low`/`ratio_high`
+    from the two medians' 95% intervals and the `verdict` (`stats.compare_intervals`: faster /
+    slower / no significant change), and `regression`: slower and the ratio above 1 +
+    `threshold`. Ids found on one side only are kept (with NaN on the other)."""
+    keep = ["id", "mesh", "layout", "seq_len", "phase", "status", "median_s", "ci_low_s",
+            "ci_high_s"]
+    before = _aliased(before, after)
+    after = _aliased(after, before)
     b = before[keep].drop_duplicates("id", keep="last")
     a = after[keep].drop_duplicates("id", keep="last")
     merged = b.merge(a, on="id", how="outer", suffixes=("_before", "_after"), sort=False)
@@ -121,8 +156,110 @@ def compare_frame(before: pd.DataFrame, after: pd.DataFrame) -> pd.DataFrame:
     )
     out["ratio"] = out["after_s"] / out["before_s"]
     out["change_pct"] = (out["ratio"] - 1.0) * 100.0
+    lows, highs, verdicts, regressions = [], [], [], []
+    for row in merged.itertuples(index=False):
+        change = _change(row, before_ok=row.status_before == "ok", after_ok=row.status_after == "ok")
+        lows.append(change.low if change else math.nan)
+        highs.append(change.high if change else math.nan)
+        verdicts.append(change.verdict if change else None)
+        regressions.append(bool(change and change.regression(threshold)))
+    out["ratio_low"] = pd.Series(lows, index=out.index, dtype="float64")
+    out["ratio_high"] = pd.Series(highs, index=out.index, dtype="float64")
+    out["verdict"] = pd.Series(verdicts, index=out.index, dtype=object)
+    out["regression"] = pd.Series(regressions, index=out.index, dtype=bool)
     out["_unmatched"] = out["ratio"].isna()
     out = out.sort_values(
         ["_unmatched", "phase", "seq_len", "mesh", "layout", "id"], na_position="last"
     )
     return out.drop(columns="_unmatched").reset_index(drop=True)
+
+
+def _change(row: Any, before_ok: bool, after_ok: bool) -> Change | None:
+    """The change of one merged row (None unless both sides have a positive time)."""
+    if not (before_ok and after_ok):
+        return None
+    values = [
+        value(getattr(row, f"{c}_{side}"))
+        for side in ("before", "after")
+        for c in ("median_s", "ci_low_s", "ci_high_s")
+    ]
+    if any(v is None for v in values):
+        return None
+    bm, bl, bh, am, al, ah = (float(v) for v in values)
+    if bm <= 0 or bl <= 0:
+        return None
+    return compare_intervals(Interval(bm, bl, bh, 0, ""), Interval(am, al, ah, 0, ""))
+
+
+def rank_group(config: Mapping[str, Any]) -> tuple[Any, ...]:
+    """The group in which configurations are ranked against each other (the sweep's "best per
+    group", the report, compare's pairing of equivalents): the same problem (L, batch, heads,
+    KV heads, head dim, dtype), mask (kind, documents, window), phase, device and world size;
+    meshes, layouts, kernels and implementations compete within it."""
+    documents = config.get("documents")
+    return (
+        config.get("seq_len"),
+        config.get("batch"),
+        config.get("heads"),
+        config.get("kv_heads"),
+        config.get("head_dim"),
+        config.get("dtype"),
+        config.get("mask") or ("causal" if config.get("causal", True) else "full"),
+        tuple(documents) if documents else None,
+        config.get("window"),
+        config.get("phase"),
+        config.get("device"),
+        config.get("world_size"),
+    )
+
+
+def record_interval(record: Mapping[str, Any]) -> Interval | None:
+    """The step median's 95% interval of a record dict (as recorded; from its samples for a
+    version 1 record); None without timing."""
+    timing = record.get("timing")
+    if not isinstance(timing, Mapping) or timing.get("median") is None:
+        return None
+    low, high = timing.get("ci_low"), timing.get("ci_high")
+    median = float(timing["median"])
+    if low is not None and high is not None:
+        n = timing.get("iterations") or len(timing.get("samples") or ())
+        return Interval(median, float(low), float(high), int(n), timing.get("interval_method") or "")
+    samples = timing.get("samples") or []
+    if samples:
+        found = median_interval(samples)
+        return Interval(median, found.low, found.high, found.n, found.method)
+    return Interval(median, median, median, 0, "no samples (a point)")
+
+
+def tiebreak_interval(record: Mapping[str, Any]) -> Interval | None:
+    """The interval of a record's interleaved re-measurement (`timing.tiebreak`), if any."""
+    timing = record.get("timing")
+    tb = timing.get("tiebreak") if isinstance(timing, Mapping) else None
+    if not isinstance(tb, Mapping) or tb.get("median") is None:
+        return None
+    return Interval(
+        float(tb["median"]), float(tb["ci_low"]), float(tb["ci_high"]), int(tb["iterations"]),
+        "interleaved re-measurement",
+    )
+
+
+def rank_records(records: Sequence[Mapping[str, Any]]) -> dict[tuple[Any, ...], Ranked]:
+    """Per `rank_group`, the ok records ranked with ties (`stats.rank_with_ties`, by id; the
+    interleaved re-measurement decides among tied leaders when it covers them all). The last
+    record of an id wins."""
+    latest: dict[str, Mapping[str, Any]] = {}
+    for r in records:
+        if r.get("status") == "ok" and record_interval(r) is not None and r.get("config"):
+            latest[str(r["id"])] = r
+    groups: dict[tuple[Any, ...], dict[str, Mapping[str, Any]]] = {}
+    for rid, r in latest.items():
+        groups.setdefault(rank_group(r["config"]), {})[rid] = r
+    out: dict[tuple[Any, ...], Ranked] = {}
+    for key, members in groups.items():
+        intervals = {rid: record_interval(r) for rid, r in members.items()}
+        tiebreaks = {rid: tiebreak_interval(r) for rid, r in members.items()}
+        out[key] = rank_with_ties(
+            {k: v for k, v in intervals.items() if v is not None},
+            {k: v for k, v in tiebreaks.items() if v is not None} or None,
+        )
+    return out

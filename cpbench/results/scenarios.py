@@ -107,6 +107,12 @@ BUILTIN = "<builtin>"
 CPU_WORLD_SIZE = 4
 """Ranks that `world_size = "auto"` gives on the CPU (gloo)."""
 
+DEFAULT_PRECISION = 0.05
+"""Default target relative width of a median's 95% interval (5%)."""
+DEFAULT_MAX_ITERS = 100
+DEFAULT_BUDGET = 2.0
+DEFAULT_CHECK_ROWS = 256
+
 _MESH_RE = re.compile(r"^\s*(\d+)\s*[xX]\s*(\d+)\s*$")
 
 
@@ -177,6 +183,18 @@ class Scenario:
     also: tuple[Scenario, ...] = ()
     """Further products (the `[[also]]` tables): this scenario with some axes overridden;
     `expand` lists their points after its own."""
+    precision: float | None = DEFAULT_PRECISION
+    """Target relative width of the 95% interval of each step's median ((high - low) /
+    median); timing goes on past `iters` until it is met, `max_iters` or `budget`. None = a
+    fixed count of `iters` iterations."""
+    max_iters: int = DEFAULT_MAX_ITERS
+    """Timed iterations at most, per variant."""
+    budget: float = DEFAULT_BUDGET
+    """Wall seconds of timed steps per configuration after which timing stops even if the
+    precision is not met (each of the two variants gets half)."""
+    check_rows: int = DEFAULT_CHECK_ROWS
+    """Query rows of the full-length sampled-row check (0 = off); it runs when the capped
+    check is shorter than the configuration."""
 
     def resolve(self, device: str = "auto", gpu_count: int = 0) -> tuple[Device, int]:
         """The device and world size to run with.
@@ -229,6 +247,27 @@ class Scenario:
                 if config.key not in seen:
                     seen.add(config.key)
                     out.append((config, feasibility))
+        return out
+
+    def distinct(self, device: str, world_size: int) -> list[DistinctPoint]:
+        """`expand`'s points with equivalent ones merged: points that are the same computation
+        run once (`canonical`). The first of a set stands for it, under its canonical name
+        (at ring degree 1 every layout is contiguous), with the ids of the others as
+        `equivalent`; the order is `expand`'s."""
+        out: list[DistinctPoint] = []
+        by_signature: dict[str, int] = {}
+        for config, feasibility in self.expand(device, world_size):
+            canonical = canonical_config(config)
+            signature = computation_signature(canonical, feasibility)
+            if signature in by_signature:
+                i = by_signature[signature]
+                point = out[i]
+                if config.key != point.config.key and config.key not in point.equivalent:
+                    out[i] = dataclasses.replace(point, equivalent=(*point.equivalent, config.key))
+                continue
+            by_signature[signature] = len(out)
+            equivalent = (config.key,) if canonical.key != config.key else ()
+            out.append(DistinctPoint(canonical, canonical.feasibility(), equivalent))
         return out
 
     def _expand_own(self, device: str, world_size: int) -> list[tuple[BenchConfig, Feasibility]]:
@@ -290,6 +329,42 @@ class Scenario:
             )
             out.append((config, config.feasibility()))
         return out
+
+
+@dataclass(frozen=True)
+class DistinctPoint:
+    """A configuration to measure once, and the names of the points that are the same
+    computation."""
+
+    config: BenchConfig
+    """The configuration, under its canonical name (`canonical_config`)."""
+    feasibility: Feasibility
+    """Whether it can run (the rules of `BenchConfig.feasibility`)."""
+    equivalent: tuple[str, ...] = ()
+    """Ids (`BenchConfig.key`) of the scenario's other points that are this same computation
+    (another layout name at ring degree 1, an axis value that normalises to the same), in
+    expansion order; empty when none."""
+
+
+def canonical_config(config: BenchConfig) -> BenchConfig:
+    """The configuration under its canonical name: with ring degree 1 every layout shards like
+    contiguous (`cpbench.attention.layouts`: a ring of one holds the whole sequence, in order,
+    for every mask), so the layout is contiguous; one document filling the sequence is no
+    documents."""
+    changes: dict[str, Any] = {}
+    if config.ring == 1 and config.layout != "contiguous":
+        changes["layout"] = "contiguous"
+    if config.documents is not None and len(config.documents) == 1:
+        changes["documents"] = None
+    return dataclasses.replace(config, **changes) if changes else config
+
+
+def computation_signature(config: BenchConfig, feasibility: Feasibility) -> str:
+    """What makes two points the same computation: the canonical id with the KV replication
+    resolved ("auto" and the number it resolves to are the same run)."""
+    if feasibility.ok and config.kv_replication != feasibility.kv_replication:
+        config = dataclasses.replace(config, kv_replication=feasibility.kv_replication)
+    return canonical_config(config).key
 
 
 @lru_cache(maxsize=256)
@@ -385,6 +460,16 @@ def _literal_or(literal: str, tag: str) -> Discriminator:
     return Discriminator(lambda value: "literal" if value == literal else tag)
 
 
+def _precision(value: object) -> float | None:
+    """A relative width in (0, 1), or "off" (None: a fixed count of iterations)."""
+    if value == "off":
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < 1:
+        return float(value)
+    raise problem(f'{value!r} is not a relative width between 0 and 1 (0.05 = 5%) or "off"')
+
+
+Precision = Annotated[float | None, PlainValidator(_precision)]
 MeshEntry = Annotated[tuple[int, int], PlainValidator(_mesh_entry)]
 KvReplication = Annotated[int | None, PlainValidator(_kv_replication)]
 DocumentsSource = Annotated[str | None, PlainValidator(_documents_source)]
@@ -505,6 +590,19 @@ class ScenarioFile(FileModel):
     """Hosts the ranks span; world_size must be a multiple of it."""
     seed: NonNegativeInt = 0
     """Seed of the document distributions of the documents axis."""
+    precision: Precision = DEFAULT_PRECISION
+    """Target relative width of each median's 95% interval (0 < p < 1), or "off" (a fixed
+    count of `iters`)."""
+    max_iters: PositiveInt = DEFAULT_MAX_ITERS
+    """Timed iterations at most, per variant (>= iters)."""
+    budget: Annotated[
+        float,
+        Field(gt=0, allow_inf_nan=False),
+        rule("must be a positive, finite number of seconds"),
+    ] = DEFAULT_BUDGET
+    """Seconds of timed steps per configuration before timing stops short of the precision."""
+    check_rows: NonNegativeInt = DEFAULT_CHECK_ROWS
+    """Query rows of the full-length sampled-row check (0 = off)."""
     axes: ScenarioAxes
     """The axes of the sweep (required)."""
     also: list[dict[str, Any]] = []
@@ -520,6 +618,12 @@ class ScenarioFile(FileModel):
         if self.world_size != "auto" and self.world_size % self.nodes != 0:
             raise problem(
                 f"{self.world_size} is not a multiple of nodes ({self.nodes})", key="world_size"
+            )
+        if self.max_iters < self.iters:
+            raise problem(
+                f"{self.max_iters} is below iters ({self.iters}): the most iterations cannot be "
+                "fewer than the least",
+                key="max_iters",
             )
         return self
 
@@ -664,6 +768,10 @@ def _scenario(
         documents=documents,
         window=axes.window,
         seed=spec.seed,
+        precision=spec.precision,
+        max_iters=spec.max_iters,
+        budget=spec.budget,
+        check_rows=spec.check_rows,
     )
     if scenario.world_size != "auto":
         scenario.meshes(scenario.world_size)  # a mesh that does not fit is an error in the file

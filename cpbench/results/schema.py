@@ -23,9 +23,17 @@ from typing import Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from cpbench.config.vocabulary import Mask, Phase
+from cpbench.model.calibrate.stats import Interval, median_interval
 
-SCHEMA_VERSION = 1
-"""Version of the record's shape. Version 1 records written before the `impl` axis lack
+SCHEMA_VERSION = 2
+"""Version of the record's shape. Version 2 (measurements you can trust): `timing.samples` are
+as many iterations as the precision target took (`timing.iterations`, at least the scenario's
+`iters`), with the median's 95% interval (`ci_low`, `ci_high`), `target_met`, the overlap's
+interval and status; `config.equivalent` lists the points measured as this one (at ring degree 1
+the layout is always `contiguous`); `accuracy.sampled_rows` the full-length check;
+`environment.machine` the host's state. Version 1 records lack all of these: read, their
+interval comes from their samples (`TimingSection.interval`), their overlap status is unknown.
+Version 1 records written before the `impl` axis lack
 `config.impl`; those written before the busbw rename carry `comm.achieved_algbw_GBps`
 (`migrate_record` handles both); GPU records written before the per-process memory probes carry
 `memory.nvml_used_bytes` (device-wide, read once: kept and documented as such) and no
@@ -116,6 +124,10 @@ class ConfigSection(Section):
     run_seq_len: int | None = None
     """Tokens as run: seq_len + padding (what every byte and FLOP of the record is counted
     on). Read as seq_len from records written before masks."""
+    equivalent: list[str] | None = None
+    """Ids of the scenario's other points that are this same computation, measured once as
+    this record (e.g. the zigzag name of a ring-degree-1 mesh, whose canonical layout is
+    contiguous); absent when none (and in version 1 records)."""
 
     @model_validator(mode="after")
     def _mask_defaults(self) -> ConfigSection:
@@ -160,6 +172,56 @@ class TimingSection(Section):
     communication or variants."""
     overlap_note: str | None = None
     """What the overlap figure means for this record (clamping, no communication, ...)."""
+    ci_low: float | None = None
+    """Lower end of the median's 95% confidence interval (distribution-free order statistics
+    over `samples`; the sample range when fewer than 6). Absent in version 1 records."""
+    ci_high: float | None = None
+    """Upper end of the median's 95% confidence interval."""
+    interval_method: str | None = None
+    """How ci_low/ci_high were obtained (`cpbench.model.calibrate.stats`)."""
+    iterations: int | None = None
+    """Timed iterations of the full step (= len(samples))."""
+    warmup_iterations: int | None = None
+    """Warm-up iterations of the full step (past the scenario's warmup while timings drifted)."""
+    precision_target: float | None = None
+    """Target relative width (ci_high - ci_low) / median; null = a fixed count of iterations."""
+    relative_width: float | None = None
+    """(ci_high - ci_low) / median as measured."""
+    target_met: bool | None = None
+    """relative_width <= precision_target (null without a target)."""
+    stop_reason: str | None = None
+    """Why timing stopped: precision reached | max iterations | time budget | fixed count."""
+    compute_only_ci: list[float] | None = None
+    """[low, high] 95% interval of compute_only."""
+    comm_only_ci: list[float] | None = None
+    """[low, high] 95% interval of comm_only."""
+    overlap_low: float | None = None
+    """Lowest overlap the three intervals allow (null unless overlap_status is measured)."""
+    overlap_high: float | None = None
+    """Highest overlap the three intervals allow."""
+    overlap_status: str | None = None
+    """measured | not measurable (communication within the timing noise) | none by
+    construction (Ulysses: an all-to-all hides nothing) | no communication."""
+    tiebreak: dict[str, Any] | None = None
+    """`sweep --separate-ties` only: the interleaved re-measurement (A B A B) of the tied
+    leaders of this record's group: median, ci_low, ci_high, iterations, with (the ids measured
+    together), separated (whether the intervals parted)."""
+
+    def interval(self) -> Interval:
+        """The median and its 95% interval: as recorded, or (version 1 records) from the
+        samples."""
+        if self.ci_low is not None and self.ci_high is not None:
+            return Interval(
+                self.median,
+                self.ci_low,
+                self.ci_high,
+                self.iterations or len(self.samples),
+                self.interval_method or "recorded",
+            )
+        if self.samples:
+            found = median_interval(self.samples)
+            return Interval(self.median, found.low, found.high, found.n, found.method)
+        return Interval(self.median, self.median, self.median, 0, "no samples (a point)")
 
 
 class CollectiveBytes(Section):
@@ -271,6 +333,29 @@ class AccuracySection(Section):
     issues."""
     tolerances: dict[str, float] | None = None
     """Only with known_issues: the relative tolerance used per tensor."""
+    sampled_rows: SampledRowsSection | None = None
+    """The full-length sampled-row check (`cpbench.bench.rowcheck`); absent when the capped
+    check already ran at the full length (and in version 1 records)."""
+
+
+class SampledRowsSection(Section):
+    """The forward at the benchmarked length on a sample of query rows, against a float64
+    reference of those rows and every key, under the point's mask."""
+
+    seq_len: int
+    """The benchmarked length (tokens)."""
+    run_seq_len: int | None = None
+    """Tokens as run (seq_len + the layout's padding)."""
+    rows: int
+    """Query rows checked (spread evenly over the run, first and last included)."""
+    max_abs_error: float
+    """Largest absolute error of the output over the sampled rows."""
+    bound: float
+    """Allowed error (`cpbench.config.tolerances.allowed_error` of the rows' reference)."""
+    passed: bool
+    """max_abs_error <= bound."""
+    method: str | None = None
+    """The check in words."""
 
 
 class EnvironmentSection(Section):
@@ -302,9 +387,44 @@ class EnvironmentSection(Section):
     """torch.get_num_threads() on a rank."""
     impl_version: str | None = None
     """External impl only: the library's version."""
+    machine: MachineSection | None = None
+    """The host's state during this configuration (version 2): ranks per core, load, steal,
+    GPU clocks, and the warnings they call for."""
     kernel_version: str | None = None
     """The version of what ran the local kernel (`config.kernel`): flash-attn's or FA3's
     version, cuDNN's number, or torch's for PyTorch's own ops. Absent in older records."""
+
+
+class MachineSection(Section):
+    """What else the machine was doing (`cpbench.bench.environment.machine_state`)."""
+
+    cores: int | None = None
+    """Cores this process may run on (CPU affinity)."""
+    ranks_on_node: int | None = None
+    """Ranks of the run on this host."""
+    threads_per_rank: int | None = None
+    """torch threads per rank."""
+    ranks_per_core: float | None = None
+    """ranks x threads / cores (CPU runs); above 1 = oversubscribed."""
+    oversubscribed: bool | None = None
+    """ranks_per_core > 1."""
+    load1_before: float | None = None
+    """1-minute load average just before the configuration."""
+    load1_after: float | None = None
+    """1-minute load average just after it (the ranks' own load included)."""
+    own_load: float | None = None
+    """Load the ranks themselves account for (min(ranks x threads, cores) on CPU)."""
+    steal: float | None = None
+    """Share of CPU time stolen by the hypervisor during the configuration (/proc/stat);
+    null where unreadable."""
+    seconds: float | None = None
+    """Wall seconds between the two snapshots."""
+    gpus: list[dict[str, Any]] | None = None
+    """Per rank on GPUs (NVML, read only): index, SM clock and its maximum (MHz), throttle
+    reasons; null elsewhere or without NVML."""
+    warnings: list[str] | None = None
+    """Oversubscription, other load, steal, throttling; and when the precision target was not
+    met."""
 
 
 class ResultRecord(Section):
@@ -371,3 +491,8 @@ def dump_record(record: ResultRecord) -> dict[str, Any]:
     """The record as a JSON-ready dict: the keys that were set, none of the defaults, so a
     record read and written again keeps its shape."""
     return record.model_dump(mode="json", exclude_unset=True)
+
+
+AccuracySection.model_rebuild()
+EnvironmentSection.model_rebuild()
+ResultRecord.model_rebuild()

@@ -59,12 +59,17 @@ CONFIG_INT_COLUMNS = (
 
 FLOAT_COLUMNS = (
     "median_s",
+    "ci_low_s",
+    "ci_high_s",
+    "relative_width",
     "p10_s",
     "p90_s",
     "compute_only_s",
     "comm_only_s",
     "exposed_comm_s",
     "overlap",
+    "overlap_low",
+    "overlap_high",
     "analytic_fwd_bytes",
     "analytic_bwd_bytes",
     "measured_fwd_bytes",
@@ -77,6 +82,7 @@ FLOAT_COLUMNS = (
     "achieved_tflops",
     "achieved_tflops_per_rank",
     "max_abs_error",
+    "sampled_rows_error",
 )
 """Measurement columns (float64, NaN where a record has no value)."""
 
@@ -116,6 +122,11 @@ COLUMNS = (
     "memory_source",
     "accuracy_passed",
     "devices",
+    "iterations",
+    "target_met",
+    "overlap_status",
+    "equivalent",
+    "machine_warnings",
 )
 """Columns of `records_frame`, in order (config fields a record adds beyond these follow)."""
 
@@ -408,10 +419,24 @@ def records_frame(records: Iterable[ResultRecord | Mapping[str, Any]]) -> pd.Dat
     frame["schema_version"] = pd.to_numeric(frame["schema_version"], errors="coerce").astype(
         "Int64"
     )
-    booleans = ("causal", "comm_match", "comm_mismatch", "comm_fwd_mismatch", "comm_bwd_mismatch")
+    booleans = (
+        "causal",
+        "comm_match",
+        "comm_mismatch",
+        "comm_fwd_mismatch",
+        "comm_bwd_mismatch",
+        "target_met",
+    )
     for col in (*booleans, "accuracy_passed"):
         frame[col] = frame[col].map(lambda v: v if isinstance(v, bool) else pd.NA).astype("boolean")
-    for col in ("per_rank_median_s", "compute_only_per_rank_s", "per_rank_work", "documents"):
+    for col in (
+        "per_rank_median_s",
+        "compute_only_per_rank_s",
+        "per_rank_work",
+        "documents",
+        "equivalent",
+        "machine_warnings",
+    ):
         frame[col] = frame[col].astype(object)
     return frame
 
@@ -478,7 +503,16 @@ def _flatten(record: ResultRecord) -> dict[str, Any]:
         schema_version=record.schema_version,
     )
     if timing is not None:
+        interval = timing.interval()
         row.update(
+            ci_low_s=interval.low,
+            ci_high_s=interval.high,
+            relative_width=interval.relative_width if interval.median > 0 else None,
+            iterations=timing.iterations or len(timing.samples),
+            target_met=timing.target_met,
+            overlap_status=timing.overlap_status,
+            overlap_low=timing.overlap_low,
+            overlap_high=timing.overlap_high,
             median_s=timing.median,
             p10_s=timing.p10,
             p90_s=timing.p90,
@@ -514,6 +548,11 @@ def _flatten(record: ResultRecord) -> dict[str, Any]:
         )
     if accuracy is not None:
         row.update(max_abs_error=accuracy.max_abs_error, accuracy_passed=accuracy.passed)
+        if accuracy.sampled_rows is not None:
+            row["sampled_rows_error"] = accuracy.sampled_rows.max_abs_error
+    row["equivalent"] = list(config.equivalent) if config and config.equivalent else None
+    machine = env.machine if env is not None else None
+    row["machine_warnings"] = list(machine.warnings) if machine and machine.warnings else None
     devices = env.devices if env is not None else None
     row["devices"] = ", ".join(devices) if devices is not None else None
     external = config is not None and config.impl != "cpbench"

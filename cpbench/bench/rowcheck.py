@@ -1,0 +1,147 @@
+"""The full-length sampled-row check: the configuration at its benchmarked length, forward, on a
+sample of query rows against every key, in float64.
+
+The capped reference check (`cpbench.bench.reference.reference_check`) runs the whole forward
+and backward at `check_max_seq_len` tokens; a 128K configuration is then never run at 128K,
+where low-precision merges and long-range positions go wrong. This check runs the point's own
+path (`cp_attention` on every rank, the layout's shards, the point's mask, the run length with
+doc_zigzag's padding) at the full length on global inputs drawn from a seed, and compares the
+output of `rows` query positions (evenly spread over the run, the first and last included)
+with a float64 reference of those rows against all keys under the same mask: a reference of
+`rows x L x h x d` multiply-adds, cheap where the full one is not. Each rank checks the sampled
+rows it holds; the errors are all-reduced (max). Forward only: a gradient of a few rows needs
+the whole backward.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from cpbench.attention.kernels import LocalKernel, default_scale
+from cpbench.attention.layouts import packing, positions
+from cpbench.config.bench import BenchConfig
+from cpbench.config.masks import MaskSpec
+from cpbench.config.tolerances import allowed_error
+
+DEFAULT_ROWS = 256
+"""Query rows sampled by the check."""
+CHUNK_BYTES = 256 * 2**20
+"""Float64 scores computed at once (rows x heads x keys x 8 bytes), so a long sequence never
+holds the whole [rows, L] score matrix of every head."""
+
+
+def sampled_rows(run_len: int, rows: int = DEFAULT_ROWS) -> torch.Tensor:
+    """`rows` distinct positions spread evenly over [0, run_len), 0 and run_len - 1 included
+    (all positions when the run is shorter)."""
+    if rows >= run_len:
+        return torch.arange(run_len)
+    return torch.linspace(0, run_len - 1, rows).round().long().unique()
+
+
+def row_visibility(mask: MaskSpec, rows: torch.Tensor, run_len: int) -> torch.Tensor:
+    """Boolean [len(rows), run_len]: may query `rows[i]` see key k (`MaskSpec.visible`,
+    vectorised like `cpbench.attention.reference.dense_mask`, for some rows only)."""
+    mask = mask.for_length(run_len)
+    keys = torch.arange(run_len, device=rows.device)
+    if not mask.causal:
+        return torch.ones(rows.numel(), run_len, dtype=torch.bool, device=rows.device)
+    q, k = rows.unsqueeze(1), keys.unsqueeze(0)
+    keep = k <= q
+    if mask.window is not None:
+        keep &= q - k < mask.window
+    if mask.documents is not None and len(mask.documents) > 1:
+        starts = torch.tensor(mask.starts[1:], device=rows.device)
+        doc_k = torch.bucketize(keys, starts, right=True)
+        doc_q = torch.bucketize(rows, starts, right=True)
+        keep &= doc_q.unsqueeze(1) == doc_k.unsqueeze(0)
+    return keep
+
+
+def reference_rows(
+    q_rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor
+) -> torch.Tensor:
+    """float64 softmax(q k^T / sqrt(d)) v of some query rows `[B, r, h, D]` against every key
+    `[B, L, h_kv, D]`, masked by `visible [r, L]`; computed in chunks of rows."""
+    b, r, h, d = q_rows.shape
+    length, kv_heads = k.shape[1], k.shape[2]
+    scale = default_scale(d)
+    kk = k.double().repeat_interleave(h // kv_heads, dim=2)
+    vv = v.double().repeat_interleave(h // kv_heads, dim=2)
+    per_row = max(1, b * h * length * 8)
+    step = max(1, CHUNK_BYTES // per_row)
+    out = []
+    for start in range(0, r, step):
+        qq = q_rows[:, start : start + step].double()
+        scores = torch.einsum("bqhd,bkhd->bhqk", qq, kk) * scale
+        keep = visible[start : start + step]
+        scores = scores.masked_fill(~keep, float("-inf"))
+        probs = torch.nan_to_num(torch.softmax(scores, dim=-1), nan=0.0)
+        out.append(torch.einsum("bhqk,bkhd->bqhd", probs, vv))
+    return torch.cat(out, dim=1)
+
+
+def full_length_row_check(
+    config: BenchConfig,
+    kernel: LocalKernel,
+    device: torch.device,
+    rows: int = DEFAULT_ROWS,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Collective: the check of the module docstring on every rank; every rank returns the
+    same answer (the record's `accuracy.sampled_rows`)."""
+    from cpbench.attention import build_mesh, cp_attention  # noqa: PLC0415
+    from cpbench.bench.reference import TORCH_DTYPES  # noqa: PLC0415
+
+    dtype = TORCH_DTYPES[config.dtype]
+    packed = packing(config.seq_len, config.ulysses, config.ring, config.layout, config.mask)
+    run_len, run_mask = packed.seq_len, packed.mask
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    b, d = config.batch, config.head_dim
+    # Global inputs of the run length, identical on every rank (drawn on the CPU from the seed).
+    q = torch.randn(b, run_len, config.heads, d, generator=g).to(device, dtype)
+    k = torch.randn(b, run_len, config.kv_heads, d, generator=g).to(device, dtype)
+    v = torch.randn(b, run_len, config.kv_heads, d, generator=g).to(device, dtype)
+    mesh = build_mesh(config.ulysses, config.ring)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    mine = positions(config.seq_len, config.ulysses, config.ring, config.layout, rank, config.mask)
+    mine = mine.to(device)
+    with torch.no_grad():
+        out = cp_attention(
+            q.index_select(1, mine).contiguous(),
+            k.index_select(1, mine).contiguous(),
+            v.index_select(1, mine).contiguous(),
+            mesh,
+            layout=config.layout,
+            kernel=kernel,
+            kv_replication=config.kv_replication,
+            mask=config.mask,
+        )
+    wanted = sampled_rows(run_len, rows).to(device)
+    held = torch.isin(mine, wanted).nonzero().flatten()  # local indices of the sampled rows
+    error = torch.zeros(2, dtype=torch.float64, device=device)  # [max abs error, max |ref|]
+    if held.numel():
+        global_rows = mine.index_select(0, held)
+        visible = row_visibility(run_mask, global_rows, run_len)
+        ref = reference_rows(q.index_select(1, global_rows), k, v, visible)
+        got = out.index_select(1, held).double()
+        error[0] = (got - ref).abs().max()
+        error[1] = ref.abs().max()
+    if dist.is_initialized():
+        dist.all_reduce(error, op=dist.ReduceOp.MAX)
+    max_error, ref_max = float(error[0]), float(error[1])
+    bound = allowed_error(config.dtype, ref_max)
+    return {
+        "seq_len": config.seq_len,
+        "run_seq_len": run_len,
+        "rows": int(wanted.numel()),
+        "max_abs_error": max_error,
+        "bound": bound,
+        "passed": max_error <= bound,
+        "method": (
+            f"forward at the full length on {int(wanted.numel())} query rows spread evenly over "
+            "the run, against every key under the point's mask, float64 reference"
+        ),
+    }

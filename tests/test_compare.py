@@ -1,0 +1,76 @@
+"""`cpbench compare BEFORE AFTER` and `report --compare`: the change per configuration with its
+interval and a verdict; exit 1 on a significant regression beyond the threshold."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from cpbench.app.compare import compare_results
+from cpbench.app.report import build_comparison
+from cpbench.cli.main import app
+from cpbench.results.store import read_records
+
+FIXTURES = Path(__file__).parent / "fixtures"
+SWEEP, AFTER = FIXTURES / "sweep.jsonl", FIXTURES / "after.jsonl"
+runner = CliRunner()
+
+
+def test_verdicts_follow_the_intervals() -> None:
+    result = compare_results(SWEEP, AFTER)
+    matched = [r for r in result.rows if r["verdict"] is not None]
+    assert len(matched) == result.matched == 7
+    for r in matched:
+        assert r["ratio_low"] <= r["ratio"] <= r["ratio_high"]
+        if r["verdict"] == "faster":
+            assert r["ratio_high"] < 1
+        elif r["verdict"] == "slower":
+            assert r["ratio_low"] > 1
+        else:
+            assert r["ratio_low"] <= 1 <= r["ratio_high"]
+    zigzag = [r for r in matched if r["layout"] == "zigzag"]
+    assert zigzag and all(r["verdict"] == "faster" for r in zigzag)  # 20% faster in the fixture
+    assert [r["mesh"] for r in result.regressions] == ["U4xR1"]
+    # The report's comparison counts the same verdicts.
+    page = build_comparison(SWEEP, AFTER)
+    assert (page.faster, page.slower) == (result.count("faster"), result.count("slower"))
+
+
+def test_cli_exits_1_on_a_regression_beyond_the_threshold() -> None:
+    res = runner.invoke(app, ["compare", str(SWEEP), str(AFTER), "--json"])
+    assert res.exit_code == 1, res.output
+    answer = json.loads(res.stdout)
+    assert answer["faster"] + answer["slower"] + answer["no_significant_change"] == 7
+    assert len(answer["regressions"]) == 1
+    lenient = runner.invoke(app, ["compare", str(SWEEP), str(AFTER), "--threshold", "0.5"])
+    assert lenient.exit_code == 0, lenient.output
+    assert "0 regression(s) beyond 50%" in lenient.stdout
+    same = runner.invoke(app, ["compare", str(SWEEP), str(SWEEP)])
+    assert same.exit_code == 0 and "0 faster, 0 slower" in same.stdout
+    bad = runner.invoke(app, ["compare", str(SWEEP), str(AFTER), "--threshold", "-1"])
+    assert bad.exit_code == 2 and "--threshold (-1.0)" in bad.stderr
+
+
+def test_an_equivalent_name_matches(tmp_path: Path) -> None:
+    """A version 1 file measured a ring-degree-1 mesh under the zigzag name; the version 2
+    file measured it once as contiguous, listing the zigzag id: the two are compared."""
+    before = [r for r in read_records(AFTER)]
+    after = json.loads(json.dumps(before))
+    target = next(r for r in after if r["config"]["ring"] == 1)
+    old_id = target["id"].replace("contiguous", "zigzag")
+    for r in after:
+        r.pop("_source", None)
+    for r in before:
+        r.pop("_source", None)
+    renamed = next(r for r in before if r["id"] == target["id"])
+    renamed["id"] = old_id
+    target["config"]["equivalent"] = [old_id]
+    b, a = tmp_path / "b.jsonl", tmp_path / "a.jsonl"
+    b.write_text("".join(json.dumps(r) + "\n" for r in before))
+    a.write_text("".join(json.dumps(r) + "\n" for r in after))
+    result = compare_results(b, a)
+    row = next(r for r in result.rows if r["id"] == target["id"])
+    assert row["verdict"] == "no significant change" and row["ratio"] == 1.0
+    assert result.unmatched == 0
