@@ -14,20 +14,32 @@ On a CPU, ring-flash-attention and yunchang run on the tests' stand-in flash_att
 flash-attn, only in fp16/bf16: they are measured in the bfloat16 group, where cpbench and
 torch_cp run too. float32 compares cpbench with torch_cp.
 
+All-gather CP side by side (issue 13): cpbench's own all-gather scheme (`cp_comm="all_gather"`,
+U = 1, zigzag; one gather of all KV heads and with `--heads-k-stride`) against `torch_cp`
+(PyTorch's context_parallel, whose default rotate method is all-gather, with its head-tail
+balancer = zigzag), on the same ranks, shapes and kernel (SDPA), at every world size in one
+run: rounds interleave the implementations (so machine noise hits them alike), each round
+times one fwd+bwd step as the max over ranks, and the best of `--rounds` is kept. The ratio
+printed is torch_cp / cpbench (> 1: cpbench faster). `--allgather-only` skips the sweep part.
+
     python benchmarks/compare_impls.py [--seq-len 4096] [--world-sizes 2 4] [--iters 3]
+    python benchmarks/compare_impls.py --allgather-only [--rounds 7] [--kv-heads 2]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import platform
 import statistics
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from cpbench.app.sweep import run_sweep
 from cpbench.results.scenarios import parse_scenario
@@ -135,6 +147,109 @@ def print_table(world: int, dtype: str, rows: list[dict[str, Any]], seq_len: int
         )
 
 
+ALLGATHER_IMPLS = ("cpbench all-gather", "cpbench all-gather hs1", "torch_cp")
+"""What the all-gather comparison times, interleaved in every round."""
+
+
+def allgather_rounds(
+    world: int, seq_len: int, heads: int, kv_heads: int, head_dim: int, rounds: int
+) -> dict[str, Any]:
+    """On every rank of a `world`-rank pool: interleaved rounds of cpbench all-gather (one
+    gather, and one KV head per gather) and torch_cp (rotate allgather), one fwd+bwd step each,
+    the step time the max over ranks; returns the best round per impl and the max abs error
+    of each against cpbench's output on the same inputs."""
+    from cpbench.attention import build_mesh, cp_attention, shard  # noqa: PLC0415
+    from cpbench.config.bench import BenchConfig  # noqa: PLC0415
+    from cpbench.impls import get_adapter  # noqa: PLC0415
+
+    config = BenchConfig(
+        seq_len=seq_len, batch=1, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+        dtype="float32", causal=True, ulysses=1, ring=world, layout="zigzag",
+        kv_replication=None, backend="sdpa", phase="fwd+bwd", device="cpu",
+        world_size=world, impl="torch_cp",
+    )
+    runner = get_adapter("torch_cp").prepare(config)
+    mesh = build_mesh(1, world)
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, seq_len, heads, head_dim, generator=g)
+    k = torch.randn(1, seq_len, kv_heads, head_dim, generator=g)
+    v = torch.randn(1, seq_len, kv_heads, head_dim, generator=g)
+    ours = [shard(t, mesh, "zigzag").requires_grad_(True) for t in (q, k, v)]
+    theirs = [runner.shard(t).requires_grad_(True) for t in (q, k, v)]
+
+    def step(impl: str) -> tuple[float, torch.Tensor]:
+        dist.barrier()
+        start = time.perf_counter()
+        if impl == "torch_cp":
+            with runner.context():
+                out = runner.forward(*theirs)
+                out.sum().backward()
+        else:
+            stride = 1 if impl.endswith("hs1") else None
+            out = cp_attention(
+                ours[0], ours[1], ours[2], mesh, layout="zigzag", kernel="sdpa",
+                cp_comm="all_gather", heads_k_stride=stride,
+            )
+            out.sum().backward()
+        elapsed = torch.tensor([time.perf_counter() - start])
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        return float(elapsed), out.detach()
+
+    outputs = {impl: step(impl)[1] for impl in ALLGATHER_IMPLS}  # warm-up, and the outputs
+    reference = runner.unshard(outputs["torch_cp"])
+    errors = {}
+    for impl in ALLGATHER_IMPLS[:2]:
+        pieces = [torch.empty_like(outputs[impl]) for _ in range(world)]
+        dist.all_gather(pieces, outputs[impl].contiguous())
+        from cpbench.attention.layouts import unshard_tensors  # noqa: PLC0415
+
+        full = unshard_tensors(pieces, 1, world, "zigzag", 1, None)
+        errors[impl] = float((full - reference).abs().max())
+    best = {impl: float("inf") for impl in ALLGATHER_IMPLS}
+    for r in range(rounds):
+        order = ALLGATHER_IMPLS if r % 2 == 0 else tuple(reversed(ALLGATHER_IMPLS))
+        for impl in order:
+            for t in (*ours, *theirs):
+                t.grad = None
+            best[impl] = min(best[impl], step(impl)[0])
+    return {"best_s": best, "max_abs_error_vs_torch_cp": errors}
+
+
+def compare_allgather(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """cpbench all-gather against torch_cp at every world size, one pool per world size."""
+    from cpbench.bench.pool import WorkerPool, WorldSpec  # noqa: PLC0415
+
+    sys.path.insert(0, str(ROOT))  # the ranks import this module by name to run the rounds
+    module = importlib.import_module("benchmarks.compare_impls")
+    blocks = []
+    print(
+        f"\n## all-gather CP: cpbench vs torch_cp (rotate allgather), causal fwd+bwd, zigzag, "
+        f"float32, L={args.seq_len} h={args.heads} h_kv={args.kv_heads} d_h={args.head_dim}, "
+        f"best of {args.rounds} interleaved rounds, step = max over ranks"
+    )
+    print("| world | impl | best step | torch_cp / impl | max abs err vs torch_cp |")
+    print("|---|---|---|---|---|")
+    for world in args.world_sizes:
+        with WorkerPool(WorldSpec(world, "cpu")) as pool:
+            result = pool.run(
+                module.allgather_rounds,
+                world,
+                args.seq_len,
+                args.heads,
+                args.kv_heads,
+                args.head_dim,
+                args.rounds,
+                timeout=args.timeout,
+            )[0]
+        best, errors = result["best_s"], result["max_abs_error_vs_torch_cp"]
+        for impl in ALLGATHER_IMPLS:
+            ratio = best["torch_cp"] / best[impl]
+            err = f"{errors[impl]:.1e}" if impl in errors else "-"
+            print(f"| {world} | {impl} | {best[impl] * 1e3:.1f} ms | {ratio:.2f}x | {err} |")
+        blocks.append({"world_size": world, **result})
+    return blocks
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seq-len", type=int, default=4096)
@@ -148,7 +263,16 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--check-max-seq-len", type=int, default=512)
     parser.add_argument("--out-dir", type=Path, default=Path("results"))
+    parser.add_argument("--kv-heads", type=int, default=2,
+                        help="KV heads of the all-gather comparison (GQA: what travels)")
+    parser.add_argument("--rounds", type=int, default=7,
+                        help="interleaved rounds of the all-gather comparison (best kept)")
+    parser.add_argument("--allgather-only", action="store_true",
+                        help="only the all-gather comparison (cpbench vs torch_cp)")
     args = parser.parse_args()
+    if args.allgather_only:
+        print(json.dumps(compare_allgather(args), default=str))
+        return
     device = "cuda" if torch.cuda.is_available() else "cpu"
     stand_in = _use_stand_in()
     print(
@@ -171,7 +295,8 @@ def main() -> None:
     ]
     if ratios:
         print(f"\nmedian step-time ratio external / cpbench: {statistics.median(ratios):.2f}")
-    print(json.dumps(summary, default=str))
+    allgather = compare_allgather(args) if device == "cpu" else []
+    print(json.dumps({"sweep": summary, "all_gather": allgather}, default=str))
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from cpbench.config.vocabulary import LAYOUTS, PASS_TOTALS, PASSES, STEP_PASSES
 from cpbench.errors import CpbenchError
 from cpbench.model.flops import FLOPS_CONVENTION, FlopsBreakdown, flops_breakdown
 from cpbench.model.formulas import (
+    GATHER_NOTE,
     HOPS_NOTE,
     CollectiveVolume,
     CommVolume,
@@ -23,6 +24,7 @@ from cpbench.model.formulas import (
     busbw_factor,
     comm_volume,
     cp_config,
+    gathered_kv_elements,
     seq_len_divisor,
     substitute,
 )
@@ -36,12 +38,14 @@ MAX_STEP_MATRIX_RING = 32
 COUNTING_CONVENTION = (
     "elements a rank sends per layer: an all-to-all counts what the rank hands in minus the 1/U "
     "part it keeps; a send counts the tensor sent; bytes = elements x e (dtype) or x 4 (fp32 "
-    "dK/dV on the ring)"
+    "dK/dV on the ring); an all-gather counts the (R-1) chunks a rank receives, a "
+    "reduce-scatter the (R-1) chunks it sends"
 )
 NCCL_CONVENTION = (
     "nccl-tests view: size = bytes a rank hands in per call (all-to-all: whole buffer, own part "
-    "included; send/recv: the message); algbw = size / time; busbw = algbw x (n-1)/n for an "
-    "all-to-all over n ranks, = algbw for send/recv"
+    "included; send/recv: the message; all-gather: its whole output, R chunks of the stride; "
+    "reduce-scatter: its whole input, R chunks); algbw = size / time; busbw = algbw x (n-1)/n "
+    "for an all-to-all, all-gather or reduce-scatter over n ranks, = algbw for send/recv"
 )
 WORK_UNIT = (
     "attended (query, key) token pairs, a causal-diagonal pair counting 1/2; a rank's pairs are "
@@ -91,13 +95,16 @@ def formulas_report(
     dtype: str = "bfloat16",
     causal: bool = True,
     mask: MaskSpec | None = None,
+    cp_comm: str = "p2p",
+    heads_k_stride: int | None = None,
 ) -> dict[str, Any]:
     """Every analytic number of a configuration; CpbenchError when it is infeasible. `mask`
-    (documents, window; its `causal` wins over `causal`) adds the per-layout comparison."""
+    (documents, window; its `causal` wins over `causal`) adds the per-layout comparison;
+    `cp_comm="all_gather"` (R > 1) the all-gather stage and a section on its head strides."""
     shape = AttentionShape(seq_len, heads, kv_heads, head_dim, batch)
     mask = MaskSpec(causal=causal) if mask is None else mask
     causal = mask.causal
-    config = cp_config(shape, ulysses, ring, layout, dtype, mask)
+    config = cp_config(shape, ulysses, ring, layout, dtype, mask, cp_comm, heads_k_stride)
     flops = flops_breakdown(shape, ulysses, ring, layout, causal, mask)
     volume = comm_volume(config)
     report = {
@@ -114,7 +121,54 @@ def formulas_report(
     }
     if not mask.plain:
         report["mask"] = _mask_section(config)
+    if config.all_gather:
+        report["all_gather"] = _gather_section(config)
     return report
+
+
+def _gather_section(config: CpConfig) -> dict[str, Any]:
+    """The all-gather's memory against its head stride, and the ring's for comparison: every
+    stride that divides the KV heads a rank gathers."""
+    per_rank = config.kv_heads_per_rank
+    s = config.shape
+    ring = cp_config(s, config.ulysses, config.ring, config.layout, config.dtype, config.mask)
+    rows = []
+    for stride in (d for d in range(per_rank, 0, -1) if per_rank % d == 0):
+        other = cp_config(
+            s,
+            config.ulysses,
+            config.ring,
+            config.layout,
+            config.dtype,
+            config.mask,
+            "all_gather",
+            stride,
+        )
+        estimate = memory_estimate(other)
+        gathered = next(i for i in estimate.items if i.name == "kv_gathered")
+        rows.append(
+            {
+                "heads_k_stride": stride,
+                "gathers": other.gathers,
+                "gathered_elements_per_call": gathered_kv_elements(other),
+                "gathered_kv_bytes": gathered.bytes,
+                "gathered_kv_shape": list(gathered.shape),
+                "peak_forward_backward": estimate.peak("forward_backward"),
+                "selected": stride == config.gather_stride,
+            }
+        )
+    return {
+        "note": GATHER_NOTE,
+        "kv_heads_per_rank": per_rank,
+        "heads_k_stride": config.gather_stride,
+        "gathers": config.gathers,
+        "gathered_kv_formula": "2*B*L*hs*d_h x (2 when more than one stride: the next in flight)",
+        "strides": rows,
+        "ring_peak_forward_backward": memory_estimate(ring).peak("forward_backward"),
+        "ring_kv_buffers_bytes": next(
+            i.bytes for i in memory_estimate(ring).items if i.name == "kv_ring_buffers"
+        ),
+    }
 
 
 def _mask_section(config: CpConfig) -> dict[str, Any]:
@@ -175,6 +229,8 @@ def _inputs(config: CpConfig, causal: bool) -> dict[str, Any]:
         "batch": s.batch,
         "ulysses": config.ulysses,
         "ring": config.ring,
+        "cp_comm": config.cp_comm,
+        "heads_k_stride": config.heads_k_stride,
         "layout": config.layout,
         "dtype": config.dtype,
         "bytes_per_element": config.bytes_per_element,
@@ -221,6 +277,9 @@ def _shapes(config: CpConfig) -> dict[str, Any]:
         "ring_kv_chunk": (
             [2, b, shard, config.kv_heads_per_rank, d_h] if config.ring > 1 else None
         ),
+        "gathered_kv": (
+            [config.ring, 2, b, shard, config.gather_stride, d_h] if config.all_gather else None
+        ),
         "lse": [b, config.heads_per_rank, shard],
     }
 
@@ -261,7 +320,7 @@ def _communication(volume: CommVolume) -> dict[str, Any]:
     symbols = volume.config.symbols()
     report: dict[str, Any] = {
         "convention": COUNTING_CONVENTION,
-        "hops_note": HOPS_NOTE,
+        "hops_note": GATHER_NOTE if volume.config.all_gather else HOPS_NOTE,
         "ring_steps": volume.config.ring_steps,
     }
     for phase in PASSES:
@@ -377,8 +436,20 @@ def _what_if(config: CpConfig) -> dict[str, Any]:
         "budget_gib": WHAT_IF_BUDGET_GIB,
         "budget_bytes": budget,
         "seq_divisor": seq_len_divisor(config),
-        "max_seq_len_forward": max_seq_len_for_budget(budget, *args, *rest, phase="forward"),
+        "max_seq_len_forward": max_seq_len_for_budget(
+            budget,
+            *args,
+            *rest,
+            phase="forward",
+            cp_comm=config.cp_comm,
+            heads_k_stride=config.heads_k_stride,
+        ),
         "max_seq_len_forward_backward": max_seq_len_for_budget(
-            budget, *args, *rest, phase="forward_backward"
+            budget,
+            *args,
+            *rest,
+            phase="forward_backward",
+            cp_comm=config.cp_comm,
+            heads_k_stride=config.heads_k_stride,
         ),
     }

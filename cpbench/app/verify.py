@@ -11,6 +11,10 @@ and backward, and gather output and gradients back; rank 0 compares them with th
 reference. The cases run in batches on a persistent `WorkerPool`, or in place on the ranks
 that torchrun/srun launched.
 
+Every case with a ring axis (R > 1) also runs with `cp_comm="all_gather"` (the all-gather
+scheme on that axis: allgather for U = 1, usp_allgather for U > 1), and its GQA cases whose
+ranks hold more than one KV head once more with `heads_k_stride=1` (the strided gather).
+
 With `impl` set to an external implementation (`cpbench.impls`), the same cases run through
 its adapter: sharded and gathered with the library's own layout, forward and backward inside
 the adapter's step context, compared with the same reference and tolerance. A documented
@@ -20,16 +24,16 @@ named in the result; cases the library cannot run are reported as skipped with i
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import torch
 
 from cpbench.bench.reference import impl_mask_unsupported, run_cases_on_rank
 from cpbench.config.bench import VerifyCase, factorizations
-from cpbench.config.constraints import AttentionShape, check_mesh
+from cpbench.config.constraints import AttentionShape, check_mesh, required_kv_replication
 from cpbench.config.impls import DEFAULT_IMPL, check_impl
 from cpbench.config.masks import MaskSpec
-from cpbench.config.vocabulary import DTYPES, LAYOUTS, Backend, Device, Dtype
+from cpbench.config.vocabulary import CP_COMMS, DTYPES, LAYOUTS, Backend, CpComm, Device, Dtype
 from cpbench.errors import CpbenchError
 
 MASK_KV_HEADS = (8, 2, 1)
@@ -73,9 +77,12 @@ def default_cases(
     kernel: Backend = "auto",
     impl: str = DEFAULT_IMPL,
     masks: bool = True,
+    cp_comms: tuple[CpComm, ...] = CP_COMMS,
 ) -> list[VerifyCase]:
     """The verify matrix: meshes x layouts x causal/full x GQA ratios 1, 2, 4 and KV
-    replication, then (`masks`) meshes x layouts x `mask_cases` x `MASK_KV_HEADS`.
+    replication, then (`masks`) meshes x layouts x `mask_cases` x `MASK_KV_HEADS`; with
+    "all_gather" in `cp_comms` (cpbench's own impl) every ring-axis case once more all-gathered
+    (`with_all_gather`).
 
     With 8 query heads, kv_heads 8, 4, 2 give GQA ratios 1, 2, 4; kv_heads 1 needs KV
     replication whenever U > 1. Infeasible combinations are left out (none with these sizes);
@@ -104,7 +111,28 @@ def default_cases(
                         cases.append(case)
     if masks:
         cases.extend(_mask_matrix(world_size, seq_len, dtype, kernel, impl))
+    if "all_gather" in cp_comms and impl == DEFAULT_IMPL:
+        cases.extend(with_all_gather(cases))
+    if "p2p" not in cp_comms:
+        cases = [c for c in cases if c.cp_comm != "p2p" or c.ring == 1]
     return cases
+
+
+def with_all_gather(cases: list[VerifyCase]) -> list[VerifyCase]:
+    """The all-gather twins of the ring-axis cases (R > 1): every case with
+    `cp_comm="all_gather"`, and the causal/full GQA ones whose ranks gather more than one KV
+    head also with `heads_k_stride=1` (one head per gather, the next in flight)."""
+    twins = []
+    for case in cases:
+        if case.ring == 1 or case.cp_comm != "p2p":
+            continue
+        twin = replace(case, cp_comm="all_gather")
+        twins.append(twin)
+        copies = required_kv_replication(case.kv_heads, case.ulysses) or 1
+        per_rank = copies * case.kv_heads // case.ulysses
+        if case.mask.plain and per_rank > 1 and case.kv_heads < case.heads:
+            twins.append(replace(twin, heads_k_stride=1))
+    return twins
 
 
 def _mask_matrix(
@@ -180,6 +208,7 @@ def run_verify(
     timeout: float = 600.0,
     impl: str = DEFAULT_IMPL,
     masks: bool = True,
+    cp_comms: tuple[CpComm, ...] = CP_COMMS,
 ) -> list[dict]:
     """Spawn `world_size` ranks once and run every case; returns rank 0's records (cases the
     impl cannot run are records with `skipped` set and `passed` None).
@@ -200,7 +229,11 @@ def run_verify(
             f"world size ({world_size}) needs {world_size} GPUs, found {torch.cuda.device_count()}"
         )
     check_impl(impl)
-    cases = cases if cases is not None else default_cases(world_size, dtype, kernel, impl, masks)
+    for comm in cp_comms:
+        if comm not in CP_COMMS:
+            raise CpbenchError(f"cp_comm {comm!r} is not one of {', '.join(CP_COMMS)}")
+    if cases is None:
+        cases = default_cases(world_size, dtype, kernel, impl, masks, cp_comms)
     runnable, skipped = split_cases(cases, device)
     ran: list[dict] = []
     if launched:

@@ -7,7 +7,9 @@ with every K/V on every rank any mask is a local problem. Its cost is memory tha
 (the gathered K/V) and a gather that is exposed unless it is split: K/V travel in head strides
 of `heads_k_stride` KV heads, the gather of the next stride posted before computing on the
 current one (ring-flash-attention's `heads_k_stride`), so only the first stride's gather waits;
-a smaller stride holds less gathered K/V (`2 x R x chunk x stride / h_kv`, double-buffered).
+the own chunk of a stride is computed on before waiting for its gather (so even one stride
+hides the gather behind the diagonal block); a smaller stride holds less gathered K/V (`R x chunk x stride / h_kv`, double-buffered while
+the next stride is in flight; backward likewise the fp32 dK/dV of at most two strides).
 
 Per rank, group of A ranks, chunk = the rank's K/V `[B, n, 2, h_kv, D]`:
 - forward: all-gather of the K/V, `(A - 1)` chunks received (tag `ag_kv`), in `h_kv / stride`
@@ -31,6 +33,11 @@ from cpbench.attention.kernels import LocalKernel
 from cpbench.attention.kernels.base import Band
 from cpbench.errors import CpbenchError
 from cpbench.model.masking import Piece, RingSchedule
+
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+"""torch >= 2.13 names it all_gather_single (all_gather_into_tensor warns); same arguments."""
+_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+"""torch >= 2.13 names it reduce_scatter_single (reduce_scatter_tensor warns)."""
 
 KV_GATHER_TAG = "ag_kv"
 DKV_SCATTER_TAG = "rs_dkv"
@@ -70,7 +77,7 @@ def all_gather_chunks(x: torch.Tensor, spec: GatherSpec, tag: str, skip: bool = 
         return _Pending(None, out)
     # the output is one tensor of A stacked inputs along dim 0 (gloo wants it flat there)
     flat = out.view(spec.size * x.shape[0], *x.shape[1:])
-    work = dist.all_gather_into_tensor(flat, x, group=spec.group, async_op=True)
+    work = _ALL_GATHER(flat, x, group=spec.group, async_op=True)
     _record(tag, x.numel() * x.element_size() * (spec.size - 1))
     return _Pending(work, out)
 
@@ -85,7 +92,7 @@ def reduce_scatter_chunks(
         return _Pending(None, x[spec.rank].clone())
     out = torch.empty(x.shape[1:], dtype=x.dtype, device=x.device)
     flat = x.view(spec.size * x.shape[1], *x.shape[2:])
-    work = dist.reduce_scatter_tensor(out, flat, group=spec.group, async_op=True)
+    work = _REDUCE_SCATTER(out, flat, group=spec.group, async_op=True)
     _record(tag, out.numel() * out.element_size() * (spec.size - 1))
     return _Pending(work, out)
 
@@ -152,6 +159,11 @@ def _strides(kv_heads: int, heads_k_stride: int | None) -> int:
     return stride
 
 
+def _sources(spec: GatherSpec) -> tuple[int, ...]:
+    """The other ranks' chunks, in the order they are computed on (after the own one)."""
+    return tuple((spec.rank - t) % spec.size for t in range(1, spec.size))
+
+
 class AllGatherAttention(torch.autograd.Function):
     """q `[B, n, H, D]`, packed kv `[B, n, 2, H_kv, D]` (this rank's chunk) -> out `[B, n, H, D]`."""
 
@@ -175,23 +187,31 @@ class AllGatherAttention(torch.autograd.Function):
         out = torch.zeros(b, n, h, d, dtype=torch.float32, device=q.device)
         lse = torch.full((b, h, n), float("-inf"), dtype=torch.float32, device=q.device)
         strides = kv_heads // stride
+        order = _sources(spec)
         pending = all_gather_chunks(kv[:, :, :, :stride], spec, KV_GATHER_TAG, skip_comm)
         for g in range(strides):
+            heads = slice(g * stride * group_heads, (g + 1) * stride * group_heads)
+            own = kv[:, :, :, g * stride : (g + 1) * stride]
+
+            def attend(source: int, chunk: torch.Tensor, heads: slice = heads) -> None:
+                step = (spec.rank - source) % spec.size
+                for p in schedule.pieces[spec.rank][step]:
+                    rows, cols = slice(p.q_start, p.q_end), slice(p.k_start, p.k_end)
+                    block_out, block_lse = _call_forward(
+                        kernel, p, q[:, rows, heads], chunk[:, cols, 0], chunk[:, cols, 1], scale
+                    )
+                    merge_block(out[:, rows, heads], lse[:, heads, rows], block_out, block_lse)
+
+            if not skip_compute:  # the own chunk is here: computed while the gather travels
+                attend(spec.rank, own)
             gathered = pending.wait()
             if g + 1 < strides:  # the next stride travels while this one is computed on
                 nxt = kv[:, :, :, (g + 1) * stride : (g + 2) * stride]
                 pending = all_gather_chunks(nxt, spec, KV_GATHER_TAG, skip_comm)
             if skip_compute:
                 continue
-            heads = slice(g * stride * group_heads, (g + 1) * stride * group_heads)
-            for source in range(spec.size):
-                chunk = gathered[source]
-                for p in schedule.pieces[spec.rank][(spec.rank - source) % spec.size]:
-                    rows, cols = slice(p.q_start, p.q_end), slice(p.k_start, p.k_end)
-                    block_out, block_lse = _call_forward(
-                        kernel, p, q[:, rows, heads], chunk[:, cols, 0], chunk[:, cols, 1], scale
-                    )
-                    merge_block(out[:, rows, heads], lse[:, heads, rows], block_out, block_lse)
+            for source in order:
+                attend(source, gathered[source])
         out_final = out.to(q.dtype)
         ctx.save_for_backward(q, kv, out_final, lse)
         ctx.config = (spec, schedule, scale, kernel, variant, stride)
@@ -209,17 +229,21 @@ class AllGatherAttention(torch.autograd.Function):
         dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         dkv = torch.empty(kv.shape, dtype=torch.float32, device=kv.device)
         scatters: list[tuple[int, _Pending]] = []
+        order = _sources(spec)
         pending = all_gather_chunks(kv[:, :, :, :stride], spec, KV_GATHER_TAG, skip_comm)
         for g in range(strides):
-            gathered = pending.wait()
-            if g + 1 < strides:
-                nxt = kv[:, :, :, (g + 1) * stride : (g + 2) * stride]
-                pending = all_gather_chunks(nxt, spec, KV_GATHER_TAG, skip_comm)
             heads = slice(g * stride * group_heads, (g + 1) * stride * group_heads)
-            dgathered = torch.zeros(gathered.shape, dtype=torch.float32, device=kv.device)
-            for source in range(spec.size if not skip_compute else 0):
-                chunk = gathered[source]
-                for p in schedule.pieces[spec.rank][(spec.rank - source) % spec.size]:
+            own = kv[:, :, :, g * stride : (g + 1) * stride]
+            dgathered = torch.zeros((spec.size, *own.shape), dtype=torch.float32, device=kv.device)
+
+            def grads(
+                source: int,
+                chunk: torch.Tensor,
+                heads: slice = heads,
+                dgathered: torch.Tensor = dgathered,
+            ) -> None:
+                step = (spec.rank - source) % spec.size
+                for p in schedule.pieces[spec.rank][step]:
                     rows, cols = slice(p.q_start, p.q_end), slice(p.k_start, p.k_end)
                     dq_p, dk_p, dv_p = _call_backward(
                         kernel,
@@ -235,8 +259,21 @@ class AllGatherAttention(torch.autograd.Function):
                     dq[:, rows, heads] += dq_p
                     dgathered[source][:, cols, 0] += dk_p
                     dgathered[source][:, cols, 1] += dv_p
-            # each chunk's dK/dV goes home while the next stride is computed on
+
+            if not skip_compute:  # the own chunk first, while the gather travels
+                grads(spec.rank, own)
+            gathered = pending.wait()
+            if g + 1 < strides:
+                nxt = kv[:, :, :, (g + 1) * stride : (g + 2) * stride]
+                pending = all_gather_chunks(nxt, spec, KV_GATHER_TAG, skip_comm)
+            for source in order if not skip_compute else ():
+                grads(source, gathered[source])
+            # each chunk's dK/dV goes home while the next stride is computed on; the one
+            # before is waited for now, so at most two strides of fp32 dK/dV are alive
             scatters.append((g, reduce_scatter_chunks(dgathered, spec, DKV_SCATTER_TAG, skip_comm)))
+            if len(scatters) > 1:
+                done, scatter = scatters.pop(0)
+                dkv[:, :, :, done * stride : (done + 1) * stride] = scatter.wait()
         for g, scatter in scatters:
             dkv[:, :, :, g * stride : (g + 1) * stride] = scatter.wait()
         return dq.to(q.dtype), dkv.to(kv.dtype), None, None, None, None, None, None

@@ -1,7 +1,10 @@
 """The public entry point: `cp_attention(q, k, v, mesh, layout=..., mask=...)` on local shards.
 
 USP composition: KV replication (if the mesh needs it) -> Ulysses all-to-all (sequence ->
-heads) -> ring attention over the ring group -> Ulysses all-to-all back. U = 1 skips the
+heads) -> ring attention over the ring group -> Ulysses all-to-all back. With
+`cp_comm="all_gather"` the ring group all-gathers its K/V instead (`allgather.py`: the Llama 3
+scheme, in head strides of `heads_k_stride` KV heads, dK/dV reduce-scattered), computing the
+same pieces of the same schedule; U x A with U > 1 is USP with an all-gather second level. U = 1 skips the
 all-to-alls (pure ring), R = 1 makes the ring a single local step (pure Ulysses; with
 documents its pieces are the block-diagonal ones, masked blocks skipped).
 
@@ -15,14 +18,17 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from cpbench.attention.allgather import AllGatherAttention, GatherSpec
 from cpbench.attention.kernels import LocalKernel, band_refusal, default_scale, select_kernel
 from cpbench.attention.layouts import logical_length, packing, shard_tensor, unshard_tensors
 from cpbench.attention.mesh import CPMesh
 from cpbench.attention.ring import RingAttention, RingSpec, Variant, ring_plan
 from cpbench.attention.ulysses import HeadsToSeq, SeqToHeads
-from cpbench.config.constraints import AttentionShape, check_mesh
+from cpbench.config.constraints import AttentionShape, check_cp_comm, check_mesh
 from cpbench.config.masks import MaskSpec
+from cpbench.config.vocabulary import CpComm
 from cpbench.errors import CpbenchError
+from cpbench.model.masking import ring_schedule
 
 
 def resolve_mask(causal: bool | None, mask: MaskSpec | None) -> MaskSpec:
@@ -57,12 +63,16 @@ def cp_attention(
     kv_replication: int | None = None,
     variant: Variant = "full",
     mask: MaskSpec | None = None,
+    cp_comm: CpComm = "p2p",
+    heads_k_stride: int | None = None,
 ) -> torch.Tensor:
     """Context-parallel attention of this rank's shards `q [B, S, h, D]`, `k`/`v [B, S, h_kv, D]`
     (sharded with `shard(..., layout=layout, mask=mask)`); returns this rank's output shard
     `[B, S, h, D]`. Autograd flows through it. `causal` (default true) applies when `mask` is
     None. Raises CpbenchError for a mesh the shapes cannot use, a mask whose documents do not
-    fill the sequence, or a kernel that cannot apply the mask's pieces."""
+    fill the sequence, or a kernel that cannot apply the mask's pieces. `cp_comm` says how the
+    ring axis exchanges K/V: p2p (the ring) or all_gather (head strides of `heads_k_stride` KV
+    heads, None = all in one gather)."""
     if q.dim() != 4 or k.shape != v.shape or k.shape[:2] != q.shape[:2] or k.shape[3] != q.shape[3]:
         raise CpbenchError(
             f"expected q [B, S, h, D] and k, v [B, S, h_kv, D]; got q {tuple(q.shape)}, "
@@ -75,6 +85,8 @@ def cp_attention(
     feasible = check_mesh(
         shape, mesh.ulysses, mesh.ring, layout, kv_replication
     ).raise_if_infeasible()
+    kv_per_rank = feasible.kv_replication * k.shape[2] // mesh.ulysses
+    check_cp_comm(cp_comm, heads_k_stride, kv_per_rank)
     seq_len = logical_length(run_len, mesh.ulysses, mesh.ring, layout, the_mask)
     plan = ring_plan(packing(seq_len, mesh.ulysses, mesh.ring, layout, the_mask), mesh.ring_rank)
     if isinstance(kernel, str):
@@ -96,6 +108,14 @@ def cp_attention(
         group = mesh.ulysses_group
         q5 = SeqToHeads.apply(q5, group, mesh.ulysses, ("a2a_q", "a2a_dq"), skip_comm)
         kv = SeqToHeads.apply(kv, group, mesh.ulysses, ("a2a_kv", "a2a_dkv"), skip_comm)
+    the_scale = scale or default_scale(d)
+    if cp_comm == "all_gather" and mesh.ring > 1:
+        schedule = ring_schedule(packing(seq_len, mesh.ulysses, mesh.ring, layout, the_mask))
+        gather = GatherSpec(mesh.ring_group, mesh.ring, mesh.ring_rank)
+        out = AllGatherAttention.apply(
+            q5.squeeze(2), kv, gather, schedule, the_scale, local_kernel, variant, heads_k_stride
+        )
+        return _heads_back(out, mesh, skip_comm)
     spec = RingSpec(
         group=mesh.ring_group,
         size=mesh.ring,
@@ -104,14 +124,17 @@ def cp_attention(
         recv_from=mesh.ring_prev,
         peers=tuple(mesh.ring_peer(j) for j in range(mesh.ring)),
     )
-    out = RingAttention.apply(
-        q5.squeeze(2), kv, spec, plan, scale or default_scale(d), local_kernel, variant
-    )
-    if mesh.ulysses > 1:
-        out = HeadsToSeq.apply(
-            out.unsqueeze(2), mesh.ulysses_group, mesh.ulysses, ("a2a_out", "a2a_dout"), skip_comm
-        ).squeeze(2)
-    return out
+    out = RingAttention.apply(q5.squeeze(2), kv, spec, plan, the_scale, local_kernel, variant)
+    return _heads_back(out, mesh, skip_comm)
+
+
+def _heads_back(out: torch.Tensor, mesh: CPMesh, skip_comm: bool) -> torch.Tensor:
+    """The Ulysses all-to-all back (heads -> sequence); the output itself when U = 1."""
+    if mesh.ulysses == 1:
+        return out
+    return HeadsToSeq.apply(
+        out.unsqueeze(2), mesh.ulysses_group, mesh.ulysses, ("a2a_out", "a2a_dout"), skip_comm
+    ).squeeze(2)
 
 
 def shard(

@@ -84,7 +84,17 @@ def _run_cpbench(case: VerifyCase, inputs: tuple) -> list[torch.Tensor]:
     q, k, v, dout = inputs
     local = [shard(t, mesh, layout, mask=mask).to(dtype).requires_grad_(True) for t in (q, k, v)]
     lq, lk, lv = local
-    out = cp_attention(lq, lk, lv, mesh, layout=layout, kernel=case.kernel, mask=mask)
+    out = cp_attention(
+        lq,
+        lk,
+        lv,
+        mesh,
+        layout=layout,
+        kernel=case.kernel,
+        mask=mask,
+        cp_comm=case.cp_comm,
+        heads_k_stride=case.heads_k_stride,
+    )
     out.backward(shard(dout, mesh, layout, mask=mask).to(dtype))
     grads = _grads(local, case.impl)
     return [unshard(t, mesh, layout, mask=mask) for t in (out.detach(), *grads)]
@@ -254,6 +264,8 @@ def reference_check(
         impl=config.impl,
         documents=None if config.documents is None else truncated.documents,
         window=config.window,
+        cp_comm=config.cp_comm,
+        heads_k_stride=config.heads_k_stride,
     )
     result = run_case_on_rank(case, device)
     if result is None:

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from cpbench.cli.common import command, console
-from cpbench.config.vocabulary import Dtype, Layout
+from cpbench.config.vocabulary import CpComm, Dtype, Layout
 
 
 @command
@@ -37,6 +37,19 @@ def formulas(
         int | None, typer.Option(help="Sliding window W: a query sees the last W keys.")
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed of a --documents distribution.")] = 0,
+    cp_comm: Annotated[
+        CpComm,
+        typer.Option(
+            help="How the ring axis exchanges K/V: p2p (ring hops) or all_gather (the Llama 3 "
+            "scheme: all-gather, backward reduce-scatter)."
+        ),
+    ] = "p2p",
+    heads_k_stride: Annotated[
+        int | None,
+        typer.Option(
+            help="all_gather: KV heads per gather (the next in flight); default all in one."
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
 ) -> None:
     """Print the analytic communication volumes (formula and value), FLOPs, per-rank causal
@@ -49,7 +62,19 @@ def formulas(
 
     mask = mask_from_options(seq_len, causal, documents, window, seed)
     report = formulas_report(
-        seq_len, heads, kv_heads, head_dim, batch, ulysses, ring, layout, dtype, causal, mask
+        seq_len,
+        heads,
+        kv_heads,
+        head_dim,
+        batch,
+        ulysses,
+        ring,
+        layout,
+        dtype,
+        causal,
+        mask,
+        cp_comm=cp_comm,
+        heads_k_stride=heads_k_stride,
     )
     if as_json:
         print(json.dumps(report, indent=1))

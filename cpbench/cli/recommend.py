@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from cpbench.cli.common import command, console
-from cpbench.config.vocabulary import Phase, Split
+from cpbench.config.vocabulary import CP_COMM_CHOICES, CpCommChoice, Phase, Split
 from cpbench.render import recommend as render
 
 HardwareOption = Annotated[
@@ -81,6 +81,14 @@ def recommend(
         ),
     ] = None,
     top: Annotated[int, typer.Option(help="Feasible candidates to list (0 = all).")] = 10,
+    cp_comm: Annotated[
+        CpCommChoice | None,
+        typer.Option(
+            help="How the ring axis may exchange K/V: both (ring hops and all-gather, the "
+            "Llama 3 scheme, ranked side by side), p2p or all_gather only. Default: both, "
+            "or with --results the ways the results measured.",
+        ),
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Rank every U x R mesh of the CP degree and every layout by predicted step time.
@@ -91,7 +99,9 @@ def recommend(
     DeepSpeed, yunchang and torchtitan. With --tp/--pp/--cp it also solves
     world = TP x CP x PP x DP. With --documents / --window the model is mask-aware: per-rank
     work of every layout (doc_zigzag and balanced included), padding, and the ring steps a
-    window skips.
+    window skips. Every mesh with a ring axis is also ranked all-gathered (U x A: K/V gathered
+    in one stride, or one KV head per gather with the next in flight), with where it wins or
+    loses against the ring and Ulysses.
     """
     from cpbench.app import recommend as service  # noqa: PLC0415 - keep `cpbench --help` fast
 
@@ -116,6 +126,7 @@ def recommend(
         phase=phase,
         results=tuple(results or ()),
         top=top,
+        cp_comms=None if cp_comm is None else CP_COMM_CHOICES[cp_comm],
     )
     report = service.recommendation_report(service.recommend(request))
     if as_json:

@@ -9,7 +9,14 @@ import typer
 
 from cpbench.cli.common import command, console, resolve_device
 from cpbench.config.impls import IMPLS, Impl
-from cpbench.config.vocabulary import DEFAULT_DTYPE, Backend, CliDevice, Dtype
+from cpbench.config.vocabulary import (
+    CP_COMM_CHOICES,
+    DEFAULT_DTYPE,
+    Backend,
+    CliDevice,
+    CpCommChoice,
+    Dtype,
+)
 from cpbench.errors import EXIT_WRONG_RESULT
 from cpbench.render.tables import verify_tables
 
@@ -45,10 +52,18 @@ def verify(
             "layout x mask x GQA case; --no-masks: causal and full only).",
         ),
     ] = True,
+    cp_comm: Annotated[
+        CpCommChoice,
+        typer.Option(
+            help="How the ring axis exchanges K/V in the cases: both (every ring-axis case "
+            "also all-gathered, the Llama 3 scheme), p2p (the ring only) or all_gather only.",
+        ),
+    ] = "both",
 ) -> None:
     """Check every scheme x layout x mask x GQA case against the single-process reference.
 
-    Masks: causal, full, packed documents (documents shorter than a chunk, single-token ones,
+    Every ring-axis case also runs all-gathered (the all-gather scheme; GQA cases also with
+    heads_k_stride 1) unless --cp-comm p2p. Masks: causal, full, packed documents (documents shorter than a chunk, single-token ones,
     one spanning every rank), sliding windows (1, shorter and longer than a chunk, longer
     than the sequence) and documents with a window. Spawns the ranks once (gloo on CPU, NCCL
     on GPUs), compares the forward output and dQ/dK/dV with a float64 reference under the
@@ -68,7 +83,15 @@ def verify(
         n = launch.world_size
     else:
         n = torch.cuda.device_count() if dev == "cuda" else 4
-    records = run_verify(n, dev, dtype or DEFAULT_DTYPE[dev], kernel, impl=impl, masks=masks)
+    records = run_verify(
+        n,
+        dev,
+        dtype or DEFAULT_DTYPE[dev],
+        kernel,
+        impl=impl,
+        masks=masks,
+        cp_comms=CP_COMM_CHOICES[cp_comm],
+    )
     failed = [r for r in records if r["passed"] is False]
     if launch is not None and launch.rank != 0:
         pass  # rank 0 prints; every rank exits with the same code

@@ -12,6 +12,7 @@ from typing import TypeGuard
 from cpbench.config.constraints import (
     AttentionShape,
     Feasibility,
+    check_cp_comm,
     check_mesh,
     scheme_of,
     seq_divisor,
@@ -20,11 +21,13 @@ from cpbench.config.impls import DEFAULT_IMPL, IMPLS
 from cpbench.config.masks import MaskSpec
 from cpbench.config.vocabulary import (
     BACKENDS,
+    DEFAULT_CP_COMM,
     DEVICES,
     DTYPES,
     LAYOUTS,
     PHASES,
     Backend,
+    CpComm,
     Device,
     Dtype,
     Layout,
@@ -95,6 +98,12 @@ class BenchConfig:
     document. A query sees only keys of its own document (`cpbench.config.masks`)."""
     window: int | None = None
     """Sliding window W: a query sees the last W keys, itself included; None = unbounded."""
+    cp_comm: CpComm = DEFAULT_CP_COMM
+    """How the ring axis (R > 1) exchanges K/V: p2p (the ring) or all_gather (the Llama 3
+    scheme: all-gather K/V in head strides, reduce-scatter dK/dV). Ignored when R = 1."""
+    heads_k_stride: int | None = None
+    """all_gather only: KV heads per gather (the next stride travels while one is computed
+    on); None = all the KV heads a rank holds in one gather."""
 
     def __post_init__(self) -> None:
         for name in ("seq_len", "batch", "heads", "kv_heads", "head_dim", "ulysses", "ring"):
@@ -117,6 +126,7 @@ class BenchConfig:
             raise CpbenchError(f"causal must be true or false, got {self.causal!r}")
         if self.kv_replication is not None:
             check_positive_int("kv_replication", self.kv_replication)
+        check_cp_comm(self.cp_comm, self.heads_k_stride, None)
         self.mask.check_length(self.seq_len)
 
     @property
@@ -141,20 +151,29 @@ class BenchConfig:
             shape = self.shape
         except CpbenchError as exc:
             return Feasibility(False, str(exc))
-        return check_mesh(
+        feasible = check_mesh(
             shape, self.ulysses, self.ring, self.layout, self.kv_replication, self.world_size
         )
+        if feasible.ok and self.heads_k_stride is not None:
+            per_rank = feasible.kv_replication * self.kv_heads // self.ulysses
+            try:
+                check_cp_comm(self.cp_comm, self.heads_k_stride, per_rank)
+            except CpbenchError as exc:
+                return Feasibility(False, str(exc))
+        return feasible
 
     @property
     def scheme(self) -> Scheme:
-        """single (U = R = 1), ring (U = 1), ulysses (R = 1) or usp (both > 1)."""
-        return scheme_of(self.ulysses, self.ring)
+        """single (U = R = 1), ulysses (R = 1); ring / usp with p2p, allgather /
+        usp_allgather with all_gather on the ring axis (`scheme_of`)."""
+        return scheme_of(self.ulysses, self.ring, self.cp_comm)
 
     @property
     def key(self) -> str:
         """Stable id of the point (the record's "id", used by --resume); differs whenever any
         field differs. kv_replication appears as requested ("repauto" for automatic); the impl
-        is appended unless it is cpbench's own (ids of earlier results stay valid)."""
+        is appended unless it is cpbench's own, `-ag` (and `-hs<stride>`) only when the ring
+        axis all-gathers (ids of earlier results stay valid)."""
         rep = "auto" if self.kv_replication is None else str(self.kv_replication)
         key = (
             f"L{self.seq_len}-B{self.batch}-h{self.heads}-kv{self.kv_heads}-d{self.head_dim}"
@@ -165,6 +184,9 @@ class BenchConfig:
         key = key if self.nodes == 1 else f"{key}-n{self.nodes}"
         mask = self.mask
         key = key if mask.plain else f"{key}-{mask.short_key()}"
+        if self.cp_comm != DEFAULT_CP_COMM:
+            key = f"{key}-ag"
+            key = key if self.heads_k_stride is None else f"{key}-hs{self.heads_k_stride}"
         return key if self.impl == DEFAULT_IMPL else f"{key}-impl_{self.impl}"
 
     def check_seq_len(self, max_seq_len: int) -> int:
@@ -205,15 +227,17 @@ class BenchConfig:
             "mask": self.mask.kind,
             "documents": None if self.documents is None else list(self.documents),
             "window": self.window,
+            "cp_comm": self.cp_comm,
+            "heads_k_stride": self.heads_k_stride,
         }
 
     @classmethod
     def from_dict(cls, d: dict) -> BenchConfig:
         """Rebuild a point from a record's "config" dict; extra keys (scheme, kernel) are
         ignored. Its kv_replication is the recorded (resolved) value; a record without "impl"
-        (written before the impl axis) is cpbench's own."""
+        (written before the impl axis) is cpbench's own, one without "cp_comm" p2p."""
         names = [f.name for f in fields(cls)]
-        optional = ("nodes", "impl", "documents", "window")
+        optional = ("nodes", "impl", "documents", "window", "cp_comm", "heads_k_stride")
         missing = [n for n in names if n not in d and n not in optional]
         if missing:
             raise CpbenchError(f"config record lacks {', '.join(missing)}")
@@ -250,10 +274,14 @@ class VerifyCase:
     """Packed document lengths (sum = seq_len), None = one document."""
     window: int | None = None
     """Sliding window, None = unbounded."""
+    cp_comm: CpComm = DEFAULT_CP_COMM
+    """How the ring axis exchanges K/V: p2p (ring) or all_gather."""
+    heads_k_stride: int | None = None
+    """all_gather: KV heads per gather, None = all."""
 
     @property
     def scheme(self) -> Scheme:
-        return scheme_of(self.ulysses, self.ring)
+        return scheme_of(self.ulysses, self.ring, self.cp_comm)
 
     @property
     def mask(self) -> MaskSpec:
@@ -265,6 +293,8 @@ class VerifyCase:
             f"{self.scheme} U{self.ulysses}xR{self.ring} {self.layout} "
             f"{self.mask.label} h{self.heads}/kv{self.kv_heads}"
         )
+        if self.heads_k_stride is not None:
+            label = f"{label} stride {self.heads_k_stride}"
         return label if self.impl == DEFAULT_IMPL else f"{self.impl} {label}"
 
     def bench_config(self, device: Device) -> BenchConfig:
@@ -288,4 +318,6 @@ class VerifyCase:
             impl=self.impl,
             documents=self.documents,
             window=self.window,
+            cp_comm=self.cp_comm,
+            heads_k_stride=self.heads_k_stride,
         )

@@ -9,16 +9,46 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cpbench.config.vocabulary import LAYOUTS, Scheme
+from cpbench.config.vocabulary import CP_COMMS, LAYOUTS, Scheme
 from cpbench.errors import CpbenchError
 
 
-def scheme_of(ulysses: int, ring: int) -> Scheme:
-    """The scheme a U x R mesh runs: single (U = R = 1), ring (U = 1), ulysses (R = 1) or usp
-    (both > 1)."""
-    if ulysses == 1:
-        return "single" if ring == 1 else "ring"
-    return "ulysses" if ring == 1 else "usp"
+def scheme_of(ulysses: int, ring: int, cp_comm: str = "p2p") -> Scheme:
+    """The scheme a U x R mesh runs: single (U = R = 1), ulysses (R = 1); on a ring axis
+    (R > 1) ring (U = 1) or usp (U > 1) with p2p K/V exchange, allgather (U = 1) or
+    usp_allgather (U > 1) when the ring axis all-gathers K/V (`cp_comm="all_gather"`)."""
+    if ring == 1:
+        return "single" if ulysses == 1 else "ulysses"
+    if cp_comm == "all_gather":
+        return "allgather" if ulysses == 1 else "usp_allgather"
+    return "ring" if ulysses == 1 else "usp"
+
+
+def check_cp_comm(cp_comm: object, heads_k_stride: object, kv_heads_per_rank: int | None) -> None:
+    """CpbenchError unless `cp_comm` is a `CpComm` and `heads_k_stride` is None or (with
+    all_gather only) a positive divisor of the KV heads a rank holds on the ring axis
+    (`c x h_kv / U`, when known)."""
+    if cp_comm not in CP_COMMS:
+        raise CpbenchError(f"cp_comm {cp_comm!r} is not one of {', '.join(CP_COMMS)}")
+    if heads_k_stride is None:
+        return
+    if (
+        not isinstance(heads_k_stride, int)
+        or isinstance(heads_k_stride, bool)
+        or (heads_k_stride <= 0)
+    ):
+        raise CpbenchError(f"heads_k_stride must be a positive integer, got {heads_k_stride!r}")
+    if cp_comm != "all_gather":
+        raise CpbenchError(
+            f"heads_k_stride ({heads_k_stride}) applies to cp_comm all_gather only, "
+            f"not {cp_comm!r} (the ring sends every KV head at every hop)"
+        )
+    if kv_heads_per_rank is not None and kv_heads_per_rank % heads_k_stride:
+        raise CpbenchError(
+            f"heads_k_stride ({heads_k_stride}) must divide the KV heads a rank gathers "
+            f"(c x h_kv / U = {kv_heads_per_rank}): {kv_heads_per_rank} % {heads_k_stride} = "
+            f"{kv_heads_per_rank % heads_k_stride}"
+        )
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,15 @@ efficient PyTorch's memory-efficient op (CUDA, also float32)."""
 Phase = Literal["fwd", "fwd+bwd"]
 Device = Literal["cpu", "cuda"]
 ScenarioDevice = Literal["auto", "cpu", "cuda"]
-Scheme = Literal["single", "ring", "ulysses", "usp"]
+Scheme = Literal["single", "ring", "ulysses", "usp", "allgather", "usp_allgather"]
+"""What a U x R mesh runs: single (one rank), ulysses (R = 1), and on the ring axis (R > 1)
+ring / usp when its ranks pass K/V point to point (`CpComm` p2p), allgather / usp_allgather
+when they all-gather it (U = 1 / U > 1)."""
+CpComm = Literal["p2p", "all_gather"]
+"""How the ranks of the ring axis (R > 1) exchange K/V: p2p, the ring (K/V hop to the next
+neighbour while a step computes; dK/dV travel with them); all_gather, the Llama 3 scheme
+(every rank all-gathers the group's K/V in head strides, computes its queries against them,
+and reduce-scatters dK/dV to the owners; `cpbench/attention/allgather.py`)."""
 
 LAYOUTS: tuple[Layout, ...] = get_args(Layout)
 GLOBAL_LAYOUTS: tuple[Layout, ...] = ("contiguous", "zigzag", "striped")
@@ -36,6 +44,18 @@ BACKENDS: tuple[Backend, ...] = get_args(Backend)
 PHASES: tuple[Phase, ...] = get_args(Phase)
 DEVICES: tuple[Device, ...] = get_args(Device)
 SCENARIO_DEVICES: tuple[ScenarioDevice, ...] = get_args(ScenarioDevice)
+SCHEMES: tuple[Scheme, ...] = get_args(Scheme)
+CP_COMMS: tuple[CpComm, ...] = get_args(CpComm)
+DEFAULT_CP_COMM: CpComm = "p2p"
+"""The ring axis of a configuration that names none: today's ring."""
+CpCommChoice = Literal["both", "p2p", "all_gather"]
+"""A `--cp-comm` option that may take both ways of the ring axis (verify, recommend)."""
+CP_COMM_CHOICES: dict[str, tuple[CpComm, ...]] = {
+    "both": CP_COMMS,
+    "p2p": ("p2p",),
+    "all_gather": ("all_gather",),
+}
+"""The `CpComm`s of each `CpCommChoice`."""
 
 CliDevice = ScenarioDevice
 """A `--device` option: auto picks cuda when a GPU is visible."""

@@ -37,6 +37,22 @@ implementation does (`cpbench/attention/`):
   owner) is exposed; k = 1 sends nothing. (The textbook "max(compute, comm) per step plus the first, unhidden step": here the
   step computed with nothing in flight is the last forward step, since step 0 computes on the
   own chunk while the first hop travels.)
+- **All-gather** (`cp_comm = "all_gather"` on the ring axis, `cpbench/attention/allgather.py`).
+  No ring steps: a rank computes all its pieces against the gathered K/V, so its kernel time is
+  its own total (the slowest rank's pairs, not a sum of busiest-per-step), in `G = (c*h_kv/U)
+  / hs` strides of equal work, one step overhead per (stride, ring step) of pieces. Forward:
+  the first stride's gather travels while the own chunk of that stride is computed on (the
+  slowest rank's step-0 share of its work, `o`): `max(o, a) + (1 - overlap) * min(o, a)`; then
+  the rest of stride 0 and every later stride compute while the next stride is gathered,
+  `max(c_g, a) + (1 - overlap) * min(c_g, a)`, the last stride with nothing in flight; backward
+  likewise, the reduce-scatter of stride g in flight during stride g+1 with the next gather,
+  the last reduce-scatter exposed. One stride (the default) can hide its gather only behind
+  the own chunk (1/R of the work) and exposes the whole reduce-scatter: the honest trade
+  against ring hops hidden behind compute at every step. A gather
+  of `b` bytes received (nccl-tests busbw view: (R-1)/R of its output) takes `latency +
+  b / busbw` on the all-to-all link cost of the ring axis' tier (inter-node when the group
+  spans nodes, the NIC shared as for the ring): nccl-tests' all_gather and alltoall busbw
+  are alike on NVLink and on a NIC.
 - **Ulysses.** The all-to-alls (Q, K/V, O forward; dO, dQ, dK/dV backward) are not overlapped:
   each costs `latency + bytes a rank sends / busbw` on its tier.
 - **Breakdown** of a phase: `compute` (the mean rank's kernel time: perfect balance),
@@ -56,13 +72,16 @@ from dataclasses import dataclass, fields
 from fractions import Fraction
 from typing import Any, TypeGuard
 
-from cpbench.config.constraints import AttentionShape, check_mesh
+from cpbench.config.constraints import AttentionShape, check_cp_comm, check_mesh
 from cpbench.config.masks import MaskSpec
 from cpbench.config.vocabulary import (
+    CP_COMMS,
+    DEFAULT_CP_COMM,
     GLOBAL_LAYOUTS,
     PASSES,
     PHASE_PASSES,
     PHASES,
+    CpComm,
     Pass,
     PassTotal,
     Phase,
@@ -139,9 +158,15 @@ class MeshCandidate:
     """Lengths of the packed documents (summing to seq_len); None = one sequence."""
     window: int | None = None
     """Sliding window W (a query sees the last W keys); None = unbounded."""
+    cp_comm: str = DEFAULT_CP_COMM
+    """How the ring axis exchanges K/V: p2p (ring) or all_gather (`CpComm`)."""
+    heads_k_stride: int | None = None
+    """all_gather: KV heads per gather; None = all in one."""
 
     def __post_init__(self) -> None:
         check_phase(self.phase)
+        if self.cp_comm not in CP_COMMS:
+            raise CpbenchError(f"cp_comm {self.cp_comm!r} is not one of {', '.join(CP_COMMS)}")
         if not is_kernel_name(self.kernel):
             raise CpbenchError(f"kernel {self.kernel!r} is not one of {', '.join(KERNEL_NAMES)}")
         self.mask.check_length(self.shape.seq_len)
@@ -163,6 +188,9 @@ class MeshCandidate:
         feasibility = check_mesh(
             self.shape, self.ulysses, self.ring, self.layout, self.kv_replication
         ).raise_if_infeasible()
+        kv_per_rank = feasibility.kv_replication * self.shape.kv_heads // self.ulysses
+        check_cp_comm(self.cp_comm, self.heads_k_stride, kv_per_rank)
+        comm: CpComm = "all_gather" if self.cp_comm == "all_gather" else "p2p"
         return CpConfig(
             self.shape,
             self.ulysses,
@@ -171,6 +199,8 @@ class MeshCandidate:
             dtype,
             feasibility.kv_replication,
             self.mask,
+            comm,
+            self.heads_k_stride,
         )
 
     @classmethod
@@ -194,6 +224,7 @@ class MeshCandidate:
         )
         documents = config.get("documents")
         window = config.get("window")
+        stride = config.get("heads_k_stride")
         return cls(
             shape,
             int(config.get("ulysses", 1)),
@@ -206,6 +237,8 @@ class MeshCandidate:
             kernel,
             tuple(int(d) for d in documents) if documents else None,
             None if window is None else int(window),
+            str(config.get("cp_comm") or DEFAULT_CP_COMM),
+            None if stride is None else int(stride),
         )
 
     @classmethod
@@ -226,6 +259,8 @@ class MeshCandidate:
             phase,
             documents=mask.documents,
             window=mask.window,
+            cp_comm=config.cp_comm,
+            heads_k_stride=config.heads_k_stride,
         )
 
 
@@ -351,7 +386,8 @@ class PhaseTime:
     ulysses_comm_s: float
     """All-to-all time (always exposed)."""
     ring_comm_s: float
-    """Ring hop time, serialised."""
+    """Ring hop time (with cp_comm all_gather: all-gather and reduce-scatter time),
+    serialised."""
     memory_bound_s: float
     """Memory-bound seconds (ring merges, accumulations) in the time-setting compute."""
     overlappable_s: float
@@ -384,7 +420,8 @@ class TierTraffic:
     tier: LinkTier
     """intra_node or inter_node."""
     kind: CollectiveKind
-    """all_to_all or send_recv."""
+    """all_to_all or send_recv (the all-gather stage counts as all_to_all: it is priced on the
+    all-to-all link cost)."""
     forward_bytes: int
     """Forward bytes."""
     backward_bytes: int
@@ -669,6 +706,8 @@ def predict(
             config.layout,
             config.dtype,
             memory_phase,
+            config.cp_comm,
+            config.heads_k_stride,
         ),
         ring_steps=config.ring_steps,
         padding=config.padding,
@@ -758,6 +797,8 @@ def _step_costs(ctx: _Context, phase: Pass, merges: list[float]) -> list[_StepCo
 
 
 def _phase_time(ctx: _Context, phase: Pass) -> tuple[PhaseTime, tuple[CommTerm, ...]]:
+    if ctx.config.all_gather:
+        return _gather_phase_time(ctx, phase)
     c = ctx.config
     merges = _step_merges(ctx, phase)
     costs = _step_costs(ctx, phase, merges)
@@ -866,6 +907,88 @@ def _ring_time(
     return total, comm, hidden, tuple(terms)
 
 
+def _gather_call(ctx: _Context, phase: Pass, nbytes: int) -> tuple[float, CommTerm]:
+    """One all-gather (or reduce-scatter) call of `nbytes` crossing the wire for a rank, on
+    the all-to-all link cost of the ring axis' tier (the NIC shared as for the ring)."""
+    tier = ctx.placement.ring_tier
+    link = ctx.profile.link(tier)
+    sharing = link.devices_per_nic
+    seconds = link.all_to_all.seconds(nbytes, 1, sharing)
+    return seconds, CommTerm(tier, "all_to_all", phase, 1, float(nbytes * sharing))
+
+
+def _gather_phase_time(ctx: _Context, phase: Pass) -> tuple[PhaseTime, tuple[CommTerm, ...]]:
+    """One phase of the all-gather scheme: G strides of equal work, the first gather behind
+    the own chunk of stride 0 only, each later gather (and backward each reduce-scatter but the last) in flight during a
+    stride's compute, the last reduce-scatter exposed."""
+    c, profile = ctx.config, ctx.profile
+    work = config_work(c)
+    per_pair = float(flops_per_pair(c.shape, c.ulysses) * _phase_factor(phase))
+    merges = sum(_step_merges(ctx, phase))
+    strides = c.gathers
+    overheads = strides * c.ring_steps
+    share = _node_share(ctx)
+    slowest_pairs = float(max(work.ring_rank_pairs))
+    mean_pairs = float(sum(work.ring_rank_pairs, Fraction(0))) / c.ring
+    alone = slowest_pairs * per_pair / ctx.flops_per_s + overheads * profile.step_overhead_s
+    alone += merges
+    balanced = share * (
+        mean_pairs * per_pair / ctx.flops_per_s + overheads * profile.step_overhead_s + merges
+    )
+    shared = share > 1 and balanced > alone
+    compute = balanced if shared else alone
+    slowest_flops = share * mean_pairs if shared else slowest_pairs
+    per_stride = compute / strides
+    slowest = max(range(c.ring), key=lambda j: work.ring_rank_pairs[j])
+    own_pairs = work.step_pairs[0][slowest] if work.step_pairs else Fraction(0)
+    own_share = float(own_pairs / work.ring_rank_pairs[slowest]) if own_pairs else 0.0
+    own = per_stride * own_share  # the own chunk of stride 0: computed while it is gathered
+    gather_bytes = rs_bytes = 0
+    for collective in ctx.volume.collectives(phase):
+        if collective.name == "ag_kv":
+            gather_bytes = collective.bytes_sent // collective.calls
+        elif collective.name == "rs_dkv":
+            rs_bytes = collective.bytes_sent // collective.calls
+    gather_s, gather_term = _gather_call(ctx, phase, gather_bytes)
+    terms = [gather_term] * strides
+    overlap = profile.overlap
+    # the first gather travels while the own chunk of stride 0 is computed on, then waits
+    total = max(own, gather_s) + (1 - overlap) * min(own, gather_s)
+    comm = gather_s * strides
+    hidden = min(own, gather_s)
+    rs_s = 0.0
+    if rs_bytes:
+        rs_s, rs_term = _gather_call(ctx, phase, rs_bytes)
+        terms += [rs_term] * strides
+        comm += rs_s * strides
+    for g in range(strides):
+        work_s = per_stride - own if g == 0 else per_stride
+        in_flight = (gather_s if g + 1 < strides else 0.0) + (rs_s if g >= 1 else 0.0)
+        if in_flight == 0:
+            total += work_s
+            continue
+        hidden += min(work_s, in_flight)
+        total += max(work_s, in_flight) + (1 - overlap) * min(work_s, in_flight)
+    total += rs_s  # the last stride's dK/dV goes home exposed
+    ulysses_s, ulysses_terms = _ulysses_time(ctx, phase)
+    total += ulysses_s
+    timing = PhaseTime(
+        phase=phase,
+        total_s=total,
+        compute_s=balanced,
+        imbalance_s=max(0.0, compute - balanced),
+        exposed_comm_s=total - max(compute, balanced),
+        comm_s=ulysses_s + comm,
+        ulysses_comm_s=ulysses_s,
+        ring_comm_s=comm,
+        memory_bound_s=merges,
+        overlappable_s=hidden,
+        slowest_flops=slowest_flops * per_pair,
+        steps=float(overheads) * (share if shared else 1.0),
+    )
+    return timing, ulysses_terms + tuple(terms)
+
+
 def _traffic(ctx: _Context) -> tuple[TierTraffic, ...]:
     """Bytes per rank per (tier, kind), forward and backward."""
     place = ctx.placement
@@ -878,6 +1001,9 @@ def _traffic(ctx: _Context) -> tuple[TierTraffic, ...]:
             if stage.stage == "ulysses":
                 inter = int(sent * place.ulysses_inter_fraction)
                 split = {"inter_node": inter, "intra_node": sent - inter}
+                kind = "all_to_all"
+            elif stage.stage == "all_gather":  # priced on the all-to-all link cost
+                split = {place.ring_tier: sent}
                 kind = "all_to_all"
             else:
                 split = {place.ring_tier: sent}

@@ -28,6 +28,14 @@ What the implementation sends, per rank and per layer (`S = L/(U*R)` tokens per 
   and, after step k-1, goes straight to its owner. With k = R that is R-1 K/V hops and R dK/dV
   hops, the last one to the next neighbour, which is the owner.
 
+- All-gather stage (`cp_comm = "all_gather"`, R > 1: the ring axis all-gathers instead of
+  passing K/V; `cpbench/attention/allgather.py`), same chunk `2*B*(L/R)*(c*h_kv/U)*d_h`:
+  forward `ag_kv` receives the `(R-1)` chunks of the other ranks, in `(c*h_kv/U)/hs` calls of
+  `hs` KV heads each (`hs` = heads_k_stride, all the heads by default); backward the same
+  all-gather again (nothing gathered is kept) plus `rs_dkv`, a sum reduce-scatter of the fp32
+  dK/dV that sends `(R-1)` fp32 chunks. The mask does not change these bytes (every chunk is
+  gathered; the mask only skips compute), and neither does the stride (it cuts the calls).
+
 A global layout permutes tokens; it changes the work of each rank, never these volumes. The
 mask changes k (the hops) and doc_zigzag's padding changes L_run (every term). Pure Python.
 """
@@ -41,9 +49,24 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Literal
 
-from cpbench.config.constraints import AttentionShape, check_mesh, scheme_of, seq_divisor
+from cpbench.config.bench import BenchConfig
+from cpbench.config.constraints import (
+    AttentionShape,
+    check_cp_comm,
+    check_mesh,
+    scheme_of,
+    seq_divisor,
+)
 from cpbench.config.masks import MaskSpec
-from cpbench.config.vocabulary import DTYPES, GLOBAL_LAYOUTS, PASSES, Pass, Scheme
+from cpbench.config.vocabulary import (
+    DEFAULT_CP_COMM,
+    DTYPES,
+    GLOBAL_LAYOUTS,
+    PASSES,
+    CpComm,
+    Pass,
+    Scheme,
+)
 from cpbench.errors import CpbenchError
 from cpbench.model.masking import Packing, pack, ring_schedule
 
@@ -53,8 +76,14 @@ FP32_BYTES = 4
 """Bytes per element of the fp32 accumulators (dK/dV travelling the ring, outputs, LSE)."""
 
 """The passes the communication is counted for (the name `cpbench.render.formulas` reads)."""
-Stage = Literal["ulysses", "ring"]
+Stage = Literal["ulysses", "ring", "all_gather"]
+"""Where a collective runs: the Ulysses all-to-alls, the ring hops, or the all-gather of the
+ring axis (`cp_comm = "all_gather"`)."""
 CollectiveKind = Literal["all_to_all", "send_recv"]
+"""The link kinds a hardware profile prices (latency + busbw each)."""
+VolumeKind = Literal["all_to_all", "send_recv", "all_gather", "reduce_scatter"]
+"""What a collective of a stage is (nccl-tests' name for it); the all-gather and the
+reduce-scatter are priced on the all-to-all link cost of their tier (`cpbench.model.cost`)."""
 
 
 def canonical_dtype(name: str) -> str:
@@ -91,6 +120,25 @@ class CpConfig:
     mask: MaskSpec = MaskSpec()
     """The attention mask (documents, window): it sets the ring steps k and, with doc_zigzag,
     the padding. Causal by default; causal and full attention send the same bytes."""
+    cp_comm: CpComm = DEFAULT_CP_COMM
+    """How the ring axis exchanges K/V: p2p (ring hops) or all_gather (the Llama 3 scheme)."""
+    heads_k_stride: int | None = None
+    """all_gather: KV heads per gather (`hs`); None = all the KV heads a rank holds."""
+
+    @property
+    def all_gather(self) -> bool:
+        """True when the ring axis (R > 1) all-gathers K/V instead of passing it."""
+        return self.cp_comm == "all_gather" and self.ring > 1
+
+    @property
+    def gather_stride(self) -> int:
+        """hs: KV heads per all-gather call (c*h_kv/U when no stride is set)."""
+        return self.kv_heads_per_rank if self.heads_k_stride is None else self.heads_k_stride
+
+    @property
+    def gathers(self) -> int:
+        """All-gather calls per pass: (c*h_kv/U) / hs (1 without a stride)."""
+        return self.kv_heads_per_rank // self.gather_stride
 
     @property
     def world(self) -> int:
@@ -168,13 +216,16 @@ class CpConfig:
 
     @property
     def scheme(self) -> Scheme:
-        """single (1 rank), ulysses (R=1), ring (U=1) or usp (both > 1)."""
-        return scheme_of(self.ulysses, self.ring)
+        """single (1 rank), ulysses (R=1), ring (U=1) or usp (both > 1) with p2p; allgather
+        (U=1) or usp_allgather (U > 1) when the ring axis all-gathers."""
+        return scheme_of(self.ulysses, self.ring, self.cp_comm)
 
     def symbols(self) -> dict[str, int]:
-        """Value of every symbol the formulas use."""
+        """Value of every symbol the formulas use (`hs` only when the ring axis
+        all-gathers)."""
         s = self.shape
-        return {
+        extra = {"hs": self.gather_stride} if self.all_gather else {}
+        return extra | {
             "B": s.batch,
             "L": s.seq_len,
             "L_run": self.run_len,
@@ -198,14 +249,48 @@ def cp_config(
     layout: str = "contiguous",
     dtype: str = "bfloat16",
     mask: MaskSpec | None = None,
+    cp_comm: str = DEFAULT_CP_COMM,
+    heads_k_stride: int | None = None,
 ) -> CpConfig:
-    """Validate a configuration with `check_mesh` (and the mask against the length);
-    CpbenchError with its reason if infeasible."""
+    """Validate a configuration with `check_mesh` (and the mask against the length, the
+    stride against the KV heads a rank gathers); CpbenchError with its reason if infeasible."""
     canonical = canonical_dtype(dtype)
     feasibility = check_mesh(shape, ulysses, ring, layout).raise_if_infeasible()
     mask = MaskSpec() if mask is None else mask
     mask.check_length(shape.seq_len)
-    return CpConfig(shape, ulysses, ring, layout, canonical, feasibility.kv_replication, mask)
+    kv_per_rank = feasibility.kv_replication * shape.kv_heads // ulysses
+    check_cp_comm(cp_comm, heads_k_stride, kv_per_rank)
+    comm: CpComm = "all_gather" if cp_comm == "all_gather" else "p2p"
+    return CpConfig(
+        shape,
+        ulysses,
+        ring,
+        layout,
+        canonical,
+        feasibility.kv_replication,
+        mask,
+        comm,
+        heads_k_stride,
+    )
+
+
+def cp_config_of(config: BenchConfig) -> CpConfig:
+    """The model's configuration of a benchmark point (its mask, cp_comm and stride): what the
+    sweep compares the counted bytes and memory against."""
+    return config_from_sizes(
+        config.seq_len,
+        config.heads,
+        config.kv_heads,
+        config.head_dim,
+        config.batch,
+        config.ulysses,
+        config.ring,
+        config.layout,
+        config.dtype,
+        mask=config.mask,
+        cp_comm=config.cp_comm,
+        heads_k_stride=config.heads_k_stride,
+    )
 
 
 def config_from_sizes(
@@ -219,15 +304,17 @@ def config_from_sizes(
     layout: str = "contiguous",
     dtype: str = "bfloat16",
     mask: MaskSpec | None = None,
+    cp_comm: str = DEFAULT_CP_COMM,
+    heads_k_stride: int | None = None,
 ) -> CpConfig:
     """`cp_config` from plain sizes (AttentionShape validates them)."""
     shape = AttentionShape(seq_len, heads, kv_heads, head_dim, batch)
-    return cp_config(shape, ulysses, ring, layout, dtype, mask)
+    return cp_config(shape, ulysses, ring, layout, dtype, mask, cp_comm, heads_k_stride)
 
 
 # ----------------------------------------------------------------------------------- formulas
 
-_SYMBOL = re.compile(r"\b(B|L_run|L|h_kv|h|d_h|d_kv|d|U|R|c|e|k)\b")
+_SYMBOL = re.compile(r"\b(B|L_run|L|h_kv|hs|h|d_h|d_kv|d|U|R|c|e|k)\b")
 
 
 def substitute(formula: str, symbols: Mapping[str, int]) -> str:
@@ -274,19 +361,23 @@ class CollectiveVolume:
     name: str
     """Identifier the instrumented communicator uses too, e.g. `a2a_kv`, `p2p_dkv`."""
     stage: Stage
-    """ulysses (all-to-all) or ring (point-to-point)."""
+    """ulysses (all-to-all), ring (point-to-point) or all_gather (the ring axis gathering)."""
     phase: Pass
     """forward or backward."""
-    kind: CollectiveKind
-    """all_to_all or send_recv."""
+    kind: VolumeKind
+    """all_to_all, send_recv, all_gather or reduce_scatter."""
     group_size: int
-    """Ranks taking part: U for an all-to-all, R for the ring."""
+    """Ranks taking part: U for an all-to-all, R for the ring or the all-gather group."""
     calls: int
-    """Calls per layer and phase (1 per all-to-all; hops for the ring)."""
+    """Calls per layer and phase (1 per all-to-all; hops for the ring; strides for the
+    all-gather and the reduce-scatter)."""
     elements_per_call: int
-    """Elements a rank hands in per call (all-to-all: self part included; send: the tensor)."""
+    """Elements of the nccl-tests `size` of one call: what a rank hands in (all-to-all: self
+    part included; send: the tensor; reduce-scatter: its whole input of R chunks), or for an
+    all-gather its whole output (R chunks, its own included)."""
     elements_sent: int
-    """Elements a rank sends over all calls, its own all-to-all part excluded."""
+    """Elements crossing the wire for a rank over all calls: sent (its own all-to-all part
+    excluded), or for an all-gather the (R-1) chunks it receives."""
     bytes_per_element: int
     """e of the input dtype, or 4 for fp32 accumulators."""
     element_symbol: str
@@ -438,6 +529,33 @@ def ring_bytes_sent(config: CpConfig, phase: Pass = "forward") -> int:
     return kv_bytes + config.dkv_hops * chunk * FP32_BYTES
 
 
+def gather_elements_sent(config: CpConfig, phase: Pass = "forward") -> int:
+    """Elements crossing the wire for a rank in the all-gather stage, per pass: (R-1) K/V
+    chunks gathered, plus backward (R-1) dK/dV chunks reduce-scattered; 0 without it."""
+    _check_phase(phase)
+    if not config.all_gather:
+        return 0
+    chunks = (config.ring - 1) * ring_kv_chunk_elements(config)
+    return chunks if phase == "forward" else 2 * chunks
+
+
+def gather_bytes_sent(config: CpConfig, phase: Pass = "forward") -> int:
+    """Bytes of `gather_elements_sent` (the reduce-scattered dK/dV are fp32)."""
+    _check_phase(phase)
+    if not config.all_gather:
+        return 0
+    chunks = (config.ring - 1) * ring_kv_chunk_elements(config)
+    kv = chunks * config.bytes_per_element
+    return kv if phase == "forward" else kv + chunks * FP32_BYTES
+
+
+def gathered_kv_elements(config: CpConfig) -> int:
+    """Elements of the K/V one all-gather call delivers: R chunks of `hs` KV heads,
+    2*B*L_run*hs*d_h (the whole sequence's K/V of the stride)."""
+    s = config.shape
+    return 2 * s.batch * config.run_len * config.gather_stride * s.head_dim
+
+
 def _check_phase(phase: str) -> None:
     if phase not in PASSES:
         raise CpbenchError(f"phase {phase!r} is not one of {', '.join(PASSES)}")
@@ -555,8 +673,56 @@ def ring_stage(config: CpConfig, phase: Pass) -> StageVolume | None:
     return StageVolume("ring", phase, (kv, dkv), formula, bytes_formula)
 
 
+def _gather_collective(
+    config: CpConfig, name: str, phase: Pass, kind: VolumeKind, fp32: bool
+) -> CollectiveVolume:
+    length, heads = _length_symbol(config), _ring_kv_heads_symbol(config)
+    per_call = gathered_kv_elements(config)
+    chunk_formula = f"2*B*({length}/R)*{heads}*d_h"
+    return CollectiveVolume(
+        name=name,
+        stage="all_gather",
+        phase=phase,
+        kind=kind,
+        group_size=config.ring,
+        calls=config.gathers,
+        elements_per_call=per_call,
+        elements_sent=(config.ring - 1) * ring_kv_chunk_elements(config),
+        bytes_per_element=FP32_BYTES if fp32 else config.bytes_per_element,
+        element_symbol="4" if fp32 else "e",
+        per_call_formula=f"2*B*{length}*hs*d_h",
+        formula=f"(R-1)*{chunk_formula}",
+    )
+
+
+def gather_stage(config: CpConfig, phase: Pass) -> StageVolume | None:
+    """The all-gather (and backward reduce-scatter) of the ring axis; None unless
+    `cp_comm = "all_gather"` with R > 1."""
+    _check_phase(phase)
+    if not config.all_gather:
+        return None
+    width, length = _ring_kv_width_symbol(config), _length_symbol(config)
+    kv_formula = f"2*B*{length}*{width}*(R-1)/R"
+    kv = _gather_collective(config, "ag_kv", phase, "all_gather", fp32=False)
+    if phase == "forward":
+        return StageVolume("all_gather", phase, (kv,), kv_formula, f"e*{kv_formula}")
+    dkv = _gather_collective(config, "rs_dkv", phase, "reduce_scatter", fp32=True)
+    formula = f"2*2*B*{length}*{width}*(R-1)/R"
+    bytes_formula = f"e*{kv_formula} + 4*{kv_formula}"
+    return StageVolume("all_gather", phase, (kv, dkv), formula, bytes_formula)
+
+
 def comm_volume(config: CpConfig) -> CommVolume:
-    """Per-rank communication of a configuration, forward and backward."""
+    """Per-rank communication of a configuration, forward and backward: the Ulysses
+    all-to-alls, then the ring hops or (cp_comm all_gather) the all-gather stage."""
+    if config.all_gather:
+        forward = (ulysses_stage(config, "forward"), gather_stage(config, "forward"))
+        backward = (ulysses_stage(config, "backward"), gather_stage(config, "backward"))
+        return CommVolume(
+            config,
+            tuple(s for s in forward if s is not None),
+            tuple(s for s in backward if s is not None),
+        )
     forward = (ulysses_stage(config, "forward"), ring_stage(config, "forward"))
     backward = (ulysses_stage(config, "backward"), ring_stage(config, "backward"))
     return CommVolume(
@@ -582,24 +748,28 @@ def algbw(size_bytes: float, seconds: float) -> float:
     return size_bytes / seconds
 
 
-def busbw_factor(kind: CollectiveKind, group_size: int) -> Fraction:
-    """busbw / algbw: (n-1)/n for an all-to-all over n ranks, 1 for send/recv."""
+def busbw_factor(kind: VolumeKind, group_size: int) -> Fraction:
+    """busbw / algbw: (n-1)/n for an all-to-all, an all-gather or a reduce-scatter over n
+    ranks (nccl-tests: `size` is the whole output of an all-gather, the whole input of a
+    reduce-scatter), 1 for send/recv."""
     if group_size < 1:
         raise CpbenchError(f"group size must be at least 1, got {group_size}")
-    if kind == "all_to_all":
+    if kind in ("all_to_all", "all_gather", "reduce_scatter"):
         return Fraction(group_size - 1, group_size)
     if kind == "send_recv":
         return Fraction(1)
-    raise CpbenchError(f"collective kind {kind!r} is not one of all_to_all, send_recv")
+    raise CpbenchError(
+        f"collective kind {kind!r} is not one of all_to_all, send_recv, all_gather, reduce_scatter"
+    )
 
 
-def busbw(algbw_bytes_per_s: float, kind: CollectiveKind, group_size: int) -> float:
+def busbw(algbw_bytes_per_s: float, kind: VolumeKind, group_size: int) -> float:
     """nccl-tests bus bandwidth from the algorithm bandwidth."""
     return algbw_bytes_per_s * float(busbw_factor(kind, group_size))
 
 
 def bandwidths(
-    size_bytes: float, seconds: float, kind: CollectiveKind, group_size: int
+    size_bytes: float, seconds: float, kind: VolumeKind, group_size: int
 ) -> tuple[float, float]:
     """(algbw, busbw) in bytes/s of one call of `size_bytes` that took `seconds`."""
     alg = algbw(size_bytes, seconds)
@@ -609,6 +779,13 @@ def bandwidths(
 HOPS_NOTE = (
     "k = ring steps the mask needs (R without a window or packed documents): K/V makes k-1 hops "
     "per pass, the fp32 dK/dV accumulator k (none when k = 1); steps k..R-1 are skipped"
+)
+
+
+GATHER_NOTE = (
+    "all-gather of the ring axis (cp_comm all_gather): every rank receives the (R-1) K/V chunks "
+    "of the others per pass, in (c*h_kv/U)/hs calls of hs KV heads; backward gathers again and "
+    "reduce-scatters the fp32 dK/dV, (R-1) chunks sent; the mask skips compute, never bytes"
 )
 
 

@@ -13,6 +13,14 @@ For pure ring (U = 1) the ring-level tensors are the local shards and are counte
 Every length is the run length L_run (L plus doc_zigzag's padding; `CpConfig.run_len`), so a
 layout that pads holds the padding too. Every item is proportional to L_run, so
 `max_seq_len_for_budget` is a closed form (for doc_zigzag at the lengths that pad nothing).
+
+All-gather on the ring axis (`cp_comm = "all_gather"`, R > 1) holds, instead of the ring's two
+K/V chunks in flight, the gathered K/V of a stride, `2*B*L_run*hs*d_h` elements (R chunks of
+`hs` of the `c*h_kv/U` KV heads), twice while the next stride is in flight (more than one
+stride); backward the same plus the fp32 dK/dV of the gathered stride (twice as well: the
+reduce-scatter of the last stride is waited for when the next one is posted). This is the
+scheme's cost, `2 L d_kv` elements per layer with one stride, growing with L; a stride of
+`hs` KV heads divides it by `(c*h_kv/U) / hs` (then x2 for the stride in flight).
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ from dataclasses import dataclass
 
 from cpbench.config.constraints import AttentionShape, seq_divisor
 from cpbench.config.masks import MaskSpec
-from cpbench.config.vocabulary import STEP_PASSES, Pass, StepPasses
+from cpbench.config.vocabulary import DEFAULT_CP_COMM, STEP_PASSES, Pass, StepPasses
 from cpbench.errors import CpbenchError
 from cpbench.model.formulas import DTYPE_BYTES, CpConfig, canonical_dtype, cp_config
 
@@ -165,7 +173,9 @@ def _tensor_shapes(config: CpConfig) -> dict[str, tuple[int, ...]]:
     s = config.shape
     batch, tokens, shard, d_h = s.batch, config.tokens_per_rank, config.ring_shard, s.head_dim
     heads_kv = (2, batch, shard, config.kv_heads_per_rank, d_h)
+    buffers = 2 if config.gathers > 1 else 1
     return {
+        "gathered_kv": (buffers, config.ring, 2, batch, shard, config.gather_stride, d_h),
         "local_q": (batch, tokens, s.heads, d_h),
         "local_kv": (batch, tokens, s.kv_heads, d_h),
         "send_kv": (2, batch, tokens, config.kv_replication * s.kv_heads, d_h),
@@ -189,7 +199,10 @@ def _add_forward_items(b: _ItemBuilder) -> None:
         b.add("a2a_kv_send", "send_kv", FWD_A2A_IN, FWD_A2A_IN, "all-to-all send buffer")
         b.add("q_heads", "heads_q", FWD_A2A_IN, BWD_ATTENTION, "Q' head shard, saved")
         b.add("kv_heads", "heads_kv", FWD_A2A_IN, BWD_ATTENTION, "K'/V' head shard, saved")
-    if ring:
+    if ring and b.config.all_gather:
+        b.add_fp32("out_accumulator", "heads_q", FWD_ATTENTION, FWD_ATTENTION, "softmax merge")
+        b.add("kv_gathered", "gathered_kv", FWD_ATTENTION, FWD_ATTENTION, _gathered_note(b))
+    elif ring:
         b.add_fp32("out_accumulator", "heads_q", FWD_ATTENTION, FWD_ATTENTION, "online softmax")
         b.add("kv_ring_buffers", "ring_kv_double", FWD_ATTENTION, FWD_ATTENTION, "K/V in flight")
     b.add_fp32("lse", "lse", FWD_ATTENTION, BWD_ATTENTION, "log-sum-exp, saved")
@@ -200,13 +213,30 @@ def _add_forward_items(b: _ItemBuilder) -> None:
     b.add("o_local", "local_q", first, BWD_A2A_OUT, "output shard, held by the caller")
 
 
+def _gathered_note(b: _ItemBuilder) -> str:
+    c = b.config
+    if c.gathers > 1:
+        return (
+            f"gathered K/V of a stride of {c.gather_stride} of {c.kv_heads_per_rank} KV heads, "
+            f"x2 with the next stride in flight"
+        )
+    return "gathered K/V of the whole sequence (one stride)"
+
+
 def _add_backward_items(b: _ItemBuilder) -> None:
     ulysses, ring = b.config.ulysses > 1, b.config.ring > 1
     b.add("do_local", "local_q", BWD_A2A_IN, BWD_A2A_OUT, "output gradient, from the caller")
     if ulysses:
         b.add("a2a_dout_send", "local_q", BWD_A2A_IN, BWD_A2A_IN, "all-to-all send buffer")
         b.add("do_heads", "heads_q", BWD_A2A_IN, BWD_ATTENTION, "dO' head shard")
-    if ring:
+    if ring and b.config.all_gather:
+        b.add("kv_gathered_bwd", "gathered_kv", BWD_ATTENTION, BWD_ATTENTION, _gathered_note(b))
+        b.add_fp32("dq_accumulator", "heads_q", BWD_ATTENTION, BWD_ATTENTION, "dQ' accumulator")
+        b.add_fp32(
+            "dkv_gathered", "gathered_kv", BWD_ATTENTION, BWD_ATTENTION, "dK/dV to reduce-scatter"
+        )
+        b.add_fp32("dkv_accumulator", "heads_kv", BWD_ATTENTION, BWD_ATTENTION, "dK/dV received")
+    elif ring:
         b.add(
             "kv_ring_buffers_bwd", "ring_kv_double", BWD_ATTENTION, BWD_ATTENTION, "K/V in flight"
         )
@@ -239,10 +269,14 @@ def memory_for_sizes(
     layout: str = "contiguous",
     dtype: str = "bfloat16",
     mask: MaskSpec | None = None,
+    cp_comm: str = DEFAULT_CP_COMM,
+    heads_k_stride: int | None = None,
 ) -> MemoryEstimate:
     """`memory_estimate` from plain sizes (the mask sets doc_zigzag's padding)."""
     shape = AttentionShape(seq_len, heads, kv_heads, head_dim, batch)
-    return memory_estimate(cp_config(shape, ulysses, ring, layout, dtype, mask))
+    return memory_estimate(
+        cp_config(shape, ulysses, ring, layout, dtype, mask, cp_comm, heads_k_stride)
+    )
 
 
 def max_seq_len_for_budget(
@@ -256,6 +290,8 @@ def max_seq_len_for_budget(
     layout: str = "contiguous",
     dtype: str = "bfloat16",
     phase: StepPasses = "forward_backward",
+    cp_comm: str = DEFAULT_CP_COMM,
+    heads_k_stride: int | None = None,
 ) -> int:
     """Longest L, a multiple of `seq_divisor(U, R, layout)`, whose per-rank peak fits the budget.
 
@@ -271,7 +307,19 @@ def max_seq_len_for_budget(
     canonical_dtype(dtype)
     divisor_layout = "zigzag" if layout == "doc_zigzag" else layout
     divisor = seq_divisor(ulysses, ring, divisor_layout) if _positive_ints(ulysses, ring) else 1
-    unit = memory_for_sizes(divisor, heads, kv_heads, head_dim, batch, ulysses, ring, layout, dtype)
+    unit = memory_for_sizes(
+        divisor,
+        heads,
+        kv_heads,
+        head_dim,
+        batch,
+        ulysses,
+        ring,
+        layout,
+        dtype,
+        cp_comm=cp_comm,
+        heads_k_stride=heads_k_stride,
+    )
     return int(budget_bytes // unit.peak(phase)) * divisor
 
 

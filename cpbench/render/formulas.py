@@ -29,6 +29,7 @@ def render_formulas(report: dict[str, Any]) -> list[Table]:
         _work_table(report),
         *([_mask_table(report)] if "mask" in report else []),
         _memory_table(report),
+        *([_gather_table(report)] if "all_gather" in report else []),
         _what_if_table(report),
     ]
 
@@ -101,13 +102,43 @@ def _shapes_table(report: dict[str, Any]) -> Table:
     table.add_row("o", _shape_text(shapes["o"]["local"]), _shape_text(shapes["o"]["heads"]))
     table.add_row("lse (fp32)", "", _shape_text(shapes["lse"]))
     table.add_row("ring K/V chunk", "", _shape_text(shapes["ring_kv_chunk"]))
+    if shapes.get("gathered_kv") is not None:
+        table.add_row("gathered K/V (a stride)", "", _shape_text(shapes["gathered_kv"]))
+    return table
+
+
+def _gather_table(report: dict[str, Any]) -> Table:
+    gather = report["all_gather"]
+    table = FitTable(
+        title=(
+            f"All-gather memory per rank against the head stride ({gather['kv_heads_per_rank']} "
+            f"KV heads per rank)"
+        ),
+        caption=(
+            f"gathered K/V = {gather['gathered_kv_formula']}; the ring holds "
+            f"{format_bytes(gather['ring_kv_buffers_bytes'])} of K/V buffers, peak "
+            f"{format_bytes(gather['ring_peak_forward_backward'])} fwd+bwd; {gather['note']}"
+        ),
+    )
+    table.add_column("heads_k_stride", key=True)
+    for column in ("gathers per pass", "gathered K/V", "peak fwd+bwd"):
+        table.add_column(column, justify="right")
+    for row in gather["strides"]:
+        table.add_row(
+            f"{row['heads_k_stride']}" + (" (this)" if row["selected"] else ""),
+            str(row["gathers"]),
+            format_bytes(row["gathered_kv_bytes"]),
+            format_bytes(row["peak_forward_backward"]),
+        )
     return table
 
 
 def _communication_table(report: dict[str, Any]) -> Table:
     comm = report["communication"]
     caption = comm["convention"]
-    if report["inputs"]["ring"] > 1:
+    if report["inputs"]["ring"] > 1 and report["inputs"].get("cp_comm") == "all_gather":
+        caption += f"; {comm['hops_note']}"
+    elif report["inputs"]["ring"] > 1:
         caption += f"; {comm['hops_note']} (here k = {comm['ring_steps']})"
     table = FitTable(title="Communication per rank, one layer", caption=caption)
     table.add_column("phase", key=True)

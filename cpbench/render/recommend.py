@@ -61,6 +61,8 @@ def _candidates_table(report: Mapping[str, Any]) -> FitTable:
         "times in ms per attention layer and micro-batch; GB = 1e9 bytes per rank and "
         "layer; mem GiB per rank; max L in tokens"
     )
+    if any(c.get("cp_comm") == "all_gather" for c in report["candidates"]):
+        caption += "; ag = the ring axis all-gathers K/V, hs = KV heads per gather"
     if masked:
         caption += (
             "; work x = slowest ring rank's work / mean; steps = ring steps run of R; pad = "
@@ -94,7 +96,7 @@ def _candidates_table(report: Mapping[str, Any]) -> FitTable:
         table.add_row(
             str(c["rank"]),
             f"{c['ulysses']} x {c['ring']}",
-            c["layout"] if c["layout_matters"] else "any",
+            (c["layout"] if c["layout_matters"] else "any") + _comm_suffix(c),
             f"x{c['kv_replication']}",
             format_seconds(c["time_s"], 2, unit=False),
             format_seconds(c["compute_s"], 2, unit=False),
@@ -124,7 +126,11 @@ def _rejected_table(rejected: Sequence[Mapping[str, Any]]) -> FitTable:
     table.add_column("layouts", wrap=True)
     table.add_column("rule", wrap=True)
     for r in rejected:
-        table.add_row(f"{r['ulysses']} x {r['ring']}", ", ".join(r["layouts"]), Text(r["rule"]))
+        table.add_row(
+            f"{r['ulysses']} x {r['ring']}" + (" ag" if r.get("cp_comm") == "all_gather" else ""),
+            ", ".join(r["layouts"]),
+            Text(r["rule"]),
+        )
     return table
 
 
@@ -225,3 +231,11 @@ def render_calibration(report: Mapping[str, Any]) -> RenderableType:
     if report.get("output"):
         notes.append(Text(f"wrote {report['output']} (load it with --hardware {report['output']})"))
     return Group(table, *notes)
+
+
+def _comm_suffix(candidate: Mapping[str, Any]) -> str:
+    """` ag` (and `/hs<stride>`) for an all-gather candidate, nothing for the ring."""
+    if candidate.get("cp_comm") != "all_gather":
+        return ""
+    stride = candidate.get("heads_k_stride")
+    return " ag" if stride is None else f" ag/hs{stride}"

@@ -4,9 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from cpbench.app.recommend.types import RankedCandidate, Rejection, layout_label, rank_key
+from cpbench.app.recommend.types import (
+    RankedCandidate,
+    Rejection,
+    layout_label,
+    rank_key,
+)
 from cpbench.model.cost import Prediction
+from cpbench.model.formulas import gather_bytes_sent
 from cpbench.model.hardware import HardwareProfile
+from cpbench.model.memory import memory_estimate
 from cpbench.units import GIB, format_gb, format_seconds
 
 
@@ -19,10 +26,8 @@ def explain(ranked: Sequence[RankedCandidate], profile: HardwareProfile) -> str:
         f"{best.label} is {'measured' if best.measured_s is not None else 'predicted'} fastest "
         f"at {format_seconds(best.time_s, 2)} per layer ({p.candidate.phase})"
     ]
-    mesh = (c.ulysses, c.ring)
-    others = [
-        r for r in ranked[1:] if (r.prediction.config.ulysses, r.prediction.config.ring) != mesh
-    ]
+    mesh = (c.ulysses, c.ring, c.all_gather)
+    others = [r for r in ranked[1:] if _mesh_of(r.prediction) != mesh]
     ties = [r for r in ranked[1:] if r not in others and rank_key(r)[0] == rank_key(best)[0]]
     if others:
         second = others[0]
@@ -35,15 +40,21 @@ def explain(ranked: Sequence[RankedCandidate], profile: HardwareProfile) -> str:
         parts[0] += f" ({tied} on the same mesh ties; zigzag is preferred: frameworks support it)"
     parts[0] += "."
     parts.append(_placement_sentence(p, profile))
+    hiding = (
+        "the first all-gather of each pass hides only behind the own chunk, the last "
+        "reduce-scatter waits, later strides travel behind the kernels"
+        if c.all_gather
+        else "ring hops hide behind the kernels when a step's compute is longer than its hop"
+    )
     parts.append(
         f"Of {format_seconds(t.comm_s, 2)} of communication, {format_seconds(t.exposed_comm_s, 2)} stays exposed "
-        f"(all-to-all is never overlapped; ring hops hide behind the kernels when a step's "
-        f"compute is longer than its hop)."
+        f"(all-to-all is never overlapped; {hiding})."
     )
     balance = _balance_sentence(p)
     if balance:
         parts.append(balance)
     parts.extend(mask_sentences(ranked))
+    parts.extend(gather_sentences(ranked))
     parts.append(
         f"The kernel works on L/R = {p.kernel_seq_len} tokens at {p.attention_tflops:.1f} TFLOP/s "
         f"per rank; {c.heads_per_rank} query head(s) and {c.kv_heads_per_rank} KV head(s) per rank "
@@ -98,12 +109,16 @@ def _balance_sentence(p: Prediction) -> str:
     )
 
 
+def _mesh_of(p: Prediction) -> tuple[int, int, bool]:
+    return (p.config.ulysses, p.config.ring, p.config.all_gather)
+
+
 def _same_mesh(ranked: Sequence[RankedCandidate], best: Prediction) -> dict[str, Prediction]:
-    mesh = (best.config.ulysses, best.config.ring)
+    mesh = _mesh_of(best)
     out: dict[str, Prediction] = {}
     for r in ranked:
         c = r.prediction.config
-        if (c.ulysses, c.ring) == mesh:
+        if _mesh_of(r.prediction) == mesh:
             out.setdefault(c.layout, r.prediction)
     return out
 
@@ -120,7 +135,9 @@ def mask_sentences(ranked: Sequence[RankedCandidate]) -> list[str]:
     mask = ranked[0].prediction.config.mask
     if mask.plain or not mask.causal:
         return []
-    ring_ranked = [r for r in ranked if r.prediction.config.ring > 1]
+    ring_ranked = [
+        r for r in ranked if r.prediction.config.ring > 1 and not r.prediction.config.all_gather
+    ]
     if not ring_ranked:
         return []
     best = ring_ranked[0].prediction
@@ -188,6 +205,103 @@ def mask_sentences(ranked: Sequence[RankedCandidate]) -> list[str]:
         f"{best.work_imbalance:.2f}x the mean work (slowest ring rank {best.slowest_ring_rank}) "
         f"with {_padding_text(best)}."
     )
+    return out
+
+
+def gathered_bytes(p: Prediction) -> int:
+    """Bytes of gathered K/V a rank holds in the forward (0 unless the ring axis gathers)."""
+    return sum(i.bytes for i in memory_estimate(p.config).items if i.name == "kv_gathered")
+
+
+def gather_sentences(ranked: Sequence[RankedCandidate]) -> list[str]:
+    """Where all-gather wins or loses: its exposed gathers against the ring's hidden hops and
+    Ulysses, with the numbers, and its memory (the gathered K/V) against the ring's."""
+    gathers = [r for r in ranked if r.prediction.config.all_gather]
+    if not gathers:
+        return []
+    rings = [r for r in ranked if r.prediction.config.ring > 1 and not r.prediction.config.all_gather]
+    ulysses = [r for r in ranked if r.prediction.config.ring == 1]
+    ag = gathers[0]
+    a, at = ag.prediction, ag.prediction.phase_time
+    c = a.config
+    heads = f"{c.kv_heads_per_rank} KV head(s) per rank"
+    text = (
+        f"All-gather: its best candidate, {ag.label} ({format_seconds(ag.time_s, 2)}), gathers "
+        f"the K/V of the whole sequence ({heads}, {format_gb(gather_bytes_sent(c, 'forward'), 2)} "
+        f"received per rank per forward) and leaves {format_seconds(at.exposed_comm_s, 2)} of "
+        f"its {format_seconds(at.comm_s, 2)} of communication exposed"
+    )
+    if c.gathers == 1:
+        text += (
+            " (one stride: the gather hides only behind the own chunk, 1/R of the work, and "
+            "the whole reduce-scatter waits after the last kernel)"
+        )
+    else:
+        text += (
+            f" ({c.gathers} strides of {c.gather_stride} KV head(s): only the first gather "
+            f"and the last reduce-scatter wait)"
+        )
+    out = [text + "."]
+    same_mesh = [
+        r for r in rings if (r.prediction.config.ulysses, r.prediction.config.ring) == (c.ulysses, c.ring)
+    ]
+    if same_mesh:
+        ring = same_mesh[0]
+        rp, rt = ring.prediction, ring.prediction.phase_time
+        verdict = "wins" if ag.time_s < ring.time_s else "loses"
+        out.append(
+            f"Against the ring on the same mesh, {ring.label} ({format_seconds(ring.time_s, 2)}), whose "
+            f"K/V hops hide behind compute ({format_seconds(rt.exposed_comm_s, 2)} of "
+            f"{format_seconds(rt.comm_s, 2)} exposed), all-gather {verdict} by "
+            f"{abs(ag.time_s / ring.time_s - 1):.1%}; it holds {a.memory_bytes / GIB:.2f} GiB "
+            f"per rank ({gathered_bytes(a) / GIB:.2f} GiB of gathered K/V, growing with L) "
+            f"against the ring's {rp.memory_bytes / GIB:.2f} GiB, so its longest sequence "
+            f"that fits is {a.max_seq_len} tokens against {rp.max_seq_len}."
+        )
+    pure_ag = [r for r in gathers if r.prediction.config.ulysses == 1]
+    pure_ring = [r for r in rings if r.prediction.config.ulysses == 1]
+    if pure_ag and pure_ring and c.ulysses > 1:
+        pa, pr = pure_ag[0], pure_ring[0]
+        out.append(
+            f"Without Ulysses, {pa.label} ({format_seconds(pa.time_s, 2)}, "
+            f"{format_seconds(pa.prediction.phase_time.exposed_comm_s, 2)} exposed, "
+            f"{pa.prediction.memory_bytes / GIB:.2f} GiB) against {pr.label} "
+            f"({format_seconds(pr.time_s, 2)}, "
+            f"{format_seconds(pr.prediction.phase_time.exposed_comm_s, 2)} exposed, "
+            f"{pr.prediction.memory_bytes / GIB:.2f} GiB): with U > 1 the all-to-all cuts the "
+            f"KV heads by U first, so the all-gather moves 2 L d_kv / U per rank."
+        )
+    strided = sorted(
+        (r for r in gathers if r.prediction.config.gathers > 1),
+        key=lambda r: -r.prediction.config.gathers,
+    )
+    pairs = [
+        (st, wh)
+        for st in strided
+        for wh in gathers
+        if wh.prediction.config.gathers == 1
+        and _mesh_of(wh.prediction) == _mesh_of(st.prediction)
+        and wh.prediction.config.layout == st.prediction.config.layout
+    ]
+    if pairs:
+        st, wh = pairs[0]
+        s, w = st.prediction, wh.prediction
+        out.append(
+            f"A head stride of {s.config.gather_stride} on {st.label} "
+            f"({format_seconds(st.time_s, 2)}, against {format_seconds(wh.time_s, 2)} "
+            f"unstrided) holds {gathered_bytes(s) / GIB:.2f} GiB "
+            f"of gathered K/V (two strides in flight) instead of {gathered_bytes(w) / GIB:.2f} "
+            f"GiB and hides all but the first gather and the last reduce-scatter, at {s.phase_time.steps:.0f} kernel "
+            f"launches' overhead instead of {w.phase_time.steps:.0f}."
+        )
+    if ulysses:
+        u = ulysses[0]
+        verdict = "faster" if u.time_s < ag.time_s else "slower"
+        out.append(
+            f"Ulysses {u.label} ({format_seconds(u.time_s, 2)}) is {verdict}: its all-to-alls "
+            f"move Q, K/V and O of a shard and are never overlapped, but it holds no gathered "
+            f"K/V."
+        )
     return out
 
 

@@ -23,16 +23,71 @@ def framework_settings(
             FrameworkSetting(name, True, "-", none)
             for name in ("Megatron-LM", "DeepSpeed", "yunchang", "torchtitan")
         )
-    settings = (
+    settings: tuple[FrameworkSetting, ...] = (
         megatron_setting(best, sizes),
         deepspeed_setting(best, ranked),
         yunchang_setting(best, sizes),
         torchtitan_setting(best, ranked),
     )
+    if best.config.all_gather:
+        settings += (llama3_setting(best),)
+    else:
+        gathers = [r for r in ranked if r.prediction.config.all_gather]
+        pure = [r for r in gathers if r.prediction.config.ulysses == 1]
+        pick = pure[0] if pure else gathers[0] if gathers else None
+        if pick is not None:
+            settings += (all_gather_alternative(pick, ranked.index(pick) + 1, gathers[0]),)
     mask = best.config.mask
     if mask.plain:
         return settings
     return tuple(_with_mask_note(s, best) for s in settings) + (ring_flash_setting(best),)
+
+
+def all_gather_alternative(
+    r: RankedCandidate, position: int, best: RankedCandidate
+) -> FrameworkSetting:
+    """How the frameworks run an all-gather candidate when none wins: the best one they can
+    express (U = 1), naming the best all-gather candidate of all when that one has Ulysses."""
+    c = r.prediction.config
+    ag = "all_gather" if c.ulysses == 1 else "a2a+p2p (no a2a+all_gather)"
+    settings = (
+        f"Megatron-LM --cp-comm-type {ag}; torchtitan "
+        f"--parallelism.context_parallel_rotate_method allgather; ring-flash-attn "
+        f"llama3_flash_attn_varlen_func(..., heads_k_stride={c.gather_stride})"
+    )
+    note = f"all-gather CP as {r.label} (rank {position}, {format_seconds(r.time_s, 2)})"
+    if best is not r:
+        note += (
+            f"; the best all-gather candidate, {best.label} "
+            f"({format_seconds(best.time_s, 2)}), combines Ulysses with the all-gather, "
+            f"which no framework offers"
+        )
+    if c.ulysses > 1:
+        note += (
+            f"; its Ulysses level (U = {c.ulysses}) exists only in Megatron, as a2a+p2p with "
+            f"the ring, and in cpbench"
+        )
+    return FrameworkSetting("all-gather CP", c.ulysses == 1, settings, note + ".")
+
+
+def llama3_setting(p: Prediction) -> FrameworkSetting:
+    """ring-flash-attention's all-gather CP (its `llama3_*` functions) with the head stride."""
+    c = p.config
+    stride = c.gather_stride
+    code = (
+        "llama3_flash_attn_prepare_cu_seqlens(cu_seqlens, causal=True, rank, world_size); "
+        f"llama3_flash_attn_varlen_func(q, k, v, ..., heads_k_stride={stride})"
+    )
+    note = (
+        "ring-flash-attention's all-gather CP (the Llama 3 scheme): K/V gathered over the CP "
+        f"group in strides of heads_k_stride = {stride} KV head(s), the next in flight; it "
+        "takes the contiguous (varlen) layout"
+    )
+    if c.layout != "contiguous" and p.candidate.causal:
+        note += f", not {c.layout}: expect contiguous's imbalance"
+    if c.ulysses > 1:
+        note += f"; all-gather only: it cannot express the Ulysses level (U = {c.ulysses})"
+    return FrameworkSetting("ring-flash-attn", c.ulysses == 1, code, note + ".")
 
 
 PACKED_DOCUMENT_NOTES: dict[str, str] = {
@@ -56,6 +111,14 @@ PACKED_DOCUMENT_NOTES: dict[str, str] = {
         "recent versions: check that yours supports CP with it"
     ),
 }
+PACKED_DOCUMENT_NOTES["ring-flash-attn"] = (
+    "packed documents: the llama3 varlen functions take cu_seqlens "
+    "(llama3_flash_attn_prepare_cu_seqlens); after the gather every mask is local"
+)
+PACKED_DOCUMENT_NOTES["all-gather CP"] = (
+    "packed documents: after the gather every rank holds all K/V, so the document mask is a "
+    "local problem (the Llama 3 reason for all-gather CP)"
+)
 WINDOW_NOTE = (
     "sliding window: cpbench skips the ring steps no query can see; check that the framework "
     "passes the window to its kernels under CP rather than dropping it"
@@ -94,17 +157,19 @@ def ring_flash_setting(p: Prediction) -> FrameworkSetting:
     )
 
 
-def cp_comm_type(ulysses: int, ring: int) -> str:
-    """Megatron's --cp-comm-type for a mesh: p2p (ring), a2a (Ulysses) or a2a+p2p (USP)."""
+def cp_comm_type(ulysses: int, ring: int, cp_comm: str = "p2p") -> str:
+    """Megatron's --cp-comm-type for a mesh: p2p (ring), all_gather (all-gather CP), a2a
+    (Ulysses) or a2a+p2p (USP). Megatron has no a2a+all_gather: a U x A all-gather mesh with
+    U > 1 maps to a2a+p2p, its closest (`megatron_setting` says so)."""
     if ulysses == 1:
-        return "p2p"
+        return "all_gather" if cp_comm == "all_gather" and ring > 1 else "p2p"
     return "a2a" if ring == 1 else "a2a+p2p"
 
 
 def megatron_setting(p: Prediction, sizes: ParallelSizes) -> FrameworkSetting:
     """--context-parallel-size, --cp-comm-type and, for a2a+p2p, the hierarchical sizes."""
     c = p.config
-    comm = cp_comm_type(c.ulysses, c.ring)
+    comm = cp_comm_type(c.ulysses, c.ring, c.cp_comm)
     flags = [
         f"--tensor-model-parallel-size {sizes.tp}",
         f"--pipeline-model-parallel-size {sizes.pp}",
@@ -124,7 +189,20 @@ def megatron_setting(p: Prediction, sizes: ParallelSizes) -> FrameworkSetting:
             f"the all-to-all needs KV heads replicated x{c.kv_replication}; check that your "
             f"Transformer Engine version accepts kv heads < the a2a size"
         )
-    return FrameworkSetting("Megatron-LM", True, " ".join(flags), "; ".join(notes) + ".")
+    expressible = True
+    if c.all_gather and c.ulysses > 1:
+        expressible = False
+        notes.append(
+            "Megatron's --cp-comm-type takes p2p, all_gather, a2a or a2a+p2p (per layer a "
+            "list of them): there is no a2a+all_gather, so this U x A all-gather mesh runs as "
+            "a2a+p2p (the ring on the second level)"
+        )
+    elif c.all_gather:
+        notes.append(
+            "all_gather gathers the full K/V before attention with no head stride (TE's "
+            "all-gather path); cpbench's stride, if any, has no Megatron flag"
+        )
+    return FrameworkSetting("Megatron-LM", expressible, " ".join(flags), "; ".join(notes) + ".")
 
 
 def deepspeed_setting(p: Prediction, ranked: Sequence[RankedCandidate]) -> FrameworkSetting:
@@ -183,9 +261,10 @@ def torchtitan_setting(p: Prediction, ranked: Sequence[RankedCandidate]) -> Fram
         "zigzag layout); rotate_method alltoall passes K/V shards around the ring like the "
         "modelled ring, allgather (the default) gathers all K/V first"
     )
+    rotate = "allgather" if c.all_gather else "alltoall"
     settings = (
         f"--parallelism.context_parallel_degree {c.world} "
-        f"--parallelism.context_parallel_rotate_method alltoall"
+        f"--parallelism.context_parallel_rotate_method {rotate}"
     )
     if c.ulysses == 1:
         return FrameworkSetting("torchtitan", True, settings, base + ".")

@@ -20,13 +20,14 @@ from cpbench.app.recommend.types import (
     Recommendation,
     RecommendRequest,
     Rejection,
+    comm_label,
     layout_label,
     rank_key,
 )
 from cpbench.config.bench import check_positive_int, factorizations
 from cpbench.config.constraints import AttentionShape, check_mesh
 from cpbench.config.masks import MaskSpec
-from cpbench.config.vocabulary import GLOBAL_LAYOUTS, LAYOUTS
+from cpbench.config.vocabulary import CP_COMMS, GLOBAL_LAYOUTS, LAYOUTS, CpComm
 from cpbench.errors import CpbenchError
 from cpbench.model.calibrate import (
     Measurement,
@@ -136,6 +137,47 @@ def _profile_for(
     return load_profile(DEFAULT_HARDWARE), ()
 
 
+def requested_comms(
+    request: RecommendRequest, measurements: Sequence[Measurement]
+) -> tuple[CpComm, ...]:
+    """The ring-axis exchanges to rank: the request's, or (None) both without measurements
+    and those measured with them (p2p when none says otherwise)."""
+    if request.cp_comms is not None:
+        return request.cp_comms
+    if not measurements:
+        return CP_COMMS
+    measured = {m.candidate.cp_comm for m in measurements if m.candidate.ring > 1}
+    return tuple(c for c in CP_COMMS if c in measured) or ("p2p",)
+
+
+def _comm_options(
+    comms: tuple[CpComm, ...],
+    request: RecommendRequest,
+    shape: AttentionShape,
+    ulysses: int,
+    ring: int,
+    kv_replication: int,
+) -> list[tuple[str, int | None]]:
+    """(cp_comm, heads_k_stride) pairs worth ranking on a mesh: p2p, and with a ring axis the
+    all-gather with each requested stride that divides the KV heads a rank gathers (a stride
+    equal to all of them is the unstrided gather, listed once)."""
+    options: list[tuple[str, int | None]] = []
+    if "p2p" in comms or ring == 1:
+        options.append(("p2p", None))
+    if ring == 1 or "all_gather" not in comms:
+        return options
+    per_rank = kv_replication * shape.kv_heads // ulysses
+    strides: list[int | None] = []
+    for stride in request.heads_k_strides:
+        resolved = None if stride is None or stride == per_rank else stride
+        if resolved is not None and per_rank % resolved:
+            continue
+        if resolved not in strides:
+            strides.append(resolved)
+    options.extend(("all_gather", s) for s in strides)
+    return options
+
+
 def _candidate_layouts(ring: int, mask: MaskSpec) -> tuple[str, ...]:
     """Layouts worth comparing on a ring: one without a ring or a causal mask (they cost the
     same); the global ones for causal attention over one sequence (a window included: the
@@ -157,6 +199,7 @@ def _evaluate(
     per_node: int,
     measurements: Sequence[Measurement],
 ) -> tuple[list[RankedCandidate], list[Rejection]]:
+    comms = requested_comms(request, measurements)
     ranked: list[RankedCandidate] = []
     mesh_rules: dict[tuple[int, int, str], list[str]] = {}
     memory: list[Rejection] = []
@@ -168,31 +211,40 @@ def _evaluate(
                 label = layout if request.causal and ring > 1 else "any"
                 mesh_rules.setdefault(key, []).append(label)
                 continue
-            candidate = MeshCandidate(
-                shape,
-                ulysses,
-                ring,
-                layout,
-                request.dtype,
-                mask.causal,
-                None,
-                request.phase,
-                documents=mask.documents,
-                window=mask.window,
+            options = _comm_options(
+                comms, request, shape, ulysses, ring, feasibility.kv_replication
             )
-            prediction = predict(candidate, profile, per_node, rank_stride=sizes.tp)
-            rule = prediction.memory_rule()
-            if rule is not None:
-                memory.append(Rejection(ulysses, ring, (layout_label(prediction),), rule, "memory"))
-                continue
-            measured = _matching_measurement(candidate, measurements)
-            ranked.append(
-                RankedCandidate(
-                    prediction,
-                    measured.median_s if measured else None,
-                    measured.record_id if measured else None,
+            for cp_comm, stride in options:
+                candidate = MeshCandidate(
+                    shape,
+                    ulysses,
+                    ring,
+                    layout,
+                    request.dtype,
+                    mask.causal,
+                    None,
+                    request.phase,
+                    documents=mask.documents,
+                    window=mask.window,
+                    cp_comm=cp_comm,
+                    heads_k_stride=stride,
                 )
-            )
+                prediction = predict(candidate, profile, per_node, rank_stride=sizes.tp)
+                rule = prediction.memory_rule()
+                if rule is not None:
+                    label = layout_label(prediction) + comm_label(prediction)
+                    memory.append(
+                        Rejection(ulysses, ring, (label,), rule, "memory", prediction.config.cp_comm)
+                    )
+                    continue
+                measured = _matching_measurement(candidate, measurements)
+                ranked.append(
+                    RankedCandidate(
+                        prediction,
+                        measured.median_s if measured else None,
+                        measured.record_id if measured else None,
+                    )
+                )
     ranked.sort(key=rank_key)
     rejected = [
         Rejection(u, r, tuple(layouts), rule, "mesh")
@@ -204,14 +256,16 @@ def _evaluate(
 def _merge_memory_rejections(rejections: Sequence[Rejection]) -> list[Rejection]:
     """One row per mesh: its layouts need the same memory (their longest sequences differ
     only by the layout's divisor); the row keeps the first layout's rule."""
-    merged: dict[tuple[int, int], Rejection] = {}
+    merged: dict[tuple[int, int, str], Rejection] = {}
     for r in rejections:
-        key = (r.ulysses, r.ring)
+        key = (r.ulysses, r.ring, r.cp_comm)
         first = merged.get(key)
         merged[key] = (
             r
             if first is None
-            else Rejection(r.ulysses, r.ring, first.layouts + r.layouts, first.rule, r.kind)
+            else Rejection(
+                r.ulysses, r.ring, first.layouts + r.layouts, first.rule, r.kind, r.cp_comm
+            )
         )
     return list(merged.values())
 
@@ -230,6 +284,14 @@ def _matching_measurement(
             and canonical_dtype(c.dtype) == canonical_dtype(candidate.dtype)
             and c.mask == candidate.mask
             and c.phase == candidate.phase
+            and _comm_of(c) == _comm_of(candidate)
         ):
             return m
     return None
+
+
+def _comm_of(candidate: MeshCandidate) -> tuple[str, int | None]:
+    """How a candidate's ring axis exchanges K/V (p2p whenever R = 1)."""
+    if candidate.ring == 1 or candidate.cp_comm == "p2p":
+        return ("p2p", None)
+    return (candidate.cp_comm, candidate.heads_k_stride)

@@ -30,6 +30,10 @@ def _candidate_dict(position: int, r: RankedCandidate) -> dict[str, Any]:
         "layout_matters": layout_label(p) != "any",
         "kv_replication": c.kv_replication,
         "scheme": c.scheme,
+        "cp_comm": c.cp_comm if c.ring > 1 else "p2p",
+        "heads_k_stride": c.heads_k_stride if c.all_gather else None,
+        "gathers": c.gathers if c.all_gather else None,
+        "label": r.label,
         "source": r.source,
         "record_id": r.record_id,
         "time_s": r.time_s,
@@ -118,6 +122,7 @@ def recommendation_report(rec: Recommendation) -> dict[str, Any]:
                 "ulysses": x.ulysses,
                 "ring": x.ring,
                 "layouts": list(x.layouts),
+                "cp_comm": x.cp_comm,
                 "kind": x.kind,
                 "rule": x.rule,
             }

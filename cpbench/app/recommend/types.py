@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from cpbench.app.recommend.parallel import ParallelSizes
 from cpbench.config.constraints import AttentionShape
 from cpbench.config.masks import MaskSpec
-from cpbench.config.vocabulary import Phase
+from cpbench.config.vocabulary import CpComm, Phase
 from cpbench.model.calibrate import (
     CalibrationResult,
 )
@@ -73,6 +73,14 @@ class RecommendRequest:
     measurement."""
     top: int = 10
     """Feasible candidates to list (0 = all)."""
+    cp_comms: tuple[CpComm, ...] | None = None
+    """How the ring axis may exchange K/V: p2p (ring hops) and / or all_gather (the Llama 3
+    scheme, as U x A meshes). None: both without results; with results, the ways they
+    measured (the calibration fits only what was measured, so an unmeasured scheme would be
+    ranked by an uncalibrated model beside calibrated ones)."""
+    heads_k_strides: tuple[int | None, ...] = (None, 1)
+    """Head strides tried for all-gather candidates: None = all KV heads in one gather, 1 =
+    one KV head per gather (strides that do not divide a rank's KV heads are left out)."""
 
 
 @dataclass(frozen=True)
@@ -98,9 +106,9 @@ class RankedCandidate:
 
     @property
     def label(self) -> str:
-        """`U x R layout`."""
+        """`U x R layout`, then `all-gather` (and `hs<stride>`) when the ring axis gathers."""
         c = self.prediction.config
-        return f"{c.ulysses}x{c.ring} {layout_label(self.prediction)}"
+        return f"{c.ulysses}x{c.ring} {layout_label(self.prediction)}{comm_label(self.prediction)}"
 
 
 @dataclass(frozen=True)
@@ -117,6 +125,8 @@ class Rejection:
     """The rule with the numbers (check_mesh's reason, or the memory rule)."""
     kind: str
     """mesh or memory."""
+    cp_comm: str = "p2p"
+    """How the rejected candidates' ring axis exchanges K/V (p2p or all_gather)."""
 
 
 @dataclass(frozen=True)
@@ -176,17 +186,27 @@ def layout_label(prediction: Prediction) -> str:
     return prediction.config.layout
 
 
+def comm_label(prediction: Prediction) -> str:
+    """`""` for p2p (or no ring axis); ` all-gather` and ` all-gather hs<stride>` otherwise."""
+    c = prediction.config
+    if not c.all_gather:
+        return ""
+    return " all-gather" + ("" if c.heads_k_stride is None else f" hs{c.heads_k_stride}")
+
+
 LAYOUT_PREFERENCE = {"zigzag": 0, "striped": 1, "contiguous": 2, "doc_zigzag": 3, "balanced": 4}
 """Among equal times prefer zigzag: every framework that load-balances uses it (then the
 layouts frameworks support before cpbench's own balanced one)."""
 
 
-def rank_key(r: RankedCandidate) -> tuple[float, int, int, int]:
-    """Time (to 4 significant digits, so float noise cannot reorder ties), then layout
-    preference, memory, and the larger Ulysses degree."""
+def rank_key(r: RankedCandidate) -> tuple[float, int, int, int, int]:
+    """Time (to 4 significant digits, so float noise cannot reorder ties), then p2p before
+    all-gather (the ring holds less memory), layout preference, memory, and the larger
+    Ulysses degree."""
     p = r.prediction
     return (
         float(f"{r.time_s:.4g}"),
+        int(p.config.all_gather),
         LAYOUT_PREFERENCE[p.config.layout],
         p.memory_bytes,
         -p.config.ulysses,
