@@ -9,7 +9,6 @@ from typing import Annotated
 import typer
 
 from cpbench.cli.common import command, console
-from cpbench.render import plan as render
 
 
 @command
@@ -111,5 +110,7 @@ def plan(
     if as_json:
         print(json.dumps(report, indent=1))
         return
+    from cpbench.render import plan as render  # noqa: PLC0415  (keeps start-up light)
+
     for renderable in render.render_plan(report, top):
         console.print(renderable)

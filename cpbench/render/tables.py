@@ -20,8 +20,6 @@ from rich.table import Table
 from rich.text import Text, TextType
 
 from cpbench.config.constraints import required_kv_replication
-from cpbench.model.calibrate.stats import TIE_RULE
-from cpbench.results.frame import rank_group, rank_records
 from cpbench.units import format_memory, format_seconds
 
 # --------------------------------------------------------------------- fitting the width
@@ -330,6 +328,9 @@ def results_table(records: list[dict[str, Any]]) -> FitTable:
     green, its ties in yellow (`rank_records`: overlapping 95% intervals).
 
     Narrower than the whole table, it splits into parts with a "#" row number."""
+    # pandas and scipy only when a results table is drawn: `cpbench --help` stays light
+    from cpbench.results.frame import rank_group, rank_records  # noqa: PLC0415
+
     ranked = rank_records(records)
     impls = {r["config"].get("impl", "cpbench") for r in records}
     show_impl = impls != {"cpbench"} and bool(impls)
@@ -401,6 +402,9 @@ def results_table(records: list[dict[str, Any]]) -> FitTable:
 
 def ties_lines(records: list[dict[str, Any]]) -> list[str]:
     """One line per group whose leaders tie: who, and the rule (ties are a result, said)."""
+    from cpbench.model.calibrate.stats import TIE_RULE  # noqa: PLC0415
+    from cpbench.results.frame import rank_records  # noqa: PLC0415
+
     lines = []
     by_id = {r["id"]: r for r in records}
     for ranked in rank_records(records).values():
