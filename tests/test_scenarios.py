@@ -570,12 +570,21 @@ def test_precision_keys_and_distinct_points() -> None:
     every layout of a ring-degree-1 mesh (and an "auto" replication equal to the number given)
     into one point named contiguous, listing the other ids."""
     scenario = parse_scenario(
-        {**minimal(layout=["zigzag", "striped", "contiguous"], kv_replication=["auto", 1]),
-         "precision": 0.02, "max_iters": 40, "budget": 1.5, "check_rows": 64},
+        {
+            **minimal(layout=["zigzag", "striped", "contiguous"], kv_replication=["auto", 1]),
+            "precision": 0.02,
+            "max_iters": 40,
+            "budget": 1.5,
+            "check_rows": 64,
+        },
         "x.toml",
     )
     assert (scenario.precision, scenario.max_iters, scenario.budget, scenario.check_rows) == (
-        0.02, 40, 1.5, 64)
+        0.02,
+        40,
+        1.5,
+        64,
+    )
     assert parse_scenario({**minimal(), "precision": "off"}, "x.toml").precision is None
     points = scenario.distinct("cpu", 4)
     expanded = scenario.expand("cpu", 4)
@@ -593,3 +602,35 @@ def test_precision_keys_and_distinct_points() -> None:
     ):
         with pytest.raises(CpbenchError, match=rule):
             parse_scenario({**minimal(), **bad}, "x.toml")
+
+
+def test_cp_comm_and_head_stride_axes_expand_and_dedupe(tmp_path: Path) -> None:
+    """A stride is an all-gather knob (p2p points take only "none"); at ring 1 there is no ring
+    axis, so all_gather is the same computation as p2p and is measured once."""
+    path = tmp_path / "ag.toml"
+    path.write_text(
+        'name = "ag"\ndescription = "d"\nworld_size = 2\ndevice = "cpu"\n[axes]\n'
+        'seq_len = 256\nheads = 4\nkv_heads = 2\nhead_dim = 16\nmesh = ["1x2", "2x1"]\n'
+        'layout = "zigzag"\ncp_comm = ["p2p", "all_gather"]\nheads_k_stride = ["none", 1]\n'
+    )
+    scenario = load_scenario(str(path))
+    points = {
+        (c.ulysses, c.ring, c.cp_comm, c.heads_k_stride) for c, _ in scenario.expand("cpu", 2)
+    }
+    assert points == {
+        (u, r, comm, stride)
+        for u, r in ((1, 2), (2, 1))
+        for comm, stride in (("p2p", None), ("all_gather", None), ("all_gather", 1))
+    }
+    distinct = scenario.distinct("cpu", 2)
+    kept = {(p.config.ulysses, p.config.cp_comm, p.config.heads_k_stride) for p in distinct}
+    assert kept == {
+        (1, "p2p", None),
+        (1, "all_gather", None),
+        (1, "all_gather", 1),
+        (2, "p2p", None),
+    }
+    bad = tmp_path / "bad.toml"
+    bad.write_text(path.read_text().replace('["p2p", "all_gather"]', '["p2p", "gather"]'))
+    with pytest.raises(CpbenchError, match="gather"):
+        load_scenario(str(bad))

@@ -102,7 +102,7 @@ def test_a_raising_and_a_hanging_rank_are_recorded_under_torchrun(tmp_path: Path
 
 def test_verify_runs_in_place_under_torchrun() -> None:
     cmd = [str(TORCHRUN), "--standalone", "--nproc-per-node", "2", "-m", "cpbench.cli",
-           "verify", "--device", "cpu", "--json", "--no-masks"]
+           "verify", "--device", "cpu", "--json", "--no-masks", "--cp-comm", "p2p"]
     # The mask matrix is tests/test_masks_attention.py's; here the launched world is the point.
     done = subprocess.run(
         cmd, capture_output=True, text=True, timeout=240, cwd=ROOT, env=_clean_env()

@@ -42,7 +42,7 @@ from cpbench.model.calibrate.stats import (
     rank_with_ties,
 )
 from cpbench.model.flops import FLOPS_CONVENTION, flops_breakdown
-from cpbench.model.formulas import comm_volume, config_from_sizes
+from cpbench.model.formulas import comm_volume, cp_config_of
 from cpbench.model.masking import Packing, pack, rank_pairs, ring_schedule
 from cpbench.model.memory import memory_estimate
 from cpbench.results.frame import rank_group
@@ -330,18 +330,8 @@ def _per_rank_or_none(per_rank: list[dict[str, Any]], key: str) -> list[int | No
 
 
 def _model_config(config: BenchConfig) -> Any:
-    return config_from_sizes(
-        config.seq_len,
-        config.heads,
-        config.kv_heads,
-        config.head_dim,
-        config.batch,
-        config.ulysses,
-        config.ring,
-        config.layout,
-        config.dtype,
-        mask=config.mask,
-    )
+    """The model's view of the point: its mask, cp_comm and head stride included."""
+    return cp_config_of(config)
 
 
 def _comm_section(
@@ -383,6 +373,11 @@ def impl_skip_reason(config: BenchConfig) -> str | None:
     own or a supported one."""
     if config.impl == DEFAULT_IMPL:
         return None
+    if config.cp_comm == "all_gather":
+        return (
+            "cp_comm all_gather is cpbench's own scheme; "
+            f"the {config.impl} impl runs its own exchange"
+        )
     from cpbench.impls import skip_reason  # noqa: PLC0415
 
     return skip_reason(config)

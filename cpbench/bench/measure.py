@@ -90,6 +90,8 @@ def measure_config(config_dict: dict[str, Any], settings: dict[str, Any]) -> dic
                 kv_replication=config.kv_replication,
                 variant=variant,
                 mask=config.mask,
+                cp_comm=config.cp_comm,
+                heads_k_stride=config.heads_k_stride,
             )
             if backward:
                 with counter.phase("bwd") if counter else contextlib.nullcontext():
@@ -184,6 +186,8 @@ def _full_step(
             kernel=kernel,
             kv_replication=config.kv_replication,
             mask=config.mask,
+            cp_comm=config.cp_comm,
+            heads_k_stride=config.heads_k_stride,
         )
         if backward:
             out.backward(dout)

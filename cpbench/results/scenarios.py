@@ -82,6 +82,7 @@ from cpbench.config.file_schema import MESSAGE, RULE, FileModel, problem, rule
 from cpbench.config.impls import DEFAULT_IMPL, IMPLS, Impl
 from cpbench.config.vocabulary import (
     BACKENDS,
+    CP_COMMS,
     DEFAULT_DTYPE,
     DEVICES,
     DTYPES,
@@ -89,6 +90,7 @@ from cpbench.config.vocabulary import (
     PHASES,
     SCENARIO_DEVICES,
     Backend,
+    CpComm,
     Device,
     Dtype,
     Layout,
@@ -178,6 +180,10 @@ class Scenario:
     document; resolved per seq_len with `seed`."""
     window: tuple[int | None, ...] = (None,)
     """Axis: sliding windows in tokens, None = unbounded."""
+    cp_comm: tuple[CpComm, ...] = ("p2p",)
+    """Axis: how the ring axis exchanges K/V: p2p (the ring) or all_gather."""
+    heads_k_stride: tuple[int | None, ...] = (None,)
+    """Axis: KV heads per all-gather (all_gather only), None = all in one gather."""
     seed: int = 0
     """Seed of the document distributions (the same seed gives the same lengths)."""
     also: tuple[Scenario, ...] = ()
@@ -295,9 +301,25 @@ class Scenario:
                 self.layout, self.kv_replication, self.backend, self.phase, self.impl, meshes
             )
         )
-        masks = list(itertools.product(self.documents, self.window))
+        # a head stride is an all-gather knob: p2p points take only "none" from that axis
+        exchanges = [
+            (cp_comm, stride)
+            for cp_comm in self.cp_comm
+            for stride in self.heads_k_stride
+            if cp_comm == "all_gather" or stride is None
+        ]
+        masks = [
+            (source, window, cp_comm, stride)
+            for source, window in itertools.product(self.documents, self.window)
+            for cp_comm, stride in exchanges
+        ]
         out = []
-        for (seq_len, batch, (heads, kv_heads), head_dim, dtype, causal), (source, window), (
+        for (seq_len, batch, (heads, kv_heads), head_dim, dtype, causal), (
+            source,
+            window,
+            cp_comm,
+            heads_k_stride,
+        ), (
             layout,
             kv_replication,
             backend,
@@ -326,6 +348,8 @@ class Scenario:
                 impl=impl,
                 documents=documents,
                 window=window,
+                cp_comm=cp_comm,
+                heads_k_stride=heads_k_stride,
             )
             out.append((config, config.feasibility()))
         return out
@@ -356,6 +380,8 @@ def canonical_config(config: BenchConfig) -> BenchConfig:
         changes["layout"] = "contiguous"
     if config.documents is not None and len(config.documents) == 1:
         changes["documents"] = None
+    if config.ring == 1 and (config.cp_comm != "p2p" or config.heads_k_stride is not None):
+        changes["cp_comm"], changes["heads_k_stride"] = "p2p", None  # no ring axis to gather over
     return dataclasses.replace(config, **changes) if changes else config
 
 
@@ -474,6 +500,18 @@ MeshEntry = Annotated[tuple[int, int], PlainValidator(_mesh_entry)]
 KvReplication = Annotated[int | None, PlainValidator(_kv_replication)]
 DocumentsSource = Annotated[str | None, PlainValidator(_documents_source)]
 Window = Annotated[int | None, PlainValidator(_window)]
+
+
+def _stride(value: object) -> int | None:
+    """KV heads per all-gather: a positive number, or "none" / null (all at once)."""
+    if value is None or value == "none":
+        return None
+    if is_int(value) and value >= 1:
+        return value
+    raise problem(f'{value!r} is not a head stride; give a positive number of KV heads or "none"')
+
+
+HeadStride = Annotated[int | None, PlainValidator(_stride)]
 WorldSize = Annotated[
     Annotated[Literal["auto"], Tag("literal")] | Annotated[PositiveInt, Tag("int")],
     _literal_or("auto", "int"),
@@ -520,6 +558,10 @@ class ScenarioAxes(FileModel):
     (lengths, a file, a distribution), or "none" (one document per sequence)."""
     window: Axis[Window] = (None,)
     """Sliding windows in tokens, or "none" (unbounded); >= seq_len is allowed."""
+    cp_comm: Axis[Annotated[CpComm, _one_of(CP_COMMS)]] = ("p2p",)
+    """How the ring axis exchanges K/V: p2p (the ring) or all_gather (the Llama 3 scheme)."""
+    heads_k_stride: Axis[HeadStride] = (None,)
+    """KV heads per all-gather (all_gather only): a positive number, or "none" (all at once)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -767,6 +809,8 @@ def _scenario(
         impl=axes.impl,
         documents=documents,
         window=axes.window,
+        cp_comm=axes.cp_comm,
+        heads_k_stride=axes.heads_k_stride,
         seed=spec.seed,
         precision=spec.precision,
         max_iters=spec.max_iters,

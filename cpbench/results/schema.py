@@ -117,6 +117,11 @@ class ConfigSection(Section):
     window: int | None = None
     """Sliding window W in tokens: a query sees the last W keys, itself included; null =
     unbounded."""
+    cp_comm: str = "p2p"
+    """How the ring axis exchanges K/V (`cpbench.config.vocabulary.CpComm`): p2p (the ring)
+    or all_gather (every rank gathers all K/V; dK/dV reduce-scattered)."""
+    heads_k_stride: int | None = None
+    """KV heads per all-gather (all_gather only); null = all in one gather."""
     padding: int | None = None
     """Tokens the layout added (doc_zigzag pads every document to a multiple of 2R; the other
     layouts add none). Read as 0 from records written before masks; null for a configuration
