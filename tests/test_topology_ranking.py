@@ -1,25 +1,16 @@
-"""The whole ranking on topology profiles.
-
-NEEDS /tmp/topo_cost.patch APPLIED TO cpbench/model/cost.py (issue 14): until then these tests
-are skipped (`Prediction` has no `topology` field). They monkeypatch nothing.
-"""
+"""The whole ranking on topology profiles: on the 2 x 4 PCIe node the hybrid meshes rank ahead
+of pure Ulysses (its all-to-all crosses the switch and socket tiers); on NVLink the ranking is
+today's. They monkeypatch nothing."""
 
 from __future__ import annotations
-
-import dataclasses
 
 import pytest
 
 from cpbench.app.recommend import RecommendRequest, recommend
 from cpbench.config.constraints import AttentionShape
-from cpbench.model.cost import MeshCandidate, Prediction, predict
+from cpbench.model.cost import MeshCandidate, predict
 from cpbench.model.hardware import load_profile
 from cpbench.model.topology import describe
-
-pytestmark = pytest.mark.skipif(
-    "topology" not in {f.name for f in dataclasses.fields(Prediction)},
-    reason="needs /tmp/topo_cost.patch (topology-aware cost.py, issue 14)",
-)
 
 LENGTHS = (32768, 65536, 131072)
 
