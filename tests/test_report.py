@@ -576,3 +576,25 @@ def test_odd_values_in_valid_json_do_not_crash_the_report(tmp_path: Path) -> Non
     result = CliRunner().invoke(app, ["report", str(path), "-o", str(out)])
     assert result.exit_code == 0, result.output
     assert out.stat().st_size > 100_000
+
+
+def test_a_model_adds_the_whole_model_plan_section(tmp_path: Path) -> None:
+    """`report --model` puts `cpbench plan`'s answer on the page: the feasible plans with their
+    step time and attention share, and the rejected ones with the component that overflows."""
+    from typer.testing import CliRunner  # noqa: PLC0415
+
+    from cpbench.cli.main import app  # noqa: PLC0415
+
+    out = tmp_path / "r.html"
+    result = CliRunner().invoke(
+        app,
+        ["report", str(FIXTURES / "sweep.jsonl"), "--model", "llama3-8b", "--seq-len", "262144",
+         "--gpus", "16", "--gpus-per-node", "8", "-o", str(out)],
+    )
+    assert result.exit_code == 0, result.output
+    html = out.read_text()
+    assert "Whole-model plan" in html and "plan-table" in html and "plan-rejected-table" in html
+    assert "activations" in html  # a rejection names its overflowing component
+    bad = CliRunner().invoke(app, ["report", str(FIXTURES / "sweep.jsonl"), "--seq-len", "4096",
+                                   "-o", str(out)])
+    assert bad.exit_code == 2 and "--model" in bad.output

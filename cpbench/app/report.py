@@ -227,6 +227,8 @@ class ReportData:
     """Why a section is empty or a model part is missing (for the CLI to show)."""
     work: list[WorkFit] = field(default_factory=list)
     """Packed documents: per-rank predicted work against measured compute, per phase."""
+    plan: dict[str, Any] | None = None
+    """The whole-model plan (`cpbench.app.plan.to_json`) when a model was given."""
 
     @property
     def records(self) -> int:
@@ -699,9 +701,10 @@ def build_report(
     title: str | None = None,
     hardware: str | None = None,
     generated_at: datetime | None = None,
+    plan_request: Any = None,
 ) -> ReportData:
     """Read `paths` and gather what the report page shows (CpbenchError when there is nothing
-    to show)."""
+    to show). `plan_request` (a `cpbench.app.plan.PlanRequest`) adds the whole-model plan."""
     if not paths:
         raise CpbenchError("give at least one results file (JSONL)")
     records, warned = _read(paths)
@@ -735,7 +738,17 @@ def build_report(
         warnings=warned,
         notes=model.notes,
         work=work_fits(frame),
+        plan=_plan(plan_request),
     )
+
+
+def _plan(request: Any) -> dict[str, Any] | None:
+    """The whole-model plan's answer, None without a request."""
+    if request is None:
+        return None
+    from cpbench.app import plan as planner  # noqa: PLC0415
+
+    return planner.to_json(planner.plan(request))
 
 
 def build_comparison(

@@ -47,6 +47,20 @@ def report(
             "(matched by record id) as a table and a bar chart.",
         ),
     ] = False,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            help="Add the whole-model plan of this model (a preset, a model TOML or a Hugging "
+            "Face config.json, as `cpbench plan --model`) at --seq-len on --gpus.",
+        ),
+    ] = None,
+    seq_len: Annotated[
+        int | None, typer.Option(help="With --model: tokens per sequence (default 131072).")
+    ] = None,
+    gpus: Annotated[int, typer.Option(help="With --model: GPUs in total.")] = 8,
+    gpus_per_node: Annotated[
+        int | None, typer.Option(help="With --model: GPUs per node (default: the profile's).")
+    ] = None,
     open_browser: Annotated[
         bool, typer.Option("--open", help="Open the written page in the default web browser.")
     ] = False,
@@ -71,7 +85,20 @@ def report(
         data = build_comparison(results[0], results[1], title=title)
         page = render_comparison(data)
     else:
-        data = build_report(results, title=title, hardware=hardware)
+        plan_request = None
+        if model is not None:
+            from cpbench.app.plan import PlanRequest  # noqa: PLC0415
+
+            plan_request = PlanRequest(
+                model=model,
+                seq_len=seq_len or 131072,
+                gpus=gpus,
+                gpus_per_node=gpus_per_node,
+                hardware=hardware if hardware and not hardware.startswith("cpu") else None,
+            )
+        elif seq_len is not None:
+            raise CpbenchError("--seq-len applies to the whole-model plan: give --model too")
+        data = build_report(results, title=title, hardware=hardware, plan_request=plan_request)
         page = render_report(data)
     for warning in data.warnings:
         err_console.print(f"cpbench: warning: {warning}", markup=False, highlight=False)

@@ -510,6 +510,7 @@ def report_sections(report: ReportData) -> list[Section]:
             "The best configuration for the measured workload and the settings to reproduce it.",
             recommendation=recommendation_view(report.recommendation, report.recommendation_note),
         ),
+        *plan_sections(report),
         Section(
             "records",
             "All records",
@@ -534,6 +535,59 @@ def report_sections(report: ReportData) -> list[Section]:
     for s in sections:
         if s.figure is None and s.key in defaults and not s.note:
             s.note = defaults[s.key]
+    return sections
+
+
+PLAN_COLUMNS = [
+    Column("#", "rank", "num"),
+    Column("plan", "label"),
+    Column("step (s per optimizer step)", "step_s", "num"),
+    Column("attention share", "attention_share", "pct"),
+    Column("tokens/s/GPU", "tokens_per_s_per_gpu", "num"),
+    Column("MFU", "mfu", "pct"),
+    Column("memory / rank", "memory_bytes", "bytes"),
+    Column("longest L", "max_seq_len", "num"),
+]
+
+
+def plan_sections(report: ReportData) -> list[Section]:
+    """The whole-model plan (`cpbench report --model`): feasible plans by step time, the
+    rejected ones with the component that overflows. None without a model."""
+    plan = report.plan
+    if plan is None:
+        return []
+    inputs, conventions = plan["inputs"], plan["conventions"]
+    feasible = pd.DataFrame(plan["feasible"])
+    model = inputs.get("model", "")
+    name = model.get("name", "") if isinstance(model, dict) else model
+    explain = (
+        f"{name} at L = {inputs.get('seq_len', '')} on "
+        f"{inputs.get('gpus', '')} GPUs ({inputs.get('hardware', '')}): every TP x CP x PP x DP "
+        f"x recompute plan that fits, fastest first. Step in seconds per optimizer step (the "
+        f"plan's parts: {conventions.get('time', '')}); "
+        f"{conventions.get('mfu', '')}; {conventions.get('memory', '')}."
+    )
+    note = None if not feasible.empty else "No plan fits: see the rejected plans."
+    rejected = pd.DataFrame(plan["rejected"])
+    sections = [
+        Section(
+            "plan",
+            "Whole-model plan",
+            explain,
+            note=note,
+            table=None if feasible.empty else table(feasible, PLAN_COLUMNS, table_id="plan-table"),
+        )
+    ]
+    if not rejected.empty:
+        columns = [Column("plan", "label"), Column("why rejected", "rule")]
+        sections.append(
+            Section(
+                "plan-rejected",
+                "Plans that do not fit",
+                "The component that overflows, with the longest sequence the plan holds.",
+                table=table(rejected, columns, table_id="plan-rejected-table"),
+            )
+        )
     return sections
 
 
