@@ -2,25 +2,36 @@
 
 from __future__ import annotations
 
+import dataclasses
+import io
 import json
+import math
 import random
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
 from cpbench.app.recommend import (
     RecommendRequest,
+    Uncertainty,
     cp_comm_type,
     recommend,
     recommendation_report,
     solve_parallel_sizes,
+    write_tie_scenario,
 )
+from cpbench.app.recommend.uncertainty import call_ties, profile_uncertainty, with_intervals
 from cpbench.cli.main import app
 from cpbench.config.constraints import AttentionShape
 from cpbench.errors import CpbenchError
+from cpbench.model.calibrate.stats import TIE_RULE
 from cpbench.model.cost import MeshCandidate
-from cpbench.model.hardware import load_profile
+from cpbench.model.hardware import CalibrationInfo, HardwareProfile, load_profile, save_profile
+from cpbench.model.topology import PRIOR_RELATIVE_ERROR
+from cpbench.render.recommend import render_recommendation
+from cpbench.results.scenarios import load_scenario
 from tests.synthetic import synthetic_record
 
 runner = CliRunner()
@@ -191,3 +202,180 @@ def test_cli_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> 
     assert message in result.stderr
     assert "Traceback" not in result.output + result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+# ------------------------------------------------------------------- uncertainty and ties
+
+
+def _probe_like(profile: HardwareProfile, residuals: tuple[float, float]) -> HardwareProfile:
+    """The profile with its intra-node links stated as fitted by a probe."""
+    tier = profile.intra_node
+    stated = [
+        dataclasses.replace(
+            cost,
+            source=f"measured by cpbench probe test: {kind} over 8 sizes, least-squares "
+            f"latency + bytes / busbw (RMS residual {100 * res:.1f}%)",
+        )
+        for cost, kind, res in (
+            (tier.all_to_all, "all_to_all", residuals[0]),
+            (tier.send_recv, "send_recv", residuals[1]),
+        )
+    ]
+    links = dataclasses.replace(tier, all_to_all=stated[0], send_recv=stated[1])
+    return dataclasses.replace(profile, intra_node=links, topology=None)
+
+
+def test_sigma_of_each_source(tmp_path: Path) -> None:
+    h100 = load_profile("h100-sxm")
+    prior = profile_uncertainty(h100, None)
+    assert prior.kind == "prior" and prior.sigma == pytest.approx(PRIOR_RELATIVE_ERROR, abs=1e-12)
+    probe = profile_uncertainty(_probe_like(h100, (0.198, 0.377)), None)
+    assert probe.kind == "probe" and probe.sigma == pytest.approx(0.377, abs=1e-9)
+    assert "37.7%" in probe.source and "2 link fit" in probe.source
+    exact = profile_uncertainty(_probe_like(h100, (0.001, 0.002)), None)
+    assert exact.sigma == pytest.approx(0.05, abs=1e-12)  # the floor
+    calibrated = dataclasses.replace(h100, calibration=CalibrationInfo("h100-sxm", 27, 0.08))
+    cal = profile_uncertainty(calibrated, None)
+    # residual 8% inflated by sqrt(27 / 25) for the fitted parameters
+    assert cal.kind == "calibration"
+    assert cal.sigma == pytest.approx(0.08 * (27 / 25) ** 0.5, rel=1e-9)
+    # a probe profile saved and loaded keeps its stated error; recommend prints it
+    path = save_profile(_probe_like(h100, (0.1, 0.2)), tmp_path / "probe.toml")
+    rec = recommend(RecommendRequest(heads=32, kv_heads=8, hardware=str(path)))
+    assert rec.uncertainty is not None and rec.uncertainty.kind == "probe"
+    assert rec.uncertainty.sigma == pytest.approx(0.2, abs=1e-9)
+    for r in rec.ranked:
+        assert r.interval is not None
+        assert r.low_s == pytest.approx(r.time_s * math.exp(-0.2), rel=1e-9)
+        assert r.high_s == pytest.approx(r.time_s * math.exp(0.2), rel=1e-9)
+
+
+def test_uncalibrated_prior_says_so_and_ties(default) -> None:
+    report = recommendation_report(default)
+    assert report["uncertainty"]["kind"] == "prior"
+    tie = default.tie
+    assert tie is not None and not tie.clear and len(tie.tied) >= 2
+    # every tied prediction is within e^sigma of the leader's, every other one beyond it
+    best = default.ranked[0].time_s
+    for r in default.ranked:
+        within = math.log(r.time_s / best) <= PRIOR_RELATIVE_ERROR
+        assert (r in tie.tied) == within, r.label
+    assert f"the top {len(tie.tied)} tie within ±35%" in tie.message
+    assert "cpbench sweep" in tie.message
+    first = report["candidates"][0]
+    assert first["interval"]["sigma"] == pytest.approx(0.35)
+    assert first["interval"]["low_s"] < first["time_s"] < first["interval"]["high_s"]
+    text = "\n".join(_plain(x) for x in render_recommendation(report))
+    assert "uncalibrated prior" in text and "cpbench probe" in text
+    assert "±35%" in text
+
+
+def test_small_sigma_names_a_clear_winner(default) -> None:
+    sharp = Uncertainty("calibration", 0.001, "test: 0.1%")
+    ranked, tie = call_ties(with_intervals(default.ranked, sharp, []), sharp, [])
+    assert tie is not None and tie.clear
+    assert tie.tied[0].label == "8x1 any" and tie.runner_up is not None
+    assert "is the clear winner" in tie.message and "beyond ±0%" in tie.message
+    assert ranked[0].time_s * math.exp(0.001) < tie.runner_up.time_s
+
+
+def _plain(renderable: object) -> str:
+    console = Console(width=200, record=True, file=io.StringIO())
+    console.print(renderable)
+    return console.export_text()
+
+
+def _measured(tmp_path: Path, spread: dict[tuple[int, int], float]) -> Path:
+    """Records of three no-mask meshes (one layout each) whose 95% intervals are the median
+    x (1 -+ spread)."""
+    profile = load_profile("cpu-local")
+    shape = AttentionShape(2048, 8, 4, 64)
+    records = []
+    for (u, r), s in spread.items():
+        record = synthetic_record(
+            MeshCandidate(shape, u, r, "contiguous", "float32", False), profile, 4
+        )
+        median = record["timing"]["median"]
+        record["timing"].update(ci_low=median * (1 - s), ci_high=median * (1 + s), iterations=30)
+        records.append(record)
+    path = tmp_path / "measured.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def _measured_request(path: Path) -> RecommendRequest:
+    return RecommendRequest(
+        heads=8, kv_heads=4, seq_len=2048, head_dim=64, gpus=4, dtype="fp32", causal=False,
+        results=(str(path),), top=0, cp_comms=("p2p",),
+    )  # fmt: skip
+
+
+def test_measured_ties_use_the_measured_intervals(tmp_path: Path) -> None:
+    meshes = ((1, 4), (2, 2), (4, 1))
+    wide = recommend(_measured_request(_measured(tmp_path, dict.fromkeys(meshes, 0.9))))
+    assert all(r.source == "measured" for r in wide.ranked)
+    assert wide.tie is not None and len(wide.tie.tied) == 3  # every interval overlaps
+    assert TIE_RULE in wide.tie.rule
+    assert "their measured 95% intervals overlap" in wide.tie.message
+    narrow = recommend(_measured_request(_measured(tmp_path, dict.fromkeys(meshes, 1e-4))))
+    times = [r.time_s for r in narrow.ranked]
+    assert times[1] / times[0] > 1.001  # the synthetic meshes are apart beyond 2 x 0.01%
+    assert narrow.tie is not None and narrow.tie.clear
+    assert narrow.tie.tied[0] is narrow.ranked[0]
+    assert "is the clear winner" in narrow.tie.message
+    report = recommendation_report(wide)
+    cell = report["candidates"][0]["interval"]
+    assert cell["sigma"] is None and cell["plus_minus"] == pytest.approx(0.9, abs=1e-9)
+    assert cell["source"].startswith("measured")
+    text = "\n".join(_plain(x) for x in render_recommendation(report))
+    assert "confidence intervals overlap" in " ".join(text.split())  # TIE_RULE in the caption
+
+
+def test_written_scenario_loads_and_measures_exactly_the_tie(default, tmp_path: Path) -> None:
+    path = write_tie_scenario(default, tmp_path / "tie.toml")
+    scenario = load_scenario(str(path))
+    assert scenario.device == "cuda" and scenario.world_size == 8  # h100-sxm is a GPU profile
+    points = scenario.distinct("cuda", 8)
+    assert default.tie is not None
+    assert len(points) == len(default.tie.tied)
+    wanted = set()
+    for r in default.tie.tied:
+        c = r.prediction.config
+        gather = c.ring > 1 and c.all_gather
+        wanted.add(
+            (c.ulysses, c.ring, c.layout, "all_gather" if gather else "p2p",
+             c.heads_k_stride if gather else None)
+        )  # fmt: skip
+    got = {
+        (p.config.ulysses, p.config.ring, p.config.layout, p.config.cp_comm,
+         p.config.heads_k_stride)
+        for p in points
+    }  # fmt: skip
+    assert got == wanted
+    assert all(
+        (p.config.seq_len, p.config.heads, p.config.kv_heads, p.config.head_dim)
+        == (131072, 32, 8, 128)
+        for p in points
+    )
+
+
+def test_cli_write_scenario_and_json_intervals(tmp_path: Path) -> None:
+    out = tmp_path / "tie.toml"
+    result = runner.invoke(
+        app,
+        ["recommend", "--heads", "32", "--kv-heads", "8", "--top", "3", "--json",
+         "--write-scenario", str(out)],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["scenario_written"] == str(out) and load_scenario(str(out)).name == "recommend-tie"
+    for c in doc["candidates"]:
+        i = c["interval"]
+        assert set(i) >= {"low_s", "high_s", "sigma", "source"}
+        assert i["low_s"] == pytest.approx(c["time_s"] * math.exp(-0.35), rel=1e-9)
+    assert doc["tie"]["tied"] >= 2 and not doc["tie"]["clear"]
+    missing = runner.invoke(
+        app, ["recommend", "--heads", "32", "--kv-heads", "8", "--write-scenario",
+              str(tmp_path / "nosuch" / "x.toml")],
+    )  # fmt: skip
+    assert missing.exit_code == 2 and "does not exist" in missing.stderr

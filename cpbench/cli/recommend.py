@@ -89,13 +89,27 @@ def recommend(
             "or with --results the ways the results measured.",
         ),
     ] = None,
+    write_scenario: Annotated[
+        str | None,
+        typer.Option(
+            "--write-scenario",
+            metavar="PATH",
+            help=(
+                "Write a scenario TOML for `cpbench sweep` that measures exactly the tied "
+                "leaders at this shape (a clear winner: it and the runner-up)."
+            ),
+        ),
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Rank every U x R mesh of the CP degree and every layout by predicted step time.
 
     Prints the feasible candidates (time with its compute / imbalance / exposed-comm breakdown,
     bytes per link tier, memory per rank, longest sequence that fits), the rejected ones with
-    the rule that rejects them, why the winner wins, and the settings for Megatron-LM,
+    the rule that rejects them, how sure the model is (every time carries its uncertainty:
+    the calibration's residuals, a probe's fit error or the prior's stated accuracy; leaders
+    within it are called a tie, and --write-scenario writes the sweep that measures them), why
+    the winner wins, and the settings for Megatron-LM,
     DeepSpeed, yunchang and torchtitan. With --tp/--pp/--cp it also solves
     world = TP x CP x PP x DP. With --documents / --window the model is mask-aware: per-rank
     work of every layout (doc_zigzag and balanced included), padding, and the ring steps a
@@ -128,12 +142,17 @@ def recommend(
         top=top,
         cp_comms=None if cp_comm is None else CP_COMM_CHOICES[cp_comm],
     )
-    report = service.recommendation_report(service.recommend(request))
+    rec = service.recommend(request)
+    report = service.recommendation_report(rec)
+    written = service.write_tie_scenario(rec, write_scenario) if write_scenario else None
     if as_json:
+        report["scenario_written"] = str(written) if written else None
         print(json.dumps(report, indent=1))
         return
     for renderable in render.render_recommendation(report):
         console.print(renderable)
+    if written:
+        console.print(f"wrote {written}: measure it with `cpbench sweep {written}`")
 
 
 @command

@@ -24,6 +24,18 @@ def render_recommendation(report: Mapping[str, Any]) -> list[RenderableType]:
         f"{s['world_formula']}"
     )
     out: list[RenderableType] = [header]
+    u = report.get("uncertainty")
+    if u and u["kind"] == "prior":
+        out.append(
+            Text(
+                f"These numbers come from an uncalibrated prior (±{u['sigma']:.0%}, "
+                f"{u['source']}): run `cpbench probe` on the machine (or pass --results of "
+                "`cpbench sweep`) to calibrate them.",
+                style="yellow",
+            )
+        )
+    elif u:
+        out.append(Text(f"Uncertainty: ±{u['sigma']:.0%} ({u['source']}).", style="dim"))
     out += [Text(f"warning: {w}", style="yellow") for w in report.get("warnings", [])]
     if s["tp"] > 1:
         out.append(
@@ -34,6 +46,14 @@ def render_recommendation(report: Mapping[str, Any]) -> list[RenderableType]:
         )
     if report["candidates"]:
         out.append(_candidates_table(report))
+    tie = report.get("tie")
+    if tie:
+        out.append(
+            Text(
+                ("Tie: " if not tie["clear"] else "") + tie["message"] + ".",
+                style="bold yellow" if not tie["clear"] else "bold",
+            )
+        )
     if report["rejected"]:
         out.append(_rejected_table(report["rejected"]))
     out.append(Text("Why: " + report["explanation"]))
@@ -61,6 +81,17 @@ def _candidates_table(report: Mapping[str, Any]) -> FitTable:
         "times in ms per attention layer and micro-batch; GB = 1e9 bytes per rank and "
         "layer; mem GiB per rank; max L in tokens"
     )
+    caption += "; ± = " + (
+        "one sigma of the predicted time (time x e^±sigma)"
+        if report.get("uncertainty")
+        else "the interval"
+    )
+    if any(c["source"] == "measured" for c in report["candidates"]):
+        # scipy (behind stats) only when measured rows are drawn: `cpbench --help` stays light
+        from cpbench.model.calibrate.stats import TIE_RULE  # noqa: PLC0415
+
+        caption += ", or half the measured median's 95% interval; " + TIE_RULE
+    caption += "; = marks a tie with #1"
     if any(c.get("cp_comm") == "all_gather" for c in report["candidates"]):
         caption += "; ag = the ring axis all-gathers K/V, hs = KV heads per gather"
     if masked:
@@ -76,6 +107,7 @@ def _candidates_table(report: Mapping[str, Any]) -> FitTable:
         "layout",
         "KV rep",
         "time ms",
+        "±",
         "compute ms",
         "imbalance ms",
         "exposed comm ms",
@@ -93,12 +125,14 @@ def _candidates_table(report: Mapping[str, Any]) -> FitTable:
         )
     for c in report["candidates"]:
         tiers = c["bytes_per_tier"]
+        pm = (c.get("interval") or {}).get("plus_minus")
         table.add_row(
-            str(c["rank"]),
+            str(c["rank"]) + ("=" if c.get("tied") and c["rank"] > 1 else ""),
             f"{c['ulysses']} x {c['ring']}",
             (c["layout"] if c["layout_matters"] else "any") + _comm_suffix(c),
             f"x{c['kv_replication']}",
             format_seconds(c["time_s"], 2, unit=False),
+            "" if pm is None else f"±{pm:.0%}",
             format_seconds(c["compute_s"], 2, unit=False),
             format_seconds(c["imbalance_s"], 2, unit=False),
             format_seconds(c["exposed_comm_s"], 2, unit=False),

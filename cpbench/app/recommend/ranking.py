@@ -24,6 +24,7 @@ from cpbench.app.recommend.types import (
     layout_label,
     rank_key,
 )
+from cpbench.app.recommend.uncertainty import call_ties, profile_uncertainty, with_intervals
 from cpbench.config.bench import check_positive_int, factorizations
 from cpbench.config.constraints import AttentionShape, check_mesh
 from cpbench.config.masks import MaskSpec
@@ -74,6 +75,8 @@ def recommend(request: RecommendRequest) -> Recommendation:
     per_node = request.gpus_per_node or profile.devices_per_node
     _check_nodes(request.gpus, per_node)
     ranked, rejected = _evaluate(request, sizes, shape, mask, profile, per_node, measurements)
+    uncertainty = profile_uncertainty(profile, calibration)
+    ranked, tie = call_ties(with_intervals(ranked, uncertainty, records), uncertainty, records)
     frameworks = framework_settings(ranked, sizes) if ranked else ()
     return Recommendation(
         request=request,
@@ -88,6 +91,8 @@ def recommend(request: RecommendRequest) -> Recommendation:
         calibration=calibration,
         warnings=warnings,
         mask=mask,
+        uncertainty=uncertainty,
+        tie=tie,
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from cpbench.app.recommend.types import (
+    SIGMA_CONVENTION,
     TIME_CONVENTION,
     RankedCandidate,
     Recommendation,
@@ -18,7 +19,29 @@ from cpbench.model.flops import FLOPS_CONVENTION
 from cpbench.model.formulas import canonical_dtype
 
 
-def _candidate_dict(position: int, r: RankedCandidate) -> dict[str, Any]:
+def _interval_dict(r: RankedCandidate) -> dict[str, Any]:
+    """low/high/sigma/source of what a candidate is ranked by (the measured median's 95%
+    interval when measured, else the prediction x exp(+-sigma))."""
+    if r.measured_s is not None:
+        m = r.measured_interval
+        return {
+            "low_s": r.low_s,
+            "high_s": r.high_s,
+            "sigma": None,
+            "plus_minus": (r.high_s - r.low_s) / (2 * r.time_s) if r.time_s > 0 else 0.0,
+            "source": f"measured: the median's 95% interval ({m.method if m else 'no interval'})",
+        }
+    pi = r.interval
+    return {
+        "low_s": r.low_s,
+        "high_s": r.high_s,
+        "sigma": pi.relative_sigma if pi else None,
+        "plus_minus": pi.relative_sigma if pi else None,
+        "source": pi.source if pi else "",
+    }
+
+
+def _candidate_dict(position: int, r: RankedCandidate, tied: bool = False) -> dict[str, Any]:
     p = r.prediction
     c = p.config
     t = p.phase_time
@@ -37,6 +60,10 @@ def _candidate_dict(position: int, r: RankedCandidate) -> dict[str, Any]:
         "source": r.source,
         "record_id": r.record_id,
         "time_s": r.time_s,
+        "interval": _interval_dict(r),
+        "predicted_low_s": r.interval.low_s if r.interval else None,
+        "predicted_high_s": r.interval.high_s if r.interval else None,
+        "tied": tied,
         "measured_s": r.measured_s,
         "predicted_s": p.step_s,
         "compute_s": t.compute_s,
@@ -79,6 +106,8 @@ def recommendation_report(rec: Recommendation) -> dict[str, Any]:
     """The `--json` answer of `recommend`."""
     q, s = rec.request, rec.sizes
     listed = rec.ranked if q.top == 0 else rec.ranked[: q.top]
+    tied = {id(r) for r in rec.tie.tied} if rec.tie else set()
+    u, tie = rec.uncertainty, rec.tie
     return {
         "warnings": list(rec.warnings),
         "inputs": {
@@ -116,7 +145,28 @@ def recommendation_report(rec: Recommendation) -> dict[str, Any]:
         },
         "conventions": {"time": TIME_CONVENTION, "flops": FLOPS_CONVENTION},
         "feasible": len(rec.ranked),
-        "candidates": [_candidate_dict(i + 1, r) for i, r in enumerate(listed)],
+        "uncertainty": (
+            {"kind": u.kind, "sigma": u.sigma, "source": u.source, "convention": SIGMA_CONVENTION}
+            if u
+            else None
+        ),
+        "tie": (
+            {
+                "tied": len(tie.tied),
+                "clear": tie.clear,
+                "labels": [r.label for r in tie.tied],
+                "runner_up": tie.runner_up.label if tie.runner_up else None,
+                "rule": tie.rule,
+                "message": tie.message,
+                "resolved_by": tie.resolved_by,
+                "measured": any(r.measured_s is not None for r in tie.tied),
+            }
+            if tie
+            else None
+        ),
+        "candidates": [
+            _candidate_dict(i + 1, r, id(r) in tied) for i, r in enumerate(listed)
+        ],
         "rejected": [
             {
                 "ulysses": x.ulysses,
@@ -128,7 +178,7 @@ def recommendation_report(rec: Recommendation) -> dict[str, Any]:
             }
             for x in rec.rejected
         ],
-        "winner": _candidate_dict(1, rec.winner) if rec.winner else None,
+        "winner": _candidate_dict(1, rec.winner, id(rec.winner) in tied) if rec.winner else None,
         "explanation": rec.explanation,
         "frameworks": [
             {

@@ -4,6 +4,7 @@ rejections, framework settings and the recommendation itself."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from cpbench.app.recommend.parallel import ParallelSizes
 from cpbench.config.constraints import AttentionShape
@@ -12,8 +13,10 @@ from cpbench.config.vocabulary import CpComm, Phase
 from cpbench.model.calibrate import (
     CalibrationResult,
 )
+from cpbench.model.calibrate.stats import Interval
 from cpbench.model.cost import Prediction
 from cpbench.model.hardware import HardwareProfile
+from cpbench.model.topology import PredictionInterval
 
 DEFAULT_HARDWARE = "h100-sxm"
 TIME_CONVENTION = (
@@ -21,6 +24,29 @@ TIME_CONVENTION = (
     "compute = kernel time at perfect balance; imbalance = extra time of the busiest rank per "
     "ring step; exposed comm = communication not hidden behind compute"
 )
+
+SIGMA_CONVENTION = (
+    "predicted time ±sigma: the interval is time x e^-sigma .. time x e^+sigma (one standard "
+    "deviation of the model's relative error, about 68%); measured time ±: half the width of "
+    "the median's 95% interval, relative to the median"
+)
+
+SigmaKind = Literal["calibration", "probe", "prior"]
+"""Where the model's uncertainty comes from: a calibration's residuals (`--results` or a
+calibrated TOML), a `cpbench probe` profile's stated fit error, or the prior's stated
+accuracy."""
+
+
+@dataclass(frozen=True)
+class Uncertainty:
+    """How sure the model is: one sigma of its relative step-time error, and why."""
+
+    kind: SigmaKind
+    """calibration, probe or prior."""
+    sigma: float
+    """One standard deviation of the relative error (0.35 = 35%)."""
+    source: str
+    """Where sigma comes from, in words (printed with every tie call)."""
 
 
 
@@ -93,6 +119,24 @@ class RankedCandidate:
     """Measured step time (results record median) when this configuration was measured."""
     record_id: str | None = None
     """Id of the record measured."""
+    interval: PredictionInterval | None = None
+    """The prediction with its uncertainty: step x exp(+-sigma) (`Uncertainty`)."""
+    measured_interval: Interval | None = None
+    """The measured median's 95% interval, when measured (`results.frame.record_interval`)."""
+
+    @property
+    def low_s(self) -> float:
+        """Lower end of what it is ranked by (the measured interval, else the predicted)."""
+        if self.measured_s is not None:
+            return self.measured_interval.low if self.measured_interval else self.measured_s
+        return self.interval.low_s if self.interval else self.prediction.step_s
+
+    @property
+    def high_s(self) -> float:
+        """Upper end of what it is ranked by."""
+        if self.measured_s is not None:
+            return self.measured_interval.high if self.measured_interval else self.measured_s
+        return self.interval.high_s if self.interval else self.prediction.step_s
 
     @property
     def time_s(self) -> float:
@@ -144,6 +188,28 @@ class FrameworkSetting:
 
 
 @dataclass(frozen=True)
+class TieCall:
+    """Whether the leaders of the ranking tie within the uncertainty."""
+
+    tied: tuple[RankedCandidate, ...]
+    """The leader and every candidate tied with it, fastest first (one: a clear winner)."""
+    runner_up: RankedCandidate | None
+    """The fastest candidate not tied with the leader (None: every candidate ties, or one)."""
+    rule: str
+    """How a tie is decided here (the model's sigma; `TIE_RULE` for measured pairs)."""
+    message: str
+    """The sentence printed under the table."""
+    resolved_by: str | None = None
+    """How a tie among measured leaders was settled (an interleaved re-measurement), if it
+    was."""
+
+    @property
+    def clear(self) -> bool:
+        """One candidate is faster than every other beyond the uncertainty."""
+        return len(self.tied) == 1
+
+
+@dataclass(frozen=True)
 class Recommendation:
     """The answer of `recommend`."""
 
@@ -172,6 +238,10 @@ class Recommendation:
     measured GPU, so the calibration started from a fallback)."""
     mask: MaskSpec = MaskSpec()
     """The mask ranked under (documents resolved from the request)."""
+    uncertainty: Uncertainty | None = None
+    """Sigma of the model's relative error and its source (None only before ranking)."""
+    tie: TieCall | None = None
+    """Whether the leaders tie (None when nothing is feasible)."""
 
     @property
     def winner(self) -> RankedCandidate | None:
