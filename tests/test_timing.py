@@ -79,3 +79,19 @@ def test_timing_stops_at_the_budget_when_the_target_is_unreachable() -> None:
     run = time_to_precision(step, policy, torch.device("cpu"))
     assert run.stop == "time budget" and len(run.samples) < 1000
     assert 0.15 <= sum(run.max_samples) <= 0.2 + 0.02  # wall budget: the steps fill most of it
+
+
+def test_other_load_is_load_beyond_the_ranks_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sweep runs configurations back to back, so the load average before one still holds the
+    previous one's ranks: 4 busy ranks on 2 cores are not "other load"; 2 more processes are."""
+    from cpbench.bench import environment  # noqa: PLC0415
+    from cpbench.bench.environment import machine_state  # noqa: PLC0415
+
+    monkeypatch.setattr(environment, "usable_cores", lambda: 2)
+
+    after = {"load1": 4.0, "time": 1.0}
+    own = machine_state({"load1": 3.9, "time": 0.0}, after, 4, 1, "cpu")
+    assert not [w for w in own["warnings"] if w.startswith("other load")]
+    assert any(w.startswith("oversubscribed") for w in own["warnings"])
+    other = machine_state({"load1": 6.0, "time": 0.0}, after, 4, 1, "cpu")
+    assert [w for w in other["warnings"] if w.startswith("other load")]

@@ -144,12 +144,14 @@ def machine_state(
             "are noisy and include scheduling"
         )
     load_before, load_after = before.get("load1"), after.get("load1")
-    own = min(busy, cores) if device == "cpu" else 0
-    for when, load in (("before", load_before), ("after", load_after)):
-        if load is not None and device == "cpu" and when == "before" and load > cores + LOAD_MARGIN:
-            warnings.append(
-                f"other load {when} the run: 1-minute load average {load:.2f} > {cores} cores"
-            )
+    # The 1-minute average before a configuration still holds the previous one's ranks (a
+    # sweep runs them back to back): only load beyond what these ranks make is other load.
+    expected = max(cores, busy) if device == "cpu" else 0
+    if load_before is not None and device == "cpu" and load_before > expected + LOAD_MARGIN:
+        warnings.append(
+            f"other load before the run: 1-minute load average {load_before:.2f} > "
+            f"{expected} ({busy} busy rank thread(s) on {cores} cores)"
+        )
     steal = steal_share(before, after)
     if steal is not None and steal > STEAL_WARNING:
         warnings.append(f"CPU steal {steal:.1%} of the CPU time during the run (a shared VM)")
@@ -165,7 +167,7 @@ def machine_state(
         "oversubscribed": bool(per_core is not None and per_core > 1),
         "load1_before": load_before,
         "load1_after": load_after,
-        "own_load": own,
+        "own_load": min(busy, cores) if device == "cpu" else 0,
         "steal": steal,
         "seconds": after["time"] - before["time"],
         "gpus": gpus,
