@@ -437,6 +437,7 @@ def test_file_keys_and_their_descriptions() -> None:
     assert AXIS_KEYS == (
         "seq_len", "batch", "heads", "kv_heads", "gqa_ratio", "head_dim", "dtype", "causal",
         "mesh", "layout", "kv_replication", "backend", "phase", "impl", "documents", "window",
+        "cp_comm", "heads_k_stride",
     )  # fmt: skip
     for model in (ScenarioFile, ScenarioAxes):
         for name, field in model.model_fields.items():
