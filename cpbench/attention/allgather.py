@@ -28,16 +28,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from cpbench.attention.comm import _record
+from cpbench.attention.comm import (
+    PendingCollective,
+    all_gather_chunks,
+    reduce_scatter_chunks,
+)
 from cpbench.attention.kernels import LocalKernel
 from cpbench.attention.kernels.base import Band
 from cpbench.errors import CpbenchError
 from cpbench.model.masking import Piece, RingSchedule
-
-_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-"""torch >= 2.13 names it all_gather_single (all_gather_into_tensor warns); same arguments."""
-_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-"""torch >= 2.13 names it reduce_scatter_single (reduce_scatter_tensor warns)."""
 
 KV_GATHER_TAG = "ag_kv"
 DKV_SCATTER_TAG = "rs_dkv"
@@ -50,51 +49,6 @@ class GatherSpec:
     group: dist.ProcessGroup | None
     size: int
     rank: int
-
-
-class _Pending:
-    """A posted collective and the tensor it fills."""
-
-    def __init__(self, work: Any, result: torch.Tensor) -> None:
-        self._work = work
-        self._result = result
-
-    def wait(self) -> torch.Tensor:
-        if self._work is not None:
-            self._work.wait()
-        return self._result
-
-
-def all_gather_chunks(x: torch.Tensor, spec: GatherSpec, tag: str, skip: bool = False) -> _Pending:
-    """Post an all-gather of `x` over the group: the result is `[A, *x.shape]` in group order.
-    Counts the `(A - 1)` chunks that reach this rank from the others (what crosses the wire per
-    rank; nccl-tests' algbw of an all-gather divides the whole output by the time)."""
-    x = x.contiguous()
-    out = torch.empty((spec.size, *x.shape), dtype=x.dtype, device=x.device)
-    if skip or spec.size == 1:
-        # compute-only variant: the own chunk in every slot, same shapes, nothing sent
-        out.copy_(x.unsqueeze(0).expand_as(out))
-        return _Pending(None, out)
-    # the output is one tensor of A stacked inputs along dim 0 (gloo wants it flat there)
-    flat = out.view(spec.size * x.shape[0], *x.shape[1:])
-    work = _ALL_GATHER(flat, x, group=spec.group, async_op=True)
-    _record(tag, x.numel() * x.element_size() * (spec.size - 1))
-    return _Pending(work, out)
-
-
-def reduce_scatter_chunks(
-    x: torch.Tensor, spec: GatherSpec, tag: str, skip: bool = False
-) -> _Pending:
-    """Post a sum reduce-scatter of `x` `[A, ...]`: this rank gets the sum of every rank's slot
-    `rank`. Counts the `(A - 1)` slots this rank sends to the others."""
-    x = x.contiguous()
-    if skip or spec.size == 1:
-        return _Pending(None, x[spec.rank].clone())
-    out = torch.empty(x.shape[1:], dtype=x.dtype, device=x.device)
-    flat = x.view(spec.size * x.shape[1], *x.shape[2:])
-    work = _REDUCE_SCATTER(out, flat, group=spec.group, async_op=True)
-    _record(tag, out.numel() * out.element_size() * (spec.size - 1))
-    return _Pending(work, out)
 
 
 def merge_block(
@@ -188,7 +142,9 @@ class AllGatherAttention(torch.autograd.Function):
         lse = torch.full((b, h, n), float("-inf"), dtype=torch.float32, device=q.device)
         strides = kv_heads // stride
         order = _sources(spec)
-        pending = all_gather_chunks(kv[:, :, :, :stride], spec, KV_GATHER_TAG, skip_comm)
+        pending = all_gather_chunks(
+            kv[:, :, :, :stride], spec.group, spec.size, spec.rank, KV_GATHER_TAG, skip_comm
+        )
         for g in range(strides):
             heads = slice(g * stride * group_heads, (g + 1) * stride * group_heads)
             own = kv[:, :, :, g * stride : (g + 1) * stride]
@@ -207,7 +163,9 @@ class AllGatherAttention(torch.autograd.Function):
             gathered = pending.wait()
             if g + 1 < strides:  # the next stride travels while this one is computed on
                 nxt = kv[:, :, :, (g + 1) * stride : (g + 2) * stride]
-                pending = all_gather_chunks(nxt, spec, KV_GATHER_TAG, skip_comm)
+                pending = all_gather_chunks(
+                    nxt, spec.group, spec.size, spec.rank, KV_GATHER_TAG, skip_comm
+                )
             if skip_compute:
                 continue
             for source in order:
@@ -228,9 +186,11 @@ class AllGatherAttention(torch.autograd.Function):
         dout = dout.contiguous()
         dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         dkv = torch.empty(kv.shape, dtype=torch.float32, device=kv.device)
-        scatters: list[tuple[int, _Pending]] = []
+        scatters: list[tuple[int, PendingCollective]] = []
         order = _sources(spec)
-        pending = all_gather_chunks(kv[:, :, :, :stride], spec, KV_GATHER_TAG, skip_comm)
+        pending = all_gather_chunks(
+            kv[:, :, :, :stride], spec.group, spec.size, spec.rank, KV_GATHER_TAG, skip_comm
+        )
         for g in range(strides):
             heads = slice(g * stride * group_heads, (g + 1) * stride * group_heads)
             own = kv[:, :, :, g * stride : (g + 1) * stride]
@@ -265,12 +225,21 @@ class AllGatherAttention(torch.autograd.Function):
             gathered = pending.wait()
             if g + 1 < strides:
                 nxt = kv[:, :, :, (g + 1) * stride : (g + 2) * stride]
-                pending = all_gather_chunks(nxt, spec, KV_GATHER_TAG, skip_comm)
+                pending = all_gather_chunks(
+                    nxt, spec.group, spec.size, spec.rank, KV_GATHER_TAG, skip_comm
+                )
             for source in order if not skip_compute else ():
                 grads(source, gathered[source])
             # each chunk's dK/dV goes home while the next stride is computed on; the one
             # before is waited for now, so at most two strides of fp32 dK/dV are alive
-            scatters.append((g, reduce_scatter_chunks(dgathered, spec, DKV_SCATTER_TAG, skip_comm)))
+            scatters.append(
+                (
+                    g,
+                    reduce_scatter_chunks(
+                        dgathered, spec.group, spec.size, spec.rank, DKV_SCATTER_TAG, skip_comm
+                    ),
+                )
+            )
             if len(scatters) > 1:
                 done, scatter = scatters.pop(0)
                 dkv[:, :, :, done * stride : (done + 1) * stride] = scatter.wait()
