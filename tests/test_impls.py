@@ -371,9 +371,15 @@ def test_sweep_with_impl_axis_and_the_report(tmp_path: Path) -> None:
         assert r["accuracy"]["passed"] and r["accuracy"]["max_abs_error"] < TOLERANCE["bfloat16"]
         comm = r["comm"]
         assert comm["match"] is None and "torch.distributed boundary" in comm["note"]
-        # The ring's K/V hops and dK/dV accumulators: the same bytes as cpbench's ring.
-        assert comm["measured_bytes"] == cpbench_ring["comm"]["measured_bytes"]
-        assert comm["model_ratio"] == {"fwd": 1.0, "bwd": 1.0}
+        # The same K/V hops as cpbench's ring; backward the libraries' fp32 dK/dV accumulator
+        # leaves with its chunk at step 0 and makes R = 2 hops, cpbench's R - 1 = 1: one fp32
+        # chunk more (twice the bf16 K/V chunk of a forward hop).
+        ours = cpbench_ring["comm"]["measured_bytes"]
+        assert comm["measured_bytes"]["fwd"] == ours["fwd"]
+        extra_chunk = [b + 2 * f for b, f in zip(ours["bwd"], ours["fwd"], strict=True)]
+        assert comm["measured_bytes"]["bwd"] == extra_chunk
+        extra = (ours["bwd"][0] + 2 * ours["fwd"][0]) / ours["bwd"][0]
+        assert comm["model_ratio"] == {"fwd": 1.0, "bwd": pytest.approx(extra, rel=1e-12)}
         timing = r["timing"]
         assert timing["compute_only"] is None and timing["overlap"] is None
         assert "exist only for cpbench" in timing["overlap_note"]

@@ -86,7 +86,7 @@ def _chunk_bytes(seq_len: int, ring: int, kv_heads: int, head_dim: int, batch: i
     ],
 )
 def test_bytes_of_a_shortened_ring_equal_the_protocol(pool, layout, documents, window, steps) -> None:  # type: ignore[no-untyped-def]
-    """Per rank: forward k - 1 K/V hops; backward k - 1 K/V hops and k fp32 dK/dV hops (the
+    """Per rank: forward k - 1 K/V hops; backward k - 1 K/V hops and k - 1 fp32 dK/dV hops (the
     last straight home), none when k = 1; of the run length's chunk. fp32, 4 heads, kv 2."""
     seq_len, heads, kv_heads, head_dim, batch = 64, 4, 2, 8, 2
     mask = MaskSpec(documents=documents, window=window)
@@ -98,7 +98,7 @@ def test_bytes_of_a_shortened_ring_equal_the_protocol(pool, layout, documents, w
     )  # fmt: skip
     chunk = _chunk_bytes(packed.seq_len, 4, kv_heads, head_dim, batch, 4)
     fwd = {"p2p_kv": (steps - 1) * chunk} if steps > 1 else {}
-    bwd = {"p2p_kv": (steps - 1) * chunk, "p2p_dkv": steps * chunk} if steps > 1 else {}
+    bwd = {"p2p_kv": (steps - 1) * chunk, "p2p_dkv": (steps - 1) * chunk} if steps > 1 else {}
     for counted in per_rank:
         assert counted.get("fwd", {}) == fwd, counted
         assert counted.get("bwd", {}) == bwd, counted

@@ -185,7 +185,7 @@ def test_backward_mirrors_forward(config: CpConfig) -> None:
     if config.ring > 1:
         chunk = 2 * config.shape.batch * config.ring_shard * config.kv_heads_per_rank
         chunk *= config.shape.head_dim
-        extra = config.ring * chunk * 4  # R fp32 dK/dV hops
+        extra = (config.ring - 1) * chunk * 4  # R - 1 fp32 dK/dV hops (the own chunk's stays)
         assert ring_bytes_sent(config, "backward") == ring_bytes_sent(config, "forward") + extra
     # the layout never changes the volume
     for layout in LAYOUTS:
@@ -236,18 +236,18 @@ def test_hand_computed_pure_ulysses_gqa() -> None:
 def test_hand_computed_pure_ring() -> None:
     # L=8192, h=32, h_kv=8, d_h=128, B=1, R=4, fp16: chunk = 2*1*2048*8*128 = 4_194_304 elements
     # forward: 3 hops = 12_582_912 elements = 25_165_824 B
-    # backward: K/V 3 hops again (25_165_824 B) + dK/dV 4 hops in fp32 (4*4_194_304*4 =
-    # 67_108_864 B) = 92_274_688 B
+    # backward: K/V 3 hops again (25_165_824 B) + dK/dV 3 hops in fp32 (3*4_194_304*4 =
+    # 50_331_648 B; the own chunk's gradient stays home) = 75_497_472 B
     config = config_from_sizes(8192, 32, 8, 128, ring=4, dtype="fp16")
     volume = comm_volume(config)
     (kv,) = volume.collectives("forward")
     assert (kv.name, kv.calls, kv.elements_per_call) == ("p2p_kv", 3, 4_194_304)
     assert volume.bytes_sent("forward") == 25_165_824
-    assert volume.bytes_sent("backward") == 92_274_688
+    assert volume.bytes_sent("backward") == 75_497_472
     dkv = volume.collectives("backward")[1]
     assert (dkv.name, dkv.calls, dkv.bytes_per_element, dkv.element_symbol) == (
         "p2p_dkv",
-        4,
+        3,
         4,
         "4",
     )

@@ -3,7 +3,7 @@
 Q stays local; packed K/V chunks `[B, S, 2, H_kv, D]` travel around the ring of R ranks. The
 transfer of the next chunk is posted before the current chunk is computed on, so the two
 overlap. Partial results are merged in fp32 with their LSE. Backward circulates K/V again, and
-an fp32 dK/dV accumulator travels with each chunk, so no step's activations are kept alive:
+an fp32 dK/dV accumulator travels with each chunk from its first visit, so no step's activations are kept alive:
 only Q, K/V, the final output and the LSE are saved. GQA: only the H_kv heads travel; the
 kernel handles the head groups locally.
 
@@ -14,10 +14,12 @@ a band), and the ring runs only the schedule's `steps` = k steps (k <= R). The b
 (docs/design.md; the model counts exactly this), per rank:
 
 * forward: K/V hops at steps 0..k-2 to the next neighbour (`p2p_kv`): k - 1 chunks;
-* backward: the same k - 1 K/V hops; the fp32 dK/dV accumulator (`p2p_dkv`) follows its chunk
-  to the next neighbour at steps 0..k-2 and after step k-1 goes straight home, to ring rank
-  j - (k-1) (received from j + (k-1)): k hops when k > 1, none when k = 1. With k = R the home
-  hop is the next neighbour: the full ring's protocol.
+* backward: the same k - 1 K/V hops; the own chunk's gradient (step 0) stays home, and the
+  fp32 dK/dV accumulator (`p2p_dkv`) of a chunk starts at its first visit (step 1), follows
+  the chunk to the next neighbour at steps 1..k-2 and after step k-1 goes straight home, to
+  ring rank j - (k-1) (received from j + (k-1)), where the own gradient is added: k - 1 hops
+  (a ring whose accumulator leaves with the chunk at step 0, as ring-flash-attn's and torch's
+  do, sends k). With k = R the home hop is the next neighbour.
 
 A row may get several pieces in one step (documents, windows) or none at all: the merge is the
 logaddexp form, and a piece whose rows no earlier piece touched is assigned, not merged (the
@@ -275,6 +277,7 @@ class RingAttention(torch.autograd.Function):
         dout = dout.contiguous()
         dq = _accumulator(tuple(q.shape), covered, 0.0, q.device)
         current = kv.contiguous()
+        own_grads: list[tuple[slice, torch.Tensor, torch.Tensor]] = []
         dkv_acc: torch.Tensor | None = None
         dkv_pending = None
         for step in range(steps):
@@ -302,13 +305,18 @@ class RingAttention(torch.autograd.Function):
                     else:
                         dq[:, p.rows] += dq_p
                 grads.append((p.cols, dk_p, dv_p))
-            received = None
-            if dkv_pending is not None:
-                with record_function("cpbench::wait_dkv"):
-                    received = dkv_pending.wait()
-            with record_function("cpbench::accumulate"):
-                dkv_acc = _add_grads(received, grads, kv)
-            if steps > 1:
+            if step == 0:
+                # The own chunk's gradient stays home (in the kernel's dtype) until the
+                # accumulator of the later visits comes back: one dK/dV hop fewer than a ring
+                # whose accumulator leaves with the chunk at step 0.
+                own_grads = grads
+            else:
+                received = None
+                if dkv_pending is not None:
+                    with record_function("cpbench::wait_dkv"):
+                        received = dkv_pending.wait()
+                with record_function("cpbench::accumulate"):
+                    dkv_acc = _add_grads(received, grads, kv)
                 # The accumulator follows its chunk to the next rank; after the last step it
                 # goes straight home, to the chunk's owner j - (k-1) (the next rank when k = R).
                 last = step + 1 == steps
@@ -324,9 +332,10 @@ class RingAttention(torch.autograd.Function):
             if kv_pending is not None:
                 with record_function("cpbench::wait_kv"):
                     current = kv_pending.wait()
+        home = None
         if dkv_pending is not None:
             with record_function("cpbench::wait_dkv"):
-                dkv_acc = dkv_pending.wait()
-        if dkv_acc is None:  # unreachable: the loop runs at least once
-            raise RuntimeError("ring backward produced no dK/dV")
+                home = dkv_pending.wait()
+        with record_function("cpbench::accumulate"):
+            dkv_acc = _add_grads(home, own_grads, kv)
         return dq.to(q.dtype), dkv_acc.to(kv.dtype), None, None, None, None, None

@@ -937,7 +937,9 @@ def _ring_time(
     total = comm = hidden = 0.0
     terms = []
     for s, compute in enumerate(computes):
-        in_flight = (kv if s < k - 1 else 0) + (dkv if s >= 1 else 0)
+        # The next step's K/V, and (from step 2) the dK/dV accumulator posted after step s-1:
+        # the own chunk's gradient stays home, so the first accumulator leaves after step 1.
+        in_flight = (kv if s < k - 1 else 0) + (dkv if s >= 2 else 0)
         if in_flight == 0:
             total += compute
             continue

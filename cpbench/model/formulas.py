@@ -185,9 +185,9 @@ class CpConfig:
 
     @property
     def dkv_hops(self) -> int:
-        """fp32 dK/dV hops in the backward: k when k > 1, none when k = 1."""
-        k = self.ring_steps
-        return k if k > 1 else 0
+        """fp32 dK/dV hops in the backward: k - 1 (the own chunk's gradient stays home; each
+        accumulator starts on the chunk's first visit and its last hop goes straight home)."""
+        return self.ring_steps - 1
 
     @property
     def tokens_per_rank(self) -> int:
@@ -508,8 +508,8 @@ def ulysses_elements_sent(config: CpConfig, phase: Pass = "forward") -> int:
 
 
 def ring_elements_sent(config: CpConfig, phase: Pass = "forward") -> int:
-    """Elements a rank sends in the ring stage: (k-1) K/V hops, plus k dK/dV hops backward
-    (none when k = 1); k = R for causal or full attention over one sequence."""
+    """Elements a rank sends in the ring stage: (k-1) K/V hops, plus (k-1) dK/dV hops
+    backward; k = R for causal or full attention over one sequence."""
     _check_phase(phase)
     if config.ring == 1:
         return 0
@@ -633,7 +633,7 @@ def _ring_hops(config: CpConfig, name: str, phase: Pass, hops: int, fp32: bool) 
     if name == "p2p_kv":
         hops_symbol = _kv_hops_symbol(config)
     else:
-        hops_symbol = "R" if config.ring_steps == config.ring else "k"
+        hops_symbol = _kv_hops_symbol(config)
     return CollectiveVolume(
         name=name,
         stage="ring",
@@ -663,12 +663,8 @@ def ring_stage(config: CpConfig, phase: Pass) -> StageVolume | None:
     if phase == "forward" or config.dkv_hops == 0:
         return StageVolume("ring", phase, (kv,), kv_formula, f"e*{kv_formula}")
     dkv = _ring_hops(config, "p2p_dkv", phase, config.dkv_hops, fp32=True)
-    if config.ring_steps == r:
-        formula = f"2*B*{length}*{width}*(2*R-1)/R"
-        dkv_formula = f"4*2*B*{length}*{width}"
-    else:
-        formula = f"2*B*{length}*{width}*(2*k-1)/R"
-        dkv_formula = f"4*2*B*{length}*{width}*k/R"
+    formula = f"2*{kv_formula}"
+    dkv_formula = f"4*{kv_formula}"
     bytes_formula = f"e*{kv_formula} + {dkv_formula}"
     return StageVolume("ring", phase, (kv, dkv), formula, bytes_formula)
 

@@ -243,6 +243,7 @@ def _add_backward_items(b: _ItemBuilder) -> None:
         b.add_fp32("dq_accumulator", "heads_q", BWD_ATTENTION, BWD_ATTENTION, "dQ' accumulator")
         b.add_fp32("dkv_accumulator", "heads_kv", BWD_ATTENTION, BWD_ATTENTION, "travelling dK/dV")
         b.add_fp32("dkv_recv_buffer", "heads_kv", BWD_ATTENTION, BWD_ATTENTION, "its next hop")
+        b.add("dkv_own", "heads_kv", BWD_ATTENTION, BWD_ATTENTION, "own chunk's dK/dV, home")
     if ulysses:
         first = BWD_A2A_OUT if ring else BWD_ATTENTION
         b.add("dq_heads", "heads_q", first, BWD_A2A_OUT, "dQ' head shard in dtype")
