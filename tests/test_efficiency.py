@@ -1,12 +1,14 @@
 """`cpbench efficiency` and the ring's overhead removals: the plan's uninitialised-accumulator
 rule, the dK/dV accumulation straight into the received buffer, the efficiency arithmetic,
-the profile buckets, the 80-column table, and one small real run on 2 gloo ranks."""
+the profile buckets, the 80-column tables, one small real run and one small profile on 2
+gloo ranks."""
 
 from __future__ import annotations
 
 import io
 import json
 import statistics
+from dataclasses import asdict
 
 import pytest
 import torch
@@ -20,6 +22,7 @@ from cpbench.app.efficiency import (
     _timing,
     bucket_of,
     cases_of,
+    profile_steps,
     run_efficiency,
     with_peers,
 )
@@ -28,7 +31,7 @@ from cpbench.attention.ring import _add_grads, _union_length, ring_plan
 from cpbench.cli.main import app
 from cpbench.config.masks import MaskSpec
 from cpbench.errors import CpbenchError
-from cpbench.render.efficiency import efficiency_tables
+from cpbench.render.efficiency import efficiency_tables, profile_table
 
 MASKS = [
     MaskSpec(causal=True),
@@ -212,3 +215,36 @@ def test_cli_rejects_unknown_dtype_naming_it() -> None:
     assert "--dtype 'float64' is not one of float32, bfloat16, float16" in " ".join(
         result.output.split()
     )
+
+
+def test_profile_shows_the_median_step_of_each_case() -> None:
+    """3 profiled steps per case on 2 gloo ranks: the step shown is the one of median wall
+    time, its buckets are one step's (they add up to no more than its wall time; the single
+    process is all kernel), and the table fits 80 columns with every profiled wall listed."""
+    settings = EfficiencySettings(
+        seq_len=512, heads=4, kv_heads=4, head_dim=16, world_sizes=(2,), dtypes=("float32",),
+        impls=("cpbench",), rounds=3, timeout=240.0,
+    )
+    profiles = profile_steps(settings, "float32")
+    assert [p.label for p in profiles] == [
+        "single process", "cpbench U1xR2 zigzag", "cpbench U2xR1 contiguous"
+    ]
+    for p in profiles:
+        assert len(p.walls) == 3
+        assert p.wall == statistics.median(p.walls)
+        assert p.device == {}
+        # self times of one thread's events: they add up to at most the step (10% for the
+        # profiler's own bookkeeping at this tiny size)
+        assert all(t >= 0.0 for t in p.cpu.values()) and sum(p.cpu.values()) <= p.wall * 1.1
+        assert p.cpu["attention kernels"] > 0.0
+    assert profiles[0].cpu["attention kernels"] == max(profiles[0].cpu.values())
+    ring = profiles[1]
+    assert ring.cpu["comm calls"] + ring.cpu["waits"] > 0.0  # the ring exchanged K/V
+    assert profiles[0].cpu["comm calls"] == profiles[0].cpu["waits"] == 0.0
+    console = Console(width=80, file=io.StringIO(), color_system=None, force_terminal=False)
+    console.print(profile_table([asdict(p) for p in profiles], "float32"))
+    text = console.file.getvalue()  # type: ignore[attr-defined]
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert "median of 3 profiled steps" in " ".join(text.split())
+    walls_line = next(line for line in text.splitlines() if "walls profiled" in line)
+    assert len(walls_line.split("│")) >= 4

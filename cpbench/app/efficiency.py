@@ -526,22 +526,25 @@ def bucket_of(name: str) -> ProfileBucket:
 
 @dataclass(frozen=True)
 class StepProfile:
-    """Where one step's time goes on rank 0 (self times of the profiler's events)."""
+    """Where one step's time goes on rank 0 (self times of the profiler's events): of the
+    profiled steps, the one whose wall time is the median (a whole step, not a mix of steps)."""
 
     label: str
     """The case profiled (single process, cpbench U1xR2 zigzag, ...)."""
     wall: float
-    """Seconds of the profiled step (wall clock, rank 0)."""
+    """Seconds of the step shown (wall clock, rank 0): the median of `walls`."""
     cpu: dict[str, float]
     """Seconds of host (self CPU) time per bucket; on CPU this is where the step runs."""
     device: dict[str, float]
     """Seconds of device (self CUDA) time per bucket; empty on CPU."""
+    walls: tuple[float, ...] = ()
+    """Wall seconds of every profiled step, in order (their spread is the run's noise)."""
 
 
 def profile_task(case: EfficiencyCase, settings: EfficiencySettings, dtype: Dtype
                  ) -> StepProfile | None:
-    """Pool task: one warm step, then one step of `case` under torch.profiler; rank 0's
-    buckets (None on the other ranks)."""
+    """Pool task: one warm step, then `settings.rounds` steps of `case`, each under its own
+    torch.profiler; rank 0's buckets of the median step (None on the other ranks)."""
     from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
 
     step = _step(case, settings, dtype)
@@ -552,24 +555,31 @@ def profile_task(case: EfficiencyCase, settings: EfficiencySettings, dtype: Dtyp
     if device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
         torch.cuda.synchronize()
-    dist.barrier()
-    with profile(activities=activities) as prof:
-        t0 = time.perf_counter()
-        step()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        wall = time.perf_counter() - t0
+    steps: list[tuple[float, dict[str, float], dict[str, float]]] = []
+    for _ in range(settings.rounds):
+        dist.barrier()
+        with profile(activities=activities) as prof:
+            t0 = time.perf_counter()
+            step()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            wall = time.perf_counter() - t0
+        cpu: dict[str, float] = dict.fromkeys(PROFILE_BUCKETS, 0.0)
+        dev: dict[str, float] = (
+            dict.fromkeys(PROFILE_BUCKETS, 0.0) if device.type == "cuda" else {}
+        )
+        for event in prof.key_averages():
+            bucket = bucket_of(event.key)
+            cpu[bucket] += event.self_cpu_time_total / 1e6
+            if dev:
+                dev[bucket] += getattr(event, "self_device_time_total", 0.0) / 1e6
+        steps.append((wall, cpu, dev))
     dist.barrier()
     if dist.get_rank() != 0:
         return None
-    cpu: dict[str, float] = dict.fromkeys(PROFILE_BUCKETS, 0.0)
-    dev: dict[str, float] = dict.fromkeys(PROFILE_BUCKETS, 0.0) if device.type == "cuda" else {}
-    for event in prof.key_averages():
-        bucket = bucket_of(event.key)
-        cpu[bucket] += event.self_cpu_time_total / 1e6
-        if dev:
-            dev[bucket] += getattr(event, "self_device_time_total", 0.0) / 1e6
-    return StepProfile(case.label, wall, cpu, dev)
+    walls = tuple(w for w, _, _ in steps)
+    wall, cpu, dev = sorted(steps, key=lambda s: s[0])[(len(steps) - 1) // 2]
+    return StepProfile(case.label, wall, cpu, dev, walls)
 
 
 def profile_steps(
@@ -580,8 +590,9 @@ def profile_steps(
         EfficiencyCase("cpbench", 2, 1, "contiguous"),
     ),
 ) -> list[StepProfile]:
-    """The baseline, then each case (default: one ring step, one Ulysses step), profiled on a
-    pool of `settings.world_sizes[0]` ranks."""
+    """The baseline, then each case (default: one ring step, one Ulysses step), each profiled
+    for `settings.rounds` steps on a pool of `settings.world_sizes[0]` ranks (the median step
+    is shown)."""
     world = settings.world_sizes[0]
     profiles = []
     with WorkerPool(WorldSpec(world, settings.device, settings.threads_per_rank)) as pool:

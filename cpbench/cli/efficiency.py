@@ -56,8 +56,9 @@ def efficiency(
     timeout: Annotated[float, typer.Option(help="Seconds one pool task may take.")] = 1800.0,
     profile: Annotated[
         bool,
-        typer.Option("--profile", help="Instead: profile one ring step and one Ulysses step "
-                     "(first world size and dtype) with torch.profiler."),
+        typer.Option("--profile", help="Instead: profile --rounds steps of a ring case and of "
+                     "a Ulysses case (first world size and dtype) with torch.profiler and "
+                     "show each one's median step."),
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
     out: Annotated[Path | None, typer.Option(help="Also write the JSON document here.")] = None,

@@ -81,10 +81,14 @@ def efficiency_tables(report: Mapping[str, Any]) -> list[RenderableType]:
 
 
 def profile_table(profiles: Sequence[Mapping[str, Any]], dtype: str) -> FitTable:
-    """Milliseconds (and % of the step's wall time) per bucket, one column per profiled step
-    (rank 0's self times; device time too on a GPU)."""
+    """Milliseconds (and % of the step's wall time) per bucket, one column per case: its
+    median step of those profiled (rank 0's self times; device time too on a GPU), with the
+    wall times of every profiled step below."""
+    steps = max((len(p.get("walls", ())) for p in profiles), default=0)
+    of = f", the median of {steps} profiled steps" if steps > 1 else ""
     table = FitTable(
-        title=f"Where one step's time goes (rank 0, {dtype}, self time ms and % of the wall time)"
+        title=f"Where one step's time goes (rank 0, {dtype}, self time ms and % of the wall "
+        f"time{of})"
     )
     table.add_column("bucket", key=True)
     device = any(p["device"] for p in profiles)
@@ -99,4 +103,7 @@ def profile_table(profiles: Sequence[Mapping[str, Any]], dtype: str) -> FitTable
             table.add_row(f"{b} (device)",
                           *(f"{p['device'].get(b, 0.0) * 1e3:.1f}" for p in profiles))
     table.add_row("wall (step)", *(f"{p['wall'] * 1e3:.1f}" for p in profiles))
+    if steps > 1:
+        table.add_row("walls profiled", *(" ".join(f"{w * 1e3:.0f}" for w in p.get("walls", ()))
+                                          for p in profiles))
     return table
