@@ -532,7 +532,8 @@ class StepProfile:
     label: str
     """The case profiled (single process, cpbench U1xR2 zigzag, ...)."""
     wall: float
-    """Seconds of the step shown (wall clock, rank 0): the median of `walls`."""
+    """Seconds of the step shown (wall clock, rank 0): the median of `walls` (the lower middle
+    one for an even count: a step that ran)."""
     cpu: dict[str, float]
     """Seconds of host (self CPU) time per bucket; on CPU this is where the step runs."""
     device: dict[str, float]

@@ -3,8 +3,8 @@
 Q stays local; packed K/V chunks `[B, S, 2, H_kv, D]` travel around the ring of R ranks. The
 transfer of the next chunk is posted before the current chunk is computed on, so the two
 overlap. Partial results are merged in fp32 with their LSE. Backward circulates K/V again, and
-an fp32 dK/dV accumulator travels with each chunk from its first visit, so no step's activations are kept alive:
-only Q, K/V, the final output and the LSE are saved. GQA: only the H_kv heads travel; the
+an fp32 dK/dV accumulator travels with each chunk from its first visit, so no step's
+activations are kept alive: only Q, K/V, the final output and the LSE are saved. GQA: only the H_kv heads travel; the
 kernel handles the head groups locally.
 
 What each step computes is the `RingSchedule` of the mask and layout

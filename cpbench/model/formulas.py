@@ -630,10 +630,7 @@ def _kv_hops_symbol(config: CpConfig) -> str:
 
 def _ring_hops(config: CpConfig, name: str, phase: Pass, hops: int, fp32: bool) -> CollectiveVolume:
     chunk_formula = f"2*B*({_length_symbol(config)}/R)*{_ring_kv_heads_symbol(config)}*d_h"
-    if name == "p2p_kv":
-        hops_symbol = _kv_hops_symbol(config)
-    else:
-        hops_symbol = _kv_hops_symbol(config)
+    hops_symbol = _kv_hops_symbol(config)  # K/V and dK/dV alike: k - 1 hops
     return CollectiveVolume(
         name=name,
         stage="ring",
