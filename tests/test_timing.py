@@ -81,17 +81,78 @@ def test_timing_stops_at_the_budget_when_the_target_is_unreachable() -> None:
     assert 0.15 <= sum(run.max_samples) <= 0.2 + 0.02  # wall budget: the steps fill most of it
 
 
-def test_other_load_is_load_beyond_the_ranks_own(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A sweep runs configurations back to back, so the load average before one still holds the
-    previous one's ranks: 4 busy ranks on 2 cores are not "other load"; 2 more processes are."""
+def test_other_load_is_cpu_time_beyond_the_ranks_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Other load is the machine's busy CPU time minus what the ranks and cpbench itself used
+    (100 clock ticks a second here): 1.5 s busy of 2.0 s with the ranks at 1.0 s is 25 % other
+    (warned); with the ranks at 1.5 s it is none; a rank that is the snapshotting process
+    itself (torchrun's rank 0) is counted once; a rank that did not report leaves it unknown."""
     from cpbench.bench import environment  # noqa: PLC0415
-    from cpbench.bench.environment import machine_state  # noqa: PLC0415
+    from cpbench.bench.environment import machine_state, other_cpu_share  # noqa: PLC0415
 
     monkeypatch.setattr(environment, "usable_cores", lambda: 2)
+    monkeypatch.setattr(environment, "_clock_ticks_per_second", lambda: 100.0)
+    zero = dict.fromkeys(("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal"), 0)
+    before = {"load1": 6.0, "time": 0.0, "cpu_times": zero, "process_cpu": 10.0, "pid": 1,
+              "host": "a"}
+    after = {"load1": 6.0, "time": 1.0, "cpu_times": dict(zero, user=140, system=10, idle=50),
+             "process_cpu": 10.0, "pid": 1, "host": "a"}
 
-    after = {"load1": 4.0, "time": 1.0}
-    own = machine_state({"load1": 3.9, "time": 0.0}, after, 4, 1, "cpu")
-    assert not [w for w in own["warnings"] if w.startswith("other load")]
-    assert any(w.startswith("oversubscribed") for w in own["warnings"])
-    other = machine_state({"load1": 6.0, "time": 0.0}, after, 4, 1, "cpu")
-    assert [w for w in other["warnings"] if w.startswith("other load")]
+    def ranks(*seconds: float, pid: int = 2) -> list[dict]:
+        return [{"seconds": s, "pid": pid + i, "host": "a"} for i, s in enumerate(seconds)]
+
+    assert other_cpu_share(before, after, ranks(0.5, 0.5)) == pytest.approx(0.25, abs=1e-12)
+    loaded = machine_state(before, after, 2, 1, "cpu", ranks_cpu=ranks(0.5, 0.5))
+    assert loaded["other_cpu"] == pytest.approx(0.25, abs=1e-12)
+    assert [w for w in loaded["warnings"] if w.startswith("other load during the run: other "
+                                                          "processes used 25%")]
+    quiet = machine_state(before, after, 2, 1, "cpu", ranks_cpu=ranks(0.75, 0.75))
+    assert quiet["other_cpu"] == 0.0 and not [w for w in quiet["warnings"] if "other" in w]
+    # a load average far above the ranks' own is not other load by itself (it lags a minute)
+    assert quiet["load1_before"] == 6.0
+    # this process used 0.5 s too: excluded when it is not a rank, counted once when it is
+    mine = dict(after, process_cpu=10.5)
+    assert other_cpu_share(before, mine, ranks(0.5, 0.5)) == pytest.approx(0.0, abs=1e-12)
+    assert other_cpu_share(before, mine, ranks(0.5, 0.5, pid=1)) == pytest.approx(0.25)
+    # ranks on another host are not this machine's
+    remote = [dict(r, host="b") for r in ranks(0.75, 0.75)]
+    assert other_cpu_share(before, after, remote) == pytest.approx(0.75)
+    assert other_cpu_share(before, after, [None, *ranks(1.0)]) is None  # type: ignore[list-item]
+    assert machine_state(before, after, 2, 1, "cpu")["other_cpu"] is None
+
+
+def test_other_load_measured_on_this_machine() -> None:
+    """For real, over half a second, on a machine otherwise quiet (skipped when it is not): a
+    process of ours burning a core is not other load, a stranger burning one is about one
+    core's share of the machine above the quiet baseline (tolerance: half a core's share)."""
+    import os  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+    import time  # noqa: PLC0415
+
+    from cpbench.bench.environment import host_snapshot, other_cpu_share  # noqa: PLC0415
+
+    if host_snapshot()["cpu_times"] is None:
+        pytest.skip("no /proc/stat on this platform")
+    cores = os.cpu_count() or 1
+    before = host_snapshot()
+    time.sleep(0.3)
+    base = other_cpu_share(before, host_snapshot(), [])
+    assert base is not None
+    if base > 0.1:  # someone else is using this machine now: nothing to measure against
+        pytest.skip(f"the machine is busy with other processes ({base:.0%} of its CPU time)")
+    before = host_snapshot()
+    end = time.process_time() + 0.5
+    while time.process_time() < end:
+        pass
+    own = other_cpu_share(before, host_snapshot(), [])
+    assert own is not None and own < base + 0.5 / cores, (own, base)
+    stranger = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)  # let it start (interpreter start-up is its CPU time too, before)
+        before = host_snapshot()
+        time.sleep(0.5)
+        other = other_cpu_share(before, host_snapshot(), [])
+    finally:
+        stranger.kill()
+        stranger.wait()
+    assert other is not None and abs(other - base - 1 / cores) < 0.5 / cores, (other, base)

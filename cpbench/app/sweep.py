@@ -609,7 +609,10 @@ def _add_machine(
     assert record.environment is not None
     threads = record.environment.torch_threads_per_rank or 1
     gpus = [r["gpu"] for r in per_rank if r.get("gpu")] or None
-    state = machine_state(before, after, config.world_size, threads, config.device, config.nodes, gpus)
+    ranks_cpu = [r.get("cpu") for r in per_rank]
+    state = machine_state(
+        before, after, config.world_size, threads, config.device, config.nodes, gpus, ranks_cpu
+    )
     timing = record.timing
     if timing is not None and timing.target_met is False:
         width = timing.relative_width or float("nan")

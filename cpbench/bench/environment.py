@@ -7,6 +7,7 @@ import os
 import platform
 import socket
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -74,8 +75,10 @@ def process_environment() -> dict[str, Any]:
 
 STEAL_WARNING = 0.02
 """CPU steal above this share of the CPU time during a configuration is warned about."""
-LOAD_MARGIN = 0.5
-"""Load average above the ranks' own (ranks x threads) plus this margin counts as other load."""
+OTHER_CPU_WARNING = 0.10
+"""CPU time of other processes above this share of the machine's CPU time during a
+configuration is warned about (background daemons stay well below it: ~0.1-1 % measured on
+an idle 2-core VM)."""
 
 
 def usable_cores() -> int:
@@ -102,12 +105,65 @@ def _cpu_times() -> dict[str, int] | None:
 
 
 def host_snapshot() -> dict[str, Any]:
-    """The host's load now: the 1-minute load average and the CPU time counters."""
+    """The host's load now: the 1-minute load average, the machine's CPU time counters and
+    this process's own CPU seconds (all its threads)."""
     try:
         load: float | None = os.getloadavg()[0]
     except (AttributeError, OSError):
         load = None
-    return {"load1": load, "cpu_times": _cpu_times(), "time": time.monotonic()}
+    return {
+        "load1": load,
+        "cpu_times": _cpu_times(),
+        "time": time.monotonic(),
+        "process_cpu": time.process_time(),
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+    }
+
+
+def rank_cpu_mark() -> dict[str, Any]:
+    """Where a rank's task starts: its process's CPU seconds (all threads), pid and host."""
+    return {"start": time.process_time(), "pid": os.getpid(), "host": socket.gethostname()}
+
+
+def rank_cpu_usage(mark: dict[str, Any]) -> dict[str, Any]:
+    """A rank task's CPU use since `rank_cpu_mark` (its `cpu` entry in the task's result)."""
+    return {"seconds": time.process_time() - mark["start"], "pid": mark["pid"],
+            "host": mark["host"]}
+
+
+def _clock_ticks_per_second() -> float:
+    try:
+        return float(os.sysconf("SC_CLK_TCK"))
+    except (AttributeError, ValueError, OSError):
+        return 100.0
+
+
+def other_cpu_share(
+    before: dict[str, Any],
+    after: dict[str, Any],
+    ranks_cpu: Sequence[dict[str, Any] | None] | None,
+) -> float | None:
+    """Share of the machine's CPU time that processes other than this one and its ranks on
+    this host used between two snapshots: (busy CPU time of the machine - the ranks' and this
+    process's own CPU time) / all CPU time, from /proc/stat and each process's own clock
+    (a rank that is this process is counted once). None where /proc/stat is unreadable,
+    nothing elapsed, or a rank did not report its CPU time."""
+    a, b = before.get("cpu_times"), after.get("cpu_times")
+    if not a or not b or ranks_cpu is None or any(c is None for c in ranks_cpu):
+        return None
+    delta = {k: b[k] - a[k] for k in a if k in b}
+    total = sum(delta.values())
+    if total <= 0:
+        return None
+    idle = delta.get("idle", 0) + delta.get("iowait", 0) + delta.get("steal", 0)
+    busy_s = (total - idle) / _clock_ticks_per_second()
+    host, pid = before.get("host"), before.get("pid")
+    here = [c for c in ranks_cpu if c is not None and c.get("host") == host]
+    own_s = sum(float(c["seconds"]) for c in here)
+    if pid is None or all(c.get("pid") != pid for c in here):
+        own_s += float(after.get("process_cpu", 0.0)) - float(before.get("process_cpu", 0.0))
+    return max(0.0, busy_s - own_s) / (total / _clock_ticks_per_second())
 
 
 def steal_share(before: dict[str, Any], after: dict[str, Any]) -> float | None:
@@ -128,8 +184,10 @@ def machine_state(
     device: str,
     nodes: int = 1,
     gpus: list[dict[str, Any]] | None = None,
+    ranks_cpu: Sequence[dict[str, Any] | None] | None = None,
 ) -> dict[str, Any]:
-    """The record's `environment.machine`: ranks per core (CPU runs), the load average and CPU
+    """The record's `environment.machine`: ranks per core (CPU runs), the load average, the
+    CPU time other processes used (`other_cpu_share`, from the ranks' `ranks_cpu`) and CPU
     steal around the configuration, each GPU's clocks and throttling, and the warnings these
     call for (oversubscribed cores, other load, steal, throttling)."""
     cores = usable_cores()
@@ -144,13 +202,14 @@ def machine_state(
             "are noisy and include scheduling"
         )
     load_before, load_after = before.get("load1"), after.get("load1")
-    # The 1-minute average before a configuration still holds the previous one's ranks (a
-    # sweep runs them back to back): only load beyond what these ranks make is other load.
-    expected = max(cores, busy) if device == "cpu" else 0
-    if load_before is not None and device == "cpu" and load_before > expected + LOAD_MARGIN:
+    # Measured, not inferred from the load average: the 1-minute average lags by a minute
+    # (before a configuration it still holds the previous one's ranks) and counts the ranks'
+    # communication threads too.
+    other = other_cpu_share(before, after, ranks_cpu)
+    if other is not None and other > OTHER_CPU_WARNING:
         warnings.append(
-            f"other load before the run: 1-minute load average {load_before:.2f} > "
-            f"{expected} ({busy} busy rank thread(s) on {cores} cores)"
+            f"other load during the run: other processes used {other:.0%} of the machine's "
+            f"CPU time (> {OTHER_CPU_WARNING:.0%}; the ranks' and cpbench's own excluded)"
         )
     steal = steal_share(before, after)
     if steal is not None and steal > STEAL_WARNING:
@@ -168,6 +227,7 @@ def machine_state(
         "load1_before": load_before,
         "load1_after": load_after,
         "own_load": min(busy, cores) if device == "cpu" else 0,
+        "other_cpu": other,
         "steal": steal,
         "seconds": after["time"] - before["time"],
         "gpus": gpus,

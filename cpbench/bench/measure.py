@@ -32,7 +32,12 @@ from cpbench.attention.api import mask_needs_band
 from cpbench.attention.comm import ByteCounter, counting
 from cpbench.attention.kernels import kernel_version, select_kernel
 from cpbench.attention.ring import VARIANTS, Variant
-from cpbench.bench.environment import gpu_clock_state, rank_environment
+from cpbench.bench.environment import (
+    gpu_clock_state,
+    rank_cpu_mark,
+    rank_cpu_usage,
+    rank_environment,
+)
 from cpbench.bench.measure_impl import measure_external
 from cpbench.bench.memory import measure_peak_memory, release_cached_memory
 from cpbench.bench.reference import (
@@ -53,7 +58,16 @@ def measure_config(config_dict: dict[str, Any], settings: dict[str, Any]) -> dic
     `settings`: warmup, iters (the minimum), max_iters, precision (None = a fixed count of
     iters), budget (seconds of timed steps), check_max_seq_len, check_rows (rows of the
     full-length check). An external impl is measured through its adapter
-    (`cpbench.bench.measure_impl`); cpbench's own path below is unchanged."""
+    (`cpbench.bench.measure_impl`). Either result carries `cpu`: the CPU seconds this rank's
+    process used in the task (`environment.rank_cpu_usage`), for the record's other-load
+    measurement."""
+    mark = rank_cpu_mark()
+    result = _measure_config(config_dict, settings)
+    result["cpu"] = rank_cpu_usage(mark)
+    return result
+
+
+def _measure_config(config_dict: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
     config = BenchConfig.from_dict(config_dict)
     device = torch_device(config)
     if config.impl != "cpbench":

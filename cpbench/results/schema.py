@@ -419,6 +419,10 @@ class MachineSection(Section):
     """1-minute load average just after it (the ranks' own load included)."""
     own_load: float | None = None
     """Load the ranks themselves account for (min(ranks x threads, cores) on CPU)."""
+    other_cpu: float | None = None
+    """Share of the machine's CPU time that other processes used during the configuration:
+    busy CPU time (/proc/stat) minus the ranks' and cpbench's own CPU time, over all CPU time;
+    null where unmeasured (no /proc/stat, or records written before it existed)."""
     steal: float | None = None
     """Share of CPU time stolen by the hypervisor during the configuration (/proc/stat);
     null where unreadable."""
