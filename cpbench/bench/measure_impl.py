@@ -2,8 +2,8 @@
 
 The same order and the same answer as `cpbench.bench.measure.measure_config` (which calls this
 for impl != cpbench): correctness check against the reference through the adapter (at the
-reduced length), warm-up and timed iterations of the full step inside the adapter's step
-context, one iteration under the library-boundary byte counter, one under the memory probe.
+reduced length), warm-up and timing to the scenario's precision of the full step inside the
+adapter's step context (as cpbench's own full step), one iteration under the library-boundary byte counter, one under the memory probe.
 There is no compute-only or communication-only variant: those remove cpbench's own transfers
 or kernels and exist only for its implementation (`compute_samples` / `comm_samples` are None).
 """
@@ -21,7 +21,7 @@ from cpbench.attention.comm import ByteCounter
 from cpbench.bench.environment import rank_environment
 from cpbench.bench.memory import measure_peak_memory, release_cached_memory
 from cpbench.bench.reference import agreed, random_shards, reference_check
-from cpbench.bench.timing import time_iterations
+from cpbench.bench.timing import TimingPolicy, time_to_precision
 from cpbench.config.bench import BenchConfig
 from cpbench.impls import get_adapter
 from cpbench.impls.counting import library_counting
@@ -57,9 +57,10 @@ def measure_external(
                 with counter.phase("bwd") if counter else contextlib.nullcontext():
                     out.backward(dout)
 
-    samples = time_iterations(
-        run_step, settings["warmup"], settings["iters"], device, reduce_max=False
-    )
+    # Timed as cpbench's own full step is (`time_to_precision`: warm-up until the times stop
+    # drifting, then to the scenario's precision within its budget), so the comparison's two
+    # sides carry intervals of the same width.
+    timed = time_to_precision(run_step, TimingPolicy.from_settings(settings, 1.0), device)
     counter = ByteCounter()
     with library_counting(counter):
         run_step(counter)
@@ -68,9 +69,11 @@ def measure_external(
         "rank": dist.get_rank(),
         "kernel": kernel_label(adapter.kernel),
         "impl_version": adapter.version(),
-        "samples": samples,
+        "samples": timed.samples,
         "compute_samples": None,
         "comm_samples": None,
+        "warmup_iterations": {"full": timed.warmup},
+        "stop": {"full": timed.stop},
         "bytes": counter.as_dict(),
         "memory": memory,
         "accuracy": accuracy,
