@@ -111,6 +111,7 @@ from cpbench.model.hardware import (
 from cpbench.model.memory import max_seq_len_for_budget, memory_estimate
 from cpbench.model.topology import (
     PLACEMENT_ORDERS,
+    CollectiveTime,
     TopologyPlacement,
     all_to_all_time,
     ring_hop_time,
@@ -463,7 +464,13 @@ class CommTerm:
     messages: int
     """Calls (or concurrent exchanges) paying the latency."""
     bytes: float
-    """Bytes a rank sends, scaled by the ranks sharing the link (a NIC)."""
+    """Bytes a rank sends, scaled by the ranks sharing the link (a NIC); on a topology, the
+    bytes per device across `level`'s links (so that bytes / that level's busbw is its time)."""
+    level: int | None = None
+    """On a profile with a `[topology]`: the node tier (index into `node_tiers()`) whose
+    latency (`messages`) or per-device bandwidth (`bytes`) this term prices (the highest level
+    a call crosses pays the latency, its bounding level the bandwidth); None where `tier`'s
+    link is priced (a flat profile, or the network between nodes)."""
 
 
 @dataclass(frozen=True)
@@ -890,8 +897,7 @@ def _all_to_all_call(ctx: _Context, phase: Pass, bytes_sent: int) -> tuple[float
     place, profile = ctx.placement, ctx.profile
     if ctx.topology is not None:  # the slowest crossed tier of the node topology bounds it
         timed = all_to_all_time(ctx.topology, bytes_sent)
-        tier: LinkTier = "inter_node" if timed.crosses_network else "intra_node"
-        return timed.seconds, [CommTerm(tier, "all_to_all", phase, 1, float(bytes_sent))]
+        return timed.seconds, _level_terms(ctx.topology, timed, "all_to_all", phase)
     intra = profile.intra_node
     if place.ulysses_tier == "intra_node":
         term = CommTerm("intra_node", "all_to_all", phase, 1, bytes_sent)
@@ -947,13 +953,42 @@ def _ring_time(
         comm += hop
         hidden += min(compute, hop)
         total += max(compute, hop) + (1 - overlap) * min(compute, hop)
-        terms.append(CommTerm(tier, "send_recv", phase, 1, float(in_flight * sharing)))
+        terms.extend(_hop_terms(ctx, tier, phase, in_flight, sharing))
     if dkv:
         home = _hop_seconds(ctx, cost, dkv, sharing)  # the last dK/dV hop goes home, exposed
         total += home
         comm += home
-        terms.append(CommTerm(tier, "send_recv", phase, 1, float(dkv * sharing)))
+        terms.extend(_hop_terms(ctx, tier, phase, dkv, sharing))
     return total, comm, hidden, tuple(terms)
+
+
+def _level_terms(
+    placement: TopologyPlacement, timed: CollectiveTime, kind: CollectiveKind, phase: Pass
+) -> list[CommTerm]:
+    """The linear pieces of one collective on a topology: the latency of the highest level it
+    crosses and the bandwidth time of its bounding level (their sum is `timed.seconds`)."""
+    if timed.bounding < 0:
+        return []
+    tier: LinkTier = "inter_node" if timed.crosses_network else "intra_node"
+
+    def term(index: int, messages: int, nbytes: float) -> CommTerm:
+        level = placement.tiers[index]
+        if level.kind == "network":  # the profile's inter_node link: bytes x NIC sharing
+            return CommTerm("inter_node", kind, phase, messages, nbytes * level.devices_per_link)
+        return CommTerm(tier, kind, phase, messages, nbytes, level=index)
+
+    top, bound = len(timed.levels) - 1, timed.bounding
+    per_device = timed.levels[bound].seconds * placement.tiers[bound].cost(kind).busbw
+    return [term(top, 1, 0.0), term(bound, 0, per_device)]
+
+
+def _hop_terms(
+    ctx: _Context, tier: LinkTier, phase: Pass, nbytes: int, sharing: int
+) -> list[CommTerm]:
+    """The linear pieces of one ring exchange of `nbytes` per rank (`_hop_seconds`'s time)."""
+    if ctx.topology is not None:
+        return _level_terms(ctx.topology, ring_hop_time(ctx.topology, nbytes), "send_recv", phase)
+    return [CommTerm(tier, "send_recv", phase, 1, float(nbytes * sharing))]
 
 
 def _hop_seconds(ctx: _Context, cost: LinkCost, nbytes: int, sharing: int) -> float:

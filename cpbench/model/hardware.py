@@ -1057,6 +1057,24 @@ def with_link_cost(
     return replace(profile, inter_node=link)
 
 
+def with_tier_cost(
+    profile: HardwareProfile, index: int, kind: CollectiveKind, cost: LinkCost
+) -> HardwareProfile:
+    """A copy of a profile with a `[topology]` with one node tier's (index into
+    `node_tiers()`) LinkCost of one collective kind replaced."""
+    if profile.topology is None or not 0 <= index < len(profile.topology.tiers):
+        raise CpbenchError(f"profile {profile.name!r} has no topology tier {index}")
+    tiers = list(profile.topology.tiers)
+    tier = tiers[index]
+    if kind == "all_to_all":
+        tiers[index] = replace(tier, all_to_all=cost)
+    elif kind == "send_recv":
+        tiers[index] = replace(tier, send_recv=cost)
+    else:
+        raise CpbenchError(f"collective kind {kind!r} is not one of {', '.join(COLLECTIVE_KINDS)}")
+    return replace(profile, topology=replace(profile.topology, tiers=tuple(tiers)))
+
+
 def with_curve(profile: HardwareProfile, family: str, curve: EfficiencyCurve) -> HardwareProfile:
     """A copy of the profile with the curve of one kernel family set (the default family's is
     `efficiency`)."""

@@ -78,6 +78,9 @@ class Level:
     """Send/recv cost across it."""
     peer_to_peer: bool
     """Whether GPU peer-to-peer works across it."""
+    devices_per_link: int = 1
+    """Devices sharing one link of the profile's cost (the network: a NIC's devices_per_nic;
+    its costs here are per device, the NIC's busbw over this)."""
 
     def cost(self, kind: CollectiveKind) -> LinkCost:
         """The LinkCost of a collective kind."""
@@ -120,7 +123,7 @@ def levels(profile: HardwareProfile, devices_per_node: int | None = None) -> tup
 
     out.append(
         Level("network", per_node, per_node, nic.name, per_device(nic.all_to_all),
-              per_device(nic.send_recv), True)
+              per_device(nic.send_recv), True, share)
     )
     return tuple(out)
 

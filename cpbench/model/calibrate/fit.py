@@ -6,6 +6,8 @@ in this order:
 
 1. **links** from `comm_only`: `sum(messages x latency + bytes x sharing / busbw)` over the
    model's `CommTerm`s, unknowns latency and 1/busbw per (tier, collective kind) that occurs;
+   on a profile with a `[topology]` per (node tier, kind) for the tiers that bound a call or
+   pay its latency, and the `inter_node` link for the network;
 2. **kernel efficiency** from `compute_only`: `slowest FLOPs / (peak x eff(L/R)) + steps x
    step_overhead + memory-bound merges`, unknowns 1/eff at every measured kernel sequence length
    `L/R` (the fitted curve's points) and the step overhead; when a fitted efficiency exceeds 1
@@ -33,13 +35,16 @@ from cpbench.errors import CpbenchError
 from cpbench.model.calibrate.measurements import Measurement, as_measurements, resolve_prior
 from cpbench.model.calibrate.stats import rms
 from cpbench.model.cost import CommTerm, Prediction
+from cpbench.model.formulas import CollectiveKind
 from cpbench.model.hardware import (
     GB,
     CalibrationInfo,
     EfficiencyCurve,
     HardwareProfile,
     LinkCost,
+    LinkTier,
     with_link_cost,
+    with_tier_cost,
 )
 
 DEFAULT_RIDGE = 1e-4
@@ -139,10 +144,18 @@ class CalibrationResult:
 # ----------------------------------------------------------------------------------- links
 
 
-def _fit_links(
-    measurements: Sequence[Measurement], profile: HardwareProfile, ridge: float
-) -> tuple[HardwareProfile, FitReport | None]:
-    rows: list[tuple[Measurement, float, Prediction, list[CommTerm]]] = []
+LinkKey = tuple[LinkTier, CollectiveKind, "int | None"]
+"""What a comm term prices: (link tier, collective kind, topology node tier or None)."""
+LINK_REFITS = 6
+"""At most this many link fits: on a topology which level bounds a call depends on the costs
+(a max), so the linear pieces are re-taken at the fitted profile until the fit stops
+improving; a flat profile's are linear and the second fit changes nothing."""
+
+
+def _comm_rows(
+    measurements: Sequence[Measurement], profile: HardwareProfile
+) -> list[tuple[Measurement, float, Prediction, list[CommTerm]]]:
+    rows = []
     for m in measurements:
         if m.comm_only_s is None:
             continue
@@ -150,48 +163,98 @@ def _fit_links(
         terms = [t for t in p.comm_terms if t.phase == "forward" or m.candidate.phase != "fwd"]
         if terms:
             rows.append((m, m.comm_only_s, p, terms))
+    return rows
+
+
+def _fit_links(
+    measurements: Sequence[Measurement], profile: HardwareProfile, ridge: float
+) -> tuple[HardwareProfile, FitReport | None]:
+    rows = _comm_rows(measurements, profile)
     if not rows:
         return profile, None
-    keys = sorted({(t.tier, t.kind) for *_, terms in rows for t in terms})
+    prior_profile = profile
+    before = [(p.comm_only_s - comm) / comm for _, comm, p, _ in rows]
+    residual = rms(before)
+    points: dict[LinkKey, int] = {}
+    for _ in range(LINK_REFITS):
+        fitted_profile, fitted_points = _fit_links_once(rows, profile, prior_profile.name, ridge)
+        after = [(m.predict(fitted_profile).comm_only_s - comm) / comm for m, comm, _, _ in rows]
+        if rms(after) >= residual * 0.999:
+            break
+        profile, residual = fitted_profile, rms(after)
+        points = {**points, **fitted_points}
+        rows = _comm_rows(measurements, profile)
+    parameters = []
+    for key, count in sorted(points.items(), key=lambda kv: _key_order(kv[0])):
+        old, new = _link_cost(prior_profile, key), _link_cost(profile, key)
+        tier, kind, level = key
+        label = (
+            f"{tier} {kind}"
+            if level is None
+            else f"topology tier {level} ({profile.node_tiers()[level].kind}) {kind}"
+        )
+        parameters += [
+            ParameterFit(f"{label} latency", "us", old.latency_s * 1e6, new.latency_s * 1e6, count),
+            ParameterFit(f"{label} busbw", "GB/s", old.busbw / GB, new.busbw / GB, count),
+        ]
+    report = FitReport("comm_only", len(rows), rms(before), residual, tuple(parameters))
+    return profile, report
+
+
+def _key_order(key: LinkKey) -> tuple[str, str, int]:
+    tier, kind, level = key
+    return (tier, kind, -1 if level is None else level)
+
+
+def _fit_links_once(
+    rows: Sequence[tuple[Measurement, float, Prediction, list[CommTerm]]],
+    profile: HardwareProfile,
+    prior_name: str,
+    ridge: float,
+) -> tuple[HardwareProfile, dict[LinkKey, int]]:
+    """One linear fit of the link costs the rows' terms price (linearised at `profile`)."""
+    keys = sorted({(t.tier, t.kind, t.level) for *_, terms in rows for t in terms}, key=_key_order)
     column = {key: 2 * i for i, key in enumerate(keys)}
     design = np.zeros((len(rows), 2 * len(keys)))
     for i, (*_, terms) in enumerate(rows):
         for t in terms:
-            design[i, column[(t.tier, t.kind)]] += t.messages
-            design[i, column[(t.tier, t.kind)] + 1] += t.bytes
+            design[i, column[(t.tier, t.kind, t.level)]] += t.messages
+            design[i, column[(t.tier, t.kind, t.level)] + 1] += t.bytes
     prior = np.array(
         [
             value
-            for tier, kind in keys
+            for key in keys
             for value in (
-                max(profile.link(tier).cost(kind).latency_s, 1e-7),
-                1.0 / profile.link(tier).cost(kind).busbw,
+                max(_link_cost(profile, key).latency_s, 1e-7),
+                1.0 / _link_cost(profile, key).busbw,
             )
         ]
     )
     target = np.array([comm for _, comm, _, _ in rows])
     fitted = solve_relative(design, target, prior, ridge)
-    before = [(p.comm_only_s - comm) / comm for _, comm, p, _ in rows]
-    parameters = []
-    for tier, kind in keys:
-        col = column[(tier, kind)]
-        old = profile.link(tier).cost(kind)
-        points = int(np.count_nonzero(design[:, col] + design[:, col + 1]))
+    points: dict[LinkKey, int] = {}
+    for key in keys:
+        col = column[key]
+        points[key] = int(np.count_nonzero(design[:, col] + design[:, col + 1]))
         cost = LinkCost(
             float(fitted[col]),
             float(1.0 / fitted[col + 1]),
-            f"calibrated on {points} comm-only measurements (prior {profile.name})",
+            f"calibrated on {points[key]} comm-only measurements (prior {prior_name})",
         )
-        profile = with_link_cost(profile, tier, kind, cost)
-        parameters += [
-            ParameterFit(
-                f"{tier} {kind} latency", "us", old.latency_s * 1e6, cost.latency_s * 1e6, points
-            ),
-            ParameterFit(f"{tier} {kind} busbw", "GB/s", old.busbw / GB, cost.busbw / GB, points),
-        ]
-    after = [(m.predict(profile).comm_only_s - comm) / comm for m, comm, _, _ in rows]
-    report = FitReport("comm_only", len(rows), rms(before), rms(after), tuple(parameters))
-    return profile, report
+        tier, kind, level = key
+        if level is None:
+            profile = with_link_cost(profile, tier, kind, cost)
+        else:
+            profile = with_tier_cost(profile, level, kind, cost)
+    return profile, points
+
+
+def _link_cost(profile: HardwareProfile, key: LinkKey) -> LinkCost:
+    """The LinkCost a comm term prices: a node tier of the topology, or a link tier."""
+    tier, kind, level = key
+    if level is None:
+        return profile.link(tier).cost(kind)
+    return profile.node_tiers()[level].cost(kind)
 
 
 # -------------------------------------------------------------------------------- compute
