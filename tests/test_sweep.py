@@ -260,6 +260,12 @@ def test_equivalent_points_run_once_to_a_precision_with_a_full_length_row_check(
         machine = r["environment"]["machine"]
         assert machine["ranks_on_node"] == 2 and machine["cores"] >= 1
         assert machine["oversubscribed"] == (machine["ranks_per_core"] > 1)
+        # measured from /proc/stat and the ranks' own CPU clocks: a share of the machine
+        other = machine["other_cpu"]
+        assert (other is None) == (not Path("/proc/stat").exists())
+        assert other is None or 0.0 <= other <= 1.0
+        if other is not None and other <= 0.10:
+            assert not [w for w in machine["warnings"] if w.startswith("other load")]
     again = run_sweep(scenario, "cpu", 2, out, resume=True)
     assert again.resumed == 3 and not again.records
     assert len(read_records(out)) == 3

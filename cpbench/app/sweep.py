@@ -553,6 +553,7 @@ def run_sweep(
 
                     in_process.on_abandon = abandon
                 try:
+                    world.start()  # a (re)spawn is not the configuration's CPU time
                     before = host_snapshot()
                     per_rank = world.run(
                         task or measure_config, _task_config(record), settings, timeout=limit

@@ -77,8 +77,9 @@ STEAL_WARNING = 0.02
 """CPU steal above this share of the CPU time during a configuration is warned about."""
 OTHER_CPU_WARNING = 0.10
 """CPU time of other processes above this share of the machine's CPU time during a
-configuration is warned about (background daemons stay well below it: ~0.1-1 % measured on
-an idle 2-core VM)."""
+configuration is warned about (background daemons stay well below it: 0.3 % measured in 3 s
+windows on the idle 2-core development VM; one stranger burning a core during a 2-rank sweep
+there: 39-42 %)."""
 
 
 def usable_cores() -> int:
@@ -121,9 +122,21 @@ def host_snapshot() -> dict[str, Any]:
     }
 
 
+_waiting_since: list[float] = []
+"""This process's CPU seconds when it began waiting for its next task (pool workers)."""
+
+
+def rank_waiting() -> None:
+    """Called by a pool worker before it waits for its next task: what it spends from here
+    (receiving and unpickling the task, importing the modules it names) is the task's."""
+    _waiting_since[:] = [time.process_time()]
+
+
 def rank_cpu_mark() -> dict[str, Any]:
-    """Where a rank's task starts: its process's CPU seconds (all threads), pid and host."""
-    return {"start": time.process_time(), "pid": os.getpid(), "host": socket.gethostname()}
+    """Where a rank's task starts: its process's CPU seconds (all threads; from when a pool
+    worker began waiting for the task), pid and host."""
+    start = _waiting_since[0] if _waiting_since else time.process_time()
+    return {"start": start, "pid": os.getpid(), "host": socket.gethostname()}
 
 
 def rank_cpu_usage(mark: dict[str, Any]) -> dict[str, Any]:

@@ -95,7 +95,10 @@ def _worker_main(
         timeout=datetime.timedelta(seconds=600),
         **extra,
     )
+    from cpbench.bench.environment import rank_waiting  # noqa: PLC0415
+
     results.put(("ready", rank, "ok", None))
+    rank_waiting()
     while True:
         try:
             task = tasks.get(timeout=1.0)
@@ -111,6 +114,7 @@ def _worker_main(
         except BaseException as exc:  # report everything; the parent decides what to do
             message = f"{type(exc).__name__}: {exc}"
             results.put((task_id, rank, "error", (message, traceback.format_exc())))
+        rank_waiting()
     dist.destroy_process_group()
 
 

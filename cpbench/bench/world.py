@@ -51,6 +51,10 @@ Outcome = Literal["ok", "error", "timeout", "stopped"]
 class World(Protocol):
     """Where a task runs on every rank: a local pool or the launched world itself."""
 
+    def start(self) -> None:
+        """Make every rank ready to run a task (spawn a pool, build the process group), so
+        that what is measured around a task does not include it."""
+
     def run(self, fn: Callable[..., Any], *args: Any, timeout: float) -> list[Any]: ...
 
     def close(self, force: bool = False) -> None: ...
@@ -324,13 +328,17 @@ class InProcessWorld:
 
             clear_mesh_cache()
 
-    def run(self, fn: Callable[..., Any], *args: Any, timeout: float) -> list[Any]:
-        """Run `fn(*args)` on this rank, as every rank does; return all ranks' results in rank
-        order, or raise `TaskError`/`TaskTimeout` on every rank."""
+    def start(self) -> None:
+        """A fresh process group after close() (none to build otherwise)."""
         import torch.distributed as dist  # noqa: PLC0415
 
         if self._owned and not dist.is_initialized():
-            self._start()  # after close(): a fresh process group
+            self._start()
+
+    def run(self, fn: Callable[..., Any], *args: Any, timeout: float) -> list[Any]:
+        """Run `fn(*args)` on this rank, as every rank does; return all ranks' results in rank
+        order, or raise `TaskError`/`TaskTimeout` on every rank."""
+        self.start()
         seq, self._runs = self._runs, self._runs + 1
         key = f"{self._prefix}/run{seq}"
         self._forget(seq - 2)  # every rank has read those: it finished the run after them
