@@ -165,7 +165,7 @@ def allgather_rounds(
     config = BenchConfig(
         seq_len=seq_len, batch=1, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
         dtype="float32", causal=True, ulysses=1, ring=world, layout="zigzag",
-        kv_replication=None, backend="sdpa", phase="fwd+bwd", device="cpu",
+        kv_replication=None, kernel="sdpa", phase="fwd+bwd", device="cpu",
         world_size=world, impl="torch_cp",
     )
     runner = get_adapter("torch_cp").prepare(config)

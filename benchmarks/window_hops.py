@@ -22,8 +22,8 @@ import torch.distributed as dist
 from cpbench.attention import build_mesh, cp_attention, shard
 from cpbench.attention.comm import ByteCounter, counting
 from cpbench.bench.pool import WorkerPool, WorldSpec
+from cpbench.config.geometry import pack, ring_schedule
 from cpbench.config.masks import MaskSpec
-from cpbench.model.masking import pack, ring_schedule
 
 HEADS, HEAD_DIM, RING = 8, 64, 4
 

@@ -124,7 +124,7 @@ def impl_layouts(seq_len: int, ulysses: int, ring: int) -> dict[str, bool]:
             config = BenchConfig(
                 seq_len=seq_len, batch=1, heads=1, kv_heads=1, head_dim=1, dtype="float32",
                 causal=True, ulysses=1, ring=ring, layout=layout, kv_replication=None,
-                backend="auto", phase="fwd+bwd", device="cpu", world_size=world,
+                kernel="auto", phase="fwd+bwd", device="cpu", world_size=world,
                 impl="torch_cp",
             )
             local = get_adapter("torch_cp").prepare(config).shard(tokens)

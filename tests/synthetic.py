@@ -5,7 +5,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from cpbench.model.cost import MeshCandidate, predict
+from cpbench.config.problem import MeshCandidate
+from cpbench.model.cost import predict
 from cpbench.model.flops import FLOPS_CONVENTION, attention_flops
 from cpbench.model.formulas import comm_volume
 from cpbench.model.hardware import HardwareProfile
@@ -25,7 +26,7 @@ def synthetic_record(
     rng = rng or random.Random(0)
     per_node = devices_per_node or profile.devices_per_node
     p = predict(candidate, profile, per_node)
-    c = p.config
+    c = p.candidate
 
     def noisy(value: float) -> float:
         return max(value * (1.0 + noise * rng.gauss(0.0, 1.0)), 1e-9)
@@ -38,7 +39,7 @@ def synthetic_record(
     s = c.shape
     record_id = (
         f"L{s.seq_len}-B{s.batch}-h{s.heads}-kv{s.kv_heads}-d{s.head_dim}-{c.dtype}-{causal}-"
-        f"U{c.ulysses}xR{c.ring}-{c.layout}-rep{c.kv_replication}-auto-{candidate.phase}-"
+        f"U{c.ulysses}xR{c.ring}-{c.layout}-rep{c.replication}-auto-{candidate.phase}-"
         f"{device}-w{world}"
     )
     flops = attention_flops(
@@ -61,7 +62,7 @@ def synthetic_record(
             "ulysses": c.ulysses,
             "ring": c.ring,
             "layout": c.layout,
-            "kv_replication": c.kv_replication,
+            "kv_replication": c.replication,
             "backend": "auto",
             "kernel": "synthetic",
             "device": device,

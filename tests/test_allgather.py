@@ -19,8 +19,8 @@ import torch.multiprocessing as mp
 
 from cpbench.attention.allgather import AllGatherAttention, GatherSpec
 from cpbench.attention.comm import ByteCounter, counting
+from cpbench.config.geometry import pack, ring_schedule
 from cpbench.config.masks import MaskSpec
-from cpbench.model.masking import pack, ring_schedule
 
 WORLD = 4
 TOLERANCE = 1e-5

@@ -29,15 +29,14 @@ from cpbench.bench.reference import run_cases_on_rank
 from cpbench.config.bench import BenchConfig
 from cpbench.config.constraints import AttentionShape, scheme_of
 from cpbench.config.masks import MaskSpec
+from cpbench.config.problem import CpProblem, MeshCandidate
 from cpbench.config.tolerances import TOLERANCE
 from cpbench.config.vocabulary import Pass
 from cpbench.errors import CpbenchError
-from cpbench.model.cost import MeshCandidate, predict
+from cpbench.model.cost import predict
 from cpbench.model.formulas import (
     busbw_factor,
     comm_volume,
-    config_from_sizes,
-    cp_config_of,
     evaluate_formula,
 )
 from cpbench.model.hardware import load_profile
@@ -59,7 +58,7 @@ def _bench(**overrides: object) -> BenchConfig:
         ring=4,
         layout="zigzag",
         kv_replication=None,
-        backend="auto",
+        kernel="auto",
         phase="fwd+bwd",
         device="cpu",
         world_size=4,
@@ -93,7 +92,7 @@ def test_bad_cp_comm_and_strides_are_named() -> None:
         _bench(cp_comm="broadcast")
     with pytest.raises(CpbenchError, match="applies to cp_comm all_gather only"):
         _bench(heads_k_stride=2)
-    feasibility = _bench(cp_comm="all_gather", heads_k_stride=3).feasibility()
+    feasibility = _bench(cp_comm="all_gather", heads_k_stride=3).feasibility
     assert not feasibility.ok
     assert "(c x h_kv / U = 4): 4 % 3 = 1" in (feasibility.reason or "")
 
@@ -104,9 +103,7 @@ def test_bad_cp_comm_and_strides_are_named() -> None:
 @pytest.mark.parametrize(("ulysses", "ring", "stride"), [(1, 8, None), (1, 8, 2), (2, 4, 1)])
 def test_gather_bytes_and_formulas(ulysses: int, ring: int, stride: int | None) -> None:
     L, h, h_kv, d_h, b = 32768, 32, 8, 128, 2
-    c = config_from_sizes(
-        L, h, h_kv, d_h, b, ulysses, ring, "zigzag", "bfloat16", None, "all_gather", stride
-    )
+    c = CpProblem(seq_len=L, heads=h, kv_heads=h_kv, head_dim=d_h, batch=b, ulysses=ulysses, ring=ring, layout="zigzag", dtype="bfloat16", cp_comm="all_gather", heads_k_stride=stride).require_feasible()
     assert c.scheme == ("allgather" if ulysses == 1 else "usp_allgather")
     chunk = 2 * b * (L // ring) * (h_kv // ulysses) * d_h
     volume = comm_volume(c)
@@ -131,7 +128,7 @@ def test_gather_bytes_and_formulas(ulysses: int, ring: int, stride: int | None) 
                 assert evaluate_formula(x.per_call_formula, symbols) == x.elements_per_call
     # the ring on the same mesh sends the same bytes both ways: its dK/dV accumulator makes
     # R - 1 hops, as many chunks as the reduce-scatter hands on
-    ring_c = config_from_sizes(L, h, h_kv, d_h, b, ulysses, ring, "zigzag", "bfloat16")
+    ring_c = CpProblem(seq_len=L, heads=h, kv_heads=h_kv, head_dim=d_h, batch=b, ulysses=ulysses, ring=ring, layout="zigzag", dtype="bfloat16").require_feasible()
     ring_v = comm_volume(ring_c)
     assert ring_v.bytes_sent("forward") == volume.bytes_sent("forward")
     assert ring_v.bytes_sent("backward") == volume.bytes_sent("backward")
@@ -139,9 +136,7 @@ def test_gather_bytes_and_formulas(ulysses: int, ring: int, stride: int | None) 
 
 def test_gathered_memory_shrinks_with_the_stride_and_grows_with_length() -> None:
     def gathered(seq_len: int, stride: int | None) -> tuple[int, int]:
-        c = config_from_sizes(
-            seq_len, 32, 8, 128, 1, 1, 8, "zigzag", "bfloat16", None, "all_gather", stride
-        )
+        c = CpProblem(seq_len=seq_len, heads=32, kv_heads=8, head_dim=128, batch=1, ulysses=1, ring=8, layout="zigzag", dtype="bfloat16", cp_comm="all_gather", heads_k_stride=stride).require_feasible()
         est = memory_estimate(c)
         item = next(i for i in est.items if i.name == "kv_gathered")
         return item.bytes, est.peak("forward_backward")
@@ -154,7 +149,7 @@ def test_gathered_memory_shrinks_with_the_stride_and_grows_with_length() -> None
     assert one == 2 * (2 * 32768 * 1 * 128 * 2)
     assert peak_one < peak_whole
     assert gathered(65536, None)[0] == 2 * whole  # grows with L
-    report = formulas_report(32768, 32, 8, 128, 1, 1, 8, "zigzag", cp_comm="all_gather")
+    report = formulas_report(CpProblem(seq_len=32768, heads=32, kv_heads=8, head_dim=128, batch=1, ulysses=1, ring=8, layout="zigzag", cp_comm="all_gather"))
     rows = {r["heads_k_stride"]: r for r in report["all_gather"]["strides"]}
     assert set(rows) == {8, 4, 2, 1}
     assert rows[8]["gathered_kv_bytes"] == whole and rows[1]["gathered_kv_bytes"] == one
@@ -165,7 +160,7 @@ def test_gathered_memory_shrinks_with_the_stride_and_grows_with_length() -> None
 
 def test_sweep_analytic_config_of_a_point() -> None:
     config = _bench(cp_comm="all_gather", heads_k_stride=1)
-    model = cp_config_of(config)
+    model = config
     assert model.all_gather and model.gathers == 4
     names = {c.name for c in comm_volume(model).collectives("backward")}
     assert names == {"ag_kv", "rs_dkv"}
@@ -178,7 +173,7 @@ def test_one_stride_hides_its_gather_behind_the_own_chunk_only() -> None:
     profile = load_profile("h100-sxm")
     overlap = profile.overlap
     shape = AttentionShape(32768, 32, 8, 128, 1)
-    whole = predict(MeshCandidate(shape, 1, 8, "zigzag", cp_comm="all_gather"), profile)
+    whole = predict(MeshCandidate.for_shape(shape=shape, ulysses=1, ring=8, layout="zigzag", cp_comm="all_gather"), profile)
     link = profile.intra_node.all_to_all
     gather_s = link.latency_s + 7 * 2 * 4096 * 8 * 128 * 2 / link.busbw
     # zigzag: the own chunk is 1/8 of every rank's causal work (n^2/2 of R n^2/2)
@@ -191,11 +186,11 @@ def test_one_stride_hides_its_gather_behind_the_own_chunk_only() -> None:
     own_b = whole.backward.compute_s / 8
     expected_b = max(own_b, gather_s) - own_b + (1 - overlap) * min(own_b, gather_s) + rs_s
     assert whole.backward.exposed_comm_s == pytest.approx(expected_b, rel=1e-9)
-    ring = predict(MeshCandidate(shape, 1, 8, "zigzag"), profile)
+    ring = predict(MeshCandidate.for_shape(shape=shape, ulysses=1, ring=8, layout="zigzag"), profile)
     assert ring.backward.exposed_comm_s < whole.backward.exposed_comm_s  # the last rs waits
     assert ring.memory_bytes < whole.memory_bytes
     strided = predict(
-        MeshCandidate(shape, 1, 8, "zigzag", cp_comm="all_gather", heads_k_stride=1), profile
+        MeshCandidate.for_shape(shape=shape, ulysses=1, ring=8, layout="zigzag", cp_comm="all_gather", heads_k_stride=1), profile
     )
     assert strided.memory_bytes < whole.memory_bytes
     assert strided.backward.exposed_comm_s < whole.backward.exposed_comm_s  # smaller last rs
@@ -216,15 +211,15 @@ def test_recommend_lists_and_explains_all_gather() -> None:
     only_ring = recommend(
         RecommendRequest(heads=32, kv_heads=8, seq_len=32768, gpus=8, top=0, cp_comms=("p2p",))
     )
-    assert not any(r.prediction.config.all_gather for r in only_ring.ranked)
+    assert not any(r.prediction.candidate.all_gather for r in only_ring.ranked)
 
 
 def test_framework_settings_for_all_gather() -> None:
     profile = load_profile("h100-sxm")
     shape = AttentionShape(32768, 32, 8, 128, 1)
     sizes = solve_parallel_sizes(8, 1, 1, None, 1, 1)
-    pure = predict(MeshCandidate(shape, 1, 8, "zigzag", cp_comm="all_gather"), profile)
-    usp = predict(MeshCandidate(shape, 2, 4, "zigzag", cp_comm="all_gather"), profile)
+    pure = predict(MeshCandidate.for_shape(shape=shape, ulysses=1, ring=8, layout="zigzag", cp_comm="all_gather"), profile)
+    usp = predict(MeshCandidate.for_shape(shape=shape, ulysses=2, ring=4, layout="zigzag", cp_comm="all_gather"), profile)
     assert cp_comm_type(1, 8, "all_gather") == "all_gather"
     assert cp_comm_type(1, 8) == "p2p"
     meg = megatron_setting(pure, sizes)
@@ -234,7 +229,7 @@ def test_framework_settings_for_all_gather() -> None:
     titan = torchtitan_setting(pure, [RankedCandidate(pure)])
     assert "context_parallel_rotate_method allgather" in titan.settings
     strided = predict(
-        MeshCandidate(shape, 1, 8, "zigzag", cp_comm="all_gather", heads_k_stride=2), profile
+        MeshCandidate.for_shape(shape=shape, ulysses=1, ring=8, layout="zigzag", cp_comm="all_gather", heads_k_stride=2), profile
     )
     assert "heads_k_stride=2" in llama3_setting(strided).settings
 
@@ -329,20 +324,7 @@ def test_counted_gather_bytes_equal_the_formulas(
         dtype,
         timeout=120,
     )
-    config = config_from_sizes(
-        seq_len,
-        4,
-        kv_heads,
-        8,
-        2,
-        ulysses,
-        ring,
-        layout,
-        dtype,
-        MaskSpec(documents=documents),
-        "all_gather",
-        stride,
-    )
+    config = CpProblem(seq_len=seq_len, heads=4, kv_heads=kv_heads, head_dim=8, batch=2, ulysses=ulysses, ring=ring, layout=layout, dtype=dtype, cp_comm="all_gather", heads_k_stride=stride).masked(MaskSpec(documents=documents)).require_feasible()
     volume = comm_volume(config)
     phases: tuple[tuple[Pass, str], ...] = (("forward", "fwd"), ("backward", "bwd"))
     for phase, key in phases:
@@ -368,7 +350,7 @@ def test_all_gather_cases_match_the_reference(pool) -> None:
 
 def test_recommend_gives_all_gather_settings_beside_the_winner() -> None:
     rec = recommend(RecommendRequest(heads=32, kv_heads=8, seq_len=32768, gpus=8, top=0))
-    assert rec.winner is not None and not rec.winner.prediction.config.all_gather
+    assert rec.winner is not None and not rec.winner.prediction.candidate.all_gather
     row = next(f for f in rec.frameworks if f.framework == "all-gather CP")
     assert "context_parallel_rotate_method allgather" in row.settings
     assert "llama3_flash_attn_varlen_func" in row.settings
@@ -377,4 +359,4 @@ def test_recommend_gives_all_gather_settings_beside_the_winner() -> None:
             heads=32, kv_heads=8, seq_len=32768, gpus=8, cp_comms=("all_gather",), tp=1, top=0
         )
     )
-    assert all(r.prediction.config.all_gather or r.prediction.config.ring == 1 for r in only.ranked)
+    assert all(r.prediction.candidate.all_gather or r.prediction.candidate.ring == 1 for r in only.ranked)

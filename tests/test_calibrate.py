@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from cpbench.app.calibrate import calibrate_results, validate_results
 from cpbench.cli.main import app
 from cpbench.config.constraints import AttentionShape
+from cpbench.config.problem import MeshCandidate
 from cpbench.errors import CpbenchError
 from cpbench.model.calibrate import (
     calibrate,
@@ -30,7 +31,6 @@ from cpbench.model.calibrate.measurements import (
     default_prior_name,
     resolve_prior,
 )
-from cpbench.model.cost import MeshCandidate
 from cpbench.model.hardware import (
     EfficiencyCurve,
     HardwareProfile,
@@ -67,7 +67,7 @@ def _records(noise: float, seed: int = 1, seq_lens: tuple[int, ...] = SEQ_LENS) 
     rng = random.Random(seed)
     return [
         synthetic_record(
-            MeshCandidate(AttentionShape(L, 8, 4, 64), u, r, layout, "float32"),
+            MeshCandidate.for_shape(shape=AttentionShape(L, 8, 4, 64), ulysses=u, ring=r, layout=layout, dtype="float32"),
             TRUTH,
             4,
             noise=noise,
@@ -286,8 +286,7 @@ def test_cli_bad_input(
 
 
 def _gpu_measurement(names: tuple[str, ...], kernel: str = "auto") -> Measurement:
-    candidate = MeshCandidate(AttentionShape(8192, 8, 8, 128), 2, 2, "zigzag", "bf16",
-                              kernel=kernel)  # fmt: skip
+    candidate = MeshCandidate.for_shape(shape=AttentionShape(8192, 8, 8, 128), ulysses=2, ring=2, layout="zigzag", dtype="bf16", kernel=kernel)  # fmt: skip
     return Measurement("r", candidate, 4, 1.0, None, None, "cuda", names)
 
 
@@ -401,7 +400,7 @@ def test_calibration_on_a_topology_fits_its_tiers() -> None:
             cost = LinkCost(old.latency_s * (2.0 + index), old.busbw * scale, "truth")
             truth = with_tier_cost(truth, index, kind, cost)
     candidates = [
-        MeshCandidate(AttentionShape(L, 32, 8, 128), u, r, layout, "bfloat16")
+        MeshCandidate.for_shape(shape=AttentionShape(L, 32, 8, 128), ulysses=u, ring=r, layout=layout, dtype="bfloat16")
         for L in (32768, 65536, 131072)
         for u, r in ((1, 8), (2, 4), (4, 2), (8, 1))
         for layout in ("zigzag", "contiguous")

@@ -8,17 +8,17 @@ from typing import Any
 import pytest
 
 from cpbench.config.constraints import AttentionShape
+from cpbench.config.problem import CpProblem, MeshCandidate
 from cpbench.config.vocabulary import GLOBAL_LAYOUTS as LAYOUTS
 from cpbench.errors import CpbenchError
 from cpbench.model.cost import (
-    MeshCandidate,
     closed_form_step_pair_stats,
     placement,
     predict,
     prediction_for_record,
     step_pair_stats,
 )
-from cpbench.model.formulas import comm_volume, config_from_sizes
+from cpbench.model.formulas import comm_volume
 from cpbench.model.hardware import load_profile, scaled_bandwidth
 from cpbench.model.memory import memory_estimate
 
@@ -87,7 +87,7 @@ def test_closed_form_step_work_matches_flops_module(layout: str, causal: bool, r
 @pytest.mark.parametrize(("ulysses", "ring"), MESHES_16)
 @pytest.mark.parametrize("gpus_per_node", [4, 8, 16])
 def test_more_bandwidth_is_never_slower(ulysses: int, ring: int, gpus_per_node: int) -> None:
-    candidate = MeshCandidate(SHAPE, ulysses, ring, "zigzag")
+    candidate = MeshCandidate.for_shape(shape=SHAPE, ulysses=ulysses, ring=ring, layout="zigzag")
     slow = predict(candidate, H100, gpus_per_node)
     fast = predict(candidate, scaled_bandwidth(H100, 2.0), gpus_per_node)
     assert fast.step_s <= slow.step_s
@@ -100,8 +100,8 @@ def test_more_bandwidth_is_never_slower(ulysses: int, ring: int, gpus_per_node: 
 def test_zigzag_not_slower_than_contiguous_for_causal(
     ulysses: int, ring: int, profile: Any
 ) -> None:
-    zigzag = predict(MeshCandidate(SHAPE, ulysses, ring, "zigzag"), profile, 8)
-    contiguous = predict(MeshCandidate(SHAPE, ulysses, ring, "contiguous"), profile, 8)
+    zigzag = predict(MeshCandidate.for_shape(shape=SHAPE, ulysses=ulysses, ring=ring, layout="zigzag"), profile, 8)
+    contiguous = predict(MeshCandidate.for_shape(shape=SHAPE, ulysses=ulysses, ring=ring, layout="contiguous"), profile, 8)
     assert zigzag.step_s <= contiguous.step_s
     assert zigzag.phase_time.imbalance_s <= contiguous.phase_time.imbalance_s
     assert contiguous.work_imbalance >= 1.5 and zigzag.work_imbalance == pytest.approx(1.0)
@@ -111,12 +111,12 @@ def test_shared_compute_slots_hide_the_causal_imbalance() -> None:
     # 4 ranks on 2 CPU cores: the busiest rank borrows the idle ranks' core, so the total
     # work sets the step; on GPUs (a slot per rank) the busiest rank does
     shape = AttentionShape(4096, 8, 8, 64)
-    cpu = [predict(MeshCandidate(shape, 1, 4, lay, "float32"), CPU, 4) for lay in LAYOUTS[:2]]
+    cpu = [predict(MeshCandidate.for_shape(shape=shape, ulysses=1, ring=4, layout=lay, dtype="float32"), CPU, 4) for lay in LAYOUTS[:2]]
     # (per ring step: at the last step only one rank of four works, so a little remains)
     assert cpu[0].forward.imbalance_s < 0.15 * cpu[0].forward.compute_s
     assert cpu[0].step_s == pytest.approx(cpu[1].step_s, rel=0.15)
     gpu = replace(CPU, compute_slots_per_node=None)
-    spread = [predict(MeshCandidate(shape, 1, 4, lay, "float32"), gpu, 4) for lay in LAYOUTS[:2]]
+    spread = [predict(MeshCandidate.for_shape(shape=shape, ulysses=1, ring=4, layout=lay, dtype="float32"), gpu, 4) for lay in LAYOUTS[:2]]
     assert spread[0].step_s > 1.4 * spread[1].step_s
     # and the shared node is slower overall: 4 ranks on 2 slots
     assert cpu[1].forward.compute_s == pytest.approx(2 * spread[1].forward.compute_s)
@@ -124,7 +124,7 @@ def test_shared_compute_slots_hide_the_causal_imbalance() -> None:
 
 def test_without_a_causal_mask_layouts_cost_the_same() -> None:
     times = {
-        predict(MeshCandidate(SHAPE, 2, 8, layout, causal=False), H100, 8).step_s
+        predict(MeshCandidate.for_shape(shape=SHAPE, ulysses=2, ring=8, layout=layout, causal=False), H100, 8).step_s
         for layout in LAYOUTS
     }
     assert len({round(t, 12) for t in times}) == 1
@@ -136,8 +136,8 @@ def test_without_a_causal_mask_layouts_cost_the_same() -> None:
 @pytest.mark.parametrize(("ulysses", "ring"), MESHES_16)
 @pytest.mark.parametrize("gpus_per_node", [4, 8, 16])
 def test_bytes_per_tier_sum_to_comm_volume(ulysses: int, ring: int, gpus_per_node: int) -> None:
-    prediction = predict(MeshCandidate(SHAPE, ulysses, ring, "zigzag"), H100, gpus_per_node)
-    volume = comm_volume(prediction.config)
+    prediction = predict(MeshCandidate.for_shape(shape=SHAPE, ulysses=ulysses, ring=ring, layout="zigzag"), H100, gpus_per_node)
+    volume = comm_volume(prediction.candidate)
     assert sum(prediction.bytes_by_tier("forward").values()) == volume.bytes_sent("forward")
     assert sum(prediction.bytes_by_tier("backward").values()) == volume.bytes_sent("backward")
     total = volume.bytes_sent("forward") + volume.bytes_sent("backward")
@@ -155,7 +155,7 @@ def test_bytes_per_tier_sum_to_comm_volume(ulysses: int, ring: int, gpus_per_nod
 def test_breakdown_adds_up() -> None:
     for ulysses, ring in MESHES_16:
         for layout in ("contiguous", "zigzag"):
-            p = predict(MeshCandidate(SHAPE, ulysses, ring, layout), H100, 8)
+            p = predict(MeshCandidate.for_shape(shape=SHAPE, ulysses=ulysses, ring=ring, layout=layout), H100, 8)
             for t in (p.forward, p.backward, p.forward_backward):
                 assert t.compute_s + t.imbalance_s + t.exposed_comm_s == pytest.approx(t.total_s)
                 assert t.exposed_comm_s >= 0 and t.imbalance_s >= 0
@@ -164,28 +164,28 @@ def test_breakdown_adds_up() -> None:
 
 def test_ulysses_all_to_all_by_hand() -> None:
     # U = 8 inside a node, forward: 3 all-to-alls (Q, K/V, O), each latency + bytes / busbw
-    p = predict(MeshCandidate(SHAPE, 8, 1, "contiguous"), H100, 8)
+    p = predict(MeshCandidate.for_shape(shape=SHAPE, ulysses=8, ring=1, layout="contiguous"), H100, 8)
     link = H100.intra_node.all_to_all
-    sent = comm_volume(p.config).bytes_sent("forward")
+    sent = comm_volume(p.candidate).bytes_sent("forward")
     assert p.forward.ulysses_comm_s == pytest.approx(3 * link.latency_s + sent / link.busbw)
     assert p.forward.exposed_comm_s == pytest.approx(p.forward.ulysses_comm_s)
 
 
 def test_ring_hops_hide_behind_long_compute() -> None:
     # a long sequence on NVLink: every K/V hop is shorter than its step's compute
-    p = predict(MeshCandidate(SHAPE, 1, 8, "zigzag"), H100, 8)
+    p = predict(MeshCandidate.for_shape(shape=SHAPE, ulysses=1, ring=8, layout="zigzag"), H100, 8)
     forward = p.forward
     assert forward.ring_comm_s > 0
     assert forward.exposed_comm_s < 0.2 * forward.ring_comm_s
     # the backward's last dK/dV hop home is never hidden
     home = H100.intra_node.send_recv.seconds(
-        comm_volume(p.config).collectives("backward")[1].bytes_per_call
+        comm_volume(p.candidate).collectives("backward")[1].bytes_per_call
     )
     assert p.backward.exposed_comm_s >= home
 
 
 def test_memory_and_longest_sequence() -> None:
-    config = config_from_sizes(65536, 32, 8, 128, ulysses=2, ring=4, layout="zigzag")
+    config = CpProblem(seq_len=65536, heads=32, kv_heads=8, head_dim=128, ulysses=2, ring=4, layout="zigzag").require_feasible()
     p = predict(config, H100, 8)
     assert p.memory_bytes == memory_estimate(config).peak("forward_backward")
     assert p.fits and p.memory_rule() is None
@@ -213,7 +213,7 @@ def test_candidate_from_record_config_and_infeasible() -> None:
         "phase": "fwd",
     }
     p = predict(config, CPU)
-    assert p.config.kv_replication == 2 and p.candidate.phase == "fwd"
+    assert p.candidate.replication == 2 and p.candidate.phase == "fwd"
     assert p.step_s == p.forward.total_s
     with pytest.raises(CpbenchError, match="ulysses \\(3\\) must divide heads \\(8\\)"):
         predict({**config, "ulysses": 3}, CPU)
@@ -244,7 +244,7 @@ KERNEL_SHAPE = AttentionShape(65536, 32, 8, 128)
      ("flash_attn3", "flash_attn3"), ("cudnn", "cudnn"), ("naive", "einsum")],
 )  # fmt: skip
 def test_prediction_reads_the_curve_of_the_kernel_it_runs(kernel: str, family: str) -> None:
-    candidate = MeshCandidate(KERNEL_SHAPE, 2, 4, "zigzag", "bfloat16", kernel=kernel)
+    candidate = MeshCandidate.for_shape(shape=KERNEL_SHAPE, ulysses=2, ring=4, layout="zigzag", dtype="bfloat16", kernel=kernel)
     p = predict(candidate, H100)
     n = p.kernel_seq_len
     assert n == 65536 // 4
@@ -257,7 +257,7 @@ def test_prediction_reads_the_curve_of_the_kernel_it_runs(kernel: str, family: s
 
 def test_faster_kernel_families_predict_faster_steps() -> None:
     def step(kernel: str) -> float:
-        candidate = MeshCandidate(KERNEL_SHAPE, 2, 4, "zigzag", "bfloat16", kernel=kernel)
+        candidate = MeshCandidate.for_shape(shape=KERNEL_SHAPE, ulysses=2, ring=4, layout="zigzag", dtype="bfloat16", kernel=kernel)
         return predict(candidate, H100).compute_only_s
 
     # FA3 paper, H100: FA3 1.5-2x FA2; cuDNN between; einsum far slower
@@ -267,7 +267,7 @@ def test_faster_kernel_families_predict_faster_steps() -> None:
 
 def test_a_family_without_a_curve_reads_the_default_and_says_so() -> None:
     a100 = load_profile("a100-80gb")
-    candidate = MeshCandidate(KERNEL_SHAPE, 2, 4, "zigzag", "bfloat16", kernel="cudnn")
+    candidate = MeshCandidate.for_shape(shape=KERNEL_SHAPE, ulysses=2, ring=4, layout="zigzag", dtype="bfloat16", kernel="cudnn")
     p = predict(candidate, a100)
     assert p.kernel == "cudnn" and p.curve_kernel == "flash_attn"
     assert p.attention_tflops == pytest.approx(
@@ -282,11 +282,11 @@ def test_record_kernel_then_backend_choose_the_curve() -> None:
     config = {"seq_len": 16384, "heads": 32, "kv_heads": 8, "head_dim": 128, "ulysses": 2,
               "ring": 2, "layout": "zigzag", "dtype": "bfloat16", "device": "cuda"}  # fmt: skip
     used = {**config, "backend": "auto", "kernel": "flash_attn3"}
-    assert MeshCandidate.from_config(used).kernel == "flash_attn3"
+    assert MeshCandidate.from_record(used).kernel == "flash_attn3"
     assert predict(used, H100).kernel == "flash_attn3"
     # kernel unknown (a synthetic or future name) or null: the requested backend, else auto
-    assert MeshCandidate.from_config({**config, "kernel": None, "backend": "sdpa"}).kernel == "sdpa"
-    assert MeshCandidate.from_config({**config, "kernel": "synthetic"}).kernel == "auto"
+    assert MeshCandidate.from_record({**config, "kernel": None, "backend": "sdpa"}).kernel == "sdpa"
+    assert MeshCandidate.from_record({**config, "kernel": "synthetic"}).kernel == "auto"
     assert predict({**config, "kernel": "sdpa"}, CPU).kernel == "cpu_sdpa"
     with pytest.raises(CpbenchError, match="kernel 'xformers' is not one of auto, sdpa"):
-        MeshCandidate(KERNEL_SHAPE, 2, 4, kernel="xformers")
+        MeshCandidate.for_shape(shape=KERNEL_SHAPE, ulysses=2, ring=4, kernel="xformers")

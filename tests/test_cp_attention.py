@@ -9,8 +9,9 @@ from cpbench.app.verify import default_cases
 from cpbench.bench.pool import TaskError, TaskTimeout
 from cpbench.bench.reference import run_cases_on_rank
 from cpbench.config.bench import VerifyCase
+from cpbench.config.problem import CpProblem
 from cpbench.config.tolerances import TOLERANCE
-from cpbench.model.formulas import comm_volume, config_from_sizes
+from cpbench.model.formulas import comm_volume
 from tests import rank_tasks
 
 WORLD_SIZES = [1, 2, 4]
@@ -33,25 +34,25 @@ def test_every_scheme_layout_gqa_case_matches_reference(pool, world_size: int) -
 
 def test_odd_shapes_batch_and_three_ranks_in_a_ring(pool) -> None:  # type: ignore[no-untyped-def]
     cases = [
-        VerifyCase(2, 2, "zigzag", True, heads=4, kv_heads=2, seq_len=24, head_dim=8, batch=3),
-        VerifyCase(1, 4, "striped", True, heads=2, kv_heads=1, seq_len=4, head_dim=8, batch=1),
-        VerifyCase(4, 1, "contiguous", True, heads=4, kv_heads=1, seq_len=8, head_dim=32),
-        VerifyCase(2, 2, "striped", False, heads=6, kv_heads=2, seq_len=16, head_dim=8, seed=3),
-        VerifyCase(1, 4, "contiguous", True, heads=4, kv_heads=4, seq_len=64, kernel="naive"),
+        VerifyCase(ulysses=2, ring=2, layout="zigzag", causal=True, heads=4, kv_heads=2, seq_len=24, head_dim=8, batch=3),
+        VerifyCase(ulysses=1, ring=4, layout="striped", causal=True, heads=2, kv_heads=1, seq_len=4, head_dim=8, batch=1),
+        VerifyCase(ulysses=4, ring=1, layout="contiguous", causal=True, heads=4, kv_heads=1, seq_len=8, head_dim=32),
+        VerifyCase(ulysses=2, ring=2, layout="striped", causal=False, heads=6, kv_heads=2, seq_len=16, head_dim=8, seed=3),
+        VerifyCase(ulysses=1, ring=4, layout="contiguous", causal=True, heads=4, kv_heads=4, seq_len=64, kernel="naive"),
     ]
     records = pool(4).run(run_cases_on_rank, cases, timeout=120)[0]
     assert [r["passed"] for r in records] == [True] * len(cases), records
 
 
 def test_sequence_that_does_not_divide_is_a_clear_error(pool) -> None:  # type: ignore[no-untyped-def]
-    case = VerifyCase(1, 2, "zigzag", True, heads=4, kv_heads=4, seq_len=6)  # 6 % (2*2) != 0
+    case = VerifyCase(ulysses=1, ring=2, layout="zigzag", causal=True, heads=4, kv_heads=4, seq_len=6)  # 6 % (2*2) != 0
     record = pool(2).run(run_cases_on_rank, [case], timeout=60)[0][0]
     assert not record["passed"]
     assert "divisible by 4" in record["error"]
-    bad_gqa = VerifyCase(2, 1, "contiguous", True, heads=6, kv_heads=3, seq_len=8)
+    bad_gqa = VerifyCase(ulysses=2, ring=1, layout="contiguous", causal=True, heads=6, kv_heads=3, seq_len=8)
     record = pool(2).run(run_cases_on_rank, [bad_gqa], timeout=60)[0][0]
     assert "ulysses (2) and kv_heads (3) do not divide each other" in record["error"]
-    bad_heads = VerifyCase(2, 1, "contiguous", True, heads=3, kv_heads=1, seq_len=8)
+    bad_heads = VerifyCase(ulysses=2, ring=1, layout="contiguous", causal=True, heads=3, kv_heads=1, seq_len=8)
     record = pool(2).run(run_cases_on_rank, [bad_heads], timeout=60)[0][0]
     assert "ulysses (2) must divide heads (3)" in record["error"]
 
@@ -84,9 +85,7 @@ def test_counted_bytes_equal_analytic_bytes(pool, ulysses, ring, kv_heads, dtype
         dtype,
         timeout=120,
     )
-    config = config_from_sizes(
-        seq_len, heads, kv_heads, head_dim, batch, ulysses, ring, "zigzag", dtype
-    )
+    config = CpProblem(seq_len=seq_len, heads=heads, kv_heads=kv_heads, head_dim=head_dim, batch=batch, ulysses=ulysses, ring=ring, layout="zigzag", dtype=dtype).require_feasible()
     volume = comm_volume(config)
     for phase, key in (("forward", "fwd"), ("backward", "bwd")):
         expected = {c.name: c.bytes_sent for c in volume.collectives(phase)}

@@ -10,9 +10,10 @@ from rich.console import Console
 from rich.table import Table
 
 from cpbench.app.formulas import formulas_report
+from cpbench.config.problem import CpProblem
 from cpbench.config.vocabulary import PASSES
 from cpbench.errors import CpbenchError
-from cpbench.model.formulas import comm_volume, config_from_sizes, evaluate_formula
+from cpbench.model.formulas import comm_volume, evaluate_formula
 from cpbench.render.formulas import render_formulas
 from cpbench.units import format_bytes, format_count
 
@@ -32,7 +33,7 @@ TOP_LEVEL_KEYS = {
 
 @pytest.fixture(scope="module")
 def usp_report() -> dict:
-    return formulas_report(262144, 32, 8, 128, ulysses=4, ring=2, layout="zigzag")
+    return formulas_report(CpProblem(seq_len=262144, heads=32, kv_heads=8, head_dim=128, ulysses=4, ring=2, layout="zigzag"))
 
 
 def test_report_is_json_with_every_section(usp_report: dict) -> None:
@@ -53,7 +54,7 @@ def test_shapes_before_and_after_the_ulysses_exchange(usp_report: dict) -> None:
 
 
 def test_report_numbers_match_the_model_and_the_formulas(usp_report: dict) -> None:
-    config = config_from_sizes(262144, 32, 8, 128, ulysses=4, ring=2, layout="zigzag")
+    config = CpProblem(seq_len=262144, heads=32, kv_heads=8, head_dim=128, ulysses=4, ring=2, layout="zigzag").require_feasible()
     volume = comm_volume(config)
     comm = usp_report["communication"]
     for phase in PASSES:
@@ -99,7 +100,7 @@ def test_flops_work_memory_and_what_if(usp_report: dict) -> None:
     ],
 )
 def test_every_scheme_reports_and_renders(mesh: dict, scheme: str) -> None:
-    report = formulas_report(65536, 16, 4, 64, batch=2, dtype="fp16", **mesh)
+    report = formulas_report(CpProblem(seq_len=65536, heads=16, kv_heads=4, head_dim=64, batch=2, dtype="fp16", **mesh))
     assert report["mesh"]["scheme"] == scheme
     assert report["inputs"]["dtype"] == "float16"
     if scheme == "ulysses":
@@ -117,22 +118,22 @@ def test_every_scheme_reports_and_renders(mesh: dict, scheme: str) -> None:
 
 
 def test_long_ring_omits_the_step_matrix() -> None:
-    report = formulas_report(1 << 20, 32, 8, 128, ring=64, layout="zigzag")
+    report = formulas_report(CpProblem(seq_len=1 << 20, heads=32, kv_heads=8, head_dim=128, ring=64, layout="zigzag"))
     assert report["work"]["step_pairs"] is None
     assert len(report["work"]["step_max_pairs"]) == 64
 
 
 def test_bad_input() -> None:
     with pytest.raises(CpbenchError, match=r"'int8'.*bfloat16"):
-        formulas_report(1024, 32, 8, 128, dtype="int8")
+        formulas_report(CpProblem(seq_len=1024, heads=32, kv_heads=8, head_dim=128, dtype="int8"))
     with pytest.raises(CpbenchError, match=r"ulysses \(3\).*32"):
-        formulas_report(1024, 32, 8, 128, ulysses=3)
+        formulas_report(CpProblem(seq_len=1024, heads=32, kv_heads=8, head_dim=128, ulysses=3))
     with pytest.raises(CpbenchError, match=r"1000.*16"):
-        formulas_report(1000, 32, 8, 128, ulysses=4, ring=4)
+        formulas_report(CpProblem(seq_len=1000, heads=32, kv_heads=8, head_dim=128, ulysses=4, ring=4))
     with pytest.raises(CpbenchError, match=r"30.*8"):
-        formulas_report(1024, 30, 8, 128)
+        formulas_report(CpProblem(seq_len=1024, heads=30, kv_heads=8, head_dim=128))
     with pytest.raises(CpbenchError, match="seq_len"):
-        formulas_report(0, 32, 8, 128)
+        formulas_report(CpProblem(seq_len=0, heads=32, kv_heads=8, head_dim=128))
 
 
 def test_formatting_helpers() -> None:

@@ -10,8 +10,8 @@ from typing import Any, get_args
 import pytest
 from pydantic import BaseModel
 
+from cpbench.config.vocabulary import DTYPES
 from cpbench.errors import CpbenchError
-from cpbench.model.formulas import DTYPES
 from cpbench.model.hardware import (
     COLLECTIVE_KINDS,
     GB,

@@ -56,7 +56,7 @@ def stand_ins() -> Iterator[None]:
 
 BASE = BenchConfig(
     seq_len=64, batch=1, heads=4, kv_heads=4, head_dim=16, dtype="bfloat16", causal=True,
-    ulysses=1, ring=2, layout="zigzag", kv_replication=None, backend="auto", phase="fwd+bwd",
+    ulysses=1, ring=2, layout="zigzag", kv_replication=None, kernel="auto", phase="fwd+bwd",
     device="cpu", world_size=2,
 )
 
@@ -217,14 +217,14 @@ def test_yunchang_without_flash_attn_and_torch_without_cp_internals(
 @needs_torch_cp
 def test_verify_lists_what_an_impl_cannot_run_as_skipped() -> None:
     cases = [
-        VerifyCase(1, 2, "zigzag", True, 4, 4, 16, impl="torch_cp"),
-        VerifyCase(1, 2, "striped", True, 4, 4, 16, impl="torch_cp"),
+        VerifyCase(ulysses=1, ring=2, layout="zigzag", causal=True, heads=4, kv_heads=4, seq_len=16, impl="torch_cp"),
+        VerifyCase(ulysses=1, ring=2, layout="striped", causal=True, heads=4, kv_heads=4, seq_len=16, impl="torch_cp"),
     ]
     runnable, skipped = split_cases(cases, "cpu")
     assert runnable == cases[:1]
     assert skipped[0]["passed"] is None and "striped" in skipped[0]["skipped"]
     with pytest.raises(CpbenchError, match="cannot run: .*runs only on CUDA|cpbench\\[te\\]"):
-        split_cases([VerifyCase(1, 2, "zigzag", True, 4, 4, 16, impl="transformer_engine")],
+        split_cases([VerifyCase(ulysses=1, ring=2, layout="zigzag", causal=True, heads=4, kv_heads=4, seq_len=16, impl="transformer_engine")],
                     "cpu")
 
 
@@ -246,8 +246,7 @@ def test_cli_run_rejects_an_impl_that_cannot_run(tmp_path: Path) -> None:
 
 def _cases(world: int) -> list[VerifyCase]:
     def case(u: int, layout: str, causal: bool, kv: int, impl: str, dtype: str) -> VerifyCase:
-        return VerifyCase(u, world // u, layout, causal, 4, kv, 16 * world, head_dim=8,
-                          dtype=dtype, impl=impl)
+        return VerifyCase(ulysses=u, ring=world // u, layout=layout, causal=causal, heads=4, kv_heads=kv, seq_len=16 * world, head_dim=8, dtype=dtype, impl=impl)
 
     if world == 2:
         return [

@@ -17,9 +17,9 @@ from cpbench.attention.layouts import (
 )
 from cpbench.attention.reference import dense_mask
 from cpbench.config.constraints import LAYOUTS, seq_divisor
+from cpbench.config.geometry import ring_schedule
 from cpbench.config.masks import MaskSpec
 from cpbench.errors import CpbenchError
-from cpbench.model.masking import ring_schedule
 
 MESHES = [(1, 1), (1, 2), (2, 1), (1, 4), (4, 1), (2, 2), (2, 3), (3, 2), (1, 8)]
 

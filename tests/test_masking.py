@@ -1,4 +1,4 @@
-"""The mask geometry (cpbench/model/masking.py) against brute force over `MaskSpec.visible`:
+"""The mask geometry (cpbench/config/geometry.py) against brute force over `MaskSpec.visible`:
 every visible (query, key) pair computed exactly once, piece pair counts, the balanced layout,
 and the ring steps a sliding window needs. Pure Python; a fixed seed makes it deterministic."""
 
@@ -10,8 +10,8 @@ import random
 import pytest
 
 from cpbench.config.documents import resolve_documents
+from cpbench.config.geometry import band_pairs, pack, rank_pairs, ring_schedule
 from cpbench.config.masks import MaskSpec
-from cpbench.model.masking import band_pairs, pack, rank_pairs, ring_schedule
 
 LAYOUTS = ("contiguous", "zigzag", "striped", "doc_zigzag", "balanced")
 

@@ -10,10 +10,10 @@ import pytest
 from cpbench.app.verify import _mask_matrix, mask_cases
 from cpbench.bench.reference import run_cases_on_rank
 from cpbench.config.bench import VerifyCase
+from cpbench.config.geometry import pack, ring_schedule
 from cpbench.config.masks import MaskSpec
 from cpbench.config.tolerances import TOLERANCE
 from cpbench.config.vocabulary import LAYOUTS
-from cpbench.model.masking import pack, ring_schedule
 from tests import rank_tasks
 
 WORLD = 4
@@ -127,8 +127,8 @@ def test_shortened_ring_variants(pool) -> None:  # type: ignore[no-untyped-def]
 def test_mask_errors_are_records_not_hangs(pool) -> None:  # type: ignore[no-untyped-def]
     """A document list that does not fill the sequence is an error record on every rank (the
     pool stays usable: the next case, a window through the einsum kernel, passes)."""
-    wrong = VerifyCase(1, 4, "zigzag", True, 4, 4, 64, documents=(10, 20))
-    naive = VerifyCase(1, 4, "contiguous", True, 4, 4, 64, window=5, kernel="naive")
+    wrong = VerifyCase(ulysses=1, ring=4, layout="zigzag", causal=True, heads=4, kv_heads=4, seq_len=64, documents=(10, 20))
+    naive = VerifyCase(ulysses=1, ring=4, layout="contiguous", causal=True, heads=4, kv_heads=4, seq_len=64, window=5, kernel="naive")
     records = pool(WORLD).run(run_cases_on_rank, [wrong, naive], timeout=60)[0]
     assert not records[0]["passed"] and "sum to 30" in records[0]["error"]
     assert records[1]["passed"]

@@ -10,20 +10,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cpbench.config.constraints import required_kv_replication, seq_divisor
+from cpbench.config.problem import CpProblem
 from cpbench.config.vocabulary import GLOBAL_LAYOUTS as LAYOUTS
-from cpbench.config.vocabulary import PASSES
+from cpbench.config.vocabulary import PASSES, canonical_dtype, dtype_bytes
 from cpbench.errors import CpbenchError
 from cpbench.model.formulas import (
-    CpConfig,
     algbw,
     bandwidths,
     busbw,
     busbw_factor,
-    canonical_dtype,
     comm_volume,
-    config_from_sizes,
-    cp_config,
-    dtype_bytes,
     evaluate_formula,
     ring_bytes_sent,
     ring_elements_sent,
@@ -35,7 +31,7 @@ FAST = settings(max_examples=60, deadline=None)
 
 
 @st.composite
-def configs(draw: st.DrawFn, max_ring: int = 8) -> CpConfig:
+def configs(draw: st.DrawFn, max_ring: int = 8) -> CpProblem:
     """A feasible configuration on a small mesh (any scheme, layout, dtype, GQA or MHA)."""
     kv_heads = draw(st.sampled_from([1, 2, 4, 8]))
     heads = kv_heads * draw(st.sampled_from([1, 2, 4]))
@@ -48,17 +44,7 @@ def configs(draw: st.DrawFn, max_ring: int = 8) -> CpConfig:
     ring = draw(st.integers(1, max_ring))
     layout = draw(st.sampled_from(LAYOUTS))
     seq_len = seq_divisor(ulysses, ring, layout) * draw(st.integers(1, 64))
-    return config_from_sizes(
-        seq_len,
-        heads,
-        kv_heads,
-        head_dim=draw(st.sampled_from([8, 64, 128])),
-        batch=draw(st.integers(1, 3)),
-        ulysses=ulysses,
-        ring=ring,
-        layout=layout,
-        dtype=draw(st.sampled_from(["float32", "bfloat16", "float16", "bf16"])),
-    )
+    return CpProblem(seq_len=seq_len, heads=heads, kv_heads=kv_heads, head_dim=draw(st.sampled_from([8, 64, 128])), batch=draw(st.integers(1, 3)), ulysses=ulysses, ring=ring, layout=layout, dtype=draw(st.sampled_from(["float32", "bfloat16", "float16", "bf16"]))).require_feasible()
 
 
 # ------------------------------------------------------------------ formulas == numbers
@@ -66,7 +52,7 @@ def configs(draw: st.DrawFn, max_ring: int = 8) -> CpConfig:
 
 @FAST
 @given(configs())
-def test_every_symbolic_formula_evaluates_to_its_number(config: CpConfig) -> None:
+def test_every_symbolic_formula_evaluates_to_its_number(config: CpProblem) -> None:
     symbols = config.symbols()
     volume = comm_volume(config)
     for phase in PASSES:
@@ -85,7 +71,7 @@ def test_every_symbolic_formula_evaluates_to_its_number(config: CpConfig) -> Non
 
 @FAST
 @given(configs())
-def test_stage_functions_agree_with_collectives(config: CpConfig) -> None:
+def test_stage_functions_agree_with_collectives(config: CpProblem) -> None:
     volume = comm_volume(config)
     for phase in PASSES:
         by_stage = {s.stage: s for s in volume.stages(phase)}
@@ -100,7 +86,7 @@ def test_stage_functions_agree_with_collectives(config: CpConfig) -> None:
 
 def test_design_md_gqa_formula_for_usp() -> None:
     # DESIGN.md: Ulysses GQA per rank B*(L/U)*(U-1)/U*(2d + 2*c*d_kv), with L -> L/R for USP
-    config = config_from_sizes(65536, 32, 8, 128, batch=2, ulysses=4, ring=4)
+    config = CpProblem(seq_len=65536, heads=32, kv_heads=8, head_dim=128, batch=2, ulysses=4, ring=4).require_feasible()
     b, ell, u, r, d, d_kv, c = 2, 65536, 4, 4, 32 * 128, 8 * 128, 1
     expected = Fraction(b * (ell // r), u) * Fraction(u - 1, u) * (2 * d + 2 * c * d_kv)
     assert ulysses_elements_sent(config, "forward") == expected
@@ -130,8 +116,8 @@ def test_ulysses_volume_falls_as_one_over_u(
     for u in (2, 4, 8):
         if heads % u or required_kv_replication(kv_heads, u) is None:
             continue
-        config = config_from_sizes(seq_len, heads, kv_heads, head_dim, batch, ulysses=u)
-        c = config.kv_replication
+        config = CpProblem(seq_len=seq_len, heads=heads, kv_heads=kv_heads, head_dim=head_dim, batch=batch, ulysses=u).require_feasible()
+        c = config.replication
         volume = ulysses_elements_sent(config, "forward")
         assert Fraction(volume * u * u, u - 1) == batch * seq_len * (2 * d + 2 * c * d_kv)
         if kv_heads == heads:  # MHA: 4*B*(L/U)*d*(U-1)/U (Q, K, V, O)
@@ -148,24 +134,24 @@ def test_ring_forward_volume_tends_to_2bld_kv(
     heads, kv_heads = heads_pair
     head_dim, batch, seq_len = 64, 2, 64 * k * ring
     limit = 2 * batch * seq_len * kv_heads * head_dim
-    config = config_from_sizes(seq_len, heads, kv_heads, head_dim, batch, ring=ring)
+    config = CpProblem(seq_len=seq_len, heads=heads, kv_heads=kv_heads, head_dim=head_dim, batch=batch, ring=ring).require_feasible()
     volume = ring_elements_sent(config, "forward")
     assert volume == Fraction(limit * (ring - 1), ring)
     assert limit - volume == Fraction(limit, ring)
     if ring > 1 and seq_len % (ring - 1) == 0:
-        smaller = config_from_sizes(seq_len, heads, kv_heads, head_dim, batch, ring=ring - 1)
+        smaller = CpProblem(seq_len=seq_len, heads=heads, kv_heads=kv_heads, head_dim=head_dim, batch=batch, ring=ring - 1).require_feasible()
         assert ring_elements_sent(smaller, "forward") < volume
 
 
 @FAST
 @given(configs())
-def test_gqa_reduces_only_the_kv_terms(config: CpConfig) -> None:
+def test_gqa_reduces_only_the_kv_terms(config: CpProblem) -> None:
     """Against the MHA model with the same h: Q/O/dO/dQ all-to-alls are identical, every K/V
     term (all-to-all and ring) is scaled by (c*h_kv)/h."""
     s = config.shape
     mha_shape = replace(s, kv_heads=s.heads)
-    mha = cp_config(mha_shape, config.ulysses, config.ring, config.layout, config.dtype)
-    ratio = Fraction(config.kv_replication * s.kv_heads, s.heads)
+    mha = CpProblem.for_shape(shape=mha_shape, ulysses=config.ulysses, ring=config.ring, layout=config.layout, dtype=config.dtype).require_feasible()
+    ratio = Fraction(config.replication * s.kv_heads, s.heads)
     gqa_volume, mha_volume = comm_volume(config), comm_volume(mha)
     for phase in PASSES:
         mha_by_name = {c.name: c for c in mha_volume.collectives(phase)}
@@ -179,7 +165,7 @@ def test_gqa_reduces_only_the_kv_terms(config: CpConfig) -> None:
 
 @FAST
 @given(configs())
-def test_backward_mirrors_forward(config: CpConfig) -> None:
+def test_backward_mirrors_forward(config: CpProblem) -> None:
     volume = comm_volume(config)
     assert ulysses_elements_sent(config, "backward") == ulysses_elements_sent(config, "forward")
     if config.ring > 1:
@@ -190,14 +176,14 @@ def test_backward_mirrors_forward(config: CpConfig) -> None:
     # the layout never changes the volume
     for layout in LAYOUTS:
         if config.shape.seq_len % seq_divisor(config.ulysses, config.ring, layout) == 0:
-            other = cp_config(config.shape, config.ulysses, config.ring, layout, config.dtype)
+            other = CpProblem.for_shape(shape=config.shape, ulysses=config.ulysses, ring=config.ring, layout=layout, dtype=config.dtype).require_feasible()
             for phase in PASSES:
                 assert comm_volume(other).bytes_sent(phase) == volume.bytes_sent(phase)
 
 
 @FAST
 @given(configs())
-def test_sum_over_ranks_equals_global_total(config: CpConfig) -> None:
+def test_sum_over_ranks_equals_global_total(config: CpProblem) -> None:
     """Count message by message over every rank: an all-to-all sends handed/U elements to each
     of the U-1 other ranks of its group; a ring hop sends the whole chunk to the next rank."""
     volume = comm_volume(config)
@@ -223,7 +209,7 @@ def test_hand_computed_pure_ulysses_gqa() -> None:
     # a2a_kv: handed 2*1*2048*8*128 = 4_194_304, sent x3/4 = 3_145_728
     # a2a_out = a2a_q; forward = 2*6_291_456 + 3_145_728 = 15_728_640 elements = 31_457_280 B
     # (DESIGN: 2048 * 3/4 * (2*4096 + 2*1024) = 1536 * 10240 = 15_728_640)
-    config = config_from_sizes(8192, 32, 8, 128, ulysses=4, dtype="bfloat16")
+    config = CpProblem(seq_len=8192, heads=32, kv_heads=8, head_dim=128, ulysses=4, dtype="bfloat16").require_feasible()
     volume = comm_volume(config)
     sent = {c.name: c.elements_sent for c in volume.collectives("forward")}
     assert sent == {"a2a_q": 6_291_456, "a2a_kv": 3_145_728, "a2a_out": 6_291_456}
@@ -238,7 +224,7 @@ def test_hand_computed_pure_ring() -> None:
     # forward: 3 hops = 12_582_912 elements = 25_165_824 B
     # backward: K/V 3 hops again (25_165_824 B) + dK/dV 3 hops in fp32 (3*4_194_304*4 =
     # 50_331_648 B; the own chunk's gradient stays home) = 75_497_472 B
-    config = config_from_sizes(8192, 32, 8, 128, ring=4, dtype="fp16")
+    config = CpProblem(seq_len=8192, heads=32, kv_heads=8, head_dim=128, ring=4, dtype="fp16").require_feasible()
     volume = comm_volume(config)
     (kv,) = volume.collectives("forward")
     assert (kv.name, kv.calls, kv.elements_per_call) == ("p2p_kv", 3, 4_194_304)
@@ -258,8 +244,8 @@ def test_hand_computed_usp_with_kv_replication() -> None:
     # a2a_q : handed 2*2048*32*64 = 8_388_608, sent 6_291_456
     # a2a_kv: handed 2*2*2048*(2*2)*64 = 2_097_152, sent 1_572_864
     # ring: L/R = 8192, KV heads per rank c*h_kv/U = 1: chunk 2*2*8192*1*64 = 2_097_152, 1 hop
-    config = config_from_sizes(16384, 32, 2, 64, batch=2, ulysses=4, ring=2, dtype="float32")
-    assert config.kv_replication == 2
+    config = CpProblem(seq_len=16384, heads=32, kv_heads=2, head_dim=64, batch=2, ulysses=4, ring=2, dtype="float32").require_feasible()
+    assert config.replication == 2
     volume = comm_volume(config)
     sent = {c.name: c.elements_sent for c in volume.collectives("forward")}
     assert sent == {
@@ -272,14 +258,14 @@ def test_hand_computed_usp_with_kv_replication() -> None:
 
 
 def test_formula_text_is_specialised_per_scheme() -> None:
-    usp = comm_volume(config_from_sizes(4096, 8, 8, 64, ulysses=2, ring=2))
+    usp = comm_volume(CpProblem(seq_len=4096, heads=8, kv_heads=8, head_dim=64, ulysses=2, ring=2).require_feasible())
     assert usp.forward[0].formula == "B*(L/(U*R))*(U-1)/U*(2*d + 2*c*d_kv)"
     assert usp.forward[1].formula == "2*B*L*(c*d_kv/U)*(R-1)/R"
-    pure = comm_volume(config_from_sizes(4096, 8, 8, 64, ulysses=2))
+    pure = comm_volume(CpProblem(seq_len=4096, heads=8, kv_heads=8, head_dim=64, ulysses=2).require_feasible())
     assert pure.forward[0].formula == "B*(L/U)*(U-1)/U*(2*d + 2*c*d_kv)"
-    ring = comm_volume(config_from_sizes(4096, 8, 8, 64, ring=2))
+    ring = comm_volume(CpProblem(seq_len=4096, heads=8, kv_heads=8, head_dim=64, ring=2).require_feasible())
     assert ring.forward[0].formula == "2*B*L*d_kv*(R-1)/R"
-    assert comm_volume(config_from_sizes(4096, 8, 8, 64)).forward == ()
+    assert comm_volume(CpProblem(seq_len=4096, heads=8, kv_heads=8, head_dim=64).require_feasible()).forward == ()
 
 
 # ------------------------------------------------------------------------- nccl-tests view
@@ -301,7 +287,7 @@ def test_nccl_bandwidth_helpers() -> None:
 
 @FAST
 @given(configs(), st.floats(1e-6, 10.0))
-def test_busbw_times_time_is_the_bytes_sent_per_call(config: CpConfig, seconds: float) -> None:
+def test_busbw_times_time_is_the_bytes_sent_per_call(config: CpProblem, seconds: float) -> None:
     for phase in PASSES:
         for c in comm_volume(config).collectives(phase):
             _, bus = bandwidths(c.bytes_per_call, seconds, c.kind, c.group_size)
@@ -336,7 +322,8 @@ def test_bad_input_raises_with_the_numbers(
     sizes: tuple[int, int, int, int], mesh: dict[str, object], words: list[str]
 ) -> None:
     with pytest.raises(CpbenchError) as info:
-        config_from_sizes(*sizes, **mesh)  # type: ignore[arg-type]
+        sizes_by_name = dict(zip(("seq_len", "heads", "kv_heads", "head_dim"), sizes, strict=True))
+        CpProblem(**sizes_by_name, **mesh).require_feasible()  # type: ignore[arg-type]
     for word in words:
         assert word in str(info.value)
 
@@ -346,6 +333,6 @@ def test_formula_evaluator_rejects_what_it_does_not_know() -> None:
         evaluate_formula("2*x", {})
     with pytest.raises(CpbenchError, match="unsupported"):
         evaluate_formula("2**3", {})
-    volume = comm_volume(config_from_sizes(64, 2, 2, 8, ulysses=2))
+    volume = comm_volume(CpProblem(seq_len=64, heads=2, kv_heads=2, head_dim=8, ulysses=2).require_feasible())
     with pytest.raises(CpbenchError, match="sideways"):
         volume.stages("sideways")  # type: ignore[arg-type]

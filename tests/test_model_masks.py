@@ -17,22 +17,22 @@ from cpbench.app.recommend import RecommendRequest, recommend
 from cpbench.cli.main import app
 from cpbench.config.constraints import AttentionShape
 from cpbench.config.documents import resolve_documents
+from cpbench.config.geometry import pack, rank_pairs, ring_schedule
 from cpbench.config.masks import MaskSpec
+from cpbench.config.problem import CpProblem, MeshCandidate
 from cpbench.config.vocabulary import GLOBAL_LAYOUTS, LAYOUTS
-from cpbench.model.cost import MeshCandidate, predict
+from cpbench.model.cost import predict
 from cpbench.model.flops import flops_breakdown, layout_work, mask_pairs
 from cpbench.model.formulas import (
     FP32_BYTES,
     comm_volume,
-    config_from_sizes,
     evaluate_formula,
     ring_bytes_sent,
     ring_kv_chunk_elements,
     substitute,
 )
 from cpbench.model.hardware import load_profile
-from cpbench.model.masking import pack, rank_pairs, ring_schedule
-from cpbench.model.memory import memory_for_sizes
+from cpbench.model.memory import memory_estimate
 
 runner = CliRunner()
 H100 = load_profile("h100-sxm")
@@ -159,20 +159,20 @@ def test_window_hops_on_a_ring_of_four() -> None:
     # tokens back > 8), so 2 ring steps; zigzag's chunk 7 reaches back to chunk 6 on another
     # rank at every step distance, so all 4
     window = MaskSpec(window=8)
-    contiguous = config_from_sizes(64, 8, 8, 16, ring=4, layout="contiguous", mask=window)
-    zigzag = config_from_sizes(64, 8, 8, 16, ring=4, layout="zigzag", mask=window)
+    contiguous = CpProblem(seq_len=64, heads=8, kv_heads=8, head_dim=16, ring=4, layout="contiguous").masked(window).require_feasible()
+    zigzag = CpProblem(seq_len=64, heads=8, kv_heads=8, head_dim=16, ring=4, layout="zigzag").masked(window).require_feasible()
     assert (contiguous.ring_steps, contiguous.kv_hops, contiguous.dkv_hops) == (2, 1, 1)
     assert (zigzag.ring_steps, zigzag.kv_hops, zigzag.dkv_hops) == (4, 3, 3)
     assert layout_work(64, 1, 4, "contiguous", mask=window).steps == 2
     # a window larger than the sequence is causal attention: every step
-    assert config_from_sizes(64, 8, 8, 16, ring=4, mask=MaskSpec(window=1000)).ring_steps == 4
+    assert CpProblem(seq_len=64, heads=8, kv_heads=8, head_dim=16, ring=4).masked(MaskSpec(window=1000)).require_feasible().ring_steps == 4
 
 
 @pytest.mark.parametrize("window", [1, 8, 16, 17, 40, 64])
 @pytest.mark.parametrize("ulysses", [1, 2])
 def test_ring_bytes_are_k_hop_arithmetic(window: int, ulysses: int) -> None:
     mask = MaskSpec(window=window)
-    config = config_from_sizes(128, 8, 4, 16, 2, ulysses, 4, "contiguous", "bf16", mask)
+    config = CpProblem(seq_len=128, heads=8, kv_heads=4, head_dim=16, batch=2, ulysses=ulysses, ring=4, layout="contiguous", dtype="bf16").masked(mask).require_feasible()
     k = config.ring_steps
     assert k == ring_schedule(pack(mask, 128, ulysses, 4, "contiguous")).steps
     chunk = ring_kv_chunk_elements(config)  # 2*B*(L/R)*(c*h_kv/U)*d_h
@@ -194,20 +194,20 @@ def test_ring_bytes_are_k_hop_arithmetic(window: int, ulysses: int) -> None:
                 assert evaluate_formula(c.formula, symbols) == c.elements_sent
                 if c.stage == "ring" and k < 4:
                     assert "k" in c.formula and "R-1" not in c.formula
-    full = config_from_sizes(128, 8, 4, 16, 2, ulysses, 4, "contiguous", "bf16")
+    full = CpProblem(seq_len=128, heads=8, kv_heads=4, head_dim=16, batch=2, ulysses=ulysses, ring=4, layout="contiguous", dtype="bf16").require_feasible()
     assert ring_bytes_sent(config, "backward") <= ring_bytes_sent(full, "backward")
 
 
 def test_doc_zigzag_bytes_and_memory_use_the_run_length() -> None:
     mask = MaskSpec(documents=(10, 20, 30))  # R = 4: pad to 16 + 24 + 32 = 72 tokens
-    config = config_from_sizes(60, 8, 8, 16, ring=4, layout="doc_zigzag", mask=mask)
+    config = CpProblem(seq_len=60, heads=8, kv_heads=8, head_dim=16, ring=4, layout="doc_zigzag").masked(mask).require_feasible()
     assert (config.run_len, config.padding, config.ring_shard) == (72, 12, 18)
     assert ring_kv_chunk_elements(config) == 2 * 18 * 8 * 16
     ring_stage = comm_volume(config).forward[0]
     assert "L_run" in ring_stage.formula
     assert evaluate_formula(ring_stage.formula, config.symbols()) == ring_stage.elements_sent
-    padded = memory_for_sizes(60, 8, 8, 16, ring=4, layout="doc_zigzag", mask=mask)
-    same = memory_for_sizes(72, 8, 8, 16, ring=4, layout="contiguous")
+    padded = memory_estimate(CpProblem(seq_len=60, heads=8, kv_heads=8, head_dim=16, ring=4, layout="doc_zigzag").masked(mask).require_feasible())
+    same = memory_estimate(CpProblem(seq_len=72, heads=8, kv_heads=8, head_dim=16, ring=4, layout="contiguous").require_feasible())
     assert padded.peak("forward_backward") == same.peak("forward_backward")
 
 
@@ -228,8 +228,8 @@ def test_balanced_is_no_worse_than_zigzag_on_a_lognormal_mix(seed: int) -> None:
 
 def test_predictions_follow_the_mask() -> None:
     shape = AttentionShape(65536, 32, 8, 128)
-    plain = predict(MeshCandidate(shape, 1, 8, "contiguous"), H100, 8)
-    window = predict(MeshCandidate(shape, 1, 8, "contiguous", window=4096), H100, 8)
+    plain = predict(MeshCandidate.for_shape(shape=shape, ulysses=1, ring=8, layout="contiguous"), H100, 8)
+    window = predict(MeshCandidate.for_shape(shape=shape, ulysses=1, ring=8, layout="contiguous", window=4096), H100, 8)
     assert (plain.ring_steps, window.ring_steps) == (8, 2)
     assert window.forward.ring_comm_s < plain.forward.ring_comm_s / 3
     assert window.step_s < plain.step_s
@@ -239,17 +239,17 @@ def test_predictions_follow_the_mask() -> None:
         "layout": "doc_zigzag", "dtype": "float32", "documents": [1001, 3000, 4191],
         "window": None,
     }  # fmt: skip
-    candidate = MeshCandidate.from_config(config)
+    candidate = MeshCandidate.from_record(config)
     assert candidate.mask == MaskSpec(documents=(1001, 3000, 4191))
     p = predict(config, load_profile("cpu-local"))
-    assert p.padding == p.config.padding > 0 and p.kernel_seq_len == p.config.run_len // 4
-    assert MeshCandidate.from_config({**config, "documents": None, "window": 512}).window == 512
+    assert p.padding == p.candidate.padding > 0 and p.kernel_seq_len == p.candidate.run_len // 4
+    assert MeshCandidate.from_record({**config, "documents": None, "window": 512}).window == 512
 
 
 def test_without_a_causal_mask_every_layout_costs_the_same() -> None:
     shape = AttentionShape(65536, 32, 8, 128)
     times = {
-        round(predict(MeshCandidate(shape, 2, 8, layout, causal=False), H100, 8).step_s, 12)
+        round(predict(MeshCandidate.for_shape(shape=shape, ulysses=2, ring=8, layout=layout, causal=False), H100, 8).step_s, 12)
         for layout in LAYOUTS
     }
     assert len(times) == 1
@@ -260,30 +260,20 @@ def test_without_a_causal_mask_every_layout_costs_the_same() -> None:
 
 def test_formulas_report_compares_the_layouts() -> None:
     docs = resolve_documents("lognormal:mean=1024", 8192, 0)
-    report = formulas_report(
-        8192, 32, 8, 128, ring=4, layout="zigzag", mask=MaskSpec(documents=docs, window=1024)
-    )
+    report = formulas_report(CpProblem(seq_len=8192, heads=32, kv_heads=8, head_dim=128, ring=4, layout="zigzag").masked(MaskSpec(documents=docs, window=1024)))
     section = report["mask"]
     rows = {row["layout"]: row for row in section["layouts"]}
     assert set(rows) == set(LAYOUTS)
     assert rows["contiguous"]["ring_steps"] < 4 and rows["contiguous"]["hops_saved"] > 0
     assert rows["doc_zigzag"]["padding_tokens"] > 0 and rows["balanced"]["padding_tokens"] == 0
     for row in rows.values():
-        config = config_from_sizes(
-            8192,
-            32,
-            8,
-            128,
-            ring=4,
-            layout=row["layout"],
-            mask=MaskSpec(documents=docs, window=1024),
-        )
+        config = CpProblem(seq_len=8192, heads=32, kv_heads=8, head_dim=128, ring=4, layout=row["layout"]).masked(MaskSpec(documents=docs, window=1024)).require_feasible()
         volume = comm_volume(config)
         assert row["bytes_forward"] == volume.bytes_sent("forward")
         assert row["kv_hops"] == row["ring_steps"] - 1
     assert report["work"]["ring_steps"] == rows["zigzag"]["ring_steps"]
     assert json.loads(json.dumps(report)) == report
-    assert "mask" not in formulas_report(8192, 32, 8, 128, ring=4)
+    assert "mask" not in formulas_report(CpProblem(seq_len=8192, heads=32, kv_heads=8, head_dim=128, ring=4))
 
 
 @pytest.fixture
@@ -313,13 +303,13 @@ def test_recommend_ranks_every_layout_with_documents(documents_file: Path) -> No
     rec = recommend(
         RecommendRequest(heads=32, kv_heads=8, documents=str(documents_file), gpus=8, top=0)
     )
-    ring_layouts = {r.prediction.config.layout for r in rec.ranked if r.prediction.config.ring > 1}
+    ring_layouts = {r.prediction.candidate.layout for r in rec.ranked if r.prediction.candidate.ring > 1}
     assert ring_layouts == set(LAYOUTS)
     assert "global zigzag leaves ring rank" in rec.explanation
     assert "the balanced layout brings it to" in rec.explanation
     windowed = recommend(RecommendRequest(heads=32, kv_heads=8, window=4096, gpus=8, top=0))
     ring_layouts = {
-        r.prediction.config.layout for r in windowed.ranked if r.prediction.config.ring > 1
+        r.prediction.candidate.layout for r in windowed.ranked if r.prediction.candidate.ring > 1
     }
     assert ring_layouts == set(GLOBAL_LAYOUTS)
     assert "ring steps on contiguous" in windowed.explanation

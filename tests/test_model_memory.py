@@ -7,13 +7,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cpbench.config.constraints import required_kv_replication, seq_divisor
+from cpbench.config.problem import CpProblem
 from cpbench.config.vocabulary import GLOBAL_LAYOUTS as LAYOUTS
 from cpbench.config.vocabulary import STEP_PASSES
 from cpbench.errors import CpbenchError
 from cpbench.model.memory import (
     MemoryEstimate,
     max_seq_len_for_budget,
-    memory_for_sizes,
+    memory_estimate,
     scheme_stages,
 )
 from cpbench.units import GIB
@@ -51,7 +52,7 @@ def meshes(draw: st.DrawFn) -> Mesh:
 
 def estimate(seq_len: int, mesh: Mesh) -> MemoryEstimate:
     heads, kv_heads, head_dim, batch, ulysses, ring, layout, dtype = mesh
-    return memory_for_sizes(seq_len, heads, kv_heads, head_dim, batch, ulysses, ring, layout, dtype)
+    return memory_estimate(CpProblem(seq_len=seq_len, heads=heads, kv_heads=kv_heads, head_dim=head_dim, batch=batch, ulysses=ulysses, ring=ring, layout=layout, dtype=dtype).require_feasible())
 
 
 def divisor_of(mesh: Mesh) -> int:
@@ -79,9 +80,11 @@ def test_max_seq_len_is_consistent_with_the_memory_function(
     mesh: Mesh, budget: int, phase: str
 ) -> None:
     heads, kv_heads, head_dim, batch, ulysses, ring, layout, dtype = mesh
-    answer = max_seq_len_for_budget(
-        budget, heads, kv_heads, head_dim, batch, ulysses, ring, layout, dtype, phase
+    problem = CpProblem(
+        seq_len=divisor_of(mesh), heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+        batch=batch, ulysses=ulysses, ring=ring, layout=layout, dtype=dtype,
     )
+    answer = max_seq_len_for_budget(budget, problem, phase)
     step = divisor_of(mesh)
     assert answer % step == 0
     if answer > 0:
@@ -94,7 +97,7 @@ def test_hand_computed_single_rank() -> None:
     # the fp32 LSE [1,1,1024] is 4_096 B.
     # forward (one stage): q, k, v, o + lse = 4*131_072 + 4_096 = 528_384
     # backward attention: q, k, v, o, lse, do, dq, dk, dv = 8*131_072 + 4_096 = 1_052_672
-    m = memory_for_sizes(1024, 1, 1, 64)
+    m = memory_estimate(CpProblem(seq_len=1024, heads=1, kv_heads=1, head_dim=64).require_feasible())
     assert m.stages == scheme_stages(1)
     assert m.peak("forward") == m.total("forward") == 528_384
     assert m.peak("forward_backward") == m.total("forward_backward") == 1_052_672
@@ -106,7 +109,7 @@ def test_hand_computed_pure_ring_counts_local_shards_once() -> None:
     # out accumulator fp32 [1,1024,8,64] = 2_097_152; lse fp32 [1,8,1024] = 32_768
     # K/V double buffer [2,2,1,1024,2,64] fp16 = 1_048_576
     # forward peak = 2*1_048_576 + 2*262_144 + 2_097_152 + 32_768 + 1_048_576 = 5_799_936
-    m = memory_for_sizes(4096, 8, 2, 64, ring=4, dtype="float16")
+    m = memory_estimate(CpProblem(seq_len=4096, heads=8, kv_heads=2, head_dim=64, ring=4, dtype="float16").require_feasible())
     names = [item.name for item in m.items]
     assert len(names) == len(set(names))
     assert not {"q_heads", "kv_heads", "o_heads", "a2a_q_send"} & set(names)
@@ -114,7 +117,7 @@ def test_hand_computed_pure_ring_counts_local_shards_once() -> None:
 
 
 def test_usp_items_and_kv_replication() -> None:
-    m = memory_for_sizes(8192, 32, 2, 128, ulysses=4, ring=2)  # c = 2
+    m = memory_estimate(CpProblem(seq_len=8192, heads=32, kv_heads=2, head_dim=128, ulysses=4, ring=2).require_feasible())  # c = 2
     by_name = {item.name: item for item in m.items}
     assert by_name["q_local"].shape == (1, 1024, 32, 128)
     assert by_name["q_heads"].shape == (1, 4096, 8, 128)
@@ -128,17 +131,23 @@ def test_usp_items_and_kv_replication() -> None:
     assert m.peak("forward_backward") == max(m.stage_bytes(s) for s in m.stages)
 
 
+def _budget_answer(budget: float, heads: int, phase: str = "forward_backward", **mesh: object) -> int:
+    """The longest L for a budget (the problem's own length, 1024, is ignored)."""
+    problem = CpProblem(seq_len=1024, heads=heads, kv_heads=8, head_dim=128, **mesh)  # type: ignore[arg-type]
+    return max_seq_len_for_budget(budget, problem, phase)  # type: ignore[arg-type]
+
+
 def test_bad_input() -> None:
     with pytest.raises(CpbenchError, match="-5"):
-        max_seq_len_for_budget(-5, 32, 8, 128)
+        _budget_answer(-5, 32)
     with pytest.raises(CpbenchError, match="sideways"):
-        max_seq_len_for_budget(GIB, 32, 8, 128, phase="sideways")  # type: ignore[arg-type]
+        _budget_answer(GIB, 32, phase="sideways")
     with pytest.raises(CpbenchError, match=r"ulysses \(3\)"):
-        max_seq_len_for_budget(GIB, 32, 8, 128, ulysses=3)
+        _budget_answer(GIB, 32, ulysses=3)
     with pytest.raises(CpbenchError, match="int8"):
-        max_seq_len_for_budget(GIB, 32, 8, 128, dtype="int8")
+        _budget_answer(GIB, 32, dtype="int8")
     with pytest.raises(CpbenchError, match="kv_heads"):
-        max_seq_len_for_budget(GIB, 30, 8, 128)
-    assert max_seq_len_for_budget(1, 32, 8, 128) == 0
+        _budget_answer(GIB, 30)
+    assert _budget_answer(1, 32) == 0
     with pytest.raises(CpbenchError, match="stage"):
-        memory_for_sizes(64, 2, 2, 8).stage_bytes("fwd_a2a_in")
+        memory_estimate(CpProblem(seq_len=64, heads=2, kv_heads=2, head_dim=8).require_feasible()).stage_bytes("fwd_a2a_in")

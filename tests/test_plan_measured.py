@@ -21,7 +21,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from cpbench.config.constraints import AttentionShape
-from cpbench.model.cost import MeshCandidate, predict
+from cpbench.config.problem import MeshCandidate
+from cpbench.model.cost import predict
 from cpbench.model.hardware import load_profile
 from cpbench.model.plan.memory import Parallelism
 from cpbench.model.plan.step import step_time
@@ -123,7 +124,7 @@ def test_time_model_against_a_measured_cpu_step() -> None:
     profile = load_profile("cpu-local")
     shape = AttentionShape(SEQ_LEN, TINY.heads, TINY.kv_heads, TINY.head_dim, 1)
     prediction = predict(
-        MeshCandidate(shape, 1, 1, "contiguous", "float32", True, None, "fwd+bwd", "auto"),
+        MeshCandidate.for_shape(shape=shape, ulysses=1, ring=1, layout="contiguous", dtype="float32", causal=True, kv_replication=None, phase="fwd+bwd", kernel="auto"),
         profile, 1,
     )
     par = Parallelism(tp=1, ulysses=1, ring=1, pp=1, dp=1)

@@ -25,9 +25,9 @@ from cpbench.app.recommend import (
 from cpbench.app.recommend.uncertainty import call_ties, profile_uncertainty, with_intervals
 from cpbench.cli.main import app
 from cpbench.config.constraints import AttentionShape
+from cpbench.config.problem import MeshCandidate
 from cpbench.errors import CpbenchError
 from cpbench.model.calibrate.stats import TIE_RULE
-from cpbench.model.cost import MeshCandidate
 from cpbench.model.hardware import CalibrationInfo, HardwareProfile, load_profile, save_profile
 from cpbench.model.topology import PRIOR_RELATIVE_ERROR
 from cpbench.render.recommend import render_recommendation
@@ -49,7 +49,7 @@ def test_default_answer_is_feasible_and_ranked(default) -> None:
     times = [float(f"{r.time_s:.4g}") for r in default.ranked]
     assert times == sorted(times) and len(times) >= 4
     assert all(r.prediction.fits for r in default.ranked)
-    assert {(r.prediction.config.ulysses, r.prediction.config.ring) for r in default.ranked} == {
+    assert {(r.prediction.candidate.ulysses, r.prediction.candidate.ring) for r in default.ranked} == {
         (1, 8),
         (2, 4),
         (4, 2),
@@ -58,13 +58,13 @@ def test_default_answer_is_feasible_and_ranked(default) -> None:
     winner = default.winner
     assert winner is not None
     # one node of NVLink: all-to-all is cheap and the kernel sees the whole sequence
-    assert (winner.prediction.config.ulysses, winner.prediction.config.ring) == (8, 1)
+    assert (winner.prediction.candidate.ulysses, winner.prediction.candidate.ring) == (8, 1)
     assert "8x1" in default.explanation and "ahead of the next mesh" in default.explanation
     assert default.rejected == ()
 
 
 def test_contiguous_ranks_below_zigzag_for_causal(default) -> None:
-    order = [(r.prediction.config.ring, r.prediction.config.layout) for r in default.ranked]
+    order = [(r.prediction.candidate.ring, r.prediction.candidate.layout) for r in default.ranked]
     assert order.index((8, "zigzag")) < order.index((8, "contiguous"))
 
 
@@ -81,8 +81,8 @@ def test_rejections_carry_the_rule() -> None:
 
 def test_kv_replication_is_automatic() -> None:
     rec = recommend(RecommendRequest(heads=32, kv_heads=4, gpus=8))
-    ulysses_8 = next(r for r in rec.ranked if r.prediction.config.ulysses == 8)
-    assert ulysses_8.prediction.config.kv_replication == 2
+    ulysses_8 = next(r for r in rec.ranked if r.prediction.candidate.ulysses == 8)
+    assert ulysses_8.prediction.candidate.replication == 2
 
 
 def test_parallel_sizes_worked_example() -> None:
@@ -116,7 +116,7 @@ def test_framework_settings_for_a2a_p2p() -> None:
     rec = recommend(RecommendRequest(heads=32, kv_heads=8, gpus=16))
     winner = rec.winner
     assert winner is not None
-    config = winner.prediction.config
+    config = winner.prediction.candidate
     assert (config.ulysses, config.ring) == (8, 2)  # Ulysses inside each node, ring across
     settings = {f.framework: f for f in rec.frameworks}
     megatron = settings["Megatron-LM"]
@@ -143,7 +143,7 @@ def test_measured_configurations_rank_by_measurement(tmp_path: Path) -> None:
     rng = random.Random(0)
     shape = AttentionShape(2048, 8, 4, 64)
     records = [
-        synthetic_record(MeshCandidate(shape, u, r, layout, "float32"), profile, 4, 0.02, rng)
+        synthetic_record(MeshCandidate.for_shape(shape=shape, ulysses=u, ring=r, layout=layout, dtype="float32"), profile, 4, 0.02, rng)
         for u, r in ((1, 4), (2, 2), (4, 1))
         for layout in ("contiguous", "zigzag")
     ]
@@ -157,7 +157,7 @@ def test_measured_configurations_rank_by_measurement(tmp_path: Path) -> None:
     )  # fmt: skip
     assert rec.profile.name == "cpu-local-calibrated" and rec.calibration is not None
     sources = {
-        (r.prediction.config.ulysses, r.prediction.config.layout): r.source for r in rec.ranked
+        (r.prediction.candidate.ulysses, r.prediction.candidate.layout): r.source for r in rec.ranked
     }
     assert sources[(2, "zigzag")] == "measured" and sources[(2, "striped")] == "model"
     assert sources[(4, "contiguous")] == "measured"  # U x 1: any layout matches
@@ -294,7 +294,7 @@ def _measured(tmp_path: Path, spread: dict[tuple[int, int], float]) -> Path:
     records = []
     for (u, r), s in spread.items():
         record = synthetic_record(
-            MeshCandidate(shape, u, r, "contiguous", "float32", False), profile, 4
+            MeshCandidate.for_shape(shape=shape, ulysses=u, ring=r, layout="contiguous", dtype="float32", causal=False), profile, 4
         )
         median = record["timing"]["median"]
         record["timing"].update(ci_low=median * (1 - s), ci_high=median * (1 + s), iterations=30)
@@ -341,7 +341,7 @@ def test_written_scenario_loads_and_measures_exactly_the_tie(default, tmp_path: 
     assert len(points) == len(default.tie.tied)
     wanted = set()
     for r in default.tie.tied:
-        c = r.prediction.config
+        c = r.prediction.candidate
         gather = c.ring > 1 and c.all_gather
         wanted.add(
             (c.ulysses, c.ring, c.layout, "all_gather" if gather else "p2p",

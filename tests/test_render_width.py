@@ -16,6 +16,7 @@ from rich.console import Console, RenderableType
 
 from cpbench.app.formulas import formulas_report
 from cpbench.app.recommend import RecommendRequest, recommend, recommendation_report
+from cpbench.config.problem import CpProblem
 from cpbench.render.formulas import render_formulas
 from cpbench.render.recommend import render_calibration, render_recommendation, render_validation
 from cpbench.render.tables import FitTable, results_table, verify_tables
@@ -187,7 +188,7 @@ def test_recommendation_wide_keeps_every_column(report: dict[str, Any]) -> None:
 
 @pytest.fixture(scope="module")
 def formulas() -> dict[str, Any]:
-    return formulas_report(262144, 32, 8, 128, ulysses=4, ring=2, layout="zigzag")
+    return formulas_report(CpProblem(seq_len=262144, heads=32, kv_heads=8, head_dim=128, ulysses=4, ring=2, layout="zigzag"))
 
 
 @pytest.mark.parametrize("width", [80, 60])

@@ -224,7 +224,7 @@ def _config(**changes: object) -> BenchConfig:
         ring=2,
         layout="zigzag",
         kv_replication=None,
-        backend="auto",
+        kernel="auto",
         phase="fwd+bwd",
         device="cpu",
         world_size=4,
@@ -276,11 +276,11 @@ def test_to_dict_from_dict_round_trip() -> None:
     assert BenchConfig.from_dict(record) == config
     # automatic replication is recorded resolved
     auto = _config()
-    feasibility = auto.feasibility()
+    feasibility = auto.feasibility
     assert feasibility.ok and feasibility.kv_replication == 1
     back = BenchConfig.from_dict(auto.to_dict(feasibility.kv_replication, None))
     assert back == dataclasses.replace(auto, kv_replication=1)
-    assert back.feasibility() == feasibility
+    assert back.feasibility == feasibility
     # nodes defaults to 1, extra keys are ignored
     del record["nodes"]
     assert BenchConfig.from_dict({**record, "extra": 1}) == config
@@ -293,9 +293,9 @@ def test_config_validation_and_feasibility() -> None:
         _config(layout="diagonal")
     with pytest.raises(CpbenchError, match="seq_len must be a positive integer"):
         _config(seq_len=0)
-    bad_gqa = _config(kv_heads=3).feasibility()
+    bad_gqa = _config(kv_heads=3).feasibility
     assert not bad_gqa.ok and "multiple of kv_heads (3)" in bad_gqa.reason
-    wrong_world = _config(world_size=8).feasibility()
+    wrong_world = _config(world_size=8).feasibility
     assert not wrong_world.ok and "world size (8)" in wrong_world.reason
 
 

@@ -12,8 +12,8 @@ import pytest
 from cpbench.app.report import build_report, work_fits
 from cpbench.app.sweep import run_sweep
 from cpbench.config.bench import BenchConfig
+from cpbench.config.geometry import pack, rank_pairs, ring_schedule
 from cpbench.impls import skip_reason
-from cpbench.model.masking import pack, rank_pairs, ring_schedule
 from cpbench.render.figures import work_balance_figure
 from cpbench.render.html import render_report
 from cpbench.results.scenarios import load_scenario
@@ -187,7 +187,7 @@ def test_the_report_plots_per_rank_work_against_compute_per_layout(
 def test_external_impls_refuse_a_mask_they_do_not_run() -> None:
     base = BenchConfig(
         seq_len=64, batch=1, heads=4, kv_heads=4, head_dim=16, dtype="bfloat16", causal=True,
-        ulysses=1, ring=2, layout="zigzag", kv_replication=None, backend="auto", phase="fwd+bwd",
+        ulysses=1, ring=2, layout="zigzag", kv_replication=None, kernel="auto", phase="fwd+bwd",
         device="cuda", world_size=2, documents=(30, 34),
     )  # fmt: skip
     import dataclasses  # noqa: PLC0415

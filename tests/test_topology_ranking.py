@@ -8,7 +8,8 @@ import pytest
 
 from cpbench.app.recommend import RecommendRequest, recommend
 from cpbench.config.constraints import AttentionShape
-from cpbench.model.cost import MeshCandidate, predict
+from cpbench.config.problem import MeshCandidate
+from cpbench.model.cost import predict
 from cpbench.model.hardware import load_profile
 from cpbench.model.topology import describe
 
@@ -19,9 +20,7 @@ def _times(profile: str, seq_len: int) -> dict[tuple[int, int], float]:
     hw = load_profile(profile)
     out = {}
     for u, r in ((8, 1), (4, 2), (2, 4), (1, 8)):
-        c = MeshCandidate(
-            AttentionShape(seq_len, 32, 8, 128), u, r, "zigzag", "bfloat16", True, None, "fwd"
-        )
+        c = MeshCandidate.for_shape(shape=AttentionShape(seq_len, 32, 8, 128), ulysses=u, ring=r, layout="zigzag", dtype="bfloat16", causal=True, kv_replication=None, phase="fwd")
         out[(u, r)] = predict(c, hw, 8).step_s
     return out
 
@@ -42,12 +41,12 @@ def test_nvlink_ranking_is_unchanged(seq_len: int) -> None:
     times are those of the flat two-tier model (prediction.topology is None)."""
     t = _times("h100-sxm", seq_len)
     assert sorted(t, key=t.__getitem__) == [(8, 1), (4, 2), (2, 4), (1, 8)]
-    c = MeshCandidate(AttentionShape(seq_len, 32, 8, 128), 8, 1, phase="fwd")
+    c = MeshCandidate.for_shape(shape=AttentionShape(seq_len, 32, 8, 128), ulysses=8, ring=1, phase="fwd")
     assert getattr(predict(c, load_profile("h100-sxm"), 8), "topology") is None  # noqa: B009
 
 
 def test_prediction_explains_the_tiers_the_all_to_all_crosses() -> None:
-    c = MeshCandidate(AttentionShape(65536, 32, 8, 128), 8, 1, phase="fwd")
+    c = MeshCandidate.for_shape(shape=AttentionShape(65536, 32, 8, 128), ulysses=8, ring=1, phase="fwd")
     topo = getattr(predict(c, load_profile("l40s-pcie-2x4"), 8), "topology")  # noqa: B009
     assert topo is not None
     text = describe(topo, 70e6, 0)
@@ -60,4 +59,4 @@ def test_recommend_on_the_pcie_profile_does_not_pick_pure_ulysses() -> None:
                          hardware="l40s-pcie-2x4", phase="fwd")
     )
     assert rec.winner is not None
-    assert (rec.winner.prediction.config.ulysses, rec.winner.prediction.config.ring) != (8, 1)
+    assert (rec.winner.prediction.candidate.ulysses, rec.winner.prediction.candidate.ring) != (8, 1)

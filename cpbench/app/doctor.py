@@ -606,7 +606,7 @@ def probe_config(device: Device, world_size: int) -> BenchConfig:
     return BenchConfig(
         seq_len=4096 * world_size, batch=1, heads=8, kv_heads=8, head_dim=64,
         dtype=DEFAULT_DTYPE[device], causal=True, ulysses=1, ring=world_size, layout="zigzag",
-        kv_replication=None, backend="auto", phase="fwd+bwd", device=device,
+        kv_replication=None, kernel="auto", phase="fwd+bwd", device=device,
         world_size=world_size,
     )
 

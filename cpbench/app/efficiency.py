@@ -153,7 +153,7 @@ class EfficiencyCase:
             ring=self.ring,
             layout=self.layout,
             kv_replication=None,
-            backend="auto",
+            kernel="auto",
             phase="fwd+bwd",
             device=settings.device,
             world_size=world,
@@ -252,7 +252,7 @@ def _case_reason(case: EfficiencyCase, settings: EfficiencySettings, dtype: Dtyp
         config = case.config(settings, dtype, world)
     except CpbenchError as exc:
         return str(exc)
-    feasible = config.feasibility()
+    feasible = config.feasibility
     if not feasible.ok:
         return feasible.reason or "infeasible mesh"
     return skip_reason(config)

@@ -6,12 +6,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
-from cpbench.config.constraints import AttentionShape, check_mesh
+from cpbench.config.constraints import check_mesh
 from cpbench.config.documents import resolve_documents
 from cpbench.config.masks import MaskSpec
-from cpbench.config.vocabulary import LAYOUTS, PASS_TOTALS, PASSES, STEP_PASSES
+from cpbench.config.problem import CpProblem
+from cpbench.config.vocabulary import LAYOUTS, PASS_TOTALS, PASSES, STEP_PASSES, Layout
 from cpbench.errors import CpbenchError
 from cpbench.model.flops import FLOPS_CONVENTION, FlopsBreakdown, flops_breakdown
 from cpbench.model.formulas import (
@@ -19,11 +21,9 @@ from cpbench.model.formulas import (
     HOPS_NOTE,
     CollectiveVolume,
     CommVolume,
-    CpConfig,
     StageVolume,
     busbw_factor,
     comm_volume,
-    cp_config,
     gathered_kv_elements,
     seq_len_divisor,
     substitute,
@@ -83,29 +83,13 @@ def mask_from_options(
 # ------------------------------------------------------------------------------- the report
 
 
-def formulas_report(
-    seq_len: int,
-    heads: int,
-    kv_heads: int,
-    head_dim: int,
-    batch: int = 1,
-    ulysses: int = 1,
-    ring: int = 1,
-    layout: str = "contiguous",
-    dtype: str = "bfloat16",
-    causal: bool = True,
-    mask: MaskSpec | None = None,
-    cp_comm: str = "p2p",
-    heads_k_stride: int | None = None,
-) -> dict[str, Any]:
-    """Every analytic number of a configuration; CpbenchError when it is infeasible. `mask`
-    (documents, window; its `causal` wins over `causal`) adds the per-layout comparison;
-    `cp_comm="all_gather"` (R > 1) the all-gather stage and a section on its head strides."""
-    shape = AttentionShape(seq_len, heads, kv_heads, head_dim, batch)
-    mask = MaskSpec(causal=causal) if mask is None else mask
-    causal = mask.causal
-    config = cp_config(shape, ulysses, ring, layout, dtype, mask, cp_comm, heads_k_stride)
-    flops = flops_breakdown(shape, ulysses, ring, layout, causal, mask)
+def formulas_report(problem: CpProblem) -> dict[str, Any]:
+    """Every analytic number of a problem; CpbenchError when it is infeasible. A mask with
+    documents or a window adds the per-layout comparison; `cp_comm="all_gather"` (R > 1) the
+    all-gather stage and a section on its head strides."""
+    config = problem.require_feasible()
+    shape, mask, causal = config.shape, config.mask, config.causal
+    flops = flops_breakdown(shape, config.ulysses, config.ring, config.layout, causal, mask)
     volume = comm_volume(config)
     report = {
         "inputs": _inputs(config, causal),
@@ -126,24 +110,14 @@ def formulas_report(
     return report
 
 
-def _gather_section(config: CpConfig) -> dict[str, Any]:
+def _gather_section(config: CpProblem) -> dict[str, Any]:
     """The all-gather's memory against its head stride, and the ring's for comparison: every
     stride that divides the KV heads a rank gathers."""
     per_rank = config.kv_heads_per_rank
-    s = config.shape
-    ring = cp_config(s, config.ulysses, config.ring, config.layout, config.dtype, config.mask)
+    ring = replace(config, cp_comm="p2p", heads_k_stride=None)
     rows = []
     for stride in (d for d in range(per_rank, 0, -1) if per_rank % d == 0):
-        other = cp_config(
-            s,
-            config.ulysses,
-            config.ring,
-            config.layout,
-            config.dtype,
-            config.mask,
-            "all_gather",
-            stride,
-        )
+        other = replace(config, cp_comm="all_gather", heads_k_stride=stride)
         estimate = memory_estimate(other)
         gathered = next(i for i in estimate.items if i.name == "kv_gathered")
         rows.append(
@@ -171,7 +145,7 @@ def _gather_section(config: CpConfig) -> dict[str, Any]:
     }
 
 
-def _mask_section(config: CpConfig) -> dict[str, Any]:
+def _mask_section(config: CpProblem) -> dict[str, Any]:
     """The mask and every layout side by side on this mesh."""
     mask, shape = config.mask, config.shape
     layouts = LAYOUTS if config.ring > 1 and mask.causal else (config.layout,)
@@ -189,12 +163,12 @@ def _mask_section(config: CpConfig) -> dict[str, Any]:
     }
 
 
-def _layout_row(config: CpConfig, layout: str) -> dict[str, Any]:
+def _layout_row(config: CpProblem, layout: Layout) -> dict[str, Any]:
     shape, u, r = config.shape, config.ulysses, config.ring
     feasibility = check_mesh(shape, u, r, layout)
     if not feasibility.ok:
         return {"layout": layout, "feasible": False, "reason": feasibility.reason}
-    other = cp_config(shape, u, r, layout, config.dtype, config.mask)
+    other = replace(config, layout=layout, cp_comm="p2p", heads_k_stride=None)
     work = flops_breakdown(shape, u, r, layout, config.mask.causal, config.mask).work
     volume = comm_volume(other)
     k = other.ring_steps
@@ -219,7 +193,7 @@ def _layout_row(config: CpConfig, layout: str) -> dict[str, Any]:
     }
 
 
-def _inputs(config: CpConfig, causal: bool) -> dict[str, Any]:
+def _inputs(config: CpProblem, causal: bool) -> dict[str, Any]:
     s = config.shape
     return {
         "seq_len": s.seq_len,
@@ -241,12 +215,12 @@ def _inputs(config: CpConfig, causal: bool) -> dict[str, Any]:
     }
 
 
-def _mesh(config: CpConfig) -> dict[str, Any]:
+def _mesh(config: CpProblem) -> dict[str, Any]:
     return {
         "feasible": True,
         "scheme": config.scheme,
         "world_size": config.world,
-        "kv_replication": config.kv_replication,
+        "kv_replication": config.replication,
         "seq_divisor": seq_len_divisor(config),
         "tokens_per_rank": config.tokens_per_rank,
         "ring_shard_tokens": config.ring_shard,
@@ -258,12 +232,12 @@ def _mesh(config: CpConfig) -> dict[str, Any]:
     }
 
 
-def _shapes(config: CpConfig) -> dict[str, Any]:
+def _shapes(config: CpProblem) -> dict[str, Any]:
     s = config.shape
     b, tokens, shard, d_h = s.batch, config.tokens_per_rank, config.ring_shard, s.head_dim
     kv = {
         "local": [b, tokens, s.kv_heads, d_h],
-        "replicated": [b, tokens, config.kv_replication * s.kv_heads, d_h],
+        "replicated": [b, tokens, config.replication * s.kv_heads, d_h],
         "after_all_to_all": [b, shard, config.kv_heads_per_rank, d_h],
     }
     return {
@@ -427,29 +401,12 @@ def _memory(estimate: MemoryEstimate) -> dict[str, Any]:
     return report
 
 
-def _what_if(config: CpConfig) -> dict[str, Any]:
-    s = config.shape
+def _what_if(config: CpProblem) -> dict[str, Any]:
     budget = WHAT_IF_BUDGET_GIB * GIB
-    args = (s.heads, s.kv_heads, s.head_dim, s.batch, config.ulysses, config.ring)
-    rest = (config.layout, config.dtype)
     return {
         "budget_gib": WHAT_IF_BUDGET_GIB,
         "budget_bytes": budget,
         "seq_divisor": seq_len_divisor(config),
-        "max_seq_len_forward": max_seq_len_for_budget(
-            budget,
-            *args,
-            *rest,
-            phase="forward",
-            cp_comm=config.cp_comm,
-            heads_k_stride=config.heads_k_stride,
-        ),
-        "max_seq_len_forward_backward": max_seq_len_for_budget(
-            budget,
-            *args,
-            *rest,
-            phase="forward_backward",
-            cp_comm=config.cp_comm,
-            heads_k_stride=config.heads_k_stride,
-        ),
+        "max_seq_len_forward": max_seq_len_for_budget(budget, config, "forward"),
+        "max_seq_len_forward_backward": max_seq_len_for_budget(budget, config, "forward_backward"),
     }

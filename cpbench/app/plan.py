@@ -23,11 +23,12 @@ from typing import Any
 
 from cpbench.app.recommend.frameworks import cp_comm_type
 from cpbench.app.recommend.types import FrameworkSetting
-from cpbench.config.bench import check_positive_int, factorizations
+from cpbench.config.bench import factorizations
 from cpbench.config.constraints import AttentionShape, check_mesh, seq_divisor
+from cpbench.config.problem import MeshCandidate, check_positive_int
+from cpbench.config.vocabulary import canonical_dtype
 from cpbench.errors import CpbenchError
-from cpbench.model.cost import MeshCandidate, Prediction, predict
-from cpbench.model.formulas import canonical_dtype
+from cpbench.model.cost import Prediction, predict
 from cpbench.model.hardware import HardwareProfile, load_profile
 from cpbench.model.plan.memory import (
     RECOMPUTES,
@@ -236,15 +237,17 @@ class _Search:
             if not feasibility.ok:
                 reason = reason or (feasibility.reason or "infeasible")
                 continue
-            candidate = MeshCandidate(shape, ulysses, ring, layout, self.request.dtype, True,
-                                      None, "fwd+bwd", self.request.kernel)
+            candidate = MeshCandidate.for_shape(
+                shape, ulysses=ulysses, ring=ring, layout=layout, dtype=self.request.dtype,
+                kernel=self.request.kernel,
+            )
             prediction = predict(candidate, self.profile, self.per_node, rank_stride=tp)
             key = (float(f"{prediction.step_s:.4g}"), PLAN_LAYOUTS.index(layout))
             if best is None or key < best[0]:
                 best = (key, prediction)
         if best is None:
             return reason
-        return best[1], attention_buffer_bytes(best[1].config)
+        return best[1], attention_buffer_bytes(best[1].candidate)
 
     def memory(self, par: Parallelism, seq_len: int, buffers_per_token: float
                ) -> tuple[StageMemory, ...]:
@@ -355,7 +358,7 @@ def _evaluate(search: _Search, tp: int, cp: int, pp: int, feasible: list[Plan],
         per_token = buffers / request.seq_len
         for recompute in _recomputes(request, search.scores_materialised):
             par = Parallelism(tp, ulysses, ring, pp, dp, request.micro_batch, micro_batches,
-                              recompute, request.zero, prediction.config.layout)
+                              recompute, request.zero, prediction.candidate.layout)
             stages = search.memory(par, request.seq_len, per_token)
             peak = peak_stage(stages)
             longest = search.max_seq_len(par, per_token)

@@ -46,23 +46,25 @@ from typing import Any
 import numpy as np
 
 from cpbench.config.constraints import AttentionShape
+from cpbench.config.problem import MeshCandidate
 from cpbench.config.vocabulary import (
     BACKENDS,
+    DTYPE_BYTES,
     DTYPES,
     PHASE_PASSES,
     PHASES,
     Backend,
     Device,
     Dtype,
+    Layout,
     Phase,
 )
 from cpbench.errors import CpbenchError
 from cpbench.model.calibrate import solve_relative
 from cpbench.model.calibrate.measurements import CPU_PRIOR
 from cpbench.model.calibrate.stats import rms
-from cpbench.model.cost import MeshCandidate
 from cpbench.model.flops import FLOPS_CONVENTION, attention_flops
-from cpbench.model.formulas import CollectiveKind, bandwidths, comm_volume, dtype_bytes
+from cpbench.model.formulas import CollectiveKind, bandwidths, comm_volume
 from cpbench.model.hardware import (
     FALLBACK_GPU_PROFILE,
     EfficiencyCurve,
@@ -134,7 +136,7 @@ class ProbeSettings:
     """fwd or fwd+bwd: which messages (backward adds dK/dV hops) and kernel passes."""
     kernel: Backend = "auto"
     """Local attention kernel to time (auto: what cpbench runs on the device)."""
-    layout: str = "zigzag"
+    layout: Layout = "zigzag"
     """Ring layout (sets which sequence lengths a mesh accepts)."""
     prior: str | None = None
     """Profile to start from (name or path); None: cpu-local on CPU, the GPU's built-in."""
@@ -237,15 +239,14 @@ class ProbePlan:
 
 
 def _feasible(settings: ProbeSettings, u: int, r: int, seq_len: int) -> tuple[Any, str]:
-    """(CpConfig or None, why not) of one mesh at one length."""
-    shape = AttentionShape(
-        seq_len, settings.heads, settings.kv_heads, settings.head_dim, settings.batch
-    )
+    """(the candidate or None, why not) of one mesh at one length."""
     try:
         candidate = MeshCandidate(
-            shape, u, r, settings.layout, settings.dtype, True, phase=settings.phase
+            seq_len=seq_len, batch=settings.batch, heads=settings.heads,
+            kv_heads=settings.kv_heads, head_dim=settings.head_dim, ulysses=u, ring=r,
+            layout=settings.layout, dtype=settings.dtype, phase=settings.phase,
         )
-        return candidate.cp_config(), ""
+        return candidate.require_feasible(), ""
     except CpbenchError as exc:
         return None, str(exc)
 
@@ -266,7 +267,7 @@ def make_plan(settings: ProbeSettings, prior: HardwareProfile) -> ProbePlan:
         )
     from cpbench.config.bench import factorizations  # noqa: PLC0415
 
-    element = dtype_bytes(settings.dtype)
+    element = DTYPE_BYTES[settings.dtype]
     passes = ("forward",) if settings.phase == "fwd" else ("forward", "backward")
     meshes: list[tuple[int, int]] = []
     skipped: list[str] = []
@@ -390,7 +391,7 @@ def probe_on_rank(plan: ProbePlan, comm_budget_s: float, kernel_budget_s: float)
     cuda = settings.device == "cuda"
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     dtype = getattr(torch, settings.dtype)
-    element = dtype_bytes(settings.dtype)
+    element = DTYPE_BYTES[settings.dtype]
     comm_samples: list[tuple[float, ...]] = []
     remaining = comm_budget_s
     for index, test in enumerate(plan.comm_tests):

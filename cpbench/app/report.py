@@ -650,7 +650,7 @@ def _service_recommendation(
     ranked_rows = [
         {
             "rank": i,
-            "U x R": f"{c.prediction.config.ulysses}x{c.prediction.config.ring}",
+            "U x R": f"{c.prediction.candidate.ulysses}x{c.prediction.candidate.ring}",
             "layout": service.layout_label(c.prediction),
             "ranked by": c.source,
             "time ms": round(c.time_s * 1e3, 4),

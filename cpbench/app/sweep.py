@@ -32,6 +32,7 @@ from cpbench.bench.timing import TimingSummary
 from cpbench.bench.world import InProcessWorld, World, launched_by_torchrun
 from cpbench.config.bench import BenchConfig
 from cpbench.config.constraints import Feasibility
+from cpbench.config.geometry import Packing, pack, rank_pairs, ring_schedule
 from cpbench.config.impls import DEFAULT_IMPL
 from cpbench.config.vocabulary import PHASE_PASSES, Pass
 from cpbench.errors import CpbenchError, RunFailure
@@ -42,8 +43,7 @@ from cpbench.model.calibrate.stats import (
     rank_with_ties,
 )
 from cpbench.model.flops import FLOPS_CONVENTION, flops_breakdown
-from cpbench.model.formulas import comm_volume, cp_config_of
-from cpbench.model.masking import Packing, pack, rank_pairs, ring_schedule
+from cpbench.model.formulas import comm_volume
 from cpbench.model.memory import memory_estimate
 from cpbench.results.frame import rank_group
 from cpbench.results.scenarios import Scenario
@@ -132,7 +132,7 @@ def _base_record(
 
 
 def packing_of(config: BenchConfig) -> Packing | None:
-    """The configuration's sequence as it runs on its ring (`cpbench.model.masking.pack`):
+    """The configuration's sequence as it runs on its ring (`cpbench.config.geometry.pack`):
     documents, padding, each ring rank's positions; None when the layout cannot pack it."""
     try:
         return pack(config.mask, config.seq_len, config.ulysses, config.ring, config.layout)
@@ -142,7 +142,7 @@ def packing_of(config: BenchConfig) -> Packing | None:
 
 def per_rank_work(config: BenchConfig) -> list[float] | None:
     """Predicted attention work of each rank: the attended (query, key) pairs of its ring rank
-    (`cpbench.model.masking.rank_pairs`, continuum convention: a causal diagonal pair counts
+    (`cpbench.config.geometry.rank_pairs`, continuum convention: a causal diagonal pair counts
     1/2) x B x the query heads it computes (h / U). None when the layout cannot pack it."""
     packing = packing_of(config)
     if packing is None:
@@ -329,9 +329,9 @@ def _per_rank_or_none(per_rank: list[dict[str, Any]], key: str) -> list[int | No
     return None if all(v is None for v in values) else values
 
 
-def _model_config(config: BenchConfig) -> Any:
-    """The model's view of the point: its mask, cp_comm and head stride included."""
-    return cp_config_of(config)
+def _model_config(config: BenchConfig) -> BenchConfig:
+    """The model's view of the point: the point itself (a `CpProblem`)."""
+    return config
 
 
 def _comm_section(

@@ -30,7 +30,7 @@ import torch
 
 from cpbench.bench.reference import impl_mask_unsupported, run_cases_on_rank
 from cpbench.config.bench import VerifyCase, factorizations
-from cpbench.config.constraints import AttentionShape, check_mesh, required_kv_replication
+from cpbench.config.constraints import required_kv_replication
 from cpbench.config.impls import DEFAULT_IMPL, check_impl
 from cpbench.config.masks import MaskSpec
 from cpbench.config.vocabulary import CP_COMMS, DTYPES, LAYOUTS, Backend, CpComm, Device, Dtype
@@ -95,19 +95,18 @@ def default_cases(
             for causal in (True, False):
                 for kv_heads in (8, 4, 2, 1):
                     case = VerifyCase(
-                        ulysses,
-                        ring,
-                        layout,
-                        causal,
-                        8,
-                        kv_heads,
-                        seq_len,
+                        ulysses=ulysses,
+                        ring=ring,
+                        layout=layout,
+                        causal=causal,
+                        heads=8,
+                        kv_heads=kv_heads,
+                        seq_len=seq_len,
                         dtype=dtype,
                         kernel=kernel,
                         impl=impl,
                     )
-                    shape = AttentionShape(seq_len, 8, kv_heads, case.head_dim, case.batch)
-                    if check_mesh(shape, ulysses, ring, layout).ok:
+                    if case.feasibility.ok:
                         cases.append(case)
     if masks:
         cases.extend(_mask_matrix(world_size, seq_len, dtype, kernel, impl))
@@ -144,21 +143,20 @@ def _mask_matrix(
             for mask in mask_cases(seq_len, world_size):
                 for kv_heads in MASK_KV_HEADS:
                     case = VerifyCase(
-                        ulysses,
-                        ring,
-                        layout,
-                        mask.causal,
-                        8,
-                        kv_heads,
-                        seq_len,
+                        ulysses=ulysses,
+                        ring=ring,
+                        layout=layout,
+                        causal=mask.causal,
+                        heads=8,
+                        kv_heads=kv_heads,
+                        seq_len=seq_len,
                         dtype=dtype,
                         kernel=kernel,
                         impl=impl,
                         documents=mask.documents,
                         window=mask.window,
                     )
-                    shape = AttentionShape(seq_len, 8, kv_heads, case.head_dim, case.batch)
-                    if check_mesh(shape, ulysses, ring, layout).ok:
+                    if case.feasibility.ok:
                         cases.append(case)
     return cases
 

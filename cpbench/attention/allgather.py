@@ -16,7 +16,7 @@ Per rank, group of A ranks, chunk = the rank's K/V `[B, n, 2, h_kv, D]`:
   collectives;
 - backward: the same all-gather again (nothing gathered is kept alive), then a reduce-scatter
   of the fp32 dK/dV of every chunk, `(A - 1)` fp32 chunks sent (tag `rs_dkv`).
-The blocks computed are the mask's pieces (`cpbench.model.masking`): the same `Piece`s the ring
+The blocks computed are the mask's pieces (`cpbench.config.geometry`): the same `Piece`s the ring
 computes at its steps, all against K/V already present.
 """
 
@@ -35,8 +35,8 @@ from cpbench.attention.comm import (
 )
 from cpbench.attention.kernels import LocalKernel
 from cpbench.attention.kernels.base import Band
+from cpbench.config.geometry import Piece, RingSchedule
 from cpbench.errors import CpbenchError
-from cpbench.model.masking import Piece, RingSchedule
 
 KV_GATHER_TAG = "ag_kv"
 DKV_SCATTER_TAG = "rs_dkv"

@@ -9,7 +9,7 @@ all-to-alls (pure ring), R = 1 makes the ring a single local step (pure Ulysses;
 documents its pieces are the block-diagonal ones, masked blocks skipped).
 
 The mask (`MaskSpec`: causal or full, packed documents, sliding window) and the layout give
-the ring its schedule (`cpbench.model.masking`): which pieces each step computes and how many
+the ring its schedule (`cpbench.config.geometry`): which pieces each step computes and how many
 steps run. `mask=None` is today's mask from `causal` (one document, no window).
 """
 
@@ -25,10 +25,10 @@ from cpbench.attention.mesh import CPMesh
 from cpbench.attention.ring import RingAttention, RingSpec, Variant, ring_plan
 from cpbench.attention.ulysses import HeadsToSeq, SeqToHeads
 from cpbench.config.constraints import AttentionShape, check_cp_comm, check_mesh
+from cpbench.config.geometry import ring_schedule
 from cpbench.config.masks import MaskSpec
 from cpbench.config.vocabulary import CpComm
 from cpbench.errors import CpbenchError
-from cpbench.model.masking import ring_schedule
 
 
 def resolve_mask(causal: bool | None, mask: MaskSpec | None) -> MaskSpec:

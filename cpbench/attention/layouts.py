@@ -3,7 +3,7 @@
 Definition (the convention of yunchang's USP), for the five layouts of `LAYOUTS`:
 
 * **Ring level.** The layout assigns each ring rank j (0..R-1) a set of token positions, in
-  increasing order; `cpbench.model.masking.pack` is the one derivation (closed form over runs),
+  increasing order; `cpbench.config.geometry.pack` is the one derivation (closed form over runs),
   shared with the ring's schedule and the model:
   - `contiguous`: positions [j*L/R, (j+1)*L/R);
   - `zigzag`: the sequence is cut into 2R chunks; ring rank j holds chunks j and 2R-1-j, so
@@ -33,10 +33,10 @@ from functools import lru_cache
 
 import torch
 
+from cpbench.config.geometry import Packing, check_packing, pack
 from cpbench.config.masks import MaskSpec
 from cpbench.config.vocabulary import Layout
 from cpbench.errors import CpbenchError
-from cpbench.model.masking import Packing, check_packing, pack
 
 DEFAULT_MASK = MaskSpec()
 """The mask a layout assumes when given none: one causal document filling the sequence."""
@@ -46,7 +46,7 @@ def packing(
     seq_len: int, ulysses: int, ring: int, layout: str, mask: MaskSpec | None = None
 ) -> Packing:
     """The packed sequence of `seq_len` tokens (the logical length, before padding) on a
-    U x R mesh: `cpbench.model.masking.pack`, cached."""
+    U x R mesh: `cpbench.config.geometry.pack`, cached."""
     check_packing(seq_len, ulysses, ring, layout)
     layout_name: Layout = layout  # type: ignore[assignment]  # checked just above
     return pack(mask or DEFAULT_MASK, seq_len, ulysses, ring, layout_name)

@@ -8,7 +8,7 @@ activations are kept alive: only Q, K/V, the final output and the LSE are saved.
 kernel handles the head groups locally.
 
 What each step computes is the `RingSchedule` of the mask and layout
-(`cpbench.model.masking`): ring rank j at step t runs exactly its pieces on the chunk of ring
+(`cpbench.config.geometry`): ring rank j at step t runs exactly its pieces on the chunk of ring
 rank (j - t) mod R (a piece is a kernel call on a row x column range, full, top-left causal or
 a band), and the ring runs only the schedule's `steps` = k steps (k <= R). The byte protocol
 (docs/design.md; the model counts exactly this), per rank:
@@ -39,8 +39,8 @@ from torch.profiler import record_function
 from cpbench.attention.comm import PendingExchange, ring_exchange
 from cpbench.attention.kernels import LocalKernel
 from cpbench.attention.kernels.base import Band
+from cpbench.config.geometry import Packing, ring_schedule
 from cpbench.errors import CpbenchError
-from cpbench.model.masking import Packing, ring_schedule
 
 Variant = Literal["full", "compute", "comm"]
 """`full` the real step; `compute` the same step with communication removed (each rank sees

@@ -12,10 +12,10 @@ iteration under the byte counter and one under the memory probe. Returns this ra
 `sweep` assembles the record from all ranks.
 
 Masks: the step runs the configuration's mask (`BenchConfig.mask`: documents, window) on local
-shards of the run length (`cpbench.model.masking.pack(...).seq_len`: the sequence plus the
+shards of the run length (`cpbench.config.geometry.pack(...).seq_len`: the sequence plus the
 padding doc_zigzag adds), and the reference check runs the same mask truncated at the check
 length. Each rank times its own iterations, so the per-rank medians of the compute-only variant
-are each rank's own work (what the report sets against `cpbench.model.masking.rank_pairs`).
+are each rank's own work (what the report sets against `cpbench.config.geometry.rank_pairs`).
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def _measure_config(config_dict: dict[str, Any], settings: dict[str, Any]) -> di
     dtype = TORCH_DTYPES[config.dtype]
     mesh = build_mesh(config.ulysses, config.ring)
     band = mask_needs_band(config.mask, config.seq_len, config.ulysses, config.ring, config.layout)
-    kernel = select_kernel(device, dtype, config.backend, band=band)
+    kernel = select_kernel(device, dtype, config.kernel, band=band)
     check_len = config.check_seq_len(settings["check_max_seq_len"])
     accuracy = agreed(lambda: reference_check(config, check_len, device), device)
     rows = int(settings.get("check_rows", DEFAULT_ROWS))
@@ -161,7 +161,7 @@ def measure_interleaved(config_dicts: list[dict[str, Any]], settings: dict[str, 
         band = mask_needs_band(
             config.mask, config.seq_len, config.ulysses, config.ring, config.layout
         )
-        kernel = select_kernel(device, dtype, config.backend, band=band)
+        kernel = select_kernel(device, dtype, config.kernel, band=band)
         tensors = random_shards(config, device)
         steps.append(functools.partial(_full_step, config, mesh, kernel, tensors))
     policy = TimingPolicy.from_settings(settings, float(len(configs)))

@@ -260,7 +260,7 @@ def reference_check(
         head_dim=config.head_dim,
         batch=config.batch,
         dtype=config.dtype,
-        kernel=config.backend,
+        kernel=config.kernel,
         impl=config.impl,
         documents=None if config.documents is None else truncated.documents,
         window=config.window,

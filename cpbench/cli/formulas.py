@@ -58,24 +58,16 @@ def formulas(
     With --documents and/or --window: the mask-aware work per rank, and every layout side by
     side (imbalance, padding, ring steps and the hops the window saves, bytes)."""
     from cpbench.app.formulas import formulas_report, mask_from_options  # noqa: PLC0415
+    from cpbench.config.problem import CpProblem  # noqa: PLC0415
     from cpbench.render.formulas import render_formulas  # noqa: PLC0415
 
     mask = mask_from_options(seq_len, causal, documents, window, seed)
-    report = formulas_report(
-        seq_len,
-        heads,
-        kv_heads,
-        head_dim,
-        batch,
-        ulysses,
-        ring,
-        layout,
-        dtype,
-        causal,
-        mask,
-        cp_comm=cp_comm,
-        heads_k_stride=heads_k_stride,
+    problem = CpProblem(
+        seq_len=seq_len, batch=batch, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+        dtype=dtype, causal=mask.causal, documents=mask.documents, window=mask.window,
+        ulysses=ulysses, ring=ring, layout=layout, cp_comm=cp_comm, heads_k_stride=heads_k_stride,
     )
+    report = formulas_report(problem)
     if as_json:
         print(json.dumps(report, indent=1))
         return

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
+from cpbench.errors import CpbenchError
+
 Layout = Literal["contiguous", "zigzag", "striped", "doc_zigzag", "balanced"]
-"""How the sequence is cut over the ring (cpbench/model/masking.py defines each): the global
+"""How the sequence is cut over the ring (cpbench/config/geometry.py defines each): the global
 layouts contiguous, zigzag (2R chunks, rank j holds j and 2R-1-j) and striped (token i on rank
 i mod R); doc_zigzag (every document cut into 2R chunks and zigzagged, documents padded to a
 multiple of 2R); balanced (blocks assigned by cpbench so that the mask-aware work per rank is
@@ -22,6 +24,29 @@ Backend = Literal["auto", "sdpa", "naive", "flash_attn", "flash_attn3", "cudnn",
 sdpa is PyTorch's fused flash op (CPU or CUDA fp16/bf16), naive the einsum reference,
 flash_attn flash-attn 2, flash_attn3 FlashAttention-3 (Hopper), cudnn cuDNN attention,
 efficient PyTorch's memory-efficient op (CUDA, also float32)."""
+KernelFamily = Literal["flash_attn", "flash_attn3", "cudnn", "cuda_sdpa", "cpu_sdpa", "einsum"]
+"""An attention-kernel family the profiles give efficiency curves for: FlashAttention-2
+(flash-attn 2.x), FlashAttention-3 (flash-attn's Hopper build), cuDNN's fused attention,
+PyTorch's CUDA SDPA op (FA2 code vendored in PyTorch), PyTorch's CPU SDPA op, and the einsum
+kernel that materialises the scores."""
+KERNEL_FAMILIES: tuple[KernelFamily, ...] = get_args(KernelFamily)
+KERNEL_ALIASES: dict[str, KernelFamily] = {
+    "naive": "einsum",
+    "fa2": "flash_attn",
+    "flash_attn2": "flash_attn",
+    "flash_attn_2": "flash_attn",
+    "fa3": "flash_attn3",
+    "flash_attn_3": "flash_attn3",
+    "flash_attn_interface": "flash_attn3",
+    "cudnn_attention": "cudnn",
+    "cudnn_sdpa": "cudnn",
+    "efficient": "cuda_sdpa",  # memory-efficient SDPA (fp32 on CUDA): no published curve;
+    # an estimate by the closest family (PyTorch's CUDA SDPA)
+}
+"""Kernel names (`--kernel`, a record's `config.kernel`) that name a family under another
+spelling; `sdpa` is `cuda_sdpa` or `cpu_sdpa` by the profile's device, `auto` its default."""
+KERNEL_NAMES: tuple[str, ...] = ("auto", "sdpa", *KERNEL_FAMILIES, *KERNEL_ALIASES)
+"""Every kernel name `HardwareProfile.kernel_for` resolves."""
 Phase = Literal["fwd", "fwd+bwd"]
 Device = Literal["cpu", "cuda"]
 ScenarioDevice = Literal["auto", "cpu", "cuda"]
@@ -89,3 +114,22 @@ YUNCHANG_RING_IMPL_TYPES: dict[str, str] = {
 Split = Literal["stratified", "random"]
 """How `cpbench validate --holdout` splits measurements into calibration and test halves."""
 SPLITS: tuple[Split, ...] = get_args(Split)
+
+DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
+DTYPE_ALIASES: dict[str, str] = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def canonical_dtype(name: str) -> Dtype:
+    """The canonical dtype name for `name` (`bf16` -> `bfloat16`); CpbenchError if unknown."""
+    key = str(name).strip().lower()
+    key = DTYPE_ALIASES.get(key, key)
+    for dtype in DTYPES:
+        if dtype == key:
+            return dtype
+    allowed = ", ".join([*DTYPES, *DTYPE_ALIASES])
+    raise CpbenchError(f"dtype {name!r} is not supported; use one of {allowed}")
+
+
+def dtype_bytes(name: str) -> int:
+    """Bytes per element of a dtype name (aliases accepted)."""
+    return DTYPE_BYTES[canonical_dtype(name)]

@@ -153,10 +153,10 @@ def half_precision_reason(config: BenchConfig, library: str) -> str | None:
 
 def own_kernel_reason(config: BenchConfig, library: str) -> str | None:
     """External libraries bring their own local kernel: only backend 'auto' applies."""
-    if config.backend != "auto":
+    if config.kernel != "auto":
         return (
             f"{library} uses its own attention kernel: backend must be 'auto' "
-            f"(got {config.backend!r}; backends select cpbench's local kernels)"
+            f"(got {config.kernel!r}; backends select cpbench's local kernels)"
         )
     return None
 

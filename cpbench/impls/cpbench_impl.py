@@ -34,7 +34,7 @@ class CpbenchRunner:
             v,
             self.mesh,
             layout=c.layout,
-            kernel=c.backend,
+            kernel=c.kernel,
             kv_replication=c.kv_replication,
             mask=c.mask,
         )

@@ -70,21 +70,15 @@ import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from fractions import Fraction
-from typing import Any, TypeGuard
+from typing import Any
 
-from cpbench.config.constraints import AttentionShape, check_cp_comm, check_mesh
-from cpbench.config.masks import MaskSpec
+from cpbench.config.problem import CpProblem, MeshCandidate
 from cpbench.config.vocabulary import (
-    CP_COMMS,
-    DEFAULT_CP_COMM,
     GLOBAL_LAYOUTS,
     PASSES,
     PHASE_PASSES,
-    PHASES,
-    CpComm,
     Pass,
     PassTotal,
-    Phase,
 )
 from cpbench.errors import CpbenchError
 from cpbench.model.flops import (
@@ -97,16 +91,12 @@ from cpbench.model.flops import (
 from cpbench.model.formulas import (
     CollectiveKind,
     CommVolume,
-    CpConfig,
-    canonical_dtype,
     comm_volume,
 )
 from cpbench.model.hardware import (
-    KERNEL_NAMES,
     HardwareProfile,
     LinkCost,
     LinkTier,
-    is_kernel_name,
 )
 from cpbench.model.memory import max_seq_len_for_budget, memory_estimate
 from cpbench.model.topology import (
@@ -131,151 +121,6 @@ closed forms (flops.py's step matrix is R x R)."""
 
 
 # -------------------------------------------------------------------------------- candidate
-
-
-def is_phase(value: object) -> TypeGuard[Phase]:
-    """Whether `value` is a `Phase` (fwd or fwd+bwd)."""
-    return value in PHASES
-
-
-def check_phase(value: object) -> Phase:
-    """`value` as a `Phase`; CpbenchError naming it when it is none."""
-    if not is_phase(value):
-        raise CpbenchError(f"phase {value!r} is not one of {', '.join(PHASES)}")
-    return value
-
-
-@dataclass(frozen=True)
-class MeshCandidate:
-    """A configuration to predict: shape, mesh, layout, dtype, mask, KV replication, phase."""
-
-    shape: AttentionShape
-    """The global attention problem of one layer (per TP rank when TP > 1)."""
-    ulysses: int
-    """U: Ulysses degree."""
-    ring: int
-    """R: ring degree."""
-    layout: str = "zigzag"
-    """Token layout (`LAYOUTS`): contiguous, zigzag, striped, doc_zigzag or balanced."""
-    dtype: str = "bfloat16"
-    """Dtype of Q/K/V/O (aliases accepted)."""
-    causal: bool = True
-    """Causal mask."""
-    kv_replication: int | None = None
-    """KV copies before the Ulysses exchange; None chooses what the mesh needs."""
-    phase: Phase = "fwd+bwd"
-    """What a step is: forward only, or forward and backward (training)."""
-    kernel: str = "auto"
-    """Local attention kernel (`cpbench.model.hardware.KERNEL_NAMES`: auto, sdpa, naive,
-    flash_attn, flash_attn3, cudnn, ...): picks the profile's efficiency curve."""
-    documents: tuple[int, ...] | None = None
-    """Lengths of the packed documents (summing to seq_len); None = one sequence."""
-    window: int | None = None
-    """Sliding window W (a query sees the last W keys); None = unbounded."""
-    cp_comm: str = DEFAULT_CP_COMM
-    """How the ring axis exchanges K/V: p2p (ring) or all_gather (`CpComm`)."""
-    heads_k_stride: int | None = None
-    """all_gather: KV heads per gather; None = all in one."""
-
-    def __post_init__(self) -> None:
-        check_phase(self.phase)
-        if self.cp_comm not in CP_COMMS:
-            raise CpbenchError(f"cp_comm {self.cp_comm!r} is not one of {', '.join(CP_COMMS)}")
-        if not is_kernel_name(self.kernel):
-            raise CpbenchError(f"kernel {self.kernel!r} is not one of {', '.join(KERNEL_NAMES)}")
-        self.mask.check_length(self.shape.seq_len)
-
-    @property
-    def world(self) -> int:
-        """P = U * R."""
-        return self.ulysses * self.ring
-
-    @property
-    def mask(self) -> MaskSpec:
-        """The mask: causal or full, documents (one document = none), window."""
-        documents = self.documents if self.documents and len(self.documents) > 1 else None
-        return MaskSpec(causal=self.causal, documents=documents, window=self.window)
-
-    def cp_config(self) -> CpConfig:
-        """The validated CpConfig; CpbenchError with check_mesh's rule when infeasible."""
-        dtype = canonical_dtype(self.dtype)
-        feasibility = check_mesh(
-            self.shape, self.ulysses, self.ring, self.layout, self.kv_replication
-        ).raise_if_infeasible()
-        kv_per_rank = feasibility.kv_replication * self.shape.kv_heads // self.ulysses
-        check_cp_comm(self.cp_comm, self.heads_k_stride, kv_per_rank)
-        comm: CpComm = "all_gather" if self.cp_comm == "all_gather" else "p2p"
-        return CpConfig(
-            self.shape,
-            self.ulysses,
-            self.ring,
-            self.layout,
-            dtype,
-            feasibility.kv_replication,
-            self.mask,
-            comm,
-            self.heads_k_stride,
-        )
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> MeshCandidate:
-        """From a results record's `config` dict (`cpbench.results.schema.ConfigSection`); CpbenchError if a
-        required key is missing."""
-        missing = [k for k in ("seq_len", "heads", "kv_heads", "head_dim") if k not in config]
-        if missing:
-            raise CpbenchError(f"results config lacks {', '.join(missing)}")
-        shape = AttentionShape(
-            int(config["seq_len"]),
-            int(config["heads"]),
-            int(config["kv_heads"]),
-            int(config["head_dim"]),
-            int(config.get("batch", 1)),
-        )
-        phase = check_phase(str(config.get("phase", "fwd+bwd")))
-        kernel = next(
-            (str(k) for k in (config.get("kernel"), config.get("backend")) if is_kernel_name(k)),
-            "auto",
-        )
-        documents = config.get("documents")
-        window = config.get("window")
-        stride = config.get("heads_k_stride")
-        return cls(
-            shape,
-            int(config.get("ulysses", 1)),
-            int(config.get("ring", 1)),
-            str(config.get("layout", "contiguous")),
-            str(config.get("dtype", "float32")),
-            bool(config.get("causal", True)),
-            config.get("kv_replication"),
-            phase,
-            kernel,
-            tuple(int(d) for d in documents) if documents else None,
-            None if window is None else int(window),
-            str(config.get("cp_comm") or DEFAULT_CP_COMM),
-            None if stride is None else int(stride),
-        )
-
-    @classmethod
-    def from_cp_config(
-        cls, config: CpConfig, causal: bool = True, phase: Phase = "fwd+bwd"
-    ) -> MeshCandidate:
-        """From a validated CpConfig and a phase; the mask is the config's (`causal=False`
-        turns a plain causal mask into full attention, as before masks existed)."""
-        mask = config.mask
-        return cls(
-            config.shape,
-            config.ulysses,
-            config.ring,
-            config.layout,
-            config.dtype,
-            mask.causal and causal,
-            config.kv_replication,
-            phase,
-            documents=mask.documents,
-            window=mask.window,
-            cp_comm=config.cp_comm,
-            heads_k_stride=config.heads_k_stride,
-        )
 
 
 # -------------------------------------------------------------------------------- placement
@@ -479,8 +324,6 @@ class Prediction:
 
     candidate: MeshCandidate
     """What was predicted."""
-    config: CpConfig
-    """Its validated CpConfig (KV replication resolved)."""
     profile_name: str
     """Hardware profile used."""
     placement: Placement
@@ -637,13 +480,13 @@ def closed_form_step_pair_stats(
 
 
 @functools.lru_cache(maxsize=1024)
-def config_work(config: CpConfig) -> LayoutWork:
+def config_work(config: CpProblem) -> LayoutWork:
     """The work of every ring rank and ring step of a configuration under its mask."""
     s = config.shape
     return layout_work(s.seq_len, config.ulysses, config.ring, config.layout, mask=config.mask)
 
 
-def mask_step_stats(config: CpConfig) -> tuple[tuple[Fraction, Fraction], ...]:
+def mask_step_stats(config: CpProblem) -> tuple[tuple[Fraction, Fraction], ...]:
     """(busiest ring rank, mean over ring ranks) pairs at each of the k ring steps the mask
     needs: `step_pair_stats` for causal or full attention on a global layout, otherwise the
     mask geometry's per-step pairs."""
@@ -661,8 +504,7 @@ def mask_step_stats(config: CpConfig) -> tuple[tuple[Fraction, Fraction], ...]:
 class _Context:
     """What every part of one prediction needs."""
 
-    config: CpConfig
-    candidate: MeshCandidate
+    config: MeshCandidate
     profile: HardwareProfile
     placement: Placement
     volume: CommVolume
@@ -671,18 +513,19 @@ class _Context:
 
 
 def predict(
-    config_like: MeshCandidate | CpConfig | Mapping[str, Any],
+    config_like: CpProblem | Mapping[str, Any],
     profile: HardwareProfile,
     gpus_per_node: int | None = None,
     rank_stride: int = 1,
 ) -> Prediction:
     """Predict one configuration; CpbenchError when the mesh is infeasible.
 
-    `config_like` is a MeshCandidate, a CpConfig (causal, fwd+bwd) or a results record's
-    `config` dict; `gpus_per_node` defaults to the profile's devices per node.
+    `config_like` is a MeshCandidate (a BenchConfig is one), a CpProblem (fwd+bwd on the
+    profile's kernel) or a results record's `config` dict; `gpus_per_node` defaults to the
+    profile's devices per node.
     """
     candidate = _as_candidate(config_like)
-    config = candidate.cp_config()
+    config = candidate.require_feasible()
     per_node = gpus_per_node if gpus_per_node is not None else profile.devices_per_node
     place = placement(config.ulysses, config.ring, per_node, rank_stride)
     kernel_seq_len = config.ring_shard
@@ -693,9 +536,9 @@ def predict(
     volume = comm_volume(config)
     flops_per_s = profile.peak_flops(config.dtype) * curve.at(kernel_seq_len)
     best: tuple[float, _Context, PhaseTime, tuple[CommTerm, ...], PhaseTime, tuple[CommTerm, ...]]
-    best = (0.0, _Context(config, candidate, profile, place, volume, flops_per_s), *_NO_TIMES)
+    best = (0.0, _Context(candidate, profile, place, volume, flops_per_s), *_NO_TIMES)
     for index, topo in enumerate(_topology_placements(config, profile, per_node, rank_stride)):
-        ctx = _Context(config, candidate, profile, place, volume, flops_per_s, topo)
+        ctx = _Context(candidate, profile, place, volume, flops_per_s, topo)
         forward, forward_terms = _phase_time(ctx, "forward")
         backward, backward_terms = _phase_time(ctx, "backward")
         total = forward.total_s + (0.0 if candidate.phase == "fwd" else backward.total_s)
@@ -703,10 +546,8 @@ def predict(
             best = (total, ctx, forward, forward_terms, backward, backward_terms)
     _, ctx, forward, forward_terms, backward, backward_terms = best
     memory_phase = PHASE_PASSES[candidate.phase]
-    shape = config.shape
     return Prediction(
         candidate=candidate,
-        config=config,
         profile_name=profile.name,
         placement=place,
         kernel_seq_len=kernel_seq_len,
@@ -721,20 +562,7 @@ def predict(
         work_imbalance=work.imbalance,
         memory_bytes=memory_estimate(config).peak(memory_phase),
         memory_capacity_bytes=profile.memory_bytes,
-        max_seq_len=max_seq_len_for_budget(
-            profile.memory_bytes,
-            shape.heads,
-            shape.kv_heads,
-            shape.head_dim,
-            shape.batch,
-            config.ulysses,
-            config.ring,
-            config.layout,
-            config.dtype,
-            memory_phase,
-            config.cp_comm,
-            config.heads_k_stride,
-        ),
+        max_seq_len=max_seq_len_for_budget(profile.memory_bytes, config, memory_phase),
         ring_steps=config.ring_steps,
         padding=config.padding,
         padding_fraction=work.padding_fraction,
@@ -753,7 +581,7 @@ _NO_TIMES: tuple[PhaseTime, tuple[CommTerm, ...], PhaseTime, tuple[CommTerm, ...
 
 
 def _topology_placements(
-    config: CpConfig, profile: HardwareProfile, per_node: int, rank_stride: int
+    config: CpProblem, profile: HardwareProfile, per_node: int, rank_stride: int
 ) -> tuple[TopologyPlacement | None, ...]:
     """The placements to price: on a profile with a `[topology]` each order of
     `topology.PLACEMENT_ORDERS` (ulysses_low first; the prediction keeps the fastest, so the
@@ -767,16 +595,16 @@ def _topology_placements(
     )
 
 
-def _as_candidate(config_like: MeshCandidate | CpConfig | Mapping[str, Any]) -> MeshCandidate:
+def _as_candidate(config_like: CpProblem | Mapping[str, Any]) -> MeshCandidate:
     if isinstance(config_like, MeshCandidate):
         return config_like
-    if isinstance(config_like, CpConfig):
-        return MeshCandidate.from_cp_config(config_like)
+    if isinstance(config_like, CpProblem):
+        return MeshCandidate(**config_like.problem_fields())
     if isinstance(config_like, Mapping):
-        return MeshCandidate.from_config(config_like)
+        return MeshCandidate.from_record(config_like)
     raise CpbenchError(
-        f"cannot predict a {type(config_like).__name__}: give a MeshCandidate, a CpConfig or a "
-        f"results record's config dict"
+        f"cannot predict a {type(config_like).__name__}: give a MeshCandidate, a CpProblem or "
+        f"a results record's config dict"
     )
 
 
@@ -784,7 +612,7 @@ def _phase_factor(phase: Pass) -> Fraction:
     return Fraction(1) if phase == "forward" else BACKWARD_FACTOR
 
 
-def merge_bytes(config: CpConfig, phase: Pass, step: int) -> int:
+def merge_bytes(config: CpProblem, phase: Pass, step: int) -> int:
     """fp32 bytes the ring's merge (forward) or accumulation (backward) moves at a step."""
     if config.ring == 1:
         return 0
@@ -1129,6 +957,6 @@ def prediction_for_record(record: Mapping[str, Any], profile: HardwareProfile) -
     if not isinstance(config, Mapping):
         return None
     try:
-        return predict(MeshCandidate.from_config(config), profile, record_devices_per_node(config))
+        return predict(MeshCandidate.from_record(config), profile, record_devices_per_node(config))
     except (CpbenchError, TypeError, ValueError):
         return None

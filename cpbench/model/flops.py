@@ -16,7 +16,7 @@ Everything is closed form over chunks, ranks and steps, never a loop over tokens
 
 **Masks** (`cpbench.config.masks.MaskSpec`: packed documents, a sliding window) and the layouts
 built for them (`doc_zigzag`, `balanced`) take their work from the mask geometry of
-`cpbench.model.masking`: the pairs of every ring rank at every ring step are those of
+`cpbench.config.geometry`: the pairs of every ring rank at every ring step are those of
 `ring_schedule(pack(...))`, the very kernel calls the ring makes, with the same continuum
 convention (a causal pair on the diagonal counts 1/2). The ring runs only the `steps` ring steps
 the mask needs (`LayoutWork.steps`; R for causal or full attention over one sequence).
@@ -32,10 +32,10 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from cpbench.config.constraints import AttentionShape, check_mesh, seq_divisor
+from cpbench.config.geometry import Packing, pack, ring_schedule, row_work
 from cpbench.config.masks import MaskSpec
 from cpbench.config.vocabulary import GLOBAL_LAYOUTS, LAYOUTS, PASS_TOTALS
 from cpbench.errors import CpbenchError
-from cpbench.model.masking import Packing, pack, ring_schedule, row_work
 
 FLOPS_CONVENTION = (
     "attention FLOPs count the two matmuls (Q K^T and P V) only: forward = 4*B*h*L^2*d_h for a "
@@ -251,7 +251,7 @@ def uses_closed_form(mask: MaskSpec, layout: str) -> bool:
 
 
 def packing_of(mask: MaskSpec, seq_len: int, ulysses: int, ring: int, layout: str) -> Packing:
-    """The mask geometry's packing (`cpbench.model.masking.pack`, cached); CpbenchError when
+    """The mask geometry's packing (`cpbench.config.geometry.pack`, cached); CpbenchError when
     the layout cannot cut the sequence."""
     if layout not in LAYOUTS:
         raise CpbenchError(f"layout {layout!r} is not one of {', '.join(LAYOUTS)}")

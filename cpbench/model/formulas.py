@@ -9,7 +9,7 @@ Symbols: `B` batch, `L` global sequence length, `h` query heads, `h_kv` KV heads
 `e` bytes per element of the input dtype (fp32 accumulators always use 4), `L_run` the tokens
 the ranks hold (L plus the padding doc_zigzag adds; formulas write `L` when there is none), `k`
 the ring steps the mask needs (k = R for causal or full attention over one sequence; a sliding
-window or packed documents may need fewer: `cpbench.model.masking.RingSchedule.steps`).
+window or packed documents may need fewer: `cpbench.config.geometry.RingSchedule.steps`).
 
 Counting convention (it is what the instrumented communicator counts, so analytic bytes equal
 counted bytes): an all-to-all over `U` ranks "sends" the elements a rank hands in minus the `1/U`
@@ -49,29 +49,11 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Literal
 
-from cpbench.config.bench import BenchConfig
-from cpbench.config.constraints import (
-    AttentionShape,
-    check_cp_comm,
-    check_mesh,
-    scheme_of,
-    seq_divisor,
-)
-from cpbench.config.masks import MaskSpec
-from cpbench.config.vocabulary import (
-    DEFAULT_CP_COMM,
-    DTYPES,
-    GLOBAL_LAYOUTS,
-    PASSES,
-    CpComm,
-    Pass,
-    Scheme,
-)
+from cpbench.config.constraints import seq_divisor
+from cpbench.config.problem import CpProblem
+from cpbench.config.vocabulary import PASSES, Pass
 from cpbench.errors import CpbenchError
-from cpbench.model.masking import Packing, pack, ring_schedule
 
-DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
-DTYPE_ALIASES: dict[str, str] = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 FP32_BYTES = 4
 """Bytes per element of the fp32 accumulators (dK/dV travelling the ring, outputs, LSE)."""
 
@@ -84,232 +66,6 @@ CollectiveKind = Literal["all_to_all", "send_recv"]
 VolumeKind = Literal["all_to_all", "send_recv", "all_gather", "reduce_scatter"]
 """What a collective of a stage is (nccl-tests' name for it); the all-gather and the
 reduce-scatter are priced on the all-to-all link cost of their tier (`cpbench.model.cost`)."""
-
-
-def canonical_dtype(name: str) -> str:
-    """The canonical dtype name for `name` (`bf16` -> `bfloat16`); CpbenchError if unknown."""
-    key = str(name).strip().lower()
-    key = DTYPE_ALIASES.get(key, key)
-    if key not in DTYPE_BYTES:
-        allowed = ", ".join([*DTYPES, *DTYPE_ALIASES])
-        raise CpbenchError(f"dtype {name!r} is not supported; use one of {allowed}")
-    return key
-
-
-def dtype_bytes(name: str) -> int:
-    """Bytes per element of a dtype name (aliases accepted)."""
-    return DTYPE_BYTES[canonical_dtype(name)]
-
-
-@dataclass(frozen=True)
-class CpConfig:
-    """A feasible context-parallel configuration: one attention layer on a U x R mesh."""
-
-    shape: AttentionShape
-    """The global attention problem."""
-    ulysses: int
-    """U: ranks in a Ulysses (all-to-all) group."""
-    ring: int
-    """R: ranks in a ring group."""
-    layout: str
-    """Token layout over the ranks (`LAYOUTS`)."""
-    dtype: str
-    """Canonical dtype name of Q/K/V/O and of the K/V and activation exchanges."""
-    kv_replication: int
-    """c: copies of each KV head made before the Ulysses exchange (1 = none)."""
-    mask: MaskSpec = MaskSpec()
-    """The attention mask (documents, window): it sets the ring steps k and, with doc_zigzag,
-    the padding. Causal by default; causal and full attention send the same bytes."""
-    cp_comm: CpComm = DEFAULT_CP_COMM
-    """How the ring axis exchanges K/V: p2p (ring hops) or all_gather (the Llama 3 scheme)."""
-    heads_k_stride: int | None = None
-    """all_gather: KV heads per gather (`hs`); None = all the KV heads a rank holds."""
-
-    @property
-    def all_gather(self) -> bool:
-        """True when the ring axis (R > 1) all-gathers K/V instead of passing it."""
-        return self.cp_comm == "all_gather" and self.ring > 1
-
-    @property
-    def gather_stride(self) -> int:
-        """hs: KV heads per all-gather call (c*h_kv/U when no stride is set)."""
-        return self.kv_heads_per_rank if self.heads_k_stride is None else self.heads_k_stride
-
-    @property
-    def gathers(self) -> int:
-        """All-gather calls per pass: (c*h_kv/U) / hs (1 without a stride)."""
-        return self.kv_heads_per_rank // self.gather_stride
-
-    @property
-    def world(self) -> int:
-        """P = U * R ranks."""
-        return self.ulysses * self.ring
-
-    @property
-    def packing(self) -> Packing | None:
-        """The mask geometry's packing (None for causal or full attention over one sequence
-        on a global layout: every step runs, nothing is padded)."""
-        if self.mask.plain and self.layout in GLOBAL_LAYOUTS:
-            return None
-        return pack(
-            self.mask,
-            self.shape.seq_len,
-            self.ulysses,
-            self.ring,
-            self.layout,
-        )
-
-    @property
-    def run_len(self) -> int:
-        """L_run: tokens the ranks hold (L plus doc_zigzag's padding)."""
-        packing = self.packing
-        return self.shape.seq_len if packing is None else packing.seq_len
-
-    @property
-    def padding(self) -> int:
-        """Padding tokens the layout adds (doc_zigzag only)."""
-        return self.run_len - self.shape.seq_len
-
-    @property
-    def ring_steps(self) -> int:
-        """k: ring steps the mask needs (R for causal or full attention over one sequence)."""
-        packing = self.packing
-        if packing is None or self.ring == 1:
-            return self.ring
-        return ring_schedule(packing).steps
-
-    @property
-    def kv_hops(self) -> int:
-        """K/V hops per pass: k - 1."""
-        return self.ring_steps - 1
-
-    @property
-    def dkv_hops(self) -> int:
-        """fp32 dK/dV hops in the backward: k - 1 (the own chunk's gradient stays home; each
-        accumulator starts on the chunk's first visit and its last hop goes straight home)."""
-        return self.ring_steps - 1
-
-    @property
-    def tokens_per_rank(self) -> int:
-        """S = L_run / (U*R): tokens a rank holds before and after attention."""
-        return self.run_len // self.world
-
-    @property
-    def ring_shard(self) -> int:
-        """L_run / R: tokens of a ring shard (what a rank sees after the Ulysses exchange)."""
-        return self.run_len // self.ring
-
-    @property
-    def heads_per_rank(self) -> int:
-        """h / U: query heads a rank attends for after the Ulysses exchange."""
-        return self.shape.heads // self.ulysses
-
-    @property
-    def kv_heads_per_rank(self) -> int:
-        """c * h_kv / U: KV heads a rank holds after the Ulysses exchange."""
-        return self.kv_replication * self.shape.kv_heads // self.ulysses
-
-    @property
-    def bytes_per_element(self) -> int:
-        """e: bytes per element of `dtype`."""
-        return DTYPE_BYTES[self.dtype]
-
-    @property
-    def scheme(self) -> Scheme:
-        """single (1 rank), ulysses (R=1), ring (U=1) or usp (both > 1) with p2p; allgather
-        (U=1) or usp_allgather (U > 1) when the ring axis all-gathers."""
-        return scheme_of(self.ulysses, self.ring, self.cp_comm)
-
-    def symbols(self) -> dict[str, int]:
-        """Value of every symbol the formulas use (`hs` only when the ring axis
-        all-gathers)."""
-        s = self.shape
-        extra = {"hs": self.gather_stride} if self.all_gather else {}
-        return extra | {
-            "B": s.batch,
-            "L": s.seq_len,
-            "L_run": self.run_len,
-            "k": self.ring_steps,
-            "h": s.heads,
-            "h_kv": s.kv_heads,
-            "d_h": s.head_dim,
-            "d": s.heads * s.head_dim,
-            "d_kv": s.kv_heads * s.head_dim,
-            "U": self.ulysses,
-            "R": self.ring,
-            "c": self.kv_replication,
-            "e": self.bytes_per_element,
-        }
-
-
-def cp_config(
-    shape: AttentionShape,
-    ulysses: int = 1,
-    ring: int = 1,
-    layout: str = "contiguous",
-    dtype: str = "bfloat16",
-    mask: MaskSpec | None = None,
-    cp_comm: str = DEFAULT_CP_COMM,
-    heads_k_stride: int | None = None,
-) -> CpConfig:
-    """Validate a configuration with `check_mesh` (and the mask against the length, the
-    stride against the KV heads a rank gathers); CpbenchError with its reason if infeasible."""
-    canonical = canonical_dtype(dtype)
-    feasibility = check_mesh(shape, ulysses, ring, layout).raise_if_infeasible()
-    mask = MaskSpec() if mask is None else mask
-    mask.check_length(shape.seq_len)
-    kv_per_rank = feasibility.kv_replication * shape.kv_heads // ulysses
-    check_cp_comm(cp_comm, heads_k_stride, kv_per_rank)
-    comm: CpComm = "all_gather" if cp_comm == "all_gather" else "p2p"
-    return CpConfig(
-        shape,
-        ulysses,
-        ring,
-        layout,
-        canonical,
-        feasibility.kv_replication,
-        mask,
-        comm,
-        heads_k_stride,
-    )
-
-
-def cp_config_of(config: BenchConfig) -> CpConfig:
-    """The model's configuration of a benchmark point (its mask, cp_comm and stride): what the
-    sweep compares the counted bytes and memory against."""
-    return config_from_sizes(
-        config.seq_len,
-        config.heads,
-        config.kv_heads,
-        config.head_dim,
-        config.batch,
-        config.ulysses,
-        config.ring,
-        config.layout,
-        config.dtype,
-        mask=config.mask,
-        cp_comm=config.cp_comm,
-        heads_k_stride=config.heads_k_stride,
-    )
-
-
-def config_from_sizes(
-    seq_len: int,
-    heads: int,
-    kv_heads: int,
-    head_dim: int,
-    batch: int = 1,
-    ulysses: int = 1,
-    ring: int = 1,
-    layout: str = "contiguous",
-    dtype: str = "bfloat16",
-    mask: MaskSpec | None = None,
-    cp_comm: str = DEFAULT_CP_COMM,
-    heads_k_stride: int | None = None,
-) -> CpConfig:
-    """`cp_config` from plain sizes (AttentionShape validates them)."""
-    shape = AttentionShape(seq_len, heads, kv_heads, head_dim, batch)
-    return cp_config(shape, ulysses, ring, layout, dtype, mask, cp_comm, heads_k_stride)
 
 
 # ----------------------------------------------------------------------------------- formulas
@@ -433,7 +189,7 @@ class StageVolume:
 class CommVolume:
     """Communication of one attention layer per rank, forward and backward."""
 
-    config: CpConfig
+    config: CpProblem
     """The configuration it is computed for."""
     forward: tuple[StageVolume, ...]
     """Forward stages that communicate (none for a single rank)."""
@@ -470,16 +226,16 @@ class CommVolume:
 # ------------------------------------------------------------------------ numbers (per rank)
 
 
-def ulysses_q_elements(config: CpConfig) -> int:
+def ulysses_q_elements(config: CpProblem) -> int:
     """Elements a rank hands to `a2a_q` (and `a2a_out`, `a2a_dout`, `a2a_dq`): B*S*h*d_h."""
     s = config.shape
     return s.batch * config.tokens_per_rank * s.heads * s.head_dim
 
 
-def ulysses_kv_elements(config: CpConfig) -> int:
+def ulysses_kv_elements(config: CpProblem) -> int:
     """Elements a rank hands to `a2a_kv` (and `a2a_dkv`): 2*B*S*c*h_kv*d_h, K and V packed."""
     s = config.shape
-    return 2 * s.batch * config.tokens_per_rank * config.kv_replication * s.kv_heads * s.head_dim
+    return 2 * s.batch * config.tokens_per_rank * config.replication * s.kv_heads * s.head_dim
 
 
 def all_to_all_sent(handed_in: int, group_size: int) -> int:
@@ -494,20 +250,20 @@ def all_to_all_sent(handed_in: int, group_size: int) -> int:
     return handed_in // group_size * (group_size - 1)
 
 
-def ring_kv_chunk_elements(config: CpConfig) -> int:
+def ring_kv_chunk_elements(config: CpProblem) -> int:
     """Elements of one ring hop of K/V packed: 2*B*(L/R)*(c*h_kv/U)*d_h."""
     s = config.shape
     return 2 * s.batch * config.ring_shard * config.kv_heads_per_rank * s.head_dim
 
 
-def ulysses_elements_sent(config: CpConfig, phase: Pass = "forward") -> int:
+def ulysses_elements_sent(config: CpProblem, phase: Pass = "forward") -> int:
     """Elements a rank sends in the Ulysses stage; equal forward and backward."""
     _check_phase(phase)
     handed = 2 * ulysses_q_elements(config) + ulysses_kv_elements(config)
     return all_to_all_sent(handed, config.ulysses)
 
 
-def ring_elements_sent(config: CpConfig, phase: Pass = "forward") -> int:
+def ring_elements_sent(config: CpProblem, phase: Pass = "forward") -> int:
     """Elements a rank sends in the ring stage: (k-1) K/V hops, plus (k-1) dK/dV hops
     backward; k = R for causal or full attention over one sequence."""
     _check_phase(phase)
@@ -517,7 +273,7 @@ def ring_elements_sent(config: CpConfig, phase: Pass = "forward") -> int:
     return hops * ring_kv_chunk_elements(config)
 
 
-def ring_bytes_sent(config: CpConfig, phase: Pass = "forward") -> int:
+def ring_bytes_sent(config: CpProblem, phase: Pass = "forward") -> int:
     """Bytes a rank sends in the ring stage (the backward dK/dV hops are fp32)."""
     _check_phase(phase)
     if config.ring == 1:
@@ -529,7 +285,7 @@ def ring_bytes_sent(config: CpConfig, phase: Pass = "forward") -> int:
     return kv_bytes + config.dkv_hops * chunk * FP32_BYTES
 
 
-def gather_elements_sent(config: CpConfig, phase: Pass = "forward") -> int:
+def gather_elements_sent(config: CpProblem, phase: Pass = "forward") -> int:
     """Elements crossing the wire for a rank in the all-gather stage, per pass: (R-1) K/V
     chunks gathered, plus backward (R-1) dK/dV chunks reduce-scattered; 0 without it."""
     _check_phase(phase)
@@ -539,7 +295,7 @@ def gather_elements_sent(config: CpConfig, phase: Pass = "forward") -> int:
     return chunks if phase == "forward" else 2 * chunks
 
 
-def gather_bytes_sent(config: CpConfig, phase: Pass = "forward") -> int:
+def gather_bytes_sent(config: CpProblem, phase: Pass = "forward") -> int:
     """Bytes of `gather_elements_sent` (the reduce-scattered dK/dV are fp32)."""
     _check_phase(phase)
     if not config.all_gather:
@@ -549,7 +305,7 @@ def gather_bytes_sent(config: CpConfig, phase: Pass = "forward") -> int:
     return kv if phase == "forward" else kv + chunks * FP32_BYTES
 
 
-def gathered_kv_elements(config: CpConfig) -> int:
+def gathered_kv_elements(config: CpProblem) -> int:
     """Elements of the K/V one all-gather call delivers: R chunks of `hs` KV heads,
     2*B*L_run*hs*d_h (the whole sequence's K/V of the stride)."""
     s = config.shape
@@ -564,29 +320,29 @@ def _check_phase(phase: str) -> None:
 # ---------------------------------------------------------------------- formulas (symbolic)
 
 
-def _length_symbol(config: CpConfig) -> str:
+def _length_symbol(config: CpProblem) -> str:
     """`L`, or `L_run` when the layout pads."""
     return "L_run" if config.padding else "L"
 
 
-def _tokens_symbol(config: CpConfig) -> str:
+def _tokens_symbol(config: CpProblem) -> str:
     """S = L/(U*R) written as simply as the mesh allows."""
     length = _length_symbol(config)
     return f"({length}/U)" if config.ring == 1 else f"({length}/(U*R))"
 
 
-def _ring_kv_heads_symbol(config: CpConfig) -> str:
+def _ring_kv_heads_symbol(config: CpProblem) -> str:
     """KV heads per rank in the ring: h_kv for pure ring, c*h_kv/U with Ulysses."""
     return "h_kv" if config.ulysses == 1 else "(c*h_kv/U)"
 
 
-def _ring_kv_width_symbol(config: CpConfig) -> str:
+def _ring_kv_width_symbol(config: CpProblem) -> str:
     """KV channels per rank in the ring: d_kv for pure ring, c*d_kv/U with Ulysses."""
     return "d_kv" if config.ulysses == 1 else "(c*d_kv/U)"
 
 
 def _all_to_all(
-    config: CpConfig, name: str, phase: Pass, handed: int, handed_formula: str
+    config: CpProblem, name: str, phase: Pass, handed: int, handed_formula: str
 ) -> CollectiveVolume:
     u = config.ulysses
     return CollectiveVolume(
@@ -605,7 +361,7 @@ def _all_to_all(
     )
 
 
-def ulysses_stage(config: CpConfig, phase: Pass) -> StageVolume | None:
+def ulysses_stage(config: CpProblem, phase: Pass) -> StageVolume | None:
     """The Ulysses all-to-alls of a phase; None when U == 1."""
     _check_phase(phase)
     if config.ulysses == 1:
@@ -623,12 +379,12 @@ def ulysses_stage(config: CpConfig, phase: Pass) -> StageVolume | None:
     return StageVolume("ulysses", phase, collectives, formula, f"e*{formula}")
 
 
-def _kv_hops_symbol(config: CpConfig) -> str:
+def _kv_hops_symbol(config: CpProblem) -> str:
     """`(R-1)` when every ring step runs, else `(k-1)`."""
     return "(R-1)" if config.ring_steps == config.ring else "(k-1)"
 
 
-def _ring_hops(config: CpConfig, name: str, phase: Pass, hops: int, fp32: bool) -> CollectiveVolume:
+def _ring_hops(config: CpProblem, name: str, phase: Pass, hops: int, fp32: bool) -> CollectiveVolume:
     chunk_formula = f"2*B*({_length_symbol(config)}/R)*{_ring_kv_heads_symbol(config)}*d_h"
     hops_symbol = _kv_hops_symbol(config)  # K/V and dK/dV alike: k - 1 hops
     return CollectiveVolume(
@@ -647,7 +403,7 @@ def _ring_hops(config: CpConfig, name: str, phase: Pass, hops: int, fp32: bool) 
     )
 
 
-def ring_stage(config: CpConfig, phase: Pass) -> StageVolume | None:
+def ring_stage(config: CpProblem, phase: Pass) -> StageVolume | None:
     """The ring hops of a phase; None when R == 1."""
     _check_phase(phase)
     r = config.ring
@@ -667,7 +423,7 @@ def ring_stage(config: CpConfig, phase: Pass) -> StageVolume | None:
 
 
 def _gather_collective(
-    config: CpConfig, name: str, phase: Pass, kind: VolumeKind, fp32: bool
+    config: CpProblem, name: str, phase: Pass, kind: VolumeKind, fp32: bool
 ) -> CollectiveVolume:
     length, heads = _length_symbol(config), _ring_kv_heads_symbol(config)
     per_call = gathered_kv_elements(config)
@@ -688,7 +444,7 @@ def _gather_collective(
     )
 
 
-def gather_stage(config: CpConfig, phase: Pass) -> StageVolume | None:
+def gather_stage(config: CpProblem, phase: Pass) -> StageVolume | None:
     """The all-gather (and backward reduce-scatter) of the ring axis; None unless
     `cp_comm = "all_gather"` with R > 1."""
     _check_phase(phase)
@@ -705,7 +461,7 @@ def gather_stage(config: CpConfig, phase: Pass) -> StageVolume | None:
     return StageVolume("all_gather", phase, (kv, dkv), formula, bytes_formula)
 
 
-def comm_volume(config: CpConfig) -> CommVolume:
+def comm_volume(config: CpProblem) -> CommVolume:
     """Per-rank communication of a configuration, forward and backward: the Ulysses
     all-to-alls, then the ring hops or (cp_comm all_gather) the all-gather stage."""
     if config.all_gather:
@@ -782,6 +538,6 @@ GATHER_NOTE = (
 )
 
 
-def seq_len_divisor(config: CpConfig) -> int:
+def seq_len_divisor(config: CpProblem) -> int:
     """The multiple of which the sequence length must be for this mesh and layout."""
     return seq_divisor(config.ulysses, config.ring, config.layout)

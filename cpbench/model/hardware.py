@@ -54,9 +54,16 @@ import tomli_w
 from pydantic import AfterValidator, Field, ValidationError, model_validator
 
 from cpbench.config.file_schema import MESSAGE, RULE, FileModel, problem, rule, table_at
-from cpbench.config.vocabulary import DTYPES
+from cpbench.config.vocabulary import (
+    DTYPES,
+    KERNEL_ALIASES,
+    KERNEL_FAMILIES,
+    KERNEL_NAMES,
+    KernelFamily,
+    canonical_dtype,
+)
 from cpbench.errors import CpbenchError
-from cpbench.model.formulas import CollectiveKind, canonical_dtype
+from cpbench.model.formulas import CollectiveKind
 from cpbench.units import GB, GIB
 
 if sys.version_info >= (3, 11):
@@ -64,32 +71,9 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-KernelFamily = Literal["flash_attn", "flash_attn3", "cudnn", "cuda_sdpa", "cpu_sdpa", "einsum"]
-"""An attention-kernel family the profiles give efficiency curves for: FlashAttention-2
-(flash-attn 2.x), FlashAttention-3 (flash-attn's Hopper build), cuDNN's fused attention,
-PyTorch's CUDA SDPA op (FA2 code vendored in PyTorch), PyTorch's CPU SDPA op, and the einsum
-kernel that materialises the scores."""
-KERNEL_FAMILIES: tuple[KernelFamily, ...] = get_args(KernelFamily)
 DeviceKind = Literal["cpu", "cuda"]
 """What a profile's ranks run on."""
 DEVICE_KINDS: tuple[DeviceKind, ...] = get_args(DeviceKind)
-KERNEL_ALIASES: dict[str, KernelFamily] = {
-    "naive": "einsum",
-    "fa2": "flash_attn",
-    "flash_attn2": "flash_attn",
-    "flash_attn_2": "flash_attn",
-    "fa3": "flash_attn3",
-    "flash_attn_3": "flash_attn3",
-    "flash_attn_interface": "flash_attn3",
-    "cudnn_attention": "cudnn",
-    "cudnn_sdpa": "cudnn",
-    "efficient": "cuda_sdpa",  # memory-efficient SDPA (fp32 on CUDA): no published curve;
-    # an estimate by the closest family (PyTorch's CUDA SDPA)
-}
-"""Kernel names (`--kernel`, a record's `config.kernel`) that name a family under another
-spelling; `sdpa` is `cuda_sdpa` or `cpu_sdpa` by the profile's device, `auto` its default."""
-KERNEL_NAMES: tuple[str, ...] = ("auto", "sdpa", *KERNEL_FAMILIES, *KERNEL_ALIASES)
-"""Every kernel name `HardwareProfile.kernel_for` resolves."""
 FALLBACK_GPU_PROFILE = "h100-sxm"
 """The profile of GPU records whose device no built-in profile matches (with a warning)."""
 

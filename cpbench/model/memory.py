@@ -10,7 +10,7 @@ slack) is counted, hence a lower bound.
 Notation: `S = L/(U*R)` tokens per rank, `n = L/R` tokens of a ring shard, `h/U` query heads and
 `c*h_kv/U` KV heads per rank after the Ulysses exchange, `e` bytes of the dtype, fp32 = 4.
 For pure ring (U = 1) the ring-level tensors are the local shards and are counted once.
-Every length is the run length L_run (L plus doc_zigzag's padding; `CpConfig.run_len`), so a
+Every length is the run length L_run (L plus doc_zigzag's padding; `CpProblem.run_len`), so a
 layout that pads holds the padding too. Every item is proportional to L_run, so
 `max_seq_len_for_budget` is a closed form (for doc_zigzag at the lengths that pad nothing).
 
@@ -27,11 +27,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cpbench.config.constraints import AttentionShape, seq_divisor
-from cpbench.config.masks import MaskSpec
-from cpbench.config.vocabulary import DEFAULT_CP_COMM, STEP_PASSES, Pass, StepPasses
+from cpbench.config.constraints import seq_divisor
+from cpbench.config.problem import CpProblem
+from cpbench.config.vocabulary import DTYPE_BYTES, STEP_PASSES, Pass, StepPasses
 from cpbench.errors import CpbenchError
-from cpbench.model.formulas import DTYPE_BYTES, CpConfig, canonical_dtype, cp_config
 
 FWD_A2A_IN = "fwd_a2a_in"
 FWD_ATTENTION = "fwd_attention"
@@ -88,7 +87,7 @@ class MemoryItem:
 class MemoryEstimate:
     """Itemised per-rank memory of one layer, with totals and peaks."""
 
-    config: CpConfig
+    config: CpProblem
     """The configuration."""
     items: tuple[MemoryItem, ...]
     """Every tensor, forward ones first."""
@@ -138,7 +137,7 @@ def scheme_stages(ulysses: int) -> tuple[str, ...]:
 class _ItemBuilder:
     """Collects items, clipping each lifetime to the stages the scheme has."""
 
-    def __init__(self, config: CpConfig) -> None:
+    def __init__(self, config: CpProblem) -> None:
         self.config = config
         self.stages = scheme_stages(config.ulysses)
         self.shapes = _tensor_shapes(config)
@@ -160,7 +159,7 @@ class _ItemBuilder:
         self.items.append(MemoryItem(name, shape, dtype, alive, note))
 
 
-def memory_estimate(config: CpConfig) -> MemoryEstimate:
+def memory_estimate(config: CpProblem) -> MemoryEstimate:
     """Itemised per-rank memory of one attention layer, forward and backward."""
     builder = _ItemBuilder(config)
     _add_forward_items(builder)
@@ -168,7 +167,7 @@ def memory_estimate(config: CpConfig) -> MemoryEstimate:
     return MemoryEstimate(config, tuple(builder.items), builder.stages)
 
 
-def _tensor_shapes(config: CpConfig) -> dict[str, tuple[int, ...]]:
+def _tensor_shapes(config: CpProblem) -> dict[str, tuple[int, ...]]:
     """Per-rank shapes: local (sequence shard), head-sharded (after the all-to-all), buffers."""
     s = config.shape
     batch, tokens, shard, d_h = s.batch, config.tokens_per_rank, config.ring_shard, s.head_dim
@@ -178,7 +177,7 @@ def _tensor_shapes(config: CpConfig) -> dict[str, tuple[int, ...]]:
         "gathered_kv": (buffers, config.ring, 2, batch, shard, config.gather_stride, d_h),
         "local_q": (batch, tokens, s.heads, d_h),
         "local_kv": (batch, tokens, s.kv_heads, d_h),
-        "send_kv": (2, batch, tokens, config.kv_replication * s.kv_heads, d_h),
+        "send_kv": (2, batch, tokens, config.replication * s.kv_heads, d_h),
         "heads_q": (batch, shard, config.heads_per_rank, d_h),
         "heads_kv": heads_kv,
         "ring_kv_double": (2, *heads_kv),
@@ -193,7 +192,7 @@ def _add_forward_items(b: _ItemBuilder) -> None:
     b.add("k_local", "local_kv", FWD_A2A_IN, BWD_A2A_OUT, held)
     b.add("v_local", "local_kv", FWD_A2A_IN, BWD_A2A_OUT, held)
     if ulysses:
-        if b.config.kv_replication > 1:
+        if b.config.replication > 1:
             b.add("kv_replicated", "send_kv", FWD_A2A_IN, FWD_A2A_IN, "KV heads copied c times")
         b.add("a2a_q_send", "local_q", FWD_A2A_IN, FWD_A2A_IN, "all-to-all send buffer")
         b.add("a2a_kv_send", "send_kv", FWD_A2A_IN, FWD_A2A_IN, "all-to-all send buffer")
@@ -250,7 +249,7 @@ def _add_backward_items(b: _ItemBuilder) -> None:
         b.add("dkv_heads", "heads_kv", first, BWD_A2A_OUT, "dK'/dV' head shard in dtype")
         b.add("a2a_dq_send", "local_q", BWD_A2A_OUT, BWD_A2A_OUT, "all-to-all send buffer")
         b.add("a2a_dkv_send", "send_kv", BWD_A2A_OUT, BWD_A2A_OUT, "all-to-all send buffer")
-        if b.config.kv_replication > 1:
+        if b.config.replication > 1:
             b.add("dkv_replicated", "send_kv", BWD_A2A_OUT, BWD_A2A_OUT, "copies' grads, summed")
     first = BWD_A2A_OUT if ulysses else BWD_ATTENTION
     grad = "gradient of the input shard"
@@ -259,42 +258,11 @@ def _add_backward_items(b: _ItemBuilder) -> None:
     b.add("dv_local", "local_kv", first, BWD_A2A_OUT, grad)
 
 
-def memory_for_sizes(
-    seq_len: int,
-    heads: int,
-    kv_heads: int,
-    head_dim: int,
-    batch: int = 1,
-    ulysses: int = 1,
-    ring: int = 1,
-    layout: str = "contiguous",
-    dtype: str = "bfloat16",
-    mask: MaskSpec | None = None,
-    cp_comm: str = DEFAULT_CP_COMM,
-    heads_k_stride: int | None = None,
-) -> MemoryEstimate:
-    """`memory_estimate` from plain sizes (the mask sets doc_zigzag's padding)."""
-    shape = AttentionShape(seq_len, heads, kv_heads, head_dim, batch)
-    return memory_estimate(
-        cp_config(shape, ulysses, ring, layout, dtype, mask, cp_comm, heads_k_stride)
-    )
-
-
 def max_seq_len_for_budget(
-    budget_bytes: float,
-    heads: int,
-    kv_heads: int,
-    head_dim: int,
-    batch: int = 1,
-    ulysses: int = 1,
-    ring: int = 1,
-    layout: str = "contiguous",
-    dtype: str = "bfloat16",
-    phase: StepPasses = "forward_backward",
-    cp_comm: str = DEFAULT_CP_COMM,
-    heads_k_stride: int | None = None,
+    budget_bytes: float, problem: CpProblem, phase: StepPasses = "forward_backward"
 ) -> int:
-    """Longest L, a multiple of `seq_divisor(U, R, layout)`, whose per-rank peak fits the budget.
+    """Longest L, a multiple of `seq_divisor(U, R, layout)`, at which `problem` (its shape
+    but its length, mesh, layout, dtype, exchange) fits the budget per rank at its peak.
 
     Every item is proportional to L, so peak(L) = peak(D) * L / D with D the divisor and the
     answer is floor(budget / peak(D)) * D; 0 when not even D fits. doc_zigzag (which pads any
@@ -305,24 +273,9 @@ def max_seq_len_for_budget(
     if budget_bytes <= 0:
         raise CpbenchError(f"memory budget must be positive, got {budget_bytes} bytes")
     _check_phase(phase)
-    canonical_dtype(dtype)
-    divisor_layout = "zigzag" if layout == "doc_zigzag" else layout
-    divisor = seq_divisor(ulysses, ring, divisor_layout) if _positive_ints(ulysses, ring) else 1
-    unit = memory_for_sizes(
-        divisor,
-        heads,
-        kv_heads,
-        head_dim,
-        batch,
-        ulysses,
-        ring,
-        layout,
-        dtype,
-        cp_comm=cp_comm,
-        heads_k_stride=heads_k_stride,
+    divisor_layout = "zigzag" if problem.layout == "doc_zigzag" else problem.layout
+    divisor = seq_divisor(problem.ulysses, problem.ring, divisor_layout)
+    unit = CpProblem(
+        **{**problem.problem_fields(), "seq_len": divisor, "documents": None, "window": None}
     )
-    return int(budget_bytes // unit.peak(phase)) * divisor
-
-
-def _positive_ints(*values: object) -> bool:
-    return all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values)
+    return int(budget_bytes // memory_estimate(unit).peak(phase)) * divisor

@@ -412,7 +412,7 @@ def work_section(report: ReportData) -> Section:
     explain = (
         "Each rank's median compute-only time (communication removed) against the model's "
         "work for it: attended (query, key) pairs of its ring rank x B x its heads "
-        "(cpbench.model.masking.rank_pairs, a causal diagonal pair counts 1/2). The dotted "
+        "(cpbench.config.geometry.rank_pairs, a causal diagonal pair counts 1/2). The dotted "
         "line is the least-squares fit over every rank of the phase; r is Pearson's "
         "correlation, the largest error is |fit / measured - 1|. Padding is the tokens the "
         "layout added (doc_zigzag pads every document to a multiple of 2R)."

@@ -273,7 +273,7 @@ class Scenario:
                 continue
             by_signature[signature] = len(out)
             equivalent = (config.key,) if canonical.key != config.key else ()
-            out.append(DistinctPoint(canonical, canonical.feasibility(), equivalent))
+            out.append(DistinctPoint(canonical, canonical.feasibility, equivalent))
         return out
 
     def _expand_own(self, device: str, world_size: int) -> list[tuple[BenchConfig, Feasibility]]:
@@ -340,7 +340,7 @@ class Scenario:
                 ring=ring,
                 layout=layout,
                 kv_replication=kv_replication,
-                backend=backend,
+                kernel=backend,
                 phase=phase,
                 device=device,
                 world_size=world_size,
@@ -351,7 +351,7 @@ class Scenario:
                 cp_comm=cp_comm,
                 heads_k_stride=heads_k_stride,
             )
-            out.append((config, config.feasibility()))
+            out.append((config, config.feasibility))
         return out
 
 

@@ -314,7 +314,7 @@ class FlopsSection(Section):
     per_rank_work: list[float] | None = None
     """Predicted attention work of each rank: attended (query, key) pairs of its ring rank x B
     x the heads it computes (h / U), under the record's mask and layout
-    (`cpbench.model.masking.rank_pairs`, continuum convention: a causal pair on the diagonal
+    (`cpbench.config.geometry.rank_pairs`, continuum convention: a causal pair on the diagonal
     counts 1/2). What each rank's compute-only time should follow. Absent in older records."""
 
 

@@ -21,7 +21,7 @@ def explain(ranked: Sequence[RankedCandidate], profile: HardwareProfile) -> str:
     """One paragraph: why the winner wins (comm per tier, imbalance, memory, margin)."""
     best = ranked[0]
     p = best.prediction
-    c, t = p.config, p.phase_time
+    c, t = p.candidate, p.phase_time
     parts = [
         f"{best.label} is {'measured' if best.measured_s is not None else 'predicted'} fastest "
         f"at {format_seconds(best.time_s, 2)} per layer ({p.candidate.phase})"
@@ -59,7 +59,7 @@ def explain(ranked: Sequence[RankedCandidate], profile: HardwareProfile) -> str:
         f"The kernel works on L/R = {p.kernel_seq_len} tokens at {p.attention_tflops:.1f} TFLOP/s "
         f"per rank; {c.heads_per_rank} query head(s) and {c.kv_heads_per_rank} KV head(s) per rank "
         f"after the all-to-all"
-        + (f" (KV heads replicated x{c.kv_replication})." if c.kv_replication > 1 else ".")
+        + (f" (KV heads replicated x{c.replication})." if c.replication > 1 else ".")
         + f" Compute model: {p.curve_note}."
     )
     parts.append(
@@ -81,7 +81,7 @@ def _placement_sentence(p: Prediction, profile: HardwareProfile) -> str:
 
 
 def _balance_sentence(p: Prediction) -> str:
-    c = p.config
+    c = p.candidate
     if not p.candidate.causal:
         return "Without a causal mask every rank does the same work."
     if c.ring == 1 and not c.mask.plain:
@@ -110,14 +110,14 @@ def _balance_sentence(p: Prediction) -> str:
 
 
 def _mesh_of(p: Prediction) -> tuple[int, int, bool]:
-    return (p.config.ulysses, p.config.ring, p.config.all_gather)
+    return (p.candidate.ulysses, p.candidate.ring, p.candidate.all_gather)
 
 
 def _same_mesh(ranked: Sequence[RankedCandidate], best: Prediction) -> dict[str, Prediction]:
     mesh = _mesh_of(best)
     out: dict[str, Prediction] = {}
     for r in ranked:
-        c = r.prediction.config
+        c = r.prediction.candidate
         if _mesh_of(r.prediction) == mesh:
             out.setdefault(c.layout, r.prediction)
     return out
@@ -132,20 +132,20 @@ def _padding_text(p: Prediction) -> str:
 def mask_sentences(ranked: Sequence[RankedCandidate]) -> list[str]:
     """Why the layout under a document or window mask: every layout's work on the winner's
     mesh (imbalance, padding) and the ring steps a window lets the ring skip."""
-    mask = ranked[0].prediction.config.mask
+    mask = ranked[0].prediction.candidate.mask
     if mask.plain or not mask.causal:
         return []
     ring_ranked = [
-        r for r in ranked if r.prediction.config.ring > 1 and not r.prediction.config.all_gather
+        r for r in ranked if r.prediction.candidate.ring > 1 and not r.prediction.candidate.all_gather
     ]
     if not ring_ranked:
         return []
     best = ring_ranked[0].prediction
-    c = best.config
+    c = best.candidate
     layouts = _same_mesh(ring_ranked, best)
     r = c.ring
     out: list[str] = []
-    if ranked[0].prediction.config.ring == 1:
+    if ranked[0].prediction.candidate.ring == 1:
         out.append(
             f"Should a ring be needed (more ranks than KV heads allow, or an inter-node "
             f"all-to-all), the fastest ring mesh is {ring_ranked[0].label} "
@@ -210,20 +210,20 @@ def mask_sentences(ranked: Sequence[RankedCandidate]) -> list[str]:
 
 def gathered_bytes(p: Prediction) -> int:
     """Bytes of gathered K/V a rank holds in the forward (0 unless the ring axis gathers)."""
-    return sum(i.bytes for i in memory_estimate(p.config).items if i.name == "kv_gathered")
+    return sum(i.bytes for i in memory_estimate(p.candidate).items if i.name == "kv_gathered")
 
 
 def gather_sentences(ranked: Sequence[RankedCandidate]) -> list[str]:
     """Where all-gather wins or loses: its exposed gathers against the ring's hidden hops and
     Ulysses, with the numbers, and its memory (the gathered K/V) against the ring's."""
-    gathers = [r for r in ranked if r.prediction.config.all_gather]
+    gathers = [r for r in ranked if r.prediction.candidate.all_gather]
     if not gathers:
         return []
-    rings = [r for r in ranked if r.prediction.config.ring > 1 and not r.prediction.config.all_gather]
-    ulysses = [r for r in ranked if r.prediction.config.ring == 1]
+    rings = [r for r in ranked if r.prediction.candidate.ring > 1 and not r.prediction.candidate.all_gather]
+    ulysses = [r for r in ranked if r.prediction.candidate.ring == 1]
     ag = gathers[0]
     a, at = ag.prediction, ag.prediction.phase_time
-    c = a.config
+    c = a.candidate
     heads = f"{c.kv_heads_per_rank} KV head(s) per rank"
     text = (
         f"All-gather: its best candidate, {ag.label} ({format_seconds(ag.time_s, 2)}), gathers "
@@ -243,7 +243,7 @@ def gather_sentences(ranked: Sequence[RankedCandidate]) -> list[str]:
         )
     out = [text + "."]
     same_mesh = [
-        r for r in rings if (r.prediction.config.ulysses, r.prediction.config.ring) == (c.ulysses, c.ring)
+        r for r in rings if (r.prediction.candidate.ulysses, r.prediction.candidate.ring) == (c.ulysses, c.ring)
     ]
     if same_mesh:
         ring = same_mesh[0]
@@ -258,8 +258,8 @@ def gather_sentences(ranked: Sequence[RankedCandidate]) -> list[str]:
             f"against the ring's {rp.memory_bytes / GIB:.2f} GiB, so its longest sequence "
             f"that fits is {a.max_seq_len} tokens against {rp.max_seq_len}."
         )
-    pure_ag = [r for r in gathers if r.prediction.config.ulysses == 1]
-    pure_ring = [r for r in rings if r.prediction.config.ulysses == 1]
+    pure_ag = [r for r in gathers if r.prediction.candidate.ulysses == 1]
+    pure_ring = [r for r in rings if r.prediction.candidate.ulysses == 1]
     if pure_ag and pure_ring and c.ulysses > 1:
         pa, pr = pure_ag[0], pure_ring[0]
         out.append(
@@ -272,22 +272,22 @@ def gather_sentences(ranked: Sequence[RankedCandidate]) -> list[str]:
             f"KV heads by U first, so the all-gather moves 2 L d_kv / U per rank."
         )
     strided = sorted(
-        (r for r in gathers if r.prediction.config.gathers > 1),
-        key=lambda r: -r.prediction.config.gathers,
+        (r for r in gathers if r.prediction.candidate.gathers > 1),
+        key=lambda r: -r.prediction.candidate.gathers,
     )
     pairs = [
         (st, wh)
         for st in strided
         for wh in gathers
-        if wh.prediction.config.gathers == 1
+        if wh.prediction.candidate.gathers == 1
         and _mesh_of(wh.prediction) == _mesh_of(st.prediction)
-        and wh.prediction.config.layout == st.prediction.config.layout
+        and wh.prediction.candidate.layout == st.prediction.candidate.layout
     ]
     if pairs:
         st, wh = pairs[0]
         s, w = st.prediction, wh.prediction
         out.append(
-            f"A head stride of {s.config.gather_stride} on {st.label} "
+            f"A head stride of {s.candidate.gather_stride} on {st.label} "
             f"({format_seconds(st.time_s, 2)}, against {format_seconds(wh.time_s, 2)} "
             f"unstrided) holds {gathered_bytes(s) / GIB:.2f} GiB "
             f"of gathered K/V (two strides in flight) instead of {gathered_bytes(w) / GIB:.2f} "

@@ -29,15 +29,15 @@ def framework_settings(
         yunchang_setting(best, sizes),
         torchtitan_setting(best, ranked),
     )
-    if best.config.all_gather:
+    if best.candidate.all_gather:
         settings += (llama3_setting(best),)
     else:
-        gathers = [r for r in ranked if r.prediction.config.all_gather]
-        pure = [r for r in gathers if r.prediction.config.ulysses == 1]
+        gathers = [r for r in ranked if r.prediction.candidate.all_gather]
+        pure = [r for r in gathers if r.prediction.candidate.ulysses == 1]
         pick = pure[0] if pure else gathers[0] if gathers else None
         if pick is not None:
             settings += (all_gather_alternative(pick, ranked.index(pick) + 1, gathers[0]),)
-    mask = best.config.mask
+    mask = best.candidate.mask
     if mask.plain:
         return settings
     return tuple(_with_mask_note(s, best) for s in settings) + (ring_flash_setting(best),)
@@ -48,7 +48,7 @@ def all_gather_alternative(
 ) -> FrameworkSetting:
     """How the frameworks run an all-gather candidate when none wins: the best one they can
     express (U = 1), naming the best all-gather candidate of all when that one has Ulysses."""
-    c = r.prediction.config
+    c = r.prediction.candidate
     ag = "all_gather" if c.ulysses == 1 else "a2a+p2p (no a2a+all_gather)"
     settings = (
         f"Megatron-LM --cp-comm-type {ag}; torchtitan "
@@ -72,7 +72,7 @@ def all_gather_alternative(
 
 def llama3_setting(p: Prediction) -> FrameworkSetting:
     """ring-flash-attention's all-gather CP (its `llama3_*` functions) with the head stride."""
-    c = p.config
+    c = p.candidate
     stride = c.gather_stride
     code = (
         "llama3_flash_attn_prepare_cu_seqlens(cu_seqlens, causal=True, rank, world_size); "
@@ -126,7 +126,7 @@ WINDOW_NOTE = (
 
 
 def _with_mask_note(setting: FrameworkSetting, p: Prediction) -> FrameworkSetting:
-    mask = p.config.mask
+    mask = p.candidate.mask
     notes = [setting.note.rstrip(".")]
     if mask.documents is not None and len(mask.documents) > 1:
         notes.append(PACKED_DOCUMENT_NOTES[setting.framework])
@@ -139,7 +139,7 @@ def _with_mask_note(setting: FrameworkSetting, p: Prediction) -> FrameworkSettin
 
 def ring_flash_setting(p: Prediction) -> FrameworkSetting:
     """ring-flash-attn's varlen zigzag for packed documents (ring only)."""
-    c = p.config
+    c = p.candidate
     expressible = c.ulysses == 1
     note = (
         "packed documents: zigzag_ring_flash_attn_varlen_func with cu_seqlens, every document "
@@ -147,7 +147,7 @@ def ring_flash_setting(p: Prediction) -> FrameworkSetting:
     )
     if not expressible:
         note += f"; ring only: it cannot express Ulysses (U = {c.ulysses})"
-    if p.config.mask.window is not None:
+    if p.candidate.mask.window is not None:
         note += f"; {WINDOW_NOTE}"
     return FrameworkSetting(
         "ring-flash-attn",
@@ -168,7 +168,7 @@ def cp_comm_type(ulysses: int, ring: int, cp_comm: str = "p2p") -> str:
 
 def megatron_setting(p: Prediction, sizes: ParallelSizes) -> FrameworkSetting:
     """--context-parallel-size, --cp-comm-type and, for a2a+p2p, the hierarchical sizes."""
-    c = p.config
+    c = p.candidate
     comm = cp_comm_type(c.ulysses, c.ring, c.cp_comm)
     flags = [
         f"--tensor-model-parallel-size {sizes.tp}",
@@ -184,9 +184,9 @@ def megatron_setting(p: Prediction, sizes: ParallelSizes) -> FrameworkSetting:
     ]
     if c.ring > 1 and p.candidate.causal and c.layout != "zigzag":
         notes.append(f"it cannot run the {c.layout} layout: expect its zigzag equivalent")
-    if c.kv_replication > 1:
+    if c.replication > 1:
         notes.append(
-            f"the all-to-all needs KV heads replicated x{c.kv_replication}; check that your "
+            f"the all-to-all needs KV heads replicated x{c.replication}; check that your "
             f"Transformer Engine version accepts kv heads < the a2a size"
         )
     expressible = True
@@ -207,17 +207,17 @@ def megatron_setting(p: Prediction, sizes: ParallelSizes) -> FrameworkSetting:
 
 def deepspeed_setting(p: Prediction, ranked: Sequence[RankedCandidate]) -> FrameworkSetting:
     """--ds-sequence-parallel-size: Ulysses only."""
-    c = p.config
+    c = p.candidate
     if c.ring == 1 and c.ulysses > 1:
         note = "DeepSpeed-Ulysses (all-to-all over the sequence-parallel group)."
-        if c.kv_replication > 1:
+        if c.replication > 1:
             note += (
                 f" KV heads ({c.shape.kv_heads}) < sequence-parallel size ({c.ulysses}): "
                 f"needs a DeepSpeed version that replicates KV heads for GQA."
             )
         return FrameworkSetting("DeepSpeed", True, f"--ds-sequence-parallel-size {c.ulysses}", note)
     alternative = next(
-        (r for r in ranked if r.prediction.config.ring == 1 and r.prediction.config.ulysses > 1),
+        (r for r in ranked if r.prediction.candidate.ring == 1 and r.prediction.candidate.ulysses > 1),
         None,
     )
     reason = (
@@ -228,7 +228,7 @@ def deepspeed_setting(p: Prediction, ranked: Sequence[RankedCandidate]) -> Frame
         return FrameworkSetting(
             "DeepSpeed", False, "-", reason + " No Ulysses-only mesh is feasible."
         )
-    u = alternative.prediction.config.ulysses
+    u = alternative.prediction.candidate.ulysses
     position = ranked.index(alternative) + 1
     return FrameworkSetting(
         "DeepSpeed",
@@ -240,7 +240,7 @@ def deepspeed_setting(p: Prediction, ranked: Sequence[RankedCandidate]) -> Frame
 
 def yunchang_setting(p: Prediction, sizes: ParallelSizes) -> FrameworkSetting:
     """set_seq_parallel_pg(U, R, rank, world_size) and the ring implementation of the layout."""
-    c = p.config
+    c = p.candidate
     impl = YUNCHANG_RING_IMPL_TYPES[c.layout if c.ring > 1 else "contiguous"]
     code = (
         f"set_seq_parallel_pg({c.ulysses}, {c.ring}, rank, world_size={sizes.world}); "
@@ -255,7 +255,7 @@ def yunchang_setting(p: Prediction, sizes: ParallelSizes) -> FrameworkSetting:
 
 def torchtitan_setting(p: Prediction, ranked: Sequence[RankedCandidate]) -> FrameworkSetting:
     """context_parallel_degree and rotate method; ring-only with head-tail load balancing."""
-    c = p.config
+    c = p.candidate
     base = (
         "torchtitan's context parallelism is ring-only with head-tail load balancing (the "
         "zigzag layout); rotate_method alltoall passes K/V shards around the ring like the "
@@ -272,9 +272,9 @@ def torchtitan_setting(p: Prediction, ranked: Sequence[RankedCandidate]) -> Fram
         (
             r
             for r in ranked
-            if r.prediction.config.ulysses == 1
-            and r.prediction.config.layout in ("zigzag", "contiguous")
-            and (r.prediction.config.layout == "zigzag" or not r.prediction.candidate.causal)
+            if r.prediction.candidate.ulysses == 1
+            and r.prediction.candidate.layout in ("zigzag", "contiguous")
+            and (r.prediction.candidate.layout == "zigzag" or not r.prediction.candidate.causal)
         ),
         None,
     )

@@ -25,10 +25,11 @@ from cpbench.app.recommend.types import (
     rank_key,
 )
 from cpbench.app.recommend.uncertainty import call_ties, profile_uncertainty, with_intervals
-from cpbench.config.bench import check_positive_int, factorizations
+from cpbench.config.bench import factorizations
 from cpbench.config.constraints import AttentionShape, check_mesh
 from cpbench.config.masks import MaskSpec
-from cpbench.config.vocabulary import CP_COMMS, GLOBAL_LAYOUTS, LAYOUTS, CpComm
+from cpbench.config.problem import MeshCandidate, check_phase, check_positive_int
+from cpbench.config.vocabulary import CP_COMMS, GLOBAL_LAYOUTS, LAYOUTS, CpComm, canonical_dtype
 from cpbench.errors import CpbenchError
 from cpbench.model.calibrate import (
     Measurement,
@@ -36,8 +37,7 @@ from cpbench.model.calibrate import (
     default_prior,
     measurements_from_records,
 )
-from cpbench.model.cost import MeshCandidate, check_phase, predict
-from cpbench.model.formulas import canonical_dtype
+from cpbench.model.cost import predict
 from cpbench.model.hardware import HardwareProfile, load_profile
 from cpbench.results.store import read_records
 
@@ -220,15 +220,14 @@ def _evaluate(
                 comms, request, shape, ulysses, ring, feasibility.kv_replication
             )
             for cp_comm, stride in options:
-                candidate = MeshCandidate(
+                candidate = MeshCandidate.for_shape(
                     shape,
-                    ulysses,
-                    ring,
-                    layout,
-                    request.dtype,
-                    mask.causal,
-                    None,
-                    request.phase,
+                    ulysses=ulysses,
+                    ring=ring,
+                    layout=layout,
+                    dtype=request.dtype,
+                    causal=mask.causal,
+                    phase=request.phase,
                     documents=mask.documents,
                     window=mask.window,
                     cp_comm=cp_comm,
@@ -239,7 +238,7 @@ def _evaluate(
                 if rule is not None:
                     label = layout_label(prediction) + comm_label(prediction)
                     memory.append(
-                        Rejection(ulysses, ring, (label,), rule, "memory", prediction.config.cp_comm)
+                        Rejection(ulysses, ring, (label,), rule, "memory", prediction.candidate.cp_comm)
                     )
                     continue
                 measured = _matching_measurement(candidate, measurements)

@@ -11,12 +11,11 @@ from cpbench.app.recommend.types import (
     Recommendation,
     layout_label,
 )
-from cpbench.config.vocabulary import PHASE_PASSES
+from cpbench.config.vocabulary import PHASE_PASSES, canonical_dtype
 from cpbench.model.calibrate import (
     calibration_summary,
 )
 from cpbench.model.flops import FLOPS_CONVENTION
-from cpbench.model.formulas import canonical_dtype
 
 
 def _interval_dict(r: RankedCandidate) -> dict[str, Any]:
@@ -43,7 +42,7 @@ def _interval_dict(r: RankedCandidate) -> dict[str, Any]:
 
 def _candidate_dict(position: int, r: RankedCandidate, tied: bool = False) -> dict[str, Any]:
     p = r.prediction
-    c = p.config
+    c = p.candidate
     t = p.phase_time
     return {
         "rank": position,
@@ -51,7 +50,7 @@ def _candidate_dict(position: int, r: RankedCandidate, tied: bool = False) -> di
         "ring": c.ring,
         "layout": c.layout,
         "layout_matters": layout_label(p) != "any",
-        "kv_replication": c.kv_replication,
+        "kv_replication": c.replication,
         "scheme": c.scheme,
         "cp_comm": c.cp_comm if c.ring > 1 else "p2p",
         "heads_k_stride": c.heads_k_stride if c.all_gather else None,

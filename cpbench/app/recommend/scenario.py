@@ -10,8 +10,8 @@ from typing import Any
 import tomli_w
 
 from cpbench.app.recommend.types import RankedCandidate, Recommendation
+from cpbench.config.vocabulary import canonical_dtype
 from cpbench.errors import CpbenchError
-from cpbench.model.formulas import canonical_dtype
 
 
 def scenario_candidates(rec: Recommendation) -> tuple[RankedCandidate, ...]:
@@ -26,7 +26,7 @@ def scenario_candidates(rec: Recommendation) -> tuple[RankedCandidate, ...]:
 
 def _exchange(r: RankedCandidate) -> dict[str, Any]:
     """mesh, layout, cp_comm and heads_k_stride of one candidate, as scenario axes."""
-    c = r.prediction.config
+    c = r.prediction.candidate
     gather = c.ring > 1 and c.all_gather
     stride = c.heads_k_stride if gather else None
     return {

@@ -151,7 +151,7 @@ class RankedCandidate:
     @property
     def label(self) -> str:
         """`U x R layout`, then `all-gather` (and `hs<stride>`) when the ring axis gathers."""
-        c = self.prediction.config
+        c = self.prediction.candidate
         return f"{c.ulysses}x{c.ring} {layout_label(self.prediction)}{comm_label(self.prediction)}"
 
 
@@ -251,14 +251,14 @@ class Recommendation:
 
 def layout_label(prediction: Prediction) -> str:
     """The layout, or `any` when it cannot matter (R = 1, or no causal mask)."""
-    if prediction.config.ring == 1 or not prediction.candidate.causal:
+    if prediction.candidate.ring == 1 or not prediction.candidate.causal:
         return "any"
-    return prediction.config.layout
+    return prediction.candidate.layout
 
 
 def comm_label(prediction: Prediction) -> str:
     """`""` for p2p (or no ring axis); ` all-gather` and ` all-gather hs<stride>` otherwise."""
-    c = prediction.config
+    c = prediction.candidate
     if not c.all_gather:
         return ""
     return " all-gather" + ("" if c.heads_k_stride is None else f" hs{c.heads_k_stride}")
@@ -276,8 +276,8 @@ def rank_key(r: RankedCandidate) -> tuple[float, int, int, int, int]:
     p = r.prediction
     return (
         float(f"{r.time_s:.4g}"),
-        int(p.config.all_gather),
-        LAYOUT_PREFERENCE[p.config.layout],
+        int(p.candidate.all_gather),
+        LAYOUT_PREFERENCE[p.candidate.layout],
         p.memory_bytes,
-        -p.config.ulysses,
+        -p.candidate.ulysses,
     )

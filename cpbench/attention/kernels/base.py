@@ -11,7 +11,7 @@ from cpbench.errors import CpbenchError
 
 Band = tuple[int | None, int | None]
 """A piece's mask as (lo, hi): row i sees column j iff lo <= j - i <= hi (None unbounded);
-`(None, None)` is full attention, `(None, 0)` top-left causal (`cpbench.model.masking.Piece`)."""
+`(None, None)` is full attention, `(None, 0)` top-left causal (`cpbench.config.geometry.Piece`)."""
 
 _FlashAux = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 """(cum_seq_q, cum_seq_k, philox seed, philox offset) of the CUDA flash forward."""

@@ -279,7 +279,7 @@ def _fit_compute(
     target = np.zeros(len(rows))
     for i, (_, compute, p) in enumerate(rows):
         t = p.phase_time
-        design[i, column[p.kernel_seq_len]] = t.slowest_flops / profile.peak_flops(p.config.dtype)
+        design[i, column[p.kernel_seq_len]] = t.slowest_flops / profile.peak_flops(p.candidate.dtype)
         design[i, overhead_col] = t.steps
         target[i] = max(compute - t.memory_bound_s, 0.1 * compute)
     prior = np.array(

@@ -16,8 +16,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
+from cpbench.config.problem import MeshCandidate
 from cpbench.errors import CpbenchError
-from cpbench.model.cost import MeshCandidate, Prediction, predict, record_devices_per_node
+from cpbench.model.cost import Prediction, predict, record_devices_per_node
 from cpbench.model.hardware import (
     FALLBACK_GPU_PROFILE,
     HardwareProfile,
@@ -100,8 +101,7 @@ def measurement_from_record(record: Mapping[str, Any]) -> Measurement | None:
     if median is None:
         return None
     try:
-        candidate = MeshCandidate.from_config(config)
-        candidate.cp_config()
+        candidate = MeshCandidate.from_record(config).require_feasible()
     except (CpbenchError, TypeError, ValueError):
         return None
     environment = record.get("environment")

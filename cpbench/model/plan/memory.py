@@ -64,8 +64,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
+from cpbench.config.problem import CpProblem
+from cpbench.config.vocabulary import DTYPE_BYTES, canonical_dtype
 from cpbench.errors import CpbenchError
-from cpbench.model.formulas import DTYPE_BYTES, CpConfig, canonical_dtype
 from cpbench.model.memory import memory_estimate
 from cpbench.model.plan.transformer import ModelSpec
 from cpbench.units import GIB
@@ -243,7 +244,7 @@ def korthikanti_layer_bytes(
     return s * b * h * (10 + 24 / t + attention / t)
 
 
-def attention_buffer_bytes(config: CpConfig) -> int:
+def attention_buffer_bytes(config: CpProblem) -> int:
     """Transient bytes of the CP scheme for one layer: the largest stage of
     `cpbench.model.memory`'s estimate less the saved Q, K, V, O and LSE it holds there."""
     estimate = memory_estimate(config)

@@ -42,10 +42,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cpbench.config.constraints import AttentionShape
+from cpbench.config.vocabulary import DTYPE_BYTES, canonical_dtype
 from cpbench.errors import CpbenchError
 from cpbench.model.cost import Prediction
 from cpbench.model.flops import attention_flops
-from cpbench.model.formulas import DTYPE_BYTES, canonical_dtype
 from cpbench.model.hardware import HardwareProfile, LinkCost
 from cpbench.model.plan.memory import Parallelism, check_zero, params_per_rank
 from cpbench.model.plan.transformer import ModelSpec
