@@ -8,7 +8,7 @@ from typing import Any
 from cpbench.model.cost import MeshCandidate, predict
 from cpbench.model.flops import FLOPS_CONVENTION, attention_flops
 from cpbench.model.formulas import comm_volume
-from cpbench.model.hardware import HardwareProfile
+from cpbench.model.hardware.profile import HardwareProfile
 from cpbench.model.memory import memory_estimate
 
 

@@ -40,7 +40,7 @@ from cpbench.model.formulas import (
     cp_config_of,
     evaluate_formula,
 )
-from cpbench.model.hardware import load_profile
+from cpbench.model.hardware.loading import load_profile
 from cpbench.model.memory import memory_estimate
 
 # ------------------------------------------------------------------------ the configuration

@@ -12,29 +12,25 @@ from pydantic import BaseModel
 
 from cpbench.errors import CpbenchError
 from cpbench.model.formulas import DTYPES
-from cpbench.model.hardware import (
+from cpbench.model.hardware.file_schema import (
+    PeakTable,
+    ProfileFile,
+    profile_from_dict,
+    profile_from_toml,
+    tomllib,  # the stdlib module, or tomli on Python 3.10
+)
+from cpbench.model.hardware.loading import builtin_profiles, load_profile, profile_for_devices
+from cpbench.model.hardware.profile import (
     COLLECTIVE_KINDS,
-    GB,
-    GIB,
     LINK_TIERS,
     CalibrationInfo,
     EfficiencyCurve,
     LinkCost,
-    PeakTable,
-    ProfileFile,
-    builtin_profiles,
-    load_profile,
-    profile_for_devices,
-    profile_from_dict,
-    profile_from_toml,
-    profile_to_toml,
     resolve_kernel_family,
-    save_profile,
-    scaled_bandwidth,
-    tomllib,  # the stdlib module, or tomli on Python 3.10
-    with_default_kernel,
-    with_topology,
 )
+from cpbench.model.hardware.transforms import scaled_bandwidth, with_default_kernel, with_topology
+from cpbench.model.hardware.writer import profile_to_toml, save_profile
+from cpbench.units import GB, GIB
 
 SHIPPED = ("a100-80gb", "cpu-local", "h100-sxm", "h200-sxm", "l40s-pcie")
 

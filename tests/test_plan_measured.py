@@ -22,7 +22,7 @@ from torch import nn
 
 from cpbench.config.constraints import AttentionShape
 from cpbench.model.cost import MeshCandidate, predict
-from cpbench.model.hardware import load_profile
+from cpbench.model.hardware.loading import load_profile
 from cpbench.model.plan.memory import Parallelism
 from cpbench.model.plan.step import step_time
 from cpbench.model.plan.transformer import ModelSpec

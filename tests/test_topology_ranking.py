@@ -9,7 +9,7 @@ import pytest
 from cpbench.app.recommend import RecommendRequest, recommend
 from cpbench.config.constraints import AttentionShape
 from cpbench.model.cost import MeshCandidate, predict
-from cpbench.model.hardware import load_profile
+from cpbench.model.hardware.loading import load_profile
 from cpbench.model.topology import describe
 
 LENGTHS = (32768, 65536, 131072)

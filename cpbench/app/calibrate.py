@@ -18,7 +18,9 @@ from cpbench.model.calibrate import (
     validate,
 )
 from cpbench.model.calibrate.measurements import PriorChoice, default_prior
-from cpbench.model.hardware import HardwareProfile, load_profile, save_profile
+from cpbench.model.hardware.loading import load_profile
+from cpbench.model.hardware.profile import HardwareProfile
+from cpbench.model.hardware.writer import save_profile
 
 
 def _measurements_and_prior(

@@ -28,7 +28,8 @@ from cpbench.config.constraints import AttentionShape, check_mesh, seq_divisor
 from cpbench.errors import CpbenchError
 from cpbench.model.cost import MeshCandidate, Prediction, predict
 from cpbench.model.formulas import canonical_dtype
-from cpbench.model.hardware import HardwareProfile, load_profile
+from cpbench.model.hardware.loading import load_profile
+from cpbench.model.hardware.profile import HardwareProfile
 from cpbench.model.plan.memory import (
     RECOMPUTES,
     Parallelism,

@@ -63,22 +63,17 @@ from cpbench.model.calibrate.stats import rms
 from cpbench.model.cost import MeshCandidate
 from cpbench.model.flops import FLOPS_CONVENTION, attention_flops
 from cpbench.model.formulas import CollectiveKind, bandwidths, comm_volume, dtype_bytes
-from cpbench.model.hardware import (
-    FALLBACK_GPU_PROFILE,
+from cpbench.model.hardware.loading import FALLBACK_GPU_PROFILE, load_profile, profile_for_devices
+from cpbench.model.hardware.profile import (
     EfficiencyCurve,
     HardwareProfile,
     LinkCost,
     NodeTopology,
     TierKind,
     TopologyTier,
-    load_profile,
-    profile_for_devices,
-    profile_to_toml,
-    save_profile,
-    with_curve,
-    with_link_cost,
-    with_topology,
 )
+from cpbench.model.hardware.transforms import with_curve, with_link_cost, with_topology
+from cpbench.model.hardware.writer import profile_to_toml, save_profile
 from cpbench.model.topology import all_to_all_time, place, ring_hop_time
 from cpbench.units import GB, format_bytes
 

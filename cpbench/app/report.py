@@ -395,7 +395,7 @@ def _profile_for_devices(device_names: Sequence[str]) -> str | None:
     """The built-in profile describing every device name (the model's one device -> profile
     rule, `cpbench.model.hardware.profile_for_devices`); None when no single one does."""
     try:
-        from cpbench.model.hardware import profile_for_devices  # noqa: PLC0415
+        from cpbench.model.hardware.loading import profile_for_devices  # noqa: PLC0415
     except ImportError:
         return None
     return profile_for_devices(device_names)
@@ -418,7 +418,7 @@ def cost_model(
         result.notes.append(result.prediction_note)
         return result
     try:
-        from cpbench.model.hardware import load_profile  # noqa: PLC0415
+        from cpbench.model.hardware.loading import load_profile  # noqa: PLC0415
     except ImportError:
         result.prediction_note = f"{NO_PROFILE_NOTE} (cpbench.model.hardware is not installed)"
         result.notes.append(result.prediction_note)

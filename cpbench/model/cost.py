@@ -101,7 +101,7 @@ from cpbench.model.formulas import (
     canonical_dtype,
     comm_volume,
 )
-from cpbench.model.hardware import (
+from cpbench.model.hardware.profile import (
     KERNEL_NAMES,
     HardwareProfile,
     LinkCost,

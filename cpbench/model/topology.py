@@ -42,7 +42,7 @@ from typing import Literal, get_args
 
 from cpbench.errors import CpbenchError
 from cpbench.model.formulas import CollectiveKind
-from cpbench.model.hardware import HardwareProfile, LinkCost, TierKind, TopologyTier
+from cpbench.model.hardware.profile import HardwareProfile, LinkCost, TierKind, TopologyTier
 
 PlacementOrder = Literal["ulysses_low", "ring_low"]
 """How CP ranks map to devices: Ulysses groups consecutive (ulysses_low) or rings (ring_low)."""

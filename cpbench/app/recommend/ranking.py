@@ -38,7 +38,8 @@ from cpbench.model.calibrate import (
 )
 from cpbench.model.cost import MeshCandidate, check_phase, predict
 from cpbench.model.formulas import canonical_dtype
-from cpbench.model.hardware import HardwareProfile, load_profile
+from cpbench.model.hardware.loading import load_profile
+from cpbench.model.hardware.profile import HardwareProfile
 from cpbench.results.store import read_records
 
 

@@ -18,13 +18,9 @@ from typing import Any, cast
 
 from cpbench.errors import CpbenchError
 from cpbench.model.cost import MeshCandidate, Prediction, predict, record_devices_per_node
-from cpbench.model.hardware import (
-    FALLBACK_GPU_PROFILE,
-    HardwareProfile,
-    load_profile,
-    profile_for_devices,
-    with_default_kernel,
-)
+from cpbench.model.hardware.loading import FALLBACK_GPU_PROFILE, load_profile, profile_for_devices
+from cpbench.model.hardware.profile import HardwareProfile
+from cpbench.model.hardware.transforms import with_default_kernel
 
 CPU_PRIOR = "cpu-local"
 """Prior profile of measurements taken on CPU only."""

@@ -1,0 +1,78 @@
+"""Finding a hardware profile: the built-ins (`cpbench/data/hardware/*.toml`) by name, a TOML
+file by path, and the built-in profile that describes a set of devices."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from cpbench.errors import CpbenchError
+from cpbench.model.hardware.file_schema import profile_from_toml
+from cpbench.model.hardware.profile import HardwareProfile
+
+FALLBACK_GPU_PROFILE = "h100-sxm"
+"""The profile of GPU records whose device no built-in profile matches (with a warning)."""
+
+
+def _data_dir() -> Any:
+    return resources.files("cpbench") / "data" / "hardware"
+
+
+def builtin_profiles() -> tuple[str, ...]:
+    """Names of the profiles shipped with cpbench, sorted."""
+    folder = _data_dir()
+    return tuple(
+        sorted(p.name[: -len(".toml")] for p in folder.iterdir() if p.name.endswith(".toml"))
+    )
+
+
+def _builtin_profile(name: str) -> HardwareProfile:
+    resource = _data_dir().joinpath(f"{name}.toml")
+    return profile_from_toml(resource.read_text(encoding="utf-8"), origin="built-in")
+
+
+_builtin = functools.cache(_builtin_profile)
+"""The built-in profiles `profile_for_devices` matches, each read once."""
+
+
+def profile_for_devices(device_names: Sequence[str]) -> str | None:
+    """The built-in profile that describes every one of these device names (as records'
+    `environment.devices` or torch.cuda.get_device_name spell them: 'NVIDIA H100 80GB HBM3' ->
+    h100-sxm, 'NVIDIA H200' -> h200-sxm, 'NVIDIA A100-SXM4-80GB' -> a100-80gb, 'NVIDIA L40S'
+    -> l40s-pcie, 'cpu: ...' -> cpu-local); None when none or more than one does (or no name
+    is given). The one device -> profile rule of cpbench (report, calibrate, recommend)."""
+    names = [str(n) for n in device_names if str(n).strip()]
+    if not names:
+        return None
+    matches = [
+        name
+        for name in builtin_profiles()
+        if all(_builtin(name).matches_device(device) for device in names)
+    ]
+    return matches[0] if len(matches) == 1 else None
+
+
+def load_profile(name_or_path: str | Path) -> HardwareProfile:
+    """A built-in profile by name, or a TOML file by path; CpbenchError naming the choices."""
+    text = str(name_or_path)
+    names = builtin_profiles()
+    if text in names:
+        return _builtin_profile(text)
+    path = Path(text).expanduser()
+    if path.is_file():
+        try:
+            content = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise CpbenchError(f"cannot read hardware profile {text}: {exc.strerror}") from None
+        except UnicodeDecodeError as exc:
+            raise CpbenchError(
+                f"hardware profile {text} is not UTF-8 text (byte {exc.start}): a TOML file expected"
+            ) from None
+        return profile_from_toml(content, origin=str(path))
+    raise CpbenchError(
+        f"hardware {text!r} is neither a built-in profile ({', '.join(names)}) "
+        f"nor an existing TOML file"
+    )
