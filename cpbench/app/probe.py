@@ -58,12 +58,11 @@ from cpbench.config.vocabulary import (
 )
 from cpbench.errors import CpbenchError
 from cpbench.model.calibrate import solve_relative
-from cpbench.model.calibrate.measurements import CPU_PRIOR
 from cpbench.model.calibrate.stats import rms
 from cpbench.model.cost import MeshCandidate
 from cpbench.model.flops import FLOPS_CONVENTION, attention_flops
 from cpbench.model.formulas import CollectiveKind, bandwidths, comm_volume, dtype_bytes
-from cpbench.model.hardware.loading import FALLBACK_GPU_PROFILE, load_profile, profile_for_devices
+from cpbench.model.hardware.loading import choose_profile, load_profile
 from cpbench.model.hardware.profile import (
     EfficiencyCurve,
     HardwareProfile,
@@ -555,25 +554,6 @@ class ProbeResult:
     """What was clipped or left out."""
 
 
-def choose_prior(
-    settings: ProbeSettings, device_names: Sequence[str] = ()
-) -> tuple[HardwareProfile, str]:
-    """(prior, why): the given one, cpu-local on CPU, the built-in matching the GPU names, else
-    the fallback GPU profile."""
-    if settings.prior:
-        return load_profile(settings.prior), "given with --hardware"
-    if settings.device == "cpu":
-        return load_profile(CPU_PRIOR), "the ranks run on CPU"
-    matched = profile_for_devices(list(device_names))
-    if matched is not None:
-        return load_profile(
-            matched
-        ), f"the built-in profile of {', '.join(sorted(set(device_names)))}"
-    return load_profile(FALLBACK_GPU_PROFILE), (
-        f"fallback: no built-in profile describes {', '.join(sorted(set(device_names))) or 'the GPU'}"
-    )
-
-
 def _attribution(prior: HardwareProfile, test: CommTest) -> tuple[int, str, float]:
     """(tier index, tier kind, effective bytes): the highest tier the collective crosses in
     the ulysses_low placement and the bytes per device across it, so that the time on it is
@@ -743,7 +723,14 @@ def run_probe(
                 f"{count}"
             )
         names = [torch.cuda.get_device_name(i) for i in range(settings.world_size)]
-    prior, reason = choose_prior(settings, names)
+    choice = choose_profile(
+        names,
+        cpu=settings.device == "cpu",
+        given=settings.prior,
+        subject="the ranks",
+        names_from="torch.cuda.get_device_name",
+    )
+    prior, reason = load_profile(choice.name), choice.reason
     plan = make_plan(settings, prior)
     say(
         f"{len(plan.comm_tests)} collectives on meshes "
