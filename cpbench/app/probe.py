@@ -69,9 +69,8 @@ from cpbench.model.hardware.profile import (
     LinkCost,
     NodeTopology,
     TierKind,
-    TopologyTier,
 )
-from cpbench.model.hardware.transforms import with_curve, with_link_cost, with_topology
+from cpbench.model.hardware.transforms import with_cost, with_curve, with_link_cost, with_topology
 from cpbench.model.hardware.writer import profile_to_toml, save_profile
 from cpbench.model.topology import all_to_all_time, place, ring_hop_time
 from cpbench.units import GB, format_bytes
@@ -639,11 +638,7 @@ def measured_profile(
             f"of repetitions, max over ranks, least-squares latency + bytes / busbw "
             f"(RMS residual {fit.residual:.1%})",
         )
-        tier = tiers[fit.level]
-        if fit.kind == "all_to_all":
-            tiers[fit.level] = replace(tier, all_to_all=cost)
-        else:
-            tiers[fit.level] = replace(tier, send_recv=cost)
+        tiers[fit.level] = with_cost(tiers[fit.level], fit.kind, cost)
     kinds: tuple[CollectiveKind, ...] = ("all_to_all", "send_recv")
     for kind in kinds:
         measured = [f for f in fits if f.kind == kind]
@@ -651,16 +646,9 @@ def measured_profile(
             top = max(measured, key=lambda f: f.level)
             profile = with_link_cost(profile, "intra_node", kind, tiers[top.level].cost(kind))
     if prior.topology is None:
-        intra = profile.intra_node
+        # the flat node's one tier (prior.node_tiers()) with the measured costs
         kind_name = "numa_node" if prior.device_kind == "cpu" else tiers[0].kind
-        island = TopologyTier(
-            kind_name,
-            prior.devices_per_node,
-            intra.name,
-            intra.all_to_all,
-            intra.send_recv,
-            tiers[0].peer_to_peer,
-        )
+        island = replace(tiers[0], kind=kind_name)
         topology = NodeTopology((island,), f"one island (a flat node): cpbench probe {stamp}")
     else:
         topology = NodeTopology(

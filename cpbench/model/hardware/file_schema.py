@@ -120,15 +120,11 @@ class EfficiencyTable(FileModel):
         return self
 
 
-def _family_rule() -> str:
-    return f"must be one of {', '.join(KERNEL_FAMILIES)}"
-
-
 class EfficiencyTables(FileModel):
     """`[efficiency]`: the attention-kernel efficiency curve of each kernel family that has one
     (`[efficiency.flash_attn]`, ...), and which of them `auto` runs."""
 
-    default: Annotated[KernelFamily, rule(_family_rule())]
+    default: Annotated[KernelFamily, rule(f"must be one of {', '.join(KERNEL_FAMILIES)}")]
     """The family `auto` runs on this device in fp16/bf16 (it must have a curve); families
     without a curve read this one's."""
     source: str = ""

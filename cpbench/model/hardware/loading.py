@@ -26,19 +26,14 @@ def _data_dir() -> Any:
 
 def builtin_profiles() -> tuple[str, ...]:
     """Names of the profiles shipped with cpbench, sorted."""
-    folder = _data_dir()
-    return tuple(
-        sorted(p.name[: -len(".toml")] for p in folder.iterdir() if p.name.endswith(".toml"))
-    )
+    names = (p.name for p in _data_dir().iterdir())
+    return tuple(sorted(n.removesuffix(".toml") for n in names if n.endswith(".toml")))
 
 
-def _builtin_profile(name: str) -> HardwareProfile:
-    resource = _data_dir().joinpath(f"{name}.toml")
-    return profile_from_toml(resource.read_text(encoding="utf-8"), origin="built-in")
-
-
-_builtin = functools.cache(_builtin_profile)
-"""The built-in profiles `profile_for_devices` matches, each read once."""
+@functools.cache
+def _builtin(name: str) -> HardwareProfile:
+    """A built-in profile, read once (what `profile_for_devices` matches)."""
+    return load_profile(name)
 
 
 def profile_for_devices(device_names: Sequence[str]) -> str | None:
@@ -63,7 +58,8 @@ def load_profile(name_or_path: str | Path) -> HardwareProfile:
     text = str(name_or_path)
     names = builtin_profiles()
     if text in names:
-        return _builtin_profile(text)
+        resource = _data_dir().joinpath(f"{text}.toml")
+        return profile_from_toml(resource.read_text(encoding="utf-8"), origin="built-in")
     path = Path(text).expanduser()
     if path.is_file():
         try:

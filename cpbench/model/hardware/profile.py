@@ -125,10 +125,6 @@ class LinkTierProfile:
         """The LinkCost of a collective kind."""
         return self.all_to_all if collective_kind(kind) == "all_to_all" else self.send_recv
 
-    def effective_busbw(self, kind: CollectiveKind) -> float:
-        """Bytes/s one rank gets when every rank of the node uses the tier at once."""
-        return self.cost(kind).busbw / self.devices_per_nic
-
 
 TierKind = Literal["nvlink", "pcie_switch", "host_bridge", "numa_node", "socket", "network"]
 """What joins the islands of a topology tier: an NVLink/NVSwitch domain, a PCIe switch, a PCIe

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from cpbench.errors import CpbenchError
 from cpbench.model.formulas import CollectiveKind
@@ -14,22 +14,27 @@ from cpbench.model.hardware.profile import (
     HardwareProfile,
     LinkCost,
     LinkTier,
+    LinkTierProfile,
     NodeTopology,
+    TopologyTier,
     collective_kind,
     kernel_family,
 )
 
+Link = TypeVar("Link", LinkTierProfile, TopologyTier)
 
-def _cost_change(kind: CollectiveKind, cost: LinkCost) -> dict[str, Any]:
-    """The `replace` arguments that set a link's or tier's cost of one collective kind."""
-    return {collective_kind(kind): cost}
+
+def with_cost(link: Link, kind: CollectiveKind, cost: LinkCost) -> Link:
+    """A copy of a link tier or a topology tier with the cost of one collective kind set."""
+    changes: dict[str, Any] = {collective_kind(kind): cost}
+    return replace(link, **changes)
 
 
 def with_link_cost(
     profile: HardwareProfile, tier: LinkTier, kind: CollectiveKind, cost: LinkCost
 ) -> HardwareProfile:
     """A copy of the profile with one (tier, kind) LinkCost replaced."""
-    link = replace(profile.link(tier), **_cost_change(kind, cost))
+    link = with_cost(profile.link(tier), kind, cost)
     if tier == "intra_node":
         return replace(profile, intra_node=link)
     return replace(profile, inter_node=link)
@@ -43,7 +48,7 @@ def with_tier_cost(
     if profile.topology is None or not 0 <= index < len(profile.topology.tiers):
         raise CpbenchError(f"profile {profile.name!r} has no topology tier {index}")
     tiers = list(profile.topology.tiers)
-    tiers[index] = replace(tiers[index], **_cost_change(kind, cost))
+    tiers[index] = with_cost(tiers[index], kind, cost)
     return replace(profile, topology=replace(profile.topology, tiers=tuple(tiers)))
 
 
@@ -78,18 +83,17 @@ def scaled_bandwidth(profile: HardwareProfile, factor: float) -> HardwareProfile
     """A copy with every busbw multiplied by `factor` (what-if and tests)."""
     if factor <= 0:
         raise CpbenchError(f"bandwidth factor must be positive, got {factor}")
+
+    def scaled(cost: LinkCost) -> LinkCost:
+        return replace(cost, busbw=cost.busbw * factor)
+
     result = profile
     for tier in LINK_TIERS:
         for kind in COLLECTIVE_KINDS:
-            cost = result.link(tier).cost(kind)
-            result = with_link_cost(result, tier, kind, replace(cost, busbw=cost.busbw * factor))
+            result = with_link_cost(result, tier, kind, scaled(result.link(tier).cost(kind)))
     if result.topology is not None:
         tiers = tuple(
-            replace(
-                t,
-                all_to_all=replace(t.all_to_all, busbw=t.all_to_all.busbw * factor),
-                send_recv=replace(t.send_recv, busbw=t.send_recv.busbw * factor),
-            )
+            replace(t, all_to_all=scaled(t.all_to_all), send_recv=scaled(t.send_recv))
             for t in result.topology.tiers
         )
         result = replace(result, topology=replace(result.topology, tiers=tiers))
