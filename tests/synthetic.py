@@ -9,7 +9,7 @@ from cpbench.config.problem import MeshCandidate
 from cpbench.model.cost import predict
 from cpbench.model.flops import FLOPS_CONVENTION, attention_flops
 from cpbench.model.formulas import comm_volume
-from cpbench.model.hardware import HardwareProfile
+from cpbench.model.hardware.profile import HardwareProfile
 from cpbench.model.memory import memory_estimate
 
 

@@ -39,7 +39,7 @@ from cpbench.model.formulas import (
     comm_volume,
     evaluate_formula,
 )
-from cpbench.model.hardware import load_profile
+from cpbench.model.hardware.loading import load_profile
 from cpbench.model.memory import memory_estimate
 
 # ------------------------------------------------------------------------ the configuration

@@ -31,13 +31,9 @@ from cpbench.model.calibrate.measurements import (
     default_prior_name,
     resolve_prior,
 )
-from cpbench.model.hardware import (
-    EfficiencyCurve,
-    HardwareProfile,
-    LinkCost,
-    load_profile,
-    with_link_cost,
-)
+from cpbench.model.hardware.loading import load_profile
+from cpbench.model.hardware.profile import EfficiencyCurve, HardwareProfile, LinkCost
+from cpbench.model.hardware.transforms import with_link_cost
 from tests.synthetic import synthetic_record
 
 runner = CliRunner()
@@ -388,7 +384,7 @@ def test_calibration_on_a_topology_fits_its_tiers() -> None:
     comm-only times from 40 % to < 0.1 %, each within 0.2 %; the ridge's pull towards the prior
     is what is left), and each fitted tier busbw that bounded a call is the truth's to 1 %."""
     from cpbench.model.cost import predict  # noqa: PLC0415
-    from cpbench.model.hardware import with_tier_cost  # noqa: PLC0415
+    from cpbench.model.hardware.transforms import with_tier_cost  # noqa: PLC0415
 
     prior = load_profile("l40s-pcie-2x4")
     assert prior.topology is not None

@@ -19,7 +19,8 @@ from cpbench.model.cost import (
     step_pair_stats,
 )
 from cpbench.model.formulas import comm_volume
-from cpbench.model.hardware import load_profile, scaled_bandwidth
+from cpbench.model.hardware.loading import load_profile
+from cpbench.model.hardware.transforms import scaled_bandwidth
 from cpbench.model.memory import memory_estimate
 
 H100 = load_profile("h100-sxm")

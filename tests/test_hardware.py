@@ -12,29 +12,33 @@ from pydantic import BaseModel
 
 from cpbench.config.vocabulary import DTYPES
 from cpbench.errors import CpbenchError
-from cpbench.model.hardware import (
+from cpbench.model.hardware.file_schema import (
+    PeakTable,
+    ProfileFile,
+    profile_from_dict,
+    profile_from_toml,
+    tomllib,  # the stdlib module, or tomli on Python 3.10
+)
+from cpbench.model.hardware.loading import (
+    CPU_PROFILE,
+    FALLBACK_GPU_PROFILE,
+    ProfileChoice,
+    builtin_profiles,
+    choose_profile,
+    load_profile,
+    profile_for_devices,
+)
+from cpbench.model.hardware.profile import (
     COLLECTIVE_KINDS,
-    GB,
-    GIB,
     LINK_TIERS,
     CalibrationInfo,
     EfficiencyCurve,
     LinkCost,
-    PeakTable,
-    ProfileFile,
-    builtin_profiles,
-    load_profile,
-    profile_for_devices,
-    profile_from_dict,
-    profile_from_toml,
-    profile_to_toml,
     resolve_kernel_family,
-    save_profile,
-    scaled_bandwidth,
-    tomllib,  # the stdlib module, or tomli on Python 3.10
-    with_default_kernel,
-    with_topology,
 )
+from cpbench.model.hardware.transforms import scaled_bandwidth, with_default_kernel, with_topology
+from cpbench.model.hardware.writer import profile_to_toml, save_profile
+from cpbench.units import GB, GIB
 
 SHIPPED = ("a100-80gb", "cpu-local", "h100-sxm", "h200-sxm", "l40s-pcie")
 
@@ -376,6 +380,45 @@ def test_auto_follows_the_profile_default_and_unknown_kernels_are_named() -> Non
 )
 def test_profile_for_devices(names: list[str], profile: str | None) -> None:
     assert profile_for_devices(names) == profile
+
+
+@pytest.mark.parametrize(
+    ("names", "profile"),
+    [
+        (["NVIDIA H100 80GB HBM3"] * 8, "h100-sxm"),
+        (["NVIDIA A100-SXM4-80GB"], "a100-80gb"),
+        (["NVIDIA L40S", "NVIDIA L40S"], "l40s-pcie"),
+    ],
+)
+def test_choose_profile_names_the_built_in_of_the_devices(names: list[str], profile: str) -> None:
+    choice = choose_profile(names)
+    assert choice == ProfileChoice(profile, f"the records name {names[0]!r}")
+    assert load_profile(choice.name).matches_device(names[0])
+
+
+def test_choose_profile_falls_back_to_h100_with_a_warning_naming_the_devices() -> None:
+    unknown = choose_profile(["Some Future GPU", "NVIDIA L40S"])  # no one profile has both
+    assert unknown.name == FALLBACK_GPU_PROFILE == "h100-sxm"
+    problem = "no built-in hardware profile describes 'NVIDIA L40S', 'Some Future GPU'"
+    assert unknown.reason == f"fallback: {problem} (environment.devices)"
+    assert unknown.warning == (
+        f"{problem} (environment.devices): starting from h100-sxm; pass --hardware NAME|PATH "
+        f"with a profile of this GPU"
+    )
+    unnamed = choose_profile([], subject="the ranks", names_from="torch.cuda.get_device_name")
+    assert unnamed.name == "h100-sxm"
+    assert unnamed.reason == "fallback: the ranks name no device (torch.cuda.get_device_name)"
+
+
+def test_choose_profile_prefers_the_given_profile_then_the_cpu_one() -> None:
+    h100 = ["NVIDIA H100 80GB HBM3"]
+    assert choose_profile(h100, cpu=True, given="my.toml") == ProfileChoice(
+        "my.toml", "given with --hardware"
+    )
+    assert choose_profile(h100, cpu=True) == ProfileChoice(
+        CPU_PROFILE, "the records were measured on CPU"
+    )
+    assert CPU_PROFILE == "cpu-local" and CPU_PROFILE in builtin_profiles()
 
 
 # ------------------------------------------------------------------------------ topology

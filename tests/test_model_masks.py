@@ -31,7 +31,7 @@ from cpbench.model.formulas import (
     ring_kv_chunk_elements,
     substitute,
 )
-from cpbench.model.hardware import load_profile
+from cpbench.model.hardware.loading import load_profile
 from cpbench.model.memory import memory_estimate
 
 runner = CliRunner()

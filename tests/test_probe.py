@@ -24,7 +24,8 @@ from cpbench.app.probe import (
 )
 from cpbench.cli.main import app
 from cpbench.errors import CpbenchError
-from cpbench.model.hardware import load_profile, profile_to_toml, save_profile
+from cpbench.model.hardware.loading import load_profile
+from cpbench.model.hardware.writer import profile_to_toml, save_profile
 from cpbench.units import GB
 
 runner = CliRunner()

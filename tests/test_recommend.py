@@ -28,7 +28,9 @@ from cpbench.config.constraints import AttentionShape
 from cpbench.config.problem import MeshCandidate
 from cpbench.errors import CpbenchError
 from cpbench.model.calibrate.stats import TIE_RULE
-from cpbench.model.hardware import CalibrationInfo, HardwareProfile, load_profile, save_profile
+from cpbench.model.hardware.loading import load_profile
+from cpbench.model.hardware.profile import CalibrationInfo, HardwareProfile
+from cpbench.model.hardware.writer import save_profile
 from cpbench.model.topology import PRIOR_RELATIVE_ERROR
 from cpbench.render.recommend import render_recommendation
 from cpbench.results.scenarios import load_scenario

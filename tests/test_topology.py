@@ -7,7 +7,7 @@ import math
 import pytest
 
 from cpbench.errors import CpbenchError
-from cpbench.model.hardware import load_profile
+from cpbench.model.hardware.loading import load_profile
 from cpbench.model.topology import (
     PRIOR_RELATIVE_ERROR,
     all_to_all_time,

@@ -10,7 +10,7 @@ from cpbench.app.recommend import RecommendRequest, recommend
 from cpbench.config.constraints import AttentionShape
 from cpbench.config.problem import MeshCandidate
 from cpbench.model.cost import predict
-from cpbench.model.hardware import load_profile
+from cpbench.model.hardware.loading import load_profile
 from cpbench.model.topology import describe
 
 LENGTHS = (32768, 65536, 131072)

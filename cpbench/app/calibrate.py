@@ -17,8 +17,10 @@ from cpbench.model.calibrate import (
     measurements_from_records,
     validate,
 )
-from cpbench.model.calibrate.measurements import PriorChoice, default_prior
-from cpbench.model.hardware import HardwareProfile, load_profile, save_profile
+from cpbench.model.calibrate.measurements import default_prior
+from cpbench.model.hardware.loading import load_profile
+from cpbench.model.hardware.profile import HardwareProfile
+from cpbench.model.hardware.writer import save_profile
 
 
 def _measurements_and_prior(
@@ -33,9 +35,7 @@ def _measurements_and_prior(
             f"no usable records in {', '.join(paths)}: {job} needs status 'ok' records "
             f"with a feasible config and timing.median"
         )
-    choice = (
-        PriorChoice(hardware, "given with --hardware") if hardware else default_prior(measurements)
-    )
+    choice = default_prior(measurements, hardware)
     chosen = {"name": choice.name, "reason": choice.reason, "warning": choice.warning}
     return measurements, load_profile(choice.name), chosen
 

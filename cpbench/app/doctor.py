@@ -100,7 +100,7 @@ class TopologyTierIslands(_Model):
     """One tier of islands read from the interconnect matrix."""
 
     kind: str
-    """What joins the islands (`cpbench.model.hardware.TierKind`)."""
+    """What joins the islands (`cpbench.model.hardware.profile.TierKind`)."""
     islands: list[list[int]]
     """GPU indices (matrix order) of each island."""
 

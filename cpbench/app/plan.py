@@ -29,7 +29,8 @@ from cpbench.config.problem import MeshCandidate, check_positive_int
 from cpbench.config.vocabulary import canonical_dtype
 from cpbench.errors import CpbenchError
 from cpbench.model.cost import Prediction, predict
-from cpbench.model.hardware import HardwareProfile, load_profile
+from cpbench.model.hardware.loading import load_profile
+from cpbench.model.hardware.profile import HardwareProfile
 from cpbench.model.plan.memory import (
     RECOMPUTES,
     Parallelism,

@@ -61,26 +61,19 @@ from cpbench.config.vocabulary import (
 )
 from cpbench.errors import CpbenchError
 from cpbench.model.calibrate import solve_relative
-from cpbench.model.calibrate.measurements import CPU_PRIOR
 from cpbench.model.calibrate.stats import rms
 from cpbench.model.flops import FLOPS_CONVENTION, attention_flops
 from cpbench.model.formulas import CollectiveKind, bandwidths, comm_volume
-from cpbench.model.hardware import (
-    FALLBACK_GPU_PROFILE,
+from cpbench.model.hardware.loading import choose_profile, load_profile
+from cpbench.model.hardware.profile import (
     EfficiencyCurve,
     HardwareProfile,
     LinkCost,
     NodeTopology,
     TierKind,
-    TopologyTier,
-    load_profile,
-    profile_for_devices,
-    profile_to_toml,
-    save_profile,
-    with_curve,
-    with_link_cost,
-    with_topology,
 )
+from cpbench.model.hardware.transforms import with_cost, with_curve, with_link_cost, with_topology
+from cpbench.model.hardware.writer import profile_to_toml, save_profile
 from cpbench.model.topology import all_to_all_time, place, ring_hop_time
 from cpbench.units import GB, format_bytes
 
@@ -561,25 +554,6 @@ class ProbeResult:
     """What was clipped or left out."""
 
 
-def choose_prior(
-    settings: ProbeSettings, device_names: Sequence[str] = ()
-) -> tuple[HardwareProfile, str]:
-    """(prior, why): the given one, cpu-local on CPU, the built-in matching the GPU names, else
-    the fallback GPU profile."""
-    if settings.prior:
-        return load_profile(settings.prior), "given with --hardware"
-    if settings.device == "cpu":
-        return load_profile(CPU_PRIOR), "the ranks run on CPU"
-    matched = profile_for_devices(list(device_names))
-    if matched is not None:
-        return load_profile(
-            matched
-        ), f"the built-in profile of {', '.join(sorted(set(device_names)))}"
-    return load_profile(FALLBACK_GPU_PROFILE), (
-        f"fallback: no built-in profile describes {', '.join(sorted(set(device_names))) or 'the GPU'}"
-    )
-
-
 def _attribution(prior: HardwareProfile, test: CommTest) -> tuple[int, str, float]:
     """(tier index, tier kind, effective bytes): the highest tier the collective crosses in
     the ulysses_low placement and the bytes per device across it, so that the time on it is
@@ -665,11 +639,7 @@ def measured_profile(
             f"of repetitions, max over ranks, least-squares latency + bytes / busbw "
             f"(RMS residual {fit.residual:.1%})",
         )
-        tier = tiers[fit.level]
-        if fit.kind == "all_to_all":
-            tiers[fit.level] = replace(tier, all_to_all=cost)
-        else:
-            tiers[fit.level] = replace(tier, send_recv=cost)
+        tiers[fit.level] = with_cost(tiers[fit.level], fit.kind, cost)
     kinds: tuple[CollectiveKind, ...] = ("all_to_all", "send_recv")
     for kind in kinds:
         measured = [f for f in fits if f.kind == kind]
@@ -677,16 +647,9 @@ def measured_profile(
             top = max(measured, key=lambda f: f.level)
             profile = with_link_cost(profile, "intra_node", kind, tiers[top.level].cost(kind))
     if prior.topology is None:
-        intra = profile.intra_node
+        # the flat node's one tier (prior.node_tiers()) with the measured costs
         kind_name = "numa_node" if prior.device_kind == "cpu" else tiers[0].kind
-        island = TopologyTier(
-            kind_name,
-            prior.devices_per_node,
-            intra.name,
-            intra.all_to_all,
-            intra.send_recv,
-            tiers[0].peer_to_peer,
-        )
+        island = replace(tiers[0], kind=kind_name)
         topology = NodeTopology((island,), f"one island (a flat node): cpbench probe {stamp}")
     else:
         topology = NodeTopology(
@@ -749,7 +712,14 @@ def run_probe(
                 f"{count}"
             )
         names = [torch.cuda.get_device_name(i) for i in range(settings.world_size)]
-    prior, reason = choose_prior(settings, names)
+    choice = choose_profile(
+        names,
+        cpu=settings.device == "cpu",
+        given=settings.prior,
+        subject="the ranks",
+        names_from="torch.cuda.get_device_name",
+    )
+    prior, reason = load_profile(choice.name), choice.reason
     plan = make_plan(settings, prior)
     say(
         f"{len(plan.comm_tests)} collectives on meshes "

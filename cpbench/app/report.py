@@ -26,6 +26,7 @@ import pandas as pd
 
 from cpbench.errors import CpbenchError
 from cpbench.model.calibrate.stats import Interval, rank_with_ties
+from cpbench.model.hardware.loading import choose_profile, load_profile
 from cpbench.results.frame import PHASE_ORDER, compare_frame, ok_rows, with_variant
 from cpbench.results.schema import STATUSES
 from cpbench.results.store import read_records, records_frame
@@ -373,32 +374,21 @@ class ModelResult:
 
 
 def default_hardware(records: Sequence[Mapping[str, Any]]) -> str | None:
-    """The profile to use when none is given: 'cpu-local' for CPU records; for GPU records the
-    built-in profile whose name matches the device names; None when nothing matches."""
+    """The profile when none is given (the model's `choose_profile` without its fallback):
+    'cpu-local' for CPU records, else the built-in profile describing every device, or None."""
     kinds = {
         str(r["config"].get("device"))
         for r in records
         if isinstance(r.get("config"), Mapping) and r["config"].get("device")
     }
-    if kinds == {"cpu"}:
-        return "cpu-local"
-    names = {
+    names = [
         str(d)
         for r in records
         if isinstance(r.get("environment"), Mapping)
         for d in (r["environment"].get("devices") or [])
-    }
-    return _profile_for_devices(sorted(names)) if names else None
-
-
-def _profile_for_devices(device_names: Sequence[str]) -> str | None:
-    """The built-in profile describing every device name (the model's one device -> profile
-    rule, `cpbench.model.hardware.profile_for_devices`); None when no single one does."""
-    try:
-        from cpbench.model.hardware import profile_for_devices  # noqa: PLC0415
-    except ImportError:
-        return None
-    return profile_for_devices(device_names)
+    ]
+    choice = choose_profile(names, cpu=kinds == {"cpu"})
+    return None if choice.warning else choice.name
 
 
 def cost_model(
@@ -415,12 +405,6 @@ def cost_model(
     name = hardware or default_hardware(records)
     if name is None:
         result.prediction_note = f"{NO_PROFILE_NOTE}: pass --hardware NAME|PATH"
-        result.notes.append(result.prediction_note)
-        return result
-    try:
-        from cpbench.model.hardware import load_profile  # noqa: PLC0415
-    except ImportError:
-        result.prediction_note = f"{NO_PROFILE_NOTE} (cpbench.model.hardware is not installed)"
         result.notes.append(result.prediction_note)
         return result
     try:

@@ -93,7 +93,7 @@ from cpbench.model.formulas import (
     CommVolume,
     comm_volume,
 )
-from cpbench.model.hardware import (
+from cpbench.model.hardware.profile import (
     HardwareProfile,
     LinkCost,
     LinkTier,

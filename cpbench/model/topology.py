@@ -37,12 +37,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, get_args
 
 from cpbench.errors import CpbenchError
 from cpbench.model.formulas import CollectiveKind
-from cpbench.model.hardware import HardwareProfile, LinkCost, TierKind, TopologyTier
+from cpbench.model.hardware.profile import HardwareProfile, LinkCost, TierKind, TopologyTier
 
 PlacementOrder = Literal["ulysses_low", "ring_low"]
 """How CP ranks map to devices: Ulysses groups consecutive (ulysses_low) or rings (ring_low)."""
@@ -96,17 +96,10 @@ def levels(profile: HardwareProfile, devices_per_node: int | None = None) -> tup
         if tier.island < per_node and per_node % tier.island == 0:
             tiers.append(tier)
             continue
-        tiers.append(
-            TopologyTier(
-                tier.kind, per_node, tier.name, tier.all_to_all, tier.send_recv, tier.peer_to_peer
-            )
-        )
+        tiers.append(replace(tier, island=per_node))
         break
     else:
-        last = tiers[-1]
-        tiers[-1] = TopologyTier(
-            last.kind, per_node, last.name, last.all_to_all, last.send_recv, last.peer_to_peer
-        )
+        tiers[-1] = replace(tiers[-1], island=per_node)
     out: list[Level] = []
     below = 1
     for tier in tiers:

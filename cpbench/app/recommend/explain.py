@@ -12,7 +12,7 @@ from cpbench.app.recommend.types import (
 )
 from cpbench.model.cost import Prediction
 from cpbench.model.formulas import gather_bytes_sent
-from cpbench.model.hardware import HardwareProfile
+from cpbench.model.hardware.profile import HardwareProfile
 from cpbench.model.memory import memory_estimate
 from cpbench.units import GIB, format_gb, format_seconds
 

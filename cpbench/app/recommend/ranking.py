@@ -38,7 +38,8 @@ from cpbench.model.calibrate import (
     measurements_from_records,
 )
 from cpbench.model.cost import predict
-from cpbench.model.hardware import HardwareProfile, load_profile
+from cpbench.model.hardware.loading import load_profile
+from cpbench.model.hardware.profile import HardwareProfile
 from cpbench.results.store import read_records
 
 
@@ -134,12 +135,10 @@ def _profile_for(
 ) -> tuple[HardwareProfile, tuple[str, ...]]:
     """The profile to rank with (the one given, the measured GPU's, or the default) and the
     warning when the measured GPU has no built-in profile."""
-    if request.hardware:
-        return load_profile(request.hardware), ()
-    if measurements:
-        prior = default_prior(measurements)
-        return load_profile(prior.name), (prior.warning,) if prior.warning else ()
-    return load_profile(DEFAULT_HARDWARE), ()
+    if not request.hardware and not measurements:
+        return load_profile(DEFAULT_HARDWARE), ()
+    choice = default_prior(measurements, request.hardware)
+    return load_profile(choice.name), (choice.warning,) if choice.warning else ()
 
 
 def requested_comms(

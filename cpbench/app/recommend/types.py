@@ -15,7 +15,7 @@ from cpbench.model.calibrate import (
 )
 from cpbench.model.calibrate.stats import Interval
 from cpbench.model.cost import Prediction
-from cpbench.model.hardware import HardwareProfile
+from cpbench.model.hardware.profile import HardwareProfile
 from cpbench.model.topology import PredictionInterval
 
 DEFAULT_HARDWARE = "h100-sxm"

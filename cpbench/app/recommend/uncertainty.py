@@ -13,7 +13,7 @@ from typing import Any
 from cpbench.app.recommend.types import RankedCandidate, TieCall, Uncertainty
 from cpbench.model.calibrate import CalibrationResult
 from cpbench.model.calibrate.stats import TIE_RULE
-from cpbench.model.hardware import HardwareProfile, LinkCost
+from cpbench.model.hardware.profile import HardwareProfile, LinkCost
 from cpbench.model.topology import interval, relative_sigma, tied
 from cpbench.results.frame import rank_records, record_interval
 

@@ -24,10 +24,7 @@ from cpbench.model.calibrate.fit import (
     solve_relative,
 )
 from cpbench.model.calibrate.measurements import (
-    CPU_PRIOR,
-    GPU_PRIOR,
     Measurement,
-    PriorChoice,
     default_prior,
     default_prior_name,
     measurement_from_record,
@@ -46,10 +43,8 @@ from cpbench.model.calibrate.validation import (
 )
 
 __all__ = [
-    "CPU_PRIOR",
     "DEFAULT_RIDGE",
     "EFFICIENCY_CEILING",
-    "GPU_PRIOR",
     "OVERLAP_RIDGE",
     "SPLITS",
     "TIE",
@@ -60,7 +55,6 @@ __all__ = [
     "Split",
     "calibrate",
     "calibration_summary",
-    "PriorChoice",
     "default_prior",
     "default_prior_name",
     "holdout_evaluation",

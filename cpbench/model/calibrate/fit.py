@@ -36,16 +36,15 @@ from cpbench.model.calibrate.measurements import Measurement, as_measurements, r
 from cpbench.model.calibrate.stats import rms
 from cpbench.model.cost import CommTerm, Prediction
 from cpbench.model.formulas import CollectiveKind
-from cpbench.model.hardware import (
-    GB,
+from cpbench.model.hardware.profile import (
     CalibrationInfo,
     EfficiencyCurve,
     HardwareProfile,
     LinkCost,
     LinkTier,
-    with_link_cost,
-    with_tier_cost,
 )
+from cpbench.model.hardware.transforms import with_link_cost, with_tier_cost
+from cpbench.units import GB
 
 DEFAULT_RIDGE = 1e-4
 """Weight of the pull towards the prior (in squared relative units per parameter)."""

@@ -5,7 +5,7 @@ configuration: the step (`timing.median`), the step with communication removed
 (`timing.compute_only`) and the communication alone (`timing.comm_only`).
 
 The prior of a calibration (`default_prior`) is the built-in profile of the device the records
-name (`environment.devices`, `cpbench.model.hardware.profile_for_devices`); GPU records whose
+name (`environment.devices`, `cpbench.model.hardware.loading.choose_profile`); GPU records whose
 device no profile describes start from h100-sxm, with a warning naming the device.
 """
 
@@ -19,18 +19,9 @@ from typing import Any, cast
 from cpbench.config.problem import MeshCandidate
 from cpbench.errors import CpbenchError
 from cpbench.model.cost import Prediction, predict, record_devices_per_node
-from cpbench.model.hardware import (
-    FALLBACK_GPU_PROFILE,
-    HardwareProfile,
-    load_profile,
-    profile_for_devices,
-    with_default_kernel,
-)
-
-CPU_PRIOR = "cpu-local"
-"""Prior profile of measurements taken on CPU only."""
-GPU_PRIOR = FALLBACK_GPU_PROFILE
-"""Prior profile of GPU measurements whose device no built-in profile describes."""
+from cpbench.model.hardware.loading import ProfileChoice, choose_profile, load_profile
+from cpbench.model.hardware.profile import HardwareProfile
+from cpbench.model.hardware.transforms import with_default_kernel
 
 
 @dataclass(frozen=True)
@@ -141,42 +132,12 @@ def as_measurements(
     return measurements_from_records(cast("list[Mapping[str, Any]]", items))
 
 
-@dataclass(frozen=True)
-class PriorChoice:
-    """The built-in profile a calibration starts from, and why."""
-
-    name: str
-    """Profile name."""
-    reason: str
-    """Why it was chosen, in one sentence."""
-    warning: str | None = None
-    """Set when no built-in profile describes the records' device (the fallback was taken)."""
-
-
-def default_prior(measurements: Sequence[Measurement]) -> PriorChoice:
-    """cpu-local for CPU measurements; for GPU ones the built-in profile whose device matches
-    every device the records name (`profile_for_devices`), else h100-sxm with a warning."""
-    if measurements and all(m.device == "cpu" for m in measurements):
-        return PriorChoice(CPU_PRIOR, "the records were measured on CPU")
+def default_prior(measurements: Sequence[Measurement], given: str | None = None) -> ProfileChoice:
+    """The profile a calibration on these measurements starts from (`choose_profile`): the one
+    given, cpu-local for CPU measurements, else that of the GPUs the records name."""
+    cpu = bool(measurements) and all(m.device == "cpu" for m in measurements)
     gpu = [m for m in measurements if m.device != "cpu"] or list(measurements)
-    names = sorted({name for m in gpu for name in m.device_names})
-    matched = profile_for_devices(names)
-    if matched is not None:
-        return PriorChoice(matched, f"the records name {_quoted(names)}")
-    if not names:
-        problem = "the records name no device (environment.devices)"
-    else:
-        problem = f"no built-in hardware profile describes {_quoted(names)} (environment.devices)"
-    return PriorChoice(
-        GPU_PRIOR,
-        f"fallback: {problem}",
-        f"{problem}: starting from {GPU_PRIOR}; pass --hardware NAME|PATH with a profile "
-        f"of this GPU",
-    )
-
-
-def _quoted(names: Sequence[str]) -> str:
-    return ", ".join(repr(n) for n in names)
+    return choose_profile([name for m in gpu for name in m.device_names], cpu=cpu, given=given)
 
 
 def default_prior_name(measurements: Sequence[Measurement]) -> str:

@@ -13,7 +13,7 @@ from cpbench.errors import CpbenchError
 from cpbench.model.calibrate.fit import calibrate, calibration_summary
 from cpbench.model.calibrate.measurements import Measurement, as_measurements
 from cpbench.model.calibrate.stats import spearman
-from cpbench.model.hardware import HardwareProfile
+from cpbench.model.hardware.profile import HardwareProfile
 
 TIE = 1e-6
 """Relative difference under which two predictions are a tie."""

@@ -46,7 +46,7 @@ from cpbench.config.vocabulary import DTYPE_BYTES, canonical_dtype
 from cpbench.errors import CpbenchError
 from cpbench.model.cost import Prediction
 from cpbench.model.flops import attention_flops
-from cpbench.model.hardware import HardwareProfile, LinkCost
+from cpbench.model.hardware.profile import HardwareProfile, LinkCost
 from cpbench.model.plan.memory import Parallelism, check_zero, params_per_rank
 from cpbench.model.plan.transformer import ModelSpec
 
