@@ -75,9 +75,7 @@ def mask_from_options(
     docs = None if documents is None else resolve_documents(documents, seq_len, seed)
     if window is not None and (isinstance(window, bool) or window <= 0):
         raise CpbenchError(f"--window must be a positive number of tokens, got {window}")
-    return MaskSpec(
-        causal=causal, documents=docs if docs and len(docs) > 1 else None, window=window
-    )
+    return MaskSpec(causal=causal, documents=docs, window=window).normalized()
 
 
 # ------------------------------------------------------------------------------- the report

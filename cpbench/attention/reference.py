@@ -20,7 +20,7 @@ def dense_mask(mask: MaskSpec, seq_len: int, device: torch.device | None = None)
     keep = k <= q
     if mask.window is not None:
         keep &= q - k < mask.window
-    if mask.documents is not None and len(mask.documents) > 1:
+    if mask.has_documents:
         starts = torch.tensor(mask.starts[1:], device=device)
         doc = torch.bucketize(pos, starts, right=True)
         keep &= doc.unsqueeze(1) == doc.unsqueeze(0)

@@ -52,7 +52,7 @@ def row_visibility(mask: MaskSpec, rows: torch.Tensor, run_len: int) -> torch.Te
     keep = k <= q
     if mask.window is not None:
         keep &= q - k < mask.window
-    if mask.documents is not None and len(mask.documents) > 1:
+    if mask.has_documents:
         starts = torch.tensor(mask.starts[1:], device=rows.device)
         doc_k = torch.bucketize(keys, starts, right=True)
         doc_q = torch.bucketize(rows, starts, right=True)

@@ -59,18 +59,27 @@ class MaskSpec:
             bad = [d for d in self.documents if not _positive_int(d)]
             if bad:
                 raise CpbenchError(f"document lengths must be positive integers, got {bad[0]!r}")
-            if not self.causal and len(self.documents) > 1:
+            if not self.causal and self.has_documents:
                 raise CpbenchError(
                     "a document mask is causal within each document: it cannot be combined "
                     "with full attention"
                 )
 
     @property
+    def has_documents(self) -> bool:
+        """More than one document: the rule "one document = no documents", written once."""
+        return self.documents is not None and len(self.documents) > 1
+
+    def normalized(self) -> MaskSpec:
+        """This mask with a single document dropped (it is the whole sequence)."""
+        return self if self.has_documents or self.documents is None else _replace_docs(self, None)
+
+    @property
     def kind(self) -> Mask:
         """The mask's name in `MASKS`."""
         if not self.causal:
             return "full"
-        if self.documents is not None and len(self.documents) > 1:
+        if self.has_documents:
             return "document_sliding_window" if self.window is not None else "document"
         return "sliding_window" if self.window is not None else "causal"
 
@@ -145,14 +154,14 @@ class MaskSpec:
     def short_key(self) -> str:
         """The mask's part of a configuration id: `causal`, `full`, `docs<hash>`, `w<W>`."""
         parts = ["causal" if self.causal else "full"]
-        if self.documents is not None and len(self.documents) > 1:
+        if self.has_documents and self.documents is not None:
             parts.append(f"docs{len(self.documents)}x{documents_digest(self.documents)}")
         if self.window is not None:
             parts.append(f"w{self.window}")
         return "-".join(parts)
 
 
-def _replace_docs(mask: MaskSpec, documents: tuple[int, ...]) -> MaskSpec:
+def _replace_docs(mask: MaskSpec, documents: tuple[int, ...] | None) -> MaskSpec:
     return MaskSpec(causal=mask.causal, documents=documents, window=mask.window)
 
 

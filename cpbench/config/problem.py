@@ -125,6 +125,9 @@ class CpProblem:
             object.__setattr__(self, "documents", tuple(self.documents))
         check_cp_comm(self.cp_comm, self.heads_k_stride, None)
         self.mask.check_length(self.seq_len)
+        if self.mask.documents != self.mask.normalized().documents:  # one document is none
+            object.__setattr__(self, "documents", None)
+            del self.__dict__["mask"]
 
     @classmethod
     def for_shape(cls: type[P], shape: AttentionShape, **problem: Any) -> P:

@@ -73,7 +73,7 @@ def attention_flops(shape: AttentionShape, causal: bool = True, phase: str = "fo
 def mask_pairs(mask: MaskSpec, seq_len: int) -> Fraction:
     """Attended pairs of a mask over `seq_len` tokens, continuum convention: the exact visible
     pairs minus half the diagonal (L^2/2 for one causal sequence, L^2 full)."""
-    if mask.plain and (mask.documents is None or len(mask.documents) == 1):
+    if mask.plain and not mask.has_documents:
         mask.check_length(seq_len)
         return total_pairs(seq_len, mask.causal)
     explicit = mask.for_length(seq_len)
@@ -452,7 +452,7 @@ def layout_work(
         mask.causal,
         steps,
         _column_sums(steps, ring),
-        mask if mask.documents is None or len(mask.documents) == 1 else mask.for_length(seq_len),
+        mask.for_length(seq_len) if mask.has_documents else mask,
         packing.seq_len,
         mask_pairs(mask, seq_len),
     )
