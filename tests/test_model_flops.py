@@ -13,6 +13,7 @@ from cpbench.config.constraints import (
     required_kv_replication,
     seq_divisor,
 )
+from cpbench.config.problem import CpProblem
 from cpbench.config.vocabulary import GLOBAL_LAYOUTS as LAYOUTS
 from cpbench.errors import CpbenchError
 from cpbench.model.flops import (
@@ -56,8 +57,8 @@ def test_worked_example_contiguous_and_zigzag_p4() -> None:
     # contiguous rank r holds chunks 2r, 2r+1: (2r+0.5) + (2r+1.5) = 4r + 2 -> 2, 6, 10, 14;
     # zigzag rank r holds chunks r, 7-r: (r+0.5) + (7.5-r) = 8.
     for seq_len in (8, 64, 8192):
-        contiguous = layout_work(seq_len, 1, 4, "contiguous")
-        zigzag = layout_work(seq_len, 1, 4, "zigzag")
+        contiguous = layout_work(CpProblem(heads=1, kv_heads=1, head_dim=8, seq_len=seq_len, ulysses=1, ring=4, layout="contiguous"))
+        zigzag = layout_work(CpProblem(heads=1, kv_heads=1, head_dim=8, seq_len=seq_len, ulysses=1, ring=4, layout="zigzag"))
         assert list(contiguous.rank_chunk_units) == [2, 6, 10, 14]
         assert list(zigzag.rank_chunk_units) == [8, 8, 8, 8]
         assert zigzag.imbalance == 1.0
@@ -67,7 +68,7 @@ def test_worked_example_contiguous_and_zigzag_p4() -> None:
 def test_striped_closed_form_p4() -> None:
     # L=64, R=4, n=16: rank r pairs = R*n*(n-1)/2 + r*n + n/2 = 480 + 16r + 8 = 488 + 16r;
     # in units of (64/8)^2 = 64: 7.625, 7.875, 8.125, 8.375 (close to 8, not equal)
-    work = layout_work(64, 1, 4, "striped")
+    work = layout_work(CpProblem(heads=1, kv_heads=1, head_dim=8, seq_len=64, ulysses=1, ring=4, layout="striped"))
     assert list(work.ring_rank_pairs) == [488, 504, 520, 536]
     assert [float(x) for x in work.rank_chunk_units] == [7.625, 7.875, 8.125, 8.375]
     assert work.imbalance == pytest.approx(8.375 / 8)
@@ -82,7 +83,7 @@ def test_step_pairs_hand_computed_contiguous_r2() -> None:
 def test_usp_ranks_share_their_ring_rank_work() -> None:
     # U=2, R=2, L=16, contiguous: ring rank pairs n^2*(j+1/2) with n=8: 32, 96;
     # each of the 2 Ulysses ranks gets half: [16, 16, 48, 48]; global rank p = j*U + u
-    work = layout_work(16, 2, 2, "contiguous")
+    work = layout_work(CpProblem(heads=1, kv_heads=1, head_dim=8, seq_len=16, ulysses=2, ring=2, layout="contiguous"))
     assert list(work.ring_rank_pairs) == [32, 96]
     assert list(work.rank_pairs) == [16, 16, 48, 48]
     assert global_rank(1, 1, 2) == 3
@@ -168,7 +169,7 @@ def test_rank_flops_sum_to_global_flops(
     mesh: tuple[AttentionShape, int, int, str, bool], phase: str
 ) -> None:
     shape, ulysses, ring, layout, causal = mesh
-    breakdown = flops_breakdown(shape, ulysses, ring, layout, causal)
+    breakdown = flops_breakdown(CpProblem.for_shape(shape=shape, ulysses=ulysses, ring=ring, layout=layout, causal=causal))
     per_rank = breakdown.rank_flops(phase)
     assert len(per_rank) == ulysses * ring
     assert sum(per_rank) == pytest.approx(attention_flops(shape, causal, phase), rel=1e-9)
@@ -188,7 +189,7 @@ def test_rank_flops_sum_to_global_flops(
 @given(meshes())
 def test_balance_per_layout(mesh: tuple[AttentionShape, int, int, str, bool]) -> None:
     shape, ulysses, ring, layout, causal = mesh
-    work = layout_work(shape.seq_len, ulysses, ring, layout, causal)
+    work = layout_work(CpProblem(heads=1, kv_heads=1, head_dim=8, seq_len=shape.seq_len, ulysses=ulysses, ring=ring, layout=layout, causal=causal))
     if not causal:
         assert set(work.rank_pairs) == {Fraction(shape.seq_len**2, ulysses * ring)}
     elif layout == "zigzag":
@@ -203,7 +204,7 @@ def test_balance_per_layout(mesh: tuple[AttentionShape, int, int, str, bool]) ->
 def test_long_sequences_are_fast_and_exact() -> None:
     shape = AttentionShape(1 << 20, 32, 8, 128)
     for layout in LAYOUTS:
-        breakdown = flops_breakdown(shape, 4, 64, layout)
+        breakdown = flops_breakdown(CpProblem.for_shape(shape=shape, ulysses=4, ring=64, layout=layout))
         assert breakdown.work.total == Fraction(1 << 40, 2)
         assert len(breakdown.work.step_pairs) == 64
 
@@ -213,11 +214,11 @@ def test_long_sequences_are_fast_and_exact() -> None:
 
 def test_bad_input() -> None:
     with pytest.raises(CpbenchError, match=r"100.*8.*zigzag"):
-        layout_work(100, 1, 4, "zigzag")
+        layout_work(CpProblem(heads=1, kv_heads=1, head_dim=8, seq_len=100, ulysses=1, ring=4, layout="zigzag"))
     with pytest.raises(CpbenchError, match="diagonal"):
-        layout_work(64, 1, 4, "diagonal")
+        layout_work(CpProblem(heads=1, kv_heads=1, head_dim=8, seq_len=64, ulysses=1, ring=4, layout="diagonal"))
     with pytest.raises(CpbenchError, match=r"ulysses \(3\)"):
-        flops_breakdown(AttentionShape(96, 32, 8, 64), 3, 1, "contiguous")
+        flops_breakdown(CpProblem.for_shape(shape=AttentionShape(96, 32, 8, 64), ulysses=3, ring=1, layout="contiguous"))
     with pytest.raises(CpbenchError, match="sideways"):
         attention_flops(AttentionShape(64, 4, 4, 8), phase="sideways")
     with pytest.raises(CpbenchError, match="ring rank 4"):

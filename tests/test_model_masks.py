@@ -80,7 +80,7 @@ def brute_rank_pairs(mask: MaskSpec, seq_len: int, ulysses: int, ring: int, layo
 def test_hand_computed_pairs_for_a_small_document_set(
     layout: str, ranks: tuple[int, int], steps: tuple[tuple[int, int], ...]
 ) -> None:
-    work = layout_work(8, 1, 2, layout, mask=DOCS)
+    work = layout_work(CpProblem(heads=1, kv_heads=1, head_dim=8, seq_len=8, ulysses=1, ring=2, layout=layout).masked(DOCS))
     assert work.ring_rank_pairs == ranks
     assert work.step_pairs == steps
     assert work.useful_total == mask_pairs(DOCS, 8) == 20  # 3 + 21 exact, minus 8/2
@@ -109,7 +109,7 @@ def test_work_matches_token_by_token_counting(
     docs[-1] += seq_len - sum(docs)
     mask = MaskSpec(documents=tuple(docs) if len(docs) > 1 else None, window=window)
     shape = AttentionShape(seq_len, 2, 2, 8)
-    breakdown = flops_breakdown(shape, ulysses, ring, layout, mask=mask)
+    breakdown = flops_breakdown(CpProblem.for_shape(shape=shape, ulysses=ulysses, ring=ring, layout=layout).masked(mask))
     work = breakdown.work
     assert work.ring_rank_pairs == brute_rank_pairs(mask, seq_len, ulysses, ring, layout)
     assert work.ring_rank_pairs == rank_pairs(
@@ -128,7 +128,7 @@ def test_work_matches_token_by_token_counting(
 @pytest.mark.parametrize("ring", [1, 2, 3, 4, 8])
 def test_closed_forms_agree_with_the_mask_geometry(layout: str, causal: bool, ring: int) -> None:
     seq_len = 2 * ring * 12
-    closed = layout_work(seq_len, 1, ring, layout, causal)
+    closed = layout_work(CpProblem(heads=1, kv_heads=1, head_dim=8, seq_len=seq_len, ulysses=1, ring=ring, layout=layout, causal=causal))
     packing = pack(MaskSpec(causal=causal), seq_len, 1, ring, layout)
     schedule = ring_schedule(packing)
     assert schedule.steps == ring == closed.steps
@@ -143,10 +143,10 @@ def test_new_layouts_on_one_causal_sequence() -> None:
     # one causal document: balanced is zigzag (every rank 2R * (L/2R)^2 / ... equal work);
     # doc_zigzag of a length that 2R divides pads nothing and is zigzag too
     for layout in ("doc_zigzag", "balanced"):
-        work = layout_work(64, 1, 4, layout)
-        assert work.ring_rank_pairs == layout_work(64, 1, 4, "zigzag").ring_rank_pairs
+        work = layout_work(CpProblem(heads=1, kv_heads=1, head_dim=8, seq_len=64, ulysses=1, ring=4, layout=layout))
+        assert work.ring_rank_pairs == layout_work(CpProblem(heads=1, kv_heads=1, head_dim=8, seq_len=64, ulysses=1, ring=4, layout="zigzag")).ring_rank_pairs
         assert work.padding == 0 and work.steps == 4
-    padded = layout_work(60, 1, 4, "doc_zigzag")  # 60 -> 64 tokens run
+    padded = layout_work(CpProblem(heads=1, kv_heads=1, head_dim=8, seq_len=60, ulysses=1, ring=4, layout="doc_zigzag"))  # 60 -> 64 tokens run
     assert padded.padding == 4 and padded.run_length == 64
     assert padded.useful_total == Fraction(60 * 60, 2)
 
@@ -163,7 +163,7 @@ def test_window_hops_on_a_ring_of_four() -> None:
     zigzag = CpProblem(seq_len=64, heads=8, kv_heads=8, head_dim=16, ring=4, layout="zigzag").masked(window).require_feasible()
     assert (contiguous.ring_steps, contiguous.kv_hops, contiguous.dkv_hops) == (2, 1, 1)
     assert (zigzag.ring_steps, zigzag.kv_hops, zigzag.dkv_hops) == (4, 3, 3)
-    assert layout_work(64, 1, 4, "contiguous", mask=window).steps == 2
+    assert layout_work(CpProblem(heads=1, kv_heads=1, head_dim=8, seq_len=64, ulysses=1, ring=4, layout="contiguous").masked(window)).steps == 2
     # a window larger than the sequence is causal attention: every step
     assert CpProblem(seq_len=64, heads=8, kv_heads=8, head_dim=16, ring=4).masked(MaskSpec(window=1000)).require_feasible().ring_steps == 4
 
@@ -218,8 +218,8 @@ def test_doc_zigzag_bytes_and_memory_use_the_run_length() -> None:
 def test_balanced_is_no_worse_than_zigzag_on_a_lognormal_mix(seed: int) -> None:
     docs = resolve_documents("lognormal:mean=1024", 8192, seed)
     mask = MaskSpec(documents=docs)
-    zigzag = layout_work(8192, 1, 4, "zigzag", mask=mask)
-    balanced = layout_work(8192, 1, 4, "balanced", mask=mask)
+    zigzag = layout_work(CpProblem(heads=1, kv_heads=1, head_dim=8, seq_len=8192, ulysses=1, ring=4, layout="zigzag").masked(mask))
+    balanced = layout_work(CpProblem(heads=1, kv_heads=1, head_dim=8, seq_len=8192, ulysses=1, ring=4, layout="balanced").masked(mask))
     assert balanced.padding == 0
     assert balanced.busiest_step_sum <= zigzag.busiest_step_sum
     assert balanced.imbalance <= zigzag.imbalance + 1e-9

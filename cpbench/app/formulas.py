@@ -86,8 +86,8 @@ def formulas_report(problem: CpProblem) -> dict[str, Any]:
     documents or a window adds the per-layout comparison; `cp_comm="all_gather"` (R > 1) the
     all-gather stage and a section on its head strides."""
     config = problem.require_feasible()
-    shape, mask, causal = config.shape, config.mask, config.causal
-    flops = flops_breakdown(shape, config.ulysses, config.ring, config.layout, causal, mask)
+    mask, causal = config.mask, config.causal
+    flops = flops_breakdown(config)
     volume = comm_volume(config)
     report = {
         "inputs": _inputs(config, causal),
@@ -167,7 +167,7 @@ def _layout_row(config: CpProblem, layout: Layout) -> dict[str, Any]:
     if not feasibility.ok:
         return {"layout": layout, "feasible": False, "reason": feasibility.reason}
     other = replace(config, layout=layout, cp_comm="p2p", heads_k_stride=None)
-    work = flops_breakdown(shape, u, r, layout, config.mask.causal, config.mask).work
+    work = flops_breakdown(other).work
     volume = comm_volume(other)
     k = other.ring_steps
     return {

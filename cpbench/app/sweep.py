@@ -257,14 +257,7 @@ def assemble_record(
         },
         analytic_peak_bytes=analytic_memory,
     )
-    flops = flops_breakdown(
-        config.shape,
-        config.ulysses,
-        config.ring,
-        config.layout,
-        config.causal,
-        mask=config.mask,
-    )
+    flops = flops_breakdown(config)
     total = flops.global_flops(model_phase)
     record.flops = FlopsSection(
         convention=FLOPS_CONVENTION,

@@ -482,8 +482,7 @@ def closed_form_step_pair_stats(
 @functools.lru_cache(maxsize=1024)
 def config_work(config: CpProblem) -> LayoutWork:
     """The work of every ring rank and ring step of a configuration under its mask."""
-    s = config.shape
-    return layout_work(s.seq_len, config.ulysses, config.ring, config.layout, mask=config.mask)
+    return layout_work(config)
 
 
 def mask_step_stats(config: CpProblem) -> tuple[tuple[Fraction, Fraction], ...]:

@@ -31,9 +31,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction
 
-from cpbench.config.constraints import AttentionShape, check_mesh, seq_divisor
+from cpbench.config.constraints import AttentionShape, seq_divisor
 from cpbench.config.geometry import Packing, pack, ring_schedule, row_work
 from cpbench.config.masks import MaskSpec
+from cpbench.config.problem import CpProblem
 from cpbench.config.vocabulary import GLOBAL_LAYOUTS, LAYOUTS, PASS_TOTALS
 from cpbench.errors import CpbenchError
 
@@ -410,18 +411,10 @@ class LayoutWork:
         return sum(self.step_max_pairs, Fraction(0))
 
 
-def layout_work(
-    seq_len: int,
-    ulysses: int,
-    ring: int,
-    layout: str,
-    causal: bool = True,
-    mask: MaskSpec | None = None,
-) -> LayoutWork:
-    """Work of every rank and ring step; seq_len must be a multiple of `seq_divisor`. `mask`
-    (documents, window) replaces `causal` when given."""
-    if not isinstance(ulysses, int) or isinstance(ulysses, bool) or ulysses <= 0:
-        raise CpbenchError(f"ulysses degree must be a positive integer, got {ulysses!r}")
+def layout_work(problem: CpProblem) -> LayoutWork:
+    """Work of every rank and ring step of a problem's mesh, layout and mask (its heads do not
+    matter); seq_len must be a multiple of `seq_divisor`."""
+    seq_len, ulysses, ring, layout = problem.seq_len, problem.ulysses, problem.ring, problem.layout
     _check_ring_layout(seq_len, ring, layout)
     divisor = seq_divisor(ulysses, ring, layout)
     if seq_len % divisor:
@@ -429,8 +422,7 @@ def layout_work(
             f"seq_len ({seq_len}) must be divisible by {divisor} for the {layout} layout on a "
             f"{ulysses} x {ring} mesh"
         )
-    mask = MaskSpec(causal=causal) if mask is None else mask
-    mask.check_length(seq_len)
+    mask = problem.mask
     if uses_closed_form(mask, layout):
         return LayoutWork(
             seq_len,
@@ -500,16 +492,7 @@ class FlopsBreakdown:
         return max(self.rank_flops(phase))
 
 
-def flops_breakdown(
-    shape: AttentionShape,
-    ulysses: int,
-    ring: int,
-    layout: str,
-    causal: bool = True,
-    mask: MaskSpec | None = None,
-) -> FlopsBreakdown:
-    """FLOPs per rank and step of a mesh (CpbenchError if `check_mesh` rejects it); `mask`
-    (documents, window) replaces `causal` when given."""
-    check_mesh(shape, ulysses, ring, layout).raise_if_infeasible()
-    work = layout_work(shape.seq_len, ulysses, ring, layout, causal, mask)
-    return FlopsBreakdown(shape, work, flops_per_pair(shape, ulysses))
+def flops_breakdown(problem: CpProblem) -> FlopsBreakdown:
+    """FLOPs per rank and step of a problem (CpbenchError with the rule when it cannot run)."""
+    shape = problem.require_feasible().shape
+    return FlopsBreakdown(shape, layout_work(problem), flops_per_pair(shape, problem.ulysses))
