@@ -48,10 +48,7 @@ def impl_mask_unsupported(impl: str, mask: MaskSpec, layout: str) -> str | None:
 
 def run_mask(case: VerifyCase) -> tuple[MaskSpec, int]:
     """(the mask as the case runs it, padding documents included; the run length)."""
-    from cpbench.attention.layouts import packing  # noqa: PLC0415
-
-    packed = packing(case.seq_len, case.ulysses, case.ring, case.layout, case.mask)
-    return packed.mask, packed.seq_len
+    return case.packing.mask, case.packing.seq_len
 
 
 def _global_inputs(case: VerifyCase, device: torch.device) -> tuple[torch.Tensor, ...]:
@@ -223,11 +220,8 @@ def random_shards(config: BenchConfig, device: torch.device) -> tuple[torch.Tens
     """This rank's q, k, v (requiring grad when the phase has a backward) and dout: random
     local shards of the configuration's shape (values do not matter for timing), of the run
     length (doc_zigzag's padding included)."""
-    from cpbench.attention.layouts import run_length  # noqa: PLC0415
-
     dtype = TORCH_DTYPES[config.dtype]
-    run_len = run_length(config.mask, config.seq_len, config.ulysses, config.ring, config.layout)
-    local_len = run_len // config.world_size
+    local_len = config.run_len // config.world_size
     g = torch.Generator(device=device).manual_seed(1000 + dist.get_rank())
     backward = config.phase == "fwd+bwd"
 

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from cpbench.attention.kernels import LocalKernel, default_scale
-from cpbench.attention.layouts import packing, positions
+from cpbench.attention.layouts import positions
 from cpbench.config.bench import BenchConfig
 from cpbench.config.masks import MaskSpec
 from cpbench.config.tolerances import allowed_error
@@ -96,8 +96,7 @@ def full_length_row_check(
     from cpbench.bench.reference import TORCH_DTYPES  # noqa: PLC0415
 
     dtype = TORCH_DTYPES[config.dtype]
-    packed = packing(config.seq_len, config.ulysses, config.ring, config.layout, config.mask)
-    run_len, run_mask = packed.seq_len, packed.mask
+    run_len, run_mask = config.packing.seq_len, config.packing.mask
     g = torch.Generator(device="cpu").manual_seed(seed)
     b, d = config.batch, config.head_dim
     # Global inputs of the run length, identical on every rank (drawn on the CPU from the seed).

@@ -26,7 +26,7 @@ from cpbench.config.constraints import (
     check_mesh,
     scheme_of,
 )
-from cpbench.config.geometry import Packing, pack, ring_schedule
+from cpbench.config.geometry import Packing, check_packing, pack, ring_schedule
 from cpbench.config.masks import MaskSpec
 from cpbench.config.vocabulary import (
     CP_COMMS,
@@ -212,19 +212,23 @@ class CpProblem:
 
     # ------------------------------------------------------------------------- geometry
 
+    @property
+    def plain_geometry(self) -> bool:
+        """Causal or full attention over one sequence on a global layout: the closed forms
+        apply (every ring step runs, nothing is padded), no packing is needed."""
+        return self.mask.plain and self.layout in GLOBAL_LAYOUTS
+
     @cached_property
-    def packing(self) -> Packing | None:
-        """The mask geometry's packing (`cpbench.config.geometry.pack`); None for causal or
-        full attention over one sequence on a global layout (every step runs, no padding)."""
-        if self.mask.plain and self.layout in GLOBAL_LAYOUTS:
-            return None
+    def packing(self) -> Packing:
+        """The sequence as it runs on the ring (`cpbench.config.geometry.pack`): documents,
+        padding, each ring rank's positions; CpbenchError when the layout cannot cut it."""
+        check_packing(self.seq_len, self.ulysses, self.ring, self.layout)
         return pack(self.mask, self.seq_len, self.ulysses, self.ring, self.layout)
 
     @property
     def run_len(self) -> int:
         """L_run: tokens the ranks hold (L plus doc_zigzag's padding)."""
-        packing = self.packing
-        return self.seq_len if packing is None else packing.seq_len
+        return self.seq_len if self.plain_geometry else self.packing.seq_len
 
     @property
     def padding(self) -> int:
@@ -234,10 +238,9 @@ class CpProblem:
     @cached_property
     def ring_steps(self) -> int:
         """k: ring steps the mask needs (R for causal or full attention over one sequence)."""
-        packing = self.packing
-        if packing is None or self.ring == 1:
+        if self.plain_geometry or self.ring == 1:
             return self.ring
-        return ring_schedule(packing).steps
+        return ring_schedule(self.packing).steps
 
     @property
     def kv_hops(self) -> int:

@@ -489,7 +489,7 @@ def mask_step_stats(config: CpProblem) -> tuple[tuple[Fraction, Fraction], ...]:
     """(busiest ring rank, mean over ring ranks) pairs at each of the k ring steps the mask
     needs: `step_pair_stats` for causal or full attention on a global layout, otherwise the
     mask geometry's per-step pairs."""
-    if config.packing is None:
+    if config.plain_geometry:
         s = config.shape
         return step_pair_stats(s.seq_len, config.ring, config.layout, config.mask.causal)
     work = config_work(config)
