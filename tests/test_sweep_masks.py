@@ -14,7 +14,7 @@ from cpbench.app.sweep import run_sweep
 from cpbench.config.bench import BenchConfig
 from cpbench.impls import skip_reason
 from cpbench.model.masking import pack, rank_pairs, ring_schedule
-from cpbench.render.figures import work_balance_figure
+from cpbench.render.figures.balance import work_balance_figure
 from cpbench.render.html import render_report
 from cpbench.results.scenarios import load_scenario
 from cpbench.results.schema import ConfigSection, ResultRecord, dump_record, migrate_record
