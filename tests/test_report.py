@@ -15,18 +15,11 @@ import pytest
 from plotly.offline import get_plotlyjs
 from typer.testing import CliRunner
 
-from cpbench.app.report import (
-    NO_PROFILE_NOTE,
-    ComparisonData,
-    ReportData,
-    build_comparison,
-    build_report,
-    default_hardware,
-    measured_best,
-    measured_workload,
-    summarize,
-    write_report,
-)
+from cpbench.app.report import build_comparison, build_report, write_report
+from cpbench.app.report.data import NO_PROFILE_NOTE, ComparisonData, ReportData
+from cpbench.app.report.predictions import default_hardware
+from cpbench.app.report.recommendation import measured_best, measured_workload
+from cpbench.app.report.summary import summarize
 from cpbench.cli.main import app
 from cpbench.errors import CpbenchError
 from cpbench.render.figures import (

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from cpbench.app.report import build_report, work_fits
+from cpbench.app.report import build_report
+from cpbench.app.report.work import work_fits
 from cpbench.app.sweep import run_sweep
 from cpbench.config.bench import BenchConfig
 from cpbench.impls import skip_reason

@@ -31,7 +31,7 @@ from markupsafe import Markup
 from plotly.offline import get_plotlyjs
 
 from cpbench import __version__, units
-from cpbench.app.report import (
+from cpbench.app.report.data import (
     NO_PROFILE_NOTE,
     ComparisonData,
     Recommendation,

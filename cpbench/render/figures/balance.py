@@ -14,7 +14,7 @@ from cpbench.render.figures import common
 from cpbench.results.frame import phases_of
 
 if TYPE_CHECKING:
-    from cpbench.app.report import WorkFit
+    from cpbench.app.report.work import WorkFit
 
 
 def _per_rank_column(rows: pd.DataFrame) -> tuple[str, str] | None:
