@@ -12,8 +12,6 @@ from cpbench.config.vocabulary import DEFAULT_DTYPE
 from cpbench.render.tables import FitTable
 from cpbench.units import format_gib
 
-NOT_INSTALLED = "not installed"
-
 
 def _yes(flag: bool) -> Text:
     return Text.from_markup("[green]yes[/]" if flag else "[red]no[/]")

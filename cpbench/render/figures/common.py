@@ -17,32 +17,12 @@ from cpbench.config.vocabulary import LAYOUTS
 from cpbench.results.frame import ok_rows, phases_of, value, with_variant
 
 LAYOUT_ORDER = LAYOUTS
-LAYOUT_DASH = {
-    "contiguous": "solid",
-    "zigzag": "dash",
-    "striped": "dot",
-    "doc_zigzag": "dashdot",
-    "balanced": "longdash",
-}
-LAYOUT_COLOR = {
-    "contiguous": "#d62728",
-    "zigzag": "#1f77b4",
-    "striped": "#2ca02c",
-    "doc_zigzag": "#9467bd",
-    "balanced": "#ff7f0e",
-}
-PALETTE = (
-    "#1f77b4",
-    "#ff7f0e",
-    "#2ca02c",
-    "#9467bd",
-    "#8c564b",
-    "#e377c2",
-    "#7f7f7f",
-    "#bcbd22",
-    "#17becf",
-    "#d62728",
-)
+LAYOUT_DASH = {"contiguous": "solid", "zigzag": "dash", "striped": "dot", "doc_zigzag": "dashdot",
+               "balanced": "longdash"}  # fmt: skip
+LAYOUT_COLOR = {"contiguous": "#d62728", "zigzag": "#1f77b4", "striped": "#2ca02c",
+                "doc_zigzag": "#9467bd", "balanced": "#ff7f0e"}  # fmt: skip
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+           "#17becf", "#d62728")  # fmt: skip
 MISMATCH_COLOR = "#d62728"
 COMPUTE_COLOR = "#1f77b4"
 EXPOSED_COLOR = "#ff7f0e"
@@ -65,18 +45,8 @@ def plain_values(series: Iterable[Any]) -> list[Any]:
     return [value(v) for v in series]
 
 
-TEXT_COLUMNS = (
-    "id",
-    "mesh",
-    "layout",
-    "phase",
-    "scheme",
-    "source",
-    "kernel",
-    "dtype",
-    "variant",
-    "impl",
-)
+TEXT_COLUMNS = ("id", "mesh", "layout", "phase", "scheme", "source", "kernel", "dtype", "variant",
+                "impl")  # fmt: skip
 """Record strings that end up in figure text; plotly reads a subset of HTML in text, so they
 are HTML-escaped (plotly shows `&lt;` as `<`) before they get there."""
 
