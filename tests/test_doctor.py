@@ -382,3 +382,15 @@ def test_islands_from_the_fake_nvml_two_switches_two_sockets() -> None:
     ]
     no_matrix = read_topology(None, [])
     assert no_matrix.tiers == []  # this CPU machine: one island, nothing to split
+
+
+def test_nvml_that_does_not_load_is_reported_with_its_reason(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """doctor loads NVML through `bench.nvml.load_nvml`: no nvidia-ml-py (the import fails)
+    is a reason in the report, not an error, and the GPUs come from torch (none here)."""
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import fails
+    r = doctor.collect(env={})
+    assert r.nvml.available is False and r.nvml.driver_version is None
+    assert (r.nvml.reason or "").startswith("ModuleNotFoundError: ")
+    assert (r.device, r.gpus) == ("cpu", [])
