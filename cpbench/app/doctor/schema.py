@@ -195,7 +195,6 @@ class DoctorReport(_Model):
         ]
 
 
-
 TOPOLOGY_LEGEND: dict[str, str] = {
     "X": "self",
     "NV#": "a bonded set of # NVLinks (through NVSwitch on HGX boards)",

@@ -78,7 +78,6 @@ def cudnn_version() -> str | None:
         return None
 
 
-
 def cuda_reason() -> str | None:
     """Why torch cannot use CUDA here (None when it can)."""
     if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
