@@ -34,7 +34,8 @@ else:  # pragma: no cover - Python 3.10
 import tomli_w
 from rich.console import Console
 
-from cpbench.app.doctor import DoctorReport, impl_statuses, kernel_statuses, probe_config
+from cpbench.app.doctor.schema import DoctorReport
+from cpbench.app.doctor.statuses import impl_statuses, kernel_statuses, probe_config
 from cpbench.config.impls import base_name
 from cpbench.config.vocabulary import Device
 from cpbench.render.doctor import render_doctor

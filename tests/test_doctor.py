@@ -20,16 +20,10 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from cpbench.app import doctor
-from cpbench.app.doctor import (
-    DoctorReport,
-    Gpu,
-    Topology,
-    format_cudnn,
-    nvml_gpus,
-    parse_topo_matrix,
-    read_topology,
-    visible_nvml_indices,
-)
+from cpbench.app.doctor.gpus import nvml_gpus, visible_nvml_indices
+from cpbench.app.doctor.schema import DoctorReport, Gpu, Topology
+from cpbench.app.doctor.topology import parse_topo_matrix, read_topology
+from cpbench.app.doctor.versions import format_cudnn
 from cpbench.attention.kernels import select_kernel
 from cpbench.cli.main import app
 from cpbench.errors import CpbenchError
@@ -155,7 +149,10 @@ class FakeNvml:
             out.extend((remote, len(out) + k) for k in range(count))
         return out
 
-    def nvmlSystemGetDriverVersion(self) -> str:  # noqa: N802 - NVML's names
+    def nvmlInit(self) -> None:  # noqa: N802 - NVML's names
+        pass
+
+    def nvmlSystemGetDriverVersion(self) -> str:  # noqa: N802
         return "560.35.03"
 
     def nvmlSystemGetCudaDriverVersion(self) -> int:  # noqa: N802
@@ -357,9 +354,10 @@ def test_a_gpu_report_renders_at_80_columns(report_json: dict[str, Any]) -> None
 def test_a_gpu_machine_end_to_end_with_fakes(monkeypatch: pytest.MonkeyPatch) -> None:
     """collect() on a (faked) 8-GPU node: the GPUs and matrix from NVML, CUDA as the device,
     every kernel and impl checked there (each with a reason where it cannot run), and the
-    summary that says so; with 6 of them visible through CUDA_VISIBLE_DEVICES."""
+    summary that says so; with 6 of them visible through CUDA_VISIBLE_DEVICES. The fake is
+    the `pynvml` module, so NVML is loaded through cpbench's one loader (`bench.nvml`)."""
     nvml = two_switches_two_sockets()
-    monkeypatch.setattr(doctor, "load_nvml", lambda: (nvml, None))
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)  # what bench.nvml.load_nvml imports
     monkeypatch.setattr(doctor.torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(doctor.torch.cuda, "device_count", lambda: 6)
     r = doctor.collect(env={"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5"})
@@ -384,3 +382,15 @@ def test_islands_from_the_fake_nvml_two_switches_two_sockets() -> None:
     ]
     no_matrix = read_topology(None, [])
     assert no_matrix.tiers == []  # this CPU machine: one island, nothing to split
+
+
+def test_nvml_that_does_not_load_is_reported_with_its_reason(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """doctor loads NVML through `bench.nvml.load_nvml`: no nvidia-ml-py (the import fails)
+    is a reason in the report, not an error, and the GPUs come from torch (none here)."""
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import fails
+    r = doctor.collect(env={})
+    assert r.nvml.available is False and r.nvml.driver_version is None
+    assert (r.nvml.reason or "").startswith("ModuleNotFoundError: ")
+    assert (r.device, r.gpus) == ("cpu", [])

@@ -15,21 +15,22 @@ import pytest
 from plotly.offline import get_plotlyjs
 from typer.testing import CliRunner
 
-from cpbench.app.report import (
-    NO_PROFILE_NOTE,
-    ComparisonData,
-    ReportData,
-    build_comparison,
-    build_report,
-    default_hardware,
-    measured_best,
-    measured_workload,
-    summarize,
-    write_report,
-)
+from cpbench.app.report import build_comparison, build_report, write_report
+from cpbench.app.report.data import NO_PROFILE_NOTE, ComparisonData, ReportData
+from cpbench.app.report.predictions import default_hardware
+from cpbench.app.report.recommendation import measured_best, measured_workload
+from cpbench.app.report.summary import summarize
 from cpbench.cli.main import app
 from cpbench.errors import CpbenchError
-from cpbench.render import figures as F
+from cpbench.render.figures import (
+    balance,
+    common,
+    communication,
+    compare,
+    memory,
+    prediction,
+    timing,
+)
 from cpbench.render.html import STATIC_FILES, Page, environment, render_comparison, render_report
 from cpbench.results.frame import compare_frame
 from cpbench.results.store import SOURCE_KEY, read_records, records_frame
@@ -86,7 +87,7 @@ def _write(path: Path, recs: list[dict]) -> Path:
 
 
 def test_step_time_one_line_per_mesh_and_layout_and_a_facet_per_phase(frame: pd.DataFrame):
-    fig = F.step_time_figure(frame)
+    fig = timing.step_time_figure(frame)
     assert fig is not None
     assert len(fig.data) == 14  # 7 (mesh, layout) series x 2 phases
     assert {t.name for t in fig.data} == SERIES
@@ -104,7 +105,7 @@ def test_step_time_one_line_per_mesh_and_layout_and_a_facet_per_phase(frame: pd.
 
 def test_facets_exist_only_for_phases_with_data(frame: pd.DataFrame):
     only_fwd_bwd = frame[frame["phase"] == "fwd+bwd"]
-    fig = F.step_time_figure(only_fwd_bwd)
+    fig = timing.step_time_figure(only_fwd_bwd)
     assert [a.text for a in fig.layout.annotations] == ["phase fwd+bwd"]
     assert len(fig.data) == 7
 
@@ -112,15 +113,15 @@ def test_facets_exist_only_for_phases_with_data(frame: pd.DataFrame):
 def test_every_builder_returns_none_without_data(frame: pd.DataFrame):
     failures = frame[frame["status"] != "ok"]
     builders = (
-        F.step_time_figure,
-        F.throughput_figure,
-        F.comm_bytes_figure,
-        F.bandwidth_figure,
-        F.overlap_figure,
-        F.memory_figure,
-        F.load_balance_figure,
-        F.heatmap_figure,
-        F.prediction_figure,
+        timing.step_time_figure,
+        timing.throughput_figure,
+        communication.comm_bytes_figure,
+        timing.bandwidth_figure,
+        communication.overlap_figure,
+        memory.memory_figure,
+        balance.load_balance_figure,
+        timing.heatmap_figure,
+        prediction.prediction_figure,
     )
     for build in builders:
         assert build(failures) is None, build.__name__
@@ -128,11 +129,11 @@ def test_every_builder_returns_none_without_data(frame: pd.DataFrame):
 
 
 def test_throughput_adds_a_fraction_of_peak_row_when_known(frame: pd.DataFrame):
-    plain = F.throughput_figure(frame)
+    plain = timing.throughput_figure(frame)
     assert len(plain.data) == 14 and "peak" not in plain.layout.title.text
     with_peak = frame.copy()
     with_peak["peak_fraction"] = with_peak["achieved_tflops"] / 0.312
-    fig = F.throughput_figure(with_peak)
+    fig = timing.throughput_figure(with_peak)
     assert len(fig.data) == 28
     fractions = [t for t in fig.data if t.yaxis in ("y3", "y4")]
     assert len(fractions) == 14
@@ -144,12 +145,12 @@ def test_throughput_adds_a_fraction_of_peak_row_when_known(frame: pd.DataFrame):
 
 
 def test_comm_mismatch_is_a_red_cross_on_the_right_point(frame: pd.DataFrame):
-    fig = F.comm_bytes_figure(frame)
+    fig = communication.comm_bytes_figure(frame)
     assert fig is not None
     bad = [t for t in fig.data if t.name == "MISMATCH"]
     assert len(bad) == 1
     (trace,) = bad
-    assert trace.marker.color == F.MISMATCH_COLOR and trace.marker.symbol == "x"
+    assert trace.marker.color == common.MISMATCH_COLOR and trace.marker.symbol == "x"
     row = frame[frame["comm_mismatch"].fillna(False).astype(bool)].iloc[0]
     assert list(trace.x) == [row["analytic_bwd_bytes"]]
     assert list(trace.y) == [row["measured_bwd_bytes"]]
@@ -165,18 +166,18 @@ def test_comm_mismatch_is_a_red_cross_on_the_right_point(frame: pd.DataFrame):
 
 def test_comm_figure_without_mismatch_has_no_red(frame: pd.DataFrame):
     clean = frame[~frame["comm_mismatch"].fillna(False).astype(bool)]
-    fig = F.comm_bytes_figure(clean)
+    fig = communication.comm_bytes_figure(clean)
     assert all(t.name != "MISMATCH" for t in fig.data)
     assert "mismatch" not in fig.layout.title.text
 
 
 def test_bandwidth_lines(frame: pd.DataFrame):
-    fig = F.bandwidth_figure(frame)
+    fig = timing.bandwidth_figure(frame)
     assert len(fig.data) == 14 and {t.name for t in fig.data} == SERIES
 
 
 def test_overlap_stacks_compute_and_exposed_comm_to_the_step(frame: pd.DataFrame):
-    fig = F.overlap_figure(frame)
+    fig = communication.overlap_figure(frame)
     assert fig.layout.barmode == "stack"
     bars = [t for t in fig.data if t.type == "bar"]
     overlap = [t for t in fig.data if t.type == "scatter"]
@@ -194,7 +195,7 @@ def test_overlap_stacks_compute_and_exposed_comm_to_the_step(frame: pd.DataFrame
 
 
 def test_memory_measured_and_analytic_per_mesh(frame: pd.DataFrame):
-    fig = F.memory_figure(frame)
+    fig = memory.memory_figure(frame)
     names = {t.name for t in fig.data}
     assert names == {
         f"{m} {w}" for m in ("U4xR1", "U2xR2", "U1xR4") for w in ("measured", "analytic")
@@ -209,7 +210,7 @@ def test_memory_measured_and_analytic_per_mesh(frame: pd.DataFrame):
 
 
 def test_load_balance_contiguous_vs_zigzag_vs_striped(frame: pd.DataFrame):
-    fig = F.load_balance_figure(frame)
+    fig = balance.load_balance_figure(frame)
     titles = [a.text for a in fig.layout.annotations]
     assert titles == [
         "U2xR2 fwd L=4K",
@@ -226,7 +227,7 @@ def test_load_balance_contiguous_vs_zigzag_vs_striped(frame: pd.DataFrame):
 
 
 def test_heatmap_one_per_sequence_length_relative_to_the_fastest(frame: pd.DataFrame):
-    fig = F.heatmap_figure(frame)
+    fig = timing.heatmap_figure(frame)
     assert [t.name for t in fig.data] == ["L=1K", "L=2K", "L=4K"]
     assert "fwd+bwd" in fig.layout.title.text
     for trace in fig.data:
@@ -239,10 +240,10 @@ def test_heatmap_one_per_sequence_length_relative_to_the_fastest(frame: pd.DataF
 
 
 def test_prediction_needs_predicted_times(frame: pd.DataFrame):
-    assert F.prediction_figure(frame) is None
+    assert prediction.prediction_figure(frame) is None
     with_model = frame.copy()
     with_model["predicted_s"] = with_model["median_s"] * 1.2
-    fig = F.prediction_figure(with_model)
+    fig = prediction.prediction_figure(with_model)
     errors = next(t for t in fig.data if t.type == "bar")
     ok = with_model["median_s"].notna().sum()
     assert len(errors.y) == ok and all(e == pytest.approx(20.0) for e in errors.y)
@@ -258,22 +259,22 @@ def test_compare_frame_and_figure(frame: pd.DataFrame):
     zig = matched[(matched["mesh"] == "U1xR4") & (matched["layout"] == "zigzag")].iloc[0]
     assert zig["ratio"] == pytest.approx(zig["after_s"] / zig["before_s"])
     assert zig["ratio"] < 0.95  # the fixture's zigzag got faster
-    fig = F.compare_figure(compared)
+    fig = compare.compare_figure(compared)
     (bars,) = fig.data
     assert len(bars.x) == 7
     colors = dict(zip(bars.y, bars.marker.color, strict=True))
     assert colors["U1xR4 zigzag 4K fwd+bwd"] == "#2ca02c"
-    assert colors["U4xR1 contiguous 4K fwd+bwd"] == F.MISMATCH_COLOR  # slower
-    assert F.compare_figure(compare_frame(frame, frame.iloc[0:0])) is None
+    assert colors["U4xR1 contiguous 4K fwd+bwd"] == common.MISMATCH_COLOR  # slower
+    assert compare.compare_figure(compare_frame(frame, frame.iloc[0:0])) is None
 
 
 def test_log_ticks_are_labelled_in_full():
-    axis = F.log_ticks([0.02, 0.9])
+    axis = common.log_ticks([0.02, 0.9])
     assert axis["tickvals"] == pytest.approx([0.02, 0.05, 0.1, 0.2, 0.5, 1.0])
     assert axis["ticktext"] == ["0.02", "0.05", "0.1", "0.2", "0.5", "1"]
-    bytes_axis = F.log_ticks([1 << 20, 1 << 23], F.format_bytes_short, base2=True)
+    bytes_axis = common.log_ticks([1 << 20, 1 << 23], common.format_bytes_short, base2=True)
     assert bytes_axis["ticktext"] == ["1 MiB", "2 MiB", "4 MiB", "8 MiB"]
-    assert F.format_seq_len(131072) == "128K" and F.format_seq_len(1000) == "1000"
+    assert common.format_seq_len(131072) == "128K" and common.format_seq_len(1000) == "1000"
 
 
 # ---------------------------------------------------------------------------------- the page

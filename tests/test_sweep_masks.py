@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from cpbench.app.report import build_report, work_fits
+from cpbench.app.report import build_report
+from cpbench.app.report.work import work_fits
 from cpbench.app.sweep import run_sweep
 from cpbench.config.bench import BenchConfig
 from cpbench.config.geometry import pack, rank_pairs, ring_schedule
 from cpbench.impls import skip_reason
-from cpbench.render.figures import work_balance_figure
+from cpbench.render.figures.balance import work_balance_figure
 from cpbench.render.html import render_report
 from cpbench.results.scenarios import load_scenario
 from cpbench.results.schema import ConfigSection, ResultRecord, dump_record, migrate_record

@@ -264,10 +264,9 @@ def gpu_clock_state(device_index: int) -> dict[str, Any] | None:
     """This rank's GPU clocks and throttle reasons from NVML (read only; found by UUID); None
     where NVML is missing or fails."""
     try:
-        from cpbench.bench.nvml import _load_nvml, nvml_uuid  # noqa: PLC0415
+        from cpbench.bench.nvml import load_nvml, nvml_uuid  # noqa: PLC0415
 
-        nvml = _load_nvml()
-        nvml.nvmlInit()
+        nvml = load_nvml()
     except Exception:  # noqa: BLE001 - NVML is optional
         return None
     try:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 import threading
-from types import ModuleType, TracebackType
+from types import TracebackType
 from typing import Any
 
 DEFAULT_INTERVAL_S = 0.01
@@ -46,10 +46,16 @@ def nvml_uuid(uuid: object) -> str:
     return text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}"
 
 
-def _load_nvml() -> ModuleType:
-    import pynvml  # noqa: PLC0415 - nvidia-ml-py; its calls raise without a driver
+def load_nvml(nvml: Any = None) -> Any:
+    """The NVML module, initialised: `nvml` (tests pass a fake), else nvidia-ml-py's pynvml.
+    Raises what the import or nvmlInit raises (no library, no driver); the caller shuts it down.
+    cpbench's one NVML loader (the memory sampler, the clock reader, `cpbench doctor`)."""
+    if nvml is None:
+        import pynvml  # noqa: PLC0415 - optional at run time: no driver, no library
 
-    return pynvml
+        nvml = pynvml
+    nvml.nvmlInit()
+    return nvml
 
 
 class ProcessMemorySampler:
@@ -133,9 +139,7 @@ class ProcessMemorySampler:
 
     def start(self) -> ProcessMemorySampler:
         try:
-            if self._nvml is None:
-                self._nvml = _load_nvml()
-            self._nvml.nvmlInit()
+            self._nvml = load_nvml(self._nvml)
             self._initialised = True
             self._handle = self._nvml.nvmlDeviceGetHandleByUUID(self.device_uuid)
             self.sample()

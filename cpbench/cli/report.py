@@ -13,7 +13,7 @@ from cpbench.cli.common import command, console, err_console
 from cpbench.errors import CpbenchError
 
 if TYPE_CHECKING:
-    from cpbench.app.report import ComparisonData, ReportData
+    from cpbench.app.report.data import ComparisonData, ReportData
 
 
 @command

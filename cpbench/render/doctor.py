@@ -1,5 +1,5 @@
-"""Rich rendering of `cpbench doctor`'s report (`cpbench.app.doctor.DoctorReport`): the summary
-sentences, then one `FitTable` per section (versions, GPUs, interconnect, kernels,
+"""Rich rendering of `cpbench doctor`'s report (`cpbench.app.doctor.schema.DoctorReport`): the
+summary sentences, then one `FitTable` per section (versions, GPUs, interconnect, kernels,
 implementations, distributed backends), each readable at 80 columns."""
 
 from __future__ import annotations
@@ -7,12 +7,10 @@ from __future__ import annotations
 from rich.console import RenderableType
 from rich.text import Text
 
-from cpbench.app.doctor import TOPOLOGY_LEGEND, DoctorReport
+from cpbench.app.doctor.schema import TOPOLOGY_LEGEND, DoctorReport
 from cpbench.config.vocabulary import DEFAULT_DTYPE
 from cpbench.render.tables import FitTable
 from cpbench.units import format_gib
-
-NOT_INSTALLED = "not installed"
 
 
 def _yes(flag: bool) -> Text:

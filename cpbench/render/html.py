@@ -31,14 +31,14 @@ from markupsafe import Markup
 from plotly.offline import get_plotlyjs
 
 from cpbench import __version__, units
-from cpbench.app.report import (
+from cpbench.app.report.data import (
     NO_PROFILE_NOTE,
     ComparisonData,
     Recommendation,
     ReportData,
     Summary,
 )
-from cpbench.render import figures as F
+from cpbench.render.figures import balance, communication, compare, memory, prediction, timing
 from cpbench.results.frame import PHASE_ORDER, ok_rows, phases_of
 
 PLOTLY_CONFIG = {"displaylogo": False, "responsive": True, "showLink": False}
@@ -427,7 +427,7 @@ def work_section(report: ReportData) -> Section:
         "packed-documents",
         "Packed documents: per-rank work and padding",
         explain,
-        F.work_balance_figure(fits),
+        balance.work_balance_figure(fits),
         table=table(rows, WORK_COLUMNS, table_id="work-table") if not rows.empty else None,
     )
 
@@ -436,14 +436,14 @@ def report_sections(report: ReportData) -> list[Section]:
     """The sections of a report, in page order."""
     frame = report.frame
     phase_note = _missing_phases_note(frame)
-    heat_phase = F.heatmap_phase(frame)
+    heat_phase = timing.heatmap_phase(frame)
     sections = [
         Section(
             "step-time",
             "Step time",
             "Median over iterations of the slowest rank's step time; bars span p10-p90. "
             "Colour = U x R mesh, dash = layout.",
-            F.step_time_figure(frame),
+            timing.step_time_figure(frame),
             phase_note or None,
         ),
         Section(
@@ -451,7 +451,7 @@ def report_sections(report: ReportData) -> list[Section]:
             "Achieved TFLOP/s",
             "Global attention FLOPs / median step time. "
             + (f"Convention: {report.flops_convention}." if report.flops_convention else ""),
-            F.throughput_figure(frame),
+            timing.throughput_figure(frame),
             report.peak_note,
         ),
         Section(
@@ -459,34 +459,34 @@ def report_sections(report: ReportData) -> list[Section]:
             "Communication volume: analytic vs measured",
             "Bytes a rank sends per layer (forward, backward) from the formulas vs counted by "
             "the instrumented communicator; they must agree: a mismatch is a red cross.",
-            F.comm_bytes_figure(frame),
+            communication.comm_bytes_figure(frame),
         ),
         Section(
             "bandwidth",
             "Achieved bandwidth",
             "Measured bytes per rank / communication-only time (algorithm bandwidth).",
-            F.bandwidth_figure(frame),
+            timing.bandwidth_figure(frame),
         ),
         Section(
             "overlap",
             "Compute / communication overlap",
             "Compute-only time plus exposed communication (step - compute) per configuration; "
             "overlap = (compute + comm - step) / min(compute, comm).",
-            F.overlap_figure(frame),
+            communication.overlap_figure(frame),
         ),
         Section(
             "memory",
             "Peak memory per rank",
             "Measured peak per rank (max over ranks) against the analytic lower bound "
             "(activations of one attention layer, no model weights).",
-            F.memory_figure(frame),
+            memory.memory_figure(frame),
         ),
         Section(
             "load-balance",
             "Causal load balance",
             "Per-rank time under a causal mask: contiguous leaves early ranks idle, zigzag and "
             "striped spread the work.",
-            F.load_balance_figure(frame),
+            balance.load_balance_figure(frame),
         ),
         work_section(report),
         Section(
@@ -495,13 +495,13 @@ def report_sections(report: ReportData) -> list[Section]:
             f"Median step time of each Ulysses x Ring mesh per sequence length (phase {heat_phase})."
             if heat_phase
             else "",
-            F.heatmap_figure(frame),
+            timing.heatmap_figure(frame),
         ),
         Section(
             "prediction",
             "Predicted vs measured",
             "Cost-model step time for the hardware profile vs the measurement.",
-            F.prediction_figure(frame),
+            prediction.prediction_figure(frame),
             report.prediction_note,
         ),
         Section(
@@ -636,7 +636,7 @@ def render_comparison(comparison: ComparisonData) -> Page:
             "change",
             "Change per configuration",
             _verdict(c),
-            F.compare_figure(c.compared),
+            compare.compare_figure(c.compared),
             None if c.matched else "Nothing to chart.",
         ),
         Section(

@@ -1,0 +1,150 @@
+"""The `cpbench report` application service: results files -> the data of the report page.
+
+`build_report(paths, ...)` reads the records (`cpbench.results.store`), summarizes them, adds
+what the cost model knows when a hardware profile is available (predicted step time, fraction
+of peak, the recommendation) and returns a `ReportData`; `build_comparison(before, after)`
+returns the `ComparisonData` of two files matched by record id. The page itself is drawn by
+`cpbench.render.html` from that data; `write_report` writes it to a file. Nothing here prints
+or renders; warnings (a torn last line) are returned for the CLI to show.
+
+The parts, one job each: `data` (the dataclasses the pages show), `summary` (the header facts),
+`work` (packed documents' work against compute), `predictions` (what the cost model adds) and
+`recommendation` (the fastest measured, and `cpbench.app.recommend` on the measured workload).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from cpbench.app.report.data import ComparisonData, ReportData
+from cpbench.app.report.predictions import cost_model
+from cpbench.app.report.summary import summarize
+from cpbench.app.report.work import work_fits
+from cpbench.errors import CpbenchError
+from cpbench.results.frame import compare_frame
+from cpbench.results.store import read_records, records_frame
+
+
+def _read(paths: Sequence[Path]) -> tuple[list[dict], list[str]]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        records = read_records(list(paths))
+    return records, [str(w.message) for w in caught]
+
+
+def build_report(
+    paths: Sequence[Path],
+    *,
+    title: str | None = None,
+    hardware: str | None = None,
+    generated_at: datetime | None = None,
+    plan_request: Any = None,
+) -> ReportData:
+    """Read `paths` and gather what the report page shows (CpbenchError when there is nothing
+    to show). `plan_request` (a `cpbench.app.plan.PlanRequest`) adds the whole-model plan."""
+    if not paths:
+        raise CpbenchError("give at least one results file (JSONL)")
+    records, warned = _read(paths)
+    if not records:
+        raise CpbenchError(f"{', '.join(map(str, paths))}: no results records to report")
+    frame = records_frame(records)
+    model = cost_model(records, frame, hardware, paths)
+    if model.predicted_s:
+        frame["predicted_s"] = pd.Series(model.predicted_s, dtype="float64")
+    if model.peak_fraction:
+        frame["peak_fraction"] = pd.Series(model.peak_fraction, dtype="float64")
+    summary = summarize(records)
+    conventions = {
+        str(r["flops"]["convention"])
+        for r in records
+        if isinstance(r.get("flops"), Mapping) and r["flops"].get("convention")
+    }
+    return ReportData(
+        title=title or "cpbench report: " + (", ".join(summary.scenarios) or "results"),
+        sources=[Path(p).name for p in paths],
+        summary=summary,
+        frame=frame,
+        generated_at=generated_at or datetime.now(timezone.utc),
+        profile=model.profile_name,
+        profile_line=model.profile_line,
+        flops_convention="; ".join(sorted(conventions)) or None,
+        prediction_note=model.prediction_note,
+        peak_note=model.peak_note,
+        recommendation=model.recommendation,
+        recommendation_note=model.recommendation_note,
+        warnings=warned,
+        notes=model.notes,
+        work=work_fits(frame),
+        plan=_plan(plan_request),
+    )
+
+
+def _plan(request: Any) -> dict[str, Any] | None:
+    """The whole-model plan's answer, None without a request."""
+    if request is None:
+        return None
+    from cpbench.app import plan as planner  # noqa: PLC0415
+
+    return planner.to_json(planner.plan(request))
+
+
+def build_comparison(
+    before: Path,
+    after: Path,
+    *,
+    title: str | None = None,
+    generated_at: datetime | None = None,
+) -> ComparisonData:
+    """The before/after data of two results files, matched by record id."""
+    before_records, w1 = _read([before])
+    after_records, w2 = _read([after])
+    for path, recs in ((before, before_records), (after, after_records)):
+        if not recs:
+            raise CpbenchError(f"{path}: no results records to compare")
+    sources = (Path(before).name, Path(after).name)
+    before_frame, after_frame = records_frame(before_records), records_frame(after_records)
+    compared = compare_frame(before_frame, after_frame)
+    matched = compared[compared["ratio"].notna()]
+    geomean = (
+        math.exp(float(pd.Series(matched["ratio"]).apply(math.log).mean()))
+        if not matched.empty
+        else None
+    )
+    return ComparisonData(
+        title=title or f"cpbench comparison: {sources[0]} -> {sources[1]}",
+        sources=sources,
+        summary=summarize([*before_records, *after_records]),
+        before=before_frame,
+        after=after_frame,
+        compared=compared,
+        generated_at=generated_at or datetime.now(timezone.utc),
+        before_records=len(before_records),
+        before_ok=sum(1 for r in before_records if r.get("status") == "ok"),
+        after_records=len(after_records),
+        after_ok=sum(1 for r in after_records if r.get("status") == "ok"),
+        matched=len(matched),
+        faster=int((matched["verdict"] == "faster").sum()),
+        slower=int((matched["verdict"] == "slower").sum()),
+        geomean=geomean,
+        warnings=w1 + w2,
+    )
+
+
+def write_report(html: str, output: Path) -> Path:
+    """Write the page `html` to `output` (parent folders created); returns the path."""
+    output = Path(output)
+    if output.is_dir():
+        raise CpbenchError(f"output {output} is a directory; give a file name such as report.html")
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(html, encoding="utf-8")
+    except OSError as exc:
+        raise CpbenchError(f"cannot write {output}: {exc.strerror or exc}") from exc
+    return output
