@@ -236,8 +236,9 @@ def run(
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed of a --documents distribution.")] = 0,
     phase: Annotated[Phase, typer.Option()] = "fwd+bwd",
-    backend: Annotated[
-        Backend, typer.Option(help="Local attention kernel.")
+    kernel: Annotated[
+        Backend,
+        typer.Option("--kernel", "--backend", help="Local attention kernel (--backend: old name)."),
     ] = "auto",
     warmup: Annotated[int, typer.Option()] = 1,
     iters: Annotated[int, typer.Option(help="Timed iterations at least.")] = 5,
@@ -281,7 +282,7 @@ def run(
                 "causal": causal,
                 "mesh": [f"{ulysses}x{ring}"],
                 "layout": layout,
-                "backend": backend,
+                "backend": kernel,
                 "phase": phase,
                 "impl": impl,
                 "documents": documents,
