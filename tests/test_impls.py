@@ -80,7 +80,7 @@ CAPABILITY = [
     ("torch_cp", {"ulysses": 2, "ring": 1}, "has no Ulysses all-to-all"),
     ("torch_cp", {"layout": "striped"}, "striped has no SDPA load balancer"),
     ("torch_cp", {"causal": False}, "Load balancing requires `is_causal=True`"),
-    ("torch_cp", {"backend": "sdpa"}, "backend must be 'auto'"),
+    ("torch_cp", {"kernel": "sdpa"}, "kernel must be 'auto'"),
     ("ring_flash_attn", {}, None),
     ("ring_flash_attn", {"layout": "striped", "kv_heads": 1}, None),
     ("ring_flash_attn", {"layout": "contiguous", "causal": False, "dtype": "float16"}, None),

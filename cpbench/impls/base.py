@@ -152,11 +152,11 @@ def half_precision_reason(config: BenchConfig, library: str) -> str | None:
 
 
 def own_kernel_reason(config: BenchConfig, library: str) -> str | None:
-    """External libraries bring their own local kernel: only backend 'auto' applies."""
+    """External libraries bring their own local kernel: only kernel 'auto' applies."""
     if config.kernel != "auto":
         return (
-            f"{library} uses its own attention kernel: backend must be 'auto' "
-            f"(got {config.kernel!r}; backends select cpbench's local kernels)"
+            f"{library} uses its own attention kernel: kernel must be 'auto' "
+            f"(got {config.kernel!r}; kernels select cpbench's own)"
         )
     return None
 
