@@ -115,6 +115,8 @@ class LinkCost:
     """nccl-tests bus bandwidth, bytes/s (all-to-all: algbw x (n-1)/n; send/recv: algbw)."""
     source: str = ""
     """Where the numbers come from (datasheet, nccl-tests figure, estimate, calibration)."""
+    fit_residual: float | None = None
+    """RMS relative residual of the fit that measured them (`cpbench probe`); None: not fitted."""
 
     def seconds(self, bytes_sent: float, calls: int = 1, sharing: int = 1) -> float:
         """Time of `calls` calls that send `bytes_sent` bytes per rank in all.
@@ -655,6 +657,17 @@ class CostTable(FileModel):
     """nccl-tests bus bandwidth, GB/s."""
     source: str = ""
     """Where the numbers come from."""
+    fit_residual: NonNegativeNumber | None = None
+    """RMS relative residual of the fit that measured them (`cpbench probe`)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_residual(cls, data: Any) -> Any:
+        """Probe profiles written before `fit_residual` state it in the source only."""
+        if not isinstance(data, Mapping) or "fit_residual" in data:
+            return data
+        found = re.search(r"RMS residual (\d+(?:\.\d+)?)%", str(data.get("source", "")))
+        return {**data, "fit_residual": float(found.group(1)) / 100} if found else data
 
 
 class TierTable(FileModel):
@@ -855,14 +868,11 @@ def _profile_error(exc: ValidationError, origin: str, legacy: str | None = None)
 
 
 def _tier(tier: LinkTier, table: TierTable) -> LinkTierProfile:
-    def cost(c: CostTable) -> LinkCost:
-        return LinkCost(c.latency_us * 1e-6, c.busbw_GBps * GB, c.source)
-
     return LinkTierProfile(
         tier,
         table.name if table.name is not None else tier,
-        cost(table.all_to_all),
-        cost(table.send_recv),
+        _cost(table.all_to_all),
+        _cost(table.send_recv),
         table.devices_per_nic,
     )
 
@@ -915,7 +925,7 @@ def profile_from_dict(data: Mapping[str, Any], origin: str = "<dict>") -> Hardwa
 
 
 def _cost(c: CostTable) -> LinkCost:
-    return LinkCost(c.latency_us * 1e-6, c.busbw_GBps * GB, c.source)
+    return LinkCost(c.latency_us * 1e-6, c.busbw_GBps * GB, c.source, c.fit_residual)
 
 
 def _topology(table: TopologyTable | None) -> NodeTopology | None:
@@ -952,7 +962,7 @@ def profile_document(profile: HardwareProfile) -> dict[str, Any]:
             "latency_us": _round(c.latency_s * 1e6),
             "busbw_GBps": _round(c.busbw / GB),
             "source": c.source,
-        }
+        } | ({} if c.fit_residual is None else {"fit_residual": _round(c.fit_residual)})
 
     document: dict[str, Any] = {
         "schema_version": PROFILE_SCHEMA_VERSION,
