@@ -63,6 +63,11 @@ class Recommendation:
     """(framework, settings to use, note)."""
     notes: list[str] = field(default_factory=list)
     """Extra lines: the workload, the profile, rejected meshes."""
+    explanation: Any = None
+    """Why the winner wins as facts (`cpbench.app.recommend.explain.Explanation`): the renderer
+    words it as the summary."""
+    frameworks: tuple[Any, ...] = ()
+    """`FrameworkSetting`s with their caveats: the renderer words them as the settings."""
 
 
 @dataclass
@@ -681,12 +686,12 @@ def _service_recommendation(
     for r in rec.rejected:
         notes.append(f"Rejected {r.ulysses}x{r.ring} ({', '.join(r.layouts)}): {r.rule}")
     out = Recommendation(
-        summary=rec.explanation,
+        explanation=rec.explanation,
         tables=[
             ("Ranked candidates (measured where measured, else the model)", ranked_rows),
             *measured.tables,
         ],
-        settings=[(f.framework, f.settings, f.note) for f in rec.frameworks],
+        frameworks=rec.frameworks,
         notes=notes,
     )
     return out, None

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from cpbench.app.recommend.facts import Explanation
 from cpbench.app.recommend.parallel import ParallelSizes
 from cpbench.config.constraints import AttentionShape
 from cpbench.config.masks import MaskSpec
@@ -47,10 +48,6 @@ class Uncertainty:
     """One standard deviation of the relative error (0.35 = 35%)."""
     source: str
     """Where sigma comes from, in words (printed with every tie call)."""
-
-
-
-
 
 
 @dataclass(frozen=True)
@@ -173,18 +170,48 @@ class Rejection:
     """How the rejected candidates' ring axis exchanges K/V (p2p or all_gather)."""
 
 
+CaveatKind = Literal[
+    "cp1", "te_chunks", "te_layout", "kv_replication", "no_a2a_all_gather", "te_all_gather",
+    "ds_ulysses", "ds_gqa", "ds_ring", "no_ulysses_mesh", "closest_ulysses", "yunchang",
+    "torchtitan", "titan_ulysses", "closest_ring", "no_ring_mesh", "ag_alternative",
+    "ag_best_has_ulysses", "ag_ulysses_megatron", "llama3", "llama3_layout", "gather_only",
+    "documents", "ring_flash_documents", "ring_only", "window",
+]
+"""What a framework caveat is about (`cpbench.render.recommend.CAVEATS` words each)."""
+
+
+@dataclass(frozen=True)
+class Caveat:
+    """One thing to know about a framework setting."""
+
+    kind: CaveatKind
+    """What it is about."""
+    values: tuple[int, ...] = ()
+    """Its numbers: a degree, a stride, a replication factor, KV heads."""
+    name: str = ""
+    """Its name: a layout, a framework, a ring implementation."""
+    candidate: str = ""
+    """The candidate it points to (the closest alternative), by label."""
+    position: int = 0
+    """That candidate's rank (1 = the winner)."""
+    time_s: float = 0.0
+    """That candidate's time, seconds."""
+
+
 @dataclass(frozen=True)
 class FrameworkSetting:
     """How to run the winner (or the closest thing) in one framework."""
 
     framework: str
-    """Megatron-LM, DeepSpeed, yunchang or torchtitan."""
+    """Megatron-LM, DeepSpeed, yunchang, torchtitan, ring-flash-attn or all-gather CP."""
     expressible: bool
     """Whether the framework can express the winning mesh and layout."""
     settings: str
     """Flags, config keys or code."""
-    note: str
-    """What to watch out for, or what the framework runs instead."""
+    note: str = ""
+    """What to watch out for, in words (`cpbench plan`'s settings)."""
+    caveats: tuple[Caveat, ...] = ()
+    """What to watch out for, or what the framework runs instead, as facts (`recommend`)."""
 
 
 @dataclass(frozen=True)
@@ -227,8 +254,8 @@ class Recommendation:
     """Feasible candidates, fastest first (all of them)."""
     rejected: tuple[Rejection, ...]
     """Infeasible candidates with their rules."""
-    explanation: str
-    """One paragraph on the winner."""
+    explanation: Explanation | None
+    """Why the winner wins, as facts (None: nothing is feasible)."""
     frameworks: tuple[FrameworkSetting, ...]
     """Settings per framework."""
     calibration: CalibrationResult | None
