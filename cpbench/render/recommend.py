@@ -84,18 +84,18 @@ def render_recommendation(report: Mapping[str, Any], explain: bool = False) -> l
 
 
 BRIEF_COLUMNS = ("#", "U x R", "layout", "time ms", "±", "imbalance ms", "exposed comm ms",
-                 "mem GiB", "max L", "source")
-"""The columns of the default (one-screen) ranked table; `--explain` shows them all."""
+                 "mem GiB", "max L", "work x", "steps", "pad", "source")
+"""The columns of the default (one-screen) ranked table; `--explain` shows them all. Under a
+mask `work x` stands for the imbalance; `source` only when a row is measured."""
 
 
 def _candidates_table(report: Mapping[str, Any], explain: bool = True) -> FitTable:
     shown, feasible = len(report["candidates"]), report["feasible"]
     more = f" (top {shown} of {feasible}; --top 0 lists all)" if shown < feasible else ""
     masked = report["inputs"].get("mask", "causal") not in ("causal", "full")
-    caption = (
-        "times in ms per attention layer and micro-batch; GB = 1e9 bytes per rank and "
-        "layer; mem GiB per rank; max L in tokens"
-    )
+    caption = "times in ms per attention layer and micro-batch; " + (
+        "GB = 1e9 bytes per rank and layer; " if explain else ""
+    ) + "mem GiB per rank; max L in tokens"
     caption += "; ± = " + (
         "one sigma of the predicted time (time x e^±sigma)"
         if report.get("uncertainty")
@@ -119,7 +119,9 @@ def _candidates_table(report: Mapping[str, Any], explain: bool = True) -> FitTab
     columns = ("#", "U x R", "layout", "KV rep", "time ms", "±", "compute ms", "imbalance ms",
                "exposed comm ms", "intra GB", "inter GB", "mem GiB", "max L", *mask_columns,
                "source")
-    visible = [col for col in columns if explain or col in BRIEF_COLUMNS + mask_columns]
+    measured = any(c["source"] == "measured" for c in report["candidates"])
+    left_out = () if explain else ("imbalance ms",) * masked + ("source",) * (not measured)
+    visible = [c for c in columns if (explain or c in BRIEF_COLUMNS) and c not in left_out]
     for col in visible:
         table.add_column(
             col,
@@ -344,9 +346,9 @@ def _balance(e: Facts, brief: bool = False) -> str:
         )
     return {
         "no_mask": "Without a causal mask every rank does the same work.",
-        "ulysses_any_mask": f"No imbalance: Ulysses is balanced under any mask ({e['mask_label']}).",
+        "ulysses_any_mask": "No imbalance (Ulysses is balanced under any mask).",
         "ulysses": "No causal imbalance.",
-        "balanced": f"The {e['layout']} layout balances the causal work (slowest / mean rank "
+        "balanced": f"Balanced causal work ({e['layout']}: slowest / mean rank "
         f"{e['work_imbalance']:.2f}).",
         "imbalanced": f"The {e['layout']} layout leaves causal imbalance (slowest / mean rank "
         f"{e['work_imbalance']:.2f}, {_ms(e['imbalance_s'])} per step).",
@@ -368,16 +370,24 @@ def _memory(e: Facts) -> str:
 def why_lines(e: Facts) -> list[str]:
     """The pick and why in three sentences (the margin; placement and exposed communication;
     balance and memory): what `recommend` prints by default."""
-    w, second = e["winner"], e["runner_up"]
+    w, second, p = e["winner"], e["runner_up"], e["placement"]
     ahead = (
         f"{e['margin']:.1%} ahead of {second['label']} ({_ms(second['time_s'])})"
         if second
         else "the only feasible mesh"
     )
+    where = [
+        f"{name} of {n} " + ("inside a node" if tier == "intra_node" else f"across nodes{hops}")
+        for name, n, tier, hops in (
+            ("Ulysses", p["ulysses"], p["ulysses_tier"], ""),
+            ("ring", p["ring"], p["ring_tier"], f" ({p['ring_crossing_hops']} of {p['ring']} hops)"),
+        )
+        if n > 1
+    ]
     return [
-        f"Pick: {w['label']}, {'measured' if e['measured'] else 'predicted'} "
-        f"{_ms(w['time_s'])} per layer ({e['phase']}), {ahead}.",
-        f"Why: {placement_text(e['placement'])}; {_ms(w['exposed_comm_s'])} of "
+        f"Pick: {w['label']}, {'measured' if e['measured'] else 'predicted'} {_ms(w['time_s'])} "
+        f"({e['phase']}), {ahead}.",
+        f"Why: {', '.join(where) or 'one rank'}; {_ms(w['exposed_comm_s'])} of "
         f"{_ms(w['comm_s'])} communication exposed.",
         f"{_balance(e, brief=True)} {format_gib(w['memory_bytes'])} of "
         f"{format_gib(e['memory_capacity_bytes'], 1)} per rank; fits up to {w['max_seq_len']} "

@@ -1,10 +1,10 @@
-"""Why the winner wins: the facts of `cpbench.app.recommend.facts` for a ranking."""
+"""Why the winner wins, as facts (`cpbench.app.recommend.types.Explanation`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from cpbench.app.recommend.facts import (
+from cpbench.app.recommend.types import (
     Balance,
     CandidateFacts,
     Explanation,
@@ -12,8 +12,10 @@ from cpbench.app.recommend.facts import (
     LayoutFacts,
     LinkUse,
     MaskFacts,
+    RankedCandidate,
+    layout_label,
+    rank_key,
 )
-from cpbench.app.recommend.types import RankedCandidate, layout_label, rank_key
 from cpbench.model.cost import Prediction
 from cpbench.model.formulas import gather_bytes_sent
 from cpbench.model.hardware import HardwareProfile
@@ -148,7 +150,6 @@ def gather_facts(ranked: Sequence[RankedCandidate]) -> GatherFacts | None:
         received_bytes=gather_bytes_sent(c, "forward"),
         gathers=c.gathers,
         stride=c.gather_stride,
-        ulysses=c.ulysses,
         ring=facts(same[0]) if same else None,
         pure=(
             (facts(pure_ag[0]), facts(pure_ring[0]))
