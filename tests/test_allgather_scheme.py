@@ -7,6 +7,7 @@ settings."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from fractions import Fraction
 
 import pytest
@@ -41,6 +42,7 @@ from cpbench.model.formulas import (
 )
 from cpbench.model.hardware.loading import load_profile
 from cpbench.model.memory import memory_estimate
+from cpbench.render.recommend import explanation_text, setting_note
 
 # ------------------------------------------------------------------------ the configuration
 
@@ -205,9 +207,11 @@ def test_recommend_lists_and_explains_all_gather() -> None:
     assert "1x8 zigzag all-gather" in labels
     assert "1x8 zigzag all-gather hs1" in labels
     assert "2x4 zigzag all-gather" in labels
-    assert "All-gather: its best candidate" in rec.explanation
-    assert "Against the ring on the same mesh" in rec.explanation
-    assert "GiB of gathered K/V" in rec.explanation
+    assert rec.explanation is not None and rec.explanation.gather is not None
+    assert rec.explanation.gather.ring is not None  # the ring on the same mesh
+    why = explanation_text(asdict(rec.explanation))
+    assert "All-gather: its best candidate" in why and "Against the ring on the same mesh" in why
+    assert "GiB of gathered K/V" in why
     only_ring = recommend(
         RecommendRequest(heads=32, kv_heads=8, seq_len=32768, gpus=8, top=0, cp_comms=("p2p",))
     )
@@ -225,7 +229,9 @@ def test_framework_settings_for_all_gather() -> None:
     meg = megatron_setting(pure, sizes)
     assert "--cp-comm-type all_gather" in meg.settings and meg.expressible
     meg_usp = megatron_setting(usp, sizes)
-    assert not meg_usp.expressible and "no a2a+all_gather" in meg_usp.note
+    assert not meg_usp.expressible
+    assert "no_a2a_all_gather" in {c.kind for c in meg_usp.caveats}
+    assert "no a2a+all_gather" in setting_note(asdict(meg_usp))
     titan = torchtitan_setting(pure, [RankedCandidate(pure)])
     assert "context_parallel_rotate_method allgather" in titan.settings
     strided = predict(

@@ -3,14 +3,17 @@ interval and a verdict; exit 1 on a significant regression beyond the threshold.
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
+from rich.console import Console
 from typer.testing import CliRunner
 
-from cpbench.app.compare import compare_results
+from cpbench.app.compare import Comparison, compare_results
 from cpbench.app.report import build_comparison
 from cpbench.cli.main import app
+from cpbench.render.tables import compare_table
 from cpbench.results.store import read_records
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -74,3 +77,24 @@ def test_an_equivalent_name_matches(tmp_path: Path) -> None:
     row = next(r for r in result.rows if r["id"] == target["id"])
     assert row["verdict"] == "no significant change" and row["ratio"] == 1.0
     assert result.unmatched == 0
+
+
+def test_table_names_every_axis_that_tells_rows_apart() -> None:
+    """Two configurations that differ only in heads / KV heads (or another axis) read apart."""
+    base = {"id": "a", "mesh": "U1xR4", "layout": "contiguous", "seq_len": 1024,
+            "phase": "fwd+bwd", "heads": 8, "kv_heads": 2, "dtype": "float32",
+            "before_s": 0.01, "after_s": 0.01, "ratio": 1.0, "ratio_low": 0.9,
+            "ratio_high": 1.1, "verdict": "no significant change", "regression": False}
+    rows = [base, {**base, "id": "b", "heads": 16, "kv_heads": 4},
+            {**base, "id": "c", "dtype": "bfloat16"}]
+    console = Console(width=120, file=io.StringIO(), color_system=None)
+    console.print(compare_table(Comparison(("x", "y"), 0.05, rows)))
+    text = console.file.getvalue()  # type: ignore[attr-defined]
+    header = next(line for line in text.splitlines() if "layout" in line)
+    assert all(col in header for col in (" h ", " kv ", "dtype"))
+    body = [line for line in text.splitlines() if "contiguous" in line]
+    assert len(body) == 3 and len(set(body)) == 3
+    one_dtype = Console(width=120, file=io.StringIO(), color_system=None)
+    one_dtype.print(compare_table(Comparison(("x", "y"), 0.05, rows[:2])))
+    assert "dtype" not in one_dtype.file.getvalue()  # type: ignore[attr-defined]
+    assert {"heads", "kv_heads"} <= set(compare_results(SWEEP, AFTER).rows[0])

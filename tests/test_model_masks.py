@@ -4,6 +4,7 @@ documents and sliding windows."""
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from fractions import Fraction
 from pathlib import Path
 
@@ -33,6 +34,7 @@ from cpbench.model.formulas import (
 )
 from cpbench.model.hardware.loading import load_profile
 from cpbench.model.memory import memory_estimate
+from cpbench.render.recommend import explanation_text, setting_note
 
 runner = CliRunner()
 H100 = load_profile("h100-sxm")
@@ -296,7 +298,8 @@ def test_recommend_cli_with_documents_and_window(documents_file: Path) -> None:
     assert {c["layout"] for c in doc["candidates"]} <= set(LAYOUTS)
     assert doc["explanation"] and doc["winner"]["layout"] in LAYOUTS
     assert "ring-flash-attn" in {f["framework"] for f in doc["frameworks"]}
-    assert "THD" in doc["frameworks"][0]["note"]
+    assert "documents" in {c["kind"] for c in doc["frameworks"][0]["caveats"]}
+    assert "THD" in setting_note(doc["frameworks"][0])
 
 
 def test_recommend_ranks_every_layout_with_documents(documents_file: Path) -> None:
@@ -305,14 +308,16 @@ def test_recommend_ranks_every_layout_with_documents(documents_file: Path) -> No
     )
     ring_layouts = {r.prediction.candidate.layout for r in rec.ranked if r.prediction.candidate.ring > 1}
     assert ring_layouts == set(LAYOUTS)
-    assert "global zigzag leaves ring rank" in rec.explanation
-    assert "the balanced layout brings it to" in rec.explanation
+    why = explanation_text(asdict(rec.explanation))
+    assert "global zigzag leaves ring rank" in why and "the balanced layout brings it to" in why
+    assert rec.explanation is not None and rec.explanation.mask is not None
+    assert set(rec.explanation.mask.layouts) == set(LAYOUTS)
     windowed = recommend(RecommendRequest(heads=32, kv_heads=8, window=4096, gpus=8, top=0))
     ring_layouts = {
         r.prediction.candidate.layout for r in windowed.ranked if r.prediction.candidate.ring > 1
     }
     assert ring_layouts == set(GLOBAL_LAYOUTS)
-    assert "ring steps on contiguous" in windowed.explanation
+    assert "ring steps on contiguous" in explanation_text(asdict(windowed.explanation))
 
 
 @pytest.mark.parametrize(

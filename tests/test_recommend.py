@@ -7,6 +7,7 @@ import io
 import json
 import math
 import random
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,8 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from cpbench.app.recommend import (
+    FrameworkSetting,
+    Recommendation,
     RecommendRequest,
     Uncertainty,
     cp_comm_type,
@@ -28,15 +31,26 @@ from cpbench.config.constraints import AttentionShape
 from cpbench.config.problem import MeshCandidate
 from cpbench.errors import CpbenchError
 from cpbench.model.calibrate.stats import TIE_RULE
+from cpbench.model.hardware.file_schema import profile_from_dict
 from cpbench.model.hardware.loading import load_profile
 from cpbench.model.hardware.profile import CalibrationInfo, HardwareProfile
-from cpbench.model.hardware.writer import save_profile
+from cpbench.model.hardware.writer import profile_document, save_profile
 from cpbench.model.topology import PRIOR_RELATIVE_ERROR
-from cpbench.render.recommend import render_recommendation
+from cpbench.render.recommend import explanation_text, render_recommendation, setting_note
 from cpbench.results.scenarios import load_scenario
 from tests.synthetic import synthetic_record
 
 runner = CliRunner()
+
+
+def why(rec: Recommendation) -> str:
+    """The full explanation of a recommendation, in words (`recommend --explain`)."""
+    return explanation_text(asdict(rec.explanation) if rec.explanation else None)
+
+
+def note(setting: FrameworkSetting) -> str:
+    """A framework setting's caveats, in words."""
+    return setting_note(asdict(setting))
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +75,8 @@ def test_default_answer_is_feasible_and_ranked(default) -> None:
     assert winner is not None
     # one node of NVLink: all-to-all is cheap and the kernel sees the whole sequence
     assert (winner.prediction.candidate.ulysses, winner.prediction.candidate.ring) == (8, 1)
-    assert "8x1" in default.explanation and "ahead of the next mesh" in default.explanation
+    assert "8x1" in why(default) and "ahead of the next mesh" in why(default)
+    assert default.explanation is not None and default.explanation.margin is not None
     assert default.rejected == ()
 
 
@@ -78,7 +93,8 @@ def test_rejections_carry_the_rule() -> None:
     assert memory.winner is None and memory.rejected
     assert all(r.kind == "memory" for r in memory.rejected)
     assert "GiB per rank > 79.6 GiB of device memory (h100-sxm)" in memory.rejected[0].rule
-    assert "No candidate is feasible" in memory.explanation
+    assert memory.explanation is None
+    assert "No candidate is feasible" in explanation_text(None, len(memory.rejected))
 
 
 def test_kv_replication_is_automatic() -> None:
@@ -128,9 +144,9 @@ def test_framework_settings_for_a2a_p2p() -> None:
     assert "set_seq_parallel_pg(8, 2, rank, world_size=16)" in settings["yunchang"].settings
     assert 'ring_impl_type="zigzag"' in settings["yunchang"].settings
     assert not settings["DeepSpeed"].expressible
-    assert "cannot express a ring (R = 2)" in settings["DeepSpeed"].note
+    assert "cannot express a ring (R = 2)" in note(settings["DeepSpeed"])
     assert not settings["torchtitan"].expressible
-    assert "ring-only with head-tail load balancing" in settings["torchtitan"].note
+    assert "ring-only with head-tail load balancing" in note(settings["torchtitan"])
     assert "context_parallel_degree 16" in settings["torchtitan"].settings
 
 
@@ -217,7 +233,8 @@ def _probe_like(profile: HardwareProfile, residuals: tuple[float, float]) -> Har
         dataclasses.replace(
             cost,
             source=f"measured by cpbench probe test: {kind} over 8 sizes, least-squares "
-            f"latency + bytes / busbw (RMS residual {100 * res:.1f}%)",
+            "latency + bytes / busbw",
+            fit_residual=res,
         )
         for cost, kind, res in (
             (tier.all_to_all, "all_to_all", residuals[0]),
@@ -226,6 +243,20 @@ def _probe_like(profile: HardwareProfile, residuals: tuple[float, float]) -> Har
     ]
     links = dataclasses.replace(tier, all_to_all=stated[0], send_recv=stated[1])
     return dataclasses.replace(profile, intra_node=links, topology=None)
+
+
+def test_probe_residual_is_a_number_and_old_profiles_state_it_in_prose() -> None:
+    probe = _probe_like(load_profile("h100-sxm"), (0.198, 0.377))
+    document = profile_document(probe)
+    assert document["links"]["intra_node"]["send_recv"]["fit_residual"] == pytest.approx(0.377)
+    assert profile_uncertainty(profile_from_dict(document), None).sigma == pytest.approx(0.377)
+    for kind, res in (("all_to_all", 19.8), ("send_recv", 37.7)):  # a profile of before the field
+        cost = document["links"]["intra_node"][kind]
+        del cost["fit_residual"]
+        cost["source"] += f" (RMS residual {res}%)"
+    old = profile_from_dict(document)
+    assert old.intra_node.send_recv.fit_residual == pytest.approx(0.377)
+    assert profile_uncertainty(old, None).kind == "probe"
 
 
 def test_sigma_of_each_source(tmp_path: Path) -> None:

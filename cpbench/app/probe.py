@@ -636,8 +636,8 @@ def measured_profile(
             fit.busbw,
             f"measured by cpbench probe {stamp}: {fit.kind} over {fit.points} sizes "
             f"{format_bytes(fit.sizes[0], '.3g')} - {format_bytes(fit.sizes[1], '.3g')}, median "
-            f"of repetitions, max over ranks, least-squares latency + bytes / busbw "
-            f"(RMS residual {fit.residual:.1%})",
+            f"of repetitions, max over ranks, least-squares latency + bytes / busbw",
+            fit.residual,
         )
         tiers[fit.level] = with_cost(tiers[fit.level], fit.kind, cost)
     kinds: tuple[CollectiveKind, ...] = ("all_to_all", "send_recv")

@@ -4,6 +4,7 @@ turns errors into exit codes (once, here) and device resolution."""
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable
 from typing import Annotated, Any
 
@@ -25,7 +26,6 @@ console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
 
 
-
 def command(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Register a command; the one place where errors meet the process exit code: a
     CpbenchError (bad input) becomes one line on stderr and exit code 2, a RunFailure (a rank
@@ -42,7 +42,26 @@ def command(fn: Callable[..., Any]) -> Callable[..., Any]:
             err_console.print(f"cpbench: failed: {exc}", markup=False, highlight=False)
             raise typer.Exit(EXIT_WRONG_RESULT) from None
 
-    return app.command()(wrapper)
+    text = reflow(fn.__doc__ or "")
+    return app.command(help=text, short_help=summary(text))(wrapper)
+
+
+def summary(text: str) -> str:
+    """The first clause of a help text (up to a `.`, `:` or `;` outside parentheses): the
+    line `cpbench --help` lists a command with."""
+    depth = 0
+    for i, char in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if depth == 0 and char in ".:;" and text[i + 1 : i + 2] in (" ", "\n", ""):
+            return text[:i]
+    return text
+
+
+def reflow(doc: str) -> str:
+    """A docstring as help that wraps to the terminal: each paragraph's hard line breaks
+    become spaces; a paragraph that starts with `\\b` keeps its lines."""
+    paragraphs = inspect.cleandoc(doc).split("\n\n")
+    return "\n\n".join(p if p.startswith("\b") else " ".join(p.split()) for p in paragraphs)
 
 
 def _print_version(value: bool) -> None:

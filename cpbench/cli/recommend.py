@@ -100,6 +100,14 @@ def recommend(
             ),
         ),
     ] = None,
+    explain: Annotated[
+        bool,
+        typer.Option(
+            "--explain",
+            help="Every column, the full explanation and each framework's caveats "
+            "(default: what fits one screen).",
+        ),
+    ] = False,
     as_json: JsonOption = False,
 ) -> None:
     """Rank every U x R mesh of the CP degree and every layout by predicted step time.
@@ -149,7 +157,7 @@ def recommend(
         report["scenario_written"] = str(written) if written else None
         print(json.dumps(report, indent=1))
         return
-    for renderable in render.render_recommendation(report):
+    for renderable in render.render_recommendation(report, explain):
         console.print(renderable)
     if written:
         console.print(f"wrote {written}: measure it with `cpbench sweep {written}`")

@@ -128,7 +128,8 @@ closed forms (flops.py's step matrix is R x R)."""
 
 @dataclass(frozen=True)
 class Placement:
-    """Where the CP groups of a U x R mesh sit and which link tier each collective uses."""
+    """Where the CP groups of a U x R mesh sit and which link tier each collective uses (the
+    facts; `cpbench.render.recommend.placement_text` words them)."""
 
     ulysses: int
     """U."""
@@ -155,33 +156,6 @@ class Placement:
         if self.ulysses == 1:
             return Fraction(0)
         return Fraction(self.ulysses - self.ulysses_peers_in_node, self.ulysses - 1)
-
-    def describe(self) -> str:
-        """One sentence per stage: where the groups are and which tier they use."""
-        parts = []
-        if self.ulysses > 1:
-            if self.ulysses_tier == "intra_node":
-                parts.append(
-                    f"each Ulysses group ({self.ulysses} consecutive ranks) stays inside a node"
-                )
-            else:
-                parts.append(
-                    f"a Ulysses group of {self.ulysses} spans nodes ({self.ulysses_peers_in_node} "
-                    f"peers per node): {self.ulysses_inter_fraction} of its all-to-all bytes "
-                    f"cross nodes"
-                )
-        if self.ring > 1:
-            stride = f"strided by {self.ulysses}" if self.ulysses > 1 else "consecutive"
-            if self.ring_tier == "intra_node":
-                parts.append(f"the ring of {self.ring} ({stride}) stays inside a node")
-            else:
-                parts.append(
-                    f"the ring of {self.ring} ({stride}) crosses nodes on "
-                    f"{self.ring_crossing_hops} of {self.ring} hops, which pace every step"
-                )
-        if not parts:
-            return "a single rank: no communication"
-        return "; ".join(parts)
 
 
 def placement(ulysses: int, ring: int, devices_per_node: int, rank_stride: int = 1) -> Placement:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from functools import cache
 from importlib.resources import files
@@ -39,6 +39,7 @@ from cpbench.app.report.data import (
     Summary,
 )
 from cpbench.render.figures import balance, communication, compare, memory, prediction, timing
+from cpbench.render.recommend import explanation_text, setting_note
 from cpbench.results.frame import PHASE_ORDER, ok_rows, phases_of
 
 PLOTLY_CONFIG = {"displaylogo": False, "responsive": True, "showLink": False}
@@ -311,6 +312,10 @@ def recommendation_view(rec: Recommendation | None, note: str | None) -> Recomme
     """The recommendation with its tables (those with rows) laid out."""
     if rec is None:
         return RecommendationView(None, note)
+    if rec.explanation is not None or rec.frameworks:
+        settings = [(f.framework, f.settings, setting_note(asdict(f))) for f in rec.frameworks]
+        summary = explanation_text(asdict(rec.explanation)) if rec.explanation else rec.summary
+        rec = replace(rec, summary=summary, settings=settings)
     tables = []
     for i, (caption, rows) in enumerate(rec.tables):
         if not rows:

@@ -521,17 +521,30 @@ COMPARE_CAPTION = (
 )
 
 
+AXIS_COLUMNS = {"heads": "h", "kv_heads": "kv", "head_dim": "d", "batch": "B", "dtype": "dtype",
+                "impl": "impl", "mask": "mask", "window": "W", "kernel": "kernel",
+                "backend": "backend"}
+"""Header of each configuration axis `compare_table` may show (heads and KV heads always,
+the others where rows differ in them)."""
+
+
 def compare_table(comparison: Any) -> FitTable:
-    """`cpbench compare`: one row per configuration (`cpbench.app.compare.Comparison`)."""
+    """`cpbench compare`: one row per configuration (`cpbench.app.compare.Comparison`), with
+    every configuration axis that tells two rows apart."""
     table = FitTable(title=f"cpbench compare: {' -> '.join(comparison.sources)}",
                      caption=COMPARE_CAPTION, index=True)
-    for col in ("L", "UxR", "layout", "phase", "before", "after", "after/before", "verdict"):
+    rows = comparison.rows
+    axes = [a for a in AXIS_COLUMNS if a in ("heads", "kv_heads")
+            or len({str(r.get(a)) for r in rows}) > 1]
+    for col in ("L", *(AXIS_COLUMNS[a] for a in axes), "UxR", "layout", "phase", "before",
+                "after", "after/before", "verdict"):
         table.add_column(
             col,
-            justify="right" if col in ("L", "before", "after", "after/before") else "left",
+            justify="left" if col in ("UxR", "layout", "phase", "verdict", "dtype", "impl",
+                                      "mask", "kernel", "backend") else "right",
             wrap=col == "verdict",
         )
-    for r in comparison.rows:
+    for r in rows:
         mesh = str(r.get("mesh") or "").replace("U", "").replace("R", "")
         ratio: str | Text
         if r["verdict"] is None:
@@ -544,10 +557,14 @@ def compare_table(comparison: Any) -> FitTable:
             text = r["verdict"] + (" REGRESSION" if r["regression"] else "")
             verdict = Text(text, style=style)
         table.add_row(
-            str(r.get("seq_len") or "-"), mesh, str(r.get("layout") or "-"),
-            str(r.get("phase") or "-"),
+            str(r.get("seq_len") or "-"), *(_cell(r.get(a)) for a in axes), mesh,
+            str(r.get("layout") or "-"), str(r.get("phase") or "-"),
             "-" if r.get("before_s") is None else format_seconds(r["before_s"]),
             "-" if r.get("after_s") is None else format_seconds(r["after_s"]),
             ratio, verdict,
         )
     return table
+
+
+def _cell(value: Any) -> str:
+    return "-" if value is None else str(value)

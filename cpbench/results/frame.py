@@ -120,34 +120,37 @@ def _aliased(before: pd.DataFrame, after: pd.DataFrame) -> pd.DataFrame:
     return before.assign(id=before["id"].replace(rename)) if rename else before
 
 
+COMPARE_AXES = ("seq_len", "heads", "kv_heads", "head_dim", "batch", "dtype", "impl", "mask",
+                "window", "kernel", "backend")
+"""Configuration axes `compare_frame` keeps beside mesh, layout and phase (those the frames
+have): what tells two compared rows apart."""
+
+
 def compare_frame(
     before: pd.DataFrame, after: pd.DataFrame, threshold: float = 0.05
 ) -> pd.DataFrame:
     """Before/after per configuration, matched by record id (the last record of an id wins; an
     id a side measured under an equivalent name matches it, `_aliased`): id, mesh, layout,
-    seq_len, phase, status and median of each side, `ratio` = after/before (NaN when either
+    phase, the `COMPARE_AXES`, status and median of each side, `ratio` = after/before (NaN when either
     side has no time), `change_pct` in percent, the ratio's bounds `ratio_low`/`ratio_high`
     from the two medians' 95% intervals and the `verdict` (`stats.compare_intervals`: faster /
     slower / no significant change), and `regression`: slower and the ratio above 1 +
     `threshold`. Ids found on one side only are kept (with NaN on the other)."""
-    keep = ["id", "mesh", "layout", "seq_len", "phase", "status", "median_s", "ci_low_s",
-            "ci_high_s"]
+    axes = ["mesh", "layout", "phase", *(c for c in COMPARE_AXES if c in before and c in after)]
+    keep = ["id", *axes, "status", "median_s", "ci_low_s", "ci_high_s"]
     before = _aliased(before, after)
     after = _aliased(after, before)
     b = before[keep].drop_duplicates("id", keep="last")
     a = after[keep].drop_duplicates("id", keep="last")
     merged = b.merge(a, on="id", how="outer", suffixes=("_before", "_after"), sort=False)
-    for col in ("mesh", "layout", "seq_len", "phase"):
+    for col in axes:
         merged[col] = merged[f"{col}_after"].combine_first(merged[f"{col}_before"])
     before_s = merged["median_s_before"].where(merged["status_before"] == "ok")
     after_s = merged["median_s_after"].where(merged["status_after"] == "ok")
     out = pd.DataFrame(
         {
             "id": merged["id"],
-            "mesh": merged["mesh"],
-            "layout": merged["layout"],
-            "seq_len": merged["seq_len"],
-            "phase": merged["phase"],
+            **{col: merged[col] for col in axes},
             "status_before": merged["status_before"],
             "status_after": merged["status_after"],
             "before_s": before_s.astype("float64"),

@@ -1,15 +1,28 @@
-"""The settings that reproduce a recommended mesh in Megatron-LM, DeepSpeed, yunchang and
-torchtitan."""
+"""The settings that reproduce a recommended mesh in Megatron-LM, DeepSpeed, yunchang,
+torchtitan and ring-flash-attn, each with its caveats as facts (`cpbench.render.recommend`
+words them)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from cpbench.app.recommend.parallel import ParallelSizes
-from cpbench.app.recommend.types import FrameworkSetting, RankedCandidate
+from cpbench.app.recommend.types import (
+    Caveat,
+    CaveatKind,
+    FrameworkSetting,
+    RankedCandidate,
+)
 from cpbench.config.vocabulary import YUNCHANG_RING_IMPL_TYPES
 from cpbench.model.cost import Prediction
-from cpbench.units import format_seconds
+
+
+def _closest(
+    kind: CaveatKind, r: RankedCandidate, ranked: Sequence[RankedCandidate], *values: int
+) -> Caveat:
+    """A caveat naming the closest alternative `r` (its label, rank and time)."""
+    return Caveat(kind, values, candidate=r.label, position=ranked.index(r) + 1, time_s=r.time_s)
 
 
 def framework_settings(
@@ -18,9 +31,8 @@ def framework_settings(
     """Settings for the winner in Megatron-LM, DeepSpeed, yunchang and torchtitan."""
     best = ranked[0].prediction
     if sizes.cp == 1:
-        none = "CP = 1: no context parallelism; nothing to set"
         return tuple(
-            FrameworkSetting(name, True, "-", none)
+            FrameworkSetting(name, True, "-", caveats=(Caveat("cp1"),))
             for name in ("Megatron-LM", "DeepSpeed", "yunchang", "torchtitan")
         )
     settings: tuple[FrameworkSetting, ...] = (
@@ -36,15 +48,14 @@ def framework_settings(
         pure = [r for r in gathers if r.prediction.candidate.ulysses == 1]
         pick = pure[0] if pure else gathers[0] if gathers else None
         if pick is not None:
-            settings += (all_gather_alternative(pick, ranked.index(pick) + 1, gathers[0]),)
-    mask = best.candidate.mask
-    if mask.plain:
+            settings += (all_gather_alternative(pick, ranked, gathers[0]),)
+    if best.candidate.mask.plain:
         return settings
-    return tuple(_with_mask_note(s, best) for s in settings) + (ring_flash_setting(best),)
+    return tuple(_with_mask_caveats(s, best) for s in settings) + (ring_flash_setting(best),)
 
 
 def all_gather_alternative(
-    r: RankedCandidate, position: int, best: RankedCandidate
+    r: RankedCandidate, ranked: Sequence[RankedCandidate], best: RankedCandidate
 ) -> FrameworkSetting:
     """How the frameworks run an all-gather candidate when none wins: the best one they can
     express (U = 1), naming the best all-gather candidate of all when that one has Ulysses."""
@@ -55,105 +66,52 @@ def all_gather_alternative(
         f"--parallelism.context_parallel_rotate_method allgather; ring-flash-attn "
         f"llama3_flash_attn_varlen_func(..., heads_k_stride={c.gather_stride})"
     )
-    note = f"all-gather CP as {r.label} (rank {position}, {format_seconds(r.time_s, 2)})"
+    caveats = [_closest("ag_alternative", r, ranked)]
     if best is not r:
-        note += (
-            f"; the best all-gather candidate, {best.label} "
-            f"({format_seconds(best.time_s, 2)}), combines Ulysses with the all-gather, "
-            f"which no framework offers"
-        )
+        caveats.append(_closest("ag_best_has_ulysses", best, ranked))
     if c.ulysses > 1:
-        note += (
-            f"; its Ulysses level (U = {c.ulysses}) exists only in Megatron, as a2a+p2p with "
-            f"the ring, and in cpbench"
-        )
-    return FrameworkSetting("all-gather CP", c.ulysses == 1, settings, note + ".")
+        caveats.append(Caveat("ag_ulysses_megatron", (c.ulysses,)))
+    return FrameworkSetting("all-gather CP", c.ulysses == 1, settings, caveats=tuple(caveats))
 
 
 def llama3_setting(p: Prediction) -> FrameworkSetting:
     """ring-flash-attention's all-gather CP (its `llama3_*` functions) with the head stride."""
     c = p.candidate
-    stride = c.gather_stride
     code = (
         "llama3_flash_attn_prepare_cu_seqlens(cu_seqlens, causal=True, rank, world_size); "
-        f"llama3_flash_attn_varlen_func(q, k, v, ..., heads_k_stride={stride})"
+        f"llama3_flash_attn_varlen_func(q, k, v, ..., heads_k_stride={c.gather_stride})"
     )
-    note = (
-        "ring-flash-attention's all-gather CP (the Llama 3 scheme): K/V gathered over the CP "
-        f"group in strides of heads_k_stride = {stride} KV head(s), the next in flight; it "
-        "takes the contiguous (varlen) layout"
-    )
+    caveats = [Caveat("llama3", (c.gather_stride,))]
     if c.layout != "contiguous" and p.candidate.causal:
-        note += f", not {c.layout}: expect contiguous's imbalance"
+        caveats.append(Caveat("llama3_layout", name=c.layout))
     if c.ulysses > 1:
-        note += f"; all-gather only: it cannot express the Ulysses level (U = {c.ulysses})"
-    return FrameworkSetting("ring-flash-attn", c.ulysses == 1, code, note + ".")
+        caveats.append(Caveat("gather_only", (c.ulysses,)))
+    return FrameworkSetting("ring-flash-attn", c.ulysses == 1, code, caveats=tuple(caveats))
 
 
-PACKED_DOCUMENT_NOTES: dict[str, str] = {
-    "Megatron-LM": (
-        "packed documents: THD format (PackedSeqParams with cu_seqlens) and every sequence "
-        "padded to a multiple of 2 x CP (Transformer Engine's per-document zigzag, cpbench's "
-        "doc_zigzag); it has no work-balanced layout"
-    ),
-    "DeepSpeed": (
-        "packed documents: Ulysses leaves each rank the whole sequence, so the kernel's own "
-        "varlen / document mask applies; whether your DeepSpeed version passes cu_seqlens "
-        "through the sequence-parallel all-to-all is unknown to cpbench"
-    ),
-    "yunchang": (
-        "packed documents: cpbench found no varlen (cu_seqlens) entry point documented for "
-        "LongContextAttention: unknown; its ring part comes from ring-flash-attn, which has one"
-    ),
-    "torchtitan": (
-        "packed documents: block_causal (document) masks go through FlexAttention "
-        "(pytorch/torchtitan#1001); with CP the load balancer changes for block_causal in "
-        "recent versions: check that yours supports CP with it"
-    ),
-}
-PACKED_DOCUMENT_NOTES["ring-flash-attn"] = (
-    "packed documents: the llama3 varlen functions take cu_seqlens "
-    "(llama3_flash_attn_prepare_cu_seqlens); after the gather every mask is local"
-)
-PACKED_DOCUMENT_NOTES["all-gather CP"] = (
-    "packed documents: after the gather every rank holds all K/V, so the document mask is a "
-    "local problem (the Llama 3 reason for all-gather CP)"
-)
-WINDOW_NOTE = (
-    "sliding window: cpbench skips the ring steps no query can see; check that the framework "
-    "passes the window to its kernels under CP rather than dropping it"
-)
-
-
-def _with_mask_note(setting: FrameworkSetting, p: Prediction) -> FrameworkSetting:
+def _with_mask_caveats(setting: FrameworkSetting, p: Prediction) -> FrameworkSetting:
     mask = p.candidate.mask
-    notes = [setting.note.rstrip(".")]
+    added: tuple[Caveat, ...] = ()
     if mask.documents is not None and len(mask.documents) > 1:
-        notes.append(PACKED_DOCUMENT_NOTES[setting.framework])
+        added += (Caveat("documents", name=setting.framework),)
     if mask.window is not None:
-        notes.append(WINDOW_NOTE)
-    return FrameworkSetting(
-        setting.framework, setting.expressible, setting.settings, "; ".join(notes) + "."
-    )
+        added += (Caveat("window"),)
+    return replace(setting, caveats=setting.caveats + added)
 
 
 def ring_flash_setting(p: Prediction) -> FrameworkSetting:
     """ring-flash-attn's varlen zigzag for packed documents (ring only)."""
     c = p.candidate
-    expressible = c.ulysses == 1
-    note = (
-        "packed documents: zigzag_ring_flash_attn_varlen_func with cu_seqlens, every document "
-        "cut into 2 x ring chunks (cpbench's doc_zigzag, each length a multiple of 2 x ring)"
-    )
-    if not expressible:
-        note += f"; ring only: it cannot express Ulysses (U = {c.ulysses})"
-    if p.candidate.mask.window is not None:
-        note += f"; {WINDOW_NOTE}"
+    caveats = [Caveat("ring_flash_documents")]
+    if c.ulysses != 1:
+        caveats.append(Caveat("ring_only", (c.ulysses,)))
+    if c.mask.window is not None:
+        caveats.append(Caveat("window"))
     return FrameworkSetting(
         "ring-flash-attn",
-        expressible,
+        c.ulysses == 1,
         "zigzag_ring_flash_attn_varlen_func(q, k, v, cu_seqlens, max_seqlen, causal=True)",
-        note + ".",
+        caveats=tuple(caveats),
     )
 
 
@@ -178,63 +136,37 @@ def megatron_setting(p: Prediction, sizes: ParallelSizes) -> FrameworkSetting:
     ]
     if comm == "a2a+p2p":
         flags.append(f"--hierarchical-context-parallel-sizes {c.ulysses} {c.ring}")
-    notes = [
-        "Megatron (Transformer Engine) always splits the sequence into 2 x CP chunks "
-        "(zigzag-style load balancing)"
-    ]
+    caveats = [Caveat("te_chunks")]
     if c.ring > 1 and p.candidate.causal and c.layout != "zigzag":
-        notes.append(f"it cannot run the {c.layout} layout: expect its zigzag equivalent")
+        caveats.append(Caveat("te_layout", name=c.layout))
     if c.replication > 1:
-        notes.append(
-            f"the all-to-all needs KV heads replicated x{c.replication}; check that your "
-            f"Transformer Engine version accepts kv heads < the a2a size"
-        )
-    expressible = True
-    if c.all_gather and c.ulysses > 1:
-        expressible = False
-        notes.append(
-            "Megatron's --cp-comm-type takes p2p, all_gather, a2a or a2a+p2p (per layer a "
-            "list of them): there is no a2a+all_gather, so this U x A all-gather mesh runs as "
-            "a2a+p2p (the ring on the second level)"
-        )
-    elif c.all_gather:
-        notes.append(
-            "all_gather gathers the full K/V before attention with no head stride (TE's "
-            "all-gather path); cpbench's stride, if any, has no Megatron flag"
-        )
-    return FrameworkSetting("Megatron-LM", expressible, " ".join(flags), "; ".join(notes) + ".")
+        caveats.append(Caveat("kv_replication", (c.replication,)))
+    if c.all_gather:
+        caveats.append(Caveat("no_a2a_all_gather" if c.ulysses > 1 else "te_all_gather"))
+    expressible = not (c.all_gather and c.ulysses > 1)
+    return FrameworkSetting("Megatron-LM", expressible, " ".join(flags), caveats=tuple(caveats))
 
 
 def deepspeed_setting(p: Prediction, ranked: Sequence[RankedCandidate]) -> FrameworkSetting:
     """--ds-sequence-parallel-size: Ulysses only."""
     c = p.candidate
     if c.ring == 1 and c.ulysses > 1:
-        note = "DeepSpeed-Ulysses (all-to-all over the sequence-parallel group)."
+        caveats = [Caveat("ds_ulysses")]
         if c.replication > 1:
-            note += (
-                f" KV heads ({c.shape.kv_heads}) < sequence-parallel size ({c.ulysses}): "
-                f"needs a DeepSpeed version that replicates KV heads for GQA."
-            )
-        return FrameworkSetting("DeepSpeed", True, f"--ds-sequence-parallel-size {c.ulysses}", note)
+            caveats.append(Caveat("ds_gqa", (c.shape.kv_heads, c.ulysses)))
+        flag = f"--ds-sequence-parallel-size {c.ulysses}"
+        return FrameworkSetting("DeepSpeed", True, flag, caveats=tuple(caveats))
     alternative = next(
         (r for r in ranked if r.prediction.candidate.ring == 1 and r.prediction.candidate.ulysses > 1),
         None,
     )
-    reason = (
-        f"DeepSpeed-Ulysses cannot express a ring (R = {c.ring}): it only does all-to-all "
-        f"sequence parallelism."
-    )
+    ring = Caveat("ds_ring", (c.ring,))
     if alternative is None:
-        return FrameworkSetting(
-            "DeepSpeed", False, "-", reason + " No Ulysses-only mesh is feasible."
-        )
+        return FrameworkSetting("DeepSpeed", False, "-", caveats=(ring, Caveat("no_ulysses_mesh")))
     u = alternative.prediction.candidate.ulysses
-    position = ranked.index(alternative) + 1
+    closest = _closest("closest_ulysses", alternative, ranked, u)
     return FrameworkSetting(
-        "DeepSpeed",
-        False,
-        f"--ds-sequence-parallel-size {u}",
-        f"{reason} Closest: Ulysses {u}x1 (rank {position}, {format_seconds(alternative.time_s, 2)}).",
+        "DeepSpeed", False, f"--ds-sequence-parallel-size {u}", caveats=(ring, closest)
     )
 
 
@@ -246,28 +178,19 @@ def yunchang_setting(p: Prediction, sizes: ParallelSizes) -> FrameworkSetting:
         f"set_seq_parallel_pg({c.ulysses}, {c.ring}, rank, world_size={sizes.world}); "
         f'LongContextAttention(ring_impl_type="{impl}")'
     )
-    note = (
-        "Ulysses groups are the low (consecutive) ranks (use_ulysses_low=True), as modelled; "
-        f"shard the inputs with the matching extract function (EXTRACT_FUNC_DICT['{impl}'])."
-    )
-    return FrameworkSetting("yunchang", True, code, note)
+    return FrameworkSetting("yunchang", True, code, caveats=(Caveat("yunchang", name=impl),))
 
 
 def torchtitan_setting(p: Prediction, ranked: Sequence[RankedCandidate]) -> FrameworkSetting:
     """context_parallel_degree and rotate method; ring-only with head-tail load balancing."""
     c = p.candidate
-    base = (
-        "torchtitan's context parallelism is ring-only with head-tail load balancing (the "
-        "zigzag layout); rotate_method alltoall passes K/V shards around the ring like the "
-        "modelled ring, allgather (the default) gathers all K/V first"
-    )
     rotate = "allgather" if c.all_gather else "alltoall"
     settings = (
         f"--parallelism.context_parallel_degree {c.world} "
         f"--parallelism.context_parallel_rotate_method {rotate}"
     )
     if c.ulysses == 1:
-        return FrameworkSetting("torchtitan", True, settings, base + ".")
+        return FrameworkSetting("torchtitan", True, settings, caveats=(Caveat("torchtitan"),))
     ring_alternative = next(
         (
             r
@@ -279,14 +202,9 @@ def torchtitan_setting(p: Prediction, ranked: Sequence[RankedCandidate]) -> Fram
         None,
     )
     closest = (
-        f" Closest: ring 1x{c.world} zigzag (rank {ranked.index(ring_alternative) + 1}, "
-        f"{format_seconds(ring_alternative.time_s, 2)})."
+        _closest("closest_ring", ring_alternative, ranked, c.world)
         if ring_alternative is not None
-        else " No ring-only mesh is feasible."
+        else Caveat("no_ring_mesh")
     )
-    return FrameworkSetting(
-        "torchtitan",
-        False,
-        settings,
-        f"{base}; it cannot express Ulysses (U = {c.ulysses}).{closest}",
-    )
+    caveats = (Caveat("torchtitan"), Caveat("titan_ulysses", (c.ulysses,)), closest)
+    return FrameworkSetting("torchtitan", False, settings, caveats=caveats)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from cpbench.app.formulas import mask_from_options
-from cpbench.app.recommend.explain import explain, no_winner
+from cpbench.app.recommend.explain import explain
 from cpbench.app.recommend.frameworks import framework_settings
 from cpbench.app.recommend.parallel import (
     ParallelSizes,
@@ -49,10 +49,6 @@ def load_results(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
     return read_records([Path(p) for p in paths])
 
 
-
-
-
-
 def recommend(request: RecommendRequest) -> Recommendation:
     """Rank every U x R x layout candidate of the CP degree; see the module docstring."""
     _check_request(request)
@@ -87,7 +83,7 @@ def recommend(request: RecommendRequest) -> Recommendation:
         gpus_per_node=per_node,
         ranked=tuple(ranked),
         rejected=tuple(rejected),
-        explanation=explain(ranked, profile) if ranked else no_winner(rejected),
+        explanation=explain(ranked, profile) if ranked else None,
         frameworks=frameworks,
         calibration=calibration,
         warnings=warnings,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from cpbench.app.recommend.types import (
@@ -81,7 +82,7 @@ def _candidate_dict(position: int, r: RankedCandidate, tied: bool = False) -> di
             }
             for x in p.traffic
         ],
-        "placement": p.placement.describe(),
+        "placement": asdict(p.placement),
         "ulysses_tier": p.placement.ulysses_tier,
         "ring_tier": p.placement.ring_tier,
         "work_imbalance": p.work_imbalance,
@@ -178,15 +179,7 @@ def recommendation_report(rec: Recommendation) -> dict[str, Any]:
             for x in rec.rejected
         ],
         "winner": _candidate_dict(1, rec.winner, id(rec.winner) in tied) if rec.winner else None,
-        "explanation": rec.explanation,
-        "frameworks": [
-            {
-                "framework": f.framework,
-                "expressible": f.expressible,
-                "settings": f.settings,
-                "note": f.note,
-            }
-            for f in rec.frameworks
-        ],
+        "explanation": asdict(rec.explanation) if rec.explanation else None,
+        "frameworks": [asdict(f) for f in rec.frameworks],
         "calibration": calibration_summary(rec.calibration) if rec.calibration else None,
     }

@@ -5,7 +5,6 @@ between two measurements, `results.frame.rank_records`)."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -17,28 +16,21 @@ from cpbench.model.hardware.profile import HardwareProfile, LinkCost
 from cpbench.model.topology import interval, relative_sigma, tied
 from cpbench.results.frame import rank_records, record_interval
 
-PROBE_SOURCE = "measured by cpbench probe"
-"""How the link sources of a profile written by `cpbench probe` begin (cpbench/app/probe.py)."""
 PROBE_SIGMA_FLOOR = 0.05
 """Least sigma taken from a probe's fit error (the floor `relative_sigma` puts on a
 calibration's): a link fit that is exact says nothing about the rest of the model."""
 LISTED = 5
 """Tied candidates named in the message (the table and the JSON list them all)."""
-_RESIDUAL = re.compile(r"RMS residual (\d+(?:\.\d+)?)%")
 
 
 def probe_residuals(profile: HardwareProfile) -> tuple[float, ...]:
-    """The RMS residuals (fractions) that a probe profile's link sources state, one per
-    distinct fit; empty for a profile no probe wrote."""
+    """The RMS residuals (fractions) of a probe profile's link fits (`LinkCost.fit_residual`),
+    one per distinct fit; empty for a profile no probe wrote."""
     tiers: list[Any] = [profile.intra_node, profile.inter_node]
     if profile.topology is not None:
         tiers.extend(profile.topology.tiers)
     costs: list[LinkCost] = [c for t in tiers for c in (t.all_to_all, t.send_recv)]
-    found: dict[str, float] = {}
-    for cost in costs:
-        match = _RESIDUAL.search(cost.source) if cost.source.startswith(PROBE_SOURCE) else None
-        if match:
-            found[cost.source] = float(match.group(1)) / 100
+    found = {c: c.fit_residual for c in costs if c.fit_residual is not None}
     return tuple(found.values())
 
 

@@ -26,6 +26,11 @@ class Recommendation:
     """(framework, settings to use, note)."""
     notes: list[str] = field(default_factory=list)
     """Extra lines: the workload, the profile, rejected meshes."""
+    explanation: Any = None
+    """Why the winner wins as facts (`cpbench.app.recommend.explain.Explanation`): the renderer
+    words it as the summary."""
+    frameworks: tuple[Any, ...] = ()
+    """`FrameworkSetting`s with their caveats: the renderer words them as the settings."""
 
 
 @dataclass

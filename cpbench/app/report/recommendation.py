@@ -190,12 +190,12 @@ def service_recommendation(
     for r in rec.rejected:
         notes.append(f"Rejected {r.ulysses}x{r.ring} ({', '.join(r.layouts)}): {r.rule}")
     out = Recommendation(
-        summary=rec.explanation,
+        explanation=rec.explanation,
         tables=[
             ("Ranked candidates (measured where measured, else the model)", ranked_rows),
             *measured.tables,
         ],
-        settings=[(f.framework, f.settings, f.note) for f in rec.frameworks],
+        frameworks=rec.frameworks,
         notes=notes,
     )
     return out, None

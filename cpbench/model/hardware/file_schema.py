@@ -202,6 +202,17 @@ class CostTable(FileModel):
     """nccl-tests bus bandwidth, GB/s."""
     source: str = ""
     """Where the numbers come from."""
+    fit_residual: NonNegativeNumber | None = None
+    """RMS relative residual of the fit that measured them (`cpbench probe`)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_residual(cls, data: Any) -> Any:
+        """Probe profiles written before `fit_residual` state it in the source only."""
+        if not isinstance(data, Mapping) or "fit_residual" in data:
+            return data
+        found = re.search(r"RMS residual (\d+(?:\.\d+)?)%", str(data.get("source", "")))
+        return {**data, "fit_residual": float(found.group(1)) / 100} if found else data
 
 
 class TierTable(FileModel):
@@ -402,7 +413,7 @@ def _profile_error(exc: ValidationError, origin: str, legacy: str | None = None)
 
 
 def _cost(c: CostTable) -> LinkCost:
-    return LinkCost(c.latency_us * 1e-6, c.busbw_GBps * GB, c.source)
+    return LinkCost(c.latency_us * 1e-6, c.busbw_GBps * GB, c.source, c.fit_residual)
 
 
 def _tier(tier: LinkTier, table: TierTable) -> LinkTierProfile:

@@ -77,6 +77,8 @@ class LinkCost:
     """nccl-tests bus bandwidth, bytes/s (all-to-all: algbw x (n-1)/n; send/recv: algbw)."""
     source: str = ""
     """Where the numbers come from (datasheet, nccl-tests figure, estimate, calibration)."""
+    fit_residual: float | None = None
+    """RMS relative residual of the fit that measured them (`cpbench probe`); None: not fitted."""
 
     def seconds(self, bytes_sent: float, calls: int = 1, sharing: int = 1) -> float:
         """Time of `calls` calls that send `bytes_sent` bytes per rank in all.

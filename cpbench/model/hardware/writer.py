@@ -27,7 +27,7 @@ def profile_document(profile: HardwareProfile) -> dict[str, Any]:
             "latency_us": _round(c.latency_s * 1e6),
             "busbw_GBps": _round(c.busbw / GB),
             "source": c.source,
-        }
+        } | ({} if c.fit_residual is None else {"fit_residual": _round(c.fit_residual)})
 
     document: dict[str, Any] = {
         "schema_version": PROFILE_SCHEMA_VERSION,
