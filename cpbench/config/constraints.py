@@ -77,11 +77,6 @@ class AttentionShape:
                 f"(GQA groups query heads evenly over KV heads)"
             )
 
-    @property
-    def gqa_group(self) -> int:
-        """Query heads per KV head (h / h_kv)."""
-        return self.heads // self.kv_heads
-
 
 @dataclass(frozen=True)
 class Feasibility:

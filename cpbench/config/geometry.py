@@ -275,10 +275,6 @@ class Packing:
     shards: tuple[Shard, ...]
     """Ring rank j's positions."""
 
-    @property
-    def shard_len(self) -> int:
-        return self.seq_len // self.ring
-
 
 def _merge_runs(runs: list[Run]) -> Shard:
     merged: list[Run] = []

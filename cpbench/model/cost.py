@@ -232,11 +232,6 @@ class PhaseTime:
     """Step overheads paid: k per phase, the ring steps run (x ranks / slots where the node's
     share sets a step)."""
 
-    @property
-    def hidden_comm_s(self) -> float:
-        """Communication hidden behind compute."""
-        return max(0.0, self.comm_s - self.exposed_comm_s)
-
     def __add__(self, other: PhaseTime) -> PhaseTime:
         values = {
             f.name: getattr(self, f.name) + getattr(other, f.name)

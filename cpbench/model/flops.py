@@ -82,11 +82,6 @@ def mask_pairs(mask: MaskSpec, seq_len: int) -> Fraction:
     return Fraction(exact) - (Fraction(seq_len, 2) if mask.causal else 0)
 
 
-def mask_flops(shape: AttentionShape, mask: MaskSpec, phase: str = "forward") -> float:
-    """Global attention FLOPs of one layer under a mask: 4*B*h*d_h per attended pair."""
-    return float(flops_per_pair(shape, 1) * mask_pairs(mask, shape.seq_len) * phase_factor(phase))
-
-
 def flops_per_pair(shape: AttentionShape, ulysses: int = 1) -> int:
     """Forward FLOPs of one (query, key) pair on one rank: 4*B*(h/U)*d_h."""
     if ulysses <= 0 or shape.heads % ulysses:

@@ -364,9 +364,3 @@ def kernel_family(name: str) -> KernelFamily:
         if family == name:
             return family
     raise CpbenchError(f"kernel family {name!r} is not one of {', '.join(KERNEL_FAMILIES)}")
-
-
-def is_kernel_name(kernel: object) -> bool:
-    """Whether `kernel` is a name `resolve_kernel_family` knows (auto, sdpa, a family, an
-    alias)."""
-    return isinstance(kernel, str) and kernel.strip().lower() in KERNEL_NAMES
