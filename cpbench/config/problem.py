@@ -29,7 +29,6 @@ from cpbench.config.constraints import (
 from cpbench.config.geometry import Packing, check_packing, pack, ring_schedule
 from cpbench.config.masks import MaskSpec
 from cpbench.config.vocabulary import (
-    CP_COMMS,
     DEFAULT_CP_COMM,
     DTYPE_BYTES,
     GLOBAL_LAYOUTS,
@@ -132,8 +131,8 @@ class CpProblem:
     @classmethod
     def for_shape(cls: type[P], shape: AttentionShape, **problem: Any) -> P:
         """The problem of `shape` (its five sizes) with the other fields given by name."""
-        sizes = {f: getattr(shape, f) for f in ("seq_len", "batch", "heads", "kv_heads")}
-        return cls(**sizes, head_dim=shape.head_dim, **problem)
+        sizes = ("seq_len", "batch", "heads", "kv_heads", "head_dim")
+        return cls(**{f: getattr(shape, f) for f in sizes}, **problem)
 
     def problem_fields(self) -> dict[str, Any]:
         """The attention problem's fields by name: what a candidate or a benchmark point of
@@ -352,6 +351,3 @@ class MeshCandidate(CpProblem):
             cp_comm=str(config.get("cp_comm") or DEFAULT_CP_COMM),  # type: ignore[arg-type]
             **optional,
         )
-
-
-__all__ = ["CP_COMMS", "CpProblem", "MeshCandidate", "check_positive_int", "is_int"]
