@@ -9,18 +9,20 @@ import pytest
 
 from cpbench.config.bench import BenchConfig, factorizations
 from cpbench.errors import CpbenchError
-from cpbench.results.scenarios import (
+from cpbench.results.scenarios.file_schema import (
     AXIS_KEYS,
-    BUILTIN,
     TOP_LEVEL_KEYS,
-    Scenario,
     ScenarioAxes,
     ScenarioFile,
+)
+from cpbench.results.scenarios.loading import (
+    BUILTIN,
     available_scenarios,
     default_scenario,
     load_scenario,
     parse_scenario,
 )
+from cpbench.results.scenarios.scenario import Scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 
