@@ -342,7 +342,7 @@ impl = ["cpbench", "torch_cp", "ring_flash_attn", "yunchang", "transformer_engin
 def test_sweep_with_impl_axis_and_the_report(tmp_path: Path) -> None:
     from cpbench.app.report import build_report  # noqa: PLC0415
     from cpbench.app.sweep import run_sweep  # noqa: PLC0415
-    from cpbench.render.html import render_report  # noqa: PLC0415
+    from cpbench.render.html.report import render_report  # noqa: PLC0415
     from cpbench.results.scenarios.loading import load_scenario  # noqa: PLC0415
     from cpbench.results.store import read_records, records_frame  # noqa: PLC0415
 
