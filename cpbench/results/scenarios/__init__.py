@@ -46,9 +46,11 @@ window = ["none", 1024]
 
 By job (pure Python, no torch: the CLI lists and validates scenarios without importing it):
 
-- file_schema.py: the file's layout, the pydantic models `ScenarioFile` and `ScenarioAxes`;
+- file_schema.py: the file's layout, the pydantic models `ScenarioFile`, `ScenarioSettings`
+  and `ScenarioAxes`;
 - messages.py: a validation error in the words above;
-- scenario.py: the runtime `Scenario` and its expansion into benchmark points;
+- scenario.py: the runtime `Scenario` (the validated settings and axes in one model) and its
+  expansion into benchmark points;
 - loading.py: `parse_scenario`, `load_scenario` (a path, a built-in or a ./scenarios name),
   `available_scenarios`, `default_scenario`.
 """

@@ -1,7 +1,8 @@
-"""The scenario file's layout: the pydantic models `ScenarioFile` (run settings and the tables)
-and `ScenarioAxes` (the `[axes]` table), strict types and no unknown keys; each axis is one value
-or a non-empty list of distinct values. Their defaults are the scenario's defaults, and their
-field docstrings say what each key means. Pure Python (no torch).
+"""The scenario file's layout, strict types and no unknown keys: `ScenarioSettings` (the run
+settings), `ScenarioAxes` (the `[axes]` table; each axis one value or a non-empty list of distinct
+values) and `ScenarioFile` (both, and the `[[also]]` tables). Their defaults are the scenario's
+defaults and their field docstrings say what each key means; the runtime `Scenario` is settings
+and axes in one. Pure Python (no torch).
 """
 
 from __future__ import annotations
@@ -245,8 +246,8 @@ class ScenarioAxes(FileModel):
         return self
 
 
-class ScenarioFile(FileModel):
-    """A scenario file: run settings and the `[axes]` table."""
+class ScenarioSettings(FileModel):
+    """The run settings: the top-level keys of a scenario file but its tables."""
 
     name: Annotated[str | None, AfterValidator(_not_empty)] = None
     """Short name; absent = the file's stem."""
@@ -288,13 +289,9 @@ class ScenarioFile(FileModel):
     check_rows: NonNegativeInt = 256
     """Query rows of the full-length sampled-row check (0 = off); it runs when the capped
     check is shorter than the configuration."""
-    axes: ScenarioAxes
-    """The axes of the sweep (required)."""
-    also: list[dict[str, Any]] = []
-    """Further products: each table overrides some axes of [axes] (`[[also]]`)."""
 
     @model_validator(mode="after")
-    def _world_fits_nodes(self) -> ScenarioFile:
+    def _world_fits_nodes(self) -> ScenarioSettings:
         if self.nodes > 1 and self.world_size == "auto":
             raise problem(
                 f'"auto" is for one node; with nodes = {self.nodes} give a number',
@@ -311,6 +308,15 @@ class ScenarioFile(FileModel):
                 key="max_iters",
             )
         return self
+
+
+class ScenarioFile(ScenarioSettings):
+    """A scenario file: the run settings, the `[axes]` table and the `[[also]]` tables."""
+
+    axes: ScenarioAxes
+    """The axes of the sweep (required)."""
+    also: list[dict[str, Any]] = []
+    """Further products: each table overrides some axes of [axes] (`[[also]]`)."""
 
 
 TOP_LEVEL_KEYS: tuple[str, ...] = tuple(ScenarioFile.model_fields)

@@ -6,7 +6,6 @@ of a device. Pure Python (no torch).
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from importlib import resources
 from pathlib import Path
@@ -47,7 +46,7 @@ def parse_scenario(data: dict, source: str) -> Scenario:
         except ValidationError as exc:
             raise scenario_error(exc, where) from None
         extras.append(_scenario(spec, axes, where, base=source))
-    return dataclasses.replace(scenario, also=tuple(extras))
+    return scenario.model_copy(update={"also": tuple(extras)})
 
 
 def _merged_axes(axes: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -76,13 +75,12 @@ def _scenario(
                 resolved_documents(d, seq_len, spec.seed)
             except CpbenchError as exc:
                 raise CpbenchError(f"{source}: key 'documents': {exc}") from None
-    # every key of the file under its own name, as validated, but for these four
     values = {key: value for key, value in [*spec, *axes] if key not in ("axes", "also")}
     values["name"] = spec.name if spec.name is not None else _default_name(source)
     values["source"], values["documents"] = source, documents
     if axes.kv_heads is None and axes.gqa_ratio is None:
         values["gqa_ratio"] = (1,)
-    scenario = Scenario(**values)
+    scenario = Scenario.model_construct(**values)  # validated already
     if scenario.world_size != "auto":
         scenario.meshes(scenario.world_size)  # a mesh that does not fit is an error in the file
     return scenario

@@ -9,7 +9,7 @@ import dataclasses
 import itertools
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Literal
+from typing import Any
 
 from cpbench.config.bench import BenchConfig, check_positive_int, factorizations
 from cpbench.config.constraints import Feasibility
@@ -18,68 +18,27 @@ from cpbench.config.vocabulary import (
     DEFAULT_DTYPE,
     DEVICES,
     SCENARIO_DEVICES,
-    Backend,
-    CpComm,
     Device,
-    Dtype,
-    Layout,
-    Phase,
-    ScenarioDevice,
 )
 from cpbench.errors import CpbenchError
+from cpbench.results.scenarios.file_schema import ScenarioAxes, ScenarioSettings
 
 CPU_WORLD_SIZE = 4
 """Ranks that `world_size = "auto"` gives on the CPU (gloo)."""
 
 
-@dataclass(frozen=True)
-class Scenario:
+class Scenario(ScenarioSettings, ScenarioAxes):
     """A sweep: run settings and the axes whose product gives the benchmark points.
 
-    Built from a validated file (`loading.parse_scenario`): every key of the file's top level
-    (`file_schema.ScenarioFile`) and of its `[axes]` table (`file_schema.ScenarioAxes`) is the
-    attribute of the same name, value and meaning (documented there; an axis is a tuple, None
-    where the file says "none" or "auto"), but for the attributes documented here."""
+    The validated file itself (`loading.parse_scenario` builds it): its run settings and the
+    axes of its `[axes]` table (or of one `[[also]]` table), with a default name, its source,
+    the `[[also]]` products, gqa_ratio = (1,) where the file gives neither it nor kv_heads, and
+    a documents file beside the scenario file named by its path from here."""
 
     name: str
     """Short name (the file's stem when the file gives none), used in records and file names."""
-    description: str
     source: str
     """File the scenario came from, or "<builtin>" for one shipped in the package."""
-    world_size: int | Literal["auto"]
-    device: ScenarioDevice
-    warmup: int
-    iters: int
-    timeout: float
-    check_max_seq_len: int
-    nodes: int
-    seed: int
-    precision: float | None
-    max_iters: int
-    budget: float
-    check_rows: int
-    seq_len: tuple[int, ...]
-    batch: tuple[int, ...]
-    heads: tuple[int, ...]
-    kv_heads: tuple[int, ...] | None
-    gqa_ratio: tuple[int, ...] | None
-    """Query heads per KV head: (1,) when the file gives neither it nor kv_heads, None when it
-    gives kv_heads."""
-    head_dim: tuple[int, ...]
-    dtype: tuple[Dtype, ...] | None
-    causal: tuple[bool, ...]
-    mesh: tuple[tuple[int, int], ...] | Literal["all"]
-    layout: tuple[Layout, ...]
-    kv_replication: tuple[int | None, ...]
-    backend: tuple[Backend, ...]
-    phase: tuple[Phase, ...]
-    impl: tuple[str, ...]
-    documents: tuple[str | None, ...]
-    """Document sources (`cpbench.config.documents.resolve_documents`), None = one document; a
-    file beside the scenario file as a path from here; resolved per seq_len with `seed`."""
-    window: tuple[int | None, ...]
-    cp_comm: tuple[CpComm, ...]
-    heads_k_stride: tuple[int | None, ...]
     also: tuple[Scenario, ...] = ()
     """Further products (the `[[also]]` tables): this scenario with some axes overridden;
     `expand` lists their points after its own."""
