@@ -1,6 +1,9 @@
-"""What `cpbench efficiency` compares and what it reports: the settings, the cases (an
-implementation on a U x R mesh with a layout, or the single-process baseline), which of them
-can run, and the timings, groups and report the run returns.
+"""What `cpbench efficiency` compares and reports. For each world size P and dtype, the cases:
+the single-process fused SDPA step (the baseline: the whole problem on rank 0, with the local
+kernel cpbench picks, the other ranks idle at a barrier), and every mesh U x R of P each
+implementation can express, with the layouts zigzag and contiguous where R > 1 (cpbench: every
+factorization; torch_cp: U = 1; ring_flash_attn: U = 1; yunchang: every factorization; what an
+implementation refuses is listed with its reason). Then the settings, timings, groups, report.
 """
 
 from __future__ import annotations
@@ -120,8 +123,6 @@ class EfficiencyCase:
             ulysses=self.ulysses,
             ring=self.ring,
             layout=self.layout,
-            kv_replication=None,
-            kernel="auto",
             phase="fwd+bwd",
             device=settings.device,
             world_size=world,

@@ -1,13 +1,13 @@
-"""`profile_steps`: one ring step and one Ulysses step (and the baseline) under torch.profiler,
-their time split into buckets: attention kernels, copies, fills, elementwise merge /
-accumulation, communication calls, waits and the rest (docs/profile.md).
+"""`profile_steps`: one ring step and one Ulysses step under torch.profiler (CPU, plus CUDA
+device time on a GPU), the time split into attention kernels, copies, fills, elementwise merge
+/ accumulation, communication calls, waits and the rest (docs/profile.md).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 import torch.distributed as dist
@@ -21,10 +21,7 @@ ProfileBucket = Literal[
     "attention kernels", "copies", "fills", "merge / accumulate", "comm calls", "waits",
     "other ops & autograd",
 ]
-PROFILE_BUCKETS: tuple[ProfileBucket, ...] = (
-    "attention kernels", "copies", "fills", "merge / accumulate", "comm calls", "waits",
-    "other ops & autograd",
-)
+PROFILE_BUCKETS: tuple[ProfileBucket, ...] = get_args(ProfileBucket)
 _ELEMENTWISE = {
     "add", "add_", "mul", "mul_", "sub", "sub_", "logaddexp", "exp", "exp_", "sigmoid",
     "log_sigmoid_forward", "log", "div", "div_", "sum", "neg", "masked_fill", "where", "lerp_",

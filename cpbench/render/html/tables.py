@@ -115,8 +115,6 @@ def _cell(value: Any, kind: str) -> tuple[str, str]:
         return repr(float(value)), f"{float(value) * 100:.1f}%"
     if kind == "num":
         return repr(float(value)), _fmt_num(value.item() if hasattr(value, "item") else value)
-    if isinstance(value, bool):
-        return str(value), str(value)
     return str(value), str(value)
 
 

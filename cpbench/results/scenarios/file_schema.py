@@ -106,13 +106,18 @@ def _documents_source(value: object) -> str | None:
     return value.strip()
 
 
-def _window(value: object) -> int | None:
-    """A sliding window: a positive number of tokens, or "none" / null (unbounded)."""
-    if value is None or value == "none":
-        return None
-    if is_int(value) and value >= 1:
-        return value
-    raise problem(f'{value!r} is not a window; give a positive number of tokens or "none"')
+def _count_or_none(what: str, of: str) -> PlainValidator:
+    """A positive number of `of` (a window in tokens, a head stride in KV heads), or "none" /
+    null (None: unbounded, all at once)."""
+
+    def parse(value: object) -> int | None:
+        if value is None or value == "none":
+            return None
+        if is_int(value) and value >= 1:
+            return value
+        raise problem(f'{value!r} is not {what}; give a positive number of {of} or "none"')
+
+    return PlainValidator(parse)
 
 
 def _not_empty(name: str | None) -> str | None:
@@ -140,19 +145,8 @@ Precision = Annotated[float | None, PlainValidator(_precision)]
 MeshEntry = Annotated[tuple[int, int], PlainValidator(_mesh_entry)]
 KvReplication = Annotated[int | None, PlainValidator(_kv_replication)]
 DocumentsSource = Annotated[str | None, PlainValidator(_documents_source)]
-Window = Annotated[int | None, PlainValidator(_window)]
-
-
-def _stride(value: object) -> int | None:
-    """KV heads per all-gather: a positive number, or "none" / null (all at once)."""
-    if value is None or value == "none":
-        return None
-    if is_int(value) and value >= 1:
-        return value
-    raise problem(f'{value!r} is not a head stride; give a positive number of KV heads or "none"')
-
-
-HeadStride = Annotated[int | None, PlainValidator(_stride)]
+Window = Annotated[int | None, _count_or_none("a window", "tokens")]
+HeadStride = Annotated[int | None, _count_or_none("a head stride", "KV heads")]
 WorldSize = Annotated[
     Annotated[Literal["auto"], Tag("literal")] | Annotated[PositiveInt, Tag("int")],
     _literal_or("auto", "int"),

@@ -124,14 +124,9 @@ class Scenario(ScenarioSettings, ScenarioAxes):
         check_positive_int("world_size", world_size)
         meshes = self.meshes(world_size)
         dtypes = self.dtype or (DEFAULT_DTYPE[device],)
+        ratios = self.gqa_ratio or (1,)  # kv_heads (never empty) or heads // each ratio
         head_pairs = [
-            (h, kv)
-            for h in self.heads
-            for kv in (
-                self.kv_heads
-                if self.kv_heads is not None
-                else [h // g for g in self.gqa_ratio or (1,)]
-            )
+            (h, kv) for h in self.heads for kv in self.kv_heads or [h // g for g in ratios]
         ]
         # two products of at most six axes each (typed), multiplied: the same order as one
         shapes = itertools.product(
