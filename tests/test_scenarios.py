@@ -259,7 +259,7 @@ def test_key_and_scheme() -> None:
         ("ring", 1),
         ("layout", "striped"),
         ("kv_replication", 1),
-        ("backend", "sdpa"),
+        ("kernel", "sdpa"),
         ("phase", "fwd"),
         ("device", "cuda"),
         ("world_size", 8),
