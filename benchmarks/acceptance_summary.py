@@ -39,7 +39,7 @@ from cpbench.app.doctor.statuses import impl_statuses, kernel_statuses, probe_co
 from cpbench.config.impls import base_name
 from cpbench.config.vocabulary import Device
 from cpbench.render.doctor import render_doctor
-from cpbench.results.scenarios import load_scenario
+from cpbench.results.scenarios.loading import load_scenario
 from cpbench.results.store import read_records
 from cpbench.units import format_memory
 

@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 
 from cpbench.app.sweep import run_sweep
-from cpbench.results.scenarios import parse_scenario
+from cpbench.results.scenarios.loading import parse_scenario
 from cpbench.results.store import read_records
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,5 +1,5 @@
 """Parallel efficiency of cpbench's CP attention next to the libraries: `cpbench efficiency`
-(cpbench/app/efficiency.py) with, on a machine without CUDA, the tests' flash_attn stand-in
+(cpbench/app/efficiency/) with, on a machine without CUDA, the tests' flash_attn stand-in
 (tests/stand_ins: PyTorch's fused CPU attention behind flash-attn's private API) on the path,
 so that ring-flash-attention and yunchang run in the 16-bit groups too (they refuse float32).
 

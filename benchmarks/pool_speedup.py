@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 from cpbench.app.sweep import run_sweep
-from cpbench.results.scenarios import load_scenario
+from cpbench.results.scenarios.loading import load_scenario
 
 
 def main() -> None:

@@ -15,17 +15,9 @@ import torch
 from rich.console import Console
 from typer.testing import CliRunner
 
-from cpbench.app.efficiency import (
-    CONVENTION,
-    EfficiencyCase,
-    EfficiencySettings,
-    _timing,
-    bucket_of,
-    cases_of,
-    profile_steps,
-    run_efficiency,
-    with_peers,
-)
+from cpbench.app.efficiency.cases import CONVENTION, EfficiencyCase, EfficiencySettings, cases_of
+from cpbench.app.efficiency.measure import _timing, run_efficiency, with_peers
+from cpbench.app.efficiency.profile import bucket_of, profile_steps
 from cpbench.attention.layouts import packing
 from cpbench.attention.ring import _add_grads, _union_length, ring_plan
 from cpbench.cli.main import app

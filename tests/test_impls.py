@@ -25,7 +25,7 @@ from cpbench.config.bench import BenchConfig, VerifyCase
 from cpbench.config.tolerances import TOLERANCE
 from cpbench.errors import CpbenchError
 from cpbench.impls import IMPLS, get_adapter, skip_reason
-from cpbench.results.scenarios import parse_scenario
+from cpbench.results.scenarios.loading import parse_scenario
 from tests import rank_tasks
 from tests.impl_support import STAND_INS, use_stand_ins
 
@@ -342,8 +342,8 @@ impl = ["cpbench", "torch_cp", "ring_flash_attn", "yunchang", "transformer_engin
 def test_sweep_with_impl_axis_and_the_report(tmp_path: Path) -> None:
     from cpbench.app.report import build_report  # noqa: PLC0415
     from cpbench.app.sweep import run_sweep  # noqa: PLC0415
-    from cpbench.render.html import render_report  # noqa: PLC0415
-    from cpbench.results.scenarios import load_scenario  # noqa: PLC0415
+    from cpbench.render.html.report import render_report  # noqa: PLC0415
+    from cpbench.results.scenarios.loading import load_scenario  # noqa: PLC0415
     from cpbench.results.store import read_records, records_frame  # noqa: PLC0415
 
     path = tmp_path / "impls.toml"

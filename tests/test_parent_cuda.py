@@ -40,7 +40,7 @@ from cpbench.app.sweep import impl_skip_reason
 from cpbench.bench.environment import process_environment
 from cpbench.config.impls import IMPLS
 from cpbench.impls import get_adapter
-from cpbench.results.scenarios import parse_scenario
+from cpbench.results.scenarios.loading import parse_scenario
 
 spec = parse_scenario(
     {{"axes": {{"seq_len": 64, "heads": 4, "kv_heads": 2, "head_dim": 16, "dtype": "bfloat16",

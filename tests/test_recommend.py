@@ -37,7 +37,7 @@ from cpbench.model.hardware.profile import CalibrationInfo, HardwareProfile
 from cpbench.model.hardware.writer import profile_document, save_profile
 from cpbench.model.topology import PRIOR_RELATIVE_ERROR
 from cpbench.render.recommend import explanation_text, render_recommendation, setting_note
-from cpbench.results.scenarios import load_scenario
+from cpbench.results.scenarios.loading import load_scenario
 from tests.synthetic import synthetic_record
 
 runner = CliRunner()

@@ -31,7 +31,9 @@ from cpbench.render.figures import (
     prediction,
     timing,
 )
-from cpbench.render.html import STATIC_FILES, Page, environment, render_comparison, render_report
+from cpbench.render.html.comparison import render_comparison
+from cpbench.render.html.document import STATIC_FILES, Page, environment
+from cpbench.render.html.report import render_report
 from cpbench.results.frame import compare_frame
 from cpbench.results.store import SOURCE_KEY, read_records, records_frame
 

@@ -28,7 +28,8 @@ from typing import Any
 import pytest
 
 from cpbench.app.report import build_comparison, build_report, write_report
-from cpbench.render.html import render_comparison, render_report
+from cpbench.render.html.comparison import render_comparison
+from cpbench.render.html.report import render_report
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "chrome")

@@ -9,18 +9,20 @@ import pytest
 
 from cpbench.config.bench import BenchConfig, factorizations
 from cpbench.errors import CpbenchError
-from cpbench.results.scenarios import (
+from cpbench.results.scenarios.file_schema import (
     AXIS_KEYS,
-    BUILTIN,
     TOP_LEVEL_KEYS,
-    Scenario,
     ScenarioAxes,
     ScenarioFile,
+)
+from cpbench.results.scenarios.loading import (
+    BUILTIN,
     available_scenarios,
     default_scenario,
     load_scenario,
     parse_scenario,
 )
+from cpbench.results.scenarios.scenario import Scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -162,7 +164,7 @@ def test_no_kv_axis_means_mha() -> None:
 
 
 def test_infeasible_points_are_kept_with_their_reason(in_root: Path) -> None:
-    scenario = dataclasses.replace(load_scenario("gqa-ratio"), kv_replication=(1,))
+    scenario = load_scenario("gqa-ratio").model_copy(update={"kv_replication": (1,)})
     expanded = scenario.expand("cuda", 8)
     assert len(expanded) == 24
     skipped = {(c.ulysses, c.kv_heads): f for c, f in expanded if not f.ok}
@@ -443,7 +445,7 @@ def test_file_keys_and_their_descriptions() -> None:
         for name, field in model.model_fields.items():
             assert field.description, f"{model.__name__}.{name} has no docstring"
     # every axis of the file is an attribute of Scenario
-    assert set(AXIS_KEYS) <= {f.name for f in dataclasses.fields(Scenario)}
+    assert set(AXIS_KEYS) <= set(Scenario.model_fields)
 
 
 # --- masks: the documents and window axes, [[also]] ------------------------------------------

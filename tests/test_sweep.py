@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from cpbench.app.sweep import run_sweep
-from cpbench.results.scenarios import load_scenario
+from cpbench.results.scenarios.loading import load_scenario
 from cpbench.results.schema import SCHEMA_VERSION
 from cpbench.results.store import SOURCE_KEY, read_records, read_results, records_frame
 from tests import rank_tasks

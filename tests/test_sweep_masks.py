@@ -16,8 +16,8 @@ from cpbench.config.bench import BenchConfig
 from cpbench.config.geometry import pack, rank_pairs, ring_schedule
 from cpbench.impls import skip_reason
 from cpbench.render.figures.balance import work_balance_figure
-from cpbench.render.html import render_report
-from cpbench.results.scenarios import load_scenario
+from cpbench.render.html.report import render_report
+from cpbench.results.scenarios.loading import load_scenario
 from cpbench.results.schema import ConfigSection, ResultRecord, dump_record, migrate_record
 from cpbench.results.store import append_record, read_records, read_results, records_frame
 

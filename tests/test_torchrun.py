@@ -21,7 +21,7 @@ from cpbench.bench.world import (
     launched_rank,
 )
 from cpbench.errors import CpbenchError
-from cpbench.results.scenarios import load_scenario
+from cpbench.results.scenarios.loading import load_scenario
 from cpbench.results.schema import EnvironmentSection, ResultRecord
 from cpbench.results.store import inflight_path, mark_inflight, read_records
 

@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `tests` as a pac
 
 from cpbench.app.sweep import run_sweep  # noqa: E402
 from cpbench.bench.world import launched_rank  # noqa: E402
-from cpbench.results.scenarios import load_scenario  # noqa: E402
+from cpbench.results.scenarios.loading import load_scenario  # noqa: E402
 from tests import rank_tasks  # noqa: E402
 
 

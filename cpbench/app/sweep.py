@@ -46,7 +46,7 @@ from cpbench.model.flops import FLOPS_CONVENTION, flops_breakdown
 from cpbench.model.formulas import comm_volume
 from cpbench.model.memory import memory_estimate
 from cpbench.results.frame import rank_group
-from cpbench.results.scenarios import Scenario
+from cpbench.results.scenarios.scenario import Scenario
 from cpbench.results.schema import (
     SCHEMA_VERSION,
     AccuracySection,

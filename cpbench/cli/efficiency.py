@@ -66,14 +66,14 @@ def efficiency(
     """Parallel efficiency of cpbench's schemes and the libraries on every mesh they can
     express, against a single-process fused SDPA baseline in the same run: interleaved
     rounds, best-of-N and median with spread; efficiency = t_single / (P x t_case)."""
-    from cpbench.app.efficiency import (  # noqa: PLC0415
+    from cpbench.app.efficiency.cases import (  # noqa: PLC0415
         DEFAULT_IMPLS,
         DEFAULT_LAYOUTS,
         GPU_IMPLS,
         EfficiencySettings,
-        profile_steps,
-        run_efficiency,
     )
+    from cpbench.app.efficiency.measure import run_efficiency  # noqa: PLC0415
+    from cpbench.app.efficiency.profile import profile_steps  # noqa: PLC0415
     from cpbench.render.efficiency import efficiency_tables, profile_table  # noqa: PLC0415
 
     dtypes: list[Dtype] = _choices(dtype, DTYPES, "--dtype")  # type: ignore[assignment]

@@ -74,7 +74,8 @@ def report(
     measured), overlap, memory, causal load balance, the U x R map, predicted vs measured,
     the recommendation and a sortable table of every record, failures included."""
     from cpbench.app.report import build_comparison, build_report, write_report  # noqa: PLC0415
-    from cpbench.render.html import render_comparison, render_report  # noqa: PLC0415
+    from cpbench.render.html.comparison import render_comparison  # noqa: PLC0415
+    from cpbench.render.html.report import render_report  # noqa: PLC0415
 
     data: ReportData | ComparisonData
     if compare:

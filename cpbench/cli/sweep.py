@@ -57,7 +57,7 @@ def sweep(
     sampled rows at the full length), timing to a stated precision, overlap, counted bytes and
     peak memory, one JSONL record each, appended as it ends. Works unchanged under torchrun
     for several nodes."""
-    from cpbench.results.scenarios import default_scenario, load_scenario  # noqa: PLC0415
+    from cpbench.results.scenarios.loading import default_scenario, load_scenario  # noqa: PLC0415
 
     spec = load_scenario(scenario) if scenario else default_scenario(resolve_device(device))
     _run_and_report(
@@ -259,7 +259,7 @@ def run(
     ] = "cpbench",
 ) -> None:
     """Measure one configuration (world size = ulysses x ring) and print its record."""
-    from cpbench.results.scenarios import parse_scenario  # noqa: PLC0415
+    from cpbench.results.scenarios.loading import parse_scenario  # noqa: PLC0415
 
     dev = resolve_device(device)
     spec = parse_scenario(

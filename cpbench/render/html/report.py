@@ -1,0 +1,270 @@
+"""The report page (`render_report`): its sections in page order, each a figure of
+`cpbench.render.figures` with how to read it (or why there is none), and the tables of the
+recommendation, the packed-documents work, the whole-model plan and every record.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, replace
+
+import pandas as pd
+
+from cpbench.app.report.data import NO_PROFILE_NOTE, Recommendation, ReportData
+from cpbench.render.figures import balance, communication, memory, prediction, timing
+from cpbench.render.html.document import Page, RecommendationView, Section, render_page
+from cpbench.render.html.tables import Column, records_table, table
+from cpbench.render.recommend import explanation_text, setting_note
+from cpbench.results.frame import PHASE_ORDER, ok_rows, phases_of
+
+
+def recommendation_view(rec: Recommendation | None, note: str | None) -> RecommendationView:
+    """The recommendation with its tables (those with rows) laid out."""
+    if rec is None:
+        return RecommendationView(None, note)
+    if rec.explanation is not None or rec.frameworks:
+        settings = [(f.framework, f.settings, setting_note(asdict(f))) for f in rec.frameworks]
+        summary = explanation_text(asdict(rec.explanation)) if rec.explanation else rec.summary
+        rec = replace(rec, summary=summary, settings=settings)
+    tables = []
+    for i, (caption, rows) in enumerate(rec.tables):
+        if not rows:
+            continue
+        keys = list(dict.fromkeys(k for row in rows for k in row))
+        frame = pd.DataFrame(rows, columns=keys)
+        columns = [Column(k, k) for k in keys]
+        tables.append((caption, table(frame, columns, table_id=f"recommendation-table-{i}")))
+    return RecommendationView(rec, note, tables)
+
+
+def _missing_phases_note(frame: pd.DataFrame) -> str | None:
+    present = set(phases_of(ok_rows(frame, "median_s")))
+    if not present:
+        return None
+    missing = [p for p in PHASE_ORDER if p not in present]
+    if not missing:
+        return None
+    return (
+        f"No successful {' or '.join(missing)} measurement: "
+        f"the {' and '.join(missing)} facets are left out of every chart."
+    )
+
+
+WORK_COLUMNS = (
+    Column("phase", "phase"),
+    Column("layout", "layout"),
+    Column("mesh", "mesh"),
+    Column("L", "seq_len", "num"),
+    Column("mask", "mask"),
+    Column("documents", "documents", "num"),
+    Column("padding tokens", "padding", "num"),
+    Column("run length", "run_seq_len", "num"),
+    Column("step median ms", "median_s", "ms"),
+    Column("slowest compute ms", "compute_s", "ms"),
+    Column("work max/mean", "work_imbalance", "num"),
+    Column("compute max/mean", "compute_imbalance", "num"),
+    Column("r (ranks)", "correlation", "num"),
+    Column("id", "id", cls="id"),
+)
+
+
+def work_section(report: ReportData) -> Section:
+    """Packed documents: the per-rank work figure and, per record, the padding each layout
+    paid, its predicted and measured balance and its step time."""
+    fits = report.work
+    rows = (
+        pd.concat([fit.records.assign(phase=fit.phase) for fit in fits], ignore_index=True)
+        if fits
+        else pd.DataFrame()
+    )
+    explain = (
+        "Each rank's median compute-only time (communication removed) against the model's "
+        "work for it: attended (query, key) pairs of its ring rank x B x its heads "
+        "(cpbench.config.geometry.rank_pairs, a causal diagonal pair counts 1/2). The dotted "
+        "line is the least-squares fit over every rank of the phase; r is Pearson's "
+        "correlation, the largest error is |fit / measured - 1|. Padding is the tokens the "
+        "layout added (doc_zigzag pads every document to a multiple of 2R)."
+    )
+    if fits:
+        explain += " " + " ".join(
+            f"Phase {fit.phase}: r = {'n/a' if fit.correlation is None else f'{fit.correlation:.3f}'} "
+            f"over {len(fit.points)} ranks, largest error {fit.max_error * 100:.1f}%."
+            for fit in fits
+        )
+    return Section(
+        "packed-documents",
+        "Packed documents: per-rank work and padding",
+        explain,
+        balance.work_balance_figure(fits),
+        table=table(rows, WORK_COLUMNS, table_id="work-table") if not rows.empty else None,
+    )
+
+
+def report_sections(report: ReportData) -> list[Section]:
+    """The sections of a report, in page order."""
+    frame = report.frame
+    phase_note = _missing_phases_note(frame)
+    heat_phase = timing.heatmap_phase(frame)
+    sections = [
+        Section(
+            "step-time",
+            "Step time",
+            "Median over iterations of the slowest rank's step time; bars span p10-p90. "
+            "Colour = U x R mesh, dash = layout.",
+            timing.step_time_figure(frame),
+            phase_note or None,
+        ),
+        Section(
+            "throughput",
+            "Achieved TFLOP/s",
+            "Global attention FLOPs / median step time. "
+            + (f"Convention: {report.flops_convention}." if report.flops_convention else ""),
+            timing.throughput_figure(frame),
+            report.peak_note,
+        ),
+        Section(
+            "communication",
+            "Communication volume: analytic vs measured",
+            "Bytes a rank sends per layer (forward, backward) from the formulas vs counted by "
+            "the instrumented communicator; they must agree: a mismatch is a red cross.",
+            communication.comm_bytes_figure(frame),
+        ),
+        Section(
+            "bandwidth",
+            "Achieved bandwidth",
+            "Measured bytes per rank / communication-only time (algorithm bandwidth).",
+            timing.bandwidth_figure(frame),
+        ),
+        Section(
+            "overlap",
+            "Compute / communication overlap",
+            "Compute-only time plus exposed communication (step - compute) per configuration; "
+            "overlap = (compute + comm - step) / min(compute, comm).",
+            communication.overlap_figure(frame),
+        ),
+        Section(
+            "memory",
+            "Peak memory per rank",
+            "Measured peak per rank (max over ranks) against the analytic lower bound "
+            "(activations of one attention layer, no model weights).",
+            memory.memory_figure(frame),
+        ),
+        Section(
+            "load-balance",
+            "Causal load balance",
+            "Per-rank time under a causal mask: contiguous leaves early ranks idle, zigzag and "
+            "striped spread the work.",
+            balance.load_balance_figure(frame),
+        ),
+        work_section(report),
+        Section(
+            "mesh-heatmap",
+            "U x R mesh",
+            f"Median step time of each Ulysses x Ring mesh per sequence length (phase {heat_phase})."
+            if heat_phase
+            else "",
+            timing.heatmap_figure(frame),
+        ),
+        Section(
+            "prediction",
+            "Predicted vs measured",
+            "Cost-model step time for the hardware profile vs the measurement.",
+            prediction.prediction_figure(frame),
+            report.prediction_note,
+        ),
+        Section(
+            "recommendation",
+            "Recommendation",
+            "The best configuration for the measured workload and the settings to reproduce it.",
+            recommendation=recommendation_view(report.recommendation, report.recommendation_note),
+        ),
+        *plan_sections(report),
+        Section(
+            "records",
+            "All records",
+            "Click a column header to sort. Failed, skipped and timed-out configurations are "
+            "listed with their error.",
+            table=records_table(frame),
+        ),
+    ]
+    defaults = {
+        "step-time": "No successful configuration has a step time: nothing to plot.",
+        "throughput": "No successful configuration reports achieved TFLOP/s.",
+        "communication": "No configuration has both analytic and measured communication bytes.",
+        "bandwidth": "No configuration reports an achieved bandwidth.",
+        "overlap": "No configuration has compute-only and communication-only timings.",
+        "memory": "No configuration reports its peak memory.",
+        "load-balance": "No causal multi-rank configuration has per-rank timings.",
+        "packed-documents": "No configuration with packed documents has per-rank compute "
+        "times and predicted work.",
+        "mesh-heatmap": "No successful configuration has a step time: no U x R map.",
+        "prediction": NO_PROFILE_NOTE,
+    }
+    for s in sections:
+        if s.figure is None and s.key in defaults and not s.note:
+            s.note = defaults[s.key]
+    return sections
+
+
+PLAN_COLUMNS = [
+    Column("#", "rank", "num"),
+    Column("plan", "label"),
+    Column("step (s per optimizer step)", "step_s", "num"),
+    Column("attention share", "attention_share", "pct"),
+    Column("tokens/s/GPU", "tokens_per_s_per_gpu", "num"),
+    Column("MFU", "mfu", "pct"),
+    Column("memory / rank", "memory_bytes", "bytes"),
+    Column("longest L", "max_seq_len", "num"),
+]
+
+
+def plan_sections(report: ReportData) -> list[Section]:
+    """The whole-model plan (`cpbench report --model`): feasible plans by step time, the
+    rejected ones with the component that overflows. None without a model."""
+    plan = report.plan
+    if plan is None:
+        return []
+    inputs, conventions = plan["inputs"], plan["conventions"]
+    feasible = pd.DataFrame(plan["feasible"])
+    model = inputs.get("model", "")
+    name = model.get("name", "") if isinstance(model, dict) else model
+    explain = (
+        f"{name} at L = {inputs.get('seq_len', '')} on "
+        f"{inputs.get('gpus', '')} GPUs ({inputs.get('hardware', '')}): every TP x CP x PP x DP "
+        f"x recompute plan that fits, fastest first. Step in seconds per optimizer step (the "
+        f"plan's parts: {conventions.get('time', '')}); "
+        f"{conventions.get('mfu', '')}; {conventions.get('memory', '')}."
+    )
+    note = None if not feasible.empty else "No plan fits: see the rejected plans."
+    rejected = pd.DataFrame(plan["rejected"])
+    sections = [
+        Section(
+            "plan",
+            "Whole-model plan",
+            explain,
+            note=note,
+            table=None if feasible.empty else table(feasible, PLAN_COLUMNS, table_id="plan-table"),
+        )
+    ]
+    if not rejected.empty:
+        columns = [Column("plan", "label"), Column("why rejected", "rule")]
+        sections.append(
+            Section(
+                "plan-rejected",
+                "Plans that do not fit",
+                "The component that overflows, with the longest sequence the plan holds.",
+                table=table(rejected, columns, table_id="plan-rejected-table"),
+            )
+        )
+    return sections
+
+
+def render_report(report: ReportData) -> Page:
+    """The HTML report page of `report` (`cpbench.app.report.build_report`)."""
+    return render_page(
+        title=report.title,
+        summary=report.summary,
+        sources=report.sources,
+        generated_at=report.generated_at,
+        profile_line=report.profile_line,
+        sections=report_sections(report),
+    )

@@ -1,0 +1,317 @@
+"""The scenario file's layout, strict types and no unknown keys: `ScenarioSettings` (the run
+settings), `ScenarioAxes` (the `[axes]` table; each axis one value or a non-empty list of distinct
+values) and `ScenarioFile` (both, and the `[[also]]` tables). Their defaults are the scenario's
+defaults and their field docstrings say what each key means; the runtime `Scenario` is settings
+and axes in one. Pure Python (no torch).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import (
+    AfterValidator,
+    Discriminator,
+    Field,
+    NonNegativeInt,
+    PlainValidator,
+    PositiveInt,
+    Tag,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+    model_validator,
+)
+
+from cpbench.config.bench import is_int
+from cpbench.config.documents import DISTRIBUTIONS
+from cpbench.config.file_schema import FileModel, problem, rule
+from cpbench.config.impls import DEFAULT_IMPL, IMPLS, Impl
+from cpbench.config.vocabulary import (
+    BACKENDS,
+    CP_COMMS,
+    DTYPES,
+    LAYOUTS,
+    PHASES,
+    SCENARIO_DEVICES,
+    Backend,
+    CpComm,
+    Dtype,
+    Layout,
+    Phase,
+    ScenarioDevice,
+)
+
+_MESH_RE = re.compile(r"^\s*(\d+)\s*[xX]\s*(\d+)\s*$")
+
+T = TypeVar("T")
+
+
+def _axis_values(value: object, handler: ValidatorFunctionWrapHandler) -> tuple[Any, ...]:
+    """A list of values (a scalar means a list of one), each validated by the item type; no
+    value twice."""
+    raw = list(value) if isinstance(value, (list, tuple)) else [value]
+    parsed: tuple[Any, ...] = handler(tuple(raw))
+    for i, item in enumerate(parsed):
+        if item in parsed[:i]:
+            raise problem(f"{raw[i]!r} is repeated in {raw!r}")
+    return parsed
+
+
+Axis = Annotated[tuple[T, ...], Field(min_length=1), WrapValidator(_axis_values)]
+"""An axis: one value or a non-empty list of distinct values of the item type."""
+
+
+def _one_of(values: Iterable[str]) -> WrapValidator:
+    return rule(f"is not one of {', '.join(values)}")
+
+
+def _mesh_entry(value: object) -> tuple[int, int]:
+    """One mesh: "UxR" (spaces allowed) or [U, R], both degrees positive."""
+    if isinstance(value, str):
+        match = _MESH_RE.match(value)
+        if not match:
+            raise problem(f'"{value}" is not a mesh; write "UxR" such as "4x2", or [4, 2]')
+        u, r = int(match.group(1)), int(match.group(2))
+    elif isinstance(value, (list, tuple)) and len(value) == 2 and all(is_int(v) for v in value):
+        u, r = value
+    else:
+        raise problem(f'{value!r} is not a mesh; write "UxR" such as "4x2", [4, 2], or "all"')
+    if u <= 0 or r <= 0:
+        raise problem(f"{value!r}: ulysses and ring degrees must be positive")
+    return u, r
+
+
+def _kv_replication(value: object) -> int | None:
+    """`"auto"` (None: as many copies as the mesh needs), "off" (1) or a positive integer."""
+    if value == "auto":
+        return None
+    if value == "off":
+        return 1
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    raise problem(f'{value!r} is not "auto", "off" or a positive integer')
+
+
+def _documents_source(value: object) -> str | None:
+    """A document source string (`cpbench.config.documents`), or "none" / null: one document."""
+    if value is None or value == "none":
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise problem(
+            f"{value!r} is not a document source; write comma-separated lengths, a file of "
+            f'lengths, a distribution ({", ".join(d + ":..." for d in DISTRIBUTIONS)}) or "none"'
+        )
+    return value.strip()
+
+
+def _count_or_none(what: str, of: str) -> PlainValidator:
+    """A positive number of `of` (a window in tokens, a head stride in KV heads), or "none" /
+    null (None: unbounded, all at once)."""
+
+    def parse(value: object) -> int | None:
+        if value is None or value == "none":
+            return None
+        if is_int(value) and value >= 1:
+            return value
+        raise problem(f'{value!r} is not {what}; give a positive number of {of} or "none"')
+
+    return PlainValidator(parse)
+
+
+def _not_empty(name: str | None) -> str | None:
+    if name is not None and not name.strip():
+        raise problem("must not be empty")
+    return name
+
+
+def _literal_or(literal: str, tag: str) -> Discriminator:
+    """Validate against the union member tagged "literal" when the value is `literal`, else the
+    one tagged `tag` (so that errors come from that member only)."""
+    return Discriminator(lambda value: "literal" if value == literal else tag)
+
+
+def _precision(value: object) -> float | None:
+    """A relative width in (0, 1), or "off" (None: a fixed count of iterations)."""
+    if value == "off":
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < 1:
+        return float(value)
+    raise problem(f'{value!r} is not a relative width between 0 and 1 (0.05 = 5%) or "off"')
+
+
+Precision = Annotated[float | None, PlainValidator(_precision)]
+MeshEntry = Annotated[tuple[int, int], PlainValidator(_mesh_entry)]
+KvReplication = Annotated[int | None, PlainValidator(_kv_replication)]
+DocumentsSource = Annotated[str | None, PlainValidator(_documents_source)]
+Window = Annotated[int | None, _count_or_none("a window", "tokens")]
+HeadStride = Annotated[int | None, _count_or_none("a head stride", "KV heads")]
+WorldSize = Annotated[
+    Annotated[Literal["auto"], Tag("literal")] | Annotated[PositiveInt, Tag("int")],
+    _literal_or("auto", "int"),
+]
+MeshAxis = Annotated[
+    Annotated[Literal["all"], Tag("literal")] | Annotated[Axis[MeshEntry], Tag("list")],
+    _literal_or("all", "list"),
+]
+
+
+class ScenarioAxes(FileModel):
+    """The `[axes]` table: each key one value or a list; the sweep is their product."""
+
+    seq_len: Axis[PositiveInt]
+    """Global sequence lengths (required)."""
+    batch: Axis[PositiveInt] = (1,)
+    """Batch sizes."""
+    heads: Axis[PositiveInt]
+    """Query heads (required)."""
+    kv_heads: Axis[PositiveInt] | None = None
+    """KV heads, each dividing every heads value; at most one of kv_heads and gqa_ratio."""
+    gqa_ratio: Axis[PositiveInt] | None = None
+    """Query heads per KV head (kv_heads = heads // ratio); neither given = 1 (MHA)."""
+    head_dim: Axis[PositiveInt] = (128,)
+    """Channels per head."""
+    dtype: Axis[Annotated[Dtype, _one_of(DTYPES)]] | None = None
+    """Element types; absent = float32 on cpu, bfloat16 on cuda."""
+    causal: Axis[bool] = (True,)
+    """Causal mask or not."""
+    mesh: MeshAxis = "all"
+    """(U, R) meshes as "UxR" or [U, R], or "all" = every factorisation of the world size."""
+    layout: Axis[Annotated[Layout, _one_of(LAYOUTS)]] = ("zigzag",)
+    """Sequence layouts."""
+    kv_replication: Axis[KvReplication] = (None,)
+    """KV replication: "auto", "off" or a number of copies."""
+    backend: Axis[Annotated[Backend, _one_of(BACKENDS)]] = ("auto",)
+    """Local attention kernels."""
+    phase: Axis[Annotated[Phase, _one_of(PHASES)]] = ("fwd+bwd",)
+    """Timed phases."""
+    impl: Axis[Annotated[Impl, _one_of(IMPLS)]] = (DEFAULT_IMPL,)
+    """Implementations (cpbench's own and external libraries, `cpbench.impls`)."""
+    documents: Axis[DocumentsSource] = (None,)
+    """Packed documents: sources as `cpbench.config.documents.resolve_documents` takes them
+    (lengths, a file, a distribution), or "none" (one document per sequence)."""
+    window: Axis[Window] = (None,)
+    """Sliding windows in tokens, or "none" (unbounded); >= seq_len is allowed."""
+    cp_comm: Axis[Annotated[CpComm, _one_of(CP_COMMS)]] = ("p2p",)
+    """How the ring axis exchanges K/V: p2p (the ring) or all_gather (the Llama 3 scheme)."""
+    heads_k_stride: Axis[HeadStride] = (None,)
+    """KV heads per all-gather (all_gather only): a positive number, or "none" (all at once)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_kv_axis(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "kv_heads" in data and "gqa_ratio" in data:
+            raise problem(
+                f"keys 'kv_heads' = {data['kv_heads']!r} and 'gqa_ratio' = "
+                f"{data['gqa_ratio']!r} are both given; use exactly one of them",
+                key="",
+            )
+        return data
+
+    @model_validator(mode="after")
+    def _groups_divide_heads(self) -> ScenarioAxes:
+        for g in self.gqa_ratio or ():
+            for h in self.heads:
+                if h % g:
+                    raise problem(f"{g} does not divide heads ({h})", key="gqa_ratio")
+        for kv in self.kv_heads or ():
+            for h in self.heads:
+                if h % kv:
+                    raise problem(
+                        f"{kv} does not divide heads ({h}): GQA groups must be even",
+                        key="kv_heads",
+                    )
+        return self
+
+    @model_validator(mode="after")
+    def _masks_need_causal(self) -> ScenarioAxes:
+        if False not in self.causal:
+            return self
+        for key, values in (("window", self.window), ("documents", self.documents)):
+            given = [v for v in values if v is not None]
+            if given:
+                raise problem(
+                    f"{given[0]!r} needs a causal mask (a sliding window counts the keys before "
+                    f"a query, a document mask is causal within each document), but causal "
+                    f"is false",
+                    key=key,
+                )
+        return self
+
+
+class ScenarioSettings(FileModel):
+    """The run settings: the top-level keys of a scenario file but its tables."""
+
+    name: Annotated[str | None, AfterValidator(_not_empty)] = None
+    """Short name; absent = the file's stem."""
+    description: str = ""
+    """One or two sentences: what the sweep studies."""
+    world_size: WorldSize = "auto"
+    """Ranks, or "auto" (all local GPUs on cuda, 4 on cpu)."""
+    device: Annotated[ScenarioDevice, _one_of(SCENARIO_DEVICES)] = "auto"
+    """cpu, cuda, or auto (cuda when a GPU is visible)."""
+    warmup: NonNegativeInt = 3
+    """Untimed iterations before timing."""
+    iters: PositiveInt = 10
+    """Timed iterations."""
+    timeout: Annotated[
+        float,
+        Field(gt=0, allow_inf_nan=False),
+        rule("must be a positive, finite number of seconds"),
+    ] = 300.0
+    """Seconds one configuration may take before it is recorded as `timeout`."""
+    check_max_seq_len: PositiveInt = 4096
+    """The reference check runs at min(seq_len, this), rounded down to a valid multiple."""
+    nodes: PositiveInt = 1
+    """Hosts the ranks span; world_size must be a multiple of it."""
+    seed: NonNegativeInt = 0
+    """Seed of the document distributions of the documents axis."""
+    precision: Precision = 0.05
+    """Target relative width of each step median's 95% interval ((high - low) / median, 0 < p
+    < 1): timing goes on past `iters` until it is met, `max_iters` or `budget`; or "off" (a
+    fixed count of `iters`)."""
+    max_iters: PositiveInt = 100
+    """Timed iterations at most, per variant (>= iters)."""
+    budget: Annotated[
+        float,
+        Field(gt=0, allow_inf_nan=False),
+        rule("must be a positive, finite number of seconds"),
+    ] = 2.0
+    """Seconds of timed steps per configuration before timing stops short of the precision
+    (each of the two variants gets half)."""
+    check_rows: NonNegativeInt = 256
+    """Query rows of the full-length sampled-row check (0 = off); it runs when the capped
+    check is shorter than the configuration."""
+
+    @model_validator(mode="after")
+    def _world_fits_nodes(self) -> ScenarioSettings:
+        if self.nodes > 1 and self.world_size == "auto":
+            raise problem(
+                f'"auto" is for one node; with nodes = {self.nodes} give a number',
+                key="world_size",
+            )
+        if self.world_size != "auto" and self.world_size % self.nodes != 0:
+            raise problem(
+                f"{self.world_size} is not a multiple of nodes ({self.nodes})", key="world_size"
+            )
+        if self.max_iters < self.iters:
+            raise problem(
+                f"{self.max_iters} is below iters ({self.iters}): the most iterations cannot be "
+                "fewer than the least",
+                key="max_iters",
+            )
+        return self
+
+
+class ScenarioFile(ScenarioSettings):
+    """A scenario file: the run settings, the `[axes]` table and the `[[also]]` tables."""
+
+    axes: ScenarioAxes
+    """The axes of the sweep (required)."""
+    also: list[dict[str, Any]] = []
+    """Further products: each table overrides some axes of [axes] (`[[also]]`)."""
+
+
+TOP_LEVEL_KEYS: tuple[str, ...] = tuple(ScenarioFile.model_fields)
+AXIS_KEYS: tuple[str, ...] = tuple(ScenarioAxes.model_fields)

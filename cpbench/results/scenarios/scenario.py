@@ -1,0 +1,234 @@
+"""The runtime scenario: `Scenario`, a sweep's settings and axes, and its expansion into the
+benchmark points (`BenchConfig`, each with its `Feasibility`); `distinct` merges the points that
+are the same computation (`canonical_config`, `computation_signature`). Pure Python (no torch).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from cpbench.config.bench import BenchConfig, check_positive_int, factorizations
+from cpbench.config.constraints import Feasibility
+from cpbench.config.documents import resolve_documents
+from cpbench.config.vocabulary import (
+    DEFAULT_DTYPE,
+    DEVICES,
+    SCENARIO_DEVICES,
+    Device,
+)
+from cpbench.errors import CpbenchError
+from cpbench.results.scenarios.file_schema import ScenarioAxes, ScenarioSettings
+
+CPU_WORLD_SIZE = 4
+"""Ranks that `world_size = "auto"` gives on the CPU (gloo)."""
+
+
+class Scenario(ScenarioSettings, ScenarioAxes):
+    """A sweep: run settings and the axes whose product gives the benchmark points.
+
+    The validated file itself (`loading.parse_scenario` builds it): its run settings and the
+    axes of its `[axes]` table (or of one `[[also]]` table), with a default name, its source,
+    the `[[also]]` products, gqa_ratio = (1,) where the file gives neither it nor kv_heads, and
+    a documents file beside the scenario file named by its path from here."""
+
+    name: str
+    """Short name (the file's stem when the file gives none), used in records and file names."""
+    source: str
+    """File the scenario came from, or "<builtin>" for one shipped in the package."""
+    also: tuple[Scenario, ...] = ()
+    """Further products (the `[[also]]` tables): this scenario with some axes overridden;
+    `expand` lists their points after its own."""
+
+    def resolve(self, device: str = "auto", gpu_count: int = 0) -> tuple[Device, int]:
+        """The device and world size to run with.
+
+        `device` is the command line's choice ("auto" defers to the scenario's own, and an
+        "auto" there means cuda when `gpu_count` > 0). A world size of "auto" is `gpu_count`
+        on cuda and 4 on cpu. Whether the node has enough GPUs is left to the caller (under
+        torchrun the ranks span several nodes)."""
+        if device not in SCENARIO_DEVICES:
+            raise CpbenchError(f"device {device!r} is not one of {', '.join(SCENARIO_DEVICES)}")
+        wanted = device if device != "auto" else self.device
+        chosen: Device
+        if wanted == "cpu" or (wanted == "auto" and gpu_count <= 0):
+            chosen = "cpu"
+        elif gpu_count <= 0:
+            raise CpbenchError(f"{self.source}: device 'cuda' requested but no GPU is visible")
+        else:
+            chosen = "cuda"
+        if self.world_size != "auto":
+            world = self.world_size
+        else:
+            world = gpu_count if chosen == "cuda" else CPU_WORLD_SIZE
+        return chosen, world
+
+    def meshes(self, world_size: int) -> list[tuple[int, int]]:
+        """The (U, R) pairs of the mesh axis for a world size; raises if one does not fit."""
+        if isinstance(self.mesh, str):  # "all"
+            return factorizations(world_size)
+        for u, r in self.mesh:
+            if u * r != world_size:
+                raise CpbenchError(
+                    f"{self.source}: key 'mesh': \"{u}x{r}\" gives ulysses ({u}) x ring ({r}) "
+                    f"= {u * r} != world_size ({world_size})"
+                )
+        return list(self.mesh)
+
+    def expand(self, device: str, world_size: int) -> list[tuple[BenchConfig, Feasibility]]:
+        """Every point of the axes' product, in a fixed order (mesh varies fastest, the impl
+        next), each with its feasibility; infeasible points are kept. The feasibility is
+        cpbench's mesh and shape rules; what an external impl supports on top of them is
+        checked when the sweep runs (`cpbench.impls.skip_reason`). The points of the `also`
+        products follow, without the configurations already listed.
+
+        `world_size` is normally the one `resolve` gives; a different one (a command-line
+        override) is accepted as long as every listed mesh multiplies to it."""
+        out = self._expand_own(device, world_size)
+        seen = {config.key for config, _ in out}
+        for extra in self.also:
+            for config, feasibility in extra._expand_own(device, world_size):
+                if config.key not in seen:
+                    seen.add(config.key)
+                    out.append((config, feasibility))
+        return out
+
+    def distinct(self, device: str, world_size: int) -> list[DistinctPoint]:
+        """`expand`'s points with equivalent ones merged: points that are the same computation
+        run once (`canonical`). The first of a set stands for it, under its canonical name
+        (at ring degree 1 every layout is contiguous), with the ids of the others as
+        `equivalent`; the order is `expand`'s."""
+        out: list[DistinctPoint] = []
+        by_signature: dict[str, int] = {}
+        for config, feasibility in self.expand(device, world_size):
+            canonical = canonical_config(config)
+            signature = computation_signature(canonical, feasibility)
+            if signature in by_signature:
+                i = by_signature[signature]
+                point = out[i]
+                if config.key != point.config.key and config.key not in point.equivalent:
+                    out[i] = dataclasses.replace(point, equivalent=(*point.equivalent, config.key))
+                continue
+            by_signature[signature] = len(out)
+            equivalent = (config.key,) if canonical.key != config.key else ()
+            out.append(DistinctPoint(canonical, canonical.feasibility, equivalent))
+        return out
+
+    def _expand_own(self, device: str, world_size: int) -> list[tuple[BenchConfig, Feasibility]]:
+        """The points of this scenario's own axes (not the `also` products)."""
+        if device not in DEVICES:
+            raise CpbenchError(f"device {device!r} is not one of {', '.join(DEVICES)}")
+        check_positive_int("world_size", world_size)
+        meshes = self.meshes(world_size)
+        dtypes = self.dtype or (DEFAULT_DTYPE[device],)
+        ratios = self.gqa_ratio or (1,)  # kv_heads (never empty) or heads // each ratio
+        head_pairs = [
+            (h, kv) for h in self.heads for kv in self.kv_heads or [h // g for g in ratios]
+        ]
+        # two products of at most six axes each (typed), multiplied: the same order as one
+        shapes = itertools.product(
+            self.seq_len, self.batch, head_pairs, self.head_dim, dtypes, self.causal
+        )
+        runs = list(
+            itertools.product(
+                self.layout, self.kv_replication, self.backend, self.phase, self.impl, meshes
+            )
+        )
+        # a head stride is an all-gather knob: p2p points take only "none" from that axis
+        exchanges = [
+            (cp_comm, stride)
+            for cp_comm in self.cp_comm
+            for stride in self.heads_k_stride
+            if cp_comm == "all_gather" or stride is None
+        ]
+        masks = [
+            (source, window, cp_comm, stride)
+            for source, window in itertools.product(self.documents, self.window)
+            for cp_comm, stride in exchanges
+        ]
+        out = []
+        for (seq_len, batch, (heads, kv_heads), head_dim, dtype, causal), (
+            source,
+            window,
+            cp_comm,
+            heads_k_stride,
+        ), (
+            layout,
+            kv_replication,
+            backend,
+            phase,
+            impl,
+            (ulysses, ring),
+        ) in itertools.product(shapes, masks, runs):
+            documents = None if source is None else resolved_documents(source, seq_len, self.seed)
+            config = BenchConfig(
+                seq_len=seq_len,
+                batch=batch,
+                heads=heads,
+                kv_heads=kv_heads,
+                head_dim=head_dim,
+                dtype=dtype,
+                causal=causal,
+                ulysses=ulysses,
+                ring=ring,
+                layout=layout,
+                kv_replication=kv_replication,
+                kernel=backend,
+                phase=phase,
+                device=device,
+                world_size=world_size,
+                nodes=self.nodes,
+                impl=impl,
+                documents=documents,
+                window=window,
+                cp_comm=cp_comm,
+                heads_k_stride=heads_k_stride,
+            )
+            out.append((config, config.feasibility))
+        return out
+
+
+@dataclass(frozen=True)
+class DistinctPoint:
+    """A configuration to measure once, and the names of the points that are the same
+    computation."""
+
+    config: BenchConfig
+    """The configuration, under its canonical name (`canonical_config`)."""
+    feasibility: Feasibility
+    """Whether it can run (the rules of `BenchConfig.feasibility`)."""
+    equivalent: tuple[str, ...] = ()
+    """Ids (`BenchConfig.key`) of the scenario's other points that are this same computation
+    (another layout name at ring degree 1, an axis value that normalises to the same), in
+    expansion order; empty when none."""
+
+
+def canonical_config(config: BenchConfig) -> BenchConfig:
+    """The configuration under its canonical name: with ring degree 1 every layout shards like
+    contiguous (`cpbench.attention.layouts`: a ring of one holds the whole sequence, in order,
+    for every mask), so the layout is contiguous (one document filling the sequence is already
+    no documents: `CpProblem` normalises it)."""
+    changes: dict[str, Any] = {}
+    if config.ring == 1 and config.layout != "contiguous":
+        changes["layout"] = "contiguous"
+    if config.ring == 1 and (config.cp_comm != "p2p" or config.heads_k_stride is not None):
+        changes["cp_comm"], changes["heads_k_stride"] = "p2p", None  # no ring axis to gather over
+    return dataclasses.replace(config, **changes) if changes else config
+
+
+def computation_signature(config: BenchConfig, feasibility: Feasibility) -> str:
+    """What makes two points the same computation: the canonical id with the KV replication
+    resolved ("auto" and the number it resolves to are the same run)."""
+    if feasibility.ok and config.kv_replication != feasibility.kv_replication:
+        config = dataclasses.replace(config, kv_replication=feasibility.kv_replication)
+    return canonical_config(config).key
+
+
+@lru_cache(maxsize=256)
+def resolved_documents(source: str, seq_len: int, seed: int) -> tuple[int, ...]:
+    """The document lengths a source gives for one sequence length and seed (cached: a
+    scenario resolves each pair once for all its points)."""
+    return resolve_documents(source, seq_len, seed)
