@@ -15,7 +15,7 @@ NO_PROFILE_NOTE = "no hardware profile available"
 
 
 @dataclass
-class Recommendation:
+class ReportRecommendation:
     """What the recommendation section shows; plain text only (escaped when rendered)."""
 
     summary: str = ""
@@ -84,7 +84,7 @@ class ReportData:
     """Why the predicted-vs-measured section is empty or partial."""
     peak_note: str | None = None
     """Why the fraction of peak is missing."""
-    recommendation: Recommendation | None = None
+    recommendation: ReportRecommendation | None = None
     recommendation_note: str | None = None
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)

@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from cpbench.app.report.data import NO_PROFILE_NOTE, Recommendation
+from cpbench.app.report.data import NO_PROFILE_NOTE, ReportRecommendation
 from cpbench.app.report.recommendation import measured_recommendation, service_recommendation
 from cpbench.errors import CpbenchError
 from cpbench.model.cost import prediction_for_record
@@ -31,7 +31,7 @@ class ModelResult:
     """Frame index -> achieved TFLOP/s / peak TFLOP/s of all ranks."""
     prediction_note: str | None = None
     peak_note: str | None = None
-    recommendation: Recommendation | None = None
+    recommendation: ReportRecommendation | None = None
     recommendation_note: str | None = None
     notes: list[str] = field(default_factory=list)
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from cpbench.app.report.data import Recommendation
+from cpbench.app.report.data import ReportRecommendation
 from cpbench.errors import CpbenchError
 from cpbench.model.calibrate.stats import Interval, rank_with_ties
 from cpbench.results.frame import PHASE_ORDER, ok_rows, with_variant
@@ -75,7 +75,7 @@ def measured_best(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(ordered)
 
 
-def measured_recommendation(frame: pd.DataFrame) -> tuple[Recommendation | None, str | None]:
+def measured_recommendation(frame: pd.DataFrame) -> tuple[ReportRecommendation | None, str | None]:
     """The recommendation from the measurements alone: the fastest configuration measured."""
     best = measured_best(frame)
     if best.empty:
@@ -87,7 +87,7 @@ def measured_recommendation(frame: pd.DataFrame) -> tuple[Recommendation | None,
         f"configuration is {top['best']} ({top['best ms']:.4g} ms per step), "
         f"{top['speedup vs slowest']:.2f}x faster than the slowest one measured ({top['slowest']})."
     )
-    return Recommendation(summary=summary, tables=[(MEASURED_CAPTION, _best_rows(best))]), None
+    return ReportRecommendation(summary=summary, tables=[(MEASURED_CAPTION, _best_rows(best))]), None
 
 
 MEASURED_CAPTION = "Fastest measured configuration per phase and sequence length"
@@ -123,8 +123,8 @@ def measured_workload(frame: pd.DataFrame) -> dict[str, Any] | None:
 
 
 def service_recommendation(
-    frame: pd.DataFrame, paths: Sequence[Path], hardware: str, measured: Recommendation
-) -> tuple[Recommendation | None, str | None]:
+    frame: pd.DataFrame, paths: Sequence[Path], hardware: str, measured: ReportRecommendation
+) -> tuple[ReportRecommendation | None, str | None]:
     """`cpbench.app.recommend` for the measured workload, calibrated on the results files: its
     explanation, ranked candidates (measured ones by their measurement), rejected meshes and
     framework settings, plus the measured-best table."""
@@ -189,7 +189,7 @@ def service_recommendation(
         )
     for r in rec.rejected:
         notes.append(f"Rejected {r.ulysses}x{r.ring} ({', '.join(r.layouts)}): {r.rule}")
-    out = Recommendation(
+    out = ReportRecommendation(
         explanation=rec.explanation,
         tables=[
             ("Ranked candidates (measured where measured, else the model)", ranked_rows),

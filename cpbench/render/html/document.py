@@ -29,7 +29,7 @@ from markupsafe import Markup
 from plotly.offline import get_plotlyjs
 
 from cpbench import __version__
-from cpbench.app.report.data import NO_PROFILE_NOTE, Recommendation, Summary
+from cpbench.app.report.data import NO_PROFILE_NOTE, ReportRecommendation, Summary
 from cpbench.render.html.tables import Table
 
 PLOTLY_CONFIG = {"displaylogo": False, "responsive": True, "showLink": False}
@@ -81,7 +81,7 @@ class Page:
 class RecommendationView:
     """The recommendation section: the service's recommendation with its tables laid out."""
 
-    recommendation: Recommendation | None
+    recommendation: ReportRecommendation | None
     note: str | None
     tables: list[tuple[str, Table]] = field(default_factory=list)
 

@@ -9,7 +9,7 @@ from dataclasses import asdict, replace
 
 import pandas as pd
 
-from cpbench.app.report.data import NO_PROFILE_NOTE, Recommendation, ReportData
+from cpbench.app.report.data import NO_PROFILE_NOTE, ReportData, ReportRecommendation
 from cpbench.render.figures import balance, communication, memory, prediction, timing
 from cpbench.render.html.document import Page, RecommendationView, Section, render_page
 from cpbench.render.html.tables import Column, records_table, table
@@ -17,7 +17,7 @@ from cpbench.render.recommend import explanation_text, setting_note
 from cpbench.results.frame import PHASE_ORDER, ok_rows, phases_of
 
 
-def recommendation_view(rec: Recommendation | None, note: str | None) -> RecommendationView:
+def recommendation_view(rec: ReportRecommendation | None, note: str | None) -> RecommendationView:
     """The recommendation with its tables (those with rows) laid out."""
     if rec is None:
         return RecommendationView(None, note)
