@@ -8,8 +8,8 @@ on CUDA, the allocator's cache emptied before anything is timed. Then warm-up an
 iterations to the target precision (`cpbench.bench.timing.time_to_precision`) of the full step,
 of the compute-only variant (communication removed, same shapes) and of the communication-only
 variant (kernels removed, same bytes; each variant gets half the step's time budget); then one
-iteration under the byte counter and one under the memory probe. Returns this rank's numbers;
-`sweep` assembles the record from all ranks.
+iteration under the byte counter and one under the memory probe. Returns this rank's numbers
+(`RankMeasurement`); `cpbench.app.record` assembles the record from all ranks'.
 
 Masks: the step runs the configuration's mask (`BenchConfig.mask`: documents, window) on local
 shards of the run length (`cpbench.model.masking.pack(...).seq_len`: the sequence plus the
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -33,12 +34,14 @@ from cpbench.attention.comm import ByteCounter, counting
 from cpbench.attention.kernels import kernel_version, select_kernel
 from cpbench.attention.ring import VARIANTS, Variant
 from cpbench.bench.environment import (
+    RankHost,
     gpu_clock_state,
     rank_cpu_mark,
     rank_cpu_usage,
     rank_environment,
 )
 from cpbench.bench.measure_impl import measure_external
+from cpbench.bench.measurement import RankMeasurement
 from cpbench.bench.memory import measure_peak_memory, release_cached_memory
 from cpbench.bench.reference import (
     TORCH_DTYPES,
@@ -52,22 +55,20 @@ from cpbench.bench.timing import TimedRun, TimingPolicy, time_to_precision
 from cpbench.config.bench import BenchConfig
 
 
-def measure_config(config_dict: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
+def measure_config(config_dict: dict[str, Any], settings: dict[str, Any]) -> RankMeasurement:
     """Pool task (collective): measure one feasible configuration on this rank.
 
     `settings`: warmup, iters (the minimum), max_iters, precision (None = a fixed count of
     iters), budget (seconds of timed steps), check_max_seq_len, check_rows (rows of the
     full-length check). An external impl is measured through its adapter
-    (`cpbench.bench.measure_impl`). Either result carries `cpu`: the CPU seconds this rank's
+    (`cpbench.bench.measure_impl`). Either answer carries `cpu`: the CPU seconds this rank's
     process used in the task (`environment.rank_cpu_usage`), for the record's other-load
     measurement."""
     mark = rank_cpu_mark()
-    result = _measure_config(config_dict, settings)
-    result["cpu"] = rank_cpu_usage(mark)
-    return result
+    return replace(_measure_config(config_dict, settings), cpu=rank_cpu_usage(mark))
 
 
-def _measure_config(config_dict: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
+def _measure_config(config_dict: dict[str, Any], settings: dict[str, Any]) -> RankMeasurement:
     config = BenchConfig.from_dict(config_dict)
     device = torch_device(config)
     if config.impl != "cpbench":
@@ -123,22 +124,20 @@ def _measure_config(config_dict: dict[str, Any], settings: dict[str, Any]) -> di
     with counting(counter):
         run_step("full", counter)
     memory = measure_peak_memory(run_step, device, (q, k, v, dout))
-    return {
-        "rank": dist.get_rank(),
-        "kernel": kernel.name,
-        "kernel_version": kernel_version(kernel.name),
-        "samples": timings["full"].samples,
-        "compute_samples": timings["compute"].samples,
-        "comm_samples": timings["comm"].samples,
-        "warmup_iterations": {v: t.warmup for v, t in timings.items()},
-        "stop": {v: t.stop for v, t in timings.items()},
-        "bytes": counter.as_dict(),
-        "memory": memory,
-        "accuracy": accuracy,
-        "sampled_rows": sampled,
-        "host": rank_environment(config.device),
-        "gpu": gpu_clock_state(device.index or 0) if device.type == "cuda" else None,
-    }
+    return RankMeasurement(
+        rank=dist.get_rank(),
+        kernel=kernel.name,
+        kernel_version=kernel_version(kernel.name),
+        full=timings["full"],
+        compute=timings["compute"],
+        comm=timings["comm"],
+        bytes=counter.as_dict(),
+        memory=memory,
+        accuracy=accuracy,
+        sampled_rows=sampled,
+        host=RankHost(**rank_environment(config.device)),
+        gpu=gpu_clock_state(device.index or 0) if device.type == "cuda" else None,
+    )
 
 
 def measure_interleaved(config_dicts: list[dict[str, Any]], settings: dict[str, Any]) -> list[float]:
