@@ -31,7 +31,7 @@ import torch.distributed as dist
 from cpbench.attention import build_mesh, cp_attention
 from cpbench.attention.api import mask_needs_band
 from cpbench.attention.comm import ByteCounter, counting
-from cpbench.attention.kernels import kernel_version, select_kernel
+from cpbench.attention.kernels import LocalKernel, kernel_version, select_kernel
 from cpbench.attention.ring import VARIANTS, Variant
 from cpbench.bench.environment import (
     RankHost,
@@ -71,14 +71,11 @@ def measure_config(config_dict: dict[str, Any], settings: dict[str, Any]) -> Ran
 def _measure_config(config_dict: dict[str, Any], settings: dict[str, Any]) -> RankMeasurement:
     config = BenchConfig.from_dict(config_dict)
     device = torch_device(config)
-    if config.impl != "cpbench":
-        check_len = config.check_seq_len(settings["check_max_seq_len"])
-        return measure_external(config, settings, device, check_len)
-    dtype = TORCH_DTYPES[config.dtype]
-    mesh = build_mesh(config.ulysses, config.ring)
-    band = mask_needs_band(config.mask, config.seq_len, config.ulysses, config.ring, config.layout)
-    kernel = select_kernel(device, dtype, config.backend, band=band)
     check_len = config.check_seq_len(settings["check_max_seq_len"])
+    if config.impl != "cpbench":
+        return measure_external(config, settings, device, check_len)
+    mesh = build_mesh(config.ulysses, config.ring)
+    kernel = _kernel(config, device)
     accuracy = agreed(lambda: reference_check(config, check_len, device), device)
     rows = int(settings.get("check_rows", DEFAULT_ROWS))
     sampled = None
@@ -87,34 +84,11 @@ def _measure_config(config_dict: dict[str, Any], settings: dict[str, Any]) -> Ra
     # The check's tensors (the float64 reference on rank 0) are garbage now: return their
     # cached blocks, so neither timing nor the memory probe inherits them.
     release_cached_memory(device)
-
-    backward = config.phase == "fwd+bwd"
-    q, k, v, dout = random_shards(config, device)  # local shards of the run length
-
-    def run_step(variant: Variant = "full", counter: ByteCounter | None = None) -> None:
-        for t in (q, k, v):
-            t.grad = None
-        with torch.set_grad_enabled(backward):
-            out = cp_attention(
-                q,
-                k,
-                v,
-                mesh,
-                layout=config.layout,
-                kernel=kernel,
-                kv_replication=config.kv_replication,
-                variant=variant,
-                mask=config.mask,
-                cp_comm=config.cp_comm,
-                heads_k_stride=config.heads_k_stride,
-            )
-            if backward:
-                with counter.phase("bwd") if counter else contextlib.nullcontext():
-                    out.backward(dout)
-
+    tensors = random_shards(config, device)  # local shards of the run length
+    step = functools.partial(run_step, config, mesh, kernel, tensors)
     timings: dict[str, TimedRun] = {
         variant: time_to_precision(
-            functools.partial(run_step, variant),
+            functools.partial(step, variant),
             TimingPolicy.from_settings(settings, 1.0 if variant == "full" else 0.5),
             device,
         )
@@ -122,8 +96,8 @@ def _measure_config(config_dict: dict[str, Any], settings: dict[str, Any]) -> Ra
     }
     counter = ByteCounter()
     with counting(counter):
-        run_step("full", counter)
-    memory = measure_peak_memory(run_step, device, (q, k, v, dout))
+        step("full", counter)
+    memory = measure_peak_memory(step, device, tensors)
     return RankMeasurement(
         rank=dist.get_rank(),
         kernel=kernel.name,
@@ -153,16 +127,12 @@ def measure_interleaved(config_dicts: list[dict[str, Any]], settings: dict[str, 
 
     configs = [BenchConfig.from_dict(d) for d in config_dicts]
     device = torch_device(configs[0])
-    steps = []
-    for config in configs:
-        dtype = TORCH_DTYPES[config.dtype]
-        mesh = build_mesh(config.ulysses, config.ring)
-        band = mask_needs_band(
-            config.mask, config.seq_len, config.ulysses, config.ring, config.layout
+    steps = [
+        functools.partial(
+            run_step, c, build_mesh(c.ulysses, c.ring), _kernel(c, device), random_shards(c, device)
         )
-        kernel = select_kernel(device, dtype, config.backend, band=band)
-        tensors = random_shards(config, device)
-        steps.append(functools.partial(_full_step, config, mesh, kernel, tensors))
+        for c in configs
+    ]
     policy = TimingPolicy.from_settings(settings, float(len(configs)))
     for step in steps:  # one warm-up each: the inputs are new
         step()
@@ -182,9 +152,23 @@ def measure_interleaved(config_dicts: list[dict[str, Any]], settings: dict[str, 
     return [x for round_ in zip(*samples, strict=True) for x in round_]
 
 
-def _full_step(
-    config: BenchConfig, mesh: Any, kernel: Any, tensors: tuple[torch.Tensor, ...]
+def _kernel(config: BenchConfig, device: torch.device) -> LocalKernel:
+    """The local kernel the configuration's step runs (its mask may need a band kernel)."""
+    band = mask_needs_band(config.mask, config.seq_len, config.ulysses, config.ring, config.layout)
+    return select_kernel(device, TORCH_DTYPES[config.dtype], config.backend, band=band)
+
+
+def run_step(
+    config: BenchConfig,
+    mesh: Any,
+    kernel: LocalKernel,
+    tensors: tuple[torch.Tensor, ...],
+    variant: Variant = "full",
+    counter: ByteCounter | None = None,
 ) -> None:
+    """One measured step of cpbench's implementation on this rank: the configuration's
+    attention (its `variant`) over the local shards `tensors` (q, k, v, dout), and the
+    backward pass for fwd+bwd (counted as "bwd" when a `counter` is counting)."""
     q, k, v, dout = tensors
     for t in (q, k, v):
         t.grad = None
@@ -198,9 +182,11 @@ def _full_step(
             layout=config.layout,
             kernel=kernel,
             kv_replication=config.kv_replication,
+            variant=variant,
             mask=config.mask,
             cp_comm=config.cp_comm,
             heads_k_stride=config.heads_k_stride,
         )
         if backward:
-            out.backward(dout)
+            with counter.phase("bwd") if counter else contextlib.nullcontext():
+                out.backward(dout)
