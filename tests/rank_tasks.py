@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import torch
 
 from cpbench.attention import build_mesh, cp_attention, run_length, shard
 from cpbench.attention.comm import ByteCounter, counting
+from cpbench.bench.measurement import RankMeasurement
 from cpbench.config.masks import MaskSpec
 
 
@@ -67,7 +69,7 @@ def sleep_then_rank(seconds: float) -> int:
     return dist.get_rank()
 
 
-def measure_or_misbehave(config: dict, settings: dict) -> dict:
+def measure_or_misbehave(config: dict, settings: dict) -> RankMeasurement:
     """`measure_config`, except that head_dim 24 raises on rank 1 and head_dim 40 hangs: the
     faults a sweep must survive (a rank that raises, a configuration that never returns)."""
     import torch.distributed as dist  # noqa: PLC0415
@@ -81,7 +83,7 @@ def measure_or_misbehave(config: dict, settings: dict) -> dict:
     return measure_config(config, settings)
 
 
-def measure_then_corrupt(config: dict, settings: dict) -> dict:
+def measure_then_corrupt(config: dict, settings: dict) -> RankMeasurement:
     """`measure_config`, then one wrong result injected on rank 0 by head_dim: 24 counts one
     byte more than the forward sent (a byte mismatch), 40 fails the reference check. The
     record assembly and the CLI's exit code must both notice."""
@@ -91,10 +93,10 @@ def measure_then_corrupt(config: dict, settings: dict) -> dict:
 
     result = measure_config(config, settings)
     if dist.get_rank() == 0 and config["head_dim"] == 24:
-        collective = sorted(result["bytes"]["fwd"])[0]
-        result["bytes"]["fwd"][collective] += 1
+        collective = sorted(result.bytes["fwd"])[0]
+        result.bytes["fwd"][collective] += 1
     if dist.get_rank() == 0 and config["head_dim"] == 40:
-        result["accuracy"] = {**result["accuracy"], "passed": False}
+        result = dataclasses.replace(result, accuracy={**(result.accuracy or {}), "passed": False})
     return result
 
 

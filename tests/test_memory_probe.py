@@ -13,8 +13,8 @@ MIB = 2**20
 def test_views_of_inputs_are_not_new_memory() -> None:
     q = torch.randn(256, 1024)  # 1 MiB
     cpu = torch.device("cpu")
-    assert measure_peak_memory(lambda: q.unsqueeze(0)[:, :10], cpu, (q,))["peak_bytes"] == MIB
-    assert measure_peak_memory(lambda: q * 2, cpu, (q,))["peak_bytes"] == 2 * MIB
+    assert measure_peak_memory(lambda: q.unsqueeze(0)[:, :10], cpu, (q,)).peak_bytes == MIB
+    assert measure_peak_memory(lambda: q * 2, cpu, (q,)).peak_bytes == 2 * MIB
 
 
 def test_peak_counts_temporaries_that_die_before_the_end() -> None:
@@ -27,16 +27,16 @@ def test_peak_counts_temporaries_that_die_before_the_end() -> None:
         return b.sum()
 
     record = measure_peak_memory(step, torch.device("cpu"), (q,))
-    assert record["peak_bytes"] == 3 * MIB  # q, a and b at once; the sum comes after a died
-    assert record["source"] == "cpu-tensor-tracker"
-    assert record["rss_peak_bytes"] is None or record["rss_peak_bytes"] > MIB
+    assert record.peak_bytes == 3 * MIB  # q, a and b at once; the sum comes after a died
+    assert record.source == "cpu-tensor-tracker"
+    assert record.rss_peak_bytes is None or record.rss_peak_bytes > MIB
 
 
 def test_cpu_record_names_its_sources_and_has_no_gpu_numbers() -> None:
     q = torch.randn(256, 1024)
     record = measure_peak_memory(lambda: q * 2, torch.device("cpu"), (q,))
-    assert record["reserved_peak_bytes"] is None and record["nvml_process_peak_bytes"] is None
-    assert set(record["sources"]) == {"peak_bytes", "rss_peak_bytes"}
-    assert record["sources"]["peak_bytes"].startswith("cpu-tensor-tracker")
-    expected_rss = "VmHWM" if record["rss_peak_bytes"] is not None else "unavailable"
-    assert expected_rss in record["sources"]["rss_peak_bytes"]
+    assert record.reserved_peak_bytes is None and record.nvml_process_peak_bytes is None
+    assert set(record.sources) == {"peak_bytes", "rss_peak_bytes"}
+    assert record.sources["peak_bytes"].startswith("cpu-tensor-tracker")
+    expected_rss = "VmHWM" if record.rss_peak_bytes is not None else "unavailable"
+    assert expected_rss in record.sources["rss_peak_bytes"]

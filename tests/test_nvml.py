@@ -213,10 +213,10 @@ def test_cuda_probe_record_names_every_source(monkeypatch: pytest.MonkeyPatch) -
     record = memory.measure_peak_memory(recorded_step, torch.device("cuda", 0), ())
     assert events.index("empty_cache") < events.index("reset") < events.index("step")
     assert events[-1] == "sync"  # synchronised after the step, before the last sample
-    assert record["peak_bytes"] == 3 * MIB and record["source"] == "torch-cuda-allocator"
-    assert record["reserved_peak_bytes"] == 8 * MIB
-    assert record["nvml_process_peak_bytes"] == 2_048 * MIB
-    sources = record["sources"]
+    assert record.peak_bytes == 3 * MIB and record.source == "torch-cuda-allocator"
+    assert record.reserved_peak_bytes == 8 * MIB
+    assert record.nvml_process_peak_bytes == 2_048 * MIB
+    sources = record.sources
     assert set(sources) == {"peak_bytes", "reserved_peak_bytes", "nvml_process_peak_bytes"}
     assert "max_memory_allocated" in sources["peak_bytes"]
     assert "max_memory_reserved" in sources["reserved_peak_bytes"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 
 import pytest
@@ -87,7 +88,7 @@ def test_other_load_is_cpu_time_beyond_the_ranks_own(monkeypatch: pytest.MonkeyP
     (warned); with the ranks at 1.5 s it is none; a rank that is the snapshotting process
     itself (torchrun's rank 0) is counted once; a rank that did not report leaves it unknown."""
     from cpbench.bench import environment  # noqa: PLC0415
-    from cpbench.bench.environment import machine_state, other_cpu_share  # noqa: PLC0415
+    from cpbench.bench.environment import RankCpu, machine_state, other_cpu_share  # noqa: PLC0415
 
     monkeypatch.setattr(environment, "usable_cores", lambda: 2)
     monkeypatch.setattr(environment, "_clock_ticks_per_second", lambda: 100.0)
@@ -97,8 +98,8 @@ def test_other_load_is_cpu_time_beyond_the_ranks_own(monkeypatch: pytest.MonkeyP
     after = {"load1": 6.0, "time": 1.0, "cpu_times": dict(zero, user=140, system=10, idle=50),
              "process_cpu": 10.0, "pid": 1, "host": "a"}
 
-    def ranks(*seconds: float, pid: int = 2) -> list[dict]:
-        return [{"seconds": s, "pid": pid + i, "host": "a"} for i, s in enumerate(seconds)]
+    def ranks(*seconds: float, pid: int = 2) -> list[RankCpu]:
+        return [RankCpu(s, pid + i, "a") for i, s in enumerate(seconds)]
 
     assert other_cpu_share(before, after, ranks(0.5, 0.5)) == pytest.approx(0.25, abs=1e-12)
     loaded = machine_state(before, after, 2, 1, "cpu", ranks_cpu=ranks(0.5, 0.5))
@@ -114,7 +115,7 @@ def test_other_load_is_cpu_time_beyond_the_ranks_own(monkeypatch: pytest.MonkeyP
     assert other_cpu_share(before, mine, ranks(0.5, 0.5)) == pytest.approx(0.0, abs=1e-12)
     assert other_cpu_share(before, mine, ranks(0.5, 0.5, pid=1)) == pytest.approx(0.25)
     # ranks on another host are not this machine's
-    remote = [dict(r, host="b") for r in ranks(0.75, 0.75)]
+    remote = [dataclasses.replace(r, host="b") for r in ranks(0.75, 0.75)]
     assert other_cpu_share(before, after, remote) == pytest.approx(0.75)
     assert other_cpu_share(before, after, [None, *ranks(1.0)]) is None  # type: ignore[list-item]
     assert machine_state(before, after, 2, 1, "cpu")["other_cpu"] is None

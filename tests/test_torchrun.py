@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from cpbench.app.sweep import INFLIGHT_ERROR, _base_record, _prepare_output
+from cpbench.app.record import base_record
+from cpbench.app.sweep import INFLIGHT_ERROR, _prepare_output
 from cpbench.bench.environment import process_environment
 from cpbench.bench.pool import accepts_device_id
 from cpbench.bench.world import (
@@ -181,7 +182,7 @@ def _dead_record(tmp_path: Path, head_dim: int) -> ResultRecord:
     scenario = load_scenario(str(_scenario(tmp_path, f"[{head_dim}]")))
     ((config, feasibility),) = scenario.expand("cpu", 2)
     environment = EnvironmentSection.model_validate(process_environment())
-    record = _base_record(config, feasibility, scenario, environment)
+    record = base_record(config, feasibility, scenario, environment)
     record.status = "failed"
     record.error = INFLIGHT_ERROR.format(started=record.timestamp, timeout=4.0)
     return record

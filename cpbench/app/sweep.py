@@ -11,7 +11,8 @@ see `cpbench.bench.world`.)
 
 Each distinct configuration is measured once (`Scenario.distinct`: every layout at ring degree
 1 is the contiguous one; the other names are listed in `config.equivalent`), to a stated
-precision (`cpbench.bench.timing.time_to_precision`), with the machine's state around it
+precision (`cpbench.bench.timing.time_to_precision`); every rank answers a `RankMeasurement`
+and `cpbench.app.record` makes the record of them, with the machine's state around the run
 (`environment.machine`). With `separate_ties`, the records of a block of consecutive points
 of one problem are held until the block ends; the tied leaders of each of its groups are then
 re-measured interleaved (`cpbench.bench.measure.measure_interleaved`) and the records written
@@ -21,59 +22,28 @@ with that `timing.tiebreak`.
 from __future__ import annotations
 
 import datetime
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from cpbench.bench.timing import TimingSummary
+from cpbench.app.record import base_record, measured_record
+from cpbench.bench.measurement import RankMeasurement
 from cpbench.bench.world import InProcessWorld, World, launched_by_torchrun
 from cpbench.config.bench import BenchConfig
-from cpbench.config.constraints import Feasibility
-from cpbench.config.geometry import Packing, pack, rank_pairs, ring_schedule
 from cpbench.config.impls import DEFAULT_IMPL
-from cpbench.config.vocabulary import PHASE_PASSES, Pass
 from cpbench.errors import CpbenchError, RunFailure
-from cpbench.model.calibrate.stats import (
-    Interval,
-    median_interval,
-    overlap_estimate,
-    rank_with_ties,
-)
-from cpbench.model.flops import FLOPS_CONVENTION, flops_breakdown
-from cpbench.model.formulas import comm_volume
-from cpbench.model.memory import memory_estimate
+from cpbench.model.calibrate.stats import median_interval, rank_with_ties
 from cpbench.results.frame import rank_group
 from cpbench.results.scenarios.scenario import Scenario
-from cpbench.results.schema import (
-    SCHEMA_VERSION,
-    AccuracySection,
-    CollectiveBytes,
-    CommSection,
-    ConfigSection,
-    Direction,
-    EnvironmentSection,
-    FlopsSection,
-    MachineSection,
-    MemorySection,
-    ResultRecord,
-    TimingSection,
-    dump_record,
-)
+from cpbench.results.schema import EnvironmentSection, ResultRecord, dump_record
 from cpbench.results.store import (
     append_record,
     clear_inflight,
     completed_ids,
     mark_inflight,
     take_inflight,
-)
-
-PHASE_KEYS: dict[Direction, Pass] = {"fwd": "forward", "bwd": "backward"}
-NO_VARIANTS_NOTE = (
-    "compute-only and communication-only variants exist only for cpbench's own implementation; "
-    "an external library is timed as a whole (no overlap figure)"
 )
 
 
@@ -102,263 +72,6 @@ class SweepResult:
 def default_output(scenario: Scenario, results_dir: Path = Path("results")) -> Path:
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     return results_dir / f"{scenario.name}-{stamp}.jsonl"
-
-
-def _base_record(
-    config: BenchConfig,
-    feasibility: Feasibility,
-    scenario: Scenario,
-    environment: EnvironmentSection,
-    equivalent: tuple[str, ...] = (),
-) -> ResultRecord:
-    """The record of a configuration before it runs (status ok, no measurements yet), with the
-    padding its layout adds (null when the layout cannot pack it: the point is skipped)."""
-    packing = packing_of(config)
-    written = config.to_dict(feasibility.kv_replication if feasibility.ok else 1, None)
-    written["padding"] = packing.padding if packing is not None else None
-    written["run_seq_len"] = packing.seq_len if packing is not None else None
-    if equivalent:
-        written["equivalent"] = list(equivalent)
-    return ResultRecord(
-        schema_version=SCHEMA_VERSION,
-        id=config.key,
-        scenario=scenario.name,
-        timestamp=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        status="ok",
-        error=None,
-        config=ConfigSection.model_validate(written),
-        environment=environment.model_copy(),
-    )
-
-
-def packing_of(config: BenchConfig) -> Packing | None:
-    """The configuration's sequence as it runs on its ring (`cpbench.config.geometry.pack`):
-    documents, padding, each ring rank's positions; None when the layout cannot pack it."""
-    try:
-        return pack(config.mask, config.seq_len, config.ulysses, config.ring, config.layout)
-    except CpbenchError:
-        return None
-
-
-def per_rank_work(config: BenchConfig) -> list[float] | None:
-    """Predicted attention work of each rank: the attended (query, key) pairs of its ring rank
-    (`cpbench.config.geometry.rank_pairs`, continuum convention: a causal diagonal pair counts
-    1/2) x B x the query heads it computes (h / U). None when the layout cannot pack it."""
-    packing = packing_of(config)
-    if packing is None:
-        return None
-    pairs = rank_pairs(ring_schedule(packing))
-    heads = config.batch * config.heads / config.ulysses
-    return [pairs[rank // config.ulysses] * heads for rank in range(config.world_size)]
-
-
-def hideable_share(config: BenchConfig, comm: CommSection, comm_s: float, compute_s: float) -> float:
-    """The most overlap the scheme allows: an all-to-all (Ulysses) waits for its data before
-    any compute, so only the ring's (or all-gather's) share of the bytes can hide; as a share
-    of min(compute, comm), the overlap's denominator. 1 for a pure ring, 0 for Ulysses."""
-    if config.ring == 1:
-        return 0.0
-    if config.ulysses == 1:
-        return 1.0
-    total = sum(b.analytic for phase in (comm.by_collective or {}).values() for b in phase.values())
-    hideable = sum(
-        b.analytic
-        for phase in (comm.by_collective or {}).values()
-        for name, b in phase.items()
-        if not name.startswith("a2a")
-    )
-    if total <= 0 or min(compute_s, comm_s) <= 0:
-        return 1.0
-    return min(1.0, hideable / total * comm_s / min(compute_s, comm_s))
-
-
-def assemble_record(
-    base: ResultRecord,
-    config: BenchConfig,
-    per_rank: list[dict[str, Any]],
-    settings: dict[str, Any] | None = None,
-) -> ResultRecord:
-    """The record of a measured configuration, from every rank's `measure_config` answer."""
-    record = base.model_copy(deep=True)
-    assert record.config is not None and record.environment is not None
-    iters = len(per_rank[0]["samples"])
-
-    def max_over_ranks(key: str) -> list[float]:
-        return [max(r[key][i] for r in per_rank) for i in range(iters)]
-
-    def max_over_ranks_of(key: str) -> list[float]:
-        n = len(per_rank[0][key])
-        return [max(r[key][i] for r in per_rank) for i in range(n)]
-
-    step = TimingSummary.of(max_over_ranks("samples"))
-    variants = per_rank[0]["compute_samples"] is not None
-    compute_iv = median_interval(max_over_ranks_of("compute_samples")) if variants else None
-    comm_iv = median_interval(max_over_ranks_of("comm_samples")) if variants else None
-    compute = compute_iv.median if compute_iv is not None else None
-    comm = comm_iv.median if comm_iv is not None else None
-    record.comm = _comm_section(config, per_rank, comm)
-    step_iv = Interval(step.median, step.ci_low, step.ci_high, len(step.samples), step.interval_method)
-    overlap_value = overlap_low = overlap_high = None
-    overlap_status: str | None = None
-    if compute_iv is not None and comm_iv is not None:
-        hideable = hideable_share(config, record.comm, comm_iv.median, compute_iv.median)
-        estimate = overlap_estimate(step_iv, compute_iv, comm_iv, hideable, config.scheme)
-        overlap_value, overlap_low, overlap_high = estimate.value, estimate.low, estimate.high
-        overlap_status, note = estimate.status, estimate.note
-    else:
-        note = NO_VARIANTS_NOTE
-    precision = settings.get("precision") if settings else None
-    stops = per_rank[0].get("stop") or {}
-    warm = per_rank[0].get("warmup_iterations") or {}
-    record.timing = TimingSection(
-        phase=config.phase,
-        median=step.median,
-        p10=step.p10,
-        p90=step.p90,
-        samples=list(step.samples),
-        per_rank_median=[statistics.median(r["samples"]) for r in per_rank],
-        compute_only=compute,
-        compute_only_per_rank=(
-            [statistics.median(r["compute_samples"]) for r in per_rank] if variants else None
-        ),
-        comm_only=comm,
-        exposed_comm=max(0.0, step.median - compute) if compute is not None else None,
-        overlap=overlap_value,
-        overlap_note=note,
-        ci_low=step.ci_low,
-        ci_high=step.ci_high,
-        interval_method=step.interval_method,
-        iterations=len(step.samples),
-        warmup_iterations=warm.get("full"),
-        precision_target=precision,
-        relative_width=step.relative_width,
-        target_met=None if precision is None else step.relative_width <= precision,
-        stop_reason=stops.get("full", "fixed count"),
-        compute_only_ci=[compute_iv.low, compute_iv.high] if compute_iv is not None else None,
-        comm_only_ci=[comm_iv.low, comm_iv.high] if comm_iv is not None else None,
-        overlap_low=overlap_low,
-        overlap_high=overlap_high,
-        overlap_status=overlap_status,
-    )
-    record.config.kernel = per_rank[0]["kernel"]
-    if config.impl != DEFAULT_IMPL:
-        _as_external(record.comm)
-    model_phase = PHASE_PASSES[config.phase]
-    analytic_memory = memory_estimate(_model_config(config)).peak(model_phase)
-    record.memory = MemorySection(
-        peak_bytes=[r["memory"]["peak_bytes"] for r in per_rank],
-        source=per_rank[0]["memory"]["source"],
-        reserved_peak_bytes=_per_rank_or_none(per_rank, "reserved_peak_bytes"),
-        nvml_process_peak_bytes=_per_rank_or_none(per_rank, "nvml_process_peak_bytes"),
-        rss_peak_bytes=_per_rank_or_none(per_rank, "rss_peak_bytes"),
-        sources={  # per field, each rank's source once (ranks agree unless NVML differs)
-            key: " | ".join(dict.fromkeys(r["memory"]["sources"][key] for r in per_rank))
-            for key in per_rank[0]["memory"]["sources"]
-        },
-        analytic_peak_bytes=analytic_memory,
-    )
-    flops = flops_breakdown(config)
-    total = flops.global_flops(model_phase)
-    record.flops = FlopsSection(
-        convention=FLOPS_CONVENTION,
-        global_flops=total,
-        slowest_rank=flops.slowest_rank_flops(model_phase),
-        achieved_tflops=total / step.median / 1e12,
-        achieved_tflops_per_rank=total / step.median / 1e12 / config.world_size,
-        per_rank_work=per_rank_work(config),
-    )
-    accuracy = per_rank[0]["accuracy"]
-    sampled = per_rank[0].get("sampled_rows")
-    if accuracy is not None and sampled is not None:
-        accuracy = {**accuracy, "sampled_rows": sampled}
-    record.accuracy = AccuracySection.model_validate(accuracy) if accuracy is not None else None
-    environment = record.environment
-    environment.hostnames = sorted({r["host"]["hostname"] for r in per_rank})
-    environment.devices = [r["host"]["device"] for r in per_rank]
-    environment.torch_threads_per_rank = per_rank[0]["host"]["torch_threads"]
-    if config.impl != DEFAULT_IMPL:
-        environment.impl_version = per_rank[0].get("impl_version")
-    environment.kernel_version = per_rank[0].get("kernel_version")
-    rows = record.accuracy.sampled_rows if record.accuracy is not None else None
-    if record.accuracy is not None and not record.accuracy.passed:
-        record.status = "failed"
-        record.error = (
-            f"result differs from the reference: max abs error "
-            f"{record.accuracy.max_abs_error:.3g} > {record.accuracy.tolerance:g}"
-        )
-    elif rows is not None and not rows.passed:
-        record.status = "failed"
-        record.error = (
-            f"result differs from the reference at the full length ({rows.seq_len} tokens, "
-            f"{rows.rows} sampled rows): max abs error {rows.max_abs_error:.3g} > "
-            f"{rows.bound:.3g}"
-        )
-    elif record.comm.match is False:
-        record.error = "measured bytes != analytic bytes (see comm.by_collective)"
-    return record
-
-
-EXTERNAL_COMM_NOTE = (
-    "measured at the torch.distributed boundary while the library ran (cpbench.impls.counting); "
-    "analytic_bytes is cpbench's model of its own implementation, shown for comparison, so "
-    "match is null; model_ratio = max measured over ranks / analytic, per phase"
-)
-
-
-def _as_external(comm: CommSection) -> None:
-    """Measured bytes of an external library next to cpbench's model, without a verdict."""
-    comm.match = None
-    comm.note = EXTERNAL_COMM_NOTE
-    comm.model_ratio = {
-        phase: (max(measured) / comm.analytic_bytes[phase])
-        if comm.analytic_bytes.get(phase)
-        else None
-        for phase, measured in comm.measured_bytes.items()
-    }
-
-
-def _per_rank_or_none(per_rank: list[dict[str, Any]], key: str) -> list[int | None] | None:
-    values = [r["memory"][key] for r in per_rank]
-    return None if all(v is None for v in values) else values
-
-
-def _model_config(config: BenchConfig) -> BenchConfig:
-    """The model's view of the point: the point itself (a `CpProblem`)."""
-    return config
-
-
-def _comm_section(
-    config: BenchConfig,
-    per_rank: list[dict[str, Any]],
-    comm_seconds: float | None,
-) -> CommSection:
-    volume = comm_volume(_model_config(config))
-    phases: tuple[Direction, ...] = ("fwd", "bwd") if config.phase == "fwd+bwd" else ("fwd",)
-    by_collective: dict[Direction, dict[str, CollectiveBytes]] = {}
-    analytic: dict[Direction, int] = {}
-    measured: dict[Direction, list[int]] = {}
-    match = True
-    for phase in phases:
-        expected = {c.name: c.bytes_sent for c in volume.collectives(PHASE_KEYS[phase])}
-        counted = [r["bytes"].get(phase, {}) for r in per_rank]
-        names = sorted(set(expected) | {n for c in counted for n in c})
-        by_collective[phase] = {
-            n: CollectiveBytes(analytic=expected.get(n, 0), measured=[c.get(n, 0) for c in counted])
-            for n in names
-        }
-        analytic[phase] = sum(expected.values())
-        measured[phase] = [sum(c.values()) for c in counted]
-        match = match and all(c == expected for c in counted)
-    per_rank_bytes = max(sum(m) for m in zip(*measured.values(), strict=True)) if measured else 0
-    return CommSection(
-        analytic_bytes=analytic,
-        measured_bytes=measured,
-        by_collective=by_collective,
-        match=match,
-        achieved_busbw_GBps=per_rank_bytes / comm_seconds / 1e9
-        if comm_seconds and comm_seconds > 0 and per_rank_bytes
-        else None,
-    )
 
 
 def impl_skip_reason(config: BenchConfig) -> str | None:
@@ -435,7 +148,7 @@ def run_sweep(
     on_record: Callable[[dict[str, Any]], None] | None = None,
     on_start: Callable[[BenchConfig], None] | None = None,
     respawn_each: bool = False,
-    task: Callable[..., dict[str, Any]] | None = None,
+    task: Callable[..., RankMeasurement] | None = None,
     precision: float | None | Literal["scenario"] = "scenario",
     separate_ties: bool = False,
 ) -> SweepResult:
@@ -526,7 +239,7 @@ def run_sweep(
             if config.key in done or any(e in done for e in point.equivalent):
                 result.resumed += 1
                 continue
-            record = _base_record(config, feasibility, scenario, environment, point.equivalent)
+            record = base_record(config, feasibility, scenario, environment, point.equivalent)
             reason = feasibility.reason if not feasibility.ok else impl_skip_reason(config)
             if reason:
                 record.status, record.error = "skipped", reason
@@ -551,8 +264,8 @@ def run_sweep(
                     per_rank = world.run(
                         task or measure_config, _task_config(record), settings, timeout=limit
                     )
-                    record = assemble_record(record, config, per_rank, settings)
-                    _add_machine(record, config, before, host_snapshot(), per_rank)
+                    snapshots = (before, host_snapshot())
+                    record = measured_record(record, config, per_rank, settings, snapshots)
                 except (TaskTimeout, TaskError) as exc:
                     record_failure(record, exc)
                 if respawn_each:
@@ -587,38 +300,6 @@ def sweep_settings(
         "check_max_seq_len": scenario.check_max_seq_len,
         "check_rows": scenario.check_rows,
     }
-
-
-def _add_machine(
-    record: ResultRecord,
-    config: BenchConfig,
-    before: dict[str, Any],
-    after: dict[str, Any],
-    per_rank: list[dict[str, Any]],
-) -> None:
-    """`environment.machine` of a measured record, and a warning when its precision target
-    was not met."""
-    from cpbench.bench.environment import machine_state  # noqa: PLC0415
-
-    assert record.environment is not None
-    threads = record.environment.torch_threads_per_rank or 1
-    gpus = [r["gpu"] for r in per_rank if r.get("gpu")] or None
-    ranks_cpu = [r.get("cpu") for r in per_rank]
-    state = machine_state(
-        before, after, config.world_size, threads, config.device, config.nodes, gpus, ranks_cpu
-    )
-    timing = record.timing
-    if timing is not None and timing.target_met is False:
-        width = timing.relative_width or float("nan")
-        cause = (
-            " on an oversubscribed machine" if state["oversubscribed"] else ""
-        )
-        state["warnings"].append(
-            f"precision target not met{cause}: 95% interval {width:.1%} of the median > "
-            f"{timing.precision_target:.0%} after {timing.iterations} iterations "
-            f"({timing.stop_reason})"
-        )
-    record.environment.machine = MachineSection.model_validate(state)
 
 
 def settle_ties(

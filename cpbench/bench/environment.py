@@ -8,6 +8,7 @@ import platform
 import socket
 import time
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -32,6 +33,17 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+@dataclass(frozen=True)
+class RankHost:
+    """A rank's host and device (`rank_environment`)."""
+
+    hostname: str
+    device: str
+    """The device's name ("cpu: <model>" on the CPU)."""
+    torch_threads: int
+    """torch's intra-op threads of the rank's process."""
 
 
 def rank_environment(device: str) -> dict[str, Any]:
@@ -139,10 +151,19 @@ def rank_cpu_mark() -> dict[str, Any]:
     return {"start": start, "pid": os.getpid(), "host": socket.gethostname()}
 
 
-def rank_cpu_usage(mark: dict[str, Any]) -> dict[str, Any]:
-    """A rank task's CPU use since `rank_cpu_mark` (its `cpu` entry in the task's result)."""
-    return {"seconds": time.process_time() - mark["start"], "pid": mark["pid"],
-            "host": mark["host"]}
+@dataclass(frozen=True)
+class RankCpu:
+    """A rank task's CPU use (`rank_cpu_usage`)."""
+
+    seconds: float
+    """CPU seconds of the rank's process (all threads) in the task."""
+    pid: int
+    host: str
+
+
+def rank_cpu_usage(mark: dict[str, Any]) -> RankCpu:
+    """A rank task's CPU use since `rank_cpu_mark` (its measurement's `cpu`)."""
+    return RankCpu(time.process_time() - mark["start"], mark["pid"], mark["host"])
 
 
 def _clock_ticks_per_second() -> float:
@@ -155,7 +176,7 @@ def _clock_ticks_per_second() -> float:
 def other_cpu_share(
     before: dict[str, Any],
     after: dict[str, Any],
-    ranks_cpu: Sequence[dict[str, Any] | None] | None,
+    ranks_cpu: Sequence[RankCpu | None] | None,
 ) -> float | None:
     """Share of the machine's CPU time that processes other than this one and its ranks on
     this host used between two snapshots: (busy CPU time of the machine - the ranks' and this
@@ -172,9 +193,9 @@ def other_cpu_share(
     idle = delta.get("idle", 0) + delta.get("iowait", 0) + delta.get("steal", 0)
     busy_s = (total - idle) / _clock_ticks_per_second()
     host, pid = before.get("host"), before.get("pid")
-    here = [c for c in ranks_cpu if c is not None and c.get("host") == host]
-    own_s = sum(float(c["seconds"]) for c in here)
-    if pid is None or all(c.get("pid") != pid for c in here):
+    here = [c for c in ranks_cpu if c is not None and c.host == host]
+    own_s = sum(c.seconds for c in here)
+    if pid is None or all(c.pid != pid for c in here):
         own_s += float(after.get("process_cpu", 0.0)) - float(before.get("process_cpu", 0.0))
     return max(0.0, busy_s - own_s) / (total / _clock_ticks_per_second())
 
@@ -196,8 +217,8 @@ def machine_state(
     threads_per_rank: int,
     device: str,
     nodes: int = 1,
-    gpus: list[dict[str, Any]] | None = None,
-    ranks_cpu: Sequence[dict[str, Any] | None] | None = None,
+    gpus: list[GpuClocks] | None = None,
+    ranks_cpu: Sequence[RankCpu | None] | None = None,
 ) -> dict[str, Any]:
     """The record's `environment.machine`: ranks per core (CPU runs), the load average, the
     CPU time other processes used (`other_cpu_share`, from the ranks' `ranks_cpu`) and CPU
@@ -228,9 +249,8 @@ def machine_state(
     if steal is not None and steal > STEAL_WARNING:
         warnings.append(f"CPU steal {steal:.1%} of the CPU time during the run (a shared VM)")
     for gpu in gpus or []:
-        reasons = gpu.get("throttle") or []
-        if reasons:
-            warnings.append(f"GPU {gpu.get('index')}: clocks throttled ({', '.join(reasons)})")
+        if gpu.throttle:
+            warnings.append(f"GPU {gpu.index}: clocks throttled ({', '.join(gpu.throttle)})")
     return {
         "cores": cores,
         "ranks_on_node": ranks_here,
@@ -243,7 +263,7 @@ def machine_state(
         "other_cpu": other,
         "steal": steal,
         "seconds": after["time"] - before["time"],
-        "gpus": gpus,
+        "gpus": [asdict(gpu) for gpu in gpus] if gpus else None,
         "warnings": warnings,
     }
 
@@ -260,7 +280,18 @@ THROTTLE_NAMES = {
 """NVML clock-throttle reason bits (nvmlClocksThrottleReasons); "gpu idle" is not a problem."""
 
 
-def gpu_clock_state(device_index: int) -> dict[str, Any] | None:
+@dataclass(frozen=True)
+class GpuClocks:
+    """A rank's GPU clocks and throttling (`gpu_clock_state`; the record's machine.gpus)."""
+
+    index: int
+    sm_clock_mhz: int
+    sm_clock_max_mhz: int
+    throttle: list[str]
+    """The clock-throttle reasons in effect (`THROTTLE_NAMES`, "gpu idle" left out)."""
+
+
+def gpu_clock_state(device_index: int) -> GpuClocks | None:
     """This rank's GPU clocks and throttle reasons from NVML (read only; found by UUID); None
     where NVML is missing or fails."""
     try:
@@ -275,12 +306,8 @@ def gpu_clock_state(device_index: int) -> dict[str, Any] | None:
         sm = int(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM))
         sm_max = int(nvml.nvmlDeviceGetMaxClockInfo(handle, nvml.NVML_CLOCK_SM))
         mask = int(nvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle))
-        return {
-            "index": device_index,
-            "sm_clock_mhz": sm,
-            "sm_clock_max_mhz": sm_max,
-            "throttle": [name for bit, name in THROTTLE_NAMES.items() if mask & bit and bit != 0x1],
-        }
+        throttle = [name for bit, name in THROTTLE_NAMES.items() if mask & bit and bit != 0x1]
+        return GpuClocks(device_index, sm, sm_max, throttle)
     except Exception:  # noqa: BLE001 - a query the driver lacks
         return None
     finally:

@@ -8,8 +8,8 @@ on CUDA, the allocator's cache emptied before anything is timed. Then warm-up an
 iterations to the target precision (`cpbench.bench.timing.time_to_precision`) of the full step,
 of the compute-only variant (communication removed, same shapes) and of the communication-only
 variant (kernels removed, same bytes; each variant gets half the step's time budget); then one
-iteration under the byte counter and one under the memory probe. Returns this rank's numbers;
-`sweep` assembles the record from all ranks.
+iteration under the byte counter and one under the memory probe. Returns this rank's numbers
+(`RankMeasurement`); `cpbench.app.record` assembles the record from all ranks'.
 
 Masks: the step runs the configuration's mask (`BenchConfig.mask`: documents, window) on local
 shards of the run length (`cpbench.config.geometry.pack(...).seq_len`: the sequence plus the
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -30,15 +31,17 @@ import torch.distributed as dist
 from cpbench.attention import build_mesh, cp_attention
 from cpbench.attention.api import mask_needs_band
 from cpbench.attention.comm import ByteCounter, counting
-from cpbench.attention.kernels import kernel_version, select_kernel
+from cpbench.attention.kernels import LocalKernel, kernel_version, select_kernel
 from cpbench.attention.ring import VARIANTS, Variant
 from cpbench.bench.environment import (
+    RankHost,
     gpu_clock_state,
     rank_cpu_mark,
     rank_cpu_usage,
     rank_environment,
 )
 from cpbench.bench.measure_impl import measure_external
+from cpbench.bench.measurement import RankMeasurement
 from cpbench.bench.memory import measure_peak_memory, release_cached_memory
 from cpbench.bench.reference import (
     TORCH_DTYPES,
@@ -52,32 +55,27 @@ from cpbench.bench.timing import TimedRun, TimingPolicy, time_to_precision
 from cpbench.config.bench import BenchConfig
 
 
-def measure_config(config_dict: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
+def measure_config(config_dict: dict[str, Any], settings: dict[str, Any]) -> RankMeasurement:
     """Pool task (collective): measure one feasible configuration on this rank.
 
     `settings`: warmup, iters (the minimum), max_iters, precision (None = a fixed count of
     iters), budget (seconds of timed steps), check_max_seq_len, check_rows (rows of the
     full-length check). An external impl is measured through its adapter
-    (`cpbench.bench.measure_impl`). Either result carries `cpu`: the CPU seconds this rank's
+    (`cpbench.bench.measure_impl`). Either answer carries `cpu`: the CPU seconds this rank's
     process used in the task (`environment.rank_cpu_usage`), for the record's other-load
     measurement."""
     mark = rank_cpu_mark()
-    result = _measure_config(config_dict, settings)
-    result["cpu"] = rank_cpu_usage(mark)
-    return result
+    return replace(_measure_config(config_dict, settings), cpu=rank_cpu_usage(mark))
 
 
-def _measure_config(config_dict: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
+def _measure_config(config_dict: dict[str, Any], settings: dict[str, Any]) -> RankMeasurement:
     config = BenchConfig.from_dict(config_dict)
     device = torch_device(config)
-    if config.impl != "cpbench":
-        check_len = config.check_seq_len(settings["check_max_seq_len"])
-        return measure_external(config, settings, device, check_len)
-    dtype = TORCH_DTYPES[config.dtype]
-    mesh = build_mesh(config.ulysses, config.ring)
-    band = mask_needs_band(config.mask, config.seq_len, config.ulysses, config.ring, config.layout)
-    kernel = select_kernel(device, dtype, config.kernel, band=band)
     check_len = config.check_seq_len(settings["check_max_seq_len"])
+    if config.impl != "cpbench":
+        return measure_external(config, settings, device, check_len)
+    mesh = build_mesh(config.ulysses, config.ring)
+    kernel = _kernel(config, device)
     accuracy = agreed(lambda: reference_check(config, check_len, device), device)
     rows = int(settings.get("check_rows", DEFAULT_ROWS))
     sampled = None
@@ -86,34 +84,11 @@ def _measure_config(config_dict: dict[str, Any], settings: dict[str, Any]) -> di
     # The check's tensors (the float64 reference on rank 0) are garbage now: return their
     # cached blocks, so neither timing nor the memory probe inherits them.
     release_cached_memory(device)
-
-    backward = config.phase == "fwd+bwd"
-    q, k, v, dout = random_shards(config, device)  # local shards of the run length
-
-    def run_step(variant: Variant = "full", counter: ByteCounter | None = None) -> None:
-        for t in (q, k, v):
-            t.grad = None
-        with torch.set_grad_enabled(backward):
-            out = cp_attention(
-                q,
-                k,
-                v,
-                mesh,
-                layout=config.layout,
-                kernel=kernel,
-                kv_replication=config.kv_replication,
-                variant=variant,
-                mask=config.mask,
-                cp_comm=config.cp_comm,
-                heads_k_stride=config.heads_k_stride,
-            )
-            if backward:
-                with counter.phase("bwd") if counter else contextlib.nullcontext():
-                    out.backward(dout)
-
+    tensors = random_shards(config, device)  # local shards of the run length
+    step = functools.partial(run_step, config, mesh, kernel, tensors)
     timings: dict[str, TimedRun] = {
         variant: time_to_precision(
-            functools.partial(run_step, variant),
+            functools.partial(step, variant),
             TimingPolicy.from_settings(settings, 1.0 if variant == "full" else 0.5),
             device,
         )
@@ -121,24 +96,22 @@ def _measure_config(config_dict: dict[str, Any], settings: dict[str, Any]) -> di
     }
     counter = ByteCounter()
     with counting(counter):
-        run_step("full", counter)
-    memory = measure_peak_memory(run_step, device, (q, k, v, dout))
-    return {
-        "rank": dist.get_rank(),
-        "kernel": kernel.name,
-        "kernel_version": kernel_version(kernel.name),
-        "samples": timings["full"].samples,
-        "compute_samples": timings["compute"].samples,
-        "comm_samples": timings["comm"].samples,
-        "warmup_iterations": {v: t.warmup for v, t in timings.items()},
-        "stop": {v: t.stop for v, t in timings.items()},
-        "bytes": counter.as_dict(),
-        "memory": memory,
-        "accuracy": accuracy,
-        "sampled_rows": sampled,
-        "host": rank_environment(config.device),
-        "gpu": gpu_clock_state(device.index or 0) if device.type == "cuda" else None,
-    }
+        step("full", counter)
+    memory = measure_peak_memory(step, device, tensors)
+    return RankMeasurement(
+        rank=dist.get_rank(),
+        kernel=kernel.name,
+        kernel_version=kernel_version(kernel.name),
+        full=timings["full"],
+        compute=timings["compute"],
+        comm=timings["comm"],
+        bytes=counter.as_dict(),
+        memory=memory,
+        accuracy=accuracy,
+        sampled_rows=sampled,
+        host=RankHost(**rank_environment(config.device)),
+        gpu=gpu_clock_state(device.index or 0) if device.type == "cuda" else None,
+    )
 
 
 def measure_interleaved(config_dicts: list[dict[str, Any]], settings: dict[str, Any]) -> list[float]:
@@ -154,16 +127,12 @@ def measure_interleaved(config_dicts: list[dict[str, Any]], settings: dict[str, 
 
     configs = [BenchConfig.from_dict(d) for d in config_dicts]
     device = torch_device(configs[0])
-    steps = []
-    for config in configs:
-        dtype = TORCH_DTYPES[config.dtype]
-        mesh = build_mesh(config.ulysses, config.ring)
-        band = mask_needs_band(
-            config.mask, config.seq_len, config.ulysses, config.ring, config.layout
+    steps = [
+        functools.partial(
+            run_step, c, build_mesh(c.ulysses, c.ring), _kernel(c, device), random_shards(c, device)
         )
-        kernel = select_kernel(device, dtype, config.kernel, band=band)
-        tensors = random_shards(config, device)
-        steps.append(functools.partial(_full_step, config, mesh, kernel, tensors))
+        for c in configs
+    ]
     policy = TimingPolicy.from_settings(settings, float(len(configs)))
     for step in steps:  # one warm-up each: the inputs are new
         step()
@@ -183,9 +152,23 @@ def measure_interleaved(config_dicts: list[dict[str, Any]], settings: dict[str, 
     return [x for round_ in zip(*samples, strict=True) for x in round_]
 
 
-def _full_step(
-    config: BenchConfig, mesh: Any, kernel: Any, tensors: tuple[torch.Tensor, ...]
+def _kernel(config: BenchConfig, device: torch.device) -> LocalKernel:
+    """The local kernel the configuration's step runs (its mask may need a band kernel)."""
+    band = mask_needs_band(config.mask, config.seq_len, config.ulysses, config.ring, config.layout)
+    return select_kernel(device, TORCH_DTYPES[config.dtype], config.kernel, band=band)
+
+
+def run_step(
+    config: BenchConfig,
+    mesh: Any,
+    kernel: LocalKernel,
+    tensors: tuple[torch.Tensor, ...],
+    variant: Variant = "full",
+    counter: ByteCounter | None = None,
 ) -> None:
+    """One measured step of cpbench's implementation on this rank: the configuration's
+    attention (its `variant`) over the local shards `tensors` (q, k, v, dout), and the
+    backward pass for fwd+bwd (counted as "bwd" when a `counter` is counting)."""
     q, k, v, dout = tensors
     for t in (q, k, v):
         t.grad = None
@@ -199,9 +182,11 @@ def _full_step(
             layout=config.layout,
             kernel=kernel,
             kv_replication=config.kv_replication,
+            variant=variant,
             mask=config.mask,
             cp_comm=config.cp_comm,
             heads_k_stride=config.heads_k_stride,
         )
         if backward:
-            out.backward(dout)
+            with counter.phase("bwd") if counter else contextlib.nullcontext():
+                out.backward(dout)

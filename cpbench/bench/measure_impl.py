@@ -5,7 +5,7 @@ for impl != cpbench): correctness check against the reference through the adapte
 reduced length), warm-up and timing to the scenario's precision of the full step inside the
 adapter's step context (as cpbench's own full step), one iteration under the library-boundary byte counter, one under the memory probe.
 There is no compute-only or communication-only variant: those remove cpbench's own transfers
-or kernels and exist only for its implementation (`compute_samples` / `comm_samples` are None).
+or kernels and exist only for its implementation (the measurement's `compute` / `comm` are None).
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import torch
 import torch.distributed as dist
 
 from cpbench.attention.comm import ByteCounter
-from cpbench.bench.environment import rank_environment
+from cpbench.bench.environment import RankHost, rank_environment
+from cpbench.bench.measurement import RankMeasurement
 from cpbench.bench.memory import measure_peak_memory, release_cached_memory
 from cpbench.bench.reference import agreed, random_shards, reference_check
 from cpbench.bench.timing import TimingPolicy, time_to_precision
@@ -37,7 +38,7 @@ def kernel_label(kernel: str) -> str:
 
 def measure_external(
     config: BenchConfig, settings: dict[str, Any], device: torch.device, check_len: int
-) -> dict[str, Any]:
+) -> RankMeasurement:
     """Pool task body (collective) for an external impl; see the module docstring."""
     adapter = get_adapter(config.impl)
     accuracy = agreed(lambda: reference_check(config, check_len, device), device)
@@ -65,17 +66,15 @@ def measure_external(
     with library_counting(counter):
         run_step(counter)
     memory = measure_peak_memory(run_step, device, (q, k, v, dout))
-    return {
-        "rank": dist.get_rank(),
-        "kernel": kernel_label(adapter.kernel),
-        "impl_version": adapter.version(),
-        "samples": timed.samples,
-        "compute_samples": None,
-        "comm_samples": None,
-        "warmup_iterations": {"full": timed.warmup},
-        "stop": {"full": timed.stop},
-        "bytes": counter.as_dict(),
-        "memory": memory,
-        "accuracy": accuracy,
-        "host": rank_environment(config.device),
-    }
+    return RankMeasurement(
+        rank=dist.get_rank(),
+        kernel=kernel_label(adapter.kernel),
+        impl_version=adapter.version(),
+        full=timed,
+        compute=None,
+        comm=None,
+        bytes=counter.as_dict(),
+        memory=memory,
+        accuracy=accuracy,
+        host=RankHost(**rank_environment(config.device)),
+    )

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -121,6 +122,19 @@ CUDA_SOURCES = {
 """What measured the allocator numbers of a GPU rank; NVML's source comes from the sampler."""
 
 
+@dataclass(frozen=True)
+class RankMemory:
+    """A rank's peak memory over one step (`measure_peak_memory`): the fields of the record's
+    `MemorySection` for one rank, with `sources` naming what measured each number."""
+
+    peak_bytes: int
+    source: str
+    reserved_peak_bytes: int | None
+    nvml_process_peak_bytes: int | None
+    rss_peak_bytes: int | None
+    sources: dict[str, str]
+
+
 def release_cached_memory(device: torch.device) -> None:
     """Let earlier work stop counting: collect unreachable tensors (the reference check's, an
     earlier configuration's) and, on CUDA, return the caching allocator's unused blocks to the
@@ -140,23 +154,23 @@ def measure_peak_memory(
     device: torch.device,
     inputs: Iterable[torch.Tensor | None],
     nvml: Any = None,
-) -> dict[str, Any]:
+) -> RankMemory:
     """Run `step` once and return this rank's peak memory with the source of each number
-    (`sources`, by key). `nvml` replaces the pynvml module (tests)."""
+    (`sources`, by field). `nvml` replaces the pynvml module (tests)."""
     if device.type == "cuda":
         release_cached_memory(device)
         torch.cuda.reset_peak_memory_stats(device)
         with ProcessMemorySampler(_device_uuid(device), nvml=nvml) as sampler:
             step()
             torch.cuda.synchronize(device)
-        return {
-            "peak_bytes": int(torch.cuda.max_memory_allocated(device)),
-            "source": "torch-cuda-allocator",
-            "reserved_peak_bytes": int(torch.cuda.max_memory_reserved(device)),
-            "nvml_process_peak_bytes": sampler.peak_bytes,
-            "rss_peak_bytes": None,
-            "sources": {**CUDA_SOURCES, "nvml_process_peak_bytes": sampler.source},
-        }
+        return RankMemory(
+            peak_bytes=int(torch.cuda.max_memory_allocated(device)),
+            source="torch-cuda-allocator",
+            reserved_peak_bytes=int(torch.cuda.max_memory_reserved(device)),
+            nvml_process_peak_bytes=sampler.peak_bytes,
+            rss_peak_bytes=None,
+            sources={**CUDA_SOURCES, "nvml_process_peak_bytes": sampler.source},
+        )
     inputs = list(inputs)
     baseline = storage_bytes(inputs)
     rss_ok = _reset_vm_hwm()
@@ -166,11 +180,4 @@ def measure_peak_memory(
     sources = dict(CPU_SOURCES)
     if rss is None:
         sources["rss_peak_bytes"] = "unavailable: /proc/self/clear_refs or VmHWM not readable"
-    return {
-        "peak_bytes": baseline + tracker.peak,
-        "source": "cpu-tensor-tracker",
-        "reserved_peak_bytes": None,
-        "nvml_process_peak_bytes": None,
-        "rss_peak_bytes": rss,
-        "sources": sources,
-    }
+    return RankMemory(baseline + tracker.peak, "cpu-tensor-tracker", None, None, rss, sources)

@@ -1,7 +1,7 @@
 """The results record: one JSON object per configuration, one per line (JSONL).
 
 `ResultRecord` is the record, its sections are the models below; every field carries its own
-docstring. Writers (`cpbench.app.sweep`) build a `ResultRecord` and append its
+docstring. Writers (`cpbench.app.record`, for the sweep) build a `ResultRecord` and append its
 `model_dump(mode="json", exclude_unset=True)`; readers (`cpbench.results.store`) validate every
 line through the model after `migrate_record` has brought older key names up to date.
 
