@@ -17,7 +17,7 @@ from cpbench.config.bench import BenchConfig
 from cpbench.config.constraints import Feasibility
 from cpbench.config.geometry import Packing, rank_pairs, ring_schedule
 from cpbench.config.impls import DEFAULT_IMPL
-from cpbench.config.vocabulary import PHASE_PASSES, Pass
+from cpbench.config.vocabulary import PASS_KEYS, PHASE_PASSES, PassKey
 from cpbench.errors import CpbenchError
 from cpbench.model.calibrate.stats import Interval, median_interval, overlap_estimate
 from cpbench.model.flops import FLOPS_CONVENTION, flops_breakdown
@@ -30,7 +30,6 @@ from cpbench.results.schema import (
     CollectiveBytes,
     CommSection,
     ConfigSection,
-    Direction,
     EnvironmentSection,
     FlopsSection,
     MachineSection,
@@ -39,7 +38,6 @@ from cpbench.results.schema import (
     TimingSection,
 )
 
-PHASE_KEYS: dict[Direction, Pass] = {"fwd": "forward", "bwd": "backward"}
 NO_VARIANTS_NOTE = (
     "compute-only and communication-only variants exist only for cpbench's own implementation; "
     "an external library is timed as a whole (no overlap figure)"
@@ -264,13 +262,13 @@ def _comm_section(
     config: BenchConfig, per_rank: list[RankMeasurement], comm_seconds: float | None
 ) -> CommSection:
     volume = comm_volume(config)
-    phases: tuple[Direction, ...] = ("fwd", "bwd") if config.phase == "fwd+bwd" else ("fwd",)
-    by_collective: dict[Direction, dict[str, CollectiveBytes]] = {}
-    analytic: dict[Direction, int] = {}
-    measured: dict[Direction, list[int]] = {}
+    phases: tuple[PassKey, ...] = ("fwd", "bwd") if config.phase == "fwd+bwd" else ("fwd",)
+    by_collective: dict[PassKey, dict[str, CollectiveBytes]] = {}
+    analytic: dict[PassKey, int] = {}
+    measured: dict[PassKey, list[int]] = {}
     match = True
     for phase in phases:
-        expected = {c.name: c.bytes_sent for c in volume.collectives(PHASE_KEYS[phase])}
+        expected = {c.name: c.bytes_sent for c in volume.collectives(PASS_KEYS[phase])}
         counted = [r.bytes.get(phase, {}) for r in per_rank]
         names = sorted(set(expected) | {n for c in counted for n in c})
         by_collective[phase] = {

@@ -27,6 +27,7 @@ from cpbench.attention.ulysses import HeadsToSeq, SeqToHeads
 from cpbench.config.constraints import AttentionShape, check_cp_comm, check_mesh
 from cpbench.config.geometry import ring_schedule
 from cpbench.config.masks import MaskSpec
+from cpbench.config.problem import CpProblem
 from cpbench.config.vocabulary import CpComm
 from cpbench.errors import CpbenchError
 
@@ -43,12 +44,10 @@ def resolve_mask(causal: bool | None, mask: MaskSpec | None) -> MaskSpec:
     return mask
 
 
-def mask_needs_band(
-    mask: MaskSpec | None, seq_len: int, ulysses: int, ring: int, layout: str
-) -> bool:
-    """Whether the mask's schedule on this mesh and layout has band pieces (what
+def mask_needs_band(problem: CpProblem) -> bool:
+    """Whether the problem's schedule (its mask on its mesh and layout) has band pieces (what
     `select_kernel(..., band=...)` must know to pick a kernel that applies them)."""
-    return ring_plan(packing(seq_len, ulysses, ring, layout, mask), 0).needs_band
+    return ring_plan(problem.packing, 0).needs_band
 
 
 def cp_attention(

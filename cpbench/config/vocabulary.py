@@ -87,19 +87,24 @@ CliDevice = ScenarioDevice
 DEFAULT_DTYPE: dict[str, Dtype] = {"cpu": "float32", "cuda": "bfloat16"}
 """Dtype of a configuration that names none, per device."""
 
+# The words of a step: `Phase` is what a step runs (fwd, or fwd+bwd: training); `Pass` is one
+# direction (forward or backward); `Passes` a pass or both summed, as the model totals them;
+# `PassKey` a pass as the results record spells its keys (fwd, bwd).
 Pass = Literal["forward", "backward"]
 """One pass of a step, as the analytic model (cpbench/model) counts bytes, FLOPs and time."""
-PassTotal = Literal["forward", "backward", "forward_backward"]
-"""A pass, or both together (forward_backward: the sum of the two)."""
-StepPasses = Literal["forward", "forward_backward"]
-"""The passes a step runs, in the model's words: `Phase` fwd is forward, fwd+bwd is
-forward_backward (what a memory peak covers)."""
+Passes = Literal["forward", "backward", "forward_backward"]
+"""A pass, or both together (forward_backward: the sum of the two, what a training step runs)."""
+PassKey = Literal["fwd", "bwd"]
+"""A pass as the results record's keys spell it (`comm.analytic_bytes["bwd"]`)."""
 
 PASSES: tuple[Pass, ...] = get_args(Pass)
-PASS_TOTALS: tuple[PassTotal, ...] = get_args(PassTotal)
-STEP_PASSES: tuple[StepPasses, ...] = get_args(StepPasses)
-PHASE_PASSES: dict[Phase, StepPasses] = {"fwd": "forward", "fwd+bwd": "forward_backward"}
+PASS_TOTALS: tuple[Passes, ...] = get_args(Passes)
+PHASE_PASSES: dict[Phase, Passes] = {"fwd": "forward", "fwd+bwd": "forward_backward"}
 """The passes of each `Phase`."""
+STEP_PASSES: tuple[Passes, ...] = tuple(PHASE_PASSES.values())
+"""What a step can run: forward, or forward_backward (what a memory peak covers)."""
+PASS_KEYS: dict[PassKey, Pass] = {"fwd": "forward", "bwd": "backward"}
+"""The pass each record key names."""
 
 HalfDtype = Literal["bfloat16", "float16"]
 """The 16-bit `Dtype`s: what flash-attn (and the libraries built on it) take."""

@@ -78,7 +78,7 @@ from cpbench.config.vocabulary import (
     PASSES,
     PHASE_PASSES,
     Pass,
-    PassTotal,
+    Passes,
 )
 from cpbench.errors import CpbenchError
 from cpbench.model.flops import (
@@ -204,7 +204,7 @@ def placement(ulysses: int, ring: int, devices_per_node: int, rank_stride: int =
 class PhaseTime:
     """Predicted time of one phase of one layer, with its breakdown (seconds)."""
 
-    phase: PassTotal
+    phase: Passes
     """forward, backward or forward_backward."""
     total_s: float
     """Predicted step time: compute_s + imbalance_s + exposed_comm_s."""

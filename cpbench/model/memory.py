@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from cpbench.config.constraints import seq_divisor
 from cpbench.config.problem import CpProblem
-from cpbench.config.vocabulary import DTYPE_BYTES, STEP_PASSES, Pass, StepPasses
+from cpbench.config.vocabulary import DTYPE_BYTES, STEP_PASSES, Pass, Passes
 from cpbench.errors import CpbenchError
 
 FWD_A2A_IN = "fwd_a2a_in"
@@ -94,7 +94,7 @@ class MemoryEstimate:
     stages: tuple[str, ...]
     """The stages this scheme runs through (no all-to-all stages when U = 1)."""
 
-    def items_of(self, phase: StepPasses) -> tuple[MemoryItem, ...]:
+    def items_of(self, phase: Passes) -> tuple[MemoryItem, ...]:
         """Items allocated in a phase: forward only, or forward and backward."""
         _check_phase(phase)
         if phase == "forward_backward":
@@ -107,17 +107,17 @@ class MemoryEstimate:
             raise CpbenchError(f"stage {stage!r} is not one of {', '.join(self.stages)}")
         return sum(item.bytes for item in self.items if stage in item.stages)
 
-    def total(self, phase: StepPasses) -> int:
+    def total(self, phase: Passes) -> int:
         """Sum of every item allocated in the phase (as if nothing were ever freed)."""
         return sum(item.bytes for item in self.items_of(phase))
 
-    def peak(self, phase: StepPasses) -> int:
+    def peak(self, phase: Passes) -> int:
         """Largest live bytes over the stages of the phase."""
         _check_phase(phase)
         stages = [s for s in self.stages if phase == "forward_backward" or s in FORWARD_STAGES]
         return max(self.stage_bytes(s) for s in stages)
 
-    def peak_stage(self, phase: StepPasses) -> str:
+    def peak_stage(self, phase: Passes) -> str:
         """The stage where the peak of the phase is reached."""
         _check_phase(phase)
         stages = [s for s in self.stages if phase == "forward_backward" or s in FORWARD_STAGES]
@@ -259,7 +259,7 @@ def _add_backward_items(b: _ItemBuilder) -> None:
 
 
 def max_seq_len_for_budget(
-    budget_bytes: float, problem: CpProblem, phase: StepPasses = "forward_backward"
+    budget_bytes: float, problem: CpProblem, phase: Passes = "forward_backward"
 ) -> int:
     """Longest L, a multiple of `seq_divisor(U, R, layout)`, at which `problem` (its shape
     but its length, mesh, layout, dtype, exchange) fits the budget per rank at its peak.

@@ -22,7 +22,7 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
-from cpbench.config.vocabulary import Mask, Phase
+from cpbench.config.vocabulary import Mask, PassKey, Phase
 from cpbench.model.calibrate.stats import Interval, median_interval
 
 SCHEMA_VERSION = 2
@@ -46,7 +46,6 @@ Status = Literal["ok", "failed", "skipped", "timeout"]
 rule rejects it, or the impl cannot run it) or timed out."""
 STATUSES: tuple[str, ...] = get_args(Status)
 
-Direction = Literal["fwd", "bwd"]
 """A direction of the communication counts: the forward or the backward pass."""
 
 
@@ -241,18 +240,18 @@ class CollectiveBytes(Section):
 class CommSection(Section):
     """Communication volume, analytic and counted."""
 
-    analytic_bytes: dict[Direction, int]
+    analytic_bytes: dict[PassKey, int]
     """Bytes a rank sends per direction, from cpbench.model."""
-    measured_bytes: dict[Direction, list[int]]
+    measured_bytes: dict[PassKey, list[int]]
     """Bytes each rank sent per direction, counted."""
-    by_collective: dict[Direction, dict[str, CollectiveBytes]] | None = None
+    by_collective: dict[PassKey, dict[str, CollectiveBytes]] | None = None
     """Per direction, per collective: analytic and counted bytes."""
     match: bool | None
     """Counted bytes equal the analytic ones on every rank; null for an external impl (its
     bytes are counted at the torch.distributed boundary and compared, not judged)."""
     note: str | None = None
     """External impl only: what was counted and how."""
-    model_ratio: dict[Direction, float | None] | None = None
+    model_ratio: dict[PassKey, float | None] | None = None
     """External impl only: max measured over ranks / analytic, per direction."""
     achieved_busbw_GBps: float | None = None
     """Bytes a rank sends / comm_only time, in GB/s (nccl-tests busbw); null without

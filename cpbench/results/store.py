@@ -27,10 +27,10 @@ from typing import Any
 import pandas as pd
 from pydantic import ValidationError
 
+from cpbench.config.vocabulary import PassKey
 from cpbench.errors import CpbenchError
 from cpbench.results.schema import (
     CommSection,
-    Direction,
     ResultRecord,
     dump_record,
     migrate_record,
@@ -457,7 +457,7 @@ def _max(values: Sequence[float | None] | None) -> float | None:
     return float(max(known)) if known else None
 
 
-def _direction_mismatch(comm: CommSection | None, direction: Direction) -> bool | None:
+def _direction_mismatch(comm: CommSection | None, direction: PassKey) -> bool | None:
     """True when any rank's measured bytes of a direction differ from the analytic bytes;
     None when the record lacks either number."""
     if comm is None:
