@@ -34,7 +34,7 @@ from cpbench.config.problem import CpProblem, MeshCandidate
 from cpbench.config.tolerances import TOLERANCE
 from cpbench.config.vocabulary import Pass
 from cpbench.errors import CpbenchError
-from cpbench.model.cost import predict
+from cpbench.model.cost.prediction import predict
 from cpbench.model.formulas import (
     busbw_factor,
     comm_volume,

@@ -22,7 +22,7 @@ from cpbench.config.geometry import pack, rank_pairs, ring_schedule
 from cpbench.config.masks import MaskSpec
 from cpbench.config.problem import CpProblem, MeshCandidate
 from cpbench.config.vocabulary import GLOBAL_LAYOUTS, LAYOUTS
-from cpbench.model.cost import predict
+from cpbench.model.cost.prediction import predict
 from cpbench.model.flops import flops_breakdown, layout_work, mask_pairs
 from cpbench.model.formulas import (
     FP32_BYTES,

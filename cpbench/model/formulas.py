@@ -65,7 +65,7 @@ CollectiveKind = Literal["all_to_all", "send_recv"]
 """The link kinds a hardware profile prices (latency + busbw each)."""
 VolumeKind = Literal["all_to_all", "send_recv", "all_gather", "reduce_scatter"]
 """What a collective of a stage is (nccl-tests' name for it); the all-gather and the
-reduce-scatter are priced on the all-to-all link cost of their tier (`cpbench.model.cost`)."""
+reduce-scatter are priced on the all-to-all link cost of their tier (`cpbench.model.cost.schemes`)."""
 
 
 # ----------------------------------------------------------------------------------- formulas

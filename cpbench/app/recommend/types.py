@@ -16,7 +16,8 @@ from cpbench.model.calibrate import (
     CalibrationResult,
 )
 from cpbench.model.calibrate.stats import Interval
-from cpbench.model.cost import Placement, Prediction
+from cpbench.model.cost.placement import Placement
+from cpbench.model.cost.prediction import Prediction
 from cpbench.model.formulas import CollectiveKind
 from cpbench.model.hardware.profile import HardwareProfile
 from cpbench.model.topology import PredictionInterval
