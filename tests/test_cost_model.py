@@ -19,7 +19,7 @@ from cpbench.model.formulas import comm_volume
 from cpbench.model.hardware.loading import load_profile
 from cpbench.model.hardware.transforms import scaled_bandwidth
 from cpbench.model.memory import memory_estimate
-from cpbench.render.recommend import placement_text
+from cpbench.render.recommend.explanation import placement_text
 
 H100 = load_profile("h100-sxm")
 CPU = load_profile("cpu-local")

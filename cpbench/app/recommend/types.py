@@ -180,7 +180,7 @@ CaveatKind = Literal[
     "ag_best_has_ulysses", "ag_ulysses_megatron", "llama3", "llama3_layout", "gather_only",
     "documents", "ring_flash_documents", "ring_only", "window",
 ]
-"""What a framework caveat is about (`cpbench.render.recommend.CAVEATS` words each)."""
+"""What a framework caveat is about (`cpbench.render.recommend.frameworks.CAVEATS` words each)."""
 
 
 @dataclass(frozen=True)
@@ -347,7 +347,7 @@ class LinkUse:
 
 @dataclass(frozen=True)
 class Explanation:
-    """Why the winner wins (`cpbench.render.recommend.why_lines` and `explanation_text`)."""
+    """Why the winner wins (`cpbench.render.recommend.explanation.why_lines` and `explanation_text`)."""
 
     winner: CandidateFacts
     """The winner's numbers."""

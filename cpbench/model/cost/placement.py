@@ -21,7 +21,7 @@ from cpbench.model.hardware.profile import LinkTier
 @dataclass(frozen=True)
 class Placement:
     """Where the CP groups of a U x R mesh sit and which link tier each collective uses (the
-    facts; `cpbench.render.recommend.placement_text` words them)."""
+    facts; `cpbench.render.recommend.explanation.placement_text` words them)."""
 
     ulysses: int
     """U."""
