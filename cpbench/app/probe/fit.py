@@ -135,16 +135,8 @@ def fit_links(
         sizes = [t.size_bytes for t, _, _ in rows]
         fits.append(
             LinkFit(
-                tier_name,
-                level,
-                kind,
-                float(latency),
-                float(1.0 / inverse),
-                old.latency_s,
-                old.busbw,
-                len(rows),
-                residual,
-                (min(sizes), max(sizes)),
-            )
+                tier_name, level, kind, float(latency), float(1.0 / inverse), old.latency_s,
+                old.busbw, len(rows), residual, (min(sizes), max(sizes)),
+            )  # fmt: skip
         )
     return tuple(fits)

@@ -23,13 +23,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from cpbench.config.constraints import AttentionShape
-from cpbench.config.problem import MeshCandidate
+from cpbench.config.problem import MeshCandidate, check_choice, check_phase, check_positive_int
 from cpbench.config.vocabulary import (
     BACKENDS,
     DTYPE_BYTES,
     DTYPES,
     PHASE_PASSES,
-    PHASES,
     Backend,
     Device,
     Dtype,
@@ -263,15 +262,8 @@ def check_settings(settings: ProbeSettings) -> None:
             f"world size must be at least 2 (a probe times collectives between ranks), got "
             f"{s.world_size}"
         )
-    for label, value in (
-        ("heads", s.heads),
-        ("kv heads", s.kv_heads),
-        ("head dim", s.head_dim),
-        ("batch", s.batch),
-        ("threads per rank", s.threads_per_rank),
-    ):
-        if value < 1:
-            raise CpbenchError(f"{label} must be a positive integer, got {value}")
+    for name in ("heads", "kv_heads", "head_dim", "batch", "threads_per_rank"):
+        check_positive_int(name.replace("_", " "), getattr(s, name))
     if s.heads % s.kv_heads:
         raise CpbenchError(
             f"heads ({s.heads}) must be a multiple of kv heads ({s.kv_heads}): "
@@ -281,9 +273,6 @@ def check_settings(settings: ProbeSettings) -> None:
         raise CpbenchError(f"sequence lengths must be positive integers, got {list(s.seq_lens)}")
     if not (s.budget_s > 0 and math.isfinite(s.budget_s)):
         raise CpbenchError(f"budget must be a positive number of seconds, got {s.budget_s}")
-    if s.dtype not in DTYPES:
-        raise CpbenchError(f"dtype {s.dtype!r} is not one of {', '.join(DTYPES)}")
-    if s.phase not in PHASES:
-        raise CpbenchError(f"phase {s.phase!r} is not one of {', '.join(PHASES)}")
-    if s.kernel not in BACKENDS:
-        raise CpbenchError(f"kernel {s.kernel!r} is not one of {', '.join(BACKENDS)}")
+    check_choice("dtype", s.dtype, DTYPES)
+    check_phase(s.phase)
+    check_choice("kernel", s.kernel, BACKENDS)

@@ -62,11 +62,9 @@ def measured_profile(
         by_len: dict[int, list[KernelMeasurement]] = {}
         for m in kernels:
             by_len.setdefault(m.test.seq_len, []).append(m)
-        lengths = sorted(by_len)
         values = []
         peak = prior.peak_flops(dtype)
-        for n in lengths:
-            ms = by_len[n]
+        for n, ms in sorted(by_len.items()):
             eff = sum(m.flops for m in ms) / (peak * sum(m.seconds for m in ms))
             if eff > 1.0:
                 notes.append(
@@ -75,11 +73,10 @@ def measured_profile(
                 )
             values.append(min(1.0, eff))
         curve = EfficiencyCurve(
-            tuple(lengths),
+            tuple(sorted(by_len)),
             tuple(values),
-            f"measured by cpbench probe {stamp}: {family}, causal, "
-            f"{phase}, median call (max over the ranks "
-            f"computing at once); efficiency = causal attention FLOPs (2*B*h*n^2*d_h forward, "
+            f"measured by cpbench probe {stamp}: {family}, causal, {phase}, median call (max over "
+            f"the ranks computing at once); efficiency = causal attention FLOPs (2*B*h*n^2*d_h forward, "
             f"x3.5 fwd+bwd) / (peak x time)",
         )
         profile = with_curve(profile, family, curve)

@@ -19,6 +19,7 @@ MIN_REPS = 1
 MAX_REPS = 5
 """Timed kernel calls of one shape at most."""
 
+
 @dataclass(frozen=True)
 class RankResult:
     """What one rank returns: the max-over-ranks samples (the same on every rank) and its

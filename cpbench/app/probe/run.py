@@ -17,7 +17,7 @@ from cpbench.app.probe.fit import (
     attribution,
     fit_links,
 )
-from cpbench.app.probe.plan import CommTest, ProbePlan, ProbeSettings, check_settings, make_plan
+from cpbench.app.probe.plan import ProbePlan, ProbeSettings, check_settings, make_plan
 from cpbench.app.probe.profile import measured_profile
 from cpbench.app.probe.ranks import RankResult, probe_on_rank
 from cpbench.errors import CpbenchError
@@ -120,14 +120,12 @@ def run_probe(
     date = now.strftime("%Y-%m-%d %H:%M UTC")
     stamp = f"{date}, {machine}"
     comm = []
-    timed: list[tuple[CommTest, float]] = []
     for test, samples in zip(plan.comm_tests, first.comm, strict=True):
         seconds = statistics.median(samples)
         alg, bus = bandwidths(test.size_bytes, seconds, test.kind, test.group_size)
         _, tier, _ = attribution(prior, test)
         comm.append(CommMeasurement(test, seconds, len(samples), alg, bus, tier))
-        timed.append((test, seconds))
-    fits = fit_links(prior, timed)
+    fits = fit_links(prior, [(m.test, m.seconds) for m in comm])
     family = prior.kernel_for(settings.kernel, settings.dtype)
     peak = prior.peak_flops(settings.dtype)
     kernels = []
@@ -150,21 +148,9 @@ def run_probe(
         )
         written = str(save_profile(profile, output, header))
     return ProbeResult(
-        plan,
-        prior,
-        reason,
-        profile,
-        tuple(comm),
-        fits,
-        tuple(kernels),
-        family,
-        machine,
-        date,
-        time.perf_counter() - started,
-        measure_s,
-        written,
-        tuple(notes),
-    )
+        plan, prior, reason, profile, tuple(comm), fits, tuple(kernels), family, machine, date,
+        time.perf_counter() - started, measure_s, written, tuple(notes),
+    )  # fmt: skip
 
 
 def probe_report(result: ProbeResult) -> dict[str, Any]:

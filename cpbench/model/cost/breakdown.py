@@ -1,9 +1,5 @@
 """What a prediction is made of: the time breakdown of a phase (`PhaseTime`), the bytes per
 link tier (`TierTraffic`) and the linear pieces of the communication time (`CommTerm`).
-
-The breakdown of a phase: `compute` (the mean rank's kernel time: perfect balance),
-`imbalance` (busiest-rank-per-step compute minus that), `exposed comm` (the rest of the step
-time); `comm` is all communication serialised (what a comm-only measurement sees).
 Units: seconds, bytes, FLOP.
 """
 

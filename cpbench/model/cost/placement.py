@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction
 
-from cpbench.errors import CpbenchError
+from cpbench.config.problem import check_positive_int
 from cpbench.model.hardware.profile import LinkTier
 
 
@@ -53,13 +53,10 @@ class Placement:
 def placement(ulysses: int, ring: int, devices_per_node: int, rank_stride: int = 1) -> Placement:
     """Placement of a U x R mesh on nodes of `devices_per_node` devices."""
     for name, value in (
-        ("ulysses", ulysses),
-        ("ring", ring),
-        ("devices per node", devices_per_node),
+        ("ulysses", ulysses), ("ring", ring), ("devices per node", devices_per_node),
         ("rank stride", rank_stride),
-    ):
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise CpbenchError(f"{name} must be a positive integer, got {value!r}")
+    ):  # fmt: skip
+        check_positive_int(name, value)
 
     def node(cp_rank: int) -> int:
         return cp_rank * rank_stride // devices_per_node
@@ -77,13 +74,7 @@ def placement(ulysses: int, ring: int, devices_per_node: int, rank_stride: int =
             )
             crossing = max(crossing, hops)
     return Placement(
-        ulysses,
-        ring,
-        devices_per_node,
-        rank_stride,
-        node(world - 1) - node(0) + 1,
-        "intra_node" if peers == ulysses else "inter_node",
-        peers,
-        "inter_node" if crossing else "intra_node",
-        crossing,
-    )
+        ulysses, ring, devices_per_node, rank_stride, node(world - 1) - node(0) + 1,
+        "intra_node" if peers == ulysses else "inter_node", peers,
+        "inter_node" if crossing else "intra_node", crossing,
+    )  # fmt: skip

@@ -6,6 +6,7 @@ Inputs: a configuration (shape, U x R mesh, layout, dtype, mask, KV replication)
 implementation does (`cpbench/attention/`): where the groups sit (`placement.py`, or the
 profile's `[topology]` in `cpbench.model.topology`, the fastest placement order kept), the
 work of every ring step under the mask (`work.py`) and the time of each scheme (`schemes.py`).
+
 - **Kernel.** The efficiency curve is that of the kernel family the configuration runs
   (`MeshCandidate.kernel`, a record's `config.kernel` or `backend`: `auto` is the profile's
   default family on its device, e.g. FlashAttention-2 on a CUDA profile in bf16); a family the
@@ -135,12 +136,8 @@ class Prediction:
         """Bytes per rank on each tier: phase forward, backward or forward_backward."""
         out = {"intra_node": 0, "inter_node": 0}
         for t in self.traffic:
-            if phase == "forward":
-                out[t.tier] += t.forward_bytes
-            elif phase == "backward":
-                out[t.tier] += t.backward_bytes
-            else:
-                out[t.tier] += t.total_bytes
+            sent = {"forward": t.forward_bytes, "backward": t.backward_bytes}
+            out[t.tier] += sent.get(phase, t.total_bytes)
         return out
 
     def memory_rule(self) -> str | None:
@@ -170,13 +167,12 @@ def predict(
     config = candidate.require_feasible()
     per_node = gpus_per_node if gpus_per_node is not None else profile.devices_per_node
     place = placement(config.ulysses, config.ring, per_node, rank_stride)
-    kernel_seq_len = config.ring_shard
     work = config_work(config)
     family = profile.kernel_for(candidate.kernel, config.dtype)
     curve_family = family if profile.has_curve(family) else profile.default_kernel
     curve = profile.curve(curve_family)
     volume = comm_volume(config)
-    flops_per_s = profile.peak_flops(config.dtype) * curve.at(kernel_seq_len)
+    flops_per_s = profile.peak_flops(config.dtype) * curve.at(config.ring_shard)
     contexts = [
         Context(candidate, profile, place, volume, flops_per_s, topo)
         for topo in _topology_placements(config, profile, per_node, rank_stride)
@@ -194,7 +190,7 @@ def predict(
         candidate=candidate,
         profile_name=profile.name,
         placement=place,
-        kernel_seq_len=kernel_seq_len,
+        kernel_seq_len=config.ring_shard,
         kernel=family,
         curve_kernel=curve_family,
         curve_source=curve.source,

@@ -51,12 +51,7 @@ from cpbench.model.cost.work import config_work, mask_step_stats, merge_bytes
 from cpbench.model.flops import BACKWARD_FACTOR, flops_per_pair
 from cpbench.model.formulas import CollectiveKind, CommVolume
 from cpbench.model.hardware.profile import HardwareProfile, LinkTier
-from cpbench.model.topology import (
-    CollectiveTime,
-    TopologyPlacement,
-    all_to_all_time,
-    ring_hop_time,
-)
+from cpbench.model.topology import CollectiveTime, TopologyPlacement, all_to_all_time, ring_hop_time
 
 
 @dataclass(frozen=True)
@@ -100,8 +95,7 @@ def _node_share(ctx: Context) -> float:
     slots = ctx.profile.compute_slots_per_node
     if slots is None:
         return 1.0
-    place = ctx.placement
-    ranks = min(place.devices_per_node, ctx.config.world * place.rank_stride)
+    ranks = min(ctx.placement.devices_per_node, ctx.config.world * ctx.placement.rank_stride)
     return max(1.0, ranks / slots)
 
 
@@ -187,17 +181,6 @@ def _all_to_all_call(ctx: Context, phase: Pass, bytes_sent: int) -> tuple[float,
     ]
 
 
-def _ring_hop_bytes(ctx: Context, phase: Pass) -> tuple[int, int]:
-    """(K/V hop bytes, dK/dV hop bytes) per call of a phase; zeros without a ring."""
-    kv = dkv = 0
-    for collective in ctx.volume.collectives(phase):
-        if collective.name == "p2p_kv":
-            kv = collective.bytes_per_call
-        elif collective.name == "p2p_dkv":
-            dkv = collective.bytes_per_call
-    return kv, dkv
-
-
 def _ring_time(
     ctx: Context, phase: Pass, computes: list[float]
 ) -> tuple[float, float, float, tuple[CommTerm, ...]]:
@@ -205,7 +188,8 @@ def _ring_time(
     k = ctx.config.ring_steps
     if ctx.config.ring == 1 or k == 1:
         return computes[0], 0.0, 0.0, ()
-    kv, dkv = _ring_hop_bytes(ctx, phase)
+    per_call = {c.name: c.bytes_per_call for c in ctx.volume.collectives(phase)}
+    kv, dkv = per_call.get("p2p_kv", 0), per_call.get("p2p_dkv", 0)  # zeros without a ring
     overlap = ctx.profile.overlap
     total = comm = hidden = 0.0
     terms: list[CommTerm] = []
@@ -254,20 +238,20 @@ def _hop(ctx: Context, phase: Pass, nbytes: int, terms: list[CommTerm]) -> float
         timed = ring_hop_time(ctx.topology, nbytes)
         terms.extend(_level_terms(ctx.topology, timed, "send_recv", phase))
         return timed.seconds
-    tier = ctx.placement.ring_tier
-    link = ctx.profile.link(tier)
-    terms.append(CommTerm(tier, "send_recv", phase, 1, float(nbytes * link.devices_per_nic)))
-    return link.send_recv.seconds(nbytes, 1, link.devices_per_nic)
+    seconds, term = _ring_tier_call(ctx, "send_recv", phase, nbytes)
+    terms.append(term)
+    return seconds
 
 
-def _gather_call(ctx: Context, phase: Pass, nbytes: int) -> tuple[float, CommTerm]:
-    """One all-gather (or reduce-scatter) call of `nbytes` crossing the wire for a rank, on
-    the all-to-all link cost of the ring axis' tier (the NIC shared as for the ring)."""
+def _ring_tier_call(
+    ctx: Context, kind: CollectiveKind, phase: Pass, nbytes: int
+) -> tuple[float, CommTerm]:
+    """One call of `nbytes` per rank on the ring axis' tier (the NIC shared as for the ring): a
+    hop on its send/recv cost, an all-gather or reduce-scatter on its all-to-all cost."""
     tier = ctx.placement.ring_tier
     link = ctx.profile.link(tier)
-    sharing = link.devices_per_nic
-    seconds = link.all_to_all.seconds(nbytes, 1, sharing)
-    return seconds, CommTerm(tier, "all_to_all", phase, 1, float(nbytes * sharing))
+    seconds = link.cost(kind).seconds(nbytes, 1, link.devices_per_nic)
+    return seconds, CommTerm(tier, kind, phase, 1, float(nbytes * link.devices_per_nic))
 
 
 def _gather_phase_time(ctx: Context, phase: Pass) -> tuple[PhaseTime, tuple[CommTerm, ...]]:
@@ -296,13 +280,11 @@ def _gather_phase_time(ctx: Context, phase: Pass) -> tuple[PhaseTime, tuple[Comm
     own_pairs = work.step_pairs[0][slowest] if work.step_pairs else Fraction(0)
     own_share = float(own_pairs / work.ring_rank_pairs[slowest]) if own_pairs else 0.0
     own = per_stride * own_share  # the own chunk of stride 0: computed while it is gathered
-    gather_bytes = rs_bytes = 0
-    for collective in ctx.volume.collectives(phase):
-        if collective.name == "ag_kv":
-            gather_bytes = collective.bytes_sent // collective.calls
-        elif collective.name == "rs_dkv":
-            rs_bytes = collective.bytes_sent // collective.calls
-    gather_s, gather_term = _gather_call(ctx, phase, gather_bytes)
+    named = {c.name: c for c in ctx.volume.collectives(phase)}
+    gather_bytes, rs_bytes = (
+        named[n].bytes_sent // named[n].calls if n in named else 0 for n in ("ag_kv", "rs_dkv")
+    )
+    gather_s, gather_term = _ring_tier_call(ctx, "all_to_all", phase, gather_bytes)
     terms = [gather_term] * strides
     overlap = profile.overlap
     # the first gather travels while the own chunk of stride 0 is computed on, then waits
@@ -311,7 +293,7 @@ def _gather_phase_time(ctx: Context, phase: Pass) -> tuple[PhaseTime, tuple[Comm
     hidden = min(own, gather_s)
     rs_s = 0.0
     if rs_bytes:
-        rs_s, rs_term = _gather_call(ctx, phase, rs_bytes)
+        rs_s, rs_term = _ring_tier_call(ctx, "all_to_all", phase, rs_bytes)
         terms += [rs_term] * strides
         comm += rs_s * strides
     for g in range(strides):
@@ -339,18 +321,12 @@ def tier_traffic(ctx: Context) -> tuple[TierTraffic, ...]:
     for index, phase in enumerate(PASSES):
         for stage in ctx.volume.stages(phase):
             sent = stage.bytes_sent
-            split: dict[LinkTier, int]
-            kind: CollectiveKind
+            # the all-gather stage is priced on the all-to-all link cost
+            kind: CollectiveKind = "send_recv" if stage.stage == "ring" else "all_to_all"
+            split: dict[LinkTier, int] = {place.ring_tier: sent}
             if stage.stage == "ulysses":
                 inter = int(sent * place.ulysses_inter_fraction)
                 split = {"inter_node": inter, "intra_node": sent - inter}
-                kind = "all_to_all"
-            elif stage.stage == "all_gather":  # priced on the all-to-all link cost
-                split = {place.ring_tier: sent}
-                kind = "all_to_all"
-            else:
-                split = {place.ring_tier: sent}
-                kind = "send_recv"
             for tier, value in split.items():
                 if value:
                     per_phase.setdefault((tier, kind), [0, 0])[index] += value

@@ -6,9 +6,7 @@ ring step (`flops.layout_work`: the mask geometry of `model/masking.py` for pack
 windows and the doc_zigzag / balanced layouts), the ring steps k the mask needs (steps k..R-1
 are not run: no compute, no hop, no overhead) and, for doc_zigzag, the run length
 L_run = L + padding that every byte and FLOP term uses. Besides the kernels, ring.py does
-memory-bound fp32 work (forward: the online-softmax merge, 7 passes over the output
-accumulator from step 1 on; backward: the dQ accumulation, 3 passes over Q-sized, and the
-dK/dV accumulation, 7 passes over K/V-sized fp32 tensors, every step).
+memory-bound fp32 work (the passes below, every step; the forward merge from step 1 on).
 """
 
 from __future__ import annotations
@@ -84,8 +82,7 @@ def mask_step_stats(config: CpProblem) -> tuple[tuple[Fraction, Fraction], ...]:
     needs: `step_pair_stats` for causal or full attention on a global layout, otherwise the
     mask geometry's per-step pairs."""
     if config.plain_geometry:
-        s = config.shape
-        return step_pair_stats(s.seq_len, config.ring, config.layout, config.mask.causal)
+        return step_pair_stats(config.seq_len, config.ring, config.layout, config.mask.causal)
     work = config_work(config)
     return tuple(zip(work.step_max_pairs, work.step_mean_pairs, strict=True))
 
@@ -94,9 +91,8 @@ def merge_bytes(config: CpProblem, phase: Pass, step: int) -> int:
     """fp32 bytes the ring's merge (forward) or accumulation (backward) moves at a step."""
     if config.ring == 1:
         return 0
-    s = config.shape
-    q_elements = s.batch * config.ring_shard * config.heads_per_rank * s.head_dim
-    kv_elements = 2 * s.batch * config.ring_shard * config.kv_heads_per_rank * s.head_dim
+    q_elements = config.batch * config.ring_shard * config.heads_per_rank * config.head_dim
+    kv_elements = 2 * config.batch * config.ring_shard * config.kv_heads_per_rank * config.head_dim
     if phase == "forward":
         return 0 if step == 0 else MERGE_FORWARD_PASSES * q_elements * 4
     return (ACCUMULATE_Q_PASSES * q_elements + ACCUMULATE_KV_PASSES * kv_elements) * 4

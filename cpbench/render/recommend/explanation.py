@@ -87,8 +87,7 @@ def _memory(e: Facts) -> str:
     return (
         f"It needs {format_gib(w['memory_bytes'])} per rank of "
         f"{format_gib(e['memory_capacity_bytes'], 1)} (attention layer lower bound); the longest "
-        "sequence that fits this "
-        f"mesh is {w['max_seq_len']} tokens."
+        f"sequence that fits this mesh is {w['max_seq_len']} tokens."
     )
 
 
