@@ -6,7 +6,7 @@ import random
 from typing import Any
 
 from cpbench.config.problem import MeshCandidate
-from cpbench.model.cost import predict
+from cpbench.model.cost.prediction import predict
 from cpbench.model.flops import FLOPS_CONVENTION, attention_flops
 from cpbench.model.formulas import comm_volume
 from cpbench.model.hardware.profile import HardwareProfile

@@ -34,7 +34,7 @@ from cpbench.config.problem import CpProblem, MeshCandidate
 from cpbench.config.tolerances import TOLERANCE
 from cpbench.config.vocabulary import Pass
 from cpbench.errors import CpbenchError
-from cpbench.model.cost import predict
+from cpbench.model.cost.prediction import predict
 from cpbench.model.formulas import (
     busbw_factor,
     comm_volume,
@@ -42,7 +42,8 @@ from cpbench.model.formulas import (
 )
 from cpbench.model.hardware.loading import load_profile
 from cpbench.model.memory import memory_estimate
-from cpbench.render.recommend import explanation_text, setting_note
+from cpbench.render.recommend.explanation import explanation_text
+from cpbench.render.recommend.frameworks import setting_note
 
 # ------------------------------------------------------------------------ the configuration
 

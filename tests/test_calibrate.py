@@ -383,7 +383,7 @@ def test_calibration_on_a_topology_fits_its_tiers() -> None:
     truth whose PCIe tiers are slower than the datasheet prior are recovered (RMS error of the
     comm-only times from 40 % to < 0.1 %, each within 0.2 %; the ridge's pull towards the prior
     is what is left), and each fitted tier busbw that bounded a call is the truth's to 1 %."""
-    from cpbench.model.cost import predict  # noqa: PLC0415
+    from cpbench.model.cost.prediction import predict  # noqa: PLC0415
     from cpbench.model.hardware.transforms import with_tier_cost  # noqa: PLC0415
 
     prior = load_profile("l40s-pcie-2x4")

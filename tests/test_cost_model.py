@@ -11,18 +11,15 @@ from cpbench.config.constraints import AttentionShape
 from cpbench.config.problem import CpProblem, MeshCandidate
 from cpbench.config.vocabulary import GLOBAL_LAYOUTS as LAYOUTS
 from cpbench.errors import CpbenchError
-from cpbench.model.cost import (
-    closed_form_step_pair_stats,
-    placement,
-    predict,
-    prediction_for_record,
-    step_pair_stats,
-)
+from cpbench.model.cost.placement import placement
+from cpbench.model.cost.prediction import predict
+from cpbench.model.cost.records import prediction_for_record
+from cpbench.model.cost.work import closed_form_step_pair_stats, step_pair_stats
 from cpbench.model.formulas import comm_volume
 from cpbench.model.hardware.loading import load_profile
 from cpbench.model.hardware.transforms import scaled_bandwidth
 from cpbench.model.memory import memory_estimate
-from cpbench.render.recommend import placement_text
+from cpbench.render.recommend.explanation import placement_text
 
 H100 = load_profile("h100-sxm")
 CPU = load_profile("cpu-local")

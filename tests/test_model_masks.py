@@ -22,7 +22,7 @@ from cpbench.config.geometry import pack, rank_pairs, ring_schedule
 from cpbench.config.masks import MaskSpec
 from cpbench.config.problem import CpProblem, MeshCandidate
 from cpbench.config.vocabulary import GLOBAL_LAYOUTS, LAYOUTS
-from cpbench.model.cost import predict
+from cpbench.model.cost.prediction import predict
 from cpbench.model.flops import flops_breakdown, layout_work, mask_pairs
 from cpbench.model.formulas import (
     FP32_BYTES,
@@ -34,7 +34,8 @@ from cpbench.model.formulas import (
 )
 from cpbench.model.hardware.loading import load_profile
 from cpbench.model.memory import memory_estimate
-from cpbench.render.recommend import explanation_text, setting_note
+from cpbench.render.recommend.explanation import explanation_text
+from cpbench.render.recommend.frameworks import setting_note
 
 runner = CliRunner()
 H100 = load_profile("h100-sxm")

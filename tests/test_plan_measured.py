@@ -22,7 +22,7 @@ from torch import nn
 
 from cpbench.config.constraints import AttentionShape
 from cpbench.config.problem import MeshCandidate
-from cpbench.model.cost import predict
+from cpbench.model.cost.prediction import predict
 from cpbench.model.hardware.loading import load_profile
 from cpbench.model.plan.memory import Parallelism
 from cpbench.model.plan.step import step_time

@@ -10,18 +10,16 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cpbench.app.probe import (
+from cpbench.app.probe.fit import KernelMeasurement, attribution, fit_links
+from cpbench.app.probe.plan import (
     CommTest,
-    KernelMeasurement,
     KernelTest,
     ProbeSettings,
-    _attribution,
     check_settings,
     default_settings,
-    fit_links,
     make_plan,
-    measured_profile,
 )
+from cpbench.app.probe.profile import measured_profile
 from cpbench.cli.main import app
 from cpbench.errors import CpbenchError
 from cpbench.model.hardware.loading import load_profile
@@ -83,8 +81,8 @@ def test_attribution_on_a_two_switch_node() -> None:
     """On the 2 x 4 PCIe profile a Ulysses group of 8 crosses the socket tier, one of 4 stays
     under its switch; the fit replaces only the tiers that were measured."""
     prior = load_profile("l40s-pcie-2x4")
-    assert _attribution(prior, CommTest("all_to_all", 8, 1, 1 << 20, "x"))[1] == "socket"
-    assert _attribution(prior, CommTest("all_to_all", 4, 2, 1 << 20, "x"))[1] == "pcie_switch"
+    assert attribution(prior, CommTest("all_to_all", 8, 1, 1 << 20, "x"))[1] == "socket"
+    assert attribution(prior, CommTest("all_to_all", 4, 2, 1 << 20, "x"))[1] == "pcie_switch"
     tests = [CommTest("all_to_all", 4, 2, s, "x") for s in (4096, 1 << 20, 1 << 24)]
     fits = fit_links(prior, [(t, 10e-6 + t.bytes_sent / (5 * GB)) for t in tests])
     assert [(f.tier, f.kind) for f in fits] == [("pcie_switch", "all_to_all")]

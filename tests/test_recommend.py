@@ -36,7 +36,9 @@ from cpbench.model.hardware.loading import load_profile
 from cpbench.model.hardware.profile import CalibrationInfo, HardwareProfile
 from cpbench.model.hardware.writer import profile_document, save_profile
 from cpbench.model.topology import PRIOR_RELATIVE_ERROR
-from cpbench.render.recommend import explanation_text, render_recommendation, setting_note
+from cpbench.render.recommend.explanation import explanation_text
+from cpbench.render.recommend.frameworks import setting_note
+from cpbench.render.recommend.screen import render_recommendation
 from cpbench.results.scenarios.loading import load_scenario
 from tests.synthetic import synthetic_record
 

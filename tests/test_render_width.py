@@ -22,12 +22,9 @@ from cpbench.app.formulas import formulas_report
 from cpbench.app.recommend import RecommendRequest, recommend, recommendation_report
 from cpbench.config.problem import CpProblem
 from cpbench.render.formulas import render_formulas
-from cpbench.render.recommend import (
-    render_calibration,
-    render_recommendation,
-    render_validation,
-    setting_note,
-)
+from cpbench.render.recommend.calibration import render_calibration, render_validation
+from cpbench.render.recommend.frameworks import setting_note
+from cpbench.render.recommend.screen import render_recommendation
 from cpbench.render.tables import FitTable, results_table, verify_tables
 from cpbench.results.store import read_records
 

@@ -1,4 +1,4 @@
-"""The topology functions of cpbench.model.topology, on the shipped profiles (no cost.py)."""
+"""The topology functions of cpbench.model.topology, on the shipped profiles (no cost model)."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ import pytest
 from cpbench.app.recommend import RecommendRequest, recommend
 from cpbench.config.constraints import AttentionShape
 from cpbench.config.problem import MeshCandidate
-from cpbench.model.cost import predict
+from cpbench.model.cost.prediction import predict
 from cpbench.model.hardware.loading import load_profile
 from cpbench.model.topology import describe
 

@@ -4,8 +4,8 @@ training step take.
 
 `plan` enumerates every world = TP x CP x PP x DP of the GPUs (TP inside a node, dividing the
 heads and KV heads; PP dividing the layers; DP x micro-batch dividing the global batch), every
-U x R mesh of CP with its fastest layout (`cpbench.model.cost.predict`), and every recompute
-level; it keeps the plans whose busiest rank fits the device memory
+U x R mesh of CP with its fastest layout (`cpbench.model.cost.prediction.predict`), and every
+recompute level; it keeps the plans whose busiest rank fits the device memory
 (`cpbench.model.plan.memory`) ranked by predicted step time (`cpbench.model.plan.step`), and
 rejects the rest with the rule or the overflowing component. For each plan it finds the longest
 sequence that fits (bisection over L), and the shortest CP that fits at all; for the winner the
@@ -28,7 +28,7 @@ from cpbench.config.constraints import AttentionShape, check_mesh, seq_divisor
 from cpbench.config.problem import MeshCandidate, check_positive_int
 from cpbench.config.vocabulary import canonical_dtype
 from cpbench.errors import CpbenchError
-from cpbench.model.cost import Prediction, predict
+from cpbench.model.cost.prediction import Prediction, predict
 from cpbench.model.hardware.loading import load_profile
 from cpbench.model.hardware.profile import HardwareProfile
 from cpbench.model.plan.memory import (

@@ -67,7 +67,8 @@ def probe(
     the sizes its configurations send, nccl-tests algbw/busbw, latency from small messages)
     and the local attention kernel at the L/R lengths; write a hardware profile that
     `recommend --hardware` and `calibrate` accept."""
-    from cpbench.app.probe import default_settings, probe_report, run_probe  # noqa: PLC0415
+    from cpbench.app.probe.plan import default_settings  # noqa: PLC0415
+    from cpbench.app.probe.run import probe_report, run_probe  # noqa: PLC0415
     from cpbench.render.probe import render_probe  # noqa: PLC0415
 
     settings = default_settings(

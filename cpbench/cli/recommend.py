@@ -11,7 +11,8 @@ import typer
 
 from cpbench.cli.common import command, console
 from cpbench.config.vocabulary import CP_COMM_CHOICES, CpCommChoice, Phase, Split
-from cpbench.render import recommend as render
+from cpbench.render.recommend.calibration import render_calibration, render_validation
+from cpbench.render.recommend.screen import render_recommendation
 
 HardwareOption = Annotated[
     str | None,
@@ -157,7 +158,7 @@ def recommend(
         report["scenario_written"] = str(written) if written else None
         print(json.dumps(report, indent=1))
         return
-    for renderable in render.render_recommendation(report, explain):
+    for renderable in render_recommendation(report, explain):
         console.print(renderable)
     if written:
         console.print(f"wrote {written}: measure it with `cpbench sweep {written}`")
@@ -188,7 +189,7 @@ def calibrate(
     if as_json:
         print(json.dumps(report, indent=1))
         return
-    console.print(render.render_calibration(report))
+    console.print(render_calibration(report))
 
 
 @command
@@ -234,5 +235,5 @@ def validate(
     if as_json:
         print(json.dumps(report, indent=1))
         return
-    for renderable in render.render_validation(report):
+    for renderable in render_validation(report):
         console.print(renderable)

@@ -65,7 +65,7 @@ CollectiveKind = Literal["all_to_all", "send_recv"]
 """The link kinds a hardware profile prices (latency + busbw each)."""
 VolumeKind = Literal["all_to_all", "send_recv", "all_gather", "reduce_scatter"]
 """What a collective of a stage is (nccl-tests' name for it); the all-gather and the
-reduce-scatter are priced on the all-to-all link cost of their tier (`cpbench.model.cost`)."""
+reduce-scatter are priced on the all-to-all link cost of their tier (`cpbench.model.cost.schemes`)."""
 
 
 # ----------------------------------------------------------------------------------- formulas
@@ -285,18 +285,9 @@ def ring_bytes_sent(config: CpProblem, phase: Pass = "forward") -> int:
     return kv_bytes + config.dkv_hops * chunk * FP32_BYTES
 
 
-def gather_elements_sent(config: CpProblem, phase: Pass = "forward") -> int:
-    """Elements crossing the wire for a rank in the all-gather stage, per pass: (R-1) K/V
-    chunks gathered, plus backward (R-1) dK/dV chunks reduce-scattered; 0 without it."""
-    _check_phase(phase)
-    if not config.all_gather:
-        return 0
-    chunks = (config.ring - 1) * ring_kv_chunk_elements(config)
-    return chunks if phase == "forward" else 2 * chunks
-
-
 def gather_bytes_sent(config: CpProblem, phase: Pass = "forward") -> int:
-    """Bytes of `gather_elements_sent` (the reduce-scattered dK/dV are fp32)."""
+    """Bytes crossing the wire for a rank in the all-gather stage, per pass: (R-1) K/V chunks
+    gathered, plus backward (R-1) fp32 dK/dV chunks reduce-scattered; 0 without it."""
     _check_phase(phase)
     if not config.all_gather:
         return 0
@@ -464,16 +455,9 @@ def gather_stage(config: CpProblem, phase: Pass) -> StageVolume | None:
 def comm_volume(config: CpProblem) -> CommVolume:
     """Per-rank communication of a configuration, forward and backward: the Ulysses
     all-to-alls, then the ring hops or (cp_comm all_gather) the all-gather stage."""
-    if config.all_gather:
-        forward = (ulysses_stage(config, "forward"), gather_stage(config, "forward"))
-        backward = (ulysses_stage(config, "backward"), gather_stage(config, "backward"))
-        return CommVolume(
-            config,
-            tuple(s for s in forward if s is not None),
-            tuple(s for s in backward if s is not None),
-        )
-    forward = (ulysses_stage(config, "forward"), ring_stage(config, "forward"))
-    backward = (ulysses_stage(config, "backward"), ring_stage(config, "backward"))
+    ring_axis = gather_stage if config.all_gather else ring_stage
+    forward = (ulysses_stage(config, "forward"), ring_axis(config, "forward"))
+    backward = (ulysses_stage(config, "backward"), ring_axis(config, "backward"))
     return CommVolume(
         config,
         tuple(s for s in forward if s is not None),

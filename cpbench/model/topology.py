@@ -40,6 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal, get_args
 
+from cpbench.config.problem import check_choice, check_positive_int
 from cpbench.errors import CpbenchError
 from cpbench.model.formulas import CollectiveKind
 from cpbench.model.hardware.profile import HardwareProfile, LinkCost, TierKind, TopologyTier
@@ -207,10 +208,8 @@ def place(
 ) -> TopologyPlacement:
     """The placement of a U x R mesh in one order; CpbenchError on a bad size or order."""
     for label, value in (("ulysses", ulysses), ("ring", ring), ("rank stride", rank_stride)):
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise CpbenchError(f"{label} must be a positive integer, got {value!r}")
-    if order not in PLACEMENT_ORDERS:
-        raise CpbenchError(f"placement order {order!r} is not one of {', '.join(PLACEMENT_ORDERS)}")
+        check_positive_int(label, value)
+    check_choice("placement order", order, PLACEMENT_ORDERS)
     devices = []
     for p in range(ulysses * ring):
         j, u = divmod(p, ulysses)
@@ -467,11 +466,6 @@ class PredictionInterval:
     """Upper end."""
     source: str
     """Where sigma comes from."""
-
-    @property
-    def plus_minus(self) -> float:
-        """Half-width relative to the prediction, e.g. 0.35 for +-35%."""
-        return (self.high_s - self.low_s) / (2 * self.seconds) if self.seconds > 0 else 0.0
 
 
 def relative_sigma(calibration_residual: float | None, points: int = 0) -> tuple[float, str]:

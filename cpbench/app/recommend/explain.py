@@ -16,7 +16,7 @@ from cpbench.app.recommend.types import (
     layout_label,
     rank_key,
 )
-from cpbench.model.cost import Prediction
+from cpbench.model.cost.prediction import Prediction
 from cpbench.model.formulas import gather_bytes_sent
 from cpbench.model.hardware.profile import HardwareProfile
 from cpbench.model.memory import memory_estimate

@@ -15,7 +15,7 @@ from cpbench.app.recommend.types import (
     RankedCandidate,
 )
 from cpbench.config.vocabulary import YUNCHANG_RING_IMPL_TYPES
-from cpbench.model.cost import Prediction
+from cpbench.model.cost.prediction import Prediction
 
 
 def _closest(

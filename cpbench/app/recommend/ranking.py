@@ -37,7 +37,7 @@ from cpbench.model.calibrate import (
     default_prior,
     measurements_from_records,
 )
-from cpbench.model.cost import predict
+from cpbench.model.cost.prediction import predict
 from cpbench.model.hardware.loading import load_profile
 from cpbench.model.hardware.profile import HardwareProfile
 from cpbench.results.store import read_records

@@ -16,7 +16,8 @@ from cpbench.model.calibrate import (
     CalibrationResult,
 )
 from cpbench.model.calibrate.stats import Interval
-from cpbench.model.cost import Placement, Prediction
+from cpbench.model.cost.placement import Placement
+from cpbench.model.cost.prediction import Prediction
 from cpbench.model.formulas import CollectiveKind
 from cpbench.model.hardware.profile import HardwareProfile
 from cpbench.model.topology import PredictionInterval
@@ -179,7 +180,7 @@ CaveatKind = Literal[
     "ag_best_has_ulysses", "ag_ulysses_megatron", "llama3", "llama3_layout", "gather_only",
     "documents", "ring_flash_documents", "ring_only", "window",
 ]
-"""What a framework caveat is about (`cpbench.render.recommend.CAVEATS` words each)."""
+"""What a framework caveat is about (`cpbench.render.recommend.frameworks.CAVEATS` words each)."""
 
 
 @dataclass(frozen=True)
@@ -346,7 +347,7 @@ class LinkUse:
 
 @dataclass(frozen=True)
 class Explanation:
-    """Why the winner wins (`cpbench.render.recommend.why_lines` and `explanation_text`)."""
+    """Why the winner wins (`cpbench.render.recommend.explanation.why_lines` and `explanation_text`)."""
 
     winner: CandidateFacts
     """The winner's numbers."""

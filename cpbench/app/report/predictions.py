@@ -14,7 +14,7 @@ import pandas as pd
 from cpbench.app.report.data import NO_PROFILE_NOTE, ReportRecommendation
 from cpbench.app.report.recommendation import measured_recommendation, service_recommendation
 from cpbench.errors import CpbenchError
-from cpbench.model.cost import prediction_for_record
+from cpbench.model.cost.records import prediction_for_record
 from cpbench.model.hardware.loading import choose_profile, load_profile
 from cpbench.results.frame import ok_rows
 

@@ -1,6 +1,6 @@
 """Calibration: fit a hardware profile to measured times by least squares.
 
-The cost model (cpbench/model/cost.py) is linear in its parameters for each of the three
+The cost model (cpbench/model/cost/) is linear in its parameters for each of the three
 measured times of a configuration (see measurements.py), so each is a least-squares fit, done
 in this order:
 
@@ -34,7 +34,8 @@ from scipy.optimize import lsq_linear
 from cpbench.errors import CpbenchError
 from cpbench.model.calibrate.measurements import Measurement, as_measurements, resolve_prior
 from cpbench.model.calibrate.stats import rms
-from cpbench.model.cost import CommTerm, Prediction
+from cpbench.model.cost.breakdown import CommTerm
+from cpbench.model.cost.prediction import Prediction
 from cpbench.model.formulas import CollectiveKind
 from cpbench.model.hardware.profile import (
     CalibrationInfo,

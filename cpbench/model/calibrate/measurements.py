@@ -18,7 +18,8 @@ from typing import Any, cast
 
 from cpbench.config.problem import MeshCandidate
 from cpbench.errors import CpbenchError
-from cpbench.model.cost import Prediction, predict, record_devices_per_node
+from cpbench.model.cost.prediction import Prediction, predict
+from cpbench.model.cost.records import record_devices_per_node
 from cpbench.model.hardware.loading import ProfileChoice, choose_profile, load_profile
 from cpbench.model.hardware.profile import HardwareProfile
 from cpbench.model.hardware.transforms import with_default_kernel

@@ -9,8 +9,8 @@ projection), with `s = L / CP` tokens, `b` micro-batch, `t` TP:
   `peak(dtype) x matmul efficiency` (`MATMUL_EFFICIENCY`: the hardware profiles have no GEMM
   number, so this module gives one per profile, with its source; `--matmul-efficiency`
   overrides it).
-- **Attention**: `cpbench.model.cost.predict` for the layer's U x R mesh and layout with the
-  heads of one TP rank (forward + backward; + forward again with recompute).
+- **Attention**: `cpbench.model.cost.prediction.predict` for the layer's U x R mesh and layout
+  with the heads of one TP rank (forward + backward; + forward again with recompute).
 - **TP + SP collectives** (Megatron with sequence parallelism): per layer 2 all-gathers and 2
   reduce-scatters forward, the same backward (and forward again with full recompute), each of a
   tensor of `M = e b s h` bytes: `latency + M (t - 1)/t / busbw` on the node's links (TP stays
@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from cpbench.config.constraints import AttentionShape
 from cpbench.config.vocabulary import DTYPE_BYTES, canonical_dtype
 from cpbench.errors import CpbenchError
-from cpbench.model.cost import Prediction
+from cpbench.model.cost.prediction import Prediction
 from cpbench.model.flops import attention_flops
 from cpbench.model.hardware.profile import HardwareProfile, LinkCost
 from cpbench.model.plan.memory import Parallelism, check_zero, params_per_rank

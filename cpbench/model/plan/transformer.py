@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import Field, ValidationError
 
 from cpbench.config.file_schema import MESSAGE, RULE, FileModel, rule
+from cpbench.config.problem import check_positive_int
 from cpbench.errors import CpbenchError
 
 if sys.version_info >= (3, 11):
@@ -67,9 +68,7 @@ class ModelSpec:
 
     def __post_init__(self) -> None:
         for key in ("hidden", "layers", "heads", "kv_heads", "head_dim", "ffn_hidden", "vocab"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise CpbenchError(f"model {self.name}: {key} must be a positive integer, got {value!r}")
+            check_positive_int(f"model {self.name}: {key}", getattr(self, key))
         if self.heads % self.kv_heads:
             raise CpbenchError(
                 f"model {self.name}: heads ({self.heads}) must be a multiple of kv_heads "

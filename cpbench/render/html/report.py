@@ -13,7 +13,8 @@ from cpbench.app.report.data import NO_PROFILE_NOTE, ReportData, ReportRecommend
 from cpbench.render.figures import balance, communication, memory, prediction, timing
 from cpbench.render.html.document import Page, RecommendationView, Section, render_page
 from cpbench.render.html.tables import Column, records_table, table
-from cpbench.render.recommend import explanation_text, setting_note
+from cpbench.render.recommend.explanation import explanation_text
+from cpbench.render.recommend.frameworks import setting_note
 from cpbench.results.frame import PHASE_ORDER, ok_rows, phases_of
 
 

@@ -1,0 +1,335 @@
+"""The time of one phase of a CP attention layer for each scheme, and its linear
+communication terms (`CommTerm`). Pure Python.
+
+- **Shared compute.** A profile may have fewer compute slots per node than ranks (CPU cores):
+  then a step takes at least the mean rank's time x ranks / slots, because idle ranks lend
+  their slots to busy ones (on 4 ranks over 2 cores the causal imbalance of a layout matters
+  little, the total work does).
+- **Compute.** The kernel of a ring step runs at `peak(dtype) x efficiency(L_run/R)` FLOP/s on
+  `flops.py`'s per-step work of the busiest rank (the slowest rank sets the step), plus the
+  profile's fixed `step_overhead` per step, plus the memory-bound fp32 work of ring.py
+  (`work.merge_bytes`) at the profile's memory bandwidth; backward = 2.5 x forward FLOPs.
+- **Ring.** Forward: steps `s = 0..k-2` post the next K/V hop before computing, so a step takes
+  `max(c_s, h) + (1 - overlap) * min(c_s, h)`; the last step computes with no transfer in flight.
+  Backward: K/V hops (steps 0..k-2) and the fp32 dK/dV accumulator hops (posted after each
+  step's compute, in flight during the next step) share the link; the last dK/dV hop (to the
+  owner) is exposed; k = 1 sends nothing. (The textbook "max(compute, comm) per step plus the
+  first, unhidden step": here the step computed with nothing in flight is the last forward
+  step, since step 0 computes on the own chunk while the first hop travels.)
+- **All-gather** (`cp_comm = "all_gather"` on the ring axis, `cpbench/attention/allgather.py`).
+  No ring steps: a rank computes all its pieces against the gathered K/V, so its kernel time is
+  its own total (the slowest rank's pairs, not a sum of busiest-per-step), in `G = (c*h_kv/U)
+  / hs` strides of equal work, one step overhead per (stride, ring step) of pieces. Forward:
+  the first stride's gather travels while the own chunk of that stride is computed on (the
+  slowest rank's step-0 share of its work, `o`): `max(o, a) + (1 - overlap) * min(o, a)`; then
+  the rest of stride 0 and every later stride compute while the next stride is gathered,
+  `max(c_g, a) + (1 - overlap) * min(c_g, a)`, the last stride with nothing in flight; backward
+  likewise, the reduce-scatter of stride g in flight during stride g+1 with the next gather,
+  the last reduce-scatter exposed. One stride (the default) can hide its gather only behind
+  the own chunk (1/R of the work) and exposes the whole reduce-scatter: the honest trade
+  against ring hops hidden behind compute at every step. A gather
+  of `b` bytes received (nccl-tests busbw view: (R-1)/R of its output) takes `latency +
+  b / busbw` on the all-to-all link cost of the ring axis' tier (inter-node when the group
+  spans nodes, the NIC shared as for the ring): nccl-tests' all_gather and alltoall busbw
+  are alike on NVLink and on a NIC.
+- **Ulysses.** The all-to-alls (Q, K/V, O forward; dO, dQ, dK/dV backward) are not overlapped:
+  each costs `latency + bytes a rank sends / busbw` on its tier.
+
+Units: seconds, bytes, FLOP.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+
+from cpbench.config.problem import MeshCandidate
+from cpbench.config.vocabulary import PASSES, Pass
+from cpbench.model.cost.breakdown import CommTerm, PhaseTime, TierTraffic
+from cpbench.model.cost.placement import Placement
+from cpbench.model.cost.work import config_work, mask_step_stats, merge_bytes
+from cpbench.model.flops import BACKWARD_FACTOR, flops_per_pair
+from cpbench.model.formulas import CollectiveKind, CommVolume
+from cpbench.model.hardware.profile import HardwareProfile, LinkTier
+from cpbench.model.topology import CollectiveTime, TopologyPlacement, all_to_all_time, ring_hop_time
+
+
+@dataclass(frozen=True)
+class Context:
+    """What every part of one prediction needs."""
+
+    config: MeshCandidate
+    profile: HardwareProfile
+    placement: Placement
+    volume: CommVolume
+    flops_per_s: float
+    topology: TopologyPlacement | None = None
+
+
+def _phase_factor(phase: Pass) -> Fraction:
+    return Fraction(1) if phase == "forward" else BACKWARD_FACTOR
+
+
+def _step_merges(ctx: Context, phase: Pass) -> list[float]:
+    """Memory-bound seconds of each ring step of a phase."""
+    c = ctx.config
+    return [merge_bytes(c, phase, s) / ctx.profile.memory_bandwidth for s in range(c.ring_steps)]
+
+
+@dataclass(frozen=True)
+class _StepCost:
+    """What sets one ring step's compute time, in pieces the calibration can refit."""
+
+    seconds: float
+    """Step compute time."""
+    flops: float
+    """FLOPs that set it (busiest rank, or the node's share when ranks share compute slots)."""
+    overheads: float
+    """Step overheads paid (1, or ranks / slots on a shared node)."""
+    memory_s: float
+    """Memory-bound seconds in it."""
+
+
+def _node_share(ctx: Context) -> float:
+    """Ranks per compute slot on a node (> 1 only when more ranks than slots, e.g. CPU cores)."""
+    slots = ctx.profile.compute_slots_per_node
+    if slots is None:
+        return 1.0
+    ranks = min(ctx.placement.devices_per_node, ctx.config.world * ctx.placement.rank_stride)
+    return max(1.0, ranks / slots)
+
+
+def _step_costs(ctx: Context, phase: Pass, merges: list[float]) -> list[_StepCost]:
+    """Compute time of each ring step: the busiest rank's kernel, overhead and memory-bound
+    work; on a node with more ranks than compute slots, at least the mean rank's times
+    ranks / slots (the slots are shared, so idle ranks lend theirs)."""
+    c = ctx.config
+    per_pair = flops_per_pair(c.shape, c.ulysses) * _phase_factor(phase)
+    stats = mask_step_stats(c)
+    overhead, share = ctx.profile.step_overhead_s, _node_share(ctx)
+    costs = []
+    for (busiest, mean), merge in zip(stats, merges, strict=True):
+        busiest_flops, mean_flops = float(busiest * per_pair), float(mean * per_pair)
+        alone = busiest_flops / ctx.flops_per_s + overhead + merge
+        shared = share * (mean_flops / ctx.flops_per_s + overhead + merge)
+        if share > 1 and shared > alone:
+            costs.append(_StepCost(shared, share * mean_flops, share, share * merge))
+        else:
+            costs.append(_StepCost(alone, busiest_flops, 1.0, merge))
+    return costs
+
+
+def phase_time(ctx: Context, phase: Pass) -> tuple[PhaseTime, tuple[CommTerm, ...]]:
+    """The breakdown of one phase and the linear pieces of its communication."""
+    if ctx.config.all_gather:
+        return _gather_phase_time(ctx, phase)
+    c = ctx.config
+    merges = _step_merges(ctx, phase)
+    costs = _step_costs(ctx, phase, merges)
+    computes = [cost.seconds for cost in costs]
+    ulysses_s, ulysses_terms = _ulysses_time(ctx, phase)
+    ring_total, ring_comm, overlappable, ring_terms = _ring_time(ctx, phase, computes)
+    slowest = sum(computes)
+    run_pairs = config_work(c).total  # the pairs the ranks compute, padding included
+    mean_flops = float(run_pairs * flops_per_pair(c.shape, 1) * _phase_factor(phase)) / c.world
+    balanced = _node_share(ctx) * (
+        mean_flops / ctx.flops_per_s + c.ring_steps * ctx.profile.step_overhead_s + sum(merges)
+    )
+    timing = PhaseTime.priced(
+        phase, ulysses_s + ring_total, balanced, slowest, ulysses_s, ring_comm,
+        sum(cost.memory_s for cost in costs), overlappable, sum(cost.flops for cost in costs),
+        sum(cost.overheads for cost in costs),
+    )  # fmt: skip
+    return timing, ulysses_terms + ring_terms
+
+
+def _ulysses_time(ctx: Context, phase: Pass) -> tuple[float, tuple[CommTerm, ...]]:
+    """Exposed all-to-all time of a phase and its linear pieces."""
+    total, terms = 0.0, []
+    for collective in ctx.volume.collectives(phase):
+        if collective.kind != "all_to_all":
+            continue
+        seconds, pieces = _all_to_all_call(ctx, phase, collective.bytes_sent)
+        total += seconds
+        terms.extend(pieces)
+    return total, tuple(terms)
+
+
+def _all_to_all_call(ctx: Context, phase: Pass, bytes_sent: int) -> tuple[float, list[CommTerm]]:
+    """One all-to-all call: inside a node, or split between the tiers (the slower part sets
+    the time, the inter-node latency is paid once)."""
+    place, profile = ctx.placement, ctx.profile
+    if ctx.topology is not None:  # the slowest crossed tier of the node topology bounds it
+        timed = all_to_all_time(ctx.topology, bytes_sent)
+        return timed.seconds, _level_terms(ctx.topology, timed, "all_to_all", phase)
+    intra = profile.intra_node
+    if place.ulysses_tier == "intra_node":
+        term = CommTerm("intra_node", "all_to_all", phase, 1, bytes_sent)
+        return intra.all_to_all.seconds(bytes_sent), [term]
+    inter = profile.inter_node
+    inter_bytes = float(bytes_sent * place.ulysses_inter_fraction)
+    intra_bytes = bytes_sent - inter_bytes
+    inter_scaled = inter_bytes * inter.devices_per_nic
+    intra_s = intra_bytes / intra.all_to_all.busbw
+    inter_s = inter_scaled / inter.all_to_all.busbw
+    seconds = inter.all_to_all.latency_s + max(intra_s, inter_s)
+    if inter_s >= intra_s:
+        return seconds, [CommTerm("inter_node", "all_to_all", phase, 1, inter_scaled)]
+    return seconds, [
+        CommTerm("inter_node", "all_to_all", phase, 1, 0.0),
+        CommTerm("intra_node", "all_to_all", phase, 0, intra_bytes),
+    ]
+
+
+def _ring_time(
+    ctx: Context, phase: Pass, computes: list[float]
+) -> tuple[float, float, float, tuple[CommTerm, ...]]:
+    """(ring stage time, serialised hop time, overlappable time, linear pieces)."""
+    k = ctx.config.ring_steps
+    if ctx.config.ring == 1 or k == 1:
+        return computes[0], 0.0, 0.0, ()
+    per_call = {c.name: c.bytes_per_call for c in ctx.volume.collectives(phase)}
+    kv, dkv = per_call.get("p2p_kv", 0), per_call.get("p2p_dkv", 0)  # zeros without a ring
+    overlap = ctx.profile.overlap
+    total = comm = hidden = 0.0
+    terms: list[CommTerm] = []
+    for s, compute in enumerate(computes):
+        # The next step's K/V, and (from step 2) the dK/dV accumulator posted after step s-1:
+        # the own chunk's gradient stays home, so the first accumulator leaves after step 1.
+        in_flight = (kv if s < k - 1 else 0) + (dkv if s >= 2 else 0)
+        if in_flight == 0:
+            total += compute
+            continue
+        hop = _hop(ctx, phase, in_flight, terms)
+        comm += hop
+        hidden += min(compute, hop)
+        total += max(compute, hop) + (1 - overlap) * min(compute, hop)
+    if dkv:
+        home = _hop(ctx, phase, dkv, terms)  # the last dK/dV hop goes home, exposed
+        total += home
+        comm += home
+    return total, comm, hidden, tuple(terms)
+
+
+def _level_terms(
+    placement: TopologyPlacement, timed: CollectiveTime, kind: CollectiveKind, phase: Pass
+) -> list[CommTerm]:
+    """The linear pieces of one collective on a topology: the latency of the highest level it
+    crosses and the bandwidth time of its bounding level (their sum is `timed.seconds`)."""
+    if timed.bounding < 0:
+        return []
+    tier: LinkTier = "inter_node" if timed.crosses_network else "intra_node"
+
+    def term(index: int, messages: int, nbytes: float) -> CommTerm:
+        level = placement.tiers[index]
+        if level.kind == "network":  # the profile's inter_node link: bytes x NIC sharing
+            return CommTerm("inter_node", kind, phase, messages, nbytes * level.devices_per_link)
+        return CommTerm(tier, kind, phase, messages, nbytes, level=index)
+
+    top, bound = len(timed.levels) - 1, timed.bounding
+    per_device = timed.levels[bound].seconds * placement.tiers[bound].cost(kind).busbw
+    return [term(top, 1, 0.0), term(bound, 0, per_device)]
+
+
+def _hop(ctx: Context, phase: Pass, nbytes: int, terms: list[CommTerm]) -> float:
+    """One ring exchange of `nbytes` per rank, its linear pieces added to `terms`: on a topology
+    the slowest hop's crossed tier (`topology.ring_hop_time`), else the ring tier's send/recv."""
+    if ctx.topology is not None:
+        timed = ring_hop_time(ctx.topology, nbytes)
+        terms.extend(_level_terms(ctx.topology, timed, "send_recv", phase))
+        return timed.seconds
+    seconds, term = _ring_tier_call(ctx, "send_recv", phase, nbytes)
+    terms.append(term)
+    return seconds
+
+
+def _ring_tier_call(
+    ctx: Context, kind: CollectiveKind, phase: Pass, nbytes: int
+) -> tuple[float, CommTerm]:
+    """One call of `nbytes` per rank on the ring axis' tier (the NIC shared as for the ring): a
+    hop on its send/recv cost, an all-gather or reduce-scatter on its all-to-all cost."""
+    tier = ctx.placement.ring_tier
+    link = ctx.profile.link(tier)
+    seconds = link.cost(kind).seconds(nbytes, 1, link.devices_per_nic)
+    return seconds, CommTerm(tier, kind, phase, 1, float(nbytes * link.devices_per_nic))
+
+
+def _gather_phase_time(ctx: Context, phase: Pass) -> tuple[PhaseTime, tuple[CommTerm, ...]]:
+    """One phase of the all-gather scheme: G strides of equal work, the first gather behind
+    the own chunk of stride 0 only, each later gather (and backward each reduce-scatter but
+    the last) in flight during a stride's compute, the last reduce-scatter exposed."""
+    c, profile = ctx.config, ctx.profile
+    work = config_work(c)
+    per_pair = float(flops_per_pair(c.shape, c.ulysses) * _phase_factor(phase))
+    merges = sum(_step_merges(ctx, phase))
+    strides = c.gathers
+    overheads = strides * c.ring_steps
+    share = _node_share(ctx)
+    slowest_pairs = float(max(work.ring_rank_pairs))
+    mean_pairs = float(sum(work.ring_rank_pairs, Fraction(0))) / c.ring
+    alone = slowest_pairs * per_pair / ctx.flops_per_s + overheads * profile.step_overhead_s
+    alone += merges
+    balanced = share * (
+        mean_pairs * per_pair / ctx.flops_per_s + overheads * profile.step_overhead_s + merges
+    )
+    shared = share > 1 and balanced > alone
+    compute = balanced if shared else alone
+    slowest_flops = share * mean_pairs if shared else slowest_pairs
+    per_stride = compute / strides
+    slowest = max(range(c.ring), key=lambda j: work.ring_rank_pairs[j])
+    own_pairs = work.step_pairs[0][slowest] if work.step_pairs else Fraction(0)
+    own_share = float(own_pairs / work.ring_rank_pairs[slowest]) if own_pairs else 0.0
+    own = per_stride * own_share  # the own chunk of stride 0: computed while it is gathered
+    named = {c.name: c for c in ctx.volume.collectives(phase)}
+    gather_bytes, rs_bytes = (
+        named[n].bytes_sent // named[n].calls if n in named else 0 for n in ("ag_kv", "rs_dkv")
+    )
+    gather_s, gather_term = _ring_tier_call(ctx, "all_to_all", phase, gather_bytes)
+    terms = [gather_term] * strides
+    overlap = profile.overlap
+    # the first gather travels while the own chunk of stride 0 is computed on, then waits
+    total = max(own, gather_s) + (1 - overlap) * min(own, gather_s)
+    comm = gather_s * strides
+    hidden = min(own, gather_s)
+    rs_s = 0.0
+    if rs_bytes:
+        rs_s, rs_term = _ring_tier_call(ctx, "all_to_all", phase, rs_bytes)
+        terms += [rs_term] * strides
+        comm += rs_s * strides
+    for g in range(strides):
+        work_s = per_stride - own if g == 0 else per_stride
+        in_flight = (gather_s if g + 1 < strides else 0.0) + (rs_s if g >= 1 else 0.0)
+        if in_flight == 0:
+            total += work_s
+            continue
+        hidden += min(work_s, in_flight)
+        total += max(work_s, in_flight) + (1 - overlap) * min(work_s, in_flight)
+    total += rs_s  # the last stride's dK/dV goes home exposed
+    ulysses_s, ulysses_terms = _ulysses_time(ctx, phase)
+    total += ulysses_s
+    timing = PhaseTime.priced(
+        phase, total, balanced, compute, ulysses_s, comm, merges, hidden,
+        slowest_flops * per_pair, float(overheads) * (share if shared else 1.0),
+    )  # fmt: skip
+    return timing, ulysses_terms + tuple(terms)
+
+
+def tier_traffic(ctx: Context) -> tuple[TierTraffic, ...]:
+    """Bytes per rank per (tier, kind), forward and backward."""
+    place = ctx.placement
+    per_phase: dict[tuple[LinkTier, CollectiveKind], list[int]] = {}
+    for index, phase in enumerate(PASSES):
+        for stage in ctx.volume.stages(phase):
+            sent = stage.bytes_sent
+            # the all-gather stage is priced on the all-to-all link cost
+            kind: CollectiveKind = "send_recv" if stage.stage == "ring" else "all_to_all"
+            split: dict[LinkTier, int] = {place.ring_tier: sent}
+            if stage.stage == "ulysses":
+                inter = int(sent * place.ulysses_inter_fraction)
+                split = {"inter_node": inter, "intra_node": sent - inter}
+            for tier, value in split.items():
+                if value:
+                    per_phase.setdefault((tier, kind), [0, 0])[index] += value
+    return tuple(
+        TierTraffic(tier, kind, fwd, bwd) for (tier, kind), (fwd, bwd) in sorted(per_phase.items())
+    )

@@ -1,0 +1,98 @@
+"""The work of every ring step of a configuration under its layout and mask, and the
+memory-bound bytes of a step. Pure Python.
+
+The candidate's mask (`MeshCandidate.documents`, `window`) sets the work of every rank at every
+ring step (`flops.layout_work`: the mask geometry of `model/masking.py` for packed documents,
+windows and the doc_zigzag / balanced layouts), the ring steps k the mask needs (steps k..R-1
+are not run: no compute, no hop, no overhead) and, for doc_zigzag, the run length
+L_run = L + padding that every byte and FLOP term uses. Besides the kernels, ring.py does
+memory-bound fp32 work (the passes below, every step; the forward merge from step 1 on).
+"""
+
+from __future__ import annotations
+
+import functools
+from fractions import Fraction
+
+from cpbench.config.problem import CpProblem
+from cpbench.config.vocabulary import GLOBAL_LAYOUTS, Pass
+from cpbench.errors import CpbenchError
+from cpbench.model.flops import LayoutWork, layout_work, ring_step_pairs
+
+MERGE_FORWARD_PASSES = 7
+"""fp32 passes over the output accumulator per forward merge (ring.py `_merge`)."""
+ACCUMULATE_Q_PASSES = 3
+"""fp32 passes over a Q-sized tensor per backward step (dQ += block dQ)."""
+ACCUMULATE_KV_PASSES = 7
+"""fp32 passes over a K/V-sized tensor per backward step (block dK/dV, received + block)."""
+MAX_EXACT_RING = 64
+"""Rings up to this size take their per-step work from flops.py; larger ones use the same
+closed forms (flops.py's step matrix is R x R)."""
+
+
+@functools.lru_cache(maxsize=4096)
+def step_pair_stats(
+    seq_len: int, ring: int, layout: str, causal: bool
+) -> tuple[tuple[Fraction, Fraction], ...]:
+    """(busiest ring rank, mean over ring ranks) pairs at each ring step, all heads of a ring
+    group: from flops.py's step matrix for R <= MAX_EXACT_RING, else in closed form."""
+    if ring <= MAX_EXACT_RING:
+        return tuple(
+            (max(step), sum(step, Fraction(0)) / ring)
+            for step in ring_step_pairs(seq_len, ring, layout, causal)
+        )
+    return closed_form_step_pair_stats(seq_len, ring, layout, causal)
+
+
+def closed_form_step_pair_stats(
+    seq_len: int, ring: int, layout: str, causal: bool
+) -> tuple[tuple[Fraction, Fraction], ...]:
+    """flops.py's (busiest, mean) pairs per ring step in closed form, n = L/R. Non-causal: n^2.
+    Causal step 0 (own shard): n^2/2. Later steps s: contiguous, the R-s ranks after the
+    source see the whole chunk (busiest n^2, mean (R-s)n^2/R); zigzag, every rank sees half
+    (n^2/2); striped, ranks after the source n(n+1)/2, the s before it n(n-1)/2."""
+    if layout not in GLOBAL_LAYOUTS:
+        raise CpbenchError(
+            f"layout {layout!r} has no closed form (one of {', '.join(GLOBAL_LAYOUTS)}): its "
+            f"work comes from the mask geometry (mask_step_stats)"
+        )
+    n = Fraction(seq_len, ring)
+    if not causal:
+        return tuple((n * n, n * n) for _ in range(ring))
+    stats = [(n * n / 2, n * n / 2)]
+    for s in range(1, ring):
+        if layout == "contiguous":
+            stats.append((n * n, n * n * (ring - s) / ring))
+        elif layout == "zigzag":
+            stats.append((n * n / 2, n * n / 2))
+        else:
+            after, before = n * (n + 1) / 2, n * (n - 1) / 2
+            stats.append((after, (after * (ring - s) + before * s) / ring))
+    return tuple(stats)
+
+
+@functools.lru_cache(maxsize=1024)
+def config_work(config: CpProblem) -> LayoutWork:
+    """The work of every ring rank and ring step of a configuration under its mask."""
+    return layout_work(config)
+
+
+def mask_step_stats(config: CpProblem) -> tuple[tuple[Fraction, Fraction], ...]:
+    """(busiest ring rank, mean over ring ranks) pairs at each of the k ring steps the mask
+    needs: `step_pair_stats` for causal or full attention on a global layout, otherwise the
+    mask geometry's per-step pairs."""
+    if config.plain_geometry:
+        return step_pair_stats(config.seq_len, config.ring, config.layout, config.mask.causal)
+    work = config_work(config)
+    return tuple(zip(work.step_max_pairs, work.step_mean_pairs, strict=True))
+
+
+def merge_bytes(config: CpProblem, phase: Pass, step: int) -> int:
+    """fp32 bytes the ring's merge (forward) or accumulation (backward) moves at a step."""
+    if config.ring == 1:
+        return 0
+    q_elements = config.batch * config.ring_shard * config.heads_per_rank * config.head_dim
+    kv_elements = 2 * config.batch * config.ring_shard * config.kv_heads_per_rank * config.head_dim
+    if phase == "forward":
+        return 0 if step == 0 else MERGE_FORWARD_PASSES * q_elements * 4
+    return (ACCUMULATE_Q_PASSES * q_elements + ACCUMULATE_KV_PASSES * kv_elements) * 4

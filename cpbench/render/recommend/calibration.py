@@ -1,0 +1,96 @@
+"""Rich renderables of the calibrate and validate reports (the dicts that
+`cpbench.app.calibrate` returns)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.text import Text
+
+from cpbench.render.tables import FitTable
+from cpbench.units import format_number, format_percent, format_seconds
+
+
+def render_validation(report: Mapping[str, Any]) -> list[RenderableType]:
+    """Rich renderables of a validate report."""
+    title = f"Predicted vs measured ({report['mode']}, profile {report['profile']})"
+    if report["mode"] == "holdout":
+        title += (
+            f": calibrated on {report['n_train']}, predicting {report['n_test']} held out "
+            f"({report['split']} split, seed {report['seed']})"
+        )
+    table = FitTable(title=title)
+    for col in ("configuration", "measured ms", "predicted ms", "error"):
+        table.add_column(
+            col,
+            justify="left" if col == "configuration" else "right",
+            key=col == "configuration",
+            wrap=col == "configuration",
+        )
+    for r in report["rows"]:
+        table.add_row(
+            Text(r["config"]),
+            format_seconds(r["measured_s"], 2, unit=False),
+            format_seconds(r["predicted_s"], 2, unit=False),
+            format_percent(r["error"], sign=True),
+        )
+    summary = Text(
+        f"median |error| {format_percent(report['median_abs_error'])}, max |error| "
+        f"{format_percent(report['max_abs_error'])}, Spearman {format_number(report['spearman'])}, regret of the "
+        f"model's pick {format_percent(report['regret'])} (worst group; mean {format_percent(report['regret_mean'])})"
+    )
+    out: list[RenderableType] = [table, summary]
+    out += [Text(f"warning: {w}", style="yellow") for w in report.get("warnings", [])]
+    for g in report.get("groups", []):
+        if g["configurations"] > 1:
+            out.append(
+                Text(
+                    f"  group of {g['configurations']}: model picks {g['chosen']}, measured best "
+                    f"{g['best']}, regret {format_percent(g['regret'])}",
+                    style="dim",
+                )
+            )
+    calibration = report.get("calibration")
+    if calibration:
+        out.append(render_calibration(calibration))
+    return out
+
+
+def render_calibration(report: Mapping[str, Any]) -> RenderableType:
+    """Rich renderable of a calibration summary."""
+    table = FitTable(
+        title=(
+            f"Calibration of {report['prior']} on {report['points']} measurements: RMS relative "
+            f"step-time error {format_percent(report['residual_before'])} -> "
+            f"{format_percent(report['residual'])}"
+        ),
+        caption="prior and fitted in the unit of the unit column (no unit: dimensionless)",
+    )
+    for col in ("fit", "parameter", "prior", "fitted", "unit", "points"):
+        table.add_column(
+            col,
+            justify="right" if col in ("prior", "fitted", "points") else "left",
+            key=col == "parameter",
+            wrap=col in ("fit", "parameter"),
+        )
+    for fit in report["fits"]:
+        label = (
+            f"{fit['target']} ({fit['points']} pts, RMS {format_percent(fit['residual_before'])} "
+            f"-> {format_percent(fit['residual_after'])})"
+        )
+        for i, param in enumerate(fit["parameters"]):
+            table.add_row(
+                Text(label if i == 0 else ""),
+                Text(param["name"]),
+                f"{param['prior']:.4g}",
+                f"{param['fitted']:.4g}",
+                param["unit"],
+                str(param["points"]),
+            )
+    notes = [Text(f"warning: {w}", style="yellow") for w in report.get("warnings", [])]
+    notes += [Text(f"note: {n}", style="dim") for n in report["notes"]]
+    if report.get("output"):
+        notes.append(Text(f"wrote {report['output']} (load it with --hardware {report['output']})"))
+    return Group(table, *notes)
