@@ -25,6 +25,7 @@ from cpbench.attention.kernels import (
     FlashAttnKernel,
     NaiveKernel,
     auto_kernel_name,
+    band_capable,
     cuda_flash_native_gqa,
     cudnn_native_gqa,
     default_scale,
@@ -39,6 +40,7 @@ from cpbench.attention.kernels import flash_attn3 as fa3_module
 from cpbench.attention.reference import reference_attention
 from cpbench.config.vocabulary import BACKENDS
 from cpbench.errors import CpbenchError
+from tests import flash_rules
 from tests.impl_support import use_stand_ins
 
 TOL = 2e-5  # float32 einsum (inside the fakes) against float64
@@ -601,3 +603,18 @@ def test_kernel_version_names_what_runs_the_kernel(monkeypatch: pytest.MonkeyPat
         assert kernel_version(name) == str(torch.__version__)
     monkeypatch.setattr(fa3_module, "DISTRIBUTIONS", ("no-such-distribution-cpbench",))
     assert kernel_version("flash_attn3") is None
+
+
+def test_auto_with_bands_skips_an_fa3_without_a_window(fake_env, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """FA3 before 2024-08-29 imports but has no window: with band pieces `auto` takes
+    flash-attn 2 instead (main took FA3, which then ran the bands as full attention)."""
+    fake_env(fa2=True, fa3=True)
+    old = flash_rules.fa3_module("2024-07", flash_rules.Library())
+    monkeypatch.setattr(select, "flash_attn3_interface", lambda: old)
+    assert not band_capable("flash_attn3", "cuda")
+    assert auto_kernel_name("cuda", BF16, band=True) == "flash_attn"
+    assert auto_kernel_name("cuda", BF16) == "flash_attn3"
+    new = flash_rules.fa3_module("2026", flash_rules.Library())
+    monkeypatch.setattr(select, "flash_attn3_interface", lambda: new)
+    assert auto_kernel_name("cuda", BF16, band=True) == "flash_attn3"
+

@@ -29,7 +29,9 @@ from cpbench.attention.kernels.flash_attn import (
 from cpbench.attention.kernels.flash_attn3 import (
     FlashAttn3Kernel,
     flash_attn3_available,
+    flash_attn3_interface,
     flash_attn3_version,
+    takes_window,
 )
 from cpbench.attention.kernels.naive import NaiveKernel
 from cpbench.config.vocabulary import BACKENDS
@@ -106,12 +108,16 @@ def kernel_unavailable(name: str, device: torch.device | str, dtype: torch.dtype
 def band_capable(name: str, device: torch.device | str) -> bool:
     """Whether kernel `name` applies a mask band (the pieces of packed documents and sliding
     windows that are neither full nor top-left causal): einsum, PyTorch's CPU op (a float
-    mask) and flash-attn 2 / 3 (window sizes) do; PyTorch's CUDA flash, memory-efficient and
-    cuDNN ops, called with a causal flag only, do not."""
+    mask) and flash-attn 2 / 3 (window sizes; an FA3 older than its window, 2024-08-29, does
+    not) do; PyTorch's CUDA flash, memory-efficient and cuDNN ops, called with a causal flag
+    only, do not."""
     device = torch.device(device)
     if name == "sdpa":
         return device.type != "cuda"
-    return name in ("naive", "flash_attn", "flash_attn3")
+    if name == "flash_attn3":
+        fa3 = flash_attn3_interface() if flash_attn3_available() else None
+        return fa3 is None or takes_window(fa3)  # one that does not import is refused for that
+    return name in ("naive", "flash_attn")
 
 
 def auto_kernel_name(
@@ -124,7 +130,9 @@ def auto_kernel_name(
     if not band or band_capable(name, device):
         return name
     for alternative in ("flash_attn3", "flash_attn"):
-        if kernel_unavailable(alternative, device, dtype) is None:
+        if kernel_unavailable(alternative, device, dtype) is None and band_capable(
+            alternative, device
+        ):
             return alternative
     return name
 
