@@ -128,6 +128,9 @@ BF16, FP16, FP32, FP64 = torch.bfloat16, torch.float16, torch.float32, torch.flo
         # float32 on CUDA: the memory-efficient op, whatever else is installed
         ({"fa3": True, "fa2": True}, "cuda", FP32, EfficientKernel),
         ({"cudnn": None, "capability": (7, 0)}, "cuda", FP32, EfficientKernel),
+        # before Ampere (T4, V100) neither flash kernel runs: the memory-efficient op
+        ({"fa2": True, "capability": (7, 5)}, "cuda", FP16, EfficientKernel),
+        ({"capability": (7, 0)}, "cuda", FP16, EfficientKernel),
         # float64 stays with einsum; the CPU keeps its fused op
         ({"fa3": True, "fa2": True}, "cuda", FP64, NaiveKernel),
         ({"fa3": True, "fa2": True}, "cpu", FP32, CpuSdpaKernel),
@@ -159,6 +162,9 @@ def test_auto_picks_the_fastest_usable_kernel(fake_env, env, device, dtype, expe
         ({}, "cuda", FP32, "sdpa", "kernel 'efficient'"),
         ({"fa2": False}, "cuda", BF16, "flash_attn", "flash-attn >= 2.7"),
         ({"fa2": True}, "cuda", FP32, "flash_attn", "fp16/bf16"),
+        ({"fa2": True, "capability": (7, 5)}, "cuda", FP16, "flash_attn", "Ampere or newer"),
+        ({"capability": (7, 0)}, "cuda", FP16, "sdpa", "compute capability >= 8.0"),
+        ({"capability": (7, 5)}, "cuda", BF16, "efficient", "bf16 only from compute capability"),
     ],
 )
 def test_impossible_explicit_choice_names_what_is_missing(  # type: ignore[no-untyped-def]
@@ -187,6 +193,9 @@ def test_every_combination_picks_a_usable_kernel(fake_env) -> None:  # type: ign
         device, dtype, version, cudnn, capability, fa2, fa3 = combo
         fake_env(torch_version=version, cudnn=cudnn, capability=capability, fa2=fa2, fa3=fa3)
         chosen = auto_kernel_name(device, dtype)
+        if device == "cuda" and dtype == BF16 and capability < (8, 0):  # no fused bf16 there
+            assert chosen == "efficient" and "8.0" in str(kernel_unavailable(chosen, device, dtype))
+            continue
         assert kernel_unavailable(chosen, device, dtype) is None, combo
         if device == "cuda" and dtype != FP64:
             assert chosen != "naive", combo

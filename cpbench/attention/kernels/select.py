@@ -1,7 +1,8 @@
 """Which kernel runs: `select_kernel` from the device, the dtype and the requested name.
 
 `auto` on CUDA, fp16/bf16: FlashAttention-3 on Hopper when it imports, else flash-attn 2,
-else cuDNN attention on Hopper and newer, else PyTorch's CUDA flash op; float32 on CUDA:
+else cuDNN attention on Hopper and newer, else PyTorch's CUDA flash op, else (before Ampere,
+where neither flash kernel runs) the memory-efficient op; float32 on CUDA:
 PyTorch's memory-efficient op (never the einsum kernel, whose S^2 scores run out of memory at
 real lengths); float64 anywhere: einsum. On CPU: PyTorch's fused CPU op, einsum for float64.
 An explicit choice that cannot run here is a `CpbenchError` saying what is missing
@@ -40,6 +41,21 @@ from cpbench.errors import CpbenchError
 HALF = (torch.float16, torch.bfloat16)
 HOPPER = 9
 """Compute capability major of Hopper (H100/H200: sm90), FlashAttention-3's architecture."""
+AMPERE = (8, 0)
+"""The least compute capability of flash-attn 2 (`mha_fwd`'s "FlashAttention only supports
+Ampere GPUs or newer", csrc/flash_attn/flash_api.cpp) and of PyTorch's CUDA flash op
+(`check_sm_version` in aten/src/ATen/native/transformers/cuda/sdp_utils.cpp)."""
+
+
+def _before_ampere(device: torch.device) -> str | None:
+    """Why a flash kernel cannot run on this GPU (compute capability below 8.0), else None."""
+    capability = ops.device_capability(device)
+    if capability is not None and capability < AMPERE:
+        return (
+            f"needs an Ampere or newer GPU (compute capability >= 8.0; this one has "
+            f"{capability[0]}.{capability[1]}): kernel 'efficient' runs here"
+        )
+    return None
 
 
 @functools.cache
@@ -62,7 +78,7 @@ def _kernel_class(name: str, device: torch.device) -> type:
 
 def _flash_attn_unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
     if device.type == "cuda" and dtype in HALF and flash_attn_available():
-        return None
+        return _before_ampere(device)
     return (
         f"needs CUDA, fp16/bf16 and flash-attn >= 2.7 (device {device.type}, dtype {dtype}, "
         f"installed: {flash_attn_version()}); install with: pip install 'cpbench[gpu]'"
@@ -93,7 +109,7 @@ def kernel_unavailable(name: str, device: torch.device | str, dtype: torch.dtype
     if name == "sdpa":
         if device.type == "cuda" and dtype not in HALF:
             return f"on CUDA needs fp16/bf16, got {dtype} (float32 on CUDA: kernel 'efficient')"
-        return None
+        return _before_ampere(device) if device.type == "cuda" else None
     if name == "flash_attn":
         return _flash_attn_unavailable(device, dtype)
     if name == "flash_attn3":
@@ -154,7 +170,7 @@ def _auto_kernel_name(device: torch.device, dtype: torch.dtype) -> str:
         and cudnn_unavailable(device, dtype) is None
     ):
         return "cudnn"
-    return "sdpa"
+    return "sdpa" if kernel_unavailable("sdpa", device, dtype) is None else "efficient"
 
 
 def kernel_availability(device: torch.device | str, dtype: torch.dtype) -> dict[str, str | None]:
