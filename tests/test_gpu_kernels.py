@@ -627,3 +627,23 @@ def test_auto_with_bands_skips_an_fa3_without_a_window(fake_env, monkeypatch) ->
     monkeypatch.setattr(select, "flash_attn3_interface", lambda: new)
     assert auto_kernel_name("cuda", BF16, band=True) == "flash_attn3"
 
+
+def test_flash_attn3_version_of_a_wheel_named_flash_attn(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Wheels built from hopper/ in 2025-01 .. 2025-07 are the distribution `flash_attn`
+    (version 3.x) providing `flash_attn_interface`: the record names that version (main
+    looked only for `flash_attn_3` / `flashattn-hopper` and wrote None)."""
+    import importlib.metadata as metadata  # noqa: PLC0415
+
+    versions = {"flash_attn": "3.0.0b1"}
+
+    def version(dist: str) -> str:
+        if dist not in versions:
+            raise metadata.PackageNotFoundError(dist)
+        return versions[dist]
+
+    monkeypatch.setattr(metadata, "version", version)
+    monkeypatch.setattr(metadata, "packages_distributions", lambda: {"flash_attn_interface": ["flash_attn"]})
+    assert fa3_module.flash_attn3_version() == "3.0.0b1"
+    assert kernel_version("flash_attn3") == "3.0.0b1"
+    monkeypatch.setattr(metadata, "packages_distributions", lambda: {})
+    assert fa3_module.flash_attn3_version() is None  # flash-attn 2 alone is not FA3
