@@ -5,6 +5,7 @@ the kernels that must refuse them."""
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -235,8 +236,8 @@ FLASH_CASES = [
     *[(sq, sk, band) for band in BANDS for sq, sk in ((16, 16), (12, 20))],
     (23, 16, (-7, None)),  # U1xR2 zigzag, window 24 (cpbench verify): 6 rows were wrong
     (40, 12, (-30, None)),  # sq > 2 sk + 1: rows without a key, LSE +inf, NaN in the merge
-    (40, 12, (-35, -20)),
-    (30, 8, (None, -10)),
+    (40, 12, (-30, 5)),  # a finite right window >= sk: clamped as well
+    (30, 8, (-25, 2)),
     (9, 4, (None, 0)),  # top-left causal on a non-square block (flash-attn's is bottom-right)
     (4, 9, (None, 0)),
 ]
@@ -251,8 +252,10 @@ def _expressible(sq: int, sk: int, band) -> bool:  # type: ignore[no-untyped-def
 def test_flash_band_matches_reference_under_the_library_rule(rule, sq, sk, band) -> None:  # type: ignore[no-untyped-def]
     """flash-attn 2 (and FA3 of each release) on a band piece, run by a stand-in that applies
     the library's own clamping and mask: out, LSE and gradients equal the float64 reference
-    to TOL (2e-5). Fails on main for (23, 16, (-7, None)) and the 40 x 12 / 30 x 8 / causal
-    non-square cases (wrong rows, LSE +inf)."""
+    to TOL (2e-5). On main, under flash-attn 2's rule, (23, 16, (-7, None)), the 40 x 12 and
+    30 x 8 cases gave wrong rows (LSE +inf for some), the non-square causal ones were aligned
+    bottom-right, and bands that need cropped keys (12 x 20: (-5, 2), (None, -1), (0, 0))
+    were refused."""
     if not _expressible(sq, sk, band):
         pytest.skip("a row sees no key: the schedule never makes such a piece")
     q, k, v, dout = _inputs(sq, sk, 4, 2, seed=3)
@@ -368,3 +371,29 @@ def test_flash_masks_equal_the_schedule_bands() -> None:
                             rule, p
                         )
     assert len(seen) >= 10_000 and split > 0, (checked, len(seen), split)
+
+
+def test_flash_masks_equal_every_band_of_small_blocks() -> None:
+    """Every band (lo <= hi, each bound None or from -sq - 1 to sk) of every block up to 9 x 9,
+    rows without keys included (8,883 bands): the calls' masks under flash-attn 2's and FA3's
+    rules equal the band, and no window is below -1."""
+    bands = 0
+    for sq, sk in itertools.product(range(1, 10), repeat=2):
+        bounds = [None, *range(-sq - 1, sk + 1)]
+        for lo, hi in itertools.product(bounds, repeat=2):
+            if lo is not None and hi is not None and lo > hi:
+                continue
+            bands += 1
+            causal = (lo, hi) == (None, 0)
+            flag, calls = flash_plan(sq, sk, causal, None if causal else (lo, hi))
+            want = band_mask(sq, sk, (lo, hi), torch.device("cpu"))
+            for rule in (flash_rules.FA2, flash_rules.FA3):
+                got = torch.zeros(sq, sk, dtype=torch.bool)
+                for c in calls:
+                    assert c.left >= -1 and c.right >= -1
+                    got[c.rows, c.cols] = flash_rules.visible(
+                        rule, c.rows.stop - c.rows.start, c.cols.stop - c.cols.start, flag,
+                        c.left, c.right,
+                    )  # fmt: skip
+                assert torch.equal(got, want), (rule, sq, sk, lo, hi, calls)
+    assert bands == 8883
