@@ -5,6 +5,8 @@
 #   doctor.json / doctor.txt    `cpbench doctor`: versions, GPUs, interconnect, usable kernels
 #   verify-<impl>.json          `cpbench verify` in bf16, every case of the world size, for
 #                               cpbench and every external implementation doctor finds usable
+#                               (verify-cpbench_flash_attn.json: cpbench with --kernel
+#                               flash_attn, the document and window cases included)
 #   scenario.toml, sweep.jsonl  scenarios/gpu-acceptance.toml with the backend axis set to the
 #                               usable kernels; every record carries its memory probes
 #   efficiency.json             `cpbench efficiency` in bf16 at the world size (>= 2): cpbench's
@@ -102,6 +104,20 @@ for impl in ${IMPLS//,/ }; do
     "$PY" -m cpbench verify --device "$DEVICE" --world-size "$WORLD" --dtype bfloat16 \
     --impl "$impl" --json
 done
+# 2a. the same cases (packed documents, sliding windows among them) with flash-attn 2 forced
+# where doctor finds it usable: `auto` prefers FA3 on Hopper, so its window arithmetic (band
+# pieces split into the calls its clamping makes exact) would otherwise go unchecked
+if "$PY" - "$OUT/doctor.json" 2> /dev/null <<'PY'
+import json, sys
+kernels = json.load(open(sys.argv[1]))["kernels"]
+sys.exit(0 if any(k["name"] == "flash_attn" and k["dtype"] == "bfloat16" and k["usable"]
+                  for k in kernels) else 1)
+PY
+then
+  step verify-cpbench_flash_attn 150 "$OUT/verify-cpbench_flash_attn.json" \
+    "$PY" -m cpbench verify --device "$DEVICE" --world-size "$WORLD" --dtype bfloat16 \
+    --kernel flash_attn --masks --json
+fi
 
 # 2b. cpbench's own schemes next to each usable library against a single-GPU baseline measured
 # in the same run (`cpbench efficiency`: interleaved rounds, best and median, efficiency =

@@ -394,3 +394,25 @@ def test_nvml_that_does_not_load_is_reported_with_its_reason(
     assert r.nvml.available is False and r.nvml.driver_version is None
     assert (r.nvml.reason or "").startswith("ModuleNotFoundError: ")
     assert (r.device, r.gpus) == ("cpu", [])
+
+
+def test_doctor_says_which_kernels_a_pre_ampere_gpu_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a T4 (compute capability 7.5) with flash-attn installed, flash-attn 2 and PyTorch's
+    CUDA flash op are listed as not usable, saying why (both need 8.0: main called them
+    usable, and they raise "FlashAttention only supports Ampere GPUs or newer" there); the
+    memory-efficient op runs fp16, and that is what `auto` resolves to."""
+    from cpbench.app.doctor.statuses import kernel_statuses  # noqa: PLC0415
+    from cpbench.attention.kernels import ops, select  # noqa: PLC0415
+
+    monkeypatch.setattr(ops, "device_capability", lambda d: (7, 5) if d.type == "cuda" else None)
+    monkeypatch.setattr(select, "flash_attn_available", lambda: True)
+    monkeypatch.setattr(select, "_kernel_instance", lambda cls: SimpleNamespace(name=cls.name))
+    status = {(k.name, k.dtype): k for k in kernel_statuses("cuda")}
+    for name in ("flash_attn", "sdpa"):
+        k = status[(name, "float16")]
+        assert not k.usable and k.reason is not None
+        assert "compute capability >= 8.0" in k.reason and "7.5" in k.reason
+    assert status[("efficient", "float16")].usable
+    assert status[("auto", "float16")].resolved == "efficient"
+    bf16 = status[("auto", "bfloat16")]
+    assert not bf16.usable and "bf16 only from compute capability 8.0" in str(bf16.reason)

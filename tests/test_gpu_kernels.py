@@ -25,6 +25,7 @@ from cpbench.attention.kernels import (
     FlashAttnKernel,
     NaiveKernel,
     auto_kernel_name,
+    band_capable,
     cuda_flash_native_gqa,
     cudnn_native_gqa,
     default_scale,
@@ -39,6 +40,7 @@ from cpbench.attention.kernels import flash_attn3 as fa3_module
 from cpbench.attention.reference import reference_attention
 from cpbench.config.vocabulary import BACKENDS
 from cpbench.errors import CpbenchError
+from tests import flash_rules
 from tests.impl_support import use_stand_ins
 
 TOL = 2e-5  # float32 einsum (inside the fakes) against float64
@@ -126,6 +128,9 @@ BF16, FP16, FP32, FP64 = torch.bfloat16, torch.float16, torch.float32, torch.flo
         # float32 on CUDA: the memory-efficient op, whatever else is installed
         ({"fa3": True, "fa2": True}, "cuda", FP32, EfficientKernel),
         ({"cudnn": None, "capability": (7, 0)}, "cuda", FP32, EfficientKernel),
+        # before Ampere (T4, V100) neither flash kernel runs: the memory-efficient op
+        ({"fa2": True, "capability": (7, 5)}, "cuda", FP16, EfficientKernel),
+        ({"capability": (7, 0)}, "cuda", FP16, EfficientKernel),
         # float64 stays with einsum; the CPU keeps its fused op
         ({"fa3": True, "fa2": True}, "cuda", FP64, NaiveKernel),
         ({"fa3": True, "fa2": True}, "cpu", FP32, CpuSdpaKernel),
@@ -157,6 +162,9 @@ def test_auto_picks_the_fastest_usable_kernel(fake_env, env, device, dtype, expe
         ({}, "cuda", FP32, "sdpa", "kernel 'efficient'"),
         ({"fa2": False}, "cuda", BF16, "flash_attn", "flash-attn >= 2.7"),
         ({"fa2": True}, "cuda", FP32, "flash_attn", "fp16/bf16"),
+        ({"fa2": True, "capability": (7, 5)}, "cuda", FP16, "flash_attn", "Ampere or newer"),
+        ({"capability": (7, 0)}, "cuda", FP16, "sdpa", "compute capability >= 8.0"),
+        ({"capability": (7, 5)}, "cuda", BF16, "efficient", "bf16 only from compute capability"),
     ],
 )
 def test_impossible_explicit_choice_names_what_is_missing(  # type: ignore[no-untyped-def]
@@ -185,6 +193,9 @@ def test_every_combination_picks_a_usable_kernel(fake_env) -> None:  # type: ign
         device, dtype, version, cudnn, capability, fa2, fa3 = combo
         fake_env(torch_version=version, cudnn=cudnn, capability=capability, fa2=fa2, fa3=fa3)
         chosen = auto_kernel_name(device, dtype)
+        if device == "cuda" and dtype == BF16 and capability < (8, 0):  # no fused bf16 there
+            assert chosen == "efficient" and "8.0" in str(kernel_unavailable(chosen, device, dtype))
+            continue
         assert kernel_unavailable(chosen, device, dtype) is None, combo
         if device == "cuda" and dtype != FP64:
             assert chosen != "naive", combo
@@ -601,3 +612,38 @@ def test_kernel_version_names_what_runs_the_kernel(monkeypatch: pytest.MonkeyPat
         assert kernel_version(name) == str(torch.__version__)
     monkeypatch.setattr(fa3_module, "DISTRIBUTIONS", ("no-such-distribution-cpbench",))
     assert kernel_version("flash_attn3") is None
+
+
+def test_auto_with_bands_skips_an_fa3_without_a_window(fake_env, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """FA3 before 2024-08-29 imports but has no window: with band pieces `auto` takes
+    flash-attn 2 instead (main took FA3, which then ran the bands as full attention)."""
+    fake_env(fa2=True, fa3=True)
+    old = flash_rules.fa3_module("2024-07", flash_rules.Library())
+    monkeypatch.setattr(select, "flash_attn3_interface", lambda: old)
+    assert not band_capable("flash_attn3", "cuda")
+    assert auto_kernel_name("cuda", BF16, band=True) == "flash_attn"
+    assert auto_kernel_name("cuda", BF16) == "flash_attn3"
+    new = flash_rules.fa3_module("2026", flash_rules.Library())
+    monkeypatch.setattr(select, "flash_attn3_interface", lambda: new)
+    assert auto_kernel_name("cuda", BF16, band=True) == "flash_attn3"
+
+
+def test_flash_attn3_version_of_a_wheel_named_flash_attn(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Wheels built from hopper/ in 2025-01 .. 2025-07 are the distribution `flash_attn`
+    (version 3.x) providing `flash_attn_interface`: the record names that version (main
+    looked only for `flash_attn_3` / `flashattn-hopper` and wrote None)."""
+    import importlib.metadata as metadata  # noqa: PLC0415
+
+    versions = {"flash_attn": "3.0.0b1"}
+
+    def version(dist: str) -> str:
+        if dist not in versions:
+            raise metadata.PackageNotFoundError(dist)
+        return versions[dist]
+
+    monkeypatch.setattr(metadata, "version", version)
+    monkeypatch.setattr(metadata, "packages_distributions", lambda: {"flash_attn_interface": ["flash_attn"]})
+    assert fa3_module.flash_attn3_version() == "3.0.0b1"
+    assert kernel_version("flash_attn3") == "3.0.0b1"
+    monkeypatch.setattr(metadata, "packages_distributions", lambda: {})
+    assert fa3_module.flash_attn3_version() is None  # flash-attn 2 alone is not FA3

@@ -5,7 +5,8 @@ the kernels that must refuse them."""
 
 from __future__ import annotations
 
-import types
+import itertools
+import random
 
 import pytest
 import torch
@@ -24,9 +25,14 @@ from cpbench.attention.kernels import (
     select_kernel,
 )
 from cpbench.attention.kernels.base import band_mask, normalize_band
-from cpbench.attention.kernels.flash_attn import flash_window
+from cpbench.attention.kernels.flash_attn import flash_plan
+from cpbench.attention.kernels.ops import call_with_signature
 from cpbench.attention.reference import reference_attention
+from cpbench.config.geometry import pack, ring_schedule
+from cpbench.config.masks import MaskSpec
+from cpbench.config.vocabulary import LAYOUTS
 from cpbench.errors import CpbenchError
+from tests import flash_rules
 
 TOL = 2e-5  # float32 kernels vs float64 on O(1) values
 
@@ -182,90 +188,212 @@ def test_select_kernel_with_bands() -> None:
         select_kernel("cuda", torch.float32, "efficient", band=True)
 
 
-class _WindowFlash:
-    """flash-attn 2.7's private functions with its documented window semantics, computed
-    densely (the stand-in in tests/stand_ins refuses windows): query i sees key j iff
-    i + (sk - sq) - left <= j <= i + (sk - sq) + right (-1 unbounded); causal = right 0."""
-
-    def __init__(self) -> None:
-        self.windows: list[tuple[int, int, bool]] = []
-
-    @staticmethod
-    def _band(sq: int, sk: int, causal: bool, left: int, right: int):  # type: ignore[no-untyped-def]
-        if causal:
-            right = 0
-        shift = sk - sq
-        return (None if left < 0 else shift - left, None if right < 0 else shift + right)
-
-    def _flash_attn_forward(self, q, k, v, dropout_p, softmax_scale, causal, window_size_left,  # type: ignore[no-untyped-def]
-                            window_size_right, softcap, alibi_slopes, return_softmax):  # fmt: skip
-        self.windows.append((window_size_left, window_size_right, causal))
-        band = self._band(q.shape[1], k.shape[1], causal, window_size_left, window_size_right)
-        out, lse = NaiveKernel().forward(q, k, v, False, softmax_scale, band=band)
-        return out, lse, None, None
-
-    def _flash_attn_backward(self, dout, q, k, v, out, lse, dq, dk, dv, dropout_p,  # type: ignore[no-untyped-def]
-                             softmax_scale, causal, window_size_left, window_size_right,
-                             softcap, alibi_slopes, deterministic, rng_state):  # fmt: skip
-        band = self._band(q.shape[1], k.shape[1], causal, window_size_left, window_size_right)
-        grads = NaiveKernel().backward(dout, q, k, v, out, lse, False, softmax_scale, band=band)
-        for buffer, grad in zip((dq, dk, dv), grads, strict=True):
-            buffer.copy_(grad)
+# --------------------------------------------- flash-attn 2 / FA3 windows, by the libraries' rules
 
 
-@pytest.mark.parametrize("band", BANDS)
-@pytest.mark.parametrize(("sq", "sk"), [(16, 16), (12, 20)])
-def test_flash_attn_band_goes_in_as_the_window(band, sq, sk) -> None:  # type: ignore[no-untyped-def]
-    """FlashAttnKernel turns (lo, hi) into (left, right) = ((sk - sq) - lo, hi - (sk - sq))
-    with causal off; a fake with flash-attn's window semantics then gives the reference."""
-    if not band_mask(sq, sk, band, torch.device("cpu")).any(dim=1).all():
-        pytest.skip("a row sees no key: the ring never makes such a piece")
-    lo, hi = band
-    if (lo is not None and lo > sk - sq) or (hi is not None and hi < sk - sq):
-        with pytest.raises(CpbenchError, match="flash-attn cannot express"):
-            flash_window(sq, sk, band)
-        return
+def test_rule_fa2_clamps_an_unbounded_right_window_to_seqlen_k() -> None:
+    """flash_api.cpp: right -1 (or >= sk) with left 0 becomes right = sk: on 5 x 2, row i sees
+    i - 3 <= j < i (hand-computed), so row 0 sees nothing although the band (-3, None) does."""
+    want = torch.tensor([[0, 0], [1, 0], [1, 1], [1, 1], [0, 1]], dtype=torch.bool)
+    assert torch.equal(flash_rules.visible(flash_rules.FA2, 5, 2, False, 0, -1), want)
+    assert torch.equal(flash_rules.visible(flash_rules.FA2, 5, 2, False, 0, 7), want)
+    assert not torch.equal(want, band_mask(5, 2, (-3, None), torch.device("cpu")))
+
+
+def test_rule_fa3_clamps_at_seqlen_q_minus_one() -> None:
+    """hopper/flash_api.cpp: -1 becomes sq - 1 on the right: on 5 x 2 with left 0, row i sees
+    i - 3 <= j (hand-computed); that is the band (-3, None)."""
+    want = torch.tensor([[1, 1], [1, 1], [1, 1], [1, 1], [0, 1]], dtype=torch.bool)
+    assert torch.equal(flash_rules.visible(flash_rules.FA3, 5, 2, False, 0, -1), want)
+    assert torch.equal(want, band_mask(5, 2, (-3, None), torch.device("cpu")))
+
+
+def test_rule_causal_is_bottom_right_and_empty_rows_have_lse_plus_inf() -> None:
+    """mask.h: causal row i sees j <= i + sk - sq (2 x 4: rows see 3 and 4 keys); softmax.h:
+    a row without a key gets out 0 and LSE +inf (row 0 of the 5 x 2 case above)."""
+    want = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]], dtype=torch.bool)
+    assert torch.equal(flash_rules.visible(flash_rules.FA2, 2, 4, True, -1, -1), want)
+    q, k, v, _ = _inputs(5, 2, 2, 2)
+    out, lse = flash_rules.Library().attend(q, k, v, 0.25, False, 0, -1)
+    assert torch.isinf(lse[:, :, 0]).all() and (lse[:, :, 0] > 0).all()
+    assert out[:, 0].abs().max() == 0 and torch.isfinite(lse[:, :, 1:]).all()
+
+
+def test_rule_flash_attn_needs_ampere() -> None:
+    q, k, v, _ = _inputs(4, 4, 2, 2)
+    with pytest.raises(RuntimeError, match="Ampere GPUs or newer"):
+        flash_rules.Library(capability=(7, 5)).attend(q, k, v, 0.25, False, -1, -1)
+
+
+def _flash_kernel(rule: str = flash_rules.FA2) -> tuple[FlashAttnKernel, flash_rules.Library]:
     kernel = FlashAttnKernel.__new__(FlashAttnKernel)
-    fake = _WindowFlash()
-    kernel._fa = fake  # type: ignore[assignment]
-    q, k, v, dout = _band_inputs(sq, sk, band, 4, 2)
-    out, lse = kernel.forward(q, k, v, False, default_scale(16), band=band)
-    left, right = fake.windows[-1][:2]
-    assert left == (-1 if lo is None else (sk - sq) - lo)
-    assert right == (-1 if hi is None else hi - (sk - sq))
-    assert fake.windows[-1][2] is False
-    ref, _, ref_grads = _band_reference(q, k, v, dout, band)
+    library = flash_rules.Library(rule)
+    kernel._fa = library  # type: ignore[assignment]
+    return kernel, library
+
+
+FLASH_CASES = [
+    *[(sq, sk, band) for band in BANDS for sq, sk in ((16, 16), (12, 20))],
+    (23, 16, (-7, None)),  # U1xR2 zigzag, window 24 (cpbench verify): 6 rows were wrong
+    (40, 12, (-30, None)),  # sq > 2 sk + 1: rows without a key, LSE +inf, NaN in the merge
+    (40, 12, (-30, 5)),  # a finite right window >= sk: clamped as well
+    (30, 8, (-25, 2)),
+    (9, 4, (None, 0)),  # top-left causal on a non-square block (flash-attn's is bottom-right)
+    (4, 9, (None, 0)),
+]
+
+
+def _expressible(sq: int, sk: int, band) -> bool:  # type: ignore[no-untyped-def]
+    return bool(band_mask(sq, sk, band, torch.device("cpu")).any(dim=1).all())
+
+
+@pytest.mark.parametrize("rule", [flash_rules.FA2, flash_rules.FA3])
+@pytest.mark.parametrize(("sq", "sk", "band"), FLASH_CASES)
+def test_flash_band_matches_reference_under_the_library_rule(rule, sq, sk, band) -> None:  # type: ignore[no-untyped-def]
+    """flash-attn 2 (and FA3 of each release) on a band piece, run by a stand-in that applies
+    the library's own clamping and mask: out, LSE and gradients equal the float64 reference
+    to TOL (2e-5). On main, under flash-attn 2's rule, (23, 16, (-7, None)), the 40 x 12 and
+    30 x 8 cases gave wrong rows (LSE +inf for some), the non-square causal ones were aligned
+    bottom-right, and bands that need cropped keys (12 x 20: (-5, 2), (None, -1), (0, 0))
+    were refused."""
+    if not _expressible(sq, sk, band):
+        pytest.skip("a row sees no key: the schedule never makes such a piece")
+    q, k, v, dout = _inputs(sq, sk, 4, 2, seed=3)
+    kernel, library = _flash_kernel(rule)
+    scale = default_scale(16)
+    lo, hi = band
+    causal = band == (None, 0)
+    out, lse = kernel.forward(q, k, v, causal, scale, band=None if causal else band)
+    ref, ref_lse, ref_grads = _band_reference(q, k, v, dout, band)
+    assert torch.isfinite(lse).all()
     assert (out.double() - ref).abs().max() < TOL
-    grads = kernel.backward(dout, q, k, v, out, lse, False, default_scale(16), band=band)
+    assert (lse.double() - ref_lse).abs().max() < TOL
+    grads = kernel.backward(dout, q, k, v, out, lse, causal, scale, band=None if causal else band)
     for got, want in zip(grads, ref_grads, strict=True):
         assert (got.double() - want).abs().max() < TOL
-    # Without a band the window stays unbounded.
-    kernel.forward(q, k, v, True, default_scale(16))
-    assert fake.windows[-1] == (-1, -1, True)
+    assert all(c[2] is False or c[0] == c[1] for c in library.calls)
 
 
-def test_flash_attn3_band_goes_in_as_the_window() -> None:
-    captured: dict[str, object] = {}
-
-    def forward(q, k, v, softmax_scale=None, causal=False, window_size_left=-1,  # type: ignore[no-untyped-def]
-                window_size_right=-1):  # fmt: skip
-        captured.update(left=window_size_left, right=window_size_right, causal=causal)
-        band = _WindowFlash._band(q.shape[1], k.shape[1], causal, window_size_left,
-                                  window_size_right)  # fmt: skip
-        o, lse = NaiveKernel().forward(q, k, v, False, softmax_scale, band=band)
-        return o, lse, None, None
-
-    def backward(dout, q, k, v, out, softmax_lse, dq=None, dk=None, dv=None,  # type: ignore[no-untyped-def]
-                 softmax_scale=None, is_causal=False, window_size_left=-1,
-                 window_size_right=-1):  # fmt: skip
-        captured.update(bwd=(window_size_left, window_size_right))
-
-    fa3 = types.SimpleNamespace(_flash_attn_forward=forward, _flash_attn_backward=backward)
-    kernel = FlashAttn3Kernel(fa3)  # type: ignore[arg-type]
-    q, k, v, dout = _inputs(16, 16, 4, 4)
-    out, lse = kernel.forward(q, k, v, False, default_scale(16), band=(-5, 2))
-    assert captured == {"left": 5, "right": 2, "causal": False}
-    ref, _, _ = _band_reference(q, k, v, dout, (-5, 2))
+@pytest.mark.parametrize("release", ["2024-beta", "2026"])
+def test_flash_attn3_band_under_each_release_rule(release: str) -> None:
+    rule = flash_rules.FA2 if release == "2024-beta" else flash_rules.FA3
+    library = flash_rules.Library(rule)
+    kernel = FlashAttn3Kernel(flash_rules.fa3_module(release, library))
+    assert kernel.supports_band
+    q, k, v, dout = _inputs(23, 16, 4, 2, seed=3)
+    out, lse = kernel.forward(q, k, v, False, default_scale(16), band=(-7, None))
+    ref, _, ref_grads = _band_reference(q, k, v, dout, (-7, None))
     assert (out.double() - ref).abs().max() < TOL
-    kernel.backward(dout, q, k, v, out, lse, False, default_scale(16), band=(-5, 2))
-    assert captured["bwd"] == (5, 2)
+    grads = kernel.backward(dout, q, k, v, out, lse, False, default_scale(16), band=(-7, None))
+    for got, want in zip(grads, ref_grads, strict=True):
+        assert (got.double() - want).abs().max() < TOL
+
+
+def test_flash_attn3_without_a_window_refuses_a_band() -> None:
+    """FA3 before 2024-08-29 has no window: a band is an error (main ran it as full
+    attention), it is not band-capable, and a plain causal call still runs."""
+    library = flash_rules.Library()
+    kernel = FlashAttn3Kernel(flash_rules.fa3_module("2024-07", library))
+    assert not kernel.supports_band
+    q, k, v, _ = _inputs(16, 16, 2, 2)
+    with pytest.raises(CpbenchError, match="window_size / window_size_left"):
+        kernel.forward(q, k, v, False, default_scale(16), band=(-5, 0))
+    assert library.calls == []
+    out, _ = kernel.forward(q, k, v, True, default_scale(16))
+    assert library.calls == [(16, 16, True, -1, -1)] and out.shape == q.shape
+
+
+def test_call_with_signature_refuses_to_drop_a_required_argument() -> None:
+    def fn(q, softmax_scale):  # type: ignore[no-untyped-def]
+        return q
+
+    assert call_with_signature(fn, {"softmax_scale": 1.0, "window_size": (1, 1)}, 3) == 3
+    with pytest.raises(CpbenchError, match="takes no window_size"):
+        call_with_signature(fn, {"window_size": (1, 1)}, 3, required=(("window_size",),))
+
+
+def _library_rows(rule: str, rows: int, cols: int, causal: bool, band):  # type: ignore[no-untyped-def]
+    """Per row, the keys [first, stop) the flash kernels apply to a piece: `flash_plan`'s
+    calls, each by the library's rule (`flash_rules.limits`) in its sub-block; a row in two
+    calls is an error (the forward writes each call's rows), a row in none sees no key."""
+    flag, calls = flash_plan(rows, cols, causal, band)
+    first = torch.zeros(rows, dtype=torch.long)
+    stop = torch.zeros(rows, dtype=torch.long)
+    covered = torch.zeros(rows, dtype=torch.bool)
+    for c in calls:
+        sub_rows, sub_cols = c.rows.stop - c.rows.start, c.cols.stop - c.cols.start
+        assert not covered[c.rows].any() and sub_rows > 0 and sub_cols > 0
+        covered[c.rows] = True
+        a, b = flash_rules.limits(rule, sub_rows, sub_cols, flag, c.left, c.right)
+        first[c.rows], stop[c.rows] = a + c.cols.start, b + c.cols.start
+    return first, stop
+
+
+def test_flash_masks_equal_the_schedule_bands() -> None:
+    """Property over cpbench's own schedule: random documents, windows, layouts and U x R
+    meshes (world 2-8), every ring piece of every rank and step; the mask flash-attn 2's and
+    FA3's rules make of the kernel's calls equals the piece's band exactly, for >= 10,000
+    distinct pieces (seeded; shape, flag and band). On main one call per piece with right -1 fails it (e.g. 23 x 16, lo -7)."""
+    rng = random.Random(23)
+    checked, split = 0, 0
+    seen: set[tuple[int, int, bool, object]] = set()
+    while len(seen) < 10_000:
+        ulysses, ring = rng.choice([(u, r) for u in (1, 2, 4) for r in (2, 4, 8) if u * r <= 8])
+        layout = rng.choice(LAYOUTS)
+        seq_len = 2 * ring * ulysses * rng.randint(2, 256)
+        docs: tuple[int, ...] | None = None
+        if rng.random() < 0.6:
+            cuts = sorted(rng.sample(range(1, seq_len), rng.randint(1, min(32, seq_len - 1))))
+            docs = tuple(b - a for a, b in zip([0, *cuts], [*cuts, seq_len], strict=True))
+        window = rng.choice([None, rng.randint(1, seq_len)])
+        try:
+            packing = pack(MaskSpec(True, docs, window), seq_len, ulysses, ring, layout)
+        except CpbenchError:
+            continue
+        for per_rank in ring_schedule(packing).pieces:
+            for pieces in per_rank:
+                for p in pieces:
+                    checked += 1
+                    causal, band = p.is_causal, None if p.is_full or p.is_causal else (p.lo, p.hi)
+                    key = (p.rows, p.cols, causal, band)
+                    if key in seen:
+                        continue
+                    seen.add(key)
+                    i = torch.arange(p.rows)  # the band's keys of row i: [first, stop)
+                    first = torch.zeros_like(i) if p.lo is None else (i + p.lo).clamp(min=0)
+                    stop = torch.full((p.rows,), p.cols) if p.hi is None else (i + p.hi + 1)
+                    want = (first, stop.clamp(max=p.cols))
+                    assert bool((want[0] < want[1]).all()), p  # the schedule's pieces
+                    split += len(flash_plan(p.rows, p.cols, causal, band)[1]) > 1
+                    for rule in (flash_rules.FA2, flash_rules.FA3):
+                        got = _library_rows(rule, p.rows, p.cols, causal, band)
+                        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (
+                            rule, p
+                        )
+    assert len(seen) >= 10_000 and split > 0, (checked, len(seen), split)
+
+
+def test_flash_masks_equal_every_band_of_small_blocks() -> None:
+    """Every band (lo <= hi, each bound None or from -sq - 1 to sk) of every block up to 9 x 9,
+    rows without keys included (8,883 bands): the calls' masks under flash-attn 2's and FA3's
+    rules equal the band, and no window is below -1."""
+    bands = 0
+    for sq, sk in itertools.product(range(1, 10), repeat=2):
+        bounds = [None, *range(-sq - 1, sk + 1)]
+        for lo, hi in itertools.product(bounds, repeat=2):
+            if lo is not None and hi is not None and lo > hi:
+                continue
+            bands += 1
+            causal = (lo, hi) == (None, 0)
+            flag, calls = flash_plan(sq, sk, causal, None if causal else (lo, hi))
+            want = band_mask(sq, sk, (lo, hi), torch.device("cpu"))
+            for rule in (flash_rules.FA2, flash_rules.FA3):
+                got = torch.zeros(sq, sk, dtype=torch.bool)
+                for c in calls:
+                    assert c.left >= -1 and c.right >= -1
+                    got[c.rows, c.cols] = flash_rules.visible(
+                        rule, c.rows.stop - c.rows.start, c.cols.stop - c.cols.start, flag,
+                        c.left, c.right,
+                    )  # fmt: skip
+                assert torch.equal(got, want), (rule, sq, sk, lo, hi, calls)
+    assert bands == 8883

@@ -5,20 +5,28 @@ of the memory probe with torch.cuda's allocator calls faked (no GPU here)."""
 
 from __future__ import annotations
 
+import ctypes
 import os
+import re
 import sys
 import threading
 import time
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
 from cpbench.bench import memory
-from cpbench.bench.nvml import ProcessMemorySampler, nvml_uuid
+from cpbench.bench.nvml import (
+    DRIVER_ENTRY_BYTES,
+    ProcessMemorySampler,
+    nvml_uuid,
+    process_struct_mismatch,
+)
 
 MIB = 2**20
 PID = os.getpid()
@@ -233,3 +241,82 @@ def test_an_older_gpu_record_keeps_its_device_wide_nvml_number() -> None:
     assert memory_section.nvml_used_bytes == [9 * MIB]
     assert memory_section.nvml_process_peak_bytes is None and memory_section.sources is None
     assert memory_section.model_dump(mode="json", exclude_unset=True) == old
+
+
+# ------------------------------------------------ the process structure of each nvidia-ml-py
+
+_V2 = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong),
+       ("gpuInstanceId", ctypes.c_uint), ("computeInstanceId", ctypes.c_uint)]  # fmt: skip
+RELEASES: dict[str, tuple[str, list[tuple[str, Any]]]] = {
+    # release: (the structure `nvmlDeviceGetComputeRunningProcesses_v3` reads with, its fields)
+    "12.535.77": ("c_nvmlProcessInfo_t", [*_V2, ("usedGpuCcProtectedMemory", ctypes.c_ulonglong)]),
+    "12.535.108": ("c_nvmlProcessInfo_t", _V2),  # = c_nvmlProcessInfo_v2_t
+    "12.560.30": ("c_nvmlProcessInfo_v3_t", _V2),  # = c_nvmlProcessInfo_v2_t
+    "13.580.82": ("c_nvmlProcessInfo_v3_t", _V2),
+}
+"""The ctypes field lists of pynvml.py in each nvidia-ml-py release (read from the wheels)."""
+
+
+class _DriverEntry(ctypes.Structure):
+    """nvml.h's nvmlProcessInfo_v2_t: what the driver writes per process for the v3 query."""
+
+    _fields_ = _V2
+
+
+def _pynvml_of(release: str, processes: list[tuple[int, int]]) -> Any:
+    """A pynvml whose v3 query does what pynvml.py does: an array of the release's structure
+    handed to the driver, which fills it with 24-byte entries, then read back entry by entry."""
+    name, fields = RELEASES[release]
+    struct = type(name, (ctypes.Structure,), {"_fields_": fields})
+    driver = (_DriverEntry * len(processes))(*(_DriverEntry(p, m, 0, 0) for p, m in processes))
+
+    def query(handle: object) -> list[Any]:
+        array = (struct * len(processes))()
+        size = min(ctypes.sizeof(array), ctypes.sizeof(driver))
+        ctypes.memmove(array, driver, size)  # the driver writes its layout into the buffer
+        return list(array)
+
+    return types.SimpleNamespace(
+        **{name: struct}, nvmlInit=lambda: None, nvmlShutdown=lambda: None,
+        nvmlDeviceGetHandleByUUID=lambda uuid: uuid, nvmlDeviceGetComputeRunningProcesses_v3=query,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("release", sorted(RELEASES))
+def test_process_list_is_read_right_with_each_releases_structure(release: str) -> None:
+    """Two processes on the GPU, this one second (7 GiB): every supported release (>= the
+    pyproject floor) reads 7 GiB; 12.535.77 (32-byte structure) would read garbage for the
+    second entry, and the sampler refuses it with the reason instead of a number."""
+    listed = [(OTHER_PID, 3 * 1024 * MIB), (PID, 7 * 1024 * MIB)]
+    nvml = _pynvml_of(release, listed)
+    entries = nvml.nvmlDeviceGetComputeRunningProcesses_v3(None)
+    sampler = ProcessMemorySampler(THIS_GPU, nvml=nvml).start()
+    sampler.stop()
+    floor = _floor()
+    if _version(release) >= floor:
+        assert [(e.pid, e.usedGpuMemory) for e in entries] == listed
+        assert sampler.peak_bytes == 7 * 1024 * MIB and process_struct_mismatch(nvml) is None
+    else:
+        assert [(e.pid, e.usedGpuMemory) for e in entries] != listed  # the misread
+        assert sampler.peak_bytes is None and "32-byte entries" in sampler.source
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split("."))
+
+
+def _floor() -> tuple[int, ...]:
+    text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    match = re.search(r'"nvidia-ml-py>=([0-9.]+)"', text)
+    assert match, "pyproject.toml pins nvidia-ml-py with a floor"
+    return _version(match.group(1))
+
+
+def test_the_nvidia_ml_py_floor_excludes_the_misreading_release() -> None:
+    """pyproject's floor admits no release whose structure mismatches (main's `>=12`
+    admitted 12.535.77)."""
+    assert _floor() >= (12, 535, 108)
+    for release, (_, fields) in RELEASES.items():
+        struct = type("S", (ctypes.Structure,), {"_fields_": fields})
+        if _version(release) >= _floor():
+            assert ctypes.sizeof(struct) == DRIVER_ENTRY_BYTES == ctypes.sizeof(_DriverEntry)

@@ -8,7 +8,10 @@ nodes, where only point-to-point traffic goes).
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, TypeVar, cast
 
 import torch.distributed as dist
 
@@ -69,12 +72,26 @@ class CPMesh:
 
 
 _MESH_CACHE: dict[tuple[int, int, tuple[int, ...]], CPMesh] = {}
+_GROUP_CACHES: list[Callable[[], None]] = []
+"""The `cache_clear` of every other cache that holds process groups (`group_cache`)."""
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def group_cache(fn: _F) -> _F:
+    """`functools.cache` for a function whose results hold process groups (an impl's groups,
+    a device mesh): registered so that `clear_mesh_cache` forgets them with the meshes."""
+    cached = functools.cache(fn)
+    _GROUP_CACHES.append(cached.cache_clear)
+    return cast(_F, cached)
 
 
 def clear_mesh_cache() -> None:
-    """Forget every cached mesh: call after destroying the default process group (its
-    subgroups die with it), before building meshes over a new one."""
+    """Forget every cached mesh and every `group_cache`: call after destroying the default
+    process group (its subgroups die with it), before building groups over a new one."""
     _MESH_CACHE.clear()
+    for clear in _GROUP_CACHES:
+        clear()
 
 
 def build_mesh(ulysses: int, ring: int, group: dist.ProcessGroup | None = None) -> CPMesh:

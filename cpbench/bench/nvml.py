@@ -21,6 +21,7 @@ missing or fails; the allocator's numbers stand on their own.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import threading
 from types import TracebackType
@@ -37,6 +38,29 @@ QUERIES = (
 """The running-process queries tried, in order: `_v3` where nvidia-ml-py and the driver have it,
 then the unversioned one (which nvidia-ml-py maps to the newest version it knows); the first
 that answers is used from then on and named in the record."""
+
+
+DRIVER_ENTRY_BYTES = 24
+"""What the driver writes per process for the `_v3` query: nvml.h's `nvmlProcessInfo_v2_t`
+(pid, usedGpuMemory, gpuInstanceId, computeInstanceId: 4 + 4 padding + 8 + 4 + 4 bytes)."""
+
+
+def process_struct_mismatch(nvml: Any) -> str | None:
+    """Why this pynvml would misread the running-process list, None when the structure it reads
+    the entries with (`c_nvmlProcessInfo_v3_t`, before 12.560 `c_nvmlProcessInfo_t`) has the
+    driver's size. nvidia-ml-py 12.535.77 added a field (32-byte entries), so every process
+    after the first was read from the wrong offset; 12.535.108 restored the 24-byte layout
+    (pyproject's floor)."""
+    struct = getattr(nvml, "c_nvmlProcessInfo_v3_t", None) or getattr(
+        nvml, "c_nvmlProcessInfo_t", None
+    )
+    if struct is None or ctypes.sizeof(struct) == DRIVER_ENTRY_BYTES:
+        return None
+    return (
+        f"this nvidia-ml-py (pynvml) reads running processes as "
+        f"{ctypes.sizeof(struct)}-byte entries where the driver writes {DRIVER_ENTRY_BYTES}: "
+        f"every process after the first would be misread; install nvidia-ml-py>=12.535.108"
+    )
 
 
 def nvml_uuid(uuid: object) -> str:
@@ -141,6 +165,9 @@ class ProcessMemorySampler:
         try:
             self._nvml = load_nvml(self._nvml)
             self._initialised = True
+            mismatch = process_struct_mismatch(self._nvml)
+            if mismatch is not None:
+                raise RuntimeError(mismatch)
             self._handle = self._nvml.nvmlDeviceGetHandleByUUID(self.device_uuid)
             self.sample()
         except Exception as exc:  # noqa: BLE001 - NVML missing or failing: no number, a reason

@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from cpbench.attention.kernels import default_scale
+from cpbench.attention.mesh import group_cache
 from cpbench.config.bench import BenchConfig
 from cpbench.config.impls import variant
 from cpbench.errors import CpbenchError
@@ -258,7 +259,7 @@ def context_parallel_enabled(mesh: Any, load_balance: bool, rotate: str) -> Iter
         options.enable_load_balance, options.rotate_method, cp.attention._dispatch_mode = saved
 
 
-@functools.cache
+@group_cache
 def _device_mesh(device_type: str) -> Any:
     from torch.distributed.device_mesh import DeviceMesh  # noqa: PLC0415
 

@@ -26,7 +26,6 @@ buffer), and the basic ring's backward returns `dq.to(torch.bfloat16)`
 from __future__ import annotations
 
 import contextlib
-import functools
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +35,7 @@ import torch.distributed as dist
 
 from cpbench.attention.kernels import default_scale
 from cpbench.attention.layouts import positions
+from cpbench.attention.mesh import group_cache
 from cpbench.config.bench import BenchConfig
 from cpbench.config.tolerances import TOLERANCE
 from cpbench.config.vocabulary import YUNCHANG_RING_IMPL_TYPES
@@ -71,7 +71,7 @@ def _not_installed(exc: BaseException) -> str:
     return f"yunchang is not installed: pip install 'cpbench[usp]' ({exc})"
 
 
-@functools.cache
+@group_cache
 def _process_groups(ulysses: int, ring: int) -> tuple[Any, Any]:
     """yunchang's (Ulysses group, ring group) of this rank for a U x R mesh, made once per
     mesh by its own `set_seq_parallel_pg` (collective: every rank calls it in the same order)."""

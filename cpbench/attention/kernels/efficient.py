@@ -29,6 +29,12 @@ def efficient_unavailable(device: torch.device, dtype: torch.dtype) -> str | Non
         return f"needs a CUDA device (got {device.type})"
     if dtype not in DTYPES:
         return f"needs float32/fp16/bf16 (got {dtype})"
+    capability = ops.device_capability(device)
+    if dtype == torch.bfloat16 and capability is not None and capability < (8, 0):
+        return (  # `less_than_sm80_mem_efficient_dtypes` in aten's cuda/sdp_utils.cpp
+            f"computes bf16 only from compute capability 8.0 (this GPU has "
+            f"{capability[0]}.{capability[1]}): use fp16 or float32"
+        )
     return None
 
 

@@ -2,29 +2,148 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 
 from cpbench.attention.kernels.base import Band, normalize_band
 from cpbench.attention.kernels.ops import last_dim_contiguous
-from cpbench.errors import CpbenchError
 
 
-def flash_window(sq: int, sk: int, band: Band | None) -> tuple[int, int]:
-    """flash-attn's `window_size=(left, right)` for a band: query i sees key j iff
-    i + (sk - sq) - left <= j <= i + (sk - sq) + right (relative to the bottom-right diagonal;
-    -1 unbounded), so left = (sk - sq) - lo and right = hi - (sk - sq). No band: (-1, -1)."""
-    if band is None:
-        return -1, -1
+@dataclass(frozen=True)
+class FlashCall:
+    """One flash-attn call of a band piece: query rows `rows` against key columns `cols`, with
+    `window_size = (left, right)` in that sub-block's coordinates (-1: no bound)."""
+
+    rows: slice
+    cols: slice
+    left: int
+    right: int
+
+
+def flash_calls(sq: int, sk: int, band: Band) -> tuple[FlashCall, ...]:
+    """The calls whose windows make exactly the mask `lo <= j - i <= hi` of a `sq x sk` piece,
+    under flash-attn's own arithmetic (csrc/flash_attn/flash_api.cpp, src/mask.h): row i sees
+    keys `i + sk - sq - left <= j < i + 1 + sk - sq + right`, and a window >= sk is first
+    turned into -1, which becomes sk when the other side is bounded. A right window therefore
+    reaches at most key `i + 2 sk - sq`: a block with more rows than `sk + 1` cannot have an
+    unbounded (or far) right edge in one call. Each call is cropped to the key columns its rows
+    see (so both windows are >= 0) and, where the edge is still out of reach, the rows are
+    split in two until every call is exact (one row is always exact). Rows that see no key are
+    in no call. The same calls are exact under FlashAttention-3's rules (its 2024 betas clamp
+    like flash-attn; later releases clamp the right window at sq - 1, which is unbounded)."""
     lo, hi = band
-    left = -1 if lo is None else (sk - sq) - lo
-    right = -1 if hi is None else hi - (sk - sq)
-    if (lo is not None and left < 0) or (hi is not None and right < 0):
-        raise CpbenchError(
-            f"mask band lo ({lo}) <= j - i <= hi ({hi}) on a {sq} x {sk} block gives the "
-            f"window (left {left}, right {right}) = ((sk - sq) - lo, hi - (sk - sq)), which "
-            f"flash-attn cannot express (negative): crop the block to its band first"
-        )
-    return left, right
+    first = 0 if hi is None else max(0, -hi)
+    stop = sq if lo is None else min(sq, sk - lo)
+    return _calls(first, stop, sk, lo, hi) if first < stop else ()
+
+
+def _calls(r0: int, r1: int, sk: int, lo: int | None, hi: int | None) -> tuple[FlashCall, ...]:
+    """Rows [r0, r1), each seeing at least one key."""
+    rows = r1 - r0
+    c0 = 0 if lo is None else max(0, r0 + lo)
+    c1 = sk if hi is None else min(sk, r1 + hi)
+    cols, shift = c1 - c0, (c1 - c0) - rows
+    # The band in the cropped sub-block's coordinates, a bound dropped where no row meets it.
+    sub_lo = None if lo is None or lo + r0 - c0 <= 1 - rows else lo + r0 - c0
+    sub_hi = None if hi is None or hi + r0 - c0 >= cols - 1 else hi + r0 - c0
+    left = -1 if sub_lo is None else shift - sub_lo
+    right = -1 if sub_hi is None else sub_hi - shift
+    if sub_hi is None:  # -1 becomes `cols` unless both sides are unbounded (full attention)
+        exact = sub_lo is None or shift >= -1
+    else:  # a right window >= cols would be clamped to `cols`
+        exact = right < cols
+    if exact or rows == 1:
+        return (FlashCall(slice(r0, r1), slice(c0, c1), left, right),)
+    mid = (r0 + r1) // 2
+    return _calls(r0, mid, sk, lo, hi) + _calls(mid, r1, sk, lo, hi)
+
+
+Forward = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, bool, float, int, int],
+    tuple[torch.Tensor, torch.Tensor],
+]
+"""(q, k, v, causal, scale, left, right) -> (out, lse [B, H, S] float32): one library call."""
+Backward = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, bool,
+     float, int, int],
+    tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+]  # fmt: skip
+"""(dout, q, k, v, out, lse, causal, scale, left, right) -> (dq, dk, dv): one library call."""
+
+
+def flash_plan(
+    sq: int, sk: int, causal: bool, band: Band | None
+) -> tuple[bool, tuple[FlashCall, ...]]:
+    """(the library's causal flag, its calls) for a `sq x sk` block: one whole call with no
+    window for full or square causal blocks, else `flash_calls` of the band. cpbench's causal
+    is top-left, flash-attn's bottom-right aligned (j <= i + sk - sq), so a non-square causal
+    block goes in as the band (None, 0)."""
+    causal, band = normalize_band(causal, band)
+    if band is None and causal and sq != sk:
+        band = (None, 0)
+    if band is None:
+        return causal, (FlashCall(slice(0, sq), slice(0, sk), -1, -1),)
+    return False, flash_calls(sq, sk, band)
+
+
+def _whole(calls: tuple[FlashCall, ...], sq: int, sk: int) -> bool:
+    return len(calls) == 1 and calls[0].rows == slice(0, sq) and calls[0].cols == slice(0, sk)
+
+
+def banded_forward(
+    call: Forward,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool,
+    scale: float,
+    band: Band | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The forward of a flash kernel (flash-attn 2 or 3) for any mask, as `flash_plan` splits
+    it: one call when that is exact, else each call's rows written in place (rows no key
+    reaches: out 0, LSE -inf, the convention of cpbench's other kernels)."""
+    sq, sk = q.shape[1], k.shape[1]
+    causal, calls = flash_plan(sq, sk, causal, band)
+    if _whole(calls, sq, sk):
+        return call(q, k, v, causal, scale, calls[0].left, calls[0].right)
+    b, _, h, _ = q.shape
+    out = q.new_zeros((b, sq, h, v.shape[3]))
+    lse = torch.full((b, h, sq), float("-inf"), dtype=torch.float32, device=q.device)
+    for c in calls:
+        o, l_ = call(q[:, c.rows], k[:, c.cols], v[:, c.cols], False, scale, c.left, c.right)
+        out[:, c.rows] = o
+        lse[:, :, c.rows] = l_
+    return out, lse
+
+
+def banded_backward(
+    call: Backward,
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    causal: bool,
+    scale: float,
+    band: Band | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The backward matching `banded_forward`: each call's dq rows written, its dk / dv
+    columns summed (the calls of one piece share key columns)."""
+    sq, sk = q.shape[1], k.shape[1]
+    causal, calls = flash_plan(sq, sk, causal, band)
+    if _whole(calls, sq, sk):
+        return call(dout, q, k, v, out, lse, causal, scale, calls[0].left, calls[0].right)
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    for c in calls:
+        dqc, dkc, dvc = call(dout[:, c.rows], q[:, c.rows], k[:, c.cols], v[:, c.cols],
+                             out[:, c.rows], lse[:, :, c.rows], False, scale, c.left, c.right)  # fmt: skip
+        dq[:, c.rows] = dqc
+        dk[:, c.cols] += dkc
+        dv[:, c.cols] += dvc
+    return dq, dk, dv
 
 
 class FlashAttnKernel:
@@ -40,8 +159,9 @@ class FlashAttnKernel:
     stays `.contiguous()`: the CUDA kernel indexes it as a dense [B, H, S] array (a slice of
     the ring's LSE is not), and it is S floats per head, not S x D.
 
-    A band (document or sliding-window piece) goes in as `window_size_left/right`
-    (`flash_window`, flash-attn >= 2.3) with `causal=False`."""
+    A band (document or sliding-window piece) goes in as `window_size_left/right` with
+    `causal=False`, split into the calls `flash_calls` makes exact under the library's
+    clamping; a non-square causal block too (flash-attn's causal is bottom-right aligned)."""
 
     name = "flash_attn"
     supports_band = True
@@ -61,8 +181,12 @@ class FlashAttnKernel:
         scale: float,
         band: Band | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        causal, band = normalize_band(causal, band)
-        left, right = flash_window(q.shape[1], k.shape[1], band)
+        return banded_forward(self._forward, q, k, v, causal, scale, band)
+
+    def _forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
+        left: int, right: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         res = self._fa._flash_attn_forward(
             last_dim_contiguous(q),
             last_dim_contiguous(k),
@@ -90,8 +214,12 @@ class FlashAttnKernel:
         scale: float,
         band: Band | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        causal, band = normalize_band(causal, band)
-        left, right = flash_window(q.shape[1], k.shape[1], band)
+        return banded_backward(self._backward, dout, q, k, v, out, lse, causal, scale, band)
+
+    def _backward(
+        self, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+        out: torch.Tensor, lse: torch.Tensor, causal: bool, scale: float, left: int, right: int,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         self._fa._flash_attn_backward(
             last_dim_contiguous(dout),

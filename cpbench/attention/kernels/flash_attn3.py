@@ -21,14 +21,19 @@ from typing import Any
 
 import torch
 
-from cpbench.attention.kernels.base import Band, normalize_band
-from cpbench.attention.kernels.flash_attn import flash_window
+from cpbench.attention.kernels.base import Band
+from cpbench.attention.kernels.flash_attn import banded_backward, banded_forward
 from cpbench.attention.kernels.ops import call_with_signature, last_dim_contiguous
 
 MODULE = "flash_attn_interface"
 """FA3's Python interface, a top-level module of the `flash_attn_3` wheel (hopper/setup.py)."""
 DISTRIBUTIONS = ("flash_attn_3", "flashattn-hopper")
-"""Distribution names FA3 has been installed under (its version, for the record)."""
+"""Distribution names FA3 has been installed under (its version, for the record). Wheels built
+from hopper/ between 2025-01 and 2025-07 are named `flash_attn` (version 3.x): those are found
+as the distribution that provides the module (`packages_distributions`)."""
+WINDOW = ("window_size", "window_size_left")
+"""The window's parameter in the 2024 betas and 2025 (a tuple), and from late 2025 (two ints).
+FA3 before 2024-08-29 has neither: it cannot apply a band."""
 
 _UNUSED_INPUTS = (
     "k_new",
@@ -90,8 +95,10 @@ def flash_attn3_interface() -> ModuleType | None:
 
 
 def flash_attn3_version() -> str | None:
-    """The installed FA3 distribution's version, None when none is installed."""
-    for dist in DISTRIBUTIONS:
+    """The installed FA3 distribution's version, None when none is installed: the
+    distribution that provides `flash_attn_interface`, else one of `DISTRIBUTIONS`."""
+    providers = importlib.metadata.packages_distributions().get(MODULE, [])
+    for dist in (*providers, *DISTRIBUTIONS):
         try:
             return importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
@@ -104,10 +111,22 @@ def flash_attn3_available() -> bool:
     return flash_attn3_interface() is not None
 
 
-def _window(sq: int, sk: int, band: Band | None) -> dict[str, Any]:
-    """The window arguments of every FA3 release for a band (unbounded without one)."""
-    left, right = flash_window(sq, sk, band)
+def takes_window(module: ModuleType) -> bool:
+    """Whether this FA3's forward has a window parameter (it can apply a band)."""
+    fn = module._flash_attn_forward
+    return bool(set(WINDOW) & set(inspect.signature(getattr(fn, "_init_fn", fn)).parameters))
+
+
+def _window(left: int, right: int) -> dict[str, Any]:
+    """The window arguments of every FA3 release."""
     return {"window_size": (left, right), "window_size_left": left, "window_size_right": right}
+
+
+def _required(left: int, right: int, *causal: str) -> tuple[tuple[str, ...], ...]:
+    """What the call must be able to pass (`call_with_signature`): the scale, the causal flag
+    and, for a window, the window; dropping any of them would change the result."""
+    window = (WINDOW,) if (left, right) != (-1, -1) else ()
+    return (("softmax_scale",), causal, *window)
 
 
 def _new_api(fn: Any) -> bool:
@@ -121,12 +140,12 @@ class FlashAttn3Kernel:
     """FlashAttention-3 on Hopper (fp16/bf16): native GQA, [B, S, H, D] layout, LSE out,
     backward with given out/LSE. Inputs whose last dimension is contiguous go in as they are
     (FA3 copies only the others, as flash-attn 2 does); the LSE goes in dense. A band goes in
-    as the window (`flash_window`: `window_size` or `window_size_left/right`, whichever the
-    release names) with `causal=False`."""
+    as the window (`window_size` or `window_size_left/right`, whichever the release names)
+    with `causal=False`, in the calls `flash_calls` makes exact (the 2024 betas clamp windows
+    as flash-attn 2 does). A release without a window cannot apply a band (`supports_band`
+    False, and a call with one is an error, never full attention)."""
 
     name = "flash_attn3"
-    supports_band = True
-    """Whether a mask band (document / sliding-window piece) can be applied."""
 
     def __init__(self, module: ModuleType | None = None) -> None:
         fa = module or flash_attn3_interface()
@@ -134,6 +153,8 @@ class FlashAttn3Kernel:
             raise ImportError(f"{MODULE} (FlashAttention-3) does not import")
         self._fa = fa
         self._beta = not _new_api(fa._flash_attn_forward)
+        self.supports_band = takes_window(fa)
+        """Whether a mask band (document / sliding-window piece) can be applied."""
 
     def forward(
         self,
@@ -144,16 +165,22 @@ class FlashAttn3Kernel:
         scale: float,
         band: Band | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        causal, band = normalize_band(causal, band)
+        return banded_forward(self._forward, q, k, v, causal, scale, band)
+
+    def _forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
+        left: int, right: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         known = dict.fromkeys(_UNUSED_INPUTS)
         known.update(_SETTINGS, out=None, softmax_scale=scale, causal=causal)
-        known.update(_window(q.shape[1], k.shape[1], band))
+        known.update(_window(left, right))
         res = call_with_signature(
             self._fa._flash_attn_forward,
             known,
             last_dim_contiguous(q),
             last_dim_contiguous(k),
             last_dim_contiguous(v),
+            required=_required(left, right, "causal"),
         )
         lse = res[5] if self._beta and len(res) == 7 else res[1]
         return res[0], lse.float()
@@ -170,8 +197,12 @@ class FlashAttn3Kernel:
         scale: float,
         band: Band | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        causal, band = normalize_band(causal, band)
+        return banded_backward(self._backward, dout, q, k, v, out, lse, causal, scale, band)
 
+    def _backward(
+        self, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+        out: torch.Tensor, lse: torch.Tensor, causal: bool, scale: float, left: int, right: int,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
         def fresh(x: torch.Tensor) -> torch.Tensor:  # contiguous, as FA3 wants its outputs
             return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
@@ -180,7 +211,7 @@ class FlashAttn3Kernel:
         known.update(
             _SETTINGS, dq=dq, dk=dk, dv=dv, softmax_scale=scale, causal=causal, is_causal=causal
         )
-        known.update(_window(q.shape[1], k.shape[1], band))
+        known.update(_window(left, right))
         call_with_signature(
             self._fa._flash_attn_backward,
             known,
@@ -190,5 +221,6 @@ class FlashAttn3Kernel:
             last_dim_contiguous(v),
             last_dim_contiguous(out),
             lse.contiguous(),
+            required=_required(left, right, "causal", "is_causal"),
         )
         return dq, dk, dv

@@ -11,7 +11,7 @@ know is a clear `CpbenchError` instead of a wrong positional call. Tests replace
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -42,12 +42,29 @@ def call_op(name: str, **arguments: Any) -> Any:
     return op(**kwargs)
 
 
-def call_with_signature(fn: Callable[..., Any], known: dict[str, Any], *args: Any) -> Any:
+def call_with_signature(
+    fn: Callable[..., Any],
+    known: dict[str, Any],
+    *args: Any,
+    required: Sequence[tuple[str, ...]] = (),
+) -> Any:
     """Call a Python function (flash-attn's private API) with `args` positionally and, by
-    name, those of `known` that its signature has. A parameter without a default that neither
-    covers is an error naming it. `torch.library.custom_op` wrappers are inspected through the
-    function they wrap."""
+    name, those of `known` that its signature has (the others belong to another release and
+    are dropped). A parameter without a default that neither covers is an error naming it, and
+    so is a `required` group (the names one setting has had across releases, e.g. the window)
+    of which the signature takes none: a dropped argument that changes the mathematics is
+    never silent. `torch.library.custom_op` wrappers are inspected through the function they
+    wrap."""
     params = list(inspect.signature(getattr(fn, "_init_fn", fn)).parameters.values())
+    names = {param.name for param in params}
+    module = getattr(fn, "__module__", "?")
+    for group in required:
+        if not names.intersection(group):
+            raise CpbenchError(
+                f"{module}.{getattr(fn, '__name__', fn)} takes no {' / '.join(group)}, which "
+                f"this call needs (its value changes the result): this release of the library "
+                f"cannot run it"
+            )
     kwargs: dict[str, Any] = {}
     for param in params[len(args) :]:
         if param.name in known:
@@ -56,7 +73,6 @@ def call_with_signature(fn: Callable[..., Any], known: dict[str, Any], *args: An
             inspect.Parameter.VAR_POSITIONAL,
             inspect.Parameter.VAR_KEYWORD,
         ):
-            module = getattr(fn, "__module__", "?")
             raise CpbenchError(
                 f"{module}.{getattr(fn, '__name__', fn)} takes {param.name!r}, which cpbench "
                 f"does not pass: this release of the library is not supported by the kernel"

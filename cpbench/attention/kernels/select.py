@@ -1,7 +1,8 @@
 """Which kernel runs: `select_kernel` from the device, the dtype and the requested name.
 
 `auto` on CUDA, fp16/bf16: FlashAttention-3 on Hopper when it imports, else flash-attn 2,
-else cuDNN attention on Hopper and newer, else PyTorch's CUDA flash op; float32 on CUDA:
+else cuDNN attention on Hopper and newer, else PyTorch's CUDA flash op, else (before Ampere,
+where neither flash kernel runs) the memory-efficient op; float32 on CUDA:
 PyTorch's memory-efficient op (never the einsum kernel, whose S^2 scores run out of memory at
 real lengths); float64 anywhere: einsum. On CPU: PyTorch's fused CPU op, einsum for float64.
 An explicit choice that cannot run here is a `CpbenchError` saying what is missing
@@ -29,7 +30,9 @@ from cpbench.attention.kernels.flash_attn import (
 from cpbench.attention.kernels.flash_attn3 import (
     FlashAttn3Kernel,
     flash_attn3_available,
+    flash_attn3_interface,
     flash_attn3_version,
+    takes_window,
 )
 from cpbench.attention.kernels.naive import NaiveKernel
 from cpbench.config.vocabulary import BACKENDS
@@ -38,6 +41,21 @@ from cpbench.errors import CpbenchError
 HALF = (torch.float16, torch.bfloat16)
 HOPPER = 9
 """Compute capability major of Hopper (H100/H200: sm90), FlashAttention-3's architecture."""
+AMPERE = (8, 0)
+"""The least compute capability of flash-attn 2 (`mha_fwd`'s "FlashAttention only supports
+Ampere GPUs or newer", csrc/flash_attn/flash_api.cpp) and of PyTorch's CUDA flash op
+(`check_sm_version` in aten/src/ATen/native/transformers/cuda/sdp_utils.cpp)."""
+
+
+def _before_ampere(device: torch.device) -> str | None:
+    """Why a flash kernel cannot run on this GPU (compute capability below 8.0), else None."""
+    capability = ops.device_capability(device)
+    if capability is not None and capability < AMPERE:
+        return (
+            f"needs an Ampere or newer GPU (compute capability >= 8.0; this one has "
+            f"{capability[0]}.{capability[1]}): kernel 'efficient' runs here"
+        )
+    return None
 
 
 @functools.cache
@@ -60,7 +78,7 @@ def _kernel_class(name: str, device: torch.device) -> type:
 
 def _flash_attn_unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
     if device.type == "cuda" and dtype in HALF and flash_attn_available():
-        return None
+        return _before_ampere(device)
     return (
         f"needs CUDA, fp16/bf16 and flash-attn >= 2.7 (device {device.type}, dtype {dtype}, "
         f"installed: {flash_attn_version()}); install with: pip install 'cpbench[gpu]'"
@@ -91,7 +109,7 @@ def kernel_unavailable(name: str, device: torch.device | str, dtype: torch.dtype
     if name == "sdpa":
         if device.type == "cuda" and dtype not in HALF:
             return f"on CUDA needs fp16/bf16, got {dtype} (float32 on CUDA: kernel 'efficient')"
-        return None
+        return _before_ampere(device) if device.type == "cuda" else None
     if name == "flash_attn":
         return _flash_attn_unavailable(device, dtype)
     if name == "flash_attn3":
@@ -106,12 +124,16 @@ def kernel_unavailable(name: str, device: torch.device | str, dtype: torch.dtype
 def band_capable(name: str, device: torch.device | str) -> bool:
     """Whether kernel `name` applies a mask band (the pieces of packed documents and sliding
     windows that are neither full nor top-left causal): einsum, PyTorch's CPU op (a float
-    mask) and flash-attn 2 / 3 (window sizes) do; PyTorch's CUDA flash, memory-efficient and
-    cuDNN ops, called with a causal flag only, do not."""
+    mask) and flash-attn 2 / 3 (window sizes; an FA3 older than its window, 2024-08-29, does
+    not) do; PyTorch's CUDA flash, memory-efficient and cuDNN ops, called with a causal flag
+    only, do not."""
     device = torch.device(device)
     if name == "sdpa":
         return device.type != "cuda"
-    return name in ("naive", "flash_attn", "flash_attn3")
+    if name == "flash_attn3":
+        fa3 = flash_attn3_interface() if flash_attn3_available() else None
+        return fa3 is None or takes_window(fa3)  # one that does not import is refused for that
+    return name in ("naive", "flash_attn")
 
 
 def auto_kernel_name(
@@ -124,7 +146,9 @@ def auto_kernel_name(
     if not band or band_capable(name, device):
         return name
     for alternative in ("flash_attn3", "flash_attn"):
-        if kernel_unavailable(alternative, device, dtype) is None:
+        if kernel_unavailable(alternative, device, dtype) is None and band_capable(
+            alternative, device
+        ):
             return alternative
     return name
 
@@ -146,7 +170,7 @@ def _auto_kernel_name(device: torch.device, dtype: torch.dtype) -> str:
         and cudnn_unavailable(device, dtype) is None
     ):
         return "cudnn"
-    return "sdpa"
+    return "sdpa" if kernel_unavailable("sdpa", device, dtype) is None else "efficient"
 
 
 def kernel_availability(device: torch.device | str, dtype: torch.dtype) -> dict[str, str | None]:
