@@ -7,7 +7,6 @@ installed torch itself (an attribute present, or a tiny probe run once) rather t
 its version string: builds that users pin (NGC containers `2.6.0a0+...`, vendor wheels,
 nightlies) carry backports and version strings that a version comparison gets wrong, and an
 attribute or an observed result cannot be wrong about the torch that is actually loaded.
-`TORCH_VERSION` is kept for reports only.
 
 The layer sits between `model` and `attention`: it may import torch, `cpbench.config` and
 `cpbench.errors`, and everything that uses torch may import it.
@@ -23,10 +22,6 @@ from typing import Any
 import torch
 import torch.distributed._functional_collectives as ft_c
 import torch.utils._python_dispatch as python_dispatch
-
-TORCH_VERSION = str(torch.__version__)
-"""The installed torch's version string (as reports show it; CPU capabilities are probed,
-not derived from it)."""
 
 
 def torch_at_least(major: int, minor: int, version: str | None = None) -> bool:

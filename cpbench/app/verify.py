@@ -29,7 +29,7 @@ from dataclasses import asdict, replace
 import torch
 
 from cpbench.bench.reference import impl_mask_unsupported, run_cases_on_rank
-from cpbench.config.bench import VerifyCase, factorizations
+from cpbench.config.bench import VerifyCase, check_choice, factorizations
 from cpbench.config.constraints import required_kv_replication
 from cpbench.config.impls import DEFAULT_IMPL, check_impl
 from cpbench.config.masks import MaskSpec
@@ -219,8 +219,7 @@ def run_verify(
 
     if world_size < 1:
         raise CpbenchError(f"world size must be at least 1, got {world_size}")
-    if dtype not in DTYPES:
-        raise CpbenchError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    check_choice("dtype", dtype, DTYPES)
     launched = launched_by_torchrun()
     if device == "cuda" and not launched and torch.cuda.device_count() < world_size:
         raise CpbenchError(
@@ -228,8 +227,7 @@ def run_verify(
         )
     check_impl(impl)
     for comm in cp_comms:
-        if comm not in CP_COMMS:
-            raise CpbenchError(f"cp_comm {comm!r} is not one of {', '.join(CP_COMMS)}")
+        check_choice("cp_comm", comm, CP_COMMS)
     if cases is None:
         cases = default_cases(world_size, dtype, kernel, impl, masks, cp_comms)
     runnable, skipped = split_cases(cases, device)

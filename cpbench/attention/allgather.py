@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from cpbench.attention.comm import (
-    PendingCollective,
+    PendingExchange,
     all_gather_chunks,
     reduce_scatter_chunks,
 )
@@ -186,7 +186,7 @@ class AllGatherAttention(torch.autograd.Function):
         dout = dout.contiguous()
         dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         dkv = torch.empty(kv.shape, dtype=torch.float32, device=kv.device)
-        scatters: list[tuple[int, PendingCollective]] = []
+        scatters: list[tuple[int, PendingExchange]] = []
         order = _sources(spec)
         pending = all_gather_chunks(
             kv[:, :, :, :stride], spec.group, spec.size, spec.rank, KV_GATHER_TAG, skip_comm

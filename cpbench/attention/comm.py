@@ -10,7 +10,6 @@ import contextlib
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -88,7 +87,8 @@ def all_to_all(
 
 
 class PendingExchange:
-    """A posted ring send/recv pair; `wait()` returns the received tensor."""
+    """A posted ring send/recv pair, or a posted collective; `wait()` returns the tensor it
+    fills (the received one)."""
 
     def __init__(self, works: list, received: torch.Tensor) -> None:
         self._works = works
@@ -133,19 +133,6 @@ _REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_sc
 """torch >= 2.13 names it reduce_scatter_single (reduce_scatter_tensor warns)."""
 
 
-class PendingCollective:
-    """A posted collective and the tensor it fills."""
-
-    def __init__(self, work: Any, result: torch.Tensor) -> None:
-        self._work = work
-        self._result = result
-
-    def wait(self) -> torch.Tensor:
-        if self._work is not None:
-            self._work.wait()
-        return self._result
-
-
 def all_gather_chunks(
     x: torch.Tensor,
     group: dist.ProcessGroup | None,
@@ -153,7 +140,7 @@ def all_gather_chunks(
     rank: int,
     tag: str,
     skip: bool = False,
-) -> PendingCollective:
+) -> PendingExchange:
     """Post an all-gather of `x` over the group: the result is `[A, *x.shape]` in group order.
     Counts the `(A - 1)` chunks that reach this rank from the others (what crosses the wire per
     rank; nccl-tests' algbw of an all-gather divides the whole output by the time)."""
@@ -162,12 +149,12 @@ def all_gather_chunks(
     if skip or size == 1:
         # compute-only variant: the own chunk in every slot, same shapes, nothing sent
         out.copy_(x.unsqueeze(0).expand_as(out))
-        return PendingCollective(None, out)
+        return PendingExchange([], out)
     # the output is one tensor of A stacked inputs along dim 0 (gloo wants it flat there)
     flat = out.view(size * x.shape[0], *x.shape[1:])
     work = _ALL_GATHER(flat, x, group=group, async_op=True)
     _record(tag, x.numel() * x.element_size() * (size - 1))
-    return PendingCollective(work, out)
+    return PendingExchange([work], out)
 
 
 def reduce_scatter_chunks(
@@ -177,14 +164,14 @@ def reduce_scatter_chunks(
     rank: int,
     tag: str,
     skip: bool = False,
-) -> PendingCollective:
+) -> PendingExchange:
     """Post a sum reduce-scatter of `x` `[A, ...]`: this rank gets the sum of every rank's slot
     `rank`. Counts the `(A - 1)` slots this rank sends to the others."""
     x = x.contiguous()
     if skip or size == 1:
-        return PendingCollective(None, x[rank].clone())
+        return PendingExchange([], x[rank].clone())
     out = torch.empty(x.shape[1:], dtype=x.dtype, device=x.device)
     flat = x.view(size * x.shape[1], *x.shape[2:])
     work = _REDUCE_SCATTER(out, flat, group=group, async_op=True)
     _record(tag, out.numel() * out.element_size() * (size - 1))
-    return PendingCollective(work, out)
+    return PendingExchange([work], out)

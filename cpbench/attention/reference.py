@@ -11,19 +11,26 @@ from cpbench.errors import CpbenchError
 
 def dense_mask(mask: MaskSpec, seq_len: int, device: torch.device | None = None) -> torch.Tensor:
     """Boolean [L, L], True where query q may see key k: `MaskSpec.visible`, vectorised
-    (causal, documents, window)."""
-    mask = mask.for_length(seq_len)
-    pos = torch.arange(seq_len, device=device)
+    (causal, documents, window); `row_visibility` of every row."""
+    return row_visibility(mask, torch.arange(seq_len, device=device), seq_len)
+
+
+def row_visibility(mask: MaskSpec, rows: torch.Tensor, run_len: int) -> torch.Tensor:
+    """Boolean [len(rows), run_len]: may query `rows[i]` see key k (`MaskSpec.visible`,
+    vectorised: causal, documents, window)."""
+    mask = mask.for_length(run_len)
+    keys = torch.arange(run_len, device=rows.device)
     if not mask.causal:
-        return torch.ones(seq_len, seq_len, dtype=torch.bool, device=device)
-    q, k = pos.unsqueeze(1), pos.unsqueeze(0)
+        return torch.ones(rows.numel(), run_len, dtype=torch.bool, device=rows.device)
+    q, k = rows.unsqueeze(1), keys.unsqueeze(0)
     keep = k <= q
     if mask.window is not None:
         keep &= q - k < mask.window
     if mask.has_documents:
-        starts = torch.tensor(mask.starts[1:], device=device)
-        doc = torch.bucketize(pos, starts, right=True)
-        keep &= doc.unsqueeze(1) == doc.unsqueeze(0)
+        starts = torch.tensor(mask.starts[1:], device=rows.device)
+        doc_k = torch.bucketize(keys, starts, right=True)
+        doc_q = torch.bucketize(rows, starts, right=True)
+        keep &= doc_q.unsqueeze(1) == doc_k.unsqueeze(0)
     return keep
 
 
@@ -62,4 +69,4 @@ def reference_attention(
     return torch.einsum("bhqk,bkhd->bqhd", probs, vv)
 
 
-__all__ = ["NaiveKernel", "dense_mask", "reference_attention"]
+__all__ = ["NaiveKernel", "dense_mask", "reference_attention", "row_visibility"]

@@ -128,7 +128,6 @@ class WorkerPool:
         self._tasks: list[Any] = []
         self._results: Any = None
         self._next_id = 0
-        self._last_traceback = ""
         self.spawns = 0
 
     @property
@@ -198,7 +197,6 @@ class WorkerPool:
                 results[rank] = payload
             else:
                 errors[rank] = payload[0]
-                self._last_traceback = payload[1]
                 grace_deadline = time.monotonic() + min(ERROR_GRACE_SECONDS, timeout)
         if errors:
             raise TaskError(self._error_message(errors), errors, restarted=False)

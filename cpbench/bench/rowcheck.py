@@ -22,8 +22,8 @@ import torch.distributed as dist
 
 from cpbench.attention.kernels import LocalKernel, default_scale
 from cpbench.attention.layouts import positions
+from cpbench.attention.reference import row_visibility
 from cpbench.config.bench import BenchConfig
-from cpbench.config.masks import MaskSpec
 from cpbench.config.tolerances import allowed_error
 
 DEFAULT_ROWS = 256
@@ -39,25 +39,6 @@ def sampled_rows(run_len: int, rows: int = DEFAULT_ROWS) -> torch.Tensor:
     if rows >= run_len:
         return torch.arange(run_len)
     return torch.linspace(0, run_len - 1, rows).round().long().unique()
-
-
-def row_visibility(mask: MaskSpec, rows: torch.Tensor, run_len: int) -> torch.Tensor:
-    """Boolean [len(rows), run_len]: may query `rows[i]` see key k (`MaskSpec.visible`,
-    vectorised like `cpbench.attention.reference.dense_mask`, for some rows only)."""
-    mask = mask.for_length(run_len)
-    keys = torch.arange(run_len, device=rows.device)
-    if not mask.causal:
-        return torch.ones(rows.numel(), run_len, dtype=torch.bool, device=rows.device)
-    q, k = rows.unsqueeze(1), keys.unsqueeze(0)
-    keep = k <= q
-    if mask.window is not None:
-        keep &= q - k < mask.window
-    if mask.has_documents:
-        starts = torch.tensor(mask.starts[1:], device=rows.device)
-        doc_k = torch.bucketize(keys, starts, right=True)
-        doc_q = torch.bucketize(rows, starts, right=True)
-        keep &= doc_q.unsqueeze(1) == doc_k.unsqueeze(0)
-    return keep
 
 
 def reference_rows(

@@ -49,6 +49,11 @@ def _elapsed_cpu(step: Callable[[], object]) -> float:
     return time.perf_counter() - t0
 
 
+def step_timer(device: torch.device) -> Callable[[Callable[[], object]], float]:
+    """The seconds of one call of a step on `device` (CUDA events on a GPU, else wall clock)."""
+    return _elapsed_cuda if device.type == "cuda" else _elapsed_cpu
+
+
 def time_iterations(
     step: Callable[[], object],
     warmup: int,
@@ -61,7 +66,7 @@ def time_iterations(
     ranks of `group`. Every iteration starts with a barrier, so iteration i of every rank is
     the same step. All ranks call this."""
     distributed = dist.is_available() and dist.is_initialized()
-    elapsed = _elapsed_cuda if device.type == "cuda" else _elapsed_cpu
+    elapsed = step_timer(device)
     for _ in range(warmup):
         step()
     if device.type == "cuda":
@@ -152,7 +157,7 @@ def time_to_precision(
     """Warm up until the timings stop drifting, then time until the median is known to
     `policy.precision` (see the module docstring). All ranks call this."""
     distributed = dist.is_available() and dist.is_initialized()
-    elapsed = _elapsed_cuda if device.type == "cuda" else _elapsed_cpu
+    elapsed = step_timer(device)
 
     started = [time.perf_counter()]
 

@@ -31,7 +31,7 @@ import contextlib
 import importlib
 import importlib.util
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Protocol
@@ -133,9 +133,11 @@ class ShardsByPositions:
         return self.sharding.unshard(local)
 
 
-@contextlib.contextmanager
-def no_context() -> Iterator[None]:
-    yield
+class NoStepContext:
+    """Mixin of the runners that enter nothing around a step."""
+
+    def context(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
 
 
 def half_precision_reason(config: BenchConfig, library: str) -> str | None:

@@ -4,7 +4,6 @@ communication-only variants)."""
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -12,11 +11,11 @@ import torch
 from cpbench.attention import build_mesh, cp_attention, shard, unshard
 from cpbench.attention.mesh import CPMesh
 from cpbench.config.bench import BenchConfig
-from cpbench.impls.base import KnownIssue, no_context
+from cpbench.impls.base import KnownIssue, NoStepContext
 
 
 @dataclass(frozen=True)
-class CpbenchRunner:
+class CpbenchRunner(NoStepContext):
     mesh: CPMesh
     config: BenchConfig
 
@@ -38,9 +37,6 @@ class CpbenchRunner:
             kv_replication=c.kv_replication,
             mask=c.mask,
         )
-
-    def context(self) -> contextlib.AbstractContextManager[None]:
-        return no_context()
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,6 @@ tolerance and named in the record (a `KnownIssue`).
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +34,7 @@ from cpbench.config.bench import BenchConfig
 from cpbench.config.tolerances import TOLERANCE
 from cpbench.impls.base import (
     KnownIssue,
+    NoStepContext,
     PositionSharding,
     ShardsByPositions,
     bf16_dq_when_fp16_contiguous,
@@ -45,7 +45,6 @@ from cpbench.impls.base import (
     import_library,
     mask_reason,
     missing_module,
-    no_context,
     own_kernel_reason,
     self_send_reason,
 )
@@ -97,7 +96,7 @@ def _hf_adapter_needs_old_transformers() -> bool:
 
 
 @dataclass(frozen=True)
-class RingFlashRunner(ShardsByPositions):
+class RingFlashRunner(ShardsByPositions, NoStepContext):
     config: BenchConfig
     function: Any
     group: Any
@@ -114,9 +113,6 @@ class RingFlashRunner(ShardsByPositions):
             causal=c.causal,
             group=self.group,
         )
-
-    def context(self) -> contextlib.AbstractContextManager[None]:
-        return no_context()
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,6 @@ is skipped with that reason, and it is untested here (no GPU in CI).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib
 from dataclasses import dataclass
@@ -41,6 +40,7 @@ from cpbench.config.impls import variant
 from cpbench.config.vocabulary import HALF_DTYPES
 from cpbench.impls.base import (
     KnownIssue,
+    NoStepContext,
     PositionSharding,
     ShardsByPositions,
     cp_group,
@@ -48,7 +48,6 @@ from cpbench.impls.base import (
     first_reason,
     mask_reason,
     missing_module,
-    no_context,
     no_kv_replication_reason,
     own_kernel_reason,
 )
@@ -84,7 +83,7 @@ def _side_stream() -> Any:
 
 
 @dataclass(frozen=True)
-class TeRunner(ShardsByPositions):
+class TeRunner(ShardsByPositions, NoStepContext):
     config: BenchConfig
     attention: Any
     sharding: PositionSharding
@@ -93,9 +92,6 @@ class TeRunner(ShardsByPositions):
         b, s, h, d = q.shape
         out = self.attention(q.contiguous(), k.contiguous(), v.contiguous())
         return out.view(b, s, h, d)  # TE returns [B, S, h * d] for bshd
-
-    def context(self) -> contextlib.AbstractContextManager[None]:
-        return no_context()
 
 
 @dataclass(frozen=True)

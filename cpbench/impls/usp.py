@@ -25,7 +25,6 @@ buffer), and the basic ring's backward returns `dq.to(torch.bfloat16)`
 
 from __future__ import annotations
 
-import contextlib
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +40,7 @@ from cpbench.config.tolerances import TOLERANCE
 from cpbench.config.vocabulary import YUNCHANG_RING_IMPL_TYPES
 from cpbench.impls.base import (
     KnownIssue,
+    NoStepContext,
     PositionSharding,
     ShardsByPositions,
     bf16_dq_when_fp16_contiguous,
@@ -51,7 +51,6 @@ from cpbench.impls.base import (
     mask_reason,
     missing_module,
     module_available,
-    no_context,
     no_kv_replication_reason,
     own_kernel_reason,
     self_send_reason,
@@ -82,7 +81,7 @@ def _process_groups(ulysses: int, ring: int) -> tuple[Any, Any]:
 
 
 @dataclass(frozen=True)
-class UspRunner(ShardsByPositions):
+class UspRunner(ShardsByPositions, NoStepContext):
     config: BenchConfig
     attention: Any
     sharding: PositionSharding
@@ -92,9 +91,6 @@ class UspRunner(ShardsByPositions):
         return self.attention(
             q, k, v, dropout_p=0.0, softmax_scale=default_scale(c.head_dim), causal=c.causal
         )
-
-    def context(self) -> contextlib.AbstractContextManager[None]:
-        return no_context()
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from fractions import Fraction
 from cpbench.config.constraints import AttentionShape, seq_divisor
 from cpbench.config.geometry import Packing, pack, ring_schedule, row_work
 from cpbench.config.masks import MaskSpec
-from cpbench.config.problem import CpProblem
+from cpbench.config.problem import CpProblem, check_choice, check_positive_int
 from cpbench.config.vocabulary import GLOBAL_LAYOUTS, LAYOUTS, PASS_TOTALS
 from cpbench.errors import CpbenchError
 
@@ -60,8 +60,7 @@ _PHASE_FACTOR: dict[str, Fraction] = {
 
 def phase_factor(phase: str) -> Fraction:
     """FLOPs of a phase in units of forward FLOPs (1, 2.5 or 3.5)."""
-    if phase not in _PHASE_FACTOR:
-        raise CpbenchError(f"phase {phase!r} is not one of {', '.join(PASS_TOTALS)}")
+    check_choice("phase", phase, PASS_TOTALS)
     return _PHASE_FACTOR[phase]
 
 
@@ -121,11 +120,9 @@ def ring_rank_positions(seq_len: int, ring: int, layout: str, ring_rank: int) ->
 
 
 def _check_ring_layout(seq_len: int, ring: int, layout: str) -> None:
-    for name, value in (("seq_len", seq_len), ("ring", ring)):
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise CpbenchError(f"{name} must be a positive integer, got {value!r}")
-    if layout not in LAYOUTS:
-        raise CpbenchError(f"layout {layout!r} is not one of {', '.join(LAYOUTS)}")
+    check_positive_int("seq_len", seq_len)
+    check_positive_int("ring", ring)
+    check_choice("layout", layout, LAYOUTS)
     divisor = seq_divisor(1, ring, layout)
     if seq_len % divisor:
         raise CpbenchError(
@@ -249,8 +246,7 @@ def uses_closed_form(mask: MaskSpec, layout: str) -> bool:
 def packing_of(mask: MaskSpec, seq_len: int, ulysses: int, ring: int, layout: str) -> Packing:
     """The mask geometry's packing (`cpbench.config.geometry.pack`, cached); CpbenchError when
     the layout cannot cut the sequence."""
-    if layout not in LAYOUTS:
-        raise CpbenchError(f"layout {layout!r} is not one of {', '.join(LAYOUTS)}")
+    check_choice("layout", layout, LAYOUTS)
     return pack(mask, seq_len, ulysses, ring, layout)
 
 

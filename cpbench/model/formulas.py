@@ -50,7 +50,7 @@ from fractions import Fraction
 from typing import Literal
 
 from cpbench.config.constraints import seq_divisor
-from cpbench.config.problem import CpProblem
+from cpbench.config.problem import CpProblem, check_choice
 from cpbench.config.vocabulary import PASSES, Pass
 from cpbench.errors import CpbenchError
 
@@ -198,8 +198,7 @@ class CommVolume:
 
     def stages(self, phase: Pass) -> tuple[StageVolume, ...]:
         """The stages of a phase."""
-        if phase not in PASSES:
-            raise CpbenchError(f"phase {phase!r} is not one of {', '.join(PASSES)}")
+        check_choice("phase", phase, PASSES)
         return self.forward if phase == "forward" else self.backward
 
     def collectives(self, phase: Pass) -> tuple[CollectiveVolume, ...]:
@@ -258,7 +257,7 @@ def ring_kv_chunk_elements(config: CpProblem) -> int:
 
 def ulysses_elements_sent(config: CpProblem, phase: Pass = "forward") -> int:
     """Elements a rank sends in the Ulysses stage; equal forward and backward."""
-    _check_phase(phase)
+    check_choice("phase", phase, PASSES)
     handed = 2 * ulysses_q_elements(config) + ulysses_kv_elements(config)
     return all_to_all_sent(handed, config.ulysses)
 
@@ -266,7 +265,7 @@ def ulysses_elements_sent(config: CpProblem, phase: Pass = "forward") -> int:
 def ring_elements_sent(config: CpProblem, phase: Pass = "forward") -> int:
     """Elements a rank sends in the ring stage: (k-1) K/V hops, plus (k-1) dK/dV hops
     backward; k = R for causal or full attention over one sequence."""
-    _check_phase(phase)
+    check_choice("phase", phase, PASSES)
     if config.ring == 1:
         return 0
     hops = config.kv_hops if phase == "forward" else config.kv_hops + config.dkv_hops
@@ -275,7 +274,7 @@ def ring_elements_sent(config: CpProblem, phase: Pass = "forward") -> int:
 
 def ring_bytes_sent(config: CpProblem, phase: Pass = "forward") -> int:
     """Bytes a rank sends in the ring stage (the backward dK/dV hops are fp32)."""
-    _check_phase(phase)
+    check_choice("phase", phase, PASSES)
     if config.ring == 1:
         return 0
     chunk = ring_kv_chunk_elements(config)
@@ -288,7 +287,7 @@ def ring_bytes_sent(config: CpProblem, phase: Pass = "forward") -> int:
 def gather_bytes_sent(config: CpProblem, phase: Pass = "forward") -> int:
     """Bytes crossing the wire for a rank in the all-gather stage, per pass: (R-1) K/V chunks
     gathered, plus backward (R-1) fp32 dK/dV chunks reduce-scattered; 0 without it."""
-    _check_phase(phase)
+    check_choice("phase", phase, PASSES)
     if not config.all_gather:
         return 0
     chunks = (config.ring - 1) * ring_kv_chunk_elements(config)
@@ -301,11 +300,6 @@ def gathered_kv_elements(config: CpProblem) -> int:
     2*B*L_run*hs*d_h (the whole sequence's K/V of the stride)."""
     s = config.shape
     return 2 * s.batch * config.run_len * config.gather_stride * s.head_dim
-
-
-def _check_phase(phase: str) -> None:
-    if phase not in PASSES:
-        raise CpbenchError(f"phase {phase!r} is not one of {', '.join(PASSES)}")
 
 
 # ---------------------------------------------------------------------- formulas (symbolic)
@@ -354,7 +348,7 @@ def _all_to_all(
 
 def ulysses_stage(config: CpProblem, phase: Pass) -> StageVolume | None:
     """The Ulysses all-to-alls of a phase; None when U == 1."""
-    _check_phase(phase)
+    check_choice("phase", phase, PASSES)
     if config.ulysses == 1:
         return None
     tokens = _tokens_symbol(config)
@@ -396,7 +390,7 @@ def _ring_hops(config: CpProblem, name: str, phase: Pass, hops: int, fp32: bool)
 
 def ring_stage(config: CpProblem, phase: Pass) -> StageVolume | None:
     """The ring hops of a phase; None when R == 1."""
-    _check_phase(phase)
+    check_choice("phase", phase, PASSES)
     r = config.ring
     if r == 1:
         return None
@@ -438,7 +432,7 @@ def _gather_collective(
 def gather_stage(config: CpProblem, phase: Pass) -> StageVolume | None:
     """The all-gather (and backward reduce-scatter) of the ring axis; None unless
     `cp_comm = "all_gather"` with R > 1."""
-    _check_phase(phase)
+    check_choice("phase", phase, PASSES)
     if not config.all_gather:
         return None
     width, length = _ring_kv_width_symbol(config), _length_symbol(config)

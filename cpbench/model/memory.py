@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cpbench.config.constraints import seq_divisor
-from cpbench.config.problem import CpProblem
+from cpbench.config.problem import CpProblem, check_choice
 from cpbench.config.vocabulary import DTYPE_BYTES, STEP_PASSES, Pass, Passes
 from cpbench.errors import CpbenchError
 
@@ -96,15 +96,14 @@ class MemoryEstimate:
 
     def items_of(self, phase: Passes) -> tuple[MemoryItem, ...]:
         """Items allocated in a phase: forward only, or forward and backward."""
-        _check_phase(phase)
+        check_choice("memory phase", phase, STEP_PASSES)
         if phase == "forward_backward":
             return self.items
         return tuple(item for item in self.items if item.phase == "forward")
 
     def stage_bytes(self, stage: str) -> int:
         """Bytes alive during a stage."""
-        if stage not in self.stages:
-            raise CpbenchError(f"stage {stage!r} is not one of {', '.join(self.stages)}")
+        check_choice("stage", stage, self.stages)
         return sum(item.bytes for item in self.items if stage in item.stages)
 
     def total(self, phase: Passes) -> int:
@@ -113,20 +112,15 @@ class MemoryEstimate:
 
     def peak(self, phase: Passes) -> int:
         """Largest live bytes over the stages of the phase."""
-        _check_phase(phase)
+        check_choice("memory phase", phase, STEP_PASSES)
         stages = [s for s in self.stages if phase == "forward_backward" or s in FORWARD_STAGES]
         return max(self.stage_bytes(s) for s in stages)
 
     def peak_stage(self, phase: Passes) -> str:
         """The stage where the peak of the phase is reached."""
-        _check_phase(phase)
+        check_choice("memory phase", phase, STEP_PASSES)
         stages = [s for s in self.stages if phase == "forward_backward" or s in FORWARD_STAGES]
         return max(stages, key=self.stage_bytes)
-
-
-def _check_phase(phase: str) -> None:
-    if phase not in STEP_PASSES:
-        raise CpbenchError(f"memory phase {phase!r} is not one of {', '.join(STEP_PASSES)}")
 
 
 def scheme_stages(ulysses: int) -> tuple[str, ...]:
@@ -272,7 +266,7 @@ def max_seq_len_for_budget(
         raise CpbenchError(f"memory budget must be a number of bytes, got {budget_bytes!r}")
     if budget_bytes <= 0:
         raise CpbenchError(f"memory budget must be positive, got {budget_bytes} bytes")
-    _check_phase(phase)
+    check_choice("memory phase", phase, STEP_PASSES)
     divisor_layout = "zigzag" if problem.layout == "doc_zigzag" else problem.layout
     divisor = seq_divisor(problem.ulysses, problem.ring, divisor_layout)
     unit = CpProblem(

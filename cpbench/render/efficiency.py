@@ -9,14 +9,7 @@ from rich.console import RenderableType
 from rich.text import Text
 
 from cpbench.render.tables import FitTable
-
-
-def _ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1e3:.0f}"
-
-
-def _ratio(x: float | None, digits: int = 2) -> str:
-    return "-" if x is None else f"{x:.{digits}f}"
+from cpbench.units import format_number, format_seconds
 
 
 def _label(case: Mapping[str, Any]) -> str:
@@ -49,11 +42,11 @@ def efficiency_tables(report: Mapping[str, Any]) -> list[RenderableType]:
             vs = "-" if t["vs_peer"] is None else f"{t['vs_peer']:.2f} {t['peer']}"
             table.add_row(
                 _label(t["case"]),
-                _ms(t["best"]),
-                _ms(t["median"]),
+                format_seconds(t["best"], 0, unit=False),
+                format_seconds(t["median"], 0, unit=False),
                 "-" if t["spread"] is None else f"{t['spread'] * 100:.0f}",
-                _ratio(t["efficiency_best"]),
-                _ratio(t["efficiency_median"]),
+                format_number(t["efficiency_best"], 2),
+                format_number(t["efficiency_median"], 2),
                 vs,
             )
         out.append(table)

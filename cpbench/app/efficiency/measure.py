@@ -39,6 +39,7 @@ from cpbench.app.efficiency.cases import (
 from cpbench.attention.kernels import default_scale, select_kernel
 from cpbench.bench.pool import TaskError, WorkerPool, WorldSpec
 from cpbench.bench.reference import TORCH_DTYPES, random_shards
+from cpbench.bench.timing import step_timer
 from cpbench.config.vocabulary import Dtype
 from cpbench.errors import CpbenchError, RunFailure
 from cpbench.impls import get_adapter
@@ -114,19 +115,6 @@ def prepared_step(case: EfficiencyCase, settings: EfficiencySettings, dtype: Dty
     return _PREPARED[key]
 
 
-def _elapsed(step: Callable[[], None], device: torch.device) -> float:
-    if device.type == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        step()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / 1e3
-    t0 = time.perf_counter()
-    step()
-    return time.perf_counter() - t0
-
-
 def prepare_task(case: EfficiencyCase, settings: EfficiencySettings, dtype: Dtype) -> bool:
     """Pool task: build the case's step and run its warm-up steps."""
     step = prepared_step(case, settings, dtype)
@@ -146,6 +134,7 @@ def rounds_task(
     device = rank_device(settings)
     steps = [prepared_step(case, settings, dtype) for case in cases]
     n = len(cases)
+    elapsed = step_timer(device)
     samples = [[0.0] * settings.rounds for _ in cases]
     for r in range(settings.rounds):
         for j in range(n):
@@ -153,7 +142,7 @@ def rounds_task(
             dist.barrier()  # start together: the max over ranks is the step, not the skew
             if cases[i].impl == SINGLE and dist.get_rank() != 0:
                 continue
-            samples[i][r] = _elapsed(steps[i], device)
+            samples[i][r] = elapsed(steps[i])
     t = torch.tensor(samples, dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return [[float(x) for x in row] for row in t.tolist()]

@@ -64,7 +64,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from cpbench.config.problem import CpProblem
+from cpbench.config.problem import CpProblem, check_choice
 from cpbench.config.vocabulary import DTYPE_BYTES, canonical_dtype
 from cpbench.errors import CpbenchError
 from cpbench.model.memory import memory_estimate
@@ -287,8 +287,7 @@ def stage_memory(
     reserve_bytes: float = 0.0,
 ) -> StageMemory:
     """Memory of one rank of the `first`, `last` or `only` pipeline stage (module docstring)."""
-    if stage not in ("first", "last", "only"):
-        raise CpbenchError(f"stage {stage!r} is not one of first, last, only")
+    check_choice("stage", stage, ("first", "last", "only"))
     if model.layers % par.pp:
         raise CpbenchError(
             f"layers ({model.layers}) must be divisible by PP ({par.pp}): every pipeline stage "

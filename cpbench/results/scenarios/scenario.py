@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from cpbench.config.bench import BenchConfig, check_positive_int, factorizations
+from cpbench.config.bench import BenchConfig, check_choice, check_positive_int, factorizations
 from cpbench.config.constraints import Feasibility
 from cpbench.config.documents import resolve_documents
 from cpbench.config.vocabulary import (
@@ -50,8 +50,7 @@ class Scenario(ScenarioSettings, ScenarioAxes):
         "auto" there means cuda when `gpu_count` > 0). A world size of "auto" is `gpu_count`
         on cuda and 4 on cpu. Whether the node has enough GPUs is left to the caller (under
         torchrun the ranks span several nodes)."""
-        if device not in SCENARIO_DEVICES:
-            raise CpbenchError(f"device {device!r} is not one of {', '.join(SCENARIO_DEVICES)}")
+        check_choice("device", device, SCENARIO_DEVICES)
         wanted = device if device != "auto" else self.device
         chosen: Device
         if wanted == "cpu" or (wanted == "auto" and gpu_count <= 0):
