@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from cpbench.config.constraints import check_mesh
 from cpbench.config.documents import resolve_documents
 from cpbench.config.masks import MaskSpec
 from cpbench.config.problem import CpProblem
@@ -162,11 +161,9 @@ def _mask_section(config: CpProblem) -> dict[str, Any]:
 
 
 def _layout_row(config: CpProblem, layout: Layout) -> dict[str, Any]:
-    shape, u, r = config.shape, config.ulysses, config.ring
-    feasibility = check_mesh(shape, u, r, layout)
-    if not feasibility.ok:
-        return {"layout": layout, "feasible": False, "reason": feasibility.reason}
     other = replace(config, layout=layout, cp_comm="p2p", heads_k_stride=None)
+    if not other.feasibility.ok:
+        return {"layout": layout, "feasible": False, "reason": other.feasibility.reason}
     work = flops_breakdown(other).work
     volume = comm_volume(other)
     k = other.ring_steps
@@ -176,7 +173,7 @@ def _layout_row(config: CpProblem, layout: Layout) -> dict[str, Any]:
         "imbalance": work.imbalance,
         "overhead": work.overhead,
         "slowest_ring_rank": work.slowest_ring_rank,
-        "slowest_rank_pairs": float(max(work.ring_rank_pairs)) / u,
+        "slowest_rank_pairs": float(max(work.ring_rank_pairs)) / config.ulysses,
         "ring_rank_pairs": [float(p) for p in work.ring_rank_pairs],
         "padding_tokens": other.padding,
         "padding_fraction": work.padding_fraction,
@@ -184,7 +181,7 @@ def _layout_row(config: CpProblem, layout: Layout) -> dict[str, Any]:
         "ring_steps": k,
         "kv_hops": other.kv_hops,
         "dkv_hops": other.dkv_hops,
-        "hops_saved": r - k,
+        "hops_saved": config.ring - k,
         "bytes_forward": volume.bytes_sent("forward"),
         "bytes_backward": volume.bytes_sent("backward"),
         "bytes_forward_backward": volume.bytes_sent("forward") + volume.bytes_sent("backward"),

@@ -64,9 +64,9 @@ def formulas(
     mask = mask_from_options(seq_len, causal, documents, window, seed)
     problem = CpProblem(
         seq_len=seq_len, batch=batch, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
-        dtype=dtype, causal=mask.causal, documents=mask.documents, window=mask.window,
-        ulysses=ulysses, ring=ring, layout=layout, cp_comm=cp_comm, heads_k_stride=heads_k_stride,
-    )
+        dtype=dtype, ulysses=ulysses, ring=ring, layout=layout, cp_comm=cp_comm,
+        heads_k_stride=heads_k_stride,
+    ).masked(mask)
     report = formulas_report(problem)
     if as_json:
         print(json.dumps(report, indent=1))

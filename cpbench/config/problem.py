@@ -123,10 +123,9 @@ class CpProblem:
         if self.documents is not None and not isinstance(self.documents, tuple):
             object.__setattr__(self, "documents", tuple(self.documents))
         check_cp_comm(self.cp_comm, self.heads_k_stride, None)
-        self.mask.check_length(self.seq_len)
-        if self.mask.documents != self.mask.normalized().documents:  # one document is none
-            object.__setattr__(self, "documents", None)
-            del self.__dict__["mask"]
+        mask = MaskSpec(causal=self.causal, documents=self.documents, window=self.window)
+        mask.check_length(self.seq_len)
+        object.__setattr__(self, "documents", mask.normalized().documents)  # one doc is none
 
     @classmethod
     def for_shape(cls: type[P], shape: AttentionShape, **problem: Any) -> P:

@@ -16,7 +16,6 @@ from typing import Any
 
 import torch
 
-from cpbench import compat
 from cpbench.errors import CpbenchError
 
 
@@ -85,11 +84,6 @@ def last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     flash-attn's `maybe_contiguous` does, so a strided view (K or V of the packed
     `[B, S, 2, H, D]` buffer, a row slice of a ring block) reaches the kernel without a copy."""
     return x if x.stride(-1) == 1 else x.contiguous()
-
-
-def torch_at_least(major: int, minor: int, version: str | None = None) -> bool:
-    """The installed torch (or `version`) is `major.minor` or newer (`cpbench.compat`)."""
-    return compat.torch_at_least(major, minor, version)
 
 
 def device_capability(device: torch.device) -> tuple[int, int] | None:
