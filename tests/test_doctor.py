@@ -134,6 +134,10 @@ class FakeNvml:
     socket_of: list[int]
     nvlinks: dict[int, list[tuple[int | str, int]]] = field(default_factory=dict)
     topology_supported: bool = True
+    names: list[str] | None = None
+    """Per GPU its product name (None: all H100)."""
+    migs: dict[int, list[str]] = field(default_factory=dict)
+    """Per GPU the UUIDs ("MIG-...") of its MIG instances."""
 
     NVML_P2P_CAPS_INDEX_NVLINK = 2
     NVML_P2P_STATUS_OK = 0
@@ -174,11 +178,21 @@ class FakeNvml:
     def nvmlDeviceGetHandleByIndex(self, i: int) -> int:  # noqa: N802
         return i
 
-    def nvmlDeviceGetUUID(self, h: int) -> str:  # noqa: N802
+    def nvmlDeviceGetUUID(self, h: int | tuple[int, int]) -> str:  # noqa: N802
+        if isinstance(h, tuple):  # a MIG instance's handle
+            return self.migs[h[0]][h[1]]
         return f"GPU-{h:02d}aaaaaa-0000"
 
     def nvmlDeviceGetName(self, h: int) -> bytes:  # noqa: N802
-        return b"NVIDIA H100 80GB HBM3"
+        return (self.names[h] if self.names else "NVIDIA H100 80GB HBM3").encode()
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, h: int) -> int:  # noqa: N802
+        return len(self.migs.get(h, []))
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, h: int, j: int) -> tuple[int, int]:  # noqa: N802
+        if j >= len(self.migs.get(h, [])):
+            raise FakeNvmlError("NVML_ERROR_NOT_FOUND")
+        return (h, j)
 
     def nvmlDeviceGetMemoryInfo(self, h: int) -> SimpleNamespace:  # noqa: N802
         return SimpleNamespace(total=80 * 2**30, used=(h + 1) * 2**20)
@@ -268,6 +282,52 @@ def test_visible_devices_pick_and_reorder_the_gpus() -> None:
     assert topo.gpus == ["GPU0", "GPU1", "GPU2"]
     assert topo.matrix == [["X", "NV4", "SYS"], ["NV4", "X", "SYS"], ["SYS", "SYS", "X"]]
     assert topo.numa == [1, 1, 0]
+
+
+def _mixed_host() -> FakeNvml:
+    """PCI order (NVML's): GPU 0 an A100, GPU 1 an H100, GPU 2 an A100."""
+    return FakeNvml(switch_of=[0, 0, 1], socket_of=[0, 0, 1],
+                    names=["NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3",
+                           "NVIDIA A100-SXM4-80GB"])  # fmt: skip
+
+
+def test_a_mixed_host_lists_the_gpus_in_cudas_order() -> None:
+    """Under the default CUDA_DEVICE_ORDER=FASTEST_FIRST, CUDA numbers the H100 first; the
+    doctor takes CUDA's order (UUIDs as torch prints them, no prefix) and matches each to NVML
+    by UUID. Main assumed CUDA order = NVML order and called the A100 cuda:0."""
+    nvml = _mixed_host()
+    cuda_order = ["01aaaaaa-0000", "00aaaaaa-0000", "02aaaaaa-0000"]
+    gpus = nvml_gpus(nvml, None, None, lambda: cuda_order)
+    assert [(g.index, g.nvml_index) for g in gpus] == [(0, 1), (1, 0), (2, 2)]
+    assert gpus[0].name == "NVIDIA H100 80GB HBM3" and gpus[0].uuid == "GPU-01aaaaaa-0000"
+    # CUDA_VISIBLE_DEVICES=0 is CUDA's device 0 (the H100), which CUDA applies itself
+    gpus = nvml_gpus(nvml, "0", "FASTEST_FIRST", lambda: cuda_order[:1])
+    assert [(g.index, g.nvml_index, g.name) for g in gpus] == [(0, 1, "NVIDIA H100 80GB HBM3")]
+
+
+def test_pci_order_or_one_model_needs_no_cuda_query() -> None:
+    """With CUDA_DEVICE_ORDER=PCI_BUS_ID, or GPUs all of one model (ties go in PCI order),
+    NVML's order is CUDA's: no CUDA query (no context made)."""
+
+    def refuse() -> list[str]:
+        raise AssertionError("CUDA queried")
+
+    gpus = nvml_gpus(_mixed_host(), None, "PCI_BUS_ID", refuse)
+    assert [(g.index, g.nvml_index) for g in gpus] == [(0, 0), (1, 1), (2, 2)]
+    same = nvml_gpus(two_switches_two_sockets(), "3,1", None, refuse)
+    assert [(g.index, g.nvml_index) for g in same] == [(0, 3), (1, 1)]
+    # CUDA unusable (None): NVML's order is what there is
+    assert [g.nvml_index for g in nvml_gpus(_mixed_host(), None, None, None)] == [0, 1, 2]
+
+
+def test_a_mig_instance_in_cuda_visible_devices_is_its_gpu() -> None:
+    """CUDA_VISIBLE_DEVICES=MIG-<uuid> names an instance of GPU 2: the doctor lists that GPU
+    (main's list stopped at the MIG entry and showed no GPU)."""
+    nvml = FakeNvml(switch_of=[0, 0, 1, 1], socket_of=[0, 0, 1, 1],
+                    migs={2: ["MIG-7777aaaa-0001", "MIG-7777aaaa-0002"]})
+    gpus = nvml_gpus(nvml, "MIG-7777aaaa-0002")
+    assert [(g.index, g.nvml_index) for g in gpus] == [(0, 2)]
+    assert nvml_gpus(nvml, "MIG-0000dead-0000") == []  # no such instance: CUDA sees none
 
 
 def test_nvswitch_counts_each_gpus_links_into_the_switches() -> None:
