@@ -733,3 +733,30 @@ def test_flash_attn3_version_of_a_wheel_named_flash_attn(monkeypatch: pytest.Mon
     assert kernel_version("flash_attn3") == "3.0.0b1"
     monkeypatch.setattr(metadata, "packages_distributions", lambda: {})
     assert fa3_module.flash_attn3_version() is None  # flash-attn 2 alone is not FA3
+
+
+@pytest.mark.parametrize(
+    ("device", "dtype", "kv_heads", "refused"),
+    [
+        ("cuda", "float32", 2, True),  # float32 GQA on CUDA: the math kernel, not the ring
+        ("cuda", "float32", 8, False),  # MHA float32: the memory-efficient op, ringed
+        ("cuda", "bfloat16", 2, False),  # GQA in bf16: the flash op (native GQA), ringed
+        ("cpu", "float32", 2, False),  # on CPU the adapter rings the CPU flash op itself
+    ],
+)
+def test_torch_cp_refuses_float32_gqa_on_cuda(device, dtype, kv_heads, refused) -> None:  # type: ignore[no-untyped-def]
+    """torch's SDPA has no fused CUDA kernel for float32 with fewer KV heads than Q heads
+    (sdp_utils.cpp: flash / cuDNN fp16/bf16 only, memory-efficient without GQA through 2.12),
+    so context_parallel would run the math kernel, which it has no ring handler for."""
+    from cpbench.config.bench import BenchConfig  # noqa: PLC0415
+    from cpbench.impls.torch_cp import TorchCpAdapter  # noqa: PLC0415
+
+    config = BenchConfig(
+        seq_len=256, batch=1, heads=8, kv_heads=kv_heads, head_dim=64, dtype=dtype,
+        causal=True, ulysses=1, ring=2, layout="zigzag", kv_replication=None, kernel="auto",
+        phase="fwd+bwd", device=device, world_size=2, impl="torch_cp",
+    )  # fmt: skip
+    reason = TorchCpAdapter("torch_cp").capability(config)
+    assert (reason is not None) is refused, reason
+    if refused:
+        assert "not ring attention" in str(reason) and "kv_heads 2" in str(reason)
