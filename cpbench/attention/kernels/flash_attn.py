@@ -253,9 +253,10 @@ FLASH_ATTN_ANY_NEWER_GPU = (2, 7, 3)
 """The first flash-attn that runs on every GPU of compute capability >= 8.0. Before it,
 `mha_fwd` / `mha_bwd` (csrc/flash_attn/flash_api.cpp, 2.6.3 to 2.7.2.post1) admit 8.x and 9.0
 only: `is_sm8x = major == 8 && minor >= 0; is_sm90 = major == 9 && minor == 0;
-TORCH_CHECK(is_sm90 || is_sm8x, "FlashAttention only supports Ampere GPUs or newer.")`, so an
-sm100 / sm120 GPU is refused with that message. 2.7.3 (commit bbb21d65, "Generalize arch checks
-for A100 and above", #1427) checks `cc_major >= 8` (`is_sm8x_min`)."""
+TORCH_CHECK(is_sm90 || is_sm8x, "FlashAttention only supports Ampere GPUs or newer.")`
+(v2.7.2 flash_api.cpp:368-370 in mha_fwd, :813 in mha_bwd), so an sm100 / sm120 GPU is refused
+with that message. 2.7.3 (commit bbb21d65, "Generalize arch checks for A100 and above", #1427)
+checks `cc_major >= 8` (`is_sm8x_min`, v2.7.3 flash_api.cpp:367-368, :796; v2.8.3 :369-370)."""
 
 
 def flash_attn_capability_refusal(
