@@ -6,8 +6,9 @@ meshes; every layout; kv_heads 8, 2, 1) passes against the float64 reference. Th
 through the kernel as it was before the fix (one call per piece, -1 for "unbounded") fail:
 the check can fail.
 
-Worlds 4 and 8 on 2 shared cores take minutes (525 and 735 cases; measured 107 s and 395 s
-under a load of 15-30): marked `slow`; CI runs the whole suite, marked tests included."""
+Worlds 4 and 8 on 2 shared cores take minutes (525 and 735 cases; measured 76-107 s and
+227-395 s, the spread being the machine's load): marked `slow`; CI runs the whole suite,
+marked tests included (`-m "not slow"` leaves them out locally). World 2: 25-31 s."""
 
 from __future__ import annotations
 
@@ -29,8 +30,8 @@ def _mask_cases(world_size: int) -> list[VerifyCase]:
     ("world_size", "cases"),
     [
         (2, 315),  # 2 meshes x 5 layouts x 7 masks x 3 KV head counts, + 105 all-gathered
-        pytest.param(4, 525, marks=pytest.mark.slow),  # 107 s under load here
-        pytest.param(8, 735, marks=pytest.mark.slow),  # 395 s under load here
+        pytest.param(4, 525, marks=pytest.mark.slow),  # 76-107 s here
+        pytest.param(8, 735, marks=pytest.mark.slow),  # 227-395 s here
     ],
 )
 def test_verify_mask_cases_pass_with_flash_attn_2_by_its_rules(pool, world_size, cases) -> None:  # type: ignore[no-untyped-def]
