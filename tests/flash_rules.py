@@ -13,7 +13,14 @@ computed densely on the CPU (float64), each rule citing where it comes from:
   windows -1 and not causal, every key.
 * An empty row (csrc/flash_attn/src/softmax.h, `normalize_softmax_lse`: a zero sum gives
   INFINITY): out 0, LSE = +inf.
-* Capability (flash_api.cpp `mha_fwd`): "FlashAttention only supports Ampere GPUs or newer."
+* Capability (flash_api.cpp `mha_fwd` / `mha_bwd`): "FlashAttention only supports Ampere GPUs
+  or newer." Up to 2.7.2.post1 the check is `is_sm8x = major == 8 && minor >= 0; is_sm90 =
+  major == 9 && minor == 0; TORCH_CHECK(is_sm90 || is_sm8x, ...)` (so sm100 / sm120 are
+  refused with that message); from 2.7.3 (commit bbb21d65) it is `cc_major >= 8`.
+* Dtype (flash_api.cpp `mha_fwd`): "FlashAttention only support fp16 and bf16 data type";
+  applied when `half_only` (the verify run on CPU checks the mask in float32 and turns it off).
+* Head dimension (flash_api.cpp `mha_fwd` of 2.7.0-2.8.3): "FlashAttention forward only
+  supports head dimension at most 256", "... must have a head_size that is a multiple of 8".
 """
 
 from __future__ import annotations
@@ -84,16 +91,37 @@ class Library:
     """`_flash_attn_forward` / `_flash_attn_backward` of flash-attn 2.7 (`rule` FA2) computed
     densely with the library's mask; `calls` records (sq, sk, causal, left, right)."""
 
-    def __init__(self, rule: str = FA2, capability: tuple[int, int] = (9, 0)) -> None:
-        self.rule, self.capability = rule, capability
+    def __init__(
+        self,
+        rule: str = FA2,
+        capability: tuple[int, int] = (9, 0),
+        version: tuple[int, int, int] = (2, 8, 3),
+        half_only: bool = False,
+    ) -> None:
+        self.rule, self.capability, self.version = rule, capability, version
+        self.half_only = half_only
         self.calls: list[tuple[int, int, bool, int, int]] = []
 
-    def _check(self) -> None:
-        if self.capability[0] < 8:  # flash_api.cpp mha_fwd / mha_bwd
+    def _check(self, q: torch.Tensor) -> None:
+        major, minor = self.capability
+        if self.version < (2, 7, 3):  # flash_api.cpp 2.6.3 - 2.7.2.post1: is_sm8x || is_sm90
+            admitted = major == 8 or (major == 9 and minor == 0)
+        else:  # 2.7.3 on: is_sm8x_min = cc_major >= 8
+            admitted = major >= 8
+        if not admitted:
             raise RuntimeError("FlashAttention only supports Ampere GPUs or newer.")
+        if self.half_only and q.dtype not in (torch.float16, torch.bfloat16):
+            raise RuntimeError("FlashAttention only support fp16 and bf16 data type")
+        head_size = q.shape[-1]
+        if head_size > 256:
+            raise RuntimeError("FlashAttention forward only supports head dimension at most 256")
+        if head_size % 8:
+            raise RuntimeError(
+                "query, key, value, and out_ must have a head_size that is a multiple of 8"
+            )
 
     def attend(self, q, k, v, scale, causal, left, right):  # type: ignore[no-untyped-def]
-        self._check()
+        self._check(q)
         sq, sk = q.shape[1], k.shape[1]
         self.calls.append((sq, sk, causal, left, right))
         mask = visible(self.rule, sq, sk, causal, left, right)
@@ -106,7 +134,7 @@ class Library:
         return out, lse.float()
 
     def grads(self, dout, q, k, v, out, lse, scale, causal, left, right):  # type: ignore[no-untyped-def]
-        self._check()
+        self._check(q)
         sq, sk = q.shape[1], k.shape[1]
         mask = visible(self.rule, sq, sk, causal, left, right)
         qd, kd, vd, s, group = _dense(q, k, v, mask, scale)

@@ -7,7 +7,6 @@ the float64 reference."""
 
 from __future__ import annotations
 
-import itertools
 import sys
 import types
 from collections.abc import Callable
@@ -29,7 +28,6 @@ from cpbench.attention.kernels import (
     cuda_flash_native_gqa,
     cudnn_native_gqa,
     default_scale,
-    kernel_availability,
     kernel_unavailable,
     kernel_version,
     ops,
@@ -38,7 +36,6 @@ from cpbench.attention.kernels import (
 )
 from cpbench.attention.kernels import flash_attn3 as fa3_module
 from cpbench.attention.reference import reference_attention
-from cpbench.config.vocabulary import BACKENDS
 from cpbench.errors import CpbenchError
 from tests import flash_rules
 from tests.impl_support import use_stand_ins
@@ -94,8 +91,10 @@ def fake_env(monkeypatch: pytest.MonkeyPatch) -> Callable[..., None]:
         capability: tuple[int, int] | None = (9, 0),
         fa2: bool = False,
         fa3: bool = False,
+        fa2_version: tuple[int, int, int] = (2, 8, 3),
     ) -> None:
         monkeypatch.setattr(torch, "__version__", torch_version)
+        monkeypatch.setattr(select, "flash_attn_version", lambda: fa2_version if fa2 else None)
         monkeypatch.setattr(ops, "cudnn_version", lambda: cudnn)
         monkeypatch.setattr(
             ops, "device_capability", lambda d: capability if d.type == "cuda" else None
@@ -176,37 +175,124 @@ def test_impossible_explicit_choice_names_what_is_missing(  # type: ignore[no-un
     assert missing in str(info.value)
 
 
-def test_every_combination_picks_a_usable_kernel(fake_env) -> None:  # type: ignore[no-untyped-def]
-    """For every device x dtype x installed combination: `auto` names a kernel that can run
-    there, never einsum for float32 on CUDA, and an explicit choice fails exactly when
-    `kernel_unavailable` gives a reason."""
-    names = [n for n in BACKENDS if n != "auto"]
-    for combo in itertools.product(
-        ("cpu", "cuda"),
-        (BF16, FP16, FP32, FP64),
-        ("2.4.1", "2.5.1", "2.9.0"),
-        (None, 8907, 90100),
-        ((7, 5), (8, 0), (9, 0), (10, 0)),
-        (False, True),
-        (False, True),
-    ):
-        device, dtype, version, cudnn, capability, fa2, fa3 = combo
-        fake_env(torch_version=version, cudnn=cudnn, capability=capability, fa2=fa2, fa3=fa3)
-        chosen = auto_kernel_name(device, dtype)
-        if device == "cuda" and dtype == BF16 and capability < (8, 0):  # no fused bf16 there
-            assert chosen == "efficient" and "8.0" in str(kernel_unavailable(chosen, device, dtype))
-            continue
-        assert kernel_unavailable(chosen, device, dtype) is None, combo
-        if device == "cuda" and dtype != FP64:
-            assert chosen != "naive", combo
-        availability = kernel_availability(device, dtype)
-        assert sorted(availability) == sorted(names)
-        for name in names:
-            if availability[name] is None:
-                select_kernel(device, dtype, name)
-            else:
-                with pytest.raises(CpbenchError, match=name):
-                    select_kernel(device, dtype, name)
+# What each kernel can run, written out by hand per environment (not computed with the code's
+# own rules): (env, device, dtype, head_dim) -> {kernel: None (usable) or words of the reason}.
+H100 = {"capability": (9, 0), "cudnn": 90100, "fa2": True, "fa3": True}
+USABLE_BY_HAND: list[tuple[dict, str, torch.dtype, int | None, dict[str, str | None]]] = [
+    (H100, "cuda", BF16, 128, {
+        "flash_attn3": None, "flash_attn": None, "cudnn": None, "sdpa": None,
+        "efficient": None, "naive": None,
+    }),
+    (H100, "cuda", BF16, 192, {  # cuDNN's bound is 128; the flash kernels' 256
+        "flash_attn3": None, "flash_attn": None, "cudnn": "<= 128", "sdpa": None,
+        "efficient": None, "naive": None,
+    }),
+    (H100, "cuda", FP16, 512, {
+        "flash_attn3": "<= 256", "flash_attn": "<= 256", "cudnn": "<= 128", "sdpa": "<= 256",
+        "efficient": None, "naive": None,
+    }),
+    (H100, "cuda", BF16, 12, {
+        "flash_attn3": "12 % 8 = 4", "flash_attn": "12 % 8 = 4", "cudnn": "12 % 8 = 4",
+        "sdpa": "12 % 8 = 4", "efficient": None, "naive": None,
+    }),
+    (H100, "cuda", FP32, 64, {
+        "flash_attn3": "fp16/bf16", "flash_attn": "fp16/bf16", "cudnn": "fp16/bf16",
+        "sdpa": "kernel 'efficient'", "efficient": None, "naive": None,
+    }),
+    ({"capability": (8, 0), "fa2": True, "fa3": True}, "cuda", BF16, 64, {  # A100
+        "flash_attn3": "Hopper", "flash_attn": None, "cudnn": None, "sdpa": None,
+        "efficient": None, "naive": None,
+    }),
+    ({"capability": (7, 5), "fa2": True}, "cuda", FP16, 64, {  # T4
+        "flash_attn3": "Hopper", "flash_attn": "Ampere or newer",
+        "cudnn": "compute capability >= 8.0", "sdpa": "compute capability >= 8.0",
+        "efficient": None, "naive": None,
+    }),
+    ({"capability": (7, 5)}, "cuda", BF16, 64, {  # T4 has no bf16 tensor cores
+        "efficient": "bf16 only from compute capability", "naive": None,
+    }),
+    # Blackwell with flash-attn 2.7.2 (admits 8.x and 9.0 only) and with 2.7.4 (any >= 8.0)
+    ({"capability": (10, 0), "fa2": True, "fa2_version": (2, 7, 2)}, "cuda", BF16, 64, {
+        "flash_attn": "8.x and 9.0 only", "flash_attn3": "Hopper", "cudnn": None,
+    }),
+    ({"capability": (12, 0), "fa2": True, "fa2_version": (2, 7, 4)}, "cuda", BF16, 64, {
+        "flash_attn": None,
+    }),
+    ({"capability": (9, 0), "fa2": True, "fa2_version": (2, 7, 0)}, "cuda", BF16, 64, {
+        "flash_attn": None,  # 9.0 is admitted by the old check
+    }),
+    ({"torch_version": "2.4.1", "cudnn": 90100}, "cuda", BF16, 64, {
+        "cudnn": "torch >= 2.5", "flash_attn": "flash-attn >= 2.7",
+    }),
+    ({"cudnn": 8907}, "cuda", BF16, 64, {"cudnn": "cuDNN >= 9.0"}),
+    ({}, "cpu", FP32, 12, {  # the CPU op and einsum take any head dimension
+        "sdpa": None, "naive": None, "flash_attn": "needs CUDA", "cudnn": "needs a CUDA",
+        "efficient": "needs a CUDA device", "flash_attn3": "needs a CUDA device",
+    }),
+]
+
+
+@pytest.mark.parametrize(("env", "device", "dtype", "head_dim", "usable"), USABLE_BY_HAND)
+def test_which_kernel_runs_where_by_hand(fake_env, env, device, dtype, head_dim, usable) -> None:  # type: ignore[no-untyped-def]
+    """Each kernel's verdict against an expectation written out per case (capability,
+    libraries, dtype, head dimension): usable, or the words of its rule; an explicit choice
+    raises exactly then, naming the kernel."""
+    fake_env(**env)
+    for name, words in usable.items():
+        reason = kernel_unavailable(name, device, dtype, head_dim)
+        if words is None:
+            assert reason is None, (name, reason)
+            select_kernel(device, dtype, name, head_dim=head_dim)
+        else:
+            assert reason is not None and words in reason, (name, reason)
+            with pytest.raises(CpbenchError, match=f"kernel '{name}'"):
+                select_kernel(device, dtype, name, head_dim=head_dim)
+
+
+@pytest.mark.parametrize(
+    ("env", "dtype", "head_dim", "band", "expected"),
+    [
+        (H100, BF16, 128, False, "flash_attn3"),
+        (H100, BF16, 256, False, "flash_attn3"),
+        (H100, BF16, 512, False, "efficient"),  # no flash / cuDNN kernel takes 512
+        (H100, BF16, 12, False, "efficient"),  # nor 12 (not a multiple of 8)
+        ({"capability": (9, 0), "cudnn": 90100}, BF16, 128, False, "cudnn"),
+        ({"capability": (9, 0), "cudnn": 90100}, BF16, 192, False, "sdpa"),  # cuDNN <= 128
+        ({"capability": (10, 0), "fa2": True, "fa2_version": (2, 7, 2)}, BF16, 64, False, "cudnn"),
+        ({"capability": (10, 0), "fa2": True, "fa2_version": (2, 7, 2)}, BF16, 64, True, "cudnn"),
+        ({"capability": (10, 0), "fa2": True, "fa2_version": (2, 8, 3)}, BF16, 64, True, "flash_attn"),
+        ({"capability": (8, 0), "fa2": True}, BF16, 264, True, "efficient"),  # refuses the band
+    ],
+)
+def test_auto_picks_a_kernel_that_runs_the_head_dim(fake_env, env, dtype, head_dim, band, expected) -> None:  # type: ignore[no-untyped-def]
+    fake_env(**env)
+    assert auto_kernel_name("cuda", dtype, band, head_dim) == expected
+
+
+def test_a_sweep_records_a_head_dim_the_named_kernel_cannot_run_as_skipped() -> None:
+    """The parent's check before any rank exists (no CUDA query): flash_attn at head_dim 12
+    or 264 and cuDNN at 192 are `skipped` with the rule; `auto` and the head dimensions the
+    kernel runs are not (main ran them and raised in the kernel mid-sweep)."""
+    from cpbench.app.sweep import impl_skip_reason  # noqa: PLC0415
+    from cpbench.results.scenarios.loading import parse_scenario  # noqa: PLC0415
+
+    spec = parse_scenario(
+        {"axes": {"seq_len": 64, "heads": 4, "kv_heads": 4, "head_dim": [12, 64, 192, 264],
+                  "dtype": "bfloat16", "mesh": ["1x2"], "layout": ["zigzag"],
+                  "backend": ["auto", "flash_attn", "cudnn"]}},
+        "head-dims.toml",
+    )  # fmt: skip
+    reasons = {
+        (c.kernel, c.head_dim): impl_skip_reason(c) for c, _ in spec.expand("cuda", 2)
+    }
+    skipped = {key for key, reason in reasons.items() if reason}
+    assert skipped == {
+        ("flash_attn", 12), ("flash_attn", 264), ("cudnn", 12), ("cudnn", 192), ("cudnn", 264),
+    }
+    assert "head_dim 12" in str(reasons[("flash_attn", 12)])
+    assert "multiple of 8 (12 % 8 = 4)" in str(reasons[("flash_attn", 12)])
+    assert "<= 128" in str(reasons[("cudnn", 192)])
+    assert all(impl_skip_reason(c) is None for c, _ in spec.expand("cpu", 2))
 
 
 def test_version_rules_for_native_gqa() -> None:
@@ -647,3 +733,30 @@ def test_flash_attn3_version_of_a_wheel_named_flash_attn(monkeypatch: pytest.Mon
     assert kernel_version("flash_attn3") == "3.0.0b1"
     monkeypatch.setattr(metadata, "packages_distributions", lambda: {})
     assert fa3_module.flash_attn3_version() is None  # flash-attn 2 alone is not FA3
+
+
+@pytest.mark.parametrize(
+    ("device", "dtype", "kv_heads", "refused"),
+    [
+        ("cuda", "float32", 2, True),  # float32 GQA on CUDA: the math kernel, not the ring
+        ("cuda", "float32", 8, False),  # MHA float32: the memory-efficient op, ringed
+        ("cuda", "bfloat16", 2, False),  # GQA in bf16: the flash op (native GQA), ringed
+        ("cpu", "float32", 2, False),  # on CPU the adapter rings the CPU flash op itself
+    ],
+)
+def test_torch_cp_refuses_float32_gqa_on_cuda(device, dtype, kv_heads, refused) -> None:  # type: ignore[no-untyped-def]
+    """torch's SDPA has no fused CUDA kernel for float32 with fewer KV heads than Q heads
+    (sdp_utils.cpp: flash / cuDNN fp16/bf16 only, memory-efficient without GQA through 2.12),
+    so context_parallel would run the math kernel, which it has no ring handler for."""
+    from cpbench.config.bench import BenchConfig  # noqa: PLC0415
+    from cpbench.impls.torch_cp import TorchCpAdapter  # noqa: PLC0415
+
+    config = BenchConfig(
+        seq_len=256, batch=1, heads=8, kv_heads=kv_heads, head_dim=64, dtype=dtype,
+        causal=True, ulysses=1, ring=2, layout="zigzag", kv_replication=None, kernel="auto",
+        phase="fwd+bwd", device=device, world_size=2, impl="torch_cp",
+    )  # fmt: skip
+    reason = TorchCpAdapter("torch_cp").capability(config)
+    assert (reason is not None) is refused, reason
+    if refused:
+        assert "not ring attention" in str(reason) and "kv_heads 2" in str(reason)

@@ -225,6 +225,49 @@ def test_rule_flash_attn_needs_ampere() -> None:
         flash_rules.Library(capability=(7, 5)).attend(q, k, v, 0.25, False, -1, -1)
 
 
+@pytest.mark.parametrize(
+    ("version", "capability", "admitted"),
+    [
+        ((2, 7, 2), (10, 0), False),  # mha_fwd 2.6.3-2.7.2: is_sm8x || is_sm90 only
+        ((2, 6, 3), (12, 0), False),
+        ((2, 7, 2), (9, 0), True),
+        ((2, 7, 2), (8, 9), True),
+        ((2, 7, 3), (10, 0), True),  # 2.7.3 on: cc_major >= 8
+        ((2, 8, 3), (12, 0), True),
+        ((2, 8, 3), (7, 5), False),
+    ],
+)
+def test_rule_flash_attn_capability_per_release(version, capability, admitted) -> None:  # type: ignore[no-untyped-def]
+    """The stand-in refuses exactly the GPUs flash_api.cpp's check of that release refuses
+    (with the library's own message), and cpbench's selection rule says the same."""
+    from cpbench.attention.kernels.flash_attn import flash_attn_capability_refusal  # noqa: PLC0415
+
+    q, k, v, _ = _inputs(4, 4, 2, 2)
+    library = flash_rules.Library(capability=capability, version=version)
+    if admitted:
+        library.attend(q, k, v, 0.25, False, -1, -1)
+    else:
+        with pytest.raises(RuntimeError, match="Ampere GPUs or newer"):
+            library.attend(q, k, v, 0.25, False, -1, -1)
+    assert (flash_attn_capability_refusal(version, capability) is None) is admitted
+
+
+def test_rule_flash_attn_dtype_and_head_dim() -> None:
+    """flash_api.cpp mha_fwd: fp16/bf16 only; head_size <= 256 and a multiple of 8 (2.7+: the
+    private API does not pad)."""
+    g = torch.Generator().manual_seed(0)
+    library = flash_rules.Library(half_only=True)
+    for d, message in ((12, "multiple of 8"), (264, "at most 256")):
+        x = torch.randn(1, 4, 2, d, generator=g, dtype=torch.float16)
+        with pytest.raises(RuntimeError, match=message):
+            library.attend(x, x, x, 0.25, False, -1, -1)
+    x = torch.randn(1, 4, 2, 256, generator=g)
+    with pytest.raises(RuntimeError, match="only support fp16 and bf16"):
+        library.attend(x, x, x, 0.25, False, -1, -1)
+    out, _ = library.attend(x.half(), x.half(), x.half(), 0.25, False, -1, -1)
+    assert out.shape == x.shape and out.dtype == torch.float16
+
+
 def _flash_kernel(rule: str = flash_rules.FA2) -> tuple[FlashAttnKernel, flash_rules.Library]:
     kernel = FlashAttnKernel.__new__(FlashAttnKernel)
     library = flash_rules.Library(rule)

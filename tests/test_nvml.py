@@ -24,6 +24,7 @@ from cpbench.bench import memory
 from cpbench.bench.nvml import (
     DRIVER_ENTRY_BYTES,
     ProcessMemorySampler,
+    handle_by_uuid,
     nvml_uuid,
     process_struct_mismatch,
 )
@@ -54,6 +55,8 @@ class FakeNvml:
     calls: dict[str, int] = field(default_factory=dict)
     initialised: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
+    mig: tuple[str, ...] = ()
+    """MIG instances' UUIDs ("MIG-..."), each with a handle and a process list of its own."""
 
     def _count(self, name: str) -> None:
         with self.lock:
@@ -66,7 +69,7 @@ class FakeNvml:
         self.initialised -= 1
 
     def nvmlDeviceGetHandleByUUID(self, uuid: str) -> str:  # noqa: N802
-        if uuid not in (THIS_GPU, OTHER_GPU):
+        if uuid not in (THIS_GPU, OTHER_GPU, *self.mig):
             raise RuntimeError(f"NVML_ERROR_NOT_FOUND: {uuid}")
         return f"handle:{uuid}"
 
@@ -142,6 +145,24 @@ def test_the_device_is_found_by_uuid() -> None:
         pass
     assert missing.peak_bytes is None and "NVML unavailable" in missing.source
     assert "NVML_ERROR_NOT_FOUND" in missing.source and fake.initialised == 0
+
+
+def test_a_mig_instance_is_found_by_its_uuid_in_any_form() -> None:
+    """Under MIG, CUDA (and torch's `uuid`) gives the instance's own UUID with no prefix and
+    `nvml_uuid` makes it "GPU-...", which NVML does not know: main's lookup failed and the
+    peak was None. `handle_by_uuid` tries the "MIG-" form, whose process list is the one with
+    this process's memory on the instance."""
+    instance = "MIG-5555-bbbb"
+    fake = _fake()
+    fake.mig = (instance,)
+    fake.set(instance, PID, 321 * MIB)
+    for given in ("5555-bbbb", nvml_uuid("5555-bbbb"), instance):
+        with ProcessMemorySampler(given, nvml=fake) as sampler:
+            pass
+        assert sampler.peak_bytes == 321 * MIB, (given, sampler.source)
+    assert handle_by_uuid(fake, "1111-aaaa") == f"handle:{THIS_GPU}"  # a whole GPU first
+    with pytest.raises(RuntimeError, match="NVML_ERROR_NOT_FOUND: MIG-9999"):
+        handle_by_uuid(fake, "9999")
 
 
 def test_a_step_shorter_than_the_interval_is_sampled_at_both_ends() -> None:

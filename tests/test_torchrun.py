@@ -115,6 +115,62 @@ def test_verify_runs_in_place_under_torchrun() -> None:
     assert all(case["passed"] is True for case in report["cases"])
 
 
+SMALL = """
+name = "small"
+description = "a first sweep on a cluster: no world size, so the launched world"
+warmup = 0
+iters = 2
+
+[axes]
+seq_len = [32]
+heads = [2]
+kv_heads = [2]
+head_dim = [8]
+mesh = ["1x2"]
+layout = ["zigzag"]
+dtype = "float32"
+phase = ["fwd"]
+"""
+
+
+def test_a_scenario_without_world_size_runs_on_the_launched_world(tmp_path: Path) -> None:
+    """The first command on a cluster, `torchrun --nproc-per-node 2 -m cpbench.cli sweep
+    small.toml`, with a scenario naming no world size and mesh 1x2: on main it stopped with
+    "ulysses (1) x ring (2) = 2 != world_size (4)" (the CPU default, or the node's GPU count
+    on CUDA); the launched world (2) is the default, and the point runs and passes."""
+    scenario = tmp_path / "small.toml"
+    scenario.write_text(SMALL)
+    out = tmp_path / "small.jsonl"
+    cmd = [str(TORCHRUN), "--standalone", "--nproc-per-node", "2", "-m", "cpbench.cli",
+           "sweep", str(scenario), "--out", str(out), "--device", "cpu", "--precision", "off"]
+    done = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=240, cwd=ROOT, env=_clean_env()
+    )
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
+    (record,) = read_records(out)  # rank 0 alone wrote
+    assert record["status"] == "ok" and record["config"]["world_size"] == 2
+    assert record["accuracy"]["passed"] is True
+
+
+def test_the_launched_world_is_the_default_world_size(tmp_path: Path) -> None:
+    """Scenario.resolve: "auto" is the launched world on either device (not 4 on cpu, not the
+    local GPU count on cuda); a named world size that differs from it is an error naming
+    both numbers."""
+    auto = tmp_path / "auto.toml"
+    auto.write_text(SMALL)
+    scenario = load_scenario(str(auto))
+    assert scenario.resolve("cpu", 0) == ("cpu", 4)
+    assert scenario.resolve("cpu", 0, launched_world=2) == ("cpu", 2)
+    assert scenario.resolve("cuda", 8, launched_world=16) == ("cuda", 16)
+    assert [c.world_size for c, _ in scenario.expand("cpu", 2)] == [2]
+    named = tmp_path / "named.toml"
+    named.write_text(SMALL.replace('mesh = ["1x2"]', 'mesh = "all"').replace(
+        "iters = 2", "iters = 2\nworld_size = 4"))  # fmt: skip
+    with pytest.raises(CpbenchError, match=r"world_size': 4 != the launched world size \(2 "):
+        load_scenario(str(named)).resolve("cpu", 0, launched_world=2)
+    assert load_scenario(str(named)).resolve("cpu", 0, launched_world=4) == ("cpu", 4)
+
+
 def test_a_sweep_launched_with_slurm_variables_alone(tmp_path: Path) -> None:
     """srun's variables (no torchrun): rank 0 hosts the store at MASTER_ADDR:MASTER_PORT."""
     from cpbench.bench.pool import _free_port  # noqa: PLC0415

@@ -75,10 +75,16 @@ def default_output(scenario: Scenario, results_dir: Path = Path("results")) -> P
 
 
 def impl_skip_reason(config: BenchConfig) -> str | None:
-    """Why an external impl cannot run a (mesh-feasible) configuration; None for cpbench's
-    own or a supported one."""
+    """Why an external impl cannot run a (mesh-feasible) configuration, or why cpbench's own
+    named kernel cannot run its head dimension (the kernel's rule; `auto` picks one that can);
+    None for a supported one."""
     if config.impl == DEFAULT_IMPL:
-        return None
+        from cpbench.attention.kernels.limits import head_dim_unsupported  # noqa: PLC0415
+
+        if config.kernel == "auto":
+            return None
+        reason = head_dim_unsupported(config.kernel, config.head_dim, config.device)
+        return None if reason is None else f"kernel {config.kernel!r} {reason}"
     if config.cp_comm == "all_gather":
         return (
             "cp_comm all_gather is cpbench's own scheme; "

@@ -89,7 +89,7 @@ def cp_attention(
     seq_len = logical_length(run_len, mesh.ulysses, mesh.ring, layout, the_mask)
     plan = ring_plan(packing(seq_len, mesh.ulysses, mesh.ring, layout, the_mask), mesh.ring_rank)
     if isinstance(kernel, str):
-        local_kernel = select_kernel(q.device, q.dtype, kernel, band=plan.needs_band)
+        local_kernel = select_kernel(q.device, q.dtype, kernel, band=plan.needs_band, head_dim=d)
     else:
         local_kernel = kernel
         if plan.needs_band and not getattr(kernel, "supports_band", False):

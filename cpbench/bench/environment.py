@@ -295,14 +295,13 @@ def gpu_clock_state(device_index: int) -> GpuClocks | None:
     """This rank's GPU clocks and throttle reasons from NVML (read only; found by UUID); None
     where NVML is missing or fails."""
     try:
-        from cpbench.bench.nvml import load_nvml, nvml_uuid  # noqa: PLC0415
+        from cpbench.bench.nvml import handle_by_uuid, load_nvml  # noqa: PLC0415
 
         nvml = load_nvml()
     except Exception:  # noqa: BLE001 - NVML is optional
         return None
     try:
-        uuid = nvml_uuid(torch.cuda.get_device_properties(device_index).uuid)
-        handle = nvml.nvmlDeviceGetHandleByUUID(uuid.encode() if isinstance(uuid, str) else uuid)
+        handle = handle_by_uuid(nvml, torch.cuda.get_device_properties(device_index).uuid)
         sm = int(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM))
         sm_max = int(nvml.nvmlDeviceGetMaxClockInfo(handle, nvml.NVML_CLOCK_SM))
         mask = int(nvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle))

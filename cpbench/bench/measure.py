@@ -155,7 +155,9 @@ def measure_interleaved(config_dicts: list[dict[str, Any]], settings: dict[str, 
 def _kernel(config: BenchConfig, device: torch.device) -> LocalKernel:
     """The local kernel the configuration's step runs (its mask may need a band kernel)."""
     band = mask_needs_band(config)
-    return select_kernel(device, TORCH_DTYPES[config.dtype], config.kernel, band=band)
+    return select_kernel(
+        device, TORCH_DTYPES[config.dtype], config.kernel, band=band, head_dim=config.head_dim
+    )
 
 
 def run_step(

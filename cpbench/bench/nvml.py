@@ -63,11 +63,45 @@ def process_struct_mismatch(nvml: Any) -> str | None:
     )
 
 
+UUID_PREFIXES = ("GPU-", "MIG-")
+"""NVML's UUID strings: "GPU-<uuid>" for a whole GPU, "MIG-<uuid>" for a MIG instance (R470
+and later; `nvidia-smi -L` lists both)."""
+
+
 def nvml_uuid(uuid: object) -> str:
     """A GPU UUID as NVML takes it ("GPU-..."): torch's `get_device_properties(i).uuid` prints
-    without the prefix on some versions and with it on others."""
+    without the prefix on some versions and with it on others. A bare UUID may also be a MIG
+    instance's (CUDA reports the instance's own UUID, torch adds no prefix): `handle_by_uuid`
+    tries "MIG-" too."""
     text = str(uuid)
-    return text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}"
+    return text if text.startswith(UUID_PREFIXES) else f"GPU-{text}"
+
+
+def uuid_key(uuid: object) -> str:
+    """The UUID without its NVML prefix, lower case: what a torch UUID, a CUDA_VISIBLE_DEVICES
+    entry and NVML's "GPU-" / "MIG-" strings are compared by."""
+    text = str(uuid).strip().lower()
+    return text[4:] if text.startswith(("gpu-", "mig-")) else text
+
+
+def handle_by_uuid(nvml: Any, uuid: object) -> Any:
+    """NVML's handle of the device with this UUID: as given (when it has a prefix), then as a
+    GPU ("GPU-<key>") and as a MIG instance ("MIG-<key>"): `nvml_uuid` makes a MIG instance's
+    bare UUID "GPU-...", which NVML does not know, and the instance's own handle is the one
+    whose process list has this process's memory (under MIG the parent GPU's has none per
+    instance). Raises the last NVML error when none matches."""
+    text, key = str(uuid), uuid_key(uuid)
+    candidates = list(dict.fromkeys([text, *(f"{p}{key}" for p in UUID_PREFIXES)]))
+    if not text.startswith(UUID_PREFIXES):
+        candidates.remove(text)
+    error: Exception | None = None
+    for candidate in candidates:
+        try:
+            return nvml.nvmlDeviceGetHandleByUUID(candidate)
+        except Exception as exc:  # noqa: BLE001 - NVMLError_NotFound: try the next form
+            error = exc
+    assert error is not None
+    raise error
 
 
 def load_nvml(nvml: Any = None) -> Any:
@@ -168,7 +202,7 @@ class ProcessMemorySampler:
             mismatch = process_struct_mismatch(self._nvml)
             if mismatch is not None:
                 raise RuntimeError(mismatch)
-            self._handle = self._nvml.nvmlDeviceGetHandleByUUID(self.device_uuid)
+            self._handle = handle_by_uuid(self._nvml, self.device_uuid)
             self.sample()
         except Exception as exc:  # noqa: BLE001 - NVML missing or failing: no number, a reason
             self.error = f"NVML unavailable: {type(exc).__name__}: {exc}"

@@ -102,9 +102,12 @@ def _run_and_report(
     from cpbench.bench.world import launched_rank  # noqa: PLC0415
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    dev, n = spec.resolve(device, gpus)
+    launch = launched_rank()
+    # Under torchrun / srun the launched world is the default (not the local GPUs, not 4).
+    launched_world = None if launch is None or world_size is not None else launch.world_size
+    dev, n = spec.resolve(device, gpus, launched_world)
     n = world_size or n
-    if dev == "cuda" and launched_rank() is None and n > gpus:
+    if dev == "cuda" and launch is None and n > gpus:
         raise CpbenchError(
             f"world size ({n}) needs {n} local GPUs, found {gpus}: use torchrun for several nodes"
         )
@@ -116,7 +119,6 @@ def _run_and_report(
         raise CpbenchError(f"--world-size ({world_size}) must be at least 1")
     path = out or default_output(spec)
     points = spec.distinct(dev, n)
-    launch = launched_rank()
     quiet = launch is not None and launch.rank != 0
     progress = Progress(
         TextColumn("[bold]{task.description}"),

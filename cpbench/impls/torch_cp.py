@@ -331,6 +331,29 @@ class TorchCpAdapter:
             mask_reason(config, "torch_cp"),
             own_kernel_reason(config, "torch_cp"),
             self._layout_reason(config),
+            self._math_fallback_reason(config),
+        )
+
+    @staticmethod
+    def _math_fallback_reason(config: BenchConfig) -> str | None:
+        """float32 GQA on CUDA: SDPA picks no fused kernel, so it is not ring attention.
+
+        torch's `select_sdp_backend` (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp)
+        admits fp16/bf16 only for flash and cuDNN, and its memory-efficient kernel rejects K/V
+        with fewer heads than Q (GQA is flash-only, pytorch#139586; mem-efficient GQA is
+        pytorch#191085, after 2.12), so float32 with kv_heads < heads falls to the math kernel.
+        context_parallel has ring handlers for the flash, memory-efficient and cuDNN ops only
+        (`_sdpa_handler`: "CP only supports flash attention and memory efficient attention
+        now"): the math kernel's matmuls and mask run on the sequence-sharded DTensors through
+        DTensor's generic sharding rules, not the ring. Refused rather than measured."""
+        if config.device != "cuda" or config.dtype != "float32" or config.kv_heads == config.heads:
+            return None
+        return (
+            f"torch_cp in float32 with GQA (heads {config.heads}, kv_heads {config.kv_heads}) "
+            f"on CUDA is not ring attention: no fused CUDA SDPA kernel takes float32 GQA "
+            f"(flash and cuDNN need fp16/bf16, the memory-efficient kernel needs equal head "
+            f"counts), so SDPA falls to its math kernel, which context_parallel does not ring; "
+            f"use bfloat16/float16 or kv_heads = heads"
         )
 
     @staticmethod

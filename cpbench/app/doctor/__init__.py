@@ -7,8 +7,9 @@ the GPU interconnect matrix (`nvidia-smi topo -m`'s NV# / PIX / PXB / PHB / NODE
 local kernels and implementations can run here and why the others cannot, and the
 torch.distributed backends.
 
-GPUs are listed through NVML, which creates no CUDA context; only the kernel checks of a GPU
-machine touch CUDA (through `select_kernel`, the one place that knows a kernel's rules). The
+GPUs are listed through NVML, which creates no CUDA context (except on a host of mixed GPU
+models without CUDA_DEVICE_ORDER=PCI_BUS_ID, where CUDA's own order is read, `gpus`); only the
+kernel checks of a GPU machine touch CUDA (through `select_kernel`, the one place that knows a kernel's rules). The
 topology comes from NVML (`nvmlDeviceGetP2PStatus` for NVLink, the NVLink remote PCI info for
 the link count, `nvmlDeviceGetTopologyCommonAncestor` for the PCIe path), or from parsing
 `nvidia-smi topo -m` when NVML lacks those calls. Every NVML reader takes the NVML module as an
@@ -28,7 +29,13 @@ from typing import Any
 
 import torch
 
-from cpbench.app.doctor.gpus import as_text, nvml_gpus, torch_gpus, try_nvml
+from cpbench.app.doctor.gpus import (
+    as_text,
+    cuda_uuids_from_torch,
+    nvml_gpus,
+    torch_gpus,
+    try_nvml,
+)
 from cpbench.app.doctor.schema import DoctorReport, Gpu, Nvml
 from cpbench.app.doctor.statuses import (
     backend_statuses,
@@ -85,7 +92,12 @@ def collect(env: dict[str, str] | None = None) -> DoctorReport:
         code = try_nvml(nvml.nvmlSystemGetCudaDriverVersion)
         cuda_driver = f"{int(code) // 1000}.{int(code) % 1000 // 10}" if code else None
         try:
-            gpus = nvml_gpus(nvml, env.get("CUDA_VISIBLE_DEVICES"))
+            gpus = nvml_gpus(
+                nvml,
+                env.get("CUDA_VISIBLE_DEVICES"),
+                env.get("CUDA_DEVICE_ORDER"),
+                cuda_uuids_from_torch if cuda else None,
+            )
         except Exception as exc:  # noqa: BLE001 - a GPU NVML cannot read: torch lists them
             nvml_reason = f"listing the GPUs failed: {type(exc).__name__}: {exc}"
     count = torch.cuda.device_count() if cuda else 0

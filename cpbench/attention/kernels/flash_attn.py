@@ -249,15 +249,47 @@ FLASH_ATTN_MIN_VERSION = (2, 7)
 (out, lse, ...) from 2.7 on; 2.4-2.6 had a `window_size` tuple and 8 return values."""
 
 
+FLASH_ATTN_ANY_NEWER_GPU = (2, 7, 3)
+"""The first flash-attn that runs on every GPU of compute capability >= 8.0. Before it,
+`mha_fwd` / `mha_bwd` (csrc/flash_attn/flash_api.cpp, 2.6.3 to 2.7.2.post1) admit 8.x and 9.0
+only: `is_sm8x = major == 8 && minor >= 0; is_sm90 = major == 9 && minor == 0;
+TORCH_CHECK(is_sm90 || is_sm8x, "FlashAttention only supports Ampere GPUs or newer.")`
+(v2.7.2 flash_api.cpp:368-370 in mha_fwd, :813 in mha_bwd), so an sm100 / sm120 GPU is refused
+with that message. 2.7.3 (commit bbb21d65, "Generalize arch checks for A100 and above", #1427)
+checks `cc_major >= 8` (`is_sm8x_min`, v2.7.3 flash_api.cpp:367-368, :796; v2.8.3 :369-370)."""
+
+
+def flash_attn_capability_refusal(
+    version: tuple[int, ...], capability: tuple[int, int]
+) -> str | None:
+    """Why flash-attn `version` refuses a GPU of `capability`, by `mha_fwd`'s check of that
+    release (`FLASH_ATTN_ANY_NEWER_GPU`); None when it runs there."""
+    major, minor = capability
+    shown = ".".join(map(str, version))
+    if major < 8:
+        return (
+            f"needs an Ampere or newer GPU (compute capability >= 8.0; this one has "
+            f"{major}.{minor}): kernel 'efficient' runs here"
+        )
+    if version < FLASH_ATTN_ANY_NEWER_GPU and not (major == 8 or (major, minor) == (9, 0)):
+        return (
+            f"flash-attn {shown} runs on compute capability 8.x and 9.0 only (its mha_fwd "
+            f"checks major == 8 or 9.0; this GPU has {major}.{minor}): flash-attn >= 2.7.3 "
+            f"runs on every GPU from 8.0"
+        )
+    return None
+
+
 def flash_attn_version() -> tuple[int, ...] | None:
-    """The installed flash-attn version, or None when it does not import."""
+    """The installed flash-attn version (major, minor, patch), or None when it does not
+    import."""
     try:
         import flash_attn  # noqa: PLC0415 - optional dependency
     except ImportError:
         return None
     parts = []
-    for piece in str(getattr(flash_attn, "__version__", "0")).split(".")[:2]:
-        digits = "".join(ch for ch in piece if ch.isdigit())
+    for piece in str(getattr(flash_attn, "__version__", "0")).split(".")[:3]:
+        digits = "".join(ch for ch in piece.split("+")[0] if ch.isdigit())
         parts.append(int(digits or 0))
     return tuple(parts)
 

@@ -25,6 +25,7 @@ from cpbench.attention.kernels.efficient import EfficientKernel, efficient_unava
 from cpbench.attention.kernels.flash_attn import (
     FlashAttnKernel,
     flash_attn_available,
+    flash_attn_capability_refusal,
     flash_attn_version,
 )
 from cpbench.attention.kernels.flash_attn3 import (
@@ -34,6 +35,7 @@ from cpbench.attention.kernels.flash_attn3 import (
     flash_attn3_version,
     takes_window,
 )
+from cpbench.attention.kernels.limits import head_dim_unsupported
 from cpbench.attention.kernels.naive import NaiveKernel
 from cpbench.config.vocabulary import BACKENDS
 from cpbench.errors import CpbenchError
@@ -78,7 +80,10 @@ def _kernel_class(name: str, device: torch.device) -> type:
 
 def _flash_attn_unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
     if device.type == "cuda" and dtype in HALF and flash_attn_available():
-        return _before_ampere(device)
+        capability, version = ops.device_capability(device), flash_attn_version()
+        if capability is None or version is None:
+            return _before_ampere(device)
+        return flash_attn_capability_refusal(version, capability)
     return (
         f"needs CUDA, fp16/bf16 and flash-attn >= 2.7 (device {device.type}, dtype {dtype}, "
         f"installed: {flash_attn_version()}); install with: pip install 'cpbench[gpu]'"
@@ -101,9 +106,19 @@ def _flash_attn3_unavailable(device: torch.device, dtype: torch.dtype) -> str | 
     return None
 
 
-def kernel_unavailable(name: str, device: torch.device | str, dtype: torch.dtype) -> str | None:
-    """Why kernel `name` (not `auto`) cannot run on `device` in `dtype`; None when it can."""
+def kernel_unavailable(
+    name: str, device: torch.device | str, dtype: torch.dtype, head_dim: int | None = None
+) -> str | None:
+    """Why kernel `name` (not `auto`) cannot run on `device` in `dtype` (and, given, at
+    `head_dim`: `limits.head_dim_unsupported`); None when it can."""
     device = torch.device(device)
+    reason = _unavailable(name, device, dtype)
+    if reason is None and head_dim is not None:
+        return head_dim_unsupported(name, head_dim, device.type)
+    return reason
+
+
+def _unavailable(name: str, device: torch.device, dtype: torch.dtype) -> str | None:
     if name == "naive":
         return None
     if name == "sdpa":
@@ -137,23 +152,27 @@ def band_capable(name: str, device: torch.device | str) -> bool:
 
 
 def auto_kernel_name(
-    device: torch.device | str, dtype: torch.dtype, band: bool = False
+    device: torch.device | str,
+    dtype: torch.dtype,
+    band: bool = False,
+    head_dim: int | None = None,
 ) -> str:
-    """The kernel `auto` runs on `device` in `dtype` (see the module docstring); with `band`
-    (the mask has band pieces) the first of those that can apply one: the usual choice,
-    else FlashAttention-3, else flash-attn 2, else the usual choice (which then refuses)."""
-    name = _auto_kernel_name(torch.device(device), dtype)
+    """The kernel `auto` runs on `device` in `dtype` (see the module docstring), among those
+    that can run `head_dim` when it is given; with `band` (the mask has band pieces) the first
+    of those that can apply one: the usual choice, else FlashAttention-3, else flash-attn 2,
+    else the usual choice (which then refuses)."""
+    name = _auto_kernel_name(torch.device(device), dtype, head_dim)
     if not band or band_capable(name, device):
         return name
     for alternative in ("flash_attn3", "flash_attn"):
-        if kernel_unavailable(alternative, device, dtype) is None and band_capable(
+        if kernel_unavailable(alternative, device, dtype, head_dim) is None and band_capable(
             alternative, device
         ):
             return alternative
     return name
 
 
-def _auto_kernel_name(device: torch.device, dtype: torch.dtype) -> str:
+def _auto_kernel_name(device: torch.device, dtype: torch.dtype, head_dim: int | None) -> str:
     if device.type != "cuda":
         return "naive" if dtype == torch.float64 else "sdpa"
     if dtype == torch.float32:
@@ -161,16 +180,16 @@ def _auto_kernel_name(device: torch.device, dtype: torch.dtype) -> str:
     if dtype not in HALF:
         return "naive"
     for name in ("flash_attn3", "flash_attn"):
-        if kernel_unavailable(name, device, dtype) is None:
+        if kernel_unavailable(name, device, dtype, head_dim) is None:
             return name
     capability = ops.device_capability(device)
     if (
         capability is not None
         and capability[0] >= HOPPER
-        and cudnn_unavailable(device, dtype) is None
+        and kernel_unavailable("cudnn", device, dtype, head_dim) is None
     ):
         return "cudnn"
-    return "sdpa" if kernel_unavailable("sdpa", device, dtype) is None else "efficient"
+    return "sdpa" if kernel_unavailable("sdpa", device, dtype, head_dim) is None else "efficient"
 
 
 def kernel_availability(device: torch.device | str, dtype: torch.dtype) -> dict[str, str | None]:
@@ -195,16 +214,22 @@ def kernel_version(name: str) -> str | None:
 
 
 def select_kernel(
-    device: torch.device | str, dtype: torch.dtype, name: str = "auto", band: bool = False
+    device: torch.device | str,
+    dtype: torch.dtype,
+    name: str = "auto",
+    band: bool = False,
+    head_dim: int | None = None,
 ) -> LocalKernel:
     """Pick a kernel: `auto` as `auto_kernel_name` says, else the named one; an impossible
     named choice is a `CpbenchError` saying what is missing. `band`: the mask has band pieces
-    (documents, sliding window), and a kernel that cannot apply them is an error naming it."""
+    (documents, sliding window), and a kernel that cannot apply them is an error naming it.
+    `head_dim` (when given): a kernel whose head-dimension rule refuses it is not chosen by
+    `auto`, and named, is an error stating the rule (`limits.head_dim_unsupported`)."""
     device = torch.device(device)
     if name not in BACKENDS:
         raise CpbenchError(f"kernel {name!r} is not one of {', '.join(BACKENDS)}")
-    chosen = auto_kernel_name(device, dtype, band) if name == "auto" else name
-    reason = kernel_unavailable(chosen, device, dtype)
+    chosen = auto_kernel_name(device, dtype, band, head_dim) if name == "auto" else name
+    reason = kernel_unavailable(chosen, device, dtype, head_dim)
     if reason is not None:
         raise CpbenchError(f"kernel {chosen!r} {reason}")
     if band and not band_capable(chosen, device):

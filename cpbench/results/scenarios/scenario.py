@@ -43,13 +43,17 @@ class Scenario(ScenarioSettings, ScenarioAxes):
     """Further products (the `[[also]]` tables): this scenario with some axes overridden;
     `expand` lists their points after its own."""
 
-    def resolve(self, device: str = "auto", gpu_count: int = 0) -> tuple[Device, int]:
+    def resolve(
+        self, device: str = "auto", gpu_count: int = 0, launched_world: int | None = None
+    ) -> tuple[Device, int]:
         """The device and world size to run with.
 
         `device` is the command line's choice ("auto" defers to the scenario's own, and an
-        "auto" there means cuda when `gpu_count` > 0). A world size of "auto" is `gpu_count`
-        on cuda and 4 on cpu. Whether the node has enough GPUs is left to the caller (under
-        torchrun the ranks span several nodes)."""
+        "auto" there means cuda when `gpu_count` > 0). A world size of "auto" is the launched
+        world's (`launched_world`: under torchrun or srun the processes that were started are
+        the world, on any device), else `gpu_count` on cuda and 4 on cpu; a named one that
+        differs from the launched world is an error naming both. Whether the node has enough
+        GPUs is left to the caller (under torchrun the ranks span several nodes)."""
         check_choice("device", device, SCENARIO_DEVICES)
         wanted = device if device != "auto" else self.device
         chosen: Device
@@ -61,6 +65,14 @@ class Scenario(ScenarioSettings, ScenarioAxes):
             chosen = "cuda"
         if self.world_size != "auto":
             world = self.world_size
+            if launched_world is not None and world != launched_world:
+                raise CpbenchError(
+                    f"{self.source}: key 'world_size': {world} != the launched world size "
+                    f"({launched_world} processes): drop world_size from the file (a launched "
+                    f"sweep runs on the launched world) or launch {world} processes"
+                )
+        elif launched_world is not None:
+            world = launched_world
         else:
             world = gpu_count if chosen == "cuda" else CPU_WORLD_SIZE
         return chosen, world

@@ -1,0 +1,64 @@
+"""`cpbench verify`'s mask cases with kernel `flash_attn` served by the flash-attn 2 stand-in
+that follows csrc/flash_attn/flash_api.cpp (window clamping) and src/mask.h (the mask), on the
+pool's gloo ranks (`tests.impl_support.run_cases_with_flash_rule`): every mask case of the
+verify matrix at world sizes 2, 4 and 8 (ring p2p and all-gathered; ring, USP and Ulysses
+meshes; every layout; kv_heads 8, 2, 1) passes against the float64 reference. The same cases
+through the kernel as it was before the fix (one call per piece, -1 for "unbounded") fail:
+the check can fail.
+
+Worlds 4 and 8 on 2 shared cores take minutes (525 and 735 cases; measured 76-107 s and
+227-395 s, the spread being the machine's load): marked `slow`; CI runs the whole suite,
+marked tests included (`-m "not slow"` leaves them out locally). World 2: 25-31 s."""
+
+from __future__ import annotations
+
+import pytest
+
+from cpbench.app.verify import default_cases
+from cpbench.config.bench import VerifyCase
+from cpbench.config.tolerances import TOLERANCE
+from tests.impl_support import run_cases_with_flash_rule
+
+
+def _mask_cases(world_size: int) -> list[VerifyCase]:
+    """Every document / window case `cpbench verify --kernel flash_attn` runs at this world
+    size (its default matrix without the causal and full cases)."""
+    return [c for c in default_cases(world_size, kernel="flash_attn") if not c.mask.plain]
+
+
+@pytest.mark.parametrize(
+    ("world_size", "cases"),
+    [
+        (2, 315),  # 2 meshes x 5 layouts x 7 masks x 3 KV head counts, + 105 all-gathered
+        pytest.param(4, 525, marks=pytest.mark.slow),  # 76-107 s here
+        pytest.param(8, 735, marks=pytest.mark.slow),  # 227-395 s here
+    ],
+)
+def test_verify_mask_cases_pass_with_flash_attn_2_by_its_rules(pool, world_size, cases) -> None:  # type: ignore[no-untyped-def]
+    matrix = _mask_cases(world_size)
+    assert len(matrix) == cases
+    per_rank = pool(world_size).run(run_cases_with_flash_rule, "fixed", matrix, timeout=1800)
+    records, _ = per_rank[0]
+    assert len(records) == cases
+    bad = [(r["label"], r.get("errors"), r.get("error")) for r in records if not r["passed"]]
+    assert not bad
+    assert max(r["max_error"] for r in records) < TOLERANCE["float32"]
+    # flash-attn really ran the pieces: every rank called it, some with more query rows
+    # than key columns + 1 (the blocks whose right window the library clamps).
+    counts = [stats for _, stats in per_rank]
+    assert all(c["calls"] > 0 for c in counts) and sum(c["tall"] for c in counts) > 0
+
+
+def test_the_kernel_before_the_fix_fails_the_same_cases(pool) -> None:  # type: ignore[no-untyped-def]
+    """The kernel's calls before the fix (right window -1 for an unbounded edge; flash-attn's
+    bottom-right causal on non-square blocks) under the same library rule: the world-2 mask
+    cases the issue names fail (U1xR2 zigzag with window L/4 + 8 = 24, documents with window 9)
+    with errors of order 1, far beyond the float32 bound."""
+    matrix = _mask_cases(2)
+    per_rank = pool(2).run(run_cases_with_flash_rule, "old-window", matrix, timeout=900)
+    records, _ = per_rank[0]
+    failed = {r["label"]: r for r in records if not r["passed"]}
+    assert "ring U1xR2 zigzag window 24 h8/kv8" in failed
+    assert "ring U1xR2 zigzag document (3 docs) + window 9 h8/kv8" in failed
+    assert failed["ring U1xR2 zigzag window 24 h8/kv8"]["max_error"] > 0.1
+    assert len(failed) >= 20
