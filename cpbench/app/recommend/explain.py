@@ -31,8 +31,11 @@ def facts(r: RankedCandidate) -> CandidateFacts:
     )
 
 
-def explain(ranked: Sequence[RankedCandidate], profile: HardwareProfile) -> Explanation:
-    """The facts of why the winner wins (comm per tier, imbalance, memory, margin)."""
+def explain(
+    ranked: Sequence[RankedCandidate], profile: HardwareProfile, tie_break: str = ""
+) -> Explanation:
+    """The facts of why the winner wins (comm per tier, imbalance, memory, margin; the
+    tie-break that picked it among the candidates it ties with)."""
     best = ranked[0]
     p = best.prediction
     c = p.candidate
@@ -69,6 +72,7 @@ def explain(ranked: Sequence[RankedCandidate], profile: HardwareProfile) -> Expl
         memory_capacity_bytes=p.memory_capacity_bytes,
         mask=mask_facts(ranked),
         gather=gather_facts(ranked),
+        tie_break=tie_break,
     )
 
 

@@ -49,10 +49,18 @@ def _pick(e: Facts) -> str:
     )
     if second is None:
         return text + ", the only feasible mesh"
-    return (
+    if e["margin"] < 0:
+        return (
+            f"{w['label']} is picked among candidates the model cannot separate "
+            f"({_ms(w['time_s'])} per layer, {e['phase']}; {second['label']} predicted "
+            f"{-e['margin']:.1%} faster at {_ms(second['time_s'])}, within the uncertainty of "
+            f"their ratio): {e.get('tie_break', '')}"
+        )
+    text = (
         f"{text}, {e['margin']:.1%} ahead of the next mesh, {second['label']} "
         f"({_ms(second['time_s'])})"
     )
+    return text + (f"; among the tied, {e['tie_break']}" if e.get("tie_break") else "")
 
 
 def _balance(e: Facts, brief: bool = False) -> str:
@@ -100,6 +108,11 @@ def why_lines(e: Facts) -> list[str]:
         if second
         else "the only feasible mesh"
     )
+    if second and e["margin"] < 0:
+        ahead = (
+            f"tied with {second['label']} ({_ms(second['time_s'])}, predicted "
+            f"{-e['margin']:.1%} faster, within the ratio's uncertainty); picked by the tie-break"
+        )
     where = [
         f"{name} of {n} " + ("inside a node" if tier == "intra_node" else f"across nodes{hops}")
         for name, n, tier, hops in (
