@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -34,7 +35,7 @@ from cpbench.model.calibrate.measurements import (
 from cpbench.model.hardware.loading import load_profile
 from cpbench.model.hardware.profile import EfficiencyCurve, HardwareProfile, LinkCost
 from cpbench.model.hardware.transforms import with_link_cost
-from tests.synthetic import synthetic_record
+from tests.synthetic import step_time_measurements, synthetic_record
 
 runner = CliRunner()
 SEQ_LENS = (512, 1024, 2048)
@@ -103,7 +104,7 @@ def test_calibration_recovers_noiseless_parameters(noiseless: list[dict]) -> Non
     result = calibrate(noiseless, "cpu-local")
     _assert_recovered(result.profile, tol=0.01, overhead_tol=0.02, overlap_tol=0.02)
     assert result.points == 18 and result.residual < 0.005 < result.residual_before
-    assert {f.target for f in result.fits} == {"comm_only", "compute_only", "median"}
+    assert {f.target for f in result.fits} == {"comm_only", "compute_only", "median", "joint"}
     assert result.profile.calibration is not None
     assert result.profile.calibration.prior == "cpu-local"
 
@@ -116,13 +117,19 @@ def test_calibration_with_two_percent_noise() -> None:
     assert result.residual < 0.05
 
 
-def test_validate_reports_no_error_on_noiseless_data(noiseless: list[dict]) -> None:
-    report = validate(noiseless, TRUTH)
+def test_validate_reports_the_error_the_noise_implies() -> None:
+    # records of the truth with 5% noise: validated against the truth, the median |error| is
+    # the noise's (median |N(0, 0.05)| = 3.4%; 18 points: 1.5%-6% covers the sampling spread);
+    # against the cpu-local prior (another profile) it is the prior's error, far larger
+    noisy = _records(0.05, seed=4)
+    report = validate(noisy, TRUTH)
     assert report["n"] == 18
-    assert report["max_abs_error"] < 1e-9
-    assert report["spearman"] == pytest.approx(1.0)
-    assert report["regret"] == pytest.approx(0.0)
+    assert 0.015 <= report["median_abs_error"] <= 0.06
+    assert report["max_abs_error"] < 4 * 0.05  # 18 draws stay within 4 sigma
+    assert report["spearman"] > 0.9
     assert len(report["groups"]) == len(SEQ_LENS)
+    prior = validate(noisy, load_profile("cpu-local"))
+    assert prior["median_abs_error"] > 2 * 0.034  # beyond twice what the noise implies
 
 
 def test_holdout_evaluation(noiseless: list[dict]) -> None:
@@ -137,11 +144,78 @@ def test_holdout_evaluation(noiseless: list[dict]) -> None:
 
 
 def test_holdout_on_a_single_sweep_of_six() -> None:
-    # the brief's study: world size 4, every mesh, two layouts, calibrate on 3, predict 3
-    records = _records(0.0, seq_lens=(2048,))
-    result = holdout_evaluation(records, seed=3)
-    assert (result["n_train"], result["n_test"]) == (3, 3)
-    assert result["median_abs_error"] < 0.2 and result["regret"] <= 0.1
+    # the brief's study: world size 4, every mesh, two layouts, calibrate on 3, predict 3;
+    # times of the truth with 2% noise. A fit that finds the truth predicts within the noise:
+    # median error < 3 sigma = 6%, regret (a pick swapped by noise) < 2 sigma = 4%
+    for seed in range(3):
+        records = _records(0.02, seed=seed, seq_lens=(2048,))
+        result = holdout_evaluation(records, seed=3)
+        assert (result["n_train"], result["n_test"]) == (3, 3)
+        assert result["median_abs_error"] < 0.06 and result["regret"] <= 0.04, seed
+
+
+def _gpu_truth() -> tuple[HardwareProfile, HardwareProfile]:
+    """(prior, truth): h100-sxm, and a copy with the kernel 30% slower, the all-to-all at half
+    its bus bandwidth and twice its latency, send/recv at 80%, a 50% larger step overhead and
+    less overlap."""
+    prior = load_profile("h100-sxm")
+    truth = replace(
+        prior,
+        name="perturbed",
+        peak_tflops={k: v * 0.7 for k, v in prior.peak_tflops.items()},
+        overlap=prior.overlap - 0.2,
+        step_overhead_s=prior.step_overhead_s * 1.5,
+    )
+    a2a, p2p = prior.intra_node.all_to_all, prior.intra_node.send_recv
+    truth = with_link_cost(
+        truth, "intra_node", "all_to_all", replace(a2a, busbw=a2a.busbw * 0.5, latency_s=a2a.latency_s * 2)
+    )
+    return prior, with_link_cost(truth, "intra_node", "send_recv", replace(p2p, busbw=p2p.busbw * 0.8))
+
+
+def _gpu_candidates() -> list[MeshCandidate]:
+    out = []
+    for seq_len in (4096, 16384, 65536, 131072):
+        for heads, kv_heads, head_dim in ((32, 8, 128), (16, 16, 64)):
+            for u, r in ((8, 1), (4, 2), (2, 4), (1, 8)):
+                c = MeshCandidate.for_shape(
+                    AttentionShape(seq_len, heads, kv_heads, head_dim), ulysses=u, ring=r,
+                    layout="zigzag" if r > 1 else "contiguous", dtype="bfloat16",
+                )  # fmt: skip
+                if c.feasibility.ok:
+                    out.append(c)
+    return out
+
+
+def test_calibration_from_step_times_alone_recovers_the_truth() -> None:
+    # done-when 1 of issue 24: step times of a perturbed profile with 5% log-normal noise, no
+    # compute-only / comm-only times; calibrate on half, predict the other half
+    prior, truth = _gpu_truth()
+    measurements = step_time_measurements(_gpu_candidates(), truth, 8, 0.05, random.Random(0))
+    train, test = measurements[::2], measurements[1::2]
+    result = calibrate(train, prior)
+    errors = [abs(m.predict(result.profile).step_s / m.median_s - 1) for m in test]
+    prior_errors = [abs(m.predict(prior).step_s / m.median_s - 1) for m in test]
+    assert float(np.median(errors)) < 0.05 < float(np.median(prior_errors))
+    joint = next(f for f in result.fits if f.target == "joint")
+    true_values = {
+        "kernel throughput": 0.7,
+        "step overhead": truth.step_overhead_s * 1e6,
+        "intra_node all_to_all latency": truth.intra_node.all_to_all.latency_s * 1e6,
+        "intra_node all_to_all busbw": truth.intra_node.all_to_all.busbw / 1e9,
+        "intra_node send_recv latency": truth.intra_node.send_recv.latency_s * 1e6,
+        "intra_node send_recv busbw": truth.intra_node.send_recv.busbw / 1e9,
+        "1 - overlap": 1 - truth.overlap,
+    }
+    determined = [p for p in joint.parameters if p.status == "determined"]
+    assert {p.name for p in determined} >= {"kernel throughput"}
+    for p in determined:
+        assert abs(p.fitted / true_values[p.name] - 1) < 0.10, p
+    # what stays at the prior is reported so, with its prior sd intact
+    for p in joint.parameters:
+        assert p.prior_sd is not None and p.posterior_sd is not None
+        if p.status == "prior":
+            assert p.posterior_sd >= 0.5 * p.prior_sd and p.points == 0
 
 
 def test_stratified_split_puts_every_mesh_on_both_sides(noiseless: list[dict]) -> None:

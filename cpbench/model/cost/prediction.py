@@ -156,12 +156,14 @@ def predict(
     profile: HardwareProfile,
     gpus_per_node: int | None = None,
     rank_stride: int = 1,
+    memory: bool = True,
 ) -> Prediction:
     """Predict one configuration; CpbenchError when the mesh is infeasible.
 
     `config_like` is a MeshCandidate (a BenchConfig is one), a CpProblem (fwd+bwd on the
     profile's kernel) or a results record's `config` dict; `gpus_per_node` defaults to the
-    profile's devices per node.
+    profile's devices per node. `memory=False` leaves the memory fields at 0 (a fit that
+    needs only times: the memory estimate is most of a prediction's cost).
     """
     candidate = _as_candidate(config_like)
     config = candidate.require_feasible()
@@ -200,9 +202,11 @@ def predict(
         traffic=tier_traffic(ctx),
         comm_terms=forward_terms + backward_terms,
         work_imbalance=work.imbalance,
-        memory_bytes=memory_estimate(config).peak(memory_phase),
+        memory_bytes=memory_estimate(config).peak(memory_phase) if memory else 0,
         memory_capacity_bytes=profile.memory_bytes,
-        max_seq_len=max_seq_len_for_budget(profile.memory_bytes, config, memory_phase),
+        max_seq_len=(
+            max_seq_len_for_budget(profile.memory_bytes, config, memory_phase) if memory else 0
+        ),
         ring_steps=config.ring_steps,
         padding=config.padding,
         padding_fraction=work.padding_fraction,
