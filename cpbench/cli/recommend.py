@@ -166,7 +166,14 @@ def recommend(
 
 @command
 def calibrate(
-    results: Annotated[list[str], typer.Argument(help="JSONL results files of `cpbench sweep`.")],
+    results: Annotated[
+        list[str],
+        typer.Argument(
+            help="JSONL results files of `cpbench sweep`, or tables of measured step times "
+            "(CSV or JSONL rows: shape, mask, mesh, layout, exchange, phase, dtype, GPU, step "
+            "time; docs/cost-model.md)."
+        ),
+    ],
     output: Annotated[
         str | None,
         typer.Option("-o", "--output", help="Write the fitted profile to this TOML file."),
@@ -180,8 +187,10 @@ def calibrate(
     """Fit a hardware profile to measured results (least squares).
 
     Link latency and busbw per collective kind and tier from the comm-only times, the kernel
-    efficiency curve and step overhead from the compute-only times, the ring overlap from the
-    step times. Prints every parameter before and after, the number of points and the residual.
+    efficiency curve and step overhead from the compute-only times (when recorded), then one
+    joint fit of kernel throughput, step overhead, links and overlap to every measured time,
+    step times alone included (regularised toward the prior). Prints every parameter before
+    and after, whether the data determine it or it stays at the prior, and the residual.
     """
     from cpbench.app import calibrate as service  # noqa: PLC0415
 

@@ -109,7 +109,7 @@ class ParameterFit:
     posterior_sd: float | None = None
     """Joint fit: the posterior sd of its log."""
     status: str | None = None
-    """Joint fit: determined, constrained or prior (`joint.JointParameter.status`)."""
+    """Joint fit: determined, constrained or undetermined (`joint.JointParameter.status`)."""
 
 
 @dataclass(frozen=True)
@@ -380,7 +380,7 @@ def _fit_joint(
     fit = fit_joint(measurements, profile)
     parameters = tuple(
         ParameterFit(
-            p.name, p.unit, p.prior, p.fitted, fit.rows if p.status != "prior" else 0,
+            p.name, p.unit, p.prior, p.fitted, fit.rows if p.status != "undetermined" else 0,
             p.prior_sd, p.posterior_sd, p.status,
         )
         for p in fit.parameters

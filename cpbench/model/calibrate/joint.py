@@ -17,7 +17,8 @@ times when the record has them. The noise is re-estimated from the residuals onc
 Which parameters the data determine: the posterior covariance of theta is (J^T J)^-1 with J
 the Jacobian of the whitened residuals (data and prior rows) at the optimum; a parameter is
 `determined` when its posterior sd is at most `DETERMINED_SD`, `constrained` when below
-`CONSTRAINED_RATIO` x its prior sd, else it stays (near) its prior (`prior`) and says so.
+`CONSTRAINED_RATIO` x its prior sd, else `undetermined`: the data do not pin it, and its
+fitted value (within its prior's width) is no evidence.
 
 Parameters: the kernel throughput (every dtype peak x the efficiency curve, one factor), the
 step overhead, latency and bus bandwidth of each (link tier, collective kind) the
@@ -67,7 +68,7 @@ LOWEST_U = 0.02
 
 
 LinkKey = tuple[LinkTier, CollectiveKind, "int | None"]
-ParameterStatus = Literal["determined", "constrained", "prior"]
+ParameterStatus = Literal["determined", "constrained", "undetermined"]
 """How well the data pin a parameter down (`JointParameter.status`)."""
 
 
@@ -91,12 +92,12 @@ class JointParameter:
 
     @property
     def status(self) -> ParameterStatus:
-        """determined, constrained or prior (the module docstring)."""
+        """determined, constrained or undetermined (the module docstring)."""
         if self.posterior_sd <= DETERMINED_SD:
             return "determined"
         if self.posterior_sd < CONSTRAINED_RATIO * self.prior_sd:
             return "constrained"
-        return "prior"
+        return "undetermined"
 
     @property
     def determined(self) -> bool:

@@ -58,6 +58,14 @@ def render_validation(report: Mapping[str, Any]) -> list[RenderableType]:
     return out
 
 
+def _data(param: Mapping[str, Any]) -> str:
+    """How well the data pin a joint-fit parameter down; `linear` for the linear fits'."""
+    status = param.get("status")
+    if status is None:
+        return "linear fit"
+    return f"{status} (sd {param['posterior_sd']:.2f} of {param['prior_sd']:.2f})"
+
+
 def render_calibration(report: Mapping[str, Any]) -> RenderableType:
     """Rich renderable of a calibration summary."""
     table = FitTable(
@@ -66,9 +74,14 @@ def render_calibration(report: Mapping[str, Any]) -> RenderableType:
             f"step-time error {format_percent(report['residual_before'])} -> "
             f"{format_percent(report['residual'])}"
         ),
-        caption="prior and fitted in the unit of the unit column (no unit: dimensionless)",
+        caption=(
+            "prior and fitted in the unit of the unit column (no unit: dimensionless); joint "
+            "fit: residuals are RMS log errors, data = determined (posterior sd of the log <= "
+            "5%), constrained (below half the prior sd) or undetermined (the data do not pin it: "
+            "its value is no evidence), with the posterior sd vs the prior sd"
+        ),
     )
-    for col in ("fit", "parameter", "prior", "fitted", "unit", "points"):
+    for col in ("fit", "parameter", "prior", "fitted", "unit", "points", "data"):
         table.add_column(
             col,
             justify="right" if col in ("prior", "fitted", "points") else "left",
@@ -88,6 +101,7 @@ def render_calibration(report: Mapping[str, Any]) -> RenderableType:
                 f"{param['fitted']:.4g}",
                 param["unit"],
                 str(param["points"]),
+                _data(param),
             )
     notes = [Text(f"warning: {w}", style="yellow") for w in report.get("warnings", [])]
     notes += [Text(f"note: {n}", style="dim") for n in report["notes"]]
