@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -562,3 +563,48 @@ def test_table_bad_rows_name_the_file_row_and_field(tmp_path: Path) -> None:
     path.write_text(json.dumps(both) + "\n")
     result = runner.invoke(app, ["calibrate", str(path)])
     assert result.exit_code == 2 and "exactly one of step_s and step_ms" in result.stderr
+
+
+# ------------------------------------------------------------------ published measurements
+
+
+def test_published_rows_reproduce_their_cited_numbers() -> None:
+    from cpbench.model.calibrate.published import published_table  # noqa: PLC0415
+    from cpbench.model.calibrate.table import read_table_rows  # noqa: PLC0415
+
+    rows = read_table_rows(published_table())
+    assert len(rows) >= 16
+    for row_id, row in rows:
+        # every row names a repository, a file and a 40-hex commit, and the number it read
+        assert re.search(r"\w+/[\w.-]+ [\w/.-]+ @[0-9a-f]{40}", row.source), row_id
+        cited = re.search(r": ([0-9.]+) iter/s \(step = 1 / iter/s\)", row.source)
+        assert cited is not None, row_id
+        assert row.seconds * float(cited.group(1)) == pytest.approx(1.0, rel=1e-5), row_id
+        assert "yunchang" not in row.source.lower()  # the out-of-sample check stays out
+        assert "long-context-attention" not in row.source.lower()
+
+
+def test_cli_validate_published_scores_each_machine() -> None:
+    result = runner.invoke(app, ["validate", "--published", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["mode"] == "published" and [s["name"] for s in doc["sections"]] == ["cp_attention"]
+    machines = {m["hardware"]: m for m in doc["sections"][0]["machines"]}
+    assert set(machines) == {"8x H800 NVLink", "8x A100 NVLink"}
+    for m in machines.values():
+        for scores in (m["prior"], m["leave_one_group_out"]):
+            errors = [abs(r["error"]) for r in scores["rows"]]
+            assert len(errors) == m["rows"] == 8
+            assert scores["median_abs_error"] == pytest.approx(float(np.median(errors)))
+            assert 0 <= scores["worst_regret"] and -1 <= scores["spearman"] <= 1
+            for r in scores["rows"]:
+                assert r["error"] == pytest.approx(r["predicted_s"] / r["measured_s"] - 1)
+        # leave-one-group-out: each held-out group is predicted by a profile fitted on the
+        # others, so its predictions differ from the prior's
+        prior_s = [r["predicted_s"] for r in m["prior"]["rows"]]
+        held_s = [r["predicted_s"] for r in m["leave_one_group_out"]["rows"]]
+        assert any(abs(a / b - 1) > 1e-3 for a, b in zip(prior_s, held_s, strict=True))
+    text = runner.invoke(app, ["validate", "--published"])
+    assert text.exit_code == 0 and "LOGO" in text.stdout
+    both = runner.invoke(app, ["validate", "--published", "x.jsonl"])
+    assert both.exit_code == 2 and "give no results files" in both.stderr

@@ -134,3 +134,53 @@ def mark_ties(report: dict[str, Any], records: Sequence[dict[str, Any]]) -> None
         group["regret_within_noise"] = tie
         within += tie
     report["groups_within_noise"] = within
+
+
+def _scores_dict(scores: Any) -> dict[str, Any] | None:
+    if scores is None:
+        return None
+    return {
+        "median_abs_error": scores.median_abs_error,
+        "spearman": scores.spearman,
+        "worst_regret": scores.worst_regret,
+        "rows": list(scores.rows),
+    }
+
+
+def published_cp_attention_section(path: str | None = None) -> dict[str, Any]:
+    """The CP-attention section of `validate --published`: per machine, the prior's and the
+    leave-one-group-out calibrated scores (`model.calibrate.published`)."""
+    from cpbench.model.calibrate.published import (  # noqa: PLC0415
+        published_table,
+        validate_published,
+    )
+
+    table = Path(path) if path else published_table()
+    machines = validate_published(table)
+    return {
+        "name": "cp_attention",
+        "title": "CP attention step times (one attention layer)",
+        "table": str(table),
+        "error_convention": "error = predicted / measured - 1 of the step time; Spearman: "
+        "median over groups of one problem with >= 2 configurations; regret: measured time "
+        "of the model's pick / the measured fastest - 1, worst group",
+        "machines": [
+            {
+                "hardware": v.hardware,
+                "profile": v.profile,
+                "warning": v.warning,
+                "rows": v.rows,
+                "groups": v.groups,
+                "sources": list(v.sources),
+                "prior": _scores_dict(v.prior),
+                "leave_one_group_out": _scores_dict(v.held_out),
+            }
+            for v in machines
+        ],
+    }
+
+
+def validate_published_report(path: str | None = None) -> dict[str, Any]:
+    """`cpbench validate --published`: a list of sections, each a dataset with its scores
+    (this module's CP-attention one; others are added beside it)."""
+    return {"mode": "published", "sections": [published_cp_attention_section(path)]}

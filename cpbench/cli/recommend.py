@@ -11,7 +11,11 @@ import typer
 
 from cpbench.cli.common import command, console
 from cpbench.config.vocabulary import CP_COMM_CHOICES, CpCommChoice, Phase, Split
-from cpbench.render.recommend.calibration import render_calibration, render_validation
+from cpbench.render.recommend.calibration import (
+    render_calibration,
+    render_published,
+    render_validation,
+)
 from cpbench.render.recommend.screen import render_recommendation
 
 HardwareOption = Annotated[
@@ -203,7 +207,13 @@ def calibrate(
 
 @command
 def validate(
-    results: Annotated[list[str], typer.Argument(help="JSONL results files of `cpbench sweep`.")],
+    results: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="JSONL results files of `cpbench sweep`, or tables of measured step times "
+            "(docs/cost-model.md); none with --published."
+        ),
+    ] = None,
     hardware: HardwareOption = None,
     holdout: Annotated[
         bool,
@@ -230,12 +240,36 @@ def validate(
             help="Calibrate on all the results first (in-sample check of the fit).",
         ),
     ] = False,
+    published: Annotated[
+        bool,
+        typer.Option(
+            "--published",
+            help="Score the model on the shipped published measurements (per machine: the "
+            "prior alone and leave-one-group-out calibrated; sources per row).",
+        ),
+    ] = False,
     as_json: JsonOption = False,
 ) -> None:
     """Predicted vs measured step time per configuration, with the median and max absolute
     percentage error, the Spearman rank correlation and the regret of the model's pick."""
     from cpbench.app import calibrate as service  # noqa: PLC0415
+    from cpbench.errors import CpbenchError  # noqa: PLC0415
 
+    if published:
+        if results:
+            raise CpbenchError(
+                f"--published scores the shipped dataset: give no results files with it "
+                f"(got {', '.join(results)})"
+            )
+        document = service.validate_published_report()
+        if as_json:
+            print(json.dumps(document, indent=1))
+            return
+        for renderable in render_published(document):
+            console.print(renderable)
+        return
+    if not results:
+        raise CpbenchError("validate needs results files (or --published)")
     if holdout_fraction != 0.5 and not holdout:
         holdout = True
     report = service.validate_results(

@@ -5,7 +5,7 @@ Columns (`TableRow`): the attention shape (seq_len, heads, kv_heads, head_dim, b
 mask (causal or full, optional packed documents and window), the mesh (ulysses, ring), the
 layout, the exchange of the ring axis (p2p or all_gather, with an optional head stride), the
 phase, the dtype, the GPU, devices per node and the measured step time (step_s or step_ms);
-compute_only_s / comm_only_s when known, and a free-text source. A row is validated by
+compute_only_s / comm_only_s when known, the machine's name and a free-text source. A row is validated by
 pydantic; a bad value is a CpbenchError naming the file, the row and the field.
 """
 
@@ -78,6 +78,8 @@ class TableRow(BaseModel):
     """Measured time with communication removed, seconds, when known."""
     comm_only_s: float | None = Field(default=None, gt=0)
     """Measured communication alone, seconds, when known."""
+    hardware: str = ""
+    """The machine, to group results by (e.g. `8x H800 NVLink`); empty: the gpu."""
     source: str = ""
     """Where the row comes from (a URL, a file and line)."""
 

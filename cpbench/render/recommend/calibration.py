@@ -108,3 +108,50 @@ def render_calibration(report: Mapping[str, Any]) -> RenderableType:
     if report.get("output"):
         notes.append(Text(f"wrote {report['output']} (load it with --hardware {report['output']})"))
     return Group(table, *notes)
+
+
+def _cell(value: float | None, percent: bool = True) -> str:
+    if value is None:
+        return "-"
+    return format_percent(value) if percent else format_number(value)
+
+
+def render_published(report: Mapping[str, Any]) -> list[RenderableType]:
+    """Rich renderables of `validate --published`: one table per section, a row per machine
+    with the prior's and the leave-one-group-out calibrated scores."""
+    out: list[RenderableType] = []
+    for section in report["sections"]:
+        table = FitTable(
+            title=f"{section['title']}: the model vs published measurements ({section['table']})",
+            caption=section["error_convention"] + "; LOGO = calibrated on the machine's other "
+            "groups, predicting the held-out one",
+        )
+        columns = ("hardware", "profile", "rows", "groups", "prior |err|", "prior Spearman",
+                   "prior regret", "LOGO |err|", "LOGO Spearman", "LOGO regret")  # fmt: skip
+        for col in columns:
+            table.add_column(
+                col, justify="left" if col in ("hardware", "profile") else "right",
+                key=col == "hardware", wrap=col == "hardware",
+            )  # fmt: skip
+        for m in section["machines"]:
+            prior, logo = m["prior"], m["leave_one_group_out"] or {}
+            table.add_row(
+                Text(m["hardware"]), m["profile"], str(m["rows"]), str(m["groups"]),
+                _cell(prior["median_abs_error"]), _cell(prior["spearman"], False),
+                _cell(prior["worst_regret"]), _cell(logo.get("median_abs_error")),
+                _cell(logo.get("spearman"), False), _cell(logo.get("worst_regret")),
+            )  # fmt: skip
+        out.append(table)
+        for m in section["machines"]:
+            if m["warning"]:
+                out.append(Text(f"{m['hardware']}: {m['warning']}", style="yellow"))
+            cited: dict[str, int] = {}
+            for source in m["sources"]:
+                where = source.split(", ")[0]
+                cited[where] = cited.get(where, 0) + 1
+            out += [
+                Text(f"{m['hardware']}: {n} row source(s) from {where} (each cell: --json)",
+                     style="dim")
+                for where, n in cited.items()
+            ]  # fmt: skip
+    return out
