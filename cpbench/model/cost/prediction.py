@@ -27,6 +27,7 @@ from cpbench.config.problem import CpProblem, MeshCandidate
 from cpbench.config.vocabulary import PHASE_PASSES
 from cpbench.errors import CpbenchError
 from cpbench.model.cost.breakdown import CommTerm, PhaseTime, TierTraffic
+from cpbench.model.cost.kernel import HEAD_DIM_SOURCE, kernel_factor
 from cpbench.model.cost.placement import Placement, placement
 from cpbench.model.cost.schemes import Context, phase_time, tier_traffic
 from cpbench.model.cost.work import config_work
@@ -88,6 +89,9 @@ class Prediction:
     topology: TopologyPlacement | None = None
     """Where the ranks sit on the profile's node topology (None: a flat profile, priced by
     `placement`'s two tiers); `cpbench.model.topology.describe` and `.export()` tell it."""
+    head_dim_factors: tuple[float, float] = (1.0, 1.0)
+    """The kernel's throughput at this head dim relative to the curve's 128, forward and
+    backward (`cpbench.model.cost.kernel`; 1.0 where no table applies)."""
 
     @property
     def curve_note(self) -> str:
@@ -95,11 +99,19 @@ class Prediction:
         requested = self.candidate.kernel
         runs = self.kernel if requested == self.kernel else f"{requested} runs {self.kernel}"
         if self.curve_kernel == self.kernel:
-            return f"kernel {runs}: {self.kernel} efficiency curve of {self.profile_name}"
-        return (
-            f"kernel {runs}: {self.profile_name} has no {self.kernel} efficiency curve, "
-            f"its default {self.curve_kernel} curve was used"
-        )
+            text = f"kernel {runs}: {self.kernel} efficiency curve of {self.profile_name}"
+        else:
+            text = (
+                f"kernel {runs}: {self.profile_name} has no {self.kernel} efficiency curve, "
+                f"its default {self.curve_kernel} curve was used"
+            )
+        if self.head_dim_factors != (1.0, 1.0):
+            forward, backward = self.head_dim_factors
+            text += (
+                f"; at head dim {self.candidate.head_dim} x{forward:.2f} forward, "
+                f"x{backward:.2f} backward ({HEAD_DIM_SOURCE})"
+            )
+        return text
 
     @property
     def forward_backward(self) -> PhaseTime:
@@ -176,7 +188,7 @@ def predict(
     volume = comm_volume(config)
     flops_per_s = profile.peak_flops(config.dtype) * curve.at(config.ring_shard)
     contexts = [
-        Context(candidate, profile, place, volume, flops_per_s, topo)
+        Context(candidate, profile, place, volume, flops_per_s, topo, family)
         for topo in _topology_placements(config, profile, per_node, rank_stride)
     ]
     times = [(phase_time(ctx, "forward"), phase_time(ctx, "backward")) for ctx in contexts]
@@ -213,6 +225,10 @@ def predict(
         work_overhead=work.overhead,
         slowest_ring_rank=work.slowest_ring_rank,
         topology=ctx.topology,
+        head_dim_factors=(
+            kernel_factor(family, profile.device_kind, config.head_dim, config.causal, "forward"),
+            kernel_factor(family, profile.device_kind, config.head_dim, config.causal, "backward"),
+        ),
     )
 
 
