@@ -13,6 +13,7 @@ from cpbench.app.recommend.types import (
     LinkUse,
     MaskFacts,
     RankedCandidate,
+    TierBound,
     layout_label,
     rank_key,
 )
@@ -73,7 +74,26 @@ def explain(
         mask=mask_facts(ranked),
         gather=gather_facts(ranked),
         tie_break=tie_break,
+        bounds=tier_bounds(p, profile),
     )
+
+
+def tier_bounds(p: Prediction, profile: HardwareProfile) -> tuple[TierBound, ...]:
+    """The tiers whose bandwidth prices the prediction's collectives (its comm terms with
+    bytes: on a topology the bounding node tier, else the link tier), once per kind and tier."""
+    out: dict[tuple[str, str], TierBound] = {}
+    for t in p.comm_terms:
+        if t.bytes <= 0:
+            continue
+        if t.level is not None:
+            node_tier = profile.node_tiers()[t.level]
+            cost = node_tier.cost(t.kind)
+            bound = TierBound(t.kind, node_tier.kind, node_tier.name, cost.source)
+        else:
+            link = profile.link(t.tier)
+            bound = TierBound(t.kind, t.tier, link.name, link.cost(t.kind).source)
+        out.setdefault((t.kind, bound.tier), bound)
+    return tuple(out.values())
 
 
 def _balance(p: Prediction) -> Balance:

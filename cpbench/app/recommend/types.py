@@ -371,6 +371,21 @@ class LinkUse:
 
 
 @dataclass(frozen=True)
+class TierBound:
+    """A link tier that sets the bandwidth time of one collective kind the winner calls."""
+
+    kind: CollectiveKind
+    """all_to_all or send_recv."""
+    tier: str
+    """The tier: a `[topology]` tier's kind (nvlink, pcie_switch, host_bridge, numa_node,
+    socket), or intra_node / inter_node on a flat profile and for the network."""
+    name: str
+    """The tier's technology, as the profile names it."""
+    source: str
+    """Where its bus bandwidth comes from (the profile's source text)."""
+
+
+@dataclass(frozen=True)
 class Explanation:
     """Why the winner wins (`cpbench.render.recommend.explanation.why_lines` and `explanation_text`)."""
 
@@ -420,6 +435,8 @@ class Explanation:
     """The mask's facts (document or window masks)."""
     gather: GatherFacts | None = None
     """The all-gather's facts (when all-gather candidates were ranked)."""
+    bounds: tuple[TierBound, ...] = ()
+    """The tiers whose bandwidth sets the winner's collectives' times."""
     tie_break: str = ""
     """Why the winner was picked among the candidates it ties with (`TieCall.decision`; empty:
     a clear winner). With it, `margin` may be negative: a tied candidate predicted faster."""

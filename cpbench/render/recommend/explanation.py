@@ -99,6 +99,20 @@ def _memory(e: Facts) -> str:
     )
 
 
+def _bounds(e: Facts) -> str:
+    """`; all-to-all bound by the socket tier (...)`: the tiers that price the winner's
+    collectives, on a profile with a topology (where the tier is not just intra / inter node)."""
+    bounds = e.get("bounds") or ()
+    named = [b for b in bounds if b["tier"] not in ("intra_node", "inter_node")]
+    if not named:
+        return ""
+    words = {"all_to_all": "all-to-all", "send_recv": "ring send/recv"}
+    return "; " + ", ".join(
+        f"{words.get(b['kind'], b['kind'])} bound by the {b['tier']} tier ({b['name']})"
+        for b in named
+    )
+
+
 def why_lines(e: Facts) -> list[str]:
     """The pick and why in three sentences (the margin; placement and exposed communication;
     balance and memory): what `recommend` prints by default."""
@@ -125,7 +139,7 @@ def why_lines(e: Facts) -> list[str]:
         f"Pick: {w['label']}, {'measured' if e['measured'] else 'predicted'} {_ms(w['time_s'])} "
         f"({e['phase']}), {ahead}.",
         f"Why: {', '.join(where) or 'one rank'}; {_ms(w['exposed_comm_s'])} of "
-        f"{_ms(w['comm_s'])} communication exposed.",
+        f"{_ms(w['comm_s'])} communication exposed{_bounds(e)}.",
         f"{_balance(e, brief=True)} {format_gib(w['memory_bytes'])} of "
         f"{format_gib(e['memory_capacity_bytes'], 1)} per rank; fits up to {w['max_seq_len']} "
         "tokens.",
