@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import random
 from typing import Any
 
 from cpbench.config.problem import MeshCandidate
+from cpbench.model.calibrate.measurements import Measurement
 from cpbench.model.cost.prediction import predict
 from cpbench.model.flops import FLOPS_CONVENTION, attention_flops
 from cpbench.model.formulas import comm_volume
@@ -99,3 +101,22 @@ def synthetic_record(
             "achieved_tflops": flops / median / 1e12,
         },
     }
+
+
+def step_time_measurements(
+    candidates: list[MeshCandidate],
+    truth: HardwareProfile,
+    devices_per_node: int,
+    noise: float,
+    rng: random.Random,
+    device: str = "cuda",
+) -> list[Measurement]:
+    """Measurements of step times alone (no compute-only / comm-only times), each the truth's
+    prediction x exp(noise x N(0, 1)) (log-normal noise)."""
+    out = []
+    for c in candidates:
+        step = predict(c, truth, devices_per_node, memory=False).step_s
+        median = step * math.exp(noise * rng.gauss(0.0, 1.0))
+        label = f"{c.shape.seq_len}-{c.shape.heads}-{c.shape.head_dim}-{c.ulysses}x{c.ring}"
+        out.append(Measurement(label, c, devices_per_node, median, None, None, device))
+    return out

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -34,7 +36,7 @@ from cpbench.model.calibrate.measurements import (
 from cpbench.model.hardware.loading import load_profile
 from cpbench.model.hardware.profile import EfficiencyCurve, HardwareProfile, LinkCost
 from cpbench.model.hardware.transforms import with_link_cost
-from tests.synthetic import synthetic_record
+from tests.synthetic import step_time_measurements, synthetic_record
 
 runner = CliRunner()
 SEQ_LENS = (512, 1024, 2048)
@@ -103,7 +105,7 @@ def test_calibration_recovers_noiseless_parameters(noiseless: list[dict]) -> Non
     result = calibrate(noiseless, "cpu-local")
     _assert_recovered(result.profile, tol=0.01, overhead_tol=0.02, overlap_tol=0.02)
     assert result.points == 18 and result.residual < 0.005 < result.residual_before
-    assert {f.target for f in result.fits} == {"comm_only", "compute_only", "median"}
+    assert {f.target for f in result.fits} == {"comm_only", "compute_only", "median", "joint"}
     assert result.profile.calibration is not None
     assert result.profile.calibration.prior == "cpu-local"
 
@@ -116,13 +118,19 @@ def test_calibration_with_two_percent_noise() -> None:
     assert result.residual < 0.05
 
 
-def test_validate_reports_no_error_on_noiseless_data(noiseless: list[dict]) -> None:
-    report = validate(noiseless, TRUTH)
+def test_validate_reports_the_error_the_noise_implies() -> None:
+    # records of the truth with 5% noise: validated against the truth, the median |error| is
+    # the noise's (median |N(0, 0.05)| = 3.4%; 18 points: 1.5%-6% covers the sampling spread);
+    # against the cpu-local prior (another profile) it is the prior's error, far larger
+    noisy = _records(0.05, seed=4)
+    report = validate(noisy, TRUTH)
     assert report["n"] == 18
-    assert report["max_abs_error"] < 1e-9
-    assert report["spearman"] == pytest.approx(1.0)
-    assert report["regret"] == pytest.approx(0.0)
+    assert 0.015 <= report["median_abs_error"] <= 0.06
+    assert report["max_abs_error"] < 4 * 0.05  # 18 draws stay within 4 sigma
+    assert report["spearman"] > 0.9
     assert len(report["groups"]) == len(SEQ_LENS)
+    prior = validate(noisy, load_profile("cpu-local"))
+    assert prior["median_abs_error"] > 2 * 0.034  # beyond twice what the noise implies
 
 
 def test_holdout_evaluation(noiseless: list[dict]) -> None:
@@ -137,11 +145,78 @@ def test_holdout_evaluation(noiseless: list[dict]) -> None:
 
 
 def test_holdout_on_a_single_sweep_of_six() -> None:
-    # the brief's study: world size 4, every mesh, two layouts, calibrate on 3, predict 3
-    records = _records(0.0, seq_lens=(2048,))
-    result = holdout_evaluation(records, seed=3)
-    assert (result["n_train"], result["n_test"]) == (3, 3)
-    assert result["median_abs_error"] < 0.2 and result["regret"] <= 0.1
+    # the brief's study: world size 4, every mesh, two layouts, calibrate on 3, predict 3;
+    # times of the truth with 2% noise. A fit that finds the truth predicts within the noise:
+    # median error < 3 sigma = 6%, regret (a pick swapped by noise) < 2 sigma = 4%
+    for seed in range(3):
+        records = _records(0.02, seed=seed, seq_lens=(2048,))
+        result = holdout_evaluation(records, seed=3)
+        assert (result["n_train"], result["n_test"]) == (3, 3)
+        assert result["median_abs_error"] < 0.06 and result["regret"] <= 0.04, seed
+
+
+def _gpu_truth() -> tuple[HardwareProfile, HardwareProfile]:
+    """(prior, truth): h100-sxm, and a copy with the kernel 30% slower, the all-to-all at half
+    its bus bandwidth and twice its latency, send/recv at 80%, a 50% larger step overhead and
+    less overlap."""
+    prior = load_profile("h100-sxm")
+    truth = replace(
+        prior,
+        name="perturbed",
+        peak_tflops={k: v * 0.7 for k, v in prior.peak_tflops.items()},
+        overlap=prior.overlap - 0.2,
+        step_overhead_s=prior.step_overhead_s * 1.5,
+    )
+    a2a, p2p = prior.intra_node.all_to_all, prior.intra_node.send_recv
+    truth = with_link_cost(
+        truth, "intra_node", "all_to_all", replace(a2a, busbw=a2a.busbw * 0.5, latency_s=a2a.latency_s * 2)
+    )
+    return prior, with_link_cost(truth, "intra_node", "send_recv", replace(p2p, busbw=p2p.busbw * 0.8))
+
+
+def _gpu_candidates() -> list[MeshCandidate]:
+    out = []
+    for seq_len in (4096, 16384, 65536, 131072):
+        for heads, kv_heads, head_dim in ((32, 8, 128), (16, 16, 64)):
+            for u, r in ((8, 1), (4, 2), (2, 4), (1, 8)):
+                c = MeshCandidate.for_shape(
+                    AttentionShape(seq_len, heads, kv_heads, head_dim), ulysses=u, ring=r,
+                    layout="zigzag" if r > 1 else "contiguous", dtype="bfloat16",
+                )  # fmt: skip
+                if c.feasibility.ok:
+                    out.append(c)
+    return out
+
+
+def test_calibration_from_step_times_alone_recovers_the_truth() -> None:
+    # done-when 1 of issue 24: step times of a perturbed profile with 5% log-normal noise, no
+    # compute-only / comm-only times; calibrate on half, predict the other half
+    prior, truth = _gpu_truth()
+    measurements = step_time_measurements(_gpu_candidates(), truth, 8, 0.05, random.Random(0))
+    train, test = measurements[::2], measurements[1::2]
+    result = calibrate(train, prior)
+    errors = [abs(m.predict(result.profile).step_s / m.median_s - 1) for m in test]
+    prior_errors = [abs(m.predict(prior).step_s / m.median_s - 1) for m in test]
+    assert float(np.median(errors)) < 0.05 < float(np.median(prior_errors))
+    joint = next(f for f in result.fits if f.target == "joint")
+    true_values = {
+        "kernel throughput": 0.7,
+        "step overhead": truth.step_overhead_s * 1e6,
+        "intra_node all_to_all latency": truth.intra_node.all_to_all.latency_s * 1e6,
+        "intra_node all_to_all busbw": truth.intra_node.all_to_all.busbw / 1e9,
+        "intra_node send_recv latency": truth.intra_node.send_recv.latency_s * 1e6,
+        "intra_node send_recv busbw": truth.intra_node.send_recv.busbw / 1e9,
+        "1 - overlap": 1 - truth.overlap,
+    }
+    determined = [p for p in joint.parameters if p.status == "determined"]
+    assert {p.name for p in determined} >= {"kernel throughput"}
+    for p in determined:
+        assert abs(p.fitted / true_values[p.name] - 1) < 0.10, p
+    # what stays at the prior is reported so, with its prior sd intact
+    for p in joint.parameters:
+        assert p.prior_sd is not None and p.posterior_sd is not None
+        if p.status == "undetermined":
+            assert p.posterior_sd >= 0.5 * p.prior_sd and p.points == 0
 
 
 def test_stratified_split_puts_every_mesh_on_both_sides(noiseless: list[dict]) -> None:
@@ -421,3 +496,142 @@ def test_calibration_on_a_topology_fits_its_tiers() -> None:
             assert _relative(fitted_cost.busbw, true_cost.busbw) < 1e-2, (index, kind)
     # the flat intra_node link, which no topology prediction reads, is left as it was
     assert result.profile.intra_node == prior.intra_node
+
+
+# ------------------------------------------------------------------- tables of step times
+
+TABLE_COLUMNS = (
+    "seq_len", "heads", "kv_heads", "head_dim", "mask", "ulysses", "ring", "layout", "exchange",
+    "phase", "dtype", "gpu", "step_ms",
+)  # fmt: skip
+
+
+def _table_rows() -> tuple[HardwareProfile, list[dict[str, Any]]]:
+    prior, truth = _gpu_truth()
+    measurements = step_time_measurements(_gpu_candidates(), truth, 8, 0.05, random.Random(0))
+    rows = []
+    for m in measurements:
+        c = m.candidate
+        rows.append(
+            dict(zip(TABLE_COLUMNS, (
+                c.seq_len, c.heads, c.kv_heads, c.head_dim, "causal", c.ulysses, c.ring,
+                c.layout, "p2p", "fwd+bwd", "bfloat16", "NVIDIA H100 80GB HBM3",
+                m.median_s * 1e3,
+            ), strict=True))
+        )  # fmt: skip
+    return truth, rows
+
+
+def test_calibrate_reads_csv_and_jsonl_tables_of_step_times(tmp_path: Path) -> None:
+    truth, rows = _table_rows()
+    rows = rows[::2]  # 16 rows: enough to determine the kernel throughput
+    csv_path = tmp_path / "steps.csv"
+    lines = [",".join(TABLE_COLUMNS)] + [",".join(str(r[c]) for c in TABLE_COLUMNS) for r in rows]
+    csv_path.write_text("\n".join(lines) + "\n")
+    jsonl_path = tmp_path / "steps.jsonl"
+    jsonl_path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    reports = []
+    for path in (csv_path, jsonl_path):
+        result = runner.invoke(app, ["calibrate", str(path), "--json"])
+        assert result.exit_code == 0, result.output
+        report = json.loads(result.stdout)
+        assert report["prior"] == "h100-sxm" and report["points"] == len(rows)
+        # 5% log-normal noise: the fit explains the rows to about the noise
+        assert report["residual"] < 0.08 < report["residual_before"]
+        joint = next(f for f in report["fits"] if f["target"] == "joint")
+        throughput = next(p for p in joint["parameters"] if p["name"] == "kernel throughput")
+        assert throughput["status"] == "determined"
+        assert abs(throughput["fitted"] / 0.7 - 1) < 0.10
+        reports.append(report)
+    assert reports[0]["residual"] == pytest.approx(reports[1]["residual"], rel=1e-6)
+
+
+def test_table_bad_rows_name_the_file_row_and_field(tmp_path: Path) -> None:
+    _, rows = _table_rows()
+    bad = [
+        ({"phase": "backward"}, "row 1: phase: Input should be 'fwd' or 'fwd+bwd', got 'backward'"),
+        ({"step_ms": -1}, "row 1: step_ms: Input should be greater than 0, got -1"),
+        ({"ulysses": 3}, "row 1: "),  # U x R = 3 x 1 cannot split 32 heads
+    ]
+    for change, message in bad:
+        path = tmp_path / "bad.jsonl"
+        path.write_text(json.dumps({**rows[0], **change}) + "\n")
+        result = runner.invoke(app, ["calibrate", str(path)])
+        assert result.exit_code == 2, (change, result.output)
+        assert str(path) in result.stderr and message in result.stderr, result.stderr
+    both = {**rows[0], "step_s": 0.001}
+    path = tmp_path / "both.jsonl"
+    path.write_text(json.dumps(both) + "\n")
+    result = runner.invoke(app, ["calibrate", str(path)])
+    assert result.exit_code == 2 and "exactly one of step_s and step_ms" in result.stderr
+
+
+# ------------------------------------------------------------------ published measurements
+
+
+def test_published_rows_reproduce_their_cited_numbers() -> None:
+    from cpbench.model.calibrate.published import published_table  # noqa: PLC0415
+    from cpbench.model.calibrate.table import read_table_rows  # noqa: PLC0415
+
+    rows = read_table_rows(published_table())
+    assert len(rows) >= 16
+    for row_id, row in rows:
+        # every row names a repository, a file and a 40-hex commit, and the number it read
+        assert re.search(r"\w+/[\w.-]+ [\w/.-]+ @[0-9a-f]{40}", row.source), row_id
+        cited = re.search(r": ([0-9.]+) iter/s \(step = 1 / iter/s\)", row.source)
+        assert cited is not None, row_id
+        assert row.seconds * float(cited.group(1)) == pytest.approx(1.0, rel=1e-5), row_id
+        assert "yunchang" not in row.source.lower()  # the out-of-sample check stays out
+        assert "long-context-attention" not in row.source.lower()
+
+
+def test_cli_validate_published_scores_each_machine() -> None:
+    result = runner.invoke(app, ["validate", "--published", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["mode"] == "published" and [s["name"] for s in doc["sections"]] == ["cp_attention"]
+    machines = {m["hardware"]: m for m in doc["sections"][0]["machines"]}
+    assert set(machines) == {"8x H800 NVLink", "8x A100 NVLink"}
+    for m in machines.values():
+        for scores in (m["prior"], m["leave_one_group_out"]):
+            errors = [abs(r["error"]) for r in scores["rows"]]
+            assert len(errors) == m["rows"] == 8
+            assert scores["median_abs_error"] == pytest.approx(float(np.median(errors)))
+            assert 0 <= scores["worst_regret"] and -1 <= scores["spearman"] <= 1
+            for r in scores["rows"]:
+                assert r["error"] == pytest.approx(r["predicted_s"] / r["measured_s"] - 1)
+        # leave-one-group-out: each held-out group is predicted by a profile fitted on the
+        # others, so its predictions differ from the prior's
+        prior_s = [r["predicted_s"] for r in m["prior"]["rows"]]
+        held_s = [r["predicted_s"] for r in m["leave_one_group_out"]["rows"]]
+        assert any(abs(a / b - 1) > 1e-3 for a, b in zip(prior_s, held_s, strict=True))
+    text = runner.invoke(app, ["validate", "--published"])
+    assert text.exit_code == 0 and "LOGO" in text.stdout
+    both = runner.invoke(app, ["validate", "--published", "x.jsonl"])
+    assert both.exit_code == 2 and "give no results files" in both.stderr
+
+
+def test_the_prior_split_matches_the_shipped_published_ratios() -> None:
+    # the prior's per-candidate share comes from the median |log error| of candidate ratios
+    # (0.11, issue 24); recomputed here on the shipped dataset with the prior profiles
+    import math  # noqa: PLC0415
+    import statistics  # noqa: PLC0415
+
+    from cpbench.model.calibrate.error_split import PRIOR_RATIO_MEDIAN_ABS  # noqa: PLC0415
+    from cpbench.model.calibrate.published import published_table  # noqa: PLC0415
+    from cpbench.model.calibrate.table import read_table_rows  # noqa: PLC0415
+
+    groups: dict[Any, list[float]] = {}
+    for row_id, row in read_table_rows(published_table()):
+        m = row.measurement(row_id)
+        prior = load_profile(default_prior([m]).name)
+        groups.setdefault((row.hardware, m.group), []).append(
+            math.log(m.predict(prior).step_s / m.median_s)
+        )
+    pairs = [
+        abs(a - b) for es in groups.values() for i, a in enumerate(es) for b in es[i + 1 :]
+    ]
+    assert len(pairs) == 12
+    # standard error of the median of 12 half-normal |differences| of sigma 0.17 (the ratio's
+    # sigma the constant implies): 1 / (2 f(median) sqrt(12)), f = 0.636 / sigma -> 0.039
+    assert statistics.median(pairs) == pytest.approx(PRIOR_RATIO_MEDIAN_ABS, abs=0.039)

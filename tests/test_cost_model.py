@@ -289,3 +289,50 @@ def test_record_kernel_then_backend_choose_the_curve() -> None:
     assert predict({**config, "kernel": "sdpa"}, CPU).kernel == "cpu_sdpa"
     with pytest.raises(CpbenchError, match="kernel 'xformers' is not one of auto, sdpa"):
         MeshCandidate.for_shape(shape=KERNEL_SHAPE, ulysses=2, ring=4, kernel="xformers")
+
+
+# ------------------------------------------------------------------ kernel: head dim factor
+
+
+def test_head_dim_factor_is_the_published_table_relative_to_128() -> None:
+    from cpbench.model.cost.kernel import head_dim_factor, kernel_factor  # noqa: PLC0415
+
+    # hand-computed from apache/tvm tl_doc/flash_perf.md (RTX 4090, L=2k, TFLOP/s)
+    assert head_dim_factor(32, True, "forward") == pytest.approx(126.78 / 151.19, rel=1e-12)
+    assert head_dim_factor(64, False, "backward") == pytest.approx(124.81 / 124.57, rel=1e-12)
+    assert head_dim_factor(256, True, "forward") == pytest.approx(144.12 / 151.19, rel=1e-12)
+    assert head_dim_factor(256, True, "backward") == 1.0  # no 256 column: constant beyond 128
+    assert head_dim_factor(16, True, "backward") == pytest.approx(86.48 / 99.23, rel=1e-12)
+    # between measured dims: linear in log2(d), so d=45 (log2 5.49) lies between 32 and 64
+    mid = head_dim_factor(45, True, "forward")
+    assert head_dim_factor(32, True, "forward") < mid < head_dim_factor(64, True, "forward")
+    for phase in ("forward", "backward"):
+        for causal in (True, False):
+            assert head_dim_factor(128, causal, phase) == 1.0  # type: ignore[arg-type]
+    assert kernel_factor("flash_attn", "cpu", 32, True, "forward") == 1.0
+    assert kernel_factor("fa3", "cuda", 32, True, "forward") == 1.0
+
+
+def test_predictions_run_the_kernel_at_the_head_dim_factor() -> None:
+    from cpbench.model.cost.kernel import head_dim_factor  # noqa: PLC0415
+
+    h100 = load_profile("h100-sxm")
+    for head_dim in (32, 64, 128):
+        c = MeshCandidate.for_shape(
+            AttentionShape(8192, 32, 8, head_dim), ulysses=1, ring=1, layout="contiguous",
+            dtype="bfloat16", causal=True, kernel="flash_attn",
+        )  # fmt: skip
+        p = predict(c, h100, 1)
+        curve_rate = h100.peak_flops("bfloat16") * h100.curve("flash_attn").at(8192)
+        for phase, t in (("forward", p.forward), ("backward", p.backward)):
+            kernel_s = t.compute_s - t.steps * h100.step_overhead_s - t.memory_bound_s
+            rate = t.slowest_flops / kernel_s
+            assert rate / curve_rate == pytest.approx(
+                head_dim_factor(head_dim, True, phase), rel=1e-9  # type: ignore[arg-type]
+            ), (head_dim, phase)
+        assert (f"at head dim {head_dim}" in p.curve_note) == (head_dim != 128)
+    cpu = load_profile("cpu-local")
+    c = MeshCandidate.for_shape(
+        AttentionShape(1024, 8, 4, 32), ulysses=1, ring=1, layout="contiguous", dtype="float32"
+    )
+    assert predict(c, cpu, 1).head_dim_factors == (1.0, 1.0)

@@ -16,10 +16,12 @@ from typer.testing import CliRunner
 
 from cpbench.app.recommend import (
     FrameworkSetting,
+    RankedCandidate,
     Recommendation,
     RecommendRequest,
     Uncertainty,
     cp_comm_type,
+    framework_settings,
     recommend,
     recommendation_report,
     solve_parallel_sizes,
@@ -30,6 +32,7 @@ from cpbench.cli.main import app
 from cpbench.config.constraints import AttentionShape
 from cpbench.config.problem import MeshCandidate
 from cpbench.errors import CpbenchError
+from cpbench.model.calibrate.error_split import ErrorSplit, split_residuals
 from cpbench.model.calibrate.stats import TIE_RULE
 from cpbench.model.hardware.file_schema import profile_from_dict
 from cpbench.model.hardware.loading import load_profile
@@ -63,7 +66,7 @@ def default():
 def test_default_answer_is_feasible_and_ranked(default) -> None:
     assert default.request.seq_len == 131072 and default.profile.name == "h100-sxm"
     assert default.sizes.cp == 8 and default.gpus_per_node == 8
-    # ranked by time to 4 significant digits (rank_key: within that, p2p before all-gather)
+    # by time to 4 significant digits (rank_key: within that, p2p before all-gather)
     times = [float(f"{r.time_s:.4g}") for r in default.ranked]
     assert times == sorted(times) and len(times) >= 4
     assert all(r.prediction.fits for r in default.ranked)
@@ -75,9 +78,13 @@ def test_default_answer_is_feasible_and_ranked(default) -> None:
     }
     winner = default.winner
     assert winner is not None
-    # one node of NVLink: all-to-all is cheap and the kernel sees the whole sequence
+    # one node of NVLink: all-to-all is cheap and the kernel sees the whole sequence; it ties
+    # the 1x8 ring (ratio 1.04 < e^16%) and holds the longest sequence: memory picks it
     assert (winner.prediction.candidate.ulysses, winner.prediction.candidate.ring) == (8, 1)
+    assert winner is min(default.ranked, key=lambda r: r.time_s)
+    assert default.tie is not None and default.tie.decided_by == "memory"
     assert "8x1" in why(default) and "ahead of the next mesh" in why(default)
+    assert "holds the longest sequence" in why(default)
     assert default.explanation is not None and default.explanation.margin is not None
     assert default.rejected == ()
 
@@ -134,11 +141,15 @@ def test_tp_splits_heads_before_cp() -> None:
 
 def test_framework_settings_for_a2a_p2p() -> None:
     rec = recommend(RecommendRequest(heads=32, kv_heads=8, gpus=16))
-    winner = rec.winner
-    assert winner is not None
-    config = winner.prediction.candidate
+    fastest = min(rec.ranked, key=lambda r: r.time_s)
+    config = fastest.prediction.candidate
     assert (config.ulysses, config.ring) == (8, 2)  # Ulysses inside each node, ring across
-    settings = {f.framework: f for f in rec.frameworks}
+    # the 1x16 ring ties it (the ratio's interval contains 1) and holds a longer sequence:
+    # the tie-break picks the ring; the settings of the fastest are those of a2a+p2p
+    assert rec.tie is not None and fastest in rec.tie.tied and rec.tie.decided_by != "clear"
+    assert rec.winner is rec.tie.tied[0]
+    order = [fastest] + [r for r in rec.ranked if r is not fastest]
+    settings = {f.framework: f for f in framework_settings(order, rec.sizes)}
     megatron = settings["Megatron-LM"]
     assert "--context-parallel-size 16" in megatron.settings
     assert "--cp-comm-type a2a+p2p" in megatron.settings
@@ -203,7 +214,9 @@ def test_cli_json() -> None:
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert len(doc["candidates"]) == 3 and doc["feasible"] > 3
-    assert doc["winner"]["ulysses"] == 8 and doc["winner"]["ring"] == 2
+    # the fastest prediction (8x2) ties the pick; the pick's ring crosses the nodes
+    assert min(doc["candidates"], key=lambda c: c["time_s"])["label"] == "8x2 zigzag"
+    assert doc["winner"]["label"] == doc["tie"]["pick"] and doc["tie"]["decided_by"] != "clear"
     assert doc["winner"]["bytes_per_tier"]["inter_node"] > 0
 
 
@@ -291,12 +304,17 @@ def test_uncalibrated_prior_says_so_and_ties(default) -> None:
     assert report["uncertainty"]["kind"] == "prior"
     tie = default.tie
     assert tie is not None and not tie.clear and len(tie.tied) >= 2
-    # every tied prediction is within e^sigma of the leader's, every other one beyond it
-    best = default.ranked[0].time_s
+    u = default.uncertainty
+    assert u is not None and u.split is not None
+    # the prior split: total 35%, per-candidate from the published ratio error 0.11 / 0.6745
+    assert u.split.total_sigma == pytest.approx(PRIOR_RELATIVE_ERROR, rel=1e-9)
+    assert u.split.ratio_sigma == pytest.approx(0.11 / 0.6745, rel=1e-3)
+    # every tied prediction's ratio to the leader is within e^ratio_sigma, every other beyond
+    best = min(r.time_s for r in default.ranked)
     for r in default.ranked:
-        within = math.log(r.time_s / best) <= PRIOR_RELATIVE_ERROR
+        within = math.log(r.time_s / best) <= u.split.ratio_sigma
         assert (r in tie.tied) == within, r.label
-    assert f"the top {len(tie.tied)} tie within ±35%" in tie.message
+    assert f"the top {len(tie.tied)} tie within x1.18 of the leader" in tie.message
     assert "cpbench sweep" in tie.message
     first = report["candidates"][0]
     assert first["interval"]["sigma"] == pytest.approx(0.35)
@@ -312,6 +330,7 @@ def test_small_sigma_names_a_clear_winner(default) -> None:
     assert tie is not None and tie.clear
     assert tie.tied[0].label == "8x1 any" and tie.runner_up is not None
     assert "is the clear winner" in tie.message and "beyond ±0%" in tie.message
+    assert tie.decided_by == "clear" and tie.decision == ""
     assert ranked[0].time_s * math.exp(0.001) < tie.runner_up.time_s
 
 
@@ -415,3 +434,108 @@ def test_cli_write_scenario_and_json_intervals(tmp_path: Path) -> None:
               str(tmp_path / "nosuch" / "x.toml")],
     )  # fmt: skip
     assert missing.exit_code == 2 and "does not exist" in missing.stderr
+
+
+# ------------------------------------------------------------ ties of ratios and the one pick
+
+
+def _at(r: RankedCandidate, seconds: float) -> RankedCandidate:
+    """The candidate with its predicted step set to `seconds` (the whole time in the forward;
+    the fwd+bwd phase adds the two)."""
+    p = r.prediction
+    forward = dataclasses.replace(p.forward, total_s=seconds)
+    backward = dataclasses.replace(p.backward, total_s=0.0)
+    return dataclasses.replace(
+        r, prediction=dataclasses.replace(p, forward=forward, backward=backward), interval=None
+    )
+
+
+def _by_label(rec: Recommendation, label: str) -> RankedCandidate:
+    return next(r for r in rec.ranked if r.label == label)
+
+
+def _common_error_split() -> ErrorSplit:
+    """Residuals of six problems whose candidates share a common error of +-50% (log) and
+    differ among themselves by +-3%."""
+    rng = random.Random(7)
+    residuals = []
+    for group in range(6):
+        common = 0.5 if group % 2 else -0.5
+        residuals += [(group, common + rng.choice((-0.03, 0.03))) for _ in range(4)]
+    return split_residuals(residuals)
+
+
+def test_error_split_from_residuals_separates_common_and_candidate_parts() -> None:
+    split = _common_error_split()
+    # within-problem spread: 0.03 each side (sample variance over 18 degrees of freedom)
+    assert 0.02 <= split.candidate_sigma <= 0.045
+    assert split.common_sigma == pytest.approx(0.5, abs=0.02)
+    assert split.points == 24 and split.groups == 6
+    # one residual per problem says nothing about the split: the stated prior share
+    alone = split_residuals([(g, 0.2) for g in range(5)])
+    assert alone.groups == 0 and "prior split" in alone.source
+    assert alone.total_sigma == pytest.approx(0.2, rel=1e-9)
+
+
+def test_a_large_common_error_does_not_tie_a_20_percent_difference(default) -> None:
+    split = _common_error_split()
+    fast, slow = _at(_by_label(default, "8x1 any"), 1.0), _at(_by_label(default, "2x4 zigzag"), 1.2)
+    # each time alone is uncertain to ~50%: the old test (ratio within e^total sigma) ties them
+    assert math.log(1.2) <= split.total_sigma
+    assert not split.ratio_tied(1.0, 1.2)
+    u = Uncertainty("calibration", split.total_sigma, "test: common 50%", split)
+    ranked, tie = call_ties(with_intervals([fast, slow], u, []), u, [])
+    assert tie is not None and tie.clear and tie.decided_by == "clear"
+    assert ranked[0].label == "8x1 any" and tie.runner_up is not None
+    assert "is the clear winner: 20% ahead" in tie.message and "ratio's ±" in tie.message
+
+
+def test_a_tie_of_ratios_names_one_pick_and_the_rule_that_decided(default) -> None:
+    split = _common_error_split()
+    u = Uncertainty("calibration", split.total_sigma, "test", split)
+    cases = [
+        # 1x8 holds a shorter sequence than 8x1 (7.9M vs 9.8M tokens): memory decides
+        (("1x8 zigzag", 1.00), ("8x1 any", 1.02), "8x1 any", "memory"),
+        # same longest sequence; 2x4 exposes 565 MB vs 659 MB: exposed bytes decide
+        (("4x2 zigzag", 1.00), ("2x4 zigzag", 1.02), "2x4 zigzag", "exposed_bytes"),
+        # striped and zigzag cost the same everywhere: zigzag is the simpler setting
+        (("4x2 striped", 1.00), ("4x2 zigzag", 1.02), "4x2 zigzag", "simpler_setting"),
+        # nothing separates two copies of one candidate: the faster prediction
+        (("4x2 zigzag", 1.02), ("4x2 zigzag", 1.00), "4x2 zigzag", "fastest"),
+    ]
+    for (a, ta), (b, tb), pick, rule in cases:
+        pair = [_at(_by_label(default, a), ta), _at(_by_label(default, b), tb)]
+        pair.sort(key=lambda r: r.time_s)
+        assert split.ratio_tied(pair[0].time_s, pair[1].time_s)
+        ranked, tie = call_ties(with_intervals(pair, u, []), u, [])
+        assert tie is not None and len(tie.tied) == 2 and not tie.clear
+        assert tie.decided_by == rule, (a, b, tie.decision)
+        assert ranked[0].label == pick and tie.tied[0] is ranked[0]
+        assert f"pick {pick}: " in tie.message and tie.decision in tie.message
+        if rule == "fastest":
+            assert ranked[0].time_s == pytest.approx(1.0)
+
+
+def test_cli_names_one_pick_with_its_tie_break(default) -> None:
+    result = runner.invoke(app, ["recommend", "--heads", "32", "--kv-heads", "8", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    tie = doc["tie"]
+    assert tie["pick"] == doc["winner"]["label"] == doc["candidates"][0]["label"]
+    assert tie["decided_by"] in ("memory", "exposed_bytes", "simpler_setting", "fastest")
+    assert tie["decision"] and tie["decision"] in tie["message"]
+    assert "interval of their ratio contains 1" in tie["rule"]
+    u = doc["uncertainty"]
+    assert u["ratio_sigma"] == pytest.approx(2**0.5 * u["candidate_sigma"], rel=1e-9)
+    assert u["common_sigma"] ** 2 + u["candidate_sigma"] ** 2 == pytest.approx(
+        u["sigma"] ** 2, rel=1e-9
+    )
+
+
+def test_calibrated_split_comes_from_the_within_problem_residuals(tmp_path: Path) -> None:
+    rec = recommend(_measured_request(_measured(tmp_path, dict.fromkeys(((1, 4), (2, 2), (4, 1)), 0.01))))
+    u = rec.uncertainty
+    assert u is not None and u.kind == "calibration" and u.split is not None
+    assert u.split.points == 3 and u.split.groups == 1  # three meshes of one problem
+    assert u.split.candidate_sigma <= u.sigma + 1e-12
+    assert u.split.total_sigma == pytest.approx(u.sigma, rel=1e-9)

@@ -60,3 +60,30 @@ def test_recommend_on_the_pcie_profile_does_not_pick_pure_ulysses() -> None:
     )
     assert rec.winner is not None
     assert (rec.winner.prediction.candidate.ulysses, rec.winner.prediction.candidate.ring) != (8, 1)
+
+
+def test_the_explanation_names_the_tier_that_bounds_each_collective() -> None:
+    from dataclasses import asdict  # noqa: PLC0415
+
+    from cpbench.render.recommend.explanation import why_lines  # noqa: PLC0415
+
+    profile = load_profile("l40s-pcie-2x4")
+    rec = recommend(
+        RecommendRequest(heads=32, kv_heads=8, seq_len=32768, hardware="l40s-pcie-2x4", top=0)
+    )
+    assert rec.explanation is not None and rec.winner is not None
+    tiers = {t.kind: t for t in profile.node_tiers()}
+    for bound in rec.explanation.bounds:
+        # each bound is a tier of the profile's topology (or its network), with its source
+        assert bound.tier in tiers or bound.tier == "inter_node", bound
+        if bound.tier in tiers:
+            assert bound.name == tiers[bound.tier].name
+            assert bound.source == tiers[bound.tier].cost(bound.kind).source
+    assert rec.explanation.bounds
+    text = " ".join(why_lines(asdict(rec.explanation)))
+    first = rec.explanation.bounds[0]
+    assert f"bound by the {first.tier} tier ({first.name})" in " ".join(text.split())
+    # a flat profile has no topology tier to name: the why says nothing more
+    flat = recommend(RecommendRequest(heads=32, kv_heads=8, hardware="h100-sxm"))
+    assert flat.explanation is not None
+    assert "tier (" not in " ".join(why_lines(asdict(flat.explanation)))

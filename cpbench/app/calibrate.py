@@ -1,9 +1,11 @@
-"""`cpbench calibrate` and `cpbench validate`: fit a hardware profile to results files, and
-compare the model's predictions with measurements (in sample or on a holdout)."""
+"""`cpbench calibrate` and `cpbench validate`: fit a hardware profile to results files (or
+tables of measured step times, `model.calibrate.table`), and compare the model's predictions
+with measurements (in sample or on a holdout)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from cpbench.app.recommend import load_results
@@ -18,6 +20,7 @@ from cpbench.model.calibrate import (
     validate,
 )
 from cpbench.model.calibrate.measurements import default_prior
+from cpbench.model.calibrate.table import is_table, measurements_from_table
 from cpbench.model.hardware.loading import load_profile
 from cpbench.model.hardware.profile import HardwareProfile
 from cpbench.model.hardware.writer import save_profile
@@ -29,11 +32,15 @@ def _measurements_and_prior(
     """The usable measurements of `paths`, the profile to start from (given, or the built-in
     profile of the GPU the records name) and how it was chosen (`prior_choice` of the report:
     name, reason, warning); CpbenchError when no record is usable."""
-    measurements = measurements_from_records(load_results(paths))
+    tables = [p for p in paths if is_table(Path(p))]
+    record_files = [p for p in paths if p not in tables]
+    measurements = measurements_from_records(load_results(record_files)) if record_files else []
+    for table in tables:
+        measurements += measurements_from_table(Path(table))
     if not measurements:
         raise CpbenchError(
             f"no usable records in {', '.join(paths)}: {job} needs status 'ok' records "
-            f"with a feasible config and timing.median"
+            f"with a feasible config and timing.median, or table rows (docs/cost-model.md)"
         )
     choice = default_prior(measurements, hardware)
     chosen = {"name": choice.name, "reason": choice.reason, "warning": choice.warning}
@@ -96,7 +103,7 @@ def validate_results(
         fitted = calibrate(measurements, prior, files=tuple(paths))
         profile, calibration = fitted.profile, calibration_summary(fitted)
     report = validate(measurements, profile)
-    mark_ties(report, load_results(paths))
+    mark_ties(report, load_results([p for p in paths if not is_table(Path(p))]))
     mode = "in-sample (calibrated on the same results)" if calibrate_first else "as given"
     return {"mode": mode, **report, "calibration": calibration, **extra}
 
@@ -127,3 +134,53 @@ def mark_ties(report: dict[str, Any], records: Sequence[dict[str, Any]]) -> None
         group["regret_within_noise"] = tie
         within += tie
     report["groups_within_noise"] = within
+
+
+def _scores_dict(scores: Any) -> dict[str, Any] | None:
+    if scores is None:
+        return None
+    return {
+        "median_abs_error": scores.median_abs_error,
+        "spearman": scores.spearman,
+        "worst_regret": scores.worst_regret,
+        "rows": list(scores.rows),
+    }
+
+
+def published_cp_attention_section(path: str | None = None) -> dict[str, Any]:
+    """The CP-attention section of `validate --published`: per machine, the prior's and the
+    leave-one-group-out calibrated scores (`model.calibrate.published`)."""
+    from cpbench.model.calibrate.published import (  # noqa: PLC0415
+        published_table,
+        validate_published,
+    )
+
+    table = Path(path) if path else published_table()
+    machines = validate_published(table)
+    return {
+        "name": "cp_attention",
+        "title": "CP attention step times (one attention layer)",
+        "table": str(table),
+        "error_convention": "error = predicted / measured - 1 of the step time; Spearman: "
+        "median over groups of one problem with >= 2 configurations; regret: measured time "
+        "of the model's pick / the measured fastest - 1, worst group",
+        "machines": [
+            {
+                "hardware": v.hardware,
+                "profile": v.profile,
+                "warning": v.warning,
+                "rows": v.rows,
+                "groups": v.groups,
+                "sources": list(v.sources),
+                "prior": _scores_dict(v.prior),
+                "leave_one_group_out": _scores_dict(v.held_out),
+            }
+            for v in machines
+        ],
+    }
+
+
+def validate_published_report(path: str | None = None) -> dict[str, Any]:
+    """`cpbench validate --published`: a list of sections, each a dataset with its scores
+    (this module's CP-attention one; others are added beside it)."""
+    return {"mode": "published", "sections": [published_cp_attention_section(path)]}

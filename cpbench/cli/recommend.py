@@ -11,7 +11,11 @@ import typer
 
 from cpbench.cli.common import command, console
 from cpbench.config.vocabulary import CP_COMM_CHOICES, CpCommChoice, Phase, Split
-from cpbench.render.recommend.calibration import render_calibration, render_validation
+from cpbench.render.recommend.calibration import (
+    render_calibration,
+    render_published,
+    render_validation,
+)
 from cpbench.render.recommend.screen import render_recommendation
 
 HardwareOption = Annotated[
@@ -166,7 +170,14 @@ def recommend(
 
 @command
 def calibrate(
-    results: Annotated[list[str], typer.Argument(help="JSONL results files of `cpbench sweep`.")],
+    results: Annotated[
+        list[str],
+        typer.Argument(
+            help="JSONL results files of `cpbench sweep`, or tables of measured step times "
+            "(CSV or JSONL rows: shape, mask, mesh, layout, exchange, phase, dtype, GPU, step "
+            "time; docs/cost-model.md)."
+        ),
+    ],
     output: Annotated[
         str | None,
         typer.Option("-o", "--output", help="Write the fitted profile to this TOML file."),
@@ -180,8 +191,10 @@ def calibrate(
     """Fit a hardware profile to measured results (least squares).
 
     Link latency and busbw per collective kind and tier from the comm-only times, the kernel
-    efficiency curve and step overhead from the compute-only times, the ring overlap from the
-    step times. Prints every parameter before and after, the number of points and the residual.
+    efficiency curve and step overhead from the compute-only times (when recorded), then one
+    joint fit of kernel throughput, step overhead, links and overlap to every measured time,
+    step times alone included (regularised toward the prior). Prints every parameter before
+    and after, whether the data determine it or it stays at the prior, and the residual.
     """
     from cpbench.app import calibrate as service  # noqa: PLC0415
 
@@ -194,7 +207,13 @@ def calibrate(
 
 @command
 def validate(
-    results: Annotated[list[str], typer.Argument(help="JSONL results files of `cpbench sweep`.")],
+    results: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="JSONL results files of `cpbench sweep`, or tables of measured step times "
+            "(docs/cost-model.md); none with --published."
+        ),
+    ] = None,
     hardware: HardwareOption = None,
     holdout: Annotated[
         bool,
@@ -221,12 +240,36 @@ def validate(
             help="Calibrate on all the results first (in-sample check of the fit).",
         ),
     ] = False,
+    published: Annotated[
+        bool,
+        typer.Option(
+            "--published",
+            help="Score the model on the shipped published measurements (per machine: the "
+            "prior alone and leave-one-group-out calibrated; sources per row).",
+        ),
+    ] = False,
     as_json: JsonOption = False,
 ) -> None:
     """Predicted vs measured step time per configuration, with the median and max absolute
     percentage error, the Spearman rank correlation and the regret of the model's pick."""
     from cpbench.app import calibrate as service  # noqa: PLC0415
+    from cpbench.errors import CpbenchError  # noqa: PLC0415
 
+    if published:
+        if results:
+            raise CpbenchError(
+                f"--published scores the shipped dataset: give no results files with it "
+                f"(got {', '.join(results)})"
+            )
+        document = service.validate_published_report()
+        if as_json:
+            print(json.dumps(document, indent=1))
+            return
+        for renderable in render_published(document):
+            console.print(renderable)
+        return
+    if not results:
+        raise CpbenchError("validate needs results files (or --published)")
     if holdout_fraction != 0.5 and not holdout:
         holdout = True
     report = service.validate_results(

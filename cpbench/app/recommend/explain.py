@@ -13,6 +13,7 @@ from cpbench.app.recommend.types import (
     LinkUse,
     MaskFacts,
     RankedCandidate,
+    TierBound,
     layout_label,
     rank_key,
 )
@@ -31,8 +32,11 @@ def facts(r: RankedCandidate) -> CandidateFacts:
     )
 
 
-def explain(ranked: Sequence[RankedCandidate], profile: HardwareProfile) -> Explanation:
-    """The facts of why the winner wins (comm per tier, imbalance, memory, margin)."""
+def explain(
+    ranked: Sequence[RankedCandidate], profile: HardwareProfile, tie_break: str = ""
+) -> Explanation:
+    """The facts of why the winner wins (comm per tier, imbalance, memory, margin; the
+    tie-break that picked it among the candidates it ties with)."""
     best = ranked[0]
     p = best.prediction
     c = p.candidate
@@ -69,7 +73,27 @@ def explain(ranked: Sequence[RankedCandidate], profile: HardwareProfile) -> Expl
         memory_capacity_bytes=p.memory_capacity_bytes,
         mask=mask_facts(ranked),
         gather=gather_facts(ranked),
+        tie_break=tie_break,
+        bounds=tier_bounds(p, profile),
     )
+
+
+def tier_bounds(p: Prediction, profile: HardwareProfile) -> tuple[TierBound, ...]:
+    """The tiers whose bandwidth prices the prediction's collectives (its comm terms with
+    bytes: on a topology the bounding node tier, else the link tier), once per kind and tier."""
+    out: dict[tuple[str, str], TierBound] = {}
+    for t in p.comm_terms:
+        if t.bytes <= 0:
+            continue
+        if t.level is not None:
+            node_tier = profile.node_tiers()[t.level]
+            cost = node_tier.cost(t.kind)
+            bound = TierBound(t.kind, node_tier.kind, node_tier.name, cost.source)
+        else:
+            link = profile.link(t.tier)
+            bound = TierBound(t.kind, t.tier, link.name, link.cost(t.kind).source)
+        out.setdefault((t.kind, bound.tier), bound)
+    return tuple(out.values())
 
 
 def _balance(p: Prediction) -> Balance:

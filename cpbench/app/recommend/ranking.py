@@ -72,7 +72,7 @@ def recommend(request: RecommendRequest) -> Recommendation:
     per_node = request.gpus_per_node or profile.devices_per_node
     _check_nodes(request.gpus, per_node)
     ranked, rejected = _evaluate(request, sizes, shape, mask, profile, per_node, measurements)
-    uncertainty = profile_uncertainty(profile, calibration)
+    uncertainty = profile_uncertainty(profile, calibration, measurements)
     ranked, tie = call_ties(with_intervals(ranked, uncertainty, records), uncertainty, records)
     frameworks = framework_settings(ranked, sizes) if ranked else ()
     return Recommendation(
@@ -83,7 +83,7 @@ def recommend(request: RecommendRequest) -> Recommendation:
         gpus_per_node=per_node,
         ranked=tuple(ranked),
         rejected=tuple(rejected),
-        explanation=explain(ranked, profile) if ranked else None,
+        explanation=explain(ranked, profile, tie.decision if tie else "") if ranked else None,
         frameworks=frameworks,
         calibration=calibration,
         warnings=warnings,

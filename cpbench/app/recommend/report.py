@@ -7,6 +7,7 @@ from typing import Any
 
 from cpbench.app.recommend.types import (
     SIGMA_CONVENTION,
+    TIE_BREAK_RULES,
     TIME_CONVENTION,
     RankedCandidate,
     Recommendation,
@@ -146,7 +147,16 @@ def recommendation_report(rec: Recommendation) -> dict[str, Any]:
         "conventions": {"time": TIME_CONVENTION, "flops": FLOPS_CONVENTION},
         "feasible": len(rec.ranked),
         "uncertainty": (
-            {"kind": u.kind, "sigma": u.sigma, "source": u.source, "convention": SIGMA_CONVENTION}
+            {
+                "kind": u.kind,
+                "sigma": u.sigma,
+                "source": u.source,
+                "convention": SIGMA_CONVENTION,
+                "common_sigma": u.split.common_sigma if u.split else None,
+                "candidate_sigma": u.split.candidate_sigma if u.split else None,
+                "ratio_sigma": u.split.ratio_sigma if u.split else None,
+                "split_source": u.split.source if u.split else None,
+            }
             if u
             else None
         ),
@@ -160,6 +170,10 @@ def recommendation_report(rec: Recommendation) -> dict[str, Any]:
                 "message": tie.message,
                 "resolved_by": tie.resolved_by,
                 "measured": any(r.measured_s is not None for r in tie.tied),
+                "pick": tie.tied[0].label,
+                "decided_by": tie.decided_by,
+                "decision": tie.decision,
+                "tie_break_rules": TIE_BREAK_RULES,
             }
             if tie
             else None

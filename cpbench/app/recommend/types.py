@@ -15,6 +15,7 @@ from cpbench.config.vocabulary import CpComm, Phase
 from cpbench.model.calibrate import (
     CalibrationResult,
 )
+from cpbench.model.calibrate.error_split import ErrorSplit
 from cpbench.model.calibrate.stats import Interval
 from cpbench.model.cost.placement import Placement
 from cpbench.model.cost.prediction import Prediction
@@ -51,6 +52,10 @@ class Uncertainty:
     """One standard deviation of the relative error (0.35 = 35%)."""
     source: str
     """Where sigma comes from, in words (printed with every tie call)."""
+    split: ErrorSplit | None = None
+    """sigma split into the part common to the candidates of one problem and each
+    candidate's own part (what a tie of two predictions is tested on: their ratio's sigma,
+    `ErrorSplit.ratio_sigma`); None: ties tested against sigma itself."""
 
 
 @dataclass(frozen=True)
@@ -217,6 +222,21 @@ class FrameworkSetting:
     """What to watch out for, or what the framework runs instead, as facts (`recommend`)."""
 
 
+TieBreak = Literal["clear", "measured", "memory", "exposed_bytes", "simpler_setting", "fastest"]
+"""What named the pick: no tie; a measured tie settled by re-measurement; else the first
+tie-break rule that leaves one candidate (`TIE_BREAK_RULES`)."""
+TIE_BREAK_RULES = (
+    "among tied predictions: (1) memory: the longest sequence that fits (max L within 5% of "
+    "the longest stays in); (2) exposed_bytes: the fewest "
+    "bytes not hidden behind compute (bytes sent x exposed / total communication, within 10% "
+    "of the fewest); (3) simpler_setting: p2p "
+    "before all-gather, no head stride, one CP axis before two, zigzag before striped before "
+    "contiguous; (4) fastest: the fastest prediction. A tie led by a measurement keeps the "
+    "fastest measured median"
+)
+"""The stated tie-break (printed with every tie)."""
+
+
 @dataclass(frozen=True)
 class TieCall:
     """Whether the leaders of the ranking tie within the uncertainty."""
@@ -232,6 +252,11 @@ class TieCall:
     resolved_by: str | None = None
     """How a tie among measured leaders was settled (an interleaved re-measurement), if it
     was."""
+    decided_by: TieBreak = "clear"
+    """Which rule named the pick (`TIE_BREAK_RULES`): clear (no tie), measured (the fastest
+    measured median, or an interleaved re-measurement), memory, exposed_bytes, simpler_setting or fastest."""
+    decision: str = ""
+    """The tie-break in words, with the numbers that decided it."""
 
     @property
     def clear(self) -> bool:
@@ -346,6 +371,21 @@ class LinkUse:
 
 
 @dataclass(frozen=True)
+class TierBound:
+    """A link tier that sets the bandwidth time of one collective kind the winner calls."""
+
+    kind: CollectiveKind
+    """all_to_all or send_recv."""
+    tier: str
+    """The tier: a `[topology]` tier's kind (nvlink, pcie_switch, host_bridge, numa_node,
+    socket), or intra_node / inter_node on a flat profile and for the network."""
+    name: str
+    """The tier's technology, as the profile names it."""
+    source: str
+    """Where its bus bandwidth comes from (the profile's source text)."""
+
+
+@dataclass(frozen=True)
 class Explanation:
     """Why the winner wins (`cpbench.render.recommend.explanation.why_lines` and `explanation_text`)."""
 
@@ -395,6 +435,11 @@ class Explanation:
     """The mask's facts (document or window masks)."""
     gather: GatherFacts | None = None
     """The all-gather's facts (when all-gather candidates were ranked)."""
+    bounds: tuple[TierBound, ...] = ()
+    """The tiers whose bandwidth sets the winner's collectives' times."""
+    tie_break: str = ""
+    """Why the winner was picked among the candidates it ties with (`TieCall.decision`; empty:
+    a clear winner). With it, `margin` may be negative: a tied candidate predicted faster."""
 
 
 @dataclass(frozen=True)

@@ -1,19 +1,31 @@
 """How sure a recommendation is: the model's sigma and its source (a calibration's residuals,
-a probe's stated fit error, or the prior's stated accuracy), every candidate's interval, and
-whether the leaders tie (the model's sigma between two predictions; the measured 95% intervals
-between two measurements, `results.frame.rank_records`)."""
+a probe's stated fit error, or the prior's stated accuracy), split into the part common to the
+candidates of one problem and each candidate's own (`model.calibrate.error_split`), every
+candidate's interval, whether the leaders tie (two predictions: the interval of their ratio
+contains 1; two measurements: their 95% intervals overlap, `results.frame.rank_records`), and
+which tied candidate is the pick (`TIE_BREAK_RULES`)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from cpbench.app.recommend.types import RankedCandidate, TieCall, Uncertainty
-from cpbench.model.calibrate import CalibrationResult
+from cpbench.app.recommend.types import (
+    LAYOUT_PREFERENCE,
+    RankedCandidate,
+    TieBreak,
+    TieCall,
+    Uncertainty,
+    rank_key,
+)
+from cpbench.config.vocabulary import PHASE_PASSES
+from cpbench.model.calibrate import CalibrationResult, Measurement
+from cpbench.model.calibrate.error_split import ErrorSplit, prior_split, split_residuals
 from cpbench.model.calibrate.stats import TIE_RULE
 from cpbench.model.hardware.profile import HardwareProfile, LinkCost
-from cpbench.model.topology import interval, relative_sigma, tied
+from cpbench.model.topology import interval, relative_sigma
 from cpbench.results.frame import rank_records, record_interval
 
 PROBE_SIGMA_FLOOR = 0.05
@@ -21,6 +33,12 @@ PROBE_SIGMA_FLOOR = 0.05
 calibration's): a link fit that is exact says nothing about the rest of the model."""
 LISTED = 5
 """Tied candidates named in the message (the table and the JSON list them all)."""
+TIE_BREAK_SLACK = 0.05
+"""The memory rule keeps every candidate within 5% of the longest sequence (a longest
+sequence 1% apart does not decide)."""
+BYTES_SLACK = 0.10
+"""The exposed-bytes rule keeps every candidate within 10% of the fewest (the exposed share
+comes from the model's overlap, itself uncertain)."""
 
 
 def probe_residuals(profile: HardwareProfile) -> tuple[float, ...]:
@@ -35,29 +53,62 @@ def probe_residuals(profile: HardwareProfile) -> tuple[float, ...]:
 
 
 def profile_uncertainty(
-    profile: HardwareProfile, calibration: CalibrationResult | None
+    profile: HardwareProfile,
+    calibration: CalibrationResult | None,
+    measurements: Sequence[Measurement] = (),
 ) -> Uncertainty:
     """Sigma of the model's relative step-time error: the calibration's residuals (done on
     `--results`, or recorded in a calibrated TOML), else a probe's largest stated link-fit
-    residual (at least `PROBE_SIGMA_FLOOR`), else the prior's stated accuracy."""
+    residual (at least `PROBE_SIGMA_FLOOR`), else the prior's stated accuracy. Its split
+    (`ErrorSplit`) comes from the calibration's residuals on `measurements` when given
+    (within-problem spread = the per-candidate part), else the stated prior split."""
     if calibration is not None:
         sigma, text = relative_sigma(calibration.residual, calibration.points)
-        return Uncertainty("calibration", sigma, text)
+        split = _split_from(calibration, measurements, sigma)
+        return Uncertainty("calibration", sigma, text, split)
     if profile.calibration is not None:
         info = profile.calibration
         sigma, text = relative_sigma(info.residual, info.points)
-        return Uncertainty("calibration", sigma, f"{text}, recorded in {profile.name}")
+        text = f"{text}, recorded in {profile.name}"
+        return Uncertainty("calibration", sigma, text, prior_split(sigma))
     residuals = probe_residuals(profile)
     if residuals:
         worst = max(residuals)
+        sigma = max(PROBE_SIGMA_FLOOR, worst)
         return Uncertainty(
             "probe",
-            max(PROBE_SIGMA_FLOOR, worst),
+            sigma,
             f"cpbench probe fit error: largest RMS residual {worst:.1%} of {len(residuals)} "
             f"link fit(s)",
+            prior_split(sigma),
         )
     sigma, _ = relative_sigma(None)
-    return Uncertainty("prior", sigma, "the uncalibrated prior's stated accuracy, an estimate")
+    return Uncertainty(
+        "prior", sigma, "the uncalibrated prior's stated accuracy, an estimate", prior_split(sigma)
+    )
+
+
+def _split_from(
+    calibration: CalibrationResult, measurements: Sequence[Measurement], sigma: float
+) -> ErrorSplit:
+    """The split of `sigma` by the calibrated profile's residuals on the measurements: the
+    within-problem spread gives the per-candidate part (at most sigma), the rest is common."""
+    residuals = [
+        (m.group, math.log(m.predict(calibration.profile).step_s / m.median_s))
+        for m in measurements
+        if m.median_s > 0
+    ]
+    estimated = split_residuals(residuals)
+    if not residuals:
+        return prior_split(sigma)
+    candidate = min(sigma, estimated.candidate_sigma)
+    return ErrorSplit(
+        math.sqrt(max(0.0, sigma**2 - candidate**2)),
+        candidate,
+        estimated.source,
+        estimated.points,
+        estimated.groups,
+    )
 
 
 def with_intervals(
@@ -85,16 +136,18 @@ def call_ties(
     uncertainty: Uncertainty,
     records: Sequence[Mapping[str, Any]],
 ) -> tuple[list[RankedCandidate], TieCall | None]:
-    """Which candidates tie with the leader, and the ranking (an interleaved re-measurement
-    that settled a measured tie puts its winner first).
+    """Which candidates tie with the leader, the one pick among them, and the ranking with
+    the pick first.
 
-    Two predictions tie when the slower is within exp(sigma) of the faster (`topology.tied`:
-    their errors on one profile are correlated); two measurements tie when their 95%
-    intervals overlap (`rank_records`, `TIE_RULE`); a measurement and a prediction tie when
-    the measured interval and the predicted one overlap."""
+    Two predictions tie when the interval of their ratio contains 1: |log(slow / fast)| <=
+    the ratio's sigma (`ErrorSplit.ratio_tied`: the error common to the candidates of one
+    problem cancels in a ratio); two measurements tie when their 95% intervals overlap
+    (`rank_records`, `TIE_RULE`); a measurement and a prediction tie when the measured
+    interval and the predicted one overlap. An interleaved re-measurement that settled a
+    measured tie names the pick; else `TIE_BREAK_RULES` do."""
     if not ranked:
         return [], None
-    order = list(ranked)
+    order = sorted(ranked, key=rank_key)
     measured_ids = {r.record_id for r in order if r.measured_s is not None and r.record_id}
     measured_tied: set[str] = set()
     resolved_by = None
@@ -110,33 +163,142 @@ def call_ties(
                 first = next(r for r in order if r.record_id == group.leader)
                 order = [first] + [r for r in order if r is not first]
     leader = order[0]
-    tied_set = [leader] + [r for r in order[1:] if _tied(leader, r, measured_tied)]
+    split = uncertainty.split
+    tied_set = [leader] + [r for r in order[1:] if _tied(leader, r, measured_tied, split)]
     runner_up = next((r for r in order if r not in tied_set), None)
+    decided_by: TieBreak
+    if len(tied_set) == 1:
+        pick, decided_by, decision = leader, "clear", ""
+    elif resolved_by or leader.measured_s is not None:
+        pick, decided_by = leader, "measured"
+        decision = (
+            f"{leader.label} is faster when re-measured ({resolved_by})"
+            if resolved_by
+            else f"{leader.label} has the fastest measured median"
+        )
+    else:
+        pick, decided_by, decision = break_tie(tied_set)
+    tied_set = [pick] + [r for r in tied_set if r is not pick]
+    order = [pick] + [r for r in order if r is not pick]
     any_measured = any(r.measured_s is not None for r in tied_set + [runner_up] if r)
-    model_rule = (
-        f"two predictions tie when the slower is within x e^sigma of the faster, sigma = "
-        f"{uncertainty.sigma:.0%} ({uncertainty.source})"
-    )
-    rule = model_rule + (f"; measured: {TIE_RULE}" if any_measured else "")
+    rule = _model_rule(uncertainty) + (f"; measured: {TIE_RULE}" if any_measured else "")
+    message = _message(tied_set, runner_up, uncertainty, decision)
     return order, TieCall(
-        tuple(tied_set), runner_up, rule, _message(tied_set, runner_up, uncertainty), resolved_by
+        tuple(tied_set), runner_up, rule, message, resolved_by, decided_by, decision
     )
 
 
-def _tied(leader: RankedCandidate, other: RankedCandidate, measured_tied: set[str]) -> bool:
+def _model_rule(uncertainty: Uncertainty) -> str:
+    split = uncertainty.split
+    if split is None:
+        return (
+            f"two predictions tie when the slower is within x e^sigma of the faster, sigma = "
+            f"{uncertainty.sigma:.0%} ({uncertainty.source})"
+        )
+    return (
+        f"two predictions tie when the interval of their ratio contains 1: the slower within "
+        f"x e^(sqrt 2 x sigma_candidate) = x{math.exp(split.ratio_sigma):.2f} of the faster; "
+        f"sigma {uncertainty.sigma:.0%} ({uncertainty.source}) = common "
+        f"{split.common_sigma:.0%} + per-candidate {split.candidate_sigma:.0%} in quadrature "
+        f"({split.source})"
+    )
+
+
+def _tied(
+    leader: RankedCandidate,
+    other: RankedCandidate,
+    measured_tied: set[str],
+    split: ErrorSplit | None,
+) -> bool:
     if leader.measured_s is not None and other.measured_s is not None:
         return other.record_id in measured_tied
     if leader.measured_s is None and other.measured_s is None:
-        if leader.interval is None or other.interval is None:
-            return other.time_s <= leader.time_s
-        return tied(leader.interval, other.interval)
+        fast, slow = leader.prediction.step_s, other.prediction.step_s
+        if fast <= 0 or slow <= 0:
+            return slow <= fast
+        if split is not None:
+            return split.ratio_tied(fast, slow)
+        if leader.interval is None:
+            return slow <= fast
+        return math.log(slow / fast) <= leader.interval.relative_sigma
     return leader.low_s <= other.high_s and other.low_s <= leader.high_s
+
+
+def exposed_bytes(r: RankedCandidate) -> float:
+    """Bytes a rank sends in the ranked phase times the share of its communication not
+    hidden behind compute (exposed / total communication time)."""
+    p = r.prediction
+    sent = sum(p.bytes_by_tier(PHASE_PASSES[p.candidate.phase]).values())
+    t = p.phase_time
+    return sent * (t.exposed_comm_s / t.comm_s) if t.comm_s > 0 else 0.0
+
+
+def setting_complexity(r: RankedCandidate) -> tuple[int, int, int, int]:
+    """How much a framework has to be told: all-gather over p2p, a head stride, two CP axes
+    over one, then the layout (`LAYOUT_PREFERENCE`)."""
+    c = r.prediction.candidate
+    return (
+        int(c.ring > 1 and c.all_gather),
+        int(c.ring > 1 and c.all_gather and c.heads_k_stride is not None),
+        int(c.ulysses > 1 and c.ring > 1),
+        LAYOUT_PREFERENCE[c.layout] if c.ring > 1 and c.causal else 0,
+    )
+
+
+def break_tie(tied: Sequence[RankedCandidate]) -> tuple[RankedCandidate, TieBreak, str]:
+    """The pick among tied candidates (fastest first), the rule that named it and why in
+    words: `TIE_BREAK_RULES`, each keeping the candidates within `TIE_BREAK_SLACK` of its
+    best, the first that leaves one deciding."""
+    left = list(tied)
+    longest = max(r.prediction.max_seq_len for r in left)
+    kept = [r for r in left if r.prediction.max_seq_len >= longest * (1 - TIE_BREAK_SLACK)]
+    if len(kept) == 1:
+        pick = kept[0]
+        other = max((r for r in left if r is not pick), key=lambda r: r.prediction.max_seq_len)
+        return pick, "memory", (
+            f"{pick.label} holds the longest sequence ({pick.prediction.max_seq_len} tokens vs "
+            f"{other.prediction.max_seq_len} for {other.label}, the next of the tie)"
+        )
+    left = kept
+    fewest = min(exposed_bytes(r) for r in left)
+    kept = [r for r in left if exposed_bytes(r) <= fewest * (1 + BYTES_SLACK) + 1.0]
+    if len(kept) == 1:
+        pick = kept[0]
+        other = min((r for r in left if r is not pick), key=exposed_bytes)
+        return pick, "exposed_bytes", (
+            f"{pick.label} exposes the fewest bytes ({exposed_bytes(pick) / 1e6:.1f} MB per "
+            f"rank vs {exposed_bytes(other) / 1e6:.1f} MB for {other.label}; longest "
+            f"sequences within {TIE_BREAK_SLACK:.0%})"
+        )
+    left = kept
+    simplest = min(setting_complexity(r) for r in left)
+    kept = [r for r in left if setting_complexity(r) == simplest]
+    if len(kept) == 1:
+        pick = kept[0]
+        return pick, "simpler_setting", (
+            f"{pick.label} is the simplest framework setting of the candidates left ("
+            + ", ".join(r.label for r in left if r is not pick)
+            + "; as much headroom, exposed bytes within "
+            f"{BYTES_SLACK:.0%})"
+        )
+    pick = kept[0]
+    return pick, "fastest", (
+        f"{pick.label} is the fastest prediction of the candidates no rule separates ("
+        + ", ".join(r.label for r in kept[1:])
+        + ")"
+    )
 
 
 def _within(uncertainty: Uncertainty, candidates: Sequence[RankedCandidate]) -> str:
     """What the tie or the margin is measured against, in words."""
     if all(r.measured_s is not None for r in candidates):
         return "their measured 95% intervals overlap"
+    split = uncertainty.split
+    if split is not None:
+        return (
+            f"within x{math.exp(split.ratio_sigma):.2f} of the leader (one sigma of a ratio of "
+            f"two predictions, {split.ratio_sigma:.0%}; {uncertainty.source})"
+        )
     return f"within ±{uncertainty.sigma:.0%} ({uncertainty.source})"
 
 
@@ -144,24 +306,31 @@ def _message(
     tied_set: Sequence[RankedCandidate],
     runner_up: RankedCandidate | None,
     uncertainty: Uncertainty,
+    decision: str,
 ) -> str:
     if len(tied_set) > 1:
         labels = ", ".join(r.label for r in tied_set[:LISTED])
         if len(tied_set) > LISTED:
             labels += f" and {len(tied_set) - LISTED} more"
         return (
-            f"the top {len(tied_set)} tie {_within(uncertainty, tied_set)}: {labels}; measure "
-            f"them with `cpbench sweep` (--write-scenario PATH writes that scenario)"
+            f"the top {len(tied_set)} tie {_within(uncertainty, tied_set)}: {labels}; pick "
+            f"{tied_set[0].label}: {decision}; to separate them measure them with `cpbench "
+            f"sweep` (--write-scenario PATH writes that scenario)"
         )
     leader = tied_set[0]
     if runner_up is None:
         return f"{leader.label} is the only feasible candidate"
     margin = runner_up.time_s / leader.time_s - 1 if leader.time_s > 0 else 0.0
-    basis = (
-        "measured 95% intervals apart"
-        if leader.measured_s is not None and runner_up.measured_s is not None
-        else f"beyond ±{uncertainty.sigma:.0%} ({uncertainty.source})"
-    )
+    split = uncertainty.split
+    if leader.measured_s is not None and runner_up.measured_s is not None:
+        basis = "measured 95% intervals apart"
+    elif split is not None:
+        basis = (
+            f"beyond the ratio's ±{split.ratio_sigma:.0%} (one sigma of a ratio of two "
+            f"predictions; {uncertainty.source})"
+        )
+    else:
+        basis = f"beyond ±{uncertainty.sigma:.0%} ({uncertainty.source})"
     return (
         f"{leader.label} is the clear winner: {margin:.0%} ahead of {runner_up.label}, "
         f"{basis}"

@@ -32,6 +32,7 @@ import numpy as np
 from scipy.optimize import lsq_linear
 
 from cpbench.errors import CpbenchError
+from cpbench.model.calibrate.joint import fit_joint
 from cpbench.model.calibrate.measurements import Measurement, as_measurements, resolve_prior
 from cpbench.model.calibrate.stats import rms
 from cpbench.model.cost.breakdown import CommTerm
@@ -103,6 +104,12 @@ class ParameterFit:
     """Value after the fit."""
     points: int
     """Measurements that constrain it (0: kept at the prior)."""
+    prior_sd: float | None = None
+    """Joint fit: the prior sd of its log (None: a linear fit's parameter)."""
+    posterior_sd: float | None = None
+    """Joint fit: the posterior sd of its log."""
+    status: str | None = None
+    """Joint fit: determined, constrained or undetermined (`joint.JointParameter.status`)."""
 
 
 @dataclass(frozen=True)
@@ -110,7 +117,8 @@ class FitReport:
     """One least-squares fit: what was fitted on how many points, and how well."""
 
     target: str
-    """Measured quantity: comm_only, compute_only or median."""
+    """Measured quantity: comm_only, compute_only, median (the overlap), or joint (every
+    measured time at once, RMS of log errors)."""
     points: int
     """Measurements used."""
     residual_before: float
@@ -132,7 +140,7 @@ class CalibrationResult:
     points: int
     """Measurements used."""
     fits: tuple[FitReport, ...]
-    """Links, kernel efficiency, overlap."""
+    """Links, kernel efficiency, overlap (the linear fits), then the joint fit."""
     residual: float
     """RMS relative error of the predicted step (median) on the points, after the fit."""
     residual_before: float
@@ -361,6 +369,27 @@ def _fit_overlap(
     return new, FitReport("median", len(rows), rms(before), rms(after), (parameter,))
 
 
+# --------------------------------------------------------------------------------- joint
+
+
+def _fit_joint(
+    measurements: Sequence[Measurement], profile: HardwareProfile
+) -> tuple[HardwareProfile, FitReport]:
+    """The joint fit of every measured time (joint.py), regularised toward the profile the
+    linear fits left (the prior itself where no compute-only / comm-only time fitted it)."""
+    fit = fit_joint(measurements, profile)
+    parameters = tuple(
+        ParameterFit(
+            p.name, p.unit, p.prior, p.fitted, fit.rows if p.status != "undetermined" else 0,
+            p.prior_sd, p.posterior_sd, p.status,
+        )
+        for p in fit.parameters
+    )  # fmt: skip
+    return fit.profile, FitReport(
+        "joint", fit.rows, fit.residual_before, fit.residual_after, parameters
+    )
+
+
 # ------------------------------------------------------------------------------- calibrate
 
 
@@ -387,11 +416,24 @@ def calibrate(
     base = resolve_prior(prior, measurements)
     profile, links = _fit_links(measurements, base, ridge)
     profile, compute, notes = _fit_compute(measurements, profile, ridge)
-    profile, overlap = _fit_overlap(measurements, profile)
+    overlap = None
+    if links is not None and compute is not None:
+        # from step times the overlap is the only unknown left only once the links and the
+        # kernel are fitted from their own times; else it would absorb their errors, and the
+        # joint fit takes it with them
+        profile, overlap = _fit_overlap(measurements, profile)
+    profile, joint = _fit_joint(measurements, profile)
     if links is None:
         notes.insert(0, "no comm_only times with communication: links kept from the prior")
     if overlap is None:
-        notes.append("no ring configuration measured: overlap kept from the prior")
+        notes.append(
+            "overlap not fitted alone (no ring configuration, or links / kernel without their "
+            "own times): the joint fit takes it with the other parameters"
+        )
+    notes.append(
+        "joint fit of every measured time (log, Gaussian prior in log-parameter space): "
+        + "; ".join(f"{p.name} {p.status}" for p in joint.parameters)
+    )
     residual = rms([relative_error(m, profile) for m in measurements])
     info = CalibrationInfo(base.name, len(measurements), residual, tuple(files))
     profile = replace(
@@ -402,7 +444,7 @@ def calibrate(
         origin="calibrated",
         overheads_source=f"step overhead and overlap calibrated (prior {base.name})",
     )
-    fits = tuple(f for f in (links, compute, overlap) if f is not None)
+    fits = tuple(f for f in (links, compute, overlap, joint) if f is not None)
     before = rms([relative_error(m, base) for m in measurements])
     return CalibrationResult(profile, base, len(measurements), fits, residual, before, tuple(notes))
 
@@ -428,6 +470,9 @@ def calibration_summary(result: CalibrationResult) -> dict[str, Any]:
                         "prior": p.prior,
                         "fitted": p.fitted,
                         "points": p.points,
+                        "prior_sd": p.prior_sd,
+                        "posterior_sd": p.posterior_sd,
+                        "status": p.status,
                     }
                     for p in f.parameters
                 ],

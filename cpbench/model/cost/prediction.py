@@ -27,6 +27,7 @@ from cpbench.config.problem import CpProblem, MeshCandidate
 from cpbench.config.vocabulary import PHASE_PASSES
 from cpbench.errors import CpbenchError
 from cpbench.model.cost.breakdown import CommTerm, PhaseTime, TierTraffic
+from cpbench.model.cost.kernel import HEAD_DIM_SOURCE, kernel_factor
 from cpbench.model.cost.placement import Placement, placement
 from cpbench.model.cost.schemes import Context, phase_time, tier_traffic
 from cpbench.model.cost.work import config_work
@@ -88,6 +89,9 @@ class Prediction:
     topology: TopologyPlacement | None = None
     """Where the ranks sit on the profile's node topology (None: a flat profile, priced by
     `placement`'s two tiers); `cpbench.model.topology.describe` and `.export()` tell it."""
+    head_dim_factors: tuple[float, float] = (1.0, 1.0)
+    """The kernel's throughput at this head dim relative to the curve's 128, forward and
+    backward (`cpbench.model.cost.kernel`; 1.0 where no table applies)."""
 
     @property
     def curve_note(self) -> str:
@@ -95,11 +99,19 @@ class Prediction:
         requested = self.candidate.kernel
         runs = self.kernel if requested == self.kernel else f"{requested} runs {self.kernel}"
         if self.curve_kernel == self.kernel:
-            return f"kernel {runs}: {self.kernel} efficiency curve of {self.profile_name}"
-        return (
-            f"kernel {runs}: {self.profile_name} has no {self.kernel} efficiency curve, "
-            f"its default {self.curve_kernel} curve was used"
-        )
+            text = f"kernel {runs}: {self.kernel} efficiency curve of {self.profile_name}"
+        else:
+            text = (
+                f"kernel {runs}: {self.profile_name} has no {self.kernel} efficiency curve, "
+                f"its default {self.curve_kernel} curve was used"
+            )
+        if self.head_dim_factors != (1.0, 1.0):
+            forward, backward = self.head_dim_factors
+            text += (
+                f"; at head dim {self.candidate.head_dim} x{forward:.2f} forward, "
+                f"x{backward:.2f} backward ({HEAD_DIM_SOURCE})"
+            )
+        return text
 
     @property
     def forward_backward(self) -> PhaseTime:
@@ -156,12 +168,14 @@ def predict(
     profile: HardwareProfile,
     gpus_per_node: int | None = None,
     rank_stride: int = 1,
+    memory: bool = True,
 ) -> Prediction:
     """Predict one configuration; CpbenchError when the mesh is infeasible.
 
     `config_like` is a MeshCandidate (a BenchConfig is one), a CpProblem (fwd+bwd on the
     profile's kernel) or a results record's `config` dict; `gpus_per_node` defaults to the
-    profile's devices per node.
+    profile's devices per node. `memory=False` leaves the memory fields at 0 (a fit that
+    needs only times: the memory estimate is most of a prediction's cost).
     """
     candidate = _as_candidate(config_like)
     config = candidate.require_feasible()
@@ -174,7 +188,7 @@ def predict(
     volume = comm_volume(config)
     flops_per_s = profile.peak_flops(config.dtype) * curve.at(config.ring_shard)
     contexts = [
-        Context(candidate, profile, place, volume, flops_per_s, topo)
+        Context(candidate, profile, place, volume, flops_per_s, topo, family)
         for topo in _topology_placements(config, profile, per_node, rank_stride)
     ]
     times = [(phase_time(ctx, "forward"), phase_time(ctx, "backward")) for ctx in contexts]
@@ -200,15 +214,21 @@ def predict(
         traffic=tier_traffic(ctx),
         comm_terms=forward_terms + backward_terms,
         work_imbalance=work.imbalance,
-        memory_bytes=memory_estimate(config).peak(memory_phase),
+        memory_bytes=memory_estimate(config).peak(memory_phase) if memory else 0,
         memory_capacity_bytes=profile.memory_bytes,
-        max_seq_len=max_seq_len_for_budget(profile.memory_bytes, config, memory_phase),
+        max_seq_len=(
+            max_seq_len_for_budget(profile.memory_bytes, config, memory_phase) if memory else 0
+        ),
         ring_steps=config.ring_steps,
         padding=config.padding,
         padding_fraction=work.padding_fraction,
         work_overhead=work.overhead,
         slowest_ring_rank=work.slowest_ring_rank,
         topology=ctx.topology,
+        head_dim_factors=(
+            kernel_factor(family, profile.device_kind, config.head_dim, config.causal, "forward"),
+            kernel_factor(family, profile.device_kind, config.head_dim, config.causal, "backward"),
+        ),
     )
 
 

@@ -46,6 +46,7 @@ from fractions import Fraction
 from cpbench.config.problem import MeshCandidate
 from cpbench.config.vocabulary import PASSES, Pass
 from cpbench.model.cost.breakdown import CommTerm, PhaseTime, TierTraffic
+from cpbench.model.cost.kernel import kernel_factor
 from cpbench.model.cost.placement import Placement
 from cpbench.model.cost.work import config_work, mask_step_stats, merge_bytes
 from cpbench.model.flops import BACKWARD_FACTOR, flops_per_pair
@@ -64,6 +65,16 @@ class Context:
     volume: CommVolume
     flops_per_s: float
     topology: TopologyPlacement | None = None
+    kernel: str = ""
+    """The kernel family that runs (its head-dim factor, `kernel.kernel_factor`)."""
+
+
+def pass_flops_per_s(ctx: Context, phase: Pass) -> float:
+    """The kernel's FLOP/s in one pass: the curve's (at head dim 128, causal) times the
+    head-dim factor of the pass and mask (`cpbench.model.cost.kernel`)."""
+    c = ctx.config
+    factor = kernel_factor(ctx.kernel, ctx.profile.device_kind, c.head_dim, c.causal, phase)
+    return ctx.flops_per_s * factor
 
 
 def _phase_factor(phase: Pass) -> Fraction:
@@ -107,11 +118,12 @@ def _step_costs(ctx: Context, phase: Pass, merges: list[float]) -> list[_StepCos
     per_pair = flops_per_pair(c.shape, c.ulysses) * _phase_factor(phase)
     stats = mask_step_stats(c)
     overhead, share = ctx.profile.step_overhead_s, _node_share(ctx)
+    rate = pass_flops_per_s(ctx, phase)
     costs = []
     for (busiest, mean), merge in zip(stats, merges, strict=True):
         busiest_flops, mean_flops = float(busiest * per_pair), float(mean * per_pair)
-        alone = busiest_flops / ctx.flops_per_s + overhead + merge
-        shared = share * (mean_flops / ctx.flops_per_s + overhead + merge)
+        alone = busiest_flops / rate + overhead + merge
+        shared = share * (mean_flops / rate + overhead + merge)
         if share > 1 and shared > alone:
             costs.append(_StepCost(shared, share * mean_flops, share, share * merge))
         else:
@@ -133,7 +145,9 @@ def phase_time(ctx: Context, phase: Pass) -> tuple[PhaseTime, tuple[CommTerm, ..
     run_pairs = config_work(c).total  # the pairs the ranks compute, padding included
     mean_flops = float(run_pairs * flops_per_pair(c.shape, 1) * _phase_factor(phase)) / c.world
     balanced = _node_share(ctx) * (
-        mean_flops / ctx.flops_per_s + c.ring_steps * ctx.profile.step_overhead_s + sum(merges)
+        mean_flops / pass_flops_per_s(ctx, phase)
+        + c.ring_steps * ctx.profile.step_overhead_s
+        + sum(merges)
     )
     timing = PhaseTime.priced(
         phase, ulysses_s + ring_total, balanced, slowest, ulysses_s, ring_comm,
@@ -267,11 +281,10 @@ def _gather_phase_time(ctx: Context, phase: Pass) -> tuple[PhaseTime, tuple[Comm
     share = _node_share(ctx)
     slowest_pairs = float(max(work.ring_rank_pairs))
     mean_pairs = float(sum(work.ring_rank_pairs, Fraction(0))) / c.ring
-    alone = slowest_pairs * per_pair / ctx.flops_per_s + overheads * profile.step_overhead_s
+    rate = pass_flops_per_s(ctx, phase)
+    alone = slowest_pairs * per_pair / rate + overheads * profile.step_overhead_s
     alone += merges
-    balanced = share * (
-        mean_pairs * per_pair / ctx.flops_per_s + overheads * profile.step_overhead_s + merges
-    )
+    balanced = share * (mean_pairs * per_pair / rate + overheads * profile.step_overhead_s + merges)
     shared = share > 1 and balanced > alone
     compute = balanced if shared else alone
     slowest_flops = share * mean_pairs if shared else slowest_pairs

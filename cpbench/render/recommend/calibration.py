@@ -58,6 +58,14 @@ def render_validation(report: Mapping[str, Any]) -> list[RenderableType]:
     return out
 
 
+def _data(param: Mapping[str, Any]) -> str:
+    """How well the data pin a joint-fit parameter down; `linear` for the linear fits'."""
+    status = param.get("status")
+    if status is None:
+        return "linear fit"
+    return f"{status} (sd {param['posterior_sd']:.2f} of {param['prior_sd']:.2f})"
+
+
 def render_calibration(report: Mapping[str, Any]) -> RenderableType:
     """Rich renderable of a calibration summary."""
     table = FitTable(
@@ -66,9 +74,14 @@ def render_calibration(report: Mapping[str, Any]) -> RenderableType:
             f"step-time error {format_percent(report['residual_before'])} -> "
             f"{format_percent(report['residual'])}"
         ),
-        caption="prior and fitted in the unit of the unit column (no unit: dimensionless)",
+        caption=(
+            "prior and fitted in the unit of the unit column (no unit: dimensionless); joint "
+            "fit: residuals are RMS log errors, data = determined (posterior sd of the log <= "
+            "5%), constrained (below half the prior sd) or undetermined (the data do not pin it: "
+            "its value is no evidence), with the posterior sd vs the prior sd"
+        ),
     )
-    for col in ("fit", "parameter", "prior", "fitted", "unit", "points"):
+    for col in ("fit", "parameter", "prior", "fitted", "unit", "points", "data"):
         table.add_column(
             col,
             justify="right" if col in ("prior", "fitted", "points") else "left",
@@ -88,9 +101,57 @@ def render_calibration(report: Mapping[str, Any]) -> RenderableType:
                 f"{param['fitted']:.4g}",
                 param["unit"],
                 str(param["points"]),
+                _data(param),
             )
     notes = [Text(f"warning: {w}", style="yellow") for w in report.get("warnings", [])]
     notes += [Text(f"note: {n}", style="dim") for n in report["notes"]]
     if report.get("output"):
         notes.append(Text(f"wrote {report['output']} (load it with --hardware {report['output']})"))
     return Group(table, *notes)
+
+
+def _cell(value: float | None, percent: bool = True) -> str:
+    if value is None:
+        return "-"
+    return format_percent(value) if percent else format_number(value)
+
+
+def render_published(report: Mapping[str, Any]) -> list[RenderableType]:
+    """Rich renderables of `validate --published`: one table per section, a row per machine
+    with the prior's and the leave-one-group-out calibrated scores."""
+    out: list[RenderableType] = []
+    for section in report["sections"]:
+        table = FitTable(
+            title=f"{section['title']}: the model vs published measurements ({section['table']})",
+            caption=section["error_convention"] + "; LOGO = calibrated on the machine's other "
+            "groups, predicting the held-out one",
+        )
+        columns = ("hardware", "profile", "rows", "groups", "prior |err|", "prior Spearman",
+                   "prior regret", "LOGO |err|", "LOGO Spearman", "LOGO regret")  # fmt: skip
+        for col in columns:
+            table.add_column(
+                col, justify="left" if col in ("hardware", "profile") else "right",
+                key=col == "hardware", wrap=col == "hardware",
+            )  # fmt: skip
+        for m in section["machines"]:
+            prior, logo = m["prior"], m["leave_one_group_out"] or {}
+            table.add_row(
+                Text(m["hardware"]), m["profile"], str(m["rows"]), str(m["groups"]),
+                _cell(prior["median_abs_error"]), _cell(prior["spearman"], False),
+                _cell(prior["worst_regret"]), _cell(logo.get("median_abs_error")),
+                _cell(logo.get("spearman"), False), _cell(logo.get("worst_regret")),
+            )  # fmt: skip
+        out.append(table)
+        for m in section["machines"]:
+            if m["warning"]:
+                out.append(Text(f"{m['hardware']}: {m['warning']}", style="yellow"))
+            cited: dict[str, int] = {}
+            for source in m["sources"]:
+                where = source.split(", ")[0]
+                cited[where] = cited.get(where, 0) + 1
+            out += [
+                Text(f"{m['hardware']}: {n} row source(s) from {where} (each cell: --json)",
+                     style="dim")
+                for where, n in cited.items()
+            ]  # fmt: skip
+    return out

@@ -49,10 +49,18 @@ def _pick(e: Facts) -> str:
     )
     if second is None:
         return text + ", the only feasible mesh"
-    return (
+    if e["margin"] < 0:
+        return (
+            f"{w['label']} is picked among candidates the model cannot separate "
+            f"({_ms(w['time_s'])} per layer, {e['phase']}; {second['label']} predicted "
+            f"{-e['margin']:.1%} faster at {_ms(second['time_s'])}, within the uncertainty of "
+            f"their ratio): {e.get('tie_break', '')}"
+        )
+    text = (
         f"{text}, {e['margin']:.1%} ahead of the next mesh, {second['label']} "
         f"({_ms(second['time_s'])})"
     )
+    return text + (f"; among the tied, {e['tie_break']}" if e.get("tie_break") else "")
 
 
 def _balance(e: Facts, brief: bool = False) -> str:
@@ -91,6 +99,20 @@ def _memory(e: Facts) -> str:
     )
 
 
+def _bounds(e: Facts) -> str:
+    """`; all-to-all bound by the socket tier (...)`: the tiers that price the winner's
+    collectives, on a profile with a topology (where the tier is not just intra / inter node)."""
+    bounds = e.get("bounds") or ()
+    named = [b for b in bounds if b["tier"] not in ("intra_node", "inter_node")]
+    if not named:
+        return ""
+    words = {"all_to_all": "all-to-all", "send_recv": "ring send/recv"}
+    return "; " + ", ".join(
+        f"{words.get(b['kind'], b['kind'])} bound by the {b['tier']} tier ({b['name']})"
+        for b in named
+    )
+
+
 def why_lines(e: Facts) -> list[str]:
     """The pick and why in three sentences (the margin; placement and exposed communication;
     balance and memory): what `recommend` prints by default."""
@@ -100,6 +122,11 @@ def why_lines(e: Facts) -> list[str]:
         if second
         else "the only feasible mesh"
     )
+    if second and e["margin"] < 0:
+        ahead = (
+            f"tied with {second['label']} ({_ms(second['time_s'])}, predicted "
+            f"{-e['margin']:.1%} faster, within the ratio's uncertainty); picked by the tie-break"
+        )
     where = [
         f"{name} of {n} " + ("inside a node" if tier == "intra_node" else f"across nodes{hops}")
         for name, n, tier, hops in (
@@ -112,7 +139,7 @@ def why_lines(e: Facts) -> list[str]:
         f"Pick: {w['label']}, {'measured' if e['measured'] else 'predicted'} {_ms(w['time_s'])} "
         f"({e['phase']}), {ahead}.",
         f"Why: {', '.join(where) or 'one rank'}; {_ms(w['exposed_comm_s'])} of "
-        f"{_ms(w['comm_s'])} communication exposed.",
+        f"{_ms(w['comm_s'])} communication exposed{_bounds(e)}.",
         f"{_balance(e, brief=True)} {format_gib(w['memory_bytes'])} of "
         f"{format_gib(e['memory_capacity_bytes'], 1)} per rank; fits up to {w['max_seq_len']} "
         "tokens.",

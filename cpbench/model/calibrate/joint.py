@@ -1,0 +1,300 @@
+"""One joint fit of kernel, link and overlap parameters to any set of measured times.
+
+The linear fits of fit.py need compute-only times for the kernel and comm-only times for the
+links; a step time alone mixes the two through the ring's overlap (a max), so it is not linear
+in them. Here every parameter is a log-multiplier theta_k of its value in a reference profile,
+and the fit is a maximum a posteriori estimate (scipy.optimize.least_squares, trust region
+reflective) of
+
+    sum over times  ((log predicted - log measured) / noise)^2
+  + sum over params ((theta_k - prior_k) / prior_sd_k)^2,
+
+a Gaussian prior in log-parameter space (`PRIOR_LOG_SD`). Every measured time of a
+configuration enters as one row: the step (`median`) always, its compute-only and comm-only
+times when the record has them. The noise is re-estimated from the residuals once
+(`NOISE_START`, at least `NOISE_FLOOR`) and the fit repeated.
+
+Which parameters the data determine: the posterior covariance of theta is (J^T J)^-1 with J
+the Jacobian of the whitened residuals (data and prior rows) at the optimum; a parameter is
+`determined` when its posterior sd is at most `DETERMINED_SD`, `constrained` when below
+`CONSTRAINED_RATIO` x its prior sd, else `undetermined`: the data do not pin it, and its
+fitted value (within its prior's width) is no evidence.
+
+Parameters: the kernel throughput (every dtype peak x the efficiency curve, one factor), the
+step overhead, latency and bus bandwidth of each (link tier, collective kind) the
+configurations use (node tiers of a `[topology]` separately), and 1 - overlap of the ring.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Literal
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from cpbench.errors import CpbenchError
+from cpbench.model.calibrate.measurements import Measurement
+from cpbench.model.cost.prediction import Prediction, predict
+from cpbench.model.formulas import CollectiveKind
+from cpbench.model.hardware.profile import HardwareProfile, LinkCost, LinkTier
+from cpbench.model.hardware.transforms import with_link_cost, with_tier_cost
+from cpbench.units import GB
+
+PRIOR_LOG_SD = {
+    "kernel throughput": 0.5,
+    "step overhead": 1.0,
+    "latency": 1.0,
+    "busbw": 0.7,
+    "1 - overlap": 0.7,
+}
+"""Prior sd of each parameter's log (0.5 = a factor e^0.5 = 1.65 at one sd). Choices, wide
+enough for the prior errors issue 24 reports (a PCIe all-to-all 4.4x slower than its line
+rate, a kernel at head dim 32 1.6-3.9x slower), so the data decide where they can."""
+NOISE_START = 0.05
+"""Noise (sd of log time) the first pass assumes; the second pass uses the residuals'."""
+NOISE_FLOOR = 0.01
+"""Least noise of the second pass (a fit that explains its data exactly still has noise)."""
+DETERMINED_SD = 0.05
+"""A parameter is determined when the posterior sd of its log is at most 0.05 (the data fix
+it to +-5% at one sd)."""
+CONSTRAINED_RATIO = 0.5
+"""A parameter not determined is constrained when its posterior sd is below half its prior
+sd (the data moved it, but not to +-5%); else it stays at the prior."""
+FIT_TOLERANCE = 1e-6
+"""least_squares' ftol / xtol / gtol: a log-time residual settled to 1e-6 is far below any
+measurement's noise (the default 1e-8 only costs iterations)."""
+MAX_EVALUATIONS = 60
+"""At most this many evaluations per pass (each also costs a numerical Jacobian)."""
+LOWEST_U = 0.02
+"""Least 1 - overlap of the reference (the log of 0 is not a parameter)."""
+
+
+LinkKey = tuple[LinkTier, CollectiveKind, "int | None"]
+ParameterStatus = Literal["determined", "constrained", "undetermined"]
+"""How well the data pin a parameter down (`JointParameter.status`)."""
+
+
+@dataclass(frozen=True)
+class JointParameter:
+    """One parameter of the joint fit: its prior and fitted values and how well the data pin
+    it down."""
+
+    name: str
+    """e.g. `intra_node all_to_all busbw`."""
+    unit: str
+    """Unit of prior and fitted."""
+    prior: float
+    """Value in the reference profile."""
+    fitted: float
+    """Value after the fit."""
+    prior_sd: float
+    """Prior sd of its log."""
+    posterior_sd: float
+    """Posterior sd of its log ((J^T J)^-1 at the optimum)."""
+
+    @property
+    def status(self) -> ParameterStatus:
+        """determined, constrained or undetermined (the module docstring)."""
+        if self.posterior_sd <= DETERMINED_SD:
+            return "determined"
+        if self.posterior_sd < CONSTRAINED_RATIO * self.prior_sd:
+            return "constrained"
+        return "undetermined"
+
+    @property
+    def determined(self) -> bool:
+        """Whether the data fix it to +-`DETERMINED_SD`."""
+        return self.status == "determined"
+
+
+@dataclass(frozen=True)
+class JointFit:
+    """The result of a joint fit."""
+
+    profile: HardwareProfile
+    """The fitted profile."""
+    parameters: tuple[JointParameter, ...]
+    """Every parameter, fitted or kept at the prior."""
+    rows: int
+    """Measured times fitted (steps, compute-only and comm-only times)."""
+    residual_before: float
+    """RMS of log(predicted / measured) over the rows on the reference profile."""
+    residual_after: float
+    """The same after the fit."""
+    noise: float
+    """Noise (sd of log time) of the final pass."""
+
+
+@dataclass(frozen=True)
+class _Spec:
+    name: str
+    unit: str
+    kind: str
+    value: float
+    apply: Callable[[HardwareProfile, float], HardwareProfile]
+
+
+def _link_cost(profile: HardwareProfile, key: LinkKey) -> LinkCost:
+    tier, kind, level = key
+    if level is None:
+        return profile.link(tier).cost(kind)
+    return profile.node_tiers()[level].cost(kind)
+
+
+def _set_link(profile: HardwareProfile, key: LinkKey, cost: LinkCost) -> HardwareProfile:
+    tier, kind, level = key
+    if level is None:
+        return with_link_cost(profile, tier, kind, cost)
+    return with_tier_cost(profile, level, kind, cost)
+
+
+def _link_label(profile: HardwareProfile, key: LinkKey) -> str:
+    tier, kind, level = key
+    if level is None:
+        return f"{tier} {kind}"
+    return f"topology tier {level} ({profile.node_tiers()[level].kind}) {kind}"
+
+
+def _specs(reference: HardwareProfile, keys: Sequence[LinkKey], ring: bool) -> list[_Spec]:
+    """The parameters and how each sets its value on a profile."""
+
+    def throughput(p: HardwareProfile, factor: float) -> HardwareProfile:
+        return replace(p, peak_tflops={k: v * factor for k, v in p.peak_tflops.items()})
+
+    def overhead(p: HardwareProfile, value: float) -> HardwareProfile:
+        return replace(p, step_overhead_s=value)
+
+    specs = [
+        _Spec("kernel throughput", "x prior", "kernel throughput", 1.0, throughput),
+        _Spec("step overhead", "us", "step overhead", max(reference.step_overhead_s, 1e-6) * 1e6,
+              lambda p, v: overhead(p, v * 1e-6)),
+    ]  # fmt: skip
+    for key in keys:
+        label = _link_label(reference, key)
+        cost = _link_cost(reference, key)
+
+        def latency(p: HardwareProfile, v: float, key: LinkKey = key) -> HardwareProfile:
+            old = _link_cost(p, key)
+            return _set_link(p, key, replace(old, latency_s=v * 1e-6))
+
+        def busbw(p: HardwareProfile, v: float, key: LinkKey = key) -> HardwareProfile:
+            old = _link_cost(p, key)
+            return _set_link(p, key, replace(old, busbw=v * GB))
+
+        specs += [
+            _Spec(f"{label} latency", "us", "latency", max(cost.latency_s, 1e-7) * 1e6, latency),
+            _Spec(f"{label} busbw", "GB/s", "busbw", cost.busbw / GB, busbw),
+        ]
+    if ring:
+        specs.append(
+            _Spec("1 - overlap", "", "1 - overlap", max(1.0 - reference.overlap, LOWEST_U),
+                  lambda p, v: replace(p, overlap=max(0.0, 1.0 - v)))
+        )  # fmt: skip
+    return specs
+
+
+def _times(m: Measurement) -> list[tuple[str, float]]:
+    out = [("median", m.median_s)]
+    if m.compute_only_s is not None:
+        out.append(("compute_only", m.compute_only_s))
+    if m.comm_only_s is not None:
+        out.append(("comm_only", m.comm_only_s))
+    return out
+
+
+def _predicted(p: Prediction, what: str) -> float:
+    if what == "median":
+        return p.step_s
+    return p.compute_only_s if what == "compute_only" else p.comm_only_s
+
+
+JACOBIAN_STEP = 1e-4
+"""Step in log-parameter space of the forward-difference Jacobian at the start."""
+
+
+def _jacobian(
+    function: Callable[[np.ndarray], np.ndarray], theta: np.ndarray, at: np.ndarray
+) -> np.ndarray:
+    """Forward differences of `function` at `theta` (`at` = function(theta))."""
+    columns = []
+    for k in range(len(theta)):
+        moved = theta.copy()
+        moved[k] += JACOBIAN_STEP
+        columns.append((function(moved) - at) / JACOBIAN_STEP)
+    return np.stack(columns, axis=1)
+
+
+def fit_joint(
+    measurements: Sequence[Measurement],
+    reference: HardwareProfile,
+    *,
+    prior_sd: dict[str, float] | None = None,
+) -> JointFit:
+    """The joint fit of the module docstring, regularised toward `reference`."""
+    if not measurements:
+        raise CpbenchError("a joint fit needs at least one measurement")
+    sds = {**PRIOR_LOG_SD, **(prior_sd or {})}
+    base = [predict(m.candidate, reference, m.devices_per_node, memory=False) for m in measurements]
+    keys = sorted(
+        {(t.tier, t.kind, t.level) for p in base for t in p.comm_terms},
+        key=lambda k: (k[0], k[1], -1 if k[2] is None else k[2]),
+    )
+    ring = any(p.phase_time.overlappable_s > 0 for p in base)
+    specs = _specs(reference, keys, ring)
+    prior_sds = np.array([sds[s.kind] for s in specs])
+    rows = [(m, what, math.log(t)) for m in measurements for what, t in _times(m)]
+
+    def profile_at(theta: np.ndarray) -> HardwareProfile:
+        profile = reference
+        for spec, x in zip(specs, theta, strict=True):
+            profile = spec.apply(profile, spec.value * math.exp(float(x)))
+        return profile
+
+    def log_errors(theta: np.ndarray) -> np.ndarray:
+        profile = profile_at(theta)
+        cache: dict[int, Prediction] = {}
+        out = np.empty(len(rows))
+        for i, (m, what, measured) in enumerate(rows):
+            key = id(m)
+            if key not in cache:
+                cache[key] = predict(m.candidate, profile, m.devices_per_node, memory=False)
+            out[i] = math.log(max(_predicted(cache[key], what), 1e-15)) - measured
+        return out
+
+    def residuals(theta: np.ndarray, noise: float) -> np.ndarray:
+        return np.concatenate([log_errors(theta) / noise, theta / prior_sds])
+
+    theta = np.zeros(len(specs))
+    start = log_errors(theta)
+    before = float(np.sqrt(np.mean(start**2)))
+    dof = max(1, len(rows) - len(specs))
+    if before < NOISE_FLOOR:
+        # the reference explains every time to below the noise floor (the linear fits did):
+        # the optimum is the start; only the posterior is computed, at the floor's noise
+        noise = NOISE_FLOOR
+        jac = _jacobian(lambda t: residuals(t, noise), theta, residuals(theta, noise))
+    else:
+        noise = NOISE_START
+        for final in (False, True):
+            # the second pass re-weighs the prior by the noise the first pass found
+            solution = least_squares(
+                residuals, theta, args=(noise,), method="trf", x_scale=prior_sds,
+                ftol=FIT_TOLERANCE, xtol=FIT_TOLERANCE, gtol=FIT_TOLERANCE,
+                max_nfev=MAX_EVALUATIONS,
+            )  # fmt: skip
+            theta = np.asarray(solution.x, dtype=float)
+            if final:
+                break
+            noise = max(NOISE_FLOOR, float(np.sqrt(np.sum(log_errors(theta) ** 2) / dof)))
+        jac = np.asarray(solution.jac, dtype=float)
+    posterior = np.sqrt(np.diag(np.linalg.pinv(jac.T @ jac)))
+    fitted = profile_at(theta)
+    parameters = tuple(
+        JointParameter(s.name, s.unit, s.value, s.value * math.exp(float(x)), float(sd), float(ps))
+        for s, x, sd, ps in zip(specs, theta, prior_sds, posterior, strict=True)
+    )
+    after = float(np.sqrt(np.mean(log_errors(theta) ** 2)))
+    return JointFit(fitted, parameters, len(rows), before, after, noise)

@@ -1,0 +1,129 @@
+"""The model against published CP-attention measurements (`cpbench validate --published`).
+
+The shipped dataset (`cpbench/data/published/cp_attention.csv`, the table format of table.py,
+one `source` per row: repository, path, commit, table cell) is grouped by machine (`hardware`).
+Per machine, the model is scored twice on every row:
+
+- **prior**: the built-in profile its GPU names (`default_prior`) as shipped;
+- **leave-one-group-out**: for each group of rows that solve one problem (`Measurement.group`),
+  the profile calibrated on the machine's other groups (`calibrate`: the linear fits where
+  their times exist, then the joint fit), predicting the held-out group; with one group only,
+  nothing is left to calibrate on and the row says so.
+
+Metrics (`validation.validation_summary` over the rows): median |error| of the step time,
+the median Spearman of the groups with two or more configurations (the ranking within a
+problem), and the worst regret of the model's pick in those groups. yunchang's README tables
+are not in the dataset (they are the project's out-of-sample check, issue 24).
+
+`published_sections` is the list of what `validate --published` reports; a second section
+(plan-level validation rows) is added beside this one.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from cpbench.errors import CpbenchError
+from cpbench.model.calibrate.fit import calibrate
+from cpbench.model.calibrate.measurements import Measurement, default_prior
+from cpbench.model.calibrate.table import read_table_rows
+from cpbench.model.calibrate.validation import validation_rows, validation_summary
+from cpbench.model.hardware.loading import load_profile
+
+
+def published_table() -> Path:
+    """The shipped table of published CP-attention measurements."""
+    return Path(str(resources.files("cpbench") / "data" / "published" / "cp_attention.csv"))
+
+
+@dataclass(frozen=True)
+class Scores:
+    """The model's accuracy on one machine's rows, one way."""
+
+    median_abs_error: float
+    """Median |predicted / measured - 1| of the step time."""
+    spearman: float | None
+    """Median Spearman of the groups with >= 2 configurations (None: no such group)."""
+    worst_regret: float | None
+    """Largest regret of the model's pick in those groups (None: no such group)."""
+    rows: tuple[dict[str, Any], ...]
+    """Predicted vs measured per row (`validation_rows`)."""
+
+
+@dataclass(frozen=True)
+class MachineValidation:
+    """One machine of the dataset: its rows and the model's scores."""
+
+    hardware: str
+    """The machine (the rows' `hardware`)."""
+    profile: str
+    """The built-in profile its GPU names (the prior)."""
+    warning: str | None
+    """Why that profile is only the closest one, when it is."""
+    rows: int
+    """Rows of the machine."""
+    groups: int
+    """Groups of rows that solve one problem."""
+    sources: tuple[str, ...]
+    """The rows' sources, once each."""
+    prior: Scores
+    """The prior alone."""
+    held_out: Scores | None
+    """Leave-one-group-out calibrated (None: a single group, nothing to calibrate on)."""
+
+
+def _scores(measurements: Sequence[Measurement], rows: Sequence[dict[str, Any]]) -> Scores:
+    summary = validation_summary(measurements, rows)
+    rankable = [g for g in summary["groups"] if g["configurations"] > 1]
+    return Scores(
+        summary["median_abs_error"],
+        statistics.median(g["spearman"] for g in rankable) if rankable else None,
+        summary["regret"],
+        tuple(rows),
+    )
+
+
+def validate_machine(
+    hardware: str, measurements: Sequence[Measurement], sources: Sequence[str]
+) -> MachineValidation:
+    """The prior's and the leave-one-group-out calibrated scores on one machine's rows."""
+    choice = default_prior(measurements)
+    prior = load_profile(choice.name)
+    prior_scores = _scores(measurements, validation_rows(measurements, prior))
+    groups: dict[Any, list[Measurement]] = {}
+    for m in measurements:
+        groups.setdefault(m.group, []).append(m)
+    held_out = None
+    if len(groups) > 1:
+        ordered: list[Measurement] = []
+        rows: list[dict[str, Any]] = []
+        for key, members in groups.items():
+            train = [m for k, ms in groups.items() if k != key for m in ms]
+            fitted = calibrate(train, prior).profile
+            ordered += members
+            rows += validation_rows(members, fitted)
+        held_out = _scores(ordered, rows)
+    return MachineValidation(
+        hardware, choice.name, choice.warning, len(measurements), len(groups),
+        tuple(dict.fromkeys(sources)), prior_scores, held_out,
+    )  # fmt: skip
+
+
+def validate_published(path: Path | None = None) -> list[MachineValidation]:
+    """Every machine of the published table (the shipped one unless `path`), by machine."""
+    table = read_table_rows(path or published_table())
+    if not table:
+        raise CpbenchError(f"{path or published_table()} has no rows")
+    by_machine: dict[str, list[tuple[Measurement, str]]] = {}
+    for row_id, row in table:
+        machine = row.hardware or row.gpu
+        by_machine.setdefault(machine, []).append((row.measurement(row_id), row.source))
+    return [
+        validate_machine(machine, [m for m, _ in items], [s for _, s in items])
+        for machine, items in by_machine.items()
+    ]

@@ -1,0 +1,71 @@
+"""How an attention kernel's throughput changes with the head dimension, the piece shape and
+the pass, beside the efficiency curve over the sequence length (`EfficiencyCurve`). Pure math.
+
+The shipped GPU curves are read at head dim 128 with a causal mask (docs/design.md §2, the
+profiles' sources). FlashAttention-2's throughput at other head dims is taken relative to 128
+from one published table, `apache/tvm` `tl_doc/flash_perf.md` @bd6f95705749439fea3600bf078bccc26b780cd9
+("The flash-attention performance on RTX-4090 GPU", SEQ_LEN 2k, fp16, TFLOP/s, column
+Flash_attn):
+
+| pass, mask | d 32 | d 64 | d 128 | d 256 |
+|---|---|---|---|---|
+| forward, full | 159.79 | 168.91 | 169.28 | 156.15 |
+| forward, causal | 126.78 | 142.23 | 151.19 | 144.12 |
+| backward, full | 115.12 | 124.81 | 124.57 | - |
+| backward, causal | 86.48 | 96.53 | 99.23 | - |
+
+The factor at head dim d is the row's value at d over its value at 128, interpolated linearly
+in log2(d) and constant outside the measured dims (the backward's 256 takes its 128). The table
+is of an RTX 4090 (Ada); on other GPUs it is applied as the kernel's shape, not measured there
+(`HEAD_DIM_SOURCE` says so in every curve note). It applies to the FlashAttention-2 code
+(`flash_attn`, PyTorch's CUDA `cuda_sdpa`) on CUDA profiles; other kernels and CPU profiles keep
+factor 1 (no published table by head dim was read for them).
+"""
+
+from __future__ import annotations
+
+import math
+
+from cpbench.config.vocabulary import Pass
+
+HEAD_DIM_SOURCE = (
+    "head-dim factor of FlashAttention-2 relative to d=128 from apache/tvm tl_doc/flash_perf.md "
+    "@bd6f957 (RTX 4090, L=2k, fp16), applied as the kernel's shape"
+)
+HEAD_DIM_KERNELS = ("flash_attn", "cuda_sdpa")
+"""Kernel families the table describes (FlashAttention-2 code)."""
+REFERENCE_HEAD_DIM = 128
+"""Head dim the shipped curves are read at."""
+
+_TFLOPS: dict[tuple[str, bool], dict[int, float]] = {
+    ("forward", False): {32: 159.79, 64: 168.91, 128: 169.28, 256: 156.15},
+    ("forward", True): {32: 126.78, 64: 142.23, 128: 151.19, 256: 144.12},
+    ("backward", False): {32: 115.12, 64: 124.81, 128: 124.57},
+    ("backward", True): {32: 86.48, 64: 96.53, 128: 99.23},
+}
+"""TFLOP/s by (pass, causal) and head dim (the module docstring's table)."""
+
+
+def head_dim_factor(head_dim: int, causal: bool, phase: Pass) -> float:
+    """Throughput at `head_dim` over that at 128 for one pass and mask (1.0 at 128)."""
+    table = _TFLOPS[(phase, causal)]
+    dims = sorted(table)
+    reference = table[REFERENCE_HEAD_DIM]
+    if head_dim <= dims[0]:
+        return table[dims[0]] / reference
+    if head_dim >= dims[-1]:
+        return table[dims[-1]] / reference
+    x = math.log2(head_dim)
+    for low, high in zip(dims, dims[1:], strict=False):
+        if head_dim <= high:
+            x0, x1 = math.log2(low), math.log2(high)
+            value = table[low] + (table[high] - table[low]) * (x - x0) / (x1 - x0)
+            return value / reference
+    return table[dims[-1]] / reference  # unreachable: head_dim < dims[-1] was handled
+
+
+def kernel_factor(kernel: str, device: str, head_dim: int, causal: bool, phase: Pass) -> float:
+    """The head-dim factor for a kernel family on a device kind (1.0 where no table applies)."""
+    if device != "cuda" or kernel not in HEAD_DIM_KERNELS:
+        return 1.0
+    return head_dim_factor(head_dim, causal, phase)
