@@ -67,7 +67,16 @@ def plan(
         float | None,
         typer.Option(help="Memory kept free per GPU, GiB (default: 2 on a GPU, 0 on CPU)."),
     ] = None,
-    top: Annotated[int, typer.Option(help="Plans and rejections to list (0 = all).")] = 10,
+    top: Annotated[
+        int,
+        typer.Option(help="Plans and memory rejections to rank and list (0 = all: every plan "
+                     "that fits is priced)."),
+    ] = 10,
+    exhaustive: Annotated[
+        bool,
+        typer.Option(help="Price every plan that fits instead of pruning the ones whose lower "
+                     "bound cannot rank (the same answer, slower; for checking)."),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
 ) -> None:
     """Plan a whole model's training: does it fit at --seq-len on --gpus, with which
@@ -101,6 +110,8 @@ def plan(
         pp=pp,
         matmul_efficiency=matmul_efficiency,
         reserve_gib=reserve_gib,
+        keep=max(top, 0),
+        exhaustive=exhaustive,
     )
     if top < 0:
         from cpbench.errors import CpbenchError  # noqa: PLC0415

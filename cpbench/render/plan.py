@@ -45,20 +45,29 @@ def render_plan(report: Mapping[str, Any], top: int = 10) -> list[RenderableType
     out: list[RenderableType] = [header]
     feasible = report["feasible"]
     if feasible:
-        out.append(_feasible_table(feasible, top))
+        found = report.get("search")
+        out.append(_feasible_table(feasible, top, found["feasible"] if found else None))
         winner = feasible[report["winner"] - 1]
         out.append(_step_table(winner))
         out.append(_memory_table(winner, q["memory_capacity_bytes"]))
         shortest = report["shortest_cp"]
+        where = (f"rank {shortest['rank']}" if shortest["rank"] is not None
+                 else f"step {_seconds(shortest['step_s'])} s, below the plans listed")
         out.append(Text(
-            f"Shortest CP that fits: CP {shortest['cp']} ({shortest['label']}, rank "
-            f"{shortest['rank']}). The winner holds sequences up to L = {winner['max_seq_len']} "
-            f"tokens."
+            f"Shortest CP that fits: CP {shortest['cp']} ({shortest['label']}, {where}). The "
+            f"winner holds sequences up to L = {winner['max_seq_len']} tokens."
         ))
     else:
         out.append(Text("No plan fits: see the rejected plans.", style="bold red"))
+    counts = report.get("search")
     if report["rejected"]:
-        out.extend(_rejected(report["rejected"], top))
+        memory_total = counts["rejected_by_memory"] if counts else None
+        out.extend(_rejected(report["rejected"], top, memory_total))
+    if counts:
+        out.append(Text(
+            f"Search: {counts['enumerated']} plans, {counts['rejected_by_memory']} over memory, "
+            f"{counts['feasible']} fit; {counts['priced']} priced, {counts['pruned']} pruned "
+            f"(a lower bound of their step cannot rank).", style="dim"))
     if report["frameworks"]:
         out.append(_frameworks_table(report["frameworks"]))
     out += [Text(f"note: {n}", style="dim") for n in report["notes"]]
@@ -71,9 +80,11 @@ def render_plan(report: Mapping[str, Any], top: int = 10) -> list[RenderableType
     return out
 
 
-def _feasible_table(plans: Sequence[Mapping[str, Any]], top: int) -> FitTable:
+def _feasible_table(plans: Sequence[Mapping[str, Any]], top: int,
+                    feasible_total: int | None = None) -> FitTable:
     shown = plans[:top] if top else plans
-    more = f" (top {len(shown)} of {len(plans)}; --top 0 lists all)" if len(shown) < len(plans) else ""
+    total = feasible_total if feasible_total is not None else len(plans)
+    more = f" (top {len(shown)} of {total}; --top 0 lists all)" if len(shown) < total else ""
     table = FitTable(
         title=f"Feasible plans, fastest step first{more}",
         caption="step s per optimizer step; attn = attention's share of the step; mem GiB on "
@@ -152,15 +163,17 @@ def _memory_table(plan: Mapping[str, Any], capacity: float) -> FitTable:
     return table
 
 
-def _rejected(rejected: Sequence[Mapping[str, Any]], top: int) -> list[RenderableType]:
+def _rejected(rejected: Sequence[Mapping[str, Any]], top: int,
+              memory_total: int | None = None) -> list[RenderableType]:
     memory = sorted((r for r in rejected if r["kind"] == "memory"),
                     key=lambda r: r["memory_bytes"])
     rules = [r for r in rejected if r["kind"] != "memory"]
     out: list[RenderableType] = []
     if memory:
         shown = memory[:top] if top else memory
-        more = (f" (the {len(shown)} closest to fitting of {len(memory)}; --top 0 lists all)"
-                if len(shown) < len(memory) else "")
+        total = memory_total if memory_total is not None else len(memory)
+        more = (f" (the {len(shown)} closest to fitting of {total}; --top 0 lists all)"
+                if len(shown) < total else "")
         table = FitTable(title=f"Rejected: out of memory{more}")
         table.add_column("plan", key=True, wrap=True)
         table.add_column("overflowing component", wrap=True)

@@ -220,6 +220,28 @@ def step_time(
 ) -> StepTime:
     """Predicted step time of a plan (see the module docstring); `attention` is the prediction
     of one layer's attention for one micro-batch (heads of one TP rank, rank stride TP)."""
+    return step_time_of_layer(
+        model, par, seq_len, attention.forward.total_s, attention.backward.total_s, profile,
+        gpus_per_node, dtype, efficiency,
+    )
+
+
+def step_time_of_layer(
+    model: ModelSpec,
+    par: Parallelism,
+    seq_len: int,
+    attention_forward_s: float,
+    attention_backward_s: float,
+    profile: HardwareProfile,
+    gpus_per_node: int,
+    dtype: str = "bfloat16",
+    efficiency: MatmulEfficiency | None = None,
+) -> StepTime:
+    """`step_time` from one layer's attention forward and backward seconds (one micro-batch).
+
+    Every part is non-decreasing in both seconds (the bubble is (p - 1) micro-batch times),
+    so a lower bound of the attention gives a lower bound of the step: what the search prunes
+    with (`cpbench.model.plan.search`)."""
     check_zero(par.zero)
     if model.layers % par.pp:
         raise CpbenchError(
@@ -237,9 +259,9 @@ def step_time(
         layers * layer_gemm_flops(model, s, b, t) * passes
         + 2.0 * b * s * model.hidden * model.vocab / t * 3
     ) / gemm_rate
-    attn_layer = attention.forward.total_s + attention.backward.total_s
+    attn_layer = attention_forward_s + attention_backward_s
     if par.recompute != "none":
-        attn_layer += attention.forward.total_s
+        attn_layer += attention_forward_s
     attn = layers * attn_layer
     intra = profile.intra_node
     tp_calls = 8 + (4 if par.recompute == "full" else 0)
