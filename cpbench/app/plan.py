@@ -28,6 +28,11 @@ from cpbench.config.vocabulary import canonical_dtype
 from cpbench.errors import CpbenchError
 from cpbench.model.hardware.loading import load_profile
 from cpbench.model.hardware.profile import HardwareProfile
+from cpbench.model.plan.framework import (
+    check_attention_factor,
+    framework_attention,
+    linear_speedup,
+)
 from cpbench.model.plan.memory import Recompute, check_recompute, check_zero
 from cpbench.model.plan.search import (
     Plan,
@@ -93,6 +98,12 @@ class PlanRequest:
     """Plans ranked and memory rejections kept (0 = every one, nothing pruned)."""
     exhaustive: bool = False
     """Price every plan that fits (no bounds), keeping `keep`."""
+    framework: str = "cpbench"
+    """The attention to price: cpbench, torchtitan, megatron or deepspeed."""
+    attention_factor: float | None = None
+    """Measured attention time / the cost model's for the framework (None: its prior)."""
+    linears: str = "bf16"
+    """Precision of the linear layers: bf16 or fp8."""
 
 
 @dataclass(frozen=True)
@@ -147,6 +158,9 @@ def _check(request: PlanRequest) -> None:
     canonical_dtype(request.dtype)
     if request.reserve_gib is not None and request.reserve_gib < 0:
         raise CpbenchError(f"reserve must be >= 0 GiB, got {request.reserve_gib}")
+    framework_attention(request.framework)
+    linear_speedup(request.linears)
+    check_attention_factor(request.attention_factor)
     if isinstance(request.keep, bool) or not isinstance(request.keep, int) or request.keep < 0:
         raise CpbenchError(f"plans kept must be an integer >= 0 (0 keeps all), got {request.keep!r}")
 
@@ -174,6 +188,8 @@ def plan(request: PlanRequest) -> PlanResult:
         reserve_bytes=reserve, micro_batch=request.micro_batch, dtype=request.dtype,
         kernel=request.kernel, zero=request.zero, recompute=request.recompute, tp=request.tp,
         cp=request.cp, pp=request.pp, keep=request.keep, exhaustive=request.exhaustive,
+        framework=request.framework, attention_factor=request.attention_factor,
+        linears=request.linears,
     )
     found = search(space)
     notes = _notes(space, request, found.counts)
@@ -194,6 +210,14 @@ def _notes(space: SearchSpace, request: PlanRequest, counts: SearchCounts) -> tu
             "adds an attention forward"
         )
     notes.append(f"matmul efficiency {space.efficiency.value:.2f}: {space.efficiency.source}")
+    impl = space.attention
+    factor = (f"measured factor {space.factor:g}" if space.attention_factor is not None
+              else f"factor {space.factor:g}")
+    notes.append(f"attention priced as {impl.framework} ({factor}): {impl.source}")
+    if space.linears != "bf16":
+        notes.append(f"{space.linears} linears: GEMMs {space.linear_speedup:g}x the bf16 rate "
+                     "(cpbench.model.plan.framework.FP8_LINEAR_SPEEDUP); attention in "
+                     f"{space.dtype}")
     notes.append(
         f"searched {counts.enumerated} plans: {counts.rejected_by_memory} over memory, "
         f"{counts.feasible} fit, {counts.priced} priced ({counts.meshes_priced} attention meshes)"
@@ -347,6 +371,10 @@ def to_json(result: PlanResult) -> dict[str, Any]:
             "micro_batch": r.micro_batch,
             "global_batch": result.global_batch,
             "recompute": r.recompute or "search",
+            "framework": r.framework,
+            "attention_factor": (r.attention_factor if r.attention_factor is not None
+                                 else framework_attention(r.framework).factor),
+            "linears": r.linears,
             "matmul_efficiency": result.efficiency.value,
             "matmul_efficiency_source": result.efficiency.source,
         },

@@ -67,6 +67,21 @@ def plan(
         float | None,
         typer.Option(help="Memory kept free per GPU, GiB (default: 2 on a GPU, 0 on CPU)."),
     ] = None,
+    framework: Annotated[
+        str,
+        typer.Option(help="Price the attention the framework runs: cpbench (own schemes), "
+                     "torchtitan (PyTorch context_parallel: ring, all-gather K/V, SDPA), megatron "
+                     "(TransformerEngine: p2p / a2a / a2a+p2p, cuDNN), deepspeed (Ulysses)."),
+    ] = "cpbench",
+    attention_factor: Annotated[
+        float | None,
+        typer.Option(help="Measured attention time of the framework / the cost model's (from a "
+                     "`cpbench sweep` over the impl axis); default: the framework's prior."),
+    ] = None,
+    linears: Annotated[
+        str, typer.Option(help="Precision of the linear layers: bf16 or fp8 (attention stays "
+                          "in --dtype).")
+    ] = "bf16",
     top: Annotated[
         int,
         typer.Option(help="Plans and memory rejections to rank and list (0 = all: every plan "
@@ -111,6 +126,9 @@ def plan(
         matmul_efficiency=matmul_efficiency,
         reserve_gib=reserve_gib,
         keep=max(top, 0),
+        framework=framework,
+        attention_factor=attention_factor,
+        linears=linears,
         exhaustive=exhaustive,
     )
     if top < 0:

@@ -46,6 +46,7 @@ from cpbench.model.cost.prediction import Prediction, predict
 from cpbench.model.cost.work import merge_bytes
 from cpbench.model.flops import attention_flops
 from cpbench.model.hardware.profile import HardwareProfile
+from cpbench.model.plan.framework import FrameworkAttention, framework_attention, linear_speedup
 from cpbench.model.plan.memory import (
     RECOMPUTES,
     Parallelism,
@@ -101,7 +102,7 @@ class PlanRejection:
     label: str
     """`TP t CP UxR PP p DP d` (or the part of it the rule is about), with the recompute."""
     kind: str
-    """tp, pp, batch, mesh or memory."""
+    """tp, pp, batch, mesh, framework or memory."""
     rule: str
     """The rule with the numbers."""
     total_bytes: float | None = None
@@ -151,6 +152,27 @@ class SearchSpace:
     """Plans ranked and memory rejections kept (0 = every one: no pruning)."""
     exhaustive: bool = False
     """Price every plan that fits (the ranking without bounds) even when `keep` > 0."""
+    framework: str = "cpbench"
+    """The attention priced (`cpbench.model.plan.framework`)."""
+    attention_factor: float | None = None
+    """Measured attention time / the cost model's (None: the framework's prior)."""
+    linears: str = "bf16"
+    """Precision of the linear layers: bf16 or fp8."""
+
+    @property
+    def attention(self) -> FrameworkAttention:
+        """The framework's attention."""
+        return framework_attention(self.framework)
+
+    @property
+    def factor(self) -> float:
+        """The attention factor used."""
+        return self.attention_factor if self.attention_factor is not None else self.attention.factor
+
+    @property
+    def linear_speedup(self) -> float:
+        """GEMM rate of the linears over bf16."""
+        return linear_speedup(self.linears)
 
     @property
     def scores_materialised(self) -> bool:
@@ -216,9 +238,16 @@ class _Mesh:
         self.space, self.tp, self.ulysses, self.ring = space, tp, ulysses, ring
         self.shape = AttentionShape(space.seq_len, m.heads // tp, m.kv_heads // tp, m.head_dim,
                                     space.micro_batch)
-        layouts = PLAN_LAYOUTS if ring > 1 else PLAN_LAYOUTS[:1]
+        impl = space.attention
+        layouts = impl.layouts if ring > 1 else impl.layouts[:1]
+        kernel = space.kernel if space.kernel != "auto" else impl.kernel
         self.candidates: list[MeshCandidate] = []
-        self.reason = ""
+        self.reason, self.kind = "", "mesh"
+        if ulysses > 1 and not impl.ulysses or ring > 1 and not impl.ring:
+            axis = f"Ulysses (U = {ulysses})" if ulysses > 1 and not impl.ulysses else (
+                f"a ring (R = {ring})")
+            self.reason, self.kind = f"{impl.framework} cannot run {axis}", "framework"
+            layouts = ()
         for layout in layouts:
             feasibility = check_mesh(self.shape, ulysses, ring, layout)
             if not feasibility.ok:
@@ -226,7 +255,7 @@ class _Mesh:
                 continue
             self.candidates.append(MeshCandidate.for_shape(
                 self.shape, ulysses=ulysses, ring=ring, layout=layout, dtype=space.dtype,
-                kernel=space.kernel,
+                kernel=kernel, cp_comm=impl.cp_comm if ring > 1 else "p2p",
             ))
         self.buffers = {c.layout: attention_buffer_bytes(c) for c in self.candidates}
         self._priced: tuple[Prediction, int] | None = None
@@ -239,7 +268,7 @@ class _Mesh:
     @property
     def smallest(self) -> tuple[str, int]:
         """The layout of the fewest buffer bytes (the first among equals) and its bytes."""
-        layout = min(self.buffers, key=lambda k: (self.buffers[k], PLAN_LAYOUTS.index(k)))
+        layout = min(self.buffers, key=lambda k: (self.buffers[k], _layout_rank(k)))
         return layout, self.buffers[layout]
 
     @functools.cached_property
@@ -262,13 +291,17 @@ class _Mesh:
             for candidate in self.candidates:
                 prediction = predict(candidate, self.space.profile, self.space.gpus_per_node,
                                      rank_stride=self.tp)
-                key = (rank_seconds(prediction.step_s), PLAN_LAYOUTS.index(candidate.layout))
+                key = (rank_seconds(prediction.step_s), _layout_rank(candidate.layout))
                 if best is None or key < best[0]:
                     best = (key, prediction)
             if best is None:
                 raise CpbenchError(f"no feasible layout to price: {self.reason}")
             self._priced = (best[1], self.buffers[best[1].candidate.layout])
         return self._priced
+
+
+def _layout_rank(layout: str) -> int:
+    return PLAN_LAYOUTS.index(layout) if layout in PLAN_LAYOUTS else len(PLAN_LAYOUTS)
 
 
 def _phase_bound(candidate: MeshCandidate, profile: HardwareProfile, phase: Pass) -> float:
@@ -416,7 +449,7 @@ class PlanSearch:
                 mesh = self.mesh(tp, ulysses, ring)
                 if not mesh.ok:
                     rules.append(PlanRejection(f"TP {tp} CP {ulysses}x{ring} PP {pp} DP {dp}",
-                                               "mesh", mesh.reason))
+                                               mesh.kind, mesh.reason))
                     continue
                 layout, buffers = mesh.smallest
                 per_token = buffers / s.seq_len
@@ -433,8 +466,9 @@ class PlanSearch:
                     counts.feasible += 1
                     smallest_cp = cp if smallest_cp is None else min(smallest_cp, cp)
                     fwd, bwd = mesh.bound_s
-                    bound = step_time_of_layer(s.model, par, s.seq_len, fwd, bwd, s.profile,
-                                               s.gpus_per_node, s.dtype, s.efficiency)
+                    bound = step_time_of_layer(s.model, par, s.seq_len, fwd * s.factor,
+                                               bwd * s.factor, s.profile, s.gpus_per_node,
+                                               s.dtype, s.efficiency, s.linear_speedup)
                     queue.append((rank_seconds(bound.total_s), order, par))
         counts.rejected_by_rule = len(rules)
         ranked, shortest = self._price(queue, smallest_cp, over)
@@ -493,7 +527,7 @@ class PlanSearch:
                 continue
             counts.priced += 1
             time = step_time(s.model, par, s.seq_len, prediction, s.profile, s.gpus_per_node,
-                             s.dtype, s.efficiency)
+                             s.dtype, s.efficiency, s.linear_speedup, s.factor)
             item = _Ranked((rank_seconds(time.total_s), peak.total, order),
                            Plan(par, prediction, stages, time, 0))
             if par.cp == smallest_cp and (shortest is None or item < shortest):

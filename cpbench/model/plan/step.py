@@ -217,12 +217,17 @@ def step_time(
     gpus_per_node: int,
     dtype: str = "bfloat16",
     efficiency: MatmulEfficiency | None = None,
+    linear_speedup: float = 1.0,
+    attention_factor: float = 1.0,
 ) -> StepTime:
     """Predicted step time of a plan (see the module docstring); `attention` is the prediction
-    of one layer's attention for one micro-batch (heads of one TP rank, rank stride TP)."""
+    of one layer's attention for one micro-batch (heads of one TP rank, rank stride TP), times
+    `attention_factor` (the framework's, `cpbench.model.plan.framework`); the linears' GEMMs run
+    `linear_speedup` x faster than bf16 ones (FP8)."""
     return step_time_of_layer(
-        model, par, seq_len, attention.forward.total_s, attention.backward.total_s, profile,
-        gpus_per_node, dtype, efficiency,
+        model, par, seq_len, attention.forward.total_s * attention_factor,
+        attention.backward.total_s * attention_factor, profile, gpus_per_node, dtype,
+        efficiency, linear_speedup,
     )
 
 
@@ -236,6 +241,7 @@ def step_time_of_layer(
     gpus_per_node: int,
     dtype: str = "bfloat16",
     efficiency: MatmulEfficiency | None = None,
+    linear_speedup: float = 1.0,
 ) -> StepTime:
     """`step_time` from one layer's attention forward and backward seconds (one micro-batch).
 
@@ -250,7 +256,7 @@ def step_time_of_layer(
     eff = efficiency or matmul_efficiency(profile)
     e = DTYPE_BYTES[canonical_dtype(dtype)]
     peak = profile.peak_flops(dtype)
-    gemm_rate = peak * eff.value
+    gemm_rate = peak * eff.value * linear_speedup
     t, p, m, b = par.tp, par.pp, par.micro_batches, par.micro_batch
     s = seq_len / par.cp
     layers = model.layers // p
