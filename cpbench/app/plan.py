@@ -27,6 +27,7 @@ from cpbench.config.problem import check_positive_int
 from cpbench.config.vocabulary import canonical_dtype
 from cpbench.errors import CpbenchError
 from cpbench.model.hardware.loading import load_profile
+from cpbench.model.hardware.network import load_fabric
 from cpbench.model.hardware.profile import HardwareProfile
 from cpbench.model.plan.framework import (
     check_attention_factor,
@@ -104,6 +105,8 @@ class PlanRequest:
     """Measured attention time / the cost model's for the framework (None: its prior)."""
     linears: str = "bf16"
     """Precision of the linear layers: bf16 or fp8."""
+    fabric: str | None = None
+    """A built-in fabric (`cpbench.model.hardware.network.FABRICS`); None: the profile's links."""
 
 
 @dataclass(frozen=True)
@@ -190,6 +193,7 @@ def plan(request: PlanRequest) -> PlanResult:
         cp=request.cp, pp=request.pp, keep=request.keep, exhaustive=request.exhaustive,
         framework=request.framework, attention_factor=request.attention_factor,
         linears=request.linears,
+        fabric=load_fabric(request.fabric) if request.fabric is not None else None,
     )
     found = search(space)
     notes = _notes(space, request, found.counts)
@@ -346,7 +350,28 @@ def _plan_json(p: Plan, rank: int) -> dict[str, Any]:
             for s in p.stages
         },
         "max_seq_len": p.max_seq_len,
+        "tiers": _tiers_json(p),
     }
+
+
+def _tiers_json(p: Plan) -> dict[str, Any]:
+    """Each group's tier and link; the attention's collectives as the cost model placed them."""
+    out: dict[str, Any] = {}
+    if p.tiers is not None:
+        for g in p.tiers.groups:
+            if g.sends:
+                out[g.group] = {"tier": g.tier, "link": g.link.name, "size": g.size,
+                                "stride": g.stride,
+                                "send_recv_busbw_GBps": g.link.send_recv.busbw / 1e9,
+                                "all_to_all_busbw_GBps": g.link.all_to_all.busbw / 1e9}
+    place = p.attention.placement
+    out["attention"] = {
+        "ulysses_all_to_all": place.ulysses_tier if p.par.ulysses > 1 else None,
+        "ring_hops": place.ring_tier if p.par.ring > 1 else None,
+        "ring_crossing_hops": place.ring_crossing_hops,
+        "nodes": place.nodes,
+    }
+    return out
 
 
 def to_json(result: PlanResult) -> dict[str, Any]:
@@ -375,6 +400,7 @@ def to_json(result: PlanResult) -> dict[str, Any]:
             "attention_factor": (r.attention_factor if r.attention_factor is not None
                                  else framework_attention(r.framework).factor),
             "linears": r.linears,
+            "fabric": r.fabric,
             "matmul_efficiency": result.efficiency.value,
             "matmul_efficiency_source": result.efficiency.source,
         },

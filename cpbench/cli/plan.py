@@ -82,6 +82,12 @@ def plan(
         str, typer.Option(help="Precision of the linear layers: bf16 or fp8 (attention stays "
                           "in --dtype).")
     ] = "bf16",
+    fabric: Annotated[
+        str | None,
+        typer.Option(help="How the nodes are wired: hgx-rail (8-GPU nodes, 400 Gb/s per GPU, "
+                     "rail-optimised), roce-clos (not rail-optimised), nvl72 (72-GPU NVLink "
+                     "domains); default: the hardware profile's inter-node link."),
+    ] = None,
     top: Annotated[
         int,
         typer.Option(help="Plans and memory rejections to rank and list (0 = all: every plan "
@@ -129,6 +135,7 @@ def plan(
         framework=framework,
         attention_factor=attention_factor,
         linears=linears,
+        fabric=fabric,
         exhaustive=exhaustive,
     )
     if top < 0:

@@ -49,6 +49,9 @@ def render_plan(report: Mapping[str, Any], top: int = 10) -> list[RenderableType
         out.append(_feasible_table(feasible, top, found["feasible"] if found else None))
         winner = feasible[report["winner"] - 1]
         out.append(_step_table(winner))
+        tiers = _tiers_text(winner)
+        if tiers:
+            out.append(Text(tiers))
         out.append(_memory_table(winner, q["memory_capacity_bytes"]))
         shortest = report["shortest_cp"]
         where = (f"rank {shortest['rank']}" if shortest["rank"] is not None
@@ -134,6 +137,24 @@ def _step_table(plan: Mapping[str, Any]) -> FitTable:
         table.add_row(Text(label), format_seconds(value, 1, unit=False),
                       format_percent(value / total if total else 0.0))
     return table
+
+
+TIER_GROUPS = {
+    "tp": "TP + SP",
+    "ulysses": "Ulysses all-to-all",
+    "ring": "ring hops",
+    "dp": "DP gradient reduction",
+    "pp": "pipeline sends",
+}
+
+
+def _tiers_text(plan: Mapping[str, Any]) -> str:
+    """Which tier (and link) each of the winner's collectives crosses."""
+    tiers = plan.get("tiers") or {}
+    parts = [f"{label} on {tiers[g]['tier']} ({tiers[g]['link']}, "
+             f"{tiers[g]['send_recv_busbw_GBps']:.0f} GB/s send/recv busbw per GPU)"
+             for g, label in TIER_GROUPS.items() if g in tiers]
+    return ("Where the winner's collectives run: " + "; ".join(parts) + ".") if parts else ""
 
 
 def _memory_table(plan: Mapping[str, Any], capacity: float) -> FitTable:

@@ -45,6 +45,7 @@ from cpbench.errors import CpbenchError
 from cpbench.model.cost.prediction import Prediction, predict
 from cpbench.model.cost.work import merge_bytes
 from cpbench.model.flops import attention_flops
+from cpbench.model.hardware.network import Fabric
 from cpbench.model.hardware.profile import HardwareProfile
 from cpbench.model.plan.framework import FrameworkAttention, framework_attention, linear_speedup
 from cpbench.model.plan.memory import (
@@ -57,6 +58,7 @@ from cpbench.model.plan.memory import (
     plan_memory,
 )
 from cpbench.model.plan.step import MatmulEfficiency, StepTime, step_time, step_time_of_layer
+from cpbench.model.plan.tiers import PlanTiers, attention_profile, plan_tiers
 from cpbench.model.plan.transformer import ModelSpec
 from cpbench.units import GIB
 
@@ -88,6 +90,8 @@ class Plan:
     """Step time by part."""
     max_seq_len: int
     """Longest L (a multiple of the mesh's divisor) this plan holds in memory."""
+    tiers: PlanTiers | None = None
+    """The tier and link each group's collectives cross."""
 
     @property
     def peak(self) -> StageMemory:
@@ -158,6 +162,8 @@ class SearchSpace:
     """Measured attention time / the cost model's (None: the framework's prior)."""
     linears: str = "bf16"
     """Precision of the linear layers: bf16 or fp8."""
+    fabric: Fabric | None = None
+    """How the nodes are wired (None: the profile's inter-node link, no rails or domains)."""
 
     @property
     def attention(self) -> FrameworkAttention:
@@ -288,9 +294,11 @@ class _Mesh:
         """The fastest layout's prediction (zigzag first among 4-digit ties) and its buffers."""
         if self._priced is None:
             best: tuple[tuple[float, int], Prediction] | None = None
+            s = self.space
+            profile, per_node = attention_profile(s.profile, s.gpus_per_node, self.tp,
+                                                  self.ulysses, self.ring, s.fabric)
             for candidate in self.candidates:
-                prediction = predict(candidate, self.space.profile, self.space.gpus_per_node,
-                                     rank_stride=self.tp)
+                prediction = predict(candidate, profile, per_node, rank_stride=self.tp)
                 key = (rank_seconds(prediction.step_s), _layout_rank(candidate.layout))
                 if best is None or key < best[0]:
                     best = (key, prediction)
@@ -466,9 +474,10 @@ class PlanSearch:
                     counts.feasible += 1
                     smallest_cp = cp if smallest_cp is None else min(smallest_cp, cp)
                     fwd, bwd = mesh.bound_s
+                    tiers = plan_tiers(par, s.profile, s.gpus_per_node, s.fabric)
                     bound = step_time_of_layer(s.model, par, s.seq_len, fwd * s.factor,
                                                bwd * s.factor, s.profile, s.gpus_per_node,
-                                               s.dtype, s.efficiency, s.linear_speedup)
+                                               s.dtype, s.efficiency, s.linear_speedup, tiers)
                     queue.append((rank_seconds(bound.total_s), order, par))
         counts.rejected_by_rule = len(rules)
         ranked, shortest = self._price(queue, smallest_cp, over)
@@ -526,10 +535,11 @@ class PlanSearch:
                 self._keep_over(over, (-peak.total, -order, par, peak, per_token))
                 continue
             counts.priced += 1
+            tiers = plan_tiers(par, s.profile, s.gpus_per_node, s.fabric)
             time = step_time(s.model, par, s.seq_len, prediction, s.profile, s.gpus_per_node,
-                             s.dtype, s.efficiency, s.linear_speedup, s.factor)
+                             s.dtype, s.efficiency, s.linear_speedup, s.factor, tiers)
             item = _Ranked((rank_seconds(time.total_s), peak.total, order),
-                           Plan(par, prediction, stages, time, 0))
+                           Plan(par, prediction, stages, time, 0, tiers))
             if par.cp == smallest_cp and (shortest is None or item < shortest):
                 shortest = item
             if not keep:
