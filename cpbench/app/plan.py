@@ -23,7 +23,7 @@ from typing import Any
 
 from cpbench.app.recommend.frameworks import cp_comm_type
 from cpbench.app.recommend.types import FrameworkSetting
-from cpbench.config.problem import check_positive_int
+from cpbench.config.problem import check_choice, check_positive_int
 from cpbench.config.vocabulary import canonical_dtype
 from cpbench.errors import CpbenchError
 from cpbench.model.hardware.loading import load_profile
@@ -34,7 +34,13 @@ from cpbench.model.plan.framework import (
     framework_attention,
     linear_speedup,
 )
-from cpbench.model.plan.memory import Recompute, check_recompute, check_zero
+from cpbench.model.plan.memory import (
+    MEMORY_MARGINS,
+    SAFE_MEMORY_FRACTION,
+    Recompute,
+    check_recompute,
+    check_zero,
+)
 from cpbench.model.plan.search import (
     Plan,
     PlanRejection,
@@ -107,6 +113,10 @@ class PlanRequest:
     """Precision of the linear layers: bf16 or fp8."""
     fabric: str | None = None
     """A built-in fabric (`cpbench.model.hardware.network.FABRICS`); None: the profile's links."""
+    memory_margin: str = "capacity"
+    """What a plan must fit: capacity (tensors + reserve) or safe (tensors within 80%)."""
+    rank_by: str = "step"
+    """step (fastest first) or max_seq_len (longest sequence under the safe margin first)."""
 
 
 @dataclass(frozen=True)
@@ -163,6 +173,8 @@ def _check(request: PlanRequest) -> None:
         raise CpbenchError(f"reserve must be >= 0 GiB, got {request.reserve_gib}")
     framework_attention(request.framework)
     linear_speedup(request.linears)
+    check_choice("memory margin", request.memory_margin, MEMORY_MARGINS)
+    check_choice("rank by", request.rank_by, ("step", "max_seq_len"))
     check_attention_factor(request.attention_factor)
     if isinstance(request.keep, bool) or not isinstance(request.keep, int) or request.keep < 0:
         raise CpbenchError(f"plans kept must be an integer >= 0 (0 keeps all), got {request.keep!r}")
@@ -194,6 +206,7 @@ def plan(request: PlanRequest) -> PlanResult:
         framework=request.framework, attention_factor=request.attention_factor,
         linears=request.linears,
         fabric=load_fabric(request.fabric) if request.fabric is not None else None,
+        memory_margin=request.memory_margin, rank_by=request.rank_by,
     )
     found = search(space)
     notes = _notes(space, request, found.counts)
@@ -313,7 +326,7 @@ def framework_settings(best: Plan, model: ModelSpec, request: PlanRequest,
 # ---------------------------------------------------------------------------------- JSON
 
 
-def _plan_json(p: Plan, rank: int) -> dict[str, Any]:
+def _plan_json(p: Plan, rank: int, capacity: float) -> dict[str, Any]:
     par, t, peak = p.par, p.time, p.peak
     return {
         "rank": rank,
@@ -344,12 +357,16 @@ def _plan_json(p: Plan, rank: int) -> dict[str, Any]:
         "tokens_per_s_per_gpu": t.tokens_per_s_per_gpu,
         "mfu": t.mfu,
         "memory_bytes": peak.total,
+        "memory_tensor_bytes": peak.tensor_total,
+        "memory_safe_bytes": SAFE_MEMORY_FRACTION * capacity,
+        "within_safe_margin": peak.tensor_total <= SAFE_MEMORY_FRACTION * capacity,
         "memory_stage": peak.stage,
         "memory": {
             s.stage: {c.name: {"bytes": c.bytes, "formula": c.formula} for c in s.components}
             for s in p.stages
         },
         "max_seq_len": p.max_seq_len,
+        "max_seq_len_safe": p.max_seq_len_safe,
         "tiers": _tiers_json(p),
     }
 
@@ -401,10 +418,13 @@ def to_json(result: PlanResult) -> dict[str, Any]:
                                  else framework_attention(r.framework).factor),
             "linears": r.linears,
             "fabric": r.fabric,
+            "memory_margin": r.memory_margin,
+            "rank_by": r.rank_by,
             "matmul_efficiency": result.efficiency.value,
             "matmul_efficiency_source": result.efficiency.source,
         },
-        "feasible": [_plan_json(p, i + 1) for i, p in enumerate(result.feasible)],
+        "feasible": [_plan_json(p, i + 1, result.profile.memory_bytes)
+                     for i, p in enumerate(result.feasible)],
         "rejected": [
             {
                 "label": x.label,
@@ -437,7 +457,12 @@ def to_json(result: PlanResult) -> dict[str, Any]:
         "conventions": {
             "time": TIME_CONVENTION,
             "mfu": MFU_CONVENTION,
-            "memory": "bytes per rank of the busiest pipeline stage; GiB = 2**30 bytes",
+            "memory": "bytes per rank of the busiest pipeline stage; GiB = 2**30 bytes; "
+                      "memory_bytes = tensors + runtime reserve, memory_tensor_bytes = the "
+                      "tensors alone (what a caching allocator's reserved memory must cover, "
+                      "with its cached and fragmented blocks on top); safe = tensors within "
+                      f"{SAFE_MEMORY_FRACTION:.0%} of the device memory (Fujii et al. 2024, "
+                      "arXiv:2411.06465: no OOM over 454 runs below it)",
             "tokens": "tokens per second per GPU = global batch x L / step time / GPUs",
         },
     }

@@ -88,6 +88,17 @@ def plan(
                      "rail-optimised), roce-clos (not rail-optimised), nvl72 (72-GPU NVLink "
                      "domains); default: the hardware profile's inter-node link."),
     ] = None,
+    memory_margin: Annotated[
+        str,
+        typer.Option(help="What a plan must fit: capacity (tensors + --reserve-gib within the "
+                     "device memory) or safe (tensors within 80% of it: Fujii et al. 2024 saw no "
+                     "OOM below that over 454 runs)."),
+    ] = "capacity",
+    max_seq_len: Annotated[
+        bool,
+        typer.Option("--max-seq-len", help="Rank the plans by the longest sequence each holds "
+                     "under the safe margin (then by step time) instead of by step time."),
+    ] = False,
     top: Annotated[
         int,
         typer.Option(help="Plans and memory rejections to rank and list (0 = all: every plan "
@@ -136,6 +147,8 @@ def plan(
         attention_factor=attention_factor,
         linears=linears,
         fabric=fabric,
+        memory_margin=memory_margin,
+        rank_by="max_seq_len" if max_seq_len else "step",
         exhaustive=exhaustive,
     )
     if top < 0:

@@ -87,6 +87,16 @@ OPTIMIZER_BYTES = 12
 """fp32 master weights 4 + Adam first moment 4 + second moment 4."""
 ZERO3_GATHERED_LAYERS = 2
 """Layers whose full weights a ZeRO-3 rank holds at once (running + prefetched)."""
+SAFE_MEMORY_FRACTION = 0.8
+"""Fujii, Watanabe, Yokota 2024, 'Accelerating Large Language Model Training with 4D Parallelism
+and Memory Consumption Estimator' (arXiv:2411.06465), abstract: over 454 runs on A100 and H100,
+'when the estimated memory usage is below 80% of the available GPU memory, the training never
+encounters out-of-memory errors'. The margin covers what a tensor count leaves out: the caching
+allocator's cached and fragmented blocks, NCCL and CUDA-graph buffers, the CUDA context."""
+MemoryMargin = Literal["capacity", "safe"]
+"""What a plan must fit: `capacity` (the tensors + the runtime reserve within the device
+memory) or `safe` (the tensors within SAFE_MEMORY_FRACTION of it, Fujii et al.'s rule)."""
+MEMORY_MARGINS: tuple[MemoryMargin, ...] = get_args(MemoryMargin)
 SAVED_ATTENTION_ITEMS = frozenset(
     {"q_local", "k_local", "v_local", "o_local", "lse", "q_heads", "kv_heads", "o_heads"}
 )
@@ -190,6 +200,19 @@ class StageMemory:
     def component(self, name: str) -> float:
         """Bytes of a component (0 when absent)."""
         return sum(c.bytes for c in self.components if c.name == name)
+
+    @property
+    def tensor_total(self) -> float:
+        """The tensors alone: the total less the runtime reserve."""
+        return self.total - self.component("runtime reserve")
+
+
+def fits_margin(stage: StageMemory, capacity: float, margin: str = "capacity") -> bool:
+    """Whether a stage fits the device memory under a margin (`MemoryMargin`)."""
+    check_choice("memory margin", margin, MEMORY_MARGINS)
+    if margin == "safe":
+        return stage.tensor_total <= SAFE_MEMORY_FRACTION * capacity
+    return stage.total <= capacity
 
 
 # ------------------------------------------------------------------------ activations

@@ -27,7 +27,13 @@ closest to fitting; what is counted instead of kept is in `SearchCounts`. `keep 
 tests/test_plan_search.py compares the pruned ranking with.
 
 Ranking key: step time to 4 significant digits, then the busiest rank's memory, then the
-enumeration order (TP, CP, PP ascending, U ascending, recompute none, selective, full).
+enumeration order (TP, CP, PP ascending, U ascending, recompute none, selective, full). With
+`rank_by = "max_seq_len"` (`cpbench plan --max-seq-len`): the longest sequence whose tensors
+stay within Fujii et al.'s 80% of the device memory (exact, not a bound: the layout of the fewest
+buffers), longest first, then the step time.
+
+Memory margin: `capacity` (tensors + runtime reserve within the device memory) or `safe`
+(tensors within `SAFE_MEMORY_FRACTION` of it, `cpbench.model.plan.memory`).
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ from cpbench.model.plan.memory import (
     Recompute,
     StageMemory,
     attention_buffer_bytes,
+    fits_margin,
     peak_stage,
     plan_memory,
 )
@@ -92,6 +99,8 @@ class Plan:
     """Longest L (a multiple of the mesh's divisor) this plan holds in memory."""
     tiers: PlanTiers | None = None
     """The tier and link each group's collectives cross."""
+    max_seq_len_safe: int = 0
+    """Longest L whose tensors stay within SAFE_MEMORY_FRACTION of the device memory."""
 
     @property
     def peak(self) -> StageMemory:
@@ -164,6 +173,11 @@ class SearchSpace:
     """Precision of the linear layers: bf16 or fp8."""
     fabric: Fabric | None = None
     """How the nodes are wired (None: the profile's inter-node link, no rails or domains)."""
+    memory_margin: str = "capacity"
+    """What a plan must fit (`MemoryMargin`): capacity, or safe (Fujii et al.'s 80%)."""
+    rank_by: str = "step"
+    """step (fastest first) or max_seq_len (longest sequence under the safe margin first,
+    then fastest)."""
 
     @property
     def attention(self) -> FrameworkAttention:
@@ -374,12 +388,18 @@ class PlanSearch:
         return plan_memory(s.model, par, seq_len, buffers_per_token * seq_len, s.dtype,
                            s.scores_materialised, s.reserve_bytes)
 
-    def max_seq_len(self, par: Parallelism, buffers_per_token: float) -> int:
-        """Longest L, a multiple of the mesh's divisor, whose peak fits (bisection)."""
+    def fits(self, stages: tuple[StageMemory, ...], margin: str | None = None) -> bool:
+        """Whether the busiest stage fits under the space's margin (or `margin`)."""
+        return fits_margin(peak_stage(stages), self.capacity, margin or self.space.memory_margin)
+
+    def max_seq_len(self, par: Parallelism, buffers_per_token: float,
+                    margin: str | None = None) -> int:
+        """Longest L, a multiple of the mesh's divisor, whose peak fits the margin
+        (bisection)."""
         q = seq_divisor(par.ulysses, par.ring, par.layout)
 
         def fits(k: int) -> bool:
-            return peak_stage(self.memory(par, k * q, buffers_per_token)).total <= self.capacity
+            return self.fits(self.memory(par, k * q, buffers_per_token), margin)
 
         if not fits(1):
             return 0
@@ -466,8 +486,9 @@ class PlanSearch:
                     counts.enumerated += 1
                     par = Parallelism(tp, ulysses, ring, pp, dp, s.micro_batch, micro_batches,
                                       recompute, s.zero, layout)
-                    peak = peak_stage(self.memory(par, s.seq_len, per_token))
-                    if peak.total > self.capacity:
+                    stages = self.memory(par, s.seq_len, per_token)
+                    peak = peak_stage(stages)
+                    if not self.fits(stages):
                         counts.rejected_by_memory += 1
                         self._keep_over(over, (-peak.total, -order, par, peak, per_token))
                         continue
@@ -478,7 +499,10 @@ class PlanSearch:
                     bound = step_time_of_layer(s.model, par, s.seq_len, fwd * s.factor,
                                                bwd * s.factor, s.profile, s.gpus_per_node,
                                                s.dtype, s.efficiency, s.linear_speedup, tiers)
-                    queue.append((rank_seconds(bound.total_s), order, par))
+                    key = rank_seconds(bound.total_s)
+                    if s.rank_by == "max_seq_len":  # longest first: a negative length leads
+                        key = -float(self.max_seq_len(par, per_token, "safe"))
+                    queue.append((key, order, par))
         counts.rejected_by_rule = len(rules)
         ranked, shortest = self._price(queue, smallest_cp, over)
         plans = tuple(self._finish(r.plan) for r in sorted(ranked))
@@ -529,7 +553,7 @@ class PlanSearch:
             per_token = buffers / s.seq_len
             stages = self.memory(par, s.seq_len, per_token)
             peak = peak_stage(stages)
-            if peak.total > self.capacity:  # a layout of more buffers than the smallest won
+            if not self.fits(stages):  # a layout of more buffers than the smallest won
                 counts.feasible -= 1
                 counts.rejected_by_memory += 1
                 self._keep_over(over, (-peak.total, -order, par, peak, per_token))
@@ -538,8 +562,9 @@ class PlanSearch:
             tiers = plan_tiers(par, s.profile, s.gpus_per_node, s.fabric)
             time = step_time(s.model, par, s.seq_len, prediction, s.profile, s.gpus_per_node,
                              s.dtype, s.efficiency, s.linear_speedup, s.factor, tiers)
-            item = _Ranked((rank_seconds(time.total_s), peak.total, order),
-                           Plan(par, prediction, stages, time, 0, tiers))
+            key = ((rank_seconds(time.total_s), peak.total, order) if s.rank_by == "step"
+                   else (bound_key, rank_seconds(time.total_s), order))
+            item = _Ranked(key, Plan(par, prediction, stages, time, 0, tiers))
             if par.cp == smallest_cp and (shortest is None or item < shortest):
                 shortest = item
             if not keep:
@@ -551,9 +576,10 @@ class PlanSearch:
         return (kept if not keep else [r for _, r in worst]), shortest
 
     def _finish(self, plan: Plan) -> Plan:
-        """The plan with its longest sequence (bisection, for the plans kept only)."""
+        """The plan with its longest sequences (bisection, for the plans kept only)."""
         per_token = attention_buffer_bytes(plan.attention.candidate) / self.space.seq_len
-        return replace(plan, max_seq_len=self.max_seq_len(plan.par, per_token))
+        return replace(plan, max_seq_len=self.max_seq_len(plan.par, per_token),
+                       max_seq_len_safe=self.max_seq_len(plan.par, per_token, "safe"))
 
 
 def _negate(key: tuple[float, float, int]) -> tuple[float, float, int]:

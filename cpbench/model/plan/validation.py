@@ -31,7 +31,7 @@ from scipy.optimize import brentq
 from cpbench.errors import CpbenchError
 from cpbench.model.hardware.loading import load_profile
 from cpbench.model.hardware.profile import HardwareProfile
-from cpbench.model.plan.memory import check_recompute
+from cpbench.model.plan.memory import SAFE_MEMORY_FRACTION, check_recompute
 from cpbench.model.plan.search import Plan, SearchSpace, search
 from cpbench.model.plan.step import matmul_efficiency
 from cpbench.model.plan.transformer import load_model
@@ -42,11 +42,6 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-SAFE_MEMORY_FRACTION = 0.8
-"""Fujii, Watanabe, Yokota 2024, 'Accelerating Large Language Model Training with 4D Parallelism
-and Memory Consumption Estimator' (arXiv:2411.06465), abstract: over 454 runs on A100 and H100,
-'when the estimated memory usage is below 80% of the available GPU memory, the training never
-encounters out-of-memory errors'."""
 CUDA_RESERVE_GIB = 2.0
 """The plan's default runtime reserve per GPU (`cpbench.app.plan.CUDA_RESERVE_GIB`)."""
 
