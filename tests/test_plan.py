@@ -290,3 +290,16 @@ def test_plan_memory_rejection_names_the_component() -> None:
     assert x.rule.startswith("activations ")
     assert f"of {r.profile.memory_bytes / GIB:.1f} GiB" in x.rule
     assert "at CP 1 with none recompute" in x.rule
+
+
+def test_uneven_pipeline_stages_hold_the_ceiling() -> None:
+    m = PRESETS["llama3-8b"]  # 32 layers on PP 5: the busiest stage holds 7
+    even = Parallelism(tp=1, ulysses=1, ring=1, pp=4, dp=1)
+    uneven = Parallelism(tp=1, ulysses=1, ring=1, pp=5, dp=1, uneven_stages=True)
+    assert (even.stage_layers(32), uneven.stage_layers(32)) == (8, 7)
+    with pytest.raises(CpbenchError, match=r"layers \(32\) must be divisible by PP \(5\)"):
+        Parallelism(tp=1, ulysses=1, ring=1, pp=5, dp=1).stage_layers(32)
+    first = next(s for s in plan_memory(m, uneven, 8192, 0.0) if s.stage == "first")
+    # one micro-batch per step, so one in flight: 7 layers of activations
+    assert first.component("activations") == pytest.approx(
+        7 * layer_activation_bytes(m, 8192, 1), rel=1e-12)

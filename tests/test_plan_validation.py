@@ -92,3 +92,11 @@ def test_a_row_naming_an_unknown_machine_is_refused() -> None:
             '[[row]]\nid = "x"\nrole = "validate"\nsource = "s"\nmachine = "b"\n')
     with pytest.raises(CpbenchError, match="machine 'b' is not one of a"):
         load_rows(text)
+
+
+def test_uneven_pipeline_stages_plan_the_405b_rows(checks: dict[str, RowCheck]) -> None:
+    """126 layers on PP 8: the busiest stage holds ceil(126 / 8) = 16 layers."""
+    c = checks["torchtitan-t6-cp8"]
+    assert c.plan is not None and c.plan.par.uneven_stages
+    assert c.plan.par.stage_layers(126) == 16
+    assert c.tokens_error is not None  # the error is reported, whatever it is

@@ -144,6 +144,21 @@ class Parallelism:
     """Token layout of the ring."""
     sequence_parallel: bool = True
     """Megatron's sequence parallelism with TP (shards the norm and dropout activations)."""
+    uneven_stages: bool = False
+    """Whether PP may split the layers unevenly (torchtitan's pipeline split, Megatron's
+    --decoder-first/last-pipeline-num-layers): the busiest stage then holds ceil(layers / PP)."""
+
+    def stage_layers(self, layers: int) -> int:
+        """Layers of the busiest pipeline stage: layers / PP, or ceil(layers / PP) with
+        `uneven_stages`; CpbenchError when PP does not divide them otherwise."""
+        if layers % self.pp == 0:
+            return layers // self.pp
+        if self.uneven_stages and self.pp <= layers:
+            return -(-layers // self.pp)
+        raise CpbenchError(
+            f"layers ({layers}) must be divisible by PP ({self.pp}): every pipeline stage "
+            f"holds layers / PP layers (or PP <= layers with uneven stages)"
+        )
 
     @property
     def cp(self) -> int:
@@ -311,14 +326,9 @@ def stage_memory(
 ) -> StageMemory:
     """Memory of one rank of the `first`, `last` or `only` pipeline stage (module docstring)."""
     check_choice("stage", stage, ("first", "last", "only"))
-    if model.layers % par.pp:
-        raise CpbenchError(
-            f"layers ({model.layers}) must be divisible by PP ({par.pp}): every pipeline stage "
-            f"holds layers / PP layers"
-        )
+    layers = par.stage_layers(model.layers)
     check_zero(par.zero)
     first, last = stage in ("first", "only"), stage in ("last", "only")
-    layers = model.layers // par.pp
     t, n = par.tp, par.zero_group
     params = params_per_rank(model, layers, first, last, par.pp, t)
     w_div = n if par.zero >= 3 else 1

@@ -178,6 +178,8 @@ class SearchSpace:
     rank_by: str = "step"
     """step (fastest first) or max_seq_len (longest sequence under the safe margin first,
     then fastest)."""
+    uneven_pp: bool = False
+    """Allow PP that does not divide the layers (the busiest stage holds ceil(layers / PP))."""
 
     @property
     def attention(self) -> FrameworkAttention:
@@ -432,7 +434,7 @@ class PlanSearch:
                         continue
                     dp = s.gpus // (tp * cp * pp)
                     label = f"TP {tp} CP {cp} PP {pp} DP {dp}"
-                    if model.layers % pp:
+                    if model.layers % pp and not (s.uneven_pp and pp <= model.layers):
                         rejected.append(PlanRejection(
                             label, "pp",
                             f"PP {pp} must divide the {model.layers} layers (layers / PP per "
@@ -485,7 +487,8 @@ class PlanSearch:
                     order += 1
                     counts.enumerated += 1
                     par = Parallelism(tp, ulysses, ring, pp, dp, s.micro_batch, micro_batches,
-                                      recompute, s.zero, layout)
+                                      recompute, s.zero, layout,
+                                      uneven_stages=s.uneven_pp and bool(s.model.layers % pp))
                     stages = self.memory(par, s.seq_len, per_token)
                     peak = peak_stage(stages)
                     if not self.fits(stages):

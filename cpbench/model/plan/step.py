@@ -255,17 +255,13 @@ def step_time_of_layer(
     so a lower bound of the attention gives a lower bound of the step: what the search prunes
     with (`cpbench.model.plan.search`)."""
     check_zero(par.zero)
-    if model.layers % par.pp:
-        raise CpbenchError(
-            f"layers ({model.layers}) must be divisible by PP ({par.pp})"
-        )
     eff = efficiency or matmul_efficiency(profile)
     e = DTYPE_BYTES[canonical_dtype(dtype)]
     peak = profile.peak_flops(dtype)
     gemm_rate = peak * eff.value * linear_speedup
     t, p, m, b = par.tp, par.pp, par.micro_batches, par.micro_batch
     s = seq_len / par.cp
-    layers = model.layers // p
+    layers = par.stage_layers(model.layers)
     passes = 4 if par.recompute == "full" else 3
     gemm = (
         layers * layer_gemm_flops(model, s, b, t) * passes

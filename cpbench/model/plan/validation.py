@@ -172,7 +172,7 @@ def plan_row(row: PublishedRow, profile: HardwareProfile) -> tuple[Plan | None, 
         efficiency=matmul_efficiency(profile), reserve_bytes=CUDA_RESERVE_GIB * GIB,
         micro_batch=s["micro_batch"], zero=s["zero"], recompute=check_recompute(s["recompute"]),
         tp=s["tp"], cp=s["cp"], pp=s["pp"], keep=1, framework=s["framework"],
-        linears=s["linears"],
+        linears=s["linears"], uneven_pp=True,
     )
     found = search(space)
     if found.feasible:
