@@ -102,7 +102,7 @@ def plan(
     top: Annotated[
         int,
         typer.Option(help="Plans and memory rejections to rank and list (0 = all: every plan "
-                     "that fits is priced)."),
+                     "that fits is priced, which takes minutes past a few hundred GPUs)."),
     ] = 10,
     exhaustive: Annotated[
         bool,
