@@ -139,7 +139,7 @@ def test_fused_kernel_drops_the_score_terms() -> None:
 
 @pytest.fixture(scope="module")
 def result_8b() -> PlanResult:
-    return plan(PlanRequest("llama3-8b", 262144, 16, 8))
+    return plan(PlanRequest("llama3-8b", 262144, 16, 8, keep=0))  # every plan and rejection
 
 
 def test_plan_ranks_fitting_plans_and_rejects_the_rest(result_8b: PlanResult) -> None:
@@ -172,15 +172,14 @@ def test_parts_sum_to_the_step_and_mfu_convention(result_8b: PlanResult) -> None
 
 
 def test_longest_sequence_is_the_bisection_edge(result_8b: PlanResult) -> None:
-    from cpbench.app.plan import _Search  # noqa: PLC0415
+    from cpbench.model.plan.memory import attention_buffer_bytes  # noqa: PLC0415
+    from cpbench.model.plan.search import PlanSearch, SearchSpace  # noqa: PLC0415
 
     r = result_8b
     w = r.feasible[0]
-    search = _Search(r.request, r.model, r.profile, 8, 16, r.efficiency, r.reserve_bytes)
-    found = search.attention(w.par.tp, w.par.ulysses, w.par.ring)
-    assert not isinstance(found, str)
-    buffers = found[1]
-    per_token = buffers / 262144
+    search = PlanSearch(SearchSpace(r.model, r.profile, 16, 8, 262144, 16, r.efficiency,
+                                    r.reserve_bytes))
+    per_token = attention_buffer_bytes(w.attention.candidate) / 262144
     q = seq_divisor(w.par.ulysses, w.par.ring, w.par.layout)
     assert w.max_seq_len % q == 0 and w.max_seq_len >= 262144
     fits = peak_stage(search.memory(w.par, w.max_seq_len, per_token)).total
@@ -291,3 +290,16 @@ def test_plan_memory_rejection_names_the_component() -> None:
     assert x.rule.startswith("activations ")
     assert f"of {r.profile.memory_bytes / GIB:.1f} GiB" in x.rule
     assert "at CP 1 with none recompute" in x.rule
+
+
+def test_uneven_pipeline_stages_hold_the_ceiling() -> None:
+    m = PRESETS["llama3-8b"]  # 32 layers on PP 5: the busiest stage holds 7
+    even = Parallelism(tp=1, ulysses=1, ring=1, pp=4, dp=1)
+    uneven = Parallelism(tp=1, ulysses=1, ring=1, pp=5, dp=1, uneven_stages=True)
+    assert (even.stage_layers(32), uneven.stage_layers(32)) == (8, 7)
+    with pytest.raises(CpbenchError, match=r"layers \(32\) must be divisible by PP \(5\)"):
+        Parallelism(tp=1, ulysses=1, ring=1, pp=5, dp=1).stage_layers(32)
+    first = next(s for s in plan_memory(m, uneven, 8192, 0.0) if s.stage == "first")
+    # one micro-batch per step, so one in flight: 7 layers of activations
+    assert first.component("activations") == pytest.approx(
+        7 * layer_activation_bytes(m, 8192, 1), rel=1e-12)

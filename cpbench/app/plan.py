@@ -2,14 +2,14 @@
 GPUs given, with which TP x CP (U x R, layout) x PP x DP and recomputation, and how long does a
 training step take.
 
-`plan` enumerates every world = TP x CP x PP x DP of the GPUs (TP inside a node, dividing the
-heads and KV heads; PP dividing the layers; DP x micro-batch dividing the global batch), every
-U x R mesh of CP with its fastest layout (`cpbench.model.cost.prediction.predict`), and every
-recompute level; it keeps the plans whose busiest rank fits the device memory
-(`cpbench.model.plan.memory`) ranked by predicted step time (`cpbench.model.plan.step`), and
-rejects the rest with the rule or the overflowing component. For each plan it finds the longest
-sequence that fits (bisection over L), and the shortest CP that fits at all; for the winner the
-Megatron-LM, torchtitan and DeepSpeed settings. `to_json` is the `--json` answer and what
+`plan` fills a `SearchSpace` from the request and runs `cpbench.model.plan.search`: every
+world = TP x CP x PP x DP of the GPUs, every U x R mesh of CP with its fastest layout
+(`cpbench.model.cost.prediction.predict`) and every recompute level, memory first
+(`cpbench.model.plan.memory`), then the step (`cpbench.model.plan.step`) of only the plans whose
+lower bound can rank among the `keep` best. It returns those plans fastest first, the rules and
+the memory rejections closest to fitting, the fastest plan of the shortest CP that fits, the
+longest sequence each kept plan holds (bisection over L), and the winner's Megatron-LM,
+torchtitan and DeepSpeed settings. `to_json` is the `--json` answer and what
 `cpbench.render.plan` renders.
 
 `recommend` answers another question (which U x R mesh for one attention layer at a given CP
@@ -23,32 +23,36 @@ from typing import Any
 
 from cpbench.app.recommend.frameworks import cp_comm_type
 from cpbench.app.recommend.types import FrameworkSetting
-from cpbench.config.bench import factorizations
-from cpbench.config.constraints import AttentionShape, check_mesh, seq_divisor
-from cpbench.config.problem import MeshCandidate, check_positive_int
+from cpbench.config.problem import check_choice, check_positive_int
 from cpbench.config.vocabulary import canonical_dtype
 from cpbench.errors import CpbenchError
-from cpbench.model.cost.prediction import Prediction, predict
 from cpbench.model.hardware.loading import load_profile
+from cpbench.model.hardware.network import load_fabric
 from cpbench.model.hardware.profile import HardwareProfile
+from cpbench.model.plan.framework import (
+    check_attention_factor,
+    framework_attention,
+    linear_speedup,
+)
 from cpbench.model.plan.memory import (
-    RECOMPUTES,
-    Parallelism,
+    MEMORY_MARGINS,
+    SAFE_MEMORY_FRACTION,
     Recompute,
-    StageMemory,
-    attention_buffer_bytes,
     check_recompute,
     check_zero,
-    peak_stage,
-    plan_memory,
+)
+from cpbench.model.plan.search import (
+    Plan,
+    PlanRejection,
+    SearchCounts,
+    SearchSpace,
+    search,
 )
 from cpbench.model.plan.step import (
     MFU_CONVENTION,
     TIME_CONVENTION,
     MatmulEfficiency,
-    StepTime,
     matmul_efficiency,
-    step_time,
 )
 from cpbench.model.plan.transformer import ModelSpec, load_model
 from cpbench.units import GIB
@@ -57,11 +61,7 @@ DEFAULT_HARDWARE = "h100-sxm"
 CUDA_RESERVE_GIB = 2.0
 """Default runtime reserve on a GPU: CUDA context, NCCL buffers, allocator fragmentation
 (estimate)."""
-MAX_SEQ_LEN = 2**40
-"""Bisection ceiling of the longest sequence."""
-PLAN_LAYOUTS: tuple[str, ...] = ("zigzag", "striped", "contiguous")
-"""Ring layouts a plan compares (one causal sequence per sample), in order of preference among
-equal attention times: zigzag first (Megatron and torchtitan run it)."""
+__all__ = ["Plan", "PlanRejection", "PlanRequest", "PlanResult", "plan", "to_json"]
 
 
 @dataclass(frozen=True)
@@ -101,43 +101,22 @@ class PlanRequest:
     """GEMM efficiency override."""
     reserve_gib: float | None = None
     """Runtime reserve per GPU; None = 2 GiB on a GPU, 0 on CPU."""
-
-
-@dataclass(frozen=True)
-class Plan:
-    """A feasible plan: layout, attention prediction, memory and step time."""
-
-    par: Parallelism
-    """TP x CP x PP x DP, recompute, ZeRO."""
-    attention: Prediction
-    """One layer's attention for one micro-batch."""
-    stages: tuple[StageMemory, ...]
-    """Memory of the stages that can set the peak."""
-    time: StepTime
-    """Step time by part."""
-    max_seq_len: int
-    """Longest L (a multiple of the mesh's divisor) this plan holds in memory."""
-
-    @property
-    def peak(self) -> StageMemory:
-        """The stage of the largest total."""
-        return peak_stage(self.stages)
-
-
-@dataclass(frozen=True)
-class PlanRejection:
-    """A plan that cannot run, with the rule or the overflowing component."""
-
-    label: str
-    """`TP t CP UxR PP p DP d` (or the part of it the rule is about), with the recompute."""
-    kind: str
-    """tp, pp, batch, mesh or memory."""
-    rule: str
-    """The rule with the numbers."""
-    total_bytes: float | None = None
-    """Peak bytes per rank (memory rejections)."""
-    max_seq_len: int | None = None
-    """Longest L it would hold (memory rejections)."""
+    keep: int = 10
+    """Plans ranked and memory rejections kept (0 = every one, nothing pruned)."""
+    exhaustive: bool = False
+    """Price every plan that fits (no bounds), keeping `keep`."""
+    framework: str = "cpbench"
+    """The attention to price: cpbench, torchtitan, megatron or deepspeed."""
+    attention_factor: float | None = None
+    """Measured attention time / the cost model's for the framework (None: its prior)."""
+    linears: str = "bf16"
+    """Precision of the linear layers: bf16 or fp8."""
+    fabric: str | None = None
+    """A built-in fabric (`cpbench.model.hardware.network.FABRICS`); None: the profile's links."""
+    memory_margin: str = "capacity"
+    """What a plan must fit: capacity (tensors + reserve) or safe (tensors within 80%)."""
+    rank_by: str = "step"
+    """step (fastest first) or max_seq_len (longest sequence under the safe margin first)."""
 
 
 @dataclass(frozen=True)
@@ -159,30 +138,22 @@ class PlanResult:
     reserve_bytes: float
     """Runtime reserve per GPU."""
     feasible: tuple[Plan, ...]
-    """Plans that fit, fastest first."""
+    """The `keep` fastest plans that fit (every one with keep = 0), fastest first."""
     rejected: tuple[PlanRejection, ...]
-    """Plans that do not."""
+    """Rule rejections and the memory rejections closest to fitting (`keep` of them)."""
     frameworks: tuple[FrameworkSetting, ...]
     """Settings of the winner."""
     notes: tuple[str, ...]
     """What the user should know about the answer."""
+    shortest_cp: Plan | None = None
+    """The fastest plan of the smallest CP degree that fits."""
+    counts: SearchCounts | None = None
+    """What the search enumerated, rejected, priced and pruned."""
 
     @property
     def winner(self) -> Plan | None:
         """The fastest feasible plan."""
         return self.feasible[0] if self.feasible else None
-
-    @property
-    def shortest_cp(self) -> Plan | None:
-        """The fastest plan of the smallest CP degree that fits."""
-        if not self.feasible:
-            return None
-        smallest = min(p.par.cp for p in self.feasible)
-        return next(p for p in self.feasible if p.par.cp == smallest)
-
-
-def _divisors(n: int) -> list[int]:
-    return [k for k in range(1, n + 1) if n % k == 0]
 
 
 def _check(request: PlanRequest) -> None:
@@ -200,87 +171,17 @@ def _check(request: PlanRequest) -> None:
     canonical_dtype(request.dtype)
     if request.reserve_gib is not None and request.reserve_gib < 0:
         raise CpbenchError(f"reserve must be >= 0 GiB, got {request.reserve_gib}")
-
-
-class _Search:
-    """The state of one search: inputs and the attention cache."""
-
-    def __init__(self, request: PlanRequest, model: ModelSpec, profile: HardwareProfile,
-                 per_node: int, global_batch: int, efficiency: MatmulEfficiency,
-                 reserve: float) -> None:
-        self.request, self.model, self.profile = request, model, profile
-        self.per_node, self.global_batch = per_node, global_batch
-        self.efficiency, self.reserve = efficiency, reserve
-        self.capacity = profile.memory_bytes
-        family = profile.kernel_for(request.kernel, request.dtype)
-        self.scores_materialised = family == "einsum"
-        self._attention: dict[tuple[int, int, int], tuple[Prediction, int] | str] = {}
-
-    def shape(self, tp: int, seq_len: int) -> AttentionShape:
-        m = self.model
-        return AttentionShape(seq_len, m.heads // tp, m.kv_heads // tp, m.head_dim,
-                              self.request.micro_batch)
-
-    def attention(self, tp: int, ulysses: int, ring: int) -> tuple[Prediction, int] | str:
-        """The fastest layout's prediction and attention buffer bytes, or the mesh rule."""
-        key = (tp, ulysses, ring)
-        if key not in self._attention:
-            self._attention[key] = self._best_layout(tp, ulysses, ring)
-        return self._attention[key]
-
-    def _best_layout(self, tp: int, ulysses: int, ring: int) -> tuple[Prediction, int] | str:
-        shape = self.shape(tp, self.request.seq_len)
-        layouts = PLAN_LAYOUTS if ring > 1 else PLAN_LAYOUTS[:1]
-        best: tuple[tuple[float, int], Prediction] | None = None
-        reason = ""
-        for layout in layouts:
-            feasibility = check_mesh(shape, ulysses, ring, layout)
-            if not feasibility.ok:
-                reason = reason or (feasibility.reason or "infeasible")
-                continue
-            candidate = MeshCandidate.for_shape(
-                shape, ulysses=ulysses, ring=ring, layout=layout, dtype=self.request.dtype,
-                kernel=self.request.kernel,
-            )
-            prediction = predict(candidate, self.profile, self.per_node, rank_stride=tp)
-            key = (float(f"{prediction.step_s:.4g}"), PLAN_LAYOUTS.index(layout))
-            if best is None or key < best[0]:
-                best = (key, prediction)
-        if best is None:
-            return reason
-        return best[1], attention_buffer_bytes(best[1].candidate)
-
-    def memory(self, par: Parallelism, seq_len: int, buffers_per_token: float
-               ) -> tuple[StageMemory, ...]:
-        return plan_memory(self.model, par, seq_len, buffers_per_token * seq_len,
-                           self.request.dtype, self.scores_materialised, self.reserve)
-
-    def max_seq_len(self, par: Parallelism, buffers_per_token: float) -> int:
-        """Longest L, a multiple of the mesh's divisor, whose peak fits (bisection)."""
-        q = seq_divisor(par.ulysses, par.ring, par.layout)
-
-        def fits(k: int) -> bool:
-            return peak_stage(self.memory(par, k * q, buffers_per_token)).total <= self.capacity
-
-        if not fits(1):
-            return 0
-        lo, hi = 1, 2
-        while fits(hi) and hi * q < MAX_SEQ_LEN:
-            lo, hi = hi, hi * 2
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-        return lo * q
-
-
-def _recomputes(request: PlanRequest, scores_materialised: bool) -> tuple[Recompute, ...]:
-    if request.recompute is not None:
-        return (request.recompute,)
-    return RECOMPUTES if scores_materialised else ("none", "full")
+    framework_attention(request.framework)
+    linear_speedup(request.linears)
+    check_choice("memory margin", request.memory_margin, MEMORY_MARGINS)
+    check_choice("rank by", request.rank_by, ("step", "max_seq_len"))
+    check_attention_factor(request.attention_factor)
+    if isinstance(request.keep, bool) or not isinstance(request.keep, int) or request.keep < 0:
+        raise CpbenchError(f"plans kept must be an integer >= 0 (0 keeps all), got {request.keep!r}")
 
 
 def plan(request: PlanRequest) -> PlanResult:
-    """Search every plan; see the module docstring."""
+    """Search the plans (`cpbench.model.plan.search`); see the module docstring."""
     _check(request)
     model = load_model(request.model)
     profile = load_profile(request.hardware or DEFAULT_HARDWARE)
@@ -296,98 +197,50 @@ def plan(request: PlanRequest) -> PlanResult:
         request.reserve_gib * GIB if request.reserve_gib is not None
         else (CUDA_RESERVE_GIB * GIB if profile.device_kind == "cuda" else 0.0)
     )
-    search = _Search(request, model, profile, per_node, global_batch, efficiency, reserve)
-    feasible: list[Plan] = []
-    rejected: list[PlanRejection] = []
-    for tp in _divisors(request.gpus):
-        if request.tp is not None and tp != request.tp:
-            continue
-        rule = _tp_rule(model, tp, per_node)
-        if rule:
-            rejected.append(PlanRejection(f"TP {tp}", "tp", rule))
-            continue
-        for cp in _divisors(request.gpus // tp):
-            if request.cp is not None and cp != request.cp:
-                continue
-            for pp in _divisors(request.gpus // (tp * cp)):
-                if request.pp is not None and pp != request.pp:
-                    continue
-                _evaluate(search, tp, cp, pp, feasible, rejected)
-    feasible.sort(key=lambda p: (float(f"{p.time.total_s:.4g}"), p.peak.total))
-    notes = _notes(search, model)
+    space = SearchSpace(
+        model=model, profile=profile, gpus=request.gpus, gpus_per_node=per_node,
+        seq_len=request.seq_len, global_batch=global_batch, efficiency=efficiency,
+        reserve_bytes=reserve, micro_batch=request.micro_batch, dtype=request.dtype,
+        kernel=request.kernel, zero=request.zero, recompute=request.recompute, tp=request.tp,
+        cp=request.cp, pp=request.pp, keep=request.keep, exhaustive=request.exhaustive,
+        framework=request.framework, attention_factor=request.attention_factor,
+        linears=request.linears,
+        fabric=load_fabric(request.fabric) if request.fabric is not None else None,
+        memory_margin=request.memory_margin, rank_by=request.rank_by,
+    )
+    found = search(space)
+    notes = _notes(space, request, found.counts)
+    feasible = found.feasible
     frameworks = framework_settings(feasible[0], model, request, global_batch) if feasible else ()
     return PlanResult(request, model, profile, per_node, global_batch, efficiency, reserve,
-                      tuple(feasible), tuple(rejected), frameworks, notes)
+                      feasible, found.rejected, frameworks, notes, found.shortest_cp,
+                      found.counts)
 
 
-def _tp_rule(model: ModelSpec, tp: int, per_node: int) -> str | None:
-    if tp > per_node or per_node % tp:
-        return (f"TP {tp} must divide the {per_node} GPUs of a node: tensor parallelism stays "
-                f"inside a node (its collectives run on every layer)")
-    if model.heads % tp or model.kv_heads % tp:
-        return (f"TP {tp} must divide heads ({model.heads}) and KV heads ({model.kv_heads}): "
-                f"each TP rank gets heads / TP of each")
-    return None
-
-
-def _evaluate(search: _Search, tp: int, cp: int, pp: int, feasible: list[Plan],
-              rejected: list[PlanRejection]) -> None:
-    request, model = search.request, search.model
-    dp = request.gpus // (tp * cp * pp)
-    label = f"TP {tp} CP {cp} PP {pp} DP {dp}"
-    if model.layers % pp:
-        rejected.append(PlanRejection(
-            label, "pp", f"PP {pp} must divide the {model.layers} layers (layers / PP per stage)"
-        ))
-        return
-    per_step = dp * request.micro_batch
-    if search.global_batch % per_step:
-        rejected.append(PlanRejection(
-            label, "batch",
-            f"global batch ({search.global_batch}) must be a multiple of DP {dp} x micro-batch "
-            f"{request.micro_batch} = {per_step}",
-        ))
-        return
-    micro_batches = search.global_batch // per_step
-    for ulysses, ring in factorizations(cp):
-        mesh_label = f"TP {tp} CP {ulysses}x{ring} PP {pp} DP {dp}"
-        found = search.attention(tp, ulysses, ring)
-        if isinstance(found, str):
-            rejected.append(PlanRejection(mesh_label, "mesh", found))
-            continue
-        prediction, buffers = found
-        per_token = buffers / request.seq_len
-        for recompute in _recomputes(request, search.scores_materialised):
-            par = Parallelism(tp, ulysses, ring, pp, dp, request.micro_batch, micro_batches,
-                              recompute, request.zero, prediction.candidate.layout)
-            stages = search.memory(par, request.seq_len, per_token)
-            peak = peak_stage(stages)
-            longest = search.max_seq_len(par, per_token)
-            if peak.total > search.capacity:
-                big = peak.largest
-                stage = "" if peak.stage == "only" else f" on the {peak.stage} pipeline stage"
-                rejected.append(PlanRejection(
-                    f"{mesh_label} {recompute}", "memory",
-                    f"{big.name} {big.bytes / GIB:.1f} GiB of {search.capacity / GIB:.1f} GiB "
-                    f"(total {peak.total / GIB:.1f} GiB{stage}) at CP {cp} with {recompute} "
-                    f"recompute; it holds L <= {longest}",
-                    peak.total, longest,
-                ))
-                continue
-            time = step_time(model, par, request.seq_len, prediction, search.profile,
-                             search.per_node, request.dtype, search.efficiency)
-            feasible.append(Plan(par, prediction, stages, time, longest))
-
-
-def _notes(search: _Search, model: ModelSpec) -> tuple[str, ...]:
+def _notes(space: SearchSpace, request: PlanRequest, counts: SearchCounts) -> tuple[str, ...]:
+    model = space.model
     notes = [model.describe() + f" ({model.source})"]
-    if search.request.recompute is None and not search.scores_materialised:
+    if request.recompute is None and not space.scores_materialised:
         notes.append(
             "selective recompute (Korthikanti et al.'s: the core attention) is not searched: the "
             "fused attention kernel stores no scores, so it keeps what 'none' keeps and only "
             "adds an attention forward"
         )
-    notes.append(f"matmul efficiency {search.efficiency.value:.2f}: {search.efficiency.source}")
+    notes.append(f"matmul efficiency {space.efficiency.value:.2f}: {space.efficiency.source}")
+    impl = space.attention
+    factor = (f"measured factor {space.factor:g}" if space.attention_factor is not None
+              else f"factor {space.factor:g}")
+    notes.append(f"attention priced as {impl.framework} ({factor}): {impl.source}")
+    if space.linears != "bf16":
+        notes.append(f"{space.linears} linears: GEMMs {space.linear_speedup:g}x the bf16 rate "
+                     "(cpbench.model.plan.framework.FP8_LINEAR_SPEEDUP); attention in "
+                     f"{space.dtype}")
+    notes.append(
+        f"searched {counts.enumerated} plans: {counts.rejected_by_memory} over memory, "
+        f"{counts.feasible} fit, {counts.priced} priced ({counts.meshes_priced} attention meshes)"
+        + (f", {counts.pruned} not priced because a lower bound of their step is slower than "
+           f"the {space.keep} best" if counts.pruned else "")
+    )
     return tuple(notes)
 
 
@@ -473,7 +326,7 @@ def framework_settings(best: Plan, model: ModelSpec, request: PlanRequest,
 # ---------------------------------------------------------------------------------- JSON
 
 
-def _plan_json(p: Plan, rank: int) -> dict[str, Any]:
+def _plan_json(p: Plan, rank: int, capacity: float) -> dict[str, Any]:
     par, t, peak = p.par, p.time, p.peak
     return {
         "rank": rank,
@@ -504,13 +357,38 @@ def _plan_json(p: Plan, rank: int) -> dict[str, Any]:
         "tokens_per_s_per_gpu": t.tokens_per_s_per_gpu,
         "mfu": t.mfu,
         "memory_bytes": peak.total,
+        "memory_tensor_bytes": peak.tensor_total,
+        "memory_safe_bytes": SAFE_MEMORY_FRACTION * capacity,
+        "within_safe_margin": peak.tensor_total <= SAFE_MEMORY_FRACTION * capacity,
         "memory_stage": peak.stage,
         "memory": {
             s.stage: {c.name: {"bytes": c.bytes, "formula": c.formula} for c in s.components}
             for s in p.stages
         },
         "max_seq_len": p.max_seq_len,
+        "max_seq_len_safe": p.max_seq_len_safe,
+        "tiers": _tiers_json(p),
     }
+
+
+def _tiers_json(p: Plan) -> dict[str, Any]:
+    """Each group's tier and link; the attention's collectives as the cost model placed them."""
+    out: dict[str, Any] = {}
+    if p.tiers is not None:
+        for g in p.tiers.groups:
+            if g.sends:
+                out[g.group] = {"tier": g.tier, "link": g.link.name, "size": g.size,
+                                "stride": g.stride,
+                                "send_recv_busbw_GBps": g.link.send_recv.busbw / 1e9,
+                                "all_to_all_busbw_GBps": g.link.all_to_all.busbw / 1e9}
+    place = p.attention.placement
+    out["attention"] = {
+        "ulysses_all_to_all": place.ulysses_tier if p.par.ulysses > 1 else None,
+        "ring_hops": place.ring_tier if p.par.ring > 1 else None,
+        "ring_crossing_hops": place.ring_crossing_hops,
+        "nodes": place.nodes,
+    }
+    return out
 
 
 def to_json(result: PlanResult) -> dict[str, Any]:
@@ -518,6 +396,7 @@ def to_json(result: PlanResult) -> dict[str, Any]:
     r, m = result.request, result.model
     winner, shortest = result.winner, result.shortest_cp
     ranked = {id(p): i + 1 for i, p in enumerate(result.feasible)}
+    counts = result.counts
     return {
         "inputs": {
             "model": m.to_dict(),
@@ -534,10 +413,18 @@ def to_json(result: PlanResult) -> dict[str, Any]:
             "micro_batch": r.micro_batch,
             "global_batch": result.global_batch,
             "recompute": r.recompute or "search",
+            "framework": r.framework,
+            "attention_factor": (r.attention_factor if r.attention_factor is not None
+                                 else framework_attention(r.framework).factor),
+            "linears": r.linears,
+            "fabric": r.fabric,
+            "memory_margin": r.memory_margin,
+            "rank_by": r.rank_by,
             "matmul_efficiency": result.efficiency.value,
             "matmul_efficiency_source": result.efficiency.source,
         },
-        "feasible": [_plan_json(p, i + 1) for i, p in enumerate(result.feasible)],
+        "feasible": [_plan_json(p, i + 1, result.profile.memory_bytes)
+                     for i, p in enumerate(result.feasible)],
         "rejected": [
             {
                 "label": x.label,
@@ -550,7 +437,8 @@ def to_json(result: PlanResult) -> dict[str, Any]:
         ],
         "winner": ranked[id(winner)] if winner is not None else None,
         "shortest_cp": (
-            {"cp": shortest.par.cp, "rank": ranked[id(shortest)], "label": shortest.par.label()}
+            {"cp": shortest.par.cp, "rank": ranked.get(id(shortest)),
+             "label": shortest.par.label(), "step_s": shortest.time.total_s}
             if shortest is not None else None
         ),
         "frameworks": [
@@ -558,11 +446,23 @@ def to_json(result: PlanResult) -> dict[str, Any]:
              "note": f.note}
             for f in result.frameworks
         ],
+        "search": (
+            {"enumerated": counts.enumerated, "rejected_by_rule": counts.rejected_by_rule,
+             "rejected_by_memory": counts.rejected_by_memory, "feasible": counts.feasible,
+             "priced": counts.priced, "pruned": counts.pruned,
+             "meshes_priced": counts.meshes_priced, "kept": r.keep}
+            if counts is not None else None
+        ),
         "notes": list(result.notes),
         "conventions": {
             "time": TIME_CONVENTION,
             "mfu": MFU_CONVENTION,
-            "memory": "bytes per rank of the busiest pipeline stage; GiB = 2**30 bytes",
+            "memory": "bytes per rank of the busiest pipeline stage; GiB = 2**30 bytes; "
+                      "memory_bytes = tensors + runtime reserve, memory_tensor_bytes = the "
+                      "tensors alone (what a caching allocator's reserved memory must cover, "
+                      "with its cached and fragmented blocks on top); safe = tensors within "
+                      f"{SAFE_MEMORY_FRACTION:.0%} of the device memory (Fujii et al. 2024, "
+                      "arXiv:2411.06465: no OOM over 454 runs below it)",
             "tokens": "tokens per second per GPU = global batch x L / step time / GPUs",
         },
     }

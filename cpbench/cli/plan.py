@@ -67,7 +67,48 @@ def plan(
         float | None,
         typer.Option(help="Memory kept free per GPU, GiB (default: 2 on a GPU, 0 on CPU)."),
     ] = None,
-    top: Annotated[int, typer.Option(help="Plans and rejections to list (0 = all).")] = 10,
+    framework: Annotated[
+        str,
+        typer.Option(help="Price the attention the framework runs: cpbench (own schemes), "
+                     "torchtitan (PyTorch context_parallel: ring, all-gather K/V, SDPA), megatron "
+                     "(TransformerEngine: p2p / a2a / a2a+p2p, cuDNN), deepspeed (Ulysses)."),
+    ] = "cpbench",
+    attention_factor: Annotated[
+        float | None,
+        typer.Option(help="Measured attention time of the framework / the cost model's (from a "
+                     "`cpbench sweep` over the impl axis); default: the framework's prior."),
+    ] = None,
+    linears: Annotated[
+        str, typer.Option(help="Precision of the linear layers: bf16 or fp8 (attention stays "
+                          "in --dtype).")
+    ] = "bf16",
+    fabric: Annotated[
+        str | None,
+        typer.Option(help="How the nodes are wired: hgx-rail (8-GPU nodes, 400 Gb/s per GPU, "
+                     "rail-optimised), roce-clos (not rail-optimised), nvl72 (72-GPU NVLink "
+                     "domains); default: the hardware profile's inter-node link."),
+    ] = None,
+    memory_margin: Annotated[
+        str,
+        typer.Option(help="What a plan must fit: capacity (tensors + --reserve-gib within the "
+                     "device memory) or safe (tensors within 80% of it: Fujii et al. 2024 saw no "
+                     "OOM below that over 454 runs)."),
+    ] = "capacity",
+    max_seq_len: Annotated[
+        bool,
+        typer.Option("--max-seq-len", help="Rank the plans by the longest sequence each holds "
+                     "under the safe margin (then by step time) instead of by step time."),
+    ] = False,
+    top: Annotated[
+        int,
+        typer.Option(help="Plans and memory rejections to rank and list (0 = all: every plan "
+                     "that fits is priced, which takes minutes past a few hundred GPUs)."),
+    ] = 10,
+    exhaustive: Annotated[
+        bool,
+        typer.Option(help="Price every plan that fits instead of pruning the ones whose lower "
+                     "bound cannot rank (the same answer, slower; for checking)."),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
 ) -> None:
     """Plan a whole model's training: does it fit at --seq-len on --gpus, with which
@@ -101,6 +142,14 @@ def plan(
         pp=pp,
         matmul_efficiency=matmul_efficiency,
         reserve_gib=reserve_gib,
+        keep=max(top, 0),
+        framework=framework,
+        attention_factor=attention_factor,
+        linears=linears,
+        fabric=fabric,
+        memory_margin=memory_margin,
+        rank_by="max_seq_len" if max_seq_len else "step",
+        exhaustive=exhaustive,
     )
     if top < 0:
         from cpbench.errors import CpbenchError  # noqa: PLC0415

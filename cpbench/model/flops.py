@@ -28,6 +28,7 @@ agree with the geometry exactly: tests/test_model_masks.py).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -191,11 +192,13 @@ def chunk_pairs(
     return sum((range_pairs(q, k, causal) for q in queries for k in keys), Fraction(0))
 
 
+@functools.lru_cache(maxsize=32)
 def ring_step_pairs(
     seq_len: int, ring: int, layout: str, causal: bool = True
 ) -> tuple[tuple[Fraction, ...], ...]:
     """`[s][j]`: pairs ring rank j computes at ring step s (K/V of ring rank (j - s) mod R);
-    R steps (a step the mask does not need is all zeros)."""
+    R steps (a step the mask does not need is all zeros). Cached: R^2 exact pairs, the same
+    for every head count and Ulysses degree (`cpbench plan` prices many meshes of one ring)."""
     _check_ring_layout(seq_len, ring, layout)
     if layout not in GLOBAL_LAYOUTS:
         steps = masked_step_pairs(MaskSpec(causal=causal), seq_len, 1, ring, layout)

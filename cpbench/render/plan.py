@@ -45,20 +45,33 @@ def render_plan(report: Mapping[str, Any], top: int = 10) -> list[RenderableType
     out: list[RenderableType] = [header]
     feasible = report["feasible"]
     if feasible:
-        out.append(_feasible_table(feasible, top))
+        found = report.get("search")
+        out.append(_feasible_table(feasible, top, found["feasible"] if found else None,
+                                   q.get("rank_by", "step")))
         winner = feasible[report["winner"] - 1]
         out.append(_step_table(winner))
+        tiers = _tiers_text(winner)
+        if tiers:
+            out.append(Text(tiers))
         out.append(_memory_table(winner, q["memory_capacity_bytes"]))
         shortest = report["shortest_cp"]
+        where = (f"rank {shortest['rank']}" if shortest["rank"] is not None
+                 else f"step {_seconds(shortest['step_s'])} s, below the plans listed")
         out.append(Text(
-            f"Shortest CP that fits: CP {shortest['cp']} ({shortest['label']}, rank "
-            f"{shortest['rank']}). The winner holds sequences up to L = {winner['max_seq_len']} "
-            f"tokens."
+            f"Shortest CP that fits: CP {shortest['cp']} ({shortest['label']}, {where}). The "
+            f"winner holds sequences up to L = {winner['max_seq_len']} tokens."
         ))
     else:
         out.append(Text("No plan fits: see the rejected plans.", style="bold red"))
+    counts = report.get("search")
     if report["rejected"]:
-        out.extend(_rejected(report["rejected"], top))
+        memory_total = counts["rejected_by_memory"] if counts else None
+        out.extend(_rejected(report["rejected"], top, memory_total))
+    if counts:
+        out.append(Text(
+            f"Search: {counts['enumerated']} plans, {counts['rejected_by_memory']} over memory, "
+            f"{counts['feasible']} fit; {counts['priced']} priced, {counts['pruned']} pruned "
+            f"(a lower bound of their step cannot rank).", style="dim"))
     if report["frameworks"]:
         out.append(_frameworks_table(report["frameworks"]))
     out += [Text(f"note: {n}", style="dim") for n in report["notes"]]
@@ -71,16 +84,20 @@ def render_plan(report: Mapping[str, Any], top: int = 10) -> list[RenderableType
     return out
 
 
-def _feasible_table(plans: Sequence[Mapping[str, Any]], top: int) -> FitTable:
+def _feasible_table(plans: Sequence[Mapping[str, Any]], top: int,
+                    feasible_total: int | None = None, rank_by: str = "step") -> FitTable:
     shown = plans[:top] if top else plans
-    more = f" (top {len(shown)} of {len(plans)}; --top 0 lists all)" if len(shown) < len(plans) else ""
+    total = feasible_total if feasible_total is not None else len(plans)
+    more = f" (top {len(shown)} of {total}; --top 0 lists all)" if len(shown) < total else ""
     table = FitTable(
-        title=f"Feasible plans, fastest step first{more}",
+        title=("Feasible plans, fastest step first" if rank_by == "step" else
+               "Feasible plans, longest safe sequence first") + more,
         caption="step s per optimizer step; attn = attention's share of the step; mem GiB on "
-        "the busiest rank; max L = longest sequence in tokens that fits; tok/s per GPU",
+        "the busiest rank; max L = longest sequence in tokens that fits; safe L = longest "
+        "whose tensors stay within 80% of the device memory; tok/s per GPU",
     )
     for col in ("#", "TP", "CP UxR", "layout", "PP", "DP", "recompute", "step s", "attn",
-                "tok/s", "MFU", "mem GiB", "max L"):
+                "tok/s", "MFU", "mem GiB", "max L", "safe L"):
         left = col in ("CP UxR", "layout", "recompute")
         table.add_column(col, justify="left" if left else "right",
                          key=col in ("#", "TP", "CP UxR"))
@@ -90,7 +107,7 @@ def _feasible_table(plans: Sequence[Mapping[str, Any]], top: int) -> FitTable:
             str(p["dp"]), p["recompute"], _seconds(p["step_s"]),
             format_percent(p["attention_share"], 0), f"{p['tokens_per_s_per_gpu']:.0f}",
             format_percent(p["mfu"], 1), format_gib(p["memory_bytes"], 1, unit=False),
-            str(p["max_seq_len"]),
+            str(p["max_seq_len"]), str(p["max_seq_len_safe"]),
         )
     return table
 
@@ -125,13 +142,36 @@ def _step_table(plan: Mapping[str, Any]) -> FitTable:
     return table
 
 
+TIER_GROUPS = {
+    "tp": "TP + SP",
+    "ulysses": "Ulysses all-to-all",
+    "ring": "ring hops",
+    "dp": "DP gradient reduction",
+    "pp": "pipeline sends",
+}
+
+
+def _tiers_text(plan: Mapping[str, Any]) -> str:
+    """Which tier (and link) each of the winner's collectives crosses."""
+    tiers = plan.get("tiers") or {}
+    parts = [f"{label} on {tiers[g]['tier']} ({tiers[g]['link']}, "
+             f"{tiers[g]['send_recv_busbw_GBps']:.0f} GB/s send/recv busbw per GPU)"
+             for g, label in TIER_GROUPS.items() if g in tiers]
+    return ("Where the winner's collectives run: " + "; ".join(parts) + ".") if parts else ""
+
+
 def _memory_table(plan: Mapping[str, Any], capacity: float) -> FitTable:
     stages = plan["memory"]
     names = list(stages)
     table = FitTable(
         title=f"Memory per rank of the winner ({format_gib(plan['memory_bytes'], 1)} of "
         f"{format_gib(capacity, 1)} on the {plan['memory_stage']} stage)",
-        caption="GiB per rank; formula of the busiest stage",
+        caption="GiB per rank; formula of the busiest stage. Tensors alone "
+        f"{format_gib(plan['memory_tensor_bytes'], 1)}: "
+        + ("within" if plan["within_safe_margin"] else "over")
+        + f" the safe {format_gib(plan['memory_safe_bytes'], 1)} (80% of the device memory, "
+        "Fujii et al. 2024: no OOM below it over 454 runs; a caching allocator reserves more "
+        f"than the tensors). Longest L within it: {plan['max_seq_len_safe']} tokens",
         narrow="stack",
     )
     table.add_column("component", key=True, wrap=True)
@@ -152,15 +192,17 @@ def _memory_table(plan: Mapping[str, Any], capacity: float) -> FitTable:
     return table
 
 
-def _rejected(rejected: Sequence[Mapping[str, Any]], top: int) -> list[RenderableType]:
+def _rejected(rejected: Sequence[Mapping[str, Any]], top: int,
+              memory_total: int | None = None) -> list[RenderableType]:
     memory = sorted((r for r in rejected if r["kind"] == "memory"),
                     key=lambda r: r["memory_bytes"])
     rules = [r for r in rejected if r["kind"] != "memory"]
     out: list[RenderableType] = []
     if memory:
         shown = memory[:top] if top else memory
-        more = (f" (the {len(shown)} closest to fitting of {len(memory)}; --top 0 lists all)"
-                if len(shown) < len(memory) else "")
+        total = memory_total if memory_total is not None else len(memory)
+        more = (f" (the {len(shown)} closest to fitting of {total}; --top 0 lists all)"
+                if len(shown) < total else "")
         table = FitTable(title=f"Rejected: out of memory{more}")
         table.add_column("plan", key=True, wrap=True)
         table.add_column("overflowing component", wrap=True)

@@ -1,6 +1,8 @@
 """The whole-model plan's pure math: the transformer description (`transformer`), memory per
-rank by component (`memory`) and time per training step (`step`). Pure Python, no torch.
+rank by component (`memory`), time per training step (`step`), the tier each collective crosses
+(`tiers`), the framework's attention and the linears' precision (`framework`), the pruned search
+(`search`) and the check against published runs (`validation`). Pure Python, no torch.
 
-`cpbench.app.plan` searches TP x CP x PP x DP x recompute with these; docs/plan.md states the
+`cpbench.app.plan` fills a `search.SearchSpace` from a request; docs/plan.md states the
 formulas and their sources.
 """

@@ -87,6 +87,16 @@ OPTIMIZER_BYTES = 12
 """fp32 master weights 4 + Adam first moment 4 + second moment 4."""
 ZERO3_GATHERED_LAYERS = 2
 """Layers whose full weights a ZeRO-3 rank holds at once (running + prefetched)."""
+SAFE_MEMORY_FRACTION = 0.8
+"""Fujii, Watanabe, Yokota 2024, 'Accelerating Large Language Model Training with 4D Parallelism
+and Memory Consumption Estimator' (arXiv:2411.06465), abstract: over 454 runs on A100 and H100,
+'when the estimated memory usage is below 80% of the available GPU memory, the training never
+encounters out-of-memory errors'. The margin covers what a tensor count leaves out: the caching
+allocator's cached and fragmented blocks, NCCL and CUDA-graph buffers, the CUDA context."""
+MemoryMargin = Literal["capacity", "safe"]
+"""What a plan must fit: `capacity` (the tensors + the runtime reserve within the device
+memory) or `safe` (the tensors within SAFE_MEMORY_FRACTION of it, Fujii et al.'s rule)."""
+MEMORY_MARGINS: tuple[MemoryMargin, ...] = get_args(MemoryMargin)
 SAVED_ATTENTION_ITEMS = frozenset(
     {"q_local", "k_local", "v_local", "o_local", "lse", "q_heads", "kv_heads", "o_heads"}
 )
@@ -134,6 +144,21 @@ class Parallelism:
     """Token layout of the ring."""
     sequence_parallel: bool = True
     """Megatron's sequence parallelism with TP (shards the norm and dropout activations)."""
+    uneven_stages: bool = False
+    """Whether PP may split the layers unevenly (torchtitan's pipeline split, Megatron's
+    --decoder-first/last-pipeline-num-layers): the busiest stage then holds ceil(layers / PP)."""
+
+    def stage_layers(self, layers: int) -> int:
+        """Layers of the busiest pipeline stage: layers / PP, or ceil(layers / PP) with
+        `uneven_stages`; CpbenchError when PP does not divide them otherwise."""
+        if layers % self.pp == 0:
+            return layers // self.pp
+        if self.uneven_stages and self.pp <= layers:
+            return -(-layers // self.pp)
+        raise CpbenchError(
+            f"layers ({layers}) must be divisible by PP ({self.pp}): every pipeline stage "
+            f"holds layers / PP layers (or PP <= layers with uneven stages)"
+        )
 
     @property
     def cp(self) -> int:
@@ -190,6 +215,19 @@ class StageMemory:
     def component(self, name: str) -> float:
         """Bytes of a component (0 when absent)."""
         return sum(c.bytes for c in self.components if c.name == name)
+
+    @property
+    def tensor_total(self) -> float:
+        """The tensors alone: the total less the runtime reserve."""
+        return self.total - self.component("runtime reserve")
+
+
+def fits_margin(stage: StageMemory, capacity: float, margin: str = "capacity") -> bool:
+    """Whether a stage fits the device memory under a margin (`MemoryMargin`)."""
+    check_choice("memory margin", margin, MEMORY_MARGINS)
+    if margin == "safe":
+        return stage.tensor_total <= SAFE_MEMORY_FRACTION * capacity
+    return stage.total <= capacity
 
 
 # ------------------------------------------------------------------------ activations
@@ -288,14 +326,9 @@ def stage_memory(
 ) -> StageMemory:
     """Memory of one rank of the `first`, `last` or `only` pipeline stage (module docstring)."""
     check_choice("stage", stage, ("first", "last", "only"))
-    if model.layers % par.pp:
-        raise CpbenchError(
-            f"layers ({model.layers}) must be divisible by PP ({par.pp}): every pipeline stage "
-            f"holds layers / PP layers"
-        )
+    layers = par.stage_layers(model.layers)
     check_zero(par.zero)
     first, last = stage in ("first", "only"), stage in ("last", "only")
-    layers = model.layers // par.pp
     t, n = par.tp, par.zero_group
     params = params_per_rank(model, layers, first, last, par.pp, t)
     w_div = n if par.zero >= 3 else 1

@@ -14,7 +14,8 @@ projection), with `s = L / CP` tokens, `b` micro-batch, `t` TP:
 - **TP + SP collectives** (Megatron with sequence parallelism): per layer 2 all-gathers and 2
   reduce-scatters forward, the same backward (and forward again with full recompute), each of a
   tensor of `M = e b s h` bytes: `latency + M (t - 1)/t / busbw` on the node's links (TP stays
-  inside a node), not overlapped with compute.
+  inside a node), not overlapped with compute. TP, PP and DP are each priced on the link of the
+  tier their group crosses (`cpbench.model.plan.tiers`: node, NVLink domain, rail, network).
 - **Pipeline**: 1F1B with `m` micro-batches and `p` stages: `(m + p - 1)` micro-batch times,
   `(p - 1)` of them the bubble (fraction `(p - 1)/(m + p - 1)`); each micro-batch sends its
   activations `e b s h / t` bytes (SP's scatter-gather) to the next stage and its gradient back.
@@ -48,6 +49,7 @@ from cpbench.model.cost.prediction import Prediction
 from cpbench.model.flops import attention_flops
 from cpbench.model.hardware.profile import HardwareProfile, LinkCost
 from cpbench.model.plan.memory import Parallelism, check_zero, params_per_rank
+from cpbench.model.plan.tiers import PlanTiers, plan_tiers
 from cpbench.model.plan.transformer import ModelSpec
 
 MFU_CONVENTION = (
@@ -217,39 +219,67 @@ def step_time(
     gpus_per_node: int,
     dtype: str = "bfloat16",
     efficiency: MatmulEfficiency | None = None,
+    linear_speedup: float = 1.0,
+    attention_factor: float = 1.0,
+    tiers: PlanTiers | None = None,
 ) -> StepTime:
     """Predicted step time of a plan (see the module docstring); `attention` is the prediction
-    of one layer's attention for one micro-batch (heads of one TP rank, rank stride TP)."""
+    of one layer's attention for one micro-batch (heads of one TP rank, rank stride TP), times
+    `attention_factor` (the framework's, `cpbench.model.plan.framework`); the linears' GEMMs run
+    `linear_speedup` x faster than bf16 ones (FP8)."""
+    return step_time_of_layer(
+        model, par, seq_len, attention.forward.total_s * attention_factor,
+        attention.backward.total_s * attention_factor, profile, gpus_per_node, dtype,
+        efficiency, linear_speedup, tiers,
+    )
+
+
+def step_time_of_layer(
+    model: ModelSpec,
+    par: Parallelism,
+    seq_len: int,
+    attention_forward_s: float,
+    attention_backward_s: float,
+    profile: HardwareProfile,
+    gpus_per_node: int,
+    dtype: str = "bfloat16",
+    efficiency: MatmulEfficiency | None = None,
+    linear_speedup: float = 1.0,
+    tiers: PlanTiers | None = None,
+) -> StepTime:
+    """`step_time` from one layer's attention forward and backward seconds (one micro-batch);
+    TP, PP and DP priced on the links `tiers` gives them (None: `plan_tiers` on the profile's
+    own links).
+
+    Every part is non-decreasing in both seconds (the bubble is (p - 1) micro-batch times),
+    so a lower bound of the attention gives a lower bound of the step: what the search prunes
+    with (`cpbench.model.plan.search`)."""
     check_zero(par.zero)
-    if model.layers % par.pp:
-        raise CpbenchError(
-            f"layers ({model.layers}) must be divisible by PP ({par.pp})"
-        )
     eff = efficiency or matmul_efficiency(profile)
     e = DTYPE_BYTES[canonical_dtype(dtype)]
     peak = profile.peak_flops(dtype)
-    gemm_rate = peak * eff.value
+    gemm_rate = peak * eff.value * linear_speedup
     t, p, m, b = par.tp, par.pp, par.micro_batches, par.micro_batch
     s = seq_len / par.cp
-    layers = model.layers // p
+    layers = par.stage_layers(model.layers)
     passes = 4 if par.recompute == "full" else 3
     gemm = (
         layers * layer_gemm_flops(model, s, b, t) * passes
         + 2.0 * b * s * model.hidden * model.vocab / t * 3
     ) / gemm_rate
-    attn_layer = attention.forward.total_s + attention.backward.total_s
+    attn_layer = attention_forward_s + attention_backward_s
     if par.recompute != "none":
-        attn_layer += attention.forward.total_s
+        attn_layer += attention_forward_s
     attn = layers * attn_layer
-    intra = profile.intra_node
+    tiers = tiers or plan_tiers(par, profile, gpus_per_node)
+    tp_link = tiers.of("tp").link
     tp_calls = 8 + (4 if par.recompute == "full" else 0)
     tp = layers * ring_collective(
-        intra.send_recv, e * b * s * model.hidden, t, intra.devices_per_nic, calls=tp_calls
+        tp_link.send_recv, e * b * s * model.hidden, t, tp_link.devices_per_nic, calls=tp_calls
     )
     pp = 0.0
     if p > 1:
-        model_ranks = t * par.cp * par.dp
-        link = profile.inter_node if model_ranks >= gpus_per_node else intra
+        link = tiers.of("pp").link
         pp = 2 * link.send_recv.seconds(e * b * s * model.hidden / t, 1, link.devices_per_nic)
     micro = gemm + attn + tp + pp
     n = par.zero_group
@@ -257,7 +287,7 @@ def step_time(
         params_per_rank(model, layers, first, last, p, t)
         for first, last in (((True, p == 1),) if p == 1 else ((True, False), (False, True)))
     )
-    dp_link = profile.inter_node if t * n > gpus_per_node else intra
+    dp_link = tiers.of("dp").link
     cost, sharing = dp_link.send_recv, dp_link.devices_per_nic
     grads, weights = stage_params * 4, stage_params * 2
     if par.zero == 0:
