@@ -589,7 +589,8 @@ def test_cli_validate_published_scores_each_machine() -> None:
     result = runner.invoke(app, ["validate", "--published", "--json"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
-    assert doc["mode"] == "published" and [s["name"] for s in doc["sections"]] == ["cp_attention"]
+    names = [s["name"] for s in doc["sections"]]
+    assert doc["mode"] == "published" and names == ["cp_attention", "plan_end_to_end"]
     machines = {m["hardware"]: m for m in doc["sections"][0]["machines"]}
     assert set(machines) == {"8x H800 NVLink", "8x A100 NVLink"}
     for m in machines.values():
@@ -605,8 +606,18 @@ def test_cli_validate_published_scores_each_machine() -> None:
         prior_s = [r["predicted_s"] for r in m["prior"]["rows"]]
         held_s = [r["predicted_s"] for r in m["leave_one_group_out"]["rows"]]
         assert any(abs(a / b - 1) > 1e-3 for a, b in zip(prior_s, held_s, strict=True))
-    text = runner.invoke(app, ["validate", "--published"])
+    # the end-to-end section: each published run with the plan's error beside it
+    plans = doc["sections"][1]["rows"]
+    assert {r["id"] for r in plans} >= {"torchtitan-t2-cp1", "torchtitan-t2-cp8"}
+    for r in plans:
+        if r["tokens_error"] is not None:
+            expected = r["predicted_tokens_per_s_per_gpu"] / r["published_tokens_per_s_per_gpu"]
+            assert r["tokens_error"] == pytest.approx(expected - 1)
+    text = runner.invoke(app, ["validate", "--published"], env={"COLUMNS": "80"})
     assert text.exit_code == 0 and "LOGO" in text.stdout
+    cp8 = next(r for r in plans if r["id"] == "torchtitan-t2-cp8")
+    assert "torchtitan-t2-cp8" in text.stdout and f"{cp8['tokens_error']:+.0%}" in text.stdout
+    assert max(len(line) for line in text.stdout.splitlines()) <= 80
     both = runner.invoke(app, ["validate", "--published", "x.jsonl"])
     assert both.exit_code == 2 and "give no results files" in both.stderr
 

@@ -183,4 +183,28 @@ def published_cp_attention_section(path: str | None = None) -> dict[str, Any]:
 def validate_published_report(path: str | None = None) -> dict[str, Any]:
     """`cpbench validate --published`: a list of sections, each a dataset with its scores
     (this module's CP-attention one; others are added beside it)."""
-    return {"mode": "published", "sections": [published_cp_attention_section(path)]}
+    return {
+        "mode": "published",
+        "sections": [published_cp_attention_section(path), published_plan_section()],
+    }
+
+
+def published_plan_section() -> dict[str, Any]:
+    """The end-to-end section of `validate --published`: `cpbench plan` per published training
+    run (`model.plan.validation`), predicted vs published tokens/s/GPU (or TFLOP/s/GPU) and
+    memory with what the published number counts."""
+    from cpbench.model.plan.validation import (  # noqa: PLC0415
+        END_TO_END_TABLE,
+        to_json,
+        validate_published,
+    )
+
+    return {
+        "name": "plan_end_to_end",
+        "title": "cpbench plan vs published training runs (tokens/s/GPU)",
+        "table": END_TO_END_TABLE,
+        "error_convention": "error = predicted / published - 1; tokens/s/GPU = global batch x "
+        "L / step / GPUs; TFLOP/s/GPU = model FLOPs (MFU convention) / step / GPUs; a "
+        "'calibrate' row fixes its machine's peak scale and is not a validation",
+        "rows": to_json(validate_published()),
+    }

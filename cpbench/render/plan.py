@@ -232,3 +232,41 @@ def _frameworks_table(frameworks: Sequence[Mapping[str, Any]]) -> FitTable:
         settings = f["settings"].replace(" --", "\n--").replace(", ", ",\n")
         table.add_row(Text(name), Text(settings), Text(f["note"]))
     return table
+
+
+def render_published_plans(section: Mapping[str, Any]) -> list[RenderableType]:
+    """`validate --published`'s end-to-end section: a row per published run, the plan's
+    prediction beside the published number and the memory beside what the source counts."""
+    table = FitTable(
+        title=f"{section['title']} ({section['table']})", caption=section["error_convention"]
+    )
+    for col in ("run", "role", "plan", "metric", "published", "predicted", "error",
+                "mem pub GiB", "mem pred GiB (tensors / +reserve)"):  # fmt: skip
+        table.add_column(col, justify="left" if col in ("run", "role", "plan", "metric")
+                         else "right", key=col == "run", wrap=col == "plan")  # fmt: skip
+    for r in section["rows"]:
+        metric, published, predicted, error = (
+            "tokens/s/GPU", r["published_tokens_per_s_per_gpu"],
+            r["predicted_tokens_per_s_per_gpu"], r["tokens_error"],
+        )  # fmt: skip
+        if published is None:
+            metric, published, predicted, error = (
+                "TFLOP/s/GPU", r["published_tflops_per_gpu"], r["predicted_tflops_per_gpu"],
+                r["tflops_error"],
+            )  # fmt: skip
+        memory = (
+            "-" if r["predicted_tensor_gib"] is None
+            else f"{r['predicted_tensor_gib']:.1f} / {r['predicted_with_reserve_gib']:.1f}"
+        )  # fmt: skip
+        table.add_row(
+            Text(r["id"]), r["role"], r["plan"] or f"not planned: {r['rule']}", metric,
+            "-" if published is None else f"{published:,.0f}",
+            "-" if predicted is None else f"{predicted:,.0f}",
+            "-" if error is None else f"{error:+.0%}",
+            "-" if r["published_memory_gib"] is None else f"{r['published_memory_gib']:.1f}",
+            memory,
+        )  # fmt: skip
+    counts = sorted({r["published_memory_counts"] for r in section["rows"]
+                     if r["published_memory_gib"] is not None})  # fmt: skip
+    notes = [Text(f"published memory counts: {c}", style="dim") for c in counts]
+    return [table, *notes]

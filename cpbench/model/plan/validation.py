@@ -42,6 +42,9 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
+END_TO_END_TABLE = "cpbench/data/published/end_to_end.toml"
+"""Where the published end-to-end rows live (in the package)."""
+
 CUDA_RESERVE_GIB = 2.0
 """The plan's default runtime reserve per GPU (`cpbench.app.plan.CUDA_RESERVE_GIB`)."""
 

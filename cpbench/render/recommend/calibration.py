@@ -119,8 +119,13 @@ def _cell(value: float | None, percent: bool = True) -> str:
 def render_published(report: Mapping[str, Any]) -> list[RenderableType]:
     """Rich renderables of `validate --published`: one table per section, a row per machine
     with the prior's and the leave-one-group-out calibrated scores."""
+    from cpbench.render.plan import render_published_plans  # noqa: PLC0415
+
     out: list[RenderableType] = []
     for section in report["sections"]:
+        if "rows" in section:  # the end-to-end section: one row per published run
+            out += render_published_plans(section)
+            continue
         table = FitTable(
             title=f"{section['title']}: the model vs published measurements ({section['table']})",
             caption=section["error_convention"] + "; LOGO = calibrated on the machine's other "
