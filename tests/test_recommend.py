@@ -163,6 +163,23 @@ def test_framework_settings_for_a2a_p2p() -> None:
     assert "context_parallel_degree 16" in settings["torchtitan"].settings
 
 
+def test_deepspeed_has_no_setting_for_a_ring_winner() -> None:
+    # 16 GPUs, 32/8 heads: the tie-break picks the 1x16 ring; DeepSpeed's sequence parallelism
+    # is Ulysses only, so its cell is "-" and the caveats name the closest Ulysses-only mesh
+    # (16x1) with its own flag and its GQA replication (8 KV heads < 16)
+    rec = recommend(RecommendRequest(heads=32, kv_heads=8, gpus=16))
+    winner = rec.winner.prediction.candidate
+    assert (winner.ulysses, winner.ring) == (1, 16)
+    settings = {f.framework: f for f in framework_settings(rec.ranked, rec.sizes)}
+    deepspeed = settings["DeepSpeed"]
+    assert not deepspeed.expressible and deepspeed.settings == "-"
+    text = note(deepspeed)
+    assert "cannot express a ring (R = 16)" in text and "no DeepSpeed setting runs this" in text
+    assert "closest: Ulysses 16x1" in text and "--ds-sequence-parallel-size 16" in text
+    assert "KV heads (8) < sequence-parallel size (16)" in text
+    assert "--context-parallel-size 16" in settings["Megatron-LM"].settings
+
+
 def test_cp_comm_type() -> None:
     assert cp_comm_type(1, 8) == "p2p"
     assert cp_comm_type(8, 1) == "a2a"

@@ -148,7 +148,9 @@ def megatron_setting(p: Prediction, sizes: ParallelSizes) -> FrameworkSetting:
 
 
 def deepspeed_setting(p: Prediction, ranked: Sequence[RankedCandidate]) -> FrameworkSetting:
-    """--ds-sequence-parallel-size: Ulysses only."""
+    """--ds-sequence-parallel-size: Ulysses only. A mesh with a ring (R > 1) has no DeepSpeed
+    setting: the cell says `-` and the caveats name the closest Ulysses-only mesh with its own
+    flag (it runs that other mesh, not the winner)."""
     c = p.candidate
     if c.ring == 1 and c.ulysses > 1:
         caveats = [Caveat("ds_ulysses")]
@@ -163,11 +165,11 @@ def deepspeed_setting(p: Prediction, ranked: Sequence[RankedCandidate]) -> Frame
     ring = Caveat("ds_ring", (c.ring,))
     if alternative is None:
         return FrameworkSetting("DeepSpeed", False, "-", caveats=(ring, Caveat("no_ulysses_mesh")))
-    u = alternative.prediction.candidate.ulysses
-    closest = _closest("closest_ulysses", alternative, ranked, u)
-    return FrameworkSetting(
-        "DeepSpeed", False, f"--ds-sequence-parallel-size {u}", caveats=(ring, closest)
-    )
+    a = alternative.prediction.candidate
+    caveats = [ring, _closest("closest_ulysses", alternative, ranked, a.ulysses)]
+    if a.replication > 1:
+        caveats.append(Caveat("ds_gqa", (a.shape.kv_heads, a.ulysses)))
+    return FrameworkSetting("DeepSpeed", False, "-", caveats=tuple(caveats))
 
 
 def yunchang_setting(p: Prediction, sizes: ParallelSizes) -> FrameworkSetting:

@@ -35,7 +35,8 @@ PRIOR_RATIO_MEDIAN_ABS = 0.11
 against published CP-attention tables (8x A100 NVLink, 4x A100 PCIe, 8x L20 PCIe, 8x H800; 35
 groups) beside 0.47 for absolute times: the prior split below is taken from it. On the
 dataset cpbench ships (`cpbench/data/published/cp_attention.csv`, no yunchang table in it) the
-same median is 0.115 over its 12 pairs (`tests/test_calibrate.py` recomputes it)."""
+same median is 0.148 over its 30 pairs, within two standard errors (0.023 each) of 0.11
+(`tests/test_calibrate.py` recomputes it)."""
 PRIOR_CANDIDATE_SIGMA = PRIOR_RATIO_MEDIAN_ABS / MEDIAN_ABS_TO_SIGMA / math.sqrt(2.0)
 """Per-candidate sigma of the prior: the ratio's sigma (0.11 / 0.6745 = 0.163) over sqrt(2)."""
 PRIOR_CANDIDATE_SHARE = PRIOR_CANDIDATE_SIGMA / PRIOR_TOTAL_SIGMA

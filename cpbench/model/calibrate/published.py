@@ -33,7 +33,7 @@ from cpbench.model.calibrate.fit import calibrate
 from cpbench.model.calibrate.measurements import Measurement, default_prior
 from cpbench.model.calibrate.table import read_table_rows
 from cpbench.model.calibrate.validation import validation_rows, validation_summary
-from cpbench.model.hardware.loading import load_profile
+from cpbench.model.hardware.loading import ProfileChoice, load_profile
 
 
 def published_table() -> Path:
@@ -89,10 +89,22 @@ def _scores(measurements: Sequence[Measurement], rows: Sequence[dict[str, Any]])
 
 
 def validate_machine(
-    hardware: str, measurements: Sequence[Measurement], sources: Sequence[str]
+    hardware: str,
+    measurements: Sequence[Measurement],
+    sources: Sequence[str],
+    profile: str = "",
 ) -> MachineValidation:
-    """The prior's and the leave-one-group-out calibrated scores on one machine's rows."""
+    """The prior's and the leave-one-group-out calibrated scores on one machine's rows; the
+    prior is `profile` when the rows name one (their GPU has no profile), else the GPU's."""
     choice = default_prior(measurements)
+    if profile:
+        names = ", ".join(sorted({n for m in measurements for n in m.device_names}))
+        choice = ProfileChoice(
+            profile,
+            "named by the rows' profile column",
+            f"no built-in hardware profile describes {names}: the rows name {profile} as the "
+            f"closest (its link numbers are not this machine's)",
+        )
     prior = load_profile(choice.name)
     prior_scores = _scores(measurements, validation_rows(measurements, prior))
     groups: dict[Any, list[Measurement]] = {}
@@ -120,10 +132,20 @@ def validate_published(path: Path | None = None) -> list[MachineValidation]:
     if not table:
         raise CpbenchError(f"{path or published_table()} has no rows")
     by_machine: dict[str, list[tuple[Measurement, str]]] = {}
+    profiles: dict[str, set[str]] = {}
     for row_id, row in table:
         machine = row.hardware or row.gpu
         by_machine.setdefault(machine, []).append((row.measurement(row_id), row.source))
+        profiles.setdefault(machine, set()).add(row.profile)
+    for machine, named in profiles.items():
+        if len(named) > 1:
+            raise CpbenchError(
+                f"{path or published_table()}: the rows of {machine!r} name profiles "
+                f"{sorted(named)}: one machine starts from one profile"
+            )
     return [
-        validate_machine(machine, [m for m, _ in items], [s for _, s in items])
+        validate_machine(
+            machine, [m for m, _ in items], [s for _, s in items], profiles[machine].pop()
+        )
         for machine, items in by_machine.items()
     ]

@@ -80,6 +80,10 @@ class TableRow(BaseModel):
     """Measured communication alone, seconds, when known."""
     hardware: str = ""
     """The machine, to group results by (e.g. `8x H800 NVLink`); empty: the gpu."""
+    profile: str = ""
+    """The built-in profile to start from when no profile describes the gpu (e.g. `a100-80gb`
+    for an A800, an A100 whose NVLink runs at 400 of the A100's 600 GB/s); empty: chosen by
+    the gpu. The rows of one machine name one profile."""
     source: str = ""
     """Where the row comes from (a URL, a file and line)."""
 

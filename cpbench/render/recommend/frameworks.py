@@ -40,10 +40,12 @@ CAVEATS: dict[str, str] = {
     "ds_ulysses": "DeepSpeed-Ulysses (all-to-all over the sequence-parallel group)",
     "ds_gqa": "KV heads ({v[0]}) < sequence-parallel size ({v[1]}): needs a DeepSpeed version "
     "that replicates KV heads for GQA",
-    "ds_ring": "DeepSpeed-Ulysses cannot express a ring (R = {v[0]}): it only does all-to-all "
-    "sequence parallelism",
+    "ds_ring": "DeepSpeed-Ulysses cannot express a ring (R = {v[0]}): its sequence parallelism "
+    "is all-to-all only (no ring, no U x R hybrid, no layout); no DeepSpeed setting runs this "
+    "mesh",
     "no_ulysses_mesh": "no Ulysses-only mesh is feasible",
-    "closest_ulysses": "closest: Ulysses {v[0]}x1 (rank {position}, {time})",
+    "closest_ulysses": "closest: Ulysses {v[0]}x1 (rank {position}, {time}), "
+    "--ds-sequence-parallel-size {v[0]}: it runs that mesh, not the winner",
     "yunchang": "Ulysses groups are the low (consecutive) ranks (use_ulysses_low=True), as "
     "modelled; shard the inputs with the matching extract function "
     "(EXTRACT_FUNC_DICT['{name}'])",
