@@ -4,6 +4,8 @@ with measurements (in sample or on a holdout)."""
 
 from __future__ import annotations
 
+import copy
+import functools
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -150,6 +152,13 @@ def _scores_dict(scores: Any) -> dict[str, Any] | None:
 def published_cp_attention_section(path: str | None = None) -> dict[str, Any]:
     """The CP-attention section of `validate --published`: per machine, the prior's and the
     leave-one-group-out calibrated scores (`model.calibrate.published`)."""
+    return copy.deepcopy(_published_cp_attention_section(path))
+
+
+@functools.cache
+def _published_cp_attention_section(path: str | None) -> dict[str, Any]:
+    # the leave-one-group-out fits take seconds; a table's scores are computed once per process
+    # (the text and --json views of one run, the tests) and handed out as copies
     from cpbench.model.calibrate.published import (  # noqa: PLC0415
         published_table,
         validate_published,
