@@ -1,0 +1,157 @@
+"""Apply each mutant to a copy of the tree under the system's temp folder (never to the working
+tree), run its tests there, and say which test caught it.
+
+The copy holds the files git tracks or would track (`git ls-files -co --exclude-standard`), made
+once per run; each mutant replaces its exact `old` text (which must occur exactly once: a stale
+mutant is an error, not a pass) and the file is restored before the next. Tests run in a fresh
+`python -m pytest -x` with the copy first on PYTHONPATH and no bytecode written, so no module
+of another mutant (or of the working tree) is imported. Before any mutant, the union of the
+selected mutants' tests runs on the unmutated copy: a baseline that fails makes every "caught"
+meaningless, so the run stops there.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from tests.mutation.mutants import Mutant
+
+ROOT = Path(__file__).resolve().parents[2]
+"""The repository the copy is made from."""
+
+Outcome = Literal["caught", "survived", "stale", "error", "timeout"]
+"""caught: the tests failed (pytest exit 1); survived: they passed; stale: the mutant's old text
+does not occur exactly once; error: pytest could not run them (exit 2-5); timeout: they ran past
+the limit."""
+
+
+@dataclass(frozen=True)
+class Result:
+    """One mutant's run."""
+
+    mutant: Mutant
+    """The planted defect."""
+    outcome: Outcome
+    """What its tests did (see `Outcome`)."""
+    catching_test: str | None
+    """The first failing test's node id (caught only)."""
+    seconds: float
+    """Wall time of its pytest run."""
+
+
+@contextmanager
+def tree_copy(root: Path = ROOT) -> Iterator[Path]:
+    """A copy of the tree's tracked and untracked-but-not-ignored files, removed afterwards."""
+    listed = subprocess.run(
+        ["git", "-C", str(root), "ls-files", "-co", "--exclude-standard", "-z"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split("\0")
+    with tempfile.TemporaryDirectory(prefix="cpbench-mutants-") as tmp:
+        target = Path(tmp)
+        for name in filter(None, listed):
+            source = root / name
+            if source.is_file():
+                (target / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(source, target / name)
+        yield target
+
+
+def pytest_run(tree: Path, tests: Sequence[str], timeout_s: float) -> tuple[int | None, str]:
+    """(pytest's exit code or None on a timeout, its output) for `tests` run in `tree`."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(tree), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-rf"]
+    try:
+        done = subprocess.run(
+            [*command, *tests],
+            cwd=tree,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
+    except subprocess.TimeoutExpired as exc:
+        output = exc.stdout if isinstance(exc.stdout, str) else ""
+        return None, output
+    return done.returncode, done.stdout + done.stderr
+
+
+_FAILED = re.compile(r"^(?:FAILED|ERROR) (\S+)", re.MULTILINE)
+
+
+def first_failure(output: str) -> str | None:
+    """The node id of the first FAILED/ERROR line of pytest's short summary."""
+    match = _FAILED.search(output)
+    return match.group(1) if match else None
+
+
+class BaselineFailed(RuntimeError):
+    """The unmutated tree fails the mutants' tests."""
+
+
+def run_mutants(
+    mutants: Sequence[Mutant], timeout_s: float = 900.0, root: Path = ROOT
+) -> list[Result]:
+    """Every mutant, one at a time, on one copy of `root` (see the module docstring)."""
+    results: list[Result] = []
+    with tree_copy(root) as tree:
+        union = list(dict.fromkeys(t for m in mutants for t in m.tests))
+        code, output = pytest_run(tree, union, timeout_s)
+        if code != 0:
+            raise BaselineFailed(
+                f"the unmutated tree fails the mutants' tests (pytest exit {code}):\n"
+                + output[-3000:]
+            )
+        for mutant in mutants:
+            path = tree / mutant.file
+            original = path.read_text()
+            if original.count(mutant.old) != 1:
+                results.append(Result(mutant, "stale", None, 0.0))
+                continue
+            path.write_text(original.replace(mutant.old, mutant.new))
+            start = time.perf_counter()
+            try:
+                code, output = pytest_run(tree, mutant.tests, timeout_s)
+            finally:
+                path.write_text(original)
+            seconds = time.perf_counter() - start
+            outcome: Outcome
+            if code is None:
+                outcome = "timeout"
+            elif code == 1:
+                outcome = "caught"
+            elif code == 0:
+                outcome = "survived"
+            else:
+                outcome = "error"
+            catching = first_failure(output) if outcome == "caught" else None
+            results.append(Result(mutant, outcome, catching, seconds))
+    return results
+
+
+def markdown_table(results: Sequence[Result]) -> str:
+    """The results as the Markdown table docs/mutation.md carries."""
+    lines = [
+        "| mutant | file | outcome | catching test | seconds |",
+        "|---|---|---|---|---|",
+    ]
+    for r in results:
+        test = f"`{r.catching_test}`" if r.catching_test else "-"
+        lines.append(
+            f"| `{r.mutant.name}` | `{r.mutant.file}` | {r.outcome} | {test} | {r.seconds:.1f} |"
+        )
+    return "\n".join(lines)
