@@ -291,3 +291,23 @@ def test_bytes_moved_between_collectives_are_a_mismatch_although_the_total_agree
     comm = _comm_section(config, _ranks([{**expected, "fwd": moved}] * 4), None)
     assert comm.measured_bytes["fwd"] == [comm.analytic_bytes["fwd"]] * 4
     assert comm.match is False
+
+
+# ---------------------------------------------------------------- the verdict's exit code
+
+
+@pytest.mark.parametrize(("verdicts", "code"), [((True, True), 0), ((True, False), 1)])
+def test_verify_exits_1_when_a_case_failed_its_check(
+    monkeypatch: pytest.MonkeyPatch, verdicts: tuple[bool, ...], code: int
+) -> None:
+    """`cpbench verify` with its cases' verdicts given (the run replaced): one failed case is
+    exit 1, all passed exit 0 (nccl-tests' rule)."""
+    from typer.testing import CliRunner  # noqa: PLC0415
+
+    import cpbench.app.verify as verify_service  # noqa: PLC0415
+    from cpbench.cli.main import app  # noqa: PLC0415
+
+    records = [{"label": f"case {i}", "passed": p} for i, p in enumerate(verdicts)]
+    monkeypatch.setattr(verify_service, "run_verify", lambda *a, **k: records)
+    result = CliRunner().invoke(app, ["verify", "--world-size", "2", "--device", "cpu", "--json"])
+    assert result.exit_code == code, result.output

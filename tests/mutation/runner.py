@@ -3,27 +3,28 @@ tree), run its tests there, and say which test caught it.
 
 The copy holds the files git tracks or would track (`git ls-files -co --exclude-standard`), made
 once per run; each mutant replaces its exact `old` text (which must occur exactly once: a stale
-mutant is an error, not a pass) and the file is restored before the next. Tests run in a fresh
-`python -m pytest -x` with the copy first on PYTHONPATH and no bytecode written, so no module
-of another mutant (or of the working tree) is imported. Before any mutant, the union of the
+mutant is an error, not a pass) and the file is restored before the next. Tests run as
+`pytest -x` in a child forked from one worker process (`tests.mutation.worker`: torch imported
+once, cpbench never before the fork) with the copy first on sys.path and no bytecode written, so
+no module of another mutant (or of the working tree) is imported. Before any mutant, the union of the
 selected mutants' tests runs on the unmutated copy: a baseline that fails makes every "caught"
 meaningless, so the run stops there.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from tests.mutation.mutants import Mutant
 
@@ -69,28 +70,31 @@ def tree_copy(root: Path = ROOT) -> Iterator[Path]:
         yield target
 
 
-def pytest_run(tree: Path, tests: Sequence[str], timeout_s: float) -> tuple[int | None, str]:
-    """(pytest's exit code or None on a timeout, its output) for `tests` run in `tree`."""
+def _worker(tree: Path, runs: list[dict[str, Any]], timeout_s: float) -> list[dict[str, Any]]:
+    """The runs through `tests.mutation.worker` in `tree` (one process; one fork per run)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(tree), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env["PYTHONDONTWRITEBYTECODE"] = "1"
-    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-rf"]
-    try:
-        done = subprocess.run(
-            [*command, *tests],
-            cwd=tree,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
+    spec = tree / ".mutation-runs.json"
+    spec.write_text(json.dumps({"runs": runs, "timeout": timeout_s}))
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.mutation.worker", str(spec)],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    answers = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    if len(answers) != len(runs):
+        raise RuntimeError(
+            f"the mutation worker answered {len(answers)} of {len(runs)} runs "
+            f"(exit {done.returncode}):\n{done.stderr[-3000:]}"
         )
-    except subprocess.TimeoutExpired as exc:
-        output = exc.stdout if isinstance(exc.stdout, str) else ""
-        return None, output
-    return done.returncode, done.stdout + done.stderr
+    return answers
 
 
-_FAILED = re.compile(r"^(?:FAILED|ERROR) (\S+)", re.MULTILINE)
+_FAILED = re.compile(r"^(?:FAILED|ERROR) (.+?)(?: - .*)?$", re.MULTILINE)
 
 
 def first_failure(output: str) -> str | None:
@@ -107,39 +111,40 @@ def run_mutants(
     mutants: Sequence[Mutant], timeout_s: float = 900.0, root: Path = ROOT
 ) -> list[Result]:
     """Every mutant, one at a time, on one copy of `root` (see the module docstring)."""
-    results: list[Result] = []
     with tree_copy(root) as tree:
         union = list(dict.fromkeys(t for m in mutants for t in m.tests))
-        code, output = pytest_run(tree, union, timeout_s)
-        if code != 0:
+        (baseline,) = _worker(tree, [{"name": "baseline", "tests": union}], timeout_s)
+        if baseline["code"] != 0:
             raise BaselineFailed(
-                f"the unmutated tree fails the mutants' tests (pytest exit {code}):\n"
-                + output[-3000:]
+                f"the unmutated tree fails the mutants' tests (pytest exit {baseline['code']}):"
+                f"\n{baseline['output'][-3000:]}"
             )
-        for mutant in mutants:
-            path = tree / mutant.file
-            original = path.read_text()
-            if original.count(mutant.old) != 1:
-                results.append(Result(mutant, "stale", None, 0.0))
-                continue
-            path.write_text(original.replace(mutant.old, mutant.new))
-            start = time.perf_counter()
-            try:
-                code, output = pytest_run(tree, mutant.tests, timeout_s)
-            finally:
-                path.write_text(original)
-            seconds = time.perf_counter() - start
-            outcome: Outcome
-            if code is None:
-                outcome = "timeout"
-            elif code == 1:
-                outcome = "caught"
-            elif code == 0:
-                outcome = "survived"
-            else:
-                outcome = "error"
-            catching = first_failure(output) if outcome == "caught" else None
-            results.append(Result(mutant, outcome, catching, seconds))
+        stale = {m.name for m in mutants if (tree / m.file).read_text().count(m.old) != 1}
+        runs = [
+            {"name": m.name, "file": str(tree / m.file), "old": m.old, "new": m.new,
+             "tests": list(m.tests)}
+            for m in mutants
+            if m.name not in stale
+        ]  # fmt: skip
+        answers = {a["name"]: a for a in _worker(tree, runs, timeout_s)} if runs else {}
+    results: list[Result] = []
+    for mutant in mutants:
+        if mutant.name in stale:
+            results.append(Result(mutant, "stale", None, 0.0))
+            continue
+        answer = answers[mutant.name]
+        code = answer["code"]
+        outcome: Outcome
+        if code is None:
+            outcome = "timeout"
+        elif code == 1:
+            outcome = "caught"
+        elif code == 0:
+            outcome = "survived"
+        else:
+            outcome = "error"
+        catching = first_failure(answer["output"]) if outcome == "caught" else None
+        results.append(Result(mutant, outcome, catching, answer["seconds"]))
     return results
 
 
