@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{m.name:36} {'fast' if m.fast else 'full'}  {m.file}: {m.why}")
         return 0
     try:
-        results = run_mutants(chosen, args.timeout)
+        results = run_mutants(chosen, args.timeout, progress=True)
     except BaselineFailed as exc:
         print(exc, file=sys.stderr)
         return 2

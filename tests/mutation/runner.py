@@ -70,8 +70,11 @@ def tree_copy(root: Path = ROOT) -> Iterator[Path]:
         yield target
 
 
-def _worker(tree: Path, runs: list[dict[str, Any]], timeout_s: float) -> list[dict[str, Any]]:
-    """The runs through `tests.mutation.worker` in `tree` (one process; one fork per run)."""
+def _worker(
+    tree: Path, runs: list[dict[str, Any]], timeout_s: float, progress: bool = False
+) -> list[dict[str, Any]]:
+    """The runs through `tests.mutation.worker` in `tree` (one process; one fork per run); its
+    progress lines go to this process's stderr when `progress`."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(tree), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env["PYTHONDONTWRITEBYTECODE"] = "1"
@@ -81,7 +84,8 @@ def _worker(tree: Path, runs: list[dict[str, Any]], timeout_s: float) -> list[di
         [sys.executable, "-m", "tests.mutation.worker", str(spec)],
         cwd=tree,
         env=env,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=None if progress else subprocess.PIPE,
         text=True,
         check=False,
     )
@@ -89,7 +93,7 @@ def _worker(tree: Path, runs: list[dict[str, Any]], timeout_s: float) -> list[di
     if len(answers) != len(runs):
         raise RuntimeError(
             f"the mutation worker answered {len(answers)} of {len(runs)} runs "
-            f"(exit {done.returncode}):\n{done.stderr[-3000:]}"
+            f"(exit {done.returncode}):\n{(done.stderr or '(its stderr is above)')[-3000:]}"
         )
     return answers
 
@@ -108,12 +112,13 @@ class BaselineFailed(RuntimeError):
 
 
 def run_mutants(
-    mutants: Sequence[Mutant], timeout_s: float = 900.0, root: Path = ROOT
+    mutants: Sequence[Mutant], timeout_s: float = 900.0, root: Path = ROOT, progress: bool = False
 ) -> list[Result]:
-    """Every mutant, one at a time, on one copy of `root` (see the module docstring)."""
+    """Every mutant, one at a time, on one copy of `root` (see the module docstring); a line per
+    finished run on stderr when `progress`."""
     with tree_copy(root) as tree:
         union = list(dict.fromkeys(t for m in mutants for t in m.tests))
-        (baseline,) = _worker(tree, [{"name": "baseline", "tests": union}], timeout_s)
+        (baseline,) = _worker(tree, [{"name": "baseline", "tests": union}], timeout_s, progress)
         if baseline["code"] != 0:
             raise BaselineFailed(
                 f"the unmutated tree fails the mutants' tests (pytest exit {baseline['code']}):"
@@ -126,7 +131,7 @@ def run_mutants(
             for m in mutants
             if m.name not in stale
         ]  # fmt: skip
-        answers = {a["name"]: a for a in _worker(tree, runs, timeout_s)} if runs else {}
+        answers = {a["name"]: a for a in _worker(tree, runs, timeout_s, progress)} if runs else {}
     results: list[Result] = []
     for mutant in mutants:
         if mutant.name in stale:

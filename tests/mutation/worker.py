@@ -8,7 +8,8 @@ own process group, so a timeout kills the ranks its tests spawned too.
 
 Input (argv[1]): a JSON file {"runs": [{"name", "file", "old", "new", "tests"}...], "timeout"};
 a run without "file" is the baseline. Output: one JSON line per run on stdout:
-{"name", "code" (pytest's exit code, null on a timeout), "output" (the tail), "seconds"}.
+{"name", "code" (pytest's exit code, null on a timeout), "output" (the tail), "seconds"}; one
+progress line per run on stderr.
 """
 
 from __future__ import annotations
@@ -24,7 +25,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-PRELOADED = ("torch", "numpy", "scipy.stats", "scipy.optimize", "pydantic", "typer", "rich")
+PRELOADED = (
+    "torch",
+    "torch.distributed",
+    "torch.distributed._functional_collectives",
+    "torch.testing",
+    "numpy",
+    "scipy.stats",
+    "scipy.optimize",
+    "pydantic",
+    "typer",
+    "typer.testing",
+    "rich",
+    "pytest",
+)
 """Imported before any fork; none of them is mutated (cpbench is never imported here)."""
 
 
@@ -91,6 +105,8 @@ def main() -> None:
                 path.write_text(original)
         print(json.dumps({"name": run["name"], "code": code, "output": output, "seconds": seconds}))
         sys.stdout.flush()
+        # progress on stderr (the runner passes it through): a full run takes many minutes
+        print(f"{run['name']}: pytest exit {code} in {seconds:.1f} s", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":
