@@ -148,10 +148,19 @@ def library_counting_cases() -> dict[str, int]:
 
     rank, world = dist.get_rank(), dist.get_world_size()
     peer = (rank + 1) % world
-    originals = (dist.isend, dist.all_to_all_single, ft_c.all_to_all_single)
+    originals = (dist.isend, dist.batch_isend_irecv, dist.all_to_all_single, ft_c.all_to_all_single)
+    from cpbench.attention.boundary import labelled  # noqa: PLC0415
+
     counter = ByteCounter()
     x = torch.ones(4, 8)  # 128 bytes
+    small = torch.ones(2, 8)  # 64 bytes
+    early_received = torch.empty_like(small)
+    early = [dist.P2POp(dist.isend, small, peer), dist.P2POp(dist.irecv, early_received, peer)]
     with library_counting(counter):
+        for work in dist.batch_isend_irecv(early):  # 64 bytes, op built before counting
+            work.wait()
+        with labelled("a2a_named"):
+            dist.all_to_all_single(torch.empty_like(x), x)  # 64 bytes under the label
         dist.all_to_all_single(torch.empty_like(x), x)  # 64 bytes leave this rank
         # Uneven splits: 1 row to rank 0, 3 rows to rank 1 (the own part is not counted).
         dist.all_to_all_single(torch.empty(2 * (1 + 2 * rank), 8), x, [1 + 2 * rank] * 2, [1, 3])
@@ -161,10 +170,18 @@ def library_counting_cases() -> dict[str, int]:
         for work in dist.batch_isend_irecv(ops):
             work.wait()
         ft_c.permute_tensor(x.flatten(), [1, 0], dist.group.WORLD).wait()  # 1-D, as torch uses it
-    restored = (dist.isend, dist.all_to_all_single, ft_c.all_to_all_single) == originals
+    restored = (
+        dist.isend,
+        dist.batch_isend_irecv,
+        dist.all_to_all_single,
+        ft_c.all_to_all_single,
+    ) == originals
+    for work in dist.batch_isend_irecv(early):  # after counting: the op is valid, not counted
+        work.wait()
     return {
         **{f"{p}:{tag}": n for (p, tag), n in counter.bytes.items()},
         "restored": int(restored),
+        "prebuilt_reused": int(early[0].op is dist.isend and torch.equal(early_received, small)),
     }
 
 

@@ -232,7 +232,7 @@ def test_counting_wraps_the_name_this_torch_has(
 
     for name in names.values():
         monkeypatch.setattr(ft_c, name, stub(name), raising=False)
-    monkeypatch.setattr("cpbench.impls.counting.functional_collectives", lambda: names)
+    monkeypatch.setattr("cpbench.attention.boundary.functional_collectives", lambda: names)
     originals = {name: getattr(ft_c, name) for name in names.values()}
     x = torch.ones(4, 8)  # 128 bytes
     counter = ByteCounter()

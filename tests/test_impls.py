@@ -4,8 +4,9 @@ reference (ring-flash-attention and yunchang through the test-only flash_attn st
 tests/stand_ins), the byte counter at the torch.distributed boundary, and a sweep with an
 impl axis down to the report.
 
-Tolerances: verify.TOLERANCE per dtype (float32 2e-4, float16 1e-2, bfloat16 5e-2, max abs
-error against float64), loosened only for a gradient named by a documented upstream issue.
+Tolerances: the error model's bound per tensor (cpbench.config.tolerances), and under the coarse
+TOLERANCE per dtype (float32 2e-4, float16 1e-2, bfloat16 5e-2, max abs error against float64),
+loosened only for a gradient named by a documented upstream issue.
 """
 
 from __future__ import annotations
@@ -279,10 +280,13 @@ def test_adapters_match_the_reference(pool, world_size: int) -> None:  # type: i
     bad = [(r["label"], r.get("errors"), r.get("error")) for r in records if not r["passed"]]
     assert not bad
     for r in records:
-        bound = TOLERANCE[r["dtype"]]
+        # within the error model's bound, and under the dtype's coarse allowance unless a known
+        # issue loosens that tensor (its `tolerances` are the bounds' absolute parts)
+        coarse = TOLERANCE[r["dtype"]]
         loosened = r.get("tolerances", {})
         for name, error in r["errors"].items():
-            assert error <= loosened.get(name, bound), (r["label"], name, error)
+            assert error <= r["bounds"][name], (r["label"], name, error)
+            assert error <= max(coarse, loosened.get(name, 0.0)), (r["label"], name, error)
     known = [r for r in records if r.get("known_issues")]
     # Only the float16 contiguous ring-flash-attn case names the bf16 dQ of its backward.
     assert [r["label"] for r in known] == (
@@ -311,8 +315,10 @@ def test_library_boundary_counting(pool) -> None:  # type: ignore[no-untyped-def
         assert counted == {
             "fwd:all_to_all": 64 + uneven + 128,  # even, uneven, permute_tensor
             "fwd:all_gather": 128,
-            "fwd:p2p": 128,
+            "fwd:p2p": 64 + 128,  # the op built before counting, the one built during
+            "fwd:a2a_named": 64,
             "restored": 1,
+            "prebuilt_reused": 1,
         }
 
 

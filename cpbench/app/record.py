@@ -284,6 +284,7 @@ def _comm_section(
         measured_bytes=measured,
         by_collective=by_collective,
         match=match,
+        counted_at="torch.distributed",
         achieved_busbw_GBps=per_rank_bytes / comm_seconds / 1e9
         if comm_seconds and comm_seconds > 0 and per_rank_bytes
         else None,

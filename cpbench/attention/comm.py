@@ -1,70 +1,31 @@
-"""Every byte the attention schemes communicate goes through these two functions, so that a
-`ByteCounter` can record what each rank hands to the communication library, per phase and per
-collective, and a benchmark can remove the communication (`skip=True`) while keeping the data
-movement shapes identical (the compute-only variant of a step).
+"""Every byte the attention schemes communicate goes through these functions, so that a
+benchmark can remove the communication (`skip=True`) while keeping the data movement shapes
+identical (the compute-only variant of a step), and so that each call to torch.distributed is
+announced under the analytic model's name of its collective (`boundary.labelled`). The bytes
+are counted at the torch.distributed boundary (`counting`, `cpbench.attention.boundary`): what
+the call receives, as an external library's are, not what these functions say they send.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections import defaultdict
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
+from cpbench.attention.boundary import ByteCounter, boundary_counting, labelled
 
-@dataclass
-class ByteCounter:
-    """Bytes sent by this rank, keyed by (phase, collective tag).
-
-    All-to-all counts what the rank hands in minus its own 1/n share (it is not sent);
-    point-to-point counts the sent tensor. `phase` is set by the caller around forward and
-    backward (`with counter.phase("bwd"): loss.backward()`)."""
-
-    current_phase: str = "fwd"
-    bytes: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
-    calls: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
-
-    @contextlib.contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        previous, self.current_phase = self.current_phase, name
-        try:
-            yield
-        finally:
-            self.current_phase = previous
-
-    def record(self, tag: str, nbytes: int) -> None:
-        self.bytes[(self.current_phase, tag)] += nbytes
-        self.calls[(self.current_phase, tag)] += 1
-
-    def total(self, phase: str | None = None) -> int:
-        return sum(b for (p, _), b in self.bytes.items() if phase is None or p == phase)
-
-    def as_dict(self) -> dict[str, dict[str, int]]:
-        out: dict[str, dict[str, int]] = defaultdict(dict)
-        for (p, tag), b in sorted(self.bytes.items()):
-            out[p][tag] = b
-        return dict(out)
-
-
-_COUNTERS: list[ByteCounter] = []
+__all__ = ["ByteCounter", "PendingExchange", "all_to_all", "counting", "ring_exchange"]
 
 
 @contextlib.contextmanager
 def counting(counter: ByteCounter) -> Iterator[ByteCounter]:
-    """Record every communication of this process into `counter` while the block runs."""
-    _COUNTERS.append(counter)
-    try:
+    """Record every communication of this process into `counter` while the block runs: what
+    each call hands to torch.distributed (`cpbench.attention.boundary`), under the analytic
+    model's name of the collective the scheme is running."""
+    with boundary_counting(counter):
         yield counter
-    finally:
-        _COUNTERS.remove(counter)
-
-
-def _record(tag: str, nbytes: int) -> None:
-    for counter in _COUNTERS:
-        counter.record(tag, nbytes)
 
 
 def all_to_all(
@@ -81,8 +42,8 @@ def all_to_all(
         # Same output shape and one copy, as the real exchange; nothing crosses the wire.
         return x.clone()
     out = torch.empty_like(x)
-    dist.all_to_all_single(out, x, group=group)
-    _record(tag, x.numel() * x.element_size() * (group_size - 1) // group_size)
+    with labelled(tag):
+        dist.all_to_all_single(out, x, group=group)
     return out
 
 
@@ -122,15 +83,22 @@ def ring_exchange(
         dist.P2POp(dist.isend, send, send_to, group, message_tag),
         dist.P2POp(dist.irecv, received, recv_from, group, message_tag),
     ]
-    works = dist.batch_isend_irecv(ops)
-    _record(tag, send.numel() * send.element_size())
+    with labelled(tag):
+        works = dist.batch_isend_irecv(ops)
     return PendingExchange(works, received)
 
 
-_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-"""torch >= 2.13 names it all_gather_single (all_gather_into_tensor warns); same arguments."""
-_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-"""torch >= 2.13 names it reduce_scatter_single (reduce_scatter_tensor warns)."""
+def _all_gather(*args: object, **kwargs: object) -> object:
+    """torch >= 2.13 names it all_gather_single (all_gather_into_tensor warns); same arguments.
+    Looked up at each call, so that the boundary counter sees the call."""
+    function = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return function(*args, **kwargs)
+
+
+def _reduce_scatter(*args: object, **kwargs: object) -> object:
+    """torch >= 2.13 names it reduce_scatter_single (reduce_scatter_tensor warns)."""
+    function = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    return function(*args, **kwargs)
 
 
 def all_gather_chunks(
@@ -152,8 +120,8 @@ def all_gather_chunks(
         return PendingExchange([], out)
     # the output is one tensor of A stacked inputs along dim 0 (gloo wants it flat there)
     flat = out.view(size * x.shape[0], *x.shape[1:])
-    work = _ALL_GATHER(flat, x, group=group, async_op=True)
-    _record(tag, x.numel() * x.element_size() * (size - 1))
+    with labelled(tag):
+        work = _all_gather(flat, x, group=group, async_op=True)
     return PendingExchange([work], out)
 
 
@@ -172,6 +140,6 @@ def reduce_scatter_chunks(
         return PendingExchange([], x[rank].clone())
     out = torch.empty(x.shape[1:], dtype=x.dtype, device=x.device)
     flat = x.view(size * x.shape[1], *x.shape[2:])
-    work = _REDUCE_SCATTER(out, flat, group=group, async_op=True)
-    _record(tag, out.numel() * out.element_size() * (size - 1))
+    with labelled(tag):
+        work = _reduce_scatter(out, flat, group=group, async_op=True)
     return PendingExchange([work], out)

@@ -20,7 +20,12 @@ import torch.distributed as dist
 from cpbench.config.bench import BenchConfig, VerifyCase
 from cpbench.config.impls import DEFAULT_IMPL, check_impl
 from cpbench.config.masks import MaskSpec
-from cpbench.config.tolerances import TOLERANCE, allowed_error
+from cpbench.config.tolerances import (
+    ABSOLUTE_FLOOR,
+    CHECKED_TENSORS,
+    allowed_error,
+    rounded_terms,
+)
 from cpbench.config.vocabulary import DTYPES, GLOBAL_LAYOUTS
 from cpbench.errors import CpbenchError
 
@@ -28,9 +33,12 @@ TORCH_DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in D
 """torch dtype of each `Dtype` literal (each is the name of a torch dtype)."""
 
 
-def error_bound(dtype: str, reference: torch.Tensor, absolute: float | None = None) -> float:
-    """Allowed max abs error for one tensor: absolute + relative x max |reference|."""
-    return allowed_error(dtype, float(reference.abs().max()), absolute)
+def error_bound(
+    dtype: str, reference: torch.Tensor, terms: int, length: int, absolute: float | None = None
+) -> float:
+    """Allowed max abs error for one tensor (`cpbench.config.tolerances.allowed_error`) of the
+    reference's largest magnitude."""
+    return allowed_error(dtype, float(reference.abs().max()), terms, length, absolute)
 
 
 def impl_mask_unsupported(impl: str, mask: MaskSpec, layout: str) -> str | None:
@@ -109,6 +117,49 @@ def _run_impl(case: VerifyCase, runner: Any, inputs: tuple) -> list[torch.Tensor
     return [runner.unshard(t) for t in (out.detach(), *grads)]
 
 
+CHECKED = CHECKED_TENSORS
+"""The tensors every check compares, in the order the runs return them."""
+
+
+def judge(
+    case: VerifyCase,
+    results: list[torch.Tensor],
+    references: list[torch.Tensor],
+    absolute: dict[str, float],
+) -> dict[str, Any]:
+    """The verdict on one case: each of out, dQ, dK, dV (`results`, gathered, in `CHECKED`
+    order) against its float64 reference, under the error model's bound for the case's dtype,
+    length, ring degree and GQA group (`cpbench.config.tolerances`); `absolute` per tensor (the
+    floor, or an impl's known-issue allowance). Pure: no communication.
+
+    Returns errors (max abs error per tensor), bounds (`error_bound` per tensor), max_error,
+    tolerance (the largest bound) and passed (every tensor within its own bound)."""
+    if len(results) != len(CHECKED) or len(references) != len(CHECKED):
+        raise CpbenchError(
+            f"the judge compares {len(CHECKED)} tensors ({', '.join(CHECKED)}): got "
+            f"{len(results)} results and {len(references)} references"
+        )
+    errors = {
+        name: float((got.double() - ref).abs().max())
+        for name, got, ref in zip(CHECKED, results, references, strict=True)
+    }
+    group = case.heads // case.kv_heads
+    length = references[0].shape[1]  # the run length (doc_zigzag's padding included)
+    bounds = {
+        name: error_bound(
+            case.dtype, ref, rounded_terms(name, case.ring, group), length, absolute[name]
+        )
+        for name, ref in zip(CHECKED, references, strict=True)
+    }
+    return {
+        "errors": errors,
+        "max_error": max(errors.values()),
+        "bounds": bounds,
+        "tolerance": max(bounds.values()),
+        "passed": all(errors[n] <= bounds[n] for n in CHECKED),
+    }
+
+
 def run_case_on_rank(case: VerifyCase, device: torch.device) -> dict | None:
     """Collective: run one case on every rank; rank 0 returns the errors, others None."""
     import torch.distributed as dist  # noqa: PLC0415
@@ -119,7 +170,7 @@ def run_case_on_rank(case: VerifyCase, device: torch.device) -> dict | None:
     if unsupported:
         raise CpbenchError(unsupported)
     inputs = _global_inputs(case, device)
-    tolerances = dict.fromkeys(("out", "dq", "dk", "dv"), TOLERANCE[case.dtype])
+    tolerances = dict.fromkeys(CHECKED, ABSOLUTE_FLOOR)
     known: list[str] = []
     if case.impl == DEFAULT_IMPL:
         gathered = _run_cpbench(case, inputs)
@@ -143,24 +194,13 @@ def run_case_on_rank(case: VerifyCase, device: torch.device) -> dict | None:
     ref_out = reference_attention(ref_q, ref_k, ref_v, causal=case.causal, mask=mask)
     ref_out.backward(dout.to(dtype).double())
     refs = [ref_out.detach(), *_grads(ref_inputs, "reference")]
-    errors = {
-        name: float((got.double() - ref).abs().max())
-        for name, got, ref in zip(("out", "dq", "dk", "dv"), gathered, refs, strict=True)
-    }
-    bounds = {
-        name: error_bound(case.dtype, ref, tolerances[name])
-        for name, ref in zip(("out", "dq", "dk", "dv"), refs, strict=True)
-    }
+    verdict = judge(case, gathered, refs, tolerances)
     result = {
         **asdict(case),
         "scheme": case.scheme,
         "label": case.label,
         "mask": case.mask.label,
-        "errors": errors,
-        "max_error": max(errors.values()),
-        "bounds": bounds,
-        "tolerance": max(bounds.values()),
-        "passed": all(errors[n] <= bounds[n] for n in errors),
+        **verdict,
     }
     if known:
         result["tolerances"] = tolerances

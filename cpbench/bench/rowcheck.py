@@ -24,7 +24,7 @@ from cpbench.attention.kernels import LocalKernel, default_scale
 from cpbench.attention.layouts import positions
 from cpbench.attention.reference import row_visibility
 from cpbench.config.bench import BenchConfig
-from cpbench.config.tolerances import allowed_error
+from cpbench.config.tolerances import allowed_error, rounded_terms
 
 DEFAULT_ROWS = 256
 """Query rows sampled by the check."""
@@ -112,7 +112,8 @@ def full_length_row_check(
     if dist.is_initialized():
         dist.all_reduce(error, op=dist.ReduceOp.MAX)
     max_error, ref_max = float(error[0]), float(error[1])
-    bound = allowed_error(config.dtype, ref_max)
+    terms = rounded_terms("out", config.ring, config.heads // config.kv_heads)
+    bound = allowed_error(config.dtype, ref_max, terms, run_len)
     return {
         "seq_len": config.seq_len,
         "run_seq_len": run_len,

@@ -244,6 +244,11 @@ class CommSection(Section):
     """Bytes a rank sends per direction, from cpbench.model."""
     measured_bytes: dict[PassKey, list[int]]
     """Bytes each rank sent per direction, counted."""
+    counted_at: Literal["torch.distributed"] | None = None
+    """Where `measured_bytes` were counted: "torch.distributed", the tensors and groups handed
+    to its entry points (`cpbench.attention.boundary`), for cpbench's schemes as for external
+    libraries. Absent in older records, whose cpbench bytes were what cpbench's wrappers said
+    they sent."""
     by_collective: dict[PassKey, dict[str, CollectiveBytes]] | None = None
     """Per direction, per collective: analytic and counted bytes."""
     match: bool | None

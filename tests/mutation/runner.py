@@ -1,0 +1,167 @@
+"""Apply each mutant to a copy of the tree under the system's temp folder (never to the working
+tree), run its tests there, and say which test caught it.
+
+The copy holds the files git tracks or would track (`git ls-files -co --exclude-standard`), made
+once per run; each mutant replaces its exact `old` text (which must occur exactly once: a stale
+mutant is an error, not a pass) and the file is restored before the next. Tests run as
+`pytest -x` in a child forked from one worker process (`tests.mutation.worker`: torch imported
+once, cpbench never before the fork) with the copy first on sys.path and no bytecode written, so
+no module of another mutant (or of the working tree) is imported. Before any mutant, the union of the
+selected mutants' tests runs on the unmutated copy: a baseline that fails makes every "caught"
+meaningless, so the run stops there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from tests.mutation.mutants import Mutant
+
+ROOT = Path(__file__).resolve().parents[2]
+"""The repository the copy is made from."""
+
+Outcome = Literal["caught", "survived", "stale", "error", "timeout"]
+"""caught: the tests failed (pytest exit 1); survived: they passed; stale: the mutant's old text
+does not occur exactly once; error: pytest could not run them (exit 2-5); timeout: they ran past
+the limit."""
+
+
+@dataclass(frozen=True)
+class Result:
+    """One mutant's run."""
+
+    mutant: Mutant
+    """The planted defect."""
+    outcome: Outcome
+    """What its tests did (see `Outcome`)."""
+    catching_test: str | None
+    """The first failing test's node id (caught only)."""
+    seconds: float
+    """Wall time of its pytest run."""
+
+
+@contextmanager
+def tree_copy(root: Path = ROOT) -> Iterator[Path]:
+    """A copy of the tree's tracked and untracked-but-not-ignored files, removed afterwards."""
+    listed = subprocess.run(
+        ["git", "-C", str(root), "ls-files", "-co", "--exclude-standard", "-z"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split("\0")
+    with tempfile.TemporaryDirectory(prefix="cpbench-mutants-") as tmp:
+        target = Path(tmp)
+        for name in filter(None, listed):
+            source = root / name
+            if source.is_file():
+                (target / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(source, target / name)
+        yield target
+
+
+def _worker(
+    tree: Path, runs: list[dict[str, Any]], timeout_s: float, progress: bool = False
+) -> list[dict[str, Any]]:
+    """The runs through `tests.mutation.worker` in `tree` (one process; one fork per run); its
+    progress lines go to this process's stderr when `progress`."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(tree), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    spec = tree / ".mutation-runs.json"
+    spec.write_text(json.dumps({"runs": runs, "timeout": timeout_s}))
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.mutation.worker", str(spec)],
+        cwd=tree,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=None if progress else subprocess.PIPE,
+        text=True,
+        check=False,
+    )
+    answers = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    if len(answers) != len(runs):
+        raise RuntimeError(
+            f"the mutation worker answered {len(answers)} of {len(runs)} runs "
+            f"(exit {done.returncode}):\n{(done.stderr or '(its stderr is above)')[-3000:]}"
+        )
+    return answers
+
+
+_FAILED = re.compile(r"^(?:FAILED|ERROR) (.+?)(?: - .*)?$", re.MULTILINE)
+
+
+def first_failure(output: str) -> str | None:
+    """The node id of the first FAILED/ERROR line of pytest's short summary."""
+    match = _FAILED.search(output)
+    return match.group(1) if match else None
+
+
+class BaselineFailed(RuntimeError):
+    """The unmutated tree fails the mutants' tests."""
+
+
+def run_mutants(
+    mutants: Sequence[Mutant], timeout_s: float = 900.0, root: Path = ROOT, progress: bool = False
+) -> list[Result]:
+    """Every mutant, one at a time, on one copy of `root` (see the module docstring); a line per
+    finished run on stderr when `progress`."""
+    with tree_copy(root) as tree:
+        union = list(dict.fromkeys(t for m in mutants for t in m.tests))
+        (baseline,) = _worker(tree, [{"name": "baseline", "tests": union}], timeout_s, progress)
+        if baseline["code"] != 0:
+            raise BaselineFailed(
+                f"the unmutated tree fails the mutants' tests (pytest exit {baseline['code']}):"
+                f"\n{baseline['output'][-3000:]}"
+            )
+        stale = {m.name for m in mutants if (tree / m.file).read_text().count(m.old) != 1}
+        runs = [
+            {"name": m.name, "file": str(tree / m.file), "old": m.old, "new": m.new,
+             "tests": list(m.tests)}
+            for m in mutants
+            if m.name not in stale
+        ]  # fmt: skip
+        answers = {a["name"]: a for a in _worker(tree, runs, timeout_s, progress)} if runs else {}
+    results: list[Result] = []
+    for mutant in mutants:
+        if mutant.name in stale:
+            results.append(Result(mutant, "stale", None, 0.0))
+            continue
+        answer = answers[mutant.name]
+        code = answer["code"]
+        outcome: Outcome
+        if code is None:
+            outcome = "timeout"
+        elif code == 1:
+            outcome = "caught"
+        elif code == 0:
+            outcome = "survived"
+        else:
+            outcome = "error"
+        catching = first_failure(answer["output"]) if outcome == "caught" else None
+        results.append(Result(mutant, outcome, catching, answer["seconds"]))
+    return results
+
+
+def markdown_table(results: Sequence[Result]) -> str:
+    """The results as the Markdown table docs/mutation.md carries."""
+    lines = [
+        "| mutant | file | outcome | catching test | seconds |",
+        "|---|---|---|---|---|",
+    ]
+    for r in results:
+        test = f"`{r.catching_test}`" if r.catching_test else "-"
+        lines.append(
+            f"| `{r.mutant.name}` | `{r.mutant.file}` | {r.outcome} | {test} | {r.seconds:.1f} |"
+        )
+    return "\n".join(lines)
