@@ -93,12 +93,43 @@ def test_backward_uses_the_given_out_and_lse() -> None:
     assert (torch.cat([parts[0][2], parts[1][2]], dim=1) - dv_full).abs().max() < TOL
 
 
-def test_reference_causal_offset() -> None:
-    # Bottom-right alignment for a shorter query block: offset = Sk - Sq.
-    q, k, v, _ = _inputs(8, 16, 2, 2)
-    out = reference_attention(q.double(), k.double(), v.double(), causal=True, causal_offset=8)
-    last_rows_full = reference_attention(q.double(), k.double(), v.double(), causal=False)
-    assert torch.allclose(out[:, -1], last_rows_full[:, -1])
+@pytest.mark.parametrize("offset", [0, 3, 8, -2])
+def test_reference_causal_offset(offset: int) -> None:
+    """`causal_offset` against attention written row by row from its definition (query i sees
+    key j iff j <= i + offset; 8 = Sk - Sq is flash-attn's bottom-right alignment, -2 leaves
+    rows 0 and 1 without a key: zero), every row of every head (GQA 4:2), to 1e-12 in float64.
+    The check tells offsets apart: the reference at offset +-1 differs from the definition by
+    more than 1e-3, so a reference that ignored or shifted the offset fails here."""
+    import math  # noqa: PLC0415
+    from collections.abc import Callable  # noqa: PLC0415
+
+    def brute_force(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: Callable[[int, int], bool]
+    ) -> torch.Tensor:
+        """Per (batch, head, query row): the scaled dot products with the keys `visible`
+        allows, a softmax in Python floats (max subtracted), the weighted sum of those values;
+        a row without a key is zero. GQA: query head h reads KV head h // (H / H_kv)."""
+        batch, sq, heads, dim = q.shape
+        sk, group = k.shape[1], heads // k.shape[2]
+        out = torch.zeros(batch, sq, heads, dim, dtype=torch.float64)
+        for b, h, i in itertools.product(range(batch), range(heads), range(sq)):
+            keys = [j for j in range(sk) if visible(i, j)]
+            scores = [float(q[b, i, h] @ k[b, j, h // group]) / math.sqrt(dim) for j in keys]
+            if not scores:
+                continue
+            weights = [math.exp(s - max(scores)) for s in scores]
+            for j, w in zip(keys, weights, strict=True):
+                out[b, i, h] += w / sum(weights) * v[b, j, h // group]
+        return out
+
+    q, k, v = (t.double() for t in _inputs(8, 16, 4, 2)[:3])
+    want = brute_force(q, k, v, lambda i, j: j <= i + offset)
+    got = reference_attention(q, k, v, causal=True, causal_offset=offset)
+    assert got.shape == want.shape
+    assert (got - want).abs().max() < 1e-12
+    for wrong in (offset - 1, offset + 1):
+        shifted = reference_attention(q, k, v, causal=True, causal_offset=wrong)
+        assert (shifted - want).abs().max() > 1e-3, wrong
 
 
 def test_kernel_selection_and_override() -> None:
