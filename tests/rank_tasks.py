@@ -255,3 +255,28 @@ def probe_boundary_bytes(plan: Any, comm_budget_s: float) -> list[tuple[str, int
     if calls:
         raise AssertionError(f"{len(calls)} calls left over after the plan's tests")
     return per_test
+
+
+def cases_with_a_wrong_ring(cases: list, device: str = "cpu") -> list[dict | None]:
+    """`run_cases_on_rank` with a wrong program planted for the batch: on rank 0, every case
+    with a ring (R > 1) gets its attention output scaled by 1.01 (so the output and the
+    gradients are wrong, as a broken merge would make them); Ulysses-only cases run the real
+    scheme. The judge (`run_case_on_rank`) and `cpbench verify`'s exit code must notice. The
+    real `cp_attention` is restored afterwards (the pool's ranks are shared)."""
+    import torch.distributed as dist  # noqa: PLC0415
+
+    import cpbench.attention as attention  # noqa: PLC0415
+    from cpbench.bench.reference import run_cases_on_rank  # noqa: PLC0415
+
+    real = attention.cp_attention
+
+    def wrong(*args: Any, **kwargs: Any) -> Any:
+        out = real(*args, **kwargs)
+        mesh = args[3] if len(args) > 3 else kwargs["mesh"]
+        return out * 1.01 if mesh.ring > 1 and dist.get_rank() == 0 else out
+
+    attention.cp_attention = wrong  # type: ignore[assignment]
+    try:
+        return run_cases_on_rank(cases, device)
+    finally:
+        attention.cp_attention = real  # type: ignore[assignment]
