@@ -162,6 +162,7 @@ world_size = 2
 device = "cpu"
 warmup = 0
 iters = 1
+precision = "off"
 timeout = 60
 
 [axes]
