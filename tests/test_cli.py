@@ -231,7 +231,8 @@ def test_run_kv_heads_defaults_to_heads(tmp_path: Path) -> None:
     result = runner.invoke(
         app,
         ["run", "--heads", "4", "--seq-len", "64", "--head-dim", "16", "--ring", "2",
-         "--warmup", "0", "--iters", "1", "--device", "cpu", "--out", str(out)],
+         "--warmup", "0", "--iters", "1", "--precision", "off", "--device", "cpu",
+         "--out", str(out)],
     )
     assert result.exit_code == 0, result.output
     (record,) = read_records(out)
@@ -277,7 +278,8 @@ def test_run_exits_1_and_says_why_when_its_configuration_fails(
     result = runner.invoke(
         app,
         ["run", "--heads", "4", "--seq-len", "64", "--head-dim", str(head_dim), "--ring", "2",
-         "--warmup", "0", "--iters", "1", "--device", "cpu", "--timeout", timeout,
+         "--warmup", "0", "--iters", "1", "--precision", "off", "--device", "cpu",
+         "--timeout", timeout,
          "--out", str(out)],
     )  # fmt: skip
     assert result.exit_code == 1, result.output

@@ -241,6 +241,8 @@ def test_cli_run_prints_one_record_and_bad_input_exits_2(tmp_path: Path) -> None
             "1",
             "--iters",
             "2",
+            "--precision",
+            "off",
             "--device",
             "cpu",
             "--out",

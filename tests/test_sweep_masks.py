@@ -212,7 +212,7 @@ def test_cli_run_takes_documents_window_and_seed(tmp_path: Path) -> None:
     from cpbench.cli.main import app  # noqa: PLC0415
 
     common = ["run", "--seq-len", "64", "--heads", "4", "--head-dim", "16", "--ring", "2",
-              "--iters", "1", "--warmup", "0", "--device", "cpu"]  # fmt: skip
+              "--iters", "1", "--warmup", "0", "--precision", "off", "--device", "cpu"]  # fmt: skip
     out = tmp_path / "one.jsonl"
     res = CliRunner().invoke(
         app,
