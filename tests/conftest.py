@@ -17,7 +17,7 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -39,6 +39,60 @@ def pool() -> Iterator[Callable[[int], WorkerPool]]:
     yield get
     for p in pools.values():
         p.close()
+
+
+class LentPool:
+    """Stands in for a `WorkerPool` that a command or a sweep creates: the session's pool of
+    that world size, started where needed; closing it keeps it open (the session closes it),
+    so an in-process sweep or `cpbench verify` spawns no ranks of its own."""
+
+    def __init__(self, lent: WorkerPool) -> None:
+        self.lent = lent
+        self.spawns = 0
+        """Spawns made while lent (a rank killed after a timeout is respawned)."""
+
+    def start(self) -> None:
+        before = self.lent.spawns
+        self.lent.start()
+        self.spawns += self.lent.spawns - before
+
+    def run(self, fn: Callable[..., Any], *args: Any, timeout: float = 300.0) -> list[Any]:
+        self.start()
+        return self.lent.run(fn, *args, timeout=timeout)
+
+    def close(self, force: bool = False) -> None:
+        return None
+
+    def __enter__(self) -> WorkerPool:
+        self.start()
+        return self.lent
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+@pytest.fixture
+def lend_the_session_pool(
+    pool: Callable[[int], WorkerPool], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """For the test: every `WorkerPool(WorldSpec(n, "cpu"))` that the code under test creates
+    (a sweep, `cpbench run`, `cpbench verify`) is the session's pool of n ranks, lent."""
+    lend(pool, monkeypatch)
+
+
+def lend(pool: Callable[[int], WorkerPool], monkeypatch: pytest.MonkeyPatch) -> None:
+    """`lend_the_session_pool` for fixtures of a wider scope (with their own MonkeyPatch)."""
+    from cpbench.bench import pool as pool_module  # noqa: PLC0415
+
+    real = pool_module.WorkerPool
+    default = pool_module.WorldSpec
+
+    def pool_for(spec: Any, *args: Any, **kwargs: Any) -> Any:
+        if spec == default(spec.world_size, "cpu") and not args and not kwargs:
+            return LentPool(pool(spec.world_size))
+        return real(spec, *args, **kwargs)
+
+    monkeypatch.setattr(pool_module, "WorkerPool", pool_for)
 
 
 # ------------------------------------------------------------------------ skip allow-list

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from cpbench.app import sweep as sweep_service
-from cpbench.bench.pool import TaskError, WorkerPool, WorldSpec
+from cpbench.bench.pool import TaskError
 from cpbench.cli.main import app
 from cpbench.results.store import read_records
 from tests import rank_tasks
@@ -52,36 +51,16 @@ def test_bad_input_is_one_clear_line_and_exit_2(args: list[str], message: str) -
     assert len(result.stderr.strip().splitlines()) == 1
 
 
-class _LentPool:
-    """Stands in for `WorkerPool` inside a command: lends the session's pool of that world
-    size (spawned once for the whole suite) and leaves it open on exit."""
-
-    def __init__(self, pools: Callable[[int], WorkerPool]) -> None:
-        self.pools = pools
-
-    def __call__(self, spec: WorldSpec) -> _LentPool:
-        assert spec.device == "cpu", spec
-        self.lent = self.pools(spec.world_size)
-        return self
-
-    def __enter__(self) -> WorkerPool:
-        return self.lent
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
 VERIFY_SAMPLE = 12
 """Cases of the world-2 matrix the CLI tests run: every 40th, both meshes (the whole matrix
 runs once, on the session pool, in tests/test_cp_attention.py)."""
 
 
 @pytest.fixture
-def verify_on_the_session_pool(pool, monkeypatch: pytest.MonkeyPatch) -> list:  # type: ignore[no-untyped-def]
+def verify_on_the_session_pool(lend_the_session_pool: None, monkeypatch: pytest.MonkeyPatch) -> list:
     """`cpbench verify` on the session's ranks with a sample of its cases; the list fills with
     the arguments the command passed (so a test can check which matrix it chose)."""
     from cpbench.app import verify as verify_service  # noqa: PLC0415
-    from cpbench.bench import pool as pool_module  # noqa: PLC0415
 
     real = verify_service.run_verify
     calls: list = []
@@ -92,7 +71,6 @@ def verify_on_the_session_pool(pool, monkeypatch: pytest.MonkeyPatch) -> list:  
         return real(world_size, *args, cases=cases[:: len(cases) // VERIFY_SAMPLE], **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(verify_service, "run_verify", sampled)
-    monkeypatch.setattr(pool_module, "WorkerPool", _LentPool(pool))
     return calls
 
 
@@ -184,9 +162,9 @@ def _sweep_file(tmp_path: Path, head_dims: str) -> Path:
 
 
 def test_sweep_exits_1_on_a_wrong_result_and_0_when_all_are_right(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lend_the_session_pool: None
 ) -> None:
-    """A real sweep on 2 gloo ranks (one spawn); rank 0 corrupts head_dim 24's counted bytes
+    """A real sweep on 2 gloo ranks (the session's); rank 0 corrupts head_dim 24's counted bytes
     and head_dim 40's reference check (tests/rank_tasks.py). nccl-tests' rule: a benchmark
     that found a wrong result fails."""
     monkeypatch.setattr(
@@ -225,7 +203,7 @@ def test_a_crashed_rank_exits_1_not_2(tmp_path: Path, monkeypatch: pytest.Monkey
     assert result.stderr.strip() == "cpbench: failed: rank 1: process died (exit code -9)"
 
 
-def test_run_kv_heads_defaults_to_heads(tmp_path: Path) -> None:
+def test_run_kv_heads_defaults_to_heads(tmp_path: Path, lend_the_session_pool: None) -> None:
     """`--heads 4` alone is MHA: the default never contradicts the other arguments."""
     out = tmp_path / "run.jsonl"
     result = runner.invoke(
@@ -263,7 +241,7 @@ def test_the_command_line_starts_without_the_heavy_libraries() -> None:
 )
 def test_run_exits_1_and_says_why_when_its_configuration_fails(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, head_dim: int, timeout: str, status: str,
-    reason: str,
+    reason: str, lend_the_session_pool: None,
 ) -> None:
     """`cpbench run` measures one configuration: when it fails (head_dim 24: rank 1 raises an
     injected out-of-memory error; 40: the ranks hang and `--timeout 2` abandons them,

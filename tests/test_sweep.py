@@ -51,7 +51,7 @@ def _scenario(  # type: ignore[no-untyped-def]
     return path
 
 
-def test_sweep_records_every_point_with_equal_bytes(tmp_path: Path) -> None:
+def test_sweep_records_every_point_with_equal_bytes(tmp_path: Path, lend_the_session_pool: None) -> None:
     path = _scenario(tmp_path, kv_heads="[4, 1]", phase='["fwd", "fwd+bwd"]')
     scenario = load_scenario(str(path))
     out = tmp_path / "r.jsonl"
@@ -104,7 +104,7 @@ def test_failing_and_hanging_configurations_inside_a_sweep(tmp_path: Path) -> No
     assert result.spawns >= 2  # the pool was replaced after the hang
 
 
-def test_infeasible_points_are_skipped_with_the_rule(tmp_path: Path) -> None:
+def test_infeasible_points_are_skipped_with_the_rule(tmp_path: Path, lend_the_session_pool: None) -> None:
     path = _scenario(tmp_path, kv_heads="[3]")
     path.write_text(path.read_text().replace("heads = [4]", "heads = [3]"))
     scenario = load_scenario(str(path))
@@ -191,7 +191,8 @@ def test_interleaved_remeasurement_alternates_and_stops_by_its_rule(pool) -> Non
     """`measure_interleaved` (sweep --separate-ties) on 2 ranks, L = 64 and L = 1024 (16x the
     tokens, ~250x the attention work): round-order samples, one per configuration per round,
     at least 6 rounds and at most max_iters; it stops before max_iters only when the ranking
-    is clear; the longer sequence is the slower in the median."""
+    is clear; the longer sequence is the slower in the median and in (all but at most one of)
+    the rounds."""
     import statistics  # noqa: PLC0415
 
     from cpbench.bench.measure import measure_interleaved  # noqa: PLC0415
@@ -215,9 +216,12 @@ def test_interleaved_remeasurement_alternates_and_stops_by_its_rule(pool) -> Non
     ranked = rank_with_ties({"0": median_interval(short), "1": median_interval(long)})
     assert ranked.clear or len(short) == 12
     assert statistics.median(long) > statistics.median(short)
+    # interleaved: round by round the longer step is the slower (a spike may flip one round;
+    # samples grouped by configuration instead of by round would pair like with like)
+    assert sum(b > a for a, b in zip(short, long, strict=True)) >= len(short) - 1, flat
 
 
-def test_cli_run_prints_one_record_and_bad_input_exits_2(tmp_path: Path) -> None:
+def test_cli_run_prints_one_record_and_bad_input_exits_2(tmp_path: Path, lend_the_session_pool: None) -> None:
     from typer.testing import CliRunner  # noqa: PLC0415
 
     from cpbench.cli.main import app  # noqa: PLC0415
@@ -293,7 +297,7 @@ def test_bad_output_and_timeout_fail_before_anything_runs(tmp_path: Path) -> Non
 
 
 def test_equivalent_points_run_once_to_a_precision_with_a_full_length_row_check(
-    tmp_path: Path,
+    tmp_path: Path, lend_the_session_pool: None
 ) -> None:
     """Two layouts on every 2-rank mesh: at ring degree 1 they are one computation (recorded
     once, as contiguous, the zigzag name listed); every record has its interval, iteration
@@ -344,7 +348,7 @@ def test_equivalent_points_run_once_to_a_precision_with_a_full_length_row_check(
     assert len(read_records(out)) == 3
 
 
-def test_separate_ties_remeasures_tied_leaders_interleaved(tmp_path: Path) -> None:
+def test_separate_ties_remeasures_tied_leaders_interleaved(tmp_path: Path, lend_the_session_pool: None) -> None:
     """Two meshes of one problem timed with a fixed count of 1 iteration (the sample range,
     wide): with --separate-ties the tied leaders carry the interleaved re-measurement."""
     from cpbench.app.sweep import settle_ties  # noqa: PLC0415

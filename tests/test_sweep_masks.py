@@ -23,6 +23,7 @@ from cpbench.render.html.report import render_report
 from cpbench.results.scenarios.loading import load_scenario
 from cpbench.results.schema import ConfigSection, ResultRecord, dump_record, migrate_record
 from cpbench.results.store import append_record, read_records, read_results, records_frame
+from tests.conftest import lend
 
 MASKED = """
 name = "masked"
@@ -57,12 +58,14 @@ DOCUMENTS = "30,3,25,6"
 
 
 @pytest.fixture(scope="module")
-def swept(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict]]:
+def swept(tmp_path_factory: pytest.TempPathFactory, pool) -> tuple[Path, list[dict]]:  # type: ignore[no-untyped-def]
     folder = tmp_path_factory.mktemp("masks")
     path = folder / "masked.toml"
     path.write_text(MASKED.format(documents=DOCUMENTS))
     out = folder / "r.jsonl"
-    result = run_sweep(load_scenario(str(path)), "cpu", 2, out)
+    with pytest.MonkeyPatch.context() as patch:
+        lend(pool, patch)  # on the session's 2 ranks
+        result = run_sweep(load_scenario(str(path)), "cpu", 2, out)
     return out, result.records
 
 
@@ -206,7 +209,7 @@ def test_external_impls_refuse_a_mask_they_do_not_run() -> None:
     assert skip_reason(dataclasses.replace(base, impl="cpbench")) is None
 
 
-def test_cli_run_takes_documents_window_and_seed(tmp_path: Path) -> None:
+def test_cli_run_takes_documents_window_and_seed(tmp_path: Path, lend_the_session_pool: None) -> None:
     from typer.testing import CliRunner  # noqa: PLC0415
 
     from cpbench.cli.main import app  # noqa: PLC0415
