@@ -80,8 +80,10 @@ def lend_the_session_pool(
     lend(pool, monkeypatch)
 
 
-def lend(pool: Callable[[int], WorkerPool], monkeypatch: pytest.MonkeyPatch) -> None:
-    """`lend_the_session_pool` for fixtures of a wider scope (with their own MonkeyPatch)."""
+def lend(pool: Callable[[int], WorkerPool], monkeypatch: pytest.MonkeyPatch,
+         *users: Any) -> None:  # fmt: skip
+    """`lend_the_session_pool` for fixtures of a wider scope (with their own MonkeyPatch);
+    `users`: modules that imported `WorkerPool` by name at their import (patched there too)."""
     from cpbench.bench import pool as pool_module  # noqa: PLC0415
 
     real = pool_module.WorkerPool
@@ -92,7 +94,8 @@ def lend(pool: Callable[[int], WorkerPool], monkeypatch: pytest.MonkeyPatch) -> 
             return LentPool(pool(spec.world_size))
         return real(spec, *args, **kwargs)
 
-    monkeypatch.setattr(pool_module, "WorkerPool", pool_for)
+    for module in (pool_module, *users):
+        monkeypatch.setattr(module, "WorkerPool", pool_for)
 
 
 # ------------------------------------------------------------------------ skip allow-list

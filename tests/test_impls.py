@@ -350,7 +350,9 @@ impl = ["cpbench", "torch_cp", "ring_flash_attn", "yunchang", "transformer_engin
 """
 
 
-def test_sweep_with_impl_axis_and_the_report(tmp_path: Path) -> None:
+def test_sweep_with_impl_axis_and_the_report(  # type: ignore[no-untyped-def]
+    tmp_path: Path, pool, lend_the_session_pool: None
+) -> None:
     from cpbench.app.report import build_report  # noqa: PLC0415
     from cpbench.app.sweep import run_sweep  # noqa: PLC0415
     from cpbench.render.html.report import render_report  # noqa: PLC0415
@@ -360,6 +362,7 @@ def test_sweep_with_impl_axis_and_the_report(tmp_path: Path) -> None:
     path = tmp_path / "impls.toml"
     path.write_text(IMPL_SCENARIO)
     out = tmp_path / "impls.jsonl"
+    assert pool(2).run(use_stand_ins, timeout=60) == [True, True]  # the session's ranks
     run_sweep(load_scenario(str(path)), "cpu", 2, out)
     records = read_records(out)
     status = {(r["config"]["impl"], r["config"]["ulysses"]): r["status"] for r in records}
