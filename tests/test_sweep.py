@@ -116,7 +116,9 @@ def test_infeasible_points_are_skipped_with_the_rule(tmp_path: Path, lend_the_se
     assert "ulysses (2) must divide heads (3)" in skipped["error"]
 
 
-def test_resume_after_a_killed_sweep_loses_and_duplicates_nothing(tmp_path: Path) -> None:
+def test_resume_after_a_killed_sweep_loses_and_duplicates_nothing(
+    tmp_path: Path, lend_the_session_pool: None
+) -> None:
     path = _scenario(tmp_path, kv_heads="[4, 2, 1]", head_dim="[16, 32]")
     out = tmp_path / "r.jsonl"
     cmd = [sys.executable, "-m", "cpbench.cli", "sweep", str(path), "--out", str(out)]
@@ -149,7 +151,9 @@ def test_resume_after_a_killed_sweep_loses_and_duplicates_nothing(tmp_path: Path
     assert {r["status"] for r in records} == {"ok"}
 
 
-def test_ctrl_c_during_a_sweep_exits_130_and_keeps_every_finished_record(tmp_path: Path) -> None:
+def test_ctrl_c_during_a_sweep_exits_130_and_keeps_every_finished_record(
+    tmp_path: Path, lend_the_session_pool: None
+) -> None:
     """Ctrl-C (SIGINT to the terminal's foreground process group: the CLI and its ranks, which
     ignore it) after two records: exit 130 (128 + SIGINT), the message, every line in the file
     a whole record (no torn write), and no rank left running; --resume then adds the rest."""
