@@ -1,17 +1,34 @@
-"""Shared fixtures: one persistent pool of gloo ranks per world size for the whole session
-(spawning a rank costs seconds, so every multi-rank test reuses them)."""
+"""Shared fixtures and the skip allow-list.
+
+Fixtures: one persistent pool of gloo ranks per world size for the whole session (spawning a
+rank costs seconds, so every multi-rank test reuses them).
+
+Skips: a test may skip only for a platform reason on `PLATFORM_SKIPS`, and only where that
+reason holds (e.g. torch_cp only on a torch older than 2.13). Any other skip fails the session
+(exit 1) with the list printed: a skip nobody allowed is coverage silently lost. `.ci/run` sets
+CPBENCH_CI=1, where what CI installs (Chromium) must not be missing either.
+"""
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import re
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from cpbench.bench.pool import WorkerPool, WorldSpec
+if TYPE_CHECKING:
+    from cpbench.bench.pool import WorkerPool
 
 
 @pytest.fixture(scope="session")
 def pool() -> Iterator[Callable[[int], WorkerPool]]:
+    from cpbench.bench.pool import WorkerPool, WorldSpec  # noqa: PLC0415 - torch, when used
+
     pools: dict[int, WorkerPool] = {}
 
     def get(world_size: int) -> WorkerPool:
@@ -22,3 +39,152 @@ def pool() -> Iterator[Callable[[int], WorkerPool]]:
     yield get
     for p in pools.values():
         p.close()
+
+
+class LentPool:
+    """Stands in for a `WorkerPool` that a command or a sweep creates: the session's pool of
+    that world size, started where needed; closing it keeps it open (the session closes it),
+    so an in-process sweep or `cpbench verify` spawns no ranks of its own."""
+
+    def __init__(self, lent: WorkerPool) -> None:
+        self.lent = lent
+        self.spawns = 0
+        """Spawns made while lent (a rank killed after a timeout is respawned)."""
+
+    def start(self) -> None:
+        before = self.lent.spawns
+        self.lent.start()
+        self.spawns += self.lent.spawns - before
+
+    def run(self, fn: Callable[..., Any], *args: Any, timeout: float = 300.0) -> list[Any]:
+        self.start()
+        return self.lent.run(fn, *args, timeout=timeout)
+
+    def close(self, force: bool = False) -> None:
+        return None
+
+    def __enter__(self) -> WorkerPool:
+        self.start()
+        return self.lent
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+@pytest.fixture
+def lend_the_session_pool(
+    pool: Callable[[int], WorkerPool], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """For the test: every `WorkerPool(WorldSpec(n, "cpu"))` that the code under test creates
+    (a sweep, `cpbench run`, `cpbench verify`) is the session's pool of n ranks, lent."""
+    lend(pool, monkeypatch)
+
+
+def lend(pool: Callable[[int], WorkerPool], monkeypatch: pytest.MonkeyPatch,
+         *users: Any) -> None:  # fmt: skip
+    """`lend_the_session_pool` for fixtures of a wider scope (with their own MonkeyPatch);
+    `users`: modules that imported `WorkerPool` by name at their import (patched there too)."""
+    from cpbench.bench import pool as pool_module  # noqa: PLC0415
+
+    real = pool_module.WorkerPool
+    default = pool_module.WorldSpec
+
+    def pool_for(spec: Any, *args: Any, **kwargs: Any) -> Any:
+        if spec == default(spec.world_size, "cpu") and not args and not kwargs:
+            return LentPool(pool(spec.world_size))
+        return real(spec, *args, **kwargs)
+
+    for module in (pool_module, *users):
+        monkeypatch.setattr(module, "WorkerPool", pool_for)
+
+
+# ------------------------------------------------------------------------ skip allow-list
+
+
+def _torch_before(major: int, minor: int) -> bool:
+    import torch  # noqa: PLC0415
+
+    release = torch.__version__.split("+")[0].split(".")
+    return (int(release[0]), int(release[1])) < (major, minor)
+
+
+def _cpu_flash_without_gqa() -> bool:
+    from cpbench import compat  # noqa: PLC0415
+
+    return not compat.cpu_flash_supports_gqa()
+
+
+@dataclass(frozen=True)
+class PlatformSkip:
+    """A skip reason allowed where `holds()` says the platform lacks the thing."""
+
+    pattern: str
+    """Regular expression the skip's reason must match (from its start)."""
+    holds: Callable[[], bool]
+    """Whether the reason is true here (then the skip is allowed)."""
+    why: str
+    """Where this skip happens and why it is not a loss of coverage where allowed."""
+
+
+PLATFORM_SKIPS: tuple[PlatformSkip, ...] = (
+    PlatformSkip(
+        r"torch \S+ lacks what the torch_cp adapter uses",
+        lambda: _torch_before(2, 13),
+        "torch_cp follows torch 2.13's private context-parallel modules; the floor torch "
+        "(2.5.1) has none: its torch_cp cases are out there (test_impls names it)",
+    ),
+    PlatformSkip(
+        r"this torch's CPU flash op has no GQA",
+        _cpu_flash_without_gqa,
+        "the native-GQA branch of the CPU op exists from torch 2.9 (test_compat)",
+    ),
+    PlatformSkip(
+        r"chromium is not installed",
+        lambda: os.environ.get("CPBENCH_CI") != "1",
+        "the report's browser tests; CI installs Chromium, so there the skip is not allowed",
+    ),
+    PlatformSkip(
+        r"no /proc/stat on this platform",
+        lambda: not Path("/proc/stat").exists(),
+        "the other-load measurement reads Linux's /proc/stat",
+    ),
+    PlatformSkip(
+        r"a real flash-attn is installed",
+        lambda: importlib.util.find_spec("flash_attn") is not None,
+        "the flash-attn stand-in test cannot replace a real installation",
+    ),
+)
+
+_SKIPS: list[tuple[str, str]] = []
+"""(test id, reason) of every skip this session."""
+
+
+def _reason(report: pytest.TestReport) -> str:
+    longrepr = report.longrepr
+    text = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    return re.sub(r"^Skipped: ", "", text)
+
+
+def not_allowed(skips: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The skips whose reason is on no allow-list entry that holds here."""
+    allowed = [re.compile(s.pattern) for s in PLATFORM_SKIPS if s.holds()]
+    return [(test, why) for test, why in skips if not any(p.match(why) for p in allowed)]
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.skipped and not hasattr(report, "wasxfail"):
+        _SKIPS.append((report.nodeid, _reason(report)))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if not_allowed(_SKIPS) and exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    bad = not_allowed(_SKIPS)
+    if not bad:
+        return
+    terminalreporter.section("skips not on the allow-list (tests/conftest.py): the session fails")
+    for test, why in bad:
+        terminalreporter.line(f"{test}: {why}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Any
 
 import torch
 
@@ -226,3 +227,73 @@ def masked_against_reference(
                 record[prefix + name] = float((a.double() - b).abs().max())
         results.append(record)
     return results
+
+
+def probe_boundary_bytes(plan: Any, comm_budget_s: float) -> list[tuple[str, int, int]]:
+    """`probe_on_rank` for the plan's collectives (its kernel shapes left out), with
+    torch.distributed's `all_to_all_single` and `batch_isend_irecv` wrapped to record what each
+    call hands in: per comm test, (kind, bytes of the send buffer per call, ranks of the group
+    it ran on). The send buffer is nccl-tests' S: the whole input of an all-to-all
+    (count x nranks x type size), the sent tensor of a send/recv. Every call of one test
+    must hand in the same bytes."""
+    import torch.distributed as dist  # noqa: PLC0415
+
+    from cpbench.app.probe.ranks import probe_on_rank  # noqa: PLC0415
+
+    calls: list[tuple[str, int, int]] = []
+    originals = (dist.all_to_all_single, dist.batch_isend_irecv)
+    isend = dist.isend
+
+    def all_to_all_single(output: Any, input: Any, *args: Any, **kwargs: Any) -> Any:
+        group = kwargs.get("group", args[2] if len(args) > 2 else None)
+        calls.append(("all_to_all", input.numel() * input.element_size(),
+                      dist.get_world_size(group)))  # fmt: skip
+        return originals[0](output, input, *args, **kwargs)
+
+    def batch_isend_irecv(ops: list) -> Any:
+        for op in ops:
+            if op.op is isend:
+                calls.append(("send_recv", op.tensor.numel() * op.tensor.element_size(),
+                              dist.get_world_size(op.group)))  # fmt: skip
+        return originals[1](ops)
+
+    dist.all_to_all_single, dist.batch_isend_irecv = all_to_all_single, batch_isend_irecv
+    try:
+        result = probe_on_rank(dataclasses.replace(plan, kernel_tests=()), comm_budget_s, 0.0)
+    finally:
+        dist.all_to_all_single, dist.batch_isend_irecv = originals
+    per_test: list[tuple[str, int, int]] = []
+    for samples in result.comm:
+        # one warm-up and one sizing call, then the timed repetitions
+        mine, calls = calls[: 2 + len(samples)], calls[2 + len(samples) :]
+        if len(set(mine)) != 1:
+            raise AssertionError(f"one probe test handed in different calls: {mine}")
+        per_test.append(mine[0])
+    if calls:
+        raise AssertionError(f"{len(calls)} calls left over after the plan's tests")
+    return per_test
+
+
+def cases_with_a_wrong_ring(cases: list, device: str = "cpu") -> list[dict | None]:
+    """`run_cases_on_rank` with a wrong program planted for the batch: on rank 0, every case
+    with a ring (R > 1) gets its attention output scaled by 1.01 (so the output and the
+    gradients are wrong, as a broken merge would make them); Ulysses-only cases run the real
+    scheme. The judge (`run_case_on_rank`) and `cpbench verify`'s exit code must notice. The
+    real `cp_attention` is restored afterwards (the pool's ranks are shared)."""
+    import torch.distributed as dist  # noqa: PLC0415
+
+    import cpbench.attention as attention  # noqa: PLC0415
+    from cpbench.bench.reference import run_cases_on_rank  # noqa: PLC0415
+
+    real = attention.cp_attention
+
+    def wrong(*args: Any, **kwargs: Any) -> Any:
+        out = real(*args, **kwargs)
+        mesh = args[3] if len(args) > 3 else kwargs["mesh"]
+        return out * 1.01 if mesh.ring > 1 and dist.get_rank() == 0 else out
+
+    attention.cp_attention = wrong  # type: ignore[assignment]
+    try:
+        return run_cases_on_rank(cases, device)
+    finally:
+        attention.cp_attention = real  # type: ignore[assignment]

@@ -51,13 +51,64 @@ def test_bad_input_is_one_clear_line_and_exit_2(args: list[str], message: str) -
     assert len(result.stderr.strip().splitlines()) == 1
 
 
-def test_verify_json_world_size_2() -> None:
+VERIFY_SAMPLE = 12
+"""Cases of the world-2 matrix the CLI tests run: every 40th, both meshes (the whole matrix
+runs once, on the session pool, in tests/test_cp_attention.py)."""
+
+
+@pytest.fixture
+def verify_on_the_session_pool(lend_the_session_pool: None, monkeypatch: pytest.MonkeyPatch) -> list:
+    """`cpbench verify` on the session's ranks with a sample of its cases; the list fills with
+    the arguments the command passed (so a test can check which matrix it chose)."""
+    from cpbench.app import verify as verify_service  # noqa: PLC0415
+
+    real = verify_service.run_verify
+    calls: list = []
+
+    def sampled(world_size: int, *args: object, **kwargs: object) -> list[dict]:
+        calls.append((world_size, args, kwargs))
+        cases = verify_service.default_cases(world_size, *args[1:3], **kwargs)  # type: ignore[arg-type]
+        return real(world_size, *args, cases=cases[:: len(cases) // VERIFY_SAMPLE], **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(verify_service, "run_verify", sampled)
+    return calls
+
+
+def test_verify_json_world_size_2(verify_on_the_session_pool: list) -> None:
     result = runner.invoke(app, ["verify", "--world-size", "2", "--device", "cpu", "--json"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert doc["passed"] and doc["world_size"] == 2
+    assert len(doc["cases"]) >= VERIFY_SAMPLE
     assert {(c["ulysses"], c["ring"]) for c in doc["cases"]} == {(1, 2), (2, 1)}
     assert all(c["max_error"] < c["tolerance"] for c in doc["cases"])
+    # the command chose the default matrix that tests/test_cp_attention.py runs whole
+    from cpbench.app.verify import default_cases  # noqa: PLC0415
+
+    ((world, args, kwargs),) = verify_on_the_session_pool
+    assert default_cases(world, *args[1:3], **kwargs) == default_cases(2)
+
+
+def test_verify_exits_1_on_a_mismatch(
+    verify_on_the_session_pool: list, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A wrong program (rank 0 scales every ring case's output by 1.01, tests/rank_tasks.py)
+    judged for real: the ring cases fail with their error above the tolerance, the Ulysses
+    cases pass, `cpbench verify` exits 1 (nccl-tests' rule: a wrong result fails) and its
+    table says so."""
+    from cpbench.app import verify as verify_service  # noqa: PLC0415
+
+    monkeypatch.setattr(verify_service, "run_cases_on_rank", rank_tasks.cases_with_a_wrong_ring)
+    as_json = runner.invoke(app, ["verify", "--world-size", "2", "--device", "cpu", "--json"])
+    assert as_json.exit_code == 1, as_json.output
+    doc = json.loads(as_json.stdout)
+    assert doc["passed"] is False
+    for case in doc["cases"]:
+        assert case["passed"] == (case["ring"] == 1), case
+        assert (case["max_error"] > case["tolerance"]) == (case["ring"] > 1), case
+    table = runner.invoke(app, ["verify", "--world-size", "2", "--device", "cpu"])
+    assert table.exit_code == 1, table.output
+    assert "FAIL" in table.output
 
 
 @pytest.mark.parametrize(
@@ -89,6 +140,7 @@ world_size = 2
 device = "cpu"
 warmup = 0
 iters = 1
+precision = "off"
 timeout = 60
 
 [axes]
@@ -110,9 +162,9 @@ def _sweep_file(tmp_path: Path, head_dims: str) -> Path:
 
 
 def test_sweep_exits_1_on_a_wrong_result_and_0_when_all_are_right(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lend_the_session_pool: None
 ) -> None:
-    """A real sweep on 2 gloo ranks (one spawn); rank 0 corrupts head_dim 24's counted bytes
+    """A real sweep on 2 gloo ranks (the session's); rank 0 corrupts head_dim 24's counted bytes
     and head_dim 40's reference check (tests/rank_tasks.py). nccl-tests' rule: a benchmark
     that found a wrong result fails."""
     monkeypatch.setattr(
@@ -151,13 +203,14 @@ def test_a_crashed_rank_exits_1_not_2(tmp_path: Path, monkeypatch: pytest.Monkey
     assert result.stderr.strip() == "cpbench: failed: rank 1: process died (exit code -9)"
 
 
-def test_run_kv_heads_defaults_to_heads(tmp_path: Path) -> None:
+def test_run_kv_heads_defaults_to_heads(tmp_path: Path, lend_the_session_pool: None) -> None:
     """`--heads 4` alone is MHA: the default never contradicts the other arguments."""
     out = tmp_path / "run.jsonl"
     result = runner.invoke(
         app,
         ["run", "--heads", "4", "--seq-len", "64", "--head-dim", "16", "--ring", "2",
-         "--warmup", "0", "--iters", "1", "--device", "cpu", "--out", str(out)],
+         "--warmup", "0", "--iters", "1", "--precision", "off", "--device", "cpu",
+         "--out", str(out)],
     )
     assert result.exit_code == 0, result.output
     (record,) = read_records(out)
@@ -182,20 +235,32 @@ def test_the_command_line_starts_without_the_heavy_libraries() -> None:
     assert done.stdout.strip() == ""
 
 
+@pytest.mark.parametrize(
+    ("head_dim", "timeout", "status", "reason"),
+    [(24, "60", "failed", "out of memory"), (40, "2", "timeout", "within 2 s")],
+)
 def test_run_exits_1_and_says_why_when_its_configuration_fails(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, head_dim: int, timeout: str, status: str,
+    reason: str, lend_the_session_pool: None,
 ) -> None:
-    """`cpbench run` measures one configuration: when it fails (here rank 1 raises an injected
-    out-of-memory error, tests/rank_tasks.py), the run failed: exit 1 and the reason on stderr."""
+    """`cpbench run` measures one configuration: when it fails (head_dim 24: rank 1 raises an
+    injected out-of-memory error; 40: the ranks hang and `--timeout 2` abandons them,
+    tests/rank_tasks.py), the run failed: exit 1, the status and the reason on stderr, and the
+    record says so."""
     monkeypatch.setattr(
         sweep_service,
         "run_sweep",
         functools.partial(sweep_service.run_sweep, task=rank_tasks.measure_or_misbehave),
     )
+    out = tmp_path / "r.jsonl"
     result = runner.invoke(
         app,
-        ["run", "--heads", "4", "--seq-len", "64", "--head-dim", "24", "--ring", "2",
-         "--warmup", "0", "--iters", "1", "--device", "cpu", "--out", str(tmp_path / "r.jsonl")],
-    )
+        ["run", "--heads", "4", "--seq-len", "64", "--head-dim", str(head_dim), "--ring", "2",
+         "--warmup", "0", "--iters", "1", "--precision", "off", "--device", "cpu",
+         "--timeout", timeout,
+         "--out", str(out)],
+    )  # fmt: skip
     assert result.exit_code == 1, result.output
-    assert "cpbench: failed: failed:" in result.stderr and "out of memory" in result.stderr
+    assert f"cpbench: failed: {status}:" in result.stderr and reason in result.stderr
+    (record,) = read_records(out)
+    assert record["status"] == status and reason in record["error"]

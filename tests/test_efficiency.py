@@ -24,6 +24,7 @@ from cpbench.cli.main import app
 from cpbench.config.masks import MaskSpec
 from cpbench.errors import CpbenchError
 from cpbench.render.efficiency import efficiency_tables, profile_table
+from tests.conftest import lend
 
 MASKS = [
     MaskSpec(causal=True),
@@ -149,13 +150,17 @@ def test_profile_buckets(name: str, bucket: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def small_report() -> dict:
+def small_report(pool) -> dict:  # type: ignore[no-untyped-def]
+    from cpbench.app.efficiency import measure  # noqa: PLC0415
+
     settings = EfficiencySettings(
         seq_len=256, heads=4, kv_heads=4, head_dim=16, world_sizes=(2,),
         dtypes=("float32",), impls=("cpbench", "torch_cp", "ring_flash_attn"), rounds=3,
         timeout=240.0,
     )
-    return run_efficiency(settings).to_dict()
+    with pytest.MonkeyPatch.context() as patch:
+        lend(pool, patch, measure)  # on the session's 2 ranks
+        return run_efficiency(settings).to_dict()
 
 
 def test_small_run_measures_every_cpbench_mesh(small_report: dict) -> None:
@@ -209,7 +214,7 @@ def test_cli_rejects_unknown_dtype_naming_it() -> None:
     )
 
 
-def test_profile_shows_the_median_step_of_each_case() -> None:
+def test_profile_shows_the_median_step_of_each_case(pool, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     """3 profiled steps per case on 2 gloo ranks: the step shown is the one of median wall
     time, its buckets are one step's (they add up to no more than its wall time; the single
     process is all kernel), and the table fits 80 columns with every profiled wall listed."""
@@ -217,6 +222,9 @@ def test_profile_shows_the_median_step_of_each_case() -> None:
         seq_len=512, heads=4, kv_heads=4, head_dim=16, world_sizes=(2,), dtypes=("float32",),
         impls=("cpbench",), rounds=3, timeout=240.0,
     )
+    from cpbench.app.efficiency import profile  # noqa: PLC0415
+
+    lend(pool, monkeypatch, profile)  # on the session's 2 ranks
     profiles = profile_steps(settings, "float32")
     assert [p.label for p in profiles] == [
         "single process", "cpbench U1xR2 zigzag", "cpbench U2xR1 contiguous"

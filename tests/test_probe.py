@@ -25,6 +25,7 @@ from cpbench.errors import CpbenchError
 from cpbench.model.hardware.loading import load_profile
 from cpbench.model.hardware.writer import profile_to_toml, save_profile
 from cpbench.units import GB
+from tests import rank_tasks
 
 runner = CliRunner()
 CPU = load_profile("cpu-local")
@@ -173,9 +174,18 @@ def test_cli_bad_input_exits_2(args: list[str]) -> None:
     assert result.exit_code == 2, result.output
 
 
-def test_probe_on_two_gloo_ranks(tmp_path: Path) -> None:
+NCCL_TESTS_BUSBW_FACTOR = {"all_to_all": lambda n: (n - 1) / n, "send_recv": lambda n: 1.0}
+"""busbw / algbw per operation, from nccl-tests' doc/PERFORMANCE.md ("Summary": AlltoAll
+(n-1)/n) and src/sendrecv.cu (factor 1), where algbw = S / t and S is the operation's send
+buffer: count x nranks x type size for an all-to-all, count x type size for a send/recv."""
+
+
+def test_probe_on_two_gloo_ranks(tmp_path: Path, pool) -> None:  # type: ignore[no-untyped-def]
     """A real probe (2 ranks, one short length, small budget) writes a profile that loads and
-    that `recommend --hardware` accepts."""
+    that `recommend --hardware` accepts; its algbw and busbw are nccl-tests' definitions
+    applied to the measured time and to the bytes the same plan's collectives hand to
+    torch.distributed, counted at that boundary on the session's ranks (tests/rank_tasks.py),
+    to 1e-9."""
     out = tmp_path / "probe.toml"
     result = runner.invoke(
         app,
@@ -186,10 +196,20 @@ def test_probe_on_two_gloo_ranks(tmp_path: Path) -> None:
     report = json.loads(result.output)
     assert report["meshes"] == ["1x2", "2x1"]
     assert {row["kind"] for row in report["comm"]} == {"all_to_all", "send_recv"}
-    for row in report["comm"]:
+    settings = replace(default_settings("cpu", 2), seq_lens=(1024,), budget_s=3.0)
+    plan = make_plan(settings, load_profile(report["prior"]["name"]))
+    assert [(t.kind, t.mesh, t.size_bytes) for t in plan.comm_tests] == [
+        (row["kind"], row["mesh"], row["size_bytes"]) for row in report["comm"]
+    ]
+    counted = pool(2).run(rank_tasks.probe_boundary_bytes, plan, 0.05)
+    assert counted[0] == counted[1]  # both ranks hand in the same buffers
+    for row, (kind, size, ranks) in zip(report["comm"], counted[0], strict=True):
+        assert (kind, ranks) == (row["kind"], row["group_size"]), row
         assert row["time_s"] > 0
-        factor = 0.5 if row["kind"] == "all_to_all" else 1.0  # (n-1)/n with n = 2
-        assert row["busbw_GBps"] == pytest.approx(row["algbw_GBps"] * factor, rel=1e-9)
+        algbw = size / row["time_s"] / 1e9  # GB = 1e9 bytes
+        assert row["algbw_GBps"] == pytest.approx(algbw, rel=1e-9), row
+        busbw = algbw * NCCL_TESTS_BUSBW_FACTOR[kind](ranks)
+        assert row["busbw_GBps"] == pytest.approx(busbw, rel=1e-9), row
     profile = load_profile(str(out))
     assert profile.topology is not None
     assert "measured by cpbench probe" in profile.intra_node.send_recv.source

@@ -360,3 +360,111 @@ def test_every_help_wraps_to_the_terminal() -> None:
         assert result.exit_code == 0, result.output
         assert max(cell_len(line) for line in result.output.splitlines()) <= 80
         assert not early_breaks(result.output), (command, early_breaks(result.output))
+
+
+# ------------------------------------------------------------------ plan / probe / compare
+
+
+def test_plan_tables_narrow() -> None:
+    """`cpbench plan` (Llama-3-8B at 128k on 16 GPUs): every table reads whole at 80 and 60
+    columns, and each listed plan's TP x CP x PP x DP appears whole."""
+    from cpbench.app import plan as service  # noqa: PLC0415
+    from cpbench.render.plan import render_plan  # noqa: PLC0415
+
+    report = service.to_json(
+        service.plan(service.PlanRequest(model="Llama-3-8B", seq_len=131072, gpus=16))
+    )
+    assert report["feasible"], report.get("rejected")
+    for width in (80, 60):
+        text = render(render_plan(report, 10), width)
+        assert_readable(text, width)
+        for col in ("TP", "CP", "PP", "DP"):
+            assert_words_whole(col, text)
+        for p in report["feasible"][:10]:
+            assert a_line_with(text, str(p["tp"]), p["layout"]), p
+
+
+def _probe_report() -> dict[str, Any]:
+    """A probe report made without ranks: the plan of 4 CPU ranks, times from a known line
+    (1 ms + size / 0.5 GB/s), three kernel shapes; the rest as `run_probe` assembles it."""
+    from cpbench.app.probe.fit import CommMeasurement, KernelMeasurement, fit_links  # noqa: PLC0415
+    from cpbench.app.probe.plan import default_settings, make_plan  # noqa: PLC0415
+    from cpbench.app.probe.profile import measured_profile  # noqa: PLC0415
+    from cpbench.app.probe.run import ProbeResult, probe_report  # noqa: PLC0415
+    from cpbench.model.formulas import bandwidths  # noqa: PLC0415
+    from cpbench.model.hardware.loading import load_profile  # noqa: PLC0415
+
+    prior = load_profile("cpu-local")
+    plan = make_plan(default_settings("cpu", 4), prior)
+    comm = []
+    for t in plan.comm_tests:
+        seconds = 1e-3 + t.size_bytes / 0.5e9
+        alg, bus = bandwidths(t.size_bytes, seconds, t.kind, t.group_size)
+        comm.append(CommMeasurement(t, seconds, 7, alg, bus, "numa_node"))
+    fits = fit_links(prior, [(m.test, m.seconds) for m in comm])
+    peak = prior.peak_flops("float32")
+    kernels = [
+        KernelMeasurement(k, 0.01 * (i + 1), 3, k.flops("fwd+bwd"),
+                          k.flops("fwd+bwd") / (peak * 0.01 * (i + 1)))
+        for i, k in enumerate(plan.kernel_tests)
+    ]  # fmt: skip
+    profile, notes = measured_profile(prior, fits, kernels, "cpu_sdpa", "float32", "fwd+bwd",
+                                      "2030-01-01, test")  # fmt: skip
+    result = ProbeResult(
+        plan, prior, "no GPU: the CPU profile", profile, tuple(comm), tuple(fits),
+        tuple(kernels), "cpu_sdpa", "host, 4 x cpu: test", "2030-01-01 00:00 UTC", 12.5, 10.0,
+        "/tmp/probe-profile.toml", tuple(notes),
+    )  # fmt: skip
+    return probe_report(result)
+
+
+def test_probe_tables_narrow() -> None:
+    """`cpbench probe`: the collectives, links and kernel tables at 80 and 60 columns, no
+    line wider, nothing cut, every collective's mesh and size in a row with its kind."""
+    from cpbench.render.probe import render_probe  # noqa: PLC0415
+    from cpbench.units import format_bytes  # noqa: PLC0415
+
+    report = _probe_report()
+    assert len(report["comm"]) > 10
+    for width in (80, 60):
+        text = render(render_probe(report), width)
+        assert_readable(text, width)
+        for row in report["comm"]:
+            kind = "all-to-all" if row["kind"] == "all_to_all" else "send/recv"
+            assert a_line_with(text, kind, row["mesh"], format_bytes(row["size_bytes"], ".3g"))
+        for col in ("algbw (GB/s)", "busbw (GB/s)", "time (ms)"):
+            assert_words_whole(col, text)
+
+
+def test_compare_table_narrow(tmp_path: Path, records: list[dict[str, Any]]) -> None:
+    """`cpbench compare` of the fixture sweep with itself made 30% slower on every other
+    record: at 80 and 60 columns nothing is cut and every verdict and mesh is whole."""
+    import json  # noqa: PLC0415
+
+    from cpbench.app.compare import compare_results  # noqa: PLC0415
+    from cpbench.render.tables import compare_table  # noqa: PLC0415
+
+    after = tmp_path / "after.jsonl"
+    lines = []
+    for i, r in enumerate(records):
+        r = json.loads(json.dumps({k: v for k, v in r.items() if k != "_source"}))
+        if i % 2 and r.get("timing"):
+            t = r["timing"]
+            for key in ("median", "ci_low", "ci_high", "p10", "p90"):
+                if isinstance(t.get(key), float):
+                    t[key] *= 1.3
+            t["samples"] = [s * 1.3 for s in t.get("samples") or []]
+        lines.append(json.dumps(r))
+    after.write_text("\n".join(lines) + "\n")
+    result = compare_results(FIXTURE, after, 0.05)
+    assert result.matched >= 40
+    verdicts = {r["verdict"] for r in result.rows}
+    assert "slower" in verdicts
+    for width in (80, 60):
+        text = render([compare_table(result)], width)
+        assert_readable(text, width)
+        for number, r in enumerate(result.rows, 1):
+            if r["verdict"] is not None:
+                assert a_line_with(text, f"│ {number:>2} │", r["verdict"]), r
+        for col in ("after/before", "verdict"):
+            assert_words_whole(col, text)

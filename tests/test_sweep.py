@@ -25,6 +25,7 @@ world_size = 2
 device = "cpu"
 warmup = 0
 iters = 2
+precision = "off"
 timeout = {timeout}
 
 [axes]
@@ -50,9 +51,8 @@ def _scenario(  # type: ignore[no-untyped-def]
     return path
 
 
-def test_sweep_records_every_point_with_equal_bytes(tmp_path: Path) -> None:
+def test_sweep_records_every_point_with_equal_bytes(tmp_path: Path, lend_the_session_pool: None) -> None:
     path = _scenario(tmp_path, kv_heads="[4, 1]", phase='["fwd", "fwd+bwd"]')
-    path.write_text(path.read_text().replace("iters = 2", 'iters = 2\nprecision = "off"'))
     scenario = load_scenario(str(path))
     out = tmp_path / "r.jsonl"
     result = run_sweep(scenario, "cpu", 2, out)
@@ -86,7 +86,10 @@ def test_sweep_records_every_point_with_equal_bytes(tmp_path: Path) -> None:
 
 
 def test_failing_and_hanging_configurations_inside_a_sweep(tmp_path: Path) -> None:
-    # head_dim 24 raises on rank 1, 40 hangs; 16 and 32 are good and must all be recorded.
+    # head_dim 24 raises on rank 1, 40 hangs; 16 and 32 are good (2 fixed iterations) and must
+    # all be recorded. The timeout covers a fresh rank's first configuration, which pays the
+    # measurement modules' imports (scipy through bench.timing: 0.5 s idle, 4 s at load 6 on
+    # 2 cores): 10 s, not less.
     scenario = load_scenario(
         str(_scenario(tmp_path, kv_heads="[4]", head_dim="[16, 24, 40, 32]", timeout=10, mesh='["1x2"]'))
     )
@@ -101,7 +104,7 @@ def test_failing_and_hanging_configurations_inside_a_sweep(tmp_path: Path) -> No
     assert result.spawns >= 2  # the pool was replaced after the hang
 
 
-def test_infeasible_points_are_skipped_with_the_rule(tmp_path: Path) -> None:
+def test_infeasible_points_are_skipped_with_the_rule(tmp_path: Path, lend_the_session_pool: None) -> None:
     path = _scenario(tmp_path, kv_heads="[3]")
     path.write_text(path.read_text().replace("heads = [4]", "heads = [3]"))
     scenario = load_scenario(str(path))
@@ -113,7 +116,9 @@ def test_infeasible_points_are_skipped_with_the_rule(tmp_path: Path) -> None:
     assert "ulysses (2) must divide heads (3)" in skipped["error"]
 
 
-def test_resume_after_a_killed_sweep_loses_and_duplicates_nothing(tmp_path: Path) -> None:
+def test_resume_after_a_killed_sweep_loses_and_duplicates_nothing(
+    tmp_path: Path, lend_the_session_pool: None
+) -> None:
     path = _scenario(tmp_path, kv_heads="[4, 2, 1]", head_dim="[16, 32]")
     out = tmp_path / "r.jsonl"
     cmd = [sys.executable, "-m", "cpbench.cli", "sweep", str(path), "--out", str(out)]
@@ -146,7 +151,81 @@ def test_resume_after_a_killed_sweep_loses_and_duplicates_nothing(tmp_path: Path
     assert {r["status"] for r in records} == {"ok"}
 
 
-def test_cli_run_prints_one_record_and_bad_input_exits_2(tmp_path: Path) -> None:
+def test_ctrl_c_during_a_sweep_exits_130_and_keeps_every_finished_record(
+    tmp_path: Path, lend_the_session_pool: None
+) -> None:
+    """Ctrl-C (SIGINT to the terminal's foreground process group: the CLI and its ranks, which
+    ignore it) after two records: exit 130 (128 + SIGINT), the message, every line in the file
+    a whole record (no torn write), and no rank left running; --resume then adds the rest."""
+    import warnings  # noqa: PLC0415
+
+    path = _scenario(tmp_path, kv_heads="[4, 2]", head_dim="[16, 32]")
+    out = tmp_path / "r.jsonl"
+    cmd = [sys.executable, "-m", "cpbench.cli", "sweep", str(path), "--out", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and (
+        not out.exists() or len(out.read_text().splitlines()) < 2
+    ):
+        time.sleep(0.1)
+    written = len(out.read_text().splitlines())
+    os.killpg(proc.pid, signal.SIGINT)
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, output
+    assert "interrupted: every configuration finished so far is saved" in output
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a torn line would warn
+        kept = read_records(out)
+    assert written <= len(kept) < 8 and {r["status"] for r in kept} == {"ok"}
+    for _ in range(50):  # the ranks go with the parent
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise AssertionError("ranks of the interrupted sweep were still running after 5 s")
+    again = run_sweep(load_scenario(str(path)), "cpu", 2, out, resume=True)
+    assert again.resumed == len(kept) and len(read_records(out)) == 8
+
+
+def test_interleaved_remeasurement_alternates_and_stops_by_its_rule(pool) -> None:  # type: ignore[no-untyped-def]
+    """`measure_interleaved` (sweep --separate-ties) on 2 ranks, L = 64 and L = 1024 (16x the
+    tokens, ~250x the attention work): round-order samples, one per configuration per round,
+    at least 6 rounds and at most max_iters; it stops before max_iters only when the ranking
+    is clear; the longer sequence is the slower in the median and in (all but at most one of)
+    the rounds."""
+    import statistics  # noqa: PLC0415
+
+    from cpbench.bench.measure import measure_interleaved  # noqa: PLC0415
+    from cpbench.config.bench import BenchConfig  # noqa: PLC0415
+    from cpbench.model.calibrate.stats import median_interval, rank_with_ties  # noqa: PLC0415
+
+    def config(seq_len: int) -> dict:
+        return BenchConfig(
+            seq_len=seq_len, batch=1, heads=4, kv_heads=4, head_dim=32, dtype="float32",
+            causal=True, ulysses=1, ring=2, layout="zigzag", kv_replication=None,
+            kernel="auto", phase="fwd+bwd", device="cpu", world_size=2,
+        ).to_dict()  # fmt: skip
+
+    settings = {"warmup": 0, "iters": 2, "max_iters": 12, "precision": None, "budget": 20.0}
+    per_rank = pool(2).run(measure_interleaved, [config(64), config(1024)], settings, timeout=300)
+    assert per_rank[0] == per_rank[1]  # max over ranks: the same on both
+    flat = per_rank[0]
+    assert len(flat) % 2 == 0 and all(x > 0 for x in flat)
+    short, long = flat[0::2], flat[1::2]
+    assert 6 <= len(short) <= 12
+    ranked = rank_with_ties({"0": median_interval(short), "1": median_interval(long)})
+    assert ranked.clear or len(short) == 12
+    assert statistics.median(long) > statistics.median(short)
+    # interleaved: round by round the longer step is the slower (a spike may flip one round;
+    # samples grouped by configuration instead of by round would pair like with like)
+    assert sum(b > a for a, b in zip(short, long, strict=True)) >= len(short) - 1, flat
+
+
+def test_cli_run_prints_one_record_and_bad_input_exits_2(tmp_path: Path, lend_the_session_pool: None) -> None:
     from typer.testing import CliRunner  # noqa: PLC0415
 
     from cpbench.cli.main import app  # noqa: PLC0415
@@ -170,6 +249,8 @@ def test_cli_run_prints_one_record_and_bad_input_exits_2(tmp_path: Path) -> None
             "1",
             "--iters",
             "2",
+            "--precision",
+            "off",
             "--device",
             "cpu",
             "--out",
@@ -220,7 +301,7 @@ def test_bad_output_and_timeout_fail_before_anything_runs(tmp_path: Path) -> Non
 
 
 def test_equivalent_points_run_once_to_a_precision_with_a_full_length_row_check(
-    tmp_path: Path,
+    tmp_path: Path, lend_the_session_pool: None
 ) -> None:
     """Two layouts on every 2-rank mesh: at ring degree 1 they are one computation (recorded
     once, as contiguous, the zigzag name listed); every record has its interval, iteration
@@ -229,7 +310,7 @@ def test_equivalent_points_run_once_to_a_precision_with_a_full_length_row_check(
     path = _scenario(tmp_path, kv_heads="[4]")
     text = path.read_text().replace("seq_len = [64]", "seq_len = [128]")
     text = text.replace('layout = ["zigzag"]', 'layout = ["zigzag", "contiguous"]')
-    text = text.replace("iters = 2", "iters = 2\nbudget = 0.5\ncheck_max_seq_len = 64")
+    text = text.replace('precision = "off"', "precision = 0.05\nbudget = 0.5\ncheck_max_seq_len = 64")
     path.write_text(text)
     scenario = load_scenario(str(path))
     assert len(scenario.expand("cpu", 2)) == 4
@@ -271,7 +352,7 @@ def test_equivalent_points_run_once_to_a_precision_with_a_full_length_row_check(
     assert len(read_records(out)) == 3
 
 
-def test_separate_ties_remeasures_tied_leaders_interleaved(tmp_path: Path) -> None:
+def test_separate_ties_remeasures_tied_leaders_interleaved(tmp_path: Path, lend_the_session_pool: None) -> None:
     """Two meshes of one problem timed with a fixed count of 1 iteration (the sample range,
     wide): with --separate-ties the tied leaders carry the interleaved re-measurement."""
     from cpbench.app.sweep import settle_ties  # noqa: PLC0415

@@ -8,18 +8,22 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
+from cpbench.app.record import per_rank_work
 from cpbench.app.report import build_report
 from cpbench.app.report.work import work_fits
 from cpbench.app.sweep import run_sweep
+from cpbench.attention.layouts import shard_tensor
 from cpbench.config.bench import BenchConfig
-from cpbench.config.geometry import pack, rank_pairs, ring_schedule
+from cpbench.config.geometry import pack
 from cpbench.impls import skip_reason
 from cpbench.render.figures.balance import work_balance_figure
 from cpbench.render.html.report import render_report
 from cpbench.results.scenarios.loading import load_scenario
 from cpbench.results.schema import ConfigSection, ResultRecord, dump_record, migrate_record
 from cpbench.results.store import append_record, read_records, read_results, records_frame
+from tests.conftest import lend
 
 MASKED = """
 name = "masked"
@@ -54,12 +58,14 @@ DOCUMENTS = "30,3,25,6"
 
 
 @pytest.fixture(scope="module")
-def swept(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict]]:
+def swept(tmp_path_factory: pytest.TempPathFactory, pool) -> tuple[Path, list[dict]]:  # type: ignore[no-untyped-def]
     folder = tmp_path_factory.mktemp("masks")
     path = folder / "masked.toml"
     path.write_text(MASKED.format(documents=DOCUMENTS))
     out = folder / "r.jsonl"
-    result = run_sweep(load_scenario(str(path)), "cpu", 2, out)
+    with pytest.MonkeyPatch.context() as patch:
+        lend(pool, patch)  # on the session's 2 ranks
+        result = run_sweep(load_scenario(str(path)), "cpu", 2, out)
     return out, result.records
 
 
@@ -82,12 +88,9 @@ def test_a_document_sweep_on_two_ranks_is_checked_counted_and_recorded(
         assert r["accuracy"]["max_abs_error"] <= r["accuracy"]["tolerance"]
         # counted bytes equal the mask-aware analytic bytes, collective by collective
         assert r["comm"]["match"], r["comm"]["by_collective"]
-        # each rank's compute-only median and its predicted work are in the record
+        # each rank's compute-only median and its work, counted pair by pair, are in the record
         assert len(r["timing"]["compute_only_per_rank"]) == 2
-        pairs = rank_pairs(ring_schedule(packing))
-        heads = 4 / config.ulysses
-        want = [pairs[rank // config.ulysses] * heads for rank in range(2)]
-        assert r["flops"]["per_rank_work"] == pytest.approx(want, rel=1e-12)
+        assert r["flops"]["per_rank_work"] == pytest.approx(_brute_force_work(config), rel=1e-12)
     documented = [r for r in records if r["config"]["documents"] is not None]
     assert {tuple(r["config"]["documents"]) for r in documented} == {(30, 3, 25, 6)}
     assert {r["config"]["mask"] for r in documented} == {"document"}
@@ -206,13 +209,13 @@ def test_external_impls_refuse_a_mask_they_do_not_run() -> None:
     assert skip_reason(dataclasses.replace(base, impl="cpbench")) is None
 
 
-def test_cli_run_takes_documents_window_and_seed(tmp_path: Path) -> None:
+def test_cli_run_takes_documents_window_and_seed(tmp_path: Path, lend_the_session_pool: None) -> None:
     from typer.testing import CliRunner  # noqa: PLC0415
 
     from cpbench.cli.main import app  # noqa: PLC0415
 
     common = ["run", "--seq-len", "64", "--heads", "4", "--head-dim", "16", "--ring", "2",
-              "--iters", "1", "--warmup", "0", "--device", "cpu"]  # fmt: skip
+              "--iters", "1", "--warmup", "0", "--precision", "off", "--device", "cpu"]  # fmt: skip
     out = tmp_path / "one.jsonl"
     res = CliRunner().invoke(
         app,
@@ -230,3 +233,109 @@ def test_cli_run_takes_documents_window_and_seed(tmp_path: Path) -> None:
     assert "key 'documents': documents '10,10' sum to 20, not the sequence length 64" in bad.stderr
     bad = CliRunner().invoke(app, [*common, "--window", "8", "--no-causal"])
     assert bad.exit_code == 2 and "key 'window': 8 needs a causal mask" in bad.stderr
+
+
+# ---------------------------------------------------- per-rank work, counted by brute force
+
+
+def _spans(config: BenchConfig) -> list[tuple[int, int]]:
+    """The sequence as the ring runs it, as (document, padding after it) spans, from the
+    layouts' definition (cpbench.attention.layouts): doc_zigzag on a ring of R > 1 pads every
+    document to a multiple of 2R, then adds a padding span in steps of 2R until the ring shard
+    is a multiple of U; the other layouts run the documents as they are. Padding tokens form
+    documents of their own."""
+    ring, ulysses = config.ring, config.ulysses
+    docs = config.mask.for_length(config.seq_len).documents or (config.seq_len,)
+    if config.layout != "doc_zigzag" or ring == 1:
+        return [(d, 0) for d in docs]
+    spans = [(d, -d % (2 * ring)) for d in docs]
+    extra = 0
+    while (sum(d + p for d, p in spans) + extra) // ring % ulysses:
+        extra += 2 * ring
+    return spans + ([(0, extra)] if extra else [])
+
+
+def _ring_positions(config: BenchConfig, spans: list[tuple[int, int]], ring_rank: int) -> list[int]:
+    """The positions ring rank j holds, from each layout's definition: contiguous
+    [jL/R, (j+1)L/R); zigzag chunks j and 2R-1-j of 2R; striped i mod R == j; doc_zigzag
+    chunks j and 2R-1-j of every span (a document with its padding); at R = 1 all. `balanced`
+    is an optimiser's output, not a formula: its positions are read off what `shard_tensor`
+    actually moves (an arange, the ring rank's U pieces) and `_brute_force_work` checks that
+    they partition the sequence into L/R tokens per ring rank."""
+    ring = config.ring
+    run_len = sum(d + p for d, p in spans)
+    if ring == 1:
+        return list(range(run_len))
+    if config.layout == "balanced":
+        tokens = torch.arange(run_len).view(1, run_len, 1)
+        pieces = [
+            shard_tensor(tokens, config.ulysses, ring, "balanced", ring_rank * config.ulysses + u,
+                         mask=config.mask)
+            for u in range(config.ulysses)
+        ]  # fmt: skip
+        return sorted(int(p) for piece in pieces for p in piece.flatten())
+    if config.layout == "contiguous":
+        n = run_len // ring
+        return list(range(ring_rank * n, (ring_rank + 1) * n))
+    if config.layout == "striped":
+        return list(range(ring_rank, run_len, ring))
+    zigzagged = [(0, run_len)] if config.layout == "zigzag" else []
+    start = 0
+    for d, p in spans if config.layout == "doc_zigzag" else []:
+        zigzagged.append((start, d + p))
+        start += d + p
+    held: list[int] = []
+    for start, length in zigzagged:
+        chunk = length // (2 * ring)
+        for c in (ring_rank, 2 * ring - 1 - ring_rank):
+            held += range(start + c * chunk, start + (c + 1) * chunk)
+    return sorted(held)
+
+
+def _brute_force_work(config: BenchConfig) -> list[float]:
+    """Each global rank's attention work counted pair by pair: every (query, key) of the run
+    sequence with the query on the rank's ring rank (ring attention: each ring rank attends
+    its queries to every key over the ring's steps) that the mask's definition keeps (causal:
+    key <= query, query - key < window, the same document), minus half a pair per own token
+    under a causal mask (cpbench.model.flops' continuum convention: one causal document of L
+    tokens is L^2/2), x B x the h/U heads a rank computes after the Ulysses all-to-all.
+    Global rank p = j*U + u holds ring rank j's work."""
+    spans = _spans(config)
+    document = [i for i, n in enumerate(x for s in spans for x in s if x) for _ in range(n)]
+    run_len, window, causal = len(document), config.mask.window, config.mask.causal
+    held = [_ring_positions(config, spans, j) for j in range(config.ring)]
+    assert sorted(p for h in held for p in h) == list(range(run_len)), held  # a partition
+    assert {len(h) for h in held} == {run_len // config.ring}, held  # L/R tokens each
+    work = []
+    for queries in held:
+        pairs = sum(
+            1
+            for q in queries
+            for k in range(run_len)
+            if not causal
+            or (k <= q and (window is None or q - k < window) and document[q] == document[k])
+        )
+        work.append(pairs - (len(queries) / 2 if causal else 0))
+    heads = config.batch * config.heads / config.ulysses
+    return [work[p // config.ulysses] * heads for p in range(config.world_size)]
+
+
+@pytest.mark.parametrize(
+    ("documents", "window"),
+    [(None, None), ((30, 3, 25, 6), None), (None, 5), ((9, 1, 40, 14), 12), ((64,), None)],
+)
+@pytest.mark.parametrize(("ulysses", "ring"), [(1, 2), (2, 1), (1, 4), (2, 2), (4, 1)])
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag", "striped", "doc_zigzag", "balanced"])
+def test_per_rank_work_equals_pairs_counted_one_by_one(
+    layout: str, ulysses: int, ring: int, documents: tuple[int, ...] | None, window: int | None
+) -> None:
+    """The record's `per_rank_work` (cpbench.app.record) against the brute-force count, to
+    1e-12, on L = 64 with 8 heads, B = 2: every layout on every mesh of 2 and 4 ranks, under
+    plain causal, documents shorter than a chunk, a window, both, and one document."""
+    config = BenchConfig(
+        seq_len=64, batch=2, heads=8, kv_heads=8, head_dim=16, dtype="float32", causal=True,
+        ulysses=ulysses, ring=ring, layout=layout, kv_replication=None, kernel="auto",
+        phase="fwd+bwd", device="cpu", world_size=ulysses * ring, documents=documents,
+        window=window,
+    )  # fmt: skip
+    assert per_rank_work(config) == pytest.approx(_brute_force_work(config), rel=1e-12)
