@@ -25,6 +25,8 @@ mesh (the sizes alone, `AttentionShape`, a model's layer or a kernel test, are n
 FILE_SCHEMAS = {
     "cpbench/config/problem.py::CpProblem": "the one configuration object",
     "cpbench/results/schema.py::ConfigSection": "a record's config: BenchConfig.to_dict/from_dict",
+    "cpbench/model/calibrate/table.py::TableRow": "a row of a user's table of step times (CSV / "
+    "JSONL, docs/cost-model.md): validated, then `candidate()` builds the MeshCandidate",
 }
 
 
