@@ -1,0 +1,114 @@
+"""Prefill with a cached prefix (pass-KV, pass-Q, all-gather, Ulysses): outputs against the
+float64 reference on 2 and 4 gloo ranks, bytes sent against the analytic model, the model's
+arithmetic and its pass-KV / pass-Q crossover."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from cpbench.attention.inference_verify import (
+    default_prefill_cases,
+    prefill_case,
+    run_prefill_cases_on_rank,
+)
+from cpbench.bench.pool import WorkerPool
+from cpbench.config.problem import CpProblem
+from cpbench.errors import CpbenchError
+from cpbench.model.inference import (
+    PREFILL_SCHEMES,
+    RingLink,
+    pass_kv_pass_q_crossover,
+    prefill_bytes,
+    prefill_time,
+    split_sizes,
+    split_starts,
+)
+from tests.inference_tasks import prefill_with_wrong_offset
+
+Pool = Callable[[int], WorkerPool]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_every_prefill_case_matches_the_reference_and_the_bytes(pool: Pool, world: int) -> None:
+    cases = default_prefill_cases(world)
+    records = pool(world).run(run_prefill_cases_on_rank, cases, timeout=300)[0]
+    assert len(records) == len(cases)
+    assert {r["scheme"] for r in records} == set(PREFILL_SCHEMES)
+    assert {(r["cached_len"], r["new_tokens"]) for r in records} >= {(0, 1), (5, 1)}
+    for r in records:
+        assert "error" not in r, r
+        assert r["max_error"] <= r["tolerance"], r["label"]
+        assert r["bytes"] == r["analytic_bytes"], r["label"]
+        assert r["passed"], r["label"]
+
+
+def test_a_wrong_cache_offset_fails_the_check(pool: Pool) -> None:
+    """The same judge rejects every scheme's prefill when its pieces are masked top-left (the
+    cached keys hidden from all but the first queries, as with cache offset 0), by far."""
+    cases = [
+        prefill_case(s, 2, cached_len=p, new_tokens=t)
+        for s in PREFILL_SCHEMES
+        for p, t in ((8, 4), (33, 1), (3, 9))
+    ]
+    records = pool(2).run(prefill_with_wrong_offset, cases, timeout=120)[0]
+    for r in records:
+        assert r["passed"] is False, r["label"]
+        assert r["max_error"] > 100 * r["tolerance"], r["label"]
+
+
+def test_shards_split_like_tensor_split() -> None:
+    assert split_sizes(5, 4) == (2, 1, 1, 1)
+    assert split_sizes(1, 4) == (1, 0, 0, 0)
+    assert split_starts(5, 4) == (0, 2, 3, 4, 5)
+    with pytest.raises(CpbenchError, match="cannot split"):
+        split_sizes(3, 0)
+
+
+def test_prefill_bytes_by_hand() -> None:
+    """W = 4, P = 4096, T = 64, 8 heads over 2 KV heads, d 64, fp32: the chunk is
+    (1024 + 16) tokens x 2 x 2 heads x 64 x 4 B, the query block 16 x 8 x 64 x 4 B."""
+    kv = prefill_case("pass_kv", 4, 4096, 64, kv_heads=2, head_dim=64)
+    assert prefill_bytes(kv) == {"p2p_kv": 3 * 1040 * 2 * 2 * 64 * 4}
+    ag = prefill_case("all_gather", 4, 4096, 64, kv_heads=2, head_dim=64)
+    assert prefill_bytes(ag) == {"allgather_kv": 3 * 1040 * 2 * 2 * 64 * 4}
+    q = prefill_case("pass_q", 4, 4096, 64, kv_heads=2, head_dim=64)
+    assert prefill_bytes(q) == {
+        "p2p_q": 3 * 16 * 8 * 64 * 4,
+        "a2a_out": 3 * 16 * 8 * 64 * 4,
+        "a2a_lse": 3 * 8 * 16 * 4,
+    }
+    u = prefill_case("ulysses", 4, 4096, 64, kv_heads=2, head_dim=64)  # KV heads 2 -> 4
+    assert prefill_bytes(u) == {
+        "a2a_q": 16 * 8 * 64 * 4 * 3 // 4,
+        "a2a_kv": 1040 * 2 * 4 * 64 * 4 * 3 // 4,
+        "a2a_out": 16 * 8 * 64 * 4 * 3 // 4,
+    }
+
+
+def test_bad_prefill_cases_name_the_rule() -> None:
+    with pytest.raises(CpbenchError, match="new_tokens >= 1"):
+        prefill_case("pass_kv", 2, 8, 0)
+    with pytest.raises(CpbenchError, match="not one of"):
+        prefill_case("pass_k", 2, 8, 1)
+    with pytest.raises(CpbenchError, match="multiples of it"):
+        prefill_case("ulysses", 4, 8, 1, heads=6, kv_heads=6)
+
+
+def test_the_crossover_separates_pass_q_from_pass_kv() -> None:
+    """Llama-3-like GQA (8/1 heads, d 128, bf16) on 8 ranks: pass-Q is faster well below the
+    crossover in T/P, pass-KV well above, and the times meet at it."""
+    problem = CpProblem(seq_len=1, heads=8, kv_heads=1, head_dim=128, dtype="bfloat16")
+    link = RingLink(bandwidth=50e9, latency=10e-6, flops=400e12)
+    p = 131072
+    ratio = pass_kv_pass_q_crossover(p, problem, 8, link)
+    assert ratio is not None and 1 / 4096 < ratio < 64
+    below, above = max(1, round(ratio * p / 4)), round(ratio * p * 4)
+    kv, q = (prefill_time(s, p, below, problem, 8, link) for s in ("pass_kv", "pass_q"))
+    assert q < kv
+    kv, q = (prefill_time(s, p, above, problem, 8, link) for s in ("pass_kv", "pass_q"))
+    assert kv < q
+    at = max(1, round(ratio * p))
+    kv, q = (prefill_time(s, p, at, problem, 8, link) for s in ("pass_kv", "pass_q"))
+    assert abs(kv - q) <= 0.02 * kv
