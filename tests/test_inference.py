@@ -112,3 +112,16 @@ def test_the_crossover_separates_pass_q_from_pass_kv() -> None:
     at = max(1, round(ratio * p))
     kv, q = (prefill_time(s, p, at, problem, 8, link) for s in ("pass_kv", "pass_q"))
     assert abs(kv - q) <= 0.02 * kv
+
+
+def test_verify_runs_the_prefill_cases_after_the_training_ones() -> None:
+    """`run_verify(..., inference=True)` (what `cpbench verify --inference` calls): the
+    prefill records follow the training ones, marked, every one passed with its bytes equal to
+    the model's; an external impl is refused with the rule."""
+    from cpbench.app.verify import run_verify  # noqa: PLC0415
+
+    records = run_verify(2, cases=[], inference=True, timeout=300)
+    assert len(records) == len(default_prefill_cases(2))
+    assert all(r["inference"] == "prefill" and r["passed"] and r["bytes_match"] for r in records)
+    with pytest.raises(CpbenchError, match="own prefill schemes only"):
+        run_verify(2, cases=[], inference=True, impl="ring_flash_attn")

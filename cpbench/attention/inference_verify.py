@@ -115,7 +115,7 @@ def run_prefill_cases_on_rank(
     return out
 
 
-def default_prefill_cases(world: int) -> list[PrefillCase]:
+def default_prefill_cases(world: int, dtype: str = "float32") -> list[PrefillCase]:
     """The prefill matrix `cpbench verify --inference` checks on `world` ranks: every scheme x
     (P, T) with P = 0 (no cache), T = 1 (one new token), T < W (ranks with no new token), P
     and T not multiples of W (padded shards), T > P, and T << P; 8 query heads over 8, 2 and
@@ -136,5 +136,7 @@ def default_prefill_cases(world: int) -> list[PrefillCase]:
             for kv_heads in (8, 2, 1):
                 if scheme == "ulysses" and world % kv_heads and kv_heads % world:
                     continue
-                cases.append(prefill_case(scheme, world, cached_len, new_tokens, kv_heads=kv_heads))
+                cases.append(
+                    prefill_case(scheme, world, cached_len, new_tokens, kv_heads=kv_heads, dtype=dtype)
+                )
     return cases
