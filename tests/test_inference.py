@@ -16,6 +16,7 @@ from cpbench.attention.inference_verify import (
 from cpbench.bench.pool import WorkerPool
 from cpbench.config.problem import CpProblem
 from cpbench.errors import CpbenchError
+from cpbench.model.hardware.loading import load_profile
 from cpbench.model.inference import (
     PREFILL_SCHEMES,
     RingLink,
@@ -100,7 +101,7 @@ def test_the_crossover_separates_pass_q_from_pass_kv() -> None:
     """Llama-3-like GQA (8/1 heads, d 128, bf16) on 8 ranks: pass-Q is faster well below the
     crossover in T/P, pass-KV well above, and the times meet at it."""
     problem = CpProblem(seq_len=1, heads=8, kv_heads=1, head_dim=128, dtype="bfloat16")
-    link = RingLink(bandwidth=50e9, latency=10e-6, flops=400e12)
+    link = RingLink.from_profile(load_profile("h100-sxm"), "bfloat16", 8, 16384)
     p = 131072
     ratio = pass_kv_pass_q_crossover(p, problem, 8, link)
     assert ratio is not None and 1 / 4096 < ratio < 64

@@ -27,6 +27,7 @@ from scipy.optimize import brentq
 
 from cpbench.config.problem import CpProblem
 from cpbench.errors import CpbenchError
+from cpbench.model.hardware.profile import HardwareProfile, LinkTierProfile
 
 PrefillScheme = Literal["pass_kv", "pass_q", "all_gather", "ulysses"]
 """How the ranks exchange data in a prefill with a cached prefix (see the module docstring)."""
@@ -178,14 +179,30 @@ def prefill_bytes(case: PrefillCase) -> dict[str, int]:
 
 @dataclass(frozen=True)
 class RingLink:
-    """What the crossover needs of a mesh: the per-rank link and the attention FLOP rate."""
+    """What the crossover needs of a mesh: the link the ring's ranks share and the attention
+    FLOP rate of one rank."""
 
-    bandwidth: float
-    """Bytes per second one rank sends to its ring neighbour (and in an all-to-all)."""
-    latency: float
-    """Seconds per message, added to each hop and each all-to-all."""
+    link: LinkTierProfile
+    """The tier the ring crosses: its send/recv cost prices the hops, its all-to-all cost the
+    pass-Q partial outputs."""
     flops: float
     """Achieved attention FLOP/s of one rank (4 B H D per visible query-key pair)."""
+
+    @classmethod
+    def from_profile(
+        cls, profile: HardwareProfile, dtype: str, world: int, kernel_len: float
+    ) -> RingLink:
+        """The intra-node tier when `world` ranks fit one node, else the inter-node one; the
+        FLOP rate is the profile's peak for `dtype` x its efficiency curve at `kernel_len`
+        (the tokens of one kernel call)."""
+        if dtype not in profile.peak_tflops:
+            raise CpbenchError(
+                f"profile {profile.name!r} has no peak for dtype {dtype!r} (it has "
+                f"{', '.join(profile.peak_tflops)})"
+            )
+        tier = profile.intra_node if world <= profile.devices_per_node else profile.inter_node
+        flops = profile.peak_tflops[dtype] * 1e12 * profile.efficiency.at(kernel_len)
+        return cls(tier, flops)
 
 
 def prefill_time(
@@ -222,10 +239,10 @@ def prefill_time(
     if world == 1:
         return step
     hop_tag = "p2p_kv" if scheme == "pass_kv" else "p2p_q"
-    hop = link.latency + sent[hop_tag] / (world - 1) / link.bandwidth
+    hop = link.link.send_recv.seconds(sent[hop_tag] / (world - 1))
     total = step + (world - 1) * max(step, hop)
     if scheme == "pass_q":
-        total += 2 * link.latency + (sent["a2a_out"] + sent["a2a_lse"]) / link.bandwidth
+        total += link.link.all_to_all.seconds(sent["a2a_out"] + sent["a2a_lse"], calls=2)
     return total
 
 
