@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from cpbench.attention.inference_verify import run_prefill_cases_on_rank
+from cpbench.attention.inference_verify import run_decode_cases_on_rank, run_prefill_cases_on_rank
 from cpbench.attention.kernels import NaiveKernel
 from cpbench.attention.kernels.base import Band
-from cpbench.model.inference import PrefillCase
+from cpbench.model.inference import DecodeCase, PrefillCase
 
 
 class TopLeftCausalKernel(NaiveKernel):
@@ -31,3 +31,8 @@ class TopLeftCausalKernel(NaiveKernel):
 def prefill_with_wrong_offset(cases: list[PrefillCase]) -> list[dict | None]:
     """The prefill check of `cases` run with the top-left-causal kernel."""
     return run_prefill_cases_on_rank(cases, "cpu", TopLeftCausalKernel())
+
+
+def decode_with_wrong_offset(cases: list[DecodeCase]) -> list[dict | None]:
+    """The decode check of `cases` run with the top-left-causal kernel."""
+    return run_decode_cases_on_rank(cases, "cpu", TopLeftCausalKernel())

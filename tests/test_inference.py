@@ -9,8 +9,11 @@ from collections.abc import Callable
 import pytest
 
 from cpbench.attention.inference_verify import (
+    decode_case,
+    default_decode_cases,
     default_prefill_cases,
     prefill_case,
+    run_decode_cases_on_rank,
     run_prefill_cases_on_rank,
 )
 from cpbench.bench.pool import WorkerPool
@@ -20,13 +23,17 @@ from cpbench.model.hardware.loading import load_profile
 from cpbench.model.inference import (
     PREFILL_SCHEMES,
     RingLink,
+    cache_shard_len,
+    cache_visible,
+    kv_cache_bytes_per_rank,
+    longest_context,
     pass_kv_pass_q_crossover,
     prefill_bytes,
     prefill_time,
     split_sizes,
     split_starts,
 )
-from tests.inference_tasks import prefill_with_wrong_offset
+from tests.inference_tasks import decode_with_wrong_offset, prefill_with_wrong_offset
 
 Pool = Callable[[int], WorkerPool]
 
@@ -126,3 +133,41 @@ def test_verify_runs_the_prefill_cases_after_the_training_ones() -> None:
     assert all(r["inference"] == "prefill" and r["passed"] and r["bytes_match"] for r in records)
     with pytest.raises(CpbenchError, match="own prefill schemes only"):
         run_verify(2, cases=[], inference=True, impl="ring_flash_attn")
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_every_decode_step_matches_the_reference_bytes_and_cache(pool: Pool, world: int) -> None:
+    """1-8 new tokens over contiguous and interleaved caches: output within verify's bound,
+    bytes sent equal to `decode_bytes`, and the largest cache shard's tensors exactly
+    `kv_cache_bytes_per_rank` bytes."""
+    cases = default_decode_cases(world)
+    records = pool(world).run(run_decode_cases_on_rank, cases, timeout=300)[0]
+    assert len(records) == len(cases)
+    for r in records:
+        assert "error" not in r, r
+        assert r["max_error"] <= r["tolerance"], r["label"]
+        assert r["bytes"] == r["analytic_bytes"], r["label"]
+        assert r["cache_bytes"] == r["analytic_cache_bytes"], r["label"]
+
+
+def test_decode_with_a_wrong_offset_fails(pool: Pool) -> None:
+    """The decode check catches a top-left causal mask (each query of a shard sees only the
+    keys up to its own row index): far outside the bound."""
+    cases = [decode_case(layout, 2, 12, 3) for layout in ("contiguous", "interleaved")]
+    records = pool(2).run(decode_with_wrong_offset, cases, timeout=120)[0]
+    for r in records:
+        assert r["passed"] is False and r["max_error"] > 100 * r["tolerance"], r["label"]
+
+
+def test_cache_shards_and_capacity() -> None:
+    """Interleaved shards hold positions r, r + W, ...; the visible prefix counts by hand."""
+    assert [cache_shard_len(10, 4, r, "interleaved") for r in range(4)] == [3, 3, 2, 2]
+    assert [cache_shard_len(10, 4, r, "contiguous") for r in range(4)] == [3, 3, 2, 2]
+    assert cache_visible(10, 4, 1, "interleaved", 5) == 2  # positions 1, 5
+    assert cache_visible(10, 4, 3, "interleaved", 2) == 0
+    assert cache_visible(10, 4, 1, "contiguous", 4) == 2  # positions 3, 4 of 3..5
+    assert kv_cache_bytes_per_rank(10, 4, 2, 64, "bfloat16") == 3 * 2 * 2 * 64 * 2
+    # 80 GB, 8 KV heads x 128 x bf16 x 126 layers = 516096 B per token; x 8 ranks
+    assert longest_context(80e9, 8, 8, 128, "bfloat16", 126) == (80_000_000_000 // 516096) * 8
+    with pytest.raises(CpbenchError, match="1 <= new_tokens <= 8"):
+        decode_case("interleaved", 2, 4, 9)

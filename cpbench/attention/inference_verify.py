@@ -14,13 +14,24 @@ import torch.distributed as dist
 
 from cpbench.attention.comm import ByteCounter, counting
 from cpbench.attention.inference import prefill_attention, shard_prefill, unshard_prefill
+from cpbench.attention.inference_decode import decode_attention, shard_cache
 from cpbench.attention.kernels import LocalKernel
 from cpbench.attention.mesh import build_mesh
 from cpbench.attention.reference import reference_attention
 from cpbench.bench.reference import TORCH_DTYPES, error_bound
 from cpbench.config.problem import CpProblem
 from cpbench.errors import CpbenchError
-from cpbench.model.inference import PREFILL_SCHEMES, PrefillCase, check_scheme, prefill_bytes
+from cpbench.model.inference import (
+    CACHE_LAYOUTS,
+    PREFILL_SCHEMES,
+    DecodeCase,
+    PrefillCase,
+    check_cache_layout,
+    check_scheme,
+    decode_bytes,
+    kv_cache_bytes_per_rank,
+    prefill_bytes,
+)
 
 
 def prefill_case(
@@ -137,6 +148,111 @@ def default_prefill_cases(world: int, dtype: str = "float32") -> list[PrefillCas
                 if scheme == "ulysses" and world % kv_heads and kv_heads % world:
                     continue
                 cases.append(
-                    prefill_case(scheme, world, cached_len, new_tokens, kv_heads=kv_heads, dtype=dtype)
+                    prefill_case(
+                        scheme, world, cached_len, new_tokens, kv_heads=kv_heads, dtype=dtype
+                    )
                 )
+    return cases
+
+
+def decode_case(
+    layout: str,
+    world: int,
+    cached_len: int,
+    new_tokens: int,
+    heads: int = 8,
+    kv_heads: int = 8,
+    head_dim: int = 16,
+    dtype: str = "float32",
+    seed: int = 0,
+) -> DecodeCase:
+    """A `DecodeCase` on a 1 x W mesh."""
+    problem = CpProblem(
+        seq_len=cached_len + new_tokens,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        dtype=dtype,  # type: ignore[arg-type]  # checked by CpProblem
+        ring=world,
+    )
+    return DecodeCase(problem, cached_len, new_tokens, check_cache_layout(layout), seed)
+
+
+def run_decode_case_on_rank(
+    case: DecodeCase, device: torch.device, kernel: str | LocalKernel = "auto"
+) -> dict | None:
+    """Collective: one decode step on every rank; rank 0 returns its record (output error
+    against the reference, bytes against `decode_bytes`, its cache shard's bytes against
+    `kv_cache_bytes_per_rank`), the others None."""
+    p = case.problem
+    dtype = TORCH_DTYPES[p.dtype]
+    g = torch.Generator().manual_seed(case.seed)
+    total = case.cached_len + case.new_tokens
+    q = torch.randn(p.batch, case.new_tokens, p.heads, p.head_dim, generator=g).to(device)
+    k, v = (
+        torch.randn(p.batch, total, p.kv_heads, p.head_dim, generator=g).to(device)
+        for _ in range(2)
+    )
+    mesh = build_mesh(1, p.ring)
+    lk, lv = (t.to(dtype) for t in shard_cache(k, v, mesh, case.layout))
+    counter = ByteCounter()
+    with counting(counter):
+        out = decode_attention(q.to(dtype), lk, lv, mesh, case.cached_len, case.layout, kernel)
+    sent = dict(counter.as_dict().get("fwd", {}))
+    cache_bytes = torch.tensor([lk.nbytes + lv.nbytes], dtype=torch.int64)
+    dist.all_reduce(cache_bytes, op=dist.ReduceOp.MAX, group=mesh.cp_group)
+    if dist.get_rank() != 0:
+        return None
+    rq, rk, rv = (t.to(dtype).double() for t in (q, k, v))
+    ref = reference_attention(rq, rk, rv, causal=True, causal_offset=case.cached_len)
+    error = float((out.double() - ref).abs().max())
+    bound = error_bound(p.dtype, ref)
+    analytic = decode_bytes(case.new_tokens, p.ring, p.heads, p.head_dim, p.dtype, p.batch)
+    analytic_cache = kv_cache_bytes_per_rank(
+        total, p.ring, p.kv_heads, p.head_dim, p.dtype, p.batch
+    )
+    return {
+        **asdict(p),
+        "label": case.label,
+        "scheme": f"decode_{case.layout}",
+        "cached_len": case.cached_len,
+        "new_tokens": case.new_tokens,
+        "max_error": error,
+        "tolerance": bound,
+        "bytes": sent,
+        "analytic_bytes": analytic,
+        "bytes_match": sent == analytic,
+        "cache_bytes": int(cache_bytes),
+        "analytic_cache_bytes": analytic_cache,
+        "passed": error <= bound and sent == analytic and int(cache_bytes) == analytic_cache,
+    }
+
+
+def run_decode_cases_on_rank(
+    cases: list[DecodeCase], device: str = "cpu", kernel: str | LocalKernel = "auto"
+) -> list[dict | None]:
+    """Pool task: run a batch of decode cases; a CpbenchError in one is recorded."""
+    dev = torch.device(device)
+    out: list[dict | None] = []
+    for case in cases:
+        try:
+            out.append(run_decode_case_on_rank(case, dev, kernel))
+        except CpbenchError as exc:  # deterministic on every rank: no collective is left open
+            out.append({"label": case.label, "passed": False, "error": str(exc)})
+    return out
+
+
+def default_decode_cases(world: int, dtype: str = "float32") -> list[DecodeCase]:
+    """Decode steps of 1 to 8 new tokens over both cache layouts: no earlier cache (P = 0),
+    a cache shorter than the ranks, and caches not a multiple of W; GQA 8/8 and 8/1."""
+    cases = []
+    for layout in CACHE_LAYOUTS:
+        for cached_len in (0, world - 1 or 1, 16 * world + 3, 64 * world):
+            for new_tokens in (1, 2, 5, 8):
+                for kv_heads in (8, 1):
+                    cases.append(
+                        decode_case(
+                            layout, world, cached_len, new_tokens, kv_heads=kv_heads, dtype=dtype
+                        )
+                    )
     return cases

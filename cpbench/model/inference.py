@@ -265,3 +265,106 @@ def pass_kv_pass_q_crossover(
     if gap(lo) * gap(hi) > 0:
         return None
     return float(brentq(gap, lo, hi, xtol=1e-6))
+
+
+CacheLayout = Literal["contiguous", "interleaved"]
+"""How a decode's KV cache is sharded by sequence: contiguous (rank r holds the r-th of
+`split_sizes(N, W)`) or interleaved (rank r holds positions r, r + W, r + 2W, ...: the cache
+grows evenly over the ranks, one token each in turn)."""
+CACHE_LAYOUTS: tuple[CacheLayout, ...] = get_args(CacheLayout)
+
+
+def check_cache_layout(layout: str) -> CacheLayout:
+    """`layout` as a `CacheLayout`; CpbenchError naming it when it is none."""
+    for known in CACHE_LAYOUTS:
+        if layout == known:
+            return known
+    raise CpbenchError(f"cache layout {layout!r} is not one of {', '.join(CACHE_LAYOUTS)}")
+
+
+def cache_shard_len(total: int, world: int, rank: int, layout: CacheLayout) -> int:
+    """Cached tokens rank `rank` holds of `total` (contiguous: `split_sizes`; interleaved:
+    the positions p < total with p mod W = rank)."""
+    if layout == "contiguous":
+        return split_sizes(total, world)[rank]
+    return max(0, (total - rank + world - 1) // world)
+
+
+def cache_visible(total: int, world: int, rank: int, layout: CacheLayout, position: int) -> int:
+    """How many of rank `rank`'s cached keys a query at `position` sees (causal: key
+    positions <= position). Local keys are in increasing position, so they are a prefix."""
+    held = cache_shard_len(total, world, rank, layout)
+    if layout == "contiguous":
+        start = split_starts(total, world)[rank]
+        return min(held, max(0, position + 1 - start))
+    return min(held, 0 if position < rank else (position - rank) // world + 1)
+
+
+def kv_cache_bytes_per_rank(
+    total: int, world: int, kv_heads: int, head_dim: int, dtype: str, batch: int = 1
+) -> int:
+    """KV-cache bytes (one layer) of the rank holding the most of `total` tokens: ceil(N / W)
+    tokens x 2 (K and V) x KV heads x head dim x element bytes x batch (both layouts put
+    ceil(N / W) on rank 0)."""
+    return batch * -(-total // world) * 2 * kv_heads * head_dim * _DTYPE_BYTES[dtype]
+
+
+def longest_context(
+    memory_bytes: float, world: int, kv_heads: int, head_dim: int, dtype: str, layers: int
+) -> int:
+    """The most tokens whose KV cache over `layers` layers fits `memory_bytes` per rank when
+    sharded over `world` ranks (by sequence)."""
+    per_token = 2 * kv_heads * head_dim * _DTYPE_BYTES[dtype] * layers
+    return int(memory_bytes // per_token) * world
+
+
+def decode_bytes(
+    new_tokens: int, world: int, heads: int, head_dim: int, dtype: str, batch: int = 1
+) -> dict[str, int]:
+    """Bytes one rank sends in a decode step over a sequence-sharded cache: the all-gather of
+    every rank's partial output (inputs' dtype) and LSE (fp32) for the T new queries; the
+    queries themselves are on every rank already."""
+    if world == 1:
+        return {}
+    out = batch * new_tokens * heads * head_dim * _DTYPE_BYTES[dtype]
+    lse = batch * heads * new_tokens * LSE_BYTES
+    return {"allgather_out": (world - 1) * out, "allgather_lse": (world - 1) * lse}
+
+
+@dataclass(frozen=True)
+class DecodeCase:
+    """One decode step of `new_tokens` queries over a cache of cached_len + new_tokens keys
+    sharded by sequence over the problem's ring of W ranks (U = 1)."""
+
+    problem: CpProblem
+    """Heads, KV heads, head dim, batch, dtype, mesh (seq_len = cached_len + new_tokens)."""
+    cached_len: int
+    """P: tokens cached before this step."""
+    new_tokens: int
+    """T: 1 to 8 new queries (their K/V appended to the cache)."""
+    layout: CacheLayout
+    """How the cache is sharded (`CACHE_LAYOUTS`)."""
+    seed: int = 0
+    """Seed of the global inputs (verify)."""
+
+    def __post_init__(self) -> None:
+        check_cache_layout(self.layout)
+        if not 1 <= self.new_tokens <= 8 or self.cached_len < 0:
+            raise CpbenchError(
+                f"decode needs 1 <= new_tokens <= 8 and cached_len >= 0, got new_tokens "
+                f"{self.new_tokens}, cached_len {self.cached_len}"
+            )
+        total = self.cached_len + self.new_tokens
+        if self.problem.seq_len != total or self.problem.ulysses != 1:
+            raise CpbenchError(
+                f"a decode case's problem has seq_len cached_len + new_tokens = {total} "
+                f"(got {self.problem.seq_len}) and U = 1 (got {self.problem.ulysses})"
+            )
+
+    @property
+    def label(self) -> str:
+        p = self.problem
+        return (
+            f"decode {self.layout} W{p.ring} P{self.cached_len} T{self.new_tokens} "
+            f"h{p.heads}/{p.kv_heads} d{p.head_dim} b{p.batch} {p.dtype}"
+        )
