@@ -127,10 +127,15 @@ def test_verify_runs_the_prefill_cases_after_the_training_ones() -> None:
     prefill records follow the training ones, marked, every one passed with its bytes equal to
     the model's; an external impl is refused with the rule."""
     from cpbench.app.verify import run_verify  # noqa: PLC0415
+    from cpbench.config.bench import VerifyCase  # noqa: PLC0415
 
-    records = run_verify(2, cases=[], inference=True, timeout=300)
-    assert len(records) == len(default_prefill_cases(2))
-    assert all(r["inference"] == "prefill" and r["passed"] and r["bytes_match"] for r in records)
+    trained = VerifyCase(ring=2, heads=8, kv_heads=8, head_dim=16, seq_len=64, dtype="float32")
+    records = run_verify(2, cases=[trained], inference=True, timeout=300)
+    assert records[0]["label"] == trained.label and "inference" not in records[0]
+    records = records[1:]
+    assert len(records) == len(default_prefill_cases(2)) + len(default_decode_cases(2))
+    assert [r["inference"] for r in records].count("decode") == len(default_decode_cases(2))
+    assert all(r["passed"] and r["bytes_match"] for r in records)
     with pytest.raises(CpbenchError, match="own prefill schemes only"):
         run_verify(2, cases=[], inference=True, impl="ring_flash_attn")
 

@@ -213,7 +213,8 @@ def run_verify(
     """Spawn `world_size` ranks once and run every case; returns rank 0's records (cases the
     impl cannot run are records with `skipped` set and `passed` None). With `inference`, the
     prefill-with-a-cached-prefix cases (`inference_verify.default_prefill_cases`) run after
-    them on the same ranks; their records carry `"inference": "prefill"`.
+    them on the same ranks, then the decode steps (`default_decode_cases`); their records carry
+`"inference": "prefill"` or `"decode"`.
 
     Under torchrun or srun the launched processes are the world: every rank calls this and
     runs the cases in place (`world_size` must be the launched world's); every rank returns
@@ -262,21 +263,24 @@ def run_verify(
 
 
 def _prefill_cases(world_size: int, dtype: Dtype, impl: str) -> list:
-    """The prefill cases of `--inference` (cpbench's own schemes only)."""
-    from cpbench.attention.inference_verify import default_prefill_cases  # noqa: PLC0415
+    """The prefill and decode cases of `--inference` (cpbench's own schemes only)."""
+    from cpbench.attention.inference_verify import (  # noqa: PLC0415
+        default_decode_cases,
+        default_prefill_cases,
+    )
 
     if impl != DEFAULT_IMPL:
         raise CpbenchError(
             f"inference cases run cpbench's own prefill schemes only, not impl {impl!r}"
         )
-    return default_prefill_cases(world_size, dtype)
+    return [*default_prefill_cases(world_size, dtype), *default_decode_cases(world_size, dtype)]
 
 
 def _prefill_records(
     run: Callable[..., list], cases: list, device: Device, kernel: Backend, timeout: float
 ) -> list[dict]:
-    """Rank 0's prefill records, each marked `"inference": "prefill"`."""
-    from cpbench.attention.inference_verify import run_prefill_cases_on_rank  # noqa: PLC0415
+    """Rank 0's prefill and decode records, each marked `"inference": "prefill"|"decode"`."""
+    from cpbench.attention.inference_verify import run_inference_cases_on_rank  # noqa: PLC0415
 
-    per_rank = run(run_prefill_cases_on_rank, cases, device, kernel, timeout=timeout)
-    return [{**r, "inference": "prefill"} for r in per_rank[0] if r is not None]
+    per_rank = run(run_inference_cases_on_rank, cases, device, kernel, timeout=timeout)
+    return [r for r in per_rank[0] if r is not None]

@@ -238,7 +238,8 @@ def run_decode_cases_on_rank(
         try:
             out.append(run_decode_case_on_rank(case, dev, kernel))
         except CpbenchError as exc:  # deterministic on every rank: no collective is left open
-            out.append({"label": case.label, "passed": False, "error": str(exc)})
+            scheme = f"decode_{case.layout}"
+            out.append({"label": case.label, "scheme": scheme, "passed": False, "error": str(exc)})
     return out
 
 
@@ -256,3 +257,20 @@ def default_decode_cases(world: int, dtype: str = "float32") -> list[DecodeCase]
                         )
                     )
     return cases
+
+
+def run_inference_cases_on_rank(
+    cases: list[PrefillCase | DecodeCase], device: str = "cpu", kernel: str | LocalKernel = "auto"
+) -> list[dict | None]:
+    """Pool task: prefill and decode cases in order, each record marked with its phase
+    (`"inference": "prefill"` or `"decode"`)."""
+    out: list[dict | None] = []
+    for case in cases:
+        if isinstance(case, PrefillCase):
+            record = run_prefill_cases_on_rank([case], device, kernel)[0]
+            phase = "prefill"
+        else:
+            record = run_decode_cases_on_rank([case], device, kernel)[0]
+            phase = "decode"
+        out.append(None if record is None else {**record, "inference": phase})
+    return out

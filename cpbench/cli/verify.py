@@ -65,8 +65,9 @@ def verify(
         typer.Option(
             "--inference/--no-inference",
             help="Also check prefill with a cached prefix (forward; pass-KV, pass-Q, "
-            "all-gather, Ulysses) for P = 0, T = 1, uneven shards and GQA, outputs against "
-            "the float64 reference and bytes sent against the analytic model.",
+            "all-gather, Ulysses) for P = 0, T = 1, uneven shards and GQA, and decode steps "
+            "of 1-8 tokens over contiguous and interleaved KV caches: outputs against the "
+            "float64 reference, bytes sent against the analytic model.",
         ),
     ] = False,
 ) -> None:
@@ -132,10 +133,11 @@ def verify(
 
 
 def _prefill_table(records: list[dict]) -> Table:
-    """One row per prefill scheme: cases passed, the largest max |error| and its bound, and
-    whether every case's bytes sent equal the analytic bytes."""
-    table = Table(title="prefill with a cached prefix (forward, vs float64 reference)")
-    for name in ("scheme", "passed", "max |error|", "its bound", "bytes = analytic"):
+    """One row per prefill scheme and decode cache layout: cases passed, the largest max
+    |out - reference| (absolute) and its bound, and whether every case's bytes sent equal the
+    analytic bytes."""
+    table = Table(title="inference: prefill with a cached prefix, decode (forward, vs float64)")
+    for name in ("scheme", "passed", "max abs error", "its bound", "bytes = analytic"):
         table.add_column(name)
     for scheme in dict.fromkeys(r["scheme"] for r in records):
         rows = [r for r in records if r["scheme"] == scheme]
