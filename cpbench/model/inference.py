@@ -26,17 +26,17 @@ from typing import Literal, get_args
 from scipy.optimize import brentq
 
 from cpbench.config.problem import CpProblem
+from cpbench.config.vocabulary import dtype_bytes
 from cpbench.errors import CpbenchError
+from cpbench.model.formulas import FP32_BYTES
 from cpbench.model.hardware.profile import HardwareProfile, LinkTierProfile
 
 PrefillScheme = Literal["pass_kv", "pass_q", "all_gather", "ulysses"]
 """How the ranks exchange data in a prefill with a cached prefix (see the module docstring)."""
 PREFILL_SCHEMES: tuple[PrefillScheme, ...] = get_args(PrefillScheme)
 
-LSE_BYTES = 4
+LSE_BYTES = FP32_BYTES
 """The LSE travels in fp32 (natural log), whatever the inputs' dtype."""
-
-_DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 
 
 def check_scheme(scheme: str) -> PrefillScheme:
@@ -134,7 +134,7 @@ class PrefillCase:
 
     @property
     def element_bytes(self) -> int:
-        return _DTYPE_BYTES[self.problem.dtype]
+        return self.problem.bytes_per_element
 
 
 def ulysses_kv_heads(kv_heads: int, world: int) -> int:
@@ -306,7 +306,7 @@ def kv_cache_bytes_per_rank(
     """KV-cache bytes (one layer) of the rank holding the most of `total` tokens: ceil(N / W)
     tokens x 2 (K and V) x KV heads x head dim x element bytes x batch (both layouts put
     ceil(N / W) on rank 0)."""
-    return batch * -(-total // world) * 2 * kv_heads * head_dim * _DTYPE_BYTES[dtype]
+    return batch * -(-total // world) * 2 * kv_heads * head_dim * dtype_bytes(dtype)
 
 
 def longest_context(
@@ -314,7 +314,7 @@ def longest_context(
 ) -> int:
     """The most tokens whose KV cache over `layers` layers fits `memory_bytes` per rank when
     sharded over `world` ranks (by sequence)."""
-    per_token = 2 * kv_heads * head_dim * _DTYPE_BYTES[dtype] * layers
+    per_token = 2 * kv_heads * head_dim * dtype_bytes(dtype) * layers
     return int(memory_bytes // per_token) * world
 
 
@@ -326,7 +326,7 @@ def decode_bytes(
     queries themselves are on every rank already."""
     if world == 1:
         return {}
-    out = batch * new_tokens * heads * head_dim * _DTYPE_BYTES[dtype]
+    out = batch * new_tokens * heads * head_dim * dtype_bytes(dtype)
     lse = batch * heads * new_tokens * LSE_BYTES
     return {"allgather_out": (world - 1) * out, "allgather_lse": (world - 1) * lse}
 
