@@ -29,6 +29,8 @@ from cpbench.model.inference import (
     longest_context,
     pass_kv_pass_q_crossover,
     prefill_bytes,
+    prefill_imbalance,
+    prefill_pairs_per_rank,
     prefill_time,
     split_sizes,
     split_starts,
@@ -176,3 +178,14 @@ def test_cache_shards_and_capacity() -> None:
     assert longest_context(80e9, 8, 8, 128, "bfloat16", 126) == (80_000_000_000 // 516096) * 8
     with pytest.raises(CpbenchError, match="1 <= new_tokens <= 8"):
         decode_case("interleaved", 2, 4, 9)
+
+
+def test_prefill_work_per_rank_sums_to_the_causal_pairs() -> None:
+    """Pairs per rank sum to T P + T (T + 1) / 2 for every split (uneven ones included); the
+    imbalance of contiguous new-token shards by hand: W = 2, T = P = 8: rank 0 sees 4 x 8 +
+    (1 + 2 + 3 + 4), rank 1 4 x 8 + 4 x 4 + 10."""
+    for p, t, w in ((0, 1, 4), (5, 3, 4), (2048, 32, 2), (100, 77, 8)):
+        assert sum(prefill_pairs_per_rank(p, t, w)) == t * p + t * (t + 1) // 2
+    assert prefill_pairs_per_rank(8, 8, 2) == (42, 58)
+    assert prefill_imbalance(8, 8, 2) == pytest.approx(58 / 50, abs=1e-12)
+    assert prefill_imbalance(131072, 1024, 8) < 1.01

@@ -213,14 +213,14 @@ def prefill_time(
     world: int,
     link: RingLink,
 ) -> float:
-    """Modelled seconds of one ring prefill: W compute steps of equal work (the causal work of
-    T queries on P + T keys, 4 B H D per visible pair, spread over W x W steps), each of the
-    W - 1 hops overlapped with a step (a step takes the longer of the two), and for pass_q the
-    all-to-all of the partial outputs and LSEs after the ring (not overlapped: nothing is left
-    to compute)."""
+    """Modelled seconds of one ring prefill: W compute steps, each a W-th of the busiest rank's
+    work (`prefill_pairs_per_rank`, 4 B H D FLOPs per visible pair: the ring waits for its
+    slowest rank), each of the W - 1 hops overlapped with a step (a step takes the longer of
+    the two), and for pass_q the all-to-all of the partial outputs and LSEs after the ring
+    (not overlapped: nothing is left to compute)."""
     p = problem
-    pairs = new_tokens * cached_len + new_tokens * (new_tokens + 1) / 2
-    step = 4 * p.batch * p.heads * p.head_dim * pairs / world**2 / link.flops
+    pairs = max(prefill_pairs_per_rank(cached_len, new_tokens, world))
+    step = 4 * p.batch * p.heads * p.head_dim * pairs / world / link.flops
     case = PrefillCase(
         CpProblem(
             seq_len=cached_len + new_tokens,
@@ -368,3 +368,21 @@ class DecodeCase:
             f"decode {self.layout} W{p.ring} P{self.cached_len} T{self.new_tokens} "
             f"h{p.heads}/{p.kv_heads} d{p.head_dim} b{p.batch} {p.dtype}"
         )
+
+
+def prefill_pairs_per_rank(cached_len: int, new_tokens: int, world: int) -> tuple[int, ...]:
+    """Visible query-key pairs each rank computes in a ring prefill (pass-KV and pass-Q alike:
+    rank r's new-token queries against every cache key, and causally against the new keys up
+    to their own position). They sum to T P + T (T + 1) / 2; with contiguous new-token shards
+    the last rank has the most (its queries see the most new keys), so the ring's time is
+    the max, not the mean (`prefill_imbalance`). FLOPs: 4 B H D per pair."""
+    starts, sizes = split_starts(new_tokens, world), split_sizes(new_tokens, world)
+    # queries at new offsets s..s+n-1 see P cached keys and (offset + 1) new keys each
+    return tuple(n * cached_len + n * starts[r] + n * (n + 1) // 2 for r, n in enumerate(sizes))
+
+
+def prefill_imbalance(cached_len: int, new_tokens: int, world: int) -> float:
+    """max / mean of `prefill_pairs_per_rank`: 1 is balanced; T << P tends to 1 (the cache
+    part is the same for every query); T = P = 8, W = 2: 58 / 50."""
+    pairs = prefill_pairs_per_rank(cached_len, new_tokens, world)
+    return max(pairs) / (sum(pairs) / world)
