@@ -120,12 +120,17 @@ def calibrate_task(world: int, kv_heads: int, iters: int) -> dict:
         xs = [4 * n * sent for n in sizes]  # bytes a rank sends (the model's counting)
         ys = [slowest(fn, torch.randn(n)) for n in sizes]
         fit = linregress(xs, ys)
-        fits[name] = {"latency_s": max(fit.intercept, 0.0), "busbw": 1 / fit.slope}
+        # under load the time need not grow with the size: a slope <= 0 is no bandwidth (inf)
+        busbw = 1 / fit.slope if fit.slope > 0 else math.inf
+        fits[name] = {"latency_s": max(fit.intercept, 0.0), "busbw": busbw, "r2": fit.rvalue**2}
     return {"flops": flops, **fits}
 
 
-def measured_link(cal: dict) -> RingLink:
-    """The crossover model's link and FLOP rate from `calibrate_task`'s numbers."""
+def measured_link(cal: dict) -> RingLink | None:
+    """The crossover model's link and FLOP rate from `calibrate_task`'s numbers; None when a
+    fit found no bandwidth (time not growing with the message size: a loaded machine)."""
+    if any(math.isinf(cal[name]["busbw"]) for name in ("send_recv", "all_to_all")):
+        return None
     costs = {
         name: LinkCost(cal[name]["latency_s"], cal[name]["busbw"], "measured by this benchmark")
         for name in ("send_recv", "all_to_all")
@@ -186,9 +191,11 @@ def main() -> None:
     print(
         f"measured here: kernel {cal['flops'] / 1e9:.2f} GFLOP/s per rank; send/recv "
         f"{1e6 * cal['send_recv']['latency_s']:.0f} us + bytes / "
-        f"{cal['send_recv']['busbw'] / 1e9:.2f} GB/s; all-to-all "
+        f"{cal['send_recv']['busbw'] / 1e9:.2f} GB/s (fit r2 {cal['send_recv']['r2']:.2f}); "
+        f"all-to-all "
         f"{1e6 * cal['all_to_all']['latency_s']:.0f} us + bytes / "
-        f"{cal['all_to_all']['busbw'] / 1e9:.2f} GB/s (bytes: what a rank sends)"
+        f"{cal['all_to_all']['busbw'] / 1e9:.2f} GB/s (fit r2 {cal['all_to_all']['r2']:.2f}; "
+        f"bytes: what a rank sends)"
     )
     print(
         f"{'T/P':>7} {'T':>5} {'pass_kv ms':>22} {'pass_q ms':>22} {'kv/q':>6} "
@@ -198,7 +205,7 @@ def main() -> None:
         t = r["new_tokens"]
         link = RingLink.from_profile(profile, "float32", args.world, (p + t) / args.world)
         model = {s: prefill_time(s, p, t, problem, args.world, link) for s in SCHEMES}
-        fitted = {s: prefill_time(s, p, t, problem, args.world, here) for s in SCHEMES}
+        fitted = {s: prefill_time(s, p, t, problem, args.world, here or link) for s in SCHEMES}
         cells = []
         for s in SCHEMES:
             ts = r["times"][s]
@@ -228,11 +235,15 @@ def main() -> None:
         print(
             f"{r['ratio']:7.4f} {t:5d} {cells[0]:>22} {cells[1]:>22} {ratio:6.2f} "
             f"{model['pass_kv'] / model['pass_q']:10.2f} "
-            f"{fitted['pass_kv'] / fitted['pass_q']:7.2f} {'yes' if match else 'NO'}"
+            f"{fitted['pass_kv'] / fitted['pass_q'] if here else math.nan:7.2f} "
+            f"{'yes' if match else 'NO'}"
         )
     link = RingLink.from_profile(profile, "float32", args.world, p / args.world)
     print(f"measured crossover T/P: {measured_crossover(rows)}")
     for name, priced in (("cpu-local profile", link), ("measured kernel + link", here)):
+        if priced is None:
+            print(f"model crossover T/P ({name}): not priced, a link fit found no bandwidth")
+            continue
         crossover = pass_kv_pass_q_crossover(p, problem, args.world, priced)
         print(f"model crossover T/P ({name}): {crossover}")
     if args.json:
