@@ -24,6 +24,7 @@ named in the result; cases the library cannot run are reported as skipped with i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, replace
 
 import torch
@@ -207,9 +208,13 @@ def run_verify(
     impl: str = DEFAULT_IMPL,
     masks: bool = True,
     cp_comms: tuple[CpComm, ...] = CP_COMMS,
+    inference: bool = False,
 ) -> list[dict]:
     """Spawn `world_size` ranks once and run every case; returns rank 0's records (cases the
-    impl cannot run are records with `skipped` set and `passed` None).
+    impl cannot run are records with `skipped` set and `passed` None). With `inference`, the
+    prefill-with-a-cached-prefix cases (`inference_verify.default_prefill_cases`) run after
+    them on the same ranks, then the decode steps (`default_decode_cases`); their records carry
+`"inference": "prefill"` or `"decode"`.
 
     Under torchrun or srun the launched processes are the world: every rank calls this and
     runs the cases in place (`world_size` must be the launched world's); every rank returns
@@ -231,7 +236,9 @@ def run_verify(
     if cases is None:
         cases = default_cases(world_size, dtype, kernel, impl, masks, cp_comms)
     runnable, skipped = split_cases(cases, device)
+    prefill = _prefill_cases(world_size, dtype, impl) if inference else []
     ran: list[dict] = []
+    inferred: list[dict] = []
     if launched:
         with launched_world(device, timeout) as world:
             if world.world_size != world_size:
@@ -241,9 +248,39 @@ def run_verify(
             if runnable:
                 per_rank = world.run(run_cases_on_rank, runnable, device, timeout=timeout)
                 ran = [r for r in per_rank[0] if r is not None]
-    elif runnable:
+            if prefill:
+                inferred = _prefill_records(world.run, prefill, device, kernel, timeout)
+    elif runnable or prefill:
         with WorkerPool(WorldSpec(world_size, device)) as pool:
-            per_rank = pool.run(run_cases_on_rank, runnable, device, timeout=timeout)
-        ran = [r for r in per_rank[0] if r is not None]
+            if runnable:
+                per_rank = pool.run(run_cases_on_rank, runnable, device, timeout=timeout)
+                ran = [r for r in per_rank[0] if r is not None]
+            if prefill:
+                inferred = _prefill_records(pool.run, prefill, device, kernel, timeout)
     order = {case.label: i for i, case in enumerate(cases)}
-    return sorted(ran + skipped, key=lambda r: order.get(r["label"], len(order)))
+    trained = sorted(ran + skipped, key=lambda r: order.get(r["label"], len(order)))
+    return trained + inferred
+
+
+def _prefill_cases(world_size: int, dtype: Dtype, impl: str) -> list:
+    """The prefill and decode cases of `--inference` (cpbench's own schemes only)."""
+    from cpbench.attention.inference_verify import (  # noqa: PLC0415
+        default_decode_cases,
+        default_prefill_cases,
+    )
+
+    if impl != DEFAULT_IMPL:
+        raise CpbenchError(
+            f"inference cases run cpbench's own prefill schemes only, not impl {impl!r}"
+        )
+    return [*default_prefill_cases(world_size, dtype), *default_decode_cases(world_size, dtype)]
+
+
+def _prefill_records(
+    run: Callable[..., list], cases: list, device: Device, kernel: Backend, timeout: float
+) -> list[dict]:
+    """Rank 0's prefill and decode records, each marked `"inference": "prefill"|"decode"`."""
+    from cpbench.attention.inference_verify import run_inference_cases_on_rank  # noqa: PLC0415
+
+    per_rank = run(run_inference_cases_on_rank, cases, device, kernel, timeout=timeout)
+    return [r for r in per_rank[0] if r is not None]

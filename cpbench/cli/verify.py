@@ -6,6 +6,7 @@ import json
 from typing import Annotated
 
 import typer
+from rich.table import Table
 
 from cpbench.cli.common import command, console, resolve_device
 from cpbench.config.impls import IMPLS, Impl
@@ -59,6 +60,16 @@ def verify(
             "also all-gathered, the Llama 3 scheme), p2p (the ring only) or all_gather only.",
         ),
     ] = "both",
+    inference: Annotated[
+        bool,
+        typer.Option(
+            "--inference/--no-inference",
+            help="Also check prefill with a cached prefix (forward; pass-KV, pass-Q, "
+            "all-gather, Ulysses) for P = 0, T = 1, uneven shards and GQA, and decode steps "
+            "of 1-8 tokens over contiguous and interleaved KV caches: outputs against the "
+            "float64 reference, bytes sent against the analytic model.",
+        ),
+    ] = False,
 ) -> None:
     """Check every scheme x layout x mask x GQA case against the single-process reference.
 
@@ -91,6 +102,7 @@ def verify(
         impl=impl,
         masks=masks,
         cp_comms=CP_COMM_CHOICES[cp_comm],
+        inference=inference,
     )
     failed = [r for r in records if r["passed"] is False]
     if launch is not None and launch.rank != 0:
@@ -109,9 +121,32 @@ def verify(
             )
         )
     else:
-        for renderable in verify_tables(records, n, dev, impl):
+        trained = [r for r in records if "inference" not in r]
+        for renderable in verify_tables(trained, n, dev, impl):
             console.print(renderable, highlight=False)
+        if inference:
+            console.print(_prefill_table([r for r in records if "inference" in r]))
     if failed:
         raise typer.Exit(EXIT_WRONG_RESULT)
 
 
+
+
+def _prefill_table(records: list[dict]) -> Table:
+    """One row per prefill scheme and decode cache layout: cases passed, the largest max
+    |out - reference| (absolute) and its bound, and whether every case's bytes sent equal the
+    analytic bytes."""
+    table = Table(title="inference: prefill with a cached prefix, decode (forward, vs float64)")
+    for name in ("scheme", "passed", "max abs error", "its bound", "bytes = analytic"):
+        table.add_column(name)
+    for scheme in dict.fromkeys(r["scheme"] for r in records):
+        rows = [r for r in records if r["scheme"] == scheme]
+        worst = max(rows, key=lambda r: r.get("max_error", float("inf")))
+        table.add_row(
+            scheme,
+            f"{sum(bool(r['passed']) for r in rows)}/{len(rows)}",
+            f"{worst.get('max_error', float('nan')):.2e}" if "error" not in worst else worst["error"],
+            f"{worst.get('tolerance', float('nan')):.2e}",
+            "yes" if all(r.get("bytes_match") for r in rows) else "no",
+        )
+    return table

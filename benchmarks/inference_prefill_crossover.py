@@ -1,0 +1,255 @@
+"""Prefill with a cached prefix on gloo ranks: ring pass-KV versus ring pass-Q, side by side.
+
+T new tokens on P cached (T/P from 1/64 to 1), 8 query heads, head dim 64, float32, one thread
+per rank, forward only. Each configuration runs the two schemes interleaved (kv, q, kv, q, ...)
+so load drifts hit both alike; a time is the slowest rank's (all-reduce max of the per-rank
+wall time of one `prefill_attention` call, after a barrier), the median of `--iters` after one
+warm-up, with the min-max spread. The bytes each rank sent are counted (ByteCounter) and
+checked against `model.inference.prefill_bytes`. The measured crossover (the T/P where pass-KV
+becomes faster, interpolated in log T/P between the two bracketing points) is printed beside
+the model's (`pass_kv_pass_q_crossover` priced with the `cpu-local` hardware profile, and
+again with the kernel rate and link latency/bandwidth this script measures on the same ranks).
+
+    python benchmarks/inference_prefill_crossover.py [--cached-len 2048] [--world 2]
+        [--kv-heads 8] [--iters 5] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+from scipy.stats import linregress
+
+from cpbench.attention import build_mesh, prefill_attention, shard_prefill
+from cpbench.attention.comm import ByteCounter, all_to_all, counting, ring_exchange
+from cpbench.attention.kernels import select_kernel
+from cpbench.bench.pool import WorkerPool, WorldSpec
+from cpbench.config.problem import CpProblem
+from cpbench.model.hardware.loading import load_profile
+from cpbench.model.hardware.profile import LinkCost, LinkTierProfile
+from cpbench.model.inference import (
+    PrefillCase,
+    RingLink,
+    pass_kv_pass_q_crossover,
+    prefill_bytes,
+    prefill_time,
+)
+
+HEADS, HEAD_DIM = 8, 64
+SCHEMES = ("pass_kv", "pass_q")
+
+
+def rank_task(world: int, cached_len: int, ratios: list[float], kv_heads: int, iters: int) -> list:
+    """On every rank: for each T/P, time both schemes interleaved; rank 0's list is the
+    result (times are the slowest rank's, seconds)."""
+    torch.set_num_threads(1)
+    mesh = build_mesh(1, world)
+    g = torch.Generator().manual_seed(0)
+    rows = []
+    for ratio in ratios:
+        t = max(1, round(ratio * cached_len))
+        q = torch.randn(1, t, HEADS, HEAD_DIM, generator=g)
+        k = torch.randn(1, cached_len + t, kv_heads, HEAD_DIM, generator=g)
+        v = torch.randn(1, cached_len + t, kv_heads, HEAD_DIM, generator=g)
+        lq, lk, lv = shard_prefill(q, k, v, mesh, cached_len)
+        times: dict[str, list[float]] = {s: [] for s in SCHEMES}
+        sent: dict[str, dict[str, int]] = {}
+        for it in range(iters + 1):
+            for scheme in SCHEMES:
+                counter = ByteCounter()
+                dist.barrier()
+                start = time.perf_counter()
+                with counting(counter):
+                    prefill_attention(lq, lk, lv, mesh, cached_len, t, scheme)
+                took = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+                dist.all_reduce(took, op=dist.ReduceOp.MAX)
+                if it:  # the first round is the warm-up
+                    times[scheme].append(float(took))
+                sent[scheme] = dict(counter.as_dict().get("fwd", {}))
+        rows.append({"new_tokens": t, "ratio": t / cached_len, "times": times, "bytes": sent})
+    return rows
+
+
+def calibrate_task(world: int, kv_heads: int, iters: int) -> dict:
+    """On every rank: the numbers the crossover model needs, measured here (rank 0's dict):
+    the local kernel's FLOP/s on a 1024 x 2048 full block (4 B H D per pair), and the latency
+    and bandwidth of a ring send/recv and of an all-to-all, fitted (scipy linregress) on the
+    slowest rank's median time over message sizes 4 KiB - 4 MiB."""
+    torch.set_num_threads(1)
+    mesh = build_mesh(1, world)
+    kernel = select_kernel("cpu", torch.float32, "auto")
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(1, 1024, HEADS, HEAD_DIM, generator=g)
+    k = torch.randn(1, 2048, kv_heads, HEAD_DIM, generator=g)
+    secs = []
+    for _ in range(iters + 1):
+        start = time.perf_counter()
+        kernel.forward(q, k, k, False, 0.125)
+        secs.append(time.perf_counter() - start)
+    flops = 4 * HEADS * HEAD_DIM * 1024 * 2048 / statistics.median(secs[1:])
+    sizes = [1 << n for n in range(10, 21, 2)]  # float32 elements: 4 KiB .. 4 MiB
+
+    def slowest(fn: Callable[[torch.Tensor], object], x: torch.Tensor) -> float:
+        times = []
+        for it in range(iters + 1):
+            dist.barrier()
+            start = time.perf_counter()
+            fn(x)
+            took = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+            dist.all_reduce(took, op=dist.ReduceOp.MAX)
+            if it:
+                times.append(float(took))
+        return statistics.median(times)
+
+    def hop(x: torch.Tensor) -> object:
+        return ring_exchange(x, mesh.ring_next, mesh.ring_prev, mesh.ring_group, "cal").wait()
+
+    def a2a(x: torch.Tensor) -> object:
+        return all_to_all(x.view(world, -1), mesh.ring_group, world, "cal")
+
+    fits = {}
+    for name, fn, sent in (("send_recv", hop, 1.0), ("all_to_all", a2a, (world - 1) / world)):
+        xs = [4 * n * sent for n in sizes]  # bytes a rank sends (the model's counting)
+        ys = [slowest(fn, torch.randn(n)) for n in sizes]
+        fit = linregress(xs, ys)
+        # under load the time need not grow with the size: a slope <= 0 is no bandwidth (inf)
+        busbw = 1 / fit.slope if fit.slope > 0 else math.inf
+        fits[name] = {"latency_s": max(fit.intercept, 0.0), "busbw": busbw, "r2": fit.rvalue**2}
+    return {"flops": flops, **fits}
+
+
+def measured_link(cal: dict) -> RingLink | None:
+    """The crossover model's link and FLOP rate from `calibrate_task`'s numbers; None when a
+    fit found no bandwidth (time not growing with the message size: a loaded machine)."""
+    if any(math.isinf(cal[name]["busbw"]) for name in ("send_recv", "all_to_all")):
+        return None
+    costs = {
+        name: LinkCost(cal[name]["latency_s"], cal[name]["busbw"], "measured by this benchmark")
+        for name in ("send_recv", "all_to_all")
+    }
+    tier = LinkTierProfile("intra_node", "gloo here", costs["all_to_all"], costs["send_recv"])
+    return RingLink(tier, cal["flops"])
+
+
+def measured_crossover(rows: list[dict]) -> float | str:
+    """The T/P where pass-KV's median time first beats pass-Q's for good (every larger T/P
+    too), interpolated in log T/P on the log of the time ratio between the two bracketing
+    points; a sentence when one scheme is faster at every point."""
+    gaps = [
+        (
+            r["ratio"],
+            math.log(statistics.median(r["times"]["pass_kv"]))
+            - math.log(statistics.median(r["times"]["pass_q"])),
+        )
+        for r in rows
+    ]
+    if all(g <= 0 for _, g in gaps):
+        return "none: pass-KV faster at every T/P"
+    if all(g > 0 for _, g in gaps):
+        return "none: pass-Q faster at every T/P"
+    last_q = max(i for i, (_, g) in enumerate(gaps) if g > 0)
+    if last_q + 1 == len(gaps):
+        return "none: pass-Q faster at the largest T/P"
+    (r0, g0), (r1, g1) = gaps[last_q], gaps[last_q + 1]
+    f = g0 / (g0 - g1)
+    return math.exp(math.log(r0) + f * (math.log(r1) - math.log(r0)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--cached-len", type=int, default=2048)
+    parser.add_argument("--world", type=int, default=2)
+    parser.add_argument("--kv-heads", type=int, default=8)
+    parser.add_argument("--iters", type=int, default=5)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    p = args.cached_len
+    ratios = [1 / 64, 1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0]
+    with WorkerPool(WorldSpec(args.world, "cpu")) as pool:
+        rows = pool.run(rank_task, args.world, p, ratios, args.kv_heads, args.iters, timeout=3000)[
+            0
+        ]
+        cal = pool.run(calibrate_task, args.world, args.kv_heads, args.iters, timeout=600)[0]
+    here = measured_link(cal)
+    problem = CpProblem(
+        seq_len=1, heads=HEADS, kv_heads=args.kv_heads, head_dim=HEAD_DIM, dtype="float32"
+    )
+    profile = load_profile("cpu-local")
+    print(
+        f"prefill on {args.world} gloo ranks ({platform.node()}), P = {p} cached, 8 heads / "
+        f"{args.kv_heads} KV heads, d 64, float32, forward; times: slowest rank, median of "
+        f"{args.iters} [min-max], milliseconds"
+    )
+    print(
+        f"measured here: kernel {cal['flops'] / 1e9:.2f} GFLOP/s per rank; send/recv "
+        f"{1e6 * cal['send_recv']['latency_s']:.0f} us + bytes / "
+        f"{cal['send_recv']['busbw'] / 1e9:.2f} GB/s (fit r2 {cal['send_recv']['r2']:.2f}); "
+        f"all-to-all "
+        f"{1e6 * cal['all_to_all']['latency_s']:.0f} us + bytes / "
+        f"{cal['all_to_all']['busbw'] / 1e9:.2f} GB/s (fit r2 {cal['all_to_all']['r2']:.2f}; "
+        f"bytes: what a rank sends)"
+    )
+    print(
+        f"{'T/P':>7} {'T':>5} {'pass_kv ms':>22} {'pass_q ms':>22} {'kv/q':>6} "
+        f"{'model kv/q':>10} {'(here)':>7} bytes=model"
+    )
+    for r in rows:
+        t = r["new_tokens"]
+        link = RingLink.from_profile(profile, "float32", args.world, (p + t) / args.world)
+        model = {s: prefill_time(s, p, t, problem, args.world, link) for s in SCHEMES}
+        fitted = {s: prefill_time(s, p, t, problem, args.world, here or link) for s in SCHEMES}
+        cells = []
+        for s in SCHEMES:
+            ts = r["times"][s]
+            cells.append(
+                f"{1e3 * statistics.median(ts):8.2f} [{1e3 * min(ts):.2f}-{1e3 * max(ts):.2f}]"
+            )
+        ratio = statistics.median(r["times"]["pass_kv"]) / statistics.median(r["times"]["pass_q"])
+        match = all(
+            r["bytes"][s]
+            == prefill_bytes(
+                PrefillCase(
+                    CpProblem(
+                        seq_len=p + t,
+                        heads=HEADS,
+                        kv_heads=args.kv_heads,
+                        head_dim=HEAD_DIM,
+                        dtype="float32",
+                        ring=args.world,
+                    ),
+                    p,
+                    t,
+                    s,
+                )
+            )
+            for s in SCHEMES
+        )
+        print(
+            f"{r['ratio']:7.4f} {t:5d} {cells[0]:>22} {cells[1]:>22} {ratio:6.2f} "
+            f"{model['pass_kv'] / model['pass_q']:10.2f} "
+            f"{fitted['pass_kv'] / fitted['pass_q'] if here else math.nan:7.2f} "
+            f"{'yes' if match else 'NO'}"
+        )
+    link = RingLink.from_profile(profile, "float32", args.world, p / args.world)
+    print(f"measured crossover T/P: {measured_crossover(rows)}")
+    for name, priced in (("cpu-local profile", link), ("measured kernel + link", here)):
+        if priced is None:
+            print(f"model crossover T/P ({name}): not priced, a link fit found no bandwidth")
+            continue
+        crossover = pass_kv_pass_q_crossover(p, problem, args.world, priced)
+        print(f"model crossover T/P ({name}): {crossover}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "rows": rows, "calibration": cal}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

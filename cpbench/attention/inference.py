@@ -1,0 +1,316 @@
+"""Context-parallel prefill with a cached prefix, forward only: T new tokens (query positions
+P..P+T-1) attend causally to P cached + T new keys, on W ranks, by one of four schemes
+(`cpbench.model.inference`: what each sends, and the bytes the model counts).
+
+    mesh = build_mesh(ulysses=1, ring=W)                      # ulysses: build_mesh(W, 1)
+    q_l, k_l, v_l = shard_prefill(q_new, k_all, v_all, mesh, cached_len=P)
+    out_l = prefill_attention(q_l, k_l, v_l, mesh, cached_len=P, new_tokens=T, scheme="pass_q")
+    out = unshard_prefill(out_l, mesh, new_tokens=T)          # [B, T, h, D]
+
+Every rank holds a contiguous shard of the cache (positions `split_starts(P, W)`) and a
+contiguous shard of the new tokens (`split_starts(T, W)`, offset by P); its local K/V are the
+cache shard followed by the new shard. A query block meets a K/V chunk as two pieces: the
+chunk's cache part (every cached key is before every query: full) and its new part (full when
+it lies wholly before the queries, top-left causal for the rank's own shard, skipped when it
+lies after). Partial results are merged in fp32 with their LSE (`ring._merge`). Shards of
+unequal length (T or P not a multiple of W) travel padded to the largest; the padding is
+never computed on. GQA: the kernels expand KV heads locally; Ulysses replicates KV heads up to
+W when there are fewer.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from cpbench.attention.comm import all_gather_chunks, all_to_all, ring_exchange
+from cpbench.attention.kernels import LocalKernel, default_scale, select_kernel
+from cpbench.attention.mesh import CPMesh
+from cpbench.attention.ring import _merge
+from cpbench.attention.ulysses import heads_to_seq, seq_to_heads
+from cpbench.errors import CpbenchError
+from cpbench.model.inference import (
+    PrefillScheme,
+    check_scheme,
+    split_sizes,
+    split_starts,
+    ulysses_kv_heads,
+)
+
+
+class _Shards:
+    """Where every rank's cache and new-token shards lie (positions and sizes)."""
+
+    def __init__(self, cached_len: int, new_tokens: int, world: int) -> None:
+        self.cached_len = cached_len
+        self.cache = split_sizes(cached_len, world)
+        self.cache_start = split_starts(cached_len, world)
+        self.new = split_sizes(new_tokens, world)
+        self.new_start = split_starts(new_tokens, world)
+        self.q_block = self.new[0]
+        self.kv_block = self.cache[0] + self.new[0]
+
+
+def _mesh_rank(mesh: CPMesh, scheme: PrefillScheme) -> int:
+    """This rank's shard index; the scheme's mesh shape is checked (ulysses: W x 1, ring
+    schemes: 1 x W)."""
+    want = (mesh.world, 1) if scheme == "ulysses" else (1, mesh.world)
+    if (mesh.ulysses, mesh.ring) != want:
+        raise CpbenchError(
+            f"prefill scheme {scheme} runs on a U x R = {want[0]} x {want[1]} mesh of "
+            f"{mesh.world} ranks, got {mesh.ulysses} x {mesh.ring}"
+        )
+    return mesh.rank
+
+
+def shard_prefill(
+    q_new: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor, mesh: CPMesh, cached_len: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """This rank's shards of global `q_new [B, T, h, D]` and `k_all`/`v_all [B, P+T, h_kv, D]`:
+    its new-token queries, and its cache shard followed by its new-token shard of K and V."""
+    t = q_new.shape[1]
+    if k_all.shape[1] != cached_len + t or v_all.shape != k_all.shape:
+        raise CpbenchError(
+            f"k and v must hold cached_len + new_tokens = {cached_len} + {t} = "
+            f"{cached_len + t} tokens; got k {tuple(k_all.shape)}, v {tuple(v_all.shape)}"
+        )
+    shards = _Shards(cached_len, t, mesh.world)
+    r = mesh.rank
+    c0, c1 = shards.cache_start[r], shards.cache_start[r + 1]
+    n0, n1 = shards.new_start[r], shards.new_start[r + 1]
+
+    def kv(x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([x[:, c0:c1], x[:, cached_len + n0 : cached_len + n1]], dim=1)
+
+    return q_new[:, n0:n1].contiguous(), kv(k_all), kv(v_all)
+
+
+def unshard_prefill(local: torch.Tensor, mesh: CPMesh, new_tokens: int) -> torch.Tensor:
+    """Gather every rank's output shard `[B, t_r, h, D]` back into `[B, T, h, D]` (collective
+    over the CP group; shards travel padded to the largest)."""
+    sizes = split_sizes(new_tokens, mesh.world)
+    padded = _pad_rows(local, sizes[0])
+    pieces = [torch.empty_like(padded) for _ in range(mesh.world)]
+    dist.all_gather(pieces, padded.contiguous(), group=mesh.cp_group)
+    return torch.cat([p[:, :n] for p, n in zip(pieces, sizes, strict=True)], dim=1)
+
+
+def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """`x` with dim 1 zero-padded to `rows`."""
+    if x.shape[1] == rows:
+        return x
+    pad = x.new_zeros((x.shape[0], rows - x.shape[1], *x.shape[2:]))
+    return torch.cat([x, pad], dim=1)
+
+
+def _attend_chunk(
+    kernel: LocalKernel,
+    q: torch.Tensor,
+    q_start: int,
+    chunk: torch.Tensor,
+    owner: int,
+    shards: _Shards,
+    scale: float,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+) -> None:
+    """Merge into (out, lse) the attention of `q` (new-token rows from `q_start`) to the K/V
+    chunk `[B, L, 2, h_kv, D]` of rank `owner`: its cache part (full) and its new part (full,
+    top-left causal or nothing, by where it lies relative to the queries)."""
+    n_q = q.shape[1]
+    if n_q == 0:
+        return
+    cached, new = shards.cache[owner], shards.new[owner]
+    pieces: list[tuple[int, int, bool]] = []
+    if cached:
+        pieces.append((0, cached, False))
+    k_start = shards.new_start[owner]
+    if new and q_start + n_q - 1 >= k_start:
+        offset = q_start - k_start  # row i sees column j iff j - i <= offset
+        if offset >= new - 1:
+            pieces.append((cached, cached + new, False))
+        elif offset == 0 and n_q == new:
+            pieces.append((cached, cached + new, True))
+        else:
+            raise CpbenchError(  # contiguous shards never overlap otherwise
+                f"new-token shards overlap unexpectedly: queries from {q_start} ({n_q} rows), "
+                f"keys from {k_start} ({new} rows)"
+            )
+    for c0, c1, causal in pieces:
+        block_out, block_lse = kernel.forward(
+            q, chunk[:, c0:c1, 0], chunk[:, c0:c1, 1], causal, scale
+        )
+        _merge(out, lse, block_out, block_lse.float())
+
+
+def _accumulators(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    b, n, h, d = q.shape
+    out = torch.zeros((b, n, h, d), dtype=torch.float32, device=q.device)
+    lse = torch.full((b, h, n), float("-inf"), dtype=torch.float32, device=q.device)
+    return out, lse
+
+
+def prefill_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mesh: CPMesh,
+    cached_len: int,
+    new_tokens: int,
+    scheme: PrefillScheme = "pass_kv",
+    kernel: str | LocalKernel = "auto",
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Prefill attention of this rank's shards (`shard_prefill`): `q [B, t_r, h, D]`, `k`/`v
+    [B, c_r + t_r, h_kv, D]`; returns this rank's output rows `[B, t_r, h, D]`. Forward only
+    (no autograd). Collective over the mesh's ring group (ring schemes) or Ulysses group."""
+    scheme = check_scheme(scheme)
+    rank = _mesh_rank(mesh, scheme)
+    shards = _Shards(cached_len, new_tokens, mesh.world)
+    want_q, want_kv = shards.new[rank], shards.cache[rank] + shards.new[rank]
+    if q.dim() != 4 or q.shape[1] != want_q or k.shape[1] != want_kv or v.shape != k.shape:
+        raise CpbenchError(
+            f"rank {rank} of {mesh.world} holds {want_q} new tokens and {want_kv} K/V tokens "
+            f"(P = {cached_len}, T = {new_tokens}); got q {tuple(q.shape)}, k {tuple(k.shape)}, "
+            f"v {tuple(v.shape)}"
+        )
+    if q.shape[3] != k.shape[3] or q.shape[2] % k.shape[2]:
+        raise CpbenchError(
+            f"q heads ({q.shape[2]}) must be a multiple of KV heads ({k.shape[2]}) and the "
+            f"head dims equal ({q.shape[3]} vs {k.shape[3]})"
+        )
+    if isinstance(kernel, str):
+        kernel = select_kernel(q.device, q.dtype, kernel, band=False, head_dim=q.shape[3])
+    the_scale = scale or default_scale(q.shape[3])
+    with torch.no_grad():
+        kv = torch.stack([k, v], dim=2)  # [B, L, 2, h_kv, D]: K and V travel together
+        if scheme == "ulysses":
+            return _ulysses(q, kv, mesh, shards, kernel, the_scale)
+        if scheme == "pass_q":
+            return _pass_q(q, kv, mesh, shards, kernel, the_scale)
+        return _pass_kv(q, kv, mesh, shards, kernel, the_scale, scheme == "all_gather")
+
+
+def _pass_kv(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    mesh: CPMesh,
+    shards: _Shards,
+    kernel: LocalKernel,
+    scale: float,
+    gather: bool,
+) -> torch.Tensor:
+    """Ring pass-KV (the chunk hops W - 1 times, each hop posted before the step computes), or
+    with `gather` one all-gather of every rank's chunk."""
+    w, r = mesh.world, mesh.rank
+    out, lse = _accumulators(q)
+    q_start = shards.new_start[r]
+    chunk = _pad_rows(kv, shards.kv_block)
+    if gather:
+        chunks = all_gather_chunks(chunk, mesh.ring_group, w, r, "allgather_kv").wait()
+        for owner in range(w):
+            _attend_chunk(kernel, q, q_start, chunks[owner], owner, shards, scale, out, lse)
+        return out.to(q.dtype)
+    for step in range(w):
+        pending = None
+        if step + 1 < w:
+            pending = ring_exchange(
+                chunk, mesh.ring_next, mesh.ring_prev, mesh.ring_group, "p2p_kv"
+            )
+        _attend_chunk(kernel, q, q_start, chunk, (r - step) % w, shards, scale, out, lse)
+        if pending is not None:
+            chunk = pending.wait()
+    return out.to(q.dtype)
+
+
+def _pass_q(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    mesh: CPMesh,
+    shards: _Shards,
+    kernel: LocalKernel,
+    scale: float,
+) -> torch.Tensor:
+    """Ring pass-Q: the query block hops W - 1 times while K/V stay; each rank keeps the
+    partial output and LSE of every block it saw, and one all-to-all (outputs, then LSEs)
+    brings them home, where they are merged."""
+    w, r = mesh.world, mesh.rank
+    b, _, h, d = q.shape
+    tq = shards.q_block
+    part_out = q.new_zeros((w, b, tq, h, d))
+    part_lse = torch.full((w, b, h, tq), float("-inf"), dtype=torch.float32, device=q.device)
+    current = _pad_rows(q, tq)
+    for step in range(w):
+        pending = None
+        if step + 1 < w:
+            pending = ring_exchange(
+                current, mesh.ring_next, mesh.ring_prev, mesh.ring_group, "p2p_q"
+            )
+        owner = (r - step) % w
+        n = shards.new[owner]
+        block_out, block_lse = _accumulators(current[:, :n])
+        _attend_chunk(
+            kernel,
+            current[:, :n],
+            shards.new_start[owner],
+            kv,
+            r,
+            shards,
+            scale,
+            block_out,
+            block_lse,
+        )
+        part_out[owner, :, :n] = block_out.to(q.dtype)
+        part_lse[owner, :, :, :n] = block_lse
+        if pending is not None:
+            current = pending.wait()
+    got_out = all_to_all(part_out, mesh.ring_group, w, "a2a_out")  # [source rank, B, tq, h, D]
+    got_lse = all_to_all(part_lse, mesh.ring_group, w, "a2a_lse")
+    n = shards.new[r]
+    out, lse = _accumulators(q)
+    for src in range(w):
+        _merge(out, lse, got_out[src, :, :n], got_lse[src, :, :, :n])
+    return out.to(q.dtype)
+
+
+def _ulysses(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    mesh: CPMesh,
+    shards: _Shards,
+    kernel: LocalKernel,
+    scale: float,
+) -> torch.Tensor:
+    """Ulysses: all-to-all to the whole sequence on W-th of the heads (KV heads replicated up
+    to W when fewer), the cache part (full) and the new part (causal) merged, and back."""
+    w, r = mesh.world, mesh.rank
+    h, h_kv = q.shape[2], kv.shape[3]
+    copies = ulysses_kv_heads(h_kv, w) // h_kv
+    if h % w or (h_kv * copies) % w:
+        raise CpbenchError(
+            f"ulysses prefill splits heads over {w} ranks: heads ({h}) and KV heads ({h_kv}, "
+            f"replicated to {h_kv * copies}) must be multiples of it"
+        )
+    if copies > 1:
+        kv = kv.repeat_interleave(copies, dim=3)
+    tq, lkv = shards.q_block, shards.kv_block
+    group = mesh.ulysses_group
+    q_all = seq_to_heads(_pad_rows(q, tq).unsqueeze(2), group, w, "a2a_q")[:, :, 0]
+    kv_all = seq_to_heads(_pad_rows(kv, lkv), group, w, "a2a_kv")  # [B, W*lkv, 2, h_kv', D]
+    q_rows = [s * tq + i for s in range(w) for i in range(shards.new[s])]
+    cache_rows = [s * lkv + i for s in range(w) for i in range(shards.cache[s])]
+    new_rows = [s * lkv + shards.cache[s] + i for s in range(w) for i in range(shards.new[s])]
+    device = q.device
+    queries = q_all[:, torch.tensor(q_rows, dtype=torch.long, device=device)]
+    out, lse = _accumulators(queries)
+    for rows, causal in ((cache_rows, False), (new_rows, True)):
+        if rows:
+            keys = kv_all[:, torch.tensor(rows, dtype=torch.long, device=device)]
+            block_out, block_lse = kernel.forward(
+                queries, keys[:, :, 0], keys[:, :, 1], causal, scale
+            )
+            _merge(out, lse, block_out, block_lse.float())
+    padded = q_all.new_zeros(q_all.shape)
+    padded[:, torch.tensor(q_rows, dtype=torch.long, device=device)] = out.to(q.dtype)
+    back = heads_to_seq(padded.unsqueeze(2), group, w, "a2a_out")[:, :, 0]
+    return back[:, : shards.new[r]]

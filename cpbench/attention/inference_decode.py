@@ -1,0 +1,87 @@
+"""Decode over a KV cache sharded by sequence, forward only: T = 1-8 new queries (positions
+P..P+T-1, on every rank) attend causally to the N = P + T cached keys (the new tokens' K/V
+already appended), each rank to its own shard, and the partial outputs are merged with their
+LSE after one all-gather (`model.inference.decode_bytes`).
+
+    k_l, v_l = shard_cache(k_all, v_all, mesh, layout="interleaved")
+    out = decode_attention(q, k_l, v_l, mesh, cached_len=P, layout="interleaved")  # every rank
+
+The shard of a rank holds its keys in increasing position (`cache_shard_len`), so every query
+sees a prefix of it (`cache_visible`): one full kernel call per distinct prefix length.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cpbench.attention.comm import all_gather_chunks
+from cpbench.attention.kernels import LocalKernel, default_scale, select_kernel
+from cpbench.attention.mesh import CPMesh
+from cpbench.attention.ring import _merge
+from cpbench.errors import CpbenchError
+from cpbench.model.inference import cache_shard_len, cache_visible, check_cache_layout, split_starts
+
+MAX_DECODE_TOKENS = 8
+"""Most new tokens a decode step takes (speculative decoding drafts a few; more is prefill)."""
+
+
+def shard_cache(
+    k_all: torch.Tensor, v_all: torch.Tensor, mesh: CPMesh, layout: str = "contiguous"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's shard of the global cache `[B, N, h_kv, D]` (over the CP group)."""
+    the_layout = check_cache_layout(layout)
+    w, r, n = mesh.world, mesh.rank, k_all.shape[1]
+    if the_layout == "contiguous":
+        s = split_starts(n, w)
+        return k_all[:, s[r] : s[r + 1]].contiguous(), v_all[:, s[r] : s[r + 1]].contiguous()
+    return k_all[:, r::w].contiguous(), v_all[:, r::w].contiguous()
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mesh: CPMesh,
+    cached_len: int,
+    layout: str = "contiguous",
+    kernel: str | LocalKernel = "auto",
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Decode attention of `q [B, T, h, D]` (the same on every rank) over this rank's cache
+    shard `k`/`v [B, n_r, h_kv, D]` of N = cached_len + T keys; returns the whole output
+    `[B, T, h, D]` on every rank. Collective over the mesh's CP group."""
+    the_layout = check_cache_layout(layout)
+    b, t, h, d = q.shape
+    if not 1 <= t <= MAX_DECODE_TOKENS:
+        raise CpbenchError(f"a decode step takes 1 to {MAX_DECODE_TOKENS} new tokens, got {t}")
+    w, r = mesh.world, mesh.rank
+    total = cached_len + t
+    held = cache_shard_len(total, w, r, the_layout)
+    if k.shape[1] != held or v.shape != k.shape or k.shape[3] != d or h % k.shape[2]:
+        raise CpbenchError(
+            f"rank {r} of {w} holds {held} of the {total} cached keys ({the_layout}); got q "
+            f"{tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    if isinstance(kernel, str):
+        kernel = select_kernel(q.device, q.dtype, kernel, band=False, head_dim=d)
+    the_scale = scale or default_scale(d)
+    with torch.no_grad():
+        out = torch.zeros((b, t, h, d), dtype=torch.float32, device=q.device)
+        lse = torch.full((b, h, t), float("-inf"), dtype=torch.float32, device=q.device)
+        seen = [cache_visible(total, w, r, the_layout, cached_len + i) for i in range(t)]
+        for n in sorted(set(seen) - {0}):
+            rows = [i for i, s in enumerate(seen) if s == n]
+            lo, hi = rows[0], rows[-1] + 1  # prefix lengths grow with the row: rows are a run
+            block_out, block_lse = kernel.forward(q[:, lo:hi], k[:, :n], v[:, :n], False, the_scale)
+            out[:, lo:hi] = block_out.float()
+            lse[:, :, lo:hi] = block_lse.float()
+        partial = out.to(q.dtype)
+        outs = all_gather_chunks(partial, mesh.cp_group, w, r, "allgather_out").wait()
+        lses = all_gather_chunks(lse, mesh.cp_group, w, r, "allgather_lse").wait()
+        merged = torch.zeros_like(out)
+        merged_lse = torch.full_like(lse, float("-inf"))
+        # rank 0 holds position 0, which every query sees: its LSE is finite on every row, so
+        # merging from it never meets -inf with -inf (which would be NaN)
+        for src in range(w):
+            _merge(merged, merged_lse, outs[src], lses[src])
+        return merged.to(q.dtype)

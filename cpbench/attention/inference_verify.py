@@ -1,0 +1,276 @@
+"""The reference check of prefill with a cached prefix, on the ranks: a case's global inputs
+from its seed, sharded (`shard_prefill`), run through `prefill_attention` under a
+`ByteCounter`, gathered back and compared on rank 0 with the float64 single-process reference
+(`reference_attention` with the diagonal shifted by P: query i sees key j iff j <= i + P),
+judged with verify's bound (`bench.reference.error_bound`: the dtype's absolute + relative
+tolerance). The bytes the scheme sent are compared with `model.inference.prefill_bytes`."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import torch
+import torch.distributed as dist
+
+from cpbench.attention.comm import ByteCounter, counting
+from cpbench.attention.inference import prefill_attention, shard_prefill, unshard_prefill
+from cpbench.attention.inference_decode import decode_attention, shard_cache
+from cpbench.attention.kernels import LocalKernel
+from cpbench.attention.mesh import build_mesh
+from cpbench.attention.reference import reference_attention
+from cpbench.bench.reference import TORCH_DTYPES, error_bound
+from cpbench.config.problem import CpProblem
+from cpbench.errors import CpbenchError
+from cpbench.model.inference import (
+    CACHE_LAYOUTS,
+    PREFILL_SCHEMES,
+    DecodeCase,
+    PrefillCase,
+    check_cache_layout,
+    check_scheme,
+    decode_bytes,
+    kv_cache_bytes_per_rank,
+    prefill_bytes,
+)
+
+
+def prefill_case(
+    scheme: str,
+    world: int,
+    cached_len: int,
+    new_tokens: int,
+    heads: int = 8,
+    kv_heads: int = 8,
+    head_dim: int = 16,
+    batch: int = 1,
+    dtype: str = "float32",
+    seed: int = 0,
+) -> PrefillCase:
+    """A `PrefillCase` on the mesh its scheme runs on (W x 1 for ulysses, 1 x W otherwise)."""
+    the_scheme = check_scheme(scheme)
+    ulysses, ring = (world, 1) if the_scheme == "ulysses" else (1, world)
+    problem = CpProblem(
+        seq_len=cached_len + new_tokens,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        batch=batch,
+        dtype=dtype,  # type: ignore[arg-type]  # checked by CpProblem
+        ulysses=ulysses,
+        ring=ring,
+    )
+    return PrefillCase(problem, cached_len, new_tokens, the_scheme, seed)
+
+
+def _inputs(case: PrefillCase, device: torch.device) -> tuple[torch.Tensor, ...]:
+    p = case.problem
+    g = torch.Generator().manual_seed(case.seed)
+    total = case.cached_len + case.new_tokens
+    q = torch.randn(p.batch, case.new_tokens, p.heads, p.head_dim, generator=g)
+    k = torch.randn(p.batch, total, p.kv_heads, p.head_dim, generator=g)
+    v = torch.randn(p.batch, total, p.kv_heads, p.head_dim, generator=g)
+    return tuple(t.to(device) for t in (q, k, v))
+
+
+def run_prefill_case_on_rank(
+    case: PrefillCase, device: torch.device, kernel: str | LocalKernel = "auto"
+) -> dict | None:
+    """Collective: run one case on every rank; rank 0 returns its record, the others None."""
+    p = case.problem
+    dtype = TORCH_DTYPES[p.dtype]
+    q, k, v = _inputs(case, device)
+    mesh = build_mesh(p.ulysses, p.ring)
+    lq, lk, lv = (t.to(dtype) for t in shard_prefill(q, k, v, mesh, case.cached_len))
+    counter = ByteCounter()
+    with counting(counter):
+        out_local = prefill_attention(
+            lq, lk, lv, mesh, case.cached_len, case.new_tokens, case.scheme, kernel
+        )
+    sent = dict(counter.as_dict().get("fwd", {}))
+    out = unshard_prefill(out_local, mesh, case.new_tokens)
+    if dist.get_rank() != 0:
+        return None
+    rq, rk, rv = (t.to(dtype).double() for t in (q, k, v))
+    ref = reference_attention(rq, rk, rv, causal=True, causal_offset=case.cached_len)
+    error = float((out.double() - ref).abs().max())
+    bound = error_bound(p.dtype, ref)
+    analytic = prefill_bytes(case)
+    return {
+        **asdict(p),
+        "label": case.label,
+        "scheme": case.scheme,
+        "cached_len": case.cached_len,
+        "new_tokens": case.new_tokens,
+        "max_error": error,
+        "tolerance": bound,
+        "bytes": sent,
+        "analytic_bytes": analytic,
+        "bytes_match": sent == analytic,
+        "passed": error <= bound and sent == analytic,
+    }
+
+
+def run_prefill_cases_on_rank(
+    cases: list[PrefillCase], device: str = "cpu", kernel: str | LocalKernel = "auto"
+) -> list[dict | None]:
+    """Pool task: run a batch of cases; a CpbenchError in one case is recorded, not raised."""
+    dev = torch.device(device)
+    out: list[dict | None] = []
+    for case in cases:
+        try:
+            out.append(run_prefill_case_on_rank(case, dev, kernel))
+        except CpbenchError as exc:  # deterministic on every rank: no collective is left open
+            out.append(
+                {"label": case.label, "scheme": case.scheme, "passed": False, "error": str(exc)}
+            )
+    return out
+
+
+def default_prefill_cases(world: int, dtype: str = "float32") -> list[PrefillCase]:
+    """The prefill matrix `cpbench verify --inference` checks on `world` ranks: every scheme x
+    (P, T) with P = 0 (no cache), T = 1 (one new token), T < W (ranks with no new token), P
+    and T not multiples of W (padded shards), T > P, and T << P; 8 query heads over 8, 2 and
+    1 KV heads (GQA; Ulysses replicates a KV head below W)."""
+    lengths = [
+        (0, 1),
+        (0, 8 * world),
+        (5, 1),
+        (16 * world, 1),
+        (16 * world, world - 1 or 1),
+        (16 * world + 3, 5),
+        (8 * world, 16 * world + 1),
+        (64 * world, 2 * world),
+    ]
+    cases = []
+    for scheme in PREFILL_SCHEMES:
+        for cached_len, new_tokens in lengths:
+            for kv_heads in (8, 2, 1):
+                if scheme == "ulysses" and world % kv_heads and kv_heads % world:
+                    continue
+                cases.append(
+                    prefill_case(
+                        scheme, world, cached_len, new_tokens, kv_heads=kv_heads, dtype=dtype
+                    )
+                )
+    return cases
+
+
+def decode_case(
+    layout: str,
+    world: int,
+    cached_len: int,
+    new_tokens: int,
+    heads: int = 8,
+    kv_heads: int = 8,
+    head_dim: int = 16,
+    dtype: str = "float32",
+    seed: int = 0,
+) -> DecodeCase:
+    """A `DecodeCase` on a 1 x W mesh."""
+    problem = CpProblem(
+        seq_len=cached_len + new_tokens,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        dtype=dtype,  # type: ignore[arg-type]  # checked by CpProblem
+        ring=world,
+    )
+    return DecodeCase(problem, cached_len, new_tokens, check_cache_layout(layout), seed)
+
+
+def run_decode_case_on_rank(
+    case: DecodeCase, device: torch.device, kernel: str | LocalKernel = "auto"
+) -> dict | None:
+    """Collective: one decode step on every rank; rank 0 returns its record (output error
+    against the reference, bytes against `decode_bytes`, its cache shard's bytes against
+    `kv_cache_bytes_per_rank`), the others None."""
+    p = case.problem
+    dtype = TORCH_DTYPES[p.dtype]
+    g = torch.Generator().manual_seed(case.seed)
+    total = case.cached_len + case.new_tokens
+    q = torch.randn(p.batch, case.new_tokens, p.heads, p.head_dim, generator=g).to(device)
+    k, v = (
+        torch.randn(p.batch, total, p.kv_heads, p.head_dim, generator=g).to(device)
+        for _ in range(2)
+    )
+    mesh = build_mesh(1, p.ring)
+    lk, lv = (t.to(dtype) for t in shard_cache(k, v, mesh, case.layout))
+    counter = ByteCounter()
+    with counting(counter):
+        out = decode_attention(q.to(dtype), lk, lv, mesh, case.cached_len, case.layout, kernel)
+    sent = dict(counter.as_dict().get("fwd", {}))
+    cache_bytes = torch.tensor([lk.nbytes + lv.nbytes], dtype=torch.int64)
+    dist.all_reduce(cache_bytes, op=dist.ReduceOp.MAX, group=mesh.cp_group)
+    if dist.get_rank() != 0:
+        return None
+    rq, rk, rv = (t.to(dtype).double() for t in (q, k, v))
+    ref = reference_attention(rq, rk, rv, causal=True, causal_offset=case.cached_len)
+    error = float((out.double() - ref).abs().max())
+    bound = error_bound(p.dtype, ref)
+    analytic = decode_bytes(case.new_tokens, p.ring, p.heads, p.head_dim, p.dtype, p.batch)
+    analytic_cache = kv_cache_bytes_per_rank(
+        total, p.ring, p.kv_heads, p.head_dim, p.dtype, p.batch
+    )
+    return {
+        **asdict(p),
+        "label": case.label,
+        "scheme": f"decode_{case.layout}",
+        "cached_len": case.cached_len,
+        "new_tokens": case.new_tokens,
+        "max_error": error,
+        "tolerance": bound,
+        "bytes": sent,
+        "analytic_bytes": analytic,
+        "bytes_match": sent == analytic,
+        "cache_bytes": int(cache_bytes),
+        "analytic_cache_bytes": analytic_cache,
+        "passed": error <= bound and sent == analytic and int(cache_bytes) == analytic_cache,
+    }
+
+
+def run_decode_cases_on_rank(
+    cases: list[DecodeCase], device: str = "cpu", kernel: str | LocalKernel = "auto"
+) -> list[dict | None]:
+    """Pool task: run a batch of decode cases; a CpbenchError in one is recorded."""
+    dev = torch.device(device)
+    out: list[dict | None] = []
+    for case in cases:
+        try:
+            out.append(run_decode_case_on_rank(case, dev, kernel))
+        except CpbenchError as exc:  # deterministic on every rank: no collective is left open
+            scheme = f"decode_{case.layout}"
+            out.append({"label": case.label, "scheme": scheme, "passed": False, "error": str(exc)})
+    return out
+
+
+def default_decode_cases(world: int, dtype: str = "float32") -> list[DecodeCase]:
+    """Decode steps of 1 to 8 new tokens over both cache layouts: no earlier cache (P = 0),
+    a cache shorter than the ranks, and caches not a multiple of W; GQA 8/8 and 8/1."""
+    cases = []
+    for layout in CACHE_LAYOUTS:
+        for cached_len in (0, world - 1 or 1, 16 * world + 3, 64 * world):
+            for new_tokens in (1, 2, 5, 8):
+                for kv_heads in (8, 1):
+                    cases.append(
+                        decode_case(
+                            layout, world, cached_len, new_tokens, kv_heads=kv_heads, dtype=dtype
+                        )
+                    )
+    return cases
+
+
+def run_inference_cases_on_rank(
+    cases: list[PrefillCase | DecodeCase], device: str = "cpu", kernel: str | LocalKernel = "auto"
+) -> list[dict | None]:
+    """Pool task: prefill and decode cases in order, each record marked with its phase
+    (`"inference": "prefill"` or `"decode"`)."""
+    out: list[dict | None] = []
+    for case in cases:
+        if isinstance(case, PrefillCase):
+            record = run_prefill_cases_on_rank([case], device, kernel)[0]
+            phase = "prefill"
+        else:
+            record = run_decode_cases_on_rank([case], device, kernel)[0]
+            phase = "decode"
+        out.append(None if record is None else {**record, "inference": phase})
+    return out

@@ -1,0 +1,388 @@
+"""Context-parallel prefill with a cached prefix, in pure math: how the tokens are sharded,
+the bytes each scheme sends per rank (what `cpbench.attention.inference` counts at the
+torch.distributed boundary), and the pass-KV / pass-Q crossover in T/P.
+
+The problem: T new tokens (query positions P..P+T-1) attend causally to P cached + T new keys
+(positions 0..P+T-1), on W ranks. Every rank holds a contiguous shard of the cache and a
+contiguous shard of the new tokens; `split_sizes` is the partition (the first `n mod W` ranks
+get one token more, as `torch.tensor_split`). Tensors that travel are padded to the largest
+shard (ranks exchange equal shapes), and the bytes here count the padding, as the wire does.
+
+Schemes (per rank, forward only):
+
+* pass_kv: a ring of W steps; the K/V chunk (cache shard + new shard, padded) hops W - 1 times;
+* pass_q: a ring of W steps; the query block (padded) hops W - 1 times and the W - 1 foreign
+  partial outputs (in the inputs' dtype) and LSEs (fp32) go home in one all-to-all each;
+* all_gather: the K/V chunks of the W - 1 other ranks reach this rank in one all-gather;
+* ulysses: all-to-all Q and K/V (sequence -> heads; K/V heads replicated up to W when fewer),
+  attention over the whole sequence on W-th of the heads, all-to-all the output back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+from scipy.optimize import brentq
+
+from cpbench.config.problem import CpProblem
+from cpbench.config.vocabulary import dtype_bytes
+from cpbench.errors import CpbenchError
+from cpbench.model.formulas import FP32_BYTES
+from cpbench.model.hardware.profile import HardwareProfile, LinkTierProfile
+
+PrefillScheme = Literal["pass_kv", "pass_q", "all_gather", "ulysses"]
+"""How the ranks exchange data in a prefill with a cached prefix (see the module docstring)."""
+PREFILL_SCHEMES: tuple[PrefillScheme, ...] = get_args(PrefillScheme)
+
+LSE_BYTES = FP32_BYTES
+"""The LSE travels in fp32 (natural log), whatever the inputs' dtype."""
+
+
+def check_scheme(scheme: str) -> PrefillScheme:
+    """`scheme` as a `PrefillScheme`; CpbenchError naming it when it is none."""
+    for s in PREFILL_SCHEMES:
+        if scheme == s:
+            return s
+    raise CpbenchError(f"prefill scheme {scheme!r} is not one of {', '.join(PREFILL_SCHEMES)}")
+
+
+def split_sizes(n: int, parts: int) -> tuple[int, ...]:
+    """Sizes of `n` tokens split into `parts` contiguous shards: the first `n mod parts`
+    shards get `n // parts + 1`, the rest `n // parts` (torch.tensor_split's rule)."""
+    if parts < 1 or n < 0:
+        raise CpbenchError(f"cannot split {n} tokens over {parts} ranks (need n >= 0, ranks >= 1)")
+    base, extra = divmod(n, parts)
+    return tuple(base + (1 if r < extra else 0) for r in range(parts))
+
+
+def split_starts(n: int, parts: int) -> tuple[int, ...]:
+    """Start offset of each shard of `split_sizes(n, parts)` (and n at the end)."""
+    starts = [0]
+    for size in split_sizes(n, parts):
+        starts.append(starts[-1] + size)
+    return tuple(starts)
+
+
+@dataclass(frozen=True)
+class PrefillCase:
+    """One prefill of `new_tokens` on `cached_len` cached tokens with a scheme, on the
+    problem's heads, dtype and mesh (its `seq_len` is P + T, its mesh U x R: U = W for
+    ulysses, R = W for the ring schemes)."""
+
+    problem: CpProblem
+    """Heads, KV heads, head dim, batch, dtype, mesh (seq_len = cached_len + new_tokens)."""
+    cached_len: int
+    """P: cached tokens (key positions 0..P-1)."""
+    new_tokens: int
+    """T: new tokens (query positions P..P+T-1), at least 1."""
+    scheme: PrefillScheme
+    """How the ranks exchange data (`PREFILL_SCHEMES`)."""
+    seed: int = 0
+    """Seed of the global inputs (verify)."""
+
+    def __post_init__(self) -> None:
+        check_scheme(self.scheme)
+        if self.new_tokens < 1 or self.cached_len < 0:
+            raise CpbenchError(
+                f"prefill needs new_tokens >= 1 and cached_len >= 0, got new_tokens "
+                f"{self.new_tokens}, cached_len {self.cached_len}"
+            )
+        total = self.cached_len + self.new_tokens
+        if self.problem.seq_len != total:
+            raise CpbenchError(
+                f"the problem's seq_len ({self.problem.seq_len}) must be cached_len + "
+                f"new_tokens = {self.cached_len} + {self.new_tokens} = {total}"
+            )
+        p = self.problem
+        want = (self.world, 1) if self.scheme == "ulysses" else (1, self.world)
+        if (p.ulysses, p.ring) != want:
+            raise CpbenchError(
+                f"prefill scheme {self.scheme} runs on a U x R = {want[0]} x {want[1]} mesh "
+                f"of {self.world} ranks, got {p.ulysses} x {p.ring}"
+            )
+        if self.scheme == "ulysses":
+            kv = ulysses_kv_heads(p.kv_heads, self.world)
+            if p.heads % self.world or kv % self.world:
+                raise CpbenchError(
+                    f"ulysses prefill splits heads over {self.world} ranks: heads ({p.heads}) "
+                    f"and KV heads ({p.kv_heads}, replicated to {kv}) must be multiples of it"
+                )
+
+    @property
+    def world(self) -> int:
+        """W: ranks."""
+        return self.problem.ulysses * self.problem.ring
+
+    @property
+    def label(self) -> str:
+        p = self.problem
+        return (
+            f"prefill {self.scheme} W{self.world} P{self.cached_len} T{self.new_tokens} "
+            f"h{p.heads}/{p.kv_heads} d{p.head_dim} b{p.batch} {p.dtype}"
+        )
+
+    @property
+    def q_block(self) -> int:
+        """Query rows of the padded block that travels (the largest new-token shard)."""
+        return split_sizes(self.new_tokens, self.world)[0]
+
+    @property
+    def kv_block(self) -> int:
+        """Tokens of the padded K/V chunk (largest cache shard + largest new shard)."""
+        return split_sizes(self.cached_len, self.world)[0] + self.q_block
+
+    @property
+    def element_bytes(self) -> int:
+        return self.problem.bytes_per_element
+
+
+def ulysses_kv_heads(kv_heads: int, world: int) -> int:
+    """KV heads after replication for a head split over `world` ranks: kv_heads when at least
+    `world`, else each head copied world / kv_heads times (kv_heads must divide world)."""
+    if kv_heads >= world:
+        return kv_heads
+    if world % kv_heads:
+        raise CpbenchError(
+            f"{kv_heads} KV heads cannot be replicated onto {world} ranks ({world} % "
+            f"{kv_heads} = {world % kv_heads})"
+        )
+    return world
+
+
+def prefill_bytes(case: PrefillCase) -> dict[str, int]:
+    """Bytes one rank sends per collective tag in the forward (the tags `ByteCounter` records:
+    p2p_kv, p2p_q, a2a_out, a2a_lse, allgather_kv, a2a_q, a2a_kv). All-to-all counts what a
+    rank hands in less its own 1/W share; an all-gather counts the W - 1 chunks that reach it."""
+    p, w, e = case.problem, case.world, case.element_bytes
+    if w == 1:
+        return {}
+    b, h, hkv, d = p.batch, p.heads, p.kv_heads, p.head_dim
+    kv_chunk = b * case.kv_block * 2 * hkv * d * e
+    q_block = b * case.q_block * h * d * e
+    if case.scheme == "pass_kv":
+        return {"p2p_kv": (w - 1) * kv_chunk}
+    if case.scheme == "all_gather":
+        return {"allgather_kv": (w - 1) * kv_chunk}
+    if case.scheme == "pass_q":
+        lse = b * h * case.q_block * LSE_BYTES
+        return {"p2p_q": (w - 1) * q_block, "a2a_out": (w - 1) * q_block, "a2a_lse": (w - 1) * lse}
+    # ulysses: every rank hands in its whole (padded) shard, W-th of it stays home
+    kv = ulysses_kv_heads(hkv, w)
+    kv_shard = b * case.kv_block * 2 * kv * d * e
+    return {
+        "a2a_q": q_block * (w - 1) // w,
+        "a2a_kv": kv_shard * (w - 1) // w,
+        "a2a_out": q_block * (w - 1) // w,
+    }
+
+
+@dataclass(frozen=True)
+class RingLink:
+    """What the crossover needs of a mesh: the link the ring's ranks share and the attention
+    FLOP rate of one rank."""
+
+    link: LinkTierProfile
+    """The tier the ring crosses: its send/recv cost prices the hops, its all-to-all cost the
+    pass-Q partial outputs."""
+    flops: float
+    """Achieved attention FLOP/s of one rank (4 B H D per visible query-key pair)."""
+
+    @classmethod
+    def from_profile(
+        cls, profile: HardwareProfile, dtype: str, world: int, kernel_len: float
+    ) -> RingLink:
+        """The intra-node tier when `world` ranks fit one node, else the inter-node one; the
+        FLOP rate is the profile's peak for `dtype` x its efficiency curve at `kernel_len`
+        (the tokens of one kernel call)."""
+        if dtype not in profile.peak_tflops:
+            raise CpbenchError(
+                f"profile {profile.name!r} has no peak for dtype {dtype!r} (it has "
+                f"{', '.join(profile.peak_tflops)})"
+            )
+        tier = profile.intra_node if world <= profile.devices_per_node else profile.inter_node
+        flops = profile.peak_tflops[dtype] * 1e12 * profile.efficiency.at(kernel_len)
+        return cls(tier, flops)
+
+
+def prefill_time(
+    scheme: Literal["pass_kv", "pass_q"],
+    cached_len: int,
+    new_tokens: int,
+    problem: CpProblem,
+    world: int,
+    link: RingLink,
+) -> float:
+    """Modelled seconds of one ring prefill: W compute steps, each a W-th of the busiest rank's
+    work (`prefill_pairs_per_rank`, 4 B H D FLOPs per visible pair: the ring waits for its
+    slowest rank), each of the W - 1 hops overlapped with a step (a step takes the longer of
+    the two), and for pass_q the all-to-all of the partial outputs and LSEs after the ring
+    (not overlapped: nothing is left to compute)."""
+    p = problem
+    pairs = max(prefill_pairs_per_rank(cached_len, new_tokens, world))
+    step = 4 * p.batch * p.heads * p.head_dim * pairs / world / link.flops
+    case = PrefillCase(
+        CpProblem(
+            seq_len=cached_len + new_tokens,
+            heads=p.heads,
+            kv_heads=p.kv_heads,
+            head_dim=p.head_dim,
+            batch=p.batch,
+            dtype=p.dtype,
+            ring=world,
+        ),
+        cached_len,
+        new_tokens,
+        scheme,
+    )
+    sent = prefill_bytes(case)
+    if world == 1:
+        return step
+    hop_tag = "p2p_kv" if scheme == "pass_kv" else "p2p_q"
+    hop = link.link.send_recv.seconds(sent[hop_tag] / (world - 1))
+    total = step + (world - 1) * max(step, hop)
+    if scheme == "pass_q":
+        total += link.link.all_to_all.seconds(sent["a2a_out"] + sent["a2a_lse"], calls=2)
+    return total
+
+
+def pass_kv_pass_q_crossover(
+    cached_len: int, problem: CpProblem, world: int, link: RingLink
+) -> float | None:
+    """The T/P at which pass-KV and pass-Q take the same modelled time on `cached_len` cached
+    tokens (pass-Q wins below it, pass-KV above), searched over T/P in [1/4096, 64] with
+    scipy's brentq; None when one scheme wins over the whole range."""
+    if cached_len < 1:
+        raise CpbenchError(f"the crossover in T/P needs cached_len >= 1, got {cached_len}")
+
+    def gap(ratio: float) -> float:
+        t = max(1, round(ratio * cached_len))
+        kv = prefill_time("pass_kv", cached_len, t, problem, world, link)
+        q = prefill_time("pass_q", cached_len, t, problem, world, link)
+        return kv - q
+
+    lo, hi = 1 / 4096, 64.0
+    if gap(lo) * gap(hi) > 0:
+        return None
+    return float(brentq(gap, lo, hi, xtol=1e-6))
+
+
+CacheLayout = Literal["contiguous", "interleaved"]
+"""How a decode's KV cache is sharded by sequence: contiguous (rank r holds the r-th of
+`split_sizes(N, W)`) or interleaved (rank r holds positions r, r + W, r + 2W, ...: the cache
+grows evenly over the ranks, one token each in turn)."""
+CACHE_LAYOUTS: tuple[CacheLayout, ...] = get_args(CacheLayout)
+
+
+def check_cache_layout(layout: str) -> CacheLayout:
+    """`layout` as a `CacheLayout`; CpbenchError naming it when it is none."""
+    for known in CACHE_LAYOUTS:
+        if layout == known:
+            return known
+    raise CpbenchError(f"cache layout {layout!r} is not one of {', '.join(CACHE_LAYOUTS)}")
+
+
+def cache_shard_len(total: int, world: int, rank: int, layout: CacheLayout) -> int:
+    """Cached tokens rank `rank` holds of `total` (contiguous: `split_sizes`; interleaved:
+    the positions p < total with p mod W = rank)."""
+    if layout == "contiguous":
+        return split_sizes(total, world)[rank]
+    return max(0, (total - rank + world - 1) // world)
+
+
+def cache_visible(total: int, world: int, rank: int, layout: CacheLayout, position: int) -> int:
+    """How many of rank `rank`'s cached keys a query at `position` sees (causal: key
+    positions <= position). Local keys are in increasing position, so they are a prefix."""
+    held = cache_shard_len(total, world, rank, layout)
+    if layout == "contiguous":
+        start = split_starts(total, world)[rank]
+        return min(held, max(0, position + 1 - start))
+    return min(held, 0 if position < rank else (position - rank) // world + 1)
+
+
+def kv_cache_bytes_per_rank(
+    total: int, world: int, kv_heads: int, head_dim: int, dtype: str, batch: int = 1
+) -> int:
+    """KV-cache bytes (one layer) of the rank holding the most of `total` tokens: ceil(N / W)
+    tokens x 2 (K and V) x KV heads x head dim x element bytes x batch (both layouts put
+    ceil(N / W) on rank 0)."""
+    return batch * -(-total // world) * 2 * kv_heads * head_dim * dtype_bytes(dtype)
+
+
+def longest_context(
+    memory_bytes: float, world: int, kv_heads: int, head_dim: int, dtype: str, layers: int
+) -> int:
+    """The most tokens whose KV cache over `layers` layers fits `memory_bytes` per rank when
+    sharded over `world` ranks (by sequence)."""
+    per_token = 2 * kv_heads * head_dim * dtype_bytes(dtype) * layers
+    return int(memory_bytes // per_token) * world
+
+
+def decode_bytes(
+    new_tokens: int, world: int, heads: int, head_dim: int, dtype: str, batch: int = 1
+) -> dict[str, int]:
+    """Bytes one rank sends in a decode step over a sequence-sharded cache: the all-gather of
+    every rank's partial output (inputs' dtype) and LSE (fp32) for the T new queries; the
+    queries themselves are on every rank already."""
+    if world == 1:
+        return {}
+    out = batch * new_tokens * heads * head_dim * dtype_bytes(dtype)
+    lse = batch * heads * new_tokens * LSE_BYTES
+    return {"allgather_out": (world - 1) * out, "allgather_lse": (world - 1) * lse}
+
+
+@dataclass(frozen=True)
+class DecodeCase:
+    """One decode step of `new_tokens` queries over a cache of cached_len + new_tokens keys
+    sharded by sequence over the problem's ring of W ranks (U = 1)."""
+
+    problem: CpProblem
+    """Heads, KV heads, head dim, batch, dtype, mesh (seq_len = cached_len + new_tokens)."""
+    cached_len: int
+    """P: tokens cached before this step."""
+    new_tokens: int
+    """T: 1 to 8 new queries (their K/V appended to the cache)."""
+    layout: CacheLayout
+    """How the cache is sharded (`CACHE_LAYOUTS`)."""
+    seed: int = 0
+    """Seed of the global inputs (verify)."""
+
+    def __post_init__(self) -> None:
+        check_cache_layout(self.layout)
+        if not 1 <= self.new_tokens <= 8 or self.cached_len < 0:
+            raise CpbenchError(
+                f"decode needs 1 <= new_tokens <= 8 and cached_len >= 0, got new_tokens "
+                f"{self.new_tokens}, cached_len {self.cached_len}"
+            )
+        total = self.cached_len + self.new_tokens
+        if self.problem.seq_len != total or self.problem.ulysses != 1:
+            raise CpbenchError(
+                f"a decode case's problem has seq_len cached_len + new_tokens = {total} "
+                f"(got {self.problem.seq_len}) and U = 1 (got {self.problem.ulysses})"
+            )
+
+    @property
+    def label(self) -> str:
+        p = self.problem
+        return (
+            f"decode {self.layout} W{p.ring} P{self.cached_len} T{self.new_tokens} "
+            f"h{p.heads}/{p.kv_heads} d{p.head_dim} b{p.batch} {p.dtype}"
+        )
+
+
+def prefill_pairs_per_rank(cached_len: int, new_tokens: int, world: int) -> tuple[int, ...]:
+    """Visible query-key pairs each rank computes in a ring prefill (pass-KV and pass-Q alike:
+    rank r's new-token queries against every cache key, and causally against the new keys up
+    to their own position). They sum to T P + T (T + 1) / 2; with contiguous new-token shards
+    the last rank has the most (its queries see the most new keys), so the ring's time is
+    the max, not the mean (`prefill_imbalance`). FLOPs: 4 B H D per pair."""
+    starts, sizes = split_starts(new_tokens, world), split_sizes(new_tokens, world)
+    # queries at new offsets s..s+n-1 see P cached keys and (offset + 1) new keys each
+    return tuple(n * cached_len + n * starts[r] + n * (n + 1) // 2 for r, n in enumerate(sizes))
+
+
+def prefill_imbalance(cached_len: int, new_tokens: int, world: int) -> float:
+    """max / mean of `prefill_pairs_per_rank`: 1 is balanced; T << P tends to 1 (the cache
+    part is the same for every query); T = P = 8, W = 2: 58 / 50."""
+    pairs = prefill_pairs_per_rank(cached_len, new_tokens, world)
+    return max(pairs) / (sum(pairs) / world)
