@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from cpbench.attention.inference_verify import run_decode_cases_on_rank, run_prefill_cases_on_rank
 from cpbench.attention.kernels import NaiveKernel
 from cpbench.attention.kernels.base import Band
+from cpbench.bench.inference_verify import run_decode_cases_on_rank, run_prefill_cases_on_rank
 from cpbench.model.inference import DecodeCase, PrefillCase
 
 

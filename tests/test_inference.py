@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from cpbench.attention.inference_verify import (
+from cpbench.bench.inference_verify import (
     decode_case,
     default_decode_cases,
     default_prefill_cases,

@@ -264,7 +264,7 @@ def run_verify(
 
 def _prefill_cases(world_size: int, dtype: Dtype, impl: str) -> list:
     """The prefill and decode cases of `--inference` (cpbench's own schemes only)."""
-    from cpbench.attention.inference_verify import (  # noqa: PLC0415
+    from cpbench.bench.inference_verify import (  # noqa: PLC0415
         default_decode_cases,
         default_prefill_cases,
     )
@@ -280,7 +280,7 @@ def _prefill_records(
     run: Callable[..., list], cases: list, device: Device, kernel: Backend, timeout: float
 ) -> list[dict]:
     """Rank 0's prefill and decode records, each marked `"inference": "prefill"|"decode"`."""
-    from cpbench.attention.inference_verify import run_inference_cases_on_rank  # noqa: PLC0415
+    from cpbench.bench.inference_verify import run_inference_cases_on_rank  # noqa: PLC0415
 
     per_rank = run(run_inference_cases_on_rank, cases, device, kernel, timeout=timeout)
     return [r for r in per_rank[0] if r is not None]

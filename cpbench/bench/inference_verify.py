@@ -20,6 +20,7 @@ from cpbench.attention.mesh import build_mesh
 from cpbench.attention.reference import reference_attention
 from cpbench.bench.reference import TORCH_DTYPES, error_bound
 from cpbench.config.problem import CpProblem
+from cpbench.config.tolerances import rounded_terms
 from cpbench.errors import CpbenchError
 from cpbench.model.inference import (
     CACHE_LAYOUTS,
@@ -93,7 +94,9 @@ def run_prefill_case_on_rank(
     rq, rk, rv = (t.to(dtype).double() for t in (q, k, v))
     ref = reference_attention(rq, rk, rv, causal=True, causal_offset=case.cached_len)
     error = float((out.double() - ref).abs().max())
-    bound = error_bound(p.dtype, ref)
+    # the output merges up to one partial per rank of the CP group; sums run over P + T keys
+    terms = rounded_terms("out", p.ulysses * p.ring, 1)
+    bound = error_bound(p.dtype, ref, terms, case.cached_len + case.new_tokens)
     analytic = prefill_bytes(case)
     return {
         **asdict(p),
@@ -206,7 +209,8 @@ def run_decode_case_on_rank(
     rq, rk, rv = (t.to(dtype).double() for t in (q, k, v))
     ref = reference_attention(rq, rk, rv, causal=True, causal_offset=case.cached_len)
     error = float((out.double() - ref).abs().max())
-    bound = error_bound(p.dtype, ref)
+    # one partial output per cache shard is merged; sums run over the whole cache
+    bound = error_bound(p.dtype, ref, rounded_terms("out", p.ring, 1), total)
     analytic = decode_bytes(case.new_tokens, p.ring, p.heads, p.head_dim, p.dtype, p.batch)
     analytic_cache = kv_cache_bytes_per_rank(
         total, p.ring, p.kv_heads, p.head_dim, p.dtype, p.batch
