@@ -144,6 +144,13 @@ PLATFORM_SKIPS: tuple[PlatformSkip, ...] = (
         "the report's browser tests; CI installs Chromium, so there the skip is not allowed",
     ),
     PlatformSkip(
+        r"runs once per CI, on the main torch",
+        lambda: _torch_before(2, 13),
+        "the flash-attn 2 rule verify at worlds 4 and 8 and the mutation check's fast subset "
+        "(minutes each) test cpbench's logic; the floor-torch run keeps world 2 and every other "
+        "test (tests/impl_support.ONCE_PER_CI)",
+    ),
+    PlatformSkip(
         r"no /proc/stat on this platform",
         lambda: not Path("/proc/stat").exists(),
         "the other-load measurement reads Linux's /proc/stat",

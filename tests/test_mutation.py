@@ -5,6 +5,9 @@ there. The whole list (the multi-rank tests included) runs with `python -m tests
 
 from __future__ import annotations
 
+import pytest
+
+from tests.impl_support import ONCE_PER_CI, on_the_main_torch
 from tests.mutation.mutants import MUTANTS, Mutant
 from tests.mutation.runner import run_mutants
 
@@ -27,6 +30,7 @@ STALE = Mutant(
 )
 
 
+@pytest.mark.skipif(not on_the_main_torch(), reason=ONCE_PER_CI)
 def test_every_fast_mutant_is_caught() -> None:
     """The CI subset, and the runner's own verdicts: a mutant that changes nothing survives,
     one whose text is not in the file is stale (a runner that calls everything caught fails)."""
