@@ -65,9 +65,15 @@ def verify_on_the_session_pool(lend_the_session_pool: None, monkeypatch: pytest.
     real = verify_service.run_verify
     calls: list = []
 
+    import inspect  # noqa: PLC0415
+
+    matrix_args = set(inspect.signature(verify_service.default_cases).parameters)
+
     def sampled(world_size: int, *args: object, **kwargs: object) -> list[dict]:
-        calls.append((world_size, args, kwargs))
-        cases = verify_service.default_cases(world_size, *args[1:3], **kwargs)  # type: ignore[arg-type]
+        # the matrix's own arguments (run_verify has more: inference, timeout, ...)
+        matrix = {k: v for k, v in kwargs.items() if k in matrix_args}
+        calls.append((world_size, args, matrix))
+        cases = verify_service.default_cases(world_size, *args[1:3], **matrix)  # type: ignore[arg-type]
         return real(world_size, *args, cases=cases[:: len(cases) // VERIFY_SAMPLE], **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(verify_service, "run_verify", sampled)

@@ -95,6 +95,10 @@ def _worker_main(
         timeout=datetime.timedelta(seconds=600),
         **extra,
     )
+    # The measurement's modules (scipy's statistics among them: seconds on a loaded machine) are
+    # imported before "ready", so a configuration's --timeout times the configuration, not a
+    # fresh rank's imports.
+    import cpbench.bench.measure  # noqa: F401, PLC0415
     from cpbench.bench.environment import rank_waiting  # noqa: PLC0415
 
     results.put(("ready", rank, "ok", None))
