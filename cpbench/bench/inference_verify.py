@@ -63,7 +63,8 @@ def prefill_case(
     return PrefillCase(problem, cached_len, new_tokens, the_scheme, seed)
 
 
-def _inputs(case: PrefillCase, device: torch.device) -> tuple[torch.Tensor, ...]:
+def _inputs(case: PrefillCase | DecodeCase, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Q of the new tokens, K and V of cached + new, from the case's seed (q, then k, then v)."""
     p = case.problem
     g = torch.Generator().manual_seed(case.seed)
     total = case.cached_len + case.new_tokens
@@ -189,13 +190,8 @@ def run_decode_case_on_rank(
     `kv_cache_bytes_per_rank`), the others None."""
     p = case.problem
     dtype = TORCH_DTYPES[p.dtype]
-    g = torch.Generator().manual_seed(case.seed)
     total = case.cached_len + case.new_tokens
-    q = torch.randn(p.batch, case.new_tokens, p.heads, p.head_dim, generator=g).to(device)
-    k, v = (
-        torch.randn(p.batch, total, p.kv_heads, p.head_dim, generator=g).to(device)
-        for _ in range(2)
-    )
+    q, k, v = _inputs(case, device)
     mesh = build_mesh(1, p.ring)
     lk, lv = (t.to(dtype) for t in shard_cache(k, v, mesh, case.layout))
     counter = ByteCounter()
