@@ -18,31 +18,22 @@ degree) and takes heads, not a model; `plan` reuses its attention model for the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from cpbench.app.recommend.frameworks import cp_comm_type
 from cpbench.app.recommend.types import FrameworkSetting
-from cpbench.config.problem import check_choice, check_positive_int
+from cpbench.config.problem import check_positive_int
 from cpbench.config.vocabulary import canonical_dtype
 from cpbench.errors import CpbenchError
 from cpbench.model.hardware.loading import load_profile
 from cpbench.model.hardware.network import load_fabric
 from cpbench.model.hardware.profile import HardwareProfile
-from cpbench.model.plan.framework import (
-    check_attention_factor,
-    framework_attention,
-    linear_speedup,
-)
-from cpbench.model.plan.memory import (
-    MEMORY_MARGINS,
-    SAFE_MEMORY_FRACTION,
-    Recompute,
-    check_recompute,
-    check_zero,
-)
+from cpbench.model.plan.framework import framework_attention
+from cpbench.model.plan.memory import SAFE_MEMORY_FRACTION
 from cpbench.model.plan.search import (
     Plan,
+    PlanOptions,
     PlanRejection,
     SearchCounts,
     SearchSpace,
@@ -65,8 +56,9 @@ __all__ = ["Plan", "PlanRejection", "PlanRequest", "PlanResult", "plan", "to_jso
 
 
 @dataclass(frozen=True)
-class PlanRequest:
-    """What `cpbench plan` is asked."""
+class PlanRequest(PlanOptions):
+    """What `cpbench plan` is asked: the options (`PlanOptions`) and the model, L and GPUs as
+    the user named them."""
 
     model: str
     """Preset name, model TOML or Hugging Face config.json."""
@@ -78,45 +70,24 @@ class PlanRequest:
     """GPUs per node; None = the profile's."""
     hardware: str | None = None
     """Profile name or TOML path; None = h100-sxm."""
-    recompute: Recompute | None = None
-    """One recompute level; None = search none and full (and selective where the attention
-    kernel materialises the scores)."""
-    zero: int = 1
-    """ZeRO stage over DP x CP (1 = Megatron's distributed optimizer)."""
-    micro_batch: int = 1
-    """Sequences per micro-batch."""
     global_batch: int | None = None
     """Sequences per optimizer step; None = one per GPU."""
-    dtype: str = "bfloat16"
-    """Weights and activations dtype (peak FLOP/s, activation bytes)."""
-    kernel: str = "auto"
-    """Attention kernel (cpbench's kernel names)."""
-    tp: int | None = None
-    """Only this TP (None = search)."""
-    cp: int | None = None
-    """Only this CP."""
-    pp: int | None = None
-    """Only this PP."""
     matmul_efficiency: float | None = None
     """GEMM efficiency override."""
     reserve_gib: float | None = None
     """Runtime reserve per GPU; None = 2 GiB on a GPU, 0 on CPU."""
-    keep: int = 10
-    """Plans ranked and memory rejections kept (0 = every one, nothing pruned)."""
-    exhaustive: bool = False
-    """Price every plan that fits (no bounds), keeping `keep`."""
-    framework: str = "cpbench"
-    """The attention to price: cpbench, torchtitan, megatron or deepspeed."""
-    attention_factor: float | None = None
-    """Measured attention time / the cost model's for the framework (None: its prior)."""
-    linears: str = "bf16"
-    """Precision of the linear layers: bf16 or fp8."""
     fabric: str | None = None
     """A built-in fabric (`cpbench.model.hardware.network.FABRICS`); None: the profile's links."""
-    memory_margin: str = "capacity"
-    """What a plan must fit: capacity (tensors + reserve) or safe (tensors within 80%)."""
-    rank_by: str = "step"
-    """step (fastest first) or max_seq_len (longest sequence under the safe margin first)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_positive_int("seq_len", self.seq_len)
+        check_positive_int("gpus", self.gpus)
+        for name in ("gpus_per_node", "global_batch"):
+            if getattr(self, name) is not None:
+                check_positive_int(name.replace("_", " "), getattr(self, name))
+        if self.reserve_gib is not None and self.reserve_gib < 0:
+            raise CpbenchError(f"reserve must be >= 0 GiB, got {self.reserve_gib}")
 
 
 @dataclass(frozen=True)
@@ -156,33 +127,8 @@ class PlanResult:
         return self.feasible[0] if self.feasible else None
 
 
-def _check(request: PlanRequest) -> None:
-    check_positive_int("seq_len", request.seq_len)
-    check_positive_int("gpus", request.gpus)
-    check_positive_int("micro batch", request.micro_batch)
-    for name, value in (("gpus per node", request.gpus_per_node),
-                        ("global batch", request.global_batch),
-                        ("tp", request.tp), ("cp", request.cp), ("pp", request.pp)):
-        if value is not None:
-            check_positive_int(name, value)
-    if request.recompute is not None:
-        check_recompute(request.recompute)
-    check_zero(request.zero)
-    canonical_dtype(request.dtype)
-    if request.reserve_gib is not None and request.reserve_gib < 0:
-        raise CpbenchError(f"reserve must be >= 0 GiB, got {request.reserve_gib}")
-    framework_attention(request.framework)
-    linear_speedup(request.linears)
-    check_choice("memory margin", request.memory_margin, MEMORY_MARGINS)
-    check_choice("rank by", request.rank_by, ("step", "max_seq_len"))
-    check_attention_factor(request.attention_factor)
-    if isinstance(request.keep, bool) or not isinstance(request.keep, int) or request.keep < 0:
-        raise CpbenchError(f"plans kept must be an integer >= 0 (0 keeps all), got {request.keep!r}")
-
-
 def plan(request: PlanRequest) -> PlanResult:
     """Search the plans (`cpbench.model.plan.search`); see the module docstring."""
-    _check(request)
     model = load_model(request.model)
     profile = load_profile(request.hardware or DEFAULT_HARDWARE)
     per_node = request.gpus_per_node or profile.devices_per_node
@@ -197,16 +143,12 @@ def plan(request: PlanRequest) -> PlanResult:
         request.reserve_gib * GIB if request.reserve_gib is not None
         else (CUDA_RESERVE_GIB * GIB if profile.device_kind == "cuda" else 0.0)
     )
+    options = {f.name: getattr(request, f.name) for f in fields(PlanOptions)}
     space = SearchSpace(
-        model=model, profile=profile, gpus=request.gpus, gpus_per_node=per_node,
+        **options, model=model, profile=profile, gpus=request.gpus, gpus_per_node=per_node,
         seq_len=request.seq_len, global_batch=global_batch, efficiency=efficiency,
-        reserve_bytes=reserve, micro_batch=request.micro_batch, dtype=request.dtype,
-        kernel=request.kernel, zero=request.zero, recompute=request.recompute, tp=request.tp,
-        cp=request.cp, pp=request.pp, keep=request.keep, exhaustive=request.exhaustive,
-        framework=request.framework, attention_factor=request.attention_factor,
-        linears=request.linears,
+        reserve_bytes=reserve,
         fabric=load_fabric(request.fabric) if request.fabric is not None else None,
-        memory_margin=request.memory_margin, rank_by=request.rank_by,
     )
     found = search(space)
     notes = _notes(space, request, found.counts)

@@ -123,7 +123,9 @@ def plan(
     and the winner's Megatron-LM, torchtitan and DeepSpeed settings.
     """
     from cpbench.app import plan as service  # noqa: PLC0415 - keep `cpbench --help` fast
-    from cpbench.model.plan.memory import check_recompute  # noqa: PLC0415
+    from cpbench.config.problem import check_choice  # noqa: PLC0415
+    from cpbench.model.plan.framework import FRAMEWORKS, LINEAR_PRECISIONS  # noqa: PLC0415
+    from cpbench.model.plan.memory import MEMORY_MARGINS, check_recompute  # noqa: PLC0415
 
     request = service.PlanRequest(
         model=model,
@@ -143,11 +145,11 @@ def plan(
         matmul_efficiency=matmul_efficiency,
         reserve_gib=reserve_gib,
         keep=max(top, 0),
-        framework=framework,
+        framework=check_choice("framework", framework, FRAMEWORKS),
         attention_factor=attention_factor,
-        linears=linears,
+        linears=check_choice("linear precision", linears, LINEAR_PRECISIONS),
         fabric=fabric,
-        memory_margin=memory_margin,
+        memory_margin=check_choice("memory margin", memory_margin, MEMORY_MARGINS),
         rank_by="max_seq_len" if max_seq_len else "step",
         exhaustive=exhaustive,
     )

@@ -44,6 +44,8 @@ from cpbench.config.vocabulary import (
 )
 from cpbench.errors import CpbenchError
 
+Choice = TypeVar("Choice", bound=str)
+
 
 def is_int(value: object) -> TypeGuard[int]:
     """An int that is not a bool (TOML and Python both let True pass for 1)."""
@@ -55,9 +57,12 @@ def check_positive_int(name: str, value: object) -> None:
         raise CpbenchError(f"{name} must be a positive integer, got {value!r}")
 
 
-def check_choice(name: str, value: object, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise CpbenchError(f"{name} {value!r} is not one of {', '.join(allowed)}")
+def check_choice(name: str, value: object, allowed: tuple[Choice, ...]) -> Choice:
+    """`value` as one of `allowed` (a `Literal`'s options); CpbenchError naming it otherwise."""
+    for option in allowed:
+        if value == option:
+            return option
+    raise CpbenchError(f"{name} {value!r} is not one of {', '.join(allowed)}")
 
 
 def is_phase(value: object) -> TypeGuard[Phase]:
