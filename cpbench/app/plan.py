@@ -31,9 +31,9 @@ from cpbench.model.hardware.network import load_fabric
 from cpbench.model.hardware.profile import HardwareProfile
 from cpbench.model.plan.framework import framework_attention
 from cpbench.model.plan.memory import SAFE_MEMORY_FRACTION
+from cpbench.model.plan.options import PlanOptions
 from cpbench.model.plan.search import (
     Plan,
-    PlanOptions,
     PlanRejection,
     SearchCounts,
     SearchSpace,
