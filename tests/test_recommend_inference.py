@@ -22,11 +22,12 @@ from typer.testing import CliRunner
 
 from cpbench.app.recommend.inference import InferenceRequest, recommend_inference
 from cpbench.cli.main import app
+from cpbench.config.problem import CpProblem
 from cpbench.errors import CpbenchError
 from cpbench.model.hardware.loading import load_profile
 from cpbench.model.inference_cost import (
-    ServingShape,
     balanced_pairs_per_rank,
+    check_heads,
     kv_capacity,
     pass_kv_hidden_above,
     pass_kv_pass_q_crossover,
@@ -40,6 +41,11 @@ H100 = load_profile("h100-sxm")
 PEAK, EFF, OVERLAP, STEP_OVERHEAD = 989.5e12, 0.33, 0.9, 20e-6
 SR_LAT, SR_BW, A2A_LAT, A2A_BW, HBM = 10e-6, 370e9, 25e-6, 350e9, 3350e9
 P128K, TURN = 131072, 1024
+
+
+def problem(heads: int, kv_heads: int, batch: int = 1) -> CpProblem:
+    """The request's heads, d 128, bf16 (the pricing reads no seq_len or mesh from it)."""
+    return CpProblem(seq_len=P128K, heads=heads, kv_heads=kv_heads, head_dim=128, batch=batch)
 
 
 def cli_json(*args: str) -> dict[str, Any]:
@@ -76,7 +82,7 @@ def test_balanced_pairs_hand_counted() -> None:
 
 def test_ring_prices_hand_computed_1k_turn_on_128k_cache() -> None:
     """32/8 heads, d 128, bf16, W = 8 on NVLink: every term written out."""
-    shape = ServingShape(32, 8, 128, "bfloat16")
+    shape = problem(32, 8)
     rate = PEAK * EFF  # the K/V chunk has 16384 + 128 keys: the curve's last point
     # 1024 new tokens in 16 chunks of 64; rank r holds chunks r and 15 - r
     pairs = 2 * 64 * P128K + 64 * 64 * 15 + 64 * 65
@@ -103,7 +109,7 @@ def test_ring_prices_hand_computed_1k_turn_on_128k_cache() -> None:
 
 def test_decode_price_hand_computed() -> None:
     """64/8 heads (Llama 3 70B), 8 sequences of 128K on 8 GPUs: memory-bound."""
-    shape = ServingShape(64, 8, 128, "bfloat16", batch=8)
+    shape = problem(64, 8, 8)
     shard = 8 * (P128K // 8) * 2 * 8 * 128 * 2
     memory = shard / HBM
     compute = 4 * 8 * 64 * 128 * (P128K // 8) / (PEAK * EFF)
@@ -117,7 +123,7 @@ def test_decode_price_hand_computed() -> None:
 
 
 def test_kv_capacity_hand_computed() -> None:
-    shape = ServingShape(64, 8, 128, "bfloat16", batch=8)
+    shape = problem(64, 8, 8)
     budget = 79.6 * 2**30
     cap = kv_capacity(P128K, shape, 8, 80, budget)
     per_token = 2 * 8 * 128 * 2 * 80 * 8  # K and V, 8 KV heads, d 128, bf16, 80 layers, 8 seqs
@@ -129,7 +135,7 @@ def test_kv_capacity_hand_computed() -> None:
 
 def test_meta_hidden_threshold_hand_computed() -> None:
     # W C H_kv e / (2 H BW): 8 x 326.5 TFLOP/s x 8 x 2 B / (2 x 64 x 370 GB/s) = 882.5 tokens
-    shape = ServingShape(64, 8, 128, "bfloat16")
+    shape = problem(64, 8)
     expected = 8 * PEAK * EFF * 8 * 2 / (2 * 64 * SR_BW)
     assert pass_kv_hidden_above(shape, 8, H100, P128K) == pytest.approx(expected, rel=1e-9)
     assert expected == pytest.approx(882.5, abs=0.5)
@@ -137,7 +143,7 @@ def test_meta_hidden_threshold_hand_computed() -> None:
 
 @pytest.mark.parametrize(("heads", "kv_heads"), [(32, 8), (64, 8), (128, 8)])
 def test_crossover_separates_the_winners(heads: int, kv_heads: int) -> None:
-    shape = ServingShape(heads, kv_heads, 128, "bfloat16")
+    shape = problem(heads, kv_heads)
     ratio = pass_kv_pass_q_crossover(P128K, shape, 8, H100)
     assert ratio is not None
     t = ratio * P128K
@@ -154,13 +160,10 @@ def test_crossover_separates_the_winners(heads: int, kv_heads: int) -> None:
 def test_crossover_falls_with_more_query_heads_and_rises_across_nodes() -> None:
     """More query heads per KV head: longer steps against the same K/V hop (pass-KV hides
     sooner). A ring across nodes: the K/V hop crosses a 46 GB/s NIC, not 370 GB/s NVLink."""
-    ratios = [
-        pass_kv_pass_q_crossover(P128K, ServingShape(h, 8, 128, "bfloat16"), 8, H100)
-        for h in (16, 32, 64, 128)
-    ]
+    ratios = [pass_kv_pass_q_crossover(P128K, problem(h, 8), 8, H100) for h in (16, 32, 64, 128)]
     assert all(r is not None for r in ratios)
     assert ratios == sorted(ratios, reverse=True)  # type: ignore[type-var]
-    shape = ServingShape(64, 8, 128, "bfloat16")
+    shape = problem(64, 8)
     intra = pass_kv_pass_q_crossover(P128K, shape, 8, H100)
     inter = pass_kv_pass_q_crossover(P128K, shape, 16, H100)
     assert intra is not None and inter is not None and inter > 2 * intra
@@ -168,9 +171,9 @@ def test_crossover_falls_with_more_query_heads_and_rises_across_nodes() -> None:
 
 def test_model_inputs_rejected_with_the_rule() -> None:
     with pytest.raises(CpbenchError, match=r"heads \(30\) must be a multiple of kv_heads \(8\)"):
-        ServingShape(30, 8, 128, "bfloat16")
+        check_heads(problem(30, 8))
     with pytest.raises(CpbenchError, match="cached_len >= 1"):
-        pass_kv_pass_q_crossover(0, ServingShape(32, 8, 128, "bfloat16"), 8, H100)
+        pass_kv_pass_q_crossover(0, problem(32, 8), 8, H100)
 
 
 # ------------------------------------------------------------ the done-when recommendations

@@ -2,6 +2,11 @@
 for every scheme and degree, the per-token latency of a decode over a sequence-sharded KV
 cache, and the KV capacity per rank, priced on a hardware profile.
 
+Every function takes the `CpProblem` of the request for its heads, KV heads, head dim, batch
+(prefill: requests of the same P and T; decode: the decode batch) and dtype; its seq_len and
+mesh are not read (the cached and new token counts and the degree W are arguments), and
+`kernel` names the attention kernel whose efficiency curve prices the kernels.
+
 Conventions (every number these functions return):
 
 * times are seconds of one attention layer for the whole request batch, on the slowest rank
@@ -50,7 +55,6 @@ from typing import Literal
 from scipy.optimize import brentq
 
 from cpbench.config.problem import CpProblem
-from cpbench.config.vocabulary import canonical_dtype, dtype_bytes
 from cpbench.errors import CpbenchError
 from cpbench.model.hardware.profile import HardwareProfile, LinkTier, LinkTierProfile
 from cpbench.model.inference import (
@@ -67,44 +71,18 @@ RingScheme = Literal["pass_kv", "pass_q"]
 """The two ring prefill schemes the crossover compares."""
 
 
-@dataclass(frozen=True)
-class ServingShape:
-    """What the serving model needs of the model and the request: heads, head dim, dtype, the
-    kernel family and the request batch."""
+def flops_per_pair(problem: CpProblem) -> int:
+    """4 B H D: QK^T and PV, 2 FLOPs per multiply-add, over every head and sequence."""
+    return 4 * problem.batch * problem.heads * problem.head_dim
 
-    heads: int
-    """H: query heads."""
-    kv_heads: int
-    """H_kv: KV heads (GQA when below H)."""
-    head_dim: int
-    """D: head dimension."""
-    dtype: str
-    """Activation and KV-cache dtype (bfloat16, float16, float32)."""
-    batch: int = 1
-    """B: sequences priced together (prefill: requests of the same P and T; decode: the
-    decode batch)."""
-    kernel: str = "auto"
-    """Attention kernel name (`HardwareProfile.kernel_for`): its efficiency curve prices the
-    kernels."""
 
-    def __post_init__(self) -> None:
-        for name, value in (("heads", self.heads), ("kv_heads", self.kv_heads),
-                            ("head_dim", self.head_dim), ("batch", self.batch)):  # fmt: skip
-            if value < 1:
-                raise CpbenchError(f"{name} must be >= 1, got {value}")
-        if self.heads % self.kv_heads:
-            raise CpbenchError(
-                f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads}): "
-                f"{self.heads} % {self.kv_heads} = {self.heads % self.kv_heads}"
-            )
-
-    @property
-    def element_bytes(self) -> int:
-        return dtype_bytes(self.dtype)
-
-    def flops_per_pair(self) -> int:
-        """4 B H D: QK^T and PV, 2 FLOPs per multiply-add, over every head and sequence."""
-        return 4 * self.batch * self.heads * self.head_dim
+def check_heads(problem: CpProblem) -> None:
+    """CpbenchError showing the arithmetic when the query heads do not group over the KV heads."""
+    if problem.heads % problem.kv_heads:
+        raise CpbenchError(
+            f"heads ({problem.heads}) must be a multiple of kv_heads ({problem.kv_heads}): "
+            f"{problem.heads} % {problem.kv_heads} = {problem.heads % problem.kv_heads}"
+        )
 
 
 def balanced_pairs_per_rank(cached_len: int, new_tokens: int, world: int) -> tuple[int, ...]:
@@ -164,53 +142,54 @@ class PrefillPrice:
     """Bytes one rank sends, by collective tag (`prefill_bytes`)."""
 
 
-def _case(shape: ServingShape, cached_len: int, new_tokens: int, scheme: PrefillScheme,
+def _case(problem: CpProblem, cached_len: int, new_tokens: int, scheme: PrefillScheme,
           world: int) -> PrefillCase:  # fmt: skip
+    """The prefill of the problem's heads, dtype and batch on the scheme's mesh of `world`."""
     ulysses, ring = (world, 1) if scheme == "ulysses" else (1, world)
-    problem = CpProblem(
+    mesh = CpProblem(
         seq_len=cached_len + new_tokens,
-        heads=shape.heads,
-        kv_heads=shape.kv_heads,
-        head_dim=shape.head_dim,
-        batch=shape.batch,
-        dtype=canonical_dtype(shape.dtype),
+        heads=problem.heads,
+        kv_heads=problem.kv_heads,
+        head_dim=problem.head_dim,
+        batch=problem.batch,
+        dtype=problem.dtype,
         ulysses=ulysses,
         ring=ring,
     )
-    return PrefillCase(problem, cached_len, new_tokens, scheme)
+    return PrefillCase(mesh, cached_len, new_tokens, scheme)
 
 
 def price_prefill(
     scheme: PrefillScheme,
     cached_len: int,
     new_tokens: int,
-    shape: ServingShape,
+    problem: CpProblem,
     world: int,
     profile: HardwareProfile,
+    kernel: str = "auto",
 ) -> PrefillPrice:
     """The modelled TTFT of `scheme` on `world` ranks (see the module docstring); CpbenchError
     naming the rule when the scheme cannot run there (Ulysses: heads not divisible)."""
     if world < 1:
         raise CpbenchError(f"the CP degree must be >= 1, got {world}")
-    case = _case(shape, cached_len, new_tokens, scheme, world)
+    check_heads(problem)
+    case = _case(problem, cached_len, new_tokens, scheme, world)
     tier_name = group_tier(profile, world)
     tier, overhead = profile.link(tier_name), profile.step_overhead_s
-    per_pair = shape.flops_per_pair()
+    per_pair = flops_per_pair(problem)
     busiest = max(balanced_pairs_per_rank(cached_len, new_tokens, world))
     sent = prefill_bytes(case)
     if world == 1:
-        eff = profile.curve(profile.kernel_for(shape.kernel, shape.dtype)).at(
-            cached_len + new_tokens
-        )
-        compute = busiest * per_pair / (profile.peak_flops(shape.dtype) * eff)
+        eff = profile.curve(profile.kernel_for(kernel, problem.dtype)).at(cached_len + new_tokens)
+        compute = busiest * per_pair / (profile.peak_flops(problem.dtype) * eff)
         return PrefillPrice(scheme, 1, tier_name, compute + overhead, compute, 0.0, overhead,
                             kernel_efficiency=eff)  # fmt: skip
     if scheme in ("pass_kv", "pass_q"):
-        return _ring_price(scheme, case, tier_name, tier, profile, shape, busiest, sent)
+        return _ring_price(scheme, case, tier_name, tier, profile, problem, kernel, busiest, sent)
     if scheme == "all_gather":
         keys = cached_len + new_tokens
-        eff = _efficiency(profile, shape, keys)
-        compute = busiest * per_pair / (profile.peak_flops(shape.dtype) * eff)
+        eff = _efficiency(profile, problem, kernel, keys)
+        compute = busiest * per_pair / (profile.peak_flops(problem.dtype) * eff)
         gather = tier.all_to_all.seconds(sent["allgather_kv"])
         own = compute * case.kv_block / max(1, keys)  # the own chunk's share of the keys
         first = overlapped(own, gather, profile.overlap)
@@ -219,17 +198,19 @@ def price_prefill(
                             kernel_efficiency=eff, bytes_sent=sent)  # fmt: skip
     # ulysses: the whole causal prefill on H / W heads, all-to-alls exposed
     keys = cached_len + new_tokens
-    eff = _efficiency(profile, shape, keys)
+    eff = _efficiency(profile, problem, kernel, keys)
     pairs = new_tokens * cached_len + new_tokens * (new_tokens + 1) // 2
-    compute = pairs * per_pair / world / (profile.peak_flops(shape.dtype) * eff)
+    compute = pairs * per_pair / world / (profile.peak_flops(problem.dtype) * eff)
     comm = tier.all_to_all.seconds(sent["a2a_q"] + sent["a2a_kv"], calls=2)
     comm += tier.all_to_all.seconds(sent["a2a_out"])
     return PrefillPrice(scheme, world, tier_name, compute + comm + overhead, compute, comm,
                         overhead, kernel_efficiency=eff, bytes_sent=sent)  # fmt: skip
 
 
-def _efficiency(profile: HardwareProfile, shape: ServingShape, kernel_keys: float) -> float:
-    return profile.curve(profile.kernel_for(shape.kernel, shape.dtype)).at(kernel_keys)
+def _efficiency(
+    profile: HardwareProfile, problem: CpProblem, kernel: str, kernel_keys: float
+) -> float:
+    return profile.curve(profile.kernel_for(kernel, problem.dtype)).at(kernel_keys)
 
 
 def _ring_price(
@@ -238,13 +219,14 @@ def _ring_price(
     tier_name: LinkTier,
     tier: LinkTierProfile,
     profile: HardwareProfile,
-    shape: ServingShape,
+    problem: CpProblem,
+    kernel: str,
     busiest: int,
     sent: dict[str, int],
 ) -> PrefillPrice:
     w = case.world
-    eff = _efficiency(profile, shape, case.kv_block)
-    step = busiest * shape.flops_per_pair() / w / (profile.peak_flops(shape.dtype) * eff)
+    eff = _efficiency(profile, problem, kernel, case.kv_block)
+    step = busiest * flops_per_pair(problem) / w / (profile.peak_flops(problem.dtype) * eff)
     hop_tag = "p2p_kv" if scheme == "pass_kv" else "p2p_q"
     hop = tier.send_recv.seconds(sent[hop_tag] / (w - 1))
     ring = (w - 1) * overlapped(step, hop, profile.overlap) + step
@@ -260,7 +242,7 @@ def _ring_price(
 
 
 def pass_kv_pass_q_crossover(
-    cached_len: int, shape: ServingShape, world: int, profile: HardwareProfile
+    cached_len: int, problem: CpProblem, world: int, profile: HardwareProfile, kernel: str = "auto"
 ) -> float | None:
     """The T/P at which pass-KV and pass-Q take the same modelled TTFT (`price_prefill`) on
     `cached_len` cached tokens: pass-Q wins below it, pass-KV above. Searched over T/P in
@@ -273,8 +255,8 @@ def pass_kv_pass_q_crossover(
 
     def gap(ratio: float) -> float:
         t = max(1, round(ratio * cached_len))
-        kv = price_prefill("pass_kv", cached_len, t, shape, world, profile).total_s
-        q = price_prefill("pass_q", cached_len, t, shape, world, profile).total_s
+        kv = price_prefill("pass_kv", cached_len, t, problem, world, profile, kernel).total_s
+        q = price_prefill("pass_q", cached_len, t, problem, world, profile, kernel).total_s
         return kv - q
 
     lo, hi = 1 / 4096, 64.0
@@ -283,8 +265,8 @@ def pass_kv_pass_q_crossover(
     return float(brentq(gap, lo, hi, xtol=1e-6))
 
 
-def pass_kv_hidden_above(shape: ServingShape, world: int, profile: HardwareProfile,
-                         cached_len: int) -> float:  # fmt: skip
+def pass_kv_hidden_above(problem: CpProblem, world: int, profile: HardwareProfile,
+                         cached_len: int, kernel: str = "auto") -> float:  # fmt: skip
     """Meta's rule (arXiv:2411.01783 §3.3) on this profile: the new-token count T above which
     a pass-KV hop is shorter than the step it overlaps (its comm hides), from bandwidths
     alone (latency and padding left out): a step computes (T / W) x (P + T) / W pairs at C
@@ -292,20 +274,20 @@ def pass_kv_hidden_above(shape: ServingShape, world: int, profile: HardwareProfi
     hop hides when T >= W C 2 H_kv e / (4 H BW) = W C H_kv e / (2 H BW) (independent of P)."""
     tier = profile.link(group_tier(profile, world))
     keys = cached_len / world
-    rate = profile.peak_flops(shape.dtype) * _efficiency(profile, shape, keys)
+    rate = profile.peak_flops(problem.dtype) * _efficiency(profile, problem, kernel, keys)
     return (
         world
         * rate
-        * shape.kv_heads
-        * shape.element_bytes
-        / (2 * shape.heads * tier.send_recv.busbw)
+        * problem.kv_heads
+        * problem.bytes_per_element
+        / (2 * problem.heads * tier.send_recv.busbw)
     )
 
 
-def ring_message_ratio(shape: ServingShape) -> float:
+def ring_message_ratio(problem: CpProblem) -> float:
     """Meta's other test: pass-KV's hops carry fewer bytes than pass-Q's when
     T / (T + P) >= 2 H_kv / H (K and V of every key against the queries of the new tokens)."""
-    return 2 * shape.kv_heads / shape.heads
+    return 2 * problem.kv_heads / problem.heads
 
 
 @dataclass(frozen=True)
@@ -332,8 +314,8 @@ class DecodePrice:
     """Bytes one rank sends, by collective tag (`decode_bytes`)."""
 
 
-def price_decode(context_len: int, shape: ServingShape, world: int,
-                 profile: HardwareProfile) -> DecodePrice:  # fmt: skip
+def price_decode(context_len: int, problem: CpProblem, world: int,
+                 profile: HardwareProfile, kernel: str = "auto") -> DecodePrice:  # fmt: skip
     """One decode step (one new token per sequence) over `context_len` cached tokens sharded
     by sequence on `world` ranks; see the module docstring."""
     if context_len < 1 or world < 1:
@@ -343,13 +325,13 @@ def price_decode(context_len: int, shape: ServingShape, world: int,
     tier_name = group_tier(profile, world)
     tier = profile.link(tier_name)
     shard = kv_cache_bytes_per_rank(
-        context_len, world, shape.kv_heads, shape.head_dim, shape.dtype, shape.batch
+        context_len, world, problem.kv_heads, problem.head_dim, problem.dtype, problem.batch
     )
     memory = shard / profile.memory_bandwidth
     keys = split_sizes(context_len, world)[0]
-    rate = profile.peak_flops(shape.dtype) * _efficiency(profile, shape, keys)
-    compute = shape.flops_per_pair() * keys / rate
-    sent = decode_bytes(1, world, shape.heads, shape.head_dim, shape.dtype, shape.batch)
+    rate = profile.peak_flops(problem.dtype) * _efficiency(profile, problem, kernel, keys)
+    compute = flops_per_pair(problem) * keys / rate
+    sent = decode_bytes(1, world, problem.heads, problem.head_dim, problem.dtype, problem.batch)
     comm = 0.0
     if sent:
         comm = tier.all_to_all.seconds(sent["allgather_out"] + sent["allgather_lse"], calls=2)
@@ -377,7 +359,7 @@ class KvCapacity:
         return self.bytes_per_rank <= self.budget_bytes
 
 
-def kv_capacity(context_len: int, shape: ServingShape, world: int, layers: int,
+def kv_capacity(context_len: int, problem: CpProblem, world: int, layers: int,
                 budget_bytes: float) -> KvCapacity:  # fmt: skip
     """KV bytes per rank of `context_len` tokens over `layers` layers and `batch` sequences
     (ceil(N / W) tokens x 2 x H_kv x D x element bytes x layers x B) and the longest context
@@ -385,23 +367,25 @@ def kv_capacity(context_len: int, shape: ServingShape, world: int, layers: int,
     if layers < 1:
         raise CpbenchError(f"layers must be >= 1, got {layers}")
     held = layers * kv_cache_bytes_per_rank(
-        context_len, world, shape.kv_heads, shape.head_dim, shape.dtype, shape.batch
+        context_len, world, problem.kv_heads, problem.head_dim, problem.dtype, problem.batch
     )
-    per_token = 2 * shape.kv_heads * shape.head_dim * shape.element_bytes * layers * shape.batch
+    per_token = (
+        2 * problem.kv_heads * problem.head_dim * problem.bytes_per_element * layers * problem.batch
+    )
     longest = int(budget_bytes // per_token) * world
     return KvCapacity(world, held, budget_bytes, longest)
 
 
-def ulysses_rule(shape: ServingShape, world: int) -> str | None:
+def ulysses_rule(problem: CpProblem, world: int) -> str | None:
     """Why Ulysses cannot run on `world` ranks (None when it can): heads and the replicated KV
     heads must divide over the ranks."""
     try:
-        kv = ulysses_kv_heads(shape.kv_heads, world)
+        kv = ulysses_kv_heads(problem.kv_heads, world)
     except CpbenchError as exc:
         return str(exc)
-    if shape.heads % world or kv % world:
+    if problem.heads % world or kv % world:
         return (
-            f"Ulysses splits heads over {world} ranks: {shape.heads} heads and {kv} KV heads "
+            f"Ulysses splits heads over {world} ranks: {problem.heads} heads and {kv} KV heads "
             f"must be multiples of {world}"
         )
     return None

@@ -15,6 +15,7 @@ from typing import Any
 from cpbench.app.recommend.inference_settings import serving_settings
 from cpbench.app.recommend.types import DEFAULT_HARDWARE
 from cpbench.app.recommend.uncertainty import profile_uncertainty
+from cpbench.config.problem import CpProblem
 from cpbench.config.vocabulary import canonical_dtype
 from cpbench.errors import CpbenchError
 from cpbench.model.hardware.loading import load_profile
@@ -23,7 +24,7 @@ from cpbench.model.inference import PREFILL_SCHEMES, PrefillScheme
 from cpbench.model.inference_cost import (
     DecodePrice,
     PrefillPrice,
-    ServingShape,
+    check_heads,
     kv_capacity,
     pass_kv_hidden_above,
     pass_kv_pass_q_crossover,
@@ -122,18 +123,26 @@ def _profile(request: InferenceRequest) -> HardwareProfile:
     return profile
 
 
-def _shape(request: InferenceRequest) -> ServingShape:
+def _problem(request: InferenceRequest) -> CpProblem:
+    """The request's attention problem: its context (P + T), heads, dtype and the batch priced
+    (the decode batch when decoding); the pricing reads no mesh from it."""
     batch = request.decode_batch if request.decode_batch is not None else request.batch
-    dtype = canonical_dtype(request.dtype)
-    return ServingShape(
-        request.heads, request.kv_heads, request.head_dim, dtype, batch, request.kernel
+    problem = CpProblem(
+        seq_len=request.cached_len + request.prompt_len,
+        heads=request.heads,
+        kv_heads=request.kv_heads,
+        head_dim=request.head_dim,
+        batch=batch,
+        dtype=canonical_dtype(request.dtype),
     )
+    check_heads(problem)
+    return problem
 
 
 def recommend_inference(request: InferenceRequest) -> dict[str, Any]:
     """The serving recommendation as a JSON-serialisable dict (see the module docstring)."""
     request.check()
-    shape = _shape(request)
+    shape = _problem(request)
     profile = _profile(request)
     uncertainty = profile_uncertainty(profile, None)
     context = request.cached_len + request.prompt_len
@@ -186,7 +195,7 @@ def recommend_inference(request: InferenceRequest) -> dict[str, Any]:
 
 def _prefill_ranking(
     request: InferenceRequest,
-    shape: ServingShape,
+    shape: CpProblem,
     profile: HardwareProfile,
     capacity: list[dict[str, Any]],
 ) -> dict[str, Any]:
@@ -210,11 +219,13 @@ def _prefill_ranking(
             if rule is not None:
                 rejected.append({"scheme": scheme, "world": w, "rule": rule})
                 continue
-            priced.append(price_prefill(scheme, p, t, shape, w, profile))
+            priced.append(price_prefill(scheme, p, t, shape, w, profile, request.kernel))
     priced.sort(key=lambda c: (c.total_s, c.world))
     candidates = [_prefill_dict(c, i + 1) for i, c in enumerate(priced)]
     ring_world = max(w for w in degrees(request.gpus)) if request.gpus > 1 else None
-    verdict = _ring_verdict(p, t, shape, ring_world, profile) if ring_world else None
+    verdict = (
+        _ring_verdict(p, t, shape, ring_world, profile, request.kernel) if ring_world else None
+    )
     shown = candidates if request.top == 0 else candidates[: request.top]
     return {
         "candidates": shown,
@@ -234,13 +245,13 @@ def _prefill_dict(c: PrefillPrice, rank: int) -> dict[str, Any]:
     return d
 
 
-def _ring_verdict(p: int, t: int, shape: ServingShape, world: int,
-                  profile: HardwareProfile) -> dict[str, Any]:  # fmt: skip
+def _ring_verdict(p: int, t: int, shape: CpProblem, world: int,
+                  profile: HardwareProfile, kernel: str) -> dict[str, Any]:  # fmt: skip
     """Which of pass-KV / pass-Q wins on `world` ranks, and the numbers that say why."""
-    kv = price_prefill("pass_kv", p, t, shape, world, profile)
-    q = price_prefill("pass_q", p, t, shape, world, profile)
+    kv = price_prefill("pass_kv", p, t, shape, world, profile, kernel)
+    q = price_prefill("pass_q", p, t, shape, world, profile, kernel)
     winner: PrefillScheme = "pass_kv" if kv.total_s <= q.total_s else "pass_q"
-    crossover = pass_kv_pass_q_crossover(p, shape, world, profile) if p >= 1 else None
+    crossover = pass_kv_pass_q_crossover(p, shape, world, profile, kernel) if p >= 1 else None
     return {
         "world": world,
         "tier": kv.tier,
@@ -261,17 +272,17 @@ def _ring_verdict(p: int, t: int, shape: ServingShape, world: int,
         "turn_ratio": t / p if p else None,
         "crossover_ratio": crossover,
         "crossover_tokens": None if crossover is None else crossover * p,
-        "hidden_above_tokens": pass_kv_hidden_above(shape, world, profile, p + t),
+        "hidden_above_tokens": pass_kv_hidden_above(shape, world, profile, p + t, kernel),
         "message_ratio": ring_message_ratio(shape),
         "new_share": t / (t + p),
     }
 
 
-def _decode_ranking(request: InferenceRequest, shape: ServingShape,
+def _decode_ranking(request: InferenceRequest, shape: CpProblem,
                     profile: HardwareProfile) -> dict[str, Any]:  # fmt: skip
     context = request.cached_len + request.prompt_len
     priced: list[DecodePrice] = [
-        price_decode(context, shape, w, profile) for w in degrees(request.gpus)
+        price_decode(context, shape, w, profile, request.kernel) for w in degrees(request.gpus)
     ]
     priced.sort(key=lambda c: (c.total_s, c.world))
     candidates = []

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from cpbench.model.inference_cost import ServingShape
+from cpbench.config.problem import CpProblem
 
 VLLM_DOCS = "https://docs.vllm.ai/en/latest/configuration/engine_args.html (parallel config)"
 VLLM_PCP_DESIGN = "https://github.com/vllm-project/vllm/issues/25749"
@@ -40,7 +40,7 @@ def serving_settings(
     decode: bool,
     winner: Mapping[str, Any] | None,
     gpus: int,
-    shape: ServingShape,
+    shape: CpProblem,
     cached_len: int,
 ) -> list[dict[str, Any]]:
     """One row per framework: the flags that run the winner, or `expressible: False` with
@@ -93,7 +93,7 @@ def _prefill_rows(scheme: str, world: int, gpus: int, cached_len: int) -> list[d
     return rows
 
 
-def _decode_rows(world: int, gpus: int, shape: ServingShape) -> list[dict[str, Any]]:
+def _decode_rows(world: int, gpus: int, shape: CpProblem) -> list[dict[str, Any]]:
     if world == 1:
         return [
             _row("vLLM", True, "(no decode context parallelism: --decode-context-parallel-size 1)",
