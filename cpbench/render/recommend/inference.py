@@ -47,7 +47,12 @@ def render_inference(report: Mapping[str, Any], explain: bool = False) -> list[R
                 style="yellow",
             )
         )
-    out.append(_ranked_table(report, decode))
+    if report["candidates"]:
+        out.append(_ranked_table(report, decode))
+    else:
+        out.append(
+            Text("No scheme and degree fits: every one is rejected below.", style="bold red")
+        )
     tie = report.get("tie")
     if tie and not tie["clear"]:
         out.append(Text(f"Tie with #1 (within the model's uncertainty): "
