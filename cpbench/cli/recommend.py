@@ -166,6 +166,11 @@ def recommend(
     window skips. Every mesh with a ring axis is also ranked all-gathered (U x A: K/V gathered
     in one stride, or one KV head per gather with the next in flight), with where it wins or
     loses against the ring and Ulysses.
+
+    With --inference it ranks a serving request instead (docs/inference.md): prefill schemes
+    and degrees by TTFT (--prompt-len T new tokens on --cached-len P cached), or with
+    --decode-batch the sharded-cache decode by per-token latency; the pass-KV / pass-Q
+    crossover, the KV capacity and the vLLM / SGLang settings.
     """
     from cpbench.app import recommend as service  # noqa: PLC0415 - keep `cpbench --help` fast
 
