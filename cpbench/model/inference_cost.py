@@ -29,8 +29,8 @@ contiguously (every query sees all of it, so its layout does not change the work
   one padded query block (T / W rows) against one padded K/V chunk (P / W + T / W keys), priced
   at the profile's efficiency curve at the chunk's key count (a split-KV kernel keeps the GPU
   busy on few query rows: FlashAttention's `num_splits_heuristic` splits the keys when batch x
-  heads x query tiles fill under 80% of the SMs; a kernel that does not is slower, which hides hops better: it makes
-  pass-KV look better, never worse). pass_kv hops the K/V chunk W - 1 times; pass_q hops the
+  heads x query tiles fill under 80% of the SMs; a kernel that does not is slower, which hides
+  hops better: it makes pass-KV look better, never worse). pass_kv hops the K/V chunk W - 1 times; pass_q hops the
   query block W - 1 times and then sends the W - 1 foreign partial outputs and their LSEs home
   in two all-to-alls, after the last step: nothing is left to compute, so they are exposed
   (Meta's pass-Q, arXiv:2411.01783 §3.3);
