@@ -113,6 +113,43 @@ def recommend(
             "(default: what fits one screen).",
         ),
     ] = False,
+    inference: Annotated[
+        bool,
+        typer.Option(
+            "--inference",
+            help="Rank for serving instead: prefill schemes (pass-KV, pass-Q, all-gather, "
+            "Ulysses) and CP degrees by TTFT, or with --decode-batch the sharded-cache decode "
+            "by per-token latency; the pass-KV / pass-Q crossover, KV capacity, vLLM / SGLang "
+            "settings.",
+        ),
+    ] = False,
+    prompt_len: Annotated[
+        int | None,
+        typer.Option(help="--inference: new tokens T of the turn (the prompt, or its new part)."),
+    ] = None,
+    cached_len: Annotated[
+        int, typer.Option(help="--inference: tokens P already in the KV cache (0: none).")
+    ] = 0,
+    decode_batch: Annotated[
+        int | None,
+        typer.Option(
+            help="--inference: rank the decode step of this many sequences, each with P + T "
+            "cached tokens, instead of the prefill."
+        ),
+    ] = None,
+    layers: Annotated[
+        int | None,
+        typer.Option(help="--inference: attention layers (KV capacity; tokens/s)."),
+    ] = None,
+    kv_memory_gib: Annotated[
+        float | None,
+        typer.Option(
+            help="--inference: GiB per GPU the KV cache may use (default: the device memory)."
+        ),
+    ] = None,
+    kernel: Annotated[
+        str, typer.Option(help="--inference: attention kernel priced (auto, flash_attn, ...).")
+    ] = "auto",
     as_json: JsonOption = False,
 ) -> None:
     """Rank every U x R mesh of the CP degree and every layout by predicted step time.
@@ -129,9 +166,37 @@ def recommend(
     window skips. Every mesh with a ring axis is also ranked all-gathered (U x A: K/V gathered
     in one stride, or one KV head per gather with the next in flight), with where it wins or
     loses against the ring and Ulysses.
+
+    With --inference it ranks a serving request instead (docs/inference.md): prefill schemes
+    and degrees by TTFT (--prompt-len T new tokens on --cached-len P cached), or with
+    --decode-batch the sharded-cache decode by per-token latency; the pass-KV / pass-Q
+    crossover, the KV capacity and the vLLM / SGLang settings.
     """
     from cpbench.app import recommend as service  # noqa: PLC0415 - keep `cpbench --help` fast
 
+    serving = {"--prompt-len": prompt_len, "--decode-batch": decode_batch, "--layers": layers,
+               "--kv-memory-gib": kv_memory_gib}  # fmt: skip
+    if inference:
+        training_only = {"--results": results, "--documents": documents, "--window": window,
+                         "--write-scenario": write_scenario}  # fmt: skip
+        _serving_recommend(
+            {k: v for k, v in training_only.items() if v},
+            service_args={
+                "heads": heads, "kv_heads": kv_heads, "prompt_len": prompt_len,
+                "cached_len": cached_len, "decode_batch": decode_batch, "head_dim": head_dim,
+                "batch": batch, "gpus": gpus, "gpus_per_node": gpus_per_node,
+                "hardware": hardware, "dtype": dtype, "kernel": kernel, "layers": layers,
+                "kv_memory_gib": kv_memory_gib, "top": top,
+            },
+            explain=explain,
+            as_json=as_json,
+        )  # fmt: skip
+        return
+    given = [k for k, v in serving.items() if v is not None] + ["--cached-len"] * (cached_len != 0)
+    if given:
+        from cpbench.errors import CpbenchError  # noqa: PLC0415
+
+        raise CpbenchError(f"{', '.join(given)} need --inference (they describe a serving request)")
     request = service.RecommendRequest(
         heads=heads,
         kv_heads=kv_heads,
@@ -166,6 +231,29 @@ def recommend(
         console.print(renderable)
     if written:
         console.print(f"wrote {written}: measure it with `cpbench sweep {written}`")
+
+
+def _serving_recommend(
+    training_only: dict[str, object], service_args: dict[str, object], explain: bool, as_json: bool
+) -> None:
+    """`recommend --inference`: the serving service, rendered or as JSON."""
+    from cpbench.app.recommend.inference import InferenceRequest, recommend_inference  # noqa: PLC0415
+    from cpbench.errors import CpbenchError  # noqa: PLC0415
+    from cpbench.render.recommend.inference import render_inference  # noqa: PLC0415
+
+    if training_only:
+        raise CpbenchError(
+            f"{', '.join(training_only)} are not modelled for serving: leave them out with "
+            f"--inference"
+        )
+    if service_args["prompt_len"] is None:
+        raise CpbenchError("--inference needs --prompt-len T (the new tokens of the turn, >= 1)")
+    report = recommend_inference(InferenceRequest(**service_args))  # type: ignore[arg-type]
+    if as_json:
+        print(json.dumps(report, indent=1))
+        return
+    for renderable in render_inference(report, explain):
+        console.print(renderable)
 
 
 @command

@@ -1,0 +1,392 @@
+"""The serving cost model, in pure math: time-to-first-token of a prefill with a cached prefix
+for every scheme and degree, the per-token latency of a decode over a sequence-sharded KV
+cache, and the KV capacity per rank, priced on a hardware profile.
+
+Every function takes the `CpProblem` of the request for its heads, KV heads, head dim, batch
+(prefill: requests of the same P and T; decode: the decode batch) and dtype; its seq_len and
+mesh are not read (the cached and new token counts and the degree W are arguments), and
+`kernel` names the attention kernel whose efficiency curve prices the kernels.
+
+Conventions (every number these functions return):
+
+* times are seconds of one attention layer for the whole request batch, on the slowest rank
+  (the ring waits for it): kernel time + exposed communication + fixed overheads;
+* bytes are per rank (what a rank sends, `prefill_bytes` / `decode_bytes`);
+* FLOPs of attention are 4 B H D per visible query-key pair (`prefill_pairs_per_rank`);
+* the tier a group of W ranks crosses is the profile's `intra_node` tier when W fits one node
+  (W <= devices_per_node), else its `inter_node` tier (the NIC prices every hop);
+* a ring step overlaps its hop with its kernel as the training model does: the step takes
+  `max(c, h) + (1 - overlap) * min(c, h)` (`overlap` from the profile: NCCL kernels take SMs
+  from attention, so the shorter part is not wholly hidden), plus the profile's step overhead.
+
+Prefill (T new tokens on P cached; `PrefillCase`'s padded shapes and bytes): the new tokens
+are sharded load-balanced (`balanced_pairs_per_rank`: Meta's 2W chunks, the layout serving
+frameworks run; cpbench's own measured schemes shard them contiguously, which costs the ring
+up to 2x on a fresh causal prompt, `cpbench.model.inference.prefill_imbalance`), the cache
+contiguously (every query sees all of it, so its layout does not change the work).
+
+* pass_kv / pass_q: W ring steps of the busiest rank's pairs / W each; the kernel of a step is
+  one padded query block (T / W rows) against one padded K/V chunk (P / W + T / W keys), priced
+  at the profile's efficiency curve at the chunk's key count (a split-KV kernel keeps the GPU
+  busy on few query rows: FlashAttention's `num_splits_heuristic` splits the keys when batch x
+  heads x query tiles fill under 80% of the SMs; a kernel that does not is slower, which hides
+  hops better: it makes pass-KV look better, never worse). pass_kv hops the K/V chunk W - 1 times; pass_q hops the
+  query block W - 1 times and then sends the W - 1 foreign partial outputs and their LSEs home
+  in two all-to-alls, after the last step: nothing is left to compute, so they are exposed
+  (Meta's pass-Q, arXiv:2411.01783 §3.3);
+* all_gather: one all-gather of the W - 1 other K/V chunks (priced on the tier's all-to-all
+  cost, as the training model prices gathers), overlapped with the rank's own-chunk share of
+  its work, then one kernel over every key;
+* ulysses: all-to-all Q, K/V (KV heads replicated up to W) and the output, not overlapped; the
+  kernel is the whole causal prefill on H / W heads.
+
+Decode (one new token per sequence, B sequences of N = P + T cached tokens, sharded by
+sequence): a rank reads its ceil(N / W) tokens of K/V from HBM at the profile's memory
+bandwidth (decode is memory-bound: about 2 H / H_kv FLOPs per byte read, far below an H100's
+~300) or computes them at the kernel rate, whichever is longer, then the W ranks all-gather
+their partial outputs (inputs' dtype) and LSEs (fp32), two calls on the tier's all-to-all cost,
+and merge them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from scipy.optimize import brentq
+
+from cpbench.config.problem import CpProblem
+from cpbench.errors import CpbenchError
+from cpbench.model.hardware.profile import HardwareProfile, LinkTier, LinkTierProfile
+from cpbench.model.inference import (
+    PrefillCase,
+    PrefillScheme,
+    decode_bytes,
+    kv_cache_bytes_per_rank,
+    prefill_bytes,
+    split_sizes,
+    ulysses_kv_heads,
+)
+
+RingScheme = Literal["pass_kv", "pass_q"]
+"""The two ring prefill schemes the crossover compares."""
+
+
+def flops_per_pair(problem: CpProblem) -> int:
+    """4 B H D: QK^T and PV, 2 FLOPs per multiply-add, over every head and sequence."""
+    return 4 * problem.batch * problem.heads * problem.head_dim
+
+
+def check_heads(problem: CpProblem) -> None:
+    """CpbenchError showing the arithmetic when the query heads do not group over the KV heads."""
+    if problem.heads % problem.kv_heads:
+        raise CpbenchError(
+            f"heads ({problem.heads}) must be a multiple of kv_heads ({problem.kv_heads}): "
+            f"{problem.heads} % {problem.kv_heads} = {problem.heads % problem.kv_heads}"
+        )
+
+
+def balanced_pairs_per_rank(cached_len: int, new_tokens: int, world: int) -> tuple[int, ...]:
+    """Visible query-key pairs per rank when the new tokens are sharded load-balanced: split
+    into 2W chunks (`split_sizes(T, 2W)`), rank r takes chunks r and 2W - 1 - r (Meta's
+    load-balanced sharding, arXiv:2411.01783 §3.2; vLLM's head-tail split; cpbench's zigzag).
+    A query at new offset o sees the P cached keys and o + 1 new ones. They sum to
+    T P + T (T + 1) / 2, as the contiguous split's (`prefill_pairs_per_rank`)."""
+    sizes = split_sizes(new_tokens, 2 * world)
+    starts = [sum(sizes[:c]) for c in range(2 * world)]
+
+    def chunk(c: int) -> int:
+        n, s = sizes[c], starts[c]
+        return n * cached_len + n * s + n * (n + 1) // 2
+
+    return tuple(chunk(r) + chunk(2 * world - 1 - r) for r in range(world))
+
+
+def group_tier(profile: HardwareProfile, world: int) -> LinkTier:
+    """The tier W ranks cross: intra_node when they fit one node, else inter_node."""
+    return "intra_node" if world <= profile.devices_per_node else "inter_node"
+
+
+def overlapped(compute_s: float, comm_s: float, overlap: float) -> float:
+    """A step whose communication runs during its kernel: the longer of the two plus the part
+    of the shorter one that is not hidden (`1 - overlap` of it)."""
+    return max(compute_s, comm_s) + (1.0 - overlap) * min(compute_s, comm_s)
+
+
+@dataclass(frozen=True)
+class PrefillPrice:
+    """The modelled TTFT of one prefill scheme at one degree, with its parts."""
+
+    scheme: PrefillScheme
+    """How the ranks exchange data."""
+    world: int
+    """W: ranks (the CP degree)."""
+    tier: LinkTier
+    """The link tier the group crosses."""
+    total_s: float
+    """Modelled attention time of the prefill (one layer, the whole batch, slowest rank)."""
+    compute_s: float
+    """Kernel time of the slowest rank (every step's kernel, summed)."""
+    exposed_comm_s: float
+    """Communication not hidden behind a kernel (includes the unhidden 1 - overlap share)."""
+    overhead_s: float
+    """Fixed per-kernel / per-step overheads."""
+    step_s: float = 0.0
+    """Ring schemes: one step's kernel time (0 otherwise)."""
+    hop_s: float = 0.0
+    """Ring schemes: one hop's send/recv time (latency included; 0 otherwise)."""
+    tail_s: float = 0.0
+    """pass_q: the all-to-all of partial outputs and LSEs after the ring (0 otherwise)."""
+    kernel_efficiency: float = 0.0
+    """The efficiency curve's value the kernels ran at (achieved / peak FLOP/s)."""
+    bytes_sent: dict[str, int] = field(default_factory=dict)
+    """Bytes one rank sends, by collective tag (`prefill_bytes`)."""
+
+
+def _case(problem: CpProblem, cached_len: int, new_tokens: int, scheme: PrefillScheme,
+          world: int) -> PrefillCase:  # fmt: skip
+    """The prefill of the problem's heads, dtype and batch on the scheme's mesh of `world`."""
+    ulysses, ring = (world, 1) if scheme == "ulysses" else (1, world)
+    mesh = CpProblem(
+        seq_len=cached_len + new_tokens,
+        heads=problem.heads,
+        kv_heads=problem.kv_heads,
+        head_dim=problem.head_dim,
+        batch=problem.batch,
+        dtype=problem.dtype,
+        ulysses=ulysses,
+        ring=ring,
+    )
+    return PrefillCase(mesh, cached_len, new_tokens, scheme)
+
+
+def price_prefill(
+    scheme: PrefillScheme,
+    cached_len: int,
+    new_tokens: int,
+    problem: CpProblem,
+    world: int,
+    profile: HardwareProfile,
+    kernel: str = "auto",
+) -> PrefillPrice:
+    """The modelled TTFT of `scheme` on `world` ranks (see the module docstring); CpbenchError
+    naming the rule when the scheme cannot run there (Ulysses: heads not divisible)."""
+    if world < 1:
+        raise CpbenchError(f"the CP degree must be >= 1, got {world}")
+    check_heads(problem)
+    case = _case(problem, cached_len, new_tokens, scheme, world)
+    tier_name = group_tier(profile, world)
+    tier, overhead = profile.link(tier_name), profile.step_overhead_s
+    per_pair = flops_per_pair(problem)
+    busiest = max(balanced_pairs_per_rank(cached_len, new_tokens, world))
+    sent = prefill_bytes(case)
+    if world == 1:
+        eff = profile.curve(profile.kernel_for(kernel, problem.dtype)).at(cached_len + new_tokens)
+        compute = busiest * per_pair / (profile.peak_flops(problem.dtype) * eff)
+        return PrefillPrice(scheme, 1, tier_name, compute + overhead, compute, 0.0, overhead,
+                            kernel_efficiency=eff)  # fmt: skip
+    if scheme in ("pass_kv", "pass_q"):
+        return _ring_price(scheme, case, tier_name, tier, profile, problem, kernel, busiest, sent)
+    if scheme == "all_gather":
+        keys = cached_len + new_tokens
+        eff = _efficiency(profile, problem, kernel, keys)
+        compute = busiest * per_pair / (profile.peak_flops(problem.dtype) * eff)
+        gather = tier.all_to_all.seconds(sent["allgather_kv"])
+        own = compute * case.kv_block / max(1, keys)  # the own chunk's share of the keys
+        first = overlapped(own, gather, profile.overlap)
+        total = first + (compute - own) + 2 * overhead
+        return PrefillPrice(scheme, world, tier_name, total, compute, first - own, 2 * overhead,
+                            kernel_efficiency=eff, bytes_sent=sent)  # fmt: skip
+    # ulysses: the whole causal prefill on H / W heads, all-to-alls exposed
+    keys = cached_len + new_tokens
+    eff = _efficiency(profile, problem, kernel, keys)
+    pairs = new_tokens * cached_len + new_tokens * (new_tokens + 1) // 2
+    compute = pairs * per_pair / world / (profile.peak_flops(problem.dtype) * eff)
+    comm = tier.all_to_all.seconds(sent["a2a_q"] + sent["a2a_kv"], calls=2)
+    comm += tier.all_to_all.seconds(sent["a2a_out"])
+    return PrefillPrice(scheme, world, tier_name, compute + comm + overhead, compute, comm,
+                        overhead, kernel_efficiency=eff, bytes_sent=sent)  # fmt: skip
+
+
+def _efficiency(
+    profile: HardwareProfile, problem: CpProblem, kernel: str, kernel_keys: float
+) -> float:
+    return profile.curve(profile.kernel_for(kernel, problem.dtype)).at(kernel_keys)
+
+
+def _ring_price(
+    scheme: PrefillScheme,
+    case: PrefillCase,
+    tier_name: LinkTier,
+    tier: LinkTierProfile,
+    profile: HardwareProfile,
+    problem: CpProblem,
+    kernel: str,
+    busiest: int,
+    sent: dict[str, int],
+) -> PrefillPrice:
+    w = case.world
+    eff = _efficiency(profile, problem, kernel, case.kv_block)
+    step = busiest * flops_per_pair(problem) / w / (profile.peak_flops(problem.dtype) * eff)
+    hop_tag = "p2p_kv" if scheme == "pass_kv" else "p2p_q"
+    hop = tier.send_recv.seconds(sent[hop_tag] / (w - 1))
+    ring = (w - 1) * overlapped(step, hop, profile.overlap) + step
+    tail = 0.0
+    if scheme == "pass_q":
+        tail = tier.all_to_all.seconds(sent["a2a_out"] + sent["a2a_lse"], calls=2)
+    overhead = w * profile.step_overhead_s
+    compute = w * step
+    return PrefillPrice(
+        scheme, w, tier_name, ring + tail + overhead, compute, ring - compute + tail, overhead,
+        step_s=step, hop_s=hop, tail_s=tail, kernel_efficiency=eff, bytes_sent=sent,
+    )  # fmt: skip
+
+
+def pass_kv_pass_q_crossover(
+    cached_len: int, problem: CpProblem, world: int, profile: HardwareProfile, kernel: str = "auto"
+) -> float | None:
+    """The T/P at which pass-KV and pass-Q take the same modelled TTFT (`price_prefill`) on
+    `cached_len` cached tokens: pass-Q wins below it, pass-KV above. Searched over T/P in
+    [1/4096, 64] with scipy's brentq on the time gap; None when one scheme wins over the whole
+    range (`ring_winner_everywhere` says which)."""
+    if cached_len < 1:
+        raise CpbenchError(f"the crossover in T/P needs cached_len >= 1, got {cached_len}")
+    if world < 2:
+        raise CpbenchError(f"the crossover needs a ring of >= 2 ranks, got {world}")
+
+    def gap(ratio: float) -> float:
+        t = max(1, round(ratio * cached_len))
+        kv = price_prefill("pass_kv", cached_len, t, problem, world, profile, kernel).total_s
+        q = price_prefill("pass_q", cached_len, t, problem, world, profile, kernel).total_s
+        return kv - q
+
+    lo, hi = 1 / 4096, 64.0
+    if gap(lo) * gap(hi) > 0:
+        return None
+    return float(brentq(gap, lo, hi, xtol=1e-6))
+
+
+def pass_kv_hidden_above(problem: CpProblem, world: int, profile: HardwareProfile,
+                         cached_len: int, kernel: str = "auto") -> float:  # fmt: skip
+    """Meta's rule (arXiv:2411.01783 §3.3) on this profile: the new-token count T above which
+    a pass-KV hop is shorter than the step it overlaps (its comm hides), from bandwidths
+    alone (latency and padding left out): a step computes (T / W) x (P + T) / W pairs at C
+    FLOP/s while a hop sends 2 H_kv D e (P + T) / W bytes at the send/recv busbw BW, so the
+    hop hides when T >= W C 2 H_kv e / (4 H BW) = W C H_kv e / (2 H BW) (independent of P)."""
+    tier = profile.link(group_tier(profile, world))
+    keys = cached_len / world
+    rate = profile.peak_flops(problem.dtype) * _efficiency(profile, problem, kernel, keys)
+    return (
+        world
+        * rate
+        * problem.kv_heads
+        * problem.bytes_per_element
+        / (2 * problem.heads * tier.send_recv.busbw)
+    )
+
+
+def ring_message_ratio(problem: CpProblem) -> float:
+    """Meta's other test: pass-KV's hops carry fewer bytes than pass-Q's when
+    T / (T + P) >= 2 H_kv / H (K and V of every key against the queries of the new tokens)."""
+    return 2 * problem.kv_heads / problem.heads
+
+
+@dataclass(frozen=True)
+class DecodePrice:
+    """The modelled per-token latency of a decode step over a cache sharded on W ranks."""
+
+    world: int
+    """W: ranks holding a shard of every sequence's cache."""
+    tier: LinkTier
+    """The link tier the group crosses."""
+    total_s: float
+    """Modelled attention time of one decode step (one layer, the whole decode batch)."""
+    memory_s: float
+    """Reading the rank's K/V shard from HBM at the profile's bandwidth."""
+    compute_s: float
+    """The kernel's FLOPs at the kernel rate (the step takes the longer of this and memory_s)."""
+    comm_s: float
+    """The all-gather of partial outputs and LSEs (exposed: the merge needs them)."""
+    overhead_s: float
+    """Fixed kernel overhead."""
+    shard_bytes: int
+    """K/V bytes one rank reads per step (one layer, the whole decode batch)."""
+    bytes_sent: dict[str, int] = field(default_factory=dict)
+    """Bytes one rank sends, by collective tag (`decode_bytes`)."""
+
+
+def price_decode(context_len: int, problem: CpProblem, world: int,
+                 profile: HardwareProfile, kernel: str = "auto") -> DecodePrice:  # fmt: skip
+    """One decode step (one new token per sequence) over `context_len` cached tokens sharded
+    by sequence on `world` ranks; see the module docstring."""
+    if context_len < 1 or world < 1:
+        raise CpbenchError(
+            f"decode needs context_len >= 1 and world >= 1, got {context_len} and {world}"
+        )
+    tier_name = group_tier(profile, world)
+    tier = profile.link(tier_name)
+    shard = kv_cache_bytes_per_rank(
+        context_len, world, problem.kv_heads, problem.head_dim, problem.dtype, problem.batch
+    )
+    memory = shard / profile.memory_bandwidth
+    keys = split_sizes(context_len, world)[0]
+    rate = profile.peak_flops(problem.dtype) * _efficiency(profile, problem, kernel, keys)
+    compute = flops_per_pair(problem) * keys / rate
+    sent = decode_bytes(1, world, problem.heads, problem.head_dim, problem.dtype, problem.batch)
+    comm = 0.0
+    if sent:
+        comm = tier.all_to_all.seconds(sent["allgather_out"] + sent["allgather_lse"], calls=2)
+    overhead = profile.step_overhead_s
+    total = max(memory, compute) + comm + overhead
+    return DecodePrice(world, tier_name, total, memory, compute, comm, overhead, shard, sent)
+
+
+@dataclass(frozen=True)
+class KvCapacity:
+    """KV-cache memory per rank at W ranks and the longest context that fits."""
+
+    world: int
+    """W: ranks the cache is sharded over (by sequence)."""
+    bytes_per_rank: int
+    """K/V bytes the fullest rank holds for the request (every layer, the whole batch)."""
+    budget_bytes: float
+    """Memory per rank the cache may use."""
+    longest_context: int
+    """Most tokens per sequence whose cache (every layer, `batch` sequences) fits the budget
+    on W ranks."""
+
+    @property
+    def fits(self) -> bool:
+        return self.bytes_per_rank <= self.budget_bytes
+
+
+def kv_capacity(context_len: int, problem: CpProblem, world: int, layers: int,
+                budget_bytes: float) -> KvCapacity:  # fmt: skip
+    """KV bytes per rank of `context_len` tokens over `layers` layers and `batch` sequences
+    (ceil(N / W) tokens x 2 x H_kv x D x element bytes x layers x B) and the longest context
+    per sequence that fits `budget_bytes` per rank (whole tokens per rank x W)."""
+    if layers < 1:
+        raise CpbenchError(f"layers must be >= 1, got {layers}")
+    held = layers * kv_cache_bytes_per_rank(
+        context_len, world, problem.kv_heads, problem.head_dim, problem.dtype, problem.batch
+    )
+    per_token = (
+        2 * problem.kv_heads * problem.head_dim * problem.bytes_per_element * layers * problem.batch
+    )
+    longest = int(budget_bytes // per_token) * world
+    return KvCapacity(world, held, budget_bytes, longest)
+
+
+def ulysses_rule(problem: CpProblem, world: int) -> str | None:
+    """Why Ulysses cannot run on `world` ranks (None when it can): heads and the replicated KV
+    heads must divide over the ranks."""
+    try:
+        kv = ulysses_kv_heads(problem.kv_heads, world)
+    except CpbenchError as exc:
+        return str(exc)
+    if problem.heads % world or kv % world:
+        return (
+            f"Ulysses splits heads over {world} ranks: {problem.heads} heads and {kv} KV heads "
+            f"must be multiples of {world}"
+        )
+    return None
