@@ -14,6 +14,7 @@ from cpbench.cli.common import command, console, err_console, resolve_device
 from cpbench.config.impls import IMPL_HELP, Impl
 from cpbench.config.vocabulary import DEFAULT_DTYPE, Backend, CliDevice, Dtype, Layout, Phase
 from cpbench.errors import EXIT_INTERRUPTED, EXIT_WRONG_RESULT, CpbenchError
+from cpbench.render.inference_table import inference_table, is_inference
 from cpbench.render.tables import machine_lines, results_table, ties_lines
 
 
@@ -156,8 +157,13 @@ def _run_and_report(
         if wrong:
             raise typer.Exit(EXIT_WRONG_RESULT)
         return
-    console.print(results_table(result.records))
-    for line in ties_lines(result.records):
+    inference = [r for r in result.records if is_inference(r)]
+    training = [r for r in result.records if not is_inference(r)]
+    if training or not inference:
+        console.print(results_table(training))
+    if inference:
+        console.print(inference_table(inference))
+    for line in ties_lines(training):
         console.print(line, markup=False, highlight=False, soft_wrap=True)
     for line in machine_lines(result.records):
         console.print(f"[yellow]warning:[/] {line}", highlight=False, soft_wrap=True)
