@@ -41,6 +41,7 @@ from cpbench.bench.environment import (
     rank_environment,
 )
 from cpbench.bench.measure_impl import measure_external
+from cpbench.bench.measure_inference import measure_inference
 from cpbench.bench.measurement import RankMeasurement
 from cpbench.bench.memory import measure_peak_memory, release_cached_memory
 from cpbench.bench.reference import (
@@ -73,8 +74,6 @@ def _measure_config(config_dict: dict[str, Any], settings: dict[str, Any]) -> Ra
     config = BenchConfig.from_dict(config_dict)
     device = torch_device(config)
     if config.inference is not None:  # prefill or decode: its own check, step and bytes
-        from cpbench.bench.measure_inference import measure_inference  # noqa: PLC0415
-
         return measure_inference(config, settings, device)
     check_len = config.check_seq_len(settings["check_max_seq_len"])
     if config.impl != "cpbench":
