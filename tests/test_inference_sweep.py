@@ -231,3 +231,18 @@ def test_a_planted_wrong_cache_offset_fails_the_sweep_with_exit_1(
     assert record["status"] == "failed" and not record["accuracy"]["passed"]
     assert record["accuracy"]["max_abs_error"] > 10 * record["accuracy"]["tolerance"]
     assert "result differs from the reference" in record["error"]
+
+
+def test_cpbench_run_measures_one_decode_step(tmp_path: Path, lend_the_session_pool: None) -> None:
+    out = tmp_path / "run.jsonl"
+    args = ["run", "--phase", "decode", "--cache-layout", "interleaved", "--cached-len", "29",
+            "--new-tokens", "2", "--ring", "2", "--heads", "4", "--head-dim", "16",
+            "--iters", "1", "--precision", "off", "--out", str(out)]  # fmt: skip
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    (record,) = read_records(out)
+    assert record["id"].endswith("-decode-interleaved-P29-T2") and record["status"] == "ok"
+    assert record["comm"]["match"] and record["accuracy"]["passed"]
+    # a step without its new tokens is bad input: exit 2, naming the option
+    result = runner.invoke(app, ["run", "--phase", "prefill", "--out", str(tmp_path / "x.jsonl")])
+    assert result.exit_code == 2 and "--phase prefill needs --new-tokens" in result.output
