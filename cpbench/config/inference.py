@@ -118,9 +118,8 @@ def inference_case(problem: CpProblem, step: InferenceStep, seed: int = 0) -> Pr
     from cpbench.model.inference import DecodeCase, PrefillCase  # noqa: PLC0415 (scipy: lazy)
 
     base = CpProblem(**problem.problem_fields())  # the cases hold the bare problem
-    if step.phase == "prefill":
-        assert step.scheme is not None  # checked by InferenceStep
+    if step.phase == "prefill" and step.scheme is not None:
         return PrefillCase(base, step.cached_len, step.new_tokens, step.scheme, seed)
-    assert step.cache_layout is not None
-    return DecodeCase(base, step.cached_len, step.new_tokens, step.cache_layout, seed)
-
+    if step.phase == "decode" and step.cache_layout is not None:
+        return DecodeCase(base, step.cached_len, step.new_tokens, step.cache_layout, seed)
+    raise CpbenchError(f"inference step {step} names no scheme or cache layout")  # unreachable

@@ -142,7 +142,8 @@ class Scenario(ScenarioSettings, ScenarioAxes):
         meshes = self.meshes(world_size)
         dtypes = self.dtype or (DEFAULT_DTYPE[device],)
         head_pairs = self._head_pairs()
-        assert self.seq_len is not None  # the training phases require it (ScenarioAxes)
+        if self.seq_len is None:  # ScenarioAxes requires it of the training phases
+            raise CpbenchError(f"{self.source}: key 'seq_len' is required in [axes]")
         # two products of at most six axes each (typed), multiplied: the same order as one
         shapes = itertools.product(
             self.seq_len, self.batch, head_pairs, self.head_dim, dtypes, self.causal
@@ -216,7 +217,8 @@ class Scenario(ScenarioSettings, ScenarioAxes):
         """The inference points (phase prefill or decode): shape x phase x cached_len x
         new_tokens x scheme (prefill) or cache_layout (decode) x backend, each on the mesh its
         step runs on (`InferenceStep.mesh`), contiguous shards, forward only."""
-        assert self.new_tokens is not None  # the inference phases require it (ScenarioAxes)
+        if self.new_tokens is None:  # ScenarioAxes requires it of the inference phases
+            raise CpbenchError(f"{self.source}: key 'new_tokens' is required in [axes]")
         dtypes = self.dtype or (DEFAULT_DTYPE[device],)
         shapes = itertools.product(
             self.batch, self._head_pairs(), self.head_dim, dtypes, self.phase
