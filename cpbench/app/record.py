@@ -10,6 +10,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+from cpbench.app.record_inference import inference_record
 from cpbench.bench.environment import machine_state
 from cpbench.bench.measurement import RankMeasurement
 from cpbench.bench.timing import TimingSummary
@@ -58,10 +59,13 @@ def base_record(
 ) -> ResultRecord:
     """The record of a configuration before it runs (status ok, no measurements yet), with the
     padding its layout adds (null when the layout cannot pack it: the point is skipped)."""
-    packing = packing_of(config)
+    packing = packing_of(config) if config.inference is None else None
     written = config.to_dict(feasibility.kv_replication if feasibility.ok else 1, None)
-    written["padding"] = packing.padding if packing is not None else None
-    written["run_seq_len"] = packing.seq_len if packing is not None else None
+    if config.inference is not None:  # its own shards (split_sizes): nothing is padded
+        written["padding"], written["run_seq_len"] = 0, config.seq_len
+    else:
+        written["padding"] = packing.padding if packing is not None else None
+        written["run_seq_len"] = packing.seq_len if packing is not None else None
     if equivalent:
         written["equivalent"] = list(equivalent)
     return ResultRecord(
@@ -135,6 +139,11 @@ def measured_record(
     assert record.config is not None and record.environment is not None
     first = per_rank[0]
     step = TimingSummary.of(_slowest([r.full.samples for r in per_rank]))
+    if config.inference is not None:
+        record = inference_record(record, config, per_rank, step, settings)
+        _add_environment(record, config, per_rank)
+        _add_machine(record, config, *snapshots, per_rank)
+        return record
     compute_iv = comm_iv = None
     if first.compute is not None and first.comm is not None:
         compute_iv = median_interval(_slowest([r.compute.samples for r in per_rank if r.compute]))
@@ -184,6 +193,7 @@ def measured_record(
         overlap_high=overlap_high,
         overlap_status=overlap_status,
     )
+    assert record.config is not None  # the base's (inference_record returned above)
     record.config.kernel = first.kernel
     if config.impl != DEFAULT_IMPL:
         _as_external(record.comm)
@@ -219,13 +229,7 @@ def measured_record(
     if accuracy is not None and first.sampled_rows is not None:
         accuracy = {**accuracy, "sampled_rows": first.sampled_rows}
     record.accuracy = AccuracySection.model_validate(accuracy) if accuracy is not None else None
-    environment = record.environment
-    environment.hostnames = sorted({r.host.hostname for r in per_rank})
-    environment.devices = [r.host.device for r in per_rank]
-    environment.torch_threads_per_rank = first.host.torch_threads
-    if config.impl != DEFAULT_IMPL:
-        environment.impl_version = first.impl_version
-    environment.kernel_version = first.kernel_version
+    _add_environment(record, config, per_rank)
     rows = record.accuracy.sampled_rows if record.accuracy is not None else None
     if record.accuracy is not None and not record.accuracy.passed:
         record.status = "failed"
@@ -244,6 +248,20 @@ def measured_record(
         record.error = "measured bytes != analytic bytes (see comm.by_collective)"
     _add_machine(record, config, *snapshots, per_rank)
     return record
+
+
+def _add_environment(
+    record: ResultRecord, config: BenchConfig, per_rank: list[RankMeasurement]
+) -> None:
+    """The hosts, devices, threads and versions the ranks reported."""
+    environment, first = record.environment, per_rank[0]
+    assert environment is not None
+    environment.hostnames = sorted({r.host.hostname for r in per_rank})
+    environment.devices = [r.host.device for r in per_rank]
+    environment.torch_threads_per_rank = first.host.torch_threads
+    if config.impl != DEFAULT_IMPL:
+        environment.impl_version = first.impl_version
+    environment.kernel_version = first.kernel_version
 
 
 def _as_external(comm: CommSection) -> None:

@@ -212,10 +212,10 @@ def run_sweep(
         held.clear()
 
     def finish(record: ResultRecord) -> None:
-        if not separate_ties:
+        assert record.config is not None
+        if not separate_ties or record.config.inference is not None:  # no ties re-measured
             write(record)
             return
-        assert record.config is not None
         key = rank_group(record.config.model_dump())[:-3]  # the problem and mask
         if key != block[0]:
             flush()

@@ -63,7 +63,7 @@ def prefill_case(
     return PrefillCase(problem, cached_len, new_tokens, the_scheme, seed)
 
 
-def _inputs(case: PrefillCase | DecodeCase, device: torch.device) -> tuple[torch.Tensor, ...]:
+def case_inputs(case: PrefillCase | DecodeCase, device: torch.device) -> tuple[torch.Tensor, ...]:
     """Q of the new tokens, K and V of cached + new, from the case's seed (q, then k, then v)."""
     p = case.problem
     g = torch.Generator().manual_seed(case.seed)
@@ -80,7 +80,7 @@ def run_prefill_case_on_rank(
     """Collective: run one case on every rank; rank 0 returns its record, the others None."""
     p = case.problem
     dtype = TORCH_DTYPES[p.dtype]
-    q, k, v = _inputs(case, device)
+    q, k, v = case_inputs(case, device)
     mesh = build_mesh(p.ulysses, p.ring)
     lq, lk, lv = (t.to(dtype) for t in shard_prefill(q, k, v, mesh, case.cached_len))
     counter = ByteCounter()
@@ -191,7 +191,7 @@ def run_decode_case_on_rank(
     p = case.problem
     dtype = TORCH_DTYPES[p.dtype]
     total = case.cached_len + case.new_tokens
-    q, k, v = _inputs(case, device)
+    q, k, v = case_inputs(case, device)
     mesh = build_mesh(1, p.ring)
     lk, lv = (t.to(dtype) for t in shard_cache(k, v, mesh, case.layout))
     counter = ByteCounter()

@@ -41,6 +41,7 @@ from cpbench.bench.environment import (
     rank_environment,
 )
 from cpbench.bench.measure_impl import measure_external
+from cpbench.bench.measure_inference import measure_inference
 from cpbench.bench.measurement import RankMeasurement
 from cpbench.bench.memory import measure_peak_memory, release_cached_memory
 from cpbench.bench.reference import (
@@ -61,7 +62,8 @@ def measure_config(config_dict: dict[str, Any], settings: dict[str, Any]) -> Ran
     `settings`: warmup, iters (the minimum), max_iters, precision (None = a fixed count of
     iters), budget (seconds of timed steps), check_max_seq_len, check_rows (rows of the
     full-length check). An external impl is measured through its adapter
-    (`cpbench.bench.measure_impl`). Either answer carries `cpu`: the CPU seconds this rank's
+    (`cpbench.bench.measure_impl`), an inference point (prefill, decode) by
+    `cpbench.bench.measure_inference`. Either answer carries `cpu`: the CPU seconds this rank's
     process used in the task (`environment.rank_cpu_usage`), for the record's other-load
     measurement."""
     mark = rank_cpu_mark()
@@ -71,6 +73,8 @@ def measure_config(config_dict: dict[str, Any], settings: dict[str, Any]) -> Ran
 def _measure_config(config_dict: dict[str, Any], settings: dict[str, Any]) -> RankMeasurement:
     config = BenchConfig.from_dict(config_dict)
     device = torch_device(config)
+    if config.inference is not None:  # prefill or decode: its own check, step and bytes
+        return measure_inference(config, settings, device)
     check_len = config.check_seq_len(settings["check_max_seq_len"])
     if config.impl != "cpbench":
         return measure_external(config, settings, device, check_len)

@@ -45,3 +45,6 @@ class RankMeasurement:
     """This rank's GPU clocks and throttling (CUDA, where NVML answers)."""
     cpu: RankCpu | None = None
     """CPU seconds this rank's process used in the task (`measure_config` sets it)."""
+    kv_cache_bytes: int | None = None
+    """Inference only: nbytes of the K and V tensors this rank holds for the step (prefill:
+    its cache shard and new-token shard; decode: its cache shard); None for training."""

@@ -12,8 +12,19 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from cpbench.cli.common import command, console, err_console, resolve_device
 from cpbench.config.impls import IMPL_HELP, Impl
-from cpbench.config.vocabulary import DEFAULT_DTYPE, Backend, CliDevice, Dtype, Layout, Phase
+from cpbench.config.vocabulary import (
+    DEFAULT_DTYPE,
+    INFERENCE_PHASES,
+    Backend,
+    CacheLayout,
+    CliDevice,
+    Dtype,
+    Layout,
+    PrefillScheme,
+    ScenarioPhase,
+)
 from cpbench.errors import EXIT_INTERRUPTED, EXIT_WRONG_RESULT, CpbenchError
+from cpbench.render.inference_table import inference_table, is_inference
 from cpbench.render.tables import machine_lines, results_table, ties_lines
 
 
@@ -156,8 +167,13 @@ def _run_and_report(
         if wrong:
             raise typer.Exit(EXIT_WRONG_RESULT)
         return
-    console.print(results_table(result.records))
-    for line in ties_lines(result.records):
+    inference = [r for r in result.records if is_inference(r)]
+    training = [r for r in result.records if not is_inference(r)]
+    if training or not inference:
+        console.print(results_table(training))
+    if inference:
+        console.print(inference_table(inference))
+    for line in ties_lines(training):
         console.print(line, markup=False, highlight=False, soft_wrap=True)
     for line in machine_lines(result.records):
         console.print(f"[yellow]warning:[/] {line}", highlight=False, soft_wrap=True)
@@ -237,7 +253,27 @@ def run(
         typer.Option(help="Sliding window in tokens (each query sees the last W keys)."),
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed of a --documents distribution.")] = 0,
-    phase: Annotated[Phase, typer.Option()] = "fwd+bwd",
+    phase: Annotated[
+        ScenarioPhase,
+        typer.Option(
+            help="fwd or fwd+bwd (training, --seq-len tokens); prefill or decode (inference: "
+            "--new-tokens on --cached-len cached, world = ulysses x ring ranks, the mesh the "
+            "scheme's)."
+        ),
+    ] = "fwd+bwd",
+    cached_len: Annotated[
+        int, typer.Option(help="Inference: tokens already in the KV cache (P).")
+    ] = 0,
+    new_tokens: Annotated[
+        int | None,
+        typer.Option(help="Inference: new tokens (T; prefill's prompt, decode's 1 to 8)."),
+    ] = None,
+    scheme: Annotated[
+        PrefillScheme, typer.Option(help="Prefill: how the ranks exchange data.")
+    ] = "pass_kv",
+    cache_layout: Annotated[
+        CacheLayout, typer.Option(help="Decode: how the KV cache is sharded by sequence.")
+    ] = "contiguous",
     kernel: Annotated[
         Backend,
         typer.Option("--kernel", "--backend", help="Local attention kernel (--backend: old name)."),
@@ -264,6 +300,29 @@ def run(
     from cpbench.results.scenarios.loading import parse_scenario  # noqa: PLC0415
 
     dev = resolve_device(device)
+    axes: dict[str, Any] = {
+        "seq_len": seq_len,
+        "batch": batch,
+        "heads": heads,
+        "kv_heads": heads if kv_heads is None else kv_heads,
+        "head_dim": head_dim,
+        "dtype": dtype or DEFAULT_DTYPE[dev],
+        "causal": causal,
+        "mesh": [f"{ulysses}x{ring}"],
+        "layout": layout,
+        "backend": kernel,
+        "phase": phase,
+        "impl": impl,
+        "documents": documents,
+        "window": window,
+    }
+    if phase in INFERENCE_PHASES:  # the step's own axes: its mesh and shards are its scheme's
+        if new_tokens is None:
+            raise CpbenchError(f"--phase {phase} needs --new-tokens (T, the step's new tokens)")
+        how = {"scheme": scheme} if phase == "prefill" else {"cache_layout": cache_layout}
+        training = ("seq_len", "mesh", "layout", "impl", "documents", "window", "causal")
+        axes = {k: v for k, v in axes.items() if k not in training}
+        axes |= {"cached_len": cached_len, "new_tokens": new_tokens, **how}
     spec = parse_scenario(
         {
             "name": "run",
@@ -274,22 +333,7 @@ def run(
             "iters": iters,
             "timeout": timeout,
             "seed": seed,
-            "axes": {
-                "seq_len": seq_len,
-                "batch": batch,
-                "heads": heads,
-                "kv_heads": heads if kv_heads is None else kv_heads,
-                "head_dim": head_dim,
-                "dtype": dtype or DEFAULT_DTYPE[dev],
-                "causal": causal,
-                "mesh": [f"{ulysses}x{ring}"],
-                "layout": layout,
-                "backend": kernel,
-                "phase": phase,
-                "impl": impl,
-                "documents": documents,
-                "window": window,
-            },
+            "axes": axes,
         },
         "<cpbench run>",
     )

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import MISSING, dataclass, fields
+from functools import cached_property
 
-from cpbench.config.constraints import seq_divisor
+from cpbench.config.constraints import Feasibility, seq_divisor
 from cpbench.config.impls import DEFAULT_IMPL, IMPLS
+from cpbench.config.inference import InferenceStep, inference_case
 from cpbench.config.problem import (
     MeshCandidate,
     check_choice,
@@ -57,6 +59,9 @@ class BenchConfig(MeshCandidate):
     impl: str = DEFAULT_IMPL
     """Which implementation runs the attention: cpbench's own or an external library
     (`cpbench.config.impls.IMPLS`)."""
+    inference: InferenceStep | None = None
+    """The inference step the point times (prefill or decode, forward only; its seq_len is
+    cached_len + new_tokens and its phase fwd); None = a training step (`phase`)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -64,6 +69,30 @@ class BenchConfig(MeshCandidate):
             check_positive_int(name, getattr(self, name))
         for name, allowed in (("kernel", BACKENDS), ("device", DEVICES), ("impl", IMPLS)):
             check_choice(name, getattr(self, name), allowed)
+        if self.inference is not None and not isinstance(self.inference, InferenceStep):
+            raise CpbenchError(f"inference must be an InferenceStep, got {self.inference!r}")
+
+    @cached_property
+    def feasibility(self) -> Feasibility:
+        """A training point: the mesh and shape rules (`CpProblem.feasibility`). An inference
+        point: the rules of its model case (`inference_case`: the mesh its scheme runs on,
+        Ulysses' head split), forward only over one causal sequence, contiguous shards, by
+        cpbench's own implementation; its KV replication is Ulysses' (KV heads copied up to
+        W when fewer), else 1."""
+        step = self.inference
+        if step is None:
+            return super().feasibility
+        rule = _inference_rule(self, step)
+        if rule is not None:
+            return Feasibility(False, f"{step.phase}: {rule}")
+        try:
+            inference_case(self, step)
+        except CpbenchError as exc:
+            return Feasibility(False, f"{step.phase}: {exc}")
+        copies = 1
+        if step.scheme == "ulysses" and self.kv_heads < self.world:
+            copies = self.world // self.kv_heads
+        return Feasibility(True, None, copies)
 
     def ranks(self) -> int:
         """The world size: U x R must fill it."""
@@ -74,7 +103,8 @@ class BenchConfig(MeshCandidate):
         """Stable id of the point (the record's "id", used by --resume); differs whenever any
         field differs. kv_replication appears as requested ("repauto" for automatic); the impl
         is appended unless it is cpbench's own, `-ag` (and `-hs<stride>`) only when the ring
-        axis all-gathers (ids of earlier results stay valid)."""
+        axis all-gathers, the inference step (`InferenceStep.short_key`) only for one (ids of
+        earlier results stay valid)."""
         rep = "auto" if self.kv_replication is None else str(self.kv_replication)
         key = (
             f"L{self.seq_len}-B{self.batch}-h{self.heads}-kv{self.kv_heads}-d{self.head_dim}"
@@ -83,6 +113,7 @@ class BenchConfig(MeshCandidate):
             f"-{self.device}-w{self.world_size}"
         )
         key = key if self.nodes == 1 else f"{key}-n{self.nodes}"
+        key = key if self.inference is None else f"{key}-{self.inference.short_key()}"
         mask = self.mask
         key = key if mask.plain else f"{key}-{mask.short_key()}"
         if self.cp_comm != DEFAULT_CP_COMM:
@@ -106,8 +137,11 @@ class BenchConfig(MeshCandidate):
         """The record's "config" dict (see cpbench.results.schema), with the resolved KV
         replication (None keeps the requested value) and the kernel actually used (None when
         not run); the requested kernel is the record's `backend`."""
-        return {
-            **{f.name: getattr(self, f.name) for f in fields(self) if f.name != "kernel"},
+        skip = ("kernel", "inference")
+        step = {} if self.inference is None else {"inference": self.inference.to_dict()}
+        return {  # a training point's dict has no "inference" key (as before inference)
+            **{f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip},
+            **step,
             "kv_replication": self.kv_replication if kv_replication is None else kv_replication,
             "documents": None if self.documents is None else list(self.documents),
             "backend": self.kernel,
@@ -130,7 +164,32 @@ class BenchConfig(MeshCandidate):
             raise CpbenchError(f"config record lacks {', '.join(missing)}")
         if values.get("documents") is not None:
             values["documents"] = tuple(values["documents"])
+        if values.get("inference") is not None:
+            values["inference"] = InferenceStep.from_dict(values["inference"])
         return cls(**values)
+
+
+def _inference_rule(config: BenchConfig, step: InferenceStep) -> str | None:
+    """What an inference point breaks of the rules its kernels keep, or None."""
+    if config.phase != "fwd":
+        return f"an inference step is forward only (phase fwd), got phase {config.phase}"
+    if config.seq_len != step.total:
+        return (
+            f"seq_len ({config.seq_len}) must be cached_len + new_tokens = {step.cached_len} + "
+            f"{step.new_tokens} = {step.total}"
+        )
+    if not config.mask.causal or not config.mask.plain:
+        return f"runs causal attention over one sequence, not mask {config.mask.kind}"
+    if config.layout != "contiguous" or config.cp_comm != DEFAULT_CP_COMM:
+        return (
+            f"shards contiguously by its own scheme (layout contiguous, cp_comm p2p), got layout "
+            f"{config.layout}, cp_comm {config.cp_comm}"
+        )
+    if config.kv_replication is not None or config.impl != DEFAULT_IMPL:
+        return "runs on cpbench's own implementation, with automatic KV replication"
+    if config.world_size != config.world:
+        return f"U x R = {config.world} must fill world_size ({config.world_size})"
+    return None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -48,6 +48,21 @@ spelling; `sdpa` is `cuda_sdpa` or `cpu_sdpa` by the profile's device, `auto` it
 KERNEL_NAMES: tuple[str, ...] = ("auto", "sdpa", *KERNEL_FAMILIES, *KERNEL_ALIASES)
 """Every kernel name `HardwareProfile.kernel_for` resolves."""
 Phase = Literal["fwd", "fwd+bwd"]
+"""What a training step runs: the forward pass, or forward plus backward."""
+InferencePhase = Literal["prefill", "decode"]
+"""What an inference step runs (forward only, `cpbench.config.inference.InferenceStep`):
+prefill, T new tokens on P cached ones (time to first token), or decode, 1 to 8 new queries
+over a KV cache sharded by sequence (inter-token latency)."""
+ScenarioPhase = Literal["fwd", "fwd+bwd", "prefill", "decode"]
+"""A scenario's `phase` axis: a training `Phase` or an `InferencePhase`."""
+PrefillScheme = Literal["pass_kv", "pass_q", "all_gather", "ulysses"]
+"""How the ranks exchange data in a prefill with a cached prefix (`cpbench.model.inference`):
+the ring passes K/V, the ring passes the queries (and the partial outputs go home), one
+all-gather of K/V, or Ulysses' all-to-all to a head split."""
+CacheLayout = Literal["contiguous", "interleaved"]
+"""How a decode's KV cache is sharded by sequence: contiguous (rank r holds the r-th of
+`split_sizes(N, W)`) or interleaved (rank r holds positions r, r + W, r + 2W, ...: the cache
+grows evenly over the ranks, one token each in turn)."""
 Device = Literal["cpu", "cuda"]
 ScenarioDevice = Literal["auto", "cpu", "cuda"]
 Scheme = Literal["single", "ring", "ulysses", "usp", "allgather", "usp_allgather"]
@@ -67,6 +82,10 @@ MASKS: tuple[Mask, ...] = get_args(Mask)
 DTYPES: tuple[Dtype, ...] = get_args(Dtype)
 BACKENDS: tuple[Backend, ...] = get_args(Backend)
 PHASES: tuple[Phase, ...] = get_args(Phase)
+INFERENCE_PHASES: tuple[InferencePhase, ...] = get_args(InferencePhase)
+SCENARIO_PHASES: tuple[ScenarioPhase, ...] = get_args(ScenarioPhase)
+PREFILL_SCHEMES: tuple[PrefillScheme, ...] = get_args(PrefillScheme)
+CACHE_LAYOUTS: tuple[CacheLayout, ...] = get_args(CacheLayout)
 DEVICES: tuple[Device, ...] = get_args(Device)
 SCENARIO_DEVICES: tuple[ScenarioDevice, ...] = get_args(ScenarioDevice)
 SCHEMES: tuple[Scheme, ...] = get_args(Scheme)

@@ -21,19 +21,21 @@ Schemes (per rank, forward only):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Literal
 
 from scipy.optimize import brentq
 
 from cpbench.config.problem import CpProblem
-from cpbench.config.vocabulary import dtype_bytes
+from cpbench.config.vocabulary import (  # the literals live in the one vocabulary
+    CACHE_LAYOUTS,
+    PREFILL_SCHEMES,
+    CacheLayout,
+    PrefillScheme,
+    dtype_bytes,
+)
 from cpbench.errors import CpbenchError
 from cpbench.model.formulas import FP32_BYTES
 from cpbench.model.hardware.profile import HardwareProfile, LinkTierProfile
-
-PrefillScheme = Literal["pass_kv", "pass_q", "all_gather", "ulysses"]
-"""How the ranks exchange data in a prefill with a cached prefix (see the module docstring)."""
-PREFILL_SCHEMES: tuple[PrefillScheme, ...] = get_args(PrefillScheme)
 
 LSE_BYTES = FP32_BYTES
 """The LSE travels in fp32 (natural log), whatever the inputs' dtype."""
@@ -269,13 +271,6 @@ def pass_kv_pass_q_crossover(
     if gap(lo) * gap(hi) > 0:
         return None
     return float(brentq(gap, lo, hi, xtol=1e-6))
-
-
-CacheLayout = Literal["contiguous", "interleaved"]
-"""How a decode's KV cache is sharded by sequence: contiguous (rank r holds the r-th of
-`split_sizes(N, W)`) or interleaved (rank r holds positions r, r + W, r + 2W, ...: the cache
-grows evenly over the ranks, one token each in turn)."""
-CACHE_LAYOUTS: tuple[CacheLayout, ...] = get_args(CacheLayout)
 
 
 def check_cache_layout(layout: str) -> CacheLayout:

@@ -22,11 +22,22 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
-from cpbench.config.vocabulary import Mask, PassKey, Phase
+from cpbench.config.vocabulary import (
+    CacheLayout,
+    InferencePhase,
+    Mask,
+    PassKey,
+    Phase,
+    PrefillScheme,
+)
 from cpbench.model.calibrate.stats import Interval, median_interval
 
-SCHEMA_VERSION = 2
-"""Version of the record's shape. Version 2 (measurements you can trust): `timing.samples` are
+SCHEMA_VERSION = 3
+"""Version of the record's shape. Version 3 (inference): a prefill or decode point carries
+`config.inference` (the step: phase, cached_len, new_tokens, scheme or cache_layout) and an
+`inference` section (TTFT or per-token latency, tokens/s, KV-cache bytes per rank analytic and
+measured); training records are as in version 2, and version 2 records read unchanged (no
+`inference` key: a training step). Version 2 (measurements you can trust): `timing.samples` are
 as many iterations as the precision target took (`timing.iterations`, at least the scenario's
 `iters`), with the median's 95% interval (`ci_low`, `ci_high`), `target_met`, the overlap's
 interval and status; `config.equivalent` lists the points measured as this one (at ring degree 1
@@ -128,6 +139,10 @@ class ConfigSection(Section):
     run_seq_len: int | None = None
     """Tokens as run: seq_len + padding (what every byte and FLOP of the record is counted
     on). Read as seq_len from records written before masks."""
+    inference: InferenceConfigSection | None = None
+    """The inference step of a prefill or decode point (`cpbench.config.inference.
+    InferenceStep`); absent for a training step (and in records before version 3). Its
+    `phase` is then fwd (forward only) and seq_len is cached_len + new_tokens."""
     equivalent: list[str] | None = None
     """Ids of the scenario's other points that are this same computation, measured once as
     this record (e.g. the zigzag name of a ring-degree-1 mesh, whose canonical layout is
@@ -145,6 +160,49 @@ class ConfigSection(Section):
             padding = self.padding if self.padding is not None else 0
             self.__dict__["run_seq_len"] = self.seq_len + padding
         return self
+
+
+class InferenceConfigSection(Section):
+    """What an inference point runs (`InferenceStep.to_dict`)."""
+
+    phase: InferencePhase
+    """prefill (T new tokens on P cached) or decode (1 to 8 new queries over the cache)."""
+    cached_len: int
+    """P: tokens already in the KV cache."""
+    new_tokens: int
+    """T: new tokens of the step."""
+    scheme: PrefillScheme | None = None
+    """prefill: pass_kv | pass_q | all_gather | ulysses; null for decode."""
+    cache_layout: CacheLayout | None = None
+    """decode: contiguous | interleaved; null for prefill."""
+
+
+class InferenceSection(Section):
+    """An inference point's serving numbers (`cpbench.app.record_inference`); seconds are the
+    step median (max over ranks of each iteration, as `timing.median`)."""
+
+    phase: InferencePhase
+    """prefill or decode (as `config.inference.phase`)."""
+    ttft_s: float | None = None
+    """prefill: time to first token, seconds per prefill: the median of the timed forward of
+    all T new tokens on P cached (from the ranks' input shards to their output shards: no
+    unshard, no sampling); null for decode."""
+    per_token_latency_s: float | None = None
+    """decode: seconds per decode step / new_tokens (inter-token latency of one sequence);
+    null for prefill."""
+    tokens_per_s: float
+    """batch x new_tokens / step median: tokens a second at the batch (decode: generated
+    tokens; prefill: prompt tokens processed)."""
+    kv_cache_bytes_analytic: int
+    """KV-cache bytes (one layer) of the rank holding the most, from the model
+    (`kv_cache_bytes_per_rank` of P + T tokens over W ranks)."""
+    kv_cache_bytes_measured: list[int]
+    """Each rank's nbytes of the K and V tensors it holds for the step (prefill: its cache and
+    new-token shards; decode: its cache shard)."""
+    kv_cache_ratio: float
+    """max of kv_cache_bytes_measured / kv_cache_bytes_analytic (1 = the model's memory)."""
+    convention: str
+    """What the numbers count, in words."""
 
 
 class TimingSection(Section):
@@ -470,6 +528,9 @@ class ResultRecord(Section):
     """The reference check; present when it ran."""
     environment: EnvironmentSection | None = None
     """Versions, hosts, devices and variables."""
+    inference: InferenceSection | None = None
+    """An inference point's TTFT / latency, tokens/s and KV-cache bytes (version 3); absent for
+    a training step."""
 
     _source: str | None = PrivateAttr(default=None)
 
@@ -506,6 +567,7 @@ def dump_record(record: ResultRecord) -> dict[str, Any]:
     return record.model_dump(mode="json", exclude_unset=True)
 
 
+ConfigSection.model_rebuild()
 AccuracySection.model_rebuild()
 EnvironmentSection.model_rebuild()
 ResultRecord.model_rebuild()

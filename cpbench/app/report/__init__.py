@@ -9,7 +9,8 @@ or renders; warnings (a torn last line) are returned for the CLI to show.
 
 The parts, one job each: `data` (the dataclasses the pages show), `summary` (the header facts),
 `work` (packed documents' work against compute), `predictions` (what the cost model adds) and
-`recommendation` (the fastest measured, and `cpbench.app.recommend` on the measured workload).
+`recommendation` (the fastest measured, and `cpbench.app.recommend` on the measured workload)
+and `inference` (the prefill and decode records, for the inference section).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 import pandas as pd
 
 from cpbench.app.report.data import ComparisonData, ReportData
+from cpbench.app.report.inference import inference_frame, is_inference_record
 from cpbench.app.report.predictions import cost_model
 from cpbench.app.report.summary import summarize
 from cpbench.app.report.work import work_fits
@@ -54,8 +56,12 @@ def build_report(
     records, warned = _read(paths)
     if not records:
         raise CpbenchError(f"{', '.join(map(str, paths))}: no results records to report")
-    frame = records_frame(records)
-    model = cost_model(records, frame, hardware, paths)
+    # inference records (prefill, decode) have their own section; the training sections, the
+    # cost model and the records table take the training records
+    training = [r for r in records if not is_inference_record(r)]
+    inference = inference_frame(records)
+    frame = records_frame(training)
+    model = cost_model(training, frame, hardware, paths)
     if model.predicted_s:
         frame["predicted_s"] = pd.Series(model.predicted_s, dtype="float64")
     if model.peak_fraction:
@@ -83,6 +89,7 @@ def build_report(
         notes=model.notes,
         work=work_fits(frame),
         plan=_plan(plan_request),
+        inference=inference if not inference.empty else None,
     )
 
 

@@ -93,6 +93,10 @@ class ReportData:
     """Packed documents: per-rank predicted work against measured compute, per phase."""
     plan: dict[str, Any] | None = None
     """The whole-model plan (`cpbench.app.plan.to_json`) when a model was given."""
+    inference: pd.DataFrame | None = None
+    """The inference records (prefill, decode), one row each
+    (`cpbench.app.report.inference.inference_frame`); None when there are none. `frame`
+    holds the training records only."""
 
     @property
     def records(self) -> int:

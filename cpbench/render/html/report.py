@@ -10,7 +10,14 @@ from dataclasses import asdict, replace
 import pandas as pd
 
 from cpbench.app.report.data import NO_PROFILE_NOTE, ReportData, ReportRecommendation
-from cpbench.render.figures import balance, communication, memory, prediction, timing
+from cpbench.render.figures import (
+    balance,
+    communication,
+    inference,
+    memory,
+    prediction,
+    timing,
+)
 from cpbench.render.html.document import Page, RecommendationView, Section, render_page
 from cpbench.render.html.tables import Column, records_table, table
 from cpbench.render.recommend.explanation import explanation_text
@@ -179,6 +186,7 @@ def report_sections(report: ReportData) -> list[Section]:
             recommendation=recommendation_view(report.recommendation, report.recommendation_note),
         ),
         *plan_sections(report),
+        *inference_sections(report),
         Section(
             "records",
             "All records",
@@ -257,6 +265,62 @@ def plan_sections(report: ReportData) -> list[Section]:
             )
         )
     return sections
+
+
+INFERENCE_TABLE_COLUMNS = [
+    Column("phase", "phase"),
+    Column("scheme / cache", "how"),
+    Column("W", "world_size", "num"),
+    Column("P cached", "cached_len", "num"),
+    Column("T new", "new_tokens", "num"),
+    Column("B", "batch", "num"),
+    Column("TTFT ms", "ttft_s", "ms"),
+    Column("latency ms/token", "per_token_latency_s", "ms"),
+    Column("tokens/s", "tokens_per_s", "num"),
+    Column("KV/rank measured", "kv_cache_bytes_measured", "bytes"),
+    Column("KV/rank analytic", "kv_cache_bytes_analytic", "bytes"),
+    Column("bytes = model", "bytes_match"),
+    Column("max abs error", "max_abs_error", "num"),
+    Column("status", "status"),
+    Column("id", "id", cls="id"),
+]
+
+
+def inference_sections(report: ReportData) -> list[Section]:
+    """The inference records (prefill, decode): TTFT against the prompt per scheme, decode
+    latency against the degree, the KV cache per rank, and their table. None without them."""
+    frame = report.inference
+    if frame is None or frame.empty:
+        return []
+    return [
+        Section(
+            "inference-ttft",
+            "Inference: time to first token by scheme",
+            "Seconds per prefill of T new tokens on P cached (median over iterations of the "
+            "slowest rank's forward, shards in and out), one line per scheme (colour) and P "
+            "(dash). pass-Q passes the queries and partial outputs, pass-KV the keys and "
+            "values: pass-Q wins when T is small against P.",
+            inference.ttft_figure(frame),
+            None if (frame["phase"] == "prefill").any() else "No prefill records.",
+        ),
+        Section(
+            "inference-decode",
+            "Inference: decode latency per token by CP degree",
+            "Seconds per decode step / T (inter-token latency), one line per cache layout "
+            "(colour) and batch (dash), against the ranks the cache is sharded over.",
+            inference.decode_latency_figure(frame),
+            None if (frame["phase"] == "decode").any() else "No decode records.",
+        ),
+        Section(
+            "inference-kv",
+            "Inference: KV cache per rank",
+            "Bytes of the K and V tensors a rank holds for the step (markers, the most of any "
+            "rank) against the model's ceil((P + T) / W) tokens x 2 x KV heads x head dim x "
+            "element bytes x B (dashed), one layer: the cache a rank must hold shrinks as 1/W.",
+            inference.kv_capacity_figure(frame),
+            table=table(frame, INFERENCE_TABLE_COLUMNS, table_id="inference-table"),
+        ),
+    ]
 
 
 def render_report(report: ReportData) -> Page:

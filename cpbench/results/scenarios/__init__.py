@@ -44,6 +44,32 @@ layout = "contiguous"
 window = ["none", 1024]
 ```
 
+Inference: `phase = "prefill"` or `"decode"` times one forward step of `new_tokens` (T) on
+`cached_len` (P, default 0) cached tokens instead of a training step over `seq_len` (which an
+inference table does not take, nor the training step's mesh, layout, kv_replication, impl,
+documents, window, cp_comm and heads_k_stride: the mesh is the step's, W x 1 for the ulysses
+prefill scheme and 1 x W otherwise, its shards contiguous). A prefill takes `scheme` (pass_kv,
+pass_q, all_gather, ulysses; default pass_kv), a decode `cache_layout` (contiguous,
+interleaved; default contiguous) and 1 to 8 new tokens; `batch` is the decode batch. One table
+is training or inference; an `[[also]]` table that names the other kind of phase drops the
+axes of the first kind it does not set:
+
+```toml
+[axes]
+heads = 8
+head_dim = 64
+phase = "prefill"
+cached_len = [0, 4096]
+new_tokens = [64, 4096]
+scheme = ["pass_kv", "pass_q"]
+
+[[also]]
+phase = "decode"
+new_tokens = [1, 4]
+cache_layout = ["contiguous", "interleaved"]
+batch = [1, 8]
+```
+
 By job (pure Python, no torch: the CLI lists and validates scenarios without importing it):
 
 - file_schema.py: the file's layout, the pydantic models `ScenarioFile`, `ScenarioSettings`

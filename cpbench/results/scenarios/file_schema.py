@@ -28,19 +28,26 @@ from cpbench.config.bench import is_int
 from cpbench.config.documents import DISTRIBUTIONS
 from cpbench.config.file_schema import FileModel, problem, rule
 from cpbench.config.impls import DEFAULT_IMPL, IMPLS, Impl
+from cpbench.config.inference import MAX_DECODE_TOKENS
 from cpbench.config.vocabulary import (
     BACKENDS,
+    CACHE_LAYOUTS,
     CP_COMMS,
     DTYPES,
+    INFERENCE_PHASES,
     LAYOUTS,
     PHASES,
+    PREFILL_SCHEMES,
     SCENARIO_DEVICES,
+    SCENARIO_PHASES,
     Backend,
+    CacheLayout,
     CpComm,
     Dtype,
     Layout,
-    Phase,
+    PrefillScheme,
     ScenarioDevice,
+    ScenarioPhase,
 )
 
 _MESH_RE = re.compile(r"^\s*(\d+)\s*[xX]\s*(\d+)\s*$")
@@ -160,8 +167,9 @@ MeshAxis = Annotated[
 class ScenarioAxes(FileModel):
     """The `[axes]` table: each key one value or a list; the sweep is their product."""
 
-    seq_len: Axis[PositiveInt]
-    """Global sequence lengths (required)."""
+    seq_len: Axis[PositiveInt] | None = None
+    """Global sequence lengths (required by the training phases; an inference step's length is
+    cached_len + new_tokens, so they take none)."""
     batch: Axis[PositiveInt] = (1,)
     """Batch sizes."""
     heads: Axis[PositiveInt]
@@ -184,8 +192,9 @@ class ScenarioAxes(FileModel):
     """KV replication: "auto", "off" or a number of copies."""
     backend: Axis[Annotated[Backend, _one_of(BACKENDS)]] = ("auto",)
     """Local attention kernels."""
-    phase: Axis[Annotated[Phase, _one_of(PHASES)]] = ("fwd+bwd",)
-    """Timed phases."""
+    phase: Axis[Annotated[ScenarioPhase, _one_of(SCENARIO_PHASES)]] = ("fwd+bwd",)
+    """Timed phases: training (fwd, fwd+bwd: a step over seq_len tokens) or inference (prefill,
+    decode: a step of new_tokens on cached_len cached tokens), not both in one table."""
     impl: Axis[Annotated[Impl, _one_of(IMPLS)]] = (DEFAULT_IMPL,)
     """Implementations (cpbench's own and external libraries, `cpbench.impls`)."""
     documents: Axis[DocumentsSource] = (None,)
@@ -197,6 +206,17 @@ class ScenarioAxes(FileModel):
     """How the ring axis exchanges K/V: p2p (the ring) or all_gather (the Llama 3 scheme)."""
     heads_k_stride: Axis[HeadStride] = (None,)
     """KV heads per all-gather (all_gather only): a positive number, or "none" (all at once)."""
+    cached_len: Axis[NonNegativeInt] | None = None
+    """Inference only: tokens already in the KV cache (P); absent = 0 (a prompt with no cache)."""
+    new_tokens: Axis[PositiveInt] | None = None
+    """Inference only (required there): new tokens of the step (T): a prefill's prompt, a
+    decode step's 1 to 8 queries."""
+    scheme: Axis[Annotated[PrefillScheme, _one_of(PREFILL_SCHEMES)]] | None = None
+    """Prefill only: how the ranks exchange data (pass_kv, pass_q, all_gather, ulysses; the
+    mesh is the scheme's: W x 1 for ulysses, 1 x W otherwise); absent = pass_kv."""
+    cache_layout: Axis[Annotated[CacheLayout, _one_of(CACHE_LAYOUTS)]] | None = None
+    """Decode only: how the KV cache is sharded by sequence (contiguous, interleaved); absent =
+    contiguous."""
 
     @model_validator(mode="before")
     @classmethod
@@ -225,6 +245,71 @@ class ScenarioAxes(FileModel):
         return self
 
     @model_validator(mode="after")
+    def _step_axes(self) -> ScenarioAxes:
+        """The training phases take seq_len and none of the inference axes; the inference
+        phases take new_tokens (and cached_len, scheme, cache_layout), none of the training
+        step's axes; one table does not mix the two."""
+        training = [p for p in self.phase if p in PHASES]
+        inference = [p for p in self.phase if p in INFERENCE_PHASES]
+        if training and inference:
+            raise problem(
+                f"{list(self.phase)!r} mixes training ({', '.join(training)}) and inference "
+                f"({', '.join(inference)}) phases; put the inference phases in an [[also]] "
+                "table (an inference step has no seq_len axis, a training step no new_tokens)",
+                key="phase",
+            )
+        given = self.model_fields_set
+        if training:
+            if self.seq_len is None:
+                raise problem("key 'seq_len' is required in [axes]", key="")
+            for key in INFERENCE_AXES:
+                if getattr(self, key) is not None:
+                    raise problem(
+                        f"{list(getattr(self, key))!r} is an inference axis (phase prefill or "
+                        f"decode), but phase is {', '.join(training)}",
+                        key=key,
+                    )
+            return self
+        if self.seq_len is not None:
+            raise problem(
+                f"{list(self.seq_len)!r}: phase {', '.join(inference)} takes no seq_len; an "
+                "inference step's length is cached_len + new_tokens (give those)",
+                key="seq_len",
+            )
+        if self.new_tokens is None:
+            raise problem(
+                f"key 'new_tokens' is required in [axes] for phase {', '.join(inference)}", key=""
+            )
+        for key, phase in (("scheme", "prefill"), ("cache_layout", "decode")):
+            if getattr(self, key) is not None and phase not in inference:
+                raise problem(
+                    f"{list(getattr(self, key))!r} is a {phase} axis, but phase is "
+                    f"{', '.join(inference)}",
+                    key=key,
+                )
+        if "decode" in inference:
+            for t in self.new_tokens:
+                if t > MAX_DECODE_TOKENS:
+                    raise problem(
+                        f"{t}: a decode step takes 1 to {MAX_DECODE_TOKENS} new tokens (more is a "
+                        "prefill: give decode its own [[also]] table)",
+                        key="new_tokens",
+                    )
+        for key in TRAINING_STEP_AXES:
+            if key in given and not (key == "impl" and self.impl == (DEFAULT_IMPL,)):
+                raise problem(
+                    f"{_shown(getattr(self, key))} is a training axis; an inference step (phase "
+                    f"{', '.join(inference)}) runs cpbench's own causal attention over one "
+                    "sequence, sharded by its scheme (prefill) or cache_layout (decode)",
+                    key=key,
+                )
+        if False in self.causal:
+            raise problem(
+                f"false: phase {', '.join(inference)} runs causal attention", key="causal"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _masks_need_causal(self) -> ScenarioAxes:
         if False not in self.causal:
             return self
@@ -238,6 +323,28 @@ class ScenarioAxes(FileModel):
                     key=key,
                 )
         return self
+
+
+INFERENCE_AXES: tuple[str, ...] = ("cached_len", "new_tokens", "scheme", "cache_layout")
+"""The axes only the inference phases (prefill, decode) take."""
+TRAINING_STEP_AXES: tuple[str, ...] = (
+    "seq_len",
+    "mesh",
+    "layout",
+    "kv_replication",
+    "impl",
+    "documents",
+    "window",
+    "cp_comm",
+    "heads_k_stride",
+)
+"""The axes of a training step that an inference step does not take (its mesh and shards are
+its scheme's or cache layout's)."""
+
+
+def _shown(value: object) -> str:
+    """An axis value as the file wrote it (a tuple as a list)."""
+    return repr(list(value)) if isinstance(value, tuple) else repr(value)
 
 
 class ScenarioSettings(FileModel):

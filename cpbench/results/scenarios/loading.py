@@ -14,9 +14,14 @@ from typing import Any
 from pydantic import ValidationError
 
 from cpbench.config.documents import DISTRIBUTIONS
-from cpbench.config.vocabulary import DEVICES
+from cpbench.config.vocabulary import DEVICES, INFERENCE_PHASES
 from cpbench.errors import CpbenchError
-from cpbench.results.scenarios.file_schema import ScenarioAxes, ScenarioFile
+from cpbench.results.scenarios.file_schema import (
+    INFERENCE_AXES,
+    TRAINING_STEP_AXES,
+    ScenarioAxes,
+    ScenarioFile,
+)
 from cpbench.results.scenarios.messages import scenario_error
 from cpbench.results.scenarios.scenario import Scenario, resolved_documents
 
@@ -51,11 +56,23 @@ def parse_scenario(data: dict, source: str) -> Scenario:
 
 def _merged_axes(axes: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     """[axes] with an [[also]] table's keys replacing them (naming kv_heads or gqa_ratio
-    replaces both)."""
+    replaces both; naming an inference phase drops the training step's axes it does not set,
+    and the other inference phase's (scheme, cache_layout); naming a training phase drops the
+    inference axes)."""
     merged = dict(axes)
     if "kv_heads" in override or "gqa_ratio" in override:
         merged.pop("kv_heads", None)
         merged.pop("gqa_ratio", None)
+    if "phase" in override:
+        phase = override["phase"]
+        phases = phase if isinstance(phase, list) else [phase]
+        inference = any(p in INFERENCE_PHASES for p in phases)
+        dropped = list(TRAINING_STEP_AXES if inference else INFERENCE_AXES)
+        dropped += [k for k, p in (("scheme", "prefill"), ("cache_layout", "decode"))
+                    if inference and p not in phases]
+        for key in dropped:
+            if key not in override:
+                merged.pop(key, None)
     merged.update(override)
     return merged
 
@@ -70,7 +87,7 @@ def _scenario(
         None if d is None else _document_path(d, base or source) for d in axes.documents
     )
     for d in documents:
-        for seq_len in axes.seq_len if d is not None else ():
+        for seq_len in (axes.seq_len or ()) if d is not None else ():
             try:
                 resolved_documents(d, seq_len, spec.seed)
             except CpbenchError as exc:

@@ -14,11 +14,15 @@ from typing import Any
 from cpbench.config.bench import BenchConfig, check_choice, check_positive_int, factorizations
 from cpbench.config.constraints import Feasibility
 from cpbench.config.documents import resolve_documents
+from cpbench.config.inference import InferenceStep
 from cpbench.config.vocabulary import (
     DEFAULT_DTYPE,
     DEVICES,
+    INFERENCE_PHASES,
     SCENARIO_DEVICES,
+    CacheLayout,
     Device,
+    PrefillScheme,
 )
 from cpbench.errors import CpbenchError
 from cpbench.results.scenarios.file_schema import ScenarioAxes, ScenarioSettings
@@ -133,12 +137,13 @@ class Scenario(ScenarioSettings, ScenarioAxes):
         if device not in DEVICES:
             raise CpbenchError(f"device {device!r} is not one of {', '.join(DEVICES)}")
         check_positive_int("world_size", world_size)
+        if self.phase[0] in INFERENCE_PHASES:  # one table is all inference or all training
+            return self._expand_inference(device, world_size)
         meshes = self.meshes(world_size)
         dtypes = self.dtype or (DEFAULT_DTYPE[device],)
-        ratios = self.gqa_ratio or (1,)  # kv_heads (never empty) or heads // each ratio
-        head_pairs = [
-            (h, kv) for h in self.heads for kv in self.kv_heads or [h // g for g in ratios]
-        ]
+        head_pairs = self._head_pairs()
+        if self.seq_len is None:  # ScenarioAxes requires it of the training phases
+            raise CpbenchError(f"{self.source}: key 'seq_len' is required in [axes]")
         # two products of at most six axes each (typed), multiplied: the same order as one
         shapes = itertools.product(
             self.seq_len, self.batch, head_pairs, self.head_dim, dtypes, self.causal
@@ -188,7 +193,7 @@ class Scenario(ScenarioSettings, ScenarioAxes):
                 layout=layout,
                 kv_replication=kv_replication,
                 kernel=backend,
-                phase=phase,
+                phase=phase,  # type: ignore[arg-type]  # a training Phase here
                 device=device,
                 world_size=world_size,
                 nodes=self.nodes,
@@ -199,6 +204,63 @@ class Scenario(ScenarioSettings, ScenarioAxes):
                 heads_k_stride=heads_k_stride,
             )
             out.append((config, config.feasibility))
+        return out
+
+    def _head_pairs(self) -> list[tuple[int, int]]:
+        """(heads, kv_heads) of the axes: kv_heads (never empty) or heads // each ratio."""
+        ratios = self.gqa_ratio or (1,)
+        return [(h, kv) for h in self.heads for kv in self.kv_heads or [h // g for g in ratios]]
+
+    def _expand_inference(
+        self, device: Device, world_size: int
+    ) -> list[tuple[BenchConfig, Feasibility]]:
+        """The inference points (phase prefill or decode): shape x phase x cached_len x
+        new_tokens x scheme (prefill) or cache_layout (decode) x backend, each on the mesh its
+        step runs on (`InferenceStep.mesh`), contiguous shards, forward only."""
+        if self.new_tokens is None:  # ScenarioAxes requires it of the inference phases
+            raise CpbenchError(f"{self.source}: key 'new_tokens' is required in [axes]")
+        dtypes = self.dtype or (DEFAULT_DTYPE[device],)
+        shapes = itertools.product(
+            self.batch, self._head_pairs(), self.head_dim, dtypes, self.phase
+        )
+        out = []
+        for batch, (heads, kv_heads), head_dim, dtype, phase in shapes:
+            # (scheme, cache layout): a prefill takes the first, a decode the second
+            hows: list[tuple[PrefillScheme | None, CacheLayout | None]] = (
+                [(s, None) for s in self.scheme or ("pass_kv",)]
+                if phase == "prefill"
+                else [(None, c) for c in self.cache_layout or ("contiguous",)]
+            )
+            steps = itertools.product(
+                self.cached_len or (0,), self.new_tokens, hows, self.backend
+            )
+            for cached_len, new_tokens, (scheme, cache_layout), backend in steps:
+                step = InferenceStep(
+                    phase=phase,  # type: ignore[arg-type]  # an InferencePhase here
+                    cached_len=cached_len,
+                    new_tokens=new_tokens,
+                    scheme=scheme,
+                    cache_layout=cache_layout,
+                )
+                ulysses, ring = step.mesh(world_size)
+                config = BenchConfig(
+                    seq_len=step.total,
+                    batch=batch,
+                    heads=heads,
+                    kv_heads=kv_heads,
+                    head_dim=head_dim,
+                    dtype=dtype,
+                    ulysses=ulysses,
+                    ring=ring,
+                    layout="contiguous",
+                    kernel=backend,
+                    phase="fwd",
+                    device=device,
+                    world_size=world_size,
+                    nodes=self.nodes,
+                    inference=step,
+                )
+                out.append((config, config.feasibility))
         return out
 
 

@@ -1,0 +1,73 @@
+"""The inference part of the report: one row per inference record (prefill, decode) with its
+serving numbers, for the report's inference section (TTFT vs length per scheme, decode
+latency vs degree, KV capacity). Training records are left to the rest of the report."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import pandas as pd
+
+INFERENCE_COLUMNS: tuple[str, ...] = (
+    "id", "status", "error", "phase", "how", "world_size", "cached_len", "new_tokens",
+    "context", "batch", "heads", "kv_heads", "head_dim", "dtype", "device", "median_s",
+    "ci_low_s", "ci_high_s", "ttft_s", "per_token_latency_s", "tokens_per_s",
+    "kv_cache_bytes_analytic", "kv_cache_bytes_measured", "kv_cache_ratio", "bytes_match",
+    "max_abs_error", "tolerance",
+)  # fmt: skip
+"""The frame's columns: context = cached_len + new_tokens (the keys the step attends to);
+kv_cache_bytes_measured is the max over ranks; seconds as the records give them."""
+
+
+def is_inference_record(record: Mapping[str, Any]) -> bool:
+    """Whether a record is of an inference point (its config names an inference step)."""
+    config = record.get("config")
+    return isinstance(config, Mapping) and bool(config.get("inference"))
+
+
+def _row(record: Mapping[str, Any]) -> dict[str, Any]:
+    config, step = record["config"], record["config"]["inference"]
+    timing = record.get("timing") or {}
+    section = record.get("inference") or {}
+    accuracy = record.get("accuracy") or {}
+    measured = section.get("kv_cache_bytes_measured")
+    return {
+        "id": record.get("id"),
+        "status": record.get("status"),
+        "error": record.get("error"),
+        "phase": step["phase"],
+        "how": step["scheme"] if step["phase"] == "prefill" else step["cache_layout"],
+        "world_size": config.get("world_size"),
+        "cached_len": step["cached_len"],
+        "new_tokens": step["new_tokens"],
+        "context": step["cached_len"] + step["new_tokens"],
+        "batch": config.get("batch"),
+        "heads": config.get("heads"),
+        "kv_heads": config.get("kv_heads"),
+        "head_dim": config.get("head_dim"),
+        "dtype": config.get("dtype"),
+        "device": config.get("device"),
+        "median_s": timing.get("median"),
+        "ci_low_s": timing.get("ci_low"),
+        "ci_high_s": timing.get("ci_high"),
+        "ttft_s": section.get("ttft_s"),
+        "per_token_latency_s": section.get("per_token_latency_s"),
+        "tokens_per_s": section.get("tokens_per_s"),
+        "kv_cache_bytes_analytic": section.get("kv_cache_bytes_analytic"),
+        "kv_cache_bytes_measured": max(measured) if measured else None,
+        "kv_cache_ratio": section.get("kv_cache_ratio"),
+        "bytes_match": (record.get("comm") or {}).get("match"),
+        "max_abs_error": accuracy.get("max_abs_error"),
+        "tolerance": accuracy.get("tolerance"),
+    }
+
+
+def inference_frame(records: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
+    """One row per inference record (`INFERENCE_COLUMNS`), in the records' order."""
+    rows = [_row(r) for r in records if is_inference_record(r)]
+    frame = pd.DataFrame(rows, columns=list(INFERENCE_COLUMNS))
+    for col in ("median_s", "ci_low_s", "ci_high_s", "ttft_s", "per_token_latency_s",
+                "tokens_per_s", "kv_cache_ratio", "max_abs_error", "tolerance"):  # fmt: skip
+        frame[col] = pd.to_numeric(frame[col], errors="coerce").astype("float64")
+    return frame

@@ -1,0 +1,125 @@
+"""The sweep's table of inference records (prefill, decode): one row per record, the time to
+first token or the per-token latency beside the reference check, the bytes check and the
+KV-cache check, nccl-tests style (a value, then "=" where the count equals the model).
+A `FitTable`: it reads whole at 80 columns. Renderers return renderables; the CLI prints."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.text import Text
+
+from cpbench.render.tables import FitTable
+from cpbench.units import format_memory, format_seconds
+
+INFERENCE_CAPTION = (
+    "TTFT: seconds per prefill of T new tokens on P cached (median, max over ranks); "
+    "lat/tok: seconds per decode step / T; +/-: half the 95% interval in % of the median; "
+    "tok/s: B*T / step; best: the fastest scheme or cache layout of its group (same phase, "
+    "P, T, B, heads, world) beyond the noise, 'tie' when the intervals overlap; bytes/rank: "
+    "sent per rank per step, '=' the count at the torch.distributed boundary equals "
+    "prefill_bytes / decode_bytes; KV/rank: the most KV-cache bytes a rank holds (one "
+    "layer), '=' the measured tensors within 5% of kv_cache_bytes_per_rank; max err: max abs "
+    "error vs the float64 reference"
+)
+
+
+def is_inference(record: dict[str, Any]) -> bool:
+    """Whether a record is of an inference point (its config names an inference step)."""
+    return bool((record.get("config") or {}).get("inference"))
+
+
+def _size(value: float) -> str:
+    """Bytes in KiB below 1 MiB (inference shards are small on CPU), else as `format_memory`."""
+    return f"{value / 2**10:.1f} KiB" if value < 2**20 else format_memory(value)
+
+
+def _group(record: dict[str, Any]) -> tuple[Any, ...]:
+    """The records that compete: one phase, P, T, shape and world; schemes (prefill) or cache
+    layouts (decode) and kernels vary within it."""
+    c = record["config"]
+    step = c["inference"]
+    return (
+        step["phase"], step["cached_len"], step["new_tokens"], c["batch"], c["heads"],
+        c["kv_heads"], c["head_dim"], c["dtype"], c["device"], c["world_size"],
+    )  # fmt: skip
+
+
+def _best(records: list[dict[str, Any]]) -> dict[str, str]:
+    """"best" or "tie (n)" for the leaders of each group (`stats.rank_with_ties`)."""
+    from cpbench.model.calibrate.stats import rank_with_ties  # noqa: PLC0415
+    from cpbench.results.frame import record_interval  # noqa: PLC0415
+
+    groups: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for r in records:
+        interval = record_interval(r) if r.get("status") == "ok" else None
+        if interval is not None:
+            groups.setdefault(_group(r), {})[r["id"]] = interval
+    out: dict[str, str] = {}
+    for intervals in groups.values():
+        if len(intervals) < 2:
+            continue
+        ranked = rank_with_ties(intervals)
+        for rid in ranked.tied:
+            out[rid] = "best" if ranked.clear else f"tie ({len(ranked.tied)})"
+    return out
+
+
+def _time_cell(record: dict[str, Any]) -> str:
+    timing, section = record["timing"], record["inference"]
+    median = timing["median"]
+    low, high = timing.get("ci_low"), timing.get("ci_high")
+    spread = "" if low is None or high is None else f" ±{(high - low) / 2 / median:.0%}"
+    if section["phase"] == "prefill":
+        return f"{format_seconds(section['ttft_s'])}{spread}"
+    return f"{format_seconds(section['per_token_latency_s'], 2)}/tok{spread}"
+
+
+def inference_table(records: list[dict[str, Any]]) -> FitTable:
+    """One row per inference record; the best of each group in bold green, ties in yellow."""
+    best = _best(records)
+    table = FitTable(title="cpbench inference results", caption=INFERENCE_CAPTION, index=True)
+    left = ("how", "best", "phase", "status")
+    # the step's time beside its checks (error, bytes, KV-cache), then the rest
+    columns = ["how", "P", "T", "TTFT|lat", "max err", "bytes/rank", "KV/rank", "best",
+               "tok/s", "phase", "W", "B", "h/kv", "status"]  # fmt: skip
+    for col in columns:
+        table.add_column(
+            col,
+            justify="left" if col in left else "right",
+            wrap=col == "status",
+            key=col in ("how", "P", "T"),
+        )
+    for r in records:
+        c = r["config"]
+        step = c["inference"]
+        how = step["scheme"] if step["phase"] == "prefill" else step["cache_layout"]
+        where = [step["phase"], str(c["world_size"]), str(c["batch"]),
+                 f"{c['heads']}/{c['kv_heads']}"]  # fmt: skip
+        cells: list[str | Text] = [str(how), str(step["cached_len"]), str(step["new_tokens"])]
+        style = None
+        if r["status"] == "ok" and r.get("inference"):
+            section, comm = r["inference"], r["comm"]
+            analytic = sum(comm["analytic_bytes"].values())
+            measured = max(sum(x) for x in zip(*comm["measured_bytes"].values(), strict=True))
+            if comm["match"]:
+                traffic = f"{_size(analytic)} ="
+            else:
+                traffic = f"[bold red]{_size(analytic)} != {_size(measured)}[/]"
+            ratio = section["kv_cache_ratio"]
+            cache = section["kv_cache_bytes_analytic"]
+            kv = f"{_size(cache)} =" if abs(ratio - 1) <= 0.05 else f"{_size(cache)} x{ratio:.2f}"
+            label = best.get(r["id"], "")
+            if label:
+                style = "bold green" if label == "best" else "yellow"
+            error = (r.get("accuracy") or {}).get("max_abs_error", float("nan"))
+            cells += [
+                _time_cell(r), f"{error:.0e}", traffic, kv, label,
+                f"{section['tokens_per_s']:.3g}", *where, "ok",
+            ]  # fmt: skip
+        else:  # a failed check keeps its error beside the time it did not get
+            error = (r.get("accuracy") or {}).get("max_abs_error")
+            shown = "-" if error is None else f"{error:.0e}"
+            cells += ["-", shown] + ["-"] * 4 + where + [Text(f"{r['status']}: {r['error']}")]
+        table.add_row(*cells, style=style)
+    return table

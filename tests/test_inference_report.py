@@ -1,0 +1,87 @@
+"""The report's inference section (issue 26, Build 4): TTFT against the prompt per scheme, decode
+latency against the CP degree and the KV cache per rank, drawn from the records of a world-2
+inference sweep; the training sections do not take the inference records."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cpbench.app.report import build_report
+from cpbench.app.sweep import run_sweep
+from cpbench.render.figures.inference import (
+    decode_latency_figure,
+    kv_capacity_figure,
+    ttft_figure,
+)
+from cpbench.render.html.report import render_report
+from cpbench.results.scenarios.loading import parse_scenario
+from cpbench.results.store import read_records
+
+SCENARIO = {
+    "name": "inference-report", "world_size": 2, "device": "cpu", "warmup": 0, "iters": 2,
+    "precision": "off", "timeout": 60,
+    "axes": {"heads": 4, "head_dim": 16, "phase": "prefill", "cached_len": 32,
+             "new_tokens": [2, 8], "scheme": ["pass_kv", "pass_q"]},
+    "also": [{"phase": "decode", "new_tokens": 2, "cache_layout": ["contiguous", "interleaved"]}],
+}  # fmt: skip
+
+
+@pytest.fixture
+def swept(tmp_path: Path, lend_the_session_pool: None) -> Path:
+    out = tmp_path / "inference.jsonl"
+    run_sweep(parse_scenario(SCENARIO, "<test>"), "cpu", 2, out)
+    return out
+
+
+def _by(records: list[dict[str, Any]], phase: str) -> list[dict[str, Any]]:
+    return [r for r in records if r["config"]["inference"]["phase"] == phase]
+
+
+def test_the_report_draws_ttft_decode_latency_and_kv_capacity(swept: Path) -> None:
+    records = read_records(swept)
+    assert len(records) == 6 and {r["status"] for r in records} == {"ok"}
+    report = build_report([swept])
+    assert report.inference is not None and len(report.inference) == 6
+    assert report.frame.empty  # the training sections (and the cost model) take none of them
+
+    ttft = ttft_figure(report.inference)
+    assert ttft is not None
+    lines = {t.name: t for t in ttft.data}
+    assert set(lines) == {"pass_kv cached len 32", "pass_q cached len 32"}
+    for r in _by(records, "prefill"):
+        line = lines[f"{r['config']['inference']['scheme']} cached len 32"]
+        i = list(line.x).index(r["config"]["inference"]["new_tokens"])
+        assert line.y[i] == pytest.approx(r["inference"]["ttft_s"] * 1e3, rel=1e-12)
+
+    decode = decode_latency_figure(report.inference)
+    assert decode is not None and len(decode.data) == 2
+    for r, line in zip(
+        sorted(_by(records, "decode"), key=lambda r: r["config"]["inference"]["cache_layout"]),
+        decode.data,
+        strict=True,
+    ):
+        assert list(line.x) == [2]
+        assert line.y[0] == pytest.approx(r["inference"]["per_token_latency_s"] * 1e3, rel=1e-12)
+
+    kv = kv_capacity_figure(report.inference)
+    assert kv is not None
+    measured, analytic = kv.data  # one world and batch: measured markers, analytic line
+    # contexts 34, 40 (prefill) and 34 (decode: P 32 + T 2): ceil(N / 2) x K,V x 4 x 16 x 4 B
+    assert list(analytic.x) == [34, 40]
+    assert list(analytic.y) == pytest.approx([17 * 2 * 4 * 16 * 4 / 1024, 20 * 2 * 4 * 16 * 4 / 1024])
+    for got, want in zip(measured.y, analytic.y, strict=True):
+        assert got == pytest.approx(want, rel=0.05)
+
+    html = render_report(report).html
+    for key in ("inference-ttft", "inference-decode", "inference-kv", "inference-table"):
+        assert f"id='{key}'" in html or f'id="{key}"' in html, key
+
+
+def test_a_training_report_has_no_inference_section() -> None:
+    fixture = Path(__file__).parent / "fixtures" / "sweep.jsonl"
+    report = build_report([fixture])
+    assert report.inference is None
+    assert "inference-ttft" not in render_report(report).html
