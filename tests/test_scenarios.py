@@ -37,6 +37,7 @@ SHIPPED = {
     "cpu-world4": ("cpu", 4, 18, 18),
     "gpu-acceptance": ("cuda", 8, 48, 48),
     "packed-documents": ("cpu", 4, 10, 10),
+    "cpu-inference": ("cpu", 2, 24, 24),
 }
 
 
@@ -439,7 +440,7 @@ def test_file_keys_and_their_descriptions() -> None:
     assert AXIS_KEYS == (
         "seq_len", "batch", "heads", "kv_heads", "gqa_ratio", "head_dim", "dtype", "causal",
         "mesh", "layout", "kv_replication", "backend", "phase", "impl", "documents", "window",
-        "cp_comm", "heads_k_stride",
+        "cp_comm", "heads_k_stride", "cached_len", "new_tokens", "scheme", "cache_layout",
     )  # fmt: skip
     for model in (ScenarioFile, ScenarioAxes):
         for name, field in model.model_fields.items():
