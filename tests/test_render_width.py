@@ -292,15 +292,14 @@ def test_recommend_fits_one_screen_and_says_why_in_five_lines(default_report: di
     start = next(i for i, line in enumerate(lines) if line.startswith("Pick: "))
     end = next(i for i, line in enumerate(lines) if "Settings for the winner" in line)
     assert 1 < end - start <= 5, lines[start:end]
-    assert any("Why: " in line for line in lines[start + 1 : end]) and "8x1" in lines[start]
+    assert "Why: " in lines[start + 1] and "8x1" in lines[start]
     assert a_line_with(text, "--cp-comm-type a2a") and "All-gather: its best" not in text
 
 
 def test_explain_keeps_the_full_explanation(default_report: dict[str, Any]) -> None:
     text = render(render_recommendation(default_report, explain=True), 100)
     flat = " ".join(text.split())
-    assert "ahead of the next mesh" in flat or "the model cannot separate" in flat
-    for sentence in ("Placement: each Ulysses group",
+    for sentence in ("ahead of the next mesh", "Placement: each Ulysses group",
                      "All-gather: its best candidate", "Against the ring on the same mesh",
                      "The kernel works on L/R", "attention layer lower bound", "Conventions:"):
         assert sentence in flat

@@ -40,10 +40,7 @@ def test_nvlink_ranking_is_unchanged(seq_len: int) -> None:
     """A flat profile takes today's formulas: the NVLink node still ranks U=8 first and the
     times are those of the flat two-tier model (prediction.topology is None)."""
     t = _times("h100-sxm", seq_len)
-    # U=8 within 3% of the fastest and pure ring last: from 64K the zigzag meshes' full
-    # off-diagonal pieces (kernel.full_over_causal) bring U=4 x R=2 within 1-3% of it
-    assert t[(8, 1)] <= 1.03 * min(t.values())
-    assert max(t, key=t.__getitem__) == (1, 8)
+    assert sorted(t, key=t.__getitem__) == [(8, 1), (4, 2), (2, 4), (1, 8)]
     c = MeshCandidate.for_shape(shape=AttentionShape(seq_len, 32, 8, 128), ulysses=8, ring=1, phase="fwd")
     assert getattr(predict(c, load_profile("h100-sxm"), 8), "topology") is None  # noqa: B009
 

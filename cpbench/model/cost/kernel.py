@@ -20,25 +20,6 @@ is of an RTX 4090 (Ada); on other GPUs it is applied as the kernel's shape, not 
 (`HEAD_DIM_SOURCE` says so in every curve note). It applies to the FlashAttention-2 code
 (`flash_attn`, PyTorch's CUDA `cuda_sdpa`) on CUDA profiles; other kernels and CPU profiles keep
 factor 1 (no published table by head dim was read for them).
-
-**Piece shape.** The curves are of causal pieces; a full (unmasked) piece runs faster per
-FLOP, since a causal kernel spends the diagonal blocks' masking and its tail of short rows.
-The factor full / causal by kernel sequence length is read off FlashAttention-2's published
-A100 benchmark, `Dao-AILab/flash-attention` `assets/flash2_a100_fwd_bwd_benchmark.png`
-@4f285b354796fb17df8636485b9a04df3ebbb7dc (README "Performance", A100 80GB SXM4, forward +
-backward, batch x seqlen = 16k tokens, head dim 128, FlashAttention-2 bars, TFLOP/s):
-
-| seqlen | 1k | 2k | 4k | 8k | 16k |
-|---|---|---|---|---|---|
-| (b) without causal mask | 173 | 187 | 196 | 201 | 203 |
-| (d) with causal mask | 133 | 155 | 173 | 182 | 189 |
-
-(the 512 bar of (b) is hidden by the legend: below 1k the 1k ratio holds, above 16k the 16k
-one), interpolated linearly in log2(length). It applies to the FlashAttention-2 code on CUDA
-profiles, both passes (the figure times them together), at the length the efficiency curve
-is read at. Which steps of a ring compute full pieces is `work.step_piece_causal`. Band
-pieces (sliding windows) and packed documents keep the problem's mask flag: no published
-table of banded FlashAttention throughput was read.
 """
 
 from __future__ import annotations
@@ -65,37 +46,6 @@ _TFLOPS: dict[tuple[str, bool], dict[int, float]] = {
 """TFLOP/s by (pass, causal) and head dim (the module docstring's table)."""
 
 
-PIECE_SHAPE_SOURCE = (
-    "full / causal piece factor of FlashAttention-2 from Dao-AILab/flash-attention "
-    "assets/flash2_a100_fwd_bwd_benchmark.png @4f285b3 (A100, fwd+bwd, head dim 128), applied "
-    "as the kernel's shape"
-)
-_FULL_CAUSAL_TFLOPS: dict[int, tuple[float, float]] = {
-    1024: (173.0, 133.0),
-    2048: (187.0, 155.0),
-    4096: (196.0, 173.0),
-    8192: (201.0, 182.0),
-    16384: (203.0, 189.0),
-}
-"""(without causal mask, with causal mask) TFLOP/s by seqlen (the module docstring's table)."""
-
-
-def full_over_causal(seq_len: float) -> float:
-    """Throughput of a full piece over a causal one at a kernel sequence length."""
-    lengths = sorted(_FULL_CAUSAL_TFLOPS)
-    ratios = [_FULL_CAUSAL_TFLOPS[n][0] / _FULL_CAUSAL_TFLOPS[n][1] for n in lengths]
-    if seq_len <= lengths[0]:
-        return ratios[0]
-    if seq_len >= lengths[-1]:
-        return ratios[-1]
-    x = math.log2(seq_len)
-    for i in range(1, len(lengths)):
-        if seq_len <= lengths[i]:
-            x0, x1 = math.log2(lengths[i - 1]), math.log2(lengths[i])
-            return ratios[i - 1] + (ratios[i] - ratios[i - 1]) * (x - x0) / (x1 - x0)
-    return ratios[-1]  # unreachable: seq_len < lengths[-1] was handled
-
-
 def head_dim_factor(head_dim: int, causal: bool, phase: Pass) -> float:
     """Throughput at `head_dim` over that at 128 for one pass and mask (1.0 at 128)."""
     table = _TFLOPS[(phase, causal)]
@@ -119,15 +69,3 @@ def kernel_factor(kernel: str, device: str, head_dim: int, causal: bool, phase: 
     if device != "cuda" or kernel not in HEAD_DIM_KERNELS:
         return 1.0
     return head_dim_factor(head_dim, causal, phase)
-
-
-def piece_factor(
-    kernel: str, device: str, head_dim: int, causal_piece: bool, phase: Pass, seq_len: float
-) -> float:
-    """The kernel's throughput on one piece shape relative to the curve (causal, head dim
-    128): the head-dim factor of the piece's mask, times `full_over_causal` for a full piece
-    (1.0 where no table applies: other kernels, CPU profiles)."""
-    factor = kernel_factor(kernel, device, head_dim, causal_piece, phase)
-    if causal_piece or device != "cuda" or kernel not in HEAD_DIM_KERNELS:
-        return factor
-    return factor * full_over_causal(seq_len)

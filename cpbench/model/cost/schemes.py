@@ -40,21 +40,15 @@ Units: seconds, bytes, FLOP.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
 from cpbench.config.problem import MeshCandidate
 from cpbench.config.vocabulary import PASSES, Pass
 from cpbench.model.cost.breakdown import CommTerm, PhaseTime, TierTraffic
-from cpbench.model.cost.kernel import piece_factor
+from cpbench.model.cost.kernel import kernel_factor
 from cpbench.model.cost.placement import Placement
-from cpbench.model.cost.work import (
-    config_work,
-    mask_step_stats,
-    merge_bytes,
-    step_piece_causal,
-)
+from cpbench.model.cost.work import config_work, mask_step_stats, merge_bytes
 from cpbench.model.flops import BACKWARD_FACTOR, flops_per_pair
 from cpbench.model.formulas import CollectiveKind, CommVolume
 from cpbench.model.hardware.profile import HardwareProfile, LinkTier
@@ -75,19 +69,12 @@ class Context:
     """The kernel family that runs (its head-dim factor, `kernel.kernel_factor`)."""
 
 
-def piece_flops_per_s(ctx: Context, phase: Pass, causal_piece: bool) -> float:
-    """The kernel's FLOP/s in one pass on a causal or full piece: the curve's (at head dim
-    128, causal) times the piece's factor (`cpbench.model.cost.kernel.piece_factor`)."""
-    c = ctx.config
-    factor = piece_factor(
-        ctx.kernel, ctx.profile.device_kind, c.head_dim, causal_piece, phase, c.ring_shard
-    )
-    return ctx.flops_per_s * factor
-
-
 def pass_flops_per_s(ctx: Context, phase: Pass) -> float:
-    """The kernel's FLOP/s in one pass on a piece of the problem's mask."""
-    return piece_flops_per_s(ctx, phase, ctx.config.causal)
+    """The kernel's FLOP/s in one pass: the curve's (at head dim 128, causal) times the
+    head-dim factor of the pass and mask (`cpbench.model.cost.kernel`)."""
+    c = ctx.config
+    factor = kernel_factor(ctx.kernel, ctx.profile.device_kind, c.head_dim, c.causal, phase)
+    return ctx.flops_per_s * factor
 
 
 def _phase_factor(phase: Pass) -> Fraction:
@@ -107,9 +94,7 @@ class _StepCost:
     seconds: float
     """Step compute time."""
     flops: float
-    """FLOPs that set it (busiest rank, or the node's share when ranks share compute slots),
-    weighted by the problem mask's rate over the piece's (`pass_flops_per_s` /
-    `piece_flops_per_s`), so that seconds = flops / the problem mask's rate."""
+    """FLOPs that set it (busiest rank, or the node's share when ranks share compute slots)."""
     overheads: float
     """Step overheads paid (1, or ranks / slots on a shared node)."""
     memory_s: float
@@ -133,40 +118,17 @@ def _step_costs(ctx: Context, phase: Pass, merges: list[float]) -> list[_StepCos
     per_pair = flops_per_pair(c.shape, c.ulysses) * _phase_factor(phase)
     stats = mask_step_stats(c)
     overhead, share = ctx.profile.step_overhead_s, _node_share(ctx)
-    reference = pass_flops_per_s(ctx, phase)
+    rate = pass_flops_per_s(ctx, phase)
     costs = []
-    for (busiest, mean), merge, causal_piece in zip(
-        stats, merges, step_piece_causal(c), strict=True
-    ):
-        weight = reference / piece_flops_per_s(ctx, phase, causal_piece)
-        busiest_flops = float(busiest * per_pair) * weight
-        mean_flops = float(mean * per_pair) * weight
-        alone = busiest_flops / reference + overhead + merge
-        shared = share * (mean_flops / reference + overhead + merge)
+    for (busiest, mean), merge in zip(stats, merges, strict=True):
+        busiest_flops, mean_flops = float(busiest * per_pair), float(mean * per_pair)
+        alone = busiest_flops / rate + overhead + merge
+        shared = share * (mean_flops / rate + overhead + merge)
         if share > 1 and shared > alone:
             costs.append(_StepCost(shared, share * mean_flops, share, share * merge))
         else:
             costs.append(_StepCost(alone, busiest_flops, 1.0, merge))
     return costs
-
-
-def _pairs_rate(ctx: Context, phase: Pass, pairs: Sequence[Fraction | float]) -> float:
-    """The kernel's FLOP/s over work given per ring step, each step's at its piece's rate (the
-    problem mask's rate when there is no work or no step split)."""
-    work = [float(p) for p in pairs]
-    shapes = step_piece_causal(ctx.config)
-    if len(work) != len(shapes) or sum(work) <= 0:
-        return pass_flops_per_s(ctx, phase)
-    seconds = sum(
-        w / piece_flops_per_s(ctx, phase, causal) for w, causal in zip(work, shapes, strict=True)
-    )
-    return sum(work) / seconds
-
-
-def _mean_rate(ctx: Context, phase: Pass) -> float:
-    """The kernel's FLOP/s over a phase's ring steps, each step's mean work at its piece's
-    rate."""
-    return _pairs_rate(ctx, phase, [mean for _, mean in mask_step_stats(ctx.config)])
 
 
 def phase_time(ctx: Context, phase: Pass) -> tuple[PhaseTime, tuple[CommTerm, ...]]:
@@ -183,7 +145,7 @@ def phase_time(ctx: Context, phase: Pass) -> tuple[PhaseTime, tuple[CommTerm, ..
     run_pairs = config_work(c).total  # the pairs the ranks compute, padding included
     mean_flops = float(run_pairs * flops_per_pair(c.shape, 1) * _phase_factor(phase)) / c.world
     balanced = _node_share(ctx) * (
-        mean_flops / _mean_rate(ctx, phase)
+        mean_flops / pass_flops_per_s(ctx, phase)
         + c.ring_steps * ctx.profile.step_overhead_s
         + sum(merges)
     )
@@ -317,14 +279,9 @@ def _gather_phase_time(ctx: Context, phase: Pass) -> tuple[PhaseTime, tuple[Comm
     strides = c.gathers
     overheads = strides * c.ring_steps
     share = _node_share(ctx)
-    slowest = max(range(c.ring), key=lambda j: work.ring_rank_pairs[j])
-    rate = pass_flops_per_s(ctx, phase)
-    # the gathered call computes the ring's pieces (own chunk, then the others') in one
-    # kernel: each at its piece's rate (`step_piece_causal`), folded into pairs at `rate`
-    slow_rate = _pairs_rate(ctx, phase, [row[slowest] for row in work.step_pairs])
-    slowest_pairs = float(max(work.ring_rank_pairs)) * rate / slow_rate
+    slowest_pairs = float(max(work.ring_rank_pairs))
     mean_pairs = float(sum(work.ring_rank_pairs, Fraction(0))) / c.ring
-    mean_pairs *= rate / _mean_rate(ctx, phase)
+    rate = pass_flops_per_s(ctx, phase)
     alone = slowest_pairs * per_pair / rate + overheads * profile.step_overhead_s
     alone += merges
     balanced = share * (mean_pairs * per_pair / rate + overheads * profile.step_overhead_s + merges)
@@ -332,6 +289,7 @@ def _gather_phase_time(ctx: Context, phase: Pass) -> tuple[PhaseTime, tuple[Comm
     compute = balanced if shared else alone
     slowest_flops = share * mean_pairs if shared else slowest_pairs
     per_stride = compute / strides
+    slowest = max(range(c.ring), key=lambda j: work.ring_rank_pairs[j])
     own_pairs = work.step_pairs[0][slowest] if work.step_pairs else Fraction(0)
     own_share = float(own_pairs / work.ring_rank_pairs[slowest]) if own_pairs else 0.0
     own = per_stride * own_share  # the own chunk of stride 0: computed while it is gathered

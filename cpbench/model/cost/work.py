@@ -87,20 +87,6 @@ def mask_step_stats(config: CpProblem) -> tuple[tuple[Fraction, Fraction], ...]:
     return tuple(zip(work.step_max_pairs, work.step_mean_pairs, strict=True))
 
 
-def step_piece_causal(config: CpProblem) -> tuple[bool, ...]:
-    """Whether the busiest rank's piece at each of the k ring steps is causal (masked on its
-    diagonal) or full, for the kernel's piece-shape factor (`kernel.piece_factor`). A causal
-    mask on a global layout: step 0 (the own shard) is causal; later steps are full pieces on
-    contiguous and zigzag (whole or half chunks, unmasked) and causal on striped (each step's
-    block is triangular, its diagonal shifted by one token). A full mask: every piece is full.
-    Packed documents, windows and the document layouts keep the mask's flag on every step."""
-    steps = len(mask_step_stats(config))
-    causal = config.mask.causal
-    if not config.plain_geometry or not causal:
-        return (causal,) * steps
-    return tuple(s == 0 or config.layout == "striped" for s in range(steps))
-
-
 def merge_bytes(config: CpProblem, phase: Pass, step: int) -> int:
     """fp32 bytes the ring's merge (forward) or accumulation (backward) moves at a step."""
     if config.ring == 1:
