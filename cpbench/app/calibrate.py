@@ -189,12 +189,55 @@ def _published_cp_attention_section(path: str | None) -> dict[str, Any]:
     }
 
 
+@functools.cache
+def _out_of_sample_section() -> dict[str, Any]:
+    from cpbench.model.calibrate.published import (  # noqa: PLC0415
+        out_of_sample_table,
+        validate_published,
+    )
+
+    table = out_of_sample_table()
+    machines = validate_published(table, leave_one_group_out=False)
+    return {
+        "name": "cp_attention_out_of_sample",
+        "title": "CP attention, out of sample: yunchang's PCIe tables (prior only, in no fit)",
+        "table": str(table),
+        "error_convention": "error = predicted / measured - 1 of the step time (forward, one "
+        "attention layer); Spearman: median over groups of one problem; regret: measured "
+        "time of the model's pick / the measured fastest - 1, worst group; no LOGO: these "
+        "rows are never calibrated on",
+        "machines": [
+            {
+                "hardware": v.hardware,
+                "profile": v.profile,
+                "warning": v.warning,
+                "rows": v.rows,
+                "groups": v.groups,
+                "sources": list(v.sources),
+                "prior": _scores_dict(v.prior),
+                "leave_one_group_out": None,
+            }
+            for v in machines
+        ],
+    }
+
+
+def out_of_sample_section() -> dict[str, Any]:
+    """The out-of-sample section of `validate --published`: yunchang's PCIe tables scored by
+    the prior alone (`model.calibrate.published.out_of_sample_table`)."""
+    return copy.deepcopy(_out_of_sample_section())
+
+
 def validate_published_report(path: str | None = None) -> dict[str, Any]:
     """`cpbench validate --published`: a list of sections, each a dataset with its scores
-    (this module's CP-attention one; others are added beside it)."""
+    (this module's CP-attention one, the end-to-end plans, and the out-of-sample check)."""
     return {
         "mode": "published",
-        "sections": [published_cp_attention_section(path), published_plan_section()],
+        "sections": [
+            published_cp_attention_section(path),
+            published_plan_section(),
+            out_of_sample_section(),
+        ],
     }
 
 

@@ -39,7 +39,7 @@ from cpbench.errors import CpbenchError
 from cpbench.model.calibrate.measurements import Measurement
 from cpbench.model.cost.prediction import Prediction, predict
 from cpbench.model.formulas import CollectiveKind
-from cpbench.model.hardware.profile import HardwareProfile, LinkCost, LinkTier
+from cpbench.model.hardware.profile import HardwareProfile, LinkBasis, LinkCost, LinkTier
 from cpbench.model.hardware.transforms import with_link_cost, with_tier_cost
 from cpbench.units import GB
 
@@ -52,7 +52,13 @@ PRIOR_LOG_SD = {
 }
 """Prior sd of each parameter's log (0.5 = a factor e^0.5 = 1.65 at one sd). Choices, wide
 enough for the prior errors issue 24 reports (a PCIe all-to-all 4.4x slower than its line
-rate, a kernel at head dim 32 1.6-3.9x slower), so the data decide where they can."""
+rate, a kernel at head dim 32 1.6-3.9x slower), so the data decide where they can. The busbw
+sd is that of a link number that only a specification or an estimate supports."""
+MEASURED_BUSBW_LOG_SD = 0.35
+"""Prior sd of the log busbw of a link measured on this kind of machine (`LinkCost.basis`
+'measured': nccl-tests rows, `cpbench probe`): half the spec / estimate one (0.7), a choice:
+nccl-tests results of one machine type spread by tens of percent (NIC firmware, BIOS, PCIe
+ACS / IOMMU settings), not by factors."""
 NOISE_START = 0.05
 """Noise (sd of log time) the first pass assumes; the second pass uses the residuals'."""
 NOISE_FLOOR = 0.01
@@ -136,6 +142,8 @@ class _Spec:
     kind: str
     value: float
     apply: Callable[[HardwareProfile, float], HardwareProfile]
+    basis: LinkBasis | None = None
+    """A link parameter's `LinkCost.basis` (None: not a link's)."""
 
 
 def _link_cost(profile: HardwareProfile, key: LinkKey) -> LinkCost:
@@ -187,7 +195,7 @@ def _specs(reference: HardwareProfile, keys: Sequence[LinkKey], ring: bool) -> l
 
         specs += [
             _Spec(f"{label} latency", "us", "latency", max(cost.latency_s, 1e-7) * 1e6, latency),
-            _Spec(f"{label} busbw", "GB/s", "busbw", cost.busbw / GB, busbw),
+            _Spec(f"{label} busbw", "GB/s", "busbw", cost.busbw / GB, busbw, cost.basis),
         ]
     if ring:
         specs.append(
@@ -195,6 +203,14 @@ def _specs(reference: HardwareProfile, keys: Sequence[LinkKey], ring: bool) -> l
                   lambda p, v: replace(p, overlap=max(0.0, 1.0 - v)))
         )  # fmt: skip
     return specs
+
+
+def _prior_sd(spec: _Spec, sds: dict[str, float], given: dict[str, float]) -> float:
+    """A parameter's prior sd: the caller's for its kind when given, else a measured link's
+    busbw gets `MEASURED_BUSBW_LOG_SD`, everything else `PRIOR_LOG_SD` of its kind."""
+    if spec.kind == "busbw" and "busbw" not in given and spec.basis == "measured":
+        return MEASURED_BUSBW_LOG_SD
+    return sds[spec.kind]
 
 
 def _times(m: Measurement) -> list[tuple[str, float]]:
@@ -245,7 +261,7 @@ def fit_joint(
     )
     ring = any(p.phase_time.overlappable_s > 0 for p in base)
     specs = _specs(reference, keys, ring)
-    prior_sds = np.array([sds[s.kind] for s in specs])
+    prior_sds = np.array([_prior_sd(s, sds, prior_sd or {}) for s in specs])
     rows = [(m, what, math.log(t)) for m in measurements for what, t in _times(m)]
 
     def profile_at(theta: np.ndarray) -> HardwareProfile:

@@ -13,7 +13,9 @@ Per machine, the model is scored twice on every row:
 Metrics (`validation.validation_summary` over the rows): median |error| of the step time,
 the median Spearman of the groups with two or more configurations (the ranking within a
 problem), and the worst regret of the model's pick in those groups. yunchang's README tables
-are not in the dataset (they are the project's out-of-sample check, issue 24).
+are not in the dataset (they are the project's out-of-sample check, issue 24): their PCIe
+table (8x L20, 4x A100 PCIe) ships beside it (`out_of_sample_table`), scored by the prior
+alone (`validate_published(..., leave_one_group_out=False)`): no fit ever reads its rows.
 
 `published_sections` is the list of what `validate --published` reports; a second section
 (plan-level validation rows) is added beside this one.
@@ -39,6 +41,12 @@ from cpbench.model.hardware.loading import ProfileChoice, load_profile
 def published_table() -> Path:
     """The shipped table of published CP-attention measurements."""
     return Path(str(resources.files("cpbench") / "data" / "published" / "cp_attention.csv"))
+
+
+def out_of_sample_table() -> Path:
+    """yunchang's (feifeibear/long-context-attention) PCIe table, the out-of-sample check:
+    scored by the prior only, never calibrated on (issue 24)."""
+    return Path(str(resources.files("cpbench") / "data" / "published" / "yunchang_pcie.csv"))
 
 
 @dataclass(frozen=True)
@@ -93,9 +101,11 @@ def validate_machine(
     measurements: Sequence[Measurement],
     sources: Sequence[str],
     profile: str = "",
+    leave_one_group_out: bool = True,
 ) -> MachineValidation:
-    """The prior's and the leave-one-group-out calibrated scores on one machine's rows; the
-    prior is `profile` when the rows name one (their GPU has no profile), else the GPU's."""
+    """The prior's and (with `leave_one_group_out`) the leave-one-group-out calibrated scores
+    on one machine's rows; the prior is `profile` when the rows name one (their GPU has no
+    profile), else the GPU's."""
     choice = default_prior(measurements)
     if profile:
         names = ", ".join(sorted({n for m in measurements for n in m.device_names}))
@@ -111,7 +121,7 @@ def validate_machine(
     for m in measurements:
         groups.setdefault(m.group, []).append(m)
     held_out = None
-    if len(groups) > 1:
+    if leave_one_group_out and len(groups) > 1:
         ordered: list[Measurement] = []
         rows: list[dict[str, Any]] = []
         for key, members in groups.items():
@@ -126,8 +136,11 @@ def validate_machine(
     )  # fmt: skip
 
 
-def validate_published(path: Path | None = None) -> list[MachineValidation]:
-    """Every machine of the published table (the shipped one unless `path`), by machine."""
+def validate_published(
+    path: Path | None = None, leave_one_group_out: bool = True
+) -> list[MachineValidation]:
+    """Every machine of the published table (the shipped one unless `path`), by machine;
+    without `leave_one_group_out` the prior alone (the out-of-sample table)."""
     table = read_table_rows(path or published_table())
     if not table:
         raise CpbenchError(f"{path or published_table()} has no rows")
@@ -145,7 +158,8 @@ def validate_published(path: Path | None = None) -> list[MachineValidation]:
             )
     return [
         validate_machine(
-            machine, [m for m, _ in items], [s for _, s in items], profiles[machine].pop()
+            machine, [m for m, _ in items], [s for _, s in items], profiles[machine].pop(),
+            leave_one_group_out,
         )
         for machine, items in by_machine.items()
     ]

@@ -54,6 +54,11 @@ DeviceKind = Literal["cpu", "cuda"]
 """What a profile's ranks run on."""
 DEVICE_KINDS: tuple[DeviceKind, ...] = get_args(DeviceKind)
 
+LinkBasis = Literal["measured", "measured_elsewhere", "spec", "estimate"]
+"""What a link cost rests on: measured on this kind of machine (nccl-tests rows, `cpbench
+probe`, a calibration), measured on another machine with the same path (a transfer),
+derived from a specification (line rate), or an estimate."""
+LINK_BASES: tuple[LinkBasis, ...] = get_args(LinkBasis)
 LinkTier = Literal["intra_node", "inter_node"]
 LINK_TIERS: tuple[LinkTier, ...] = get_args(LinkTier)
 COLLECTIVE_KINDS: tuple[CollectiveKind, ...] = get_args(CollectiveKind)
@@ -79,6 +84,19 @@ class LinkCost:
     """Where the numbers come from (datasheet, nccl-tests figure, estimate, calibration)."""
     fit_residual: float | None = None
     """RMS relative residual of the fit that measured them (`cpbench probe`); None: not fitted."""
+
+    @property
+    def basis(self) -> LinkBasis:
+        """What the numbers rest on, read from `source` (`LinkBasis`): a `cpbench probe` fit
+        or a calibration is `measured`, as is a source starting 'measured:'; 'measured
+        elsewhere:' is `measured_elsewhere`, 'spec:' `spec`, anything else `estimate`."""
+        text = self.source.strip().lower()
+        if self.fit_residual is not None or text.startswith(("measured:", "measured by",
+                                                             "calibrated")):
+            return "measured"
+        if text.startswith("measured elsewhere"):
+            return "measured_elsewhere"
+        return "spec" if text.startswith("spec") else "estimate"
 
     def seconds(self, bytes_sent: float, calls: int = 1, sharing: int = 1) -> float:
         """Time of `calls` calls that send `bytes_sent` bytes per rank in all.
