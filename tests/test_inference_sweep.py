@@ -200,6 +200,22 @@ def test_decode_records_carry_the_models_numbers(swept: tuple[list[dict[str, Any
         assert r["inference"]["kv_cache_bytes_measured"] == [analytic, analytic]
 
 
+def test_inference_records_are_not_training_steps_to_the_cost_model(
+    swept: tuple[list[dict[str, Any]], Path],
+) -> None:
+    """calibrate / validate / recommend --results read records through the cost model's
+    measurements: a prefill or decode step (config phase fwd, causal, 1 x W, seq_len P + T) must
+    not be taken for a training forward over P + T tokens."""
+    from cpbench.model.calibrate.measurements import measurement_from_record  # noqa: PLC0415
+
+    records = swept[0]
+    assert records and all(r["status"] == "ok" for r in records)
+    assert [measurement_from_record(r) for r in records] == [None] * len(records)
+    # the same record without its inference step is a measurement: the exclusion is the step's
+    training = {**records[0], "config": {**records[0]["config"], "inference": None}}
+    assert measurement_from_record(training) is not None
+
+
 def test_the_inference_table_reads_at_80_columns(swept: tuple[list[dict[str, Any]], Path]) -> None:
     console = Console(width=80, record=True, force_terminal=False)
     console.print(inference_table(swept[0]))

@@ -12,6 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from cpbench.cli.common import command, console, err_console, resolve_device
 from cpbench.config.impls import IMPL_HELP, Impl
+from cpbench.config.inference import is_inference_record
 from cpbench.config.vocabulary import (
     DEFAULT_DTYPE,
     INFERENCE_PHASES,
@@ -24,7 +25,7 @@ from cpbench.config.vocabulary import (
     ScenarioPhase,
 )
 from cpbench.errors import EXIT_INTERRUPTED, EXIT_WRONG_RESULT, CpbenchError
-from cpbench.render.inference_table import inference_table, is_inference
+from cpbench.render.inference_table import inference_table
 from cpbench.render.tables import machine_lines, results_table, ties_lines
 
 
@@ -167,8 +168,8 @@ def _run_and_report(
         if wrong:
             raise typer.Exit(EXIT_WRONG_RESULT)
         return
-    inference = [r for r in result.records if is_inference(r)]
-    training = [r for r in result.records if not is_inference(r)]
+    inference = [r for r in result.records if is_inference_record(r)]
+    training = [r for r in result.records if not is_inference_record(r)]
     if training or not inference:
         console.print(results_table(training))
     if inference:

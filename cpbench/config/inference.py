@@ -8,6 +8,7 @@ Pure Python (no torch); the model's case (`cpbench.model.inference.PrefillCase` 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +25,14 @@ from cpbench.errors import CpbenchError
 
 if TYPE_CHECKING:
     from cpbench.model.inference import DecodeCase, PrefillCase
+
+def is_inference_record(record: Mapping[str, Any]) -> bool:
+    """Whether a result record is of an inference point (its config names an inference step):
+    the training tables, the cost model's fits and the report's training sections leave these
+    out."""
+    config = record.get("config")
+    return isinstance(config, Mapping) and bool(config.get("inference"))
+
 
 MAX_DECODE_TOKENS = 8
 """Most new tokens a decode step takes (speculative decoding drafts a few; more is prefill);

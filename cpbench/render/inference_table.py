@@ -24,11 +24,6 @@ INFERENCE_CAPTION = (
 )
 
 
-def is_inference(record: dict[str, Any]) -> bool:
-    """Whether a record is of an inference point (its config names an inference step)."""
-    return bool((record.get("config") or {}).get("inference"))
-
-
 def _size(value: float) -> str:
     """Bytes in KiB below 1 MiB (inference shards are small on CPU), else as `format_memory`."""
     return f"{value / 2**10:.1f} KiB" if value < 2**20 else format_memory(value)

@@ -25,10 +25,11 @@ from typing import Any
 import pandas as pd
 
 from cpbench.app.report.data import ComparisonData, ReportData
-from cpbench.app.report.inference import inference_frame, is_inference_record
+from cpbench.app.report.inference import inference_frame
 from cpbench.app.report.predictions import cost_model
 from cpbench.app.report.summary import summarize
 from cpbench.app.report.work import work_fits
+from cpbench.config.inference import is_inference_record
 from cpbench.errors import CpbenchError
 from cpbench.results.frame import compare_frame
 from cpbench.results.store import read_records, records_frame

@@ -9,6 +9,8 @@ from typing import Any
 
 import pandas as pd
 
+from cpbench.config.inference import is_inference_record
+
 INFERENCE_COLUMNS: tuple[str, ...] = (
     "id", "status", "error", "phase", "how", "world_size", "cached_len", "new_tokens",
     "context", "batch", "heads", "kv_heads", "head_dim", "dtype", "device", "median_s",
@@ -18,12 +20,6 @@ INFERENCE_COLUMNS: tuple[str, ...] = (
 )  # fmt: skip
 """The frame's columns: context = cached_len + new_tokens (the keys the step attends to);
 kv_cache_bytes_measured is the max over ranks; seconds as the records give them."""
-
-
-def is_inference_record(record: Mapping[str, Any]) -> bool:
-    """Whether a record is of an inference point (its config names an inference step)."""
-    config = record.get("config")
-    return isinstance(config, Mapping) and bool(config.get("inference"))
 
 
 def _row(record: Mapping[str, Any]) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
+from cpbench.config.inference import is_inference_record
 from cpbench.config.problem import MeshCandidate
 from cpbench.errors import CpbenchError
 from cpbench.model.cost.prediction import Prediction, predict
@@ -81,8 +82,9 @@ def _positive_time(value: Any) -> float | None:
 def measurement_from_record(record: Mapping[str, Any]) -> Measurement | None:
     """A Measurement from an `ok` record with a usable config and timing.median; else None.
     Records of external implementations (config.impl other than cpbench) are left out: the
-    cost model describes cpbench's own implementation."""
-    if record.get("status") != "ok":
+    cost model describes cpbench's own implementation; so are inference records (a prefill or
+    decode step is not the training step the model prices)."""
+    if record.get("status") != "ok" or is_inference_record(record):
         return None
     config, timing = record.get("config"), record.get("timing")
     if not isinstance(config, Mapping) or not isinstance(timing, Mapping):
