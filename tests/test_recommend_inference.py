@@ -224,8 +224,9 @@ def test_llama_heads_at_a_1k_turn_are_a_close_call() -> None:
 
 
 def test_decode_ranks_degrees_by_latency_and_states_capacity() -> None:
+    # 320 GiB of cache on 1 GPU: a 400 GiB budget lets every degree in (the rule: next test)
     doc = cli_json("--heads", "64", "--kv-heads", "8", "--prompt-len", "1", "--cached-len",
-                   "131071", "--decode-batch", "8", "--layers", "80")  # fmt: skip
+                   "131071", "--decode-batch", "8", "--layers", "80", "--kv-memory-gib", "400")  # fmt: skip
     worlds = [c["world"] for c in doc["candidates"]]
     assert worlds == [8, 4, 2, 1]
     latencies = [c["total_s"] for c in doc["candidates"]]
@@ -250,6 +251,21 @@ def test_memory_and_ulysses_rejections_name_the_rule() -> None:
     doc = cli_json("--heads", "12", "--kv-heads", "4", "--prompt-len", "4096")
     rules = {(r["scheme"], r["world"]): r["rule"] for r in doc["rejected"]}
     assert "12 heads" in rules[("ulysses", 8)] and ("ulysses", 4) not in rules
+
+
+def test_decode_rejects_the_degrees_whose_cache_does_not_fit() -> None:
+    # 32/8, 80 layers, batch 64, 132,096 tokens: 2 x 8 x 128 x 2 B x 80 x 64 = 40 MiB per token,
+    # 16,512 tokens per rank on 8 GPUs = 645 GiB / 2 = 322.5 GiB > 79.6; 64 GiB holds W = 8 at
+    # batch 8 (40.3 GiB) but not W = 4 (80.6 GiB)
+    doc = cli_json("--heads", "32", "--kv-heads", "8", "--prompt-len", "1024", "--cached-len",
+                   "131072", "--decode-batch", "64", "--layers", "80")  # fmt: skip
+    assert doc["candidates"] == [] and {r["world"] for r in doc["rejected"]} == {1, 2, 4, 8}
+    rules = {r["world"]: r["rule"] for r in doc["rejected"]}
+    assert "needs 322.5 GiB per rank on 8 GPUs, more than the 79.6 GiB budget" in rules[8]
+    doc = cli_json("--heads", "32", "--kv-heads", "8", "--prompt-len", "1024", "--cached-len",
+                   "131072", "--decode-batch", "8", "--layers", "80", "--kv-memory-gib", "64")  # fmt: skip
+    assert [c["world"] for c in doc["candidates"]] == [8]
+    assert "needs 80.6 GiB per rank on 4 GPUs" in {r["world"]: r["rule"] for r in doc["rejected"]}[4]
 
 
 # ------------------------------------------------------------------- the serving settings

@@ -173,7 +173,7 @@ def recommend_inference(request: InferenceRequest) -> dict[str, Any]:
     ]
     report["capacity"] = capacity
     if request.decode:
-        report |= _decode_ranking(request, shape, profile)
+        report |= _decode_ranking(request, shape, profile, capacity)
     else:
         report |= _prefill_ranking(request, shape, profile, capacity)
     _call_ties(report, uncertainty.split.ratio_tied if uncertainty.split else None)
@@ -206,16 +206,8 @@ def _prefill_ranking(
     for w in degrees(request.gpus):
         for scheme in PREFILL_SCHEMES if w > 1 else PREFILL_SCHEMES[:1]:
             rule = ulysses_rule(shape, w) if scheme == "ulysses" else None
-            if (
-                rule is None
-                and request.layers
-                and not fits[w]["bytes_per_rank"] <= fits[w]["budget_bytes"]
-            ):
-                rule = (
-                    f"the KV cache of {p + t} tokens over {request.layers} layers needs "
-                    f"{fits[w]['bytes_per_rank'] / GIB:.1f} GiB per rank on {w} GPUs, more than "
-                    f"the {fits[w]['budget_bytes'] / GIB:.1f} GiB budget"
-                )
+            if rule is None:
+                rule = _memory_rule(request, fits[w], p + t)
             if rule is not None:
                 rejected.append({"scheme": scheme, "world": w, "rule": rule})
                 continue
@@ -235,6 +227,18 @@ def _prefill_ranking(
         "ring_verdict": verdict,
         "winner_scheme": candidates[0]["scheme"] if candidates else None,
     }
+
+
+def _memory_rule(request: InferenceRequest, fit: dict[str, Any], tokens: int) -> str | None:
+    """Why a degree cannot hold the KV cache (with `--layers`: the cache of every layer against
+    the budget per rank), or None when it fits or no layer count was given."""
+    if not request.layers or fit["bytes_per_rank"] <= fit["budget_bytes"]:
+        return None
+    return (
+        f"the KV cache of {tokens} tokens over {request.layers} layers needs "
+        f"{fit['bytes_per_rank'] / GIB:.1f} GiB per rank on {fit['world']} GPUs, more than "
+        f"the {fit['budget_bytes'] / GIB:.1f} GiB budget"
+    )
 
 
 def _prefill_dict(c: PrefillPrice, rank: int) -> dict[str, Any]:
@@ -278,12 +282,18 @@ def _ring_verdict(p: int, t: int, shape: CpProblem, world: int,
     }
 
 
-def _decode_ranking(request: InferenceRequest, shape: CpProblem,
-                    profile: HardwareProfile) -> dict[str, Any]:  # fmt: skip
+def _decode_ranking(request: InferenceRequest, shape: CpProblem, profile: HardwareProfile,
+                    capacity: list[dict[str, Any]]) -> dict[str, Any]:  # fmt: skip
     context = request.cached_len + request.prompt_len
-    priced: list[DecodePrice] = [
-        price_decode(context, shape, w, profile, request.kernel) for w in degrees(request.gpus)
-    ]
+    fits = {c["world"]: c for c in capacity}
+    priced: list[DecodePrice] = []
+    rejected: list[dict[str, Any]] = []
+    for w in degrees(request.gpus):
+        rule = _memory_rule(request, fits[w], context)
+        if rule is not None:
+            rejected.append({"scheme": "decode", "world": w, "rule": rule})
+            continue
+        priced.append(price_decode(context, shape, w, profile, request.kernel))
     priced.sort(key=lambda c: (c.total_s, c.world))
     candidates = []
     for i, c in enumerate(priced):
@@ -296,7 +306,7 @@ def _decode_ranking(request: InferenceRequest, shape: CpProblem,
         candidates.append(d)
     shown = candidates if request.top == 0 else candidates[: request.top]
     return {"candidates": shown, "every_candidate": candidates, "feasible": len(candidates),
-            "rejected": [], "ring_verdict": None, "winner_scheme": None}  # fmt: skip
+            "rejected": rejected, "ring_verdict": None, "winner_scheme": None}  # fmt: skip
 
 
 def _call_ties(report: dict[str, Any], tied: Any) -> None:
