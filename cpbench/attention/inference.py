@@ -14,10 +14,10 @@ K/V are the cache shard followed by its new tokens, in the same order as its que
 block meets a K/V chunk as pieces: the chunk's cache part (every cached key is before every
 query: full) and each run of its new part (full for the query runs that lie wholly after it,
 top-left causal for the query run it is, skipped for those before it; the runs of both come
-from one partition, so no other overlap exists). Partial results are merged in fp32 with their LSE (`ring._merge`). Shards of
-unequal length (T or P not a multiple of W) travel padded to the largest; the padding is
-never computed on. GQA: the kernels expand KV heads locally; Ulysses replicates KV heads up to
-W when there are fewer.
+from one partition, so no other overlap exists). Partial results are merged in fp32 with
+their LSE (`ring._merge`). Shards of unequal length (T or P not a multiple of W, T not a
+multiple of 2W) travel padded to the largest; the padding is never computed on. GQA: the
+kernels expand KV heads locally; Ulysses replicates KV heads up to W when there are fewer.
 """
 
 from __future__ import annotations
@@ -172,11 +172,28 @@ def _attend_chunk(
         if full_from is not None:
             pieces.append((full_from, row, col, col + k_len, False))
         col += k_len
-    for r0, r1, c0, c1, causal in pieces:
+    for r0, r1, c0, c1, causal in _coalesced(pieces):
         block_out, block_lse = kernel.forward(
             q[:, r0:r1], chunk[:, c0:c1, 0], chunk[:, c0:c1, 1], causal, scale
         )
         _merge(out[:, r0:r1], lse[:, :, r0:r1], block_out, block_lse.float())
+
+
+def _coalesced(
+    pieces: list[tuple[int, int, int, int, bool]],
+) -> list[tuple[int, int, int, int, bool]]:
+    """`pieces` with each full piece joined to the full piece before it when both cover the
+    same rows and their key columns meet (the cache and a run wholly before the queries: one
+    kernel call instead of two)."""
+    joined: list[tuple[int, int, int, int, bool]] = []
+    for piece in pieces:
+        if joined and not piece[4] and not joined[-1][4]:
+            r0, r1, c0, c1, _ = joined[-1]
+            if (r0, r1, c1) == (piece[0], piece[1], piece[2]):
+                joined[-1] = (r0, r1, c0, piece[3], False)
+                continue
+        joined.append(piece)
+    return joined
 
 
 def _accumulators(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -141,10 +141,10 @@ def run_prefill_cases_on_rank(
 
 
 def default_prefill_cases(world: int, dtype: str = "float32") -> list[PrefillCase]:
-    """The prefill matrix `cpbench verify --inference` checks on `world` ranks: every scheme x
-    (P, T) with P = 0 (no cache), T = 1 (one new token), T < W (ranks with no new token), P
-    and T not multiples of W (padded shards), T > P, and T << P; 8 query heads over 8, 2 and
-    1 KV heads (GQA; Ulysses replicates a KV head below W)."""
+    """The prefill matrix `cpbench verify --inference` checks on `world` ranks: both new-token
+    layouts x every scheme x (P, T) with P = 0 (no cache), T = 1 (one new token), T < W
+    (ranks with no new token), P and T not multiples of W (padded shards), T > P, and T << P;
+    8 query heads over 8, 2 and 1 KV heads (GQA; Ulysses replicates a KV head below W)."""
     lengths = [
         (0, 1),
         (0, 8 * world),

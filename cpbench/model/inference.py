@@ -286,12 +286,12 @@ def prefill_time(
     new_token_layout: NewTokenLayout = DEFAULT_NEW_TOKEN_LAYOUT,
 ) -> float:
     """Modelled seconds of one ring prefill of cpbench's measured schemes (perfect overlap,
-    the new tokens sharded by `new_token_layout`: what `benchmarks/inference_prefill_crossover.py` compares with its
-    measurements); `recommend --inference` prices serving with
-    `cpbench.model.inference_cost.price_prefill` (load-balanced shards, the profile's overlap
-    and step overhead). W compute steps, each a W-th of the busiest rank's
-    work (`prefill_pairs_per_rank`, 4 B H D FLOPs per visible pair: the ring waits for its
-    slowest rank), each of the W - 1 hops overlapped with a step (a step takes the longer of
+    the new tokens sharded by `new_token_layout`: what
+    `benchmarks/inference_prefill_crossover.py` compares with its measurements);
+    `recommend --inference` prices serving with `cpbench.model.inference_cost.price_prefill`
+    (the same layouts, the profile's overlap and step overhead). W compute steps, each a
+    W-th of the busiest rank's work (`prefill_pairs_per_rank`, 4 B H D FLOPs per visible
+    pair: the ring waits for its slowest rank), each of the W - 1 hops overlapped with a step (a step takes the longer of
     the two), and for pass_q the all-to-all of the partial outputs and LSEs after the ring
     (not overlapped: nothing is left to compute)."""
     p = problem
