@@ -74,6 +74,12 @@ def rank_task(
         v = torch.randn(1, cached_len + t, kv_heads, HEAD_DIM, generator=g)
         shards = {layout: shard_prefill(q, k, v, mesh, cached_len, layout) for layout in layouts}
         times = {layout: {s: [] for s in SCHEMES} for layout in layouts}
+        # per iteration, every rank's CPU seconds on its main thread (the kernels: one torch
+        # thread; gloo moves the bytes on its own threads): the work per rank, which two
+        # cores shared by W ranks do not show in the wall time
+        busy: dict[str, dict[str, list[list[float]]]] = {
+            layout: {s: [] for s in SCHEMES} for layout in layouts
+        }
         sent: dict[str, dict[str, dict[str, int]]] = {layout: {} for layout in layouts}
         for it in range(iters + 1):
             for layout in layouts:
@@ -81,17 +87,23 @@ def rank_task(
                 for scheme in SCHEMES:
                     counter = ByteCounter()
                     dist.barrier()
-                    start = time.perf_counter()
+                    start, cpu = time.perf_counter(), time.thread_time()
                     with counting(counter):
                         prefill_attention(
                             lq, lk, lv, mesh, cached_len, t, scheme, new_token_layout=layout
                         )
+                    cpu = time.thread_time() - cpu
                     took = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
                     dist.all_reduce(took, op=dist.ReduceOp.MAX)
+                    per_rank = [torch.zeros(1, dtype=torch.float64) for _ in range(world)]
+                    dist.all_gather(per_rank, torch.tensor([cpu], dtype=torch.float64))
                     if it:  # the first round is the warm-up
                         times[layout][scheme].append(float(took))
+                        busy[layout][scheme].append([float(c) for c in per_rank])
                     sent[layout][scheme] = dict(counter.as_dict().get("fwd", {}))
-        rows.append({"new_tokens": t, "ratio": t / cached_len, "times": times, "bytes": sent})
+        rows.append(
+            {"new_tokens": t, "ratio": t / cached_len, "times": times, "cpu": busy, "bytes": sent}
+        )
     return rows
 
 
@@ -235,6 +247,18 @@ def main() -> None:
                 continue
             crossover = pass_kv_pass_q_crossover(p, problem, args.world, priced, layout)
             print(f"{layout}: model crossover T/P ({name}): {crossover}")
+    print(
+        "work per rank, measured: max / mean over ranks of each rank's median main-thread CPU "
+        "seconds, against the model's max / mean pairs (prefill_imbalance)"
+    )
+    for layout in layouts:
+        for r in rows:
+            cells = []
+            for s in SCHEMES:
+                medians = [statistics.median(c) for c in zip(*r["cpu"][layout][s], strict=True)]
+                cells.append(f"{s} {max(medians) / statistics.mean(medians):.2f}")
+            model = prefill_imbalance(p, r["new_tokens"], args.world, layout)
+            print(f"  {layout:>10} T/P {r['ratio']:.4f}: {', '.join(cells)}; model {model:.2f}")
     if len(layouts) > 1:
         print("contiguous / balanced median time, by T/P (same run):")
         for r in rows:
