@@ -1,8 +1,11 @@
 """Prefill with a cached prefix on gloo ranks: ring pass-KV versus ring pass-Q, side by side.
 
 T new tokens on P cached (T/P from 1/64 to 1), 8 query heads, head dim 64, float32, one thread
-per rank, forward only. Each configuration runs the two schemes interleaved (kv, q, kv, q, ...)
-so load drifts hit both alike; a time is the slowest rank's (all-reduce max of the per-rank
+per rank, forward only, the new tokens sharded by `--new-token-layout` (balanced: 2W head-tail
+chunks, the default of `prefill_attention` and what `recommend --inference` prices;
+contiguous; both: the two side by side). Each configuration runs every layout and scheme
+interleaved (kv, q, kv, q, ... for each layout in turn, every iteration) so load drifts hit
+them alike; a time is the slowest rank's (all-reduce max of the per-rank
 wall time of one `prefill_attention` call, after a barrier), the median of `--iters` after one
 warm-up, with the min-max spread. The bytes each rank sent are counted (ByteCounter) and
 checked against `model.inference.prefill_bytes`. The measured crossover (the T/P where pass-KV
@@ -11,7 +14,7 @@ the model's (`pass_kv_pass_q_crossover` priced with the `cpu-local` hardware pro
 again with the kernel rate and link latency/bandwidth this script measures on the same ranks).
 
     python benchmarks/inference_prefill_crossover.py [--cached-len 2048] [--world 2]
-        [--kv-heads 8] [--iters 5] [--json out.json]
+        [--kv-heads 8] [--iters 5] [--new-token-layout both] [--json out.json]
 """
 
 from __future__ import annotations
@@ -34,12 +37,14 @@ from cpbench.attention.kernels import select_kernel
 from cpbench.bench.pool import WorkerPool, WorldSpec
 from cpbench.config.problem import CpProblem
 from cpbench.model.hardware.loading import load_profile
-from cpbench.model.hardware.profile import LinkCost, LinkTierProfile
+from cpbench.model.hardware.profile import HardwareProfile, LinkCost, LinkTierProfile
 from cpbench.model.inference import (
+    NEW_TOKEN_LAYOUTS,
     PrefillCase,
     RingLink,
     pass_kv_pass_q_crossover,
     prefill_bytes,
+    prefill_imbalance,
     prefill_time,
 )
 
@@ -47,9 +52,17 @@ HEADS, HEAD_DIM = 8, 64
 SCHEMES = ("pass_kv", "pass_q")
 
 
-def rank_task(world: int, cached_len: int, ratios: list[float], kv_heads: int, iters: int) -> list:
-    """On every rank: for each T/P, time both schemes interleaved; rank 0's list is the
-    result (times are the slowest rank's, seconds)."""
+def rank_task(
+    world: int,
+    cached_len: int,
+    ratios: list[float],
+    kv_heads: int,
+    iters: int,
+    layouts: tuple[str, ...] = ("balanced",),
+) -> list:
+    """On every rank: for each T/P, time both schemes under every new-token layout,
+    interleaved; rank 0's list is the result (times are the slowest rank's, seconds, by
+    layout then scheme)."""
     torch.set_num_threads(1)
     mesh = build_mesh(1, world)
     g = torch.Generator().manual_seed(0)
@@ -59,22 +72,38 @@ def rank_task(world: int, cached_len: int, ratios: list[float], kv_heads: int, i
         q = torch.randn(1, t, HEADS, HEAD_DIM, generator=g)
         k = torch.randn(1, cached_len + t, kv_heads, HEAD_DIM, generator=g)
         v = torch.randn(1, cached_len + t, kv_heads, HEAD_DIM, generator=g)
-        lq, lk, lv = shard_prefill(q, k, v, mesh, cached_len)
-        times: dict[str, list[float]] = {s: [] for s in SCHEMES}
-        sent: dict[str, dict[str, int]] = {}
+        shards = {layout: shard_prefill(q, k, v, mesh, cached_len, layout) for layout in layouts}
+        times = {layout: {s: [] for s in SCHEMES} for layout in layouts}
+        # per iteration, every rank's CPU seconds on its main thread (the kernels: one torch
+        # thread; gloo moves the bytes on its own threads): the work per rank, which two
+        # cores shared by W ranks do not show in the wall time
+        busy: dict[str, dict[str, list[list[float]]]] = {
+            layout: {s: [] for s in SCHEMES} for layout in layouts
+        }
+        sent: dict[str, dict[str, dict[str, int]]] = {layout: {} for layout in layouts}
         for it in range(iters + 1):
-            for scheme in SCHEMES:
-                counter = ByteCounter()
-                dist.barrier()
-                start = time.perf_counter()
-                with counting(counter):
-                    prefill_attention(lq, lk, lv, mesh, cached_len, t, scheme)
-                took = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-                dist.all_reduce(took, op=dist.ReduceOp.MAX)
-                if it:  # the first round is the warm-up
-                    times[scheme].append(float(took))
-                sent[scheme] = dict(counter.as_dict().get("fwd", {}))
-        rows.append({"new_tokens": t, "ratio": t / cached_len, "times": times, "bytes": sent})
+            for layout in layouts:
+                lq, lk, lv = shards[layout]
+                for scheme in SCHEMES:
+                    counter = ByteCounter()
+                    dist.barrier()
+                    start, cpu = time.perf_counter(), time.thread_time()
+                    with counting(counter):
+                        prefill_attention(
+                            lq, lk, lv, mesh, cached_len, t, scheme, new_token_layout=layout
+                        )
+                    cpu = time.thread_time() - cpu
+                    took = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+                    dist.all_reduce(took, op=dist.ReduceOp.MAX)
+                    per_rank = [torch.zeros(1, dtype=torch.float64) for _ in range(world)]
+                    dist.all_gather(per_rank, torch.tensor([cpu], dtype=torch.float64))
+                    if it:  # the first round is the warm-up
+                        times[layout][scheme].append(float(took))
+                        busy[layout][scheme].append([float(c) for c in per_rank])
+                    sent[layout][scheme] = dict(counter.as_dict().get("fwd", {}))
+        rows.append(
+            {"new_tokens": t, "ratio": t / cached_len, "times": times, "cpu": busy, "bytes": sent}
+        )
     return rows
 
 
@@ -139,15 +168,15 @@ def measured_link(cal: dict) -> RingLink | None:
     return RingLink(tier, cal["flops"])
 
 
-def measured_crossover(rows: list[dict]) -> float | str:
+def measured_crossover(rows: list[dict], layout: str) -> float | str:
     """The T/P where pass-KV's median time first beats pass-Q's for good (every larger T/P
     too), interpolated in log T/P on the log of the time ratio between the two bracketing
     points; a sentence when one scheme is faster at every point."""
     gaps = [
         (
             r["ratio"],
-            math.log(statistics.median(r["times"]["pass_kv"]))
-            - math.log(statistics.median(r["times"]["pass_q"])),
+            math.log(statistics.median(r["times"][layout]["pass_kv"]))
+            - math.log(statistics.median(r["times"][layout]["pass_q"])),
         )
         for r in rows
     ]
@@ -169,14 +198,18 @@ def main() -> None:
     parser.add_argument("--world", type=int, default=2)
     parser.add_argument("--kv-heads", type=int, default=8)
     parser.add_argument("--iters", type=int, default=5)
+    parser.add_argument(
+        "--new-token-layout", choices=[*NEW_TOKEN_LAYOUTS, "both"], default="balanced"
+    )
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     p = args.cached_len
+    layouts = NEW_TOKEN_LAYOUTS if args.new_token_layout == "both" else (args.new_token_layout,)
     ratios = [1 / 64, 1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0]
     with WorkerPool(WorldSpec(args.world, "cpu")) as pool:
-        rows = pool.run(rank_task, args.world, p, ratios, args.kv_heads, args.iters, timeout=3000)[
-            0
-        ]
+        rows = pool.run(
+            rank_task, args.world, p, ratios, args.kv_heads, args.iters, layouts, timeout=3000
+        )[0]
         cal = pool.run(calibrate_task, args.world, args.kv_heads, args.iters, timeout=600)[0]
     here = measured_link(cal)
     problem = CpProblem(
@@ -186,7 +219,7 @@ def main() -> None:
     print(
         f"prefill on {args.world} gloo ranks ({platform.node()}), P = {p} cached, 8 heads / "
         f"{args.kv_heads} KV heads, d 64, float32, forward; times: slowest rank, median of "
-        f"{args.iters} [min-max], milliseconds"
+        f"{args.iters} [min-max], milliseconds; imbalance: max / mean pairs per rank"
     )
     print(
         f"measured here: kernel {cal['flops'] / 1e9:.2f} GFLOP/s per rank; send/recv "
@@ -198,57 +231,80 @@ def main() -> None:
         f"bytes: what a rank sends)"
     )
     print(
-        f"{'T/P':>7} {'T':>5} {'pass_kv ms':>22} {'pass_q ms':>22} {'kv/q':>6} "
-        f"{'model kv/q':>10} {'(here)':>7} bytes=model"
+        f"{'layout':>10} {'T/P':>7} {'T':>5} {'imbal':>5} {'pass_kv ms':>22} {'pass_q ms':>22} "
+        f"{'kv/q':>6} {'model kv/q':>10} {'(here)':>7} bytes=model"
     )
-    for r in rows:
-        t = r["new_tokens"]
-        link = RingLink.from_profile(profile, "float32", args.world, (p + t) / args.world)
-        model = {s: prefill_time(s, p, t, problem, args.world, link) for s in SCHEMES}
-        fitted = {s: prefill_time(s, p, t, problem, args.world, here or link) for s in SCHEMES}
-        cells = []
-        for s in SCHEMES:
-            ts = r["times"][s]
-            cells.append(
-                f"{1e3 * statistics.median(ts):8.2f} [{1e3 * min(ts):.2f}-{1e3 * max(ts):.2f}]"
-            )
-        ratio = statistics.median(r["times"]["pass_kv"]) / statistics.median(r["times"]["pass_q"])
-        match = all(
-            r["bytes"][s]
-            == prefill_bytes(
-                PrefillCase(
-                    CpProblem(
-                        seq_len=p + t,
-                        heads=HEADS,
-                        kv_heads=args.kv_heads,
-                        head_dim=HEAD_DIM,
-                        dtype="float32",
-                        ring=args.world,
-                    ),
-                    p,
-                    t,
-                    s,
-                )
-            )
-            for s in SCHEMES
-        )
-        print(
-            f"{r['ratio']:7.4f} {t:5d} {cells[0]:>22} {cells[1]:>22} {ratio:6.2f} "
-            f"{model['pass_kv'] / model['pass_q']:10.2f} "
-            f"{fitted['pass_kv'] / fitted['pass_q'] if here else math.nan:7.2f} "
-            f"{'yes' if match else 'NO'}"
-        )
-    link = RingLink.from_profile(profile, "float32", args.world, p / args.world)
-    print(f"measured crossover T/P: {measured_crossover(rows)}")
-    for name, priced in (("cpu-local profile", link), ("measured kernel + link", here)):
-        if priced is None:
-            print(f"model crossover T/P ({name}): not priced, a link fit found no bandwidth")
-            continue
-        crossover = pass_kv_pass_q_crossover(p, problem, args.world, priced)
-        print(f"model crossover T/P ({name}): {crossover}")
+    for layout in layouts:
+        for r in rows:
+            print(_row(r, layout, p, args, problem, profile, here))
+    for layout in layouts:
+        link = RingLink.from_profile(profile, "float32", args.world, p / args.world)
+        print(f"{layout}: measured crossover T/P: {measured_crossover(rows, layout)}")
+        for name, priced in (("cpu-local profile", link), ("measured kernel + link", here)):
+            if priced is None:
+                print(f"{layout}: model crossover T/P ({name}): not priced, a link fit found "
+                      "no bandwidth")  # fmt: skip
+                continue
+            crossover = pass_kv_pass_q_crossover(p, problem, args.world, priced, layout)
+            print(f"{layout}: model crossover T/P ({name}): {crossover}")
+    print(
+        "work per rank, measured: max / mean over ranks of each rank's median main-thread CPU "
+        "seconds, against the model's max / mean pairs (prefill_imbalance)"
+    )
+    for layout in layouts:
+        for r in rows:
+            cells = []
+            for s in SCHEMES:
+                medians = [statistics.median(c) for c in zip(*r["cpu"][layout][s], strict=True)]
+                cells.append(f"{s} {max(medians) / statistics.mean(medians):.2f}")
+            model = prefill_imbalance(p, r["new_tokens"], args.world, layout)
+            print(f"  {layout:>10} T/P {r['ratio']:.4f}: {', '.join(cells)}; model {model:.2f}")
+    if len(layouts) > 1:
+        print("contiguous / balanced median time, by T/P (same run):")
+        for r in rows:
+            cells = [
+                f"{s} {statistics.median(r['times']['contiguous'][s]) / statistics.median(r['times']['balanced'][s]):.2f}"  # noqa: E501
+                for s in SCHEMES
+            ]
+            print(f"  T/P {r['ratio']:.4f}: {', '.join(cells)}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "rows": rows, "calibration": cal}, f, indent=1)
+
+
+def _row(
+    r: dict,
+    layout: str,
+    p: int,
+    args: argparse.Namespace,
+    problem: CpProblem,
+    profile: HardwareProfile,
+    here: RingLink | None,
+) -> str:
+    """One printed row: the layout's measured times, their ratio, the model's, bytes = model."""
+    t = r["new_tokens"]
+    link = RingLink.from_profile(profile, "float32", args.world, (p + t) / args.world)
+    model = {s: prefill_time(s, p, t, problem, args.world, link, layout) for s in SCHEMES}
+    fitted = {s: prefill_time(s, p, t, problem, args.world, here or link, layout) for s in SCHEMES}
+    times = r["times"][layout]
+    cells = [
+        f"{1e3 * statistics.median(ts):8.2f} [{1e3 * min(ts):.2f}-{1e3 * max(ts):.2f}]"
+        for ts in (times[s] for s in SCHEMES)
+    ]
+    ratio = statistics.median(times["pass_kv"]) / statistics.median(times["pass_q"])
+    mesh = CpProblem(seq_len=p + t, heads=HEADS, kv_heads=args.kv_heads, head_dim=HEAD_DIM,
+                     dtype="float32", ring=args.world)  # fmt: skip
+    match = all(
+        r["bytes"][layout][s] == prefill_bytes(PrefillCase(mesh, p, t, s, new_token_layout=layout))
+        for s in SCHEMES
+    )
+    imbalance = prefill_imbalance(p, t, args.world, layout)
+    return (
+        f"{layout:>10} {r['ratio']:7.4f} {t:5d} {imbalance:5.2f} {cells[0]:>22} {cells[1]:>22} "
+        f"{ratio:6.2f} {model['pass_kv'] / model['pass_q']:10.2f} "
+        f"{fitted['pass_kv'] / fitted['pass_q'] if here else math.nan:7.2f} "
+        f"{'yes' if match else 'NO'}"
+    )
 
 
 if __name__ == "__main__":

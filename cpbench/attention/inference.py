@@ -3,19 +3,21 @@ P..P+T-1) attend causally to P cached + T new keys, on W ranks, by one of four s
 (`cpbench.model.inference`: what each sends, and the bytes the model counts).
 
     mesh = build_mesh(ulysses=1, ring=W)                      # ulysses: build_mesh(W, 1)
-    q_l, k_l, v_l = shard_prefill(q_new, k_all, v_all, mesh, cached_len=P)
+    q_l, k_l, v_l = shard_prefill(q_new, k_all, v_all, mesh, cached_len=P)  # balanced
     out_l = prefill_attention(q_l, k_l, v_l, mesh, cached_len=P, new_tokens=T, scheme="pass_q")
     out = unshard_prefill(out_l, mesh, new_tokens=T)          # [B, T, h, D]
 
-Every rank holds a contiguous shard of the cache (positions `split_starts(P, W)`) and a
-contiguous shard of the new tokens (`split_starts(T, W)`, offset by P); its local K/V are the
-cache shard followed by the new shard. A query block meets a K/V chunk as two pieces: the
-chunk's cache part (every cached key is before every query: full) and its new part (full when
-it lies wholly before the queries, top-left causal for the rank's own shard, skipped when it
-lies after). Partial results are merged in fp32 with their LSE (`ring._merge`). Shards of
-unequal length (T or P not a multiple of W) travel padded to the largest; the padding is
-never computed on. GQA: the kernels expand KV heads locally; Ulysses replicates KV heads up to
-W when there are fewer.
+Every rank holds a contiguous shard of the cache (positions `split_starts(P, W)`) and its new
+tokens by the `new_token_layout` (`model.inference.new_token_segments`: one contiguous run, or
+with `balanced`, the default, chunks r and 2W - 1 - r of 2W; positions offset by P); its local
+K/V are the cache shard followed by its new tokens, in the same order as its queries. A query
+block meets a K/V chunk as pieces: the chunk's cache part (every cached key is before every
+query: full) and each run of its new part (full for the query runs that lie wholly after it,
+top-left causal for the query run it is, skipped for those before it; the runs of both come
+from one partition, so no other overlap exists). Partial results are merged in fp32 with
+their LSE (`ring._merge`). Shards of unequal length (T or P not a multiple of W, T not a
+multiple of 2W) travel padded to the largest; the padding is never computed on. GQA: the
+kernels expand KV heads locally; Ulysses replicates KV heads up to W when there are fewer.
 """
 
 from __future__ import annotations
@@ -30,8 +32,16 @@ from cpbench.attention.ring import _merge
 from cpbench.attention.ulysses import heads_to_seq, seq_to_heads
 from cpbench.errors import CpbenchError
 from cpbench.model.inference import (
+    DEFAULT_NEW_TOKEN_LAYOUT,
+    NewTokenLayout,
     PrefillScheme,
+    Segment,
+    check_new_token_layout,
     check_scheme,
+    kv_block,
+    new_token_counts,
+    new_token_offsets,
+    new_token_segments,
     split_sizes,
     split_starts,
     ulysses_kv_heads,
@@ -41,14 +51,16 @@ from cpbench.model.inference import (
 class _Shards:
     """Where every rank's cache and new-token shards lie (positions and sizes)."""
 
-    def __init__(self, cached_len: int, new_tokens: int, world: int) -> None:
+    def __init__(self, cached_len: int, new_tokens: int, world: int, layout: str) -> None:
+        the_layout = check_new_token_layout(layout)
         self.cached_len = cached_len
         self.cache = split_sizes(cached_len, world)
         self.cache_start = split_starts(cached_len, world)
-        self.new = split_sizes(new_tokens, world)
-        self.new_start = split_starts(new_tokens, world)
-        self.q_block = self.new[0]
-        self.kv_block = self.cache[0] + self.new[0]
+        self.runs = new_token_segments(new_tokens, world, the_layout)
+        self.offsets = new_token_offsets(new_tokens, world, the_layout)
+        self.new = new_token_counts(new_tokens, world, the_layout)
+        self.q_block = max(self.new)
+        self.kv_block = kv_block(cached_len, new_tokens, world, the_layout)
 
 
 def _mesh_rank(mesh: CPMesh, scheme: PrefillScheme) -> int:
@@ -64,35 +76,54 @@ def _mesh_rank(mesh: CPMesh, scheme: PrefillScheme) -> int:
 
 
 def shard_prefill(
-    q_new: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor, mesh: CPMesh, cached_len: int
+    q_new: torch.Tensor,
+    k_all: torch.Tensor,
+    v_all: torch.Tensor,
+    mesh: CPMesh,
+    cached_len: int,
+    new_token_layout: NewTokenLayout = DEFAULT_NEW_TOKEN_LAYOUT,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """This rank's shards of global `q_new [B, T, h, D]` and `k_all`/`v_all [B, P+T, h_kv, D]`:
-    its new-token queries, and its cache shard followed by its new-token shard of K and V."""
+    its new-token queries (its runs of `new_token_layout`, in increasing position), and its
+    cache shard followed by the same new tokens of K and V."""
     t = q_new.shape[1]
     if k_all.shape[1] != cached_len + t or v_all.shape != k_all.shape:
         raise CpbenchError(
             f"k and v must hold cached_len + new_tokens = {cached_len} + {t} = "
             f"{cached_len + t} tokens; got k {tuple(k_all.shape)}, v {tuple(v_all.shape)}"
         )
-    shards = _Shards(cached_len, t, mesh.world)
+    shards = _Shards(cached_len, t, mesh.world, new_token_layout)
     r = mesh.rank
     c0, c1 = shards.cache_start[r], shards.cache_start[r + 1]
-    n0, n1 = shards.new_start[r], shards.new_start[r + 1]
+
+    def new(x: torch.Tensor) -> list[torch.Tensor]:
+        return [x[:, start : start + n] for start, n in shards.runs[r]]
 
     def kv(x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([x[:, c0:c1], x[:, cached_len + n0 : cached_len + n1]], dim=1)
+        return torch.cat([x[:, c0:c1], *new(x[:, cached_len:])], dim=1)
 
-    return q_new[:, n0:n1].contiguous(), kv(k_all), kv(v_all)
+    q = torch.cat(new(q_new), dim=1) if shards.runs[r] else q_new[:, :0]
+    return q.contiguous(), kv(k_all), kv(v_all)
 
 
-def unshard_prefill(local: torch.Tensor, mesh: CPMesh, new_tokens: int) -> torch.Tensor:
-    """Gather every rank's output shard `[B, t_r, h, D]` back into `[B, T, h, D]` (collective
-    over the CP group; shards travel padded to the largest)."""
-    sizes = split_sizes(new_tokens, mesh.world)
-    padded = _pad_rows(local, sizes[0])
+def unshard_prefill(
+    local: torch.Tensor,
+    mesh: CPMesh,
+    new_tokens: int,
+    new_token_layout: NewTokenLayout = DEFAULT_NEW_TOKEN_LAYOUT,
+) -> torch.Tensor:
+    """Gather every rank's output shard `[B, t_r, h, D]` back into `[B, T, h, D]` in position
+    order (collective over the CP group; shards travel padded to the largest)."""
+    the_layout = check_new_token_layout(new_token_layout)
+    sizes = new_token_counts(new_tokens, mesh.world, the_layout)
+    padded = _pad_rows(local, max(sizes))
     pieces = [torch.empty_like(padded) for _ in range(mesh.world)]
     dist.all_gather(pieces, padded.contiguous(), group=mesh.cp_group)
-    return torch.cat([p[:, :n] for p, n in zip(pieces, sizes, strict=True)], dim=1)
+    held = torch.cat([p[:, :n] for p, n in zip(pieces, sizes, strict=True)], dim=1)
+    order = new_token_offsets(new_tokens, mesh.world, the_layout)  # row i holds offset order[i]
+    out = torch.empty_like(held)
+    out[:, torch.tensor(order, dtype=torch.long, device=held.device)] = held
+    return out
 
 
 def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
@@ -106,7 +137,7 @@ def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
 def _attend_chunk(
     kernel: LocalKernel,
     q: torch.Tensor,
-    q_start: int,
+    q_runs: tuple[Segment, ...],
     chunk: torch.Tensor,
     owner: int,
     shards: _Shards,
@@ -114,33 +145,55 @@ def _attend_chunk(
     out: torch.Tensor,
     lse: torch.Tensor,
 ) -> None:
-    """Merge into (out, lse) the attention of `q` (new-token rows from `q_start`) to the K/V
-    chunk `[B, L, 2, h_kv, D]` of rank `owner`: its cache part (full) and its new part (full,
-    top-left causal or nothing, by where it lies relative to the queries)."""
-    n_q = q.shape[1]
-    if n_q == 0:
+    """Merge into (out, lse) the attention of `q` (new-token rows: the runs `q_runs`, in
+    increasing position) to the K/V chunk `[B, L, 2, h_kv, D]` of rank `owner`: its cache part
+    (full) and each run of its new part (top-left causal for the query run it is, full for the
+    query runs after it: a suffix of the rows, one call; nothing for the runs before it)."""
+    if q.shape[1] == 0:
         return
-    cached, new = shards.cache[owner], shards.new[owner]
-    pieces: list[tuple[int, int, bool]] = []
+    cached = shards.cache[owner]
+    pieces: list[tuple[int, int, int, int, bool]] = []  # rows [r0, r1) x keys [c0, c1)
     if cached:
-        pieces.append((0, cached, False))
-    k_start = shards.new_start[owner]
-    if new and q_start + n_q - 1 >= k_start:
-        offset = q_start - k_start  # row i sees column j iff j - i <= offset
-        if offset >= new - 1:
-            pieces.append((cached, cached + new, False))
-        elif offset == 0 and n_q == new:
-            pieces.append((cached, cached + new, True))
-        else:
-            raise CpbenchError(  # contiguous shards never overlap otherwise
-                f"new-token shards overlap unexpectedly: queries from {q_start} ({n_q} rows), "
-                f"keys from {k_start} ({new} rows)"
-            )
-    for c0, c1, causal in pieces:
+        pieces.append((0, q.shape[1], 0, cached, False))
+    col = cached
+    for k_start, k_len in shards.runs[owner]:
+        row, full_from = 0, None
+        for q_start, q_len in q_runs:
+            if q_start == k_start and q_len == k_len:
+                pieces.append((row, row + q_len, col, col + k_len, True))
+            elif q_start >= k_start + k_len:
+                full_from = row if full_from is None else full_from
+            elif q_start + q_len > k_start:  # runs of one partition never overlap otherwise
+                raise CpbenchError(
+                    f"new-token runs overlap unexpectedly: queries from {q_start} ({q_len} "
+                    f"rows), keys from {k_start} ({k_len} rows)"
+                )
+            row += q_len
+        if full_from is not None:
+            pieces.append((full_from, row, col, col + k_len, False))
+        col += k_len
+    for r0, r1, c0, c1, causal in _coalesced(pieces):
         block_out, block_lse = kernel.forward(
-            q, chunk[:, c0:c1, 0], chunk[:, c0:c1, 1], causal, scale
+            q[:, r0:r1], chunk[:, c0:c1, 0], chunk[:, c0:c1, 1], causal, scale
         )
-        _merge(out, lse, block_out, block_lse.float())
+        _merge(out[:, r0:r1], lse[:, :, r0:r1], block_out, block_lse.float())
+
+
+def _coalesced(
+    pieces: list[tuple[int, int, int, int, bool]],
+) -> list[tuple[int, int, int, int, bool]]:
+    """`pieces` with each full piece joined to the full piece before it when both cover the
+    same rows and their key columns meet (the cache and a run wholly before the queries: one
+    kernel call instead of two)."""
+    joined: list[tuple[int, int, int, int, bool]] = []
+    for piece in pieces:
+        if joined and not piece[4] and not joined[-1][4]:
+            r0, r1, c0, c1, _ = joined[-1]
+            if (r0, r1, c1) == (piece[0], piece[1], piece[2]):
+                joined[-1] = (r0, r1, c0, piece[3], False)
+                continue
+        joined.append(piece)
+    return joined
 
 
 def _accumulators(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -160,13 +213,15 @@ def prefill_attention(
     scheme: PrefillScheme = "pass_kv",
     kernel: str | LocalKernel = "auto",
     scale: float | None = None,
+    new_token_layout: NewTokenLayout = DEFAULT_NEW_TOKEN_LAYOUT,
 ) -> torch.Tensor:
-    """Prefill attention of this rank's shards (`shard_prefill`): `q [B, t_r, h, D]`, `k`/`v
-    [B, c_r + t_r, h_kv, D]`; returns this rank's output rows `[B, t_r, h, D]`. Forward only
-    (no autograd). Collective over the mesh's ring group (ring schemes) or Ulysses group."""
+    """Prefill attention of this rank's shards (`shard_prefill` with the same
+    `new_token_layout`): `q [B, t_r, h, D]`, `k`/`v [B, c_r + t_r, h_kv, D]`; returns this
+    rank's output rows `[B, t_r, h, D]`, in its queries' order. Forward only (no autograd).
+    Collective over the mesh's ring group (ring schemes) or Ulysses group."""
     scheme = check_scheme(scheme)
     rank = _mesh_rank(mesh, scheme)
-    shards = _Shards(cached_len, new_tokens, mesh.world)
+    shards = _Shards(cached_len, new_tokens, mesh.world, new_token_layout)
     want_q, want_kv = shards.new[rank], shards.cache[rank] + shards.new[rank]
     if q.dim() != 4 or q.shape[1] != want_q or k.shape[1] != want_kv or v.shape != k.shape:
         raise CpbenchError(
@@ -204,12 +259,12 @@ def _pass_kv(
     with `gather` one all-gather of every rank's chunk."""
     w, r = mesh.world, mesh.rank
     out, lse = _accumulators(q)
-    q_start = shards.new_start[r]
+    q_runs = shards.runs[r]
     chunk = _pad_rows(kv, shards.kv_block)
     if gather:
         chunks = all_gather_chunks(chunk, mesh.ring_group, w, r, "allgather_kv").wait()
         for owner in range(w):
-            _attend_chunk(kernel, q, q_start, chunks[owner], owner, shards, scale, out, lse)
+            _attend_chunk(kernel, q, q_runs, chunks[owner], owner, shards, scale, out, lse)
         return out.to(q.dtype)
     for step in range(w):
         pending = None
@@ -217,7 +272,7 @@ def _pass_kv(
             pending = ring_exchange(
                 chunk, mesh.ring_next, mesh.ring_prev, mesh.ring_group, "p2p_kv"
             )
-        _attend_chunk(kernel, q, q_start, chunk, (r - step) % w, shards, scale, out, lse)
+        _attend_chunk(kernel, q, q_runs, chunk, (r - step) % w, shards, scale, out, lse)
         if pending is not None:
             chunk = pending.wait()
     return out.to(q.dtype)
@@ -252,7 +307,7 @@ def _pass_q(
         _attend_chunk(
             kernel,
             current[:, :n],
-            shards.new_start[owner],
+            shards.runs[owner],
             kv,
             r,
             shards,
@@ -297,9 +352,13 @@ def _ulysses(
     group = mesh.ulysses_group
     q_all = seq_to_heads(_pad_rows(q, tq).unsqueeze(2), group, w, "a2a_q")[:, :, 0]
     kv_all = seq_to_heads(_pad_rows(kv, lkv), group, w, "a2a_kv")  # [B, W*lkv, 2, h_kv', D]
-    q_rows = [s * tq + i for s in range(w) for i in range(shards.new[s])]
+    # the gathered rows of every rank's block, the new ones put back in position order (the
+    # causal piece needs queries and keys in the same increasing order)
+    held = [(s, i) for s in range(w) for i in range(shards.new[s])]
+    by_position = [held[j] for j in sorted(range(len(held)), key=shards.offsets.__getitem__)]
+    q_rows = [s * tq + i for s, i in by_position]
     cache_rows = [s * lkv + i for s in range(w) for i in range(shards.cache[s])]
-    new_rows = [s * lkv + shards.cache[s] + i for s in range(w) for i in range(shards.new[s])]
+    new_rows = [s * lkv + shards.cache[s] + i for s, i in by_position]
     device = q.device
     queries = q_all[:, torch.tensor(q_rows, dtype=torch.long, device=device)]
     out, lse = _accumulators(queries)

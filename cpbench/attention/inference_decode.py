@@ -1,10 +1,13 @@
 """Decode over a KV cache sharded by sequence, forward only: T = 1-8 new queries (positions
 P..P+T-1, on every rank) attend causally to the N = P + T cached keys (the new tokens' K/V
 already appended), each rank to its own shard, and the partial outputs are merged with their
-LSE after one all-gather (`model.inference.decode_bytes`).
+LSE (`model.inference.decode_bytes`): after one all-gather (every rank ends with the whole
+output), or after one all-to-all back to a head split (Helix-style: rank r ends with heads
+r H / W .. (r + 1) H / W of every query, `model.inference.decode_heads`).
 
     k_l, v_l = shard_cache(k_all, v_all, mesh, layout="interleaved")
     out = decode_attention(q, k_l, v_l, mesh, cached_len=P, layout="interleaved")  # every rank
+    mine = decode_attention(q, k_l, v_l, mesh, cached_len=P, merge="all_to_all")  # H / W heads
 
 The shard of a rank holds its keys in increasing position (`cache_shard_len`), so every query
 sees a prefix of it (`cache_visible`): one full kernel call per distinct prefix length.
@@ -14,12 +17,19 @@ from __future__ import annotations
 
 import torch
 
-from cpbench.attention.comm import all_gather_chunks
+from cpbench.attention.comm import all_gather_chunks, all_to_all
 from cpbench.attention.kernels import LocalKernel, default_scale, select_kernel
 from cpbench.attention.mesh import CPMesh
 from cpbench.attention.ring import _merge
 from cpbench.errors import CpbenchError
-from cpbench.model.inference import cache_shard_len, cache_visible, check_cache_layout, split_starts
+from cpbench.model.inference import (
+    DecodeMerge,
+    cache_shard_len,
+    cache_visible,
+    check_cache_layout,
+    check_decode_merge,
+    split_starts,
+)
 
 MAX_DECODE_TOKENS = 8
 """Most new tokens a decode step takes (speculative decoding drafts a few; more is prefill)."""
@@ -46,12 +56,15 @@ def decode_attention(
     layout: str = "contiguous",
     kernel: str | LocalKernel = "auto",
     scale: float | None = None,
+    merge: DecodeMerge = "all_gather",
 ) -> torch.Tensor:
     """Decode attention of `q [B, T, h, D]` (the same on every rank) over this rank's cache
     shard `k`/`v [B, n_r, h_kv, D]` of N = cached_len + T keys; returns the whole output
-    `[B, T, h, D]` on every rank. Collective over the mesh's CP group."""
+    `[B, T, h, D]` on every rank (`merge="all_gather"`), or this rank's heads of it
+    `[B, T, h / W, D]` (`"all_to_all"`; W must divide h). Collective over the CP group."""
     the_layout = check_cache_layout(layout)
     b, t, h, d = q.shape
+    the_merge = check_decode_merge(merge, h, mesh.world)
     if not 1 <= t <= MAX_DECODE_TOKENS:
         raise CpbenchError(f"a decode step takes 1 to {MAX_DECODE_TOKENS} new tokens, got {t}")
     w, r = mesh.world, mesh.rank
@@ -76,10 +89,18 @@ def decode_attention(
             out[:, lo:hi] = block_out.float()
             lse[:, :, lo:hi] = block_lse.float()
         partial = out.to(q.dtype)
-        outs = all_gather_chunks(partial, mesh.cp_group, w, r, "allgather_out").wait()
-        lses = all_gather_chunks(lse, mesh.cp_group, w, r, "allgather_lse").wait()
-        merged = torch.zeros_like(out)
-        merged_lse = torch.full_like(lse, float("-inf"))
+        if the_merge == "all_to_all":
+            # head group i of every partial goes to rank i: [W, B, T, h / W, D], [W, B, h / W, T]
+            per = h // w
+            by_out = partial.view(b, t, w, per, d).permute(2, 0, 1, 3, 4)
+            by_lse = lse.view(b, w, per, t).transpose(0, 1)
+            outs = all_to_all(by_out, mesh.cp_group, w, "a2a_out")  # [source rank, ...]
+            lses = all_to_all(by_lse, mesh.cp_group, w, "a2a_lse")
+        else:
+            outs = all_gather_chunks(partial, mesh.cp_group, w, r, "allgather_out").wait()
+            lses = all_gather_chunks(lse, mesh.cp_group, w, r, "allgather_lse").wait()
+        merged = torch.zeros(outs.shape[1:], dtype=torch.float32, device=q.device)
+        merged_lse = torch.full(lses.shape[1:], float("-inf"), dtype=torch.float32, device=q.device)
         # rank 0 holds position 0, which every query sees: its LSE is finite on every row, so
         # merging from it never meets -inf with -inf (which would be NaN)
         for src in range(w):

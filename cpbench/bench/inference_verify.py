@@ -24,10 +24,15 @@ from cpbench.config.tolerances import rounded_terms
 from cpbench.errors import CpbenchError
 from cpbench.model.inference import (
     CACHE_LAYOUTS,
+    DECODE_MERGES,
+    DEFAULT_NEW_TOKEN_LAYOUT,
+    NEW_TOKEN_LAYOUTS,
     PREFILL_SCHEMES,
     DecodeCase,
     PrefillCase,
     check_cache_layout,
+    check_decode_merge,
+    check_new_token_layout,
     check_scheme,
     decode_bytes,
     kv_cache_bytes_per_rank,
@@ -46,6 +51,7 @@ def prefill_case(
     batch: int = 1,
     dtype: str = "float32",
     seed: int = 0,
+    new_token_layout: str = DEFAULT_NEW_TOKEN_LAYOUT,
 ) -> PrefillCase:
     """A `PrefillCase` on the mesh its scheme runs on (W x 1 for ulysses, 1 x W otherwise)."""
     the_scheme = check_scheme(scheme)
@@ -60,7 +66,8 @@ def prefill_case(
         ulysses=ulysses,
         ring=ring,
     )
-    return PrefillCase(problem, cached_len, new_tokens, the_scheme, seed)
+    layout = check_new_token_layout(new_token_layout)
+    return PrefillCase(problem, cached_len, new_tokens, the_scheme, seed, layout)
 
 
 def case_inputs(case: PrefillCase | DecodeCase, device: torch.device) -> tuple[torch.Tensor, ...]:
@@ -82,14 +89,16 @@ def run_prefill_case_on_rank(
     dtype = TORCH_DTYPES[p.dtype]
     q, k, v = case_inputs(case, device)
     mesh = build_mesh(p.ulysses, p.ring)
-    lq, lk, lv = (t.to(dtype) for t in shard_prefill(q, k, v, mesh, case.cached_len))
+    layout = case.new_token_layout
+    lq, lk, lv = (t.to(dtype) for t in shard_prefill(q, k, v, mesh, case.cached_len, layout))
     counter = ByteCounter()
     with counting(counter):
         out_local = prefill_attention(
-            lq, lk, lv, mesh, case.cached_len, case.new_tokens, case.scheme, kernel
-        )
+            lq, lk, lv, mesh, case.cached_len, case.new_tokens, case.scheme, kernel,
+            new_token_layout=layout,
+        )  # fmt: skip
     sent = dict(counter.as_dict().get("fwd", {}))
-    out = unshard_prefill(out_local, mesh, case.new_tokens)
+    out = unshard_prefill(out_local, mesh, case.new_tokens, layout)
     if dist.get_rank() != 0:
         return None
     rq, rk, rv = (t.to(dtype).double() for t in (q, k, v))
@@ -103,6 +112,7 @@ def run_prefill_case_on_rank(
         **asdict(p),
         "label": case.label,
         "scheme": case.scheme,
+        "new_token_layout": layout,
         "cached_len": case.cached_len,
         "new_tokens": case.new_tokens,
         "max_error": error,
@@ -131,10 +141,10 @@ def run_prefill_cases_on_rank(
 
 
 def default_prefill_cases(world: int, dtype: str = "float32") -> list[PrefillCase]:
-    """The prefill matrix `cpbench verify --inference` checks on `world` ranks: every scheme x
-    (P, T) with P = 0 (no cache), T = 1 (one new token), T < W (ranks with no new token), P
-    and T not multiples of W (padded shards), T > P, and T << P; 8 query heads over 8, 2 and
-    1 KV heads (GQA; Ulysses replicates a KV head below W)."""
+    """The prefill matrix `cpbench verify --inference` checks on `world` ranks: both new-token
+    layouts x every scheme x (P, T) with P = 0 (no cache), T = 1 (one new token), T < W
+    (ranks with no new token), P and T not multiples of W (padded shards), T > P, and T << P;
+    8 query heads over 8, 2 and 1 KV heads (GQA; Ulysses replicates a KV head below W)."""
     lengths = [
         (0, 1),
         (0, 8 * world),
@@ -146,16 +156,18 @@ def default_prefill_cases(world: int, dtype: str = "float32") -> list[PrefillCas
         (64 * world, 2 * world),
     ]
     cases = []
-    for scheme in PREFILL_SCHEMES:
-        for cached_len, new_tokens in lengths:
-            for kv_heads in (8, 2, 1):
-                if scheme == "ulysses" and world % kv_heads and kv_heads % world:
-                    continue
-                cases.append(
-                    prefill_case(
-                        scheme, world, cached_len, new_tokens, kv_heads=kv_heads, dtype=dtype
+    for layout in NEW_TOKEN_LAYOUTS:  # both new-token shardings (balanced: 2W chunks)
+        for scheme in PREFILL_SCHEMES:
+            for cached_len, new_tokens in lengths:
+                for kv_heads in (8, 2, 1):
+                    if scheme == "ulysses" and world % kv_heads and kv_heads % world:
+                        continue
+                    cases.append(
+                        prefill_case(
+                            scheme, world, cached_len, new_tokens, kv_heads=kv_heads,
+                            dtype=dtype, new_token_layout=layout,
+                        )  # fmt: skip
                     )
-                )
     return cases
 
 
@@ -169,6 +181,7 @@ def decode_case(
     head_dim: int = 16,
     dtype: str = "float32",
     seed: int = 0,
+    merge: str = "all_gather",
 ) -> DecodeCase:
     """A `DecodeCase` on a 1 x W mesh."""
     problem = CpProblem(
@@ -179,7 +192,8 @@ def decode_case(
         dtype=dtype,  # type: ignore[arg-type]  # checked by CpProblem
         ring=world,
     )
-    return DecodeCase(problem, cached_len, new_tokens, check_cache_layout(layout), seed)
+    the_merge = check_decode_merge(merge, heads, world)
+    return DecodeCase(problem, cached_len, new_tokens, check_cache_layout(layout), seed, the_merge)
 
 
 def run_decode_case_on_rank(
@@ -196,8 +210,14 @@ def run_decode_case_on_rank(
     lk, lv = (t.to(dtype) for t in shard_cache(k, v, mesh, case.layout))
     counter = ByteCounter()
     with counting(counter):
-        out = decode_attention(q.to(dtype), lk, lv, mesh, case.cached_len, case.layout, kernel)
+        out = decode_attention(
+            q.to(dtype), lk, lv, mesh, case.cached_len, case.layout, kernel, merge=case.merge
+        )
     sent = dict(counter.as_dict().get("fwd", {}))
+    if case.merge == "all_to_all":  # rank r holds heads r H / W .. (r + 1) H / W: gather them
+        heads = [torch.empty_like(out) for _ in range(p.ring)]
+        dist.all_gather(heads, out.contiguous(), group=mesh.cp_group)
+        out = torch.cat(heads, dim=2)
     cache_bytes = torch.tensor([lk.nbytes + lv.nbytes], dtype=torch.int64)
     dist.all_reduce(cache_bytes, op=dist.ReduceOp.MAX, group=mesh.cp_group)
     if dist.get_rank() != 0:
@@ -207,7 +227,9 @@ def run_decode_case_on_rank(
     error = float((out.double() - ref).abs().max())
     # one partial output per cache shard is merged; sums run over the whole cache
     bound = error_bound(p.dtype, ref, rounded_terms("out", p.ring, 1), total)
-    analytic = decode_bytes(case.new_tokens, p.ring, p.heads, p.head_dim, p.dtype, p.batch)
+    analytic = decode_bytes(
+        case.new_tokens, p.ring, p.heads, p.head_dim, p.dtype, p.batch, case.merge
+    )
     analytic_cache = kv_cache_bytes_per_rank(
         total, p.ring, p.kv_heads, p.head_dim, p.dtype, p.batch
     )
@@ -215,6 +237,7 @@ def run_decode_case_on_rank(
         **asdict(p),
         "label": case.label,
         "scheme": f"decode_{case.layout}",
+        "merge": case.merge,
         "cached_len": case.cached_len,
         "new_tokens": case.new_tokens,
         "max_error": error,
@@ -239,23 +262,31 @@ def run_decode_cases_on_rank(
             out.append(run_decode_case_on_rank(case, dev, kernel))
         except CpbenchError as exc:  # deterministic on every rank: no collective is left open
             scheme = f"decode_{case.layout}"
-            out.append({"label": case.label, "scheme": scheme, "passed": False, "error": str(exc)})
+            out.append(
+                {"label": case.label, "scheme": scheme, "merge": case.merge, "passed": False,
+                 "error": str(exc)}  # fmt: skip
+            )
     return out
 
 
 def default_decode_cases(world: int, dtype: str = "float32") -> list[DecodeCase]:
     """Decode steps of 1 to 8 new tokens over both cache layouts: no earlier cache (P = 0),
-    a cache shorter than the ranks, and caches not a multiple of W; GQA 8/8 and 8/1."""
+    a cache shorter than the ranks, and caches not a multiple of W; GQA 8/8 and 8/1; merged
+    by all-gather and by all-to-all to a head split (8 heads: W = 2, 4 and 8 divide them)."""
     cases = []
-    for layout in CACHE_LAYOUTS:
-        for cached_len in (0, world - 1 or 1, 16 * world + 3, 64 * world):
-            for new_tokens in (1, 2, 5, 8):
-                for kv_heads in (8, 1):
-                    cases.append(
-                        decode_case(
-                            layout, world, cached_len, new_tokens, kv_heads=kv_heads, dtype=dtype
+    for merge in DECODE_MERGES:
+        for layout in CACHE_LAYOUTS:
+            for cached_len in (0, world - 1 or 1, 16 * world + 3, 64 * world):
+                for new_tokens in (1, 2, 5, 8):
+                    for kv_heads in (8, 1):
+                        if merge == "all_to_all" and 8 % world:
+                            continue
+                        cases.append(
+                            decode_case(
+                                layout, world, cached_len, new_tokens, kv_heads=kv_heads,
+                                dtype=dtype, merge=merge,
+                            )  # fmt: skip
                         )
-                    )
     return cases
 
 

@@ -132,18 +132,23 @@ def verify(
 
 
 
+def _inference_kind(record: dict) -> str:
+    """A prefill record's scheme and new-token layout, a decode record's cache layout and merge."""
+    return " ".join(str(record[k]) for k in ("scheme", "new_token_layout", "merge") if k in record)
+
+
 def _prefill_table(records: list[dict]) -> Table:
-    """One row per prefill scheme and decode cache layout: cases passed, the largest max
-    |out - reference| (absolute) and its bound, and whether every case's bytes sent equal the
-    analytic bytes."""
+    """One row per prefill scheme and new-token layout, and per decode cache layout and merge:
+    cases passed, the largest max |out - reference| (absolute) and its bound, and whether
+    every case's bytes sent equal the analytic bytes."""
     table = Table(title="inference: prefill with a cached prefix, decode (forward, vs float64)")
     for name in ("scheme", "passed", "max abs error", "its bound", "bytes = analytic"):
         table.add_column(name)
-    for scheme in dict.fromkeys(r["scheme"] for r in records):
-        rows = [r for r in records if r["scheme"] == scheme]
+    for name in dict.fromkeys(_inference_kind(r) for r in records):
+        rows = [r for r in records if _inference_kind(r) == name]
         worst = max(rows, key=lambda r: r.get("max_error", float("inf")))
         table.add_row(
-            scheme,
+            name,
             f"{sum(bool(r['passed']) for r in rows)}/{len(rows)}",
             f"{worst.get('max_error', float('nan')):.2e}" if "error" not in worst else worst["error"],
             f"{worst.get('tolerance', float('nan')):.2e}",

@@ -3,10 +3,14 @@ the bytes each scheme sends per rank (what `cpbench.attention.inference` counts 
 torch.distributed boundary), and the pass-KV / pass-Q crossover in T/P.
 
 The problem: T new tokens (query positions P..P+T-1) attend causally to P cached + T new keys
-(positions 0..P+T-1), on W ranks. Every rank holds a contiguous shard of the cache and a
-contiguous shard of the new tokens; `split_sizes` is the partition (the first `n mod W` ranks
-get one token more, as `torch.tensor_split`). Tensors that travel are padded to the largest
-shard (ranks exchange equal shapes), and the bytes here count the padding, as the wire does.
+(positions 0..P+T-1), on W ranks. Every rank holds a contiguous shard of the cache
+(`split_sizes`: the first `n mod W` ranks get one token more, as `torch.tensor_split`) and its
+new tokens by the `NewTokenLayout`: `contiguous` (rank r holds the r-th of `split_sizes(T, W)`)
+or `balanced` (the default, what the serving cost model prices and the frameworks run: the T
+new tokens cut into 2W chunks `split_sizes(T, 2W)`, rank r holds chunks r and 2W - 1 - r, so
+every rank's causal work is about equal; `new_token_segments`). Tensors that travel are padded
+to the largest shard (ranks exchange equal shapes), and the bytes here count the padding, as
+the wire does.
 
 Schemes (per rank, forward only):
 
@@ -66,6 +70,60 @@ def split_starts(n: int, parts: int) -> tuple[int, ...]:
     return tuple(starts)
 
 
+NewTokenLayout = Literal["contiguous", "balanced"]
+"""How a prefill's T new tokens are sharded over the W ranks: contiguous (rank r holds the r-th
+of `split_sizes(T, W)`: the last rank's queries see the most new keys) or balanced (2W chunks
+`split_sizes(T, 2W)`, rank r holds chunks r and 2W - 1 - r: Meta's load-balanced sharding,
+arXiv:2411.01783 §3.2, vLLM's head-tail split)."""
+NEW_TOKEN_LAYOUTS: tuple[NewTokenLayout, ...] = get_args(NewTokenLayout)
+DEFAULT_NEW_TOKEN_LAYOUT: NewTokenLayout = "balanced"
+"""The layout of a prefill that names none: the one the serving cost model prices."""
+
+Segment = tuple[int, int]
+"""(start, length) of a run of new tokens, as offsets into the T new tokens (position P +
+start is its first)."""
+
+
+def check_new_token_layout(layout: str) -> NewTokenLayout:
+    """`layout` as a `NewTokenLayout`; CpbenchError naming it when it is none."""
+    for known in NEW_TOKEN_LAYOUTS:
+        if layout == known:
+            return known
+    raise CpbenchError(
+        f"new-token layout {layout!r} is not one of {', '.join(NEW_TOKEN_LAYOUTS)}"
+    )
+
+
+def new_token_segments(
+    new_tokens: int, world: int, layout: NewTokenLayout
+) -> tuple[tuple[Segment, ...], ...]:
+    """Per rank, the runs of new tokens it holds, in increasing position (empty runs left
+    out): contiguous, the r-th of `split_sizes(T, W)`; balanced, chunks r and 2W - 1 - r of
+    `split_sizes(T, 2W)` (T = 5, W = 2: chunks 2, 1, 1, 1; rank 0 holds offsets 0-1 and 4,
+    rank 1 offsets 2 and 3). A rank holds its runs' tokens in this order."""
+    the_layout = check_new_token_layout(layout)
+    parts = world if the_layout == "contiguous" else 2 * world
+    sizes, starts = split_sizes(new_tokens, parts), split_starts(new_tokens, parts)
+    chunks = [(r,) if the_layout == "contiguous" else (r, 2 * world - 1 - r) for r in range(world)]
+    return tuple(tuple((starts[c], sizes[c]) for c in mine if sizes[c]) for mine in chunks)
+
+
+def new_token_counts(new_tokens: int, world: int, layout: NewTokenLayout) -> tuple[int, ...]:
+    """New tokens each rank holds (`new_token_segments` summed)."""
+    return tuple(sum(n for _, n in runs) for runs in new_token_segments(new_tokens, world, layout))
+
+
+def new_token_offsets(new_tokens: int, world: int, layout: NewTokenLayout) -> tuple[int, ...]:
+    """The new-token offsets rank by rank, each rank's in its held order: the permutation that
+    takes the T new tokens to the concatenation of the ranks' shards."""
+    return tuple(
+        start + i
+        for runs in new_token_segments(new_tokens, world, layout)
+        for start, n in runs
+        for i in range(n)
+    )
+
+
 @dataclass(frozen=True)
 class PrefillCase:
     """One prefill of `new_tokens` on `cached_len` cached tokens with a scheme, on the
@@ -82,9 +140,13 @@ class PrefillCase:
     """How the ranks exchange data (`PREFILL_SCHEMES`)."""
     seed: int = 0
     """Seed of the global inputs (verify)."""
+    new_token_layout: NewTokenLayout = DEFAULT_NEW_TOKEN_LAYOUT
+    """How the new tokens are sharded over the ranks (`NEW_TOKEN_LAYOUTS`; the cache is
+    always contiguous)."""
 
     def __post_init__(self) -> None:
         check_scheme(self.scheme)
+        check_new_token_layout(self.new_token_layout)
         if self.new_tokens < 1 or self.cached_len < 0:
             raise CpbenchError(
                 f"prefill needs new_tokens >= 1 and cached_len >= 0, got new_tokens "
@@ -120,23 +182,32 @@ class PrefillCase:
     def label(self) -> str:
         p = self.problem
         return (
-            f"prefill {self.scheme} W{self.world} P{self.cached_len} T{self.new_tokens} "
+            f"prefill {self.scheme} {self.new_token_layout} W{self.world} P{self.cached_len} "
+            f"T{self.new_tokens} "
             f"h{p.heads}/{p.kv_heads} d{p.head_dim} b{p.batch} {p.dtype}"
         )
 
     @property
     def q_block(self) -> int:
         """Query rows of the padded block that travels (the largest new-token shard)."""
-        return split_sizes(self.new_tokens, self.world)[0]
+        return max(new_token_counts(self.new_tokens, self.world, self.new_token_layout))
 
     @property
     def kv_block(self) -> int:
-        """Tokens of the padded K/V chunk (largest cache shard + largest new shard)."""
-        return split_sizes(self.cached_len, self.world)[0] + self.q_block
+        """Tokens of the padded K/V chunk (the most cache + new tokens a rank holds)."""
+        return kv_block(self.cached_len, self.new_tokens, self.world, self.new_token_layout)
 
     @property
     def element_bytes(self) -> int:
         return self.problem.bytes_per_element
+
+
+def kv_block(cached_len: int, new_tokens: int, world: int, layout: NewTokenLayout) -> int:
+    """Tokens of the padded K/V chunk that travels: the most cache + new tokens one rank
+    holds (its cache shard followed by its new tokens)."""
+    cache = split_sizes(cached_len, world)
+    new = new_token_counts(new_tokens, world, layout)
+    return max(c + n for c, n in zip(cache, new, strict=True))
 
 
 def ulysses_kv_heads(kv_heads: int, world: int) -> int:
@@ -214,18 +285,19 @@ def prefill_time(
     problem: CpProblem,
     world: int,
     link: RingLink,
+    new_token_layout: NewTokenLayout = DEFAULT_NEW_TOKEN_LAYOUT,
 ) -> float:
-    """Modelled seconds of one ring prefill of cpbench's measured schemes (contiguous shards,
-    perfect overlap: what `benchmarks/inference_prefill_crossover.py` compares with its
-    measurements); `recommend --inference` prices serving with
-    `cpbench.model.inference_cost.price_prefill` (load-balanced shards, the profile's overlap
-    and step overhead). W compute steps, each a W-th of the busiest rank's
-    work (`prefill_pairs_per_rank`, 4 B H D FLOPs per visible pair: the ring waits for its
-    slowest rank), each of the W - 1 hops overlapped with a step (a step takes the longer of
+    """Modelled seconds of one ring prefill of cpbench's measured schemes (perfect overlap,
+    the new tokens sharded by `new_token_layout`: what
+    `benchmarks/inference_prefill_crossover.py` compares with its measurements);
+    `recommend --inference` prices serving with `cpbench.model.inference_cost.price_prefill`
+    (the same layouts, the profile's overlap and step overhead). W compute steps, each a
+    W-th of the busiest rank's work (`prefill_pairs_per_rank`, 4 B H D FLOPs per visible
+    pair: the ring waits for its slowest rank), each of the W - 1 hops overlapped with a step (a step takes the longer of
     the two), and for pass_q the all-to-all of the partial outputs and LSEs after the ring
     (not overlapped: nothing is left to compute)."""
     p = problem
-    pairs = max(prefill_pairs_per_rank(cached_len, new_tokens, world))
+    pairs = max(prefill_pairs_per_rank(cached_len, new_tokens, world, new_token_layout))
     step = 4 * p.batch * p.heads * p.head_dim * pairs / world / link.flops
     case = PrefillCase(
         CpProblem(
@@ -240,6 +312,7 @@ def prefill_time(
         cached_len,
         new_tokens,
         scheme,
+        new_token_layout=new_token_layout,
     )
     sent = prefill_bytes(case)
     if world == 1:
@@ -253,7 +326,11 @@ def prefill_time(
 
 
 def pass_kv_pass_q_crossover(
-    cached_len: int, problem: CpProblem, world: int, link: RingLink
+    cached_len: int,
+    problem: CpProblem,
+    world: int,
+    link: RingLink,
+    new_token_layout: NewTokenLayout = DEFAULT_NEW_TOKEN_LAYOUT,
 ) -> float | None:
     """The T/P at which pass-KV and pass-Q take the same modelled time on `cached_len` cached
     tokens (pass-Q wins below it, pass-KV above), searched over T/P in [1/4096, 64] with
@@ -263,8 +340,8 @@ def pass_kv_pass_q_crossover(
 
     def gap(ratio: float) -> float:
         t = max(1, round(ratio * cached_len))
-        kv = prefill_time("pass_kv", cached_len, t, problem, world, link)
-        q = prefill_time("pass_q", cached_len, t, problem, world, link)
+        kv = prefill_time("pass_kv", cached_len, t, problem, world, link, new_token_layout)
+        q = prefill_time("pass_q", cached_len, t, problem, world, link, new_token_layout)
         return kv - q
 
     lo, hi = 1 / 4096, 64.0
@@ -317,16 +394,57 @@ def longest_context(
     return int(memory_bytes // per_token) * world
 
 
+DecodeMerge = Literal["all_gather", "all_to_all"]
+"""How a decode step merges the ranks' partial outputs: all_gather (every rank gathers every
+partial output and LSE and merges the whole output) or all_to_all (back to a head split,
+Helix-style: rank r receives heads r H / W .. (r + 1) H / W of every rank's partial output and
+LSE and merges those heads of every query; W must divide H)."""
+DECODE_MERGES: tuple[DecodeMerge, ...] = get_args(DecodeMerge)
+
+
+def check_decode_merge(merge: str, heads: int, world: int) -> DecodeMerge:
+    """`merge` as a `DecodeMerge`; CpbenchError naming the rule when it is none, or when an
+    all_to_all merge cannot split the heads over the ranks."""
+    for known in DECODE_MERGES:
+        if merge == known:
+            if known == "all_to_all" and heads % world:
+                raise CpbenchError(
+                    f"the all_to_all decode merge splits {heads} heads over {world} ranks: "
+                    f"{heads} % {world} = {heads % world}, must be 0"
+                )
+            return known
+    raise CpbenchError(f"decode merge {merge!r} is not one of {', '.join(DECODE_MERGES)}")
+
+
+def decode_heads(heads: int, world: int, rank: int) -> tuple[int, int]:
+    """The heads [first, end) rank `rank` holds after an all_to_all merge: r H / W .. (r + 1)
+    H / W (W must divide H: `check_decode_merge`)."""
+    check_decode_merge("all_to_all", heads, world)
+    per = heads // world
+    return rank * per, (rank + 1) * per
+
+
 def decode_bytes(
-    new_tokens: int, world: int, heads: int, head_dim: int, dtype: str, batch: int = 1
+    new_tokens: int,
+    world: int,
+    heads: int,
+    head_dim: int,
+    dtype: str,
+    batch: int = 1,
+    merge: DecodeMerge = "all_gather",
 ) -> dict[str, int]:
-    """Bytes one rank sends in a decode step over a sequence-sharded cache: the all-gather of
-    every rank's partial output (inputs' dtype) and LSE (fp32) for the T new queries; the
-    queries themselves are on every rank already."""
+    """Bytes one rank sends in a decode step over a sequence-sharded cache (the queries are on
+    every rank already): all_gather, every rank's partial output (inputs' dtype) and LSE
+    (fp32) for the T new queries reach it from the W - 1 others; all_to_all, a rank hands its
+    whole partial output and LSE into all_to_all_single and keeps its own 1/W (its heads), so
+    (W - 1) / W of each is sent (the boundary's count)."""
+    check_decode_merge(merge, heads, world)
     if world == 1:
         return {}
     out = batch * new_tokens * heads * head_dim * dtype_bytes(dtype)
     lse = batch * heads * new_tokens * LSE_BYTES
+    if merge == "all_to_all":
+        return {"a2a_out": out * (world - 1) // world, "a2a_lse": lse * (world - 1) // world}
     return {"allgather_out": (world - 1) * out, "allgather_lse": (world - 1) * lse}
 
 
@@ -345,9 +463,12 @@ class DecodeCase:
     """How the cache is sharded (`CACHE_LAYOUTS`)."""
     seed: int = 0
     """Seed of the global inputs (verify)."""
+    merge: DecodeMerge = "all_gather"
+    """How the partial outputs are merged (`DECODE_MERGES`; all_to_all ends in a head split)."""
 
     def __post_init__(self) -> None:
         check_cache_layout(self.layout)
+        check_decode_merge(self.merge, self.problem.heads, self.problem.ring)
         if not 1 <= self.new_tokens <= 8 or self.cached_len < 0:
             raise CpbenchError(
                 f"decode needs 1 <= new_tokens <= 8 and cached_len >= 0, got new_tokens "
@@ -364,24 +485,34 @@ class DecodeCase:
     def label(self) -> str:
         p = self.problem
         return (
-            f"decode {self.layout} W{p.ring} P{self.cached_len} T{self.new_tokens} "
+            f"decode {self.layout} {self.merge} W{p.ring} P{self.cached_len} T{self.new_tokens} "
             f"h{p.heads}/{p.kv_heads} d{p.head_dim} b{p.batch} {p.dtype}"
         )
 
 
-def prefill_pairs_per_rank(cached_len: int, new_tokens: int, world: int) -> tuple[int, ...]:
+def prefill_pairs_per_rank(
+    cached_len: int, new_tokens: int, world: int, layout: NewTokenLayout = "contiguous"
+) -> tuple[int, ...]:
     """Visible query-key pairs each rank computes in a ring prefill (pass-KV and pass-Q alike:
     rank r's new-token queries against every cache key, and causally against the new keys up
-    to their own position). They sum to T P + T (T + 1) / 2; with contiguous new-token shards
-    the last rank has the most (its queries see the most new keys), so the ring's time is
-    the max, not the mean (`prefill_imbalance`). FLOPs: 4 B H D per pair."""
-    starts, sizes = split_starts(new_tokens, world), split_sizes(new_tokens, world)
-    # queries at new offsets s..s+n-1 see P cached keys and (offset + 1) new keys each
-    return tuple(n * cached_len + n * starts[r] + n * (n + 1) // 2 for r, n in enumerate(sizes))
+    to their own position), with the new tokens sharded by `layout` (`new_token_segments`; the
+    default, contiguous, is the formula's first meaning: pass the case's layout). A query at
+    new offset o sees P + o + 1 keys, so a run of n from offset s sees n P + n s + n (n + 1) / 2.
+    They sum to T P + T (T + 1) / 2 for every layout; contiguous shards give the last rank the
+    most (its queries see the most new keys), so the ring's time is the max, not the mean
+    (`prefill_imbalance`); balanced shards pair an early chunk with a late one and even it
+    out. FLOPs: 4 B H D per pair."""
+    return tuple(
+        sum(n * cached_len + n * s + n * (n + 1) // 2 for s, n in runs)
+        for runs in new_token_segments(new_tokens, world, layout)
+    )
 
 
-def prefill_imbalance(cached_len: int, new_tokens: int, world: int) -> float:
+def prefill_imbalance(
+    cached_len: int, new_tokens: int, world: int, layout: NewTokenLayout = "contiguous"
+) -> float:
     """max / mean of `prefill_pairs_per_rank`: 1 is balanced; T << P tends to 1 (the cache
-    part is the same for every query); T = P = 8, W = 2: 58 / 50."""
-    pairs = prefill_pairs_per_rank(cached_len, new_tokens, world)
+    part is the same for every query); contiguous, T = P = 8, W = 2: 58 / 50; balanced, the
+    same: 50 / 50."""
+    pairs = prefill_pairs_per_rank(cached_len, new_tokens, world, layout)
     return max(pairs) / (sum(pairs) / world)

@@ -20,10 +20,12 @@ Conventions (every number these functions return):
   from attention, so the shorter part is not wholly hidden), plus the profile's step overhead.
 
 Prefill (T new tokens on P cached; `PrefillCase`'s padded shapes and bytes): the new tokens
-are sharded load-balanced (`balanced_pairs_per_rank`: Meta's 2W chunks, the layout serving
-frameworks run; cpbench's own measured schemes shard them contiguously, which costs the ring
-up to 2x on a fresh causal prompt, `cpbench.model.inference.prefill_imbalance`), the cache
-contiguously (every query sees all of it, so its layout does not change the work).
+are sharded by the case's `NewTokenLayout`, balanced unless told (Meta's 2W chunks, the layout
+serving frameworks run, and the default of cpbench's measured and verified schemes: one
+definition, `cpbench.model.inference.new_token_segments`, and the per-rank work read from
+`prefill_pairs_per_rank`; contiguous costs the ring up to 2x on a fresh causal prompt,
+`prefill_imbalance`), the cache contiguously (every query sees all of it, so its layout does
+not change the work).
 
 * pass_kv / pass_q: W ring steps of the busiest rank's pairs / W each; the kernel of a step is
   one padded query block (T / W rows) against one padded K/V chunk (P / W + T / W keys), priced
@@ -43,9 +45,12 @@ contiguously (every query sees all of it, so its layout does not change the work
 Decode (one new token per sequence, B sequences of N = P + T cached tokens, sharded by
 sequence): a rank reads its ceil(N / W) tokens of K/V from HBM at the profile's memory
 bandwidth (decode is memory-bound: about 2 H / H_kv FLOPs per byte read, far below an H100's
-~300) or computes them at the kernel rate, whichever is longer, then the W ranks all-gather
-their partial outputs (inputs' dtype) and LSEs (fp32), two calls on the tier's all-to-all cost,
-and merge them.
+~300) or computes them at the kernel rate, whichever is longer, then the W ranks merge their
+partial outputs (inputs' dtype) and LSEs (fp32), two calls on the tier's all-to-all cost of
+the bytes a rank sends (`decode_bytes`): all_gather (the default: every rank gets the whole
+output; (W - 1) partials reach each rank) or all_to_all back to a head split ((W - 1) / W of
+one partial leaves each rank, W times fewer bytes; what comes after the merge, the output
+projection on H / W heads, is not priced here).
 """
 
 from __future__ import annotations
@@ -59,11 +64,16 @@ from cpbench.config.problem import CpProblem
 from cpbench.errors import CpbenchError
 from cpbench.model.hardware.profile import HardwareProfile, LinkTier, LinkTierProfile
 from cpbench.model.inference import (
+    DEFAULT_NEW_TOKEN_LAYOUT,
+    DecodeMerge,
+    NewTokenLayout,
     PrefillCase,
     PrefillScheme,
+    check_decode_merge,
     decode_bytes,
     kv_cache_bytes_per_rank,
     prefill_bytes,
+    prefill_pairs_per_rank,
     split_sizes,
     ulysses_kv_heads,
 )
@@ -87,19 +97,11 @@ def check_heads(problem: CpProblem) -> None:
 
 
 def balanced_pairs_per_rank(cached_len: int, new_tokens: int, world: int) -> tuple[int, ...]:
-    """Visible query-key pairs per rank when the new tokens are sharded load-balanced: split
-    into 2W chunks (`split_sizes(T, 2W)`), rank r takes chunks r and 2W - 1 - r (Meta's
-    load-balanced sharding, arXiv:2411.01783 §3.2; vLLM's head-tail split; cpbench's zigzag).
-    A query at new offset o sees the P cached keys and o + 1 new ones. They sum to
-    T P + T (T + 1) / 2, as the contiguous split's (`prefill_pairs_per_rank`)."""
-    sizes = split_sizes(new_tokens, 2 * world)
-    starts = [sum(sizes[:c]) for c in range(2 * world)]
-
-    def chunk(c: int) -> int:
-        n, s = sizes[c], starts[c]
-        return n * cached_len + n * s + n * (n + 1) // 2
-
-    return tuple(chunk(r) + chunk(2 * world - 1 - r) for r in range(world))
+    """Visible query-key pairs per rank when the new tokens are sharded load-balanced (2W
+    chunks `split_sizes(T, 2W)`, rank r takes chunks r and 2W - 1 - r: Meta's load-balanced
+    sharding, arXiv:2411.01783 §3.2; vLLM's head-tail split): `prefill_pairs_per_rank` with
+    the balanced layout, the one definition the measured schemes shard by too."""
+    return prefill_pairs_per_rank(cached_len, new_tokens, world, "balanced")
 
 
 def group_tier(profile: HardwareProfile, world: int) -> LinkTier:
@@ -144,7 +146,7 @@ class PrefillPrice:
 
 
 def _case(problem: CpProblem, cached_len: int, new_tokens: int, scheme: PrefillScheme,
-          world: int) -> PrefillCase:  # fmt: skip
+          world: int, layout: NewTokenLayout) -> PrefillCase:  # fmt: skip
     """The prefill of the problem's heads, dtype and batch on the scheme's mesh of `world`."""
     ulysses, ring = (world, 1) if scheme == "ulysses" else (1, world)
     mesh = CpProblem(
@@ -157,7 +159,7 @@ def _case(problem: CpProblem, cached_len: int, new_tokens: int, scheme: PrefillS
         ulysses=ulysses,
         ring=ring,
     )
-    return PrefillCase(mesh, cached_len, new_tokens, scheme)
+    return PrefillCase(mesh, cached_len, new_tokens, scheme, new_token_layout=layout)
 
 
 def price_prefill(
@@ -168,17 +170,19 @@ def price_prefill(
     world: int,
     profile: HardwareProfile,
     kernel: str = "auto",
+    new_token_layout: NewTokenLayout = DEFAULT_NEW_TOKEN_LAYOUT,
 ) -> PrefillPrice:
-    """The modelled TTFT of `scheme` on `world` ranks (see the module docstring); CpbenchError
+    """The modelled TTFT of `scheme` on `world` ranks (see the module docstring; the new
+    tokens sharded by `new_token_layout`, balanced unless told: what serving runs); CpbenchError
     naming the rule when the scheme cannot run there (Ulysses: heads not divisible)."""
     if world < 1:
         raise CpbenchError(f"the CP degree must be >= 1, got {world}")
     check_heads(problem)
-    case = _case(problem, cached_len, new_tokens, scheme, world)
+    case = _case(problem, cached_len, new_tokens, scheme, world, new_token_layout)
     tier_name = group_tier(profile, world)
     tier, overhead = profile.link(tier_name), profile.step_overhead_s
     per_pair = flops_per_pair(problem)
-    busiest = max(balanced_pairs_per_rank(cached_len, new_tokens, world))
+    busiest = max(prefill_pairs_per_rank(cached_len, new_tokens, world, case.new_token_layout))
     sent = prefill_bytes(case)
     if world == 1:
         eff = profile.curve(profile.kernel_for(kernel, problem.dtype)).at(cached_len + new_tokens)
@@ -313,16 +317,20 @@ class DecodePrice:
     """K/V bytes one rank reads per step (one layer, the whole decode batch)."""
     bytes_sent: dict[str, int] = field(default_factory=dict)
     """Bytes one rank sends, by collective tag (`decode_bytes`)."""
+    merge: DecodeMerge = "all_gather"
+    """How the partial outputs were merged (all_to_all: to a head split)."""
 
 
 def price_decode(context_len: int, problem: CpProblem, world: int,
-                 profile: HardwareProfile, kernel: str = "auto") -> DecodePrice:  # fmt: skip
+                 profile: HardwareProfile, kernel: str = "auto",
+                 merge: DecodeMerge = "all_gather") -> DecodePrice:  # fmt: skip
     """One decode step (one new token per sequence) over `context_len` cached tokens sharded
-    by sequence on `world` ranks; see the module docstring."""
+    by sequence on `world` ranks, merged by `merge`; see the module docstring."""
     if context_len < 1 or world < 1:
         raise CpbenchError(
             f"decode needs context_len >= 1 and world >= 1, got {context_len} and {world}"
         )
+    the_merge = check_decode_merge(merge, problem.heads, world)
     tier_name = group_tier(profile, world)
     tier = profile.link(tier_name)
     shard = kv_cache_bytes_per_rank(
@@ -332,13 +340,16 @@ def price_decode(context_len: int, problem: CpProblem, world: int,
     keys = split_sizes(context_len, world)[0]
     rate = profile.peak_flops(problem.dtype) * _efficiency(profile, problem, kernel, keys)
     compute = flops_per_pair(problem) * keys / rate
-    sent = decode_bytes(1, world, problem.heads, problem.head_dim, problem.dtype, problem.batch)
+    sent = decode_bytes(
+        1, world, problem.heads, problem.head_dim, problem.dtype, problem.batch, the_merge
+    )
     comm = 0.0
-    if sent:
-        comm = tier.all_to_all.seconds(sent["allgather_out"] + sent["allgather_lse"], calls=2)
+    if sent:  # two calls (outputs, then LSEs) of the bytes a rank sends
+        comm = tier.all_to_all.seconds(sum(sent.values()), calls=2)
     overhead = profile.step_overhead_s
     total = max(memory, compute) + comm + overhead
-    return DecodePrice(world, tier_name, total, memory, compute, comm, overhead, shard, sent)
+    return DecodePrice(world, tier_name, total, memory, compute, comm, overhead, shard, sent,
+                       the_merge)  # fmt: skip
 
 
 @dataclass(frozen=True)
