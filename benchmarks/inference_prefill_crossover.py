@@ -1,7 +1,7 @@
 """Prefill with a cached prefix on gloo ranks: ring pass-KV versus ring pass-Q, side by side.
 
 T new tokens on P cached (T/P from 1/64 to 1), 8 query heads, head dim 64, float32, one thread
-per rank, forward only, the new tokens sharded by `--new-token-layout` (balanced: 2W head-tail
+per rank, forward only, the new tokens sharded by `--new-token-layout` (zigzag: 2W head-tail
 chunks, the default of `prefill_attention` and what `recommend --inference` prices;
 contiguous; both: the two side by side). Each configuration runs every layout and scheme
 interleaved (kv, q, kv, q, ... for each layout in turn, every iteration) so load drifts hit
@@ -58,7 +58,7 @@ def rank_task(
     ratios: list[float],
     kv_heads: int,
     iters: int,
-    layouts: tuple[str, ...] = ("balanced",),
+    layouts: tuple[str, ...] = ("zigzag",),
 ) -> list:
     """On every rank: for each T/P, time both schemes under every new-token layout,
     interleaved; rank 0's list is the result (times are the slowest rank's, seconds, by
@@ -199,7 +199,7 @@ def main() -> None:
     parser.add_argument("--kv-heads", type=int, default=8)
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument(
-        "--new-token-layout", choices=[*NEW_TOKEN_LAYOUTS, "both"], default="balanced"
+        "--new-token-layout", choices=[*NEW_TOKEN_LAYOUTS, "both"], default="zigzag"
     )
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
@@ -260,7 +260,7 @@ def main() -> None:
             model = prefill_imbalance(p, r["new_tokens"], args.world, layout)
             print(f"  {layout:>10} T/P {r['ratio']:.4f}: {', '.join(cells)}; model {model:.2f}")
     if len(layouts) > 1:
-        print("contiguous / balanced median time, by T/P (same run):")
+        print("contiguous / zigzag median time, by T/P (same run):")
         for r in rows:
             cells = [
                 f"{s} {statistics.median(r['times']['contiguous'][s]) / statistics.median(r['times']['balanced'][s]):.2f}"  # noqa: E501

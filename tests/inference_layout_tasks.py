@@ -18,12 +18,12 @@ def shard_tail_first(
     v_all: torch.Tensor,
     mesh: CPMesh,
     cached_len: int,
-    new_token_layout: str = "balanced",
+    new_token_layout: str = "zigzag",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A wrong sharding: rank r holds the right chunks of the balanced layout (r and
     2W - 1 - r) and the right cache shard, but its two chunks tail first (the order a
     head-tail split gets when it concatenates the chunks the wrong way round)."""
-    runs = new_token_segments(q_new.shape[1], mesh.world, "balanced")[mesh.rank][::-1]
+    runs = new_token_segments(q_new.shape[1], mesh.world, "zigzag")[mesh.rank][::-1]
     cache = split_starts(cached_len, mesh.world)
     c0, c1 = cache[mesh.rank], cache[mesh.rank + 1]
 

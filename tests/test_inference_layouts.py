@@ -1,4 +1,4 @@
-"""Prefill's new-token layouts (contiguous, balanced 2W head-tail chunks) and the decode merges
+"""Prefill's new-token layouts (contiguous, zigzag: 2W head-tail chunks) and the decode merges
 (all-gather, all-to-all to a head split): outputs against the float64 reference and bytes
 against the model on 2 and 4 gloo ranks, the balanced split's work per rank against a
 brute-force count of (query, key) pairs, its imbalance against contiguous, a planted wrong
@@ -118,10 +118,10 @@ def test_balanced_runs_are_the_tensor_split_chunks() -> None:
     empty chunks left out (T = 3 on 4 ranks: the last rank holds nothing)."""
     for t, w in ((5, 2), (7, 2), (13, 4), (3, 4), (64, 4)):
         chunks = torch.tensor_split(torch.arange(t), 2 * w)
-        for r, runs in enumerate(new_token_segments(t, w, "balanced")):
+        for r, runs in enumerate(new_token_segments(t, w, "zigzag")):
             mine = [c for c in (chunks[r], chunks[2 * w - 1 - r]) if len(c)]
             assert [(int(c[0]), len(c)) for c in mine] == list(runs)
-    assert new_token_segments(3, 4, "balanced")[3] == ()
+    assert new_token_segments(3, 4, "zigzag")[3] == ()
 
 
 def test_balanced_work_is_even_where_contiguous_is_not() -> None:
@@ -130,14 +130,14 @@ def test_balanced_work_is_even_where_contiguous_is_not() -> None:
     2W chunks of T tokens (at most 1 + 2W / T: rank 0's one extra token per chunk), never
     worse than contiguous, over a grid of P, T, W."""
     assert prefill_imbalance(0, 4096, 4, "contiguous") == pytest.approx(7 / 4, abs=1e-3)
-    assert prefill_imbalance(0, 4096, 4, "balanced") == pytest.approx(1.0, abs=1e-12)
-    assert prefill_imbalance(0, 4099, 4, "balanced") == pytest.approx(1.0, abs=0.01)
-    assert prefill_imbalance(8, 8, 2, "balanced") == pytest.approx(1.0, abs=1e-12)  # 50, 50
+    assert prefill_imbalance(0, 4096, 4, "zigzag") == pytest.approx(1.0, abs=1e-12)
+    assert prefill_imbalance(0, 4099, 4, "zigzag") == pytest.approx(1.0, abs=0.01)
+    assert prefill_imbalance(8, 8, 2, "zigzag") == pytest.approx(1.0, abs=1e-12)  # 50, 50
     ratios = []
     for p in (0, 64, 1024):
         for t in (64, 257, 1024):
             for w in (2, 4, 8):
-                balanced = prefill_imbalance(p, t, w, "balanced")
+                balanced = prefill_imbalance(p, t, w, "zigzag")
                 assert balanced <= 1 + 2 * w / t, (p, t, w)
                 if t % (2 * w) == 0:
                     assert balanced == pytest.approx(1.0, abs=1e-12), (p, t, w)
@@ -149,25 +149,25 @@ def test_bytes_pad_to_the_largest_balanced_shard_by_hand() -> None:
     """W = 2, T = 7: chunks 2, 2, 2, 1, so rank 0 holds 2 + 1 and rank 1 holds 2 + 2 (the
     largest); P = 3: cache shards 2, 1, so the padded K/V chunk is max(2 + 3, 1 + 4) = 5
     tokens (contiguous: 4 + 3 new, chunk 2 + 4 = 6). 8 / 2 heads, d 16, fp32."""
-    kv = prefill_case("pass_kv", 2, 3, 7, kv_heads=2, new_token_layout="balanced")
+    kv = prefill_case("pass_kv", 2, 3, 7, kv_heads=2, new_token_layout="zigzag")
     assert (kv.q_block, kv.kv_block) == (4, 5)
     assert prefill_bytes(kv) == {"p2p_kv": 5 * 2 * 2 * 16 * 4}
-    q = prefill_case("pass_q", 2, 3, 7, kv_heads=2, new_token_layout="balanced")
+    q = prefill_case("pass_q", 2, 3, 7, kv_heads=2, new_token_layout="zigzag")
     assert prefill_bytes(q) == {
         "p2p_q": 4 * 8 * 16 * 4, "a2a_out": 4 * 8 * 16 * 4, "a2a_lse": 8 * 4 * 4
     }  # fmt: skip
     contiguous = prefill_case("pass_kv", 2, 3, 7, kv_heads=2, new_token_layout="contiguous")
     assert prefill_bytes(contiguous) == {"p2p_kv": 6 * 2 * 2 * 16 * 4}
-    assert prefill_case("pass_kv", 2, 3, 7).new_token_layout == "balanced"  # the default
-    with pytest.raises(CpbenchError, match="'zigzag' is not one of contiguous, balanced"):
-        prefill_case("pass_kv", 2, 3, 7, new_token_layout="zigzag")
+    assert prefill_case("pass_kv", 2, 3, 7).new_token_layout == "zigzag"  # the default
+    with pytest.raises(CpbenchError, match="'striped' is not one of contiguous, zigzag"):
+        prefill_case("pass_kv", 2, 3, 7, new_token_layout="striped")
 
 
 def test_a_tail_first_chunk_order_fails_the_reference_check(pool: Pool) -> None:
     """Every scheme, ranks holding their balanced chunks tail first: the bytes are the same,
     the output is not (far outside the bound)."""
     cases = [
-        prefill_case(s, 2, cached_len=p, new_tokens=t, new_token_layout="balanced")
+        prefill_case(s, 2, cached_len=p, new_tokens=t, new_token_layout="zigzag")
         for s in PREFILL_SCHEMES
         for p, t in ((8, 8), (0, 7))
     ]
@@ -200,14 +200,14 @@ def test_the_cost_model_prices_the_layouts_work() -> None:
     the all-gather's bytes and prices them."""
     shape = CpProblem(seq_len=1, heads=32, kv_heads=8, head_dim=128, dtype="bfloat16")
     h100 = load_profile("h100-sxm")
-    assert balanced_pairs_per_rank(1000, 300, 8) == prefill_pairs_per_rank(1000, 300, 8, "balanced")
+    assert balanced_pairs_per_rank(1000, 300, 8) == prefill_pairs_per_rank(1000, 300, 8, "zigzag")
     default = price_prefill("pass_kv", 0, 131072, shape, 8, h100)
     contiguous = price_prefill("pass_kv", 0, 131072, shape, 8, h100, new_token_layout="contiguous")
     pairs = {
         layout: max(prefill_pairs_per_rank(0, 131072, 8, layout)) for layout in NEW_TOKEN_LAYOUTS
     }
     assert contiguous.step_s / default.step_s == pytest.approx(
-        pairs["contiguous"] / pairs["balanced"], rel=1e-9
+        pairs["contiguous"] / pairs["zigzag"], rel=1e-9
     )
     assert contiguous.step_s / default.step_s == pytest.approx(15 / 8, rel=1e-3)
     gather = price_decode(131072, shape, 8, h100)

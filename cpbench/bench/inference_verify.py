@@ -156,7 +156,7 @@ def default_prefill_cases(world: int, dtype: str = "float32") -> list[PrefillCas
         (64 * world, 2 * world),
     ]
     cases = []
-    for layout in NEW_TOKEN_LAYOUTS:  # both new-token shardings (balanced: 2W chunks)
+    for layout in NEW_TOKEN_LAYOUTS:  # both new-token shardings (zigzag: 2W chunks)
         for scheme in PREFILL_SCHEMES:
             for cached_len, new_tokens in lengths:
                 for kv_heads in (8, 2, 1):

@@ -63,6 +63,17 @@ CacheLayout = Literal["contiguous", "interleaved"]
 """How a decode's KV cache is sharded by sequence: contiguous (rank r holds the r-th of
 `split_sizes(N, W)`) or interleaved (rank r holds positions r, r + W, r + 2W, ...: the cache
 grows evenly over the ranks, one token each in turn)."""
+NewTokenLayout = Literal["contiguous", "zigzag"]
+"""How a prefill's T new tokens are sharded over the W ranks: contiguous (rank r holds the r-th
+of `split_sizes(T, W)`: the last rank's queries see the most new keys) or zigzag (the training
+`Layout` of that name applied to the new tokens: 2W chunks `split_sizes(T, 2W)`, rank r holds
+chunks r and 2W - 1 - r: Meta's load-balanced sharding, arXiv:2411.01783 §3.2, vLLM's head-tail
+split)."""
+DecodeMerge = Literal["all_gather", "all_to_all"]
+"""How a decode step merges the ranks' partial outputs: all_gather (every rank gathers every
+partial output and LSE and merges the whole output) or all_to_all (back to a head split,
+Helix-style: rank r receives heads r H / W .. (r + 1) H / W of every rank's partial output and
+LSE and merges those heads of every query; W must divide H)."""
 Device = Literal["cpu", "cuda"]
 ScenarioDevice = Literal["auto", "cpu", "cuda"]
 Scheme = Literal["single", "ring", "ulysses", "usp", "allgather", "usp_allgather"]
@@ -86,6 +97,8 @@ INFERENCE_PHASES: tuple[InferencePhase, ...] = get_args(InferencePhase)
 SCENARIO_PHASES: tuple[ScenarioPhase, ...] = get_args(ScenarioPhase)
 PREFILL_SCHEMES: tuple[PrefillScheme, ...] = get_args(PrefillScheme)
 CACHE_LAYOUTS: tuple[CacheLayout, ...] = get_args(CacheLayout)
+NEW_TOKEN_LAYOUTS: tuple[NewTokenLayout, ...] = get_args(NewTokenLayout)
+DECODE_MERGES: tuple[DecodeMerge, ...] = get_args(DecodeMerge)
 DEVICES: tuple[Device, ...] = get_args(Device)
 SCENARIO_DEVICES: tuple[ScenarioDevice, ...] = get_args(ScenarioDevice)
 SCHEMES: tuple[Scheme, ...] = get_args(Scheme)

@@ -6,7 +6,7 @@ The problem: T new tokens (query positions P..P+T-1) attend causally to P cached
 (positions 0..P+T-1), on W ranks. Every rank holds a contiguous shard of the cache
 (`split_sizes`: the first `n mod W` ranks get one token more, as `torch.tensor_split`) and its
 new tokens by the `NewTokenLayout`: `contiguous` (rank r holds the r-th of `split_sizes(T, W)`)
-or `balanced` (the default, what the serving cost model prices and the frameworks run: the T
+or `zigzag` (the default, what the serving cost model prices and the frameworks run: the T
 new tokens cut into 2W chunks `split_sizes(T, 2W)`, rank r holds chunks r and 2W - 1 - r, so
 every rank's causal work is about equal; `new_token_segments`). Tensors that travel are padded
 to the largest shard (ranks exchange equal shapes), and the bytes here count the padding, as
@@ -32,8 +32,12 @@ from scipy.optimize import brentq
 from cpbench.config.problem import CpProblem
 from cpbench.config.vocabulary import (  # the literals live in the one vocabulary
     CACHE_LAYOUTS,
+    DECODE_MERGES,
+    NEW_TOKEN_LAYOUTS,
     PREFILL_SCHEMES,
     CacheLayout,
+    DecodeMerge,
+    NewTokenLayout,
     PrefillScheme,
     dtype_bytes,
 )
@@ -70,13 +74,7 @@ def split_starts(n: int, parts: int) -> tuple[int, ...]:
     return tuple(starts)
 
 
-NewTokenLayout = Literal["contiguous", "balanced"]
-"""How a prefill's T new tokens are sharded over the W ranks: contiguous (rank r holds the r-th
-of `split_sizes(T, W)`: the last rank's queries see the most new keys) or balanced (2W chunks
-`split_sizes(T, 2W)`, rank r holds chunks r and 2W - 1 - r: Meta's load-balanced sharding,
-arXiv:2411.01783 §3.2, vLLM's head-tail split)."""
-NEW_TOKEN_LAYOUTS: tuple[NewTokenLayout, ...] = get_args(NewTokenLayout)
-DEFAULT_NEW_TOKEN_LAYOUT: NewTokenLayout = "balanced"
+DEFAULT_NEW_TOKEN_LAYOUT: NewTokenLayout = "zigzag"
 """The layout of a prefill that names none: the one the serving cost model prices."""
 
 Segment = tuple[int, int]
@@ -98,7 +96,7 @@ def new_token_segments(
     new_tokens: int, world: int, layout: NewTokenLayout
 ) -> tuple[tuple[Segment, ...], ...]:
     """Per rank, the runs of new tokens it holds, in increasing position (empty runs left
-    out): contiguous, the r-th of `split_sizes(T, W)`; balanced, chunks r and 2W - 1 - r of
+    out): contiguous, the r-th of `split_sizes(T, W)`; zigzag, chunks r and 2W - 1 - r of
     `split_sizes(T, 2W)` (T = 5, W = 2: chunks 2, 1, 1, 1; rank 0 holds offsets 0-1 and 4,
     rank 1 offsets 2 and 3). A rank holds its runs' tokens in this order."""
     the_layout = check_new_token_layout(layout)
@@ -394,12 +392,6 @@ def longest_context(
     return int(memory_bytes // per_token) * world
 
 
-DecodeMerge = Literal["all_gather", "all_to_all"]
-"""How a decode step merges the ranks' partial outputs: all_gather (every rank gathers every
-partial output and LSE and merges the whole output) or all_to_all (back to a head split,
-Helix-style: rank r receives heads r H / W .. (r + 1) H / W of every rank's partial output and
-LSE and merges those heads of every query; W must divide H)."""
-DECODE_MERGES: tuple[DecodeMerge, ...] = get_args(DecodeMerge)
 
 
 def check_decode_merge(merge: str, heads: int, world: int) -> DecodeMerge:
@@ -500,7 +492,7 @@ def prefill_pairs_per_rank(
     new offset o sees P + o + 1 keys, so a run of n from offset s sees n P + n s + n (n + 1) / 2.
     They sum to T P + T (T + 1) / 2 for every layout; contiguous shards give the last rank the
     most (its queries see the most new keys), so the ring's time is the max, not the mean
-    (`prefill_imbalance`); balanced shards pair an early chunk with a late one and even it
+    (`prefill_imbalance`); zigzag shards pair an early chunk with a late one and even it
     out. FLOPs: 4 B H D per pair."""
     return tuple(
         sum(n * cached_len + n * s + n * (n + 1) // 2 for s, n in runs)
@@ -512,7 +504,7 @@ def prefill_imbalance(
     cached_len: int, new_tokens: int, world: int, layout: NewTokenLayout = "contiguous"
 ) -> float:
     """max / mean of `prefill_pairs_per_rank`: 1 is balanced; T << P tends to 1 (the cache
-    part is the same for every query); contiguous, T = P = 8, W = 2: 58 / 50; balanced, the
+    part is the same for every query); contiguous, T = P = 8, W = 2: 58 / 50; zigzag, the
     same: 50 / 50."""
     pairs = prefill_pairs_per_rank(cached_len, new_tokens, world, layout)
     return max(pairs) / (sum(pairs) / world)

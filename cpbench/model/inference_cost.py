@@ -101,7 +101,7 @@ def balanced_pairs_per_rank(cached_len: int, new_tokens: int, world: int) -> tup
     chunks `split_sizes(T, 2W)`, rank r takes chunks r and 2W - 1 - r: Meta's load-balanced
     sharding, arXiv:2411.01783 §3.2; vLLM's head-tail split): `prefill_pairs_per_rank` with
     the balanced layout, the one definition the measured schemes shard by too."""
-    return prefill_pairs_per_rank(cached_len, new_tokens, world, "balanced")
+    return prefill_pairs_per_rank(cached_len, new_tokens, world, "zigzag")
 
 
 def group_tier(profile: HardwareProfile, world: int) -> LinkTier:
