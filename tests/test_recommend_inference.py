@@ -317,7 +317,11 @@ def test_settings_express_an_all_gather_winner_and_a_vllm_decode() -> None:
         (["--inference"], "--inference needs --prompt-len T"),
         (["--cached-len", "4096"], "--cached-len need --inference"),
         (["--inference", "--prompt-len", "8", "--results", "x.jsonl"],
-         "--results are not modelled for serving"),
+         "--results: training option(s), not modelled for serving"),
+        (["--inference", "--prompt-len", "8", "--tp", "4", "--no-causal", "--seq-len", "999"],
+         "--seq-len, --no-causal, --tp: training option(s), not modelled for serving"),
+        (["--inference", "--prompt-len", "8", "--phase", "fwd", "--cp", "2"],
+         "--cp, --phase: training option(s)"),
         (["--inference", "--prompt-len", "8", "--kernel", "magic"], "kernel 'magic' is not one of"),
     ],
 )  # fmt: skip

@@ -177,8 +177,12 @@ def recommend(
     serving = {"--prompt-len": prompt_len, "--decode-batch": decode_batch, "--layers": layers,
                "--kv-memory-gib": kv_memory_gib}  # fmt: skip
     if inference:
+        # a training option given a value of its own (not its default) has no meaning here
         training_only = {"--results": results, "--documents": documents, "--window": window,
-                         "--write-scenario": write_scenario}  # fmt: skip
+                         "--write-scenario": write_scenario, "--seq-len": seq_len != 131072,
+                         "--no-causal": not causal, "--seed": seed != 0, "--tp": tp != 1,
+                         "--pp": pp != 1, "--cp": cp, "--grad-accum": grad_accum != 1,
+                         "--phase": phase != "fwd+bwd", "--cp-comm": cp_comm}  # fmt: skip
         _serving_recommend(
             {k: v for k, v in training_only.items() if v},
             service_args={
@@ -243,7 +247,8 @@ def _serving_recommend(
 
     if training_only:
         raise CpbenchError(
-            f"{', '.join(training_only)} are not modelled for serving: leave them out with "
+            f"{', '.join(training_only)}: training option(s), not modelled for serving (the "
+            f"request is --prompt-len T new tokens on --cached-len P): leave them out with "
             f"--inference"
         )
     if service_args["prompt_len"] is None:
