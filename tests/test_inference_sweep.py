@@ -111,6 +111,26 @@ def test_a_bad_inference_scenario_exits_2_with_its_message(tmp_path: Path) -> No
     assert "key 'new_tokens': 12: a decode step takes 1 to 8 new tokens" in result.output
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--phase", "prefill", "--new-tokens", "8", "--seq-len", "100", "--no-causal"],
+         "--seq-len, --no-causal: training option(s), not used by --phase prefill"),
+        (["--phase", "decode", "--new-tokens", "2", "--window", "4"],
+         "--window: training option(s), not used by --phase decode"),
+        (["--cached-len", "64", "--scheme", "pass_q"],
+         "--cached-len, --scheme: inference (prefill, decode) option(s), not used by --phase "
+         "fwd+bwd"),
+    ],
+)  # fmt: skip
+def test_cpbench_run_refuses_the_options_of_the_other_kind_of_step(
+    args: list[str], message: str
+) -> None:
+    result = runner.invoke(app, ["run", "--ring", "2", "--heads", "4", *args])
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split())
+
+
 def test_a_decode_step_of_more_than_eight_tokens_is_no_step() -> None:
     with pytest.raises(CpbenchError, match="a decode step takes 1 to 8 new tokens, got new_tokens 9"):
         InferenceStep(phase="decode", cached_len=0, new_tokens=9, cache_layout="contiguous")

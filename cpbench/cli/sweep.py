@@ -317,6 +317,19 @@ def run(
         "documents": documents,
         "window": window,
     }
+    # an option of the other kind of step, given a value of its own, is refused, not ignored
+    inference_only = {"--cached-len": cached_len != 0, "--new-tokens": new_tokens is not None,
+                      "--scheme": scheme != "pass_kv", "--cache-layout": cache_layout != "contiguous"}
+    training_only = {"--seq-len": seq_len != 4096, "--layout": layout != "zigzag",
+                     "--no-causal": not causal, "--documents": documents is not None,
+                     "--window": window is not None, "--impl": impl != "cpbench"}  # fmt: skip
+    other = training_only if phase in INFERENCE_PHASES else inference_only
+    given = [flag for flag, set_ in other.items() if set_]
+    if given:
+        kind = "training" if phase in INFERENCE_PHASES else "inference (prefill, decode)"
+        raise CpbenchError(
+            f"{', '.join(given)}: {kind} option(s), not used by --phase {phase}: leave them out"
+        )
     if phase in INFERENCE_PHASES:  # the step's own axes: its mesh and shards are its scheme's
         if new_tokens is None:
             raise CpbenchError(f"--phase {phase} needs --new-tokens (T, the step's new tokens)")
