@@ -85,3 +85,28 @@ def test_a_training_report_has_no_inference_section() -> None:
     report = build_report([fixture])
     assert report.inference is None
     assert "inference-ttft" not in render_report(report).html
+
+
+def _frame_row(**over: Any) -> dict[str, Any]:
+    row = {"status": "ok", "phase": "prefill", "how": "pass_kv", "world_size": 2, "cached_len": 32,
+           "new_tokens": 8, "batch": 1, "heads": 4, "kv_heads": 4, "head_dim": 16,
+           "dtype": "float32", "device": "cpu", "ttft_s": 1e-3, "per_token_latency_s": None}  # fmt: skip
+    return row | over
+
+
+def test_a_line_never_mixes_records_of_different_worlds_or_new_tokens() -> None:
+    """Two worlds at the same scheme and P are two TTFT lines, named by the world; decode steps
+    of T = 1 and T = 4 are two latency lines (a median over them would mean nothing)."""
+    import pandas as pd  # noqa: PLC0415
+
+    frame = pd.DataFrame([_frame_row(), _frame_row(world_size=4, ttft_s=3e-3)])
+    lines = {t.name: list(t.y) for t in ttft_figure(frame).data}  # type: ignore[union-attr]
+    assert lines == {"pass_kv cached len 32 world size 2": [1.0],
+                     "pass_kv cached len 32 world size 4": [3.0]}  # fmt: skip
+    decode = pd.DataFrame([
+        _frame_row(phase="decode", how="contiguous", new_tokens=t, ttft_s=None,
+                   per_token_latency_s=s) for t, s in ((1, 2e-3), (4, 5e-4))
+    ])  # fmt: skip
+    lines = {t.name: list(t.y) for t in decode_latency_figure(decode).data}  # type: ignore[union-attr]
+    assert lines == {"contiguous batch 1 new tokens 1": [2.0],
+                     "contiguous batch 1 new tokens 4": [0.5]}  # fmt: skip

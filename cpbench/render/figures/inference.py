@@ -23,23 +23,35 @@ def _ok(frame: pd.DataFrame | None, phase: str | None, column: str) -> pd.DataFr
     return rows if phase is None else rows[rows["phase"] == phase]
 
 
+SHAPE_KEYS = ("world_size", "batch", "heads", "kv_heads", "head_dim", "dtype", "device")
+"""What else tells two records apart: a line never mixes records that differ in one of these."""
+
+
 def _lines(
-    rows: pd.DataFrame, x: str, y: str, series: tuple[str, str], scale: float
+    rows: pd.DataFrame, x: str, y: str, series: tuple[str, ...], scale: float
 ) -> list[go.Scatter]:
-    """One line per (how, the second key), x sorted, y = median of `y` x `scale`, coloured by
-    how, dashed by the second key."""
-    traces = []
+    """One line per distinct (how, the series keys, `SHAPE_KEYS` but `x`), x sorted, y = median
+    of `y` x `scale` over the repeats of one point; coloured by how, dashed by the second key,
+    named by how, the second key and every other key whose value differs between lines."""
+    keys = [k for k in (*series, *SHAPE_KEYS) if k != x and k in rows]
+    varying = [k for k in keys[2:] if rows[k].nunique(dropna=False) > 1]
     second = sorted(rows[series[1]].dropna().unique().tolist())
-    for (how, key), g in rows.groupby(list(series), sort=True):
+    traces = []
+    for values, g in rows.groupby(keys, sort=True, dropna=False):
+        by_key = dict(zip(keys, values, strict=True))
         per_x = g.groupby(x)[y].median().sort_index()
+        name = " ".join(
+            [str(by_key[series[0]])]
+            + [f"{k.replace('_', ' ')} {by_key[k]}" for k in (series[1], *varying)]
+        )
         traces.append(
             go.Scatter(
                 x=[int(v) for v in per_x.index],
                 y=common.plain_values(per_x * scale),
                 mode="lines+markers",
-                name=f"{how} {series[1].replace('_', ' ')} {key}",
-                line={"color": SCHEME_COLOR.get(str(how), "#444"),
-                      "dash": CACHE_DASH[second.index(key) % len(CACHE_DASH)]},  # fmt: skip
+                name=name,
+                line={"color": SCHEME_COLOR.get(str(by_key[series[0]]), "#444"),
+                      "dash": CACHE_DASH[second.index(by_key[series[1]]) % len(CACHE_DASH)]},  # fmt: skip
             )
         )
     return traces
@@ -65,7 +77,7 @@ def decode_latency_figure(frame: pd.DataFrame | None) -> go.Figure | None:
     rows = _ok(frame, "decode", "per_token_latency_s")
     if rows.empty:
         return None
-    fig = go.Figure(_lines(rows, "world_size", "per_token_latency_s", ("how", "batch"), 1e3))
+    fig = go.Figure(_lines(rows, "world_size", "per_token_latency_s", ("how", "batch", "new_tokens"), 1e3))
     common.base_layout(fig, "Decode latency per token by CP degree")
     fig.update_xaxes(title_text="CP degree W (ranks)", type="linear", dtick=1)
     fig.update_yaxes(title_text="latency (ms per token)")
