@@ -33,6 +33,7 @@ from cpbench.model.inference import (
     new_token_segments,
     prefill_bytes,
     prefill_imbalance,
+    prefill_kv_bytes_per_rank,
     prefill_pairs_per_rank,
 )
 from cpbench.model.inference_cost import balanced_pairs_per_rank, price_decode, price_prefill
@@ -214,3 +215,14 @@ def test_the_cost_model_prices_the_layouts_work() -> None:
     a2a = price_decode(131072, shape, 8, h100, merge="all_to_all")
     assert sum(a2a.bytes_sent.values()) * 8 == sum(gather.bytes_sent.values())
     assert a2a.comm_s < gather.comm_s and a2a.memory_s == gather.memory_s
+
+
+def test_prefill_kv_bytes_are_the_fullest_ranks_cache_and_new_shards_by_hand() -> None:
+    """P = T = 3 on 2 ranks, 2 KV heads x d 16 x fp32 = 128 B per token for K and V each:
+    contiguous, rank 0 holds cache 2 + new 2 = 4 tokens (not ceil(6 / 2) = 3); zigzag (4 chunks
+    of 1, 1, 1, 0: rank 0 chunks 0 and 3, rank 1 chunks 1 and 2), ranks hold 2 + 1 and 1 + 2."""
+    per_token = 2 * 2 * 16 * 4
+    contiguous = prefill_case("pass_kv", 2, 3, 3, kv_heads=2, new_token_layout="contiguous")
+    assert prefill_kv_bytes_per_rank(contiguous) == 4 * per_token
+    zigzag = prefill_case("pass_kv", 2, 3, 3, kv_heads=2, new_token_layout="zigzag")
+    assert prefill_kv_bytes_per_rank(zigzag) == 3 * per_token

@@ -19,6 +19,7 @@ from cpbench.model.inference import (
     decode_bytes,
     kv_cache_bytes_per_rank,
     prefill_bytes,
+    prefill_kv_bytes_per_rank,
     prefill_pairs_per_rank,
 )
 from cpbench.results.schema import (
@@ -43,8 +44,10 @@ INFERENCE_NOTE = (
 )
 INFERENCE_CONVENTION = (
     "seconds are the step median, max over ranks of each iteration; ttft_s = seconds per "
-    "prefill of T tokens on P cached; per_token_latency_s = seconds per decode step / T; "
-    "tokens_per_s = B*T / step; KV-cache bytes of one layer per rank (K and V)"
+    "prefill of T tokens on P cached; step_latency_s = seconds per decode step (the "
+    "inter-token latency of one sequence at T = 1); per_token_latency_s = step / T; "
+    "tokens_per_s = B*T / step; KV-cache bytes of one layer per rank (K and V; prefill: "
+    "the cache shard plus the new-token shard a rank holds before the exchange)"
 )
 
 
@@ -134,14 +137,18 @@ def inference_record(
         achieved_tflops=total / step.median / 1e12,
         achieved_tflops_per_rank=total / step.median / 1e12 / config.world_size,
     )
-    analytic_cache = kv_cache_bytes_per_rank(
-        spec.total, config.world_size, p.kv_heads, p.head_dim, p.dtype, p.batch
-    )
+    analytic_cache = (
+        prefill_kv_bytes_per_rank(case) if isinstance(case, PrefillCase)
+        else kv_cache_bytes_per_rank(
+            spec.total, config.world_size, p.kv_heads, p.head_dim, p.dtype, p.batch
+        )
+    )  # fmt: skip
     measured_cache = [r.kv_cache_bytes or 0 for r in per_rank]
     tokens = p.batch * spec.new_tokens
     record.inference = InferenceSection(
         phase=spec.phase,
         ttft_s=step.median if spec.phase == "prefill" else None,
+        step_latency_s=step.median if spec.phase == "decode" else None,
         per_token_latency_s=step.median / spec.new_tokens if spec.phase == "decode" else None,
         tokens_per_s=tokens / step.median,
         kv_cache_bytes_analytic=analytic_cache,

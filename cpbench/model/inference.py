@@ -383,6 +383,18 @@ def kv_cache_bytes_per_rank(
     return batch * -(-total // world) * 2 * kv_heads * head_dim * dtype_bytes(dtype)
 
 
+def prefill_kv_bytes_per_rank(case: PrefillCase) -> int:
+    """K/V bytes (one layer) of the rank holding the most before a prefill's exchange: its
+    cache shard (`split_sizes(P, W)`) plus its new-token shard (`new_token_counts` by the
+    case's layout), x 2 (K and V) x KV heads x head dim x element bytes x batch. Not always
+    ceil((P + T) / W): P = T = 3 on 2 ranks, contiguous, puts 2 + 2 tokens on rank 0."""
+    p = case.problem
+    cache = split_sizes(case.cached_len, case.world)
+    new = new_token_counts(case.new_tokens, case.world, case.new_token_layout)
+    tokens = max(c + n for c, n in zip(cache, new, strict=True))
+    return p.batch * tokens * 2 * p.kv_heads * p.head_dim * case.element_bytes
+
+
 def longest_context(
     memory_bytes: float, world: int, kv_heads: int, head_dim: int, dtype: str, layers: int
 ) -> int:

@@ -187,15 +187,19 @@ class InferenceSection(Section):
     """prefill: time to first token, seconds per prefill: the median of the timed forward of
     all T new tokens on P cached (from the ranks' input shards to their output shards: no
     unshard, no sampling); null for decode."""
+    step_latency_s: float | None = None
+    """decode: seconds per decode step (with new_tokens = 1, the inter-token latency of one
+    sequence); null for prefill."""
     per_token_latency_s: float | None = None
-    """decode: seconds per decode step / new_tokens (inter-token latency of one sequence);
-    null for prefill."""
+    """decode: seconds per decode step / new_tokens (time per new token of one sequence: with
+    T > 1, e.g. speculative drafts all accepted, below the step's latency); null for prefill."""
     tokens_per_s: float
     """batch x new_tokens / step median: tokens a second at the batch (decode: generated
     tokens; prefill: prompt tokens processed)."""
     kv_cache_bytes_analytic: int
-    """KV-cache bytes (one layer) of the rank holding the most, from the model
-    (`kv_cache_bytes_per_rank` of P + T tokens over W ranks)."""
+    """KV-cache bytes (one layer) of the rank holding the most, from the model (decode:
+    `kv_cache_bytes_per_rank` of P + T tokens over W ranks; prefill: its cache shard plus its
+    new-token shard, `prefill_kv_bytes_per_rank`)."""
     kv_cache_bytes_measured: list[int]
     """Each rank's nbytes of the K and V tensors it holds for the step (prefill: its cache and
     new-token shards; decode: its cache shard)."""
