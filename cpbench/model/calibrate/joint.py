@@ -111,11 +111,6 @@ class JointParameter:
             return "constrained"
         return "undetermined"
 
-    @property
-    def determined(self) -> bool:
-        """Whether the data fix it to +-`DETERMINED_SD`."""
-        return self.status == "determined"
-
 
 @dataclass(frozen=True)
 class JointFit:
