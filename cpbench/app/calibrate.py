@@ -8,7 +8,7 @@ import copy
 import functools
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cpbench.app.recommend import load_results
 from cpbench.errors import CpbenchError
@@ -26,6 +26,9 @@ from cpbench.model.calibrate.table import is_table, measurements_from_table
 from cpbench.model.hardware.loading import load_profile
 from cpbench.model.hardware.profile import HardwareProfile
 from cpbench.model.hardware.writer import save_profile
+
+if TYPE_CHECKING:
+    from cpbench.model.calibrate.published import MachineValidation
 
 
 def _measurements_and_prior(
@@ -149,6 +152,23 @@ def _scores_dict(scores: Any) -> dict[str, Any] | None:
     }
 
 
+def _machine_dicts(machines: Sequence[MachineValidation]) -> list[dict[str, Any]]:
+    """One machine's scores per entry; `leave_one_group_out` is None where no fit was made."""
+    return [
+        {
+            "hardware": v.hardware,
+            "profile": v.profile,
+            "warning": v.warning,
+            "rows": v.rows,
+            "groups": v.groups,
+            "sources": list(v.sources),
+            "prior": _scores_dict(v.prior),
+            "leave_one_group_out": _scores_dict(v.held_out),
+        }
+        for v in machines
+    ]
+
+
 def published_cp_attention_section(path: str | None = None) -> dict[str, Any]:
     """The CP-attention section of `validate --published`: per machine, the prior's and the
     leave-one-group-out calibrated scores (`model.calibrate.published`)."""
@@ -173,19 +193,7 @@ def _published_cp_attention_section(path: str | None) -> dict[str, Any]:
         "error_convention": "error = predicted / measured - 1 of the step time; Spearman: "
         "median over groups of one problem with >= 2 configurations; regret: measured time "
         "of the model's pick / the measured fastest - 1, worst group",
-        "machines": [
-            {
-                "hardware": v.hardware,
-                "profile": v.profile,
-                "warning": v.warning,
-                "rows": v.rows,
-                "groups": v.groups,
-                "sources": list(v.sources),
-                "prior": _scores_dict(v.prior),
-                "leave_one_group_out": _scores_dict(v.held_out),
-            }
-            for v in machines
-        ],
+        "machines": _machine_dicts(machines),
     }
 
 
@@ -206,19 +214,7 @@ def _out_of_sample_section() -> dict[str, Any]:
         "attention layer); Spearman: median over groups of one problem; regret: measured "
         "time of the model's pick / the measured fastest - 1, worst group; no LOGO: these "
         "rows are never calibrated on",
-        "machines": [
-            {
-                "hardware": v.hardware,
-                "profile": v.profile,
-                "warning": v.warning,
-                "rows": v.rows,
-                "groups": v.groups,
-                "sources": list(v.sources),
-                "prior": _scores_dict(v.prior),
-                "leave_one_group_out": None,
-            }
-            for v in machines
-        ],
+        "machines": _machine_dicts(machines),
     }
 
 

@@ -10,7 +10,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from cpbench.app.record_inference import inference_record
+from cpbench.app.record_inference import inference_record, step_timing_fields
 from cpbench.bench.environment import machine_state
 from cpbench.bench.measurement import RankMeasurement
 from cpbench.bench.timing import TimingSummary
@@ -160,14 +160,9 @@ def measured_record(
         overlap_status, note = estimate.status, estimate.note
     else:
         note = NO_VARIANTS_NOTE
-    precision = settings.get("precision")
     record.timing = TimingSection(
+        **step_timing_fields(step, per_rank, settings),
         phase=config.phase,
-        median=step.median,
-        p10=step.p10,
-        p90=step.p90,
-        samples=list(step.samples),
-        per_rank_median=[statistics.median(r.full.samples) for r in per_rank],
         compute_only=compute,
         compute_only_per_rank=(
             [statistics.median(r.compute.samples) for r in per_rank if r.compute]
@@ -178,15 +173,6 @@ def measured_record(
         exposed_comm=max(0.0, step.median - compute) if compute is not None else None,
         overlap=overlap_value,
         overlap_note=note,
-        ci_low=step.ci_low,
-        ci_high=step.ci_high,
-        interval_method=step.interval_method,
-        iterations=len(step.samples),
-        warmup_iterations=first.full.warmup,
-        precision_target=precision,
-        relative_width=step.relative_width,
-        target_met=None if precision is None else step.relative_width <= precision,
-        stop_reason=first.full.stop,
         compute_only_ci=[compute_iv.low, compute_iv.high] if compute_iv is not None else None,
         comm_only_ci=[comm_iv.low, comm_iv.high] if comm_iv is not None else None,
         overlap_low=overlap_low,

@@ -85,6 +85,32 @@ def _comm(expected: dict[str, int], per_rank: list[RankMeasurement]) -> CommSect
     )
 
 
+def step_timing_fields(
+    step: TimingSummary, per_rank: list[RankMeasurement], settings: dict[str, Any]
+) -> dict[str, Any]:
+    """The `TimingSection` fields of the whole step that training and inference records fill
+    alike: its summary over the slowest rank, each rank's median, and how sampling stopped
+    against the precision target."""
+    first = per_rank[0]
+    precision = settings.get("precision")
+    return {
+        "median": step.median,
+        "p10": step.p10,
+        "p90": step.p90,
+        "samples": list(step.samples),
+        "per_rank_median": [statistics.median(r.full.samples) for r in per_rank],
+        "ci_low": step.ci_low,
+        "ci_high": step.ci_high,
+        "interval_method": step.interval_method,
+        "iterations": len(step.samples),
+        "warmup_iterations": first.full.warmup,
+        "precision_target": precision,
+        "relative_width": step.relative_width,
+        "target_met": None if precision is None else step.relative_width <= precision,
+        "stop_reason": first.full.stop,
+    }
+
+
 def inference_record(
     record: ResultRecord,
     config: BenchConfig,
@@ -98,27 +124,13 @@ def inference_record(
         raise ValueError("inference_record needs an inference point's record")  # caller's bug
     case = inference_case(config, spec)
     first = per_rank[0]
-    precision = settings.get("precision")
     record.timing = TimingSection(
+        **step_timing_fields(step, per_rank, settings),
         phase="fwd",
-        median=step.median,
-        p10=step.p10,
-        p90=step.p90,
-        samples=list(step.samples),
-        per_rank_median=[statistics.median(r.full.samples) for r in per_rank],
         compute_only=None,
         comm_only=None,
         exposed_comm=None,
         overlap_note=INFERENCE_NOTE,
-        ci_low=step.ci_low,
-        ci_high=step.ci_high,
-        interval_method=step.interval_method,
-        iterations=len(step.samples),
-        warmup_iterations=first.full.warmup,
-        precision_target=precision,
-        relative_width=step.relative_width,
-        target_met=None if precision is None else step.relative_width <= precision,
-        stop_reason=first.full.stop,
     )
     record.comm = _comm(analytic_bytes(case), per_rank)
     record.config.kernel = first.kernel

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Iterable
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
+from rich.console import Console, RenderableType
 
 from cpbench.config.vocabulary import CliDevice
 from cpbench.config.vocabulary import Device as RunDevice
@@ -44,6 +45,16 @@ def command(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     text = reflow(fn.__doc__ or "")
     return app.command(help=text, short_help=summary(text))(wrapper)
+
+
+def emit(report: Any, as_json: bool, renderables: Callable[[], Iterable[RenderableType]]) -> None:
+    """Print a command's report: with --json one JSON document on stdout (indent 1), else its
+    renderables on the console (built only then: some import their renderer lazily)."""
+    if as_json:
+        print(json.dumps(report, indent=1))
+        return
+    for renderable in renderables():
+        console.print(renderable)
 
 
 def summary(text: str) -> str:

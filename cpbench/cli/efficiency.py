@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from cpbench.cli.common import command, console, err_console, resolve_device
+from cpbench.cli.common import command, emit, err_console, resolve_device
 from cpbench.config.vocabulary import DTYPES, LAYOUTS, CliDevice, Dtype, Layout
 from cpbench.errors import CpbenchError
 
@@ -106,16 +106,9 @@ def efficiency(
         document: dict = {"settings": asdict(settings), "profiles": profiles}
         if out is not None:
             out.write_text(json.dumps(document, indent=1))
-        if as_json:
-            print(json.dumps(document, indent=1))
-        else:
-            console.print(profile_table(profiles, settings.dtypes[0]))
+        emit(document, as_json, lambda: [profile_table(profiles, settings.dtypes[0])])
         return
     report = run_efficiency(settings, progress).to_dict()
     if out is not None:
         out.write_text(json.dumps(report, indent=1))
-    if as_json:
-        print(json.dumps(report, indent=1))
-        return
-    for renderable in efficiency_tables(report):
-        console.print(renderable)
+    emit(report, as_json, lambda: efficiency_tables(report))

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated
 
 import typer
 
-from cpbench.cli.common import command, console
+from cpbench.cli.common import command, emit
 from cpbench.config.vocabulary import CpComm, Dtype, Layout
 
 
@@ -68,10 +67,6 @@ def formulas(
         heads_k_stride=heads_k_stride,
     ).masked(mask)
     report = formulas_report(problem)
-    if as_json:
-        print(json.dumps(report, indent=1))
-        return
-    for table in render_formulas(report):
-        console.print(table)
+    emit(report, as_json, lambda: render_formulas(report))
 
 

@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated
 
 import typer
 
-from cpbench.cli.common import command, console, err_console, resolve_device
+from cpbench.cli.common import command, emit, err_console, resolve_device
 from cpbench.config.vocabulary import Backend, CliDevice, Dtype, Phase
 
 
@@ -93,8 +92,4 @@ def probe(
             err_console.print(f"[probe] {message}", markup=False, highlight=False)
 
     report = probe_report(run_probe(settings, output, progress))
-    if as_json:
-        print(json.dumps(report, indent=1))
-        return
-    for renderable in render_probe(report):
-        console.print(renderable)
+    emit(report, as_json, lambda: render_probe(report))

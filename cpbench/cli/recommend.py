@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from cpbench.cli.common import command, console
+from cpbench.cli.common import command, console, emit
 from cpbench.config.vocabulary import CP_COMM_CHOICES, CpCommChoice, Phase, Split
 from cpbench.render.recommend.calibration import (
     render_calibration,
@@ -254,11 +254,7 @@ def _serving_recommend(
     if service_args["prompt_len"] is None:
         raise CpbenchError("--inference needs --prompt-len T (the new tokens of the turn, >= 1)")
     report = recommend_inference(InferenceRequest(**service_args))  # type: ignore[arg-type]
-    if as_json:
-        print(json.dumps(report, indent=1))
-        return
-    for renderable in render_inference(report, explain):
-        console.print(renderable)
+    emit(report, as_json, lambda: render_inference(report, explain))
 
 
 @command
@@ -292,10 +288,7 @@ def calibrate(
     from cpbench.app import calibrate as service  # noqa: PLC0415
 
     report = service.calibrate_results(results, hardware, output, name)
-    if as_json:
-        print(json.dumps(report, indent=1))
-        return
-    console.print(render_calibration(report))
+    emit(report, as_json, lambda: [render_calibration(report)])
 
 
 @command
@@ -355,11 +348,7 @@ def validate(
                 f"(got {', '.join(results)})"
             )
         document = service.validate_published_report()
-        if as_json:
-            print(json.dumps(document, indent=1))
-            return
-        for renderable in render_published(document):
-            console.print(renderable)
+        emit(document, as_json, lambda: render_published(document))
         return
     if not results:
         raise CpbenchError("validate needs results files (or --published)")
@@ -368,8 +357,4 @@ def validate(
     report = service.validate_results(
         results, hardware, holdout, holdout_fraction, seed, split, calibrate_first
     )
-    if as_json:
-        print(json.dumps(report, indent=1))
-        return
-    for renderable in render_validation(report):
-        console.print(renderable)
+    emit(report, as_json, lambda: render_validation(report))

@@ -20,10 +20,8 @@ def _collectives(report: Mapping[str, Any]) -> FitTable:
     )
     table.add_column("collective", key=True)
     table.add_column("UxR", key=True)
-    table.add_column("size", justify="right")
-    table.add_column("time (ms)", justify="right")
-    table.add_column("algbw (GB/s)", justify="right")
-    table.add_column("busbw (GB/s)", justify="right")
+    for column in ("size", "time (ms)", "algbw (GB/s)", "busbw (GB/s)"):
+        table.add_column(column, justify="right")
     table.add_column("reps", justify="right", priority=2)
     for row in report["comm"]:
         table.add_row(
@@ -45,12 +43,8 @@ def _links(report: Mapping[str, Any]) -> FitTable:
     )
     table.add_column("tier", key=True)
     table.add_column("collective", key=True)
-    table.add_column("points", justify="right")
-    table.add_column("latency (us)", justify="right")
-    table.add_column("prior (us)", justify="right")
-    table.add_column("busbw", justify="right")
-    table.add_column("prior", justify="right")
-    table.add_column("RMS err", justify="right")
+    for column in ("points", "latency (us)", "prior (us)", "busbw", "prior", "RMS err"):
+        table.add_column(column, justify="right")
     for row in report["links"]:
         table.add_row(
             row["tier"],
@@ -79,9 +73,8 @@ def _kernels(report: Mapping[str, Any]) -> FitTable:
     table.add_column("L/R", key=True, justify="right")
     table.add_column("heads/rank", justify="right")
     table.add_column("meshes", wrap=True, priority=2)
-    table.add_column("time (ms)", justify="right")
-    table.add_column("TFLOP/s", justify="right")
-    table.add_column("efficiency", justify="right")
+    for column in ("time (ms)", "TFLOP/s", "efficiency"):
+        table.add_column(column, justify="right")
     for row in kernel["shapes"]:
         table.add_row(
             str(row["seq_len"]),

@@ -111,11 +111,6 @@ class JointParameter:
             return "constrained"
         return "undetermined"
 
-    @property
-    def determined(self) -> bool:
-        """Whether the data fix it to +-`DETERMINED_SD`."""
-        return self.status == "determined"
-
 
 @dataclass(frozen=True)
 class JointFit:
@@ -205,12 +200,12 @@ def _specs(reference: HardwareProfile, keys: Sequence[LinkKey], ring: bool) -> l
     return specs
 
 
-def _prior_sd(spec: _Spec, sds: dict[str, float], given: dict[str, float]) -> float:
-    """A parameter's prior sd: the caller's for its kind when given, else a measured link's
-    busbw gets `MEASURED_BUSBW_LOG_SD`, everything else `PRIOR_LOG_SD` of its kind."""
-    if spec.kind == "busbw" and "busbw" not in given and spec.basis == "measured":
+def _prior_sd(spec: _Spec) -> float:
+    """A parameter's prior sd: a measured link's busbw gets `MEASURED_BUSBW_LOG_SD`, everything
+    else `PRIOR_LOG_SD` of its kind."""
+    if spec.kind == "busbw" and spec.basis == "measured":
         return MEASURED_BUSBW_LOG_SD
-    return sds[spec.kind]
+    return PRIOR_LOG_SD[spec.kind]
 
 
 def _times(m: Measurement) -> list[tuple[str, float]]:
@@ -244,16 +239,10 @@ def _jacobian(
     return np.stack(columns, axis=1)
 
 
-def fit_joint(
-    measurements: Sequence[Measurement],
-    reference: HardwareProfile,
-    *,
-    prior_sd: dict[str, float] | None = None,
-) -> JointFit:
+def fit_joint(measurements: Sequence[Measurement], reference: HardwareProfile) -> JointFit:
     """The joint fit of the module docstring, regularised toward `reference`."""
     if not measurements:
         raise CpbenchError("a joint fit needs at least one measurement")
-    sds = {**PRIOR_LOG_SD, **(prior_sd or {})}
     base = [predict(m.candidate, reference, m.devices_per_node, memory=False) for m in measurements]
     keys = sorted(
         {(t.tier, t.kind, t.level) for p in base for t in p.comm_terms},
@@ -261,7 +250,7 @@ def fit_joint(
     )
     ring = any(p.phase_time.overlappable_s > 0 for p in base)
     specs = _specs(reference, keys, ring)
-    prior_sds = np.array([_prior_sd(s, sds, prior_sd or {}) for s in specs])
+    prior_sds = np.array([_prior_sd(s) for s in specs])
     rows = [(m, what, math.log(t)) for m in measurements for what, t in _times(m)]
 
     def profile_at(theta: np.ndarray) -> HardwareProfile:

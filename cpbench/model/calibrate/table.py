@@ -24,10 +24,6 @@ from cpbench.config.vocabulary import CpComm, Phase
 from cpbench.errors import CpbenchError
 from cpbench.model.calibrate.measurements import Measurement
 
-TABLE_SUFFIXES = (".csv", ".jsonl")
-"""Files read as tables: CSV always; JSONL when its first row has no `config` (a cpbench
-results record has one)."""
-
 
 class TableRow(BaseModel):
     """One measured configuration of a table."""

@@ -18,14 +18,13 @@ A GPU's traffic to another GPU crosses, innermost first:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Literal
 
 from cpbench.errors import CpbenchError
 from cpbench.model.hardware.profile import LinkCost, LinkTierProfile
 
 NetworkTier = Literal["node", "nvlink_domain", "rail", "network"]
 """Which link a group's traffic crosses (see the module docstring)."""
-NETWORK_TIERS: tuple[NetworkTier, ...] = get_args(NetworkTier)
 
 
 @dataclass(frozen=True)

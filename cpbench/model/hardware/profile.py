@@ -58,7 +58,6 @@ LinkBasis = Literal["measured", "measured_elsewhere", "spec", "estimate"]
 """What a link cost rests on: measured on this kind of machine (nccl-tests rows, `cpbench
 probe`, a calibration), measured on another machine with the same path (a transfer),
 derived from a specification (line rate), or an estimate."""
-LINK_BASES: tuple[LinkBasis, ...] = get_args(LinkBasis)
 LinkTier = Literal["intra_node", "inter_node"]
 LINK_TIERS: tuple[LinkTier, ...] = get_args(LinkTier)
 COLLECTIVE_KINDS: tuple[CollectiveKind, ...] = get_args(CollectiveKind)

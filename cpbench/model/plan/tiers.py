@@ -25,9 +25,6 @@ from cpbench.model.hardware.network import Fabric, NetworkTier
 from cpbench.model.hardware.profile import HardwareProfile, LinkTierProfile
 from cpbench.model.plan.memory import Parallelism
 
-GROUPS: tuple[str, ...] = ("tp", "ulysses", "ring", "dp", "pp")
-"""The plan's communication groups."""
-
 
 def profile_fabric(profile: HardwareProfile) -> Fabric:
     """The fabric of a profile alone: nodes on its inter-node link, no rails, no domain."""
