@@ -12,11 +12,11 @@ from typing import Any
 from cpbench.bench.measurement import RankMeasurement
 from cpbench.bench.timing import TimingSummary
 from cpbench.config.bench import BenchConfig
-from cpbench.config.inference import inference_case
 from cpbench.model.inference import (
     DecodeCase,
     PrefillCase,
     decode_bytes,
+    inference_case,
     kv_cache_bytes_per_rank,
     prefill_bytes,
     prefill_kv_bytes_per_rank,

@@ -21,6 +21,7 @@ from cpbench.attention.comm import all_gather_chunks, all_to_all
 from cpbench.attention.kernels import LocalKernel, default_scale, select_kernel
 from cpbench.attention.mesh import CPMesh
 from cpbench.attention.ring import _merge
+from cpbench.config.inference import MAX_DECODE_TOKENS
 from cpbench.errors import CpbenchError
 from cpbench.model.inference import (
     DecodeMerge,
@@ -30,9 +31,6 @@ from cpbench.model.inference import (
     check_decode_merge,
     split_starts,
 )
-
-MAX_DECODE_TOKENS = 8
-"""Most new tokens a decode step takes (speculative decoding drafts a few; more is prefill)."""
 
 
 def shard_cache(

@@ -33,8 +33,7 @@ from cpbench.bench.memory import measure_peak_memory, release_cached_memory
 from cpbench.bench.reference import TORCH_DTYPES, agreed
 from cpbench.bench.timing import TimingPolicy, time_to_precision
 from cpbench.config.bench import BenchConfig
-from cpbench.config.inference import inference_case
-from cpbench.model.inference import DecodeCase, PrefillCase
+from cpbench.model.inference import DecodeCase, PrefillCase, inference_case
 
 
 def check_case(case: PrefillCase | DecodeCase, max_len: int) -> PrefillCase | DecodeCase:

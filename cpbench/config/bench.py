@@ -11,7 +11,7 @@ from functools import cached_property
 
 from cpbench.config.constraints import Feasibility, seq_divisor
 from cpbench.config.impls import DEFAULT_IMPL, IMPLS
-from cpbench.config.inference import InferenceStep, inference_case
+from cpbench.config.inference import InferenceStep, step_rule
 from cpbench.config.problem import (
     MeshCandidate,
     check_choice,
@@ -75,20 +75,16 @@ class BenchConfig(MeshCandidate):
     @cached_property
     def feasibility(self) -> Feasibility:
         """A training point: the mesh and shape rules (`CpProblem.feasibility`). An inference
-        point: the rules of its model case (`inference_case`: the mesh its scheme runs on,
+        point: the rules of its step (`config.inference.step_rule`: the mesh its scheme runs on,
         Ulysses' head split), forward only over one causal sequence, contiguous shards, by
         cpbench's own implementation; its KV replication is Ulysses' (KV heads copied up to
         W when fewer), else 1."""
         step = self.inference
         if step is None:
             return super().feasibility
-        rule = _inference_rule(self, step)
+        rule = _inference_rule(self, step) or step_rule(self, step)
         if rule is not None:
             return Feasibility(False, f"{step.phase}: {rule}")
-        try:
-            inference_case(self, step)
-        except CpbenchError as exc:
-            return Feasibility(False, f"{step.phase}: {exc}")
         copies = 1
         if step.scheme == "ulysses" and self.kv_heads < self.world:
             copies = self.world // self.kv_heads

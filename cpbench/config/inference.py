@@ -2,15 +2,16 @@
 holds one; None = a training step). Not a shape: the heads, head dim, batch, dtype and mesh
 stay the `CpProblem`'s, and its `seq_len` is cached_len + new_tokens.
 
-Pure Python (no torch); the model's case (`cpbench.model.inference.PrefillCase` /
-`DecodeCase`) is built from a point by `inference_case`.
+Pure Python (no torch), with the rules a step keeps (`prefill_rule`, `decode_rule`); the
+model's case (`cpbench.model.inference.PrefillCase` / `DecodeCase`) is built from a point by
+`cpbench.model.inference.inference_case`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from cpbench.config.problem import CpProblem, check_choice, is_int
 from cpbench.config.vocabulary import (
@@ -23,8 +24,6 @@ from cpbench.config.vocabulary import (
 )
 from cpbench.errors import CpbenchError
 
-if TYPE_CHECKING:
-    from cpbench.model.inference import DecodeCase, PrefillCase
 
 def is_inference_record(record: Mapping[str, Any]) -> bool:
     """Whether a result record is of an inference point (its config names an inference step):
@@ -36,7 +35,7 @@ def is_inference_record(record: Mapping[str, Any]) -> bool:
 
 MAX_DECODE_TOKENS = 8
 """Most new tokens a decode step takes (speculative decoding drafts a few; more is prefill);
-the value of `cpbench.attention.inference_decode.MAX_DECODE_TOKENS` and `DecodeCase`."""
+used by the scenario file, `decode_rule` (the model's `DecodeCase`) and the attention."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -120,15 +119,74 @@ class InferenceStep:
         )
 
 
-def inference_case(problem: CpProblem, step: InferenceStep, seed: int = 0) -> PrefillCase | DecodeCase:
-    """The model's case of a step on a problem (its heads, head dim, batch, dtype and mesh;
-    its seq_len must be P + T): `PrefillCase` or `DecodeCase`, whose checks apply (the mesh
-    the scheme runs on, Ulysses' head split)."""
-    from cpbench.model.inference import DecodeCase, PrefillCase  # noqa: PLC0415 (scipy: lazy)
+def ulysses_kv_heads(kv_heads: int, world: int) -> int:
+    """KV heads after replication for a head split over `world` ranks: kv_heads when at least
+    `world`, else each head copied world / kv_heads times (kv_heads must divide world)."""
+    if kv_heads >= world:
+        return kv_heads
+    if world % kv_heads:
+        raise CpbenchError(
+            f"{kv_heads} KV heads cannot be replicated onto {world} ranks ({world} % "
+            f"{kv_heads} = {world % kv_heads})"
+        )
+    return world
 
-    base = CpProblem(**problem.problem_fields())  # the cases hold the bare problem
-    if step.phase == "prefill" and step.scheme is not None:
-        return PrefillCase(base, step.cached_len, step.new_tokens, step.scheme, seed)
-    if step.phase == "decode" and step.cache_layout is not None:
-        return DecodeCase(base, step.cached_len, step.new_tokens, step.cache_layout, seed)
-    raise CpbenchError(f"inference step {step} names no scheme or cache layout")  # unreachable
+
+def prefill_rule(problem: CpProblem, cached_len: int, new_tokens: int, scheme: str) -> str | None:
+    """What a prefill of `new_tokens` on `cached_len` by `scheme` breaks on `problem` (its
+    seq_len must be P + T, its mesh the scheme's: W x 1 for ulysses, 1 x W otherwise; Ulysses
+    splits the heads and the replicated KV heads over W), or None. The model's `PrefillCase`
+    and `BenchConfig.feasibility` both apply it."""
+    if new_tokens < 1 or cached_len < 0:
+        return (
+            f"prefill needs new_tokens >= 1 and cached_len >= 0, got new_tokens {new_tokens}, "
+            f"cached_len {cached_len}"
+        )
+    total = cached_len + new_tokens
+    if problem.seq_len != total:
+        return (
+            f"the problem's seq_len ({problem.seq_len}) must be cached_len + new_tokens = "
+            f"{cached_len} + {new_tokens} = {total}"
+        )
+    world = problem.ulysses * problem.ring
+    want = (world, 1) if scheme == "ulysses" else (1, world)
+    if (problem.ulysses, problem.ring) != want:
+        return (
+            f"prefill scheme {scheme} runs on a U x R = {want[0]} x {want[1]} mesh of {world} "
+            f"ranks, got {problem.ulysses} x {problem.ring}"
+        )
+    if scheme == "ulysses":
+        try:
+            kv = ulysses_kv_heads(problem.kv_heads, world)
+        except CpbenchError as exc:
+            return str(exc)
+        if problem.heads % world or kv % world:
+            return (
+                f"ulysses prefill splits heads over {world} ranks: heads ({problem.heads}) and "
+                f"KV heads ({problem.kv_heads}, replicated to {kv}) must be multiples of it"
+            )
+    return None
+
+
+def decode_rule(problem: CpProblem, cached_len: int, new_tokens: int) -> str | None:
+    """What a decode step of `new_tokens` over cached_len + new_tokens keys breaks on `problem`
+    (1 to MAX_DECODE_TOKENS new tokens, seq_len P + T, U = 1), or None."""
+    if not 1 <= new_tokens <= MAX_DECODE_TOKENS or cached_len < 0:
+        return (
+            f"decode needs 1 <= new_tokens <= {MAX_DECODE_TOKENS} and cached_len >= 0, got "
+            f"new_tokens {new_tokens}, cached_len {cached_len}"
+        )
+    total = cached_len + new_tokens
+    if problem.seq_len != total or problem.ulysses != 1:
+        return (
+            f"a decode case's problem has seq_len cached_len + new_tokens = {total} (got "
+            f"{problem.seq_len}) and U = 1 (got {problem.ulysses})"
+        )
+    return None
+
+
+def step_rule(problem: CpProblem, step: InferenceStep) -> str | None:
+    """`prefill_rule` or `decode_rule` of a step on a problem."""
+    if step.phase == "prefill":
+        return prefill_rule(problem, step.cached_len, step.new_tokens, step.scheme or "")
+    return decode_rule(problem, step.cached_len, step.new_tokens)

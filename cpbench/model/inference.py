@@ -29,6 +29,12 @@ from typing import Literal
 
 from scipy.optimize import brentq
 
+from cpbench.config.inference import (
+    InferenceStep,
+    decode_rule,
+    prefill_rule,
+    ulysses_kv_heads,
+)
 from cpbench.config.problem import CpProblem
 from cpbench.config.vocabulary import (  # the literals live in the one vocabulary
     CACHE_LAYOUTS,
@@ -145,31 +151,9 @@ class PrefillCase:
     def __post_init__(self) -> None:
         check_scheme(self.scheme)
         check_new_token_layout(self.new_token_layout)
-        if self.new_tokens < 1 or self.cached_len < 0:
-            raise CpbenchError(
-                f"prefill needs new_tokens >= 1 and cached_len >= 0, got new_tokens "
-                f"{self.new_tokens}, cached_len {self.cached_len}"
-            )
-        total = self.cached_len + self.new_tokens
-        if self.problem.seq_len != total:
-            raise CpbenchError(
-                f"the problem's seq_len ({self.problem.seq_len}) must be cached_len + "
-                f"new_tokens = {self.cached_len} + {self.new_tokens} = {total}"
-            )
-        p = self.problem
-        want = (self.world, 1) if self.scheme == "ulysses" else (1, self.world)
-        if (p.ulysses, p.ring) != want:
-            raise CpbenchError(
-                f"prefill scheme {self.scheme} runs on a U x R = {want[0]} x {want[1]} mesh "
-                f"of {self.world} ranks, got {p.ulysses} x {p.ring}"
-            )
-        if self.scheme == "ulysses":
-            kv = ulysses_kv_heads(p.kv_heads, self.world)
-            if p.heads % self.world or kv % self.world:
-                raise CpbenchError(
-                    f"ulysses prefill splits heads over {self.world} ranks: heads ({p.heads}) "
-                    f"and KV heads ({p.kv_heads}, replicated to {kv}) must be multiples of it"
-                )
+        rule = prefill_rule(self.problem, self.cached_len, self.new_tokens, self.scheme)
+        if rule is not None:
+            raise CpbenchError(rule)
 
     @property
     def world(self) -> int:
@@ -206,19 +190,6 @@ def kv_block(cached_len: int, new_tokens: int, world: int, layout: NewTokenLayou
     cache = split_sizes(cached_len, world)
     new = new_token_counts(new_tokens, world, layout)
     return max(c + n for c, n in zip(cache, new, strict=True))
-
-
-def ulysses_kv_heads(kv_heads: int, world: int) -> int:
-    """KV heads after replication for a head split over `world` ranks: kv_heads when at least
-    `world`, else each head copied world / kv_heads times (kv_heads must divide world)."""
-    if kv_heads >= world:
-        return kv_heads
-    if world % kv_heads:
-        raise CpbenchError(
-            f"{kv_heads} KV heads cannot be replicated onto {world} ranks ({world} % "
-            f"{kv_heads} = {world % kv_heads})"
-        )
-    return world
 
 
 def prefill_bytes(case: PrefillCase) -> dict[str, int]:
@@ -473,17 +444,9 @@ class DecodeCase:
     def __post_init__(self) -> None:
         check_cache_layout(self.layout)
         check_decode_merge(self.merge, self.problem.heads, self.problem.ring)
-        if not 1 <= self.new_tokens <= 8 or self.cached_len < 0:
-            raise CpbenchError(
-                f"decode needs 1 <= new_tokens <= 8 and cached_len >= 0, got new_tokens "
-                f"{self.new_tokens}, cached_len {self.cached_len}"
-            )
-        total = self.cached_len + self.new_tokens
-        if self.problem.seq_len != total or self.problem.ulysses != 1:
-            raise CpbenchError(
-                f"a decode case's problem has seq_len cached_len + new_tokens = {total} "
-                f"(got {self.problem.seq_len}) and U = 1 (got {self.problem.ulysses})"
-            )
+        rule = decode_rule(self.problem, self.cached_len, self.new_tokens)
+        if rule is not None:
+            raise CpbenchError(rule)
 
     @property
     def label(self) -> str:
@@ -520,3 +483,15 @@ def prefill_imbalance(
     same: 50 / 50."""
     pairs = prefill_pairs_per_rank(cached_len, new_tokens, world, layout)
     return max(pairs) / (sum(pairs) / world)
+
+
+def inference_case(problem: CpProblem, step: InferenceStep, seed: int = 0) -> PrefillCase | DecodeCase:
+    """The model's case of a step on a problem (its heads, head dim, batch, dtype and mesh;
+    its seq_len must be P + T): `PrefillCase` or `DecodeCase`, whose rules apply
+    (`cpbench.config.inference.prefill_rule` / `decode_rule`)."""
+    base = CpProblem(**problem.problem_fields())  # the cases hold the bare problem
+    if step.phase == "prefill" and step.scheme is not None:
+        return PrefillCase(base, step.cached_len, step.new_tokens, step.scheme, seed)
+    if step.phase == "decode" and step.cache_layout is not None:
+        return DecodeCase(base, step.cached_len, step.new_tokens, step.cache_layout, seed)
+    raise CpbenchError(f"inference step {step} names no scheme or cache layout")  # unreachable
