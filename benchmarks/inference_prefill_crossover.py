@@ -37,16 +37,15 @@ from cpbench.attention.kernels import select_kernel
 from cpbench.bench.pool import WorkerPool, WorldSpec
 from cpbench.config.problem import CpProblem
 from cpbench.model.hardware.loading import load_profile
-from cpbench.model.hardware.profile import HardwareProfile, LinkCost, LinkTierProfile
+from cpbench.model.hardware.profile import EfficiencyCurve, HardwareProfile, LinkCost
+from cpbench.model.hardware.transforms import with_curve, with_link_cost
 from cpbench.model.inference import (
     NEW_TOKEN_LAYOUTS,
     PrefillCase,
-    RingLink,
-    pass_kv_pass_q_crossover,
     prefill_bytes,
     prefill_imbalance,
-    prefill_time,
 )
+from cpbench.model.inference_cost import pass_kv_pass_q_crossover, price_prefill
 
 HEADS, HEAD_DIM = 8, 64
 SCHEMES = ("pass_kv", "pass_q")
@@ -155,17 +154,20 @@ def calibrate_task(world: int, kv_heads: int, iters: int) -> dict:
     return {"flops": flops, **fits}
 
 
-def measured_link(cal: dict) -> RingLink | None:
-    """The crossover model's link and FLOP rate from `calibrate_task`'s numbers; None when a
-    fit found no bandwidth (time not growing with the message size: a loaded machine)."""
+def measured_profile(profile: HardwareProfile, cal: dict) -> HardwareProfile | None:
+    """`profile` with the kernel and the intra-node link `calibrate_task` measured on these
+    ranks (a flat efficiency: the measured FLOP/s over the profile's float32 peak; send/recv and
+    all-to-all latency + bytes / busbw); None when a fit found no bandwidth (time not growing
+    with the message size: a loaded machine)."""
     if any(math.isinf(cal[name]["busbw"]) for name in ("send_recv", "all_to_all")):
         return None
-    costs = {
-        name: LinkCost(cal[name]["latency_s"], cal[name]["busbw"], "measured by this benchmark")
-        for name in ("send_recv", "all_to_all")
-    }
-    tier = LinkTierProfile("intra_node", "gloo here", costs["all_to_all"], costs["send_recv"])
-    return RingLink(tier, cal["flops"])
+    measured = profile
+    for name in ("send_recv", "all_to_all"):
+        cost = LinkCost(cal[name]["latency_s"], cal[name]["busbw"], "measured by this benchmark")
+        measured = with_link_cost(measured, "intra_node", name, cost)  # type: ignore[arg-type]
+    efficiency = cal["flops"] / profile.peak_flops("float32")
+    curve = EfficiencyCurve((1,), (min(efficiency, 1.0),), "measured by this benchmark")
+    return with_curve(measured, profile.default_kernel, curve)
 
 
 def measured_crossover(rows: list[dict], layout: str) -> float | str:
@@ -211,7 +213,7 @@ def main() -> None:
             rank_task, args.world, p, ratios, args.kv_heads, args.iters, layouts, timeout=3000
         )[0]
         cal = pool.run(calibrate_task, args.world, args.kv_heads, args.iters, timeout=600)[0]
-    here = measured_link(cal)
+    here = measured_profile(load_profile("cpu-local"), cal)
     problem = CpProblem(
         seq_len=1, heads=HEADS, kv_heads=args.kv_heads, head_dim=HEAD_DIM, dtype="float32"
     )
@@ -238,14 +240,15 @@ def main() -> None:
         for r in rows:
             print(_row(r, layout, p, args, problem, profile, here))
     for layout in layouts:
-        link = RingLink.from_profile(profile, "float32", args.world, p / args.world)
         print(f"{layout}: measured crossover T/P: {measured_crossover(rows, layout)}")
-        for name, priced in (("cpu-local profile", link), ("measured kernel + link", here)):
+        for name, priced in (("cpu-local profile", profile), ("measured kernel + link", here)):
             if priced is None:
                 print(f"{layout}: model crossover T/P ({name}): not priced, a link fit found "
                       "no bandwidth")  # fmt: skip
                 continue
-            crossover = pass_kv_pass_q_crossover(p, problem, args.world, priced, layout)
+            crossover = pass_kv_pass_q_crossover(
+                p, problem, args.world, priced, new_token_layout=layout  # type: ignore[arg-type]
+            )
             print(f"{layout}: model crossover T/P ({name}): {crossover}")
     print(
         "work per rank, measured: max / mean over ranks of each rank's median main-thread CPU "
@@ -263,7 +266,7 @@ def main() -> None:
         print("contiguous / zigzag median time, by T/P (same run):")
         for r in rows:
             cells = [
-                f"{s} {statistics.median(r['times']['contiguous'][s]) / statistics.median(r['times']['balanced'][s]):.2f}"  # noqa: E501
+                f"{s} {statistics.median(r['times']['contiguous'][s]) / statistics.median(r['times']['zigzag'][s]):.2f}"  # noqa: E501
                 for s in SCHEMES
             ]
             print(f"  T/P {r['ratio']:.4f}: {', '.join(cells)}")
@@ -279,13 +282,15 @@ def _row(
     args: argparse.Namespace,
     problem: CpProblem,
     profile: HardwareProfile,
-    here: RingLink | None,
+    here: HardwareProfile | None,
 ) -> str:
     """One printed row: the layout's measured times, their ratio, the model's, bytes = model."""
     t = r["new_tokens"]
-    link = RingLink.from_profile(profile, "float32", args.world, (p + t) / args.world)
-    model = {s: prefill_time(s, p, t, problem, args.world, link, layout) for s in SCHEMES}
-    fitted = {s: prefill_time(s, p, t, problem, args.world, here or link, layout) for s in SCHEMES}
+    model, fitted = (
+        {s: price_prefill(s, p, t, problem, args.world, priced, new_token_layout=layout).total_s  # type: ignore[arg-type]
+         for s in SCHEMES}
+        for priced in (profile, here or profile)
+    )  # fmt: skip
     times = r["times"][layout]
     cells = [
         f"{1e3 * statistics.median(ts):8.2f} [{1e3 * min(ts):.2f}-{1e3 * max(ts):.2f}]"

@@ -17,21 +17,16 @@ from cpbench.bench.inference_verify import (
     run_prefill_cases_on_rank,
 )
 from cpbench.bench.pool import WorkerPool
-from cpbench.config.problem import CpProblem
 from cpbench.errors import CpbenchError
-from cpbench.model.hardware.loading import load_profile
 from cpbench.model.inference import (
     PREFILL_SCHEMES,
-    RingLink,
     cache_shard_len,
     cache_visible,
     kv_cache_bytes_per_rank,
     longest_context,
-    pass_kv_pass_q_crossover,
     prefill_bytes,
     prefill_imbalance,
     prefill_pairs_per_rank,
-    prefill_time,
     split_sizes,
     split_starts,
 )
@@ -104,24 +99,6 @@ def test_bad_prefill_cases_name_the_rule() -> None:
         prefill_case("pass_k", 2, 8, 1)
     with pytest.raises(CpbenchError, match="multiples of it"):
         prefill_case("ulysses", 4, 8, 1, heads=6, kv_heads=6)
-
-
-def test_the_crossover_separates_pass_q_from_pass_kv() -> None:
-    """Llama-3-like GQA (8/1 heads, d 128, bf16) on 8 ranks: pass-Q is faster well below the
-    crossover in T/P, pass-KV well above, and the times meet at it."""
-    problem = CpProblem(seq_len=1, heads=8, kv_heads=1, head_dim=128, dtype="bfloat16")
-    link = RingLink.from_profile(load_profile("h100-sxm"), "bfloat16", 8, 16384)
-    p = 131072
-    ratio = pass_kv_pass_q_crossover(p, problem, 8, link)
-    assert ratio is not None and 1 / 4096 < ratio < 64
-    below, above = max(1, round(ratio * p / 4)), round(ratio * p * 4)
-    kv, q = (prefill_time(s, p, below, problem, 8, link) for s in ("pass_kv", "pass_q"))
-    assert q < kv
-    kv, q = (prefill_time(s, p, above, problem, 8, link) for s in ("pass_kv", "pass_q"))
-    assert kv < q
-    at = max(1, round(ratio * p))
-    kv, q = (prefill_time(s, p, at, problem, 8, link) for s in ("pass_kv", "pass_q"))
-    assert abs(kv - q) <= 0.02 * kv
 
 
 def test_verify_runs_the_prefill_cases_after_the_training_ones() -> None:

@@ -1,6 +1,7 @@
 """Context-parallel prefill with a cached prefix, in pure math: how the tokens are sharded,
 the bytes each scheme sends per rank (what `cpbench.attention.inference` counts at the
-torch.distributed boundary), and the pass-KV / pass-Q crossover in T/P.
+torch.distributed boundary), the KV cache per rank (the serving prices and the pass-KV / pass-Q
+crossover: `cpbench.model.inference_cost`).
 
 The problem: T new tokens (query positions P..P+T-1) attend causally to P cached + T new keys
 (positions 0..P+T-1), on W ranks. Every rank holds a contiguous shard of the cache
@@ -25,9 +26,6 @@ Schemes (per rank, forward only):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
-
-from scipy.optimize import brentq
 
 from cpbench.config.inference import (
     InferenceStep,
@@ -49,7 +47,6 @@ from cpbench.config.vocabulary import (  # the literals live in the one vocabula
 )
 from cpbench.errors import CpbenchError
 from cpbench.model.formulas import FP32_BYTES
-from cpbench.model.hardware.profile import HardwareProfile, LinkTierProfile
 
 LSE_BYTES = FP32_BYTES
 """The LSE travels in fp32 (natural log), whatever the inputs' dtype."""
@@ -217,106 +214,6 @@ def prefill_bytes(case: PrefillCase) -> dict[str, int]:
         "a2a_kv": kv_shard * (w - 1) // w,
         "a2a_out": q_block * (w - 1) // w,
     }
-
-
-@dataclass(frozen=True)
-class RingLink:
-    """What the crossover needs of a mesh: the link the ring's ranks share and the attention
-    FLOP rate of one rank."""
-
-    link: LinkTierProfile
-    """The tier the ring crosses: its send/recv cost prices the hops, its all-to-all cost the
-    pass-Q partial outputs."""
-    flops: float
-    """Achieved attention FLOP/s of one rank (4 B H D per visible query-key pair)."""
-
-    @classmethod
-    def from_profile(
-        cls, profile: HardwareProfile, dtype: str, world: int, kernel_len: float
-    ) -> RingLink:
-        """The intra-node tier when `world` ranks fit one node, else the inter-node one; the
-        FLOP rate is the profile's peak for `dtype` x its efficiency curve at `kernel_len`
-        (the tokens of one kernel call)."""
-        if dtype not in profile.peak_tflops:
-            raise CpbenchError(
-                f"profile {profile.name!r} has no peak for dtype {dtype!r} (it has "
-                f"{', '.join(profile.peak_tflops)})"
-            )
-        tier = profile.intra_node if world <= profile.devices_per_node else profile.inter_node
-        flops = profile.peak_tflops[dtype] * 1e12 * profile.efficiency.at(kernel_len)
-        return cls(tier, flops)
-
-
-def prefill_time(
-    scheme: Literal["pass_kv", "pass_q"],
-    cached_len: int,
-    new_tokens: int,
-    problem: CpProblem,
-    world: int,
-    link: RingLink,
-    new_token_layout: NewTokenLayout = DEFAULT_NEW_TOKEN_LAYOUT,
-) -> float:
-    """Modelled seconds of one ring prefill of cpbench's measured schemes (perfect overlap,
-    the new tokens sharded by `new_token_layout`: what
-    `benchmarks/inference_prefill_crossover.py` compares with its measurements);
-    `recommend --inference` prices serving with `cpbench.model.inference_cost.price_prefill`
-    (the same layouts, the profile's overlap and step overhead). W compute steps, each a
-    W-th of the busiest rank's work (`prefill_pairs_per_rank`, 4 B H D FLOPs per visible
-    pair: the ring waits for its slowest rank), each of the W - 1 hops overlapped with a step (a step takes the longer of
-    the two), and for pass_q the all-to-all of the partial outputs and LSEs after the ring
-    (not overlapped: nothing is left to compute)."""
-    p = problem
-    pairs = max(prefill_pairs_per_rank(cached_len, new_tokens, world, new_token_layout))
-    step = 4 * p.batch * p.heads * p.head_dim * pairs / world / link.flops
-    case = PrefillCase(
-        CpProblem(
-            seq_len=cached_len + new_tokens,
-            heads=p.heads,
-            kv_heads=p.kv_heads,
-            head_dim=p.head_dim,
-            batch=p.batch,
-            dtype=p.dtype,
-            ring=world,
-        ),
-        cached_len,
-        new_tokens,
-        scheme,
-        new_token_layout=new_token_layout,
-    )
-    sent = prefill_bytes(case)
-    if world == 1:
-        return step
-    hop_tag = "p2p_kv" if scheme == "pass_kv" else "p2p_q"
-    hop = link.link.send_recv.seconds(sent[hop_tag] / (world - 1))
-    total = step + (world - 1) * max(step, hop)
-    if scheme == "pass_q":
-        total += link.link.all_to_all.seconds(sent["a2a_out"] + sent["a2a_lse"], calls=2)
-    return total
-
-
-def pass_kv_pass_q_crossover(
-    cached_len: int,
-    problem: CpProblem,
-    world: int,
-    link: RingLink,
-    new_token_layout: NewTokenLayout = DEFAULT_NEW_TOKEN_LAYOUT,
-) -> float | None:
-    """The T/P at which pass-KV and pass-Q take the same modelled time on `cached_len` cached
-    tokens (pass-Q wins below it, pass-KV above), searched over T/P in [1/4096, 64] with
-    scipy's brentq; None when one scheme wins over the whole range."""
-    if cached_len < 1:
-        raise CpbenchError(f"the crossover in T/P needs cached_len >= 1, got {cached_len}")
-
-    def gap(ratio: float) -> float:
-        t = max(1, round(ratio * cached_len))
-        kv = prefill_time("pass_kv", cached_len, t, problem, world, link, new_token_layout)
-        q = prefill_time("pass_q", cached_len, t, problem, world, link, new_token_layout)
-        return kv - q
-
-    lo, hi = 1 / 4096, 64.0
-    if gap(lo) * gap(hi) > 0:
-        return None
-    return float(brentq(gap, lo, hi, xtol=1e-6))
 
 
 def check_cache_layout(layout: str) -> CacheLayout:

@@ -247,7 +247,12 @@ def _ring_price(
 
 
 def pass_kv_pass_q_crossover(
-    cached_len: int, problem: CpProblem, world: int, profile: HardwareProfile, kernel: str = "auto"
+    cached_len: int,
+    problem: CpProblem,
+    world: int,
+    profile: HardwareProfile,
+    kernel: str = "auto",
+    new_token_layout: NewTokenLayout = DEFAULT_NEW_TOKEN_LAYOUT,
 ) -> float | None:
     """The T/P at which pass-KV and pass-Q take the same modelled TTFT (`price_prefill`) on
     `cached_len` cached tokens: pass-Q wins below it, pass-KV above. Searched over T/P in
@@ -260,9 +265,11 @@ def pass_kv_pass_q_crossover(
 
     def gap(ratio: float) -> float:
         t = max(1, round(ratio * cached_len))
-        kv = price_prefill("pass_kv", cached_len, t, problem, world, profile, kernel).total_s
-        q = price_prefill("pass_q", cached_len, t, problem, world, profile, kernel).total_s
-        return kv - q
+        kv, q = (
+            price_prefill(s, cached_len, t, problem, world, profile, kernel, new_token_layout)
+            for s in ("pass_kv", "pass_q")
+        )
+        return kv.total_s - q.total_s
 
     lo, hi = 1 / 4096, 64.0
     if gap(lo) * gap(hi) > 0:
