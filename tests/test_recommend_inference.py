@@ -209,6 +209,23 @@ def test_names_pass_kv_for_a_128k_prompt_without_cache_with_the_reason() -> None
     assert "No cache (P = 0)" in text
 
 
+def test_ulysses_with_a_head_sharded_cache_moves_only_the_new_tokens() -> None:
+    """The ranking's Ulysses re-shards the sequence-sharded cache each turn; its price with a
+    head-sharded cache swaps that exchange for the new tokens' alone. 32/8, T = 1024 on P = 128K,
+    W = 8, bf16: per rank 128 new tokens, Q 128 x 32 x 128 x 2 B = 1 MiB (7/8 sent), K/V
+    128 x 2 x 8 x 128 x 2 B = 0.5 MiB (7/8 sent), the output as Q."""
+    u = price_prefill("ulysses", P128K, TURN, problem(32, 8), 8, H100)
+    q, kv = 128 * 32 * 128 * 2 * 7 // 8, 128 * 2 * 8 * 128 * 2 * 7 // 8
+    new_only = (2 * A2A_LAT + (q + kv) / A2A_BW) + (A2A_LAT + q / A2A_BW)
+    assert u.head_sharded_cache_s == pytest.approx(u.compute_s + new_only + u.overhead_s, rel=1e-9)
+    assert u.head_sharded_cache_s < u.total_s
+    assert price_prefill("ulysses", 0, TURN, problem(32, 8), 8, H100).head_sharded_cache_s is None
+    text = flat(cli_text("--heads", "32", "--kv-heads", "8", "--prompt-len", "1024",
+                         "--cached-len", "131072"))  # fmt: skip
+    assert "a server that keeps the cache head-sharded (TP-style attention) moves only the new " \
+        f"tokens: {u.head_sharded_cache_s * 1e6:,.0f} us" in text
+
+
 def test_llama_heads_at_a_1k_turn_are_a_close_call() -> None:
     """What the model says for Llama 3 70B (64/8) and 405B (128/8) at a 1K turn on 128K: the
     crossover sits near T = 1K (1.7K and 850 tokens), so pass-Q and pass-KV are within 2%,

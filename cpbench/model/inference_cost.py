@@ -143,6 +143,10 @@ class PrefillPrice:
     """The efficiency curve's value the kernels ran at (achieved / peak FLOP/s)."""
     bytes_sent: dict[str, int] = field(default_factory=dict)
     """Bytes one rank sends, by collective tag (`prefill_bytes`)."""
+    head_sharded_cache_s: float | None = None
+    """ulysses with a cache (P > 0): the TTFT were the cache kept head-sharded, as a TP-style
+    server keeps it (only the new tokens' Q, K/V and outputs travel); the scheme as priced (and
+    as cpbench runs it) re-shards the sequence-sharded cache every turn."""
 
 
 def _case(problem: CpProblem, cached_len: int, new_tokens: int, scheme: PrefillScheme,
@@ -206,10 +210,19 @@ def price_prefill(
     eff = _efficiency(profile, problem, kernel, keys)
     pairs = new_tokens * cached_len + new_tokens * (new_tokens + 1) // 2
     compute = pairs * per_pair / world / (profile.peak_flops(problem.dtype) * eff)
-    comm = tier.all_to_all.seconds(sent["a2a_q"] + sent["a2a_kv"], calls=2)
-    comm += tier.all_to_all.seconds(sent["a2a_out"])
+    def exchange(sent: dict[str, int]) -> float:
+        return tier.all_to_all.seconds(sent["a2a_q"] + sent["a2a_kv"], calls=2) + (
+            tier.all_to_all.seconds(sent["a2a_out"])
+        )
+
+    comm = exchange(sent)
+    head_sharded = None
+    if cached_len:  # the same prefill with only the new tokens' K/V in the exchange
+        fresh = prefill_bytes(_case(problem, 0, new_tokens, scheme, world, new_token_layout))
+        head_sharded = compute + exchange(fresh) + overhead
     return PrefillPrice(scheme, world, tier_name, compute + comm + overhead, compute, comm,
-                        overhead, kernel_efficiency=eff, bytes_sent=sent)  # fmt: skip
+                        overhead, kernel_efficiency=eff, bytes_sent=sent,
+                        head_sharded_cache_s=head_sharded)  # fmt: skip
 
 
 def _efficiency(

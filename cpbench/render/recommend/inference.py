@@ -62,12 +62,34 @@ def render_inference(report: Mapping[str, Any], explain: bool = False) -> list[R
     verdict = report.get("ring_verdict")
     if verdict:
         out.append(Text("\n".join(verdict_lines(verdict, q))))
+    line = _head_sharded_line(report)
+    if line:
+        out.append(Text(line))
     out.append(Text(capacity_line(report)))
     if report["settings"]:
         out.append(settings_table(report["settings"], explain))
     out.append(Text(f"Conventions: {report['conventions']['time']}. "
                     f"{report['conventions']['memory']}.", style="dim"))  # fmt: skip
     return out
+
+
+def _head_sharded_line(report: Mapping[str, Any]) -> str | None:
+    """What the best Ulysses would cost with a head-sharded cache, when it is priced with a
+    cache: the ranking assumes one sequence-sharded cache for every scheme."""
+    rows = [c for c in report["candidates"]
+            if c.get("scheme") == "ulysses" and c.get("head_sharded_cache_s") is not None]  # fmt: skip
+    if not rows:
+        return None
+    u = rows[0]
+    cache = u["bytes_sent"].get("a2a_kv", 0)
+    ahead = sum(1 for c in report["candidates"] if c["total_s"] < u["head_sharded_cache_s"])
+    return (
+        f"Ulysses W{u['world']} as ranked re-shards the sequence-sharded cache every turn "
+        f"({_mb(cache)} of its {_mb(u['bytes_per_rank'])} MB are K/V, almost all of it the "
+        f"cache); a server that "
+        f"keeps the cache head-sharded (TP-style attention) moves only the new tokens: "
+        f"{_us(u['head_sharded_cache_s'])} us, which would rank #{ahead + 1}."
+    )
 
 
 def _ranked_table(report: Mapping[str, Any], decode: bool) -> FitTable:
