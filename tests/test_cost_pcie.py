@@ -122,3 +122,16 @@ def test_a_measured_busbw_gets_half_the_prior_width_of_an_estimate() -> None:
     assert sds["estimate"] == PRIOR_LOG_SD["busbw"] == 0.7
     assert sds["measured"] == MEASURED_BUSBW_LOG_SD == pytest.approx(0.7 / 2)
     assert math.isclose(sds["estimate"] / sds["measured"], 2.0)
+
+
+def test_the_out_of_sample_table_shows_no_logo_columns() -> None:
+    """A section fitted on nothing renders the prior's columns only (no column of '-')."""
+    from rich.console import Console  # noqa: PLC0415
+
+    from cpbench.render.recommend.calibration import render_published  # noqa: PLC0415
+
+    console = Console(width=160, record=True, force_terminal=False)
+    for renderable in render_published({"sections": [out_of_sample_section()]}):
+        console.print(renderable)
+    text = console.export_text()
+    assert "prior regret" in text and "LOGO |err|" not in text and "LOGO regret" not in text
