@@ -30,6 +30,7 @@ from cpbench.attention.kernels import LocalKernel, default_scale, select_kernel
 from cpbench.attention.mesh import CPMesh
 from cpbench.attention.ring import _merge
 from cpbench.attention.ulysses import heads_to_seq, seq_to_heads
+from cpbench.config.inference import ulysses_kv_heads, ulysses_rule
 from cpbench.errors import CpbenchError
 from cpbench.model.inference import (
     DEFAULT_NEW_TOKEN_LAYOUT,
@@ -44,7 +45,6 @@ from cpbench.model.inference import (
     new_token_segments,
     split_sizes,
     split_starts,
-    ulysses_kv_heads,
 )
 
 
@@ -340,12 +340,10 @@ def _ulysses(
     to W when fewer), the cache part (full) and the new part (causal) merged, and back."""
     w, r = mesh.world, mesh.rank
     h, h_kv = q.shape[2], kv.shape[3]
+    rule = ulysses_rule(h, h_kv, w)
+    if rule is not None:
+        raise CpbenchError(rule)
     copies = ulysses_kv_heads(h_kv, w) // h_kv
-    if h % w or (h_kv * copies) % w:
-        raise CpbenchError(
-            f"ulysses prefill splits heads over {w} ranks: heads ({h}) and KV heads ({h_kv}, "
-            f"replicated to {h_kv * copies}) must be multiples of it"
-        )
     if copies > 1:
         kv = kv.repeat_interleave(copies, dim=3)
     tq, lkv = shards.q_block, shards.kv_block

@@ -155,16 +155,21 @@ def prefill_rule(problem: CpProblem, cached_len: int, new_tokens: int, scheme: s
             f"prefill scheme {scheme} runs on a U x R = {want[0]} x {want[1]} mesh of {world} "
             f"ranks, got {problem.ulysses} x {problem.ring}"
         )
-    if scheme == "ulysses":
-        try:
-            kv = ulysses_kv_heads(problem.kv_heads, world)
-        except CpbenchError as exc:
-            return str(exc)
-        if problem.heads % world or kv % world:
-            return (
-                f"ulysses prefill splits heads over {world} ranks: heads ({problem.heads}) and "
-                f"KV heads ({problem.kv_heads}, replicated to {kv}) must be multiples of it"
-            )
+    return ulysses_rule(problem.heads, problem.kv_heads, world) if scheme == "ulysses" else None
+
+
+def ulysses_rule(heads: int, kv_heads: int, world: int) -> str | None:
+    """Why Ulysses cannot split `heads` query and `kv_heads` KV heads over `world` ranks (the
+    KV heads replicated up to W when fewer), or None when it can."""
+    try:
+        kv = ulysses_kv_heads(kv_heads, world)
+    except CpbenchError as exc:
+        return str(exc)
+    if heads % world or kv % world:
+        return (
+            f"ulysses splits heads over {world} ranks: {heads} heads and {kv_heads} KV heads "
+            f"(replicated to {kv}) must be multiples of it"
+        )
     return None
 
 

@@ -75,7 +75,6 @@ from cpbench.model.inference import (
     prefill_bytes,
     prefill_pairs_per_rank,
     split_sizes,
-    ulysses_kv_heads,
 )
 
 RingScheme = Literal["pass_kv", "pass_q"]
@@ -408,16 +407,3 @@ def kv_capacity(context_len: int, problem: CpProblem, world: int, layers: int,
     return KvCapacity(world, held, budget_bytes, longest)
 
 
-def ulysses_rule(problem: CpProblem, world: int) -> str | None:
-    """Why Ulysses cannot run on `world` ranks (None when it can): heads and the replicated KV
-    heads must divide over the ranks."""
-    try:
-        kv = ulysses_kv_heads(problem.kv_heads, world)
-    except CpbenchError as exc:
-        return str(exc)
-    if problem.heads % world or kv % world:
-        return (
-            f"Ulysses splits heads over {world} ranks: {problem.heads} heads and {kv} KV heads "
-            f"must be multiples of {world}"
-        )
-    return None

@@ -15,6 +15,7 @@ from typing import Any
 from cpbench.app.recommend.inference_settings import serving_settings
 from cpbench.app.recommend.types import DEFAULT_HARDWARE
 from cpbench.app.recommend.uncertainty import profile_uncertainty
+from cpbench.config.inference import ulysses_rule
 from cpbench.config.problem import CpProblem
 from cpbench.config.vocabulary import canonical_dtype
 from cpbench.errors import CpbenchError
@@ -31,7 +32,6 @@ from cpbench.model.inference_cost import (
     price_decode,
     price_prefill,
     ring_message_ratio,
-    ulysses_rule,
 )
 from cpbench.units import GIB
 
@@ -205,7 +205,9 @@ def _prefill_ranking(
     rejected: list[dict[str, Any]] = []
     for w in degrees(request.gpus):
         for scheme in PREFILL_SCHEMES if w > 1 else PREFILL_SCHEMES[:1]:
-            rule = ulysses_rule(shape, w) if scheme == "ulysses" else None
+            rule = (
+                ulysses_rule(shape.heads, shape.kv_heads, w) if scheme == "ulysses" else None
+            )
             if rule is None:
                 rule = _memory_rule(request, fits[w], p + t)
             if rule is not None:
