@@ -25,6 +25,7 @@ computed densely on the CPU (float64), each rule citing where it comes from:
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -78,13 +79,35 @@ def visible(rule: str, sq: int, sk: int, causal: bool, left: int, right: int) ->
     return (j >= first.unsqueeze(1)) & (j < stop.unsqueeze(1))
 
 
-def _dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float):  # type: ignore[no-untyped-def]
-    """[B, S, H, D] inputs (K/V heads repeated for GQA) -> float64 scores' pieces."""
-    group = q.shape[2] // k.shape[2]
-    qd, kd, vd = (x.double().transpose(1, 2) for x in (q, k, v))
-    kd, vd = kd.repeat_interleave(group, 1), vd.repeat_interleave(group, 1)
-    s = (qd @ kd.transpose(-1, -2) * scale).masked_fill(~mask, float("-inf"))
-    return qd, kd, vd, s, group
+@functools.lru_cache(maxsize=4096)
+def _hidden(rule: str, sq: int, sk: int, causal: bool, left: int, right: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the keys each row does not see, [sq, sk]; the rows that see none, [sq]) under `rule`:
+    `visible` negated, once per call signature (a ring runs the same few piece shapes many
+    times; the tensors are only read)."""
+    mask = visible(rule, sq, sk, causal, left, right)
+    return ~mask, ~mask.any(dim=1)
+
+
+def _scores(q: torch.Tensor, k: torch.Tensor, hidden: torch.Tensor, scale: float) -> torch.Tensor:
+    """[B, S, H, D] queries, [B, S, Hk, D] keys -> float64 masked scores [B, Hk, G, Sq, Sk]:
+    the G = H / Hk query heads of a KV head grouped next to it (GQA without copying K)."""
+    b, sq, h, d = q.shape
+    group = h // k.shape[2]
+    qd = q.double().permute(0, 2, 1, 3).reshape(b, k.shape[2], group, sq, d)
+    kd = k.double().permute(0, 2, 3, 1).unsqueeze(2)  # [B, Hk, 1, D, Sk]
+    return (qd @ kd * scale).masked_fill(hidden, float("-inf"))
+
+
+def _grouped(x: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """[B, S, H, D] -> float64 [B, Hk, G, S, D] (the layout of `_scores`)."""
+    b, s, h, d = x.shape
+    return x.double().permute(0, 2, 1, 3).reshape(b, kv_heads, h // kv_heads, s, d)
+
+
+def _ungrouped(x: torch.Tensor) -> torch.Tensor:
+    """[B, Hk, G, S, D] -> [B, S, H, D]."""
+    b, hk, g, s, d = x.shape
+    return x.reshape(b, hk * g, s, d).transpose(1, 2)
 
 
 class Library:
@@ -122,32 +145,33 @@ class Library:
 
     def attend(self, q, k, v, scale, causal, left, right):  # type: ignore[no-untyped-def]
         self._check(q)
-        sq, sk = q.shape[1], k.shape[1]
+        sq, sk, kv_heads = q.shape[1], k.shape[1], k.shape[2]
         self.calls.append((sq, sk, causal, left, right))
-        mask = visible(self.rule, sq, sk, causal, left, right)
-        _, _, vd, s, _ = _dense(q, k, v, mask, scale)
-        lse = torch.logsumexp(s, dim=-1)
-        empty = ~mask.any(dim=1)
-        p = torch.exp(s - lse.unsqueeze(-1)).nan_to_num(0.0)
-        out = (p @ vd).transpose(1, 2).to(q.dtype)
+        hidden, empty = _hidden(self.rule, sq, sk, causal, left, right)
+        s = _scores(q, k, hidden, scale)
+        lse = torch.logsumexp(s, dim=-1, keepdim=True)
+        p = torch.exp(s - lse).nan_to_num_(0.0)
+        out = _ungrouped(p @ _grouped(v, kv_heads)).to(q.dtype)
+        lse = lse.reshape(q.shape[0], q.shape[2], sq)
         lse = lse.masked_fill(empty, float("inf"))  # softmax.h: empty row -> +inf
         return out, lse.float()
 
     def grads(self, dout, q, k, v, out, lse, scale, causal, left, right):  # type: ignore[no-untyped-def]
         self._check(q)
-        sq, sk = q.shape[1], k.shape[1]
-        mask = visible(self.rule, sq, sk, causal, left, right)
-        qd, kd, vd, s, group = _dense(q, k, v, mask, scale)
-        p = torch.exp(s - lse.double().unsqueeze(-1)).nan_to_num(0.0)
-        do, o = dout.double().transpose(1, 2), out.double().transpose(1, 2)
+        b, sq, h, _ = q.shape
+        sk, kv_heads = k.shape[1], k.shape[2]
+        hidden, _ = _hidden(self.rule, sq, sk, causal, left, right)
+        s = _scores(q, k, hidden, scale)
+        p = torch.exp(s - lse.double().reshape(b, kv_heads, h // kv_heads, sq, 1)).nan_to_num_(0.0)
+        do, o = _grouped(dout, kv_heads), _grouped(out, kv_heads)
+        qd, kd, vd = _grouped(q, kv_heads), _grouped(k, kv_heads), _grouped(v, kv_heads)
         dp = do @ vd.transpose(-1, -2)
         ds = p * (dp - (do * o).sum(-1, keepdim=True))
         dq = ds @ kd * scale
-        dk, dv = ds.transpose(-1, -2) @ qd * scale, p.transpose(-1, -2) @ do
-        b, h, _, d = dk.shape
-        dk = dk.view(b, h // group, group, sk, d).sum(2)
-        dv = dv.view(b, h // group, group, sk, dv.shape[-1]).sum(2)
-        return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
+        # dK, dV: a sum over the group's query heads (the KV head's G copies in flash-attn)
+        dk = (ds.transpose(-1, -2) @ qd).sum(2) * scale
+        dv = (p.transpose(-1, -2) @ do).sum(2)
+        return _ungrouped(dq), dk.transpose(1, 2), dv.transpose(1, 2)
 
     # flash-attn 2.7 / 2.8's private API (flash_attn/flash_attn_interface.py)
     def _flash_attn_forward(self, q, k, v, dropout_p, softmax_scale, causal, window_size_left,  # type: ignore[no-untyped-def]

@@ -29,7 +29,8 @@ from cpbench.results.store import inflight_path, mark_inflight, read_records
 ROOT = Path(__file__).resolve().parents[1]
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 DRIVER = ROOT / "tests" / "torchrun_sweep.py"
-TIMEOUT = 10  # seconds per configuration: the hanging one costs this much (loaded CI cores)
+TIMEOUT = 10  # seconds per configuration: the hanging one costs this much. 5 s timed the
+# good ones out at load 10 here (a job's first configuration builds its mesh groups)
 
 SCENARIO = """
 name = "faults"

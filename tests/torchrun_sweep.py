@@ -15,6 +15,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `tests` as a package
 
+# What a pool rank imports before it says "ready" (cpbench/bench/pool.py): the module torch's
+# first backward imports and the measurement's modules, so that the scenario's short timeout
+# (tests/test_torchrun.TIMEOUT) times the configurations, not a fresh job's imports.
+import torch.fx.experimental.symbolic_shapes  # noqa: E402, F401
+
+import cpbench.bench.measure  # noqa: E402, F401
 from cpbench.app.sweep import run_sweep  # noqa: E402
 from cpbench.bench.world import launched_rank  # noqa: E402
 from cpbench.results.scenarios.loading import load_scenario  # noqa: E402

@@ -97,7 +97,10 @@ def _worker_main(
     )
     # The measurement's modules (scipy's statistics among them: seconds on a loaded machine) are
     # imported before "ready", so a configuration's --timeout times the configuration, not a
-    # fresh rank's imports.
+    # fresh rank's imports; so is the module torch's first `backward(grad)` imports
+    # (autograd's `_make_grads` -> symbolic_shapes -> sympy: 1-5 s).
+    import torch.fx.experimental.symbolic_shapes  # noqa: F401, PLC0415
+
     import cpbench.bench.measure  # noqa: F401, PLC0415
     from cpbench.bench.environment import rank_waiting  # noqa: PLC0415
 

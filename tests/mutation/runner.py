@@ -71,10 +71,14 @@ def tree_copy(root: Path = ROOT) -> Iterator[Path]:
 
 
 def _worker(
-    tree: Path, runs: list[dict[str, Any]], timeout_s: float, progress: bool = False
+    tree: Path,
+    runs: list[dict[str, Any]],
+    timeout_s: float,
+    progress: bool = False,
 ) -> list[dict[str, Any]]:
     """The runs through `tests.mutation.worker` in `tree` (one process; one fork per run); its
-    progress lines go to this process's stderr when `progress`."""
+    progress lines go to this process's stderr when `progress`. The worker stops after a
+    failing run marked `must_pass`: then the answers end with it."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(tree), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env["PYTHONDONTWRITEBYTECODE"] = "1"
@@ -90,7 +94,11 @@ def _worker(
         check=False,
     )
     answers = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    if len(answers) != len(runs):
+    stopped = any(
+        run.get("must_pass") and answer["code"] != 0
+        for run, answer in zip(runs, answers, strict=False)
+    )
+    if len(answers) != len(runs) and not stopped:
         raise RuntimeError(
             f"the mutation worker answered {len(answers)} of {len(runs)} runs "
             f"(exit {done.returncode}):\n{(done.stderr or '(its stderr is above)')[-3000:]}"
@@ -118,12 +126,6 @@ def run_mutants(
     finished run on stderr when `progress`."""
     with tree_copy(root) as tree:
         union = list(dict.fromkeys(t for m in mutants for t in m.tests))
-        (baseline,) = _worker(tree, [{"name": "baseline", "tests": union}], timeout_s, progress)
-        if baseline["code"] != 0:
-            raise BaselineFailed(
-                f"the unmutated tree fails the mutants' tests (pytest exit {baseline['code']}):"
-                f"\n{baseline['output'][-3000:]}"
-            )
         stale = {m.name for m in mutants if (tree / m.file).read_text().count(m.old) != 1}
         runs = [
             {"name": m.name, "file": str(tree / m.file), "old": m.old, "new": m.new,
@@ -131,13 +133,25 @@ def run_mutants(
             for m in mutants
             if m.name not in stale
         ]  # fmt: skip
-        answers = {a["name"]: a for a in _worker(tree, runs, timeout_s, progress)} if runs else {}
+        # One worker (one import of torch and the rest) for the baseline and then every mutant;
+        # it stops after a failing baseline.
+        baseline_run = {"name": "baseline", "tests": union, "must_pass": True}
+        answers = _worker(tree, [baseline_run, *runs], timeout_s, progress)
+        baseline = answers.pop(0)
+        if baseline["code"] != 0:
+            raise BaselineFailed(
+                f"the unmutated tree fails the mutants' tests (pytest exit {baseline['code']}):"
+                f"\n{baseline['output'][-3000:]}"
+            )
+        if len(answers) != len(runs):
+            raise RuntimeError(f"the mutation worker answered {len(answers)} of {len(runs)} runs")
+        by_name = {a["name"]: a for a in answers}
     results: list[Result] = []
     for mutant in mutants:
         if mutant.name in stale:
             results.append(Result(mutant, "stale", None, 0.0))
             continue
-        answer = answers[mutant.name]
+        answer = by_name[mutant.name]
         code = answer["code"]
         outcome: Outcome
         if code is None:

@@ -107,6 +107,8 @@ def main() -> None:
         sys.stdout.flush()
         # progress on stderr (the runner passes it through): a full run takes many minutes
         print(f"{run['name']}: pytest exit {code} in {seconds:.1f} s", file=sys.stderr, flush=True)
+        if run.get("must_pass") and code != 0:
+            break  # the baseline failed: no mutant's verdict would mean anything
 
 
 if __name__ == "__main__":
