@@ -98,15 +98,20 @@ class Tiny(nn.Module):
         return F.cross_entropy(logits.flatten(0, 1).float(), tokens.flatten())
 
 
-def _timed(fn: Callable[[], None]) -> tuple[float, float]:
-    """(best time, spread: half the log range of the repeats, a standard deviation proxy)."""
-    fn()  # warm-up
-    times = []
+def _timed(*fns: Callable[[], None]) -> list[tuple[float, float]]:
+    """Per function, (best time, spread: half the log range of the repeats, a standard
+    deviation proxy). The functions run interleaved, one repeat of each per round, so a slow
+    spell of a shared machine slows every one of them alike instead of one alone (the test
+    compares their ratios)."""
+    for fn in fns:
+        fn()  # warm-up
+    times: list[list[float]] = [[] for _ in fns]
     for _ in range(REPEATS):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times), math.log(max(times) / min(times)) / 2
+        for fn, spent in zip(fns, times, strict=True):
+            start = time.perf_counter()
+            fn()
+            spent.append(time.perf_counter() - start)
+    return [(min(t), math.log(max(t) / min(t)) / 2) for t in times]
 
 
 def _step(model: nn.Module, tokens: torch.Tensor) -> Callable[[], None]:
@@ -140,10 +145,12 @@ def test_time_model_against_a_measured_cpu_step() -> None:
     try:
         torch.manual_seed(0)
         tokens = torch.randint(0, TINY.vocab, (1, SEQ_LEN))
-        full = _timed(_step(Tiny(TINY), tokens))
-        matmul = _timed(_step(Tiny(TINY, attention=False), tokens))
-        attention = _timed(_attention_only(TINY))
-        half = _timed(_attention_only(TINY, TINY.heads // 2))
+        full, matmul, attention, half = _timed(
+            _step(Tiny(TINY), tokens),
+            _step(Tiny(TINY, attention=False), tokens),
+            _attention_only(TINY),
+            _attention_only(TINY, TINY.heads // 2),
+        )
     finally:
         torch.set_num_threads(threads)
 
