@@ -38,7 +38,9 @@ def pool() -> Iterator[Callable[[int], WorkerPool]]:
 
     yield get
     for p in pools.values():
-        p.close()
+        # At once: the session is over and nothing is left to finish; a polite close waits for
+        # each rank's interpreter to tear torch down, one rank after another (5-10 s here).
+        p.close(force=True)
 
 
 class LentPool:

@@ -125,88 +125,17 @@ def flash_attn_by_rule(variant: str = "fixed") -> Iterator[Any]:
         select._kernel_instance = instance
 
 
-def run_cases_with_flash_rule(
-    variant: str, cases: list[Any], judges: str = "rank 0"
-) -> tuple[list[Any], dict[str, int]]:
-    """Pool task: `cpbench verify`'s cases with the rule kernel selected for `flash_attn`
-    (`flash_attn_by_rule`). Returns (the records, this rank's call counts: library calls,
-    calls with more query rows than key columns + 1, where the right window is clamped).
-
-    `judges` "rank 0": `run_cases_on_rank` itself (rank 0 computes every float64 reference and
-    verdict while the other ranks wait: its records, None elsewhere). "spread": the same
-    pieces (`_run_cpbench` on every rank, then `reference_attention` and `judge`), but case i's
-    reference and verdict on rank i mod world size, after each round of world-size cases, so
-    the references of a round run on every core at once; each rank returns its cases' records
-    (None for the others), `merged_records` puts them together."""
+def run_cases_with_flash_rule(variant: str, cases: list[Any]) -> tuple[list[Any], dict[str, int]]:
+    """Pool task: `cpbench verify`'s cases (`run_cases_on_rank`: rank 0 judges, with the
+    memoised reference) with the rule kernel selected for `flash_attn` (`flash_attn_by_rule`).
+    Returns (the records on rank 0, None elsewhere; this rank's call counts: library calls, and
+    calls with more query rows than key columns + 1, where the right window is clamped)."""
     from cpbench.bench.reference import run_cases_on_rank  # noqa: PLC0415
 
-    if judges not in ("rank 0", "spread"):
-        raise ValueError(f"judges {judges!r} is not 'rank 0' or 'spread'")
     with flash_attn_by_rule(variant) as kernel:
-        records = run_cases_on_rank(cases) if judges == "rank 0" else _spread_judges(cases)
+        records = run_cases_on_rank(cases)
     calls = kernel._fa.calls
     return records, {
         "calls": len(calls),
         "tall": sum(1 for sq, sk, *_ in calls if sq > sk + 1),
     }
-
-
-def merged_records(per_rank: list[tuple[list[Any], dict[str, int]]]) -> list[Any]:
-    """The records of `run_cases_with_flash_rule(..., judges="spread")`, one per case in order:
-    case i's from the rank that judged it (every other rank has None there)."""
-    columns = [records for records, _ in per_rank]
-    merged = [next((r for r in row if r is not None), None) for row in zip(*columns, strict=True)]
-    if any(r is None for r in merged):
-        raise ValueError("a case has no record on any rank")
-    return merged
-
-
-def _spread_judges(cases: list[Any]) -> list[Any]:
-    """`run_cases_on_rank` with case i judged on rank i mod world size (see
-    `run_cases_with_flash_rule`): the record is `run_case_on_rank`'s, from the same functions."""
-    from dataclasses import asdict  # noqa: PLC0415
-
-    import torch.distributed as dist  # noqa: PLC0415
-
-    from cpbench.attention import reference_attention  # noqa: PLC0415
-    from cpbench.bench import reference  # noqa: PLC0415
-    from cpbench.errors import CpbenchError  # noqa: PLC0415
-
-    rank, world = dist.get_rank(), dist.get_world_size()
-    device = torch.device("cpu")
-    records: list[Any] = [None] * len(cases)
-    mine: list[tuple[int, Any, tuple[torch.Tensor, ...], list[torch.Tensor]]] = []
-
-    def label(case: Any) -> dict[str, Any]:
-        return {**asdict(case), "scheme": case.scheme, "label": case.label,
-                "mask": case.mask.label}  # fmt: skip
-
-    def judge_mine() -> None:
-        for index, case, inputs, gathered in mine:
-            q, k, v, dout = inputs
-            dtype = reference.TORCH_DTYPES[case.dtype]
-            ref_inputs = [t.to(dtype).double().requires_grad_(True) for t in (q, k, v)]
-            ref_out = reference_attention(*ref_inputs, causal=case.causal,
-                                          mask=reference.run_mask(case)[0])  # fmt: skip
-            ref_out.backward(dout.to(dtype).double())
-            refs = [ref_out.detach(), *reference._grads(ref_inputs, "reference")]
-            floor = dict.fromkeys(reference.CHECKED, reference.ABSOLUTE_FLOOR)
-            records[index] = {**label(case), **reference.judge(case, gathered, refs, floor)}
-        mine.clear()
-
-    for index, case in enumerate(cases):
-        if case.impl != reference.DEFAULT_IMPL:
-            raise ValueError(f"spread judges run cpbench's own cases, not impl {case.impl!r}")
-        inputs = reference._global_inputs(case, device)
-        try:
-            gathered = reference._run_cpbench(case, inputs)
-        except CpbenchError as exc:  # deterministic on every rank, as in run_cases_on_rank
-            if index % world == rank:
-                records[index] = {**label(case), "passed": False, "error": str(exc)}
-        else:
-            if index % world == rank:
-                mine.append((index, case, inputs, gathered))
-        if index % world == world - 1:
-            judge_mine()
-    judge_mine()
-    return records

@@ -1,4 +1,4 @@
-"""All-gather CP (cpbench/attention/allgather.py) on 4 gloo ranks, spawned once: every layout x
+"""All-gather CP (cpbench/attention/allgather.py) on the session's 4 gloo ranks: every layout x
 mask (causal, full, documents incl. a single-token one, window, documents + window, a window
 longer than the sequence) x GQA x head stride, output and dQ/dK/dV against a float64 reference
 built from `MaskSpec.visible` (tolerance 1e-5: the merge accumulates in fp32), and the bytes
@@ -10,12 +10,8 @@ the production kernels support."""
 
 from __future__ import annotations
 
-import os
-import socket
-
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from cpbench.attention.allgather import AllGatherAttention, GatherSpec
 from cpbench.attention.comm import ByteCounter, counting
@@ -85,9 +81,9 @@ def reference(q, k, v, mask, L):
     return torch.einsum("bhqk,bkhd->bqhd", torch.softmax(s, -1), v.repeat_interleave(G, 2))
 
 
-def _run(rank: int, world: int, port: int, results) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+def _run() -> tuple[int, int, int, float]:
+    """Pool task: every case on this rank; (rank, cases, wrong results or bytes, worst error)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
     spec = GatherSpec(None, world, rank)
     cases = []
     for layout in ["contiguous", "zigzag", "striped", "doc_zigzag", "balanced"]:
@@ -145,23 +141,11 @@ def _run(rank: int, world: int, port: int, results) -> None:
         worst = max(worst, *errs)
         if max(errs) > TOLERANCE:
             bad += 1
-    results.put((rank, len(cases), bad, worst))
-    dist.destroy_process_group()
+    return rank, len(cases), bad, worst
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def test_allgather_every_layout_and_mask_matches_reference_and_bytes() -> None:
-    ctx = mp.get_context("spawn")
-    results = ctx.SimpleQueue()
-    mp.start_processes(
-        _run, args=(WORLD, _free_port(), results), nprocs=WORLD, start_method="spawn"
-    )
-    rows = sorted(results.get() for _ in range(WORLD))
+def test_allgather_every_layout_and_mask_matches_reference_and_bytes(pool) -> None:  # type: ignore[no-untyped-def]
+    rows = pool(WORLD).run(_run, timeout=300)
     assert [r[0] for r in rows] == list(range(WORLD))
     for rank, cases, bad, worst in rows:
         assert cases >= 30

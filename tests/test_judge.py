@@ -7,6 +7,7 @@ check (tests/mutation, docs/mutation.md) shows which defect of the judge each on
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -150,6 +151,60 @@ def test_run_case_on_rank_judges_what_the_scheme_returned(
     assert result["passed"] is (wrong is None)
     over = [n for n in CHECKED if result["errors"][n] > result["bounds"][n]]
     assert over == ([] if wrong is None else [wrong])
+
+
+def _fresh_reference(case: VerifyCase) -> list[torch.Tensor]:
+    """The case's float64 reference computed here, from its own global inputs and run mask."""
+    q, k, v, dout = reference_module._global_inputs(case, torch.device("cpu"))
+    dt = DTYPES[case.dtype]
+    leaves = [t.to(dt).double().requires_grad_(True) for t in (q, k, v)]
+    out = reference_attention(*leaves, causal=case.causal, mask=reference_module.run_mask(case)[0])
+    out.backward(dout.to(dt).double())
+    return [out.detach(), *(t.grad for t in leaves if t.grad is not None)]
+
+
+def _cached(case: VerifyCase) -> list[torch.Tensor]:
+    return reference_module.reference_results(
+        case, reference_module._global_inputs(case, torch.device("cpu"))
+    )
+
+
+def test_the_reference_is_shared_by_meshes_and_layouts_and_by_nothing_else(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`reference_results` computes a problem once for all its meshes and layouts (the same
+    tensors, equal to a fresh computation) and never hands one problem another's: a case
+    differing in mask, window, causality, dtype, KV heads, seed or doc_zigzag's padded length
+    gets its own reference, equal to its fresh one."""
+    monkeypatch.setattr(reference_module, "_references", type(reference_module._references)())
+    base = replace(_case("float32"), documents=(5, 11, 16))
+    first = _cached(base)
+    for same in (replace(base, ulysses=2, ring=1), replace(base, layout="zigzag")):
+        assert all(a is b for a, b in zip(_cached(same), first, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(first, _fresh_reference(base), strict=True))
+    others = [
+        replace(base, documents=(16, 5, 11)), replace(base, documents=None, window=7),
+        replace(base, documents=None), replace(base, documents=None, causal=False),
+        replace(base, dtype="bfloat16"), replace(base, kv_heads=1), replace(base, seed=1),
+        replace(base, layout="doc_zigzag"),
+    ]  # fmt: skip
+    for other in others:
+        got = _cached(other)
+        assert all(torch.equal(a, b) for a, b in zip(got, _fresh_reference(other), strict=True))
+        assert not all(torch.equal(a, b) for a, b in zip(got, first, strict=True)), other.label
+
+
+def test_a_reference_over_the_cache_bound_is_not_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(reference_module, "_references", type(reference_module._references)())
+    case = _case("float32")
+    size = sum(t.numel() * t.element_size() for t in _fresh_reference(case))
+    monkeypatch.setattr(reference_module, "REFERENCE_CACHE_BYTES", size - 1)
+    first = _cached(case)
+    assert not reference_module._references
+    assert all(a is not b for a, b in zip(_cached(case), first, strict=True))
+    monkeypatch.setattr(reference_module, "REFERENCE_CACHE_BYTES", 2 * size)
+    _cached(case), _cached(replace(case, seed=1)), _cached(replace(case, seed=2))
+    assert len(reference_module._references) == 2  # the oldest of three evicted
 
 
 # ---------------------------------------------------------------- the accumulator's precision

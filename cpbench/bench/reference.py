@@ -10,6 +10,7 @@ error naming it, never a check of the mask-less result."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
@@ -59,15 +60,20 @@ def run_mask(case: VerifyCase) -> tuple[MaskSpec, int]:
     return case.packing.mask, case.packing.seq_len
 
 
+def _input_key(case: VerifyCase) -> tuple[int, ...]:
+    """Everything `_global_inputs` reads: cases with equal keys get equal inputs (seed, batch,
+    length run, heads, KV heads, head dim)."""
+    n = run_mask(case)[1] if case.impl == DEFAULT_IMPL else case.seq_len
+    return (case.seed, case.batch, n, case.heads, case.kv_heads, case.head_dim)
+
+
 def _global_inputs(case: VerifyCase, device: torch.device) -> tuple[torch.Tensor, ...]:
-    g = torch.Generator().manual_seed(case.seed)
-    b, n, d = case.batch, case.seq_len, case.head_dim
-    if case.impl == DEFAULT_IMPL:
-        n = run_mask(case)[1]
-    q = torch.randn(b, n, case.heads, d, generator=g)
-    k = torch.randn(b, n, case.kv_heads, d, generator=g)
-    v = torch.randn(b, n, case.kv_heads, d, generator=g)
-    dout = torch.randn(b, n, case.heads, d, generator=g)
+    seed, b, n, heads, kv_heads, d = _input_key(case)
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, n, heads, d, generator=g)
+    k = torch.randn(b, n, kv_heads, d, generator=g)
+    v = torch.randn(b, n, kv_heads, d, generator=g)
+    dout = torch.randn(b, n, heads, d, generator=g)
     return tuple(t.to(device) for t in (q, k, v, dout))
 
 
@@ -121,6 +127,46 @@ CHECKED = CHECKED_TENSORS
 """The tensors every check compares, in the order the runs return them."""
 
 
+REFERENCE_CACHE_BYTES = 64 * 2**20
+"""The most bytes of float64 references `reference_results` keeps. A verify matrix runs each
+problem on every mesh and layout (20 cases of one problem at 8 ranks), and a sweep checks each
+problem on every mesh: all share one reference. A reference larger than this is not kept."""
+
+_references: OrderedDict[tuple[object, ...], list[torch.Tensor]] = OrderedDict()
+"""`reference_results`' memo, least recently used first."""
+
+
+def reference_results(case: VerifyCase, inputs: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
+    """The float64 reference's out, dQ, dK, dV (`CHECKED` order) for the case's global inputs
+    (`_global_inputs(case, ...)`, rounded to the case's dtype) under the mask the case runs
+    (doc_zigzag's padding documents included; an impl's own mask otherwise).
+
+    Memoised on what determines it: the inputs' key (`_input_key`), dtype, causal, mask and
+    device, so the meshes and layouts of one problem share one computation (up to
+    `REFERENCE_CACHE_BYTES`). `inputs` must be the case's own global inputs."""
+    from cpbench.attention import reference_attention  # noqa: PLC0415
+
+    mask = run_mask(case)[0] if case.impl == DEFAULT_IMPL else case.mask
+    q, k, v, dout = inputs
+    key = (*_input_key(case), case.dtype, case.causal, mask, str(q.device))
+    if key in _references:
+        _references.move_to_end(key)
+        return _references[key]
+    dtype = TORCH_DTYPES[case.dtype]
+    ref_inputs = [t.to(dtype).double().requires_grad_(True) for t in (q, k, v)]
+    ref_out = reference_attention(*ref_inputs, causal=case.causal, mask=mask)
+    ref_out.backward(dout.to(dtype).double())
+    refs = [ref_out.detach(), *_grads(ref_inputs, "reference")]
+    size = sum(t.numel() * t.element_size() for t in refs)
+    if size <= REFERENCE_CACHE_BYTES:
+        _references[key] = refs
+        while sum(t.numel() * t.element_size() for r in _references.values() for t in r) > (
+            REFERENCE_CACHE_BYTES
+        ):
+            _references.popitem(last=False)
+    return refs
+
+
 def judge(
     case: VerifyCase,
     results: list[torch.Tensor],
@@ -164,8 +210,6 @@ def run_case_on_rank(case: VerifyCase, device: torch.device) -> dict | None:
     """Collective: run one case on every rank; rank 0 returns the errors, others None."""
     import torch.distributed as dist  # noqa: PLC0415
 
-    from cpbench.attention import reference_attention  # noqa: PLC0415
-
     unsupported = impl_mask_unsupported(case.impl, case.mask, case.layout)
     if unsupported:
         raise CpbenchError(unsupported)
@@ -186,14 +230,7 @@ def run_case_on_rank(case: VerifyCase, device: torch.device) -> dict | None:
                 tolerances[name] = max(tolerances[name], issue.tolerance)
     if dist.get_rank() != 0:
         return None
-    q, k, v, dout = inputs
-    dtype = TORCH_DTYPES[case.dtype]
-    ref_inputs = [t.to(dtype).double().requires_grad_(True) for t in (q, k, v)]
-    ref_q, ref_k, ref_v = ref_inputs
-    mask = run_mask(case)[0] if case.impl == DEFAULT_IMPL else case.mask
-    ref_out = reference_attention(ref_q, ref_k, ref_v, causal=case.causal, mask=mask)
-    ref_out.backward(dout.to(dtype).double())
-    refs = [ref_out.detach(), *_grads(ref_inputs, "reference")]
+    refs = reference_results(case, inputs)
     verdict = judge(case, gathered, refs, tolerances)
     result = {
         **asdict(case),

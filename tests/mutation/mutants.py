@@ -72,6 +72,15 @@ MUTANTS: tuple[Mutant, ...] = (
         fast=True,
     ),
     Mutant(
+        "reference-cache-ignores-the-mask",
+        JUDGE,
+        "key = (*_input_key(case), case.dtype, case.causal, mask, str(q.device))",
+        "key = (*_input_key(case), case.dtype, case.causal, str(q.device))",
+        "the memo of references hands a case the reference of another mask on the same inputs",
+        ("tests/test_judge.py::test_the_reference_is_shared_by_meshes_and_layouts_and_by_nothing_else",),
+        fast=True,
+    ),
+    Mutant(
         "judge-ignores-gradients",
         JUDGE,
         '"passed": all(errors[n] <= bounds[n] for n in CHECKED),',
