@@ -57,8 +57,7 @@ def _child(tests: list[str], log: int) -> None:
     try:
         import pytest  # noqa: PLC0415
 
-        # -n 0: in this process, not in the parallel workers the suite's addopts ask for
-        code = int(pytest.main(["-x", "-q", "-n", "0", "-p", "no:cacheprovider", "-rf", *tests]))
+        code = int(pytest.main(["-x", "-q", "-p", "no:cacheprovider", "-rf", *tests]))
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
