@@ -154,7 +154,8 @@ def reference_results(case: VerifyCase, inputs: tuple[torch.Tensor, ...]) -> lis
         return _references[key]
     dtype = TORCH_DTYPES[case.dtype]
     ref_inputs = [t.to(dtype).double().requires_grad_(True) for t in (q, k, v)]
-    ref_out = reference_attention(*ref_inputs, causal=case.causal, mask=mask)
+    ref_q, ref_k, ref_v = ref_inputs
+    ref_out = reference_attention(ref_q, ref_k, ref_v, causal=case.causal, mask=mask)
     ref_out.backward(dout.to(dtype).double())
     refs = [ref_out.detach(), *_grads(ref_inputs, "reference")]
     size = sum(t.numel() * t.element_size() for t in refs)
