@@ -126,8 +126,8 @@ def flash_attn_by_rule(variant: str = "fixed") -> Iterator[Any]:
 
 
 def run_cases_with_flash_rule(variant: str, cases: list[Any]) -> tuple[list[Any], dict[str, int]]:
-    """Pool task: `cpbench verify`'s cases (`run_cases_on_rank`: rank 0 judges, with the
-    memoised reference) with the rule kernel selected for `flash_attn` (`flash_attn_by_rule`).
+    """Pool task: `cpbench verify`'s cases (`run_cases_on_rank`: rank 0 judges, one float64
+    reference per problem) with the rule kernel selected for `flash_attn` (`flash_attn_by_rule`).
     Returns (the records on rank 0, None elsewhere; this rank's call counts: library calls, and
     calls with more query rows than key columns + 1, where the right window is clamped)."""
     from cpbench.bench.reference import run_cases_on_rank  # noqa: PLC0415

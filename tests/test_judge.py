@@ -163,24 +163,22 @@ def _fresh_reference(case: VerifyCase) -> list[torch.Tensor]:
     return [out.detach(), *(t.grad for t in leaves if t.grad is not None)]
 
 
-def _cached(case: VerifyCase) -> list[torch.Tensor]:
+def _cached(case: VerifyCase, memo: reference_module.ReferenceMemo) -> list[torch.Tensor]:
     return reference_module.reference_results(
-        case, reference_module._global_inputs(case, torch.device("cpu"))
+        case, reference_module._global_inputs(case, torch.device("cpu")), memo
     )
 
 
-def test_the_reference_is_shared_by_meshes_and_layouts_and_by_nothing_else(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """`reference_results` computes a problem once for all its meshes and layouts (the same
-    tensors, equal to a fresh computation) and never hands one problem another's: a case
-    differing in mask, window, causality, dtype, KV heads, seed or doc_zigzag's padded length
-    gets its own reference, equal to its fresh one."""
-    monkeypatch.setattr(reference_module, "_references", type(reference_module._references)())
+def test_the_reference_is_shared_by_meshes_and_layouts_and_by_nothing_else() -> None:
+    """`reference_results` with a memo computes a problem once for all its meshes and layouts
+    (the same tensors, equal to a fresh computation) and never hands one problem another's: a
+    case differing in mask, window, causality, dtype, KV heads, seed or doc_zigzag's padded
+    length gets its own reference, equal to its fresh one."""
+    memo = reference_module.ReferenceMemo()
     base = replace(_case("float32"), documents=(5, 11, 16))
-    first = _cached(base)
+    first = _cached(base, memo)
     for same in (replace(base, ulysses=2, ring=1), replace(base, layout="zigzag")):
-        assert all(a is b for a, b in zip(_cached(same), first, strict=True))
+        assert all(a is b for a, b in zip(_cached(same, memo), first, strict=True))
     assert all(torch.equal(a, b) for a, b in zip(first, _fresh_reference(base), strict=True))
     others = [
         replace(base, documents=(16, 5, 11)), replace(base, documents=None, window=7),
@@ -189,22 +187,27 @@ def test_the_reference_is_shared_by_meshes_and_layouts_and_by_nothing_else(
         replace(base, layout="doc_zigzag"),
     ]  # fmt: skip
     for other in others:
-        got = _cached(other)
+        got = _cached(other, memo)
         assert all(torch.equal(a, b) for a, b in zip(got, _fresh_reference(other), strict=True))
         assert not all(torch.equal(a, b) for a, b in zip(got, first, strict=True)), other.label
 
 
-def test_a_reference_over_the_cache_bound_is_not_kept(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(reference_module, "_references", type(reference_module._references)())
+def test_a_reference_over_the_memo_bound_is_not_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing is kept without a memo (a sweep's reference check) or past the memo's bound,
+    where the least recently used goes first."""
     case = _case("float32")
+    inputs = reference_module._global_inputs(case, torch.device("cpu"))
+    alone = reference_module.reference_results(case, inputs)
+    assert all(a is not b for a, b in zip(alone, reference_module.reference_results(case, inputs), strict=True))
     size = sum(t.numel() * t.element_size() for t in _fresh_reference(case))
-    monkeypatch.setattr(reference_module, "REFERENCE_CACHE_BYTES", size - 1)
-    first = _cached(case)
-    assert not reference_module._references
-    assert all(a is not b for a, b in zip(_cached(case), first, strict=True))
-    monkeypatch.setattr(reference_module, "REFERENCE_CACHE_BYTES", 2 * size)
-    _cached(case), _cached(replace(case, seed=1)), _cached(replace(case, seed=2))
-    assert len(reference_module._references) == 2  # the oldest of three evicted
+    memo = reference_module.ReferenceMemo()
+    monkeypatch.setattr(reference_module, "REFERENCE_MEMO_BYTES", size - 1)
+    first = _cached(case, memo)
+    assert not memo.references
+    assert all(a is not b for a, b in zip(_cached(case, memo), first, strict=True))
+    monkeypatch.setattr(reference_module, "REFERENCE_MEMO_BYTES", 2 * size)
+    _cached(case, memo), _cached(replace(case, seed=1), memo), _cached(replace(case, seed=2), memo)
+    assert [key[0] for key in memo.references] == [1, 2]  # seed 0's, the oldest, went first
 
 
 # ---------------------------------------------------------------- the accumulator's precision

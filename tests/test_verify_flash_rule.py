@@ -17,8 +17,8 @@ the rule.
 The whole world-8 matrix (735 cases: 0 failures, 83 s here) is `run_cases_with_flash_rule` on
 `default_cases(8, kernel="flash_attn")`; this test's 140 took 24 s. Worlds 4 and 8
 run on the main torch only (tests/impl_support.ONCE_PER_CI); the floor-torch run keeps world 2.
-Rank 0 judges with the memoised float64 reference (`bench.reference.reference_results`):
-one per problem, shared by its meshes and layouts."""
+Rank 0 judges with the batch's float64 references (`bench.reference.ReferenceMemo`): one per
+problem, shared by its meshes and layouts."""
 
 from __future__ import annotations
 

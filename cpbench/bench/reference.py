@@ -127,44 +127,54 @@ CHECKED = CHECKED_TENSORS
 """The tensors every check compares, in the order the runs return them."""
 
 
-REFERENCE_CACHE_BYTES = 64 * 2**20
-"""The most bytes of float64 references `reference_results` keeps. A verify matrix runs each
-problem on every mesh and layout (20 cases of one problem at 8 ranks), and a sweep checks each
-problem on every mesh: all share one reference. A reference larger than this is not kept."""
-
-_references: OrderedDict[tuple[object, ...], list[torch.Tensor]] = OrderedDict()
-"""`reference_results`' memo, least recently used first."""
+REFERENCE_MEMO_BYTES = 64 * 2**20
+"""The most bytes of float64 references a `ReferenceMemo` keeps; a larger one is not kept."""
 
 
-def reference_results(case: VerifyCase, inputs: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
+class ReferenceMemo:
+    """The float64 references of one batch of verify cases, computed once per problem: a
+    verify matrix runs each problem on every mesh and layout (up to 20 cases of one problem at
+    8 ranks), and all share one reference. Made per batch and dropped with it (nothing stays
+    on a device afterwards), least recently used first out past `REFERENCE_MEMO_BYTES`."""
+
+    def __init__(self) -> None:
+        self.references: OrderedDict[tuple[object, ...], list[torch.Tensor]] = OrderedDict()
+        """The kept references by key (see `reference_results`)."""
+
+    def kept_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for r in self.references.values() for t in r)
+
+
+def reference_results(
+    case: VerifyCase, inputs: tuple[torch.Tensor, ...], memo: ReferenceMemo | None = None
+) -> list[torch.Tensor]:
     """The float64 reference's out, dQ, dK, dV (`CHECKED` order) for the case's global inputs
     (`_global_inputs(case, ...)`, rounded to the case's dtype) under the mask the case runs
     (doc_zigzag's padding documents included; an impl's own mask otherwise).
 
-    Memoised on what determines it: the inputs' key (`_input_key`), dtype, causal, mask and
-    device, so the meshes and layouts of one problem share one computation (up to
-    `REFERENCE_CACHE_BYTES`). `inputs` must be the case's own global inputs."""
+    With a `memo`, kept under what determines it (the inputs' key `_input_key`, dtype, causal,
+    mask and device) and taken from there when a case of the same problem asked before; `inputs`
+    must then be the case's own global inputs."""
     from cpbench.attention import reference_attention  # noqa: PLC0415
 
     mask = run_mask(case)[0] if case.impl == DEFAULT_IMPL else case.mask
     q, k, v, dout = inputs
     key = (*_input_key(case), case.dtype, case.causal, mask, str(q.device))
-    if key in _references:
-        _references.move_to_end(key)
-        return _references[key]
+    if memo is not None and key in memo.references:
+        memo.references.move_to_end(key)
+        return memo.references[key]
     dtype = TORCH_DTYPES[case.dtype]
     ref_inputs = [t.to(dtype).double().requires_grad_(True) for t in (q, k, v)]
     ref_q, ref_k, ref_v = ref_inputs
     ref_out = reference_attention(ref_q, ref_k, ref_v, causal=case.causal, mask=mask)
     ref_out.backward(dout.to(dtype).double())
     refs = [ref_out.detach(), *_grads(ref_inputs, "reference")]
-    size = sum(t.numel() * t.element_size() for t in refs)
-    if size <= REFERENCE_CACHE_BYTES:
-        _references[key] = refs
-        while sum(t.numel() * t.element_size() for r in _references.values() for t in r) > (
-            REFERENCE_CACHE_BYTES
-        ):
-            _references.popitem(last=False)
+    if memo is not None and sum(t.numel() * t.element_size() for t in refs) <= (
+        REFERENCE_MEMO_BYTES
+    ):
+        memo.references[key] = refs
+        while memo.kept_bytes() > REFERENCE_MEMO_BYTES:
+            memo.references.popitem(last=False)
     return refs
 
 
@@ -207,8 +217,11 @@ def judge(
     }
 
 
-def run_case_on_rank(case: VerifyCase, device: torch.device) -> dict | None:
-    """Collective: run one case on every rank; rank 0 returns the errors, others None."""
+def run_case_on_rank(
+    case: VerifyCase, device: torch.device, memo: ReferenceMemo | None = None
+) -> dict | None:
+    """Collective: run one case on every rank; rank 0 returns the errors, others None. `memo`:
+    the batch's references (`reference_results`)."""
     import torch.distributed as dist  # noqa: PLC0415
 
     unsupported = impl_mask_unsupported(case.impl, case.mask, case.layout)
@@ -231,7 +244,7 @@ def run_case_on_rank(case: VerifyCase, device: torch.device) -> dict | None:
                 tolerances[name] = max(tolerances[name], issue.tolerance)
     if dist.get_rank() != 0:
         return None
-    refs = reference_results(case, inputs)
+    refs = reference_results(case, inputs, memo)
     verdict = judge(case, gathered, refs, tolerances)
     result = {
         **asdict(case),
@@ -249,10 +262,11 @@ def run_case_on_rank(case: VerifyCase, device: torch.device) -> dict | None:
 def run_cases_on_rank(cases: list[VerifyCase], device: str = "cpu") -> list[dict | None]:
     """Pool task: run a batch of cases; an exception in one case is recorded, not raised."""
     dev = torch.device(device)
+    memo = ReferenceMemo()  # rank 0's references, one per problem of the batch
     out: list[dict | None] = []
     for case in cases:
         try:
-            out.append(run_case_on_rank(case, dev))
+            out.append(run_case_on_rank(case, dev, memo))
         except CpbenchError as exc:  # deterministic on every rank: no collective is left open
             out.append(
                 {
