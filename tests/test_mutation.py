@@ -53,3 +53,4 @@ def test_every_mutant_applies_to_the_tree_once() -> None:
     for m in MUTANTS:
         assert (ROOT / m.file).read_text().count(m.old) == 1, m.name
         assert m.old != m.new and m.tests, m.name
+        assert not any(t.startswith("-") for t in m.tests), m.name  # the baseline's union

@@ -124,6 +124,9 @@ def run_mutants(
 ) -> list[Result]:
     """Every mutant, one at a time, on one copy of `root` (see the module docstring); a line per
     finished run on stderr when `progress`."""
+    options = sorted({t for m in mutants for t in m.tests if t.startswith("-")})
+    if options:  # one would apply to the whole baseline, not to its mutant's tests
+        raise ValueError(f"mutant tests must be node ids or files, not options: {options}")
     with tree_copy(root) as tree:
         union = list(dict.fromkeys(t for m in mutants for t in m.tests))
         stale = {m.name for m in mutants if (tree / m.file).read_text().count(m.old) != 1}
