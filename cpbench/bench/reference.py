@@ -62,7 +62,7 @@ def run_mask(case: VerifyCase) -> tuple[MaskSpec, int]:
 
 def _input_key(case: VerifyCase) -> tuple[int, ...]:
     """Everything `_global_inputs` reads: cases with equal keys get equal inputs (seed, batch,
-    length run, heads, KV heads, head dim)."""
+    run length, heads, KV heads, head dim)."""
     n = run_mask(case)[1] if case.impl == DEFAULT_IMPL else case.seq_len
     return (case.seed, case.batch, n, case.heads, case.kv_heads, case.head_dim)
 
@@ -139,10 +139,23 @@ class ReferenceMemo:
 
     def __init__(self) -> None:
         self.references: OrderedDict[tuple[object, ...], list[torch.Tensor]] = OrderedDict()
-        """The kept references by key (see `reference_results`)."""
+        """The kept references by key (see `reference_results`), least recently used first."""
+        self._bytes: dict[tuple[object, ...], int] = {}
 
-    def kept_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for r in self.references.values() for t in r)
+    def get(self, key: tuple[object, ...]) -> list[torch.Tensor] | None:
+        refs = self.references.get(key)
+        if refs is not None:
+            self.references.move_to_end(key)
+        return refs
+
+    def keep(self, key: tuple[object, ...], refs: list[torch.Tensor]) -> None:
+        size = sum(t.numel() * t.element_size() for t in refs)
+        if size > REFERENCE_MEMO_BYTES:
+            return
+        self.references[key], self._bytes[key] = refs, size
+        while sum(self._bytes.values()) > REFERENCE_MEMO_BYTES:
+            oldest, _ = self.references.popitem(last=False)
+            del self._bytes[oldest]
 
 
 def reference_results(
@@ -160,21 +173,17 @@ def reference_results(
     mask = run_mask(case)[0] if case.impl == DEFAULT_IMPL else case.mask
     q, k, v, dout = inputs
     key = (*_input_key(case), case.dtype, case.causal, mask, str(q.device))
-    if memo is not None and key in memo.references:
-        memo.references.move_to_end(key)
-        return memo.references[key]
+    kept = memo.get(key) if memo is not None else None
+    if kept is not None:
+        return kept
     dtype = TORCH_DTYPES[case.dtype]
     ref_inputs = [t.to(dtype).double().requires_grad_(True) for t in (q, k, v)]
     ref_q, ref_k, ref_v = ref_inputs
     ref_out = reference_attention(ref_q, ref_k, ref_v, causal=case.causal, mask=mask)
     ref_out.backward(dout.to(dtype).double())
     refs = [ref_out.detach(), *_grads(ref_inputs, "reference")]
-    if memo is not None and sum(t.numel() * t.element_size() for t in refs) <= (
-        REFERENCE_MEMO_BYTES
-    ):
-        memo.references[key] = refs
-        while memo.kept_bytes() > REFERENCE_MEMO_BYTES:
-            memo.references.popitem(last=False)
+    if memo is not None:
+        memo.keep(key, refs)
     return refs
 
 
