@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from typing import Any
 
@@ -68,6 +69,11 @@ def sleep_then_rank(seconds: float) -> int:
 
     time.sleep(seconds)
     return dist.get_rank()
+
+
+def process_and_environment(name: str) -> dict[str, Any]:
+    """This rank's process id, its parent's, and its value of the environment variable `name`."""
+    return {"pid": os.getpid(), "ppid": os.getppid(), "value": os.environ.get(name)}
 
 
 def measure_or_misbehave(config: dict, settings: dict) -> RankMeasurement:

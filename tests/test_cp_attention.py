@@ -3,6 +3,13 @@ case is checked against the single-process float64 reference (tolerance: verify.
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import pytest
 
 from cpbench.app.verify import default_cases
@@ -14,6 +21,7 @@ from cpbench.config.tolerances import TOLERANCE
 from cpbench.model.formulas import comm_volume
 from tests import rank_tasks
 
+ROOT = Path(__file__).resolve().parents[1]
 WORLD_SIZES = [1, 2, 4]
 
 
@@ -110,3 +118,64 @@ def test_pool_survives_a_failing_and_a_hanging_task(pool) -> None:  # type: igno
     with pytest.raises(TaskTimeout, match="within 1 s"):
         p.run(rank_tasks.sleep_then_rank, 30.0, timeout=1)
     assert p.run(rank_tasks.sleep_then_rank, 0.0, timeout=120) == [0, 1]
+
+
+def test_a_started_rank_has_the_parents_environment_of_that_moment(pool, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """CPU ranks are forked from a forkserver that keeps the environment it started with; a rank
+    started later sees the parent's environment as it is then, as a spawned rank would."""
+    p = pool(2)
+    p.start()
+    monkeypatch.setenv("CPBENCH_TEST_MARK", "set after the first start")
+    p.close()
+    try:
+        answers = p.run(rank_tasks.process_and_environment, "CPBENCH_TEST_MARK", timeout=60)
+        assert [a["value"] for a in answers] == ["set after the first start"] * 2
+    finally:
+        p.close()  # the session's next ranks start without the mark
+
+
+ORPHANED_PARENT = """
+import os, signal, sys
+from pathlib import Path
+from cpbench.bench.pool import WorkerPool, WorldSpec
+from tests import rank_tasks
+if __name__ == "__main__":
+    answers = WorkerPool(WorldSpec(2, "cpu")).run(
+        rank_tasks.process_and_environment, "HOME", timeout=120
+    )
+    pids = [a["pid"] for a in answers] + sorted({a["ppid"] for a in answers})
+    Path(sys.argv[1]).write_text(" ".join(map(str, pids)))
+    os.kill(os.getpid(), signal.SIGKILL)  # dies without closing its pool
+"""
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")  # a zombie nobody reaps has stopped too
+    return not (stat.exists() and stat.read_text().split(")")[-1].split()[0] == "Z")
+
+
+def test_ranks_and_their_server_exit_when_the_parent_is_killed(tmp_path: Path) -> None:
+    """A parent killed outright (no close) leaves nothing running: its forkserver sees the
+    parent's end of their pipe close and exits, and each rank leaves its loop when its parent
+    changes (bench/pool.py), within a few of its 1 s polls."""
+    script = tmp_path / "parent.py"
+    script.write_text(ORPHANED_PARENT)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    # Not through pipes: a rank left running would hold them open, and the run would wait.
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "pids")],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                          timeout=180, cwd=ROOT, env=env)  # fmt: skip
+    assert done.returncode == -signal.SIGKILL
+    pids = [int(p) for p in (tmp_path / "pids").read_text().split()]
+    assert len(pids) == 3  # two ranks and the one process that forked them
+    deadline = time.monotonic() + 15
+    while any(_running(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = [p for p in pids if _running(p)]
+    for p in left:
+        os.kill(p, signal.SIGKILL)
+    assert not left, f"still running 15 s after their parent was killed: {left}"
