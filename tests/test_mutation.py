@@ -36,7 +36,7 @@ def test_every_fast_mutant_is_caught() -> None:
     one whose text is not in the file is stale (a runner that calls everything caught fails)."""
     fast = [m for m in MUTANTS if m.fast]
     assert len(fast) >= 10
-    results = run_mutants([*fast, HARMLESS, STALE], timeout_s=120.0)
+    results = run_mutants([*fast, HARMLESS, STALE], timeout_s=120.0, jobs=2)
     outcomes = {r.mutant.name: r.outcome for r in results}
     assert outcomes.pop(HARMLESS.name) == "survived"
     assert outcomes.pop(STALE.name) == "stale"

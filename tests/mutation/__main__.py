@@ -1,4 +1,4 @@
-"""`python -m tests.mutation [--fast] [--only NAME ...] [--list] [--markdown FILE]`: run the
+"""`python -m tests.mutation [--fast] [--only NAME ...] [--jobs N] [--list] [--markdown FILE]`: run the
 mutation check (tests/mutation/runner.py); exit 0 when every mutant is caught, 1 when one
 survives (or is stale, errs or times out), 2 when the unmutated tree fails the tests."""
 
@@ -19,6 +19,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="list the mutants and exit")
     parser.add_argument("--markdown", type=Path, help="also write the results table here")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per pytest run")
+    parser.add_argument(
+        "--jobs", type=int, default=1,
+        help="mutants run side by side (1 for the full list: its multi-rank tests time faults)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     chosen = [m for m in MUTANTS if (m.fast or not args.fast)]
     if args.only:
@@ -31,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{m.name:36} {'fast' if m.fast else 'full'}  {m.file}: {m.why}")
         return 0
     try:
-        results = run_mutants(chosen, args.timeout, progress=True)
+        results = run_mutants(chosen, args.timeout, progress=True, jobs=args.jobs)
     except BaselineFailed as exc:
         print(exc, file=sys.stderr)
         return 2

@@ -3,7 +3,8 @@ tree), run its tests there, and say which test caught it.
 
 The copy holds the files git tracks or would track (`git ls-files -co --exclude-standard`), made
 once per run; each mutant replaces its exact `old` text (which must occur exactly once: a stale
-mutant is an error, not a pass) and the file is restored before the next. Tests run as
+mutant is an error, not a pass) and the file is restored before the next. With `jobs` > 1, each
+job has its own copy and worker and takes every jobs-th run. Tests run as
 `pytest -x` in a child forked from one worker process (`tests.mutation.worker`: torch imported
 once, cpbench never before the fork) with the copy first on sys.path and no bytecode written, so
 no module of another mutant (or of the working tree) is imported. Before any mutant, the union of the
@@ -21,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -70,30 +71,34 @@ def tree_copy(root: Path = ROOT) -> Iterator[Path]:
         yield target
 
 
-def _worker(
+def _start_worker(
     tree: Path,
     runs: list[dict[str, Any]],
     timeout_s: float,
     progress: bool = False,
-) -> list[dict[str, Any]]:
-    """The runs through `tests.mutation.worker` in `tree` (one process; one fork per run); its
-    progress lines go to this process's stderr when `progress`. The worker stops after a
-    failing run marked `must_pass`: then the answers end with it."""
+) -> subprocess.Popen[str]:
+    """`tests.mutation.worker` on `runs` in `tree` (one process; one fork per run); its
+    progress lines go to this process's stderr when `progress`."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(tree), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     spec = tree / ".mutation-runs.json"
     spec.write_text(json.dumps({"runs": runs, "timeout": timeout_s}))
-    done = subprocess.run(
+    return subprocess.Popen(
         [sys.executable, "-m", "tests.mutation.worker", str(spec)],
         cwd=tree,
         env=env,
         stdout=subprocess.PIPE,
         stderr=None if progress else subprocess.PIPE,
         text=True,
-        check=False,
     )
-    answers = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+def _answers(worker: subprocess.Popen[str], runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The worker's answers, once it has ended. It stops after a failing run marked
+    `must_pass`: then the answers end with it."""
+    stdout, stderr = worker.communicate()
+    answers = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
     stopped = any(
         run.get("must_pass") and answer["code"] != 0
         for run, answer in zip(runs, answers, strict=False)
@@ -101,7 +106,7 @@ def _worker(
     if len(answers) != len(runs) and not stopped:
         raise RuntimeError(
             f"the mutation worker answered {len(answers)} of {len(runs)} runs "
-            f"(exit {done.returncode}):\n{(done.stderr or '(its stderr is above)')[-3000:]}"
+            f"(exit {worker.returncode}):\n{(stderr or '(its stderr is above)')[-3000:]}"
         )
     return answers
 
@@ -120,34 +125,54 @@ class BaselineFailed(RuntimeError):
 
 
 def run_mutants(
-    mutants: Sequence[Mutant], timeout_s: float = 900.0, root: Path = ROOT, progress: bool = False
+    mutants: Sequence[Mutant],
+    timeout_s: float = 900.0,
+    root: Path = ROOT,
+    progress: bool = False,
+    jobs: int = 1,
 ) -> list[Result]:
-    """Every mutant, one at a time, on one copy of `root` (see the module docstring); a line per
-    finished run on stderr when `progress`."""
+    """Every mutant, one at a time per job, on `jobs` copies of `root` (see the module
+    docstring); a line per finished run on stderr when `progress`. Jobs run side by side: more
+    than one only where the tests' own timing allows it (the fast subset's unit-level tests)."""
     options = sorted({t for m in mutants for t in m.tests if t.startswith("-")})
     if options:  # one would apply to the whole baseline, not to its mutant's tests
         raise ValueError(f"mutant tests must be node ids or files, not options: {options}")
-    with tree_copy(root) as tree:
+    if jobs < 1:
+        raise ValueError(f"jobs ({jobs}) must be at least 1")
+    with ExitStack() as stack:
+        trees = [stack.enter_context(tree_copy(root)) for _ in range(jobs)]
         union = list(dict.fromkeys(t for m in mutants for t in m.tests))
-        stale = {m.name for m in mutants if (tree / m.file).read_text().count(m.old) != 1}
-        runs = [
-            {"name": m.name, "file": str(tree / m.file), "old": m.old, "new": m.new,
-             "tests": list(m.tests)}
-            for m in mutants
-            if m.name not in stale
-        ]  # fmt: skip
-        # One worker (one import of torch and the rest) for the baseline and then every mutant;
-        # it stops after a failing baseline.
+        stale = {m.name for m in mutants if (trees[0] / m.file).read_text().count(m.old) != 1}
+        chosen = [m for m in mutants if m.name not in stale]
+        # Each job: one worker (one import of torch and the rest) for its share of the runs,
+        # each mutant applied in that job's own copy; the baseline is the first job's first run
+        # (that worker stops after a failing baseline).
         baseline_run = {"name": "baseline", "tests": union, "must_pass": True}
-        answers = _worker(tree, [baseline_run, *runs], timeout_s, progress)
+        shares: list[list[dict[str, Any]]] = [[] for _ in trees]
+        for i, run in enumerate([baseline_run, *({"mutant": m} for m in chosen)]):
+            shares[i % jobs].append(run)
+        for tree, share in zip(trees, shares, strict=True):
+            for run in share:
+                m = run.pop("mutant", None)
+                if m is not None:
+                    run.update(name=m.name, file=str(tree / m.file), old=m.old, new=m.new,
+                               tests=list(m.tests))  # fmt: skip
+        started = [
+            (_start_worker(tree, share, timeout_s, progress), share)
+            for tree, share in zip(trees, shares, strict=True)
+            if share
+        ]
+        answers = [answer for worker, share in started for answer in _answers(worker, share)]
         baseline = answers.pop(0)
         if baseline["code"] != 0:
             raise BaselineFailed(
                 f"the unmutated tree fails the mutants' tests (pytest exit {baseline['code']}):"
                 f"\n{baseline['output'][-3000:]}"
             )
-        if len(answers) != len(runs):
-            raise RuntimeError(f"the mutation worker answered {len(answers)} of {len(runs)} runs")
+        if len(answers) != len(chosen):
+            raise RuntimeError(
+                f"the mutation workers answered {len(answers)} of {len(chosen)} runs"
+            )
         by_name = {a["name"]: a for a in answers}
     results: list[Result] = []
     for mutant in mutants:
