@@ -418,8 +418,8 @@ def test_a_gpu_machine_end_to_end_with_fakes(monkeypatch: pytest.MonkeyPatch) ->
     the `pynvml` module, so NVML is loaded through cpbench's one loader (`bench.nvml`)."""
     nvml = two_switches_two_sockets()
     monkeypatch.setitem(sys.modules, "pynvml", nvml)  # what bench.nvml.load_nvml imports
-    monkeypatch.setattr(doctor.torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(doctor.torch.cuda, "device_count", lambda: 6)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 6)
     r = doctor.collect(env={"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5"})
     assert (r.device, r.cuda_device_count, len(r.gpus)) == ("cuda", 6, 6)
     assert r.topology.matrix == [row[:6] for row in EXPECTED_8[:6]]

@@ -71,6 +71,7 @@ FORKSERVER_PRELOAD = (
     "torch",
     "torch.distributed",
     "torch.fx.experimental.symbolic_shapes",
+    "scipy.stats",
     "cpbench.bench.measure",
     "cpbench.bench.environment",
 )
@@ -134,6 +135,7 @@ def _worker_main(
     # imported before "ready", so a configuration's --timeout times the configuration, not a
     # fresh rank's imports; so is the module torch's first `backward(grad)` imports
     # (autograd's `_make_grads` -> symbolic_shapes -> sympy: 1-5 s).
+    import scipy.stats  # noqa: F401, PLC0415 - the median's interval (model/calibrate/stats)
     import torch.fx.experimental.symbolic_shapes  # noqa: F401, PLC0415
 
     import cpbench.bench.measure  # noqa: F401, PLC0415

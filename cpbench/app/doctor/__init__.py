@@ -27,8 +27,6 @@ import platform
 import time
 from typing import Any
 
-import torch
-
 from cpbench.app.doctor.gpus import (
     as_text,
     cuda_uuids_from_torch,
@@ -72,6 +70,10 @@ def summary_lines(report: DoctorReport) -> list[str]:
 def collect(env: dict[str, str] | None = None) -> DoctorReport:
     """Run every check and return the report."""
     import socket  # noqa: PLC0415
+
+    # torch here, not at the top: reading a saved report (`schema`, the acceptance summary)
+    # needs none of it, and importing it costs seconds
+    import torch  # noqa: PLC0415
 
     from cpbench import __version__  # noqa: PLC0415
 

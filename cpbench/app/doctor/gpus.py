@@ -14,7 +14,6 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
 
 from cpbench.app.doctor.schema import Gpu
 from cpbench.bench.nvml import nvml_uuid, uuid_key
@@ -82,6 +81,8 @@ def cuda_order_may_differ(names: Sequence[str], device_order: str | None) -> boo
 
 def cuda_uuids_from_torch() -> list[str]:
     """The visible devices' UUIDs in CUDA's order, from CUDA (initialises CUDA here)."""
+    import torch  # noqa: PLC0415 - only where CUDA is asked (see the package's `collect`)
+
     return [
         str(torch.cuda.get_device_properties(i).uuid) for i in range(torch.cuda.device_count())
     ]
@@ -145,6 +146,8 @@ def nvml_gpus(
 
 def torch_gpus() -> list[Gpu]:
     """The GPUs through torch (when NVML is missing): initialises CUDA in this process."""
+    import torch  # noqa: PLC0415 - only where CUDA is asked (see the package's `collect`)
+
     out = []
     for i in range(torch.cuda.device_count()):
         p = torch.cuda.get_device_properties(i)

@@ -3,8 +3,6 @@ a typical configuration of this machine, and the torch.distributed backends."""
 
 from __future__ import annotations
 
-import torch
-
 from cpbench.app.doctor.schema import BackendStatus, ImplStatus, KernelStatus
 from cpbench.config.bench import BenchConfig
 from cpbench.config.impls import IMPLS
@@ -14,6 +12,8 @@ from cpbench.errors import CpbenchError
 
 def kernel_statuses(device: Device) -> list[KernelStatus]:
     """Every kernel x dtype through `select_kernel` (its CpbenchError is the reason)."""
+    import torch  # noqa: PLC0415 - here: reading a saved report needs none of it
+
     from cpbench.attention.kernels import select_kernel  # noqa: PLC0415
 
     out = []
@@ -61,6 +61,7 @@ def impl_statuses(config: BenchConfig) -> list[ImplStatus]:
 
 
 def backend_statuses(gpu_count: int) -> list[BackendStatus]:
+    import torch  # noqa: PLC0415
     import torch.distributed as dist  # noqa: PLC0415
 
     has = dist.is_available()

@@ -8,7 +8,6 @@ import importlib.util
 import os
 from collections.abc import Sequence
 
-import torch
 
 from cpbench.app.doctor.schema import Package
 
@@ -51,6 +50,7 @@ def package_versions(
 
 
 def nccl_version() -> str | None:
+    import torch  # noqa: PLC0415 - torch where its build is asked, not at import
     import torch.distributed as dist  # noqa: PLC0415
 
     if not (dist.is_available() and dist.is_nccl_available()):
@@ -72,6 +72,8 @@ def format_cudnn(code: int | None) -> str | None:
 
 
 def cudnn_version() -> str | None:
+    import torch  # noqa: PLC0415
+
     try:
         return format_cudnn(torch.backends.cudnn.version())
     except (AttributeError, RuntimeError):
@@ -80,6 +82,8 @@ def cudnn_version() -> str | None:
 
 def cuda_reason() -> str | None:
     """Why torch cannot use CUDA here (None when it can)."""
+    import torch  # noqa: PLC0415
+
     if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
         return f"torch {torch.__version__} is a CPU-only build"
     if not torch.cuda.is_available():

@@ -10,9 +10,12 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-from scipy.stats import binom, spearmanr
 
 from cpbench.errors import CpbenchError
+
+# scipy.stats is imported where it is used (`spearman`, `median_rank_bounds`): it costs most of
+# a second here, and every reader of records (the report, `compare`, the acceptance summary)
+# imports this module for its types. A rank imports it before it says "ready" (bench/pool.py).
 
 
 def rms(values: Sequence[float]) -> float:
@@ -29,6 +32,8 @@ def spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
         raise CpbenchError(f"spearman needs equal lengths, got {len(x)} and {len(y)}")
     if len(x) < 2 or min(x) == max(x) or min(y) == max(y):
         return None
+    from scipy.stats import spearmanr  # noqa: PLC0415 - see the imports
+
     return float(spearmanr(x, y).statistic)
 
 
@@ -82,6 +87,8 @@ def median_rank_bounds(n: int, confidence: float = CONFIDENCE) -> tuple[int, int
     None when even (1, n) covers less (n < 6 at 95%)."""
     if n < 1:
         return None
+    from scipy.stats import binom  # noqa: PLC0415 - see the imports
+
     alpha = 1.0 - confidence
     # Coverage of [x_(j), x_(n+1-j)] = 1 - 2 P(B <= j - 1).
     j = int(binom.ppf(alpha / 2, n, 0.5))  # smallest k with P(B <= k) >= alpha / 2
