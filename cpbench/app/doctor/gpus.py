@@ -14,7 +14,6 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-
 from cpbench.app.doctor.schema import Gpu
 from cpbench.bench.nvml import nvml_uuid, uuid_key
 

@@ -8,7 +8,6 @@ import importlib.util
 import os
 from collections.abc import Sequence
 
-
 from cpbench.app.doctor.schema import Package
 
 PACKAGES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
