@@ -466,7 +466,11 @@ class RingSchedule:
         return sum(p.pairs for p in self.pieces[ring_rank][step])
 
 
+@lru_cache(maxsize=512)
 def _schedule(mask: MaskSpec, shards: tuple[Shard, ...], ring: int) -> RingSchedule:
+    """The schedule of `shards`, once per distinct sharding: the balanced layout's candidates
+    often coincide (no document reaches two of its thresholds), and the one it keeps is the
+    packing's `ring_schedule`."""
     table = tuple(
         tuple(block_pieces(mask, shards[j], shards[(j - t) % ring]) for t in range(ring))
         for j in range(ring)
@@ -476,7 +480,6 @@ def _schedule(mask: MaskSpec, shards: tuple[Shard, ...], ring: int) -> RingSched
     return RingSchedule(table, needed, own, mask.causal)
 
 
-@lru_cache(maxsize=256)
 def ring_schedule(packing: Packing) -> RingSchedule:
     """The ring's schedule for a packing."""
     return _schedule(packing.mask, packing.shards, packing.ring)
