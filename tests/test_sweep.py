@@ -164,6 +164,10 @@ def test_ctrl_c_during_a_sweep_exits_130_and_keeps_every_finished_record(
     import warnings  # noqa: PLC0415
 
     path = _scenario(tmp_path, kv_heads="[4, 2]", head_dim="[16, 32]")
+    # 40 steps a configuration (a few ms each): the 6 left after the second record take
+    # seconds, so the signal lands inside the sweep even when this process polls late (at
+    # 2 steps the sweep once ended before it)
+    path.write_text(path.read_text().replace("iters = 2\n", "iters = 40\n"))
     out = tmp_path / "r.jsonl"
     cmd = [sys.executable, "-m", "cpbench.cli", "sweep", str(path), "--out", str(out)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -176,7 +180,7 @@ def test_ctrl_c_during_a_sweep_exits_130_and_keeps_every_finished_record(
     written = len(out.read_text().splitlines())
     os.killpg(proc.pid, signal.SIGINT)
     output, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 130, output
+    assert proc.returncode == 130, (proc.returncode, output[-2000:])
     assert "interrupted: every configuration finished so far is saved" in output
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a torn line would warn
