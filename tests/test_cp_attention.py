@@ -179,3 +179,44 @@ def test_ranks_and_their_server_exit_when_the_parent_is_killed(tmp_path: Path) -
     for p in left:
         os.kill(p, signal.SIGKILL)
     assert not left, f"still running 15 s after their parent was killed: {left}"
+
+
+EARLY_START = """
+import os, sys
+from multiprocessing import forkserver
+from cpbench.bench.pool import start_forkserver_early
+
+def server() -> object:
+    return forkserver._forkserver._forkserver_pid  # private: None until it runs
+
+start_forkserver_early("cuda")
+cuda = server()
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29500", RANK="0", WORLD_SIZE="2")
+start_forkserver_early("cpu")
+launched = server()
+for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):
+    del os.environ[name]
+start_forkserver_early("cpu")
+answer = f"{cuda} {launched} {server() is not None} {'torch' in sys.modules}"
+open(sys.argv[1], "w").write(answer)
+"""
+
+
+def test_the_forkserver_starts_early_only_for_local_cpu_ranks_and_imports_no_torch_here(
+    tmp_path: Path,
+) -> None:
+    """`start_forkserver_early` (called first by the commands that run ranks): nothing for CUDA
+    or inside a launched world; for CPU ranks the server runs, and this process has not
+    imported torch for it (the server's imports run beside the command's own)."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}  # fmt: skip
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    # Output to files, not pipes: the server keeps the inherited ones open until its imports
+    # are done and it sees its parent gone (seconds this test need not wait).
+    answer, errors = tmp_path / "answer", tmp_path / "stderr"
+    with errors.open("w") as stderr:
+        done = subprocess.run([sys.executable, "-c", EARLY_START, str(answer)],
+                              stdout=subprocess.DEVNULL, stderr=stderr, timeout=120, cwd=ROOT,
+                              env=env)  # fmt: skip
+    assert done.returncode == 0, errors.read_text()[-3000:]
+    assert answer.read_text().split() == ["None", "None", "True", "False"]

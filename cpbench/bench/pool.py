@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import inspect
 import multiprocessing
+import multiprocessing as mp  # the standard library's: importing this module imports no torch
 import os
 import queue
 import signal
@@ -24,8 +25,6 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-
-import torch.multiprocessing as mp
 
 from cpbench.errors import RunFailure
 
@@ -84,12 +83,31 @@ def _context(device: str) -> Any:
     """How ranks start: CUDA ranks are spawned (a fresh interpreter each: nothing of the parent's
     CUDA state can leak in); CPU ranks are forked from one forkserver per parent process, which
     has imported `FORKSERVER_PRELOAD` and nothing else (no thread pool, no process group), so a
-    fork is as clean as a spawn and costs none of the imports."""
+    fork is as clean as a spawn and costs none of the imports. (Tensors in a task's arguments
+    or results travel as torch.multiprocessing sends them: importing torch registers its
+    reductions with the standard library's pickler.)"""
     if device == "cuda" or "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))
     return ctx
+
+
+def start_forkserver_early(device: str) -> None:
+    """Start the forkserver of CPU ranks now, so that its imports (seconds) run beside this
+    process's own instead of after them: a command calls it first thing. Nothing happens where
+    ranks will not come from it: a CUDA device, "auto" on a host with an NVIDIA driver, a
+    process that is itself a rank of a launched world (torchrun, srun)."""
+    from cpbench.bench.world import launched_rank  # noqa: PLC0415 - it imports this module
+
+    if device == "cuda" or (device == "auto" and os.path.exists("/dev/nvidiactl")):
+        return
+    if launched_rank() is not None or "forkserver" not in mp.get_all_start_methods():
+        return
+    _context("cpu")
+    from multiprocessing import forkserver  # noqa: PLC0415
+
+    forkserver.ensure_running()
 
 
 def _free_port() -> int:

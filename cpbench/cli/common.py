@@ -95,7 +95,12 @@ def _root(
 
 
 def resolve_device(device: CliDevice) -> RunDevice:
-    """The device a `--device` option means here: auto picks cuda when torch sees a GPU."""
+    """The device a `--device` option means here: auto picks cuda when torch sees a GPU. (The
+    commands that call it run ranks: the forkserver of CPU ranks starts first, so its imports
+    run beside this process's import of torch.)"""
+    from cpbench.bench.pool import start_forkserver_early  # noqa: PLC0415
+
+    start_forkserver_early(device)
     import torch  # noqa: PLC0415 - keep `cpbench --help` fast
 
     if device == "auto":

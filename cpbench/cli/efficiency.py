@@ -66,6 +66,9 @@ def efficiency(
     """Parallel efficiency of cpbench's schemes and the libraries on every mesh they can
     express, against a single-process fused SDPA baseline in the same run: interleaved
     rounds, best-of-N and median with spread; efficiency = t_single / (P x t_case)."""
+    from cpbench.bench.pool import start_forkserver_early  # noqa: PLC0415
+
+    start_forkserver_early(device)  # its imports beside this process's (bench/pool.py)
     from cpbench.app.efficiency.cases import (  # noqa: PLC0415
         DEFAULT_IMPLS,
         DEFAULT_LAYOUTS,

@@ -108,6 +108,9 @@ def _run_and_report(
 ) -> None:
     """Run the sweep with a progress bar, print the table; exit 1 on any wrong result (and, for
     `cpbench run`, when its one configuration failed or timed out)."""
+    from cpbench.bench.pool import start_forkserver_early  # noqa: PLC0415
+
+    start_forkserver_early(device)  # its imports beside this process's (bench/pool.py)
     import torch  # noqa: PLC0415
 
     from cpbench.app.sweep import default_output, run_sweep  # noqa: PLC0415

@@ -81,12 +81,12 @@ def verify(
     same mask, prints a table and exits 1 on any mismatch. Under torchrun (or srun) the
     launched processes are the world and rank 0 prints.
     """
+    dev = resolve_device(device)  # first: it starts the CPU ranks' forkserver (bench/pool.py)
     import torch  # noqa: PLC0415
 
     from cpbench.app.verify import run_verify  # noqa: PLC0415
     from cpbench.bench.world import launched_rank  # noqa: PLC0415
 
-    dev = resolve_device(device)
     launch = launched_rank()
     if world_size is not None:
         n = world_size
