@@ -164,10 +164,10 @@ def test_ctrl_c_during_a_sweep_exits_130_and_keeps_every_finished_record(
     import warnings  # noqa: PLC0415
 
     path = _scenario(tmp_path, kv_heads="[4, 2]", head_dim="[16, 32]")
-    # 40 steps a configuration (a few ms each): the 6 left after the second record take
+    # 16 steps a configuration (a few ms each): the 6 left after the second record take
     # seconds, so the signal lands inside the sweep even when this process polls late (at
     # 2 steps the sweep once ended before it)
-    path.write_text(path.read_text().replace("iters = 2\n", "iters = 40\n"))
+    path.write_text(path.read_text().replace("iters = 2\n", "iters = 16\n"))
     out = tmp_path / "r.jsonl"
     cmd = [sys.executable, "-m", "cpbench.cli", "sweep", str(path), "--out", str(out)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
