@@ -15,12 +15,9 @@ import pytest
 from cpbench.app.record import base_record
 from cpbench.app.sweep import INFLIGHT_ERROR, _prepare_output
 from cpbench.bench.environment import process_environment
+from cpbench.bench.launch import LaunchedRank, launched_rank
 from cpbench.bench.pool import accepts_device_id
-from cpbench.bench.world import (
-    LaunchedRank,
-    cuda_index,
-    launched_rank,
-)
+from cpbench.bench.world import cuda_index
 from cpbench.errors import CpbenchError
 from cpbench.results.scenarios.loading import load_scenario
 from cpbench.results.schema import EnvironmentSection, ResultRecord

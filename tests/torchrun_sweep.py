@@ -22,7 +22,7 @@ import torch.fx.experimental.symbolic_shapes  # noqa: E402, F401
 
 import cpbench.bench.measure  # noqa: E402, F401
 from cpbench.app.sweep import run_sweep  # noqa: E402
-from cpbench.bench.world import launched_rank  # noqa: E402
+from cpbench.bench.launch import launched_rank  # noqa: E402
 from cpbench.results.scenarios.loading import load_scenario  # noqa: E402
 from tests import rank_tasks  # noqa: E402
 

@@ -98,7 +98,7 @@ def start_forkserver_early(device: str) -> None:
     process's own instead of after them: a command calls it first thing. Nothing happens where
     ranks will not come from it: a CUDA device, "auto" on a host with an NVIDIA driver, a
     process that is itself a rank of a launched world (torchrun, srun)."""
-    from cpbench.bench.world import launched_rank  # noqa: PLC0415 - it imports this module
+    from cpbench.bench.launch import launched_rank  # noqa: PLC0415
 
     if device == "cuda" or (device == "auto" and os.path.exists("/dev/nvidiactl")):
         return

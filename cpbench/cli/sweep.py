@@ -114,7 +114,7 @@ def _run_and_report(
     import torch  # noqa: PLC0415
 
     from cpbench.app.sweep import default_output, run_sweep  # noqa: PLC0415
-    from cpbench.bench.world import launched_rank  # noqa: PLC0415
+    from cpbench.bench.launch import launched_rank  # noqa: PLC0415
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     launch = launched_rank()

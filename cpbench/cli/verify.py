@@ -85,7 +85,7 @@ def verify(
     import torch  # noqa: PLC0415
 
     from cpbench.app.verify import run_verify  # noqa: PLC0415
-    from cpbench.bench.world import launched_rank  # noqa: PLC0415
+    from cpbench.bench.launch import launched_rank  # noqa: PLC0415
 
     launch = launched_rank()
     if world_size is not None:
