@@ -24,15 +24,18 @@ def main() -> None:
     args = parser.parse_args()
     scenario = load_scenario(args.scenario)
     _, world = scenario.resolve("cpu", 0)
-    points = [(c, f) for c, f in scenario.expand("cpu", world) if f.ok][: args.count]
-    keep = {c.key for c, _ in points}
+    # The first N distinct feasible points (the sweep runs `distinct`, not `expand`).
+    chosen = [p for p in scenario.distinct("cpu", world) if p.feasibility.ok][: args.count]
 
-    class Subset:  # the same scenario, restricted to the first N feasible points
+    class Subset:  # the same scenario, restricted to the first N distinct feasible points
         def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
             return getattr(scenario, name)
 
+        def distinct(self, device: str, world_size: int):  # type: ignore[no-untyped-def]
+            return chosen
+
         def expand(self, device: str, world_size: int):  # type: ignore[no-untyped-def]
-            return [(c, f) for c, f in scenario.expand(device, world_size) if c.key in keep]
+            return [(p.config, p.feasibility) for p in chosen]
 
     times = {}
     with tempfile.TemporaryDirectory() as tmp:
