@@ -351,7 +351,7 @@ class LayoutWork:
         unit = self.chunk_size**2
         return tuple(pairs / unit for pairs in self.rank_pairs)
 
-    @property
+    @functools.cached_property  # the cost model asks it of the same work thousands of times
     def total(self) -> Fraction:
         """Pairs of all ranks: L^2/2 causal, L^2 full (plus the padding's pairs)."""
         return sum(self.ring_rank_pairs, Fraction(0))

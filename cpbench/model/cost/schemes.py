@@ -40,6 +40,7 @@ Units: seconds, bytes, FLOP.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -110,18 +111,37 @@ def _node_share(ctx: Context) -> float:
     return max(1.0, ranks / slots)
 
 
+@functools.lru_cache(maxsize=4096)
+def _step_flops(config: MeshCandidate, phase: Pass) -> tuple[tuple[float, float], ...]:
+    """(busiest rank, mean rank) FLOPs of each ring step of a pass: the exact pair counts
+    times the FLOPs per pair, rounded once. Once per configuration and pass: they depend on
+    neither the hardware nor the profile, and a calibration prices the same configurations
+    thousands of times."""
+    per_pair = flops_per_pair(config.shape, config.ulysses) * _phase_factor(phase)
+    return tuple(
+        (float(busiest * per_pair), float(mean * per_pair))
+        for busiest, mean in mask_step_stats(config)
+    )
+
+
+@functools.lru_cache(maxsize=4096)
+def _mean_rank_flops(config: MeshCandidate, phase: Pass) -> float:
+    """FLOPs of the mean rank in a pass: every pair the ranks compute (padding included) over
+    the world (once per configuration and pass, as `_step_flops`)."""
+    run_pairs = config_work(config).total
+    return float(run_pairs * flops_per_pair(config.shape, 1) * _phase_factor(phase)) / config.world
+
+
 def _step_costs(ctx: Context, phase: Pass, merges: list[float]) -> list[_StepCost]:
     """Compute time of each ring step: the busiest rank's kernel, overhead and memory-bound
     work; on a node with more ranks than compute slots, at least the mean rank's times
     ranks / slots (the slots are shared, so idle ranks lend theirs)."""
-    c = ctx.config
-    per_pair = flops_per_pair(c.shape, c.ulysses) * _phase_factor(phase)
-    stats = mask_step_stats(c)
     overhead, share = ctx.profile.step_overhead_s, _node_share(ctx)
     rate = pass_flops_per_s(ctx, phase)
     costs = []
-    for (busiest, mean), merge in zip(stats, merges, strict=True):
-        busiest_flops, mean_flops = float(busiest * per_pair), float(mean * per_pair)
+    for (busiest_flops, mean_flops), merge in zip(
+        _step_flops(ctx.config, phase), merges, strict=True
+    ):
         alone = busiest_flops / rate + overhead + merge
         shared = share * (mean_flops / rate + overhead + merge)
         if share > 1 and shared > alone:
@@ -142,10 +162,8 @@ def phase_time(ctx: Context, phase: Pass) -> tuple[PhaseTime, tuple[CommTerm, ..
     ulysses_s, ulysses_terms = _ulysses_time(ctx, phase)
     ring_total, ring_comm, overlappable, ring_terms = _ring_time(ctx, phase, computes)
     slowest = sum(computes)
-    run_pairs = config_work(c).total  # the pairs the ranks compute, padding included
-    mean_flops = float(run_pairs * flops_per_pair(c.shape, 1) * _phase_factor(phase)) / c.world
     balanced = _node_share(ctx) * (
-        mean_flops / pass_flops_per_s(ctx, phase)
+        _mean_rank_flops(c, phase) / pass_flops_per_s(ctx, phase)
         + c.ring_steps * ctx.profile.step_overhead_s
         + sum(merges)
     )
