@@ -159,14 +159,13 @@ def _crop(
 # ---------------------------------------------------------------------------------- pieces
 
 
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def _index_range(run: Run, start: int, stop: int) -> tuple[int, int]:
     """Local indices i of `run` whose position lies in [start, stop)."""
-    i0 = min(max(_ceil_div(start - run.start, run.stride), 0), run.length)
-    i1 = min(max(_ceil_div(stop - run.start, run.stride), 0), run.length)
+    # ceil((start - first) / stride) as floor division, inline: the schedule calls this
+    # millions of times for a packed sequence
+    first, stride, length = run.start, run.stride, run.length
+    i0 = min(max(-((first - start) // stride), 0), length)
+    i1 = min(max(-((first - stop) // stride), 0), length)
     return i0, max(i0, i1)
 
 
