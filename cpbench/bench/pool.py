@@ -4,17 +4,15 @@ Starting a rank costs seconds (importing torch, joining the process group), so t
 and sweeps send many configurations to the same ranks. CPU ranks are forked from a forkserver
 that has imported torch and the measurement's modules once (`_context`): a start, or a restart
 after a fault, then costs a fraction of a second per rank instead of the imports; CUDA ranks are
-spawned. A task is a module-level function and
-its arguments; every rank runs it and the pool returns the per-rank results. A task that raises
-on any rank, a rank that dies, or a task past its timeout is reported as an exception; the pool
-kills its ranks in the last two cases (they may be stuck in a collective) and starts fresh ones
-on the next task.
+spawned. A task is a module-level function and its arguments; every rank runs it and the pool
+returns the per-rank results. A task that raises on any rank, a rank that dies, or a task past
+its timeout is reported as an exception; the pool kills its ranks in the last two cases (they
+may be stuck in a collective) and starts fresh ones on the next task.
 """
 
 from __future__ import annotations
 
 import inspect
-import multiprocessing
 import multiprocessing as mp  # the standard library's: importing this module imports no torch
 import os
 import queue
@@ -130,7 +128,7 @@ def _worker_main(
     os.environ.update(env)
     # The process that started this rank (not the forkserver that forked it): its end of a
     # pipe closes when it dies, however it dies.
-    parent = multiprocessing.parent_process()
+    parent = mp.parent_process()
     # Ctrl-C is the parent's to handle: it kills the ranks and keeps what was measured.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(spec.threads_per_rank)
