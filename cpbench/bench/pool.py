@@ -96,16 +96,14 @@ def start_forkserver_early(device: str) -> None:
     process's own instead of after them: a command calls it first thing. Nothing happens where
     ranks will not come from it: a CUDA device, "auto" on a host with an NVIDIA driver, a
     process that is itself a rank of a launched world (torchrun, srun)."""
+    from multiprocessing import forkserver  # noqa: PLC0415
+
     from cpbench.bench.launch import launched_rank  # noqa: PLC0415
 
     if device == "cuda" or (device == "auto" and os.path.exists("/dev/nvidiactl")):
         return
-    if launched_rank() is not None or "forkserver" not in mp.get_all_start_methods():
-        return
-    _context("cpu")
-    from multiprocessing import forkserver  # noqa: PLC0415
-
-    forkserver.ensure_running()
+    if launched_rank() is None and _context("cpu").get_start_method() == "forkserver":
+        forkserver.ensure_running()
 
 
 def _free_port() -> int:

@@ -148,15 +148,11 @@ def run_mutants(
         # each mutant applied in that job's own copy; the baseline is the first job's first run
         # (that worker stops after a failing baseline).
         baseline_run = {"name": "baseline", "tests": union, "must_pass": True}
-        shares: list[list[dict[str, Any]]] = [[] for _ in trees]
-        for i, run in enumerate([baseline_run, *({"mutant": m} for m in chosen)]):
-            shares[i % jobs].append(run)
-        for tree, share in zip(trees, shares, strict=True):
-            for run in share:
-                m = run.pop("mutant", None)
-                if m is not None:
-                    run.update(name=m.name, file=str(tree / m.file), old=m.old, new=m.new,
-                               tests=list(m.tests))  # fmt: skip
+        shares: list[list[dict[str, Any]]] = [[baseline_run], *([] for _ in trees[1:])]
+        for i, m in enumerate(chosen, start=1):  # every jobs-th run, counting the baseline
+            job = i % jobs
+            shares[job].append({"name": m.name, "file": str(trees[job] / m.file), "old": m.old,
+                                "new": m.new, "tests": list(m.tests)})  # fmt: skip
         started = [
             (_start_worker(tree, share, timeout_s, progress), share)
             for tree, share in zip(trees, shares, strict=True)
