@@ -170,8 +170,12 @@ def test_ctrl_c_during_a_sweep_exits_130_and_keeps_every_finished_record(
     path.write_text(path.read_text().replace("iters = 2\n", "iters = 16\n"))
     out = tmp_path / "r.jsonl"
     cmd = [sys.executable, "-m", "cpbench.cli", "sweep", str(path), "--out", str(out)]
+    # SIGINT's default action in the sweep, as in a terminal's foreground job: a job that a
+    # shell started in the background ignores SIGINT, and so would the sweep it inherited that
+    # from (Python then installs no KeyboardInterrupt): the sweep ran to its end, exit 0.
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)  # fmt: skip
+                            start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and (
         not out.exists() or len(out.read_text().splitlines()) < 2
