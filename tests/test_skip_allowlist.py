@@ -39,14 +39,18 @@ def test_case(n: int) -> None:
 '''
 
 
-def _session(folder: Path, ci: bool, *files: str) -> subprocess.CompletedProcess[str]:
+def _session(
+    folder: Path, ci: bool, *files: str, workers: int = 0
+) -> subprocess.CompletedProcess[str]:
+    """An inner session on `files`; `workers` > 0: in that many pytest-xdist workers, as the
+    suite runs (their reports reach the rule in the controlling process)."""
     env = {k: v for k, v in os.environ.items() if k != "CPBENCH_CI"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     if ci:
         env["CPBENCH_CI"] = "1"
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest", "-p", "no:cacheprovider",
-         "--rootdir", str(folder), *files],
+         "-n", str(workers), "--rootdir", str(folder), *files],
         cwd=folder, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
 
@@ -59,7 +63,7 @@ def test_only_allowed_platform_skips_pass(tmp_path: Path) -> None:
     assert "1 passed, 1 skipped, 1 xfailed" in here.stdout
     assert "not on the allow-list" not in here.stdout
     # under CI Chromium is installed: its skip is no longer allowed; an unlisted reason never is
-    ci = _session(tmp_path, True, "test_allowed.py", "test_unlisted.py")
+    ci = _session(tmp_path, True, "test_allowed.py", "test_unlisted.py", workers=2)
     assert ci.returncode == 1, ci.stdout
     assert "2 passed, 2 skipped, 1 xfailed" in ci.stdout
     listed = ci.stdout.split("skips not on the allow-list", 1)[1]

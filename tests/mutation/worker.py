@@ -57,7 +57,8 @@ def _child(tests: list[str], log: int) -> None:
     try:
         import pytest  # noqa: PLC0415
 
-        code = int(pytest.main(["-x", "-q", "-p", "no:cacheprovider", "-rf", *tests]))
+        # -n 0: in this child, not in xdist workers (pyproject's addopts)
+        code = int(pytest.main(["-x", "-q", "-n", "0", "-p", "no:cacheprovider", "-rf", *tests]))
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
