@@ -49,11 +49,10 @@ def _mask_cases(world_size: int, every_kv_count: bool = False) -> list[VerifyCas
     `every_kv_count`), those with `KV_HEADS`, at world 8 on the meshes of `WORLD_8_MIN_RING`
     (see the module docstring)."""
     cases = [c for c in default_cases(world_size, kernel="flash_attn") if not c.mask.plain]
-    if world_size in KV_HEADS and not every_kv_count:
-        cases = [c for c in cases if c.kv_heads == KV_HEADS[world_size]]
-    if world_size == 8 and not every_kv_count:
-        cases = [c for c in cases if c.ring >= WORLD_8_MIN_RING]
-    return cases
+    if every_kv_count or world_size not in KV_HEADS:
+        return cases
+    min_ring = WORLD_8_MIN_RING if world_size == 8 else 1
+    return [c for c in cases if c.kv_heads == KV_HEADS[world_size] and c.ring >= min_ring]
 
 
 @pytest.mark.parametrize(
