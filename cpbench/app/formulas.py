@@ -7,8 +7,9 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
 
+from cpbench.app import formulas_schema as out
+from cpbench.app.formulas_schema import FormulasReport
 from cpbench.config.documents import resolve_documents
 from cpbench.config.masks import MaskSpec
 from cpbench.config.problem import CpProblem
@@ -80,7 +81,7 @@ def mask_from_options(
 # ------------------------------------------------------------------------------- the report
 
 
-def formulas_report(problem: CpProblem) -> dict[str, Any]:
+def formulas_report(problem: CpProblem) -> FormulasReport:
     """Every analytic number of a problem; CpbenchError when it is infeasible. A mask with
     documents or a window adds the per-layout comparison; `cp_comm="all_gather"` (R > 1) the
     all-gather stage and a section on its head strides."""
@@ -88,26 +89,23 @@ def formulas_report(problem: CpProblem) -> dict[str, Any]:
     mask, causal = config.mask, config.causal
     flops = flops_breakdown(config)
     volume = comm_volume(config)
-    report = {
-        "inputs": _inputs(config, causal),
-        "mesh": _mesh(config),
-        "symbols": config.symbols(),
-        "shapes": _shapes(config),
-        "communication": _communication(volume),
-        "nccl_tests": _nccl_view(volume),
-        "flops": _flops(flops),
-        "work": _work(flops),
-        "memory": _memory(memory_estimate(config)),
-        "what_if": _what_if(config),
-    }
-    if not mask.plain:
-        report["mask"] = _mask_section(config)
-    if config.all_gather:
-        report["all_gather"] = _gather_section(config)
-    return report
+    return FormulasReport(
+        inputs=_inputs(config, causal),
+        mesh=_mesh(config),
+        symbols=config.symbols(),
+        shapes=_shapes(config),
+        communication=_communication(volume),
+        nccl_tests=_nccl_view(volume),
+        flops=_flops(flops),
+        work=_work(flops),
+        memory=_memory(memory_estimate(config)),
+        what_if=_what_if(config),
+        mask=None if mask.plain else _mask_section(config),
+        all_gather=_gather_section(config) if config.all_gather else None,
+    )
 
 
-def _gather_section(config: CpProblem) -> dict[str, Any]:
+def _gather_section(config: CpProblem) -> out.GatherSection:
     """The all-gather's memory against its head stride, and the ring's for comparison: every
     stride that divides the KV heads a rank gathers."""
     per_rank = config.kv_heads_per_rank
@@ -118,290 +116,300 @@ def _gather_section(config: CpProblem) -> dict[str, Any]:
         estimate = memory_estimate(other)
         gathered = next(i for i in estimate.items if i.name == "kv_gathered")
         rows.append(
-            {
-                "heads_k_stride": stride,
-                "gathers": other.gathers,
-                "gathered_elements_per_call": gathered_kv_elements(other),
-                "gathered_kv_bytes": gathered.bytes,
-                "gathered_kv_shape": list(gathered.shape),
-                "peak_forward_backward": estimate.peak("forward_backward"),
-                "selected": stride == config.gather_stride,
-            }
+            out.GatherStride(
+                heads_k_stride=stride,
+                gathers=other.gathers,
+                gathered_elements_per_call=gathered_kv_elements(other),
+                gathered_kv_bytes=gathered.bytes,
+                gathered_kv_shape=list(gathered.shape),
+                peak_forward_backward=estimate.peak("forward_backward"),
+                selected=stride == config.gather_stride,
+            )
         )
-    return {
-        "note": GATHER_NOTE,
-        "kv_heads_per_rank": per_rank,
-        "heads_k_stride": config.gather_stride,
-        "gathers": config.gathers,
-        "gathered_kv_formula": "2*B*L*hs*d_h x (2 when more than one stride: the next in flight)",
-        "strides": rows,
-        "ring_peak_forward_backward": memory_estimate(ring).peak("forward_backward"),
-        "ring_kv_buffers_bytes": next(
+    return out.GatherSection(
+        note=GATHER_NOTE,
+        kv_heads_per_rank=per_rank,
+        heads_k_stride=config.gather_stride,
+        gathers=config.gathers,
+        gathered_kv_formula="2*B*L*hs*d_h x (2 when more than one stride: the next in flight)",
+        strides=rows,
+        ring_peak_forward_backward=memory_estimate(ring).peak("forward_backward"),
+        ring_kv_buffers_bytes=next(
             i.bytes for i in memory_estimate(ring).items if i.name == "kv_ring_buffers"
         ),
-    }
+    )
 
 
-def _mask_section(config: CpProblem) -> dict[str, Any]:
+def _mask_section(config: CpProblem) -> out.MaskSection:
     """The mask and every layout side by side on this mesh."""
     mask, shape = config.mask, config.shape
     layouts = LAYOUTS if config.ring > 1 and mask.causal else (config.layout,)
-    rows = [_layout_row(config, layout) for layout in layouts]
-    return {
-        "label": mask.label,
-        "kind": mask.kind,
-        "documents": len(mask.documents) if mask.documents else 1,
-        "longest_document": max(mask.documents) if mask.documents else shape.seq_len,
-        "window": mask.window,
-        "ring": config.ring,
-        "convention": MASK_CONVENTION,
-        "hops_note": HOPS_NOTE,
-        "layouts": rows,
-    }
+    return out.MaskSection(
+        label=mask.label,
+        kind=mask.kind,
+        documents=len(mask.documents) if mask.documents else 1,
+        longest_document=max(mask.documents) if mask.documents else shape.seq_len,
+        window=mask.window,
+        ring=config.ring,
+        convention=MASK_CONVENTION,
+        hops_note=HOPS_NOTE,
+        layouts=[_layout_row(config, layout) for layout in layouts],
+    )
 
 
-def _layout_row(config: CpProblem, layout: Layout) -> dict[str, Any]:
+def _layout_row(config: CpProblem, layout: Layout) -> out.LayoutRow | out.InfeasibleLayout:
     other = replace(config, layout=layout, cp_comm="p2p", heads_k_stride=None)
     if not other.feasibility.ok:
-        return {"layout": layout, "feasible": False, "reason": other.feasibility.reason}
+        return out.InfeasibleLayout(layout=layout, feasible=False, reason=other.feasibility.reason)
     work = flops_breakdown(other).work
     volume = comm_volume(other)
     k = other.ring_steps
-    return {
-        "layout": layout,
-        "feasible": True,
-        "imbalance": work.imbalance,
-        "overhead": work.overhead,
-        "slowest_ring_rank": work.slowest_ring_rank,
-        "slowest_rank_pairs": float(max(work.ring_rank_pairs)) / config.ulysses,
-        "ring_rank_pairs": [float(p) for p in work.ring_rank_pairs],
-        "padding_tokens": other.padding,
-        "padding_fraction": work.padding_fraction,
-        "run_len": other.run_len,
-        "ring_steps": k,
-        "kv_hops": other.kv_hops,
-        "dkv_hops": other.dkv_hops,
-        "hops_saved": config.ring - k,
-        "bytes_forward": volume.bytes_sent("forward"),
-        "bytes_backward": volume.bytes_sent("backward"),
-        "bytes_forward_backward": volume.bytes_sent("forward") + volume.bytes_sent("backward"),
-    }
+    return out.LayoutRow(
+        layout=layout,
+        feasible=True,
+        imbalance=work.imbalance,
+        overhead=work.overhead,
+        slowest_ring_rank=work.slowest_ring_rank,
+        slowest_rank_pairs=float(max(work.ring_rank_pairs)) / config.ulysses,
+        ring_rank_pairs=[float(p) for p in work.ring_rank_pairs],
+        padding_tokens=other.padding,
+        padding_fraction=work.padding_fraction,
+        run_len=other.run_len,
+        ring_steps=k,
+        kv_hops=other.kv_hops,
+        dkv_hops=other.dkv_hops,
+        hops_saved=config.ring - k,
+        bytes_forward=volume.bytes_sent("forward"),
+        bytes_backward=volume.bytes_sent("backward"),
+        bytes_forward_backward=volume.bytes_sent("forward") + volume.bytes_sent("backward"),
+    )
 
 
-def _inputs(config: CpProblem, causal: bool) -> dict[str, Any]:
+def _inputs(config: CpProblem, causal: bool) -> out.Inputs:
     s = config.shape
-    return {
-        "seq_len": s.seq_len,
-        "heads": s.heads,
-        "kv_heads": s.kv_heads,
-        "head_dim": s.head_dim,
-        "batch": s.batch,
-        "ulysses": config.ulysses,
-        "ring": config.ring,
-        "cp_comm": config.cp_comm,
-        "heads_k_stride": config.heads_k_stride,
-        "layout": config.layout,
-        "dtype": config.dtype,
-        "bytes_per_element": config.bytes_per_element,
-        "causal": causal,
-        "mask": config.mask.kind,
-        "documents": list(config.mask.documents) if config.mask.documents else None,
-        "window": config.mask.window,
-    }
+    return out.Inputs(
+        seq_len=s.seq_len,
+        heads=s.heads,
+        kv_heads=s.kv_heads,
+        head_dim=s.head_dim,
+        batch=s.batch,
+        ulysses=config.ulysses,
+        ring=config.ring,
+        cp_comm=config.cp_comm,
+        heads_k_stride=config.heads_k_stride,
+        layout=config.layout,
+        dtype=config.dtype,
+        bytes_per_element=config.bytes_per_element,
+        causal=causal,
+        mask=config.mask.kind,
+        documents=list(config.mask.documents) if config.mask.documents else None,
+        window=config.mask.window,
+    )
 
 
-def _mesh(config: CpProblem) -> dict[str, Any]:
-    return {
-        "feasible": True,
-        "scheme": config.scheme,
-        "world_size": config.world,
-        "kv_replication": config.replication,
-        "seq_divisor": seq_len_divisor(config),
-        "tokens_per_rank": config.tokens_per_rank,
-        "ring_shard_tokens": config.ring_shard,
-        "heads_per_rank": config.heads_per_rank,
-        "kv_heads_per_rank": config.kv_heads_per_rank,
-        "run_len": config.run_len,
-        "padding_tokens": config.padding,
-        "ring_steps": config.ring_steps,
-    }
+def _mesh(config: CpProblem) -> out.Mesh:
+    return out.Mesh(
+        feasible=True,
+        scheme=config.scheme,
+        world_size=config.world,
+        kv_replication=config.replication,
+        seq_divisor=seq_len_divisor(config),
+        tokens_per_rank=config.tokens_per_rank,
+        ring_shard_tokens=config.ring_shard,
+        heads_per_rank=config.heads_per_rank,
+        kv_heads_per_rank=config.kv_heads_per_rank,
+        run_len=config.run_len,
+        padding_tokens=config.padding,
+        ring_steps=config.ring_steps,
+    )
 
 
-def _shapes(config: CpProblem) -> dict[str, Any]:
+def _shapes(config: CpProblem) -> out.Shapes:
     s = config.shape
     b, tokens, shard, d_h = s.batch, config.tokens_per_rank, config.ring_shard, s.head_dim
-    kv = {
-        "local": [b, tokens, s.kv_heads, d_h],
-        "replicated": [b, tokens, config.replication * s.kv_heads, d_h],
-        "after_all_to_all": [b, shard, config.kv_heads_per_rank, d_h],
-    }
-    return {
-        "q": {
-            "local": [b, tokens, s.heads, d_h],
-            "after_all_to_all": [b, shard, config.heads_per_rank, d_h],
-        },
-        "k": kv,
-        "v": dict(kv),
-        "o": {"heads": [b, shard, config.heads_per_rank, d_h], "local": [b, tokens, s.heads, d_h]},
-        "ring_kv_chunk": (
-            [2, b, shard, config.kv_heads_per_rank, d_h] if config.ring > 1 else None
+    kv = out.KvShapes(
+        local=[b, tokens, s.kv_heads, d_h],
+        replicated=[b, tokens, config.replication * s.kv_heads, d_h],
+        after_all_to_all=[b, shard, config.kv_heads_per_rank, d_h],
+    )
+    return out.Shapes(
+        q=out.HeadShapes(
+            local=[b, tokens, s.heads, d_h],
+            after_all_to_all=[b, shard, config.heads_per_rank, d_h],
         ),
-        "gathered_kv": (
+        k=kv,
+        v=kv,
+        o=out.OutputShapes(
+            heads=[b, shard, config.heads_per_rank, d_h], local=[b, tokens, s.heads, d_h]
+        ),
+        ring_kv_chunk=[2, b, shard, config.kv_heads_per_rank, d_h] if config.ring > 1 else None,
+        gathered_kv=(
             [config.ring, 2, b, shard, config.gather_stride, d_h] if config.all_gather else None
         ),
-        "lse": [b, config.heads_per_rank, shard],
-    }
+        lse=[b, config.heads_per_rank, shard],
+    )
 
 
-def _collective(c: CollectiveVolume, symbols: dict[str, int]) -> dict[str, Any]:
-    return {
-        "name": c.name,
-        "stage": c.stage,
-        "kind": c.kind,
-        "group_size": c.group_size,
-        "calls": c.calls,
-        "elements_per_call": c.elements_per_call,
-        "per_call_formula": c.per_call_formula,
-        "formula": c.formula,
-        "substituted": substitute(c.formula, symbols),
-        "elements_sent": c.elements_sent,
-        "bytes_per_element": c.bytes_per_element,
-        "bytes_formula": c.bytes_formula,
-        "bytes_substituted": substitute(c.bytes_formula, symbols),
-        "bytes_sent": c.bytes_sent,
-    }
+def _collective(c: CollectiveVolume, symbols: dict[str, int]) -> out.Collective:
+    return out.Collective(
+        name=c.name,
+        stage=c.stage,
+        kind=c.kind,
+        group_size=c.group_size,
+        calls=c.calls,
+        elements_per_call=c.elements_per_call,
+        per_call_formula=c.per_call_formula,
+        formula=c.formula,
+        substituted=substitute(c.formula, symbols),
+        elements_sent=c.elements_sent,
+        bytes_per_element=c.bytes_per_element,
+        bytes_formula=c.bytes_formula,
+        bytes_substituted=substitute(c.bytes_formula, symbols),
+        bytes_sent=c.bytes_sent,
+    )
 
 
-def _stage(stage: StageVolume, symbols: dict[str, int]) -> dict[str, Any]:
-    return {
-        "stage": stage.stage,
-        "formula": stage.formula,
-        "substituted": substitute(stage.formula, symbols),
-        "elements_sent": stage.elements_sent,
-        "bytes_formula": stage.bytes_formula,
-        "bytes_substituted": substitute(stage.bytes_formula, symbols),
-        "bytes_sent": stage.bytes_sent,
-        "collectives": [_collective(c, symbols) for c in stage.collectives],
-    }
+def _stage(stage: StageVolume, symbols: dict[str, int]) -> out.StageVolume:
+    return out.StageVolume(
+        stage=stage.stage,
+        formula=stage.formula,
+        substituted=substitute(stage.formula, symbols),
+        elements_sent=stage.elements_sent,
+        bytes_formula=stage.bytes_formula,
+        bytes_substituted=substitute(stage.bytes_formula, symbols),
+        bytes_sent=stage.bytes_sent,
+        collectives=[_collective(c, symbols) for c in stage.collectives],
+    )
 
 
-def _communication(volume: CommVolume) -> dict[str, Any]:
+def _communication(volume: CommVolume) -> out.Communication:
     symbols = volume.config.symbols()
-    report: dict[str, Any] = {
-        "convention": COUNTING_CONVENTION,
-        "hops_note": GATHER_NOTE if volume.config.all_gather else HOPS_NOTE,
-        "ring_steps": volume.config.ring_steps,
+    passes = {
+        phase: out.PassVolume(
+            stages=[_stage(s, symbols) for s in volume.stages(phase)],
+            elements_per_rank=volume.elements_sent(phase),
+            bytes_per_rank=volume.bytes_sent(phase),
+            global_elements=volume.global_elements_sent(phase),
+            global_bytes=volume.global_bytes_sent(phase),
+        )
+        for phase in PASSES
     }
-    for phase in PASSES:
-        report[phase] = {
-            "stages": [_stage(s, symbols) for s in volume.stages(phase)],
-            "elements_per_rank": volume.elements_sent(phase),
-            "bytes_per_rank": volume.bytes_sent(phase),
-            "global_elements": volume.global_elements_sent(phase),
-            "global_bytes": volume.global_bytes_sent(phase),
-        }
-    report["forward_backward"] = {
-        "bytes_per_rank": sum(volume.bytes_sent(p) for p in PASSES),
-        "global_bytes": sum(volume.global_bytes_sent(p) for p in PASSES),
-    }
-    return report
+    return out.Communication(
+        convention=COUNTING_CONVENTION,
+        hops_note=GATHER_NOTE if volume.config.all_gather else HOPS_NOTE,
+        ring_steps=volume.config.ring_steps,
+        forward=passes["forward"],
+        backward=passes["backward"],
+        forward_backward=out.TotalVolume(
+            bytes_per_rank=sum(volume.bytes_sent(p) for p in PASSES),
+            global_bytes=sum(volume.global_bytes_sent(p) for p in PASSES),
+        ),
+    )
 
 
-def _nccl_view(volume: CommVolume) -> dict[str, Any]:
+def _nccl_view(volume: CommVolume) -> out.NcclView:
     rows = []
     for phase in PASSES:
         for c in volume.collectives(phase):
             factor = busbw_factor(c.kind, c.group_size)
             rows.append(
-                {
-                    "phase": phase,
-                    "name": c.name,
-                    "kind": c.kind,
-                    "group_size": c.group_size,
-                    "calls": c.calls,
-                    "size_bytes": c.bytes_per_call,
-                    "busbw_factor": float(factor),
-                    "bus_bytes_per_call": c.bytes_per_call * factor.numerator // factor.denominator,
-                }
+                out.NcclCollective(
+                    phase=phase,
+                    name=c.name,
+                    kind=c.kind,
+                    group_size=c.group_size,
+                    calls=c.calls,
+                    size_bytes=c.bytes_per_call,
+                    busbw_factor=float(factor),
+                    bus_bytes_per_call=c.bytes_per_call * factor.numerator // factor.denominator,
+                )
             )
-    return {"convention": NCCL_CONVENTION, "collectives": rows}
+    return out.NcclView(convention=NCCL_CONVENTION, collectives=rows)
 
 
-def _flops(breakdown: FlopsBreakdown) -> dict[str, Any]:
-    return {
-        "convention": FLOPS_CONVENTION,
-        "causal": breakdown.work.causal,
-        "mask": breakdown.work.mask.label,
-        "per_pair_per_rank": breakdown.pair_flops,
-        "global": {p: breakdown.global_flops(p) for p in PASS_TOTALS},
-        "run": {p: breakdown.run_flops(p) for p in PASS_TOTALS},
-        "per_rank": {p: list(breakdown.rank_flops(p)) for p in STEP_PASSES},
-        "slowest_rank": {p: breakdown.slowest_rank_flops(p) for p in STEP_PASSES},
-        "per_step_slowest_forward": [
+def _flops(breakdown: FlopsBreakdown) -> out.Flops:
+    return out.Flops(
+        convention=FLOPS_CONVENTION,
+        causal=breakdown.work.causal,
+        mask=breakdown.work.mask.label,
+        per_pair_per_rank=breakdown.pair_flops,
+        global_=out.PassTotals.model_validate(
+            {p: breakdown.global_flops(p) for p in PASS_TOTALS}
+        ),
+        run=out.PassTotals.model_validate({p: breakdown.run_flops(p) for p in PASS_TOTALS}),
+        per_rank=out.StepFlops.model_validate(
+            {p: list(breakdown.rank_flops(p)) for p in STEP_PASSES}
+        ),
+        slowest_rank=out.StepTotals.model_validate(
+            {p: breakdown.slowest_rank_flops(p) for p in STEP_PASSES}
+        ),
+        per_step_slowest_forward=[
             float(pairs * breakdown.pair_flops) for pairs in breakdown.work.step_max_pairs
         ],
-    }
+    )
 
 
-def _work(breakdown: FlopsBreakdown) -> dict[str, Any]:
+def _work(breakdown: FlopsBreakdown) -> out.Work:
     work = breakdown.work
     full_matrix = work.ring <= MAX_STEP_MATRIX_RING
-    return {
-        "unit": WORK_UNIT,
-        "layout": work.layout,
-        "causal": work.causal,
-        "chunk_size": float(work.chunk_size),
-        "total_pairs": float(work.total),
-        "ring_rank_pairs": [float(p) for p in work.ring_rank_pairs],
-        "rank_pairs": [float(p) for p in work.rank_pairs],
-        "rank_chunk_units": [float(p) for p in work.rank_chunk_units],
-        "imbalance": work.imbalance,
-        "overhead": work.overhead,
-        "mask": work.mask.label,
-        "ring_steps": work.steps,
-        "padding_tokens": work.padding,
-        "padding_pairs": float(work.padding_pairs),
-        "padding_fraction": work.padding_fraction,
-        "busiest_step_sum": float(work.busiest_step_sum),
-        "step_pairs": (
+    return out.Work(
+        unit=WORK_UNIT,
+        layout=work.layout,
+        causal=work.causal,
+        chunk_size=float(work.chunk_size),
+        total_pairs=float(work.total),
+        ring_rank_pairs=[float(p) for p in work.ring_rank_pairs],
+        rank_pairs=[float(p) for p in work.rank_pairs],
+        rank_chunk_units=[float(p) for p in work.rank_chunk_units],
+        imbalance=work.imbalance,
+        overhead=work.overhead,
+        mask=work.mask.label,
+        ring_steps=work.steps,
+        padding_tokens=work.padding,
+        padding_pairs=float(work.padding_pairs),
+        padding_fraction=work.padding_fraction,
+        busiest_step_sum=float(work.busiest_step_sum),
+        step_pairs=(
             [[float(p) for p in step] for step in work.step_pairs] if full_matrix else None
         ),
-        "step_max_pairs": [float(p) for p in work.step_max_pairs],
+        step_max_pairs=[float(p) for p in work.step_max_pairs],
+    )
+
+
+def _memory(estimate: MemoryEstimate) -> out.Memory:
+    phases = {
+        phase: out.MemoryPhase(
+            total=estimate.total(phase),
+            peak=estimate.peak(phase),
+            peak_stage=estimate.peak_stage(phase),
+        )
+        for phase in STEP_PASSES
     }
+    return out.Memory(
+        items=[
+            out.MemoryItem(
+                name=item.name,
+                shape=list(item.shape),
+                dtype=item.dtype,
+                bytes=item.bytes,
+                phase=item.phase,
+                stages=list(item.stages),
+                note=item.note,
+            )
+            for item in estimate.items
+        ],
+        stages={stage: estimate.stage_bytes(stage) for stage in estimate.stages},
+        forward=phases["forward"],
+        forward_backward=phases["forward_backward"],
+    )
 
 
-def _memory(estimate: MemoryEstimate) -> dict[str, Any]:
-    items = [
-        {
-            "name": item.name,
-            "shape": list(item.shape),
-            "dtype": item.dtype,
-            "bytes": item.bytes,
-            "phase": item.phase,
-            "stages": list(item.stages),
-            "note": item.note,
-        }
-        for item in estimate.items
-    ]
-    report: dict[str, Any] = {
-        "items": items,
-        "stages": {stage: estimate.stage_bytes(stage) for stage in estimate.stages},
-    }
-    for phase in STEP_PASSES:
-        report[phase] = {
-            "total": estimate.total(phase),
-            "peak": estimate.peak(phase),
-            "peak_stage": estimate.peak_stage(phase),
-        }
-    return report
-
-
-def _what_if(config: CpProblem) -> dict[str, Any]:
+def _what_if(config: CpProblem) -> out.WhatIf:
     budget = WHAT_IF_BUDGET_GIB * GIB
-    return {
-        "budget_gib": WHAT_IF_BUDGET_GIB,
-        "budget_bytes": budget,
-        "seq_divisor": seq_len_divisor(config),
-        "max_seq_len_forward": max_seq_len_for_budget(budget, config, "forward"),
-        "max_seq_len_forward_backward": max_seq_len_for_budget(budget, config, "forward_backward"),
-    }
+    return out.WhatIf(
+        budget_gib=WHAT_IF_BUDGET_GIB,
+        budget_bytes=budget,
+        seq_divisor=seq_len_divisor(config),
+        max_seq_len_forward=max_seq_len_for_budget(budget, config, "forward"),
+        max_seq_len_forward_backward=max_seq_len_for_budget(budget, config, "forward_backward"),
+    )

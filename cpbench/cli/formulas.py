@@ -67,6 +67,6 @@ def formulas(
         heads_k_stride=heads_k_stride,
     ).masked(mask)
     report = formulas_report(problem)
-    emit(report, as_json, lambda: render_formulas(report))
+    emit(report.model_dump(mode="json"), as_json, lambda: render_formulas(report))
 
 
