@@ -153,12 +153,13 @@ def test_gathered_memory_shrinks_with_the_stride_and_grows_with_length() -> None
     assert peak_one < peak_whole
     assert gathered(65536, None)[0] == 2 * whole  # grows with L
     report = formulas_report(CpProblem(seq_len=32768, heads=32, kv_heads=8, head_dim=128, batch=1, ulysses=1, ring=8, layout="zigzag", cp_comm="all_gather"))
-    rows = {r["heads_k_stride"]: r for r in report["all_gather"]["strides"]}
+    assert report.all_gather is not None
+    rows = {r.heads_k_stride: r for r in report.all_gather.strides}
     assert set(rows) == {8, 4, 2, 1}
-    assert rows[8]["gathered_kv_bytes"] == whole and rows[1]["gathered_kv_bytes"] == one
-    nccl = {(r["phase"], r["name"]): r for r in report["nccl_tests"]["collectives"]}
-    assert nccl["backward", "rs_dkv"]["kind"] == "reduce_scatter"
-    assert nccl["forward", "ag_kv"]["busbw_factor"] == pytest.approx(7 / 8, abs=1e-12)
+    assert rows[8].gathered_kv_bytes == whole and rows[1].gathered_kv_bytes == one
+    nccl = {(r.phase, r.name): r for r in report.nccl_tests.collectives}
+    assert nccl["backward", "rs_dkv"].kind == "reduce_scatter"
+    assert nccl["forward", "ag_kv"].busbw_factor == pytest.approx(7 / 8, abs=1e-12)
 
 
 def test_sweep_analytic_config_of_a_point() -> None:

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from cpbench.app.formulas import formulas_report
+from cpbench.app.formulas_schema import LayoutRow
 from cpbench.app.recommend import RecommendRequest, recommend
 from cpbench.cli.main import app
 from cpbench.config.constraints import AttentionShape
@@ -264,19 +265,22 @@ def test_without_a_causal_mask_every_layout_costs_the_same() -> None:
 def test_formulas_report_compares_the_layouts() -> None:
     docs = resolve_documents("lognormal:mean=1024", 8192, 0)
     report = formulas_report(CpProblem(seq_len=8192, heads=32, kv_heads=8, head_dim=128, ring=4, layout="zigzag").masked(MaskSpec(documents=docs, window=1024)))
-    section = report["mask"]
-    rows = {row["layout"]: row for row in section["layouts"]}
+    section = report.mask
+    assert section is not None
+    rows = {row.layout: row for row in section.layouts if isinstance(row, LayoutRow)}
     assert set(rows) == set(LAYOUTS)
-    assert rows["contiguous"]["ring_steps"] < 4 and rows["contiguous"]["hops_saved"] > 0
-    assert rows["doc_zigzag"]["padding_tokens"] > 0 and rows["balanced"]["padding_tokens"] == 0
+    assert rows["contiguous"].ring_steps < 4 and rows["contiguous"].hops_saved > 0
+    assert rows["doc_zigzag"].padding_tokens > 0 and rows["balanced"].padding_tokens == 0
     for row in rows.values():
-        config = CpProblem(seq_len=8192, heads=32, kv_heads=8, head_dim=128, ring=4, layout=row["layout"]).masked(MaskSpec(documents=docs, window=1024)).require_feasible()
+        config = CpProblem(seq_len=8192, heads=32, kv_heads=8, head_dim=128, ring=4, layout=row.layout).masked(MaskSpec(documents=docs, window=1024)).require_feasible()
         volume = comm_volume(config)
-        assert row["bytes_forward"] == volume.bytes_sent("forward")
-        assert row["kv_hops"] == row["ring_steps"] - 1
-    assert report["work"]["ring_steps"] == rows["zigzag"]["ring_steps"]
-    assert json.loads(json.dumps(report)) == report
-    assert "mask" not in formulas_report(CpProblem(seq_len=8192, heads=32, kv_heads=8, head_dim=128, ring=4))
+        assert row.bytes_forward == volume.bytes_sent("forward")
+        assert row.kv_hops == row.ring_steps - 1
+    assert report.work.ring_steps == rows["zigzag"].ring_steps
+    dumped = report.model_dump(mode="json")
+    assert json.loads(json.dumps(dumped)) == dumped and "mask" in dumped
+    plain = formulas_report(CpProblem(seq_len=8192, heads=32, kv_heads=8, head_dim=128, ring=4))
+    assert plain.mask is None and "mask" not in plain.model_dump(mode="json")
 
 
 @pytest.fixture

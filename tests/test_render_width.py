@@ -19,6 +19,7 @@ from rich.console import Console, RenderableType
 from typer.testing import CliRunner
 
 from cpbench.app.formulas import formulas_report
+from cpbench.app.formulas_schema import FormulasReport
 from cpbench.app.recommend import RecommendRequest, recommend, recommendation_report
 from cpbench.config.problem import CpProblem
 from cpbench.render.formulas import render_formulas
@@ -197,26 +198,26 @@ def test_recommendation_wide_keeps_every_column(report: dict[str, Any]) -> None:
 
 
 @pytest.fixture(scope="module")
-def formulas() -> dict[str, Any]:
+def formulas() -> FormulasReport:
     return formulas_report(CpProblem(seq_len=262144, heads=32, kv_heads=8, head_dim=128, ulysses=4, ring=2, layout="zigzag"))
 
 
 @pytest.mark.parametrize("width", [80, 60])
-def test_formulas_narrow(formulas: dict[str, Any], width: int) -> None:
+def test_formulas_narrow(formulas: FormulasReport, width: int) -> None:
     text = render(render_formulas(formulas), width)
     assert_readable(text, width)
-    for phase in ("forward", "backward"):
-        for stage in formulas["communication"][phase]["stages"]:
-            for c in stage["collectives"]:
-                assert_words_whole(c["formula"], text)
-                assert_words_whole(c["substituted"], text)
-                assert a_line_with(text, phase, c["name"], c["kind"])
-    for item in formulas["memory"]["items"]:
-        assert a_line_with(text, item["name"])
+    for phase, volume in formulas.communication.by_pass().items():
+        for stage in volume.stages:
+            for c in stage.collectives:
+                assert_words_whole(c.formula, text)
+                assert_words_whole(c.substituted, text)
+                assert a_line_with(text, phase, c.name, c.kind)
+    for item in formulas.memory.items:
+        assert a_line_with(text, item.name)
     assert "[1, 32768, 32, 128]" in text  # a shape stays on one line
 
 
-def test_formulas_wide_is_whole_tables(formulas: dict[str, Any]) -> None:
+def test_formulas_wide_is_whole_tables(formulas: FormulasReport) -> None:
     text = render(render_formulas(formulas), 240)
     assert "(1/" not in text
     assert a_line_with(text, "phase", "collective", "calls", "formula (elements sent)",

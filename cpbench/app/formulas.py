@@ -333,9 +333,7 @@ def _flops(breakdown: FlopsBreakdown) -> out.Flops:
         causal=breakdown.work.causal,
         mask=breakdown.work.mask.label,
         per_pair_per_rank=breakdown.pair_flops,
-        global_=out.PassTotals.model_validate(
-            {p: breakdown.global_flops(p) for p in PASS_TOTALS}
-        ),
+        global_=out.PassTotals.model_validate({p: breakdown.global_flops(p) for p in PASS_TOTALS}),
         run=out.PassTotals.model_validate({p: breakdown.run_flops(p) for p in PASS_TOTALS}),
         per_rank=out.StepFlops.model_validate(
             {p: list(breakdown.rank_flops(p)) for p in STEP_PASSES}

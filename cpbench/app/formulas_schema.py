@@ -218,7 +218,7 @@ class Flops(ReportModel):
     mask: str
     """The mask's label."""
     per_pair_per_rank: int
-    global_: PassTotals = Field(serialization_alias="global")
+    global_: PassTotals = Field(validation_alias="global", serialization_alias="global")
     """FLOPs of all ranks (the key is `global`)."""
     run: PassTotals
     """FLOPs of the run, padding included."""

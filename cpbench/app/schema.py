@@ -9,14 +9,16 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class ReportModel(BaseModel):
-    """A report (or a part of one): documented fields, no undeclared ones; infinities and NaN
-    serialise as JSON's `Infinity`/`NaN`, as `json.dumps` writes them."""
+    """A report (or a part of one): documented fields, no undeclared ones; a field named
+    around a Python keyword (`global_`) reads and writes the keyword (`global`); infinities
+    and NaN serialise as JSON's `Infinity`/`NaN`, as `json.dumps` writes them."""
 
     model_config = ConfigDict(
         use_attribute_docstrings=True,
         extra="forbid",
         ser_json_inf_nan="constants",
         serialize_by_alias=True,
+        validate_by_name=True,
     )
 
 
