@@ -6,11 +6,16 @@ import math
 import random
 from typing import Any
 
+from cpbench.app.probe.fit import CommMeasurement, KernelMeasurement, fit_links
+from cpbench.app.probe.plan import default_settings, make_plan
+from cpbench.app.probe.profile import measured_profile
+from cpbench.app.probe.run import ProbeResult
 from cpbench.config.problem import MeshCandidate
 from cpbench.model.calibrate.measurements import Measurement
 from cpbench.model.cost.prediction import predict
 from cpbench.model.flops import FLOPS_CONVENTION, attention_flops
-from cpbench.model.formulas import comm_volume
+from cpbench.model.formulas import bandwidths, comm_volume
+from cpbench.model.hardware.loading import load_profile
 from cpbench.model.hardware.profile import HardwareProfile
 from cpbench.model.memory import memory_estimate
 
@@ -120,3 +125,29 @@ def step_time_measurements(
         label = f"{c.shape.seq_len}-{c.shape.heads}-{c.shape.head_dim}-{c.ulysses}x{c.ring}"
         out.append(Measurement(label, c, devices_per_node, median, None, None, device))
     return out
+
+
+def synthetic_probe_result() -> ProbeResult:
+    """A probe made without ranks: the plan of 4 CPU ranks, times from a known line (1 ms +
+    size / 0.5 GB/s), the kernel shapes at 10 ms steps; the rest as `run_probe` assembles it."""
+    prior = load_profile("cpu-local")
+    plan = make_plan(default_settings("cpu", 4), prior)
+    comm = []
+    for t in plan.comm_tests:
+        seconds = 1e-3 + t.size_bytes / 0.5e9
+        alg, bus = bandwidths(t.size_bytes, seconds, t.kind, t.group_size)
+        comm.append(CommMeasurement(t, seconds, 7, alg, bus, "numa_node"))
+    fits = fit_links(prior, [(m.test, m.seconds) for m in comm])
+    peak = prior.peak_flops("float32")
+    kernels = [
+        KernelMeasurement(k, 0.01 * (i + 1), 3, k.flops("fwd+bwd"),
+                          k.flops("fwd+bwd") / (peak * 0.01 * (i + 1)))
+        for i, k in enumerate(plan.kernel_tests)
+    ]  # fmt: skip
+    profile, notes = measured_profile(prior, fits, kernels, "cpu_sdpa", "float32", "fwd+bwd",
+                                      "2030-01-01, test")  # fmt: skip
+    return ProbeResult(
+        plan, prior, "no GPU: the CPU profile", profile, tuple(comm), tuple(fits),
+        tuple(kernels), "cpu_sdpa", "host, 4 x cpu: test", "2030-01-01 00:00 UTC", 12.5, 10.0,
+        "/tmp/probe-profile.toml", tuple(notes),
+    )  # fmt: skip

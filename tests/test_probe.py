@@ -20,12 +20,15 @@ from cpbench.app.probe.plan import (
     make_plan,
 )
 from cpbench.app.probe.profile import measured_profile
+from cpbench.app.probe.run import probe_report
+from cpbench.app.probe.schema import PROBE_SCHEMA_VERSION
 from cpbench.cli.main import app
 from cpbench.errors import CpbenchError
 from cpbench.model.hardware.loading import load_profile
 from cpbench.model.hardware.writer import profile_to_toml, save_profile
 from cpbench.units import GB
 from tests import rank_tasks
+from tests.synthetic import synthetic_probe_result
 
 runner = CliRunner()
 CPU = load_profile("cpu-local")
@@ -220,3 +223,16 @@ def test_probe_on_two_gloo_ranks(tmp_path: Path, pool) -> None:  # type: ignore[
          "--hardware", str(out)],
     )  # fmt: skip
     assert recommended.exit_code == 0, recommended.output
+
+
+def test_json_is_the_captured_shape_plus_its_version() -> None:
+    """The --json of a probe (`tests.synthetic.synthetic_probe_result`) is the document captured
+    before the report became typed (tests/fixtures/probe_json.json, as `--json` prints it) with
+    `schema_version` first: same keys in the same order, same values and JSON types."""
+    report = probe_report(synthetic_probe_result())
+    document = report.model_dump(mode="json")
+    assert next(iter(document)) == "schema_version"
+    assert document.pop("schema_version") == PROBE_SCHEMA_VERSION == 1
+    golden = (Path(__file__).parent / "fixtures" / "probe_json.json").read_text(encoding="utf-8")
+    assert json.dumps(document, indent=1) == golden
+    assert type(report).model_validate(report.model_dump(mode="json")) == report

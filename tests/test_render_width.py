@@ -28,6 +28,7 @@ from cpbench.render.recommend.frameworks import setting_note
 from cpbench.render.recommend.screen import render_recommendation
 from cpbench.render.tables import FitTable, results_table, verify_tables
 from cpbench.results.store import read_records
+from tests.synthetic import synthetic_probe_result
 
 FIXTURE = Path(__file__).parent / "fixtures" / "sweep.jsonl"
 BORDERS = re.compile(r"[\s│┃┆|]+")
@@ -385,54 +386,22 @@ def test_plan_tables_narrow() -> None:
             assert a_line_with(text, str(p["tp"]), p["layout"]), p
 
 
-def _probe_report() -> dict[str, Any]:
-    """A probe report made without ranks: the plan of 4 CPU ranks, times from a known line
-    (1 ms + size / 0.5 GB/s), three kernel shapes; the rest as `run_probe` assembles it."""
-    from cpbench.app.probe.fit import CommMeasurement, KernelMeasurement, fit_links  # noqa: PLC0415
-    from cpbench.app.probe.plan import default_settings, make_plan  # noqa: PLC0415
-    from cpbench.app.probe.profile import measured_profile  # noqa: PLC0415
-    from cpbench.app.probe.run import ProbeResult, probe_report  # noqa: PLC0415
-    from cpbench.model.formulas import bandwidths  # noqa: PLC0415
-    from cpbench.model.hardware.loading import load_profile  # noqa: PLC0415
-
-    prior = load_profile("cpu-local")
-    plan = make_plan(default_settings("cpu", 4), prior)
-    comm = []
-    for t in plan.comm_tests:
-        seconds = 1e-3 + t.size_bytes / 0.5e9
-        alg, bus = bandwidths(t.size_bytes, seconds, t.kind, t.group_size)
-        comm.append(CommMeasurement(t, seconds, 7, alg, bus, "numa_node"))
-    fits = fit_links(prior, [(m.test, m.seconds) for m in comm])
-    peak = prior.peak_flops("float32")
-    kernels = [
-        KernelMeasurement(k, 0.01 * (i + 1), 3, k.flops("fwd+bwd"),
-                          k.flops("fwd+bwd") / (peak * 0.01 * (i + 1)))
-        for i, k in enumerate(plan.kernel_tests)
-    ]  # fmt: skip
-    profile, notes = measured_profile(prior, fits, kernels, "cpu_sdpa", "float32", "fwd+bwd",
-                                      "2030-01-01, test")  # fmt: skip
-    result = ProbeResult(
-        plan, prior, "no GPU: the CPU profile", profile, tuple(comm), tuple(fits),
-        tuple(kernels), "cpu_sdpa", "host, 4 x cpu: test", "2030-01-01 00:00 UTC", 12.5, 10.0,
-        "/tmp/probe-profile.toml", tuple(notes),
-    )  # fmt: skip
-    return probe_report(result)
-
-
 def test_probe_tables_narrow() -> None:
     """`cpbench probe`: the collectives, links and kernel tables at 80 and 60 columns, no
     line wider, nothing cut, every collective's mesh and size in a row with its kind."""
     from cpbench.render.probe import render_probe  # noqa: PLC0415
     from cpbench.units import format_bytes  # noqa: PLC0415
 
-    report = _probe_report()
-    assert len(report["comm"]) > 10
+    from cpbench.app.probe.run import probe_report  # noqa: PLC0415
+
+    report = probe_report(synthetic_probe_result())
+    assert len(report.comm) > 10
     for width in (80, 60):
         text = render(render_probe(report), width)
         assert_readable(text, width)
-        for row in report["comm"]:
-            kind = "all-to-all" if row["kind"] == "all_to_all" else "send/recv"
-            assert a_line_with(text, kind, row["mesh"], format_bytes(row["size_bytes"], ".3g"))
+        for row in report.comm:
+            kind = "all-to-all" if row.kind == "all_to_all" else "send/recv"
+            assert a_line_with(text, kind, row.mesh, format_bytes(row.size_bytes, ".3g"))
         for col in ("algbw (GB/s)", "busbw (GB/s)", "time (ms)"):
             assert_words_whole(col, text)
 

@@ -232,7 +232,7 @@ class Work(ReportModel):
     """Attended (query, key) pairs per rank and ring step: the causal work and its balance."""
 
     unit: str
-    layout: Layout
+    layout: str
     causal: bool
     chunk_size: float
     total_pairs: float

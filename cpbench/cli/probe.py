@@ -92,4 +92,4 @@ def probe(
             err_console.print(f"[probe] {message}", markup=False, highlight=False)
 
     report = probe_report(run_probe(settings, output, progress))
-    emit(report, as_json, lambda: render_probe(report))
+    emit(report.model_dump(mode="json"), as_json, lambda: render_probe(report))

@@ -3,17 +3,15 @@ lines against the prior, and the kernel efficiency; every table fits 80 columns 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from rich.console import RenderableType
 from rich.text import Text
 
+from cpbench.app.probe.schema import CommRow, Kernel, LinkRow, ProbeReport, Settings
 from cpbench.render.tables import FitTable
 from cpbench.units import format_bytes
 
 
-def _collectives(report: Mapping[str, Any]) -> FitTable:
+def _collectives(rows: list[CommRow]) -> FitTable:
     table = FitTable(
         title="Collectives: median per call of the max over ranks; GB = 1e9 bytes",
         narrow="split",
@@ -23,20 +21,20 @@ def _collectives(report: Mapping[str, Any]) -> FitTable:
     for column in ("size", "time (ms)", "algbw (GB/s)", "busbw (GB/s)"):
         table.add_column(column, justify="right")
     table.add_column("reps", justify="right", priority=2)
-    for row in report["comm"]:
+    for row in rows:
         table.add_row(
-            "all-to-all" if row["kind"] == "all_to_all" else "send/recv",
-            row["mesh"],
-            format_bytes(row["size_bytes"], ".3g"),
-            f"{row['time_s'] * 1e3:.3f}",
-            f"{row['algbw_GBps']:.2f}",
-            f"{row['busbw_GBps']:.2f}",
-            str(row["repetitions"]),
+            "all-to-all" if row.kind == "all_to_all" else "send/recv",
+            row.mesh,
+            format_bytes(row.size_bytes, ".3g"),
+            f"{row.time_s * 1e3:.3f}",
+            f"{row.algbw_GBps:.2f}",
+            f"{row.busbw_GBps:.2f}",
+            str(row.repetitions),
         )
     return table
 
 
-def _links(report: Mapping[str, Any]) -> FitTable:
+def _links(rows: list[LinkRow]) -> FitTable:
     table = FitTable(
         title="Links: least-squares latency + bytes / busbw (busbw in GB/s, 1e9 bytes)",
         narrow="split",
@@ -45,27 +43,26 @@ def _links(report: Mapping[str, Any]) -> FitTable:
     table.add_column("collective", key=True)
     for column in ("points", "latency (us)", "prior (us)", "busbw", "prior", "RMS err"):
         table.add_column(column, justify="right")
-    for row in report["links"]:
+    for row in rows:
         table.add_row(
-            row["tier"],
-            "all-to-all" if row["kind"] == "all_to_all" else "send/recv",
-            str(row["points"]),
-            f"{row['latency_us']:.1f}",
-            f"{row['prior_latency_us']:.1f}",
-            f"{row['busbw_GBps']:.3g}",
-            f"{row['prior_busbw_GBps']:.3g}",
-            f"{row['residual']:.1%}",
+            row.tier,
+            "all-to-all" if row.kind == "all_to_all" else "send/recv",
+            str(row.points),
+            f"{row.latency_us:.1f}",
+            f"{row.prior_latency_us:.1f}",
+            f"{row.busbw_GBps:.3g}",
+            f"{row.prior_busbw_GBps:.3g}",
+            f"{row.residual:.1%}",
         )
     return table
 
 
-def _kernels(report: Mapping[str, Any]) -> FitTable:
-    kernel = report["kernel"]
-    peak = kernel["peak_tflops"]
+def _kernels(kernel: Kernel, settings: Settings) -> FitTable:
+    peak = kernel.peak_tflops
     table = FitTable(
         title=(
-            f"Kernel {kernel['family']}, causal {report['settings']['phase']}, "
-            f"{kernel['ranks_at_once']} rank(s) at once: efficiency = FLOPs (2*B*h*n^2*d_h "
+            f"Kernel {kernel.family}, causal {settings.phase}, "
+            f"{kernel.ranks_at_once} rank(s) at once: efficiency = FLOPs (2*B*h*n^2*d_h "
             f"forward causal, x3.5 fwd+bwd) / (peak {peak:g} TFLOP/s x time)"
         ),
         narrow="split",
@@ -75,43 +72,48 @@ def _kernels(report: Mapping[str, Any]) -> FitTable:
     table.add_column("meshes", wrap=True, priority=2)
     for column in ("time (ms)", "TFLOP/s", "efficiency"):
         table.add_column(column, justify="right")
-    for row in kernel["shapes"]:
+    for row in kernel.shapes:
         table.add_row(
-            str(row["seq_len"]),
-            f"{row['heads']}/{row['kv_heads']}",
-            ", ".join(row["meshes"]),
-            f"{row['time_s'] * 1e3:.1f}",
-            f"{row['tflops']:.4f}",
-            f"{row['efficiency']:.1%}",
+            str(row.seq_len),
+            f"{row.heads}/{row.kv_heads}",
+            ", ".join(row.meshes),
+            f"{row.time_s * 1e3:.1f}",
+            f"{row.tflops:.4f}",
+            f"{row.efficiency:.1%}",
         )
     return table
 
 
-def render_probe(report: Mapping[str, Any]) -> list[RenderableType]:
+def render_probe(report: ProbeReport) -> list[RenderableType]:
     """The probe's tables and a summary: machine, prior, wall time, where the profile went."""
-    s = report["settings"]
+    s = report.settings
     head = Text(
-        f"cpbench probe on {report['machine']} ({report['date']}): {s['world_size']} ranks, "
-        f"h={s['heads']} h_kv={s['kv_heads']} d_h={s['head_dim']} L="
-        f"{', '.join(str(n) for n in s['seq_lens'])} {s['dtype']}; prior {report['prior']['name']} "
-        f"({report['prior']['reason']})"
+        f"cpbench probe on {report.machine} ({report.date}): {s.world_size} ranks, "
+        f"h={s.heads} h_kv={s.kv_heads} d_h={s.head_dim} L="
+        f"{', '.join(str(n) for n in s.seq_lens)} {s.dtype}; prior {report.prior.name} "
+        f"({report.prior.reason})"
     )
-    out: list[RenderableType] = [head, _collectives(report), _links(report), _kernels(report)]
-    curve = report["kernel"]["curve"]
+    out: list[RenderableType] = [
+        head,
+        _collectives(report.comm),
+        _links(report.links),
+        _kernels(report.kernel, s),
+    ]
+    curve = report.kernel.curve
     points = ", ".join(
-        f"{n}: {e:.1%}" for n, e in zip(curve["seq_len"], curve["efficiency"], strict=True)
+        f"{n}: {e:.1%}" for n, e in zip(curve.seq_len, curve.efficiency, strict=True)
     )
     out.append(Text(f"Efficiency curve written (L/R: efficiency): {points}"))
-    for note in report["notes"]:
+    for note in report.notes:
         out.append(Text(f"note: {note}", style="dim"))
     timing = (
-        f"Wall time {report['wall_s']:.1f} s (measurement {report['measure_s']:.1f} s, the rest "
+        f"Wall time {report.wall_s:.1f} s (measurement {report.measure_s:.1f} s, the rest "
         f"starting the ranks)."
     )
-    if report["output"]:
+    if report.output:
         where = (
-            f"Profile {report['profile']} written to {report['output']}: use it with "
-            f"`cpbench recommend --hardware {report['output']}` or as the prior of "
+            f"Profile {report.profile} written to {report.output}: use it with "
+            f"`cpbench recommend --hardware {report.output}` or as the prior of "
             f"`cpbench calibrate`."
         )
     else:

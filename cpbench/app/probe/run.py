@@ -7,9 +7,9 @@ import datetime
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
 
+from cpbench.app.probe import schema as out
 from cpbench.app.probe.fit import (
     CommMeasurement,
     KernelMeasurement,
@@ -20,6 +20,7 @@ from cpbench.app.probe.fit import (
 from cpbench.app.probe.plan import ProbePlan, ProbeSettings, check_settings, make_plan
 from cpbench.app.probe.profile import measured_profile
 from cpbench.app.probe.ranks import RankResult, probe_on_rank
+from cpbench.app.probe.schema import ProbeReport
 from cpbench.errors import CpbenchError
 from cpbench.model.flops import FLOPS_CONVENTION
 from cpbench.model.formulas import bandwidths
@@ -153,76 +154,55 @@ def run_probe(
     )  # fmt: skip
 
 
-def probe_report(result: ProbeResult) -> dict[str, Any]:
-    """The JSON document of a probe (seconds, bytes, bytes/s; GB = 1e9 bytes)."""
-    s = result.plan.settings
-    return {
-        "machine": result.machine,
-        "date": result.date,
-        "wall_s": result.wall_s,
-        "measure_s": result.measure_s,
-        "settings": {
-            k: list(v) if k == "seq_lens" else v
-            for k, v in asdict(s).items()
-            if k not in ("layout", "prior", "name", "threads_per_rank", "timeout_s")
-        },
-        "prior": {"name": result.prior.name, "reason": result.prior_reason},
-        "meshes": [f"{u}x{r}" for u, r in result.plan.meshes],
-        "comm": [
-            {
-                "kind": m.test.kind,
-                "mesh": m.test.mesh,
-                "group_size": m.test.group_size,
-                "size_bytes": m.test.size_bytes,
-                "bytes_sent": m.test.bytes_sent,
-                "origin": m.test.origin,
-                "time_s": m.seconds,
-                "repetitions": m.repetitions,
-                "algbw_GBps": m.algbw / GB,
-                "busbw_GBps": m.busbw / GB,
-                "tier": m.tier,
-            }  # fmt: skip
+def probe_report(result: ProbeResult) -> ProbeReport:
+    """The report of a probe (seconds, bytes, bytes/s; GB = 1e9 bytes)."""
+    s, curve = result.plan.settings, result.profile.curve(result.kernel_family)
+    return ProbeReport(
+        machine=result.machine,
+        date=result.date,
+        wall_s=result.wall_s,
+        measure_s=result.measure_s,
+        settings=out.Settings(
+            world_size=s.world_size, device=s.device, heads=s.heads, kv_heads=s.kv_heads,
+            head_dim=s.head_dim, seq_lens=list(s.seq_lens), dtype=s.dtype, batch=s.batch,
+            phase=s.phase, kernel=s.kernel, budget_s=s.budget_s,
+        ),
+        prior=out.Prior(name=result.prior.name, reason=result.prior_reason),
+        meshes=[f"{u}x{r}" for u, r in result.plan.meshes],
+        comm=[
+            out.CommRow(
+                kind=m.test.kind, mesh=m.test.mesh, group_size=m.test.group_size,
+                size_bytes=m.test.size_bytes, bytes_sent=m.test.bytes_sent,
+                origin=m.test.origin, time_s=m.seconds, repetitions=m.repetitions,
+                algbw_GBps=m.algbw / GB, busbw_GBps=m.busbw / GB, tier=m.tier,
+            )
             for m in result.comm
         ],
-        "links": [
-            {
-                "tier": f.tier,
-                "kind": f.kind,
-                "points": f.points,
-                "latency_us": f.latency_s * 1e6,
-                "busbw_GBps": f.busbw / GB,
-                "prior_latency_us": f.prior_latency_s * 1e6,
-                "prior_busbw_GBps": f.prior_busbw / GB,
-                "residual": f.residual,
-            }  # fmt: skip
+        links=[
+            out.LinkRow(
+                tier=f.tier, kind=f.kind, points=f.points, latency_us=f.latency_s * 1e6,
+                busbw_GBps=f.busbw / GB, prior_latency_us=f.prior_latency_s * 1e6,
+                prior_busbw_GBps=f.prior_busbw / GB, residual=f.residual,
+            )
             for f in result.fits
         ],
-        "kernel": {
-            "family": result.kernel_family,
-            "ranks_at_once": result.plan.kernel_ranks,
-            "peak_tflops": result.prior.peak_tflops.get(s.dtype),
-            "flops_convention": FLOPS_CONVENTION,
-            "shapes": [
-                {
-                    "seq_len": m.test.seq_len,
-                    "heads": m.test.heads,
-                    "kv_heads": m.test.kv_heads,
-                    "meshes": list(m.test.meshes),
-                    "time_s": m.seconds,
-                    "repetitions": m.repetitions,
-                    "flops": m.flops,
-                    "tflops": m.tflops,
-                    "efficiency": m.efficiency,
-                }  # fmt: skip
+        kernel=out.Kernel(
+            family=result.kernel_family,
+            ranks_at_once=result.plan.kernel_ranks,
+            peak_tflops=result.prior.peak_tflops.get(s.dtype),
+            flops_convention=FLOPS_CONVENTION,
+            shapes=[
+                out.KernelShape(
+                    seq_len=m.test.seq_len, heads=m.test.heads, kv_heads=m.test.kv_heads,
+                    meshes=list(m.test.meshes), time_s=m.seconds, repetitions=m.repetitions,
+                    flops=m.flops, tflops=m.tflops, efficiency=m.efficiency,
+                )
                 for m in result.kernels
             ],
-            "curve": {
-                "seq_len": list(result.profile.curve(result.kernel_family).seq_lens),
-                "efficiency": list(result.profile.curve(result.kernel_family).values),
-            },
-        },
-        "profile": result.profile.name,
-        "profile_toml": profile_to_toml(result.profile),
-        "output": result.output,
-        "notes": list(result.notes),
-    }
+            curve=out.Curve(seq_len=list(curve.seq_lens), efficiency=list(curve.values)),
+        ),
+        profile=result.profile.name,
+        profile_toml=profile_to_toml(result.profile),
+        output=result.output,
+        notes=list(result.notes),
+    )  # fmt: skip
