@@ -14,6 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cpbench.app.calibrate import calibrate_results, validate_results
+from cpbench.app.calibrate_schema import CALIBRATE_SCHEMA_VERSION
 from cpbench.cli.main import app
 from cpbench.config.constraints import AttentionShape
 from cpbench.config.problem import MeshCandidate
@@ -36,6 +37,7 @@ from cpbench.model.calibrate.measurements import (
 from cpbench.model.hardware.loading import load_profile
 from cpbench.model.hardware.profile import EfficiencyCurve, HardwareProfile, LinkCost
 from cpbench.model.hardware.transforms import with_link_cost
+from tests.golden import assert_same_document
 from tests.synthetic import step_time_measurements, synthetic_record
 
 runner = CliRunner()
@@ -421,15 +423,15 @@ def test_calibrate_report_names_the_prior_and_warns_on_an_unknown_gpu(
     ]  # fmt: skip
     path = _write(tmp_path / "gpu.jsonl", gpu)
     report = calibrate_results([path])
-    assert report["prior"] == "h100-sxm"
-    assert report["prior_choice"]["name"] == "h100-sxm"
-    assert report["warnings"] == [report["prior_choice"]["warning"]]
-    assert "'Some Future GPU'" in report["warnings"][0]
+    assert report.prior == "h100-sxm"
+    assert report.prior_choice.name == "h100-sxm"
+    assert report.warnings == [report.prior_choice.warning]
+    assert "'Some Future GPU'" in report.warnings[0]
     cpu = validate_results([_write(tmp_path / "cpu.jsonl", noiseless)])
-    assert cpu["prior_choice"] == {
+    assert cpu.prior_choice.model_dump() == {
         "name": "cpu-local", "reason": "the records were measured on CPU", "warning": None
     }  # fmt: skip
-    assert cpu["warnings"] == []
+    assert cpu.warnings == []
 
 
 def test_validate_calls_a_regret_within_the_noise_a_tie() -> None:
@@ -659,3 +661,25 @@ def test_the_prior_split_matches_the_shipped_published_ratios() -> None:
     # -> 0.023 at n = 30; the shipped pairs' median (0.148) is within two of them
     standard_error = (PRIOR_RATIO_MEDIAN_ABS / 0.6745) / (2 * 0.636 * math.sqrt(len(pairs)))
     assert statistics.median(pairs) == pytest.approx(PRIOR_RATIO_MEDIAN_ABS, abs=2 * standard_error)
+
+
+ROOT = Path(__file__).resolve().parent.parent
+GOLDEN = ROOT / "tests" / "fixtures" / "calibrate_json.jsonl"
+"""`cpbench calibrate|validate ARGS --json` captured before the reports became typed (`{"args":
+[...], "json": {...}}` a line; paths relative to the repository): calibrate on a sweep and on a
+table (a prior warning), validate calibrated first and on a holdout."""
+
+
+@pytest.mark.parametrize(
+    "case",
+    [json.loads(line) for line in GOLDEN.read_text(encoding="utf-8").splitlines()],
+    ids=lambda case: " ".join(case["args"]),
+)
+def test_json_is_the_captured_shape_plus_its_version(case: dict) -> None:
+    args = [str(ROOT / a) if (ROOT / a).is_file() else a for a in case["args"]]
+    result = runner.invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.output)
+    assert next(iter(document)) == "schema_version"
+    assert document.pop("schema_version") == CALIBRATE_SCHEMA_VERSION == 1
+    assert_same_document(document, case["json"])

@@ -28,6 +28,7 @@ from cpbench.model.hardware.loading import load_profile
 from cpbench.model.hardware.writer import profile_to_toml, save_profile
 from cpbench.units import GB
 from tests import rank_tasks
+from tests.golden import assert_same_document
 from tests.synthetic import synthetic_probe_result
 
 runner = CliRunner()
@@ -227,12 +228,12 @@ def test_probe_on_two_gloo_ranks(tmp_path: Path, pool) -> None:  # type: ignore[
 
 def test_json_is_the_captured_shape_plus_its_version() -> None:
     """The --json of a probe (`tests.synthetic.synthetic_probe_result`) is the document captured
-    before the report became typed (tests/fixtures/probe_json.json, as `--json` prints it) with
-    `schema_version` first: same keys in the same order, same values and JSON types."""
+    before the report became typed (tests/fixtures/probe_json.json) with `schema_version` first
+    (`tests.golden.assert_same_document`)."""
     report = probe_report(synthetic_probe_result())
     document = report.model_dump(mode="json")
     assert next(iter(document)) == "schema_version"
     assert document.pop("schema_version") == PROBE_SCHEMA_VERSION == 1
     golden = (Path(__file__).parent / "fixtures" / "probe_json.json").read_text(encoding="utf-8")
-    assert json.dumps(document, indent=1) == golden
+    assert_same_document(document, json.loads(golden))
     assert type(report).model_validate(report.model_dump(mode="json")) == report

@@ -235,16 +235,16 @@ def test_calibration_and_validation_narrow(width: int) -> None:
     calibration = calibrate_results([str(FIXTURE)], None, None, None)
     text = render([render_calibration(calibration)], width)
     assert_readable(text, width)
-    for fit in calibration["fits"]:
-        for param in fit["parameters"]:
-            assert_words_whole(param["name"], text)
-            assert f"{param['fitted']:.4g}" in words(text)
+    for fit in calibration.fits:
+        for param in fit.parameters:
+            assert_words_whole(param.name, text)
+            assert f"{param.fitted:.4g}" in words(text)
     validation = validate_results([str(FIXTURE)], None, True, 0.5, 0, "stratified", True)
     text = render(render_validation(validation), width)
     assert_readable(text, width)
-    for row in validation["rows"]:
-        assert_words_whole(row["config"], text)
-        assert a_line_with(text, f"{row['measured_s'] * 1e3:.2f}", f"{row['error']:+.1%}")
+    for row in validation.rows:
+        assert_words_whole(row.config, text)
+        assert a_line_with(text, f"{row.measured_s * 1e3:.2f}", f"{row.error:+.1%}")
 
 
 # ------------------------------------------------------------------------ FitTable itself
@@ -389,10 +389,9 @@ def test_plan_tables_narrow() -> None:
 def test_probe_tables_narrow() -> None:
     """`cpbench probe`: the collectives, links and kernel tables at 80 and 60 columns, no
     line wider, nothing cut, every collective's mesh and size in a row with its kind."""
+    from cpbench.app.probe.run import probe_report  # noqa: PLC0415
     from cpbench.render.probe import render_probe  # noqa: PLC0415
     from cpbench.units import format_bytes  # noqa: PLC0415
-
-    from cpbench.app.probe.run import probe_report  # noqa: PLC0415
 
     report = probe_report(synthetic_probe_result())
     assert len(report.comm) > 10

@@ -10,6 +10,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cpbench.app.calibrate_schema import (
+    CalibrationReport,
+    HoldoutReport,
+    PriorChoice,
+    ValidationReport,
+)
 from cpbench.app.recommend import load_results
 from cpbench.errors import CpbenchError
 from cpbench.model.calibrate import (
@@ -33,7 +39,7 @@ if TYPE_CHECKING:
 
 def _measurements_and_prior(
     paths: Sequence[str], hardware: str | None, job: str
-) -> tuple[list[Measurement], HardwareProfile, dict[str, Any]]:
+) -> tuple[list[Measurement], HardwareProfile, PriorChoice]:
     """The usable measurements of `paths`, the profile to start from (given, or the built-in
     profile of the GPU the records name) and how it was chosen (`prior_choice` of the report:
     name, reason, warning); CpbenchError when no record is usable."""
@@ -48,7 +54,7 @@ def _measurements_and_prior(
             f"with a feasible config and timing.median, or table rows (docs/cost-model.md)"
         )
     choice = default_prior(measurements, hardware)
-    chosen = {"name": choice.name, "reason": choice.reason, "warning": choice.warning}
+    chosen = PriorChoice(name=choice.name, reason=choice.reason, warning=choice.warning)
     return measurements, load_profile(choice.name), chosen
 
 
@@ -57,8 +63,8 @@ def calibrate_results(
     hardware: str | None = None,
     output: str | None = None,
     name: str | None = None,
-) -> dict[str, Any]:
-    """Fit a profile to results files and optionally write it as TOML; the report dict."""
+) -> CalibrationReport:
+    """Fit a profile to results files and optionally write it as TOML; the report."""
     measurements, prior, chosen = _measurements_and_prior(paths, hardware, "calibration")
     result = calibrate(measurements, prior, name=name, files=tuple(paths))
     written = None
@@ -70,12 +76,14 @@ def calibrate_results(
             f"(prior: {result.residual_before:.1%}). Load with --hardware {output}"
         )
         written = str(save_profile(result.profile, output, header))
-    return {
-        **calibration_summary(result),
-        "output": written,
-        "prior_choice": chosen,
-        "warnings": [chosen["warning"]] if chosen["warning"] else [],
-    }
+    return CalibrationReport.model_validate(
+        {
+            **calibration_summary(result),
+            "output": written,
+            "prior_choice": chosen,
+            "warnings": [chosen.warning] if chosen.warning else [],
+        }
+    )
 
 
 def validate_results(
@@ -86,12 +94,12 @@ def validate_results(
     seed: int = 0,
     split: Split = "stratified",
     calibrate_first: bool = False,
-) -> dict[str, Any]:
-    """Predicted vs measured per configuration (or a holdout evaluation); the report dict."""
+) -> ValidationReport | HoldoutReport:
+    """Predicted vs measured per configuration (or a holdout evaluation); the report."""
     measurements, prior, chosen = _measurements_and_prior(paths, hardware, "validation")
     extra: dict[str, Any] = {
         "prior_choice": chosen,
-        "warnings": [chosen["warning"]] if chosen["warning"] else [],
+        "warnings": [chosen.warning] if chosen.warning else [],
     }
     if holdout:
         result = holdout_evaluation(
@@ -101,7 +109,9 @@ def validate_results(
             fraction=fraction,
             split=split,
         )
-        return {"mode": "holdout", "profile": prior.name, **result, **extra}
+        return HoldoutReport.model_validate(
+            {"mode": "holdout", "profile": prior.name, **result, **extra}
+        )
     profile = prior
     calibration = None
     if calibrate_first:
@@ -110,7 +120,9 @@ def validate_results(
     report = validate(measurements, profile)
     mark_ties(report, load_results([p for p in paths if not is_table(Path(p))]))
     mode = "in-sample (calibrated on the same results)" if calibrate_first else "as given"
-    return {"mode": mode, **report, "calibration": calibration, **extra}
+    return ValidationReport.model_validate(
+        {"mode": mode, **report, "calibration": calibration, **extra}
+    )
 
 
 def mark_ties(report: dict[str, Any], records: Sequence[dict[str, Any]]) -> None:

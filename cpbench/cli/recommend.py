@@ -288,7 +288,7 @@ def calibrate(
     from cpbench.app import calibrate as service  # noqa: PLC0415
 
     report = service.calibrate_results(results, hardware, output, name)
-    emit(report, as_json, lambda: [render_calibration(report)])
+    emit(report.model_dump(mode="json"), as_json, lambda: [render_calibration(report)])
 
 
 @command
@@ -357,4 +357,4 @@ def validate(
     report = service.validate_results(
         results, hardware, holdout, holdout_fraction, seed, split, calibrate_first
     )
-    emit(report, as_json, lambda: render_validation(report))
+    emit(report.model_dump(mode="json"), as_json, lambda: render_validation(report))

@@ -9,17 +9,24 @@ from typing import Any
 from rich.console import Group, RenderableType
 from rich.text import Text
 
+from cpbench.app.calibrate_schema import (
+    CalibrationReport,
+    CalibrationSummary,
+    FitParameter,
+    HoldoutReport,
+    ValidationReport,
+)
 from cpbench.render.tables import FitTable
 from cpbench.units import format_number, format_percent, format_seconds
 
 
-def render_validation(report: Mapping[str, Any]) -> list[RenderableType]:
+def render_validation(report: ValidationReport | HoldoutReport) -> list[RenderableType]:
     """Rich renderables of a validate report."""
-    title = f"Predicted vs measured ({report['mode']}, profile {report['profile']})"
-    if report["mode"] == "holdout":
+    title = f"Predicted vs measured ({report.mode}, profile {report.profile})"
+    if isinstance(report, HoldoutReport):
         title += (
-            f": calibrated on {report['n_train']}, predicting {report['n_test']} held out "
-            f"({report['split']} split, seed {report['seed']})"
+            f": calibrated on {report.n_train}, predicting {report.n_test} held out "
+            f"({report.split} split, seed {report.seed})"
         )
     table = FitTable(title=title)
     for col in ("configuration", "measured ms", "predicted ms", "error"):
@@ -29,50 +36,49 @@ def render_validation(report: Mapping[str, Any]) -> list[RenderableType]:
             key=col == "configuration",
             wrap=col == "configuration",
         )
-    for r in report["rows"]:
+    for r in report.rows:
         table.add_row(
-            Text(r["config"]),
-            format_seconds(r["measured_s"], 2, unit=False),
-            format_seconds(r["predicted_s"], 2, unit=False),
-            format_percent(r["error"], sign=True),
+            Text(r.config),
+            format_seconds(r.measured_s, 2, unit=False),
+            format_seconds(r.predicted_s, 2, unit=False),
+            format_percent(r.error, sign=True),
         )
     summary = Text(
-        f"median |error| {format_percent(report['median_abs_error'])}, max |error| "
-        f"{format_percent(report['max_abs_error'])}, Spearman {format_number(report['spearman'])}, regret of the "
-        f"model's pick {format_percent(report['regret'])} (worst group; mean {format_percent(report['regret_mean'])})"
+        f"median |error| {format_percent(report.median_abs_error)}, max |error| "
+        f"{format_percent(report.max_abs_error)}, Spearman {format_number(report.spearman)}, regret of the "
+        f"model's pick {format_percent(report.regret)} (worst group; mean {format_percent(report.regret_mean)})"
     )
     out: list[RenderableType] = [table, summary]
-    out += [Text(f"warning: {w}", style="yellow") for w in report.get("warnings", [])]
-    for g in report.get("groups", []):
-        if g["configurations"] > 1:
+    out += [Text(f"warning: {w}", style="yellow") for w in report.warnings]
+    for g in report.groups:
+        if g.configurations > 1:
             out.append(
                 Text(
-                    f"  group of {g['configurations']}: model picks {g['chosen']}, measured best "
-                    f"{g['best']}, regret {format_percent(g['regret'])}",
+                    f"  group of {g.configurations}: model picks {g.chosen}, measured best "
+                    f"{g.best}, regret {format_percent(g.regret)}",
                     style="dim",
                 )
             )
-    calibration = report.get("calibration")
-    if calibration:
-        out.append(render_calibration(calibration))
+    if report.calibration:
+        out.append(render_calibration(report.calibration))
     return out
 
 
-def _data(param: Mapping[str, Any]) -> str:
+def _data(param: FitParameter) -> str:
     """How well the data pin a joint-fit parameter down; `linear` for the linear fits'."""
-    status = param.get("status")
-    if status is None:
+    if param.status is None:
         return "linear fit"
-    return f"{status} (sd {param['posterior_sd']:.2f} of {param['prior_sd']:.2f})"
+    return f"{param.status} (sd {param.posterior_sd:.2f} of {param.prior_sd:.2f})"
 
 
-def render_calibration(report: Mapping[str, Any]) -> RenderableType:
-    """Rich renderable of a calibration summary."""
+def render_calibration(report: CalibrationSummary) -> RenderableType:
+    """Rich renderable of a calibration summary (a `cpbench calibrate` report's warnings and
+    written file too)."""
     table = FitTable(
         title=(
-            f"Calibration of {report['prior']} on {report['points']} measurements: RMS relative "
-            f"step-time error {format_percent(report['residual_before'])} -> "
-            f"{format_percent(report['residual'])}"
+            f"Calibration of {report.prior} on {report.points} measurements: RMS relative "
+            f"step-time error {format_percent(report.residual_before)} -> "
+            f"{format_percent(report.residual)}"
         ),
         caption=(
             "prior and fitted in the unit of the unit column (no unit: dimensionless); joint "
@@ -88,25 +94,26 @@ def render_calibration(report: Mapping[str, Any]) -> RenderableType:
             key=col == "parameter",
             wrap=col in ("fit", "parameter"),
         )
-    for fit in report["fits"]:
+    for fit in report.fits:
         label = (
-            f"{fit['target']} ({fit['points']} pts, RMS {format_percent(fit['residual_before'])} "
-            f"-> {format_percent(fit['residual_after'])})"
+            f"{fit.target} ({fit.points} pts, RMS {format_percent(fit.residual_before)} "
+            f"-> {format_percent(fit.residual_after)})"
         )
-        for i, param in enumerate(fit["parameters"]):
+        for i, param in enumerate(fit.parameters):
             table.add_row(
                 Text(label if i == 0 else ""),
-                Text(param["name"]),
-                f"{param['prior']:.4g}",
-                f"{param['fitted']:.4g}",
-                param["unit"],
-                str(param["points"]),
+                Text(param.name),
+                f"{param.prior:.4g}",
+                f"{param.fitted:.4g}",
+                param.unit,
+                str(param.points),
                 _data(param),
             )
-    notes = [Text(f"warning: {w}", style="yellow") for w in report.get("warnings", [])]
-    notes += [Text(f"note: {n}", style="dim") for n in report["notes"]]
-    if report.get("output"):
-        notes.append(Text(f"wrote {report['output']} (load it with --hardware {report['output']})"))
+    called = isinstance(report, CalibrationReport)
+    notes = [Text(f"warning: {w}", style="yellow") for w in report.warnings] if called else []
+    notes += [Text(f"note: {n}", style="dim") for n in report.notes]
+    if called and report.output:
+        notes.append(Text(f"wrote {report.output} (load it with --hardware {report.output})"))
     return Group(table, *notes)
 
 

@@ -1,0 +1,165 @@
+"""The typed reports of `cpbench calibrate` and `cpbench validate` (`cpbench.app.calibrate`;
+their --json is `model_dump(mode="json")`). Data only; the model's fits and scores fill them."""
+
+from __future__ import annotations
+
+from typing import Final, Literal
+
+from cpbench.app.schema import ReportModel, omitted_when_none
+from cpbench.config.vocabulary import Phase, Split
+
+CALIBRATE_SCHEMA_VERSION: Final = 1
+"""Version of the `cpbench calibrate --json` and `cpbench validate --json` shapes."""
+
+
+class Versioned(ReportModel):
+    """A whole report: its first key is the version of its JSON shape."""
+
+    schema_version: Literal[1] = CALIBRATE_SCHEMA_VERSION
+    """Version of this JSON shape: it changes when a key is renamed or removed or changes
+    meaning, not when one is added."""
+
+
+class PriorChoice(ReportModel):
+    """The profile the fit or the scores started from, and why that one."""
+
+    name: str
+    reason: str
+    warning: str | None
+    """Why the choice may not describe the measured machine (None: no doubt)."""
+
+
+class FitParameter(ReportModel):
+    """One fitted parameter, in the unit of `unit` (empty: dimensionless)."""
+
+    name: str
+    unit: str
+    prior: float
+    fitted: float
+    points: int
+    """Measurements that inform it."""
+    prior_sd: float | None
+    """The joint fit's prior sd of its log (None: a linear fit's parameter)."""
+    posterior_sd: float | None
+    status: str | None
+    """determined, constrained or undetermined by the data (None: a linear fit's)."""
+
+
+class Fit(ReportModel):
+    """One fit (a link, the kernel curve, the joint fit) and its residual before and after."""
+
+    target: str
+    points: int
+    residual_before: float
+    residual_after: float
+    parameters: list[FitParameter]
+
+
+class CalibrationSummary(ReportModel):
+    """A calibration: every fit, and the RMS relative step-time error before and after."""
+
+    prior: str
+    profile: str
+    """The fitted profile's name."""
+    points: int
+    residual_before: float
+    residual: float
+    fits: list[Fit]
+    notes: list[str]
+
+
+class CalibrationReport(CalibrationSummary, Versioned):
+    """`cpbench calibrate`: the calibration, where its profile went and how the prior was
+    chosen."""
+
+    output: str | None
+    """The written profile (None: not written)."""
+    prior_choice: PriorChoice
+    warnings: list[str]
+
+
+class ValidationRow(ReportModel):
+    """Predicted vs measured step time of one configuration (error = predicted / measured -
+    1); the compute-only and comm-only times where measured (None where not)."""
+
+    id: str
+    config: str
+    ulysses: int
+    ring: int
+    layout: str
+    seq_len: int
+    phase: Phase
+    measured_s: float
+    predicted_s: float
+    error: float
+    measured_compute_only_s: float | None
+    predicted_compute_only_s: float
+    measured_comm_only_s: float | None
+    predicted_comm_only_s: float
+
+
+class ValidationGroup(ReportModel):
+    """One comparable group (same problem, dtype, mask, phase, ranks): the model's pick against
+    the measured fastest."""
+
+    configurations: int
+    chosen: str
+    """The configuration(s) the model ranks fastest (ties joined by ` = `)."""
+    best: str
+    """The measured fastest."""
+    regret: float
+    """Measured time of the pick / the measured fastest - 1."""
+    spearman: float | None
+    tie: bool | None = omitted_when_none()
+    """The pick's 95% interval overlaps the best's (not on a holdout)."""
+    regret_within_noise: bool | None = omitted_when_none()
+    """The same as `tie`: a regret on a tie is noise."""
+
+
+class ValidationReport(Versioned):
+    """`cpbench validate` as given or calibrated first: predicted vs measured on every row."""
+
+    mode: str
+    """`as given` or `in-sample (calibrated on the same results)`."""
+    profile: str
+    rows: list[ValidationRow]
+    n: int
+    median_abs_error: float
+    max_abs_error: float
+    spearman: float | None
+    regret: float | None
+    regret_mean: float | None
+    groups: list[ValidationGroup]
+    groups_within_noise: int
+    """Groups whose regret is a tie."""
+    calibration: CalibrationSummary | None
+    """The calibration first made (None: the profile as given)."""
+    prior_choice: PriorChoice
+    warnings: list[str]
+
+
+class HoldoutReport(Versioned):
+    """`cpbench validate --holdout`: calibrated on `train`, predicting the held-out rows."""
+
+    mode: Literal["holdout"]
+    profile: str
+    """The prior."""
+    n_train: int
+    n_test: int
+    median_abs_error: float
+    max_abs_error: float
+    spearman: float | None
+    regret: float | None
+    regret_mean: float | None
+    groups: list[ValidationGroup]
+    split: Split
+    fraction: float
+    seed: int
+    prior: str
+    train: list[str]
+    """The configurations calibrated on."""
+    rows: list[ValidationRow]
+    """The held-out configurations."""
+    calibration: CalibrationSummary
+    prior_choice: PriorChoice
+    warnings: list[str]
