@@ -683,3 +683,28 @@ def test_json_is_the_captured_shape_plus_its_version(case: dict) -> None:
     assert next(iter(document)) == "schema_version"
     assert document.pop("schema_version") == CALIBRATE_SCHEMA_VERSION == 1
     assert_same_document(document, case["json"])
+
+
+def _first_rows(document: Any, n: int = 3) -> Any:
+    """`document` with every list under a `rows` or `sources` key cut to its first `n`."""
+    if isinstance(document, dict):
+        return {
+            k: _first_rows(v)[:n]
+            if k in ("rows", "sources") and isinstance(v, list)
+            else _first_rows(v)
+            for k, v in document.items()
+        }
+    return [_first_rows(v) for v in document] if isinstance(document, list) else document
+
+
+def test_published_json_is_the_captured_shape_plus_its_version() -> None:
+    """`validate --published --json` is the document captured before the report became typed
+    (tests/fixtures/published_json.json: each `rows` and `sources` cut to their first 3) with
+    `schema_version` first."""
+    result = runner.invoke(app, ["validate", "--published", "--json"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.output)
+    assert next(iter(document)) == "schema_version"
+    assert document.pop("schema_version") == CALIBRATE_SCHEMA_VERSION
+    golden = json.loads((ROOT / "tests" / "fixtures" / "published_json.json").read_text())
+    assert_same_document(_first_rows(document), golden)

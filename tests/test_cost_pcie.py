@@ -14,6 +14,7 @@ from dataclasses import replace
 import pytest
 
 from cpbench.app.calibrate import out_of_sample_section
+from cpbench.app.calibrate_schema import PublishedReport, ValidationRow
 from cpbench.config.constraints import AttentionShape
 from cpbench.config.problem import MeshCandidate
 from cpbench.model.calibrate.joint import MEASURED_BUSBW_LOG_SD, PRIOR_LOG_SD, fit_joint
@@ -60,27 +61,27 @@ def test_the_issues_worst_case_is_in_the_cited_cells() -> None:
 
 def test_the_out_of_sample_section_scores_the_prior_and_fits_nothing() -> None:
     section = out_of_sample_section()
-    machines = {m["hardware"]: m for m in section["machines"]}
+    machines = {m.hardware: m for m in section.machines}
     assert set(machines) == {"8x L20 PCIe (yunchang)", "4x A100 PCIe (yunchang)"}
     l20 = machines["8x L20 PCIe (yunchang)"]
-    assert l20["profile"] == "l40s-pcie-2x4" and l20["rows"] == 40 and l20["groups"] == 4
+    assert l20.profile == "l40s-pcie-2x4" and l20.rows == 40 and l20.groups == 4
     for m in machines.values():
-        assert m["leave_one_group_out"] is None  # never calibrated on
-        prior = m["prior"]
-        errors = sorted(abs(r["error"]) for r in prior["rows"])
-        assert prior["median_abs_error"] == pytest.approx(
+        assert m.leave_one_group_out is None  # never calibrated on
+        prior = m.prior
+        errors = sorted(abs(r.error) for r in prior.rows)
+        assert prior.median_abs_error == pytest.approx(
             (errors[(len(errors) - 1) // 2] + errors[len(errors) // 2]) / 2
         )
         # the worst regret recomputed from the rows: per group (one seq_len of one machine
         # here), measured time of the predicted fastest over the measured fastest, minus 1
-        groups: dict[int, list[dict]] = {}
-        for r in prior["rows"]:
-            groups.setdefault(r["seq_len"], []).append(r)
+        groups: dict[int, list[ValidationRow]] = {}
+        for r in prior.rows:
+            groups.setdefault(r.seq_len, []).append(r)
         regrets = []
         for members in groups.values():
-            pick = min(members, key=lambda r: r["predicted_s"])
-            regrets.append(pick["measured_s"] / min(r["measured_s"] for r in members) - 1)
-        assert prior["worst_regret"] == pytest.approx(max(regrets), rel=1e-9)
+            pick = min(members, key=lambda r: r.predicted_s)
+            regrets.append(pick.measured_s / min(r.measured_s for r in members) - 1)
+        assert prior.worst_regret == pytest.approx(max(regrets), rel=1e-9)
 
 
 def test_a_link_cost_says_what_it_rests_on() -> None:
@@ -131,7 +132,8 @@ def test_the_out_of_sample_table_shows_no_logo_columns() -> None:
     from cpbench.render.recommend.calibration import render_published  # noqa: PLC0415
 
     console = Console(width=160, record=True, force_terminal=False)
-    for renderable in render_published({"sections": [out_of_sample_section()]}):
+    report = PublishedReport(mode="published", sections=[out_of_sample_section()])
+    for renderable in render_published(report):
         console.print(renderable)
     text = console.export_text()
     assert "prior regret" in text and "LOGO |err|" not in text and "LOGO regret" not in text

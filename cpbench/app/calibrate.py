@@ -10,10 +10,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cpbench.app import calibrate_schema as out
 from cpbench.app.calibrate_schema import (
     CalibrationReport,
     HoldoutReport,
+    PlanSection,
     PriorChoice,
+    PublishedReport,
+    ScoresSection,
     ValidationReport,
 )
 from cpbench.app.recommend import load_results
@@ -34,7 +38,7 @@ from cpbench.model.hardware.profile import HardwareProfile
 from cpbench.model.hardware.writer import save_profile
 
 if TYPE_CHECKING:
-    from cpbench.model.calibrate.published import MachineValidation
+    from cpbench.model.calibrate.published import MachineValidation, Scores
 
 
 def _measurements_and_prior(
@@ -153,42 +157,42 @@ def mark_ties(report: dict[str, Any], records: Sequence[dict[str, Any]]) -> None
     report["groups_within_noise"] = within
 
 
-def _scores_dict(scores: Any) -> dict[str, Any] | None:
-    if scores is None:
-        return None
-    return {
-        "median_abs_error": scores.median_abs_error,
-        "spearman": scores.spearman,
-        "worst_regret": scores.worst_regret,
-        "rows": list(scores.rows),
-    }
+def _scores(scores: Scores) -> out.Scores:
+    return out.Scores.model_validate(
+        {
+            "median_abs_error": scores.median_abs_error,
+            "spearman": scores.spearman,
+            "worst_regret": scores.worst_regret,
+            "rows": list(scores.rows),
+        }
+    )
 
 
-def _machine_dicts(machines: Sequence[MachineValidation]) -> list[dict[str, Any]]:
+def _machines(machines: Sequence[MachineValidation]) -> list[out.PublishedMachine]:
     """One machine's scores per entry; `leave_one_group_out` is None where no fit was made."""
     return [
-        {
-            "hardware": v.hardware,
-            "profile": v.profile,
-            "warning": v.warning,
-            "rows": v.rows,
-            "groups": v.groups,
-            "sources": list(v.sources),
-            "prior": _scores_dict(v.prior),
-            "leave_one_group_out": _scores_dict(v.held_out),
-        }
+        out.PublishedMachine(
+            hardware=v.hardware,
+            profile=v.profile,
+            warning=v.warning,
+            rows=v.rows,
+            groups=v.groups,
+            sources=list(v.sources),
+            prior=_scores(v.prior),
+            leave_one_group_out=None if v.held_out is None else _scores(v.held_out),
+        )
         for v in machines
     ]
 
 
-def published_cp_attention_section(path: str | None = None) -> dict[str, Any]:
+def published_cp_attention_section(path: str | None = None) -> ScoresSection:
     """The CP-attention section of `validate --published`: per machine, the prior's and the
     leave-one-group-out calibrated scores (`model.calibrate.published`)."""
     return copy.deepcopy(_published_cp_attention_section(path))
 
 
 @functools.cache
-def _published_cp_attention_section(path: str | None) -> dict[str, Any]:
+def _published_cp_attention_section(path: str | None) -> ScoresSection:
     # the leave-one-group-out fits take seconds; a table's scores are computed once per process
     # (the text and --json views of one run, the tests) and handed out as copies
     from cpbench.model.calibrate.published import (  # noqa: PLC0415
@@ -198,19 +202,19 @@ def _published_cp_attention_section(path: str | None) -> dict[str, Any]:
 
     table = Path(path) if path else published_table()
     machines = validate_published(table)
-    return {
-        "name": "cp_attention",
-        "title": "CP attention step times (one attention layer)",
-        "table": str(table),
-        "error_convention": "error = predicted / measured - 1 of the step time; Spearman: "
+    return ScoresSection(
+        name="cp_attention",
+        title="CP attention step times (one attention layer)",
+        table=str(table),
+        error_convention="error = predicted / measured - 1 of the step time; Spearman: "
         "median over groups of one problem with >= 2 configurations; regret: measured time "
         "of the model's pick / the measured fastest - 1, worst group",
-        "machines": _machine_dicts(machines),
-    }
+        machines=_machines(machines),
+    )
 
 
 @functools.cache
-def _out_of_sample_section() -> dict[str, Any]:
+def _out_of_sample_section() -> ScoresSection:
     from cpbench.model.calibrate.published import (  # noqa: PLC0415
         out_of_sample_table,
         validate_published,
@@ -218,38 +222,38 @@ def _out_of_sample_section() -> dict[str, Any]:
 
     table = out_of_sample_table()
     machines = validate_published(table, leave_one_group_out=False)
-    return {
-        "name": "cp_attention_out_of_sample",
-        "title": "CP attention, out of sample: yunchang's PCIe tables (prior only, in no fit)",
-        "table": str(table),
-        "error_convention": "error = predicted / measured - 1 of the step time (forward, one "
+    return ScoresSection(
+        name="cp_attention_out_of_sample",
+        title="CP attention, out of sample: yunchang's PCIe tables (prior only, in no fit)",
+        table=str(table),
+        error_convention="error = predicted / measured - 1 of the step time (forward, one "
         "attention layer); Spearman: median over groups of one problem; regret: measured "
         "time of the model's pick / the measured fastest - 1, worst group; no LOGO: these "
         "rows are never calibrated on",
-        "machines": _machine_dicts(machines),
-    }
+        machines=_machines(machines),
+    )
 
 
-def out_of_sample_section() -> dict[str, Any]:
+def out_of_sample_section() -> ScoresSection:
     """The out-of-sample section of `validate --published`: yunchang's PCIe tables scored by
     the prior alone (`model.calibrate.published.out_of_sample_table`)."""
     return copy.deepcopy(_out_of_sample_section())
 
 
-def validate_published_report(path: str | None = None) -> dict[str, Any]:
+def validate_published_report(path: str | None = None) -> PublishedReport:
     """`cpbench validate --published`: a list of sections, each a dataset with its scores
     (this module's CP-attention one, the end-to-end plans, and the out-of-sample check)."""
-    return {
-        "mode": "published",
-        "sections": [
+    return PublishedReport(
+        mode="published",
+        sections=[
             published_cp_attention_section(path),
             published_plan_section(),
             out_of_sample_section(),
         ],
-    }
+    )
 
 
-def published_plan_section() -> dict[str, Any]:
+def published_plan_section() -> PlanSection:
     """The end-to-end section of `validate --published`: `cpbench plan` per published training
     run (`model.plan.validation`), predicted vs published tokens/s/GPU (or TFLOP/s/GPU) and
     memory with what the published number counts."""
@@ -259,12 +263,12 @@ def published_plan_section() -> dict[str, Any]:
         validate_published,
     )
 
-    return {
-        "name": "plan_end_to_end",
-        "title": "cpbench plan vs published training runs (tokens/s/GPU)",
-        "table": END_TO_END_TABLE,
-        "error_convention": "error = predicted / published - 1; tokens/s/GPU = global batch x "
+    return PlanSection(
+        name="plan_end_to_end",
+        title="cpbench plan vs published training runs (tokens/s/GPU)",
+        table=END_TO_END_TABLE,
+        error_convention="error = predicted / published - 1; tokens/s/GPU = global batch x "
         "L / step / GPUs; TFLOP/s/GPU = model FLOPs (MFU convention) / step / GPUs; a "
         "'calibrate' row fixes its machine's peak scale and is not a validation",
-        "rows": to_json(validate_published()),
-    }
+        rows=to_json(validate_published()),
+    )

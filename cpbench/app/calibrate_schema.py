@@ -3,7 +3,7 @@ their --json is `model_dump(mode="json")`). Data only; the model's fits and scor
 
 from __future__ import annotations
 
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from cpbench.app.schema import ReportModel, omitted_when_none
 from cpbench.config.vocabulary import Phase, Split
@@ -163,3 +163,61 @@ class HoldoutReport(Versioned):
     calibration: CalibrationSummary
     prior_choice: PriorChoice
     warnings: list[str]
+
+
+class Scores(ReportModel):
+    """The model's scores on one machine's published rows."""
+
+    median_abs_error: float
+    spearman: float | None
+    """Median over groups of one problem with two or more configurations (None: no such
+    group)."""
+    worst_regret: float | None
+    rows: list[ValidationRow]
+
+
+class PublishedMachine(ReportModel):
+    """One machine of a published dataset: the prior's scores and the leave-one-group-out
+    calibrated ones."""
+
+    hardware: str
+    profile: str
+    """The built-in profile its GPU names (the prior)."""
+    warning: str | None
+    """Why that profile is only the closest one, when it is."""
+    rows: int
+    groups: int
+    sources: list[str]
+    """The rows' sources, once each."""
+    prior: Scores
+    leave_one_group_out: Scores | None
+    """None: a single group, or a dataset scored by the prior alone."""
+
+
+class ScoresSection(ReportModel):
+    """A dataset of published CP-attention step times and the model's scores per machine."""
+
+    name: str
+    title: str
+    table: str
+    """The dataset's file."""
+    error_convention: str
+    machines: list[PublishedMachine]
+
+
+class PlanSection(ReportModel):
+    """`cpbench plan` per published training run (`cpbench.model.plan.validation.to_json`'s
+    rows, which `cpbench.render.plan.render_published_plans` renders)."""
+
+    name: Literal["plan_end_to_end"]
+    title: str
+    table: str
+    error_convention: str
+    rows: list[dict[str, Any]]
+
+
+class PublishedReport(Versioned):
+    """`cpbench validate --published`: a section per dataset with its scores."""
+
+    mode: Literal["published"]
+    sections: list[ScoresSection | PlanSection]

@@ -348,7 +348,7 @@ def validate(
                 f"(got {', '.join(results)})"
             )
         document = service.validate_published_report()
-        emit(document, as_json, lambda: render_published(document))
+        emit(document.model_dump(mode="json"), as_json, lambda: render_published(document))
         return
     if not results:
         raise CpbenchError("validate needs results files (or --published)")

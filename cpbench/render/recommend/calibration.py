@@ -3,9 +3,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from rich.console import Group, RenderableType
 from rich.text import Text
 
@@ -14,6 +11,9 @@ from cpbench.app.calibrate_schema import (
     CalibrationSummary,
     FitParameter,
     HoldoutReport,
+    PlanSection,
+    PublishedReport,
+    Scores,
     ValidationReport,
 )
 from cpbench.render.tables import FitTable
@@ -123,21 +123,31 @@ def _cell(value: float | None, percent: bool = True) -> str:
     return format_percent(value) if percent else format_number(value)
 
 
-def render_published(report: Mapping[str, Any]) -> list[RenderableType]:
+def _scores(scores: Scores | None) -> tuple[str, str, str]:
+    if scores is None:
+        return ("-", "-", "-")
+    return (
+        _cell(scores.median_abs_error),
+        _cell(scores.spearman, False),
+        _cell(scores.worst_regret),
+    )
+
+
+def render_published(report: PublishedReport) -> list[RenderableType]:
     """Rich renderables of `validate --published`: one table per section, a row per machine
     with the prior's and the leave-one-group-out calibrated scores."""
     from cpbench.render.plan import render_published_plans  # noqa: PLC0415
 
     out: list[RenderableType] = []
-    for section in report["sections"]:
-        if "rows" in section:  # the end-to-end section: one row per published run
-            out += render_published_plans(section)
+    for section in report.sections:
+        if isinstance(section, PlanSection):  # the end-to-end section: one row per published run
+            out += render_published_plans(section.model_dump())
             continue
         # a section scored by the prior alone (the out-of-sample check) has no LOGO columns
-        fitted = any(m["leave_one_group_out"] for m in section["machines"])
+        fitted = any(m.leave_one_group_out for m in section.machines)
         table = FitTable(
-            title=f"{section['title']}: the model vs published measurements ({section['table']})",
-            caption=section["error_convention"] + (
+            title=f"{section.title}: the model vs published measurements ({section.table})",
+            caption=section.error_convention + (
                 "; LOGO = calibrated on the machine's other groups, predicting the held-out one"
                 if fitted else ""
             ),
@@ -150,25 +160,21 @@ def render_published(report: Mapping[str, Any]) -> list[RenderableType]:
                 col, justify="left" if col in ("hardware", "profile") else "right",
                 key=col == "hardware", wrap=col == "hardware",
             )  # fmt: skip
-        for m in section["machines"]:
-            prior, logo = m["prior"], m["leave_one_group_out"] or {}
+        for m in section.machines:
             table.add_row(
-                Text(m["hardware"]), m["profile"], str(m["rows"]), str(m["groups"]),
-                _cell(prior["median_abs_error"]), _cell(prior["spearman"], False),
-                _cell(prior["worst_regret"]),
-                *((_cell(logo.get("median_abs_error")), _cell(logo.get("spearman"), False),
-                   _cell(logo.get("worst_regret"))) if fitted else ()),
+                Text(m.hardware), m.profile, str(m.rows), str(m.groups), *_scores(m.prior),
+                *(_scores(m.leave_one_group_out) if fitted else ()),
             )  # fmt: skip
         out.append(table)
-        for m in section["machines"]:
-            if m["warning"]:
-                out.append(Text(f"{m['hardware']}: {m['warning']}", style="yellow"))
+        for m in section.machines:
+            if m.warning:
+                out.append(Text(f"{m.hardware}: {m.warning}", style="yellow"))
             cited: dict[str, int] = {}
-            for source in m["sources"]:
+            for source in m.sources:
                 where = source.split(", ")[0]
                 cited[where] = cited.get(where, 0) + 1
             out += [
-                Text(f"{m['hardware']}: {n} row source(s) from {where} (each cell: --json)",
+                Text(f"{m.hardware}: {n} row source(s) from {where} (each cell: --json)",
                      style="dim")
                 for where, n in cited.items()
             ]  # fmt: skip
