@@ -21,7 +21,6 @@ from cpbench.app.probe.plan import (
 )
 from cpbench.app.probe.profile import measured_profile
 from cpbench.app.probe.run import probe_report
-from cpbench.app.probe.schema import PROBE_SCHEMA_VERSION
 from cpbench.cli.main import app
 from cpbench.errors import CpbenchError
 from cpbench.model.hardware.loading import load_profile
@@ -233,7 +232,7 @@ def test_json_is_the_captured_shape_plus_its_version() -> None:
     report = probe_report(synthetic_probe_result())
     document = report.model_dump(mode="json")
     assert next(iter(document)) == "schema_version"
-    assert document.pop("schema_version") == PROBE_SCHEMA_VERSION == 1
+    assert document.pop("schema_version") == 1
     golden = (Path(__file__).parent / "fixtures" / "probe_json.json").read_text(encoding="utf-8")
     assert_same_document(document, json.loads(golden))
     assert type(report).model_validate(report.model_dump(mode="json")) == report

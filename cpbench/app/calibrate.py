@@ -38,7 +38,7 @@ from cpbench.model.hardware.profile import HardwareProfile
 from cpbench.model.hardware.writer import save_profile
 
 if TYPE_CHECKING:
-    from cpbench.model.calibrate.published import MachineValidation, Scores
+    from cpbench.model.calibrate.published import MachineValidation
 
 
 def _measurements_and_prior(
@@ -157,29 +157,13 @@ def mark_ties(report: dict[str, Any], records: Sequence[dict[str, Any]]) -> None
     report["groups_within_noise"] = within
 
 
-def _scores(scores: Scores) -> out.Scores:
-    return out.Scores.model_validate(
-        {
-            "median_abs_error": scores.median_abs_error,
-            "spearman": scores.spearman,
-            "worst_regret": scores.worst_regret,
-            "rows": list(scores.rows),
-        }
-    )
-
-
 def _machines(machines: Sequence[MachineValidation]) -> list[out.PublishedMachine]:
     """One machine's scores per entry; `leave_one_group_out` is None where no fit was made."""
     return [
-        out.PublishedMachine(
-            hardware=v.hardware,
-            profile=v.profile,
-            warning=v.warning,
-            rows=v.rows,
-            groups=v.groups,
-            sources=list(v.sources),
-            prior=_scores(v.prior),
-            leave_one_group_out=None if v.held_out is None else _scores(v.held_out),
+        out.PublishedMachine.of(
+            v,
+            prior=out.Scores.of(v.prior),
+            leave_one_group_out=None if v.held_out is None else out.Scores.of(v.held_out),
         )
         for v in machines
     ]

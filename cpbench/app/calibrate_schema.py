@@ -3,21 +3,10 @@ their --json is `model_dump(mode="json")`). Data only; the model's fits and scor
 
 from __future__ import annotations
 
-from typing import Any, Final, Literal
+from typing import Any, Literal
 
-from cpbench.app.schema import ReportModel, omitted_when_none
+from cpbench.app.schema import ReportModel, Versioned, omitted_when_none
 from cpbench.config.vocabulary import Phase, Split
-
-CALIBRATE_SCHEMA_VERSION: Final = 1
-"""Version of the `cpbench calibrate --json` and `cpbench validate --json` shapes."""
-
-
-class Versioned(ReportModel):
-    """A whole report: its first key is the version of its JSON shape."""
-
-    schema_version: Literal[1] = CALIBRATE_SCHEMA_VERSION
-    """Version of this JSON shape: it changes when a key is renamed or removed or changes
-    meaning, not when one is added."""
 
 
 class PriorChoice(ReportModel):

@@ -163,43 +163,27 @@ def _layout_row(config: CpProblem, layout: Layout) -> out.LayoutRow | out.Infeas
         return out.InfeasibleLayout(layout=layout, feasible=False, reason=other.feasibility.reason)
     work = flops_breakdown(other).work
     volume = comm_volume(other)
-    k = other.ring_steps
-    return out.LayoutRow(
+    forward, backward = volume.bytes_sent("forward"), volume.bytes_sent("backward")
+    return out.LayoutRow.of(
+        work,
         layout=layout,
         feasible=True,
-        imbalance=work.imbalance,
-        overhead=work.overhead,
-        slowest_ring_rank=work.slowest_ring_rank,
         slowest_rank_pairs=float(max(work.ring_rank_pairs)) / config.ulysses,
-        ring_rank_pairs=[float(p) for p in work.ring_rank_pairs],
         padding_tokens=other.padding,
-        padding_fraction=work.padding_fraction,
         run_len=other.run_len,
-        ring_steps=k,
+        ring_steps=other.ring_steps,
         kv_hops=other.kv_hops,
         dkv_hops=other.dkv_hops,
-        hops_saved=config.ring - k,
-        bytes_forward=volume.bytes_sent("forward"),
-        bytes_backward=volume.bytes_sent("backward"),
-        bytes_forward_backward=volume.bytes_sent("forward") + volume.bytes_sent("backward"),
+        hops_saved=config.ring - other.ring_steps,
+        bytes_forward=forward,
+        bytes_backward=backward,
+        bytes_forward_backward=forward + backward,
     )
 
 
 def _inputs(config: CpProblem, causal: bool) -> out.Inputs:
-    s = config.shape
-    return out.Inputs(
-        seq_len=s.seq_len,
-        heads=s.heads,
-        kv_heads=s.kv_heads,
-        head_dim=s.head_dim,
-        batch=s.batch,
-        ulysses=config.ulysses,
-        ring=config.ring,
-        cp_comm=config.cp_comm,
-        heads_k_stride=config.heads_k_stride,
-        layout=config.layout,
-        dtype=config.dtype,
-        bytes_per_element=config.bytes_per_element,
+    return out.Inputs.of(
+        config,
         causal=causal,
         mask=config.mask.kind,
         documents=list(config.mask.documents) if config.mask.documents else None,
@@ -208,19 +192,14 @@ def _inputs(config: CpProblem, causal: bool) -> out.Inputs:
 
 
 def _mesh(config: CpProblem) -> out.Mesh:
-    return out.Mesh(
+    return out.Mesh.of(
+        config,
         feasible=True,
-        scheme=config.scheme,
         world_size=config.world,
         kv_replication=config.replication,
         seq_divisor=seq_len_divisor(config),
-        tokens_per_rank=config.tokens_per_rank,
         ring_shard_tokens=config.ring_shard,
-        heads_per_rank=config.heads_per_rank,
-        kv_heads_per_rank=config.kv_heads_per_rank,
-        run_len=config.run_len,
         padding_tokens=config.padding,
-        ring_steps=config.ring_steps,
     )
 
 
@@ -251,33 +230,18 @@ def _shapes(config: CpProblem) -> out.Shapes:
 
 
 def _collective(c: CollectiveVolume, symbols: dict[str, int]) -> out.Collective:
-    return out.Collective(
-        name=c.name,
-        stage=c.stage,
-        kind=c.kind,
-        group_size=c.group_size,
-        calls=c.calls,
-        elements_per_call=c.elements_per_call,
-        per_call_formula=c.per_call_formula,
-        formula=c.formula,
+    return out.Collective.of(
+        c,
         substituted=substitute(c.formula, symbols),
-        elements_sent=c.elements_sent,
-        bytes_per_element=c.bytes_per_element,
-        bytes_formula=c.bytes_formula,
         bytes_substituted=substitute(c.bytes_formula, symbols),
-        bytes_sent=c.bytes_sent,
     )
 
 
 def _stage(stage: StageVolume, symbols: dict[str, int]) -> out.StageVolume:
-    return out.StageVolume(
-        stage=stage.stage,
-        formula=stage.formula,
+    return out.StageVolume.of(
+        stage,
         substituted=substitute(stage.formula, symbols),
-        elements_sent=stage.elements_sent,
-        bytes_formula=stage.bytes_formula,
         bytes_substituted=substitute(stage.bytes_formula, symbols),
-        bytes_sent=stage.bytes_sent,
         collectives=[_collective(c, symbols) for c in stage.collectives],
     )
 
@@ -313,12 +277,9 @@ def _nccl_view(volume: CommVolume) -> out.NcclView:
         for c in volume.collectives(phase):
             factor = busbw_factor(c.kind, c.group_size)
             rows.append(
-                out.NcclCollective(
+                out.NcclCollective.of(
+                    c,
                     phase=phase,
-                    name=c.name,
-                    kind=c.kind,
-                    group_size=c.group_size,
-                    calls=c.calls,
                     size_bytes=c.bytes_per_call,
                     busbw_factor=float(factor),
                     bus_bytes_per_call=c.bytes_per_call * factor.numerator // factor.denominator,
@@ -350,27 +311,14 @@ def _flops(breakdown: FlopsBreakdown) -> out.Flops:
 def _work(breakdown: FlopsBreakdown) -> out.Work:
     work = breakdown.work
     full_matrix = work.ring <= MAX_STEP_MATRIX_RING
-    return out.Work(
+    return out.Work.of(
+        work,
         unit=WORK_UNIT,
-        layout=work.layout,
-        causal=work.causal,
-        chunk_size=float(work.chunk_size),
-        total_pairs=float(work.total),
-        ring_rank_pairs=[float(p) for p in work.ring_rank_pairs],
-        rank_pairs=[float(p) for p in work.rank_pairs],
-        rank_chunk_units=[float(p) for p in work.rank_chunk_units],
-        imbalance=work.imbalance,
-        overhead=work.overhead,
+        total_pairs=work.total,
         mask=work.mask.label,
         ring_steps=work.steps,
         padding_tokens=work.padding,
-        padding_pairs=float(work.padding_pairs),
-        padding_fraction=work.padding_fraction,
-        busiest_step_sum=float(work.busiest_step_sum),
-        step_pairs=(
-            [[float(p) for p in step] for step in work.step_pairs] if full_matrix else None
-        ),
-        step_max_pairs=[float(p) for p in work.step_max_pairs],
+        step_pairs=work.step_pairs if full_matrix else None,
     )
 
 
@@ -384,18 +332,7 @@ def _memory(estimate: MemoryEstimate) -> out.Memory:
         for phase in STEP_PASSES
     }
     return out.Memory(
-        items=[
-            out.MemoryItem(
-                name=item.name,
-                shape=list(item.shape),
-                dtype=item.dtype,
-                bytes=item.bytes,
-                phase=item.phase,
-                stages=list(item.stages),
-                note=item.note,
-            )
-            for item in estimate.items
-        ],
+        items=[out.MemoryItem.of(item) for item in estimate.items],
         stages={stage: estimate.stage_bytes(stage) for stage in estimate.stages},
         forward=phases["forward"],
         forward_backward=phases["forward_backward"],

@@ -3,16 +3,13 @@
 
 from __future__ import annotations
 
-from typing import Final, Literal
+from typing import Literal
 
 from pydantic import Field
 
-from cpbench.app.schema import ReportModel, omitted_when_none
+from cpbench.app.schema import ReportModel, Versioned, omitted_when_none
 from cpbench.config.vocabulary import CpComm, Dtype, Layout, Mask, Pass, Scheme
 from cpbench.model.formulas import Stage, VolumeKind
-
-FORMULAS_SCHEMA_VERSION: Final = 1
-"""Version of the `cpbench formulas --json` shape (`FormulasReport.schema_version`)."""
 
 Shape = list[int]
 """A tensor shape, outermost dimension first."""
@@ -375,12 +372,9 @@ class GatherSection(ReportModel):
     ring_kv_buffers_bytes: int
 
 
-class FormulasReport(ReportModel):
+class FormulasReport(Versioned):
     """Every analytic number of one configuration (its --json is `model_dump(mode="json")`)."""
 
-    schema_version: Literal[1] = FORMULAS_SCHEMA_VERSION
-    """Version of this JSON shape: it changes when a key is renamed or removed or changes
-    meaning, not when one is added."""
     inputs: Inputs
     mesh: Mesh
     symbols: dict[str, int]

@@ -3,9 +3,11 @@ pydantic model whose `--json` is its one serializer, `model_dump(mode="json")`."
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
+
+_Model = TypeVar("_Model", bound="ReportModel")
 
 
 class ReportModel(BaseModel):
@@ -20,6 +22,22 @@ class ReportModel(BaseModel):
         serialize_by_alias=True,
         validate_by_name=True,
     )
+
+    @classmethod
+    def of(cls: type[_Model], source: object, **values: Any) -> _Model:
+        """The model of `values` and, for each other field, `source`'s attribute of that name
+        (the field's type converts it: a tuple to a list, a Fraction to a float)."""
+        names = (name for name in cls.model_fields if name not in values)
+        return cls.model_validate({name: getattr(source, name) for name in names} | values)
+
+
+class Versioned(ReportModel):
+    """A whole report: its first key is the version of its JSON shape."""
+
+    schema_version: Literal[1] = 1
+    """Version of this report's JSON shape: it changes (a report then overrides this field
+    with its next number) when a key is renamed or removed or changes meaning, not when one is
+    added."""
 
 
 def omitted_when_none() -> Any:

@@ -162,27 +162,20 @@ def probe_report(result: ProbeResult) -> ProbeReport:
         date=result.date,
         wall_s=result.wall_s,
         measure_s=result.measure_s,
-        settings=out.Settings(
-            world_size=s.world_size, device=s.device, heads=s.heads, kv_heads=s.kv_heads,
-            head_dim=s.head_dim, seq_lens=list(s.seq_lens), dtype=s.dtype, batch=s.batch,
-            phase=s.phase, kernel=s.kernel, budget_s=s.budget_s,
-        ),
+        settings=out.Settings.of(s),
         prior=out.Prior(name=result.prior.name, reason=result.prior_reason),
         meshes=[f"{u}x{r}" for u, r in result.plan.meshes],
         comm=[
-            out.CommRow(
-                kind=m.test.kind, mesh=m.test.mesh, group_size=m.test.group_size,
-                size_bytes=m.test.size_bytes, bytes_sent=m.test.bytes_sent,
-                origin=m.test.origin, time_s=m.seconds, repetitions=m.repetitions,
-                algbw_GBps=m.algbw / GB, busbw_GBps=m.busbw / GB, tier=m.tier,
+            out.CommRow.of(
+                m.test, time_s=m.seconds, repetitions=m.repetitions, algbw_GBps=m.algbw / GB,
+                busbw_GBps=m.busbw / GB, tier=m.tier,
             )
             for m in result.comm
         ],
         links=[
-            out.LinkRow(
-                tier=f.tier, kind=f.kind, points=f.points, latency_us=f.latency_s * 1e6,
-                busbw_GBps=f.busbw / GB, prior_latency_us=f.prior_latency_s * 1e6,
-                prior_busbw_GBps=f.prior_busbw / GB, residual=f.residual,
+            out.LinkRow.of(
+                f, latency_us=f.latency_s * 1e6, busbw_GBps=f.busbw / GB,
+                prior_latency_us=f.prior_latency_s * 1e6, prior_busbw_GBps=f.prior_busbw / GB,
             )
             for f in result.fits
         ],
@@ -192,10 +185,9 @@ def probe_report(result: ProbeResult) -> ProbeReport:
             peak_tflops=result.prior.peak_tflops.get(s.dtype),
             flops_convention=FLOPS_CONVENTION,
             shapes=[
-                out.KernelShape(
-                    seq_len=m.test.seq_len, heads=m.test.heads, kv_heads=m.test.kv_heads,
-                    meshes=list(m.test.meshes), time_s=m.seconds, repetitions=m.repetitions,
-                    flops=m.flops, tflops=m.tflops, efficiency=m.efficiency,
+                out.KernelShape.of(
+                    m.test, time_s=m.seconds, repetitions=m.repetitions, flops=m.flops,
+                    tflops=m.tflops, efficiency=m.efficiency,
                 )
                 for m in result.kernels
             ],

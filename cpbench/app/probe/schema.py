@@ -3,14 +3,9 @@ is `ProbeReport.model_dump(mode="json")`): seconds, bytes, bytes/s with GB = 1e9
 
 from __future__ import annotations
 
-from typing import Final, Literal
-
-from cpbench.app.schema import ReportModel
+from cpbench.app.schema import ReportModel, Versioned
 from cpbench.config.vocabulary import Backend, Device, Dtype, Phase
 from cpbench.model.formulas import CollectiveKind
-
-PROBE_SCHEMA_VERSION: Final = 1
-"""Version of the `cpbench probe --json` shape (`ProbeReport.schema_version`)."""
 
 
 class Settings(ReportModel):
@@ -106,13 +101,10 @@ class Kernel(ReportModel):
     curve: Curve
 
 
-class ProbeReport(ReportModel):
+class ProbeReport(Versioned):
     """Everything `cpbench probe` measured and the profile it made (its --json is
     `model_dump(mode="json")`)."""
 
-    schema_version: Literal[1] = PROBE_SCHEMA_VERSION
-    """Version of this JSON shape: it changes when a key is renamed or removed or changes
-    meaning, not when one is added."""
     machine: str
     """'<host>, <world> x <device>'."""
     date: str
