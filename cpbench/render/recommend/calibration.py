@@ -109,11 +109,11 @@ def render_calibration(report: CalibrationSummary) -> RenderableType:
                 str(param.points),
                 _data(param),
             )
-    called = isinstance(report, CalibrationReport)
-    notes = [Text(f"warning: {w}", style="yellow") for w in report.warnings] if called else []
-    notes += [Text(f"note: {n}", style="dim") for n in report.notes]
-    if called and report.output:
-        notes.append(Text(f"wrote {report.output} (load it with --hardware {report.output})"))
+    notes = [Text(f"note: {n}", style="dim") for n in report.notes]
+    if isinstance(report, CalibrationReport):  # not the calibration inside a validation
+        notes[:0] = [Text(f"warning: {w}", style="yellow") for w in report.warnings]
+        if report.output:
+            notes.append(Text(f"wrote {report.output} (load it with --hardware {report.output})"))
     return Group(table, *notes)
 
 
