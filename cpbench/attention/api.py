@@ -107,7 +107,7 @@ def cp_attention(
         group = mesh.ulysses_group
         q5 = SeqToHeads.apply(q5, group, mesh.ulysses, ("a2a_q", "a2a_dq"), skip_comm)
         kv = SeqToHeads.apply(kv, group, mesh.ulysses, ("a2a_kv", "a2a_dkv"), skip_comm)
-    the_scale = scale or default_scale(d)
+    the_scale = default_scale(d, scale)
     if cp_comm == "all_gather" and mesh.ring > 1:
         schedule = ring_schedule(packing(seq_len, mesh.ulysses, mesh.ring, layout, the_mask))
         gather = GatherSpec(mesh.ring_group, mesh.ring, mesh.ring_rank)

@@ -236,7 +236,7 @@ def prefill_attention(
         )
     if isinstance(kernel, str):
         kernel = select_kernel(q.device, q.dtype, kernel, band=False, head_dim=q.shape[3])
-    the_scale = scale or default_scale(q.shape[3])
+    the_scale = default_scale(q.shape[3], scale)
     with torch.no_grad():
         kv = torch.stack([k, v], dim=2)  # [B, L, 2, h_kv, D]: K and V travel together
         if scheme == "ulysses":

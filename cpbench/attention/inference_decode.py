@@ -75,7 +75,7 @@ def decode_attention(
         )
     if isinstance(kernel, str):
         kernel = select_kernel(q.device, q.dtype, kernel, band=False, head_dim=d)
-    the_scale = scale or default_scale(d)
+    the_scale = default_scale(d, scale)
     with torch.no_grad():
         out = torch.zeros((b, t, h, d), dtype=torch.float32, device=q.device)
         lse = torch.full((b, h, t), float("-inf"), dtype=torch.float32, device=q.device)

@@ -49,8 +49,15 @@ class LocalKernel(Protocol):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
 
 
-def default_scale(head_dim: int) -> float:
-    return 1.0 / math.sqrt(head_dim)
+def default_scale(head_dim: int, scale: float | None = None) -> float:
+    """The softmax scale: `scale` when one is given, else 1/sqrt(head_dim). A given scale must be
+    finite and positive: torch's fused CPU kernel masks before it scales, so at 0 every masked
+    score becomes NaN (-inf x 0), and a negative one turns them into +inf."""
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if not (math.isfinite(scale) and scale > 0):
+        raise CpbenchError(f"scale ({scale}) must be a finite number > 0 (None: 1/sqrt(head_dim))")
+    return scale
 
 
 def _expand_kv(x: torch.Tensor, heads: int) -> torch.Tensor:
