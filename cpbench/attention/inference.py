@@ -26,7 +26,12 @@ import torch
 import torch.distributed as dist
 
 from cpbench.attention.comm import all_gather_chunks, all_to_all, ring_exchange
-from cpbench.attention.kernels import LocalKernel, default_scale, select_kernel
+from cpbench.attention.kernels import (
+    LocalKernel,
+    accumulator_dtype,
+    default_scale,
+    select_kernel,
+)
 from cpbench.attention.mesh import CPMesh
 from cpbench.attention.ring import _merge
 from cpbench.attention.ulysses import heads_to_seq, seq_to_heads
@@ -176,7 +181,7 @@ def _attend_chunk(
         block_out, block_lse = kernel.forward(
             q[:, r0:r1], chunk[:, c0:c1, 0], chunk[:, c0:c1, 1], causal, scale
         )
-        _merge(out[:, r0:r1], lse[:, :, r0:r1], block_out, block_lse.float())
+        _merge(out[:, r0:r1], lse[:, :, r0:r1], block_out, block_lse)
 
 
 def _coalesced(
@@ -198,8 +203,9 @@ def _coalesced(
 
 def _accumulators(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     b, n, h, d = q.shape
-    out = torch.zeros((b, n, h, d), dtype=torch.float32, device=q.device)
-    lse = torch.full((b, h, n), float("-inf"), dtype=torch.float32, device=q.device)
+    acc = accumulator_dtype(q.dtype)
+    out = torch.zeros((b, n, h, d), dtype=acc, device=q.device)
+    lse = torch.full((b, h, n), float("-inf"), dtype=acc, device=q.device)
     return out, lse
 
 
@@ -293,7 +299,8 @@ def _pass_q(
     b, _, h, d = q.shape
     tq = shards.q_block
     part_out = q.new_zeros((w, b, tq, h, d))
-    part_lse = torch.full((w, b, h, tq), float("-inf"), dtype=torch.float32, device=q.device)
+    acc = accumulator_dtype(q.dtype)
+    part_lse = torch.full((w, b, h, tq), float("-inf"), dtype=acc, device=q.device)
     current = _pad_rows(q, tq)
     for step in range(w):
         pending = None
@@ -366,7 +373,7 @@ def _ulysses(
             block_out, block_lse = kernel.forward(
                 queries, keys[:, :, 0], keys[:, :, 1], causal, scale
             )
-            _merge(out, lse, block_out, block_lse.float())
+            _merge(out, lse, block_out, block_lse)
     padded = q_all.new_zeros(q_all.shape)
     padded[:, torch.tensor(q_rows, dtype=torch.long, device=device)] = out.to(q.dtype)
     back = heads_to_seq(padded.unsqueeze(2), group, w, "a2a_out")[:, :, 0]

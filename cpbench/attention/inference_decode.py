@@ -18,7 +18,12 @@ from __future__ import annotations
 import torch
 
 from cpbench.attention.comm import all_gather_chunks, all_to_all
-from cpbench.attention.kernels import LocalKernel, default_scale, select_kernel
+from cpbench.attention.kernels import (
+    LocalKernel,
+    accumulator_dtype,
+    default_scale,
+    select_kernel,
+)
 from cpbench.attention.mesh import CPMesh
 from cpbench.attention.ring import _merge
 from cpbench.config.inference import MAX_DECODE_TOKENS
@@ -77,15 +82,16 @@ def decode_attention(
         kernel = select_kernel(q.device, q.dtype, kernel, band=False, head_dim=d)
     the_scale = default_scale(d, scale)
     with torch.no_grad():
-        out = torch.zeros((b, t, h, d), dtype=torch.float32, device=q.device)
-        lse = torch.full((b, h, t), float("-inf"), dtype=torch.float32, device=q.device)
+        acc = accumulator_dtype(q.dtype)
+        out = torch.zeros((b, t, h, d), dtype=acc, device=q.device)
+        lse = torch.full((b, h, t), float("-inf"), dtype=acc, device=q.device)
         seen = [cache_visible(total, w, r, the_layout, cached_len + i) for i in range(t)]
         for n in sorted(set(seen) - {0}):
             rows = [i for i, s in enumerate(seen) if s == n]
             lo, hi = rows[0], rows[-1] + 1  # prefix lengths grow with the row: rows are a run
             block_out, block_lse = kernel.forward(q[:, lo:hi], k[:, :n], v[:, :n], False, the_scale)
-            out[:, lo:hi] = block_out.float()
-            lse[:, :, lo:hi] = block_lse.float()
+            out[:, lo:hi] = block_out
+            lse[:, :, lo:hi] = block_lse
         partial = out.to(q.dtype)
         if the_merge == "all_to_all":
             # head group i of every partial goes to rank i: [W, B, T, h / W, D], [W, B, h / W, T]
@@ -97,8 +103,8 @@ def decode_attention(
         else:
             outs = all_gather_chunks(partial, mesh.cp_group, w, r, "allgather_out").wait()
             lses = all_gather_chunks(lse, mesh.cp_group, w, r, "allgather_lse").wait()
-        merged = torch.zeros(outs.shape[1:], dtype=torch.float32, device=q.device)
-        merged_lse = torch.full(lses.shape[1:], float("-inf"), dtype=torch.float32, device=q.device)
+        merged = torch.zeros(outs.shape[1:], dtype=acc, device=q.device)
+        merged_lse = torch.full(lses.shape[1:], float("-inf"), dtype=acc, device=q.device)
         # rank 0 holds position 0, which every query sees: its LSE is finite on every row, so
         # merging from it never meets -inf with -inf (which would be NaN)
         for src in range(w):

@@ -181,7 +181,7 @@ def _merge(
     new_lse = torch.logaddexp(lse, block_lse)
     old_w = torch.exp(lse - new_lse).transpose(1, 2).unsqueeze(-1)
     new_w = torch.exp(block_lse - new_lse).transpose(1, 2).unsqueeze(-1)
-    out.mul_(old_w).add_(block_out.float() * new_w)
+    out.mul_(old_w).add_(block_out.to(out.dtype) * new_w)
     lse.copy_(new_lse)
 
 

@@ -19,7 +19,12 @@ version), `select` picks one.
 
 from __future__ import annotations
 
-from cpbench.attention.kernels.base import LocalKernel, causal_mask, default_scale
+from cpbench.attention.kernels.base import (
+    LocalKernel,
+    accumulator_dtype,
+    causal_mask,
+    default_scale,
+)
 from cpbench.attention.kernels.cpu_sdpa import CpuSdpaKernel
 from cpbench.attention.kernels.cuda_sdpa import CudaSdpaKernel, cuda_flash_native_gqa
 from cpbench.attention.kernels.cudnn import CudnnKernel, cudnn_native_gqa, cudnn_unavailable
@@ -63,6 +68,7 @@ __all__ = [
     "cuda_flash_native_gqa",
     "cudnn_native_gqa",
     "cudnn_unavailable",
+    "accumulator_dtype",
     "default_scale",
     "efficient_unavailable",
     "flash_attn3_available",

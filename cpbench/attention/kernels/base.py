@@ -49,6 +49,12 @@ class LocalKernel(Protocol):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
 
 
+def accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
+    """What outputs and LSEs are merged in: float64 for float64 inputs (so a float64 check is
+    float64-accurate), float32 for every other dtype."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 def default_scale(head_dim: int, scale: float | None = None) -> float:
     """The softmax scale: `scale` when one is given, else 1/sqrt(head_dim). A given scale must be
     finite and positive: torch's fused CPU kernel masks before it scales, so at 0 every masked
