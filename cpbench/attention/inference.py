@@ -22,6 +22,8 @@ kernels expand KV heads locally; Ulysses replicates KV heads up to W when there 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.distributed as dist
 
@@ -59,6 +61,8 @@ class _Shards:
     def __init__(self, cached_len: int, new_tokens: int, world: int, layout: str) -> None:
         the_layout = check_new_token_layout(layout)
         self.cached_len = cached_len
+        self.new_tokens = new_tokens
+        self.layout = the_layout
         self.cache = split_sizes(cached_len, world)
         self.cache_start = split_starts(cached_len, world)
         self.runs = new_token_segments(new_tokens, world, the_layout)
@@ -357,24 +361,41 @@ def _ulysses(
     group = mesh.ulysses_group
     q_all = seq_to_heads(_pad_rows(q, tq).unsqueeze(2), group, w, "a2a_q")[:, :, 0]
     kv_all = seq_to_heads(_pad_rows(kv, lkv), group, w, "a2a_kv")  # [B, W*lkv, 2, h_kv', D]
-    # the gathered rows of every rank's block, the new ones put back in position order (the
-    # causal piece needs queries and keys in the same increasing order)
-    held = [(s, i) for s in range(w) for i in range(shards.new[s])]
-    by_position = [held[j] for j in sorted(range(len(held)), key=shards.offsets.__getitem__)]
-    q_rows = [s * tq + i for s, i in by_position]
-    cache_rows = [s * lkv + i for s in range(w) for i in range(shards.cache[s])]
-    new_rows = [s * lkv + shards.cache[s] + i for s, i in by_position]
-    device = q.device
-    queries = q_all[:, torch.tensor(q_rows, dtype=torch.long, device=device)]
+    q_rows, cache_rows, new_rows = _ulysses_rows(
+        shards.cached_len, shards.new_tokens, w, shards.layout, q.device
+    )
+    queries = q_all[:, q_rows]
     out, lse = _accumulators(queries)
     for rows, causal in ((cache_rows, False), (new_rows, True)):
-        if rows:
-            keys = kv_all[:, torch.tensor(rows, dtype=torch.long, device=device)]
+        if rows is not None:
+            keys = kv_all[:, rows]
             block_out, block_lse = kernel.forward(
                 queries, keys[:, :, 0], keys[:, :, 1], causal, scale
             )
             _merge(out, lse, block_out, block_lse)
     padded = q_all.new_zeros(q_all.shape)
-    padded[:, torch.tensor(q_rows, dtype=torch.long, device=device)] = out.to(q.dtype)
+    padded[:, q_rows] = out.to(q.dtype)
     back = heads_to_seq(padded.unsqueeze(2), group, w, "a2a_out")[:, :, 0]
     return back[:, : shards.new[r]]
+
+
+@functools.lru_cache(maxsize=256)
+def _ulysses_rows(
+    cached_len: int, new_tokens: int, world: int, layout: str, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Index tensors on `device` of the gathered rows of every rank's block: (queries, cache
+    keys or None, new keys or None), the new ones in position order (the causal piece needs
+    queries and keys in the same increasing order). Built once per shape: a list copied to a
+    GPU is a blocking host-to-device copy, which would land inside every timed step."""
+    shards = _Shards(cached_len, new_tokens, world, layout)
+    tq, lkv = shards.q_block, shards.kv_block
+    held = [(s, i) for s in range(world) for i in range(shards.new[s])]
+    by_position = [held[j] for j in sorted(range(len(held)), key=shards.offsets.__getitem__)]
+    q_rows = [s * tq + i for s, i in by_position]
+    cache_rows = [s * lkv + i for s in range(world) for i in range(shards.cache[s])]
+    new_rows = [s * lkv + shards.cache[s] + i for s, i in by_position]
+
+    def index(rows: list[int]) -> torch.Tensor:
+        return torch.tensor(rows, dtype=torch.long, device=device)
+
+    return index(q_rows), index(cache_rows) if cache_rows else None, index(new_rows) if new_rows else None

@@ -1,6 +1,6 @@
-"""float64 in, float64 accuracy out: the inference schemes merge partial outputs and LSEs in
-the inputs' precision when that is float64 (they once merged in float32: errors 2e-8 to 6e-7
-against the float64 reference). One rank, every prefill scheme and decode merge."""
+"""The inference schemes on one gloo rank: float64 in, float64 accuracy out (they once merged
+in float32: errors 2e-8 to 6e-7 against the float64 reference), and no tensor built from host
+data inside a repeated prefill step (on a GPU a blocking copy inside the timed window)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from cpbench.attention.inference import prefill_attention
 from cpbench.attention.inference_decode import decode_attention
@@ -57,3 +58,26 @@ def test_decode_in_float64_is_float64_accurate(merge: str) -> None:
     want = reference_attention(q, k, v, True, None, cached)
     assert out.dtype == torch.float64
     assert float((out - want).abs().max()) < FLOAT64_TOLERANCE
+
+
+class _TensorsFromHost(TorchDispatchMode):
+    """Counts tensors made from Python data (`torch.tensor(list)` dispatches `lift_fresh`):
+    on a GPU each is a blocking host-to-device copy."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if func is torch.ops.aten.lift_fresh.default:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("scheme", ["pass_kv", "pass_q", "ulysses"])
+def test_a_repeated_prefill_step_makes_no_tensor_from_host_data(scheme: str) -> None:
+    q, k, v = _qkv(7 + 9, 9)
+    prefill_attention(q, k, v, ONE_RANK, 7, 9, scheme=scheme)  # type: ignore[arg-type]
+    with _TensorsFromHost() as mode:
+        prefill_attention(q, k, v, ONE_RANK, 7, 9, scheme=scheme)  # type: ignore[arg-type]
+    assert mode.count == 0
