@@ -364,7 +364,9 @@ def _fake_efficient_backward(**a: Any) -> tuple:
 
 
 def _fake_cudnn(**a: Any) -> tuple:
-    """Like cuDNN in torch 2.5: output in its own [B, H, S, D]-contiguous layout, LSE 4-D."""
+    """Like cuDNN in torch 2.5: output in its own [B, H, S, D]-contiguous layout, LSE 4-D; one
+    key refused, as torch's dispatcher refuses it (`check_cudnn_tensor_shapes`)."""
+    assert a["key"].shape[2] > 1, "cuDNN attention with a key/value length of 1"
     assert a["attn_bias"] is None and a["compute_log_sumexp"] is True
     out, lse = NAIVE.forward(_bshd(a["query"]), _bshd(a["key"]), _bshd(a["value"]),
                              a["is_causal"], a["scale"])  # fmt: skip
@@ -374,6 +376,7 @@ def _fake_cudnn(**a: Any) -> tuple:
 
 
 def _fake_cudnn_backward(**a: Any) -> tuple:
+    assert a["key"].shape[2] > 1, "cuDNN attention with a key/value length of 1"
     lse = a["logsumexp"]
     assert lse.dim() == 4 and lse.shape[-1] == 1 and lse.is_contiguous()
     assert a["grad_out"].stride() == a["out"].stride(), "dO in O's layout"
@@ -433,6 +436,31 @@ def test_aten_kernels_marshal_and_match_reference(  # type: ignore[no-untyped-de
         assert fwd.calls[-1]["value"].data_ptr() == x["v"].data_ptr()
         assert fwd.calls[-1]["key"].stride() == x["k"].transpose(1, 2).stride()
     assert fwd.calls[-1]["query"].data_ptr() == x["q"].data_ptr()
+
+
+@pytest.mark.parametrize("queries", [1, 5])
+def test_cudnn_never_gets_one_key(monkeypatch, fake_ops, queries) -> None:  # type: ignore[no-untyped-def]
+    """A piece of one key (a one-token turn, a one-token cache shard) runs beside cuDNN, exact:
+    out is V's row, dK/dV the sums over the queries."""
+    monkeypatch.setattr(torch, "__version__", "2.8.0")
+    x = _inputs(1, 4, 2)
+    g = torch.Generator().manual_seed(7)
+    q, dout = (torch.randn(B, queries, 4, D, generator=g) for _ in range(2))
+    k, v = x["k"], x["v"]
+    kernel = CudnnKernel()
+    # bottom-right causal: every query sees the one key (a decode prefix of one key)
+    out, lse = kernel.forward(q, k, v, False, SCALE)
+    dq, dk, dv = kernel.backward(dout, q, k, v, out, lse, False, SCALE)
+    ref_in = [t.double().requires_grad_(True) for t in (q, k, v)]
+    ref = reference_attention(*ref_in, causal=False, scale=SCALE)
+    ref.backward(dout.double())
+    assert (out.double() - ref).abs().max() < TOL
+    for got, want in zip((dq, dk, dv), (t.grad for t in ref_in), strict=True):
+        assert want is not None and (got.double() - want).abs().max() < TOL
+    if queries == 1:  # top-left causal on one query and one key: the same piece
+        out_c, _ = kernel.forward(q, k, v, True, SCALE)
+        assert (out_c.double() - ref).abs().max() < TOL
+    assert not any(c.calls for c in fake_ops.values())
 
 
 @pytest.mark.parametrize(("cls", "version", "native"), KERNEL_CASES)

@@ -147,9 +147,9 @@ class ForwardRngState:
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The stored (seed, offset); a backward before any forward in this process runs a
-        one-token forward first to get them."""
+        forward of one query on (up to) two keys first to get them (cuDNN refuses one key)."""
         if self._rng is None:
-            self.forward(q[:, :1], k[:, :1], v[:, :1], False, scale)
+            self.forward(q[:, :1], k[:, :2], v[:, :2], False, scale)
         if self._rng is None:
             raise RuntimeError(f"{type(self).__name__}.forward did not record its RNG state")
         return self._rng
