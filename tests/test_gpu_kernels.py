@@ -191,10 +191,15 @@ USABLE_BY_HAND: list[tuple[dict, str, torch.dtype, int | None, dict[str, str | N
         "flash_attn3": "<= 256", "flash_attn": "<= 256", "cudnn": "<= 128", "sdpa": "<= 256",
         "efficient": None, "naive": None,
     }),
-    (H100, "cuda", BF16, 12, {
+    (H100, "cuda", BF16, 12, {  # the memory-efficient op too: 16-bit GEMMs align to 8
         "flash_attn3": "12 % 8 = 4", "flash_attn": "12 % 8 = 4", "cudnn": "12 % 8 = 4",
-        "sdpa": "12 % 8 = 4", "efficient": None, "naive": None,
+        "sdpa": "12 % 8 = 4", "efficient": "12 % 8 = 4", "naive": None,
     }),
+    (H100, "cuda", FP32, 12, {"efficient": None, "naive": None}),  # float32 aligns to 4
+    (H100, "cuda", FP32, 6, {"efficient": "6 % 4 = 2", "naive": None}),
+    ({"capability": (7, 5)}, "cuda", FP32, 6, {"efficient": None}),  # no alignment below sm80
+    ({"capability": (7, 5)}, "cuda", FP16, 12, {"efficient": "12 % 8 = 4"}),  # tensor cores
+    ({"capability": (6, 0)}, "cuda", FP16, 12, {"efficient": None}),  # none before sm70
     (H100, "cuda", FP32, 64, {
         "flash_attn3": "fp16/bf16", "flash_attn": "fp16/bf16", "cudnn": "fp16/bf16",
         "sdpa": "kernel 'efficient'", "efficient": None, "naive": None,
@@ -255,7 +260,10 @@ def test_which_kernel_runs_where_by_hand(fake_env, env, device, dtype, head_dim,
         (H100, BF16, 128, False, "flash_attn3"),
         (H100, BF16, 256, False, "flash_attn3"),
         (H100, BF16, 512, False, "efficient"),  # no flash / cuDNN kernel takes 512
-        (H100, BF16, 12, False, "efficient"),  # nor 12 (not a multiple of 8)
+        (H100, BF16, 40, False, "flash_attn3"),
+        (H100, BF16, 12, False, "naive"),  # 12 is no multiple of 8: not even memory-efficient
+        (H100, FP32, 12, False, "efficient"),  # float32 aligns to 4
+        (H100, FP32, 6, False, "naive"),
         ({"capability": (9, 0), "cudnn": 90100}, BF16, 128, False, "cudnn"),
         ({"capability": (9, 0), "cudnn": 90100}, BF16, 192, False, "sdpa"),  # cuDNN <= 128
         ({"capability": (10, 0), "fa2": True, "fa2_version": (2, 7, 2)}, BF16, 64, False, "cudnn"),
@@ -279,7 +287,7 @@ def test_a_sweep_records_a_head_dim_the_named_kernel_cannot_run_as_skipped() -> 
     spec = parse_scenario(
         {"axes": {"seq_len": 64, "heads": 4, "kv_heads": 4, "head_dim": [12, 64, 192, 264],
                   "dtype": "bfloat16", "mesh": ["1x2"], "layout": ["zigzag"],
-                  "backend": ["auto", "flash_attn", "cudnn"]}},
+                  "backend": ["auto", "flash_attn", "cudnn", "efficient"]}},
         "head-dims.toml",
     )  # fmt: skip
     reasons = {
@@ -288,6 +296,7 @@ def test_a_sweep_records_a_head_dim_the_named_kernel_cannot_run_as_skipped() -> 
     skipped = {key for key, reason in reasons.items() if reason}
     assert skipped == {
         ("flash_attn", 12), ("flash_attn", 264), ("cudnn", 12), ("cudnn", 192), ("cudnn", 264),
+        ("efficient", 12),  # bf16: the memory-efficient op's GEMMs align to 8 on sm80+
     }
     assert "head_dim 12" in str(reasons[("flash_attn", 12)])
     assert "multiple of 8 (12 % 8 = 4)" in str(reasons[("flash_attn", 12)])

@@ -83,7 +83,9 @@ def impl_skip_reason(config: BenchConfig) -> str | None:
 
         if config.kernel == "auto":
             return None
-        reason = head_dim_unsupported(config.kernel, config.head_dim, config.device)
+        reason = head_dim_unsupported(
+            config.kernel, config.head_dim, config.device, config.dtype
+        )
         return None if reason is None else f"kernel {config.kernel!r} {reason}"
     if config.cp_comm == "all_gather":
         return (

@@ -17,7 +17,13 @@ query, so a sweep's parent process can apply them before any rank exists).
   report at run time, and then for the backward only at exactly 256 (or 192 with a V of 128).
   cpbench keeps to the bound every supported torch and GPU meets: 128.
 
-PyTorch's memory-efficient op and the einsum kernel take any head dimension.
+* PyTorch's memory-efficient op (sdp_utils.cpp `check_head_dim_size_mem_efficient`,
+  `minimum_gemm_alignment`): a head dimension that is a multiple of the GEMM alignment, 4 on
+  sm80+ (8 for fp16/bf16, whose tensor cores take 128 bits), 8 for fp16/bf16 on sm70-75, any
+  below ("cutlassF: no kernel found to launch!" otherwise). Without a capability (a sweep's
+  parent) the sm80+ rule applies.
+
+The einsum kernel takes any head dimension.
 """
 
 from __future__ import annotations
@@ -37,16 +43,45 @@ _LIMITS: dict[str, tuple[int, str]] = {
 }
 
 
-def head_dim_unsupported(name: str, head_dim: int, device: str = "cuda") -> str | None:
-    """Why kernel `name` cannot run `head_dim` on `device` ("cpu" / "cuda"), with the rule;
-    None when it can (every kernel on the CPU, the memory-efficient and einsum kernels)."""
-    if device != "cuda" or name not in _LIMITS:
+def efficient_alignment(dtype: str, capability: tuple[int, int] | None = None) -> int:
+    """The head-dimension multiple PyTorch's memory-efficient op needs for `dtype` ("float32",
+    "float16", "bfloat16") on a GPU of `capability` (None: the sm80+ rule)."""
+    half = dtype in ("float16", "bfloat16")
+    major = 8 if capability is None else capability[0]
+    if major >= 8:
+        return 8 if half else 4
+    return 8 if half and major >= 7 else 1
+
+
+def head_dim_unsupported(
+    name: str,
+    head_dim: int,
+    device: str = "cuda",
+    dtype: str = "float32",
+    capability: tuple[int, int] | None = None,
+) -> str | None:
+    """Why kernel `name` cannot run `head_dim` on `device` ("cpu" / "cuda") in `dtype` (a
+    GPU of `capability`, None: the strictest rule), with the rule; None when it can (every
+    kernel on the CPU, the einsum kernel)."""
+    if device != "cuda":
+        return None
+    if name == "efficient":
+        multiple = efficient_alignment(dtype, capability)
+        if head_dim % multiple == 0:
+            return None
+        return (
+            f"cannot run head_dim {head_dim}: PyTorch's memory-efficient op needs a head "
+            f"dimension that is a multiple of {multiple} in {dtype} on this GPU "
+            f"(minimum_gemm_alignment in aten's sdp_utils.cpp; {head_dim} % {multiple} = "
+            f"{head_dim % multiple}); kernel 'naive' runs any head dimension"
+        )
+    if name not in _LIMITS:
         return None
     most, source = _LIMITS[name]
     if head_dim > most or head_dim % HEAD_DIM_MULTIPLE:
         return (
             f"cannot run head_dim {head_dim}: {source} needs a head dimension <= {most} that "
             f"is a multiple of {HEAD_DIM_MULTIPLE} ({head_dim} % {HEAD_DIM_MULTIPLE} = "
-            f"{head_dim % HEAD_DIM_MULTIPLE}); kernel 'efficient' runs any head dimension"
+            f"{head_dim % HEAD_DIM_MULTIPLE}); kernel 'efficient' runs multiples of 4 (float32) or 8"
         )
     return None

@@ -114,7 +114,9 @@ def kernel_unavailable(
     device = torch.device(device)
     reason = _unavailable(name, device, dtype)
     if reason is None and head_dim is not None:
-        return head_dim_unsupported(name, head_dim, device.type)
+        capability = ops.device_capability(device) if device.type == "cuda" else None
+        dtype_name = str(dtype).removeprefix("torch.")
+        return head_dim_unsupported(name, head_dim, device.type, dtype_name, capability)
     return reason
 
 
@@ -176,7 +178,7 @@ def _auto_kernel_name(device: torch.device, dtype: torch.dtype, head_dim: int | 
     if device.type != "cuda":
         return "naive" if dtype == torch.float64 else "sdpa"
     if dtype == torch.float32:
-        return "efficient"
+        return "efficient" if kernel_unavailable("efficient", device, dtype, head_dim) is None else "naive"
     if dtype not in HALF:
         return "naive"
     for name in ("flash_attn3", "flash_attn"):
@@ -189,7 +191,10 @@ def _auto_kernel_name(device: torch.device, dtype: torch.dtype, head_dim: int | 
         and kernel_unavailable("cudnn", device, dtype, head_dim) is None
     ):
         return "cudnn"
-    return "sdpa" if kernel_unavailable("sdpa", device, dtype, head_dim) is None else "efficient"
+    for name in ("sdpa", "efficient"):
+        if kernel_unavailable(name, device, dtype, head_dim) is None:
+            return name
+    return "naive"
 
 
 def kernel_availability(device: torch.device | str, dtype: torch.dtype) -> dict[str, str | None]:
