@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -28,7 +29,22 @@ def cli_markdown() -> str:
         command, info_name="cpbench", terminal_width=100, max_content_width=100, color=False
     )
     text = get_docs_for_click(obj=command, ctx=ctx, name="cpbench")
-    return HEADER + text.strip() + "\n"
+    return HEADER + _escape_tags(text.strip()) + "\n"
+
+
+def _escape_tags(text: str) -> str:
+    """`<name>` in help prose (not in code) would render as an HTML tag: write it `&lt;name>`."""
+    lines, in_code = [], False
+    for line in text.split("\n"):
+        in_code ^= line.startswith("```")
+        if not in_code:
+            spans = line.split("`")  # odd pieces are inline code
+            line = "`".join(
+                piece if i % 2 else re.sub(r"<(?=[A-Za-z/!])", "&lt;", piece)
+                for i, piece in enumerate(spans)
+            )
+        lines.append(line)
+    return "\n".join(lines)
 
 
 def main() -> None:
