@@ -54,7 +54,8 @@ def _table_rows(text: str, header: str) -> list[list[str]]:
 def test_cli_md_is_current() -> None:
     assert CLI_MD == ROOT / "docs" / "cli.md"
     assert CLI_MD.read_text(encoding="utf-8") == cli_markdown(), (
-        f"docs/cli.md is out of date with the CLI: run `{REGENERATE}` and commit the result"
+        f"docs/cli.md is out of date with the CLI (or was generated with another typer than "
+        f"{typer.__version__}): run `{REGENERATE}` and commit the result"
     )
 
 

@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import typer
@@ -15,44 +14,24 @@ from cpbench.cli.main import app
 
 CLI_MD = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 REGENERATE = "python -m cpbench.cli.docs"
-
-HEADER = f"""<!-- Generated from the typer app by `{REGENERATE}`; do not edit by hand. -->
-
-"""
+TAG = re.compile(r"<(?=[A-Za-z/!])")
 
 
 def cli_markdown() -> str:
-    """The Markdown reference of the app: typer's own generator, in plain text (no markup
-    turned into HTML, no colours) and at a fixed width, so the same app gives the same bytes."""
+    """typer's own Markdown of the app, in plain text (no markup turned into HTML, no colours) at
+    a fixed width; `<name>` outside code is written `&lt;name>` so it does not render as a tag."""
     command = typer.main.get_command(app)
-    ctx = typer.Context(
-        command, info_name="cpbench", terminal_width=100, max_content_width=100, color=False
-    )
-    text = get_docs_for_click(obj=command, ctx=ctx, name="cpbench")
-    return HEADER + _escape_tags(text.strip()) + "\n"
-
-
-def _escape_tags(text: str) -> str:
-    """`<name>` in help prose (not in code) would render as an HTML tag: write it `&lt;name>`."""
+    ctx = typer.Context(command, terminal_width=100, max_content_width=100, color=False)
     lines, in_code = [], False
-    for line in text.split("\n"):
+    for line in get_docs_for_click(obj=command, ctx=ctx, name="cpbench").strip().split("\n"):
         in_code ^= line.startswith("```")
-        if not in_code:
-            spans = line.split("`")  # odd pieces are inline code
-            line = "`".join(
-                piece if i % 2 else re.sub(r"<(?=[A-Za-z/!])", "&lt;", piece)
-                for i, piece in enumerate(spans)
-            )
-        lines.append(line)
-    return "\n".join(lines)
-
-
-def main() -> None:
-    """Write docs/cli.md (or another path given as the one argument)."""
-    path = Path(sys.argv[1]) if len(sys.argv) > 1 else CLI_MD
-    path.write_text(cli_markdown(), encoding="utf-8")
-    print(f"wrote {path}")
+        spans = line.split("`")  # odd pieces are inline code
+        escaped = (s if i % 2 else TAG.sub("&lt;", s) for i, s in enumerate(spans))
+        lines.append(line if in_code else "`".join(escaped))
+    header = f"<!-- Generated from the typer app by `{REGENERATE}`; do not edit. -->"
+    return "\n".join([header, "", *lines, ""])
 
 
 if __name__ == "__main__":
-    main()
+    CLI_MD.write_text(cli_markdown(), encoding="utf-8")
+    print(f"wrote {CLI_MD}")
