@@ -12,6 +12,8 @@ from typer.cli import get_docs_for_click
 
 from cpbench.cli.main import app
 
+GENERATED_WITH = re.compile(r"with typer (\S+); do not edit")
+"""The typer release a docs/cli.md was written by (its first line)."""
 CLI_MD = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 REGENERATE = "python -m cpbench.cli.docs"
 TAG = re.compile(r"<(?=[A-Za-z/!])")
@@ -28,7 +30,10 @@ def cli_markdown() -> str:
         spans = line.split("`")  # odd pieces are inline code
         escaped = (s if i % 2 else TAG.sub("&lt;", s) for i, s in enumerate(spans))
         lines.append(line if in_code else "`".join(escaped))
-    header = f"<!-- Generated from the typer app by `{REGENERATE}`; do not edit. -->"
+    header = (
+        f"<!-- Generated from the typer app by `{REGENERATE}` with typer {typer.__version__}; "
+        f"do not edit. -->"
+    )
     return "\n".join([header, "", *lines, ""])
 
 
