@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from cpbench.config.constraints import check_cpu_world
 from cpbench.errors import RunFailure
 
 ERROR_GRACE_SECONDS = 2.0
@@ -49,6 +50,10 @@ class WorldSpec:
     world_size: int
     device: str  # "cpu" or "cuda"
     threads_per_rank: int = 1
+
+    def __post_init__(self) -> None:
+        if self.device != "cuda":
+            check_cpu_world(self.world_size)
 
     @property
     def backend(self) -> str:

@@ -11,6 +11,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from cpbench.cli.common import command, console, err_console, resolve_device
+from cpbench.config.constraints import check_cpu_world
 from cpbench.config.impls import IMPL_HELP, Impl
 from cpbench.config.inference import is_inference_record
 from cpbench.config.vocabulary import (
@@ -126,6 +127,8 @@ def _run_and_report(
         raise CpbenchError(
             f"world size ({n}) needs {n} local GPUs, found {gpus}: use torchrun for several nodes"
         )
+    if dev == "cpu" and launch is None:
+        check_cpu_world(n)
     if resume and out is None:
         raise CpbenchError("--resume needs --out FILE (the sweep to continue)")
     if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
