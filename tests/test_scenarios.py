@@ -656,3 +656,13 @@ def test_cp_comm_and_head_stride_axes_expand_and_dedupe(tmp_path: Path) -> None:
     bad.write_text(path.read_text().replace('["p2p", "all_gather"]', '["p2p", "gather"]'))
     with pytest.raises(CpbenchError, match="gather"):
         load_scenario(str(bad))
+
+
+@pytest.mark.parametrize("name", ["../../../x", "/tmp/abs", "x[/red]y", ".hidden", "", "a b", "x" * 101])
+def test_a_scenario_name_is_a_plain_file_name(name: str) -> None:
+    """The name names the default output (results/<name>-<time>.jsonl): a path in it put the
+    file outside results/, rich markup crashed the sweep's progress line."""
+    with pytest.raises(CpbenchError, match=r"key 'name': .* is not a plain name"):
+        parse_scenario({**minimal(), "name": name}, "x.toml")
+    for good in ("cpu-smoke", "llama3.1_8b+fp8", "x" * 100):
+        assert parse_scenario({**minimal(), "name": good}, "x.toml").name == good

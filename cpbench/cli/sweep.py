@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from cpbench.cli.common import command, console, err_console, resolve_device
@@ -148,7 +149,7 @@ def _run_and_report(
         transient=False,
     )
     with progress:
-        task = progress.add_task(f"{spec.name} (world {n}, {dev})", total=len(points))
+        task = progress.add_task(f"{escape(spec.name)} (world {n}, {dev})", total=len(points))
 
         def on_start(config: Any) -> None:
             progress.update(task, description=f"{config.key}")
@@ -168,7 +169,7 @@ def _run_and_report(
             precision=precision,  # type: ignore[arg-type]
             separate_ties=separate_ties,
         )
-        progress.update(task, completed=len(points), description=spec.name)
+        progress.update(task, completed=len(points), description=escape(spec.name))
     wrong = wrong_results(result.records)
     if quiet:
         if wrong:
