@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from cpbench.app.recommend import load_results
 from cpbench.errors import CpbenchError
+from cpbench.files import check_output
 from cpbench.model.calibrate import (
     Measurement,
     Split,
@@ -59,6 +60,8 @@ def calibrate_results(
     name: str | None = None,
 ) -> dict[str, Any]:
     """Fit a profile to results files and optionally write it as TOML; the report dict."""
+    if output:  # before the fit: an output that is an input is refused at once
+        check_output(output, paths, "-o")
     measurements, prior, chosen = _measurements_and_prior(paths, hardware, "calibration")
     result = calibrate(measurements, prior, name=name, files=tuple(paths))
     written = None
@@ -69,7 +72,7 @@ def calibrate_results(
             f"RMS relative step-time error {result.residual:.1%} on those points "
             f"(prior: {result.residual_before:.1%}). Load with --hardware {output}"
         )
-        written = str(save_profile(result.profile, output, header))
+        written = str(save_profile(result.profile, output, header, inputs=paths))
     return {
         **calibration_summary(result),
         "output": written,

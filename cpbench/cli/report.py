@@ -103,7 +103,7 @@ def report(
         page = render_report(data)
     for warning in data.warnings:
         err_console.print(f"cpbench: warning: {warning}", markup=False, highlight=False)
-    path = write_report(page.html, output)
+    path = write_report(page.html, output, inputs=results)
     if as_json:
         print(
             json.dumps(

@@ -31,6 +31,7 @@ from cpbench.app.report.summary import summarize
 from cpbench.app.report.work import work_fits
 from cpbench.config.inference import is_inference_record
 from cpbench.errors import CpbenchError
+from cpbench.files import write_atomically
 from cpbench.results.frame import compare_frame
 from cpbench.results.store import read_records, records_frame
 
@@ -145,14 +146,7 @@ def build_comparison(
     )
 
 
-def write_report(html: str, output: Path) -> Path:
-    """Write the page `html` to `output` (parent folders created); returns the path."""
-    output = Path(output)
-    if output.is_dir():
-        raise CpbenchError(f"output {output} is a directory; give a file name such as report.html")
-    try:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(html, encoding="utf-8")
-    except OSError as exc:
-        raise CpbenchError(f"cannot write {output}: {exc.strerror or exc}") from exc
-    return output
+def write_report(html: str, output: Path, inputs: Sequence[str | Path] = ()) -> Path:
+    """Write the page `html` to `output` (parent folders created; never one of `inputs`, the
+    results it was made from); returns the path."""
+    return write_atomically(output, html, "--output", inputs, make_parents=True)
