@@ -28,7 +28,8 @@ CHECKED_TENSORS = ("out", "dq", "dk", "dv")
 
 def rounded_terms(tensor: str, ring: int, group: int) -> int:
     """k of the error model (docs/design.md section 7): roundings to the dtype behind one element
-    of `tensor` (out, dq, dk or dv) for a ring (or all-gather) degree `ring` and `group` query heads per KV head."""
+    of `tensor` (out, dq, dk or dv) for a ring (or all-gather) degree `ring` and `group` query
+    heads per KV head."""
     if tensor not in CHECKED_TENSORS:
         raise ValueError(f"tensor must be one of {', '.join(CHECKED_TENSORS)}, got {tensor!r}")
     partials = group * ring if tensor in ("dk", "dv") else ring
