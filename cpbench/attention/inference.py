@@ -1,6 +1,6 @@
 """Context-parallel prefill with a cached prefix, forward only, by one of four schemes.
 
-Usage, shards and pieces: docs/inference.md, "cpbench's prefill schemes"."""
+Usage, shards and pieces: docs/inference.md, "cpbench's prefill and decode schemes"."""
 
 from __future__ import annotations
 
