@@ -1,6 +1,6 @@
 """Worlds: where a task runs on every rank, a local `WorkerPool` or the torchrun/srun processes.
 
-How a launched world fails, interrupts and recovers: docs/internals.md, "Launched worlds"."""
+How a launched world fails and recovers: docs/internals.md, "The pool and launched worlds"."""
 
 from __future__ import annotations
 
