@@ -52,7 +52,7 @@ class Comparison:
 def compare_results(
     before: Path, after: Path, threshold: float = DEFAULT_THRESHOLD
 ) -> Comparison:
-    """Compare two results files (see the module docstring)."""
+    """Compare two results files (docs/design.md section 5)."""
     if not 0 <= threshold < 10:
         raise CpbenchError(f"--threshold ({threshold}) must be a relative change in [0, 10)")
     frames = []

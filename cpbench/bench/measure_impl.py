@@ -33,7 +33,7 @@ def kernel_label(kernel: str) -> str:
 def measure_external(
     config: BenchConfig, settings: dict[str, Any], device: torch.device, check_len: int
 ) -> RankMeasurement:
-    """Pool task body (collective) for an external impl; see the module docstring."""
+    """Pool task body (collective) for an external impl; see docs/design.md section 7."""
     adapter = get_adapter(config.impl)
     accuracy = agreed(lambda: reference_check(config, check_len, device), device)
     # The check's tensors (the float64 reference on rank 0) are garbage now: return their

@@ -146,7 +146,7 @@ def time_to_precision(
     group: dist.ProcessGroup | None = None,
 ) -> TimedRun:
     """Warm up until the timings stop drifting, then time until the median is known to
-    `policy.precision` (see the module docstring). All ranks call this."""
+    `policy.precision` (docs/design.md section 7). All ranks call this."""
     distributed = dist.is_available() and dist.is_initialized()
     elapsed = step_timer(device)
 

@@ -150,10 +150,10 @@ def auto_kernel_name(
     band: bool = False,
     head_dim: int | None = None,
 ) -> str:
-    """The kernel `auto` runs on `device` in `dtype` (see the module docstring), among those
-    that can run `head_dim` when it is given; with `band` (the mask has band pieces) the first
-    of those that can apply one: the usual choice, else FlashAttention-3, else flash-attn 2,
-    else the usual choice (which then refuses)."""
+    """The kernel `auto` runs on `device` in `dtype` (docs/internals.md), among those that can
+    run `head_dim` when it is given; with `band` (the mask has band pieces) the first of those
+    that can apply one: the usual choice, else FlashAttention-3, else flash-attn 2, else the
+    usual choice (which then refuses)."""
     name = _auto_kernel_name(torch.device(device), dtype, head_dim)
     if not band or band_capable(name, device):
         return name
