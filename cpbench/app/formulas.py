@@ -1,8 +1,6 @@
-"""Application service of `cpbench formulas`: every analytic number of one configuration.
-
-`formulas_report` returns a JSON-serialisable dict (the `--json` answer);
-`cpbench.render.formulas.render_formulas` turns that dict into rich tables for people.
-"""
+"""Application service of `cpbench formulas`: every analytic number of one configuration, as the
+JSON-serialisable dict of `formulas_report` (the `--json` answer; `cpbench.render.formulas`
+draws it)."""
 
 from __future__ import annotations
 

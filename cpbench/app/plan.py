@@ -1,20 +1,5 @@
 """Application service of `cpbench plan`: does a whole model fit at a sequence length on the
-GPUs given, with which TP x CP (U x R, layout) x PP x DP and recomputation, and how long does a
-training step take.
-
-`plan` fills a `SearchSpace` from the request and runs `cpbench.model.plan.search`: every
-world = TP x CP x PP x DP of the GPUs, every U x R mesh of CP with its fastest layout
-(`cpbench.model.cost.prediction.predict`) and every recompute level, memory first
-(`cpbench.model.plan.memory`), then the step (`cpbench.model.plan.step`) of only the plans whose
-lower bound can rank among the `keep` best. It returns those plans fastest first, the rules and
-the memory rejections closest to fitting, the fastest plan of the shortest CP that fits, the
-longest sequence each kept plan holds (bisection over L), and the winner's Megatron-LM,
-torchtitan and DeepSpeed settings. `to_json` is the `--json` answer and what
-`cpbench.render.plan` renders.
-
-`recommend` answers another question (which U x R mesh for one attention layer at a given CP
-degree) and takes heads, not a model; `plan` reuses its attention model for the attention part.
-"""
+GPUs given, with which parallelism, and how long does a step take: docs/plan.md."""
 
 from __future__ import annotations
 
@@ -128,7 +113,7 @@ class PlanResult:
 
 
 def plan(request: PlanRequest) -> PlanResult:
-    """Search the plans (`cpbench.model.plan.search`); see the module docstring."""
+    """Search the plans (`cpbench.model.plan.search`); see docs/plan.md."""
     model = load_model(request.model)
     profile = load_profile(request.hardware or DEFAULT_HARDWARE)
     per_node = request.gpus_per_node or profile.devices_per_node

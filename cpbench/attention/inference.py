@@ -1,24 +1,6 @@
-"""Context-parallel prefill with a cached prefix, forward only: T new tokens (query positions
-P..P+T-1) attend causally to P cached + T new keys, on W ranks, by one of four schemes
-(`cpbench.model.inference`: what each sends, and the bytes the model counts).
+"""Context-parallel prefill with a cached prefix, forward only, by one of four schemes.
 
-    mesh = build_mesh(ulysses=1, ring=W)                      # ulysses: build_mesh(W, 1)
-    q_l, k_l, v_l = shard_prefill(q_new, k_all, v_all, mesh, cached_len=P)  # zigzag
-    out_l = prefill_attention(q_l, k_l, v_l, mesh, cached_len=P, new_tokens=T, scheme="pass_q")
-    out = unshard_prefill(out_l, mesh, new_tokens=T)          # [B, T, h, D]
-
-Every rank holds a contiguous shard of the cache (positions `split_starts(P, W)`) and its new
-tokens by the `new_token_layout` (`model.inference.new_token_segments`: one contiguous run, or
-with `zigzag`, the default, chunks r and 2W - 1 - r of 2W; positions offset by P); its local
-K/V are the cache shard followed by its new tokens, in the same order as its queries. A query
-block meets a K/V chunk as pieces: the chunk's cache part (every cached key is before every
-query: full) and each run of its new part (full for the query runs that lie wholly after it,
-top-left causal for the query run it is, skipped for those before it; the runs of both come
-from one partition, so no other overlap exists). Partial results are merged in fp32 with
-their LSE (`ring._merge`). Shards of unequal length (T or P not a multiple of W, T not a
-multiple of 2W) travel padded to the largest; the padding is never computed on. GQA: the
-kernels expand KV heads locally; Ulysses replicates KV heads up to W when there are fewer.
-"""
+Usage, shards and pieces: docs/inference.md, "cpbench's prefill and decode schemes"."""
 
 from __future__ import annotations
 

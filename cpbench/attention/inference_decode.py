@@ -1,17 +1,6 @@
-"""Decode over a KV cache sharded by sequence, forward only: T = 1-8 new queries (positions
-P..P+T-1, on every rank) attend causally to the N = P + T cached keys (the new tokens' K/V
-already appended), each rank to its own shard, and the partial outputs are merged with their
-LSE (`model.inference.decode_bytes`): after one all-gather (every rank ends with the whole
-output), or after one all-to-all back to a head split (Helix-style: rank r ends with heads
-r H / W .. (r + 1) H / W of every query, `model.inference.decode_heads`).
+"""Decode over a KV cache sharded by sequence, forward only, merged by all-gather or all-to-all.
 
-    k_l, v_l = shard_cache(k_all, v_all, mesh, layout="interleaved")
-    out = decode_attention(q, k_l, v_l, mesh, cached_len=P, layout="interleaved")  # every rank
-    mine = decode_attention(q, k_l, v_l, mesh, cached_len=P, merge="all_to_all")  # H / W heads
-
-The shard of a rank holds its keys in increasing position (`cache_shard_len`), so every query
-sees a prefix of it (`cache_visible`): one full kernel call per distinct prefix length.
-"""
+Usage: docs/inference.md, "cpbench's prefill and decode schemes"; the model: "The model"."""
 
 from __future__ import annotations
 

@@ -1,14 +1,6 @@
 """A persistent pool of ranks: started once per world size, then runs many tasks.
 
-Starting a rank costs seconds (importing torch, joining the process group), so tests, `verify`
-and sweeps send many configurations to the same ranks. CPU ranks are forked from a forkserver
-that has imported torch and the measurement's modules once (`_context`): a start, or a restart
-after a fault, then costs a fraction of a second per rank instead of the imports; CUDA ranks are
-spawned. A task is a module-level function and its arguments; every rank runs it and the pool
-returns the per-rank results. A task that raises on any rank, a rank that dies, or a task past
-its timeout is reported as an exception; the pool kills its ranks in the last two cases (they
-may be stuck in a collective) and starts fresh ones on the next task.
-"""
+Why, and how it forks and recovers: docs/internals.md, "The pool and launched worlds"."""
 
 from __future__ import annotations
 

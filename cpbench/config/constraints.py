@@ -1,9 +1,6 @@
-"""Feasibility rules for a context-parallel configuration, in one place.
-
-The attention code, the benchmark harness and the recommender all ask `check_mesh` whether a
-(model shape, U x R mesh, layout) combination can run, so that every rule and every message
-lives here. Pure Python: no torch.
-"""
+"""Feasibility rules for a context-parallel configuration, in one place: the attention code, the
+harness and the recommender all ask `check_mesh` whether a (shape, U x R mesh, layout) can run,
+so every rule and its message lives here. Pure Python: no torch."""
 
 from __future__ import annotations
 

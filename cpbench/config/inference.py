@@ -1,11 +1,5 @@
 """`InferenceStep`: what an inference benchmark point runs, beside its problem (`BenchConfig`
-holds one; None = a training step). Not a shape: the heads, head dim, batch, dtype and mesh
-stay the `CpProblem`'s, and its `seq_len` is cached_len + new_tokens.
-
-Pure Python (no torch), with the rules a step keeps (`prefill_rule`, `decode_rule`); the
-model's case (`cpbench.model.inference.PrefillCase` / `DecodeCase`) is built from a point by
-`cpbench.model.inference.inference_case`.
-"""
+holds one; None = a training step). Pure Python; docs/design.md section 3."""
 
 from __future__ import annotations
 

@@ -1,27 +1,6 @@
-"""yunchang (feifeibear/long-context-attention: USP, PyPI `yunchang`) as an implementation:
-`LongContextAttention` — Ulysses all-to-all over U ranks, then ring attention over R ranks —
-with the process groups made by yunchang's own `set_seq_parallel_pg(U, R, rank, world,
-use_ulysses_low=True)` (Ulysses groups are runs of U consecutive ranks, as in cpbench).
+"""yunchang (feifeibear/long-context-attention: USP, PyPI `yunchang`) as an implementation.
 
-| cpbench layout | ring_impl_type | mask |
-|---|---|---|
-| contiguous | basic | causal or full |
-| zigzag | zigzag | causal only (asserts) |
-| striped | strip | causal only (asserts) |
-
-yunchang defines its layouts as cpbench does (at the ring level, then U contiguous pieces per
-Ulysses group: `yunchang.comm.extract_local`); the tests check its extract functions against
-`cpbench.attention.layouts.positions`, and the adapter shards with the latter. GQA: its
-all-to-all splits Q's and K/V's heads over the U ranks as they are, so kv_heads % U == 0 is
-needed (no KV-head replication). Local kernel: flash-attn (AttnType.FA; CUDA fp16/bf16, or
-the CPU stand-in of the tests). yunchang's torch kernels (AttnType.TORCH_*) have no backward
-("Not implemented backward for PyTorch attention types"), so FA is the only training path.
-
-Precision (0.6.4, upstream): the same two issues as ring-flash-attention's ring code, which
-yunchang vendors: fp16/bf16 only (float32 is rejected: its backward aliases an accumulation
-buffer), and the basic ring's backward returns `dq.to(torch.bfloat16)`
-(yunchang/ring/ring_flash_attn.py): float16 inputs get a bf16-rounded dQ (a `KnownIssue`).
-"""
+Its layouts, groups, kernel and upstream precision issues: docs/internals.md, "yunchang"."""
 
 from __future__ import annotations
 

@@ -1,44 +1,6 @@
-"""Communication volume of context-parallel attention, per rank, as numbers and as formulas.
+"""Communication volume of context-parallel attention per rank, as numbers and as formulas.
 
-Every volume exists twice: a number computed from the configuration, and a symbolic expression
-over the symbols below that `evaluate_formula` turns into the same number (the tests check it), so
-the CLI can print the formula, the formula with the values substituted, and the value.
-
-Symbols: `B` batch, `L` global sequence length, `h` query heads, `h_kv` KV heads, `d_h` head dim,
-`d = h*d_h`, `d_kv = h_kv*d_h`, `U` Ulysses degree, `R` ring degree, `c` KV replication,
-`e` bytes per element of the input dtype (fp32 accumulators always use 4), `L_run` the tokens
-the ranks hold (L plus the padding doc_zigzag adds; formulas write `L` when there is none), `k`
-the ring steps the mask needs (k = R for causal or full attention over one sequence; a sliding
-window or packed documents may need fewer: `cpbench.config.geometry.RingSchedule.steps`).
-
-Counting convention (it is what the instrumented communicator counts, so analytic bytes equal
-counted bytes): an all-to-all over `U` ranks "sends" the elements a rank hands in minus the `1/U`
-part that stays on the rank itself; a point-to-point send counts the elements of the tensor sent.
-Nothing is counted for `U == 1` (no all-to-all) or `R == 1` (no ring).
-
-What the implementation sends, per rank and per layer (`S = L/(U*R)` tokens per rank):
-
-- Ulysses stage (`U > 1`), forward: `a2a_q` hands in `B*S*h*d_h`, `a2a_kv` hands in K and V packed
-  after replication, `2*B*S*c*h_kv*d_h`, and `a2a_out` hands in `B*S*h*d_h`; backward mirrors it
-  with `a2a_dout`, `a2a_dq`, `a2a_dkv` of the same sizes, all in the input dtype.
-- Ring stage (`R > 1`) over the `L/R` tokens of a ring shard with `h/U` query heads and
-  `c*h_kv/U` KV heads: forward `k-1` hops of K/V packed (`2*B*(L/R)*(c*h_kv/U)*d_h` elements,
-  dtype), at steps 0..k-2 (steps k..R-1 are not run); backward the same `k-1` K/V hops plus `k`
-  hops of the fp32 dK/dV accumulator when k > 1 (none when k = 1), which travels with its chunk
-  and, after step k-1, goes straight to its owner. With k = R that is R-1 K/V hops and R dK/dV
-  hops, the last one to the next neighbour, which is the owner.
-
-- All-gather stage (`cp_comm = "all_gather"`, R > 1: the ring axis all-gathers instead of
-  passing K/V; `cpbench/attention/allgather.py`), same chunk `2*B*(L/R)*(c*h_kv/U)*d_h`:
-  forward `ag_kv` receives the `(R-1)` chunks of the other ranks, in `(c*h_kv/U)/hs` calls of
-  `hs` KV heads each (`hs` = heads_k_stride, all the heads by default); backward the same
-  all-gather again (nothing gathered is kept) plus `rs_dkv`, a sum reduce-scatter of the fp32
-  dK/dV that sends `(R-1)` fp32 chunks. The mask does not change these bytes (every chunk is
-  gathered; the mask only skips compute), and neither does the stride (it cuts the calls).
-
-A global layout permutes tokens; it changes the work of each rank, never these volumes. The
-mask changes k (the hops) and doc_zigzag's padding changes L_run (every term). Pure Python.
-"""
+The symbols, counting convention and volumes: docs/design.md section 2. Pure Python."""
 
 from __future__ import annotations
 

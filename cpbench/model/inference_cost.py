@@ -1,57 +1,6 @@
-"""The serving cost model, in pure math: time-to-first-token of a prefill with a cached prefix
-for every scheme and degree, the per-token latency of a decode over a sequence-sharded KV
-cache, and the KV capacity per rank, priced on a hardware profile.
+"""The serving cost model: TTFT of a prefill with a cached prefix, decode latency, KV capacity.
 
-Every function takes the `CpProblem` of the request for its heads, KV heads, head dim, batch
-(prefill: requests of the same P and T; decode: the decode batch) and dtype; its seq_len and
-mesh are not read (the cached and new token counts and the degree W are arguments), and
-`kernel` names the attention kernel whose efficiency curve prices the kernels.
-
-Conventions (every number these functions return):
-
-* times are seconds of one attention layer for the whole request batch, on the slowest rank
-  (the ring waits for it): kernel time + exposed communication + fixed overheads;
-* bytes are per rank (what a rank sends, `prefill_bytes` / `decode_bytes`);
-* FLOPs of attention are 4 B H D per visible query-key pair (`prefill_pairs_per_rank`);
-* the tier a group of W ranks crosses is the profile's `intra_node` tier when W fits one node
-  (W <= devices_per_node), else its `inter_node` tier (the NIC prices every hop);
-* a ring step overlaps its hop with its kernel as the training model does: the step takes
-  `max(c, h) + (1 - overlap) * min(c, h)` (`overlap` from the profile: NCCL kernels take SMs
-  from attention, so the shorter part is not wholly hidden), plus the profile's step overhead.
-
-Prefill (T new tokens on P cached; `PrefillCase`'s padded shapes and bytes): the new tokens
-are sharded by the case's `NewTokenLayout`, balanced unless told (Meta's 2W chunks, the layout
-serving frameworks run, and the default of cpbench's measured and verified schemes: one
-definition, `cpbench.model.inference.new_token_segments`, and the per-rank work read from
-`prefill_pairs_per_rank`; contiguous costs the ring up to 2x on a fresh causal prompt,
-`prefill_imbalance`), the cache contiguously (every query sees all of it, so its layout does
-not change the work).
-
-* pass_kv / pass_q: W ring steps of the busiest rank's pairs / W each; the kernel of a step is
-  one padded query block (T / W rows) against one padded K/V chunk (P / W + T / W keys), priced
-  at the profile's efficiency curve at the chunk's key count (a split-KV kernel keeps the GPU
-  busy on few query rows: FlashAttention's `num_splits_heuristic` splits the keys when batch x
-  heads x query tiles fill under 80% of the SMs; a kernel that does not is slower, which hides
-  hops better: it makes pass-KV look better, never worse). pass_kv hops the K/V chunk W - 1 times; pass_q hops the
-  query block W - 1 times and then sends the W - 1 foreign partial outputs and their LSEs home
-  in two all-to-alls, after the last step: nothing is left to compute, so they are exposed
-  (Meta's pass-Q, arXiv:2411.01783 §3.3);
-* all_gather: one all-gather of the W - 1 other K/V chunks (priced on the tier's all-to-all
-  cost, as the training model prices gathers), overlapped with the rank's own-chunk share of
-  its work, then one kernel over every key;
-* ulysses: all-to-all Q, K/V (KV heads replicated up to W) and the output, not overlapped; the
-  kernel is the whole causal prefill on H / W heads.
-
-Decode (one new token per sequence, B sequences of N = P + T cached tokens, sharded by
-sequence): a rank reads its ceil(N / W) tokens of K/V from HBM at the profile's memory
-bandwidth (decode is memory-bound: about 2 H / H_kv FLOPs per byte read, far below an H100's
-~300) or computes them at the kernel rate, whichever is longer, then the W ranks merge their
-partial outputs (inputs' dtype) and LSEs (fp32), two calls on the tier's all-to-all cost of
-the bytes a rank sends (`decode_bytes`): all_gather (the default: every rank gets the whole
-output; (W - 1) partials reach each rank) or all_to_all back to a head split ((W - 1) / W of
-one partial leaves each rank, W times fewer bytes; what comes after the merge, the output
-projection on H / W heads, is not priced here).
-"""
+The model, its conventions and sources: docs/inference.md, "The model". Pure math."""
 
 from __future__ import annotations
 
@@ -175,7 +124,7 @@ def price_prefill(
     kernel: str = "auto",
     new_token_layout: NewTokenLayout = DEFAULT_NEW_TOKEN_LAYOUT,
 ) -> PrefillPrice:
-    """The modelled TTFT of `scheme` on `world` ranks (see the module docstring; the new
+    """The modelled TTFT of `scheme` on `world` ranks (see docs/inference.md; the new
     tokens sharded by `new_token_layout`, balanced unless told: what serving runs); CpbenchError
     naming the rule when the scheme cannot run there (Ulysses: heads not divisible)."""
     if world < 1:
@@ -344,7 +293,7 @@ def price_decode(context_len: int, problem: CpProblem, world: int,
                  profile: HardwareProfile, kernel: str = "auto",
                  merge: DecodeMerge = "all_gather") -> DecodePrice:  # fmt: skip
     """One decode step (one new token per sequence) over `context_len` cached tokens sharded
-    by sequence on `world` ranks, merged by `merge`; see the module docstring."""
+    by sequence on `world` ranks, merged by `merge`; see docs/inference.md."""
     if context_len < 1 or world < 1:
         raise CpbenchError(
             f"decode needs context_len >= 1 and world >= 1, got {context_len} and {world}"

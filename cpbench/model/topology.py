@@ -1,37 +1,6 @@
 """Collective costs on a node topology, rank placement and prediction uncertainty. Pure Python.
 
-A profile's topology (`HardwareProfile.node_tiers`, `[topology]` in the file) is a list of
-tiers inside a node, innermost first; tier t joins islands of tier t-1 (single devices below
-tier 0) into islands of `island` devices, device d sitting in island d // island. Across
-nodes the profile's `inter_node` tier is one more level whose islands are nodes. Here:
-
-- **Placement** (`TopologyPlacement`): which device each CP rank runs on. CP rank p = j*U + u
-  (ring index j, Ulysses index u, as `cpbench/attention/mesh.py` builds the groups) sits on
-  device `slot(p) * rank_stride` where `slot` is p itself for `ulysses_low` (Ulysses groups
-  are runs of U consecutive devices, yunchang's `use_ulysses_low=True`, Megatron's
-  hierarchical CP with the all-to-all group innermost) or u*R + j for `ring_low` (rings are
-  runs of R consecutive devices, Ulysses groups strided by R).
-- **All-to-all** over the Ulysses groups (all groups at once): a rank sends bytes_sent / (U-1)
-  to each peer; the bytes to a peer whose smallest common island is at level m cross the
-  links of every level <= m. Level t's links are the uplinks of the islands of level t-1 and
-  carry `busbw_t x (devices of that island)` bytes/s (busbw is per device when the whole
-  island sends across at once), so level t takes `max over islands (bytes leaving it across t)
-  / (busbw_t x island size)`. The call takes the latency of the highest level crossed plus the
-  slowest level's time (the slowest crossed tier bounds it).
-- **Ring hop**: every rank sends a hop to its ring successor at once; a hop pays each level it
-  crosses, the ranks of an island whose hops cross its uplink share it, and the slowest level
-  paces every hop (the ring is synchronous).
-- **Choice** (`choose_placement`): the placement with the least communication time for the
-  candidate's calls, ulysses_low on a tie (what cpbench runs without reordering devices);
-  `Export` says how to run it: `CUDA_VISIBLE_DEVICES` (devices in CP-rank order), yunchang's
-  `use_ulysses_low`, Megatron's `hierarchical_context_parallel_sizes`.
-- **Detection** (`tiers_from_matrix`): island sizes from an `nvidia-smi topo -m` style matrix.
-- **Uncertainty** (`PredictionInterval`, `interval`, `tied`): a multiplicative interval from the
-  calibration residual (RMS relative error of fitted step times) or the prior's stated
-  accuracy, and whether two predictions are within each other's interval.
-
-Units: seconds, bytes.
-"""
+The tiers, placements and pricing: docs/design.md section 2, "The topology's arithmetic"."""
 
 from __future__ import annotations
 

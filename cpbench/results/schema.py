@@ -1,20 +1,6 @@
 """The results record: one JSON object per configuration, one per line (JSONL).
 
-`ResultRecord` is the record, its sections are the models below; every field carries its own
-docstring. Writers (`cpbench.app.record`, for the sweep) build a `ResultRecord` and append its
-`model_dump(mode="json", exclude_unset=True)`; readers (`cpbench.results.store`) validate every
-line through the model after `migrate_record` has brought older key names up to date.
-
-```
-{"schema_version": 1, "id": "L1024-...-cpu-w4", "scenario": "cpu-smoke",
- "timestamp": "2026-11-29T18:00:00+00:00", "status": "ok", "error": null,
- "config": {...}, "timing": {...}, "comm": {...}, "memory": {...}, "flops": {...},
- "accuracy": {...}, "environment": {...}}
-```
-
-Unknown keys are kept everywhere (`extra="allow"`: a newer writer's fields survive a read and a
-re-write). Bump SCHEMA_VERSION on an incompatible change and teach `migrate_record` the old shape.
-"""
+The record, its versioning and migration: docs/design.md section 6."""
 
 from __future__ import annotations
 

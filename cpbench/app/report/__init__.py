@@ -1,17 +1,6 @@
 """The `cpbench report` application service: results files -> the data of the report page.
 
-`build_report(paths, ...)` reads the records (`cpbench.results.store`), summarizes them, adds
-what the cost model knows when a hardware profile is available (predicted step time, fraction
-of peak, the recommendation) and returns a `ReportData`; `build_comparison(before, after)`
-returns the `ComparisonData` of two files matched by record id. The page itself is drawn by
-`cpbench.render.html` from that data; `write_report` writes it to a file. Nothing here prints
-or renders; warnings (a torn last line) are returned for the CLI to show.
-
-The parts, one job each: `data` (the dataclasses the pages show), `summary` (the header facts),
-`work` (packed documents' work against compute), `predictions` (what the cost model adds) and
-`recommendation` (the fastest measured, and `cpbench.app.recommend` on the measured workload)
-and `inference` (the prefill and decode records, for the inference section).
-"""
+What it builds and its parts: docs/internals.md, "The report"."""
 
 from __future__ import annotations
 

@@ -1,15 +1,6 @@
 """FlashAttention-3 (flash-attention's `hopper/`, module `flash_attn_interface`) on Hopper.
 
-Like flash-attn 2, FA3 takes [B, S, H, D] tensors whose last dimension is contiguous, handles
-GQA itself, returns the LSE ([B, H, S] float32, natural log) and has a backward that takes
-the given out/LSE. Its private `_flash_attn_forward` / `_flash_attn_backward` changed their
-parameters several times (2024 betas: `window_size` tuple and a 7-tuple return with the LSE
-at index 5; 2025: `k_new`, `qv`, paged-KV and rotary parameters, `(out, lse, ...)` returned;
-late 2025: defaults everywhere, `window_size_left/right`, backward `is_causal`; 2026: forward
-`out_`). The kernel passes each argument by the name the installed signature uses
-(`ops.call_with_signature`), so every one of these releases is called correctly, and a
-release wanting an argument cpbench does not know is a clear error.
-"""
+Why it calls by the installed signature's names: docs/internals.md, "Local attention kernels"."""
 
 from __future__ import annotations
 

@@ -1,30 +1,6 @@
-"""The head-dimension limits of the fused kernels, as their sources state them (pure: no CUDA
-query, so a sweep's parent process can apply them before any rank exists).
+"""The head-dimension limits of the fused kernels, as their sources state them (no CUDA query).
 
-* flash-attn 2, 2.7.0-2.8.3 (csrc/flash_attn/flash_api.cpp, `mha_fwd` and `mha_bwd`):
-  "FlashAttention forward only supports head dimension at most 256" and "... must have a
-  head_size that is a multiple of 8". The private `_flash_attn_forward/_backward` cpbench calls
-  do not pad; only the autograd wrappers of flash_attn_interface.py do.
-* FlashAttention-3 (hopper/flash_api.cpp): `head_size <= max_headdim` (256 in a default build,
-  `get_max_headdim`) and "head_size should be a multiple of 8" for fp16/bf16.
-* PyTorch's CUDA flash op, called directly (aten/src/ATen/native/transformers/cuda/flash_attn/
-  flash_api.cpp `mha_fwd`): "head_size must be a multiple of 8, this is ensured by padding!"
-  (the padding is in `scaled_dot_product_attention`, which cpbench does not go through) and at
-  most 256.
-* cuDNN attention (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp,
-  `check_cudnn_tensor_shapes`, `check_cudnn_d256_bprop_head_dim`): a multiple of 8 and at most
-  128; more only on sm90 / sm10x with a recent cuDNN *and* a cudnn-frontend PyTorch does not
-  report at run time, and then for the backward only at exactly 256 (or 192 with a V of 128).
-  cpbench keeps to the bound every supported torch and GPU meets: 128.
-
-* PyTorch's memory-efficient op (sdp_utils.cpp `check_head_dim_size_mem_efficient`,
-  `minimum_gemm_alignment`): a head dimension that is a multiple of the GEMM alignment, 4 on
-  sm80+ (8 for fp16/bf16, whose tensor cores take 128 bits), 8 for fp16/bf16 on sm70-75, any
-  below ("cutlassF: no kernel found to launch!" otherwise). Without a capability (a sweep's
-  parent) the sm80+ rule applies.
-
-The einsum kernel takes any head dimension.
-"""
+The limits and their sources: docs/internals.md, "Head-dimension limits of the fused kernels"."""
 
 from __future__ import annotations
 

@@ -1,13 +1,6 @@
 """Which kernel runs: `select_kernel` from the device, the dtype and the requested name.
 
-`auto` on CUDA, fp16/bf16: FlashAttention-3 on Hopper when it imports, else flash-attn 2,
-else cuDNN attention on Hopper and newer, else PyTorch's CUDA flash op, else (before Ampere,
-where neither flash kernel runs) the memory-efficient op; float32 on CUDA:
-PyTorch's memory-efficient op (never the einsum kernel, whose S^2 scores run out of memory at
-real lengths); float64 anywhere: einsum. On CPU: PyTorch's fused CPU op, einsum for float64.
-An explicit choice that cannot run here is a `CpbenchError` saying what is missing
-(`kernel_unavailable`, which `kernel_availability` reports for every kernel at once).
-"""
+What `auto` picks where: docs/internals.md, "Local attention kernels"."""
 
 from __future__ import annotations
 
@@ -159,10 +152,10 @@ def auto_kernel_name(
     band: bool = False,
     head_dim: int | None = None,
 ) -> str:
-    """The kernel `auto` runs on `device` in `dtype` (see the module docstring), among those
-    that can run `head_dim` when it is given; with `band` (the mask has band pieces) the first
-    of those that can apply one: the usual choice, else FlashAttention-3, else flash-attn 2,
-    else the usual choice (which then refuses)."""
+    """The kernel `auto` runs on `device` in `dtype` (docs/internals.md), among those that can
+    run `head_dim` when it is given; with `band` (the mask has band pieces) the first of those
+    that can apply one: the usual choice, else FlashAttention-3, else flash-attn 2, else the
+    usual choice (which then refuses)."""
     name = _auto_kernel_name(torch.device(device), dtype, head_dim)
     if not band or band_capable(name, device):
         return name

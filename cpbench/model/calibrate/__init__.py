@@ -1,14 +1,6 @@
 """Calibration: fit a hardware profile to measured results, and check predictions against them.
 
-Pure math (numpy, scipy), by job:
-
-- measurements.py: results records reduced to `Measurement`s (step, compute-only and
-  comm-only times of one configuration);
-- fit.py: the least-squares fits of links, kernel efficiency and overlap (`calibrate`; the
-  method is described there);
-- stats.py: RMS and Spearman rank correlation;
-- validation.py: predicted vs measured, in sample (`validate`) or on a holdout.
-"""
+One module per job (pure math: numpy, scipy); the method: docs/cost-model.md."""
 
 from __future__ import annotations
 

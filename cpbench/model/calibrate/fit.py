@@ -1,25 +1,6 @@
 """Calibration: fit a hardware profile to measured times by least squares.
 
-The cost model (cpbench/model/cost/) is linear in its parameters for each of the three
-measured times of a configuration (see measurements.py), so each is a least-squares fit, done
-in this order:
-
-1. **links** from `comm_only`: `sum(messages x latency + bytes x sharing / busbw)` over the
-   model's `CommTerm`s, unknowns latency and 1/busbw per (tier, collective kind) that occurs;
-   on a profile with a `[topology]` per (node tier, kind) for the tiers that bound a call or
-   pay its latency, and the `inter_node` link for the network;
-2. **kernel efficiency** from `compute_only`: `slowest FLOPs / (peak x eff(L/R)) + steps x
-   step_overhead + memory-bound merges`, unknowns 1/eff at every measured kernel sequence length
-   `L/R` (the fitted curve's points) and the step overhead; when a fitted efficiency exceeds 1
-   the dtype peaks are raised by that factor so the curve stays in (0, 1];
-3. **overlap** from `median`: the ring step is `max(c, h) + (1 - overlap) min(c, h)`, so the
-   part of the step above perfect overlap is linear in `1 - overlap`.
-
-Each fit minimises relative residuals (times span orders of magnitude), with unknowns scaled by
-the prior profile and a small ridge term pulling them towards it: a parameter no measurement
-constrains keeps its prior value. Parameters are kept positive (bounded least squares,
-scipy.optimize.lsq_linear).
-"""
+The three linear fits (links, kernel, overlap) and their order: docs/cost-model.md section 2."""
 
 from __future__ import annotations
 

@@ -1,29 +1,6 @@
 """One joint fit of kernel, link and overlap parameters to any set of measured times.
 
-The linear fits of fit.py need compute-only times for the kernel and comm-only times for the
-links; a step time alone mixes the two through the ring's overlap (a max), so it is not linear
-in them. Here every parameter is a log-multiplier theta_k of its value in a reference profile,
-and the fit is a maximum a posteriori estimate (scipy.optimize.least_squares, trust region
-reflective) of
-
-    sum over times  ((log predicted - log measured) / noise)^2
-  + sum over params ((theta_k - prior_k) / prior_sd_k)^2,
-
-a Gaussian prior in log-parameter space (`PRIOR_LOG_SD`). Every measured time of a
-configuration enters as one row: the step (`median`) always, its compute-only and comm-only
-times when the record has them. The noise is re-estimated from the residuals once
-(`NOISE_START`, at least `NOISE_FLOOR`) and the fit repeated.
-
-Which parameters the data determine: the posterior covariance of theta is (J^T J)^-1 with J
-the Jacobian of the whitened residuals (data and prior rows) at the optimum; a parameter is
-`determined` when its posterior sd is at most `DETERMINED_SD`, `constrained` when below
-`CONSTRAINED_RATIO` x its prior sd, else `undetermined`: the data do not pin it, and its
-fitted value (within its prior's width) is no evidence.
-
-Parameters: the kernel throughput (every dtype peak x the efficiency curve, one factor), the
-step overhead, latency and bus bandwidth of each (link tier, collective kind) the
-configurations use (node tiers of a `[topology]` separately), and 1 - overlap of the ring.
-"""
+The objective, the prior and what the data determine: docs/cost-model.md section 2."""
 
 from __future__ import annotations
 
@@ -104,7 +81,7 @@ class JointParameter:
 
     @property
     def status(self) -> ParameterStatus:
-        """determined, constrained or undetermined (the module docstring)."""
+        """determined, constrained or undetermined (docs/cost-model.md section 2)."""
         if self.posterior_sd <= DETERMINED_SD:
             return "determined"
         if self.posterior_sd < CONSTRAINED_RATIO * self.prior_sd:
@@ -240,7 +217,7 @@ def _jacobian(
 
 
 def fit_joint(measurements: Sequence[Measurement], reference: HardwareProfile) -> JointFit:
-    """The joint fit of the module docstring, regularised toward `reference`."""
+    """The joint fit of docs/cost-model.md section 2, regularised toward `reference`."""
     if not measurements:
         raise CpbenchError("a joint fit needs at least one measurement")
     base = [predict(m.candidate, reference, m.devices_per_node, memory=False) for m in measurements]

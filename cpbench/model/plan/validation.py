@@ -1,23 +1,6 @@
 """`cpbench plan` against published end-to-end training runs. Pure Python.
 
-The rows are `cpbench/data/published/end_to_end.toml`: each a published run (torchtitan's
-benchmark tables, the Llama 3 long-context configuration) with the settings it used and the
-source it was read in. A row names its machine; a machine is a hardware profile with what the
-source says differs (memory, bandwidth) and one **peak scale**: the run's GPUs against the
-profile's datasheet peak (power limits and clocks), either stated (`peak_scale`) or fixed on
-the machine's `calibrate` row (solved with scipy's brentq so the plan's tokens/s/GPU equals that
-row's; that row is then not a validation). Every other row is planned with its settings
-(TP, CP, PP fixed; the fastest U x R and layout the framework runs) and compared:
-
-- **tokens/s/GPU**: predicted / published - 1.
-- **TFLOP/s/GPU** (rows that publish it): the plan's model FLOPs per second per GPU
-  (`cpbench.model.plan.step.MFU_CONVENTION` x peak), against the published number.
-- **memory**: the plan's tensor total per rank (weights, gradients, optimizer, activations,
-  buffers, logits; no runtime reserve) and that plus the profile's runtime reserve, next to the
-  published number and what it counts (torchtitan: the caching allocator's max reserved
-  memory, which caches freed blocks and fragments: not a tensor total); and whether the tensor
-  total is within `SAFE_MEMORY_FRACTION` of the device memory.
-"""
+The rows, the peak scale and what is compared: docs/plan.md, "Against published runs"."""
 
 from __future__ import annotations
 

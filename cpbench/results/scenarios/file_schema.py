@@ -1,9 +1,6 @@
-"""The scenario file's layout, strict types and no unknown keys: `ScenarioSettings` (the run
-settings), `ScenarioAxes` (the `[axes]` table; each axis one value or a non-empty list of distinct
-values) and `ScenarioFile` (both, and the `[[also]]` tables). Their defaults are the scenario's
-defaults and their field docstrings say what each key means; the runtime `Scenario` is settings
-and axes in one. Pure Python (no torch).
-"""
+"""The scenario file's layout, strict types and no unknown keys: `ScenarioSettings`, `ScenarioAxes`
+and `ScenarioFile` (both, and the `[[also]]` tables). Their defaults are the scenario's and their
+field docstrings say what each key means (scenarios/README.md). Pure Python (no torch)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """The runtime scenario: `Scenario`, a sweep's settings and axes, and its expansion into the
 benchmark points (`BenchConfig`, each with its `Feasibility`); `distinct` merges the points that
-are the same computation (`canonical_config`, `computation_signature`). Pure Python (no torch).
-"""
+are the same computation (`canonical_config`, `computation_signature`). Pure Python (no torch)."""
 
 from __future__ import annotations
 
