@@ -57,7 +57,7 @@ from cpbench.impls.base import (
 )
 
 RING_IMPL_TYPES = YUNCHANG_RING_IMPL_TYPES
-BF16_DQ = KnownIssue(
+YUNCHANG_BF16_DQ = KnownIssue(
     ("dq",),
     TOLERANCE["bfloat16"],
     "yunchang's basic ring backward (contiguous layout) returns dq.to(torch.bfloat16) "
@@ -142,7 +142,7 @@ class UspAdapter:
         return distribution_version("yunchang")
 
     def known_issues(self, config: BenchConfig) -> tuple[KnownIssue, ...]:
-        return bf16_dq_when_fp16_contiguous(config, BF16_DQ)
+        return bf16_dq_when_fp16_contiguous(config, YUNCHANG_BF16_DQ)
 
     def prepare(self, config: BenchConfig) -> UspRunner:
         import_library("yunchang", _not_installed)  # imported here, in the rank only

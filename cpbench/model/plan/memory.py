@@ -87,6 +87,9 @@ OPTIMIZER_BYTES = 12
 """fp32 master weights 4 + Adam first moment 4 + second moment 4."""
 ZERO3_GATHERED_LAYERS = 2
 """Layers whose full weights a ZeRO-3 rank holds at once (running + prefetched)."""
+CUDA_RESERVE_GIB = 2.0
+"""Default runtime reserve on a GPU: CUDA context, NCCL buffers, allocator fragmentation
+(estimate)."""
 SAFE_MEMORY_FRACTION = 0.8
 """Fujii, Watanabe, Yokota 2024, 'Accelerating Large Language Model Training with 4D Parallelism
 and Memory Consumption Estimator' (arXiv:2411.06465), abstract: over 454 runs on A100 and H100,

@@ -31,7 +31,7 @@ from scipy.optimize import brentq
 from cpbench.errors import CpbenchError
 from cpbench.model.hardware.loading import load_profile
 from cpbench.model.hardware.profile import HardwareProfile
-from cpbench.model.plan.memory import SAFE_MEMORY_FRACTION, check_recompute
+from cpbench.model.plan.memory import CUDA_RESERVE_GIB, SAFE_MEMORY_FRACTION, check_recompute
 from cpbench.model.plan.search import Plan, SearchSpace, search
 from cpbench.model.plan.step import matmul_efficiency
 from cpbench.model.plan.transformer import load_model
@@ -44,9 +44,6 @@ else:  # pragma: no cover - Python 3.10
 
 END_TO_END_TABLE = "cpbench/data/published/end_to_end.toml"
 """Where the published end-to-end rows live (in the package)."""
-
-CUDA_RESERVE_GIB = 2.0
-"""The plan's default runtime reserve per GPU (`cpbench.app.plan.CUDA_RESERVE_GIB`)."""
 
 
 @dataclass(frozen=True)
