@@ -66,7 +66,7 @@ YUNCHANG_BF16_DQ = KnownIssue(
 )
 
 
-def _not_installed(exc: BaseException) -> str:
+def _yunchang_not_installed(exc: BaseException) -> str:
     return f"yunchang is not installed: pip install 'cpbench[usp]' ({exc})"
 
 
@@ -124,7 +124,7 @@ class UspAdapter:
         decides."""
         missing = missing_module("yunchang")
         if missing is not None:
-            return _not_installed(missing)
+            return _yunchang_not_installed(missing)
         loaded = sys.modules.get("yunchang.globals")
         has_flash_attn = (
             bool(getattr(loaded, "HAS_FLASH_ATTN", False))
@@ -145,7 +145,7 @@ class UspAdapter:
         return bf16_dq_when_fp16_contiguous(config, YUNCHANG_BF16_DQ)
 
     def prepare(self, config: BenchConfig) -> UspRunner:
-        import_library("yunchang", _not_installed)  # imported here, in the rank only
+        import_library("yunchang", _yunchang_not_installed)  # imported here, in the rank only
         from yunchang import LongContextAttention  # noqa: PLC0415
         from yunchang.globals import PROCESS_GROUP  # noqa: PLC0415
         from yunchang.kernels import AttnType  # noqa: PLC0415

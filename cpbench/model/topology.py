@@ -405,7 +405,7 @@ class DetectedTier:
     """Whether peer-to-peer was reported OK between every pair meeting at this tier."""
 
 
-def _root(parent: list[int], x: int) -> int:
+def _find_root(parent: list[int], x: int) -> int:
     while parent[x] != x:
         parent[x] = parent[parent[x]]
         x = parent[x]
@@ -428,10 +428,10 @@ def tiers_from_matrix(
                 cell = str(matrix[a][b]).upper()
                 key = "NV" if cell.startswith("NV") else cell
                 if a != b and _CELL_LEVEL.get(key, 5) <= level:
-                    parent[_root(parent, a)] = _root(parent, b)
+                    parent[_find_root(parent, a)] = _find_root(parent, b)
         groups: dict[int, list[int]] = {}
         for i in range(n):
-            groups.setdefault(_root(parent, i), []).append(i)
+            groups.setdefault(_find_root(parent, i), []).append(i)
         islands = tuple(sorted(tuple(g) for g in groups.values()))
         if len(islands) == len(previous):
             continue
