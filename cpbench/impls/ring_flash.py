@@ -170,7 +170,3 @@ class RingFlashAdapter:
         return RingFlashRunner(
             config, getattr(module, FUNCTIONS[config.layout]), cp_group(), sharding
         )
-
-
-def adapter(name: str) -> RingFlashAdapter:
-    return RingFlashAdapter(name)

@@ -179,7 +179,3 @@ class TeAdapter:
             lambda p: te_positions(config.seq_len, world, p), world, dist.get_rank()
         )
         return TeRunner(config, attention, sharding)
-
-
-def adapter(name: str) -> TeAdapter:
-    return TeAdapter(name)

@@ -164,7 +164,3 @@ class UspAdapter:
             dist.get_rank(),
         )
         return UspRunner(config, attention, sharding)
-
-
-def adapter(name: str) -> UspAdapter:
-    return UspAdapter(name)
