@@ -386,7 +386,7 @@ def relative_error(m: Measurement, profile: HardwareProfile) -> float:
     return (m.predict(profile).step_s - m.median_s) / m.median_s
 
 
-def calibrate(
+def fit_profile(
     records: Iterable[Mapping[str, Any]] | Sequence[Measurement],
     prior: HardwareProfile | str | None = None,
     *,

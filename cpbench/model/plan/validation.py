@@ -206,7 +206,7 @@ def peak_scale(machine: dict[str, Any], rows: tuple[PublishedRow, ...]) -> float
     return float(brentq(gap, 0.2, 1.5, xtol=1e-4))
 
 
-def validate_published(text: str | None = None) -> tuple[RowCheck, ...]:
+def validate_end_to_end(text: str | None = None) -> tuple[RowCheck, ...]:
     """Predicted against published for every row (the calibration rows too, marked by role)."""
     machines, rows = load_rows(text)
     scales = {name: peak_scale(m, rows) for name, m in machines.items()}
@@ -231,7 +231,7 @@ def validate_published(text: str | None = None) -> tuple[RowCheck, ...]:
     return tuple(out)
 
 
-def to_json(checks: tuple[RowCheck, ...]) -> list[dict[str, Any]]:
+def end_to_end_json(checks: tuple[RowCheck, ...]) -> list[dict[str, Any]]:
     """The checks as JSON-serialisable rows."""
     out = []
     for c in checks:
