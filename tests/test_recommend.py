@@ -22,7 +22,7 @@ from cpbench.app.recommend import (
     Uncertainty,
     cp_comm_type,
     framework_settings,
-    recommend,
+    recommend_mesh,
     recommendation_report,
     solve_parallel_sizes,
     write_tie_scenario,
@@ -60,7 +60,7 @@ def note(setting: FrameworkSetting) -> str:
 
 @pytest.fixture(scope="module")
 def default():
-    return recommend(RecommendRequest(heads=32, kv_heads=8))
+    return recommend_mesh(RecommendRequest(heads=32, kv_heads=8))
 
 
 def test_default_answer_is_feasible_and_ranked(default) -> None:
@@ -95,10 +95,10 @@ def test_contiguous_ranks_below_zigzag_for_causal(default) -> None:
 
 
 def test_rejections_carry_the_rule() -> None:
-    rec = recommend(RecommendRequest(heads=32, kv_heads=8, gpus=64))
+    rec = recommend_mesh(RecommendRequest(heads=32, kv_heads=8, gpus=64))
     rules = {(r.ulysses, r.ring): r.rule for r in rec.rejected}
     assert "ulysses (64) must divide heads (32)" in rules[(64, 1)]
-    memory = recommend(RecommendRequest(heads=32, kv_heads=8, seq_len=1 << 24))
+    memory = recommend_mesh(RecommendRequest(heads=32, kv_heads=8, seq_len=1 << 24))
     assert memory.winner is None and memory.rejected
     assert all(r.kind == "memory" for r in memory.rejected)
     assert "GiB per rank > 79.6 GiB of device memory (h100-sxm)" in memory.rejected[0].rule
@@ -107,7 +107,7 @@ def test_rejections_carry_the_rule() -> None:
 
 
 def test_kv_replication_is_automatic() -> None:
-    rec = recommend(RecommendRequest(heads=32, kv_heads=4, gpus=8))
+    rec = recommend_mesh(RecommendRequest(heads=32, kv_heads=4, gpus=8))
     ulysses_8 = next(r for r in rec.ranked if r.prediction.candidate.ulysses == 8)
     assert ulysses_8.prediction.candidate.replication == 2
 
@@ -127,7 +127,7 @@ def test_parallel_sizes_worked_example() -> None:
 
 
 def test_tp_splits_heads_before_cp() -> None:
-    rec = recommend(RecommendRequest(heads=32, kv_heads=8, tp=2, cp=2))
+    rec = recommend_mesh(RecommendRequest(heads=32, kv_heads=8, tp=2, cp=2))
     assert rec.sizes.dp == 2 and rec.shape.heads == 16 and rec.shape.kv_heads == 4
     report = recommendation_report(rec)
     assert report["parallel"]["dp"] == 2
@@ -136,11 +136,11 @@ def test_tp_splits_heads_before_cp() -> None:
     with pytest.raises(
         CpbenchError, match=r"TP \(16\) must divide heads \(32\) and kv_heads \(8\)"
     ):
-        recommend(RecommendRequest(heads=32, kv_heads=8, gpus=16, tp=16))
+        recommend_mesh(RecommendRequest(heads=32, kv_heads=8, gpus=16, tp=16))
 
 
 def test_framework_settings_for_a2a_p2p() -> None:
-    rec = recommend(RecommendRequest(heads=32, kv_heads=8, gpus=16))
+    rec = recommend_mesh(RecommendRequest(heads=32, kv_heads=8, gpus=16))
     fastest = min(rec.ranked, key=lambda r: r.time_s)
     config = fastest.prediction.candidate
     assert (config.ulysses, config.ring) == (8, 2)  # Ulysses inside each node, ring across
@@ -167,7 +167,7 @@ def test_deepspeed_has_no_setting_for_a_ring_winner() -> None:
     # 16 GPUs, 32/8 heads: the tie-break picks the 1x16 ring; DeepSpeed's sequence parallelism
     # is Ulysses only, so its cell is "-" and the caveats name the closest Ulysses-only mesh
     # (16x1) with its own flag and its GQA replication (8 KV heads < 16)
-    rec = recommend(RecommendRequest(heads=32, kv_heads=8, gpus=16))
+    rec = recommend_mesh(RecommendRequest(heads=32, kv_heads=8, gpus=16))
     winner = rec.winner.prediction.candidate
     assert (winner.ulysses, winner.ring) == (1, 16)
     settings = {f.framework: f for f in framework_settings(rec.ranked, rec.sizes)}
@@ -197,7 +197,7 @@ def test_measured_configurations_rank_by_measurement(tmp_path: Path) -> None:
     ]
     path = tmp_path / "cpu.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    rec = recommend(
+    rec = recommend_mesh(
         RecommendRequest(
             heads=8, kv_heads=4, seq_len=2048, head_dim=64, gpus=4, dtype="fp32",
             results=(str(path),), top=0,
@@ -307,7 +307,7 @@ def test_sigma_of_each_source(tmp_path: Path) -> None:
     assert cal.sigma == pytest.approx(0.08 * (27 / 25) ** 0.5, rel=1e-9)
     # a probe profile saved and loaded keeps its stated error; recommend prints it
     path = save_profile(_probe_like(h100, (0.1, 0.2)), tmp_path / "probe.toml")
-    rec = recommend(RecommendRequest(heads=32, kv_heads=8, hardware=str(path)))
+    rec = recommend_mesh(RecommendRequest(heads=32, kv_heads=8, hardware=str(path)))
     assert rec.uncertainty is not None and rec.uncertainty.kind == "probe"
     assert rec.uncertainty.sigma == pytest.approx(0.2, abs=1e-9)
     for r in rec.ranked:
@@ -384,12 +384,12 @@ def _measured_request(path: Path) -> RecommendRequest:
 
 def test_measured_ties_use_the_measured_intervals(tmp_path: Path) -> None:
     meshes = ((1, 4), (2, 2), (4, 1))
-    wide = recommend(_measured_request(_measured(tmp_path, dict.fromkeys(meshes, 0.9))))
+    wide = recommend_mesh(_measured_request(_measured(tmp_path, dict.fromkeys(meshes, 0.9))))
     assert all(r.source == "measured" for r in wide.ranked)
     assert wide.tie is not None and len(wide.tie.tied) == 3  # every interval overlaps
     assert TIE_RULE in wide.tie.rule
     assert "their measured 95% intervals overlap" in wide.tie.message
-    narrow = recommend(_measured_request(_measured(tmp_path, dict.fromkeys(meshes, 1e-4))))
+    narrow = recommend_mesh(_measured_request(_measured(tmp_path, dict.fromkeys(meshes, 1e-4))))
     times = [r.time_s for r in narrow.ranked]
     assert times[1] / times[0] > 1.001  # the synthetic meshes are apart beyond 2 x 0.01%
     assert narrow.tie is not None and narrow.tie.clear
@@ -550,7 +550,8 @@ def test_cli_names_one_pick_with_its_tie_break(default) -> None:
 
 
 def test_calibrated_split_comes_from_the_within_problem_residuals(tmp_path: Path) -> None:
-    rec = recommend(_measured_request(_measured(tmp_path, dict.fromkeys(((1, 4), (2, 2), (4, 1)), 0.01))))
+    measured = _measured(tmp_path, dict.fromkeys(((1, 4), (2, 2), (4, 1)), 0.01))
+    rec = recommend_mesh(_measured_request(measured))
     u = rec.uncertainty
     assert u is not None and u.kind == "calibration" and u.split is not None
     assert u.split.points == 3 and u.split.groups == 1  # three meshes of one problem

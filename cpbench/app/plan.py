@@ -48,7 +48,7 @@ from cpbench.model.plan.step import (
 from cpbench.model.plan.transformer import ModelSpec, load_model
 from cpbench.units import GIB
 
-__all__ = ["Plan", "PlanRejection", "PlanRequest", "PlanResult", "plan", "to_json"]
+__all__ = ["Plan", "PlanRejection", "PlanRequest", "PlanResult", "plan_training", "to_json"]
 
 
 @dataclass(frozen=True)
@@ -123,7 +123,7 @@ class PlanResult:
         return self.feasible[0] if self.feasible else None
 
 
-def plan(request: PlanRequest) -> PlanResult:
+def plan_training(request: PlanRequest) -> PlanResult:
     """Search the plans (`cpbench.model.plan.search`); see the module docstring."""
     model = load_model(request.model)
     profile = load_profile(request.hardware or DEFAULT_HARDWARE)

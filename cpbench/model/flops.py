@@ -246,7 +246,7 @@ def uses_closed_form(mask: MaskSpec, layout: str) -> bool:
     return mask.plain and layout in GLOBAL_LAYOUTS
 
 
-def packing_of(mask: MaskSpec, seq_len: int, ulysses: int, ring: int, layout: str) -> Packing:
+def _layout_packing(mask: MaskSpec, seq_len: int, ulysses: int, ring: int, layout: str) -> Packing:
     """The mask geometry's packing (`cpbench.config.geometry.pack`, cached); CpbenchError when
     the layout cannot cut the sequence."""
     check_choice("layout", layout, LAYOUTS)
@@ -258,7 +258,7 @@ def masked_step_pairs(
 ) -> tuple[tuple[Fraction, ...], ...]:
     """`[s][j]` for the `steps` ring steps the mask needs: ring rank j's pairs at step s from
     `ring_schedule(pack(...))`, the diagonal's half taken off at step 0 (causal)."""
-    schedule = ring_schedule(packing_of(mask, seq_len, ulysses, ring, layout))
+    schedule = ring_schedule(_layout_packing(mask, seq_len, ulysses, ring, layout))
     rows = []
     for t in range(schedule.steps):
         row = []
@@ -428,7 +428,7 @@ def layout_work(problem: CpProblem) -> LayoutWork:
             ring_rank_pairs(seq_len, ring, layout, mask.causal),
             mask,
         )
-    packing = packing_of(mask, seq_len, ulysses, ring, layout)
+    packing = _layout_packing(mask, seq_len, ulysses, ring, layout)
     steps = masked_step_pairs(mask, seq_len, ulysses, ring, layout)
     return LayoutWork(
         seq_len,

@@ -49,7 +49,7 @@ def load_results(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
     return read_records([Path(p) for p in paths])
 
 
-def recommend(request: RecommendRequest) -> Recommendation:
+def recommend_mesh(request: RecommendRequest) -> Recommendation:
     """Rank every U x R x layout candidate of the CP degree; see the module docstring."""
     _check_request(request)
     AttentionShape(
