@@ -56,7 +56,6 @@ projection on H / W heads, is not priced here).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
 
 from scipy.optimize import brentq
 
@@ -77,9 +76,6 @@ from cpbench.model.inference import (
     prefill_pairs_per_rank,
     split_sizes,
 )
-
-RingScheme = Literal["pass_kv", "pass_q"]
-"""The two ring prefill schemes the crossover compares."""
 
 
 def check_heads(problem: CpProblem) -> None:
