@@ -87,14 +87,6 @@ def check_heads(problem: CpProblem) -> None:
         )
 
 
-def balanced_pairs_per_rank(cached_len: int, new_tokens: int, world: int) -> tuple[int, ...]:
-    """Visible query-key pairs per rank when the new tokens are sharded load-balanced (2W
-    chunks `split_sizes(T, 2W)`, rank r takes chunks r and 2W - 1 - r: Meta's load-balanced
-    sharding, arXiv:2411.01783 §3.2; vLLM's head-tail split): `prefill_pairs_per_rank` with
-    the balanced layout, the one definition the measured schemes shard by too."""
-    return prefill_pairs_per_rank(cached_len, new_tokens, world, "zigzag")
-
-
 def world_link_tier(profile: HardwareProfile, world: int) -> LinkTier:
     """The tier W ranks cross: intra_node when they fit one node, else inter_node."""
     return "intra_node" if world <= profile.devices_per_node else "inter_node"
