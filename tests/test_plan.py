@@ -15,7 +15,6 @@ from cpbench.config.constraints import seq_divisor
 from cpbench.errors import CpbenchError
 from cpbench.model.plan.memory import (
     Parallelism,
-    korthikanti_layer_bytes,
     layer_activation_bytes,
     peak_stage,
     plan_memory,
@@ -99,6 +98,19 @@ GPT3 = ModelSpec(
     "gpt3-175b", 12288, 96, 96, 96, 128, 4 * 12288, "gelu", 51200, dropout=True,
     source="Korthikanti et al. 2022, Table 3 (175B: 96 heads, hidden 12288, 96 layers, TP 8)",
 )
+
+
+def korthikanti_layer_bytes(
+    s: int, b: int, h: int, a: int, t: int = 1, sequence_parallel: bool = False,
+    selective: bool = False,
+) -> float:
+    """The paper's closed forms (Table 2) for a GPT layer, bytes per layer."""
+    attention = 0 if selective else 5 * a * s / h
+    if t == 1:
+        return s * b * h * (34 + attention)
+    if sequence_parallel:
+        return s * b * h * (34 / t + attention / t)
+    return s * b * h * (10 + 24 / t + attention / t)
 
 
 @pytest.mark.parametrize(

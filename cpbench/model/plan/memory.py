@@ -272,19 +272,6 @@ def layer_activation_bytes(
     return replicated / sp + (sharded + scores) / t
 
 
-def korthikanti_layer_bytes(
-    s: int, b: int, h: int, a: int, t: int = 1, sequence_parallel: bool = False,
-    selective: bool = False,
-) -> float:
-    """The paper's closed forms (Table 2) for a GPT layer, bytes per layer."""
-    attention = 0 if selective else 5 * a * s / h
-    if t == 1:
-        return s * b * h * (34 + attention)
-    if sequence_parallel:
-        return s * b * h * (34 / t + attention / t)
-    return s * b * h * (10 + 24 / t + attention / t)
-
-
 def attention_buffer_bytes(config: CpProblem) -> int:
     """Transient bytes of the CP scheme for one layer: the largest stage of
     `cpbench.model.memory`'s estimate less the saved Q, K, V, O and LSE it holds there."""
