@@ -733,7 +733,7 @@ def test_kernel_version_names_what_runs_the_kernel(monkeypatch: pytest.MonkeyPat
     assert kernel_version("cudnn") is None
     for name in ("sdpa", "efficient", "naive"):
         assert kernel_version(name) == str(torch.__version__)
-    monkeypatch.setattr(fa3_module, "DISTRIBUTIONS", ("no-such-distribution-cpbench",))
+    monkeypatch.setattr(fa3_module, "FA3_DISTRIBUTIONS", ("no-such-distribution-cpbench",))
     assert kernel_version("flash_attn3") is None
 
 

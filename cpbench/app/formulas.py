@@ -95,7 +95,7 @@ def formulas_report(problem: CpProblem) -> dict[str, Any]:
         "nccl_tests": _nccl_view(volume),
         "flops": _flops(flops),
         "work": _work(flops),
-        "memory": _memory(memory_estimate(config)),
+        "memory": _memory_json(memory_estimate(config)),
         "what_if": _what_if(config),
     }
     if not mask.plain:
@@ -368,7 +368,7 @@ def _work(breakdown: FlopsBreakdown) -> dict[str, Any]:
     }
 
 
-def _memory(estimate: MemoryEstimate) -> dict[str, Any]:
+def _memory_json(estimate: MemoryEstimate) -> dict[str, Any]:
     items = [
         {
             "name": item.name,

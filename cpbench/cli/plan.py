@@ -157,7 +157,7 @@ def plan(
         from cpbench.errors import CpbenchError  # noqa: PLC0415
 
         raise CpbenchError(f"top must be >= 0 (0 lists all), got {top}")
-    report = service.to_json(service.plan(request))
+    report = service.to_json(service.plan_training(request))
     if as_json:
         print(json.dumps(report, indent=1))
         return

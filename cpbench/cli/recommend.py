@@ -224,7 +224,7 @@ def recommend(
         top=top,
         cp_comms=None if cp_comm is None else CP_COMM_CHOICES[cp_comm],
     )
-    rec = service.recommend(request)
+    rec = service.recommend_mesh(request)
     report = service.recommendation_report(rec)
     written = service.write_tie_scenario(rec, write_scenario) if write_scenario else None
     if as_json:

@@ -100,7 +100,7 @@ def draw_lengths(kind: str, text: str, seq_len: int, seed: int) -> list[int]:
     return lengths
 
 
-def _read_file(path: Path) -> list[int]:
+def _read_lengths(path: Path) -> list[int]:
     text = path.read_text()
     if path.suffix == ".json":
         try:
@@ -135,7 +135,7 @@ def resolve_documents(source: str, seq_len: int, seed: int = 0) -> tuple[int, ..
         return pack_lengths(draw_lengths(kind, rest, seq_len, seed), seq_len, source)
     path = Path(source)
     if path.is_file():
-        return pack_lengths(_read_file(path), seq_len, str(path))
+        return pack_lengths(_read_lengths(path), seq_len, str(path))
     parts = [p.strip() for p in source.split(",")]
     if all(p.isdigit() for p in parts):
         lengths = [int(p) for p in parts]

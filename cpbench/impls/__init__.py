@@ -13,13 +13,14 @@ if TYPE_CHECKING:
     from cpbench.config.bench import BenchConfig
     from cpbench.impls.base import Adapter
 
-_MODULES = {
-    "cpbench": "cpbench.impls.cpbench_impl",
-    "torch_cp": "cpbench.impls.torch_cp",
-    "ring_flash_attn": "cpbench.impls.ring_flash",
-    "yunchang": "cpbench.impls.usp",
-    "transformer_engine": "cpbench.impls.te",
+_ADAPTER_CLASSES = {
+    "cpbench": ("cpbench.impls.cpbench_impl", "CpbenchAdapter"),
+    "torch_cp": ("cpbench.impls.torch_cp", "TorchCpAdapter"),
+    "ring_flash_attn": ("cpbench.impls.ring_flash", "RingFlashAdapter"),
+    "yunchang": ("cpbench.impls.usp", "UspAdapter"),
+    "transformer_engine": ("cpbench.impls.te", "TeAdapter"),
 }
+"""Each base impl name's (module, adapter class); the class is built with the impl name."""
 
 _ADAPTERS: dict[str, Adapter] = {}
 
@@ -28,8 +29,8 @@ def get_adapter(name: str) -> Adapter:
     """The adapter of an impl name (imports its module, not the library)."""
     check_impl(name)
     if name not in _ADAPTERS:
-        module = importlib.import_module(_MODULES[base_name(name)])
-        _ADAPTERS[name] = module.adapter(name)
+        module, cls = _ADAPTER_CLASSES[base_name(name)]
+        _ADAPTERS[name] = getattr(importlib.import_module(module), cls)(name)
     return _ADAPTERS[name]
 
 

@@ -35,7 +35,7 @@ FUNCTIONS = {
     "zigzag": "zigzag_ring_flash_attn_func",
     "striped": "stripe_flash_attn_func",
 }
-BF16_DQ = KnownIssue(
+RING_FLASH_BF16_DQ = KnownIssue(
     ("dq",),
     TOLERANCE["bfloat16"],
     "ring-flash-attn's ring_flash_attn_backward (contiguous layout) returns "
@@ -140,7 +140,7 @@ class RingFlashAdapter:
         return distribution_version("ring-flash-attn")
 
     def known_issues(self, config: BenchConfig) -> tuple[KnownIssue, ...]:
-        return bf16_dq_when_fp16_contiguous(config, BF16_DQ)
+        return bf16_dq_when_fp16_contiguous(config, RING_FLASH_BF16_DQ)
 
     def prepare(self, config: BenchConfig) -> RingFlashRunner:
         module = import_library("ring_flash_attn", install_hint)
@@ -151,7 +151,3 @@ class RingFlashAdapter:
         return RingFlashRunner(
             config, getattr(module, FUNCTIONS[config.layout]), cp_group(), sharding
         )
-
-
-def adapter(name: str) -> RingFlashAdapter:
-    return RingFlashAdapter(name)

@@ -49,7 +49,7 @@ def comm_type(config: BenchConfig, name: str) -> str:
     return "a2a" if config.ring == 1 else "a2a+p2p"
 
 
-def _not_installed(exc: BaseException) -> str:
+def _te_not_installed(exc: BaseException) -> str:
     return (
         f"TransformerEngine is not installed or cannot load (CUDA only): "
         f"pip install 'cpbench[te]' ({type(exc).__name__}: {exc})"
@@ -125,7 +125,7 @@ class TeAdapter:
         libraries and queries the GPU. An installed TE that cannot load fails in the rank's
         `prepare`, with the same hint."""
         missing = missing_module("transformer_engine")
-        return _not_installed(missing) if missing is not None else None
+        return _te_not_installed(missing) if missing is not None else None
 
     def version(self) -> str | None:
         return distribution_version("transformer-engine")
@@ -137,7 +137,7 @@ class TeAdapter:
         try:  # imported here, in the rank only
             te = importlib.import_module("transformer_engine.pytorch")
         except Exception as exc:  # noqa: BLE001 - TE raises more than ImportError without CUDA
-            raise ImportError(_not_installed(exc)) from exc
+            raise ImportError(_te_not_installed(exc)) from exc
         kind = comm_type(config, self.name)
         mesh = build_mesh(config.ulysses, config.ring)
         group: Any = cp_group()
@@ -158,7 +158,3 @@ class TeAdapter:
             lambda p: te_positions(config.seq_len, world, p), world, dist.get_rank()
         )
         return TeRunner(config, attention, sharding)
-
-
-def adapter(name: str) -> TeAdapter:
-    return TeAdapter(name)

@@ -380,7 +380,3 @@ class TorchCpAdapter:
                 config.seq_len, config.world_size, config.device
             )
         return TorchCpRunner(mesh, config, balancer, self.rotate)
-
-
-def adapter(name: str) -> TorchCpAdapter:
-    return TorchCpAdapter(name)

@@ -36,7 +36,7 @@ from cpbench.impls.base import (
 )
 
 RING_IMPL_TYPES = YUNCHANG_RING_IMPL_TYPES
-BF16_DQ = KnownIssue(
+YUNCHANG_BF16_DQ = KnownIssue(
     ("dq",),
     TOLERANCE["bfloat16"],
     "yunchang's basic ring backward (contiguous layout) returns dq.to(torch.bfloat16) "
@@ -45,7 +45,7 @@ BF16_DQ = KnownIssue(
 )
 
 
-def _not_installed(exc: BaseException) -> str:
+def _yunchang_not_installed(exc: BaseException) -> str:
     return f"yunchang is not installed: pip install 'cpbench[usp]' ({exc})"
 
 
@@ -103,7 +103,7 @@ class UspAdapter:
         decides."""
         missing = missing_module("yunchang")
         if missing is not None:
-            return _not_installed(missing)
+            return _yunchang_not_installed(missing)
         loaded = sys.modules.get("yunchang.globals")
         has_flash_attn = (
             bool(getattr(loaded, "HAS_FLASH_ATTN", False))
@@ -121,10 +121,10 @@ class UspAdapter:
         return distribution_version("yunchang")
 
     def known_issues(self, config: BenchConfig) -> tuple[KnownIssue, ...]:
-        return bf16_dq_when_fp16_contiguous(config, BF16_DQ)
+        return bf16_dq_when_fp16_contiguous(config, YUNCHANG_BF16_DQ)
 
     def prepare(self, config: BenchConfig) -> UspRunner:
-        import_library("yunchang", _not_installed)  # imported here, in the rank only
+        import_library("yunchang", _yunchang_not_installed)  # imported here, in the rank only
         from yunchang import LongContextAttention  # noqa: PLC0415
         from yunchang.globals import PROCESS_GROUP  # noqa: PLC0415
         from yunchang.kernels import AttnType  # noqa: PLC0415
@@ -143,7 +143,3 @@ class UspAdapter:
             dist.get_rank(),
         )
         return UspRunner(config, attention, sharding)
-
-
-def adapter(name: str) -> UspAdapter:
-    return UspAdapter(name)

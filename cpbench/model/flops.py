@@ -222,7 +222,7 @@ def uses_closed_form(mask: MaskSpec, layout: str) -> bool:
     return mask.plain and layout in GLOBAL_LAYOUTS
 
 
-def packing_of(mask: MaskSpec, seq_len: int, ulysses: int, ring: int, layout: str) -> Packing:
+def _layout_packing(mask: MaskSpec, seq_len: int, ulysses: int, ring: int, layout: str) -> Packing:
     """The mask geometry's packing (`cpbench.config.geometry.pack`, cached); CpbenchError when
     the layout cannot cut the sequence."""
     check_choice("layout", layout, LAYOUTS)
@@ -234,7 +234,7 @@ def masked_step_pairs(
 ) -> tuple[tuple[Fraction, ...], ...]:
     """`[s][j]` for the `steps` ring steps the mask needs: ring rank j's pairs at step s from
     `ring_schedule(pack(...))`, the diagonal's half taken off at step 0 (causal)."""
-    schedule = ring_schedule(packing_of(mask, seq_len, ulysses, ring, layout))
+    schedule = ring_schedule(_layout_packing(mask, seq_len, ulysses, ring, layout))
     rows = []
     for t in range(schedule.steps):
         row = []
@@ -245,11 +245,6 @@ def masked_step_pairs(
             row.append(pairs)
         rows.append(tuple(row))
     return tuple(rows)
-
-
-def global_rank(ring_rank: int, ulysses_rank: int, ulysses: int) -> int:
-    """Global rank p = j*U + u of Ulysses rank u inside ring rank j."""
-    return ring_rank * ulysses + ulysses_rank
 
 
 def imbalance(values: tuple[float, ...] | list[float]) -> float:
@@ -404,7 +399,7 @@ def layout_work(problem: CpProblem) -> LayoutWork:
             ring_rank_pairs(seq_len, ring, layout, mask.causal),
             mask,
         )
-    packing = packing_of(mask, seq_len, ulysses, ring, layout)
+    packing = _layout_packing(mask, seq_len, ulysses, ring, layout)
     steps = masked_step_pairs(mask, seq_len, ulysses, ring, layout)
     return LayoutWork(
         seq_len,
@@ -451,11 +446,6 @@ class FlopsBreakdown:
         return tuple(
             float(self.work.ring_rank_pairs[p // u] * factor) for p in range(self.work.world)
         )
-
-    def step_flops(self, phase: str = "forward") -> tuple[tuple[float, ...], ...]:
-        """`[s][j]`: FLOPs of each global rank of ring rank j at ring step s."""
-        factor = self.pair_flops * phase_factor(phase)
-        return tuple(tuple(float(p * factor) for p in step) for step in self.work.step_pairs)
 
     def slowest_rank_flops(self, phase: str = "forward") -> float:
         """FLOPs of the busiest rank, which sets the step time."""

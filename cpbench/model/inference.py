@@ -267,14 +267,6 @@ def check_decode_merge(merge: str, heads: int, world: int) -> DecodeMerge:
     raise CpbenchError(f"decode merge {merge!r} is not one of {', '.join(DECODE_MERGES)}")
 
 
-def decode_heads(heads: int, world: int, rank: int) -> tuple[int, int]:
-    """The heads [first, end) rank `rank` holds after an all_to_all merge: r H / W .. (r + 1)
-    H / W (W must divide H: `check_decode_merge`)."""
-    check_decode_merge("all_to_all", heads, world)
-    per = heads // world
-    return rank * per, (rank + 1) * per
-
-
 def decode_bytes(
     new_tokens: int,
     world: int,

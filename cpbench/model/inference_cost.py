@@ -5,12 +5,12 @@ The model, its conventions and sources: docs/inference.md, "The model". Pure mat
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
 
 from scipy.optimize import brentq
 
 from cpbench.config.problem import CpProblem
 from cpbench.errors import CpbenchError
+from cpbench.model.flops import flops_per_pair
 from cpbench.model.hardware.profile import HardwareProfile, LinkTier, LinkTierProfile
 from cpbench.model.inference import (
     DEFAULT_NEW_TOKEN_LAYOUT,
@@ -26,14 +26,6 @@ from cpbench.model.inference import (
     split_sizes,
 )
 
-RingScheme = Literal["pass_kv", "pass_q"]
-"""The two ring prefill schemes the crossover compares."""
-
-
-def flops_per_pair(problem: CpProblem) -> int:
-    """4 B H D: QK^T and PV, 2 FLOPs per multiply-add, over every head and sequence."""
-    return 4 * problem.batch * problem.heads * problem.head_dim
-
 
 def check_heads(problem: CpProblem) -> None:
     """CpbenchError showing the arithmetic when the query heads do not group over the KV heads."""
@@ -44,15 +36,7 @@ def check_heads(problem: CpProblem) -> None:
         )
 
 
-def balanced_pairs_per_rank(cached_len: int, new_tokens: int, world: int) -> tuple[int, ...]:
-    """Visible query-key pairs per rank when the new tokens are sharded load-balanced (2W
-    chunks `split_sizes(T, 2W)`, rank r takes chunks r and 2W - 1 - r: Meta's load-balanced
-    sharding, arXiv:2411.01783 §3.2; vLLM's head-tail split): `prefill_pairs_per_rank` with
-    the balanced layout, the one definition the measured schemes shard by too."""
-    return prefill_pairs_per_rank(cached_len, new_tokens, world, "zigzag")
-
-
-def group_tier(profile: HardwareProfile, world: int) -> LinkTier:
+def world_link_tier(profile: HardwareProfile, world: int) -> LinkTier:
     """The tier W ranks cross: intra_node when they fit one node, else inter_node."""
     return "intra_node" if world <= profile.devices_per_node else "inter_node"
 
@@ -131,9 +115,9 @@ def price_prefill(
         raise CpbenchError(f"the CP degree must be >= 1, got {world}")
     check_heads(problem)
     case = _case(problem, cached_len, new_tokens, scheme, world, new_token_layout)
-    tier_name = group_tier(profile, world)
+    tier_name = world_link_tier(profile, world)
     tier, overhead = profile.link(tier_name), profile.step_overhead_s
-    per_pair = flops_per_pair(problem)
+    per_pair = flops_per_pair(problem.shape)
     busiest = max(prefill_pairs_per_rank(cached_len, new_tokens, world, case.new_token_layout))
     sent = prefill_bytes(case)
     if world == 1:
@@ -192,7 +176,7 @@ def _ring_price(
 ) -> PrefillPrice:
     w = case.world
     eff = _efficiency(profile, problem, kernel, case.kv_block)
-    step = busiest * flops_per_pair(problem) / w / (profile.peak_flops(problem.dtype) * eff)
+    step = busiest * flops_per_pair(problem.shape) / w / (profile.peak_flops(problem.dtype) * eff)
     hop_tag = "p2p_kv" if scheme == "pass_kv" else "p2p_q"
     hop = tier.send_recv.seconds(sent[hop_tag] / (w - 1))
     ring = (w - 1) * overlapped(step, hop, profile.overlap) + step
@@ -245,7 +229,7 @@ def pass_kv_hidden_above(problem: CpProblem, world: int, profile: HardwareProfil
     alone (latency and padding left out): a step computes (T / W) x (P + T) / W pairs at C
     FLOP/s while a hop sends 2 H_kv D e (P + T) / W bytes at the send/recv busbw BW, so the
     hop hides when T >= W C 2 H_kv e / (4 H BW) = W C H_kv e / (2 H BW) (independent of P)."""
-    tier = profile.link(group_tier(profile, world))
+    tier = profile.link(world_link_tier(profile, world))
     keys = cached_len / world
     rate = profile.peak_flops(problem.dtype) * _efficiency(profile, problem, kernel, keys)
     return (
@@ -299,7 +283,7 @@ def price_decode(context_len: int, problem: CpProblem, world: int,
             f"decode needs context_len >= 1 and world >= 1, got {context_len} and {world}"
         )
     the_merge = check_decode_merge(merge, problem.heads, world)
-    tier_name = group_tier(profile, world)
+    tier_name = world_link_tier(profile, world)
     tier = profile.link(tier_name)
     shard = kv_cache_bytes_per_rank(
         context_len, world, problem.kv_heads, problem.head_dim, problem.dtype, problem.batch
@@ -307,7 +291,7 @@ def price_decode(context_len: int, problem: CpProblem, world: int,
     memory = shard / profile.memory_bandwidth
     keys = split_sizes(context_len, world)[0]
     rate = profile.peak_flops(problem.dtype) * _efficiency(profile, problem, kernel, keys)
-    compute = flops_per_pair(problem) * keys / rate
+    compute = flops_per_pair(problem.shape) * keys / rate
     sent = decode_bytes(
         1, world, problem.heads, problem.head_dim, problem.dtype, problem.batch, the_merge
     )

@@ -552,7 +552,7 @@ def compare_table(comparison: Any) -> FitTable:
             text = r["verdict"] + (" REGRESSION" if r["regression"] else "")
             verdict = Text(text, style=style)
         table.add_row(
-            str(r.get("seq_len") or "-"), *(_cell(r.get(a)) for a in axes), mesh,
+            str(r.get("seq_len") or "-"), *(_dash_or_str(r.get(a)) for a in axes), mesh,
             str(r.get("layout") or "-"), str(r.get("phase") or "-"),
             "-" if r.get("before_s") is None else format_seconds(r["before_s"]),
             "-" if r.get("after_s") is None else format_seconds(r["after_s"]),
@@ -561,5 +561,5 @@ def compare_table(comparison: Any) -> FitTable:
     return table
 
 
-def _cell(value: Any) -> str:
+def _dash_or_str(value: Any) -> str:
     return "-" if value is None else str(value)

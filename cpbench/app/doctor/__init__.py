@@ -24,7 +24,7 @@ from cpbench.app.doctor.statuses import (
     probe_config,
 )
 from cpbench.app.doctor.topology import read_topology
-from cpbench.app.doctor.versions import cuda_reason, cudnn_version, nccl_version, package_versions
+from cpbench.app.doctor.versions import cuda_reason, cudnn_release, nccl_version, package_versions
 from cpbench.bench.nvml import load_nvml
 from cpbench.config.vocabulary import DEFAULT_DTYPE, Device
 
@@ -101,7 +101,7 @@ def collect(env: dict[str, str] | None = None) -> DoctorReport:
         torch=torch.__version__,
         torch_cuda=torch.version.cuda,
         nccl=nccl_version(),
-        cudnn=cudnn_version(),
+        cudnn=cudnn_release(),
         cuda_available=cuda,
         cuda_reason=cuda_reason(),
         cuda_device_count=count,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from cpbench.app.recommend.frameworks import cp_comm_type, framework_settings
 from cpbench.app.recommend.parallel import ParallelSizes, solve_parallel_sizes
-from cpbench.app.recommend.ranking import load_results, recommend
+from cpbench.app.recommend.ranking import load_results, recommend_mesh
 from cpbench.app.recommend.report import recommendation_report
 from cpbench.app.recommend.scenario import tie_scenario, write_tie_scenario
 from cpbench.app.recommend.types import (
@@ -39,7 +39,7 @@ __all__ = [
     "framework_settings",
     "layout_label",
     "load_results",
-    "recommend",
+    "recommend_mesh",
     "recommendation_report",
     "solve_parallel_sizes",
     "tie_scenario",

@@ -90,7 +90,7 @@ def _plan(request: Any) -> dict[str, Any] | None:
         return None
     from cpbench.app import plan as planner  # noqa: PLC0415
 
-    return planner.to_json(planner.plan(request))
+    return planner.to_json(planner.plan_training(request))
 
 
 def build_comparison(

@@ -13,9 +13,6 @@ Band = tuple[int | None, int | None]
 """A piece's mask as (lo, hi): row i sees column j iff lo <= j - i <= hi (None unbounded);
 `(None, None)` is full attention, `(None, 0)` top-left causal (`cpbench.config.geometry.Piece`)."""
 
-_FlashAux = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
-"""(cum_seq_q, cum_seq_k, philox seed, philox offset) of the CUDA flash forward."""
-
 
 class LocalKernel(Protocol):
     """`band`, when given, is the whole mask of the call (`causal` is then ignored): the

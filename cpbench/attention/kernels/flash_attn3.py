@@ -18,7 +18,7 @@ from cpbench.attention.kernels.ops import call_with_signature, last_dim_contiguo
 
 MODULE = "flash_attn_interface"
 """FA3's Python interface, a top-level module of the `flash_attn_3` wheel (hopper/setup.py)."""
-DISTRIBUTIONS = ("flash_attn_3", "flashattn-hopper")
+FA3_DISTRIBUTIONS = ("flash_attn_3", "flashattn-hopper")
 """Distribution names FA3 has been installed under (its version, for the record). Wheels built
 from hopper/ between 2025-01 and 2025-07 are named `flash_attn` (version 3.x): those are found
 as the distribution that provides the module (`packages_distributions`)."""
@@ -87,9 +87,9 @@ def flash_attn3_interface() -> ModuleType | None:
 
 def flash_attn3_version() -> str | None:
     """The installed FA3 distribution's version, None when none is installed: the
-    distribution that provides `flash_attn_interface`, else one of `DISTRIBUTIONS`."""
+    distribution that provides `flash_attn_interface`, else one of `FA3_DISTRIBUTIONS`."""
     providers = importlib.metadata.packages_distributions().get(MODULE, [])
-    for dist in (*providers, *DISTRIBUTIONS):
+    for dist in (*providers, *FA3_DISTRIBUTIONS):
         try:
             return importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:

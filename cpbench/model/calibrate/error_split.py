@@ -49,11 +49,6 @@ class ErrorSplit:
     """Problems with two or more residuals among them (what sigma_candidate is pooled over)."""
 
     @property
-    def total_sigma(self) -> float:
-        """Sigma of one step time's log error: sqrt(common^2 + candidate^2)."""
-        return math.hypot(self.common_sigma, self.candidate_sigma)
-
-    @property
     def ratio_sigma(self) -> float:
         """Sigma of the log-ratio of two candidates of one problem: sqrt(2) x candidate."""
         return math.sqrt(2.0) * self.candidate_sigma

@@ -57,6 +57,7 @@ LOWEST_U = 0.02
 
 
 LinkKey = tuple[LinkTier, CollectiveKind, "int | None"]
+"""What a comm term prices: (link tier, collective kind, topology node tier or None)."""
 ParameterStatus = Literal["determined", "constrained", "undetermined"]
 """How well the data pin a parameter down (`JointParameter.status`)."""
 
@@ -118,7 +119,8 @@ class _Spec:
     """A link parameter's `LinkCost.basis` (None: not a link's)."""
 
 
-def _link_cost(profile: HardwareProfile, key: LinkKey) -> LinkCost:
+def link_cost(profile: HardwareProfile, key: LinkKey) -> LinkCost:
+    """The LinkCost a comm term prices: a node tier of the topology, or a link tier."""
     tier, kind, level = key
     if level is None:
         return profile.link(tier).cost(kind)
@@ -155,14 +157,14 @@ def _specs(reference: HardwareProfile, keys: Sequence[LinkKey], ring: bool) -> l
     ]  # fmt: skip
     for key in keys:
         label = _link_label(reference, key)
-        cost = _link_cost(reference, key)
+        cost = link_cost(reference, key)
 
         def latency(p: HardwareProfile, v: float, key: LinkKey = key) -> HardwareProfile:
-            old = _link_cost(p, key)
+            old = link_cost(p, key)
             return _set_link(p, key, replace(old, latency_s=v * 1e-6))
 
         def busbw(p: HardwareProfile, v: float, key: LinkKey = key) -> HardwareProfile:
-            old = _link_cost(p, key)
+            old = link_cost(p, key)
             return _set_link(p, key, replace(old, busbw=v * GB))
 
         specs += [

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from cpbench.errors import CpbenchError
-from cpbench.model.calibrate.fit import calibrate
+from cpbench.model.calibrate.fit import fit_profile
 from cpbench.model.calibrate.measurements import Measurement, default_prior
 from cpbench.model.calibrate.table import read_table_rows
 from cpbench.model.calibrate.validation import validation_rows, validation_summary
@@ -107,7 +107,7 @@ def validate_machine(
         rows: list[dict[str, Any]] = []
         for key, members in groups.items():
             train = [m for k, ms in groups.items() if k != key for m in ms]
-            fitted = calibrate(train, prior).profile
+            fitted = fit_profile(train, prior).profile
             ordered += members
             rows += validation_rows(members, fitted)
         held_out = _scores(ordered, rows)

@@ -125,7 +125,7 @@ def _clean(raw: Mapping[str, Any]) -> dict[str, Any]:
     return {k.strip(): v for k, v in raw.items() if k and v is not None and str(v).strip() != ""}
 
 
-def _problem(error: Any) -> str:
+def _error_text(error: Any) -> str:
     """One pydantic error as `field: rule, got value`."""
     field = ".".join(str(x) for x in error["loc"]) or "row"
     if not error["loc"]:
@@ -179,7 +179,7 @@ def read_table_rows(path: Path) -> list[tuple[str, TableRow]]:
             row = TableRow.model_validate(raw)
             row.candidate()
         except ValidationError as exc:
-            problems = "; ".join(_problem(e) for e in exc.errors())
+            problems = "; ".join(_error_text(e) for e in exc.errors())
             raise CpbenchError(f"{where}: {problems}") from exc
         except CpbenchError as exc:
             raise CpbenchError(f"{where}: {exc}") from exc

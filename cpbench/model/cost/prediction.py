@@ -72,7 +72,7 @@ class Prediction:
     """The ring rank with the most work."""
     topology: TopologyPlacement | None = None
     """Where the ranks sit on the profile's node topology (None: a flat profile, priced by
-    `placement`'s two tiers); `cpbench.model.topology.describe` and `.export()` tell it."""
+    `placement`'s two tiers); `cpbench.model.topology.describe` tells it."""
     head_dim_factors: tuple[float, float] = (1.0, 1.0)
     """The kernel's throughput at this head dim relative to the curve's 128, forward and
     backward (`cpbench.model.cost.kernel`; 1.0 where no table applies)."""

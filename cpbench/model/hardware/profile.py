@@ -285,14 +285,6 @@ class HardwareProfile:
         SDPA in float32), `sdpa` PyTorch's op of the device; CpbenchError on unknown names."""
         return resolve_kernel_family(kernel, self.device_kind, self.default_kernel, dtype)
 
-    def attention_flops_per_s(
-        self, dtype: str, kernel_seq_len: float, kernel: str | None = None
-    ) -> float:
-        """Achieved attention FLOP/s: peak(dtype) x efficiency(kernel sequence length) of the
-        kernel's family (None: the default family)."""
-        family = None if kernel is None else self.kernel_for(kernel, dtype)
-        return self.peak_flops(dtype) * self.curve(family).at(kernel_seq_len)
-
     def matches_device(self, device_name: str) -> bool:
         """Whether one of `device_names` matches a device name (case-insensitive search)."""
         return any(re.search(p, device_name, re.IGNORECASE) for p in self.device_names)

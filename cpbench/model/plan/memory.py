@@ -30,6 +30,9 @@ OPTIMIZER_BYTES = 12
 """fp32 master weights 4 + Adam first moment 4 + second moment 4."""
 ZERO3_GATHERED_LAYERS = 2
 """Layers whose full weights a ZeRO-3 rank holds at once (running + prefetched)."""
+CUDA_RESERVE_GIB = 2.0
+"""Default runtime reserve on a GPU: CUDA context, NCCL buffers, allocator fragmentation
+(estimate)."""
 SAFE_MEMORY_FRACTION = 0.8
 """Fujii, Watanabe, Yokota 2024, 'Accelerating Large Language Model Training with 4D Parallelism
 and Memory Consumption Estimator' (arXiv:2411.06465), abstract: over 454 runs on A100 and H100,
@@ -210,19 +213,6 @@ def layer_activation_bytes(
     else:
         scores = 4 * model.heads * s * b  # the fused kernel's fp32 log-sum-exp
     return replicated / sp + (sharded + scores) / t
-
-
-def korthikanti_layer_bytes(
-    s: int, b: int, h: int, a: int, t: int = 1, sequence_parallel: bool = False,
-    selective: bool = False,
-) -> float:
-    """The paper's closed forms (Table 2) for a GPT layer, bytes per layer."""
-    attention = 0 if selective else 5 * a * s / h
-    if t == 1:
-        return s * b * h * (34 + attention)
-    if sequence_parallel:
-        return s * b * h * (34 / t + attention / t)
-    return s * b * h * (10 + 24 / t + attention / t)
 
 
 def attention_buffer_bytes(config: CpProblem) -> int:

@@ -21,7 +21,7 @@ MFU_CONVENTION = (
     "(step time x GPUs x peak dense TFLOP/s of the dtype); N = weights in a matmul per token "
     "(layers' linears + output projection); recompute and communication are not counted"
 )
-TIME_CONVENTION = (
+STEP_TIME_CONVENTION = (
     "times in ms per optimizer step on one rank of the slowest pipeline stage; parts sum to the "
     "step: GEMM, attention, TP/SP comm and pipeline sends of every micro-batch, the pipeline "
     "bubble, the DP gradient reduction and the optimizer"

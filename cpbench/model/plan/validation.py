@@ -14,7 +14,7 @@ from scipy.optimize import brentq
 from cpbench.errors import CpbenchError
 from cpbench.model.hardware.loading import load_profile
 from cpbench.model.hardware.profile import HardwareProfile
-from cpbench.model.plan.memory import SAFE_MEMORY_FRACTION, check_recompute
+from cpbench.model.plan.memory import CUDA_RESERVE_GIB, SAFE_MEMORY_FRACTION, check_recompute
 from cpbench.model.plan.search import Plan, SearchSpace, search
 from cpbench.model.plan.step import matmul_efficiency
 from cpbench.model.plan.transformer import load_model
@@ -27,9 +27,6 @@ else:  # pragma: no cover - Python 3.10
 
 END_TO_END_TABLE = "cpbench/data/published/end_to_end.toml"
 """Where the published end-to-end rows live (in the package)."""
-
-CUDA_RESERVE_GIB = 2.0
-"""The plan's default runtime reserve per GPU (`cpbench.app.plan.CUDA_RESERVE_GIB`)."""
 
 
 @dataclass(frozen=True)
@@ -192,7 +189,7 @@ def peak_scale(machine: dict[str, Any], rows: tuple[PublishedRow, ...]) -> float
     return float(brentq(gap, 0.2, 1.5, xtol=1e-4))
 
 
-def validate_published(text: str | None = None) -> tuple[RowCheck, ...]:
+def validate_end_to_end(text: str | None = None) -> tuple[RowCheck, ...]:
     """Predicted against published for every row (the calibration rows too, marked by role)."""
     machines, rows = load_rows(text)
     scales = {name: peak_scale(m, rows) for name, m in machines.items()}
@@ -217,7 +214,7 @@ def validate_published(text: str | None = None) -> tuple[RowCheck, ...]:
     return tuple(out)
 
 
-def to_json(checks: tuple[RowCheck, ...]) -> list[dict[str, Any]]:
+def end_to_end_json(checks: tuple[RowCheck, ...]) -> list[dict[str, Any]]:
     """The checks as JSON-serialisable rows."""
     out = []
     for c in checks:
