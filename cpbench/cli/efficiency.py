@@ -40,7 +40,11 @@ def efficiency(
 ) -> None:
     """Parallel efficiency of cpbench's schemes and the libraries on every mesh they can
     express, against a single-process fused SDPA baseline in the same run: interleaved
-    rounds, best-of-N and median with spread; efficiency = t_single / (P x t_case)."""
+    rounds, best-of-N and median with spread; efficiency = t_single / (P x t_case).
+
+    --world-size, --dtype, --impl and --layout repeat (defaults: 2 and 4; float32 and bfloat16;
+    cpbench, torch_cp, torch_cp:alltoall, ring_flash_attn, yunchang, plus transformer_engine
+    on CUDA; zigzag and contiguous, where R > 1); --kv-heads defaults to --heads."""
     from cpbench.bench.pool import start_forkserver_early  # noqa: PLC0415
 
     start_forkserver_early(device)  # its imports beside this process's (bench/pool.py)

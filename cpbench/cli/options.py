@@ -495,7 +495,10 @@ Version = Annotated[bool, VERSION]
 def flag(name: str, default: object) -> str:
     """How option `name` (a parameter's name) given a value other than its `default` is
     spelled: --seq-len, --no-causal."""
-    decls = OPTIONS["--" + name.replace("_", "-")].param_decls[0].split("/")
+    info = OPTIONS["--" + name.replace("_", "-")]
+    # typer.Option's first argument is its default: under `Annotated` typer reads it as a flag
+    first = info.default if isinstance(info.default, str) else info.param_decls[0]
+    decls = first.split("/")
     return decls[-1] if default is True and len(decls) > 1 else decls[0]
 
 

@@ -29,7 +29,10 @@ def probe(
     """Measure this machine's all-to-all and send/recv (every U x R mesh of the world size, at
     the sizes its configurations send, nccl-tests algbw/busbw, latency from small messages)
     and the local attention kernel at the L/R lengths; write a hardware profile that
-    `recommend --hardware` and `calibrate` accept."""
+    `recommend --hardware` and `calibrate` accept.
+
+    Defaults by device (CPU / GPU): --heads 8 / 32, --kv-heads 8, --head-dim 64 / 128, --dtype
+    float32 / bfloat16, --seq-len (repeatable) 4096 and 8192 / 32768 and 131072."""
     from cpbench.app.probe.plan import default_settings  # noqa: PLC0415
     from cpbench.app.probe.run import probe_report, run_probe  # noqa: PLC0415
     from cpbench.render.probe import render_probe  # noqa: PLC0415

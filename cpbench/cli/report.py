@@ -40,7 +40,9 @@ def report(
     """Write one self-contained HTML report (works offline: plotly.js is embedded, nothing is
     fetched) of one or more results files: step time, TFLOP/s, communication (analytic vs
     measured), overlap, memory, causal load balance, the U x R map, predicted vs measured,
-    the recommendation and a sortable table of every record, failures included."""
+    the recommendation and a sortable table of every record, failures included.
+
+    --seq-len (default 131072), --gpus and --gpus-per-node go with --model."""
     from cpbench.app.report import build_comparison, build_report, write_report  # noqa: PLC0415
     from cpbench.render.html.comparison import render_comparison  # noqa: PLC0415
     from cpbench.render.html.report import render_report  # noqa: PLC0415

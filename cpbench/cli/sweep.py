@@ -227,7 +227,9 @@ def run(
     timeout: o.Timeout = 600.0,
     impl: o.ImplChoice = o.DEFAULTS["impl"],
 ) -> None:
-    """Measure one configuration (world size = ulysses x ring) and print its record."""
+    """Measure one configuration (world size = ulysses x ring) and print its record.
+
+    --kv-heads defaults to --heads (MHA), --dtype to float32 on CPU and bfloat16 on CUDA."""
     from cpbench.results.scenarios.loading import parse_scenario  # noqa: PLC0415
 
     dev = resolve_device(device)

@@ -34,7 +34,8 @@ def verify(
     than the sequence) and documents with a window. Spawns the ranks once (gloo on CPU, NCCL
     on GPUs), compares the forward output and dQ/dK/dV with a float64 reference under the
     same mask, prints a table and exits 1 on any mismatch. Under torchrun (or srun) the
-    launched processes are the world and rank 0 prints.
+    launched processes are the world and rank 0 prints. --dtype defaults to float32 on CPU,
+    bfloat16 on CUDA.
     """
     dev = resolve_device(device)  # first: it starts the CPU ranks' forkserver (bench/pool.py)
     import torch  # noqa: PLC0415
