@@ -141,9 +141,9 @@ def test_field_help_reads_the_docstring_under_a_field_of_the_class_or_a_base() -
 def test_defaults_shared_with_the_configuration_come_from_it() -> None:
     """formulas' problem defaults are `CpProblem`'s / the benchmark point's."""
     formulas = inspect.signature(_callbacks()["formulas"]).parameters
+    problem = CpProblem(seq_len=8, heads=1, kv_heads=1, head_dim=1)
     for name in ("batch", "dtype", "causal", "ulysses", "ring", "cp_comm"):
-        assert formulas[name].default == getattr(CpProblem(seq_len=8, heads=1, kv_heads=1,
-                                                           head_dim=1), name), name
+        assert formulas[name].default == getattr(problem, name), name
     assert formulas["layout"].default == options.DEFAULTS["layout"] == "zigzag"
 
 

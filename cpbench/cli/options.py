@@ -11,6 +11,7 @@ import ast
 import dataclasses
 import inspect
 import re
+import sys
 from collections.abc import Callable, Mapping
 from functools import cache
 from pathlib import Path
@@ -41,10 +42,15 @@ from cpbench.config.vocabulary import (
 
 
 @cache
+def _module_classes(module: str) -> dict[str, ast.ClassDef]:
+    """The top-level classes of a module's source, by name (each module parsed once)."""
+    tree = ast.parse(inspect.getsource(sys.modules[module]))
+    return {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
+
+
 def _attribute_docs(cls: type) -> dict[str, str]:
     """The docstrings written under the fields of `cls` (its own, not its bases')."""
-    (node,) = ast.parse(inspect.getsource(cls)).body
-    assert isinstance(node, ast.ClassDef)
+    node = _module_classes(cls.__module__)[cls.__name__]
     docs: dict[str, str] = {}
     for field, doc in zip(node.body, node.body[1:], strict=False):
         if (
@@ -70,7 +76,9 @@ def field_help(cls: type, name: str) -> str:
 
 
 DEFAULTS: Mapping[str, Any] = {
-    f.name: f.default for f in dataclasses.fields(BenchConfig) if f.default is not dataclasses.MISSING
+    f.name: f.default
+    for f in dataclasses.fields(BenchConfig)
+    if f.default is not dataclasses.MISSING
 }
 """The defaults of a benchmark point's fields (batch, dtype, causal, ulysses, ring, layout,
 cp_comm, phase, kernel, impl, ...): the default of each option that is one of them."""
@@ -497,7 +505,7 @@ def flag(name: str, default: object) -> str:
     spelled: --seq-len, --no-causal."""
     info = OPTIONS["--" + name.replace("_", "-")]
     # typer.Option's first argument is its default: under `Annotated` typer reads it as a flag
-    first = info.default if isinstance(info.default, str) else info.param_decls[0]
+    first = info.default if isinstance(info.default, str) else (info.param_decls or ("",))[0]
     decls = first.split("/")
     return decls[-1] if default is True and len(decls) > 1 else decls[0]
 

@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from cpbench.cli import options as o
 from cpbench.cli.common import command, console, err_console, resolve_device
-from cpbench.config.inference import is_inference_record
+from cpbench.config.inference import StepKind, is_inference_record
 from cpbench.config.vocabulary import DEFAULT_DTYPE, INFERENCE_PHASES
 from cpbench.errors import EXIT_INTERRUPTED, EXIT_WRONG_RESULT, CpbenchError
 from cpbench.render.inference_table import inference_table
@@ -250,7 +250,7 @@ def run(
         "window": window,
     }
     # an option of the other kind of step, given a value of its own, is refused, not ignored
-    kind = "inference" if phase in INFERENCE_PHASES else "training"
+    kind: StepKind = "inference" if phase in INFERENCE_PHASES else "training"
     given = o.other_kind_given(run, locals(), kind)
     if given:
         label = "training" if kind == "inference" else "inference (prefill, decode)"
