@@ -178,7 +178,7 @@ KernelName = Annotated[str, KERNEL]
 KernelChoice = Annotated[Backend, KERNEL]
 IMPL = _option(
     "--impl",
-    help=field_help(BenchConfig, "impl")
+    help=field_help(BenchConfig, "impl").rstrip(".")
     + ": "
     + "; ".join(f"{name}: {text}" for name, text in IMPL_HELP.items())
     + ". External libraries are optional extras (cpbench[ring], [usp], [te]); verify lists the "
