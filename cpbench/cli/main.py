@@ -7,6 +7,7 @@ import sys
 
 import typer
 
+from cpbench.cli import calibrate as _calibrate  # noqa: F401
 from cpbench.cli import compare as _compare  # noqa: F401
 from cpbench.cli import doctor as _doctor  # noqa: F401
 from cpbench.cli import efficiency as _efficiency  # noqa: F401
