@@ -31,7 +31,7 @@ def efficiency(
     layout: o.Layouts = None,
     rounds: o.Rounds = 5,
     warmup: o.Warmup = 1,
-    device: o.Device = o.DEFAULT_DEVICE,
+    device: o.DeviceOption = o.DEFAULT_DEVICE,
     threads: o.Threads = 1,
     timeout: o.Timeout = 1800.0,
     profile: o.Profile = False,

@@ -19,7 +19,7 @@ def formulas(
     dtype: o.DtypeChoice = o.DEFAULTS["dtype"],
     causal: o.Causal = o.DEFAULTS["causal"],
     documents: o.Documents = None,
-    window: o.Window = None,
+    window: o.WindowOption = None,
     seed: o.Seed = 0,
     cp_comm: o.CpCommOne = o.DEFAULTS["cp_comm"],
     heads_k_stride: o.HeadsKStride = None,

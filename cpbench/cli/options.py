@@ -136,8 +136,8 @@ DOCUMENTS = _option(
     "uniform:min=64,max=4096; drawn with --seed) packed into --seq-len.",
 )
 Documents = Annotated[str | None, DOCUMENTS]
-WINDOW = _option("--window", help=field_help(CpProblem, "window"))
-Window = Annotated[int | None, WINDOW]
+WINDOW_OPTION = _option("--window", help=field_help(CpProblem, "window"))
+WindowOption = Annotated[int | None, WINDOW_OPTION]
 ULYSSES = _option("--ulysses", help=field_help(CpProblem, "ulysses"))
 Ulysses = Annotated[int, ULYSSES]
 RING = _option("--ring", help=field_help(CpProblem, "ring"))
@@ -191,7 +191,7 @@ CachedLen = Annotated[int, CACHED_LEN]
 NEW_TOKENS = _option("--new-tokens", help=field_help(InferenceStep, "new_tokens"))
 NewTokens = Annotated[int | None, NEW_TOKENS]
 SCHEME = _option("--scheme", help=field_help(InferenceStep, "scheme"))
-Scheme = Annotated[PrefillScheme, SCHEME]
+SchemeOption = Annotated[PrefillScheme, SCHEME]
 CACHE_LAYOUT = _option("--cache-layout", help=field_help(InferenceStep, "cache_layout"))
 CacheLayoutChoice = Annotated[CacheLayout, CACHE_LAYOUT]
 INFERENCE = _option(
@@ -226,13 +226,13 @@ KvMemoryGib = Annotated[float | None, KV_MEMORY_GIB]
 
 DEVICE = _option("--device", help="Where the ranks run: cpu (gloo), cuda (nccl) or auto (cuda "
                  "when torch sees a GPU).")  # fmt: skip
-Device = Annotated[CliDevice, DEVICE]
+DeviceOption = Annotated[CliDevice, DEVICE]
 WORLD_SIZE = _option(
     "--world-size",
     help="Ranks (GPUs, or CPU processes). Default: sweep the scenario's; verify every GPU, 4 on "
     "CPU, the launched world under torchrun; efficiency 2 and 4 (repeat for several).",
 )
-WorldSize = Annotated[int, WORLD_SIZE]
+WorldSizeOption = Annotated[int, WORLD_SIZE]
 WorldSizeOrNone = Annotated[int | None, WORLD_SIZE]
 WorldSizes = Annotated[list[int] | None, WORLD_SIZE]
 THREADS = _option("--threads", help="CPU threads per rank.")
@@ -257,7 +257,7 @@ PRECISION = _option(
     help="Target relative width of each median's 95% interval, e.g. 0.05 (5%), or 'off' for a "
     "fixed count of iters (default: the scenario's, 0.05).",
 )
-Precision = Annotated[str | None, PRECISION]
+PrecisionOption = Annotated[str | None, PRECISION]
 RESUME = _option("--resume/--no-resume", help="Skip configurations already in --out.")
 Resume = Annotated[bool, RESUME]
 SEPARATE_TIES = _option(
@@ -266,12 +266,12 @@ SEPARATE_TIES = _option(
     "group's records are written when its block of points ends.",
 )
 SeparateTies = Annotated[bool, SEPARATE_TIES]
-MASKS = _option(
+MASKS_OPTION = _option(
     "--masks/--no-masks",
     help="Also check the packed-document and sliding-window masks (every scheme x layout x "
     "mask x GQA case; --no-masks: causal and full only).",
 )
-Masks = Annotated[bool, MASKS]
+Masks = Annotated[bool, MASKS_OPTION]
 PROFILE = _option(
     "--profile",
     help="Instead: profile --rounds steps of a ring case and of a Ulysses case (first world "
@@ -392,7 +392,7 @@ ModelOrNone = Annotated[str | None, MODEL]
 RECOMPUTE = _option(
     "--recompute", help="Activation recompute: none, selective or full (default: search them)."
 )
-Recompute = Annotated[str | None, RECOMPUTE]
+RecomputeOption = Annotated[str | None, RECOMPUTE]
 ZERO = _option(
     "--zero",
     help="ZeRO stage over DP x CP: 0, 1 (Megatron's distributed optimizer), 2, 3 (FSDP).",
@@ -404,11 +404,11 @@ GLOBAL_BATCH = _option(
     "--global-batch", help="Sequences per optimizer step (default: one per GPU)."
 )
 GlobalBatch = Annotated[int | None, GLOBAL_BATCH]
-MATMUL_EFFICIENCY = _option(
+MATMUL_EFFICIENCY_OPTION = _option(
     "--matmul-efficiency",
     help="GEMM efficiency (achieved / peak) instead of the profile's estimate.",
 )
-MatmulEfficiency = Annotated[float | None, MATMUL_EFFICIENCY]
+MatmulEfficiencyOption = Annotated[float | None, MATMUL_EFFICIENCY_OPTION]
 RESERVE_GIB = _option(
     "--reserve-gib", help="Memory kept free per GPU, GiB (default: 2 on a GPU, 0 on CPU)."
 )
@@ -419,7 +419,7 @@ FRAMEWORK = _option(
     "context_parallel: ring, all-gather K/V, SDPA), megatron (TransformerEngine: p2p / a2a / "
     "a2a+p2p, cuDNN), deepspeed (Ulysses).",
 )
-Framework = Annotated[str, FRAMEWORK]
+FrameworkOption = Annotated[str, FRAMEWORK]
 ATTENTION_FACTOR = _option(
     "--attention-factor",
     help="Measured attention time of the framework / the cost model's (from a `cpbench sweep` "
@@ -437,19 +437,19 @@ FABRIC = _option(
     "roce-clos (not rail-optimised), nvl72 (72-GPU NVLink domains); default: the hardware "
     "profile's inter-node link.",
 )
-Fabric = Annotated[str | None, FABRIC]
+FabricOption = Annotated[str | None, FABRIC]
 MEMORY_MARGIN = _option(
     "--memory-margin",
     help="What a plan must fit: capacity (tensors + --reserve-gib within the device memory) or "
     "safe (tensors within 80% of it: Fujii et al. 2024 saw no OOM below that over 454 runs).",
 )
-MemoryMargin = Annotated[str, MEMORY_MARGIN]
-MAX_SEQ_LEN = _option(
+MemoryMarginOption = Annotated[str, MEMORY_MARGIN]
+MAX_SEQ_LEN_OPTION = _option(
     "--max-seq-len",
     help="Rank the plans by the longest sequence each holds under the safe margin (then by "
     "step time) instead of by step time.",
 )
-MaxSeqLen = Annotated[bool, MAX_SEQ_LEN]
+MaxSeqLen = Annotated[bool, MAX_SEQ_LEN_OPTION]
 EXHAUSTIVE = _option(
     "--exhaustive/--no-exhaustive",
     help="Price every plan that fits instead of pruning the ones whose lower bound cannot rank "

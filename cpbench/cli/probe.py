@@ -9,8 +9,8 @@ from cpbench.cli.common import command, emit, err_console, resolve_device
 
 @command
 def probe(
-    world_size: o.WorldSize = 4,
-    device: o.Device = o.DEFAULT_DEVICE,
+    world_size: o.WorldSizeOption = 4,
+    device: o.DeviceOption = o.DEFAULT_DEVICE,
     hardware: o.Hardware = None,
     heads: o.HeadsOrNone = None,
     kv_heads: o.KvHeadsOrNone = None,

@@ -24,7 +24,7 @@ def recommend(
     dtype: o.DtypeName = o.DEFAULTS["dtype"],
     causal: o.Causal = o.DEFAULTS["causal"],
     documents: o.Documents = None,
-    window: o.Window = None,
+    window: o.WindowOption = None,
     seed: o.Seed = 0,
     tp: o.Tp = 1,
     pp: o.Pp = 1,

@@ -17,7 +17,7 @@ from cpbench.render.tables import verify_tables
 @command
 def verify(
     world_size: o.WorldSizeOrNone = None,
-    device: o.Device = o.DEFAULT_DEVICE,
+    device: o.DeviceOption = o.DEFAULT_DEVICE,
     dtype: o.DtypeOrNone = None,
     kernel: o.KernelChoice = o.DEFAULTS["kernel"],
     as_json: o.Json = False,
