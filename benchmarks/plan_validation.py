@@ -3,7 +3,7 @@ predicted vs published tokens/s/GPU (or TFLOP/s/GPU) and memory, one line per ro
 
     PYTHONPATH=$PWD python benchmarks/plan_validation.py
 
-(The lead wires `cpbench.model.plan.validation.validate_published` into `cpbench validate
+(The lead wires `cpbench.model.plan.validation.validate_end_to_end` into `cpbench validate
 --published`; this script runs it meanwhile.)
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from cpbench.model.plan.validation import to_json, validate_published
+from cpbench.model.plan.validation import end_to_end_json, validate_end_to_end
 
 
 def _pct(value: float | None) -> str:
@@ -27,7 +27,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true", help="one JSON document")
     args = parser.parse_args()
-    rows = to_json(validate_published())
+    rows = end_to_end_json(validate_end_to_end())
     if args.json:
         print(json.dumps(rows, indent=1))
         return

@@ -1,16 +1,6 @@
-"""The torch-version shims: the one place that knows which torch has what.
+"""The torch-version shims: the one place that knows which torch has what (floor: pyproject.toml).
 
-cpbench supports torch from the floor in pyproject.toml (2.5.1) to the current release. Every
-call whose presence or behaviour differs across that range goes through a small named function
-here, whose docstring says which versions behave how. Each capability is decided by looking at the
-installed torch itself (an attribute present, or a tiny probe run once) rather than by parsing
-its version string: builds that users pin (NGC containers `2.6.0a0+...`, vendor wheels,
-nightlies) carry backports and version strings that a version comparison gets wrong, and an
-attribute or an observed result cannot be wrong about the torch that is actually loaded.
-
-The layer sits between `model` and `attention`: it may import torch, `cpbench.config` and
-`cpbench.errors`, and everything that uses torch may import it.
-"""
+Why capabilities are probed, not read from the version, and the layer: docs/design.md section 4."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""The exceptions the CLI turns into exit codes, once (`cpbench.cli.common.command`).
-
-- `CpbenchError`: bad input or an impossible configuration; the message names the values and the
-  rule. Exit code 2.
-- `RunFailure`: the input was fine but running it failed: a rank raised or died, a task hung past
-  its timeout. Exit code 1, like a wrong result (a benchmark that could not measure must not pass
-  for one that did).
-"""
+"""The exceptions the CLI turns into exit codes, once (`cpbench.cli.common.command`):
+`CpbenchError` (bad input or an impossible configuration, naming the values and the rule: exit
+2) and `RunFailure` (a rank raised or died, a task hung: exit 1). See docs/design.md section 5."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""Numbers with their units, formatted once for every table, sentence and page.
-
-Every formatter takes None for "not measured" and answers "-". The `unit=False` forms give the
-bare number for a table whose header carries the unit ("time ms", "mem GiB").
-"""
+"""Numbers with their units, formatted once for every table, sentence and page. Every formatter
+takes None for "not measured" and answers "-"; the `unit=False` forms give the bare number for
+a table whose header carries the unit ("time ms", "mem GiB")."""
 
 from __future__ import annotations
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 from typing import Any
 
 from cpbench.app.probe.fit import CommMeasurement, KernelMeasurement, fit_links
@@ -11,12 +12,14 @@ from cpbench.app.probe.plan import default_settings, make_plan
 from cpbench.app.probe.profile import measured_profile
 from cpbench.app.probe.run import ProbeResult
 from cpbench.config.problem import MeshCandidate
+from cpbench.errors import CpbenchError
 from cpbench.model.calibrate.measurements import Measurement
 from cpbench.model.cost.prediction import predict
 from cpbench.model.flops import FLOPS_CONVENTION, attention_flops
 from cpbench.model.formulas import bandwidths, comm_volume
 from cpbench.model.hardware.loading import load_profile
-from cpbench.model.hardware.profile import HardwareProfile
+from cpbench.model.hardware.profile import COLLECTIVE_KINDS, LINK_TIERS, HardwareProfile, LinkCost
+from cpbench.model.hardware.transforms import with_link_cost
 from cpbench.model.memory import memory_estimate
 
 
@@ -125,6 +128,27 @@ def step_time_measurements(
         label = f"{c.shape.seq_len}-{c.shape.heads}-{c.shape.head_dim}-{c.ulysses}x{c.ring}"
         out.append(Measurement(label, c, devices_per_node, median, None, None, device))
     return out
+
+
+def scaled_bandwidth(profile: HardwareProfile, factor: float) -> HardwareProfile:
+    """A copy with every busbw multiplied by `factor` (a what-if: the same machine with faster links)."""
+    if factor <= 0:
+        raise CpbenchError(f"bandwidth factor must be positive, got {factor}")
+
+    def scaled(cost: LinkCost) -> LinkCost:
+        return replace(cost, busbw=cost.busbw * factor)
+
+    result = profile
+    for tier in LINK_TIERS:
+        for kind in COLLECTIVE_KINDS:
+            result = with_link_cost(result, tier, kind, scaled(result.link(tier).cost(kind)))
+    if result.topology is not None:
+        tiers = tuple(
+            replace(t, all_to_all=scaled(t.all_to_all), send_recv=scaled(t.send_recv))
+            for t in result.topology.tiers
+        )
+        result = replace(result, topology=replace(result.topology, tiers=tiers))
+    return result
 
 
 def synthetic_probe_result() -> ProbeResult:

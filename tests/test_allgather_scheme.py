@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from cpbench.app.formulas import formulas_report
-from cpbench.app.recommend import RecommendRequest, recommend
+from cpbench.app.recommend import RecommendRequest, recommend_mesh
 from cpbench.app.recommend.frameworks import (
     cp_comm_type,
     llama3_setting,
@@ -38,12 +38,12 @@ from cpbench.model.cost.prediction import predict
 from cpbench.model.formulas import (
     busbw_factor,
     comm_volume,
-    evaluate_formula,
 )
 from cpbench.model.hardware.loading import load_profile
 from cpbench.model.memory import memory_estimate
 from cpbench.render.recommend.explanation import explanation_text
 from cpbench.render.recommend.frameworks import setting_note
+from tests.formula_oracle import evaluate_formula
 
 # ------------------------------------------------------------------------ the configuration
 
@@ -204,7 +204,7 @@ def test_one_stride_hides_its_gather_behind_the_own_chunk_only() -> None:
 
 
 def test_recommend_lists_and_explains_all_gather() -> None:
-    rec = recommend(RecommendRequest(heads=32, kv_heads=8, seq_len=32768, gpus=8, top=0))
+    rec = recommend_mesh(RecommendRequest(heads=32, kv_heads=8, seq_len=32768, gpus=8, top=0))
     labels = [r.label for r in rec.ranked]
     assert "1x8 zigzag all-gather" in labels
     assert "1x8 zigzag all-gather hs1" in labels
@@ -214,7 +214,7 @@ def test_recommend_lists_and_explains_all_gather() -> None:
     why = explanation_text(asdict(rec.explanation))
     assert "All-gather: its best candidate" in why and "Against the ring on the same mesh" in why
     assert "GiB of gathered K/V" in why
-    only_ring = recommend(
+    only_ring = recommend_mesh(
         RecommendRequest(heads=32, kv_heads=8, seq_len=32768, gpus=8, top=0, cp_comms=("p2p",))
     )
     assert not any(r.prediction.candidate.all_gather for r in only_ring.ranked)
@@ -357,12 +357,12 @@ def test_all_gather_cases_match_the_reference(pool) -> None:
 
 
 def test_recommend_gives_all_gather_settings_beside_the_winner() -> None:
-    rec = recommend(RecommendRequest(heads=32, kv_heads=8, seq_len=32768, gpus=8, top=0))
+    rec = recommend_mesh(RecommendRequest(heads=32, kv_heads=8, seq_len=32768, gpus=8, top=0))
     assert rec.winner is not None and not rec.winner.prediction.candidate.all_gather
     row = next(f for f in rec.frameworks if f.framework == "all-gather CP")
     assert "context_parallel_rotate_method allgather" in row.settings
     assert "llama3_flash_attn_varlen_func" in row.settings
-    only = recommend(
+    only = recommend_mesh(
         RecommendRequest(
             heads=32, kv_heads=8, seq_len=32768, gpus=8, cp_comms=("all_gather",), tp=1, top=0
         )

@@ -19,13 +19,13 @@ from cpbench.config.constraints import AttentionShape
 from cpbench.config.problem import MeshCandidate
 from cpbench.errors import CpbenchError
 from cpbench.model.calibrate import (
-    calibrate,
+    fit_profile,
     holdout_evaluation,
     measurements_from_records,
     solve_relative,
     spearman,
     split_measurements,
-    validate,
+    validate_profile,
 )
 from cpbench.model.calibrate.measurements import (
     Measurement,
@@ -95,15 +95,16 @@ def _assert_recovered(
         assert _relative(fitted.latency_s, true.latency_s) < tol, kind
         assert _relative(fitted.busbw, true.busbw) < tol, kind
     for n in (128, 256, 512, 1024, 2048):
-        fitted_flops = profile.attention_flops_per_s("float32", n)
-        assert _relative(fitted_flops, TRUTH.attention_flops_per_s("float32", n)) < tol, n
+        fitted_flops = profile.peak_flops("float32") * profile.curve().at(n)
+        true_flops = TRUTH.peak_flops("float32") * TRUTH.curve().at(n)
+        assert _relative(fitted_flops, true_flops) < tol, n
     assert _relative(profile.step_overhead_s, TRUTH.step_overhead_s) < overhead_tol
     assert abs(profile.overlap - TRUTH.overlap) < overlap_tol
 
 
 def test_calibration_recovers_noiseless_parameters(noiseless: list[dict]) -> None:
     # tolerance: 1% (the ridge towards the prior biases the fit by a fraction of a percent)
-    result = calibrate(noiseless, "cpu-local")
+    result = fit_profile(noiseless, "cpu-local")
     _assert_recovered(result.profile, tol=0.01, overhead_tol=0.02, overlap_tol=0.02)
     assert result.points == 18 and result.residual < 0.005 < result.residual_before
     assert {f.target for f in result.fits} == {"comm_only", "compute_only", "median", "joint"}
@@ -114,7 +115,7 @@ def test_calibration_recovers_noiseless_parameters(noiseless: list[dict]) -> Non
 def test_calibration_with_two_percent_noise() -> None:
     # tolerance: 5% for links and kernel throughput, 15% for the small step overhead,
     # 0.15 for the overlap (its signal is a few percent of the step)
-    result = calibrate(_records(0.02), "cpu-local")
+    result = fit_profile(_records(0.02), "cpu-local")
     _assert_recovered(result.profile, tol=0.05, overhead_tol=0.15, overlap_tol=0.15)
     assert result.residual < 0.05
 
@@ -124,13 +125,13 @@ def test_validate_reports_the_error_the_noise_implies() -> None:
     # the noise's (median |N(0, 0.05)| = 3.4%; 18 points: 1.5%-6% covers the sampling spread);
     # against the cpu-local prior (another profile) it is the prior's error, far larger
     noisy = _records(0.05, seed=4)
-    report = validate(noisy, TRUTH)
+    report = validate_profile(noisy, TRUTH)
     assert report["n"] == 18
     assert 0.015 <= report["median_abs_error"] <= 0.06
     assert report["max_abs_error"] < 4 * 0.05  # 18 draws stay within 4 sigma
     assert report["spearman"] > 0.9
     assert len(report["groups"]) == len(SEQ_LENS)
-    prior = validate(noisy, load_profile("cpu-local"))
+    prior = validate_profile(noisy, load_profile("cpu-local"))
     assert prior["median_abs_error"] > 2 * 0.034  # beyond twice what the noise implies
 
 
@@ -195,7 +196,7 @@ def test_calibration_from_step_times_alone_recovers_the_truth() -> None:
     prior, truth = _gpu_truth()
     measurements = step_time_measurements(_gpu_candidates(), truth, 8, 0.05, random.Random(0))
     train, test = measurements[::2], measurements[1::2]
-    result = calibrate(train, prior)
+    result = fit_profile(train, prior)
     errors = [abs(m.predict(result.profile).step_s / m.median_s - 1) for m in test]
     prior_errors = [abs(m.predict(prior).step_s / m.median_s - 1) for m in test]
     assert float(np.median(errors)) < 0.05 < float(np.median(prior_errors))
@@ -243,7 +244,7 @@ def test_measurements_skip_failed_and_deduplicate(noiseless: list[dict]) -> None
     assert len(measurements) == 17
     assert any(m.median_s == 123.0 for m in measurements)
     with pytest.raises(CpbenchError, match="no usable measurements"):
-        calibrate([failed])
+        fit_profile([failed])
 
 
 def test_spearman() -> None:
@@ -479,7 +480,7 @@ def test_calibration_on_a_topology_fits_its_tiers() -> None:
         if not (r == 1 and layout == "zigzag")
     ]
     records = [synthetic_record(c, truth, 8, device="cuda") for c in candidates]
-    result = calibrate(records, prior)
+    result = fit_profile(records, prior)
     (links,) = [f for f in result.fits if f.target == "comm_only"]
     assert links.residual_before > 0.1 and links.residual_after < 1e-3, (
         links.residual_before, links.residual_after)

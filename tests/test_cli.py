@@ -41,6 +41,8 @@ def test_formulas_json_worked_example() -> None:
         (["formulas", "--ulysses", "3"], "ulysses (3) must divide heads (32)"),
         (["formulas", "--seq-len", "1000", "--ring", "8"], "seq_len (1000) must be divisible"),
         (["verify", "--world-size", "0"], "world size must be at least 1, got 0"),
+        (["verify", "--world-size", "100000"], "world size (100000) on the CPU must be 1 to 64"),
+        (["sweep", "--device", "cpu", "--world-size", "65"], "world size (65) on the CPU must be"),
     ],
 )
 def test_bad_input_is_one_clear_line_and_exit_2(args: list[str], message: str) -> None:

@@ -17,9 +17,9 @@ from cpbench.model.cost.records import prediction_for_record
 from cpbench.model.cost.work import closed_form_step_pair_stats, step_pair_stats
 from cpbench.model.formulas import comm_volume
 from cpbench.model.hardware.loading import load_profile
-from cpbench.model.hardware.transforms import scaled_bandwidth
 from cpbench.model.memory import memory_estimate
 from cpbench.render.recommend.explanation import placement_text
+from tests.synthetic import scaled_bandwidth
 
 H100 = load_profile("h100-sxm")
 CPU = load_profile("cpu-local")

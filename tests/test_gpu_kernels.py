@@ -191,10 +191,15 @@ USABLE_BY_HAND: list[tuple[dict, str, torch.dtype, int | None, dict[str, str | N
         "flash_attn3": "<= 256", "flash_attn": "<= 256", "cudnn": "<= 128", "sdpa": "<= 256",
         "efficient": None, "naive": None,
     }),
-    (H100, "cuda", BF16, 12, {
+    (H100, "cuda", BF16, 12, {  # the memory-efficient op too: 16-bit GEMMs align to 8
         "flash_attn3": "12 % 8 = 4", "flash_attn": "12 % 8 = 4", "cudnn": "12 % 8 = 4",
-        "sdpa": "12 % 8 = 4", "efficient": None, "naive": None,
+        "sdpa": "12 % 8 = 4", "efficient": "12 % 8 = 4", "naive": None,
     }),
+    (H100, "cuda", FP32, 12, {"efficient": None, "naive": None}),  # float32 aligns to 4
+    (H100, "cuda", FP32, 6, {"efficient": "6 % 4 = 2", "naive": None}),
+    ({"capability": (7, 5)}, "cuda", FP32, 6, {"efficient": None}),  # no alignment below sm80
+    ({"capability": (7, 5)}, "cuda", FP16, 12, {"efficient": "12 % 8 = 4"}),  # tensor cores
+    ({"capability": (6, 0)}, "cuda", FP16, 12, {"efficient": None}),  # none before sm70
     (H100, "cuda", FP32, 64, {
         "flash_attn3": "fp16/bf16", "flash_attn": "fp16/bf16", "cudnn": "fp16/bf16",
         "sdpa": "kernel 'efficient'", "efficient": None, "naive": None,
@@ -255,7 +260,10 @@ def test_which_kernel_runs_where_by_hand(fake_env, env, device, dtype, head_dim,
         (H100, BF16, 128, False, "flash_attn3"),
         (H100, BF16, 256, False, "flash_attn3"),
         (H100, BF16, 512, False, "efficient"),  # no flash / cuDNN kernel takes 512
-        (H100, BF16, 12, False, "efficient"),  # nor 12 (not a multiple of 8)
+        (H100, BF16, 40, False, "flash_attn3"),
+        (H100, BF16, 12, False, "naive"),  # 12 is no multiple of 8: not even memory-efficient
+        (H100, FP32, 12, False, "efficient"),  # float32 aligns to 4
+        (H100, FP32, 6, False, "naive"),
         ({"capability": (9, 0), "cudnn": 90100}, BF16, 128, False, "cudnn"),
         ({"capability": (9, 0), "cudnn": 90100}, BF16, 192, False, "sdpa"),  # cuDNN <= 128
         ({"capability": (10, 0), "fa2": True, "fa2_version": (2, 7, 2)}, BF16, 64, False, "cudnn"),
@@ -279,7 +287,7 @@ def test_a_sweep_records_a_head_dim_the_named_kernel_cannot_run_as_skipped() -> 
     spec = parse_scenario(
         {"axes": {"seq_len": 64, "heads": 4, "kv_heads": 4, "head_dim": [12, 64, 192, 264],
                   "dtype": "bfloat16", "mesh": ["1x2"], "layout": ["zigzag"],
-                  "backend": ["auto", "flash_attn", "cudnn"]}},
+                  "backend": ["auto", "flash_attn", "cudnn", "efficient"]}},
         "head-dims.toml",
     )  # fmt: skip
     reasons = {
@@ -288,6 +296,7 @@ def test_a_sweep_records_a_head_dim_the_named_kernel_cannot_run_as_skipped() -> 
     skipped = {key for key, reason in reasons.items() if reason}
     assert skipped == {
         ("flash_attn", 12), ("flash_attn", 264), ("cudnn", 12), ("cudnn", 192), ("cudnn", 264),
+        ("efficient", 12),  # bf16: the memory-efficient op's GEMMs align to 8 on sm80+
     }
     assert "head_dim 12" in str(reasons[("flash_attn", 12)])
     assert "multiple of 8 (12 % 8 = 4)" in str(reasons[("flash_attn", 12)])
@@ -364,7 +373,9 @@ def _fake_efficient_backward(**a: Any) -> tuple:
 
 
 def _fake_cudnn(**a: Any) -> tuple:
-    """Like cuDNN in torch 2.5: output in its own [B, H, S, D]-contiguous layout, LSE 4-D."""
+    """Like cuDNN in torch 2.5: output in its own [B, H, S, D]-contiguous layout, LSE 4-D; one
+    key refused, as torch's dispatcher refuses it (`check_cudnn_tensor_shapes`)."""
+    assert a["key"].shape[2] > 1, "cuDNN attention with a key/value length of 1"
     assert a["attn_bias"] is None and a["compute_log_sumexp"] is True
     out, lse = NAIVE.forward(_bshd(a["query"]), _bshd(a["key"]), _bshd(a["value"]),
                              a["is_causal"], a["scale"])  # fmt: skip
@@ -374,6 +385,7 @@ def _fake_cudnn(**a: Any) -> tuple:
 
 
 def _fake_cudnn_backward(**a: Any) -> tuple:
+    assert a["key"].shape[2] > 1, "cuDNN attention with a key/value length of 1"
     lse = a["logsumexp"]
     assert lse.dim() == 4 and lse.shape[-1] == 1 and lse.is_contiguous()
     assert a["grad_out"].stride() == a["out"].stride(), "dO in O's layout"
@@ -433,6 +445,31 @@ def test_aten_kernels_marshal_and_match_reference(  # type: ignore[no-untyped-de
         assert fwd.calls[-1]["value"].data_ptr() == x["v"].data_ptr()
         assert fwd.calls[-1]["key"].stride() == x["k"].transpose(1, 2).stride()
     assert fwd.calls[-1]["query"].data_ptr() == x["q"].data_ptr()
+
+
+@pytest.mark.parametrize("queries", [1, 5])
+def test_cudnn_never_gets_one_key(monkeypatch, fake_ops, queries) -> None:  # type: ignore[no-untyped-def]
+    """A piece of one key (a one-token turn, a one-token cache shard) runs beside cuDNN, exact:
+    out is V's row, dK/dV the sums over the queries."""
+    monkeypatch.setattr(torch, "__version__", "2.8.0")
+    x = _inputs(1, 4, 2)
+    g = torch.Generator().manual_seed(7)
+    q, dout = (torch.randn(B, queries, 4, D, generator=g) for _ in range(2))
+    k, v = x["k"], x["v"]
+    kernel = CudnnKernel()
+    # bottom-right causal: every query sees the one key (a decode prefix of one key)
+    out, lse = kernel.forward(q, k, v, False, SCALE)
+    dq, dk, dv = kernel.backward(dout, q, k, v, out, lse, False, SCALE)
+    ref_in = [t.double().requires_grad_(True) for t in (q, k, v)]
+    ref = reference_attention(*ref_in, causal=False, scale=SCALE)
+    ref.backward(dout.double())
+    assert (out.double() - ref).abs().max() < TOL
+    for got, want in zip((dq, dk, dv), (t.grad for t in ref_in), strict=True):
+        assert want is not None and (got.double() - want).abs().max() < TOL
+    if queries == 1:  # top-left causal on one query and one key: the same piece
+        out_c, _ = kernel.forward(q, k, v, True, SCALE)
+        assert (out_c.double() - ref).abs().max() < TOL
+    assert not any(c.calls for c in fake_ops.values())
 
 
 @pytest.mark.parametrize(("cls", "version", "native"), KERNEL_CASES)
@@ -696,7 +733,7 @@ def test_kernel_version_names_what_runs_the_kernel(monkeypatch: pytest.MonkeyPat
     assert kernel_version("cudnn") is None
     for name in ("sdpa", "efficient", "naive"):
         assert kernel_version(name) == str(torch.__version__)
-    monkeypatch.setattr(fa3_module, "DISTRIBUTIONS", ("no-such-distribution-cpbench",))
+    monkeypatch.setattr(fa3_module, "FA3_DISTRIBUTIONS", ("no-such-distribution-cpbench",))
     assert kernel_version("flash_attn3") is None
 
 

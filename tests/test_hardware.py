@@ -36,9 +36,10 @@ from cpbench.model.hardware.profile import (
     LinkCost,
     resolve_kernel_family,
 )
-from cpbench.model.hardware.transforms import scaled_bandwidth, with_default_kernel, with_topology
+from cpbench.model.hardware.transforms import with_default_kernel, with_topology
 from cpbench.model.hardware.writer import profile_to_toml, save_profile
 from cpbench.units import GB, GIB
+from tests.synthetic import scaled_bandwidth
 
 SHIPPED = ("a100-80gb", "cpu-local", "h100-sxm", "h200-sxm", "l40s-pcie")
 
@@ -73,7 +74,7 @@ def test_gpu_profiles_quote_datasheets_and_mark_estimates() -> None:
     assert "estimate" in cpu.efficiency.source
     # the brief's ranges for this machine: 0.02-0.05 TFLOP/s, 1-3 GB/s, 50-200 us
     for n in (1024, 8192):
-        assert 0.02e12 <= cpu.attention_flops_per_s("float32", n) <= 0.05e12
+        assert 0.02e12 <= cpu.peak_flops("float32") * cpu.curve().at(n) <= 0.05e12
     for cost in (cpu.intra_node.all_to_all, cpu.intra_node.send_recv):
         assert 1 * GB <= cost.busbw <= 3 * GB
         assert 50e-6 <= cost.latency_s <= 200e-6
@@ -273,8 +274,8 @@ def test_single_curve_profiles_still_load(name: str, family: str) -> None:
     assert old.efficiency == new.curve(family)
     # one curve serves every kernel, as before kernel families
     for kernel in ("auto", "sdpa", "naive", "flash_attn", "flash_attn3", "cudnn"):
-        assert old.attention_flops_per_s("float32", 2048, kernel) == pytest.approx(
-            old.peak_flops("float32") * new.curve(family).at(2048), rel=1e-12
+        assert old.curve(old.kernel_for(kernel, "float32")).at(2048) == pytest.approx(
+            new.curve(family).at(2048), rel=1e-12
         )
     # written back in the new layout, it reads the same
     assert profile_from_toml(profile_to_toml(old)) == old

@@ -28,15 +28,15 @@ from cpbench.model.inference import (
     PREFILL_SCHEMES,
     DecodeCase,
     PrefillCase,
+    check_decode_merge,
     decode_bytes,
-    decode_heads,
     new_token_segments,
     prefill_bytes,
     prefill_imbalance,
     prefill_kv_bytes_per_rank,
     prefill_pairs_per_rank,
 )
-from cpbench.model.inference_cost import balanced_pairs_per_rank, price_decode, price_prefill
+from cpbench.model.inference_cost import price_decode, price_prefill
 from tests.inference_layout_tasks import prefill_with_tail_first_chunks
 
 Pool = Callable[[int], WorkerPool]
@@ -178,6 +178,14 @@ def test_a_tail_first_chunk_order_fails_the_reference_check(pool: Pool) -> None:
         assert r["passed"] is False and r["max_error"] > 100 * r["tolerance"], r["label"]
 
 
+def decode_heads(heads: int, world: int, rank: int) -> tuple[int, int]:
+    """The heads [first, end) rank `rank` holds after an all_to_all merge: r H / W .. (r + 1)
+    H / W (W must divide H: `check_decode_merge`)."""
+    check_decode_merge("all_to_all", heads, world)
+    per = heads // world
+    return rank * per, (rank + 1) * per
+
+
 def test_all_to_all_decode_bytes_heads_and_refusal() -> None:
     """8 heads, d 16, fp32, T = 2 on 4 ranks: a rank hands in 2 x 8 x 16 x 4 B of output and
     8 x 2 x 4 B of LSE and keeps its quarter; the all-gather receives 3 whole partials."""
@@ -201,7 +209,6 @@ def test_the_cost_model_prices_the_layouts_work() -> None:
     the all-gather's bytes and prices them."""
     shape = CpProblem(seq_len=1, heads=32, kv_heads=8, head_dim=128, dtype="bfloat16")
     h100 = load_profile("h100-sxm")
-    assert balanced_pairs_per_rank(1000, 300, 8) == prefill_pairs_per_rank(1000, 300, 8, "zigzag")
     default = price_prefill("pass_kv", 0, 131072, shape, 8, h100)
     contiguous = price_prefill("pass_kv", 0, 131072, shape, 8, h100, new_token_layout="contiguous")
     pairs = {

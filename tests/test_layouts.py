@@ -10,7 +10,6 @@ from cpbench.attention.kernels.base import band_mask
 from cpbench.attention.layouts import (
     packing,
     positions,
-    ring_positions,
     run_length,
     shard_tensor,
     unshard_tensors,
@@ -41,7 +40,7 @@ def test_layout_definitions_match_the_papers() -> None:
     assert positions(16, 1, 4, "contiguous", 2).tolist() == [8, 9, 10, 11]
     # U x R: the ring rank's positions are split contiguously over the Ulysses group, and
     # global rank p = ring_rank * U + ulysses_rank.
-    assert ring_positions(16, 2, "zigzag", 0).tolist() == [0, 1, 2, 3, 12, 13, 14, 15]
+    assert positions(16, 1, 2, "zigzag", 0).tolist() == [0, 1, 2, 3, 12, 13, 14, 15]
     assert positions(16, 2, 2, "zigzag", 0).tolist() == [0, 1, 2, 3]
     assert positions(16, 2, 2, "zigzag", 1).tolist() == [12, 13, 14, 15]
     assert positions(16, 2, 2, "striped", 3).tolist() == [9, 11, 13, 15]
@@ -86,10 +85,10 @@ def test_block_pieces_cover_exactly_the_mask(layout: str, ring: int, mask: MaskS
     schedule = ring_schedule(packed)
     dense = dense_mask(packed.mask, packed.seq_len)
     for q_rank in range(ring):
-        q_pos = ring_positions(seq_len, ring, layout, q_rank, mask)
+        q_pos = positions(seq_len, 1, ring, layout, q_rank, mask)  # U = 1: a ring rank
         for step in range(ring):
             kv_rank = (q_rank - step) % ring
-            k_pos = ring_positions(seq_len, ring, layout, kv_rank, mask)
+            k_pos = positions(seq_len, 1, ring, layout, kv_rank, mask)
             truth = dense[q_pos][:, k_pos]
             covered = torch.zeros(len(q_pos), len(k_pos), dtype=torch.int64)
             for p in schedule.pieces[q_rank][step]:

@@ -18,11 +18,12 @@ from cpbench.config.vocabulary import GLOBAL_LAYOUTS as LAYOUTS
 from cpbench.errors import CpbenchError
 from cpbench.model.flops import (
     FLOPS_CONVENTION,
+    FlopsBreakdown,
     attention_flops,
     flops_breakdown,
-    global_rank,
     imbalance,
     layout_work,
+    phase_factor,
     range_pairs,
     ring_rank_pairs,
     ring_rank_positions,
@@ -30,6 +31,12 @@ from cpbench.model.flops import (
 )
 
 FAST = settings(max_examples=50, deadline=None)
+
+
+def step_flops(breakdown: FlopsBreakdown, phase: str) -> tuple[tuple[float, ...], ...]:
+    """`[s][j]`: FLOPs of each global rank of ring rank j at ring step s."""
+    factor = breakdown.pair_flops * phase_factor(phase)
+    return tuple(tuple(float(p * factor) for p in step) for step in breakdown.work.step_pairs)
 
 
 def brute_pairs(queries: list[int], keys: list[int], causal: bool) -> Fraction:
@@ -86,7 +93,7 @@ def test_usp_ranks_share_their_ring_rank_work() -> None:
     work = layout_work(CpProblem(heads=1, kv_heads=1, head_dim=8, seq_len=16, ulysses=2, ring=2, layout="contiguous"))
     assert list(work.ring_rank_pairs) == [32, 96]
     assert list(work.rank_pairs) == [16, 16, 48, 48]
-    assert global_rank(1, 1, 2) == 3
+    assert work.rank_pairs[1 * 2 + 1] == work.ring_rank_pairs[1] / 2  # p = 3: j = 1, u = 1
     assert sum(work.rank_pairs) == Fraction(16 * 16, 2)
     # mean in chunk units is 2P = 8
     assert sum(work.rank_chunk_units) / 4 == 8
@@ -179,7 +186,7 @@ def test_rank_flops_sum_to_global_flops(
     assert sum(work.rank_pairs) == work.total
     assert work.total == (Fraction(shape.seq_len**2, 2) if causal else shape.seq_len**2)
     # per step, per rank FLOPs add up to the rank's FLOPs
-    steps = breakdown.step_flops(phase)
+    steps = step_flops(breakdown, phase)
     for j in range(ring):
         assert sum(step[j] for step in steps) == pytest.approx(per_rank[j * ulysses], rel=1e-9)
     assert breakdown.slowest_rank_flops(phase) == max(per_rank)

@@ -20,10 +20,12 @@ from cpbench.model.formulas import (
     busbw,
     busbw_factor,
     comm_volume,
+    substitute,
+)
+from tests.formula_oracle import (
     evaluate_formula,
     ring_bytes_sent,
     ring_elements_sent,
-    substitute,
     ulysses_elements_sent,
 )
 

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from cpbench.app.formulas import formulas_report
 from cpbench.app.formulas_schema import LayoutRow
-from cpbench.app.recommend import RecommendRequest, recommend
+from cpbench.app.recommend import RecommendRequest, recommend_mesh
 from cpbench.cli.main import app
 from cpbench.config.constraints import AttentionShape
 from cpbench.config.documents import resolve_documents
@@ -28,8 +28,6 @@ from cpbench.model.flops import flops_breakdown, layout_work, mask_pairs
 from cpbench.model.formulas import (
     FP32_BYTES,
     comm_volume,
-    evaluate_formula,
-    ring_bytes_sent,
     ring_kv_chunk_elements,
     substitute,
 )
@@ -37,6 +35,7 @@ from cpbench.model.hardware.loading import load_profile
 from cpbench.model.memory import memory_estimate
 from cpbench.render.recommend.explanation import explanation_text
 from cpbench.render.recommend.frameworks import setting_note
+from tests.formula_oracle import evaluate_formula, ring_bytes_sent
 
 runner = CliRunner()
 H100 = load_profile("h100-sxm")
@@ -308,7 +307,7 @@ def test_recommend_cli_with_documents_and_window(documents_file: Path) -> None:
 
 
 def test_recommend_ranks_every_layout_with_documents(documents_file: Path) -> None:
-    rec = recommend(
+    rec = recommend_mesh(
         RecommendRequest(heads=32, kv_heads=8, documents=str(documents_file), gpus=8, top=0)
     )
     ring_layouts = {r.prediction.candidate.layout for r in rec.ranked if r.prediction.candidate.ring > 1}
@@ -317,7 +316,7 @@ def test_recommend_ranks_every_layout_with_documents(documents_file: Path) -> No
     assert "global zigzag leaves ring rank" in why and "the balanced layout brings it to" in why
     assert rec.explanation is not None and rec.explanation.mask is not None
     assert set(rec.explanation.mask.layouts) == set(LAYOUTS)
-    windowed = recommend(RecommendRequest(heads=32, kv_heads=8, window=4096, gpus=8, top=0))
+    windowed = recommend_mesh(RecommendRequest(heads=32, kv_heads=8, window=4096, gpus=8, top=0))
     ring_layouts = {
         r.prediction.candidate.layout for r in windowed.ranked if r.prediction.candidate.ring > 1
     }

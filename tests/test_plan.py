@@ -9,13 +9,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cpbench.app.plan import PlanRequest, PlanResult, plan, to_json
+from cpbench.app.plan import PlanRequest, PlanResult, plan_training, to_json
 from cpbench.cli.main import app
 from cpbench.config.constraints import seq_divisor
 from cpbench.errors import CpbenchError
 from cpbench.model.plan.memory import (
     Parallelism,
-    korthikanti_layer_bytes,
     layer_activation_bytes,
     peak_stage,
     plan_memory,
@@ -101,6 +100,19 @@ GPT3 = ModelSpec(
 )
 
 
+def korthikanti_layer_bytes(
+    s: int, b: int, h: int, a: int, t: int = 1, sequence_parallel: bool = False,
+    selective: bool = False,
+) -> float:
+    """The paper's closed forms (Table 2) for a GPT layer, bytes per layer."""
+    attention = 0 if selective else 5 * a * s / h
+    if t == 1:
+        return s * b * h * (34 + attention)
+    if sequence_parallel:
+        return s * b * h * (34 / t + attention / t)
+    return s * b * h * (10 + 24 / t + attention / t)
+
+
 @pytest.mark.parametrize(
     ("tp", "sp", "recompute", "factor"),
     [
@@ -139,7 +151,7 @@ def test_fused_kernel_drops_the_score_terms() -> None:
 
 @pytest.fixture(scope="module")
 def result_8b() -> PlanResult:
-    return plan(PlanRequest("llama3-8b", 262144, 16, 8, keep=0))  # every plan and rejection
+    return plan_training(PlanRequest("llama3-8b", 262144, 16, 8, keep=0))  # every plan, rejection
 
 
 def test_plan_ranks_fitting_plans_and_rejects_the_rest(result_8b: PlanResult) -> None:
@@ -188,7 +200,7 @@ def test_longest_sequence_is_the_bisection_edge(result_8b: PlanResult) -> None:
 
 
 def test_pipeline_bubble_and_first_stage_micro_batches() -> None:
-    r = plan(PlanRequest("llama3-8b", 32768, 16, 8, tp=2, cp=2, pp=4, recompute="none",
+    r = plan_training(PlanRequest("llama3-8b", 32768, 16, 8, tp=2, cp=2, pp=4, recompute="none",
                          global_batch=16))
     p = next(x for x in r.feasible if x.par.pp == 4)
     m = p.par.micro_batches  # DP = 16 / (2 x 2 x 4) = 1: 16 / (DP 1 x micro-batch 1) = 16
@@ -262,7 +274,7 @@ def test_cli_plan_json_parses() -> None:
     first = report["feasible"][0]
     assert first["step_s"] == pytest.approx(sum(first["parts_s"].values()), rel=1e-9)
     assert first["memory_bytes"] <= report["inputs"]["memory_capacity_bytes"]
-    assert report == to_json(plan(PlanRequest("mistral-7b", 65536, 8))) | {}
+    assert report == to_json(plan_training(PlanRequest("mistral-7b", 65536, 8))) | {}
 
 
 @pytest.mark.parametrize(
@@ -284,7 +296,7 @@ def test_cli_plan_bad_input_exit_2(args: list[str], message: str) -> None:
 
 
 def test_plan_memory_rejection_names_the_component() -> None:
-    r = plan(PlanRequest("llama3-70b", 131072, 8, tp=8, cp=1, pp=1, recompute="none"))
+    r = plan_training(PlanRequest("llama3-70b", 131072, 8, tp=8, cp=1, pp=1, recompute="none"))
     assert not r.feasible
     (x,) = [x for x in r.rejected if x.kind == "memory"]
     assert x.rule.startswith("activations ")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from cpbench.app.plan import PlanRequest, plan
+from cpbench.app.plan import PlanRequest, plan_training
 from cpbench.config.constraints import seq_divisor
 from cpbench.errors import CpbenchError
 from cpbench.model.plan.memory import SAFE_MEMORY_FRACTION, attention_buffer_bytes, peak_stage
@@ -15,14 +15,14 @@ CASE = ("llama3-8b", 262144, 16, 8)
 
 
 def test_tensor_total_is_the_total_less_the_reserve() -> None:
-    r = plan(PlanRequest(*CASE))
+    r = plan_training(PlanRequest(*CASE))
     for p in r.feasible:
         assert p.peak.tensor_total == pytest.approx(p.peak.total - 2 * 2**30, rel=1e-12)
 
 
 def test_safe_margin_keeps_only_plans_within_80_percent() -> None:
-    capacity = plan(PlanRequest(*CASE, keep=0))
-    safe = plan(PlanRequest(*CASE, keep=0, memory_margin="safe"))
+    capacity = plan_training(PlanRequest(*CASE, keep=0))
+    safe = plan_training(PlanRequest(*CASE, keep=0, memory_margin="safe"))
     cap = safe.profile.memory_bytes
     assert safe.feasible and all(p.peak.tensor_total <= SAFE_MEMORY_FRACTION * cap
                                  for p in safe.feasible)
@@ -34,7 +34,7 @@ def test_safe_margin_keeps_only_plans_within_80_percent() -> None:
 
 
 def test_longest_safe_sequence_is_the_bisection_edge() -> None:
-    r = plan(PlanRequest(*CASE))
+    r = plan_training(PlanRequest(*CASE))
     w = r.feasible[0]
     assert 0 < w.max_seq_len_safe <= w.max_seq_len
     search = PlanSearch(SearchSpace(r.model, r.profile, 16, 8, CASE[1], r.global_batch,
@@ -48,8 +48,8 @@ def test_longest_safe_sequence_is_the_bisection_edge() -> None:
 
 
 def test_max_seq_len_ranks_by_the_longest_safe_sequence() -> None:
-    every = plan(PlanRequest(*CASE, keep=0))
-    longest = plan(PlanRequest(*CASE, rank_by="max_seq_len"))
+    every = plan_training(PlanRequest(*CASE, keep=0))
+    longest = plan_training(PlanRequest(*CASE, rank_by="max_seq_len"))
     lengths = [p.max_seq_len_safe for p in longest.feasible]
     assert lengths == sorted(lengths, reverse=True)
     assert lengths[0] == max(p.max_seq_len_safe for p in every.feasible)
@@ -57,4 +57,4 @@ def test_max_seq_len_ranks_by_the_longest_safe_sequence() -> None:
 
 def test_bad_margin_is_refused() -> None:
     with pytest.raises(CpbenchError, match="memory margin 'tight' is not one of"):
-        plan(PlanRequest(*CASE, memory_margin="tight"))
+        plan_training(PlanRequest(*CASE, memory_margin="tight"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from cpbench.app.plan import PlanRequest, PlanResult, plan
+from cpbench.app.plan import PlanRequest, PlanResult, plan_training
 from cpbench.model.plan.search import PlanSearch, SearchSpace, rank_seconds
 from cpbench.model.plan.step import step_time_of_layer
 
@@ -32,9 +32,9 @@ def _pair(case: tuple[object, ...]) -> tuple[PlanResult, PlanResult]:
     model, seq_len, gpus, per_node, cp = case[:5]
     extra: dict[str, object] = case[5] if len(case) > 5 else {}  # type: ignore[assignment]
     request = PlanRequest(model, seq_len, gpus, per_node, cp=cp, **extra)  # type: ignore[arg-type]
-    pruned = plan(request)
-    exhaustive = plan(PlanRequest(model, seq_len, gpus, per_node, cp=cp, keep=0,  # type: ignore[arg-type]
-                                  **extra))
+    pruned = plan_training(request)
+    exhaustive = plan_training(PlanRequest(model, seq_len, gpus, per_node, cp=cp, keep=0,  # type: ignore[arg-type]
+                                           **extra))
     return pruned, exhaustive
 
 
@@ -60,7 +60,7 @@ def test_pruned_search_ranks_the_same_top_10(case: tuple[object, ...]) -> None:
 
 def test_bounds_are_below_every_priced_step() -> None:
     """The pruning is exact only if each plan's bound is at most its priced step."""
-    r = plan(PlanRequest("llama3-8b", 131072, 64, 8, keep=0))
+    r = plan_training(PlanRequest("llama3-8b", 131072, 64, 8, keep=0))
     search = PlanSearch(SearchSpace(r.model, r.profile, 64, 8, 131072, r.global_batch,
                                     r.efficiency, r.reserve_bytes))
     checked = 0
@@ -80,7 +80,7 @@ def test_bounds_are_below_every_priced_step() -> None:
 
 def test_pruning_prices_a_fraction_at_scale() -> None:
     """At 16,384 GPUs the search prices a small share of the plans that fit."""
-    r = plan(PlanRequest("llama3-70b", 1048576, 16384, 8))
+    r = plan_training(PlanRequest("llama3-70b", 1048576, 16384, 8))
     assert r.counts is not None and len(r.feasible) == 10
     assert r.counts.feasible > 300
     assert r.counts.priced < r.counts.feasible / 4

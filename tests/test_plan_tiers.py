@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from cpbench.app.plan import PlanRequest, PlanResult, plan, to_json
+from cpbench.app.plan import PlanRequest, PlanResult, plan_training, to_json
 from cpbench.model.hardware.loading import load_profile
 from cpbench.model.hardware.network import FABRICS, load_fabric
 from cpbench.model.plan.memory import Parallelism
@@ -25,7 +25,7 @@ def _terms(p: Plan, tier: str, kind: str) -> float:
 
 @pytest.fixture(scope="module")
 def two_nodes() -> PlanResult:
-    return plan(PlanRequest("llama3-8b", 262144, 16, 8, tp=1, cp=16, pp=1, keep=0,
+    return plan_training(PlanRequest("llama3-8b", 262144, 16, 8, tp=1, cp=16, pp=1, keep=0,
                             fabric="hgx-rail"))
 
 
@@ -60,7 +60,7 @@ def test_two_nodes_ulysses_across_nodes_pays_the_nic(two_nodes: PlanResult) -> N
 
 @pytest.fixture(scope="module")
 def sixty_four_nodes() -> PlanResult:
-    return plan(PlanRequest("llama3-70b", 1048576, 512, 8, tp=8, pp=1, keep=0,
+    return plan_training(PlanRequest("llama3-70b", 1048576, 512, 8, tp=8, pp=1, keep=0,
                             recompute="full", fabric="hgx-rail"))
 
 
@@ -113,14 +113,16 @@ def test_nvl72_domain_keeps_a_cross_node_group_on_nvlink() -> None:
     assert group_tier(4, 8, 4, fabric) == "nvlink_domain"
     assert group_tier(4, 32, 4, fabric) == "rail"  # 128 GPUs: beyond the rack, GPU k of each
     assert group_tier(2, 64, 4, fabric) == "network"  # beyond the rack across rails
-    r = plan(PlanRequest("llama3-8b", 262144, 64, 4, tp=4, cp=16, pp=1, keep=0, fabric="nvl72"))
+    r = plan_training(
+        PlanRequest("llama3-8b", 262144, 64, 4, tp=4, cp=16, pp=1, keep=0, fabric="nvl72")
+    )
     p = _find(r, 8, 2)
     assert p.tiers is not None and p.tiers.of("ulysses").tier == "nvlink_domain"
     assert p.tiers.of("ring").tier == "nvlink_domain"
     # priced as one 72-GPU 'node' on NVLink 5: nothing crosses the NIC
     assert p.attention.placement.ulysses_tier == "intra_node"
     assert _terms(p, "inter_node", "all_to_all") == 0 == _terms(p, "inter_node", "send_recv")
-    flat = plan(PlanRequest("llama3-8b", 262144, 64, 4, tp=4, cp=16, pp=1, keep=0))
+    flat = plan_training(PlanRequest("llama3-8b", 262144, 64, 4, tp=4, cp=16, pp=1, keep=0))
     q = _find(flat, 8, 2)
     assert q.tiers is not None and q.tiers.of("ulysses").tier == "network"
     assert q.attention.step_s > p.attention.step_s

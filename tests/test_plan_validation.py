@@ -13,7 +13,7 @@ from cpbench.model.plan.validation import (
     SAFE_MEMORY_FRACTION,
     RowCheck,
     load_rows,
-    validate_published,
+    validate_end_to_end,
 )
 
 TORCHTITAN_8B_CP = ("torchtitan-t2-cp1", "torchtitan-t2-cp2", "torchtitan-t2-cp4",
@@ -22,7 +22,7 @@ TORCHTITAN_8B_CP = ("torchtitan-t2-cp1", "torchtitan-t2-cp2", "torchtitan-t2-cp4
 
 @pytest.fixture(scope="module")
 def checks() -> dict[str, RowCheck]:
-    return {c.row.id: c for c in validate_published()}
+    return {c.row.id: c for c in validate_end_to_end()}
 
 
 def test_every_row_cites_its_source_and_table() -> None:

@@ -22,7 +22,7 @@ from cpbench.app.recommend import (
     Uncertainty,
     cp_comm_type,
     framework_settings,
-    recommend,
+    recommend_mesh,
     recommendation_report,
     solve_parallel_sizes,
     write_tie_scenario,
@@ -58,9 +58,14 @@ def note(setting: FrameworkSetting) -> str:
     return setting_note(asdict(setting))
 
 
+def total_sigma(split: ErrorSplit) -> float:
+    """Sigma of one step time's log error: sqrt(common^2 + candidate^2)."""
+    return math.hypot(split.common_sigma, split.candidate_sigma)
+
+
 @pytest.fixture(scope="module")
 def default():
-    return recommend(RecommendRequest(heads=32, kv_heads=8))
+    return recommend_mesh(RecommendRequest(heads=32, kv_heads=8))
 
 
 def test_default_answer_is_feasible_and_ranked(default) -> None:
@@ -95,10 +100,10 @@ def test_contiguous_ranks_below_zigzag_for_causal(default) -> None:
 
 
 def test_rejections_carry_the_rule() -> None:
-    rec = recommend(RecommendRequest(heads=32, kv_heads=8, gpus=64))
+    rec = recommend_mesh(RecommendRequest(heads=32, kv_heads=8, gpus=64))
     rules = {(r.ulysses, r.ring): r.rule for r in rec.rejected}
     assert "ulysses (64) must divide heads (32)" in rules[(64, 1)]
-    memory = recommend(RecommendRequest(heads=32, kv_heads=8, seq_len=1 << 24))
+    memory = recommend_mesh(RecommendRequest(heads=32, kv_heads=8, seq_len=1 << 24))
     assert memory.winner is None and memory.rejected
     assert all(r.kind == "memory" for r in memory.rejected)
     assert "GiB per rank > 79.6 GiB of device memory (h100-sxm)" in memory.rejected[0].rule
@@ -107,7 +112,7 @@ def test_rejections_carry_the_rule() -> None:
 
 
 def test_kv_replication_is_automatic() -> None:
-    rec = recommend(RecommendRequest(heads=32, kv_heads=4, gpus=8))
+    rec = recommend_mesh(RecommendRequest(heads=32, kv_heads=4, gpus=8))
     ulysses_8 = next(r for r in rec.ranked if r.prediction.candidate.ulysses == 8)
     assert ulysses_8.prediction.candidate.replication == 2
 
@@ -127,7 +132,7 @@ def test_parallel_sizes_worked_example() -> None:
 
 
 def test_tp_splits_heads_before_cp() -> None:
-    rec = recommend(RecommendRequest(heads=32, kv_heads=8, tp=2, cp=2))
+    rec = recommend_mesh(RecommendRequest(heads=32, kv_heads=8, tp=2, cp=2))
     assert rec.sizes.dp == 2 and rec.shape.heads == 16 and rec.shape.kv_heads == 4
     report = recommendation_report(rec)
     assert report["parallel"]["dp"] == 2
@@ -136,11 +141,11 @@ def test_tp_splits_heads_before_cp() -> None:
     with pytest.raises(
         CpbenchError, match=r"TP \(16\) must divide heads \(32\) and kv_heads \(8\)"
     ):
-        recommend(RecommendRequest(heads=32, kv_heads=8, gpus=16, tp=16))
+        recommend_mesh(RecommendRequest(heads=32, kv_heads=8, gpus=16, tp=16))
 
 
 def test_framework_settings_for_a2a_p2p() -> None:
-    rec = recommend(RecommendRequest(heads=32, kv_heads=8, gpus=16))
+    rec = recommend_mesh(RecommendRequest(heads=32, kv_heads=8, gpus=16))
     fastest = min(rec.ranked, key=lambda r: r.time_s)
     config = fastest.prediction.candidate
     assert (config.ulysses, config.ring) == (8, 2)  # Ulysses inside each node, ring across
@@ -167,7 +172,7 @@ def test_deepspeed_has_no_setting_for_a_ring_winner() -> None:
     # 16 GPUs, 32/8 heads: the tie-break picks the 1x16 ring; DeepSpeed's sequence parallelism
     # is Ulysses only, so its cell is "-" and the caveats name the closest Ulysses-only mesh
     # (16x1) with its own flag and its GQA replication (8 KV heads < 16)
-    rec = recommend(RecommendRequest(heads=32, kv_heads=8, gpus=16))
+    rec = recommend_mesh(RecommendRequest(heads=32, kv_heads=8, gpus=16))
     winner = rec.winner.prediction.candidate
     assert (winner.ulysses, winner.ring) == (1, 16)
     settings = {f.framework: f for f in framework_settings(rec.ranked, rec.sizes)}
@@ -197,7 +202,7 @@ def test_measured_configurations_rank_by_measurement(tmp_path: Path) -> None:
     ]
     path = tmp_path / "cpu.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    rec = recommend(
+    rec = recommend_mesh(
         RecommendRequest(
             heads=8, kv_heads=4, seq_len=2048, head_dim=64, gpus=4, dtype="fp32",
             results=(str(path),), top=0,
@@ -307,7 +312,7 @@ def test_sigma_of_each_source(tmp_path: Path) -> None:
     assert cal.sigma == pytest.approx(0.08 * (27 / 25) ** 0.5, rel=1e-9)
     # a probe profile saved and loaded keeps its stated error; recommend prints it
     path = save_profile(_probe_like(h100, (0.1, 0.2)), tmp_path / "probe.toml")
-    rec = recommend(RecommendRequest(heads=32, kv_heads=8, hardware=str(path)))
+    rec = recommend_mesh(RecommendRequest(heads=32, kv_heads=8, hardware=str(path)))
     assert rec.uncertainty is not None and rec.uncertainty.kind == "probe"
     assert rec.uncertainty.sigma == pytest.approx(0.2, abs=1e-9)
     for r in rec.ranked:
@@ -324,7 +329,7 @@ def test_uncalibrated_prior_says_so_and_ties(default) -> None:
     u = default.uncertainty
     assert u is not None and u.split is not None
     # the prior split: total 35%, per-candidate from the published ratio error 0.11 / 0.6745
-    assert u.split.total_sigma == pytest.approx(PRIOR_RELATIVE_ERROR, rel=1e-9)
+    assert total_sigma(u.split) == pytest.approx(PRIOR_RELATIVE_ERROR, rel=1e-9)
     assert u.split.ratio_sigma == pytest.approx(0.11 / 0.6745, rel=1e-3)
     # every tied prediction's ratio to the leader is within e^ratio_sigma, every other beyond
     best = min(r.time_s for r in default.ranked)
@@ -384,12 +389,12 @@ def _measured_request(path: Path) -> RecommendRequest:
 
 def test_measured_ties_use_the_measured_intervals(tmp_path: Path) -> None:
     meshes = ((1, 4), (2, 2), (4, 1))
-    wide = recommend(_measured_request(_measured(tmp_path, dict.fromkeys(meshes, 0.9))))
+    wide = recommend_mesh(_measured_request(_measured(tmp_path, dict.fromkeys(meshes, 0.9))))
     assert all(r.source == "measured" for r in wide.ranked)
     assert wide.tie is not None and len(wide.tie.tied) == 3  # every interval overlaps
     assert TIE_RULE in wide.tie.rule
     assert "their measured 95% intervals overlap" in wide.tie.message
-    narrow = recommend(_measured_request(_measured(tmp_path, dict.fromkeys(meshes, 1e-4))))
+    narrow = recommend_mesh(_measured_request(_measured(tmp_path, dict.fromkeys(meshes, 1e-4))))
     times = [r.time_s for r in narrow.ranked]
     assert times[1] / times[0] > 1.001  # the synthetic meshes are apart beyond 2 x 0.01%
     assert narrow.tie is not None and narrow.tie.clear
@@ -491,16 +496,16 @@ def test_error_split_from_residuals_separates_common_and_candidate_parts() -> No
     # one residual per problem says nothing about the split: the stated prior share
     alone = split_residuals([(g, 0.2) for g in range(5)])
     assert alone.groups == 0 and "prior split" in alone.source
-    assert alone.total_sigma == pytest.approx(0.2, rel=1e-9)
+    assert total_sigma(alone) == pytest.approx(0.2, rel=1e-9)
 
 
 def test_a_large_common_error_does_not_tie_a_20_percent_difference(default) -> None:
     split = _common_error_split()
     fast, slow = _at(_by_label(default, "8x1 any"), 1.0), _at(_by_label(default, "2x4 zigzag"), 1.2)
     # each time alone is uncertain to ~50%: the old test (ratio within e^total sigma) ties them
-    assert math.log(1.2) <= split.total_sigma
+    assert math.log(1.2) <= total_sigma(split)
     assert not split.ratio_tied(1.0, 1.2)
-    u = Uncertainty("calibration", split.total_sigma, "test: common 50%", split)
+    u = Uncertainty("calibration", total_sigma(split), "test: common 50%", split)
     ranked, tie = call_ties(with_intervals([fast, slow], u, []), u, [])
     assert tie is not None and tie.clear and tie.decided_by == "clear"
     assert ranked[0].label == "8x1 any" and tie.runner_up is not None
@@ -509,7 +514,7 @@ def test_a_large_common_error_does_not_tie_a_20_percent_difference(default) -> N
 
 def test_a_tie_of_ratios_names_one_pick_and_the_rule_that_decided(default) -> None:
     split = _common_error_split()
-    u = Uncertainty("calibration", split.total_sigma, "test", split)
+    u = Uncertainty("calibration", total_sigma(split), "test", split)
     cases = [
         # 1x8 holds a shorter sequence than 8x1 (7.9M vs 9.8M tokens): memory decides
         (("1x8 zigzag", 1.00), ("8x1 any", 1.02), "8x1 any", "memory"),
@@ -550,9 +555,10 @@ def test_cli_names_one_pick_with_its_tie_break(default) -> None:
 
 
 def test_calibrated_split_comes_from_the_within_problem_residuals(tmp_path: Path) -> None:
-    rec = recommend(_measured_request(_measured(tmp_path, dict.fromkeys(((1, 4), (2, 2), (4, 1)), 0.01))))
+    measured = _measured(tmp_path, dict.fromkeys(((1, 4), (2, 2), (4, 1)), 0.01))
+    rec = recommend_mesh(_measured_request(measured))
     u = rec.uncertainty
     assert u is not None and u.kind == "calibration" and u.split is not None
     assert u.split.points == 3 and u.split.groups == 1  # three meshes of one problem
     assert u.split.candidate_sigma <= u.sigma + 1e-12
-    assert u.split.total_sigma == pytest.approx(u.sigma, rel=1e-9)
+    assert total_sigma(u.split) == pytest.approx(u.sigma, rel=1e-9)

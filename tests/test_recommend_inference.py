@@ -25,8 +25,8 @@ from cpbench.cli.main import app
 from cpbench.config.problem import CpProblem
 from cpbench.errors import CpbenchError
 from cpbench.model.hardware.loading import load_profile
+from cpbench.model.inference import prefill_pairs_per_rank
 from cpbench.model.inference_cost import (
-    balanced_pairs_per_rank,
     check_heads,
     kv_capacity,
     pass_kv_hidden_above,
@@ -74,10 +74,10 @@ def test_balanced_pairs_hand_counted() -> None:
     # T = 8 in 4 chunks of 2 on 2 ranks: chunk c has queries at offsets 2c, 2c + 1, seeing
     # P + 2c + 1 and P + 2c + 2 keys; rank 0 takes chunks 0 and 3, rank 1 chunks 1 and 2
     chunk = [2 * 10 + (2 * c + 1) + (2 * c + 2) for c in range(4)]
-    assert balanced_pairs_per_rank(10, 8, 2) == (chunk[0] + chunk[3], chunk[1] + chunk[2])
-    assert balanced_pairs_per_rank(10, 8, 2) == (58, 58)
+    assert prefill_pairs_per_rank(10, 8, 2, "zigzag") == (chunk[0] + chunk[3], chunk[1] + chunk[2])
+    assert prefill_pairs_per_rank(10, 8, 2, "zigzag") == (58, 58)
     total = 1000 * 300 + 300 * 301 // 2
-    assert sum(balanced_pairs_per_rank(1000, 300, 8)) == total
+    assert sum(prefill_pairs_per_rank(1000, 300, 8, "zigzag")) == total
 
 
 def test_ring_prices_hand_computed_1k_turn_on_128k_cache() -> None:

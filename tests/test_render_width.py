@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from cpbench.app.formulas import formulas_report
 from cpbench.app.formulas_schema import FormulasReport
-from cpbench.app.recommend import RecommendRequest, recommend, recommendation_report
+from cpbench.app.recommend import RecommendRequest, recommend_mesh, recommendation_report
 from cpbench.config.problem import CpProblem
 from cpbench.render.formulas import render_formulas
 from cpbench.render.recommend.calibration import render_calibration, render_validation
@@ -160,7 +160,8 @@ def test_verify_tables_wide_keeps_every_column() -> None:
 
 @pytest.fixture(scope="module", params=[{"gpus": 16, "tp": 2}, {"gpus": 64}])
 def report(request: pytest.FixtureRequest) -> dict[str, Any]:
-    return recommendation_report(recommend(RecommendRequest(heads=32, kv_heads=8, **request.param)))
+    asked = RecommendRequest(heads=32, kv_heads=8, **request.param)
+    return recommendation_report(recommend_mesh(asked))
 
 
 @pytest.mark.parametrize("width", [80, 60])
@@ -283,7 +284,7 @@ def test_fit_table_wide_is_one_table() -> None:
 
 @pytest.fixture(scope="module")
 def default_report() -> dict[str, Any]:
-    return recommendation_report(recommend(RecommendRequest(heads=32, kv_heads=8)))
+    return recommendation_report(recommend_mesh(RecommendRequest(heads=32, kv_heads=8)))
 
 
 def test_recommend_fits_one_screen_and_says_why_in_five_lines(default_report: dict[str, Any]) -> None:
@@ -374,7 +375,7 @@ def test_plan_tables_narrow() -> None:
     from cpbench.render.plan import render_plan  # noqa: PLC0415
 
     report = service.to_json(
-        service.plan(service.PlanRequest(model="Llama-3-8B", seq_len=131072, gpus=16))
+        service.plan_training(service.PlanRequest(model="Llama-3-8B", seq_len=131072, gpus=16))
     )
     assert report["feasible"], report.get("rejected")
     for width in (80, 60):

@@ -203,6 +203,24 @@ def test_resolve() -> None:
     assert fixed.resolve("auto", 0) == ("cpu", 4)
 
 
+@pytest.mark.parametrize("world", [0, 65, 1_000_000])
+def test_a_local_cpu_world_is_bounded(world: int) -> None:
+    """A file's world_size, and the pool itself (verify, probe, efficiency, --world-size),
+    refuse more local gloo ranks than a host can hold; 64 and 1 are accepted."""
+    from cpbench.bench.pool import WorldSpec  # noqa: PLC0415
+
+    scenario = parse_scenario({**minimal(), "world_size": world}, "x.toml") if world else None
+    rule = rf"world size \({world}\) on the CPU must be 1 to 64 local ranks"
+    if scenario is not None:
+        with pytest.raises(CpbenchError, match=rule):
+            scenario.resolve("cpu", 0)
+        assert scenario.resolve("cpu", 0, launched_world=world) == ("cpu", world)  # torchrun
+    with pytest.raises(CpbenchError, match=rule):
+        WorldSpec(world, "cpu")
+    assert WorldSpec(64, "cpu").world_size == 64 and WorldSpec(1, "cpu").world_size == 1
+    assert WorldSpec(world or 1000, "cuda").backend == "nccl"  # GPUs: the caller counts them
+
+
 def test_expand_checks_world_size() -> None:
     # a command-line override of the world size works with mesh = "all"
     assert len(parse_scenario(minimal(), "x.toml").expand("cpu", 8)) == 4
@@ -638,3 +656,13 @@ def test_cp_comm_and_head_stride_axes_expand_and_dedupe(tmp_path: Path) -> None:
     bad.write_text(path.read_text().replace('["p2p", "all_gather"]', '["p2p", "gather"]'))
     with pytest.raises(CpbenchError, match="gather"):
         load_scenario(str(bad))
+
+
+@pytest.mark.parametrize("name", ["../../../x", "/tmp/abs", "x[/red]y", ".hidden", "", "a b", "x" * 101])
+def test_a_scenario_name_is_a_plain_file_name(name: str) -> None:
+    """The name names the default output (results/<name>-<time>.jsonl): a path in it put the
+    file outside results/, rich markup crashed the sweep's progress line."""
+    with pytest.raises(CpbenchError, match=r"key 'name': .* is not a plain name"):
+        parse_scenario({**minimal(), "name": name}, "x.toml")
+    for good in ("cpu-smoke", "llama3.1_8b+fp8", "x" * 100):
+        assert parse_scenario({**minimal(), "name": good}, "x.toml").name == good

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import pytest
 
 from cpbench.errors import CpbenchError
 from cpbench.model.hardware.loading import load_profile
+from cpbench.model.hardware.profile import HardwareProfile
 from cpbench.model.topology import (
     PRIOR_RELATIVE_ERROR,
+    TopologyPlacement,
     all_to_all_time,
-    choose_placement,
     interval,
     levels,
     meet_level,
@@ -74,15 +77,83 @@ def test_ring_hop_pays_the_crossed_tier_shared_by_the_crossers() -> None:
     assert strided.seconds > pure.seconds
 
 
+@dataclass(frozen=True)
+class Export:
+    """How to run a placement with each framework."""
+
+    cuda_visible_devices: str
+    """Devices in CP-rank order for one node (CUDA_VISIBLE_DEVICES), e.g. '0,4,1,5,2,6,3,7'."""
+    yunchang_use_ulysses_low: bool
+    """yunchang's `set_seq_parallel_pg(..., use_ulysses_low=...)` in the identity order."""
+    megatron_hierarchical_sizes: tuple[int, int]
+    """Megatron-Core's `hierarchical_context_parallel_sizes` (a2a group innermost): [U, R]."""
+    note: str
+    """One sentence: what to set."""
+
+
+def export(placement: TopologyPlacement) -> Export:
+    """CUDA_VISIBLE_DEVICES, yunchang and Megatron settings of this placement."""
+    per_node = placement.tiers[-1].island
+    first = [d % per_node for d in placement.devices[: min(len(placement.devices), per_node)]]
+    visible = ",".join(str(d) for d in first)
+    low = placement.order == "ulysses_low"
+    if low:
+        note = (
+            f"default rank order: Ulysses groups of {placement.ulysses} consecutive ranks "
+            f"(yunchang use_ulysses_low=True; Megatron hierarchical_context_parallel_sizes "
+            f"[{placement.ulysses}, {placement.ring}])"
+        )
+    else:
+        note = (
+            f"rings of {placement.ring} consecutive devices: yunchang use_ulysses_low=False, or "
+            f"CUDA_VISIBLE_DEVICES={visible} with use_ulysses_low=True / Megatron "
+            f"hierarchical_context_parallel_sizes [{placement.ulysses}, {placement.ring}]"
+        )
+    return Export(visible, low, (placement.ulysses, placement.ring), note)
+
+
+def comm_seconds(
+    placement: TopologyPlacement,
+    all_to_all_calls: Sequence[float],
+    hop_bytes: float,
+    hops: int,
+) -> float:
+    """Serialised communication of a candidate: its all-to-all calls (bytes per rank each)
+    plus `hops` ring exchanges of `hop_bytes`."""
+    total = sum(all_to_all_time(placement, b).seconds for b in all_to_all_calls)
+    return total + hops * ring_hop_time(placement, hop_bytes).seconds
+
+
+def choose_placement(
+    ulysses: int,
+    ring: int,
+    profile: HardwareProfile,
+    all_to_all_calls: Sequence[float],
+    hop_bytes: float,
+    hops: int,
+    devices_per_node: int | None = None,
+    rank_stride: int = 1,
+) -> TopologyPlacement:
+    """The order with the least communication (`comm_seconds`); ulysses_low unless ring_low
+    is faster by more than 1%: what cpbench runs without reordering the devices."""
+    low = place(ulysses, ring, profile, devices_per_node, rank_stride, "ulysses_low")
+    if ulysses == 1 or ring == 1:
+        return low
+    alt = place(ulysses, ring, profile, devices_per_node, rank_stride, "ring_low")
+    t_low = comm_seconds(low, all_to_all_calls, hop_bytes, hops)
+    t_alt = comm_seconds(alt, all_to_all_calls, hop_bytes, hops)
+    return alt if t_alt < 0.99 * t_low else low
+
+
 def test_placement_orders_and_export() -> None:
     prof = load_profile("l40s-pcie-2x4")
     low = place(2, 4, prof)
     alt = place(2, 4, prof, order="ring_low")
     assert low.devices == tuple(range(8))
     assert alt.ring_group(0) == (0, 1, 2, 3) and alt.ulysses_group(0) == (0, 4)
-    assert alt.export().cuda_visible_devices == "0,4,1,5,2,6,3,7"
-    assert not alt.export().yunchang_use_ulysses_low
-    assert low.export().megatron_hierarchical_sizes == (2, 4)
+    assert export(alt).cuda_visible_devices == "0,4,1,5,2,6,3,7"
+    assert not export(alt).yunchang_use_ulysses_low
+    assert export(low).megatron_hierarchical_sizes == (2, 4)
     with pytest.raises(CpbenchError, match="placement order 'x'"):
         place(2, 4, prof, order="x")  # type: ignore[arg-type]
 

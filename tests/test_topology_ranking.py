@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from cpbench.app.recommend import RecommendRequest, recommend
+from cpbench.app.recommend import RecommendRequest, recommend_mesh
 from cpbench.config.constraints import AttentionShape
 from cpbench.config.problem import MeshCandidate
 from cpbench.model.cost.prediction import predict
@@ -54,7 +54,7 @@ def test_prediction_explains_the_tiers_the_all_to_all_crosses() -> None:
 
 
 def test_recommend_on_the_pcie_profile_does_not_pick_pure_ulysses() -> None:
-    rec = recommend(
+    rec = recommend_mesh(
         RecommendRequest(heads=32, kv_heads=8, seq_len=65536, gpus=8,
                          hardware="l40s-pcie-2x4", phase="fwd")
     )
@@ -68,7 +68,7 @@ def test_the_explanation_names_the_tier_that_bounds_each_collective() -> None:
     from cpbench.render.recommend.explanation import why_lines  # noqa: PLC0415
 
     profile = load_profile("l40s-pcie-2x4")
-    rec = recommend(
+    rec = recommend_mesh(
         RecommendRequest(heads=32, kv_heads=8, seq_len=32768, hardware="l40s-pcie-2x4", top=0)
     )
     assert rec.explanation is not None and rec.winner is not None
@@ -84,6 +84,6 @@ def test_the_explanation_names_the_tier_that_bounds_each_collective() -> None:
     first = rec.explanation.bounds[0]
     assert f"bound by the {first.tier} tier ({first.name})" in " ".join(text.split())
     # a flat profile has no topology tier to name: the why says nothing more
-    flat = recommend(RecommendRequest(heads=32, kv_heads=8, hardware="h100-sxm"))
+    flat = recommend_mesh(RecommendRequest(heads=32, kv_heads=8, hardware="h100-sxm"))
     assert flat.explanation is not None
     assert "tier (" not in " ".join(why_lines(asdict(flat.explanation)))

@@ -22,14 +22,15 @@ from cpbench.app.calibrate_schema import (
 )
 from cpbench.app.recommend import load_results
 from cpbench.errors import CpbenchError
+from cpbench.files import check_output
 from cpbench.model.calibrate import (
     Measurement,
     Split,
-    calibrate,
     calibration_summary,
+    fit_profile,
     holdout_evaluation,
     measurements_from_records,
-    validate,
+    validate_profile,
 )
 from cpbench.model.calibrate.measurements import default_prior
 from cpbench.model.calibrate.table import is_table, measurements_from_table
@@ -69,8 +70,10 @@ def calibrate_results(
     name: str | None = None,
 ) -> CalibrationReport:
     """Fit a profile to results files and optionally write it as TOML; the report."""
+    if output:  # before the fit: an output that is an input is refused at once
+        check_output(output, paths, "-o")
     measurements, prior, chosen = _measurements_and_prior(paths, hardware, "calibration")
-    result = calibrate(measurements, prior, name=name, files=tuple(paths))
+    result = fit_profile(measurements, prior, name=name, files=tuple(paths))
     written = None
     if output:
         header = (
@@ -79,7 +82,7 @@ def calibrate_results(
             f"RMS relative step-time error {result.residual:.1%} on those points "
             f"(prior: {result.residual_before:.1%}). Load with --hardware {output}"
         )
-        written = str(save_profile(result.profile, output, header))
+        written = str(save_profile(result.profile, output, header, inputs=paths))
     return CalibrationReport.model_validate(
         {
             **calibration_summary(result),
@@ -119,9 +122,9 @@ def validate_results(
     profile = prior
     calibration = None
     if calibrate_first:
-        fitted = calibrate(measurements, prior, files=tuple(paths))
+        fitted = fit_profile(measurements, prior, files=tuple(paths))
         profile, calibration = fitted.profile, calibration_summary(fitted)
-    report = validate(measurements, profile)
+    report = validate_profile(measurements, profile)
     mark_ties(report, load_results([p for p in paths if not is_table(Path(p))]))
     mode = "in-sample (calibrated on the same results)" if calibrate_first else "as given"
     return ValidationReport.model_validate(
@@ -162,8 +165,8 @@ def _machines(machines: Sequence[MachineValidation]) -> list[out.PublishedMachin
     return [
         out.PublishedMachine.of(
             v,
-            prior=out.Scores.of(v.prior),
-            leave_one_group_out=None if v.held_out is None else out.Scores.of(v.held_out),
+            prior=out.MachineScores.of(v.prior),
+            leave_one_group_out=None if v.held_out is None else out.MachineScores.of(v.held_out),
         )
         for v in machines
     ]
@@ -243,8 +246,8 @@ def published_plan_section() -> PlanSection:
     memory with what the published number counts."""
     from cpbench.model.plan.validation import (  # noqa: PLC0415
         END_TO_END_TABLE,
-        to_json,
-        validate_published,
+        end_to_end_json,
+        validate_end_to_end,
     )
 
     return PlanSection(
@@ -254,5 +257,5 @@ def published_plan_section() -> PlanSection:
         error_convention="error = predicted / published - 1; tokens/s/GPU = global batch x "
         "L / step / GPUs; TFLOP/s/GPU = model FLOPs (MFU convention) / step / GPUs; a "
         "'calibrate' row fixes its machine's peak scale and is not a validation",
-        rows=to_json(validate_published()),
+        rows=end_to_end_json(validate_end_to_end()),
     )

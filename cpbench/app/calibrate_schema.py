@@ -154,7 +154,7 @@ class HoldoutReport(Versioned):
     warnings: list[str]
 
 
-class Scores(ReportModel):
+class MachineScores(ReportModel):
     """The model's scores on one machine's published rows."""
 
     median_abs_error: float
@@ -178,8 +178,8 @@ class PublishedMachine(ReportModel):
     groups: int
     sources: list[str]
     """The rows' sources, once each."""
-    prior: Scores
-    leave_one_group_out: Scores | None
+    prior: MachineScores
+    leave_one_group_out: MachineScores | None
     """None: a single group, or a dataset scored by the prior alone."""
 
 

@@ -1,13 +1,5 @@
-"""`cpbench compare BEFORE AFTER`: two results files of the same configurations, per
-configuration the change with its interval and a verdict, for regression checks in CI.
-
-Matching is by record id (an id measured under an equivalent name on one side matches, see
-`cpbench.results.frame.compare_frame`). The change is after median / before median; its bounds
-come from the two medians' 95% intervals (`cpbench.model.calibrate.stats.compare_intervals`:
-every ratio the intervals allow), so "faster" and "slower" mean the intervals do not overlap,
-and anything else is "no significant change". A regression is a configuration significantly
-slower by more than `threshold` (relative, at the medians): the CLI exits 1 when there is one.
-Nothing here prints."""
+"""`cpbench compare BEFORE AFTER`: per configuration the change with its interval and a verdict,
+for regression checks in CI. Nothing here prints. The rules: docs/design.md section 5."""
 
 from __future__ import annotations
 
@@ -60,7 +52,7 @@ class Comparison:
 def compare_results(
     before: Path, after: Path, threshold: float = DEFAULT_THRESHOLD
 ) -> Comparison:
-    """Compare two results files (see the module docstring)."""
+    """Compare two results files (docs/design.md section 5)."""
     if not 0 <= threshold < 10:
         raise CpbenchError(f"--threshold ({threshold}) must be a relative change in [0, 10)")
     frames = []

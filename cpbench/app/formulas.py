@@ -1,8 +1,6 @@
-"""Application service of `cpbench formulas`: every analytic number of one configuration.
-
-`formulas_report` returns a JSON-serialisable dict (the `--json` answer);
-`cpbench.render.formulas.render_formulas` turns that dict into rich tables for people.
-"""
+"""Application service of `cpbench formulas`: every analytic number of one configuration, as the
+JSON-serialisable dict of `formulas_report` (the `--json` answer; `cpbench.render.formulas`
+draws it)."""
 
 from __future__ import annotations
 
@@ -98,7 +96,7 @@ def formulas_report(problem: CpProblem) -> FormulasReport:
         nccl_tests=_nccl_view(volume),
         flops=_flops(flops),
         work=_work(flops),
-        memory=_memory(memory_estimate(config)),
+        memory=_memory_section(memory_estimate(config)),
         what_if=_what_if(config),
         mask=None if mask.plain else _mask_section(config),
         all_gather=_gather_section(config) if config.all_gather else None,
@@ -237,8 +235,8 @@ def _collective(c: CollectiveVolume, symbols: dict[str, int]) -> out.Collective:
     )
 
 
-def _stage(stage: StageVolume, symbols: dict[str, int]) -> out.StageVolume:
-    return out.StageVolume.of(
+def _stage(stage: StageVolume, symbols: dict[str, int]) -> out.StageSection:
+    return out.StageSection.of(
         stage,
         substituted=substitute(stage.formula, symbols),
         bytes_substituted=substitute(stage.bytes_formula, symbols),
@@ -322,7 +320,7 @@ def _work(breakdown: FlopsBreakdown) -> out.Work:
     )
 
 
-def _memory(estimate: MemoryEstimate) -> out.Memory:
+def _memory_section(estimate: MemoryEstimate) -> out.Memory:
     phases = {
         phase: out.MemoryPhase(
             total=estimate.total(phase),
@@ -332,7 +330,7 @@ def _memory(estimate: MemoryEstimate) -> out.Memory:
         for phase in STEP_PASSES
     }
     return out.Memory(
-        items=[out.MemoryItem.of(item) for item in estimate.items],
+        items=[out.MemoryTensor.of(item) for item in estimate.items],
         stages={stage: estimate.stage_bytes(stage) for stage in estimate.stages},
         forward=phases["forward"],
         forward_backward=phases["forward_backward"],

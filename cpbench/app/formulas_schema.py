@@ -120,7 +120,7 @@ class Collective(ReportModel):
     bytes_sent: int
 
 
-class StageVolume(ReportModel):
+class StageSection(ReportModel):
     """One stage (ulysses, ring or all_gather) of a pass and its collectives."""
 
     stage: Stage
@@ -136,7 +136,7 @@ class StageVolume(ReportModel):
 class PassVolume(ReportModel):
     """What a pass sends: per stage, per rank and over all ranks."""
 
-    stages: list[StageVolume]
+    stages: list[StageSection]
     elements_per_rank: int
     bytes_per_rank: int
     global_elements: int
@@ -253,7 +253,7 @@ class Work(ReportModel):
     step_max_pairs: list[float]
 
 
-class MemoryItem(ReportModel):
+class MemoryTensor(ReportModel):
     """One tensor a rank holds."""
 
     name: str
@@ -280,7 +280,7 @@ class MemoryPhase(ReportModel):
 class Memory(ReportModel):
     """Memory per rank of one layer (a lower bound)."""
 
-    items: list[MemoryItem]
+    items: list[MemoryTensor]
     stages: dict[str, int]
     """Bytes alive in each stage."""
     forward: MemoryPhase

@@ -1,20 +1,5 @@
 """Application service of `cpbench plan`: does a whole model fit at a sequence length on the
-GPUs given, with which TP x CP (U x R, layout) x PP x DP and recomputation, and how long does a
-training step take.
-
-`plan` fills a `SearchSpace` from the request and runs `cpbench.model.plan.search`: every
-world = TP x CP x PP x DP of the GPUs, every U x R mesh of CP with its fastest layout
-(`cpbench.model.cost.prediction.predict`) and every recompute level, memory first
-(`cpbench.model.plan.memory`), then the step (`cpbench.model.plan.step`) of only the plans whose
-lower bound can rank among the `keep` best. It returns those plans fastest first, the rules and
-the memory rejections closest to fitting, the fastest plan of the shortest CP that fits, the
-longest sequence each kept plan holds (bisection over L), and the winner's Megatron-LM,
-torchtitan and DeepSpeed settings. `to_json` is the `--json` answer and what
-`cpbench.render.plan` renders.
-
-`recommend` answers another question (which U x R mesh for one attention layer at a given CP
-degree) and takes heads, not a model; `plan` reuses its attention model for the attention part.
-"""
+GPUs given, with which parallelism, and how long does a step take: docs/plan.md."""
 
 from __future__ import annotations
 
@@ -22,7 +7,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from cpbench.app.recommend.frameworks import cp_comm_type
-from cpbench.app.recommend.types import FrameworkSetting
+from cpbench.app.recommend.types import DEFAULT_HARDWARE, FrameworkSetting
 from cpbench.config.problem import check_positive_int
 from cpbench.config.vocabulary import canonical_dtype
 from cpbench.errors import CpbenchError
@@ -30,7 +15,7 @@ from cpbench.model.hardware.loading import load_profile
 from cpbench.model.hardware.network import load_fabric
 from cpbench.model.hardware.profile import HardwareProfile
 from cpbench.model.plan.framework import framework_attention
-from cpbench.model.plan.memory import SAFE_MEMORY_FRACTION
+from cpbench.model.plan.memory import CUDA_RESERVE_GIB, SAFE_MEMORY_FRACTION
 from cpbench.model.plan.options import PlanOptions
 from cpbench.model.plan.search import (
     Plan,
@@ -41,18 +26,14 @@ from cpbench.model.plan.search import (
 )
 from cpbench.model.plan.step import (
     MFU_CONVENTION,
-    TIME_CONVENTION,
+    STEP_TIME_CONVENTION,
     MatmulEfficiency,
     matmul_efficiency,
 )
 from cpbench.model.plan.transformer import ModelSpec, load_model
 from cpbench.units import GIB
 
-DEFAULT_HARDWARE = "h100-sxm"
-CUDA_RESERVE_GIB = 2.0
-"""Default runtime reserve on a GPU: CUDA context, NCCL buffers, allocator fragmentation
-(estimate)."""
-__all__ = ["Plan", "PlanRejection", "PlanRequest", "PlanResult", "plan", "to_json"]
+__all__ = ["Plan", "PlanRejection", "PlanRequest", "PlanResult", "plan_training", "to_json"]
 
 
 @dataclass(frozen=True)
@@ -127,8 +108,8 @@ class PlanResult:
         return self.feasible[0] if self.feasible else None
 
 
-def plan(request: PlanRequest) -> PlanResult:
-    """Search the plans (`cpbench.model.plan.search`); see the module docstring."""
+def plan_training(request: PlanRequest) -> PlanResult:
+    """Search the plans (`cpbench.model.plan.search`); see docs/plan.md."""
     model = load_model(request.model)
     profile = load_profile(request.hardware or DEFAULT_HARDWARE)
     per_node = request.gpus_per_node or profile.devices_per_node
@@ -397,7 +378,7 @@ def to_json(result: PlanResult) -> dict[str, Any]:
         ),
         "notes": list(result.notes),
         "conventions": {
-            "time": TIME_CONVENTION,
+            "time": STEP_TIME_CONVENTION,
             "mfu": MFU_CONVENTION,
             "memory": "bytes per rank of the busiest pipeline stage; GiB = 2**30 bytes; "
                       "memory_bytes = tensors + runtime reserve, memory_tensor_bytes = the "

@@ -1,7 +1,6 @@
-"""The record of one configuration (`cpbench.results.schema.ResultRecord`): its base before it
-runs (`base_record`), and, once every rank has measured it, the measured record
-(`measured_record`) from the ranks' `RankMeasurement`s, the model's analytic numbers (bytes,
-memory, FLOPs) and the machine's state around the run."""
+"""The record of one configuration (`ResultRecord`): its base before it runs (`base_record`), and
+the measured record (`measured_record`) from the ranks' `RankMeasurement`s, the model's analytic
+numbers (bytes, memory, FLOPs) and the machine's state around the run."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""The measured record of an inference point (prefill, decode): its timing (the step whole, no
-variants), the bytes counted at the torch.distributed boundary against `prefill_bytes` /
-`decode_bytes`, the FLOPs of the visible pairs, the reference check, and the `inference`
-section (TTFT or per-token latency, tokens/s, KV-cache bytes per rank measured against
-`kv_cache_bytes_per_rank`). `cpbench.app.record.measured_record` hands inference points here."""
+"""The measured record of an inference point (prefill, decode): timing (the step whole), counted
+bytes against `prefill_bytes` / `decode_bytes`, FLOPs, the check, and the `inference` section
+(TTFT or per-token latency, tokens/s, KV-cache bytes against `kv_cache_bytes_per_rank`)."""
 
 from __future__ import annotations
 

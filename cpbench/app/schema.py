@@ -7,7 +7,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-_Model = TypeVar("_Model", bound="ReportModel")
+_ReportT = TypeVar("_ReportT", bound="ReportModel")
 
 
 class ReportModel(BaseModel):
@@ -24,7 +24,7 @@ class ReportModel(BaseModel):
     )
 
     @classmethod
-    def of(cls: type[_Model], source: object, **values: Any) -> _Model:
+    def of(cls: type[_ReportT], source: object, **values: Any) -> _ReportT:
         """The model of `values` and, for each other field, `source`'s attribute of that name
         (the field's type converts it: a tuple to a list, a Fraction to a float)."""
         names = (name for name in cls.model_fields if name not in values)

@@ -1,23 +1,5 @@
 """`cpbench sweep` / `cpbench run`: run every configuration of a scenario and append one record
-per configuration to a JSONL file as soon as it ends.
-
-Locally the ranks are a persistent `WorkerPool` (spawned once per sweep, re-spawned only after
-a failure that may have left ranks stuck). Under torchrun (or SLURM) the processes already form
-the world: every process runs this same loop in place (`InProcessWorld`), rank 0 writes.
-A configuration that raises, runs out of memory or hangs is recorded as failed/timeout and the
-sweep goes on; Ctrl-C stops it, keeping every record already written. (A launched world whose
-rank cannot be interrupted ends the job instead, with that record written; `--resume` goes on:
-see `cpbench.bench.world`.)
-
-Each distinct configuration is measured once (`Scenario.distinct`: every layout at ring degree
-1 is the contiguous one; the other names are listed in `config.equivalent`), to a stated
-precision (`cpbench.bench.timing.time_to_precision`); every rank answers a `RankMeasurement`
-and `cpbench.app.record` makes the record of them, with the machine's state around the run
-(`environment.machine`). With `separate_ties`, the records of a block of consecutive points
-of one problem are held until the block ends; the tied leaders of each of its groups are then
-re-measured interleaved (`cpbench.bench.measure.measure_interleaved`) and the records written
-with that `timing.tiebreak`.
-"""
+per configuration to a JSONL file as soon as it ends: docs/internals.md, "The sweep loop"."""
 
 from __future__ import annotations
 
@@ -83,7 +65,9 @@ def impl_skip_reason(config: BenchConfig) -> str | None:
 
         if config.kernel == "auto":
             return None
-        reason = head_dim_unsupported(config.kernel, config.head_dim, config.device)
+        reason = head_dim_unsupported(
+            config.kernel, config.head_dim, config.device, config.dtype
+        )
         return None if reason is None else f"kernel {config.kernel!r} {reason}"
     if config.cp_comm == "all_gather":
         return (

@@ -1,26 +1,5 @@
-"""`cpbench verify`: every scheme x layout x mask x GQA case that a world size allows, checked
-against the single-process reference under the same mask (forward output and dQ/dK/dV).
-
-The masks: causal and full (every layout, GQA ratios 1, 2, 4 and KV replication), and the
-packed-document and sliding-window masks of `mask_cases` with their edge cases (documents
-shorter than a zigzag chunk, single-token documents, a document spanning every rank, window 1,
-a window longer than a chunk, a window longer than the sequence, documents with a window).
-
-All ranks build the same global tensors from a seed, shard them, run `cp_attention` forward
-and backward, and gather output and gradients back; rank 0 compares them with the float64
-reference. The cases run in batches on a persistent `WorkerPool`, or in place on the ranks
-that torchrun/srun launched.
-
-Every case with a ring axis (R > 1) also runs with `cp_comm="all_gather"` (the all-gather
-scheme on that axis: allgather for U = 1, usp_allgather for U > 1), and its GQA cases whose
-ranks hold more than one KV head once more with `heads_k_stride=1` (the strided gather).
-
-With `impl` set to an external implementation (`cpbench.impls`), the same cases run through
-its adapter: sharded and gathered with the library's own layout, forward and backward inside
-the adapter's step context, compared with the same reference and tolerance. A documented
-upstream precision issue (`KnownIssue`) loosens the tolerance of the gradient it affects and is
-named in the result; cases the library cannot run are reported as skipped with its rule.
-"""
+"""`cpbench verify`: every scheme x layout x mask x GQA case a world size allows, checked
+against the single-process reference. The cases: docs/design.md section 7."""
 
 from __future__ import annotations
 

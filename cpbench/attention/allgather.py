@@ -1,24 +1,15 @@
 """All-gather context parallelism (the Llama 3 scheme; Megatron's `--cp-comm-type all_gather`;
-ring-flash-attention's `llama3_*` functions): every rank of the group gathers all K/V, computes
-its local queries against the keys they may see, and reduce-scatters dK/dV back to the owners.
+ring-flash-attention's `llama3_*` functions). Why it exists and its costs: docs/design.md section 1.
 
-Why it exists beside the ring: with GQA the K/V are small (`2 L d_kv` elements per layer), and
-with every K/V on every rank any mask is a local problem. Its cost is memory that grows with `L`
-(the gathered K/V) and a gather that is exposed unless it is split: K/V travel in head strides
-of `heads_k_stride` KV heads, the gather of the next stride posted before computing on the
-current one (ring-flash-attention's `heads_k_stride`), so only the first stride's gather waits;
-the own chunk of a stride is computed on before waiting for its gather (so even one stride
-hides the gather behind the diagonal block); a smaller stride holds less gathered K/V (`R x chunk x stride / h_kv`, double-buffered while
-the next stride is in flight; backward likewise the fp32 dK/dV of at most two strides).
-
-Per rank, group of A ranks, chunk = the rank's K/V `[B, n, 2, h_kv, D]`:
+Per rank, group of A ranks, chunk = the rank's K/V `[B, n, 2, h_kv, D]`, K/V in head strides of
+`heads_k_stride` KV heads (the next stride's gather posted before computing on the current one;
+the own chunk of a stride computed on before waiting for its gather):
 - forward: all-gather of the K/V, `(A - 1)` chunks received (tag `ag_kv`), in `h_kv / stride`
   collectives;
 - backward: the same all-gather again (nothing gathered is kept alive), then a reduce-scatter
   of the fp32 dK/dV of every chunk, `(A - 1)` fp32 chunks sent (tag `rs_dkv`).
 The blocks computed are the mask's pieces (`cpbench.config.geometry`): the same `Piece`s the ring
-computes at its steps, all against K/V already present.
-"""
+computes at its steps, all against K/V already present."""
 
 from __future__ import annotations
 

@@ -1,17 +1,6 @@
 """The public entry point: `cp_attention(q, k, v, mesh, layout=..., mask=...)` on local shards.
 
-USP composition: KV replication (if the mesh needs it) -> Ulysses all-to-all (sequence ->
-heads) -> ring attention over the ring group -> Ulysses all-to-all back. With
-`cp_comm="all_gather"` the ring group all-gathers its K/V instead (`allgather.py`: the Llama 3
-scheme, in head strides of `heads_k_stride` KV heads, dK/dV reduce-scattered), computing the
-same pieces of the same schedule; U x A with U > 1 is USP with an all-gather second level. U = 1 skips the
-all-to-alls (pure ring), R = 1 makes the ring a single local step (pure Ulysses; with
-documents its pieces are the block-diagonal ones, masked blocks skipped).
-
-The mask (`MaskSpec`: causal or full, packed documents, sliding window) and the layout give
-the ring its schedule (`cpbench.config.geometry`): which pieces each step computes and how many
-steps run. `mask=None` is today's mask from `causal` (one document, no window).
-"""
+The USP composition: docs/internals.md, "The attention package in use"."""
 
 from __future__ import annotations
 
@@ -107,7 +96,7 @@ def cp_attention(
         group = mesh.ulysses_group
         q5 = SeqToHeads.apply(q5, group, mesh.ulysses, ("a2a_q", "a2a_dq"), skip_comm)
         kv = SeqToHeads.apply(kv, group, mesh.ulysses, ("a2a_kv", "a2a_dkv"), skip_comm)
-    the_scale = scale or default_scale(d)
+    the_scale = default_scale(d, scale)
     if cp_comm == "all_gather" and mesh.ring > 1:
         schedule = ring_schedule(packing(seq_len, mesh.ulysses, mesh.ring, layout, the_mask))
         gather = GatherSpec(mesh.ring_group, mesh.ring, mesh.ring_rank)

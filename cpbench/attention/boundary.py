@@ -1,13 +1,9 @@
 """Counting the bytes handed to torch.distributed: cpbench's own schemes and external libraries
-alike, at the same boundary.
+alike, at the same boundary (why it is wrapped as it is: docs/internals.md).
 
-While `boundary_counting(counter)` is active, the entry points torch.distributed offers are
-wrapped (in `torch.distributed`, `torch.distributed.distributed_c10d` and the
-functional collectives `torch.distributed._functional_collectives`, which torch's context
-parallelism uses) and restored afterwards. What is recorded, per call and rank (the same
-convention as the analytic model, `cpbench.model.formulas`: what this rank's data must deliver to
-other ranks), measured from the tensors and the group the call receives, not from what the caller
-says it sends:
+What is recorded, per call and rank (the convention of `cpbench.model.formulas`: what this rank's
+data must deliver to other ranks), measured from the tensors and the group the call receives, not
+from what the caller says it sends:
 
 | entry point | bytes recorded |
 |---|---|
@@ -19,24 +15,10 @@ says it sends:
 | all_reduce (dist and functional) | 2 x tensor x (n - 1) / n (ring) |
 | broadcast | tensor x (n - 1) on the source, 0 elsewhere |
 
-`isend`/`send` are wrapped in both namespaces with the same function, because `P2POp` checks
-its op against `distributed_c10d.isend` and `batch_isend_irecv` calls each op's function: a
-P2POp built while counting holds the wrapper, passes that check and is counted once.
-`batch_isend_irecv` is wrapped too, so that a P2POp built *before* counting started (holding the
-original `isend`) is counted as well: for the call its op is set to the wrapper (torch >= 2.12
-tests `op.op is isend` to choose `group_dst` over `group_src`, and `isend` is the wrapper while
-counting), and afterwards every send op holds the original `isend` again, valid once counting
-ends. The
-collectives are wrapped in `torch.distributed` only (some call each other inside c10d). Receives
-are not counted (every byte is counted once, by its sender).
-
-Tags: the kind of call (`p2p`, `all_to_all`, ...), or, while cpbench's own scheme announces the
-collective with `labelled(tag)` (`cpbench.attention.comm` does around each call), that tag: the
-name the analytic model gives the collective (`a2a_qkv`, `p2p_kv`, ...), so the two compare
-per collective. A library that bound a function by
-name at import time (`from torch.distributed import all_to_all_single`) would bypass the count;
-the libraries measured here call through the module.
-"""
+Receives are not counted (every byte is counted once, by its sender). Tags: the kind of call
+(`p2p`, `all_to_all`, ...), or, while cpbench's own scheme announces the collective with
+`labelled(tag)` (`cpbench.attention.comm` does around each call), that tag: the name the analytic
+model gives the collective (`a2a_qkv`, `p2p_kv`, ...), so the two compare per collective."""
 
 from __future__ import annotations
 
@@ -299,7 +281,7 @@ def boundary_counting(counter: ByteCounter) -> Iterator[ByteCounter]:
             if original is None:
                 continue
             wrapper = _wrap(original, count)
-            # Point-to-point sends in both namespaces (see the module docstring); collectives
+            # Point-to-point sends in both namespaces (see docs/internals.md); collectives
             # only in torch.distributed, because some of them call each other inside c10d
             # (all_gather_into_tensor -> all_gather_single) and must be counted once.
             modules = (dist, c10d) if name in _P2P else (dist,)

@@ -1,32 +1,21 @@
-"""Context-parallel prefill with a cached prefix, forward only: T new tokens (query positions
-P..P+T-1) attend causally to P cached + T new keys, on W ranks, by one of four schemes
-(`cpbench.model.inference`: what each sends, and the bytes the model counts).
+"""Context-parallel prefill with a cached prefix, forward only, by one of four schemes.
 
-    mesh = build_mesh(ulysses=1, ring=W)                      # ulysses: build_mesh(W, 1)
-    q_l, k_l, v_l = shard_prefill(q_new, k_all, v_all, mesh, cached_len=P)  # zigzag
-    out_l = prefill_attention(q_l, k_l, v_l, mesh, cached_len=P, new_tokens=T, scheme="pass_q")
-    out = unshard_prefill(out_l, mesh, new_tokens=T)          # [B, T, h, D]
-
-Every rank holds a contiguous shard of the cache (positions `split_starts(P, W)`) and its new
-tokens by the `new_token_layout` (`model.inference.new_token_segments`: one contiguous run, or
-with `zigzag`, the default, chunks r and 2W - 1 - r of 2W; positions offset by P); its local
-K/V are the cache shard followed by its new tokens, in the same order as its queries. A query
-block meets a K/V chunk as pieces: the chunk's cache part (every cached key is before every
-query: full) and each run of its new part (full for the query runs that lie wholly after it,
-top-left causal for the query run it is, skipped for those before it; the runs of both come
-from one partition, so no other overlap exists). Partial results are merged in fp32 with
-their LSE (`ring._merge`). Shards of unequal length (T or P not a multiple of W, T not a
-multiple of 2W) travel padded to the largest; the padding is never computed on. GQA: the
-kernels expand KV heads locally; Ulysses replicates KV heads up to W when there are fewer.
-"""
+Usage, shards and pieces: docs/inference.md, "cpbench's prefill and decode schemes"."""
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.distributed as dist
 
 from cpbench.attention.comm import all_gather_chunks, all_to_all, ring_exchange
-from cpbench.attention.kernels import LocalKernel, default_scale, select_kernel
+from cpbench.attention.kernels import (
+    LocalKernel,
+    accumulator_dtype,
+    default_scale,
+    select_kernel,
+)
 from cpbench.attention.mesh import CPMesh
 from cpbench.attention.ring import _merge
 from cpbench.attention.ulysses import heads_to_seq, seq_to_heads
@@ -54,6 +43,8 @@ class _Shards:
     def __init__(self, cached_len: int, new_tokens: int, world: int, layout: str) -> None:
         the_layout = check_new_token_layout(layout)
         self.cached_len = cached_len
+        self.new_tokens = new_tokens
+        self.layout = the_layout
         self.cache = split_sizes(cached_len, world)
         self.cache_start = split_starts(cached_len, world)
         self.runs = new_token_segments(new_tokens, world, the_layout)
@@ -176,7 +167,7 @@ def _attend_chunk(
         block_out, block_lse = kernel.forward(
             q[:, r0:r1], chunk[:, c0:c1, 0], chunk[:, c0:c1, 1], causal, scale
         )
-        _merge(out[:, r0:r1], lse[:, :, r0:r1], block_out, block_lse.float())
+        _merge(out[:, r0:r1], lse[:, :, r0:r1], block_out, block_lse)
 
 
 def _coalesced(
@@ -198,8 +189,9 @@ def _coalesced(
 
 def _accumulators(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     b, n, h, d = q.shape
-    out = torch.zeros((b, n, h, d), dtype=torch.float32, device=q.device)
-    lse = torch.full((b, h, n), float("-inf"), dtype=torch.float32, device=q.device)
+    acc = accumulator_dtype(q.dtype)
+    out = torch.zeros((b, n, h, d), dtype=acc, device=q.device)
+    lse = torch.full((b, h, n), float("-inf"), dtype=acc, device=q.device)
     return out, lse
 
 
@@ -236,7 +228,7 @@ def prefill_attention(
         )
     if isinstance(kernel, str):
         kernel = select_kernel(q.device, q.dtype, kernel, band=False, head_dim=q.shape[3])
-    the_scale = scale or default_scale(q.shape[3])
+    the_scale = default_scale(q.shape[3], scale)
     with torch.no_grad():
         kv = torch.stack([k, v], dim=2)  # [B, L, 2, h_kv, D]: K and V travel together
         if scheme == "ulysses":
@@ -293,7 +285,8 @@ def _pass_q(
     b, _, h, d = q.shape
     tq = shards.q_block
     part_out = q.new_zeros((w, b, tq, h, d))
-    part_lse = torch.full((w, b, h, tq), float("-inf"), dtype=torch.float32, device=q.device)
+    acc = accumulator_dtype(q.dtype)
+    part_lse = torch.full((w, b, h, tq), float("-inf"), dtype=acc, device=q.device)
     current = _pad_rows(q, tq)
     for step in range(w):
         pending = None
@@ -350,24 +343,41 @@ def _ulysses(
     group = mesh.ulysses_group
     q_all = seq_to_heads(_pad_rows(q, tq).unsqueeze(2), group, w, "a2a_q")[:, :, 0]
     kv_all = seq_to_heads(_pad_rows(kv, lkv), group, w, "a2a_kv")  # [B, W*lkv, 2, h_kv', D]
-    # the gathered rows of every rank's block, the new ones put back in position order (the
-    # causal piece needs queries and keys in the same increasing order)
-    held = [(s, i) for s in range(w) for i in range(shards.new[s])]
-    by_position = [held[j] for j in sorted(range(len(held)), key=shards.offsets.__getitem__)]
-    q_rows = [s * tq + i for s, i in by_position]
-    cache_rows = [s * lkv + i for s in range(w) for i in range(shards.cache[s])]
-    new_rows = [s * lkv + shards.cache[s] + i for s, i in by_position]
-    device = q.device
-    queries = q_all[:, torch.tensor(q_rows, dtype=torch.long, device=device)]
+    q_rows, cache_rows, new_rows = _ulysses_rows(
+        shards.cached_len, shards.new_tokens, w, shards.layout, q.device
+    )
+    queries = q_all[:, q_rows]
     out, lse = _accumulators(queries)
     for rows, causal in ((cache_rows, False), (new_rows, True)):
-        if rows:
-            keys = kv_all[:, torch.tensor(rows, dtype=torch.long, device=device)]
+        if rows is not None:
+            keys = kv_all[:, rows]
             block_out, block_lse = kernel.forward(
                 queries, keys[:, :, 0], keys[:, :, 1], causal, scale
             )
-            _merge(out, lse, block_out, block_lse.float())
+            _merge(out, lse, block_out, block_lse)
     padded = q_all.new_zeros(q_all.shape)
-    padded[:, torch.tensor(q_rows, dtype=torch.long, device=device)] = out.to(q.dtype)
+    padded[:, q_rows] = out.to(q.dtype)
     back = heads_to_seq(padded.unsqueeze(2), group, w, "a2a_out")[:, :, 0]
     return back[:, : shards.new[r]]
+
+
+@functools.lru_cache(maxsize=256)
+def _ulysses_rows(
+    cached_len: int, new_tokens: int, world: int, layout: str, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Index tensors on `device` of the gathered rows of every rank's block: (queries, cache
+    keys or None, new keys or None), the new ones in position order (the causal piece needs
+    queries and keys in the same increasing order). Built once per shape: a list copied to a
+    GPU is a blocking host-to-device copy, which would land inside every timed step."""
+    shards = _Shards(cached_len, new_tokens, world, layout)
+    tq, lkv = shards.q_block, shards.kv_block
+    held = [(s, i) for s in range(world) for i in range(shards.new[s])]
+    by_position = [held[j] for j in sorted(range(len(held)), key=shards.offsets.__getitem__)]
+    q_rows = [s * tq + i for s, i in by_position]
+    cache_rows = [s * lkv + i for s in range(world) for i in range(shards.cache[s])]
+    new_rows = [s * lkv + shards.cache[s] + i for s, i in by_position]
+
+    def index(rows: list[int]) -> torch.Tensor:
+        return torch.tensor(rows, dtype=torch.long, device=device)
+
+    return index(q_rows), index(cache_rows) if cache_rows else None, index(new_rows) if new_rows else None

@@ -1,24 +1,18 @@
-"""Decode over a KV cache sharded by sequence, forward only: T = 1-8 new queries (positions
-P..P+T-1, on every rank) attend causally to the N = P + T cached keys (the new tokens' K/V
-already appended), each rank to its own shard, and the partial outputs are merged with their
-LSE (`model.inference.decode_bytes`): after one all-gather (every rank ends with the whole
-output), or after one all-to-all back to a head split (Helix-style: rank r ends with heads
-r H / W .. (r + 1) H / W of every query, `model.inference.decode_heads`).
+"""Decode over a KV cache sharded by sequence, forward only, merged by all-gather or all-to-all.
 
-    k_l, v_l = shard_cache(k_all, v_all, mesh, layout="interleaved")
-    out = decode_attention(q, k_l, v_l, mesh, cached_len=P, layout="interleaved")  # every rank
-    mine = decode_attention(q, k_l, v_l, mesh, cached_len=P, merge="all_to_all")  # H / W heads
-
-The shard of a rank holds its keys in increasing position (`cache_shard_len`), so every query
-sees a prefix of it (`cache_visible`): one full kernel call per distinct prefix length.
-"""
+Usage: docs/inference.md, "cpbench's prefill and decode schemes"; the model: "The model"."""
 
 from __future__ import annotations
 
 import torch
 
 from cpbench.attention.comm import all_gather_chunks, all_to_all
-from cpbench.attention.kernels import LocalKernel, default_scale, select_kernel
+from cpbench.attention.kernels import (
+    LocalKernel,
+    accumulator_dtype,
+    default_scale,
+    select_kernel,
+)
 from cpbench.attention.mesh import CPMesh
 from cpbench.attention.ring import _merge
 from cpbench.config.inference import MAX_DECODE_TOKENS
@@ -75,17 +69,18 @@ def decode_attention(
         )
     if isinstance(kernel, str):
         kernel = select_kernel(q.device, q.dtype, kernel, band=False, head_dim=d)
-    the_scale = scale or default_scale(d)
+    the_scale = default_scale(d, scale)
     with torch.no_grad():
-        out = torch.zeros((b, t, h, d), dtype=torch.float32, device=q.device)
-        lse = torch.full((b, h, t), float("-inf"), dtype=torch.float32, device=q.device)
+        acc = accumulator_dtype(q.dtype)
+        out = torch.zeros((b, t, h, d), dtype=acc, device=q.device)
+        lse = torch.full((b, h, t), float("-inf"), dtype=acc, device=q.device)
         seen = [cache_visible(total, w, r, the_layout, cached_len + i) for i in range(t)]
         for n in sorted(set(seen) - {0}):
             rows = [i for i, s in enumerate(seen) if s == n]
             lo, hi = rows[0], rows[-1] + 1  # prefix lengths grow with the row: rows are a run
             block_out, block_lse = kernel.forward(q[:, lo:hi], k[:, :n], v[:, :n], False, the_scale)
-            out[:, lo:hi] = block_out.float()
-            lse[:, :, lo:hi] = block_lse.float()
+            out[:, lo:hi] = block_out
+            lse[:, :, lo:hi] = block_lse
         partial = out.to(q.dtype)
         if the_merge == "all_to_all":
             # head group i of every partial goes to rank i: [W, B, T, h / W, D], [W, B, h / W, T]
@@ -97,8 +92,8 @@ def decode_attention(
         else:
             outs = all_gather_chunks(partial, mesh.cp_group, w, r, "allgather_out").wait()
             lses = all_gather_chunks(lse, mesh.cp_group, w, r, "allgather_lse").wait()
-        merged = torch.zeros(outs.shape[1:], dtype=torch.float32, device=q.device)
-        merged_lse = torch.full(lses.shape[1:], float("-inf"), dtype=torch.float32, device=q.device)
+        merged = torch.zeros(outs.shape[1:], dtype=acc, device=q.device)
+        merged_lse = torch.full(lses.shape[1:], float("-inf"), dtype=acc, device=q.device)
         # rank 0 holds position 0, which every query sees: its LSE is finite on every row, so
         # merging from it never meets -inf with -inf (which would be NaN)
         for src in range(w):

@@ -90,21 +90,6 @@ def _ring_positions(
     )
 
 
-def ring_positions(
-    seq_len: int,
-    ring: int,
-    layout: str,
-    ring_rank: int,
-    mask: MaskSpec | None = None,
-    ulysses: int = 1,
-) -> torch.Tensor:
-    """Global token positions held by ring rank `ring_rank`, in the order it holds them
-    (positions of the run-length sequence; `ulysses` matters to doc_zigzag's padding only)."""
-    if not 0 <= ring_rank < ring:
-        raise CpbenchError(f"ring rank ({ring_rank}) must be in [0, ring = {ring})")
-    return _ring_positions(seq_len, ulysses, ring, layout, mask)[ring_rank].clone()
-
-
 def positions(
     seq_len: int,
     ulysses: int,

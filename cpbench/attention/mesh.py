@@ -1,10 +1,6 @@
-"""The U x R context-parallel mesh: rank-grid arithmetic and the one place that creates
-process groups.
-
-CP rank p = ring_rank * U + ulysses_rank. Ulysses groups are runs of U consecutive ranks (they
-sit inside a node, where all-to-all bandwidth is), ring groups are strided by U (they cross
-nodes, where only point-to-point traffic goes).
-"""
+"""The U x R context-parallel mesh: rank-grid arithmetic and the one place that creates process
+groups. CP rank p = ring_rank * U + ulysses_rank: Ulysses groups are runs of U consecutive ranks
+(inside a node, for the all-to-all's bandwidth), ring groups strided by U (across nodes)."""
 
 from __future__ import annotations
 

@@ -47,7 +47,7 @@ def reference_attention(
     autograd. `causal_offset` shifts the diagonal: query i sees key j iff j <= i + offset
     (0 = top-left, Sk - Sq = bottom-right). `mask` (documents, window) replaces `causal` and
     needs square scores and no offset; its documents must fill L."""
-    scale = scale or default_scale(q.shape[-1])
+    scale = default_scale(q.shape[-1], scale)
     kk = k.repeat_interleave(q.shape[2] // k.shape[2], dim=2)
     vv = v.repeat_interleave(q.shape[2] // v.shape[2], dim=2)
     scores = torch.einsum("bqhd,bkhd->bhqk", q, kk) * scale

@@ -2,10 +2,11 @@
 
 Q stays local; packed K/V chunks `[B, S, 2, H_kv, D]` travel around the ring of R ranks. The
 transfer of the next chunk is posted before the current chunk is computed on, so the two
-overlap. Partial results are merged in fp32 with their LSE. Backward circulates K/V again, and
-an fp32 dK/dV accumulator travels with each chunk from its first visit, so no step's
-activations are kept alive: only Q, K/V, the final output and the LSE are saved. GQA: only the H_kv heads travel; the
-kernel handles the head groups locally.
+overlap. Partial results are merged in fp32 with their LSE (the merge's form:
+docs/internals.md). Backward circulates K/V again, and an fp32 dK/dV accumulator travels with
+each chunk from its first visit, so no step's activations are kept alive: only Q, K/V, the
+final output and the LSE are saved. GQA: only the H_kv heads travel; the kernel handles the
+head groups locally.
 
 What each step computes is the `RingSchedule` of the mask and layout
 (`cpbench.config.geometry`): ring rank j at step t runs exactly its pieces on the chunk of ring
@@ -19,12 +20,7 @@ a band), and the ring runs only the schedule's `steps` = k steps (k <= R). The b
   the chunk to the next neighbour at steps 1..k-2 and after step k-1 goes straight home, to
   ring rank j - (k-1) (received from j + (k-1)), where the own gradient is added: k - 1 hops
   (a ring whose accumulator leaves with the chunk at step 0, as ring-flash-attn's and torch's
-  do, sends k). With k = R the home hop is the next neighbour.
-
-A row may get several pieces in one step (documents, windows) or none at all: the merge is the
-logaddexp form, and a piece whose rows no earlier piece touched is assigned, not merged (the
-first touch of a row must not meet the -inf initial LSE in a difference).
-"""
+  do, sends k). With k = R the home hop is the next neighbour."""
 
 from __future__ import annotations
 
@@ -181,7 +177,7 @@ def _merge(
     new_lse = torch.logaddexp(lse, block_lse)
     old_w = torch.exp(lse - new_lse).transpose(1, 2).unsqueeze(-1)
     new_w = torch.exp(block_lse - new_lse).transpose(1, 2).unsqueeze(-1)
-    out.mul_(old_w).add_(block_out.float() * new_w)
+    out.mul_(old_w).add_(block_out.to(out.dtype) * new_w)
     lse.copy_(new_lse)
 
 

@@ -1,9 +1,6 @@
-"""The reference check of prefill with a cached prefix, on the ranks: a case's global inputs
-from its seed, sharded (`shard_prefill`), run through `prefill_attention` under a
-`ByteCounter`, gathered back and compared on rank 0 with the float64 single-process reference
-(`reference_attention` with the diagonal shifted by P: query i sees key j iff j <= i + P),
-judged with verify's bound (`bench.reference.error_bound`: the dtype's absolute + relative
-tolerance). The bytes the scheme sent are compared with `model.inference.prefill_bytes`."""
+"""The reference check of prefill with a cached prefix on the ranks: sharded, run under a
+`ByteCounter`, compared on rank 0 with the float64 reference (query i sees key j iff j <= i + P)
+by verify's bound, and the bytes against `model.inference.prefill_bytes`."""
 
 from __future__ import annotations
 

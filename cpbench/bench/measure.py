@@ -1,22 +1,6 @@
 """One configuration, measured on every rank of a pool (a pool task).
 
-Order: correctness check against the single-process reference (once, at a reduced length when
-the configuration is too long for a reference), then, when that length is below the benchmarked
-one, the full-length sampled-row check (`cpbench.bench.rowcheck`: the forward at the full
-length on a few hundred query rows against a float64 reference); their tensors are freed and,
-on CUDA, the allocator's cache emptied before anything is timed. Then warm-up and timed
-iterations to the target precision (`cpbench.bench.timing.time_to_precision`) of the full step,
-of the compute-only variant (communication removed, same shapes) and of the communication-only
-variant (kernels removed, same bytes; each variant gets half the step's time budget); then one
-iteration under the byte counter and one under the memory probe. Returns this rank's numbers
-(`RankMeasurement`); `cpbench.app.record` assembles the record from all ranks'.
-
-Masks: the step runs the configuration's mask (`BenchConfig.mask`: documents, window) on local
-shards of the run length (`cpbench.config.geometry.pack(...).seq_len`: the sequence plus the
-padding doc_zigzag adds), and the reference check runs the same mask truncated at the check
-length. Each rank times its own iterations, so the per-rank medians of the compute-only variant
-are each rank's own work (what the report sets against `cpbench.config.geometry.rank_pairs`).
-"""
+The order (checks, timed variants, byte counter, memory probe): docs/design.md section 7."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
 """One configuration of an external implementation (`cpbench.impls`), measured on every rank.
 
-The same order and the same answer as `cpbench.bench.measure.measure_config` (which calls this
-for impl != cpbench): correctness check against the reference through the adapter (at the
-reduced length), warm-up and timing to the scenario's precision of the full step inside the
-adapter's step context (as cpbench's own full step), one iteration under the library-boundary byte counter, one under the memory probe.
-There is no compute-only or communication-only variant: those remove cpbench's own transfers
-or kernels and exist only for its implementation (the measurement's `compute` / `comm` are None).
-"""
+The order, and why there are no variants: docs/design.md section 7."""
 
 from __future__ import annotations
 
@@ -39,7 +33,7 @@ def kernel_label(kernel: str) -> str:
 def measure_external(
     config: BenchConfig, settings: dict[str, Any], device: torch.device, check_len: int
 ) -> RankMeasurement:
-    """Pool task body (collective) for an external impl; see the module docstring."""
+    """Pool task body (collective) for an external impl; see docs/design.md section 7."""
     adapter = get_adapter(config.impl)
     accuracy = agreed(lambda: reference_check(config, check_len, device), device)
     # The check's tensors (the float64 reference on rank 0) are garbage now: return their

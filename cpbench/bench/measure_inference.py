@@ -1,16 +1,5 @@
-"""One inference configuration (prefill with a cached prefix, or a decode step over a sharded
-KV cache), measured on every rank of a pool (`measure.measure_config` hands it here).
-
-Order, as for training: the reference check first (`bench.inference_verify`: the step on
-inputs from the seed against the float64 reference with the diagonal shifted by P, judged
-with verify's error bound), at min(P + T, check_max_seq_len) keys (P and T scaled down
-together when longer; a decode step keeps its T); then the step's inputs are sharded once
-and the step alone (`prefill_attention` on the rank's shards, or `decode_attention` on its
-cache shard) is timed to the precision target; then one step under the byte counter (bytes
-at the torch.distributed boundary), the nbytes of the cache tensors this rank holds, and one
-step under the memory probe. No compute-only or communication-only variants: the inference
-schemes have none (the step is timed whole).
-"""
+"""One inference configuration (a prefill with a cached prefix, or a decode step), measured on
+every rank of a pool. The order: docs/design.md section 7."""
 
 from __future__ import annotations
 

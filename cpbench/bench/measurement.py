@@ -1,7 +1,6 @@
-"""What one rank measured of one configuration: the answer every rank's pool task returns
-(`cpbench.bench.measure.measure_config`, for cpbench's own implementation and, through
-`cpbench.bench.measure_impl`, an external one), from which `cpbench.app.record` assembles the
-record. Plain frozen dataclasses: they pickle across the pool's processes."""
+"""What one rank measured of one configuration: the answer every rank's pool task returns (for
+cpbench's own implementation and an external one), from which `cpbench.app.record` assembles
+the record. Plain frozen dataclasses: they pickle across the pool's processes."""
 
 from __future__ import annotations
 

@@ -1,16 +1,6 @@
-"""Peak memory of one step, per rank, with the source named.
+"""Peak memory of one step, per rank, with the source named (allocator, NVML, tracker, RSS).
 
-- GPU, for the measured step only (`release_cached_memory` first, then the allocator's peak
-  statistics are reset right before it): the torch caching allocator's peak allocated
-  (`max_memory_allocated`, what tensors occupy) and peak reserved (`max_memory_reserved`, what
-  the allocator holds from the driver: allocated plus its cache and fragmentation), and NVML's
-  peak for this process, sampled while the step runs (`cpbench.bench.nvml`: what nvidia-smi
-  lists for the rank's PID, incl. the CUDA context and NCCL buffers; not the device-wide
-  "used", which counts every process on the GPU).
-- CPU: a tensor-allocation tracker (a TorchDispatchMode that adds up the storages created by
-  every op and drops them when they die) — the quantity the analytic model predicts — and the
-  process's peak RSS (VmHWM, reset before the step), the quantity the user pays for.
-"""
+What each source counts: docs/design.md section 7."""
 
 from __future__ import annotations
 

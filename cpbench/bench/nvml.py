@@ -1,23 +1,6 @@
 """NVML's view of one process's GPU memory, sampled while a step runs.
 
-What NVML can say about a process: `nvmlDeviceGetComputeRunningProcesses` (`_v3` where the
-driver and nvidia-ml-py have it) lists the compute processes on one GPU with each one's
-`usedGpuMemory`, what `nvidia-smi` shows per process: everything the process holds on that GPU
-(the torch caching allocator's reserve, the CUDA context, NCCL's buffers, library workspaces).
-It is not `nvmlDeviceGetMemoryInfo(...).used`, which is the whole device (every process, and the
-driver's own reservation).
-
-`ProcessMemorySampler` polls that list from a background thread for this process's PID on one
-GPU, found by its UUID (NVML numbers GPUs in PCI order and ignores CUDA_VISIBLE_DEVICES, so the
-CUDA index cannot be used), and keeps the largest value seen. It samples once when it starts and
-once when it stops (after the caller has synchronised the device), so a step shorter than the
-polling interval is still covered: the caching allocator returns memory to the driver only on
-`empty_cache` or an out-of-memory retry, so what a step reserved is still held at its end.
-
-NVML may not list this PID: inside a container without the host's PID namespace the driver
-reports host PIDs. The peak is then None and `source` says why, as it does when NVML is
-missing or fails; the allocator's numbers stand on their own.
-"""
+What NVML counts, and why by UUID and PID: docs/internals.md, "A process's GPU memory from NVML"."""
 
 from __future__ import annotations
 

@@ -1,14 +1,6 @@
 """A persistent pool of ranks: started once per world size, then runs many tasks.
 
-Starting a rank costs seconds (importing torch, joining the process group), so tests, `verify`
-and sweeps send many configurations to the same ranks. CPU ranks are forked from a forkserver
-that has imported torch and the measurement's modules once (`_context`): a start, or a restart
-after a fault, then costs a fraction of a second per rank instead of the imports; CUDA ranks are
-spawned. A task is a module-level function and its arguments; every rank runs it and the pool
-returns the per-rank results. A task that raises on any rank, a rank that dies, or a task past
-its timeout is reported as an exception; the pool kills its ranks in the last two cases (they
-may be stuck in a collective) and starts fresh ones on the next task.
-"""
+Why, and how it forks and recovers: docs/internals.md, "The pool and launched worlds"."""
 
 from __future__ import annotations
 
@@ -24,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from cpbench.config.constraints import check_cpu_world
 from cpbench.errors import RunFailure
 
 ERROR_GRACE_SECONDS = 2.0
@@ -49,6 +42,10 @@ class WorldSpec:
     world_size: int
     device: str  # "cpu" or "cuda"
     threads_per_rank: int = 1
+
+    def __post_init__(self) -> None:
+        if self.device != "cuda":
+            check_cpu_world(self.world_size)
 
     @property
     def backend(self) -> str:

@@ -1,12 +1,5 @@
-"""The reference check on the ranks: a case's global inputs from a seed, sharded through
-cpbench's schemes or an impl adapter, forward and backward, gathered back and compared on rank 0
-with the float64 single-process reference under the same mask (output and dQ/dK/dV).
-
-A case's mask (documents, window) goes to the layout, the schemes and the reference alike. The
-doc_zigzag layout runs padding tokens (documents of their own): its global inputs have the run
-length and the reference runs the run mask, padding documents included, so every token is
-compared. External impls take no mask: a case with one (or with a document layout) is an
-error naming it, never a check of the mask-less result."""
+"""The reference check on the ranks, against the float64 single-process reference under the same
+mask (output and dQ/dK/dV). Masks, padding and impls: docs/design.md section 7."""
 
 from __future__ import annotations
 

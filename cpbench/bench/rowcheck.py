@@ -1,17 +1,5 @@
 """The full-length sampled-row check: the configuration at its benchmarked length, forward, on a
-sample of query rows against every key, in float64.
-
-The capped reference check (`cpbench.bench.reference.reference_check`) runs the whole forward
-and backward at `check_max_seq_len` tokens; a 128K configuration is then never run at 128K,
-where low-precision merges and long-range positions go wrong. This check runs the point's own
-path (`cp_attention` on every rank, the layout's shards, the point's mask, the run length with
-doc_zigzag's padding) at the full length on global inputs drawn from a seed, and compares the
-output of `rows` query positions (evenly spread over the run, the first and last included)
-with a float64 reference of those rows against all keys under the same mask: a reference of
-`rows x L x h x d` multiply-adds, cheap where the full one is not. Each rank checks the sampled
-rows it holds; the errors are all-reduced (max). Forward only: a gradient of a few rows needs
-the whole backward.
-"""
+sample of query rows against every key, in float64. Why and how: docs/design.md section 7."""
 
 from __future__ import annotations
 
@@ -71,8 +59,8 @@ def full_length_row_check(
     rows: int = DEFAULT_ROWS,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """Collective: the check of the module docstring on every rank; every rank returns the
-    same answer (the record's `accuracy.sampled_rows`)."""
+    """Collective: the sampled-row check (docs/design.md section 7) on every rank; every rank
+    returns the same answer (the record's `accuracy.sampled_rows`)."""
     from cpbench.attention import build_mesh, cp_attention  # noqa: PLC0415
     from cpbench.bench.reference import TORCH_DTYPES  # noqa: PLC0415
 

@@ -1,14 +1,5 @@
-"""Timing of a step across ranks: warm up, then timed iterations; each iteration's time is the
-max over ranks (the slowest rank sets the step). CUDA events on GPU, perf_counter on CPU.
-
-`time_iterations` runs a fixed count. `time_to_precision` (what the sweep uses) warms up until
-the timings stop drifting (within a cap), then times iterations until the 95% confidence
-interval of the median of the per-iteration max-over-ranks times is within a target relative
-width (`cpbench.model.calibrate.stats.precise_enough`), between a minimum and a maximum count
-and a time budget. Every rank sees the same max-over-ranks samples (an all-reduce after each
-iteration, outside the timed region), so every rank takes the same decision and the
-collectives stay matched.
-"""
+"""Timing of a step across ranks: warm-up, then timed iterations to a precision, each the max
+over ranks. CUDA events on GPU, perf_counter on CPU. The method: docs/design.md section 7."""
 
 from __future__ import annotations
 
@@ -155,7 +146,7 @@ def time_to_precision(
     group: dist.ProcessGroup | None = None,
 ) -> TimedRun:
     """Warm up until the timings stop drifting, then time until the median is known to
-    `policy.precision` (see the module docstring). All ranks call this."""
+    `policy.precision` (docs/design.md section 7). All ranks call this."""
     distributed = dist.is_available() and dist.is_initialized()
     elapsed = step_timer(device)
 

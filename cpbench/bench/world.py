@@ -1,19 +1,6 @@
-"""Worlds: where a task runs on every rank. A local `WorkerPool` (cpbench.bench.pool) spawns
-the ranks; under torchrun or srun the processes already are the world and each runs the task in
-place (`InProcessWorld`).
+"""Worlds: where a task runs on every rank, a local `WorkerPool` or the torchrun/srun processes.
 
-A launched world fails like the local pool. The ranks report each task's outcome through the
-launcher's key-value store (the c10d `TCPStore`), not through the process group, so a rank that
-raised is never waited for inside a collective. While a task runs, a watchdog thread on every
-rank watches its deadline and the other ranks' outcomes; when the deadline passes, or another
-rank failed, it interrupts the task (a signal to the main thread, which ends Python code and
-sleeps at once; a rank that failed also closes its process group, which makes gloo peers waiting
-on it raise). After a failure every rank rebuilds the process group (a new store prefix) and the
-next task runs on a clean one. A task that cannot be interrupted (stuck in native code, in NCCL)
-is given up `HARD_STOP_SECONDS` later: rank 0's `on_abandon` writes what happened, and every
-rank exits with a message, so that the launcher ends the job (`cpbench sweep --resume` then
-continues it).
-"""
+How a launched world fails and recovers: docs/internals.md, "The pool and launched worlds"."""
 
 from __future__ import annotations
 

@@ -7,11 +7,12 @@ import functools
 import inspect
 import json
 from collections.abc import Callable, Iterable
-from typing import Annotated, Any
+from typing import Any
 
 import typer
 from rich.console import Console, RenderableType
 
+from cpbench.cli.options import Version
 from cpbench.config.vocabulary import CliDevice
 from cpbench.config.vocabulary import Device as RunDevice
 from cpbench.errors import EXIT_BAD_INPUT, EXIT_WRONG_RESULT, CpbenchError, RunFailure
@@ -75,22 +76,8 @@ def reflow(doc: str) -> str:
     return "\n\n".join(p if p.startswith("\b") else " ".join(p.split()) for p in paragraphs)
 
 
-def _print_version(value: bool) -> None:
-    if value:
-        from cpbench import __version__  # noqa: PLC0415
-
-        console.print(f"cpbench {__version__}")
-        raise typer.Exit(0)
-
-
 @app.callback()
-def _root(
-    version: Annotated[
-        bool,
-        typer.Option("--version", callback=_print_version, is_eager=True,
-                     help="Print the version and exit."),
-    ] = False,
-) -> None:
+def _root(version: Version = False) -> None:
     """cpbench: measure, model and recommend context-parallel attention configurations."""
 
 

@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from cpbench.cli import options as o
 from cpbench.cli.common import command, console
 from cpbench.errors import EXIT_WRONG_RESULT
 
@@ -16,16 +17,8 @@ from cpbench.errors import EXIT_WRONG_RESULT
 def compare(
     before: Annotated[Path, typer.Argument(help="Results file (JSONL) before the change.")],
     after: Annotated[Path, typer.Argument(help="Results file (JSONL) after the change.")],
-    threshold: Annotated[
-        float,
-        typer.Option(
-            help="A configuration significantly slower (95% intervals apart) by more than "
-            "this relative change at the medians is a regression: exit 1."
-        ),
-    ] = 0.05,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="Print one JSON document instead of the table.")
-    ] = False,
+    threshold: o.Threshold = 0.05,
+    as_json: o.Json = False,
 ) -> None:
     """Per configuration, the change after/before with its interval and a verdict (faster /
     slower / no significant change); exit 1 on a significant regression beyond --threshold."""

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated
 
-import typer
-
+from cpbench.cli import options as o
 from cpbench.cli.common import command, console
 
 
 @command
 def doctor(
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
+    as_json: o.Json = False,
 ) -> None:
     """Report what a sweep needs and what this machine has: torch, CUDA, NCCL, cuDNN and the
     attention libraries' versions, the visible GPUs and their interconnect (NVLink / PCIe, as

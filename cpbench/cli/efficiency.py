@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict
-from pathlib import Path
-from typing import Annotated
 
-import typer
-
+from cpbench.cli import options as o
 from cpbench.cli.common import command, emit, err_console, resolve_device
-from cpbench.config.vocabulary import DTYPES, LAYOUTS, CliDevice, Dtype, Layout
+from cpbench.config.vocabulary import DTYPES, LAYOUTS, Dtype, Layout
 from cpbench.errors import CpbenchError
 
 
@@ -23,49 +20,31 @@ def _choices(values: list[str] | None, allowed: tuple[str, ...], option: str) ->
 
 @command
 def efficiency(
-    seq_len: Annotated[int, typer.Option(help="Global sequence length L in tokens.")] = 8192,
-    heads: Annotated[int, typer.Option(help="Query heads h.")] = 8,
-    kv_heads: Annotated[int | None, typer.Option(help="KV heads h_kv (default: heads).")] = None,
-    head_dim: Annotated[int, typer.Option(help="Head dimension d_h.")] = 64,
-    batch: Annotated[int, typer.Option(help="Micro-batch B.")] = 1,
-    world_size: Annotated[
-        list[int] | None,
-        typer.Option("--world-size", help="World size P (repeat for several; default 2 and 4)."),
-    ] = None,
-    dtype: Annotated[
-        list[str] | None,
-        typer.Option("--dtype", help="Dtype (repeat for several; default float32 and bfloat16)."),
-    ] = None,
-    impl: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--impl",
-            help="Implementation (repeat; default cpbench, torch_cp, torch_cp:alltoall, "
-            "ring_flash_attn, yunchang, plus transformer_engine on CUDA).",
-        ),
-    ] = None,
-    layout: Annotated[
-        list[str] | None,
-        typer.Option("--layout", help="Ring layout where R > 1 (repeat; default zigzag and "
-                     "contiguous)."),
-    ] = None,
-    rounds: Annotated[int, typer.Option(help="Interleaved timed rounds (best-of-N).")] = 5,
-    warmup: Annotated[int, typer.Option(help="Untimed steps per case first.")] = 1,
-    device: Annotated[CliDevice, typer.Option(help="auto picks cuda when available.")] = "auto",
-    threads: Annotated[int, typer.Option(help="CPU threads per rank.")] = 1,
-    timeout: Annotated[float, typer.Option(help="Seconds one pool task may take.")] = 1800.0,
-    profile: Annotated[
-        bool,
-        typer.Option("--profile", help="Instead: profile --rounds steps of a ring case and of "
-                     "a Ulysses case (first world size and dtype) with torch.profiler and "
-                     "show each one's median step."),
-    ] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
-    out: Annotated[Path | None, typer.Option(help="Also write the JSON document here.")] = None,
+    seq_len: o.SeqLen = 8192,
+    heads: o.Heads = 8,
+    kv_heads: o.KvHeadsOrNone = None,
+    head_dim: o.HeadDim = 64,
+    batch: o.Batch = o.DEFAULTS["batch"],
+    world_size: o.WorldSizes = None,
+    dtype: o.Dtypes = None,
+    impl: o.Impls = None,
+    layout: o.Layouts = None,
+    rounds: o.Rounds = 5,
+    warmup: o.Warmup = 1,
+    device: o.DeviceOption = o.DEFAULT_DEVICE,
+    threads: o.Threads = 1,
+    timeout: o.Timeout = 1800.0,
+    profile: o.Profile = False,
+    as_json: o.Json = False,
+    out: o.Out = None,
 ) -> None:
     """Parallel efficiency of cpbench's schemes and the libraries on every mesh they can
     express, against a single-process fused SDPA baseline in the same run: interleaved
-    rounds, best-of-N and median with spread; efficiency = t_single / (P x t_case)."""
+    rounds, best-of-N and median with spread; efficiency = t_single / (P x t_case).
+
+    --world-size, --dtype, --impl and --layout repeat (defaults: 2 and 4; float32 and bfloat16;
+    cpbench, torch_cp, torch_cp:alltoall, ring_flash_attn, yunchang, plus transformer_engine
+    on CUDA; zigzag and contiguous, where R > 1); --kv-heads defaults to --heads."""
     from cpbench.bench.pool import start_forkserver_early  # noqa: PLC0415
 
     start_forkserver_early(device)  # its imports beside this process's (bench/pool.py)

@@ -2,54 +2,28 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
-import typer
-
+from cpbench.cli import options as o
 from cpbench.cli.common import command, emit
-from cpbench.config.vocabulary import CpComm, Dtype, Layout
 
 
 @command
 def formulas(
-    seq_len: Annotated[int, typer.Option(help="Global sequence length L in tokens.")] = 131072,
-    heads: Annotated[int, typer.Option(help="Query heads h.")] = 32,
-    kv_heads: Annotated[int, typer.Option(help="KV heads h_kv (GQA when < heads).")] = 8,
-    head_dim: Annotated[int, typer.Option(help="Head dimension d_h.")] = 128,
-    batch: Annotated[int, typer.Option(help="Micro-batch B.")] = 1,
-    ulysses: Annotated[int, typer.Option(help="Ulysses degree U.")] = 1,
-    ring: Annotated[int, typer.Option(help="Ring degree R.")] = 1,
-    layout: Annotated[Layout, typer.Option(help="Token layout.")] = "zigzag",
-    dtype: Annotated[Dtype, typer.Option(help="Activation dtype.")] = "bfloat16",
-    causal: Annotated[bool, typer.Option("--causal/--no-causal", help="Causal mask.")] = True,
-    documents: Annotated[
-        str | None,
-        typer.Option(
-            help=(
-                "Packed documents: lengths (512,1024,...), a file of lengths (JSON or one per "
-                "line) or a distribution (lognormal:mean=1024, powerlaw:alpha=1.5,min=64, "
-                "uniform:min=64,max=4096), packed into --seq-len."
-            )
-        ),
-    ] = None,
-    window: Annotated[
-        int | None, typer.Option(help="Sliding window W: a query sees the last W keys.")
-    ] = None,
-    seed: Annotated[int, typer.Option(help="Seed of a --documents distribution.")] = 0,
-    cp_comm: Annotated[
-        CpComm,
-        typer.Option(
-            help="How the ring axis exchanges K/V: p2p (ring hops) or all_gather (the Llama 3 "
-            "scheme: all-gather, backward reduce-scatter)."
-        ),
-    ] = "p2p",
-    heads_k_stride: Annotated[
-        int | None,
-        typer.Option(
-            help="all_gather: KV heads per gather (the next in flight); default all in one."
-        ),
-    ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
+    seq_len: o.SeqLen = 131072,
+    heads: o.Heads = 32,
+    kv_heads: o.KvHeads = 8,
+    head_dim: o.HeadDim = 128,
+    batch: o.Batch = o.DEFAULTS["batch"],
+    ulysses: o.Ulysses = o.DEFAULTS["ulysses"],
+    ring: o.Ring = o.DEFAULTS["ring"],
+    layout: o.LayoutChoice = o.DEFAULTS["layout"],
+    dtype: o.DtypeChoice = o.DEFAULTS["dtype"],
+    causal: o.Causal = o.DEFAULTS["causal"],
+    documents: o.Documents = None,
+    window: o.WindowOption = None,
+    seed: o.Seed = 0,
+    cp_comm: o.CpCommOne = o.DEFAULTS["cp_comm"],
+    heads_k_stride: o.HeadsKStride = None,
+    as_json: o.Json = False,
 ) -> None:
     """Print the analytic communication volumes (formula and value), FLOPs, per-rank causal
     work and imbalance, memory per rank and tensor shapes of one U x R configuration.

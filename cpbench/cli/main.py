@@ -1,7 +1,5 @@
-"""The `cpbench` console entry point: the typer app with every command module registered.
-
-Command modules register themselves on `cpbench.cli.common.app` when imported; this module
-imports them all, then runs the app with usage errors turned into exit code 2."""
+"""The `cpbench` console entry point: imports every command module (each registers itself on
+`cpbench.cli.common.app`), then runs the app with usage errors turned into exit code 2."""
 
 from __future__ import annotations
 
@@ -9,6 +7,7 @@ import sys
 
 import typer
 
+from cpbench.cli import calibrate as _calibrate  # noqa: F401
 from cpbench.cli import compare as _compare  # noqa: F401
 from cpbench.cli import doctor as _doctor  # noqa: F401
 from cpbench.cli import efficiency as _efficiency  # noqa: F401

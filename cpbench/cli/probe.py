@@ -3,69 +3,36 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
-import typer
-
+from cpbench.cli import options as o
 from cpbench.cli.common import command, emit, err_console, resolve_device
-from cpbench.config.vocabulary import Backend, CliDevice, Dtype, Phase
 
 
 @command
 def probe(
-    world_size: Annotated[int, typer.Option(help="Ranks to probe (GPUs, or CPU processes).")] = 4,
-    device: Annotated[CliDevice, typer.Option(help="auto picks cuda when available.")] = "auto",
-    hardware: Annotated[
-        str | None,
-        typer.Option(
-            "--hardware",
-            help=(
-                "Prior profile (name or TOML file) whose measured numbers are replaced. "
-                "Default: cpu-local on CPU, the built-in profile matching the GPU."
-            ),
-        ),
-    ] = None,
-    heads: Annotated[
-        int | None, typer.Option(help="Query heads h (default 8 on CPU, 32 on GPU).")
-    ] = None,
-    kv_heads: Annotated[
-        int | None, typer.Option(help="KV heads h_kv (default 8 on CPU and GPU).")
-    ] = None,
-    head_dim: Annotated[
-        int | None, typer.Option(help="Head dimension d_h (default 64 on CPU, 128 on GPU).")
-    ] = None,
-    seq_len: Annotated[
-        list[int] | None,
-        typer.Option(
-            "--seq-len",
-            help="Global sequence length L (repeat; default 4096 and 8192 on CPU, 32768 and "
-            "131072 on GPU).",
-        ),
-    ] = None,
-    batch: Annotated[int, typer.Option(help="Micro-batch B.")] = 1,
-    dtype: Annotated[
-        Dtype | None, typer.Option(help="Dtype (default float32 on CPU, bfloat16 on GPU).")
-    ] = None,
-    phase: Annotated[Phase, typer.Option(help="fwd or fwd+bwd (adds the dK/dV hops).")] = (
-        "fwd+bwd"
-    ),
-    kernel: Annotated[Backend, typer.Option(help="Local attention kernel to time.")] = "auto",
-    budget: Annotated[
-        float, typer.Option(help="Seconds of measurement (rank start-up excluded).")
-    ] = 25.0,
-    name: Annotated[
-        str | None, typer.Option(help="Name of the written profile (default PRIOR-probe).")
-    ] = None,
-    threads: Annotated[int, typer.Option(help="CPU threads per rank.")] = 1,
-    output: Annotated[
-        str | None, typer.Option("-o", "--output", help="Write the profile to this TOML file.")
-    ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
+    world_size: o.WorldSizeOption = 4,
+    device: o.DeviceOption = o.DEFAULT_DEVICE,
+    hardware: o.Hardware = None,
+    heads: o.HeadsOrNone = None,
+    kv_heads: o.KvHeadsOrNone = None,
+    head_dim: o.HeadDimOrNone = None,
+    seq_len: o.SeqLens = None,
+    batch: o.Batch = o.DEFAULTS["batch"],
+    dtype: o.DtypeOrNone = None,
+    phase: o.PhaseChoice = o.DEFAULTS["phase"],
+    kernel: o.KernelChoice = o.DEFAULTS["kernel"],
+    budget: o.Budget = 25.0,
+    name: o.Name = None,
+    threads: o.Threads = 1,
+    output: o.OutputOrNone = None,
+    as_json: o.Json = False,
 ) -> None:
     """Measure this machine's all-to-all and send/recv (every U x R mesh of the world size, at
     the sizes its configurations send, nccl-tests algbw/busbw, latency from small messages)
     and the local attention kernel at the L/R lengths; write a hardware profile that
-    `recommend --hardware` and `calibrate` accept."""
+    `recommend --hardware` and `calibrate` accept.
+
+    Defaults by device (CPU / GPU): --heads 8 / 32, --kv-heads 8, --head-dim 64 / 128, --dtype
+    float32 / bfloat16, --seq-len (repeatable) 4096 and 8192 / 32768 and 131072."""
     from cpbench.app.probe.plan import default_settings  # noqa: PLC0415
     from cpbench.app.probe.run import probe_report, run_probe  # noqa: PLC0415
     from cpbench.render.probe import render_probe  # noqa: PLC0415

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from cpbench.cli import options as o
 from cpbench.cli.common import command, console, err_console
 from cpbench.errors import CpbenchError
 
@@ -25,54 +26,23 @@ def report(
             show_default=False,
         ),
     ],
-    output: Annotated[
-        Path, typer.Option("--output", "-o", help="HTML file to write (parent folders created).")
-    ] = Path("report.html"),
-    title: Annotated[
-        str | None, typer.Option(help="Page title (default: the scenario names).")
-    ] = None,
-    hardware: Annotated[
-        str | None,
-        typer.Option(
-            help="Hardware profile (built-in name or TOML file) for the fraction of peak, the "
-            "predicted-vs-measured section and the recommendation. Default: cpu-local for CPU "
-            "records, else inferred from the device names (skipped when none matches).",
-        ),
-    ] = None,
-    compare: Annotated[
-        bool,
-        typer.Option(
-            "--compare",
-            help="Compare exactly two files, BEFORE AFTER: the change per configuration "
-            "(matched by record id) as a table and a bar chart.",
-        ),
-    ] = False,
-    model: Annotated[
-        str | None,
-        typer.Option(
-            help="Add the whole-model plan of this model (a preset, a model TOML or a Hugging "
-            "Face config.json, as `cpbench plan --model`) at --seq-len on --gpus.",
-        ),
-    ] = None,
-    seq_len: Annotated[
-        int | None, typer.Option(help="With --model: tokens per sequence (default 131072).")
-    ] = None,
-    gpus: Annotated[int, typer.Option(help="With --model: GPUs in total.")] = 8,
-    gpus_per_node: Annotated[
-        int | None, typer.Option(help="With --model: GPUs per node (default: the profile's).")
-    ] = None,
-    open_browser: Annotated[
-        bool, typer.Option("--open", help="Open the written page in the default web browser.")
-    ] = False,
-    as_json: Annotated[
-        bool,
-        typer.Option("--json", help="Print one JSON document (output path, counts) on stdout."),
-    ] = False,
+    output: o.Output = "report.html",
+    title: o.Title = None,
+    hardware: o.Hardware = None,
+    compare: o.Compare = False,
+    model: o.ModelOrNone = None,
+    seq_len: o.SeqLenOrNone = None,
+    gpus: o.Gpus = 8,
+    gpus_per_node: o.GpusPerNode = None,
+    open_browser: o.Open = False,
+    as_json: o.Json = False,
 ) -> None:
     """Write one self-contained HTML report (works offline: plotly.js is embedded, nothing is
     fetched) of one or more results files: step time, TFLOP/s, communication (analytic vs
     measured), overlap, memory, causal load balance, the U x R map, predicted vs measured,
-    the recommendation and a sortable table of every record, failures included."""
+    the recommendation and a sortable table of every record, failures included.
+
+    --seq-len (default 131072), --gpus and --gpus-per-node go with --model."""
     from cpbench.app.report import build_comparison, build_report, write_report  # noqa: PLC0415
     from cpbench.render.html.comparison import render_comparison  # noqa: PLC0415
     from cpbench.render.html.report import render_report  # noqa: PLC0415
@@ -103,7 +73,7 @@ def report(
         page = render_report(data)
     for warning in data.warnings:
         err_console.print(f"cpbench: warning: {warning}", markup=False, highlight=False)
-    path = write_report(page.html, output)
+    path = write_report(page.html, Path(output), inputs=results)
     if as_json:
         print(
             json.dumps(

@@ -8,22 +8,14 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from cpbench.cli import options as o
 from cpbench.cli.common import command, console, err_console, resolve_device
-from cpbench.config.impls import IMPL_HELP, Impl
-from cpbench.config.inference import is_inference_record
-from cpbench.config.vocabulary import (
-    DEFAULT_DTYPE,
-    INFERENCE_PHASES,
-    Backend,
-    CacheLayout,
-    CliDevice,
-    Dtype,
-    Layout,
-    PrefillScheme,
-    ScenarioPhase,
-)
+from cpbench.config.constraints import check_cpu_world
+from cpbench.config.inference import StepKind, is_inference_record
+from cpbench.config.vocabulary import DEFAULT_DTYPE, INFERENCE_PHASES
 from cpbench.errors import EXIT_INTERRUPTED, EXIT_WRONG_RESULT, CpbenchError
 from cpbench.render.inference_table import inference_table
 from cpbench.render.tables import machine_lines, results_table, ties_lines
@@ -38,32 +30,13 @@ def sweep(
             "GPU, gpu-node with GPUs)."
         ),
     ] = None,
-    out: Annotated[
-        Path | None, typer.Option(help="JSONL output (default results/<name>-<time>.jsonl).")
-    ] = None,
-    device: Annotated[CliDevice, typer.Option(help="auto picks cuda when available.")] = "auto",
-    resume: Annotated[bool, typer.Option(help="Skip configurations already in --out.")] = False,
-    timeout: Annotated[
-        float | None, typer.Option(help="Seconds per configuration (overrides the scenario).")
-    ] = None,
-    world_size: Annotated[
-        int | None, typer.Option(help="Override the scenario's world size.")
-    ] = None,
-    precision: Annotated[
-        str | None,
-        typer.Option(
-            help="Target relative width of each median's 95% interval, e.g. 0.05 (5%), or "
-            "'off' for a fixed count of iters (default: the scenario's, 0.05)."
-        ),
-    ] = None,
-    separate_ties: Annotated[
-        bool,
-        typer.Option(
-            "--separate-ties",
-            help="Re-measure the tied leaders of each group interleaved (A B A B) to separate "
-            "them; a group's records are written when its block of points ends.",
-        ),
-    ] = False,
+    out: o.Out = None,
+    device: o.DeviceOption = o.DEFAULT_DEVICE,
+    resume: o.Resume = False,
+    timeout: o.TimeoutOrNone = None,
+    world_size: o.WorldSizeOrNone = None,
+    precision: o.PrecisionOption = None,
+    separate_ties: o.SeparateTies = False,
 ) -> None:
     """Run every distinct configuration of a scenario once: correctness check (capped, and
     sampled rows at the full length), timing to a stated precision, overlap, counted bytes and
@@ -126,6 +99,8 @@ def _run_and_report(
         raise CpbenchError(
             f"world size ({n}) needs {n} local GPUs, found {gpus}: use torchrun for several nodes"
         )
+    if dev == "cpu" and launch is None:
+        check_cpu_world(n)
     if resume and out is None:
         raise CpbenchError("--resume needs --out FILE (the sweep to continue)")
     if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
@@ -145,7 +120,7 @@ def _run_and_report(
         transient=False,
     )
     with progress:
-        task = progress.add_task(f"{spec.name} (world {n}, {dev})", total=len(points))
+        task = progress.add_task(f"{escape(spec.name)} (world {n}, {dev})", total=len(points))
 
         def on_start(config: Any) -> None:
             progress.update(task, description=f"{config.key}")
@@ -165,7 +140,7 @@ def _run_and_report(
             precision=precision,  # type: ignore[arg-type]
             separate_ties=separate_ties,
         )
-        progress.update(task, completed=len(points), description=spec.name)
+        progress.update(task, completed=len(points), description=escape(spec.name))
     wrong = wrong_results(result.records)
     if quiet:
         if wrong:
@@ -229,78 +204,36 @@ def wrong_results(records: list[dict[str, Any]]) -> dict[str, list[str]]:
 
 @command
 def run(
-    seq_len: Annotated[int, typer.Option(help="Global sequence length.")] = 4096,
-    heads: Annotated[int, typer.Option(help="Query heads.")] = 8,
-    kv_heads: Annotated[
-        int | None, typer.Option(help="KV heads (default: --heads, i.e. MHA).")
-    ] = None,
-    head_dim: Annotated[int, typer.Option(help="Head dimension.")] = 64,
-    batch: Annotated[int, typer.Option(help="Micro-batch.")] = 1,
-    ulysses: Annotated[int, typer.Option(help="Ulysses degree U.")] = 1,
-    ring: Annotated[int, typer.Option(help="Ring degree R.")] = 2,
-    layout: Annotated[Layout, typer.Option(help="Token layout over the ring.")] = "zigzag",
-    dtype: Annotated[
-        Dtype | None,
-        typer.Option(help="Default float32 on CPU, bfloat16 on CUDA."),
-    ] = None,
-    causal: Annotated[bool, typer.Option("--causal/--no-causal")] = True,
-    documents: Annotated[
-        str | None,
-        typer.Option(
-            help="Packed documents: lengths '512,1536,...' (summing to --seq-len), a file of "
-            "lengths (JSON list or one per line), or a distribution such as "
-            "'lognormal:mean=1024,max=8192' (drawn with --seed). Default: one document."
-        ),
-    ] = None,
-    window: Annotated[
-        int | None,
-        typer.Option(help="Sliding window in tokens (each query sees the last W keys)."),
-    ] = None,
-    seed: Annotated[int, typer.Option(help="Seed of a --documents distribution.")] = 0,
-    phase: Annotated[
-        ScenarioPhase,
-        typer.Option(
-            help="fwd or fwd+bwd (training, --seq-len tokens); prefill or decode (inference: "
-            "--new-tokens on --cached-len cached, world = ulysses x ring ranks, the mesh the "
-            "scheme's)."
-        ),
-    ] = "fwd+bwd",
-    cached_len: Annotated[
-        int, typer.Option(help="Inference: tokens already in the KV cache (P).")
-    ] = 0,
-    new_tokens: Annotated[
-        int | None,
-        typer.Option(help="Inference: new tokens (T; prefill's prompt, decode's 1 to 8)."),
-    ] = None,
-    scheme: Annotated[
-        PrefillScheme, typer.Option(help="Prefill: how the ranks exchange data.")
-    ] = "pass_kv",
-    cache_layout: Annotated[
-        CacheLayout, typer.Option(help="Decode: how the KV cache is sharded by sequence.")
-    ] = "contiguous",
-    kernel: Annotated[
-        Backend,
-        typer.Option("--kernel", "--backend", help="Local attention kernel (--backend: old name)."),
-    ] = "auto",
-    warmup: Annotated[int, typer.Option()] = 1,
-    iters: Annotated[int, typer.Option(help="Timed iterations at least.")] = 5,
-    precision: Annotated[
-        str | None,
-        typer.Option(help="Target relative width of the median's 95% interval, or 'off'."),
-    ] = None,
-    device: Annotated[CliDevice, typer.Option()] = "auto",
-    out: Annotated[Path | None, typer.Option(help="JSONL output.")] = None,
-    timeout: Annotated[float, typer.Option(help="Seconds before the run is abandoned.")] = 600.0,
-    impl: Annotated[
-        Impl,
-        typer.Option(
-            help="Implementation to measure: "
-            + "; ".join(f"{name}: {text}" for name, text in IMPL_HELP.items())
-            + ". External libraries are optional extras (cpbench[ring], [usp], [te])."
-        ),
-    ] = "cpbench",
+    seq_len: o.SeqLen = 4096,
+    heads: o.Heads = 8,
+    kv_heads: o.KvHeadsOrNone = None,
+    head_dim: o.HeadDim = 64,
+    batch: o.Batch = o.DEFAULTS["batch"],
+    ulysses: o.Ulysses = o.DEFAULTS["ulysses"],
+    ring: o.Ring = 2,
+    layout: o.LayoutChoice = o.DEFAULTS["layout"],
+    dtype: o.DtypeOrNone = None,
+    causal: o.Causal = o.DEFAULTS["causal"],
+    documents: o.Documents = None,
+    window: o.WindowOption = None,
+    seed: o.Seed = 0,
+    phase: o.StepPhase = o.DEFAULTS["phase"],
+    cached_len: o.CachedLen = 0,
+    new_tokens: o.NewTokens = None,
+    scheme: o.SchemeOption = o.DEFAULT_SCHEME,
+    cache_layout: o.CacheLayoutChoice = o.DEFAULT_CACHE_LAYOUT,
+    kernel: o.KernelChoice = o.DEFAULTS["kernel"],
+    warmup: o.Warmup = 1,
+    iters: o.Iters = 5,
+    precision: o.PrecisionOption = None,
+    device: o.DeviceOption = o.DEFAULT_DEVICE,
+    out: o.Out = None,
+    timeout: o.Timeout = 600.0,
+    impl: o.ImplChoice = o.DEFAULTS["impl"],
 ) -> None:
-    """Measure one configuration (world size = ulysses x ring) and print its record."""
+    """Measure one configuration (world size = ulysses x ring) and print its record.
+
+    --kv-heads defaults to --heads (MHA), --dtype to float32 on CPU and bfloat16 on CUDA."""
     from cpbench.results.scenarios.loading import parse_scenario  # noqa: PLC0415
 
     dev = resolve_device(device)
@@ -321,17 +254,12 @@ def run(
         "window": window,
     }
     # an option of the other kind of step, given a value of its own, is refused, not ignored
-    inference_only = {"--cached-len": cached_len != 0, "--new-tokens": new_tokens is not None,
-                      "--scheme": scheme != "pass_kv", "--cache-layout": cache_layout != "contiguous"}
-    training_only = {"--seq-len": seq_len != 4096, "--layout": layout != "zigzag",
-                     "--no-causal": not causal, "--documents": documents is not None,
-                     "--window": window is not None, "--impl": impl != "cpbench"}  # fmt: skip
-    other = training_only if phase in INFERENCE_PHASES else inference_only
-    given = [flag for flag, set_ in other.items() if set_]
+    kind: StepKind = "inference" if phase in INFERENCE_PHASES else "training"
+    given = o.other_kind_given(run, locals(), kind)
     if given:
-        kind = "training" if phase in INFERENCE_PHASES else "inference (prefill, decode)"
+        label = "training" if kind == "inference" else "inference (prefill, decode)"
         raise CpbenchError(
-            f"{', '.join(given)}: {kind} option(s), not used by --phase {phase}: leave them out"
+            f"{', '.join(given)}: {label} option(s), not used by --phase {phase}: leave them out"
         )
     if phase in INFERENCE_PHASES:  # the step's own axes: its mesh and shards are its scheme's
         if new_tokens is None:

@@ -3,73 +3,28 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated
 
 import typer
 from rich.table import Table
 
+from cpbench.cli import options as o
 from cpbench.cli.common import command, console, resolve_device
-from cpbench.config.impls import IMPLS, Impl
-from cpbench.config.vocabulary import (
-    CP_COMM_CHOICES,
-    DEFAULT_DTYPE,
-    Backend,
-    CliDevice,
-    CpCommChoice,
-    Dtype,
-)
+from cpbench.config.vocabulary import CP_COMM_CHOICES, DEFAULT_DTYPE
 from cpbench.errors import EXIT_WRONG_RESULT
 from cpbench.render.tables import verify_tables
 
 
 @command
 def verify(
-    world_size: Annotated[
-        int | None,
-        typer.Option(help="Ranks to spawn (default: all GPUs on CUDA, 4 on CPU; the launched world under "
-        "torchrun)."),
-    ] = None,
-    device: Annotated[CliDevice, typer.Option(help="auto picks cuda when available.")] = "auto",
-    dtype: Annotated[
-        Dtype | None,
-        typer.Option(help="Input dtype (default float32 on CPU, bfloat16 on CUDA)."),
-    ] = None,
-    kernel: Annotated[
-        Backend, typer.Option(help="Local attention kernel.")
-    ] = "auto",
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")] = False,
-    impl: Annotated[
-        Impl,
-        typer.Option(
-            help="Implementation to check (cpbench's own, or an installed external library: "
-            f"{', '.join(IMPLS[1:])}); cases it cannot run are listed as skipped."
-        ),
-    ] = "cpbench",
-    masks: Annotated[
-        bool,
-        typer.Option(
-            "--masks/--no-masks",
-            help="Also check the packed-document and sliding-window masks (every scheme x "
-            "layout x mask x GQA case; --no-masks: causal and full only).",
-        ),
-    ] = True,
-    cp_comm: Annotated[
-        CpCommChoice,
-        typer.Option(
-            help="How the ring axis exchanges K/V in the cases: both (every ring-axis case "
-            "also all-gathered, the Llama 3 scheme), p2p (the ring only) or all_gather only.",
-        ),
-    ] = "both",
-    inference: Annotated[
-        bool,
-        typer.Option(
-            "--inference/--no-inference",
-            help="Also check prefill with a cached prefix (forward; pass-KV, pass-Q, "
-            "all-gather, Ulysses) for P = 0, T = 1, uneven shards and GQA, and decode steps "
-            "of 1-8 tokens over contiguous and interleaved KV caches: outputs against the "
-            "float64 reference, bytes sent against the analytic model.",
-        ),
-    ] = False,
+    world_size: o.WorldSizeOrNone = None,
+    device: o.DeviceOption = o.DEFAULT_DEVICE,
+    dtype: o.DtypeOrNone = None,
+    kernel: o.KernelChoice = o.DEFAULTS["kernel"],
+    as_json: o.Json = False,
+    impl: o.ImplChoice = o.DEFAULTS["impl"],
+    masks: o.Masks = True,
+    cp_comm: o.CpCommBoth = "both",
+    inference: o.Inference = False,
 ) -> None:
     """Check every scheme x layout x mask x GQA case against the single-process reference.
 
@@ -79,7 +34,8 @@ def verify(
     than the sequence) and documents with a window. Spawns the ranks once (gloo on CPU, NCCL
     on GPUs), compares the forward output and dQ/dK/dV with a float64 reference under the
     same mask, prints a table and exits 1 on any mismatch. Under torchrun (or srun) the
-    launched processes are the world and rank 0 prints.
+    launched processes are the world and rank 0 prints. --dtype defaults to float32 on CPU,
+    bfloat16 on CUDA.
     """
     dev = resolve_device(device)  # first: it starts the CPU ranks' forkserver (bench/pool.py)
     import torch  # noqa: PLC0415

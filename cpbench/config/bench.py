@@ -1,7 +1,4 @@
-"""`BenchConfig`: one benchmark point, a `MeshCandidate` plus where it runs.
-
-Pure Python (no torch).
-"""
+"""`BenchConfig`: one benchmark point, a `MeshCandidate` plus where it runs. Pure Python."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""Feasibility rules for a context-parallel configuration, in one place.
-
-The attention code, the benchmark harness and the recommender all ask `check_mesh` whether a
-(model shape, U x R mesh, layout) combination can run, so that every rule and every message
-lives here. Pure Python: no torch.
-"""
+"""Feasibility rules for a context-parallel configuration, in one place: the attention code, the
+harness and the recommender all ask `check_mesh` whether a (shape, U x R mesh, layout) can run,
+so every rule and its message lives here. Pure Python: no torch."""
 
 from __future__ import annotations
 
@@ -11,6 +8,20 @@ from dataclasses import dataclass
 
 from cpbench.config.vocabulary import CP_COMMS, LAYOUTS, Scheme
 from cpbench.errors import CpbenchError
+
+MAX_CPU_RANKS = 64
+"""Most gloo ranks cpbench starts on one host: each is a process that imports torch (about
+0.3 GiB resident), so more is an out-of-memory machine, not a measurement; a launched world
+(torchrun, srun) is not bounded."""
+
+
+def check_cpu_world(world_size: int) -> None:
+    """CpbenchError unless 1 <= `world_size` <= MAX_CPU_RANKS local CPU ranks."""
+    if not 1 <= world_size <= MAX_CPU_RANKS:
+        raise CpbenchError(
+            f"world size ({world_size}) on the CPU must be 1 to {MAX_CPU_RANKS} local ranks "
+            f"(each is a process that imports torch); launch more with torchrun"
+        )
 
 
 def scheme_of(ulysses: int, ring: int, cp_comm: str = "p2p") -> Scheme:

@@ -1,22 +1,5 @@
 """Where packed documents come from: explicit lengths, a file of lengths, or a seeded
-distribution, packed into one sequence of `seq_len` tokens.
-
-One string names the source everywhere (`--documents`, a scenario's `documents` axis):
-
-* `512,1024,2048,...`  explicit lengths;
-* `path/to/lengths.json` (a JSON list of ints, or {"lengths": [...]}) or any other file with
-  one length per line (`#` comments and blank lines ignored), e.g. exported from a tokenised
-  data set;
-* `lognormal:mean=1024,sigma=1.0,max=8192` (mean of the lengths, sigma of their log),
-  `powerlaw:alpha=1.5,min=64,max=8192` (Pareto with tail index alpha, truncated),
-  `uniform:min=64,max=4096` — drawn with Python's `random.Random(seed)`, so a seed gives the
-  same lengths on every machine and Python version.
-
-Packing (`pack_lengths`): documents are taken in order until the sequence is full; the last one
-is cut at `seq_len` (the cut-off tail is dropped, as data loaders that pack do). Explicit lengths
-and files that sum to less than `seq_len` are an error rather than silently padded. The lengths
-used are what a record stores. Pure Python.
-"""
+distribution, packed into one sequence. The sources: docs/design.md section 1. Pure Python."""
 
 from __future__ import annotations
 
@@ -117,7 +100,7 @@ def draw_lengths(kind: str, text: str, seq_len: int, seed: int) -> list[int]:
     return lengths
 
 
-def _read_file(path: Path) -> list[int]:
+def _read_lengths(path: Path) -> list[int]:
     text = path.read_text()
     if path.suffix == ".json":
         try:
@@ -143,7 +126,7 @@ def _read_file(path: Path) -> list[int]:
 
 def resolve_documents(source: str, seq_len: int, seed: int = 0) -> tuple[int, ...]:
     """The document lengths of one packed sequence of `seq_len` tokens from a source string
-    (see the module docstring)."""
+    (docs/design.md section 1)."""
     source = source.strip()
     if not source:
         raise CpbenchError("documents: empty source (lengths, a file, or a distribution)")
@@ -152,7 +135,7 @@ def resolve_documents(source: str, seq_len: int, seed: int = 0) -> tuple[int, ..
         return pack_lengths(draw_lengths(kind, rest, seq_len, seed), seq_len, source)
     path = Path(source)
     if path.is_file():
-        return pack_lengths(_read_file(path), seq_len, str(path))
+        return pack_lengths(_read_lengths(path), seq_len, str(path))
     parts = [p.strip() for p in source.split(",")]
     if all(p.isdigit() for p in parts):
         lengths = [int(p) for p in parts]

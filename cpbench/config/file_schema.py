@@ -1,17 +1,6 @@
-"""Shared pieces of the pydantic models that describe cpbench's TOML files (scenarios in
-`cpbench.results.scenarios`, hardware profiles in `cpbench.model.hardware`).
+"""Shared pieces of the pydantic models that describe cpbench's TOML files (scenarios, profiles).
 
-The models are strict (an integer key takes neither `true` nor `"4"`, a string key no number)
-and forbid unknown keys. Each file turns pydantic's `ValidationError` into its own `CpbenchError`
-wording; these helpers carry cpbench's rule texts through pydantic to that step:
-
-- `rule(text)` gives a type one rule for all its failures (error type `RULE`, ctx `rule`);
-- `problem(message)` is what a validator raises for a check pydantic has no constraint for
-  (error type `MESSAGE`, ctx `message` and `key`);
-- `table_at` finds the model of a nested table from an error's location (to list its keys).
-
-Pure Python (no torch).
-"""
+Strictness and the rule texts: docs/internals.md, "The TOML files' models". Pure Python."""
 
 from __future__ import annotations
 

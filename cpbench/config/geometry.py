@@ -1,38 +1,6 @@
 """Mask geometry: where each ring rank's tokens are, and which (query, key) blocks attend.
 
-The one derivation that the ring attention, the reference check, the per-rank work model and the
-byte model share, so that what is computed, what is sent and what is predicted agree exactly.
-Pure Python, closed form over runs of positions and documents (never a loop over tokens).
-
-* A **shard** is the ordered token positions of one ring rank, as `Run`s (arithmetic
-  progressions: contiguous runs have stride 1, striped runs stride R). Positions increase along
-  a shard, so the rows of one document are one contiguous range of local indices.
-* A `Packing` is the sequence as it runs: the mask with its documents explicit (plus the padding
-  documents a layout adds) and each ring rank's shard, for one of the five layouts:
-  - `contiguous`, `zigzag`, `striped`: the global layouts over the whole packed sequence;
-  - `doc_zigzag`: every document cut into 2R chunks, ring rank j holding chunks j and 2R-1-j of
-    each (TransformerEngine's THD layout, ring-flash-attention's varlen zigzag). A document whose
-    length is not a multiple of 2R is followed by a padding document that makes it one (and one
-    more padding document makes the ring shard divisible by U). Padding tokens are documents of
-    their own: they cost work, memory and bytes, which the model counts as padding overhead;
-  - `balanced`: cpbench's work-balanced layout, no padding, every rank exactly L/R tokens.
-    Documents of at least a threshold length are cut into 2R near-equal chunks and zigzagged
-    (their causal work is then equal on every rank at every ring step); the shorter ones stay
-    whole where they fit, heaviest first on the least-loaded rank with room (LPT), a document
-    that overflows a rank continuing on the next. The threshold is the candidate (above L: pure
-    LPT; L/R, L/2R, L/4R, 2R: nearly everything zigzagged) with the least `balance_score`: the
-    ring's busiest-step work sum plus a charge per kernel call. On one causal document it is
-    the zigzag layout;
-  With R = 1 every layout is contiguous (a single rank needs no balancing).
-* A `Piece` is one kernel call of a ring step: local query rows [q_start, q_end) against local
-  key columns [k_start, k_end) of the visiting chunk, visible where `lo <= j - i <= hi` in the
-  piece's own coordinates (i row, j column; None = unbounded): `(None, None)` full, `(None, 0)`
-  top-left causal, anything else a band (a sliding window, or causal with an offset). Every row
-  of a piece sees at least one key (pieces are cropped), so no kernel meets an empty row.
-* A `RingSchedule` lists, for every ring rank and step, its pieces, and `steps`: the ring steps
-  any rank needs (the last step with a non-empty block, + 1). Steps after it are skipped: a
-  sliding window on a contiguous ring sends `steps - 1` K/V hops instead of `R - 1`.
-"""
+Shards, packings, layouts, pieces and schedules: docs/design.md section 1. Pure Python."""
 
 from __future__ import annotations
 

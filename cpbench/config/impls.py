@@ -1,9 +1,6 @@
-"""The names of the attention implementations cpbench can measure (the `impl` axis).
-
-Pure Python (no torch), so scenarios and the CLI can validate names without importing the
-libraries. `NAME` alone is the implementation with its default options; `NAME:VARIANT` selects a
-documented variant (torch_cp's rotation method, TransformerEngine's all-gather CP).
-"""
+"""The names of the attention implementations cpbench can measure (the `impl` axis): `NAME`, or
+`NAME:VARIANT` for a documented variant (torch_cp's rotation, TransformerEngine's all-gather CP).
+Pure Python (no torch), so scenarios and the CLI validate names without importing the libraries."""
 
 from __future__ import annotations
 

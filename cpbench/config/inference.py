@@ -1,17 +1,11 @@
 """`InferenceStep`: what an inference benchmark point runs, beside its problem (`BenchConfig`
-holds one; None = a training step). Not a shape: the heads, head dim, batch, dtype and mesh
-stay the `CpProblem`'s, and its `seq_len` is cached_len + new_tokens.
-
-Pure Python (no torch), with the rules a step keeps (`prefill_rule`, `decode_rule`); the
-model's case (`cpbench.model.inference.PrefillCase` / `DecodeCase`) is built from a point by
-`cpbench.model.inference.inference_case`.
-"""
+holds one; None = a training step). Pure Python; docs/design.md section 3."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from cpbench.config.problem import CpProblem, check_choice, is_int
 from cpbench.config.vocabulary import (
@@ -36,6 +30,23 @@ def is_inference_record(record: Mapping[str, Any]) -> bool:
 MAX_DECODE_TOKENS = 8
 """Most new tokens a decode step takes (speculative decoding drafts a few; more is prefill);
 used by the scenario file, `decode_rule` (the model's `DecodeCase`) and the attention."""
+
+StepKind = Literal["training", "inference"]
+STEP_OPTIONS: dict[StepKind, tuple[str, ...]] = {
+    "training": (
+        "seq_len", "mesh", "layout", "kv_replication", "impl", "documents", "window", "causal",
+        "cp_comm", "heads_k_stride", "results", "write_scenario", "tp", "pp", "cp", "grad_accum",
+    ),
+    "inference": (
+        "cached_len", "new_tokens", "scheme", "cache_layout", "prompt_len", "decode_batch",
+        "layers", "kv_memory_gib",
+    ),
+}  # fmt: skip
+"""Which options (command-line options and scenario axes, by field name) belong to one kind of
+step only: a training step (fwd, fwd+bwd: a sequence of seq_len tokens on a U x R mesh under a
+mask) or an inference step (prefill, decode: new tokens on a KV cache, its mesh and shards its
+scheme's or cache layout's). A command refuses an option of the other kind given a value of
+its own; an option in neither (heads, dtype, kernel, ...) belongs to both."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,20 +1,6 @@
-"""The attention mask of a configuration, described once: `MaskSpec`.
+"""The attention mask of a configuration, described once: `MaskSpec` (causal, documents, window).
 
-A mask is three independent facts about which (query, key) token pairs attend:
-
-* `causal`: a query sees only keys at its own or earlier positions (false: every key, `full`);
-* `documents`: the sequence is packed from documents of these lengths, in order, and a query
-  sees only keys of its own document (block-diagonal causal);
-* `window`: a query sees only the last `window` keys, itself included (sliding window):
-  key position k is visible from query position q iff q - window < k <= q.
-
-Their combinations are the five `Mask` kinds (`MASKS`): causal, full, document, sliding_window,
-document_sliding_window. The reference, the kernels, the layouts, the model and the report all
-take their mask from a `MaskSpec`; `MaskSpec.visible` is the definition the others must match.
-
-Documents come from explicit lengths, a file of lengths, or a seeded distribution packed into
-sequences of length L (`cpbench.config.documents`). Pure Python (no torch).
-"""
+The five kinds and `MaskSpec.visible`, the definition: docs/design.md section 1. Pure Python."""
 
 from __future__ import annotations
 

@@ -1,17 +1,6 @@
-"""The one configuration object: `CpProblem`, and what the layers add to it.
+"""The one configuration object: `CpProblem`, and what the layers add to it (`MeshCandidate`).
 
-* `CpProblem` is the attention problem of one layer on a U x R context-parallel mesh: the
-  shape, the mask, the mesh, the layout, how the ring axis exchanges K/V, the dtype and the KV
-  replication. Its derived geometry (feasibility, KV replication in force, packing, run length,
-  ring steps, per-rank sizes) is computed once per object (cached properties). The model
-  (formulas, FLOPs, memory, cost), the attention layer, the bench and the record all take it.
-* `MeshCandidate` is a problem plus what a step does: the phase and the local kernel (what the
-  cost model predicts).
-* `BenchConfig` (`cpbench.config.bench`) is a candidate plus where it runs: device, world size,
-  nodes, implementation (one benchmark point).
-
-Pure Python (no torch).
-"""
+The hierarchy and the derived properties: docs/design.md section 3. Pure Python (no torch)."""
 
 from __future__ import annotations
 

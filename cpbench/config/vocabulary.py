@@ -1,8 +1,6 @@
-"""The one vocabulary: every option literal of a configuration, and its tuple of values.
-
-Pure Python (no torch): the CLI, the scenarios, the model and the kernels all take their
-option values from here, so that each concept is spelled once.
-"""
+"""The one vocabulary: every option literal of a configuration, and its tuple of values. Pure
+Python (no torch): the CLI, the scenarios, the model and the kernels all take their option
+values from here, so that each concept is spelled once."""
 
 from __future__ import annotations
 

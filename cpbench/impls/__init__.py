@@ -1,22 +1,6 @@
-"""External attention implementations behind one adapter protocol (`cpbench.impls.base`), so a
-sweep measures them on the same configurations, with the same correctness check, as cpbench's
-own schemes:
+"""External attention implementations behind one adapter protocol (`cpbench.impls.base`).
 
-| impl | library | module |
-|---|---|---|
-| cpbench | cpbench.attention (the default; its own fast path in the benchmark) | cpbench_impl |
-| torch_cp, torch_cp:alltoall | torch.distributed.tensor.experimental.context_parallel | torch_cp |
-| ring_flash_attn | ring-flash-attn (zhuzilin/ring-flash-attention) | ring_flash |
-| yunchang | yunchang (feifeibear/long-context-attention, USP) | usp |
-| transformer_engine, transformer_engine:all_gather | TransformerEngine DotProductAttention | te |
-
-The libraries are optional extras (`pip install 'cpbench[ring]'`, `[usp]`, `[te]`), imported
-only when an adapter is prepared, i.e. in the ranks; a missing one makes its configurations
-`skipped` with an install hint. The parent process (sweep, verify, run) only looks them up
-(`cpbench.impls.base.module_available`): importing yunchang or TransformerEngine there can
-create a CUDA context on GPU 0. This package's import is torch-free (scenarios validate names
-through it).
-"""
+The table of impls and libraries: docs/internals.md, "Implementation adapters". Imports no torch."""
 
 from __future__ import annotations
 
@@ -29,13 +13,14 @@ if TYPE_CHECKING:
     from cpbench.config.bench import BenchConfig
     from cpbench.impls.base import Adapter
 
-_MODULES = {
-    "cpbench": "cpbench.impls.cpbench_impl",
-    "torch_cp": "cpbench.impls.torch_cp",
-    "ring_flash_attn": "cpbench.impls.ring_flash",
-    "yunchang": "cpbench.impls.usp",
-    "transformer_engine": "cpbench.impls.te",
+_ADAPTER_CLASSES = {
+    "cpbench": ("cpbench.impls.cpbench_impl", "CpbenchAdapter"),
+    "torch_cp": ("cpbench.impls.torch_cp", "TorchCpAdapter"),
+    "ring_flash_attn": ("cpbench.impls.ring_flash", "RingFlashAdapter"),
+    "yunchang": ("cpbench.impls.usp", "UspAdapter"),
+    "transformer_engine": ("cpbench.impls.te", "TeAdapter"),
 }
+"""Each base impl name's (module, adapter class); the class is built with the impl name."""
 
 _ADAPTERS: dict[str, Adapter] = {}
 
@@ -44,8 +29,8 @@ def get_adapter(name: str) -> Adapter:
     """The adapter of an impl name (imports its module, not the library)."""
     check_impl(name)
     if name not in _ADAPTERS:
-        module = importlib.import_module(_MODULES[base_name(name)])
-        _ADAPTERS[name] = module.adapter(name)
+        module, cls = _ADAPTER_CLASSES[base_name(name)]
+        _ADAPTERS[name] = getattr(importlib.import_module(module), cls)(name)
     return _ADAPTERS[name]
 
 

@@ -1,29 +1,6 @@
 """What an implementation adapter is: the small protocol every library sits behind.
 
-An `Adapter` maps a cpbench configuration (`BenchConfig`: mesh U x R, layout, causal mask,
-heads / KV heads, dtype, device) to one library's API:
-
-- `capability(config)`: pure; None when the library can run the configuration, else the reason
-  (the rule of the library that rejects it). Recorded as the `skipped` reason.
-- `installed()`: None when the library and what it needs at import are installed, else an
-  install hint (what is missing, the pip line). Recorded as the `skipped` reason too. It runs
-  in the parent process (sweep, verify, run) and must not import the library there: importing
-  can create a CUDA context on GPU 0 (yunchang's import, with flashinfer installed, calls
-  `torch.cuda.get_device_capability()`; TransformerEngine's loads its CUDA libraries), which
-  then holds memory on a GPU a rank measures on. It looks the modules up with
-  `module_available` (`importlib.util.find_spec`, which imports nothing for a top-level
-  name); the library is imported in the ranks only, by `prepare` (`import_library`, whose
-  error carries the same hint when an installed library fails to import).
-- `known_issues(config)`: documented upstream precision issues that loosen the tolerance of
-  one gradient, named with the file and line of the library (reported, never hidden).
-- `prepare(config)`: collective on every rank; builds the process groups / modules the library
-  needs and returns a `Runner` for this configuration.
-
-A `Runner` holds one prepared configuration on one rank: `shard` / `unshard` with the
-library's own token layout, `forward(q, k, v)` on local shards `[B, S, h, D]` with autograd,
-and `context()` that wraps a whole step (forward and backward: torch's context parallel
-dispatcher must stay enabled for the backward).
-"""
+The protocol (`Adapter`, `Runner`) and why `installed()` must not import: docs/internals.md."""
 
 from __future__ import annotations
 

@@ -60,7 +60,3 @@ class CpbenchAdapter:
 
     def prepare(self, config: BenchConfig) -> CpbenchRunner:
         return CpbenchRunner(build_mesh(config.ulysses, config.ring), config)
-
-
-def adapter(name: str) -> CpbenchAdapter:
-    return CpbenchAdapter(name)

@@ -1,25 +1,6 @@
-"""ring-flash-attention (zhuzilin/ring-flash-attention, PyPI `ring-flash-attn`) as an
-implementation: ring attention over all P ranks (U = 1), one function per layout:
+"""ring-flash-attention (zhuzilin/ring-flash-attention, PyPI `ring-flash-attn`) as an impl.
 
-| cpbench layout | function | mask |
-|---|---|---|
-| contiguous | ring_flash_attn_func | causal or full |
-| zigzag | zigzag_ring_flash_attn_func (rank r: chunks r and 2P-1-r) | causal only (asserts) |
-| striped | stripe_flash_attn_func (token i on rank i mod P) | causal only (asserts) |
-
-Its layouts are cpbench's with U = 1 (checked in the tests against the library's shard
-definitions); the adapter shards with `cpbench.attention.layouts.positions`. GQA: K/V keep
-their h_kv heads (flash-attn handles the groups). The local kernel is flash-attn's private
-`_flash_attn_forward` / `_flash_attn_backward` (CUDA, fp16/bf16); on a CPU the tests and the
-comparison benchmark put a stand-in `flash_attn` on sys.path (tests/stand_ins).
-
-Precision (0.1.8, upstream): fp16/bf16 only, as flash-attn (with float32 inputs its backward
-aliases `block_dq_buffer.to(torch.float32)` with the buffer it overwrites next: wrong
-gradients; float32 is rejected with that reason). `ring_flash_attn_backward` returns
-`dq.to(torch.bfloat16)` whatever the input dtype (ring_flash_attn/ring_flash_attn.py), so with
-the contiguous layout and float16 inputs dQ is rounded to bf16: checked against the bf16
-tolerance and named in the record (a `KnownIssue`).
-"""
+Its functions per layout, kernel and precision issues: docs/internals.md, "ring-flash-attention"."""
 
 from __future__ import annotations
 
@@ -54,7 +35,7 @@ FUNCTIONS = {
     "zigzag": "zigzag_ring_flash_attn_func",
     "striped": "stripe_flash_attn_func",
 }
-BF16_DQ = KnownIssue(
+RING_FLASH_BF16_DQ = KnownIssue(
     ("dq",),
     TOLERANCE["bfloat16"],
     "ring-flash-attn's ring_flash_attn_backward (contiguous layout) returns "
@@ -159,7 +140,7 @@ class RingFlashAdapter:
         return distribution_version("ring-flash-attn")
 
     def known_issues(self, config: BenchConfig) -> tuple[KnownIssue, ...]:
-        return bf16_dq_when_fp16_contiguous(config, BF16_DQ)
+        return bf16_dq_when_fp16_contiguous(config, RING_FLASH_BF16_DQ)
 
     def prepare(self, config: BenchConfig) -> RingFlashRunner:
         module = import_library("ring_flash_attn", install_hint)
@@ -170,7 +151,3 @@ class RingFlashAdapter:
         return RingFlashRunner(
             config, getattr(module, FUNCTIONS[config.layout]), cp_group(), sharding
         )
-
-
-def adapter(name: str) -> RingFlashAdapter:
-    return RingFlashAdapter(name)

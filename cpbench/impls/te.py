@@ -1,27 +1,6 @@
-"""NVIDIA TransformerEngine (`transformer_engine.pytorch.DotProductAttention`, what Megatron-LM
-runs) as an implementation. The mesh picks `cp_comm_type`, as Megatron's `--cp-comm-type`:
+"""NVIDIA TransformerEngine (`DotProductAttention`, what Megatron-LM runs) as an implementation.
 
-| mesh | cp_comm_type | cp_group |
-|---|---|---|
-| U = 1, R = P | "p2p" (ring), or "all_gather" with impl `transformer_engine:all_gather` | all P ranks |
-| U = P, R = 1 | "a2a" (Ulysses) | all P ranks |
-| U, R > 1 | "a2a+p2p" (hierarchical, `--hierarchical-context-parallel-sizes U R`) | [Ulysses group, ring group] |
-
-with `cp_global_ranks` the P global ranks and `cp_stream` a side CUDA stream, set through
-`DotProductAttention.set_context_parallel_group`; `qkv_format="bshd"`, `attn_mask_type`
-"causal" or "no_mask", `num_gqa_groups = kv_heads`.
-
-Layout: TE (with Megatron's `get_batch_on_this_cp_rank`) always splits the sequence into 2P
-chunks over the P CP ranks and gives rank p chunks p and 2P-1-p. With U = 1 that is cpbench's
-zigzag; with U > 1 it differs from cpbench's ring-level zigzag (TE reorders the chunks inside
-its all-to-all so that the ring level ends up zigzagged), so the adapter shards with TE's own
-layout (`te_positions`) and the check compares the gathered output with the reference as
-always. Only layout zigzag is accepted (it is what TE computes with).
-
-Needs CUDA and fp16/bf16 (TE's context parallelism runs on its fused / flash backends; fp32
-falls back to the unfused backend, which has no CP). It cannot run on a CPU machine: there it
-is skipped with that reason, and it is untested here (no GPU in CI).
-"""
+The mesh -> `cp_comm_type` table, its layout and limits: docs/internals.md, "TransformerEngine"."""
 
 from __future__ import annotations
 
@@ -70,7 +49,7 @@ def comm_type(config: BenchConfig, name: str) -> str:
     return "a2a" if config.ring == 1 else "a2a+p2p"
 
 
-def _not_installed(exc: BaseException) -> str:
+def _te_not_installed(exc: BaseException) -> str:
     return (
         f"TransformerEngine is not installed or cannot load (CUDA only): "
         f"pip install 'cpbench[te]' ({type(exc).__name__}: {exc})"
@@ -146,7 +125,7 @@ class TeAdapter:
         libraries and queries the GPU. An installed TE that cannot load fails in the rank's
         `prepare`, with the same hint."""
         missing = missing_module("transformer_engine")
-        return _not_installed(missing) if missing is not None else None
+        return _te_not_installed(missing) if missing is not None else None
 
     def version(self) -> str | None:
         return distribution_version("transformer-engine")
@@ -158,7 +137,7 @@ class TeAdapter:
         try:  # imported here, in the rank only
             te = importlib.import_module("transformer_engine.pytorch")
         except Exception as exc:  # noqa: BLE001 - TE raises more than ImportError without CUDA
-            raise ImportError(_not_installed(exc)) from exc
+            raise ImportError(_te_not_installed(exc)) from exc
         kind = comm_type(config, self.name)
         mesh = build_mesh(config.ulysses, config.ring)
         group: Any = cp_group()
@@ -179,7 +158,3 @@ class TeAdapter:
             lambda p: te_positions(config.seq_len, world, p), world, dist.get_rank()
         )
         return TeRunner(config, attention, sharding)
-
-
-def adapter(name: str) -> TeAdapter:
-    return TeAdapter(name)

@@ -1,27 +1,6 @@
-"""PyTorch's context parallelism (`torch.distributed.tensor.experimental.context_parallel`, what
-torchtitan uses) as an implementation: ring attention over a 1-D DeviceMesh, K/V rotated by
-all-gather (torch's default) or all-to-all (`set_rotate_method("alltoall")`, the variant
-`torch_cp:alltoall`), causal work balanced by the head-tail load balancer (= cpbench's zigzag
-with U = 1: rank r holds chunks r and 2P-1-r).
+"""PyTorch's context parallelism (`context_parallel`, what torchtitan uses) as an implementation.
 
-How a step runs, as under `with context_parallel(mesh, buffers=...)`: the dispatcher is
-enabled (F.scaled_dot_product_attention is patched to wrap its inputs as DTensors sharded on
-the sequence dimension, and the SDPA ops get torch's ring handlers), the attention runs, its
-backward runs, the dispatcher is disabled. The only difference to `context_parallel` is that
-the inputs are already this rank's shards (the benchmark times the attention, not the
-sharding of buffers); the adapter shards with torch's own `_context_parallel_buffers` and
-gathers with `context_parallel_unshard`.
-
-On CPU: torch registers ring handlers only for the CUDA SDPA ops (flash, efficient, cuDNN);
-on CPU, F.scaled_dot_product_attention reaches `aten._scaled_dot_product_flash_attention_for_cpu`
-(and its `_backward`), which has neither a handler nor a DTensor sharding strategy. While a
-step runs, this module registers both for the two CPU ops: a handler that calls torch's own
-ring functions (`_templated_ring_attention` / `_templated_ring_attention_backward`, the same
-code the CUDA ops use, with the CPU op as the local kernel), and sharding strategies that
-shard outputs and inputs on the sequence dimension (as torch's CP rules do for the CUDA ops).
-Everything is restored when the step ends. Written against torch 2.13's private
-`_context_parallel` module; another torch that lacks a piece is reported as not installed.
-"""
+How a step runs, and its CPU ring handlers: docs/internals.md, "PyTorch context parallelism"."""
 
 from __future__ import annotations
 
@@ -401,7 +380,3 @@ class TorchCpAdapter:
                 config.seq_len, config.world_size, config.device
             )
         return TorchCpRunner(mesh, config, balancer, self.rotate)
-
-
-def adapter(name: str) -> TorchCpAdapter:
-    return TorchCpAdapter(name)

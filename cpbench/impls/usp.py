@@ -1,27 +1,6 @@
-"""yunchang (feifeibear/long-context-attention: USP, PyPI `yunchang`) as an implementation:
-`LongContextAttention` — Ulysses all-to-all over U ranks, then ring attention over R ranks —
-with the process groups made by yunchang's own `set_seq_parallel_pg(U, R, rank, world,
-use_ulysses_low=True)` (Ulysses groups are runs of U consecutive ranks, as in cpbench).
+"""yunchang (feifeibear/long-context-attention: USP, PyPI `yunchang`) as an implementation.
 
-| cpbench layout | ring_impl_type | mask |
-|---|---|---|
-| contiguous | basic | causal or full |
-| zigzag | zigzag | causal only (asserts) |
-| striped | strip | causal only (asserts) |
-
-yunchang defines its layouts as cpbench does (at the ring level, then U contiguous pieces per
-Ulysses group: `yunchang.comm.extract_local`); the tests check its extract functions against
-`cpbench.attention.layouts.positions`, and the adapter shards with the latter. GQA: its
-all-to-all splits Q's and K/V's heads over the U ranks as they are, so kv_heads % U == 0 is
-needed (no KV-head replication). Local kernel: flash-attn (AttnType.FA; CUDA fp16/bf16, or
-the CPU stand-in of the tests). yunchang's torch kernels (AttnType.TORCH_*) have no backward
-("Not implemented backward for PyTorch attention types"), so FA is the only training path.
-
-Precision (0.6.4, upstream): the same two issues as ring-flash-attention's ring code, which
-yunchang vendors: fp16/bf16 only (float32 is rejected: its backward aliases an accumulation
-buffer), and the basic ring's backward returns `dq.to(torch.bfloat16)`
-(yunchang/ring/ring_flash_attn.py): float16 inputs get a bf16-rounded dQ (a `KnownIssue`).
-"""
+Its layouts, groups, kernel and upstream precision issues: docs/internals.md, "yunchang"."""
 
 from __future__ import annotations
 
@@ -57,7 +36,7 @@ from cpbench.impls.base import (
 )
 
 RING_IMPL_TYPES = YUNCHANG_RING_IMPL_TYPES
-BF16_DQ = KnownIssue(
+YUNCHANG_BF16_DQ = KnownIssue(
     ("dq",),
     TOLERANCE["bfloat16"],
     "yunchang's basic ring backward (contiguous layout) returns dq.to(torch.bfloat16) "
@@ -66,7 +45,7 @@ BF16_DQ = KnownIssue(
 )
 
 
-def _not_installed(exc: BaseException) -> str:
+def _yunchang_not_installed(exc: BaseException) -> str:
     return f"yunchang is not installed: pip install 'cpbench[usp]' ({exc})"
 
 
@@ -124,7 +103,7 @@ class UspAdapter:
         decides."""
         missing = missing_module("yunchang")
         if missing is not None:
-            return _not_installed(missing)
+            return _yunchang_not_installed(missing)
         loaded = sys.modules.get("yunchang.globals")
         has_flash_attn = (
             bool(getattr(loaded, "HAS_FLASH_ATTN", False))
@@ -142,10 +121,10 @@ class UspAdapter:
         return distribution_version("yunchang")
 
     def known_issues(self, config: BenchConfig) -> tuple[KnownIssue, ...]:
-        return bf16_dq_when_fp16_contiguous(config, BF16_DQ)
+        return bf16_dq_when_fp16_contiguous(config, YUNCHANG_BF16_DQ)
 
     def prepare(self, config: BenchConfig) -> UspRunner:
-        import_library("yunchang", _not_installed)  # imported here, in the rank only
+        import_library("yunchang", _yunchang_not_installed)  # imported here, in the rank only
         from yunchang import LongContextAttention  # noqa: PLC0415
         from yunchang.globals import PROCESS_GROUP  # noqa: PLC0415
         from yunchang.kernels import AttnType  # noqa: PLC0415
@@ -164,7 +143,3 @@ class UspAdapter:
             dist.get_rank(),
         )
         return UspRunner(config, attention, sharding)
-
-
-def adapter(name: str) -> UspAdapter:
-    return UspAdapter(name)

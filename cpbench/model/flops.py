@@ -1,30 +1,6 @@
 """Attention FLOPs and the causal work of each rank under a layout. Pure Python.
 
-Work is counted in attended (query, key) token pairs. Under a causal mask a query at position q
-attends to the keys at positions <= q; the pair with key == query counts 1/2 (the continuum
-convention: a diagonal block of `n` tokens counts `n^2/2`), so the work of all ranks sums to
-exactly `L^2/2` for every layout and the per-rank FLOPs sum exactly to the global causal FLOPs.
-Without a mask every query attends to all `L` keys.
-
-The layout acts on the ring level: ring rank `j` (of `R`) holds `L/R` token positions
-(contiguous: `[j*L/R, (j+1)*L/R)`; zigzag: chunks `j` and `2R-1-j` of `2R`; striped: positions
-`i` with `i mod R == j`). The `U` Ulysses ranks of a ring group split its heads evenly, so each
-does `1/U` of its ring rank's work; global rank `p = j*U + u`. At ring step `s` ring rank `j`
-computes against the K/V chunk of ring rank `(j - s) mod R`.
-
-Everything is closed form over chunks, ranks and steps, never a loop over tokens.
-
-**Masks** (`cpbench.config.masks.MaskSpec`: packed documents, a sliding window) and the layouts
-built for them (`doc_zigzag`, `balanced`) take their work from the mask geometry of
-`cpbench.config.geometry`: the pairs of every ring rank at every ring step are those of
-`ring_schedule(pack(...))`, the very kernel calls the ring makes, with the same continuum
-convention (a causal pair on the diagonal counts 1/2). The ring runs only the `steps` ring steps
-the mask needs (`LayoutWork.steps`; R for causal or full attention over one sequence).
-`doc_zigzag` pads documents to multiples of 2R: its ranks compute `L_run = L + padding` tokens,
-and the padding's pairs are reported as overhead (`LayoutWork.padding_fraction`). The closed
-forms above are kept for causal and full attention on the global layouts (they are faster and
-agree with the geometry exactly: tests/test_model_masks.py).
-"""
+The counting convention (attended pairs) and the masks: docs/design.md section 2."""
 
 from __future__ import annotations
 
@@ -246,7 +222,7 @@ def uses_closed_form(mask: MaskSpec, layout: str) -> bool:
     return mask.plain and layout in GLOBAL_LAYOUTS
 
 
-def packing_of(mask: MaskSpec, seq_len: int, ulysses: int, ring: int, layout: str) -> Packing:
+def _layout_packing(mask: MaskSpec, seq_len: int, ulysses: int, ring: int, layout: str) -> Packing:
     """The mask geometry's packing (`cpbench.config.geometry.pack`, cached); CpbenchError when
     the layout cannot cut the sequence."""
     check_choice("layout", layout, LAYOUTS)
@@ -258,7 +234,7 @@ def masked_step_pairs(
 ) -> tuple[tuple[Fraction, ...], ...]:
     """`[s][j]` for the `steps` ring steps the mask needs: ring rank j's pairs at step s from
     `ring_schedule(pack(...))`, the diagonal's half taken off at step 0 (causal)."""
-    schedule = ring_schedule(packing_of(mask, seq_len, ulysses, ring, layout))
+    schedule = ring_schedule(_layout_packing(mask, seq_len, ulysses, ring, layout))
     rows = []
     for t in range(schedule.steps):
         row = []
@@ -269,11 +245,6 @@ def masked_step_pairs(
             row.append(pairs)
         rows.append(tuple(row))
     return tuple(rows)
-
-
-def global_rank(ring_rank: int, ulysses_rank: int, ulysses: int) -> int:
-    """Global rank p = j*U + u of Ulysses rank u inside ring rank j."""
-    return ring_rank * ulysses + ulysses_rank
 
 
 def imbalance(values: tuple[float, ...] | list[float]) -> float:
@@ -428,7 +399,7 @@ def layout_work(problem: CpProblem) -> LayoutWork:
             ring_rank_pairs(seq_len, ring, layout, mask.causal),
             mask,
         )
-    packing = packing_of(mask, seq_len, ulysses, ring, layout)
+    packing = _layout_packing(mask, seq_len, ulysses, ring, layout)
     steps = masked_step_pairs(mask, seq_len, ulysses, ring, layout)
     return LayoutWork(
         seq_len,
@@ -475,11 +446,6 @@ class FlopsBreakdown:
         return tuple(
             float(self.work.ring_rank_pairs[p // u] * factor) for p in range(self.work.world)
         )
-
-    def step_flops(self, phase: str = "forward") -> tuple[tuple[float, ...], ...]:
-        """`[s][j]`: FLOPs of each global rank of ring rank j at ring step s."""
-        factor = self.pair_flops * phase_factor(phase)
-        return tuple(tuple(float(p * factor) for p in step) for step in self.work.step_pairs)
 
     def slowest_rank_flops(self, phase: str = "forward") -> float:
         """FLOPs of the busiest rank, which sets the step time."""

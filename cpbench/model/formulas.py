@@ -1,48 +1,9 @@
-"""Communication volume of context-parallel attention, per rank, as numbers and as formulas.
+"""Communication volume of context-parallel attention per rank, as numbers and as formulas.
 
-Every volume exists twice: a number computed from the configuration, and a symbolic expression
-over the symbols below that `evaluate_formula` turns into the same number (the tests check it), so
-the CLI can print the formula, the formula with the values substituted, and the value.
-
-Symbols: `B` batch, `L` global sequence length, `h` query heads, `h_kv` KV heads, `d_h` head dim,
-`d = h*d_h`, `d_kv = h_kv*d_h`, `U` Ulysses degree, `R` ring degree, `c` KV replication,
-`e` bytes per element of the input dtype (fp32 accumulators always use 4), `L_run` the tokens
-the ranks hold (L plus the padding doc_zigzag adds; formulas write `L` when there is none), `k`
-the ring steps the mask needs (k = R for causal or full attention over one sequence; a sliding
-window or packed documents may need fewer: `cpbench.config.geometry.RingSchedule.steps`).
-
-Counting convention (it is what the instrumented communicator counts, so analytic bytes equal
-counted bytes): an all-to-all over `U` ranks "sends" the elements a rank hands in minus the `1/U`
-part that stays on the rank itself; a point-to-point send counts the elements of the tensor sent.
-Nothing is counted for `U == 1` (no all-to-all) or `R == 1` (no ring).
-
-What the implementation sends, per rank and per layer (`S = L/(U*R)` tokens per rank):
-
-- Ulysses stage (`U > 1`), forward: `a2a_q` hands in `B*S*h*d_h`, `a2a_kv` hands in K and V packed
-  after replication, `2*B*S*c*h_kv*d_h`, and `a2a_out` hands in `B*S*h*d_h`; backward mirrors it
-  with `a2a_dout`, `a2a_dq`, `a2a_dkv` of the same sizes, all in the input dtype.
-- Ring stage (`R > 1`) over the `L/R` tokens of a ring shard with `h/U` query heads and
-  `c*h_kv/U` KV heads: forward `k-1` hops of K/V packed (`2*B*(L/R)*(c*h_kv/U)*d_h` elements,
-  dtype), at steps 0..k-2 (steps k..R-1 are not run); backward the same `k-1` K/V hops plus `k`
-  hops of the fp32 dK/dV accumulator when k > 1 (none when k = 1), which travels with its chunk
-  and, after step k-1, goes straight to its owner. With k = R that is R-1 K/V hops and R dK/dV
-  hops, the last one to the next neighbour, which is the owner.
-
-- All-gather stage (`cp_comm = "all_gather"`, R > 1: the ring axis all-gathers instead of
-  passing K/V; `cpbench/attention/allgather.py`), same chunk `2*B*(L/R)*(c*h_kv/U)*d_h`:
-  forward `ag_kv` receives the `(R-1)` chunks of the other ranks, in `(c*h_kv/U)/hs` calls of
-  `hs` KV heads each (`hs` = heads_k_stride, all the heads by default); backward the same
-  all-gather again (nothing gathered is kept) plus `rs_dkv`, a sum reduce-scatter of the fp32
-  dK/dV that sends `(R-1)` fp32 chunks. The mask does not change these bytes (every chunk is
-  gathered; the mask only skips compute), and neither does the stride (it cuts the calls).
-
-A global layout permutes tokens; it changes the work of each rank, never these volumes. The
-mask changes k (the hops) and doc_zigzag's padding changes L_run (every term). Pure Python.
-"""
+The symbols, counting convention and volumes: docs/design.md section 2. Pure Python."""
 
 from __future__ import annotations
 
-import ast
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -76,35 +37,6 @@ _SYMBOL = re.compile(r"\b(B|L_run|L|h_kv|hs|h|d_h|d_kv|d|U|R|c|e|k)\b")
 def substitute(formula: str, symbols: Mapping[str, int]) -> str:
     """The formula with every symbol replaced by its value: `B*(L/U)` -> `1*(8192/4)`."""
     return _SYMBOL.sub(lambda m: str(symbols[m.group(1)]), formula)
-
-
-def evaluate_formula(formula: str, symbols: Mapping[str, int]) -> Fraction:
-    """Exact value of a formula (+ - * / and parentheses over integers and symbols)."""
-    tree = ast.parse(formula, mode="eval")
-    return _evaluate_node(tree.body, symbols, formula)
-
-
-def _evaluate_node(node: ast.expr, symbols: Mapping[str, int], formula: str) -> Fraction:
-    if isinstance(node, ast.Constant) and isinstance(node.value, int):
-        return Fraction(node.value)
-    if isinstance(node, ast.Name):
-        if node.id not in symbols:
-            raise CpbenchError(f"unknown symbol {node.id!r} in formula {formula!r}")
-        return Fraction(symbols[node.id])
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-        return -_evaluate_node(node.operand, symbols, formula)
-    if isinstance(node, ast.BinOp):
-        left = _evaluate_node(node.left, symbols, formula)
-        right = _evaluate_node(node.right, symbols, formula)
-        if isinstance(node.op, ast.Add):
-            return left + right
-        if isinstance(node.op, ast.Sub):
-            return left - right
-        if isinstance(node.op, ast.Mult):
-            return left * right
-        if isinstance(node.op, ast.Div):
-            return left / right
-    raise CpbenchError(f"formula {formula!r} uses an unsupported expression")
 
 
 # ------------------------------------------------------------------------- volume dataclasses
@@ -253,35 +185,6 @@ def ring_kv_chunk_elements(config: CpProblem) -> int:
     """Elements of one ring hop of K/V packed: 2*B*(L/R)*(c*h_kv/U)*d_h."""
     s = config.shape
     return 2 * s.batch * config.ring_shard * config.kv_heads_per_rank * s.head_dim
-
-
-def ulysses_elements_sent(config: CpProblem, phase: Pass = "forward") -> int:
-    """Elements a rank sends in the Ulysses stage; equal forward and backward."""
-    check_choice("phase", phase, PASSES)
-    handed = 2 * ulysses_q_elements(config) + ulysses_kv_elements(config)
-    return all_to_all_sent(handed, config.ulysses)
-
-
-def ring_elements_sent(config: CpProblem, phase: Pass = "forward") -> int:
-    """Elements a rank sends in the ring stage: (k-1) K/V hops, plus (k-1) dK/dV hops
-    backward; k = R for causal or full attention over one sequence."""
-    check_choice("phase", phase, PASSES)
-    if config.ring == 1:
-        return 0
-    hops = config.kv_hops if phase == "forward" else config.kv_hops + config.dkv_hops
-    return hops * ring_kv_chunk_elements(config)
-
-
-def ring_bytes_sent(config: CpProblem, phase: Pass = "forward") -> int:
-    """Bytes a rank sends in the ring stage (the backward dK/dV hops are fp32)."""
-    check_choice("phase", phase, PASSES)
-    if config.ring == 1:
-        return 0
-    chunk = ring_kv_chunk_elements(config)
-    kv_bytes = config.kv_hops * chunk * config.bytes_per_element
-    if phase == "forward":
-        return kv_bytes
-    return kv_bytes + config.dkv_hops * chunk * FP32_BYTES
 
 
 def gather_bytes_sent(config: CpProblem, phase: Pass = "forward") -> int:

@@ -1,27 +1,6 @@
-"""Context-parallel prefill with a cached prefix, in pure math: how the tokens are sharded,
-the bytes each scheme sends per rank (what `cpbench.attention.inference` counts at the
-torch.distributed boundary), the KV cache per rank (the serving prices and the pass-KV / pass-Q
-crossover: `cpbench.model.inference_cost`).
+"""Context-parallel prefill and decode in pure math: token shards, bytes per rank, the KV cache.
 
-The problem: T new tokens (query positions P..P+T-1) attend causally to P cached + T new keys
-(positions 0..P+T-1), on W ranks. Every rank holds a contiguous shard of the cache
-(`split_sizes`: the first `n mod W` ranks get one token more, as `torch.tensor_split`) and its
-new tokens by the `NewTokenLayout`: `contiguous` (rank r holds the r-th of `split_sizes(T, W)`)
-or `zigzag` (the default, what the serving cost model prices and the frameworks run: the T
-new tokens cut into 2W chunks `split_sizes(T, 2W)`, rank r holds chunks r and 2W - 1 - r, so
-every rank's causal work is about equal; `new_token_segments`). Tensors that travel are padded
-to the largest shard (ranks exchange equal shapes), and the bytes here count the padding, as
-the wire does.
-
-Schemes (per rank, forward only):
-
-* pass_kv: a ring of W steps; the K/V chunk (cache shard + new shard, padded) hops W - 1 times;
-* pass_q: a ring of W steps; the query block (padded) hops W - 1 times and the W - 1 foreign
-  partial outputs (in the inputs' dtype) and LSEs (fp32) go home in one all-to-all each;
-* all_gather: the K/V chunks of the W - 1 other ranks reach this rank in one all-gather;
-* ulysses: all-to-all Q and K/V (sequence -> heads; K/V heads replicated up to W when fewer),
-  attention over the whole sequence on W-th of the heads, all-to-all the output back.
-"""
+The sharding (zigzag new tokens, a contiguous cache) and each scheme's hops: docs/inference.md."""
 
 from __future__ import annotations
 
@@ -286,14 +265,6 @@ def check_decode_merge(merge: str, heads: int, world: int) -> DecodeMerge:
                 )
             return known
     raise CpbenchError(f"decode merge {merge!r} is not one of {', '.join(DECODE_MERGES)}")
-
-
-def decode_heads(heads: int, world: int, rank: int) -> tuple[int, int]:
-    """The heads [first, end) rank `rank` holds after an all_to_all merge: r H / W .. (r + 1)
-    H / W (W must divide H: `check_decode_merge`)."""
-    check_decode_merge("all_to_all", heads, world)
-    per = heads // world
-    return rank * per, (rank + 1) * per
 
 
 def decode_bytes(

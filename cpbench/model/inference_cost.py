@@ -1,67 +1,16 @@
-"""The serving cost model, in pure math: time-to-first-token of a prefill with a cached prefix
-for every scheme and degree, the per-token latency of a decode over a sequence-sharded KV
-cache, and the KV capacity per rank, priced on a hardware profile.
+"""The serving cost model: TTFT of a prefill with a cached prefix, decode latency, KV capacity.
 
-Every function takes the `CpProblem` of the request for its heads, KV heads, head dim, batch
-(prefill: requests of the same P and T; decode: the decode batch) and dtype; its seq_len and
-mesh are not read (the cached and new token counts and the degree W are arguments), and
-`kernel` names the attention kernel whose efficiency curve prices the kernels.
-
-Conventions (every number these functions return):
-
-* times are seconds of one attention layer for the whole request batch, on the slowest rank
-  (the ring waits for it): kernel time + exposed communication + fixed overheads;
-* bytes are per rank (what a rank sends, `prefill_bytes` / `decode_bytes`);
-* FLOPs of attention are 4 B H D per visible query-key pair (`prefill_pairs_per_rank`);
-* the tier a group of W ranks crosses is the profile's `intra_node` tier when W fits one node
-  (W <= devices_per_node), else its `inter_node` tier (the NIC prices every hop);
-* a ring step overlaps its hop with its kernel as the training model does: the step takes
-  `max(c, h) + (1 - overlap) * min(c, h)` (`overlap` from the profile: NCCL kernels take SMs
-  from attention, so the shorter part is not wholly hidden), plus the profile's step overhead.
-
-Prefill (T new tokens on P cached; `PrefillCase`'s padded shapes and bytes): the new tokens
-are sharded by the case's `NewTokenLayout`, balanced unless told (Meta's 2W chunks, the layout
-serving frameworks run, and the default of cpbench's measured and verified schemes: one
-definition, `cpbench.model.inference.new_token_segments`, and the per-rank work read from
-`prefill_pairs_per_rank`; contiguous costs the ring up to 2x on a fresh causal prompt,
-`prefill_imbalance`), the cache contiguously (every query sees all of it, so its layout does
-not change the work).
-
-* pass_kv / pass_q: W ring steps of the busiest rank's pairs / W each; the kernel of a step is
-  one padded query block (T / W rows) against one padded K/V chunk (P / W + T / W keys), priced
-  at the profile's efficiency curve at the chunk's key count (a split-KV kernel keeps the GPU
-  busy on few query rows: FlashAttention's `num_splits_heuristic` splits the keys when batch x
-  heads x query tiles fill under 80% of the SMs; a kernel that does not is slower, which hides
-  hops better: it makes pass-KV look better, never worse). pass_kv hops the K/V chunk W - 1 times; pass_q hops the
-  query block W - 1 times and then sends the W - 1 foreign partial outputs and their LSEs home
-  in two all-to-alls, after the last step: nothing is left to compute, so they are exposed
-  (Meta's pass-Q, arXiv:2411.01783 §3.3);
-* all_gather: one all-gather of the W - 1 other K/V chunks (priced on the tier's all-to-all
-  cost, as the training model prices gathers), overlapped with the rank's own-chunk share of
-  its work, then one kernel over every key;
-* ulysses: all-to-all Q, K/V (KV heads replicated up to W) and the output, not overlapped; the
-  kernel is the whole causal prefill on H / W heads.
-
-Decode (one new token per sequence, B sequences of N = P + T cached tokens, sharded by
-sequence): a rank reads its ceil(N / W) tokens of K/V from HBM at the profile's memory
-bandwidth (decode is memory-bound: about 2 H / H_kv FLOPs per byte read, far below an H100's
-~300) or computes them at the kernel rate, whichever is longer, then the W ranks merge their
-partial outputs (inputs' dtype) and LSEs (fp32), two calls on the tier's all-to-all cost of
-the bytes a rank sends (`decode_bytes`): all_gather (the default: every rank gets the whole
-output; (W - 1) partials reach each rank) or all_to_all back to a head split ((W - 1) / W of
-one partial leaves each rank, W times fewer bytes; what comes after the merge, the output
-projection on H / W heads, is not priced here).
-"""
+The model, its conventions and sources: docs/inference.md, "The model". Pure math."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
 
 from scipy.optimize import brentq
 
 from cpbench.config.problem import CpProblem
 from cpbench.errors import CpbenchError
+from cpbench.model.flops import flops_per_pair
 from cpbench.model.hardware.profile import HardwareProfile, LinkTier, LinkTierProfile
 from cpbench.model.inference import (
     DEFAULT_NEW_TOKEN_LAYOUT,
@@ -77,14 +26,6 @@ from cpbench.model.inference import (
     split_sizes,
 )
 
-RingScheme = Literal["pass_kv", "pass_q"]
-"""The two ring prefill schemes the crossover compares."""
-
-
-def flops_per_pair(problem: CpProblem) -> int:
-    """4 B H D: QK^T and PV, 2 FLOPs per multiply-add, over every head and sequence."""
-    return 4 * problem.batch * problem.heads * problem.head_dim
-
 
 def check_heads(problem: CpProblem) -> None:
     """CpbenchError showing the arithmetic when the query heads do not group over the KV heads."""
@@ -95,15 +36,7 @@ def check_heads(problem: CpProblem) -> None:
         )
 
 
-def balanced_pairs_per_rank(cached_len: int, new_tokens: int, world: int) -> tuple[int, ...]:
-    """Visible query-key pairs per rank when the new tokens are sharded load-balanced (2W
-    chunks `split_sizes(T, 2W)`, rank r takes chunks r and 2W - 1 - r: Meta's load-balanced
-    sharding, arXiv:2411.01783 §3.2; vLLM's head-tail split): `prefill_pairs_per_rank` with
-    the balanced layout, the one definition the measured schemes shard by too."""
-    return prefill_pairs_per_rank(cached_len, new_tokens, world, "zigzag")
-
-
-def group_tier(profile: HardwareProfile, world: int) -> LinkTier:
+def world_link_tier(profile: HardwareProfile, world: int) -> LinkTier:
     """The tier W ranks cross: intra_node when they fit one node, else inter_node."""
     return "intra_node" if world <= profile.devices_per_node else "inter_node"
 
@@ -175,16 +108,16 @@ def price_prefill(
     kernel: str = "auto",
     new_token_layout: NewTokenLayout = DEFAULT_NEW_TOKEN_LAYOUT,
 ) -> PrefillPrice:
-    """The modelled TTFT of `scheme` on `world` ranks (see the module docstring; the new
+    """The modelled TTFT of `scheme` on `world` ranks (see docs/inference.md; the new
     tokens sharded by `new_token_layout`, balanced unless told: what serving runs); CpbenchError
     naming the rule when the scheme cannot run there (Ulysses: heads not divisible)."""
     if world < 1:
         raise CpbenchError(f"the CP degree must be >= 1, got {world}")
     check_heads(problem)
     case = _case(problem, cached_len, new_tokens, scheme, world, new_token_layout)
-    tier_name = group_tier(profile, world)
+    tier_name = world_link_tier(profile, world)
     tier, overhead = profile.link(tier_name), profile.step_overhead_s
-    per_pair = flops_per_pair(problem)
+    per_pair = flops_per_pair(problem.shape)
     busiest = max(prefill_pairs_per_rank(cached_len, new_tokens, world, case.new_token_layout))
     sent = prefill_bytes(case)
     if world == 1:
@@ -243,7 +176,7 @@ def _ring_price(
 ) -> PrefillPrice:
     w = case.world
     eff = _efficiency(profile, problem, kernel, case.kv_block)
-    step = busiest * flops_per_pair(problem) / w / (profile.peak_flops(problem.dtype) * eff)
+    step = busiest * flops_per_pair(problem.shape) / w / (profile.peak_flops(problem.dtype) * eff)
     hop_tag = "p2p_kv" if scheme == "pass_kv" else "p2p_q"
     hop = tier.send_recv.seconds(sent[hop_tag] / (w - 1))
     ring = (w - 1) * overlapped(step, hop, profile.overlap) + step
@@ -296,7 +229,7 @@ def pass_kv_hidden_above(problem: CpProblem, world: int, profile: HardwareProfil
     alone (latency and padding left out): a step computes (T / W) x (P + T) / W pairs at C
     FLOP/s while a hop sends 2 H_kv D e (P + T) / W bytes at the send/recv busbw BW, so the
     hop hides when T >= W C 2 H_kv e / (4 H BW) = W C H_kv e / (2 H BW) (independent of P)."""
-    tier = profile.link(group_tier(profile, world))
+    tier = profile.link(world_link_tier(profile, world))
     keys = cached_len / world
     rate = profile.peak_flops(problem.dtype) * _efficiency(profile, problem, kernel, keys)
     return (
@@ -344,13 +277,13 @@ def price_decode(context_len: int, problem: CpProblem, world: int,
                  profile: HardwareProfile, kernel: str = "auto",
                  merge: DecodeMerge = "all_gather") -> DecodePrice:  # fmt: skip
     """One decode step (one new token per sequence) over `context_len` cached tokens sharded
-    by sequence on `world` ranks, merged by `merge`; see the module docstring."""
+    by sequence on `world` ranks, merged by `merge`; see docs/inference.md."""
     if context_len < 1 or world < 1:
         raise CpbenchError(
             f"decode needs context_len >= 1 and world >= 1, got {context_len} and {world}"
         )
     the_merge = check_decode_merge(merge, problem.heads, world)
-    tier_name = group_tier(profile, world)
+    tier_name = world_link_tier(profile, world)
     tier = profile.link(tier_name)
     shard = kv_cache_bytes_per_rank(
         context_len, world, problem.kv_heads, problem.head_dim, problem.dtype, problem.batch
@@ -358,7 +291,7 @@ def price_decode(context_len: int, problem: CpProblem, world: int,
     memory = shard / profile.memory_bandwidth
     keys = split_sizes(context_len, world)[0]
     rate = profile.peak_flops(problem.dtype) * _efficiency(profile, problem, kernel, keys)
-    compute = flops_per_pair(problem) * keys / rate
+    compute = flops_per_pair(problem.shape) * keys / rate
     sent = decode_bytes(
         1, world, problem.heads, problem.head_dim, problem.dtype, problem.batch, the_merge
     )

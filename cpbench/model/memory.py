@@ -1,27 +1,6 @@
 """Memory per rank of one context-parallel attention layer: an itemised lower bound. Pure Python.
 
-Each item is a tensor the implementation must hold (shape, dtype, bytes) and the stages during
-which it is alive. A layer runs through up to six stages: forward all-to-all in (Ulysses),
-forward attention (the ring or the local kernel), forward all-to-all out, and the same three in
-backward. The peak of a phase is the largest sum of live items over its stages; the total is the
-sum of every item allocated in it. Nothing else (model weights, kernel workspaces, allocator
-slack) is counted, hence a lower bound.
-
-Notation: `S = L/(U*R)` tokens per rank, `n = L/R` tokens of a ring shard, `h/U` query heads and
-`c*h_kv/U` KV heads per rank after the Ulysses exchange, `e` bytes of the dtype, fp32 = 4.
-For pure ring (U = 1) the ring-level tensors are the local shards and are counted once.
-Every length is the run length L_run (L plus doc_zigzag's padding; `CpProblem.run_len`), so a
-layout that pads holds the padding too. Every item is proportional to L_run, so
-`max_seq_len_for_budget` is a closed form (for doc_zigzag at the lengths that pad nothing).
-
-All-gather on the ring axis (`cp_comm = "all_gather"`, R > 1) holds, instead of the ring's two
-K/V chunks in flight, the gathered K/V of a stride, `2*B*L_run*hs*d_h` elements (R chunks of
-`hs` of the `c*h_kv/U` KV heads), twice while the next stride is in flight (more than one
-stride); backward the same plus the fp32 dK/dV of the gathered stride (twice as well: the
-reduce-scatter of the last stride is waited for when the next one is posted). This is the
-scheme's cost, `2 L d_kv` elements per layer with one stride, growing with L; a stride of
-`hs` KV heads divides it by `(c*h_kv/U) / hs` (then x2 for the stride in flight).
-"""
+The items, stages and the all-gather's strides: docs/design.md section 2, "Memory per rank"."""
 
 from __future__ import annotations
 

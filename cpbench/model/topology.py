@@ -1,37 +1,6 @@
 """Collective costs on a node topology, rank placement and prediction uncertainty. Pure Python.
 
-A profile's topology (`HardwareProfile.node_tiers`, `[topology]` in the file) is a list of
-tiers inside a node, innermost first; tier t joins islands of tier t-1 (single devices below
-tier 0) into islands of `island` devices, device d sitting in island d // island. Across
-nodes the profile's `inter_node` tier is one more level whose islands are nodes. Here:
-
-- **Placement** (`TopologyPlacement`): which device each CP rank runs on. CP rank p = j*U + u
-  (ring index j, Ulysses index u, as `cpbench/attention/mesh.py` builds the groups) sits on
-  device `slot(p) * rank_stride` where `slot` is p itself for `ulysses_low` (Ulysses groups
-  are runs of U consecutive devices, yunchang's `use_ulysses_low=True`, Megatron's
-  hierarchical CP with the all-to-all group innermost) or u*R + j for `ring_low` (rings are
-  runs of R consecutive devices, Ulysses groups strided by R).
-- **All-to-all** over the Ulysses groups (all groups at once): a rank sends bytes_sent / (U-1)
-  to each peer; the bytes to a peer whose smallest common island is at level m cross the
-  links of every level <= m. Level t's links are the uplinks of the islands of level t-1 and
-  carry `busbw_t x (devices of that island)` bytes/s (busbw is per device when the whole
-  island sends across at once), so level t takes `max over islands (bytes leaving it across t)
-  / (busbw_t x island size)`. The call takes the latency of the highest level crossed plus the
-  slowest level's time (the slowest crossed tier bounds it).
-- **Ring hop**: every rank sends a hop to its ring successor at once; a hop pays each level it
-  crosses, the ranks of an island whose hops cross its uplink share it, and the slowest level
-  paces every hop (the ring is synchronous).
-- **Choice** (`choose_placement`): the placement with the least communication time for the
-  candidate's calls, ulysses_low on a tie (what cpbench runs without reordering devices);
-  `Export` says how to run it: `CUDA_VISIBLE_DEVICES` (devices in CP-rank order), yunchang's
-  `use_ulysses_low`, Megatron's `hierarchical_context_parallel_sizes`.
-- **Detection** (`tiers_from_matrix`): island sizes from an `nvidia-smi topo -m` style matrix.
-- **Uncertainty** (`PredictionInterval`, `interval`, `tied`): a multiplicative interval from the
-  calibration residual (RMS relative error of fitted step times) or the prior's stated
-  accuracy, and whether two predictions are within each other's interval.
-
-Units: seconds, bytes.
-"""
+The tiers, placements and pricing: docs/design.md section 2, "The topology's arithmetic"."""
 
 from __future__ import annotations
 
@@ -139,20 +108,6 @@ def _island(device: int, tiers: Sequence[Level], index: int) -> int:
 
 
 @dataclass(frozen=True)
-class Export:
-    """How to run a placement with each framework."""
-
-    cuda_visible_devices: str
-    """Devices in CP-rank order for one node (CUDA_VISIBLE_DEVICES), e.g. '0,4,1,5,2,6,3,7'."""
-    yunchang_use_ulysses_low: bool
-    """yunchang's `set_seq_parallel_pg(..., use_ulysses_low=...)` in the identity order."""
-    megatron_hierarchical_sizes: tuple[int, int]
-    """Megatron-Core's `hierarchical_context_parallel_sizes` (a2a group innermost): [U, R]."""
-    note: str
-    """One sentence: what to set."""
-
-
-@dataclass(frozen=True)
 class TopologyPlacement:
     """Which device each CP rank of a U x R mesh runs on, on a profile's levels."""
 
@@ -177,25 +132,7 @@ class TopologyPlacement:
         """Devices of the ring of Ulysses index u, in ring order."""
         return tuple(self.devices[j * self.ulysses + u] for j in range(self.ring))
 
-    def export(self) -> Export:
-        """CUDA_VISIBLE_DEVICES, yunchang and Megatron settings of this placement."""
-        per_node = self.tiers[-1].island
-        first = [d % per_node for d in self.devices[: min(len(self.devices), per_node)]]
-        visible = ",".join(str(d) for d in first)
-        low = self.order == "ulysses_low"
-        if low:
-            note = (
-                f"default rank order: Ulysses groups of {self.ulysses} consecutive ranks "
-                f"(yunchang use_ulysses_low=True; Megatron hierarchical_context_parallel_sizes "
-                f"[{self.ulysses}, {self.ring}])"
-            )
-        else:
-            note = (
-                f"rings of {self.ring} consecutive devices: yunchang use_ulysses_low=False, or "
-                f"CUDA_VISIBLE_DEVICES={visible} with use_ulysses_low=True / Megatron "
-                f"hierarchical_context_parallel_sizes [{self.ulysses}, {self.ring}]"
-            )
-        return Export(visible, low, (self.ulysses, self.ring), note)
+
 
 
 def place(
@@ -323,39 +260,6 @@ def ring_hop_time(placement: TopologyPlacement, hop_bytes: float) -> CollectiveT
     return _time(placement.tiers, "send_recv", flows)
 
 
-def comm_seconds(
-    placement: TopologyPlacement,
-    all_to_all_calls: Sequence[float],
-    hop_bytes: float,
-    hops: int,
-) -> float:
-    """Serialised communication of a candidate: its all-to-all calls (bytes per rank each)
-    plus `hops` ring exchanges of `hop_bytes`."""
-    total = sum(all_to_all_time(placement, b).seconds for b in all_to_all_calls)
-    return total + hops * ring_hop_time(placement, hop_bytes).seconds
-
-
-def choose_placement(
-    ulysses: int,
-    ring: int,
-    profile: HardwareProfile,
-    all_to_all_calls: Sequence[float],
-    hop_bytes: float,
-    hops: int,
-    devices_per_node: int | None = None,
-    rank_stride: int = 1,
-) -> TopologyPlacement:
-    """The order with the least communication (`comm_seconds`); ulysses_low unless ring_low
-    is faster by more than 1%: what cpbench runs without reordering the devices."""
-    low = place(ulysses, ring, profile, devices_per_node, rank_stride, "ulysses_low")
-    if ulysses == 1 or ring == 1:
-        return low
-    alt = place(ulysses, ring, profile, devices_per_node, rank_stride, "ring_low")
-    t_low = comm_seconds(low, all_to_all_calls, hop_bytes, hops)
-    t_alt = comm_seconds(alt, all_to_all_calls, hop_bytes, hops)
-    return alt if t_alt < 0.99 * t_low else low
-
-
 def describe(placement: TopologyPlacement, a2a_bytes: float, hop_bytes: float) -> str:
     """Which tiers the all-to-all and the ring cross, and what bounds each (one sentence)."""
     parts = []
@@ -405,7 +309,7 @@ class DetectedTier:
     """Whether peer-to-peer was reported OK between every pair meeting at this tier."""
 
 
-def _root(parent: list[int], x: int) -> int:
+def _find_root(parent: list[int], x: int) -> int:
     while parent[x] != x:
         parent[x] = parent[parent[x]]
         x = parent[x]
@@ -428,10 +332,10 @@ def tiers_from_matrix(
                 cell = str(matrix[a][b]).upper()
                 key = "NV" if cell.startswith("NV") else cell
                 if a != b and _CELL_LEVEL.get(key, 5) <= level:
-                    parent[_root(parent, a)] = _root(parent, b)
+                    parent[_find_root(parent, a)] = _find_root(parent, b)
         groups: dict[int, list[int]] = {}
         for i in range(n):
-            groups.setdefault(_root(parent, i), []).append(i)
+            groups.setdefault(_find_root(parent, i), []).append(i)
         islands = tuple(sorted(tuple(g) for g in groups.values()))
         if len(islands) == len(previous):
             continue

@@ -1,7 +1,6 @@
-"""Rich tables of a `cpbench.app.formulas.formulas_report` dict.
-
-Each is a `FitTable`: the whole table on a wide console; on a narrow one (80 columns, a pipe) its
-columns split into parts that repeat the row's name, so no formula, shape or number is cut."""
+"""Rich tables of a `cpbench.app.formulas.formulas_report` dict, each a `FitTable`: whole on a
+wide console; on a narrow one (80 columns, a pipe) its columns split into parts that repeat the
+row's name, so no formula, shape or number is cut."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""The sweep's table of inference records (prefill, decode): one row per record, the time to
-first token or the per-token latency beside the reference check, the bytes check and the
-KV-cache check, nccl-tests style (a value, then "=" where the count equals the model).
-A `FitTable`: it reads whole at 80 columns. Renderers return renderables; the CLI prints."""
+"""The sweep's `FitTable` of inference records: per record the TTFT or per-token latency beside
+the reference, bytes and KV-cache checks, nccl-tests style (a value, then "=" where the count
+equals the model). Renderers return renderables; the CLI prints."""
 
 from __future__ import annotations
 

@@ -53,7 +53,7 @@ def render_plan(report: Mapping[str, Any], top: int = 10) -> list[RenderableType
         tiers = _tiers_text(winner)
         if tiers:
             out.append(Text(tiers))
-        out.append(_memory_table(winner, q["memory_capacity_bytes"]))
+        out.append(_plan_memory_table(winner, q["memory_capacity_bytes"]))
         shortest = report["shortest_cp"]
         where = (f"rank {shortest['rank']}" if shortest["rank"] is not None
                  else f"step {_seconds(shortest['step_s'])} s, below the plans listed")
@@ -73,7 +73,7 @@ def render_plan(report: Mapping[str, Any], top: int = 10) -> list[RenderableType
             f"{counts['feasible']} fit; {counts['priced']} priced, {counts['pruned']} pruned "
             f"(a lower bound of their step cannot rank).", style="dim"))
     if report["frameworks"]:
-        out.append(_frameworks_table(report["frameworks"]))
+        out.append(_plan_frameworks_table(report["frameworks"]))
     out += [Text(f"note: {n}", style="dim") for n in report["notes"]]
     conventions = report["conventions"]
     out.append(Text(
@@ -160,7 +160,7 @@ def _tiers_text(plan: Mapping[str, Any]) -> str:
     return ("Where the winner's collectives run: " + "; ".join(parts) + ".") if parts else ""
 
 
-def _memory_table(plan: Mapping[str, Any], capacity: float) -> FitTable:
+def _plan_memory_table(plan: Mapping[str, Any], capacity: float) -> FitTable:
     stages = plan["memory"]
     names = list(stages)
     table = FitTable(
@@ -222,7 +222,7 @@ def _rejected(rejected: Sequence[Mapping[str, Any]], top: int,
     return out
 
 
-def _frameworks_table(frameworks: Sequence[Mapping[str, Any]]) -> FitTable:
+def _plan_frameworks_table(frameworks: Sequence[Mapping[str, Any]]) -> FitTable:
     table = FitTable(title="Settings for the winner", narrow="stack")
     table.add_column("framework", key=True, wrap=True)
     table.add_column("settings", wrap=True)

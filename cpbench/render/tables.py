@@ -1,11 +1,6 @@
-"""Rich tables for the measurement commands: the sweep / run results and the verify matrix, and
-`FitTable`, the table every renderer here uses so that each table reads whole at any console
-width (80 columns, or a pipe, where rich assumes 80) without cutting a word or a number.
-
-Renderers take the records the services return and give rich renderables; only the CLI prints
-them. A `FitTable` chooses its layout from the console width when it is printed, so the CLI
-passes nothing.
-"""
+"""Rich tables for the measurement commands (sweep / run results, the verify matrix) and
+`FitTable`, which picks its layout from the console width when printed, so each table reads
+whole at 80 columns or in a pipe without cutting a word or a number. Only the CLI prints."""
 
 from __future__ import annotations
 
@@ -557,7 +552,7 @@ def compare_table(comparison: Any) -> FitTable:
             text = r["verdict"] + (" REGRESSION" if r["regression"] else "")
             verdict = Text(text, style=style)
         table.add_row(
-            str(r.get("seq_len") or "-"), *(_cell(r.get(a)) for a in axes), mesh,
+            str(r.get("seq_len") or "-"), *(_dash_or_str(r.get(a)) for a in axes), mesh,
             str(r.get("layout") or "-"), str(r.get("phase") or "-"),
             "-" if r.get("before_s") is None else format_seconds(r["before_s"]),
             "-" if r.get("after_s") is None else format_seconds(r["after_s"]),
@@ -566,5 +561,5 @@ def compare_table(comparison: Any) -> FitTable:
     return table
 
 
-def _cell(value: Any) -> str:
+def _dash_or_str(value: Any) -> str:
     return "-" if value is None else str(value)

@@ -1,20 +1,6 @@
 """The results record: one JSON object per configuration, one per line (JSONL).
 
-`ResultRecord` is the record, its sections are the models below; every field carries its own
-docstring. Writers (`cpbench.app.record`, for the sweep) build a `ResultRecord` and append its
-`model_dump(mode="json", exclude_unset=True)`; readers (`cpbench.results.store`) validate every
-line through the model after `migrate_record` has brought older key names up to date.
-
-```
-{"schema_version": 1, "id": "L1024-...-cpu-w4", "scenario": "cpu-smoke",
- "timestamp": "2026-11-29T18:00:00+00:00", "status": "ok", "error": null,
- "config": {...}, "timing": {...}, "comm": {...}, "memory": {...}, "flops": {...},
- "accuracy": {...}, "environment": {...}}
-```
-
-Unknown keys are kept everywhere (`extra="allow"`: a newer writer's fields survive a read and a
-re-write). Bump SCHEMA_VERSION on an incompatible change and teach `migrate_record` the old shape.
-"""
+The record, its versioning and migration: docs/design.md section 6."""
 
 from __future__ import annotations
 
@@ -60,7 +46,7 @@ STATUSES: tuple[str, ...] = get_args(Status)
 """A direction of the communication counts: the forward or the backward pass."""
 
 
-class Section(BaseModel):
+class RecordModel(BaseModel):
     """Common settings of the record and its sections: strict types (no "false" -> False, no
     True -> 1), unknown keys kept, assignments validated, field docstrings as descriptions."""
 
@@ -72,7 +58,7 @@ class Section(BaseModel):
     )
 
 
-class ConfigSection(Section):
+class ConfigSection(RecordModel):
     """The configuration measured (`cpbench.config.bench.BenchConfig.to_dict`)."""
 
     seq_len: int
@@ -162,7 +148,7 @@ class ConfigSection(Section):
         return self
 
 
-class InferenceConfigSection(Section):
+class InferenceConfigSection(RecordModel):
     """What an inference point runs (`InferenceStep.to_dict`)."""
 
     phase: InferencePhase
@@ -177,7 +163,7 @@ class InferenceConfigSection(Section):
     """decode: contiguous | interleaved; null for prefill."""
 
 
-class InferenceSection(Section):
+class InferenceSection(RecordModel):
     """An inference point's serving numbers (`cpbench.app.record_inference`); seconds are the
     step median (max over ranks of each iteration, as `timing.median`)."""
 
@@ -209,7 +195,7 @@ class InferenceSection(Section):
     """What the numbers count, in words."""
 
 
-class TimingSection(Section):
+class TimingSection(RecordModel):
     """Step times in seconds; present when status is "ok"."""
 
     phase: Phase
@@ -290,7 +276,7 @@ class TimingSection(Section):
         return Interval(self.median, self.median, self.median, 0, "no samples (a point)")
 
 
-class CollectiveBytes(Section):
+class CollectiveBytes(RecordModel):
     """Bytes of one collective in one direction."""
 
     analytic: int
@@ -299,7 +285,7 @@ class CollectiveBytes(Section):
     """Bytes each rank sent, counted."""
 
 
-class CommSection(Section):
+class CommSection(RecordModel):
     """Communication volume, analytic and counted."""
 
     analytic_bytes: dict[PassKey, int]
@@ -325,7 +311,7 @@ class CommSection(Section):
     communication or variants. Older records call it achieved_algbw_GBps."""
 
 
-class MemorySection(Section):
+class MemorySection(RecordModel):
     """Memory per rank, measured and analytic (bytes). Measured numbers are of the one step run
     under the memory probe (`cpbench.bench.memory`); `sources` names what measured each."""
 
@@ -360,7 +346,7 @@ class MemorySection(Section):
     """cpbench.model.memory lower bound of a rank's peak."""
 
 
-class FlopsSection(Section):
+class FlopsSection(RecordModel):
     """Attention FLOPs and the FLOP/s achieved."""
 
     model_config = ConfigDict(
@@ -384,7 +370,7 @@ class FlopsSection(Section):
     counts 1/2). What each rank's compute-only time should follow. Absent in older records."""
 
 
-class AccuracySection(Section):
+class AccuracySection(RecordModel):
     """The reference check of the configuration (`cpbench.bench.reference.reference_check`)."""
 
     max_abs_error: float
@@ -409,7 +395,7 @@ class AccuracySection(Section):
     check already ran at the full length (and in version 1 records)."""
 
 
-class SampledRowsSection(Section):
+class SampledRowsSection(RecordModel):
     """The forward at the benchmarked length on a sample of query rows, against a float64
     reference of those rows and every key, under the point's mask."""
 
@@ -429,7 +415,7 @@ class SampledRowsSection(Section):
     """The check in words."""
 
 
-class EnvironmentSection(Section):
+class EnvironmentSection(RecordModel):
     """What the record was measured on; any further keys are kept."""
 
     cpbench: str | None = None
@@ -466,7 +452,7 @@ class EnvironmentSection(Section):
     version, cuDNN's number, or torch's for PyTorch's own ops. Absent in older records."""
 
 
-class MachineSection(Section):
+class MachineSection(RecordModel):
     """What else the machine was doing (`cpbench.bench.environment.machine_state`)."""
 
     cores: int | None = None
@@ -502,7 +488,7 @@ class MachineSection(Section):
     met."""
 
 
-class ResultRecord(Section):
+class ResultRecord(RecordModel):
     """One configuration's result: one line of a results file."""
 
     schema_version: int = Field(ge=1)

@@ -1,17 +1,6 @@
 """The results store: one JSON record per configuration, one per line (JSONL).
 
-The record is `cpbench.results.schema.ResultRecord`. Writers append and fsync one record as
-soon as its configuration ends (`append_record`), so a crash loses at most the record being
-written; such a torn last line is skipped with a warning by `read_records`. A malformed line
-anywhere else is an error that names the file and the line, and so is a line that is not a
-record (not an object, or without a required field). Every line is migrated
-(`schema.migrate_record`) and validated; a value of the wrong type (a hand-edited file) is read
-as missing, with a warning that names the file, the line and the field.
-
-`read_results` gives the typed records, `read_records` the same as dicts (the report, calibrate
-and recommend read those). `records_frame` flattens records into a pandas DataFrame with one row
-per record; the report and the tables read that frame.
-"""
+Appending, torn lines and reading back: docs/design.md section 6."""
 
 from __future__ import annotations
 

@@ -235,8 +235,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "ring-merge-weights-swapped",
         RING,
-        "out.mul_(old_w).add_(block_out.float() * new_w)",
-        "out.mul_(new_w).add_(block_out.float() * old_w)",
+        "out.mul_(old_w).add_(block_out.to(out.dtype) * new_w)",
+        "out.mul_(new_w).add_(block_out.to(out.dtype) * old_w)",
         "the softmax merge weighs each partial output by the other's weight",
         RING_CASES,
     ),

@@ -1,24 +1,6 @@
 """`cpbench doctor`: what a user needs to know before a sweep, as one typed report.
 
-Like DeepSpeed's `ds_report` or `torch.utils.collect_env`: the versions of torch, CUDA, NCCL,
-cuDNN and the optional attention libraries (read from the installed distributions' metadata,
-so nothing heavy is imported to learn a version), the visible GPUs and their memory, NVML,
-the GPU interconnect matrix (`nvidia-smi topo -m`'s NV# / PIX / PXB / PHB / NODE / SYS), which
-local kernels and implementations can run here and why the others cannot, and the
-torch.distributed backends.
-
-GPUs are listed through NVML, which creates no CUDA context (except on a host of mixed GPU
-models without CUDA_DEVICE_ORDER=PCI_BUS_ID, where CUDA's own order is read, `gpus`); only the
-kernel checks of a GPU machine touch CUDA (through `select_kernel`, the one place that knows a kernel's rules). The
-topology comes from NVML (`nvmlDeviceGetP2PStatus` for NVLink, the NVLink remote PCI info for
-the link count, `nvmlDeviceGetTopologyCommonAncestor` for the PCIe path), or from parsing
-`nvidia-smi topo -m` when NVML lacks those calls. Every NVML reader takes the NVML module as an
-argument, so the logic is tested on CPU with a fake one.
-
-One module per job: `schema` (the report's models), `versions` (what is installed), `gpus`
-(the visible GPUs), `topology` (their interconnect), `statuses` (what can run here); `collect`
-below runs them and writes the summary.
-"""
+What it reports, and how it reads GPUs without a CUDA context: docs/internals.md."""
 
 from __future__ import annotations
 
@@ -42,7 +24,7 @@ from cpbench.app.doctor.statuses import (
     probe_config,
 )
 from cpbench.app.doctor.topology import read_topology
-from cpbench.app.doctor.versions import cuda_reason, cudnn_version, nccl_version, package_versions
+from cpbench.app.doctor.versions import cuda_reason, cudnn_release, nccl_version, package_versions
 from cpbench.bench.nvml import load_nvml
 from cpbench.config.vocabulary import DEFAULT_DTYPE, Device
 
@@ -119,7 +101,7 @@ def collect(env: dict[str, str] | None = None) -> DoctorReport:
         torch=torch.__version__,
         torch_cuda=torch.version.cuda,
         nccl=nccl_version(),
-        cudnn=cudnn_version(),
+        cudnn=cudnn_release(),
         cuda_available=cuda,
         cuda_reason=cuda_reason(),
         cuda_device_count=count,

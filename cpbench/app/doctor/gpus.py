@@ -1,12 +1,5 @@
-"""The visible GPUs, read through NVML (no CUDA context; CUDA_VISIBLE_DEVICES applied as CUDA
-reads it, MIG instance UUIDs mapped to their GPU) or through torch where NVML is missing; and
-the NVML helpers the topology shares.
-
-NVML numbers GPUs in PCI bus order; CUDA, by default (`CUDA_DEVICE_ORDER=FASTEST_FIRST`),
-fastest first, ties in PCI bus order (the CUDA programming guide's environment variables). On
-a host whose GPUs are all one model the two orders agree; on a mixed host they need not, and
-CUDA's order (which also decides what an index in CUDA_VISIBLE_DEVICES means) is read from
-CUDA itself, each device matched to NVML's by UUID."""
+"""The visible GPUs, through NVML (no CUDA context) or torch, and the NVML helpers the topology
+shares. NVML's order against CUDA's: docs/internals.md, "cpbench doctor"."""
 
 from __future__ import annotations
 

@@ -70,7 +70,7 @@ def format_cudnn(code: int | None) -> str | None:
     return f"{major}.{rest // 100}.{rest % 100}"
 
 
-def cudnn_version() -> str | None:
+def cudnn_release() -> str | None:
     import torch  # noqa: PLC0415
 
     try:

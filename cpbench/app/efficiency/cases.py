@@ -1,10 +1,6 @@
-"""What `cpbench efficiency` compares and reports. For each world size P and dtype, the cases:
-the single-process fused SDPA step (the baseline: the whole problem on rank 0, with the local
-kernel cpbench picks, the other ranks idle at a barrier), and every mesh U x R of P each
-implementation can express, with the layouts zigzag and contiguous where R > 1 (cpbench: every
-factorization; torch_cp: U = 1; ring_flash_attn: U = 1; yunchang: every factorization; what an
-implementation refuses is listed with its reason). Then the settings, timings, groups, report.
-"""
+"""What `cpbench efficiency` compares and reports: the cases (the single-process baseline and
+every mesh each implementation can express), settings, timings, groups, the report.
+The cases: docs/profile.md, "Efficiency runs"."""
 
 from __future__ import annotations
 

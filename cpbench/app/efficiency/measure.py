@@ -1,18 +1,6 @@
-"""The measurement, on one pool of P ranks per world size (gloo on CPU, NCCL on GPU, one thread
-per rank by default):
+"""The measurement of `cpbench efficiency`, on one pool of P ranks per world size.
 
-* the step: causal forward + backward on random shards (`cpbench.bench.reference.
-  random_shards`), through the implementation's adapter (`cpbench.impls`);
-* every case is prepared and warmed up on its own first (a case that fails is reported
-  `failed`, the others still run); then `rounds` interleaved rounds: round r times every case
-  once, in the case order rotated by r, each iteration starting at a barrier; an iteration's
-  time is the max over ranks;
-* per case: best (min over rounds), median, spread = (max - min) / median, and the parallel
-  efficiency `t_single / (P x t_case)` from the best and from the median times; cpbench's
-  cases also carry their ratio to the fastest library on the same mesh and layout.
-
-The pool tasks run on every rank; `measure_group` and `run_efficiency` in the parent.
-"""
+Interleaved rounds, best / median / spread, efficiency: docs/profile.md, "Efficiency runs"."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
 """`profile_steps`: one ring step and one Ulysses step under torch.profiler (CPU, plus CUDA
-device time on a GPU), the time split into attention kernels, copies, fills, elementwise merge
-/ accumulation, communication calls, waits and the rest (docs/profile.md).
-"""
+device time on a GPU), the time split into buckets (docs/profile.md)."""
 
 from __future__ import annotations
 

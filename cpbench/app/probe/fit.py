@@ -1,14 +1,6 @@
-"""What a probe measured, in nccl-tests terms (`CommMeasurement`, `KernelMeasurement`), and the
-link lines fitted to it (`fit_links`, `LinkFit`).
+"""What a probe measured, in nccl-tests terms, and the link lines fitted to it (`fit_links`).
 
-The fit reuses calibration's least squares (`cpbench.model.calibrate.solve_relative`, scipy
-`lsq_linear`): per link tier and collective kind, time = latency + bytes / busbw over all the
-measured sizes, relative residuals, so the small messages pin the latency (the intercept) and
-the large ones the bandwidth. A measurement is attributed to the highest topology tier its
-collective crosses (`cpbench.model.topology`, ulysses_low placement: what cpbench runs); on a
-flat prior that is the one island of the node. A measurement's algbw = size / time, busbw =
-algbw x `formulas.busbw_factor` ((n-1)/n for all-to-all, 1 for send/recv).
-"""
+The fit and the tier a measurement is attributed to: docs/probe.md, "The fit and the profile"."""
 
 from __future__ import annotations
 

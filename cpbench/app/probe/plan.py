@@ -1,20 +1,6 @@
-"""What a probe measures: its settings (`ProbeSettings`) and the tests they make
-(`make_plan`: `CommTest`s and `KernelTest`s), every rank of a persistent `WorkerPool`, gloo on
-CPU, NCCL on GPU:
+"""What a probe measures: its settings (`ProbeSettings`) and the tests they make (`make_plan`).
 
-- **all-to-all** over the Ulysses groups of every U x R mesh of the world size (U > 1), all
-  groups at once, with the groups `cpbench/attention/mesh.py` builds (runs of U consecutive
-  ranks), through `cpbench.attention.comm.all_to_all` (the schemes' own call);
-- **send/recv** between ring neighbours of every mesh with R > 1 (`comm.ring_exchange`: each
-  rank sends to its next and receives from its previous, every ring at once);
-- at the message sizes those configurations send (`cpbench.model.formulas`: the per-call
-  `size` of `a2a_q`, `a2a_kv`, ... and of one ring hop of K/V and of the fp32 dK/dV, for the
-  given shape and sequence lengths), plus `SMALL_SIZES` for the latency;
-- the **local attention kernel** (causal, the phase asked for) at each mesh's kernel length
-  L/R with its heads per rank, on as many ranks at once as the prior has compute slots (CPU
-  cores; every rank on GPU): efficiency = attention FLOPs (`cpbench.model.flops` convention:
-  4*B*h*n^2*d_h/2 forward causal, backward 2.5x) / (peak x time).
-"""
+The collectives, message sizes and kernel tests: docs/probe.md, "What is measured"."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""The profile a probe writes (`measured_profile`): the prior (cpu-local on CPU, the built-in
-matching the GPU on CUDA) with the measured link latency/busbw (intra_node, and a one-island
-`[topology]` when the prior has none, or the measured tiers of its topology) and the measured
-kernel curve replaced; each replaced number's source says "measured by cpbench probe <date>,
-<machine>"."""
+"""The profile a probe writes (`measured_profile`): the prior with the measured links, topology
+tiers and kernel curve replaced, each replaced number's source saying so: docs/probe.md,
+"The fit and the profile"."""
 
 from __future__ import annotations
 

@@ -59,7 +59,7 @@ def explain(
         links=tuple(
             LinkUse(i.total_bytes, i.kind, profile.link(i.tier).name) for i in p.traffic
         ),
-        balance=_balance(p),
+        balance=_balance_of(p),
         layout=c.layout,
         mask_label=c.mask.label,
         work_imbalance=p.work_imbalance,
@@ -96,7 +96,7 @@ def tier_bounds(p: Prediction, profile: HardwareProfile) -> tuple[TierBound, ...
     return tuple(out.values())
 
 
-def _balance(p: Prediction) -> Balance:
+def _balance_of(p: Prediction) -> Balance:
     c = p.candidate
     if not p.candidate.causal:
         return "no_mask"

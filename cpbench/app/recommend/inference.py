@@ -1,10 +1,6 @@
-"""Application service of `cpbench recommend --inference`: rank prefill schemes and CP degrees
-by modelled time-to-first-token, or decode degrees by per-token latency, say which of pass-KV
-and pass-Q wins and why (the crossover T/P on this mesh and link, the hop against the step it
-hides behind), the KV capacity, and the vLLM / SGLang serving settings
-(`inference_settings`). Returns a JSON-serialisable dict (`--json`); the words are in
-`cpbench.render.recommend.inference`.
-"""
+"""Application service of `cpbench recommend --inference`: the ranked prefill schemes or decode
+degrees, pass-KV against pass-Q, KV capacity, serving settings (a JSON-serialisable dict).
+The model and the output: docs/inference.md."""
 
 from __future__ import annotations
 

@@ -1,24 +1,5 @@
 """The serving settings of `recommend --inference`: how vLLM and SGLang express the recommended
-prefill scheme or decode sharding, or that they cannot.
-
-What each framework runs (read in their docs and design threads; the flag names are the
-documented ones, check `--help` of your version):
-
-* vLLM prefill context parallel (`--prefill-context-parallel-size N`, `-pcp`): the ranks
-  all-gather K/V along the sequence inside the PCP group, then each computes its own queries
-  (RFC vllm-project/vllm#25749; the world is TP x PCP). Meta's pass-KV helpers
-  (vllm-project/vllm#26059) were closed unmerged: no option runs a K/V ring, pass-Q or Ulysses.
-* vLLM decode context parallel (`--decode-context-parallel-size N`, `-dcp`): the KV cache is
-  sharded by sequence, interleaved (`--cp-kv-cache-interleave-size` tokens per stripe), inside
-  the TP group (TP must be a multiple of DCP; TP = DCP = W gives every rank all heads and a
-  W-th of the tokens, cpbench's decode model); partial outputs are merged with their LSE.
-* SGLang prefill context parallel (`--attn-cp-size N` with `--enable-prefill-cp`, layouts via
-  `--cp-strategy zigzag|interleave`): all-gather of the KV cache, each rank its own queries
-  (docs.sglang.io, "Prefill Context Parallelism"): no ring, pass-Q or Ulysses option.
-* SGLang decode context parallel (`--dcp-size N`, alias `--decode-context-parallel-size`):
-  stripes the KV cache over the TP group (position p on rank p mod N), but on the MLA path
-  only (docs.sglang.io, "Decode Context Parallelism"): a GQA / MHA model cannot use it.
-"""
+prefill scheme or decode sharding, or that they cannot: docs/inference.md, "Serving settings"."""
 
 from __future__ import annotations
 

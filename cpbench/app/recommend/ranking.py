@@ -33,8 +33,8 @@ from cpbench.config.vocabulary import CP_COMMS, GLOBAL_LAYOUTS, LAYOUTS, CpComm,
 from cpbench.errors import CpbenchError
 from cpbench.model.calibrate import (
     Measurement,
-    calibrate,
     default_prior,
+    fit_profile,
     measurements_from_records,
 )
 from cpbench.model.cost.prediction import predict
@@ -49,7 +49,7 @@ def load_results(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
     return read_records([Path(p) for p in paths])
 
 
-def recommend(request: RecommendRequest) -> Recommendation:
+def recommend_mesh(request: RecommendRequest) -> Recommendation:
     """Rank every U x R x layout candidate of the CP degree; see the module docstring."""
     _check_request(request)
     AttentionShape(
@@ -67,7 +67,7 @@ def recommend(request: RecommendRequest) -> Recommendation:
     profile, warnings = _profile_for(request, measurements)
     calibration = None
     if measurements:
-        calibration = calibrate(measurements, profile, files=request.results)
+        calibration = fit_profile(measurements, profile, files=request.results)
         profile = calibration.profile
     per_node = request.gpus_per_node or profile.devices_per_node
     _check_nodes(request.gpus, per_node)

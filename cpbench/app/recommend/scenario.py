@@ -12,6 +12,7 @@ import tomli_w
 from cpbench.app.recommend.types import RankedCandidate, Recommendation
 from cpbench.config.vocabulary import canonical_dtype
 from cpbench.errors import CpbenchError
+from cpbench.files import write_atomically
 
 
 def scenario_candidates(rec: Recommendation) -> tuple[RankedCandidate, ...]:
@@ -82,11 +83,7 @@ def tie_scenario(rec: Recommendation) -> dict[str, Any]:
 
 def write_tie_scenario(rec: Recommendation, path: str | Path) -> Path:
     """Write `tie_scenario` as TOML to `path` (the folder must exist); the path written."""
-    target = Path(path)
-    if not target.parent.is_dir():
-        raise CpbenchError(f"--write-scenario {path}: folder {target.parent} does not exist")
     data = tie_scenario(rec)
     if not data["also"]:
         del data["also"]
-    target.write_text(tomli_w.dumps(data), encoding="utf-8")
-    return target
+    return write_atomically(path, tomli_w.dumps(data), "--write-scenario")

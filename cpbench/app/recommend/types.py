@@ -1,7 +1,6 @@
-"""What a recommendation is asked and what it answers: the request, ranked candidates,
-rejections, framework settings with their caveats, why the winner wins (as facts:
-`cpbench.render.recommend` words them; `dataclasses.asdict` of them is the `--json` answer) and
-the recommendation itself."""
+"""What a recommendation is asked and answers: the request, ranked candidates, rejections,
+framework settings with their caveats and why the winner wins, as facts (`cpbench.render.recommend`
+words them; their `dataclasses.asdict` is the `--json` answer)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""How sure a recommendation is: the model's sigma and its source (a calibration's residuals,
-a probe's stated fit error, or the prior's stated accuracy), split into the part common to the
-candidates of one problem and each candidate's own (`model.calibrate.error_split`), every
-candidate's interval, whether the leaders tie (two predictions: the interval of their ratio
-contains 1; two measurements: their 95% intervals overlap, `results.frame.rank_records`), and
-which tied candidate is the pick (`TIE_BREAK_RULES`)."""
+"""How sure a recommendation is: the model's sigma and its source, its common / per-candidate
+split, every candidate's interval, whether the leaders tie and which tied candidate is the pick
+(`TIE_BREAK_RULES`): docs/cost-model.md section 1."""
 
 from __future__ import annotations
 

@@ -1,17 +1,6 @@
 """The `cpbench report` application service: results files -> the data of the report page.
 
-`build_report(paths, ...)` reads the records (`cpbench.results.store`), summarizes them, adds
-what the cost model knows when a hardware profile is available (predicted step time, fraction
-of peak, the recommendation) and returns a `ReportData`; `build_comparison(before, after)`
-returns the `ComparisonData` of two files matched by record id. The page itself is drawn by
-`cpbench.render.html` from that data; `write_report` writes it to a file. Nothing here prints
-or renders; warnings (a torn last line) are returned for the CLI to show.
-
-The parts, one job each: `data` (the dataclasses the pages show), `summary` (the header facts),
-`work` (packed documents' work against compute), `predictions` (what the cost model adds) and
-`recommendation` (the fastest measured, and `cpbench.app.recommend` on the measured workload)
-and `inference` (the prefill and decode records, for the inference section).
-"""
+What it builds and its parts: docs/internals.md, "The report"."""
 
 from __future__ import annotations
 
@@ -31,6 +20,7 @@ from cpbench.app.report.summary import summarize
 from cpbench.app.report.work import work_fits
 from cpbench.config.inference import is_inference_record
 from cpbench.errors import CpbenchError
+from cpbench.files import write_atomically
 from cpbench.results.frame import compare_frame
 from cpbench.results.store import read_records, records_frame
 
@@ -100,7 +90,7 @@ def _plan(request: Any) -> dict[str, Any] | None:
         return None
     from cpbench.app import plan as planner  # noqa: PLC0415
 
-    return planner.to_json(planner.plan(request))
+    return planner.to_json(planner.plan_training(request))
 
 
 def build_comparison(
@@ -145,14 +135,7 @@ def build_comparison(
     )
 
 
-def write_report(html: str, output: Path) -> Path:
-    """Write the page `html` to `output` (parent folders created); returns the path."""
-    output = Path(output)
-    if output.is_dir():
-        raise CpbenchError(f"output {output} is a directory; give a file name such as report.html")
-    try:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(html, encoding="utf-8")
-    except OSError as exc:
-        raise CpbenchError(f"cannot write {output}: {exc.strerror or exc}") from exc
-    return output
+def write_report(html: str, output: Path, inputs: Sequence[str | Path] = ()) -> Path:
+    """Write the page `html` to `output` (parent folders created; never one of `inputs`, the
+    results it was made from); returns the path."""
+    return write_atomically(output, html, "--output", inputs, make_parents=True)

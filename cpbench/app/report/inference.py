@@ -22,7 +22,7 @@ INFERENCE_COLUMNS: tuple[str, ...] = (
 kv_cache_bytes_measured is the max over ranks; seconds as the records give them."""
 
 
-def _row(record: Mapping[str, Any]) -> dict[str, Any]:
+def _inference_row(record: Mapping[str, Any]) -> dict[str, Any]:
     config, step = record["config"], record["config"]["inference"]
     timing = record.get("timing") or {}
     section = record.get("inference") or {}
@@ -61,7 +61,7 @@ def _row(record: Mapping[str, Any]) -> dict[str, Any]:
 
 def inference_frame(records: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
     """One row per inference record (`INFERENCE_COLUMNS`), in the records' order."""
-    rows = [_row(r) for r in records if is_inference_record(r)]
+    rows = [_inference_row(r) for r in records if is_inference_record(r)]
     frame = pd.DataFrame(rows, columns=list(INFERENCE_COLUMNS))
     for col in ("median_s", "ci_low_s", "ci_high_s", "ttft_s", "per_token_latency_s",
                 "tokens_per_s", "kv_cache_ratio", "max_abs_error", "tolerance"):  # fmt: skip

@@ -153,7 +153,7 @@ def service_recommendation(
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # a torn last line was reported when read above
-            rec = service.recommend(request)
+            rec = service.recommend_mesh(request)
     except CpbenchError as exc:
         return measured, f"the recommendation service could not rank this workload: {exc}"
     ranked_rows = [

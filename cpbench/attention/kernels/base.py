@@ -13,9 +13,6 @@ Band = tuple[int | None, int | None]
 """A piece's mask as (lo, hi): row i sees column j iff lo <= j - i <= hi (None unbounded);
 `(None, None)` is full attention, `(None, 0)` top-left causal (`cpbench.config.geometry.Piece`)."""
 
-_FlashAux = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
-"""(cum_seq_q, cum_seq_k, philox seed, philox offset) of the CUDA flash forward."""
-
 
 class LocalKernel(Protocol):
     """`band`, when given, is the whole mask of the call (`causal` is then ignored): the
@@ -49,8 +46,21 @@ class LocalKernel(Protocol):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
 
 
-def default_scale(head_dim: int) -> float:
-    return 1.0 / math.sqrt(head_dim)
+def accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
+    """What outputs and LSEs are merged in: float64 for float64 inputs (so a float64 check is
+    float64-accurate), float32 for every other dtype."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def default_scale(head_dim: int, scale: float | None = None) -> float:
+    """The softmax scale: `scale` when one is given, else 1/sqrt(head_dim). A given scale must be
+    finite and positive: torch's fused CPU kernel masks before it scales, so at 0 every masked
+    score becomes NaN (-inf x 0), and a negative one turns them into +inf."""
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if not (math.isfinite(scale) and scale > 0):
+        raise CpbenchError(f"scale ({scale}) must be a finite number > 0 (None: 1/sqrt(head_dim))")
+    return scale
 
 
 def _expand_kv(x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -134,9 +144,9 @@ class ForwardRngState:
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The stored (seed, offset); a backward before any forward in this process runs a
-        one-token forward first to get them."""
+        forward of one query on (up to) two keys first to get them (cuDNN refuses one key)."""
         if self._rng is None:
-            self.forward(q[:, :1], k[:, :1], v[:, :1], False, scale)
+            self.forward(q[:, :1], k[:, :2], v[:, :2], False, scale)
         if self._rng is None:
             raise RuntimeError(f"{type(self).__name__}.forward did not record its RNG state")
         return self._rng

@@ -15,11 +15,17 @@ from cpbench.attention.kernels.base import (
     normalize_band,
     refuse_band,
 )
+from cpbench.attention.kernels.naive import NaiveKernel
 
 CUDNN_MIN_VERSION = 90000
 """cuDNN 9.0: the release PyTorch's cuDNN attention (torch >= 2.5) is built and tested on."""
 CUDNN_MIN_CAPABILITY = (8, 0)
 """cuDNN's fused flash attention (fprop and bprop) runs on Ampere and newer."""
+ONE_KEY = NaiveKernel()
+"""The pieces cuDNN refuses: torch's dispatcher never sends cuDNN a key/value length of 1
+(`check_cudnn_tensor_shapes`), and inference makes such calls all the time (one-token turns,
+cache shards and decode prefixes of one key). One key is a [S_q, 1] score column: exact and
+cheap in float32 einsum."""
 TORCH_MIN = (2, 5)
 """torch 2.5 gave the op `attn_bias` and `compute_log_sumexp` and made it a public SDPA backend;
 2.4's op was marked not ready for use (pytorch#122695)."""
@@ -84,6 +90,8 @@ class CudnnKernel(ForwardRngState):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         causal, band = normalize_band(causal, band)
         refuse_band("cudnn", band)
+        if k.shape[1] == 1:
+            return ONE_KEY.forward(q, k, v, causal, scale)
         h = q.shape[2]
         res = ops.call_op(
             "_scaled_dot_product_cudnn_attention",
@@ -117,6 +125,8 @@ class CudnnKernel(ForwardRngState):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         causal, band = normalize_band(causal, band)
         refuse_band("cudnn", band)
+        if k.shape[1] == 1:
+            return ONE_KEY.backward(dout, q, k, v, out, lse, causal, scale)
         h = q.shape[2]
         seed, offset = self._rng_for_backward(q, k, v, scale)
         dout_t, out_t = dout.transpose(1, 2), out.transpose(1, 2)

@@ -15,7 +15,7 @@ from cpbench.attention.kernels.base import (
     refuse_band,
 )
 
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+EFFICIENT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 """What the memory-efficient (cutlass) kernels compute in; float64 stays with einsum."""
 LSE_ALIGN = 32
 """On CUDA the op pads the LSE's sequence dimension to a multiple of 32 (`kAlignLSE`, see
@@ -27,7 +27,7 @@ def efficient_unavailable(device: torch.device, dtype: torch.dtype) -> str | Non
     """Why the memory-efficient kernel cannot run on `device` in `dtype`, None when it can."""
     if device.type != "cuda":
         return f"needs a CUDA device (got {device.type})"
-    if dtype not in DTYPES:
+    if dtype not in EFFICIENT_DTYPES:
         return f"needs float32/fp16/bf16 (got {dtype})"
     capability = ops.device_capability(device)
     if dtype == torch.bfloat16 and capability is not None and capability < (8, 0):

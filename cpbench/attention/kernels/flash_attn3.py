@@ -1,15 +1,6 @@
 """FlashAttention-3 (flash-attention's `hopper/`, module `flash_attn_interface`) on Hopper.
 
-Like flash-attn 2, FA3 takes [B, S, H, D] tensors whose last dimension is contiguous, handles
-GQA itself, returns the LSE ([B, H, S] float32, natural log) and has a backward that takes
-the given out/LSE. Its private `_flash_attn_forward` / `_flash_attn_backward` changed their
-parameters several times (2024 betas: `window_size` tuple and a 7-tuple return with the LSE
-at index 5; 2025: `k_new`, `qv`, paged-KV and rotary parameters, `(out, lse, ...)` returned;
-late 2025: defaults everywhere, `window_size_left/right`, backward `is_causal`; 2026: forward
-`out_`). The kernel passes each argument by the name the installed signature uses
-(`ops.call_with_signature`), so every one of these releases is called correctly, and a
-release wanting an argument cpbench does not know is a clear error.
-"""
+Why it calls by the installed signature's names: docs/internals.md, "Local attention kernels"."""
 
 from __future__ import annotations
 
@@ -27,7 +18,7 @@ from cpbench.attention.kernels.ops import call_with_signature, last_dim_contiguo
 
 MODULE = "flash_attn_interface"
 """FA3's Python interface, a top-level module of the `flash_attn_3` wheel (hopper/setup.py)."""
-DISTRIBUTIONS = ("flash_attn_3", "flashattn-hopper")
+FA3_DISTRIBUTIONS = ("flash_attn_3", "flashattn-hopper")
 """Distribution names FA3 has been installed under (its version, for the record). Wheels built
 from hopper/ between 2025-01 and 2025-07 are named `flash_attn` (version 3.x): those are found
 as the distribution that provides the module (`packages_distributions`)."""
@@ -96,9 +87,9 @@ def flash_attn3_interface() -> ModuleType | None:
 
 def flash_attn3_version() -> str | None:
     """The installed FA3 distribution's version, None when none is installed: the
-    distribution that provides `flash_attn_interface`, else one of `DISTRIBUTIONS`."""
+    distribution that provides `flash_attn_interface`, else one of `FA3_DISTRIBUTIONS`."""
     providers = importlib.metadata.packages_distributions().get(MODULE, [])
-    for dist in (*providers, *DISTRIBUTIONS):
+    for dist in (*providers, *FA3_DISTRIBUTIONS):
         try:
             return importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:

@@ -1,12 +1,6 @@
 """What the GPU kernels ask of the installed torch and libraries, behind one small indirection.
 
-The fused CUDA ops (`aten._scaled_dot_product_{flash,efficient,cudnn}_attention` and their
-backwards) are called through `call_op`, which passes every argument by the name the installed
-torch's schema gives it: the signatures changed across releases (cuDNN attention gained
-`attn_bias`/`compute_log_sumexp` in 2.5), and an argument this torch wants but cpbench does not
-know is a clear `CpbenchError` instead of a wrong positional call. Tests replace `aten_op`,
-`device_capability` or `cudnn_version` to run the kernels' marshalling and selection on a CPU.
-"""
+Why by the schema's names, and what tests replace: docs/internals.md, "Local attention kernels"."""
 
 from __future__ import annotations
 

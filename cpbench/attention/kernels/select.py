@@ -1,13 +1,6 @@
 """Which kernel runs: `select_kernel` from the device, the dtype and the requested name.
 
-`auto` on CUDA, fp16/bf16: FlashAttention-3 on Hopper when it imports, else flash-attn 2,
-else cuDNN attention on Hopper and newer, else PyTorch's CUDA flash op, else (before Ampere,
-where neither flash kernel runs) the memory-efficient op; float32 on CUDA:
-PyTorch's memory-efficient op (never the einsum kernel, whose S^2 scores run out of memory at
-real lengths); float64 anywhere: einsum. On CPU: PyTorch's fused CPU op, einsum for float64.
-An explicit choice that cannot run here is a `CpbenchError` saying what is missing
-(`kernel_unavailable`, which `kernel_availability` reports for every kernel at once).
-"""
+What `auto` picks where: docs/internals.md, "Local attention kernels"."""
 
 from __future__ import annotations
 
@@ -114,7 +107,9 @@ def kernel_unavailable(
     device = torch.device(device)
     reason = _unavailable(name, device, dtype)
     if reason is None and head_dim is not None:
-        return head_dim_unsupported(name, head_dim, device.type)
+        capability = ops.device_capability(device) if device.type == "cuda" else None
+        dtype_name = str(dtype).removeprefix("torch.")
+        return head_dim_unsupported(name, head_dim, device.type, dtype_name, capability)
     return reason
 
 
@@ -157,10 +152,10 @@ def auto_kernel_name(
     band: bool = False,
     head_dim: int | None = None,
 ) -> str:
-    """The kernel `auto` runs on `device` in `dtype` (see the module docstring), among those
-    that can run `head_dim` when it is given; with `band` (the mask has band pieces) the first
-    of those that can apply one: the usual choice, else FlashAttention-3, else flash-attn 2,
-    else the usual choice (which then refuses)."""
+    """The kernel `auto` runs on `device` in `dtype` (docs/internals.md), among those that can
+    run `head_dim` when it is given; with `band` (the mask has band pieces) the first of those
+    that can apply one: the usual choice, else FlashAttention-3, else flash-attn 2, else the
+    usual choice (which then refuses)."""
     name = _auto_kernel_name(torch.device(device), dtype, head_dim)
     if not band or band_capable(name, device):
         return name
@@ -176,7 +171,7 @@ def _auto_kernel_name(device: torch.device, dtype: torch.dtype, head_dim: int | 
     if device.type != "cuda":
         return "naive" if dtype == torch.float64 else "sdpa"
     if dtype == torch.float32:
-        return "efficient"
+        return "efficient" if kernel_unavailable("efficient", device, dtype, head_dim) is None else "naive"
     if dtype not in HALF:
         return "naive"
     for name in ("flash_attn3", "flash_attn"):
@@ -189,7 +184,10 @@ def _auto_kernel_name(device: torch.device, dtype: torch.dtype, head_dim: int | 
         and kernel_unavailable("cudnn", device, dtype, head_dim) is None
     ):
         return "cudnn"
-    return "sdpa" if kernel_unavailable("sdpa", device, dtype, head_dim) is None else "efficient"
+    for name in ("sdpa", "efficient"):
+        if kernel_unavailable(name, device, dtype, head_dim) is None:
+            return name
+    return "naive"
 
 
 def kernel_availability(device: torch.device | str, dtype: torch.dtype) -> dict[str, str | None]:

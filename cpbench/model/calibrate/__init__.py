@@ -1,14 +1,6 @@
 """Calibration: fit a hardware profile to measured results, and check predictions against them.
 
-Pure math (numpy, scipy), by job:
-
-- measurements.py: results records reduced to `Measurement`s (step, compute-only and
-  comm-only times of one configuration);
-- fit.py: the least-squares fits of links, kernel efficiency and overlap (`calibrate`; the
-  method is described there);
-- stats.py: RMS and Spearman rank correlation;
-- validation.py: predicted vs measured, in sample (`validate`) or on a holdout.
-"""
+One module per job (pure math: numpy, scipy); the method: docs/cost-model.md."""
 
 from __future__ import annotations
 
@@ -23,8 +15,8 @@ if TYPE_CHECKING:  # the names, for type checkers and readers
         CalibrationResult,
         FitReport,
         ParameterFit,
-        calibrate,
         calibration_summary,
+        fit_profile,
         solve_relative,
     )
     from cpbench.model.calibrate.measurements import (
@@ -41,7 +33,7 @@ if TYPE_CHECKING:  # the names, for type checkers and readers
         Split,
         holdout_evaluation,
         split_measurements,
-        validate,
+        validate_profile,
         validation_rows,
         validation_summary,
     )
@@ -57,17 +49,17 @@ _WHERE = {
     "SPLITS": "cpbench.model.calibrate.validation",
     "Split": "cpbench.model.calibrate.validation",
     "TIE": "cpbench.model.calibrate.validation",
-    "calibrate": "cpbench.model.calibrate.fit",
     "calibration_summary": "cpbench.model.calibrate.fit",
     "default_prior": "cpbench.model.calibrate.measurements",
     "default_prior_name": "cpbench.model.calibrate.measurements",
+    "fit_profile": "cpbench.model.calibrate.fit",
     "holdout_evaluation": "cpbench.model.calibrate.validation",
     "measurement_from_record": "cpbench.model.calibrate.measurements",
     "measurements_from_records": "cpbench.model.calibrate.measurements",
     "solve_relative": "cpbench.model.calibrate.fit",
     "spearman": "cpbench.model.calibrate.stats",
     "split_measurements": "cpbench.model.calibrate.validation",
-    "validate": "cpbench.model.calibrate.validation",
+    "validate_profile": "cpbench.model.calibrate.validation",
     "validation_rows": "cpbench.model.calibrate.validation",
     "validation_summary": "cpbench.model.calibrate.validation",
 }
@@ -91,17 +83,17 @@ __all__ = [
     "Measurement",
     "ParameterFit",
     "Split",
-    "calibrate",
     "calibration_summary",
     "default_prior",
     "default_prior_name",
+    "fit_profile",
     "holdout_evaluation",
     "measurement_from_record",
     "measurements_from_records",
     "solve_relative",
     "spearman",
     "split_measurements",
-    "validate",
+    "validate_profile",
     "validation_rows",
     "validation_summary",
 ]

@@ -1,21 +1,5 @@
 """The model's error split into a part common to the candidates of one problem and a part of
-each candidate, and the tie test on the ratio of two predictions. Pure math.
-
-Let e = log(predicted / measured) for one configuration. Candidates that solve one problem on
-one machine (same shape, mask, dtype, phase and world: `Measurement.group`) share most of
-their error: a kernel efficiency or a link bandwidth that is off moves all of them together.
-Written e = c_g + d_i, with c_g the problem's common error (sigma_common) and d_i the
-candidate's own (sigma_candidate), the error of one time has variance
-sigma_common^2 + sigma_candidate^2 while the error of the log-ratio of two candidates of one
-problem, d_i - d_j, has variance 2 sigma_candidate^2: the common part cancels. Two predictions
-therefore tie when |log(t_b / t_a)| <= z x sqrt(2) x sigma_candidate, not when each lies in
-the other's interval.
-
-Estimation from residuals (`split_residuals`): sigma_candidate^2 is the pooled within-group
-variance of e (degrees of freedom: points - groups, over groups with two or more points);
-sigma_common^2 is what is left of the mean square of e. With no group of two or more points
-the split falls back to `PRIOR_CANDIDATE_SHARE` of the total, stated.
-"""
+each candidate, and the tie test on the ratio of two predictions: docs/cost-model.md section 1."""
 
 from __future__ import annotations
 
@@ -63,11 +47,6 @@ class ErrorSplit:
     """Residuals it was estimated from (0: the prior split)."""
     groups: int = 0
     """Problems with two or more residuals among them (what sigma_candidate is pooled over)."""
-
-    @property
-    def total_sigma(self) -> float:
-        """Sigma of one step time's log error: sqrt(common^2 + candidate^2)."""
-        return math.hypot(self.common_sigma, self.candidate_sigma)
 
     @property
     def ratio_sigma(self) -> float:

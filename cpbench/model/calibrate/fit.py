@@ -1,25 +1,6 @@
 """Calibration: fit a hardware profile to measured times by least squares.
 
-The cost model (cpbench/model/cost/) is linear in its parameters for each of the three
-measured times of a configuration (see measurements.py), so each is a least-squares fit, done
-in this order:
-
-1. **links** from `comm_only`: `sum(messages x latency + bytes x sharing / busbw)` over the
-   model's `CommTerm`s, unknowns latency and 1/busbw per (tier, collective kind) that occurs;
-   on a profile with a `[topology]` per (node tier, kind) for the tiers that bound a call or
-   pay its latency, and the `inter_node` link for the network;
-2. **kernel efficiency** from `compute_only`: `slowest FLOPs / (peak x eff(L/R)) + steps x
-   step_overhead + memory-bound merges`, unknowns 1/eff at every measured kernel sequence length
-   `L/R` (the fitted curve's points) and the step overhead; when a fitted efficiency exceeds 1
-   the dtype peaks are raised by that factor so the curve stays in (0, 1];
-3. **overlap** from `median`: the ring step is `max(c, h) + (1 - overlap) min(c, h)`, so the
-   part of the step above perfect overlap is linear in `1 - overlap`.
-
-Each fit minimises relative residuals (times span orders of magnitude), with unknowns scaled by
-the prior profile and a small ridge term pulling them towards it: a parameter no measurement
-constrains keeps its prior value. Parameters are kept positive (bounded least squares,
-scipy.optimize.lsq_linear).
-"""
+The three linear fits (links, kernel, overlap) and their order: docs/cost-model.md section 2."""
 
 from __future__ import annotations
 
@@ -32,18 +13,16 @@ import numpy as np
 from scipy.optimize import lsq_linear
 
 from cpbench.errors import CpbenchError
-from cpbench.model.calibrate.joint import fit_joint
+from cpbench.model.calibrate.joint import LinkKey, fit_joint, link_cost
 from cpbench.model.calibrate.measurements import Measurement, as_measurements, resolve_prior
 from cpbench.model.calibrate.stats import rms
 from cpbench.model.cost.breakdown import CommTerm
 from cpbench.model.cost.prediction import Prediction
-from cpbench.model.formulas import CollectiveKind
 from cpbench.model.hardware.profile import (
     CalibrationInfo,
     EfficiencyCurve,
     HardwareProfile,
     LinkCost,
-    LinkTier,
 )
 from cpbench.model.hardware.transforms import with_link_cost, with_tier_cost
 from cpbench.units import GB
@@ -152,8 +131,6 @@ class CalibrationResult:
 # ----------------------------------------------------------------------------------- links
 
 
-LinkKey = tuple[LinkTier, CollectiveKind, "int | None"]
-"""What a comm term prices: (link tier, collective kind, topology node tier or None)."""
 LINK_REFITS = 6
 """At most this many link fits: on a topology which level bounds a call depends on the costs
 (a max), so the linear pieces are re-taken at the fitted profile until the fit stops
@@ -194,7 +171,7 @@ def _fit_links(
         rows = _comm_rows(measurements, profile)
     parameters = []
     for key, count in sorted(points.items(), key=lambda kv: _key_order(kv[0])):
-        old, new = _link_cost(prior_profile, key), _link_cost(profile, key)
+        old, new = link_cost(prior_profile, key), link_cost(profile, key)
         tier, kind, level = key
         label = (
             f"{tier} {kind}"
@@ -233,8 +210,8 @@ def _fit_links_once(
             value
             for key in keys
             for value in (
-                max(_link_cost(profile, key).latency_s, 1e-7),
-                1.0 / _link_cost(profile, key).busbw,
+                max(link_cost(profile, key).latency_s, 1e-7),
+                1.0 / link_cost(profile, key).busbw,
             )
         ]
     )
@@ -255,14 +232,6 @@ def _fit_links_once(
         else:
             profile = with_tier_cost(profile, level, kind, cost)
     return profile, points
-
-
-def _link_cost(profile: HardwareProfile, key: LinkKey) -> LinkCost:
-    """The LinkCost a comm term prices: a node tier of the topology, or a link tier."""
-    tier, kind, level = key
-    if level is None:
-        return profile.link(tier).cost(kind)
-    return profile.node_tiers()[level].cost(kind)
 
 
 # -------------------------------------------------------------------------------- compute
@@ -398,7 +367,7 @@ def relative_error(m: Measurement, profile: HardwareProfile) -> float:
     return (m.predict(profile).step_s - m.median_s) / m.median_s
 
 
-def calibrate(
+def fit_profile(
     records: Iterable[Mapping[str, Any]] | Sequence[Measurement],
     prior: HardwareProfile | str | None = None,
     *,

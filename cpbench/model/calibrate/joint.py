@@ -1,29 +1,6 @@
 """One joint fit of kernel, link and overlap parameters to any set of measured times.
 
-The linear fits of fit.py need compute-only times for the kernel and comm-only times for the
-links; a step time alone mixes the two through the ring's overlap (a max), so it is not linear
-in them. Here every parameter is a log-multiplier theta_k of its value in a reference profile,
-and the fit is a maximum a posteriori estimate (scipy.optimize.least_squares, trust region
-reflective) of
-
-    sum over times  ((log predicted - log measured) / noise)^2
-  + sum over params ((theta_k - prior_k) / prior_sd_k)^2,
-
-a Gaussian prior in log-parameter space (`PRIOR_LOG_SD`). Every measured time of a
-configuration enters as one row: the step (`median`) always, its compute-only and comm-only
-times when the record has them. The noise is re-estimated from the residuals once
-(`NOISE_START`, at least `NOISE_FLOOR`) and the fit repeated.
-
-Which parameters the data determine: the posterior covariance of theta is (J^T J)^-1 with J
-the Jacobian of the whitened residuals (data and prior rows) at the optimum; a parameter is
-`determined` when its posterior sd is at most `DETERMINED_SD`, `constrained` when below
-`CONSTRAINED_RATIO` x its prior sd, else `undetermined`: the data do not pin it, and its
-fitted value (within its prior's width) is no evidence.
-
-Parameters: the kernel throughput (every dtype peak x the efficiency curve, one factor), the
-step overhead, latency and bus bandwidth of each (link tier, collective kind) the
-configurations use (node tiers of a `[topology]` separately), and 1 - overlap of the ring.
-"""
+The objective, the prior and what the data determine: docs/cost-model.md section 2."""
 
 from __future__ import annotations
 
@@ -80,6 +57,7 @@ LOWEST_U = 0.02
 
 
 LinkKey = tuple[LinkTier, CollectiveKind, "int | None"]
+"""What a comm term prices: (link tier, collective kind, topology node tier or None)."""
 ParameterStatus = Literal["determined", "constrained", "undetermined"]
 """How well the data pin a parameter down (`JointParameter.status`)."""
 
@@ -104,7 +82,7 @@ class JointParameter:
 
     @property
     def status(self) -> ParameterStatus:
-        """determined, constrained or undetermined (the module docstring)."""
+        """determined, constrained or undetermined (docs/cost-model.md section 2)."""
         if self.posterior_sd <= DETERMINED_SD:
             return "determined"
         if self.posterior_sd < CONSTRAINED_RATIO * self.prior_sd:
@@ -141,7 +119,8 @@ class _Spec:
     """A link parameter's `LinkCost.basis` (None: not a link's)."""
 
 
-def _link_cost(profile: HardwareProfile, key: LinkKey) -> LinkCost:
+def link_cost(profile: HardwareProfile, key: LinkKey) -> LinkCost:
+    """The LinkCost a comm term prices: a node tier of the topology, or a link tier."""
     tier, kind, level = key
     if level is None:
         return profile.link(tier).cost(kind)
@@ -178,14 +157,14 @@ def _specs(reference: HardwareProfile, keys: Sequence[LinkKey], ring: bool) -> l
     ]  # fmt: skip
     for key in keys:
         label = _link_label(reference, key)
-        cost = _link_cost(reference, key)
+        cost = link_cost(reference, key)
 
         def latency(p: HardwareProfile, v: float, key: LinkKey = key) -> HardwareProfile:
-            old = _link_cost(p, key)
+            old = link_cost(p, key)
             return _set_link(p, key, replace(old, latency_s=v * 1e-6))
 
         def busbw(p: HardwareProfile, v: float, key: LinkKey = key) -> HardwareProfile:
-            old = _link_cost(p, key)
+            old = link_cost(p, key)
             return _set_link(p, key, replace(old, busbw=v * GB))
 
         specs += [
@@ -240,7 +219,7 @@ def _jacobian(
 
 
 def fit_joint(measurements: Sequence[Measurement], reference: HardwareProfile) -> JointFit:
-    """The joint fit of the module docstring, regularised toward `reference`."""
+    """The joint fit of docs/cost-model.md section 2, regularised toward `reference`."""
     if not measurements:
         raise CpbenchError("a joint fit needs at least one measurement")
     base = [predict(m.candidate, reference, m.devices_per_node, memory=False) for m in measurements]

@@ -1,13 +1,6 @@
-"""Results records reduced to the measurements calibration and validation use.
+"""Results records reduced to the measurements calibration and validation use, and their prior.
 
-A results record (cpbench/results/schema.py) with status `ok` gives three measured times of one
-configuration: the step (`timing.median`), the step with communication removed
-(`timing.compute_only`) and the communication alone (`timing.comm_only`).
-
-The prior of a calibration (`default_prior`) is the built-in profile of the device the records
-name (`environment.devices`, `cpbench.model.hardware.loading.choose_profile`); GPU records whose
-device no profile describes start from h100-sxm, with a warning naming the device.
-"""
+The three times and the prior's choice: docs/cost-model.md, "Calibrating from a table"."""
 
 from __future__ import annotations
 

@@ -1,25 +1,6 @@
 """The model against published CP-attention measurements (`cpbench validate --published`).
 
-The shipped dataset (`cpbench/data/published/cp_attention.csv`, the table format of table.py,
-one `source` per row: repository, path, commit, table cell) is grouped by machine (`hardware`).
-Per machine, the model is scored twice on every row:
-
-- **prior**: the built-in profile its GPU names (`default_prior`) as shipped;
-- **leave-one-group-out**: for each group of rows that solve one problem (`Measurement.group`),
-  the profile calibrated on the machine's other groups (`calibrate`: the linear fits where
-  their times exist, then the joint fit), predicting the held-out group; with one group only,
-  nothing is left to calibrate on and the row says so.
-
-Metrics (`validation.validation_summary` over the rows): median |error| of the step time,
-the median Spearman of the groups with two or more configurations (the ranking within a
-problem), and the worst regret of the model's pick in those groups. yunchang's README tables
-are not in the dataset (they are the project's out-of-sample check, issue 24): their PCIe
-table (8x L20, 4x A100 PCIe) ships beside it (`out_of_sample_table`), scored by the prior
-alone (`validate_published(..., leave_one_group_out=False)`): no fit ever reads its rows.
-
-`published_sections` is the list of what `validate --published` reports; a second section
-(plan-level validation rows) is added beside this one.
-"""
+The dataset, the prior and leave-one-group-out scores, the metrics: docs/cost-model.md section 4."""
 
 from __future__ import annotations
 
@@ -31,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from cpbench.errors import CpbenchError
-from cpbench.model.calibrate.fit import calibrate
+from cpbench.model.calibrate.fit import fit_profile
 from cpbench.model.calibrate.measurements import Measurement, default_prior
 from cpbench.model.calibrate.table import read_table_rows
 from cpbench.model.calibrate.validation import validation_rows, validation_summary
@@ -126,7 +107,7 @@ def validate_machine(
         rows: list[dict[str, Any]] = []
         for key, members in groups.items():
             train = [m for k, ms in groups.items() if k != key for m in ms]
-            fitted = calibrate(train, prior).profile
+            fitted = fit_profile(train, prior).profile
             ordered += members
             rows += validation_rows(members, fitted)
         held_out = _scores(ordered, rows)

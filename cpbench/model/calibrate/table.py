@@ -1,13 +1,5 @@
 """Measured step times from a table: a user's training log or another tool's benchmark, as CSV
-or JSONL, one measured configuration a row (docs/cost-model.md, "Calibrating from a table").
-
-Columns (`TableRow`): the attention shape (seq_len, heads, kv_heads, head_dim, batch), the
-mask (causal or full, optional packed documents and window), the mesh (ulysses, ring), the
-layout, the exchange of the ring axis (p2p or all_gather, with an optional head stride), the
-phase, the dtype, the GPU, devices per node and the measured step time (step_s or step_ms);
-compute_only_s / comm_only_s when known, the machine's name and a free-text source. A row is validated by
-pydantic; a bad value is a CpbenchError naming the file, the row and the field.
-"""
+or JSONL, one configuration a row. The columns: docs/cost-model.md, "Calibrating from a table"."""
 
 from __future__ import annotations
 
@@ -133,7 +125,7 @@ def _clean(raw: Mapping[str, Any]) -> dict[str, Any]:
     return {k.strip(): v for k, v in raw.items() if k and v is not None and str(v).strip() != ""}
 
 
-def _problem(error: Any) -> str:
+def _error_text(error: Any) -> str:
     """One pydantic error as `field: rule, got value`."""
     field = ".".join(str(x) for x in error["loc"]) or "row"
     if not error["loc"]:
@@ -187,7 +179,7 @@ def read_table_rows(path: Path) -> list[tuple[str, TableRow]]:
             row = TableRow.model_validate(raw)
             row.candidate()
         except ValidationError as exc:
-            problems = "; ".join(_problem(e) for e in exc.errors())
+            problems = "; ".join(_error_text(e) for e in exc.errors())
             raise CpbenchError(f"{where}: {problems}") from exc
         except CpbenchError as exc:
             raise CpbenchError(f"{where}: {exc}") from exc

@@ -10,7 +10,7 @@ from typing import Any
 
 from cpbench.config.vocabulary import SPLITS, Split
 from cpbench.errors import CpbenchError
-from cpbench.model.calibrate.fit import calibrate, calibration_summary
+from cpbench.model.calibrate.fit import calibration_summary, fit_profile
 from cpbench.model.calibrate.measurements import Measurement, as_measurements
 from cpbench.model.calibrate.stats import spearman
 from cpbench.model.hardware.profile import HardwareProfile
@@ -93,7 +93,7 @@ def validation_summary(
     }
 
 
-def validate(
+def validate_profile(
     records: Iterable[Mapping[str, Any]] | Sequence[Measurement], profile: HardwareProfile
 ) -> dict[str, Any]:
     """Predicted vs measured for every usable record, with the summary metrics."""
@@ -156,7 +156,7 @@ def holdout_evaluation(
     """
     measurements = as_measurements(records)
     train, test = split_measurements(measurements, fraction, seed, split)
-    result = calibrate(train, prior)
+    result = fit_profile(train, prior)
     rows = validation_rows(test, result.profile)
     summary = validation_summary(test, rows)
     return {

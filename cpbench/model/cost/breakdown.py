@@ -1,7 +1,6 @@
 """What a prediction is made of: the time breakdown of a phase (`PhaseTime`), the bytes per
 link tier (`TierTraffic`) and the linear pieces of the communication time (`CommTerm`).
-Units: seconds, bytes, FLOP.
-"""
+Units: seconds, bytes, FLOP."""
 
 from __future__ import annotations
 

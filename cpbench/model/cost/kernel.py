@@ -1,26 +1,6 @@
-"""How an attention kernel's throughput changes with the head dimension, the piece shape and
-the pass, beside the efficiency curve over the sequence length (`EfficiencyCurve`). Pure math.
+"""How an attention kernel's throughput changes with head dim, piece shape and pass. Pure math.
 
-The shipped GPU curves are read at head dim 128 with a causal mask (docs/design.md §2, the
-profiles' sources). FlashAttention-2's throughput at other head dims is taken relative to 128
-from one published table, `apache/tvm` `tl_doc/flash_perf.md` @bd6f95705749439fea3600bf078bccc26b780cd9
-("The flash-attention performance on RTX-4090 GPU", SEQ_LEN 2k, fp16, TFLOP/s, column
-Flash_attn):
-
-| pass, mask | d 32 | d 64 | d 128 | d 256 |
-|---|---|---|---|---|
-| forward, full | 159.79 | 168.91 | 169.28 | 156.15 |
-| forward, causal | 126.78 | 142.23 | 151.19 | 144.12 |
-| backward, full | 115.12 | 124.81 | 124.57 | - |
-| backward, causal | 86.48 | 96.53 | 99.23 | - |
-
-The factor at head dim d is the row's value at d over its value at 128, interpolated linearly
-in log2(d) and constant outside the measured dims (the backward's 256 takes its 128). The table
-is of an RTX 4090 (Ada); on other GPUs it is applied as the kernel's shape, not measured there
-(`HEAD_DIM_SOURCE` says so in every curve note). It applies to the FlashAttention-2 code
-(`flash_attn`, PyTorch's CUDA `cuda_sdpa`) on CUDA profiles; other kernels and CPU profiles keep
-factor 1 (no published table by head dim was read for them).
-"""
+The head-dim table (FlashAttention-2 on an RTX 4090) and its use: docs/cost-model.md section 5."""
 
 from __future__ import annotations
 
@@ -43,7 +23,7 @@ _TFLOPS: dict[tuple[str, bool], dict[int, float]] = {
     ("backward", False): {32: 115.12, 64: 124.81, 128: 124.57},
     ("backward", True): {32: 86.48, 64: 96.53, 128: 99.23},
 }
-"""TFLOP/s by (pass, causal) and head dim (the module docstring's table)."""
+"""TFLOP/s by (pass, causal) and head dim (docs/cost-model.md section 5)."""
 
 
 def head_dim_factor(head_dim: int, causal: bool, phase: Pass) -> float:

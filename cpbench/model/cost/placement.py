@@ -1,13 +1,6 @@
 """Where the CP groups of a U x R mesh sit on nodes, and which link tier each collective uses.
 
-CP rank `p` sits on global rank `p * rank_stride` (`rank_stride` = TP in Megatron's
-tp-cp-dp-pp order, 1 otherwise); node = global rank // devices per node. Ulysses groups are
-runs of U consecutive CP ranks: inside a node when they fit, otherwise the part of an
-all-to-all going to peers on other nodes uses the inter-node tier. Ring groups are strided by
-U: when any hop of a ring crosses a node boundary, that hop paces every step (the ring is
-synchronous), so the ring runs at the inter-node send/recv speed. (On a profile with a
-`[topology]`, `cpbench.model.topology` places the ranks on its tiers.)
-"""
+The flat-node rules: docs/design.md section 2, "Topology and uncertainty of predictions"."""
 
 from __future__ import annotations
 

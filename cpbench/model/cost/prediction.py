@@ -1,21 +1,5 @@
 """`predict`: the predicted step time, traffic and memory of one CP attention layer on a
-hardware profile (`Prediction`). Pure Python.
-
-Inputs: a configuration (shape, U x R mesh, layout, dtype, mask, KV replication), a
-`HardwareProfile` and the number of devices per node. The model follows what the
-implementation does (`cpbench/attention/`): where the groups sit (`placement.py`, or the
-profile's `[topology]` in `cpbench.model.topology`, the fastest placement order kept), the
-work of every ring step under the mask (`work.py`) and the time of each scheme (`schemes.py`).
-
-- **Kernel.** The efficiency curve is that of the kernel family the configuration runs
-  (`MeshCandidate.kernel`, a record's `config.kernel` or `backend`: `auto` is the profile's
-  default family on its device, e.g. FlashAttention-2 on a CUDA profile in bf16); a family the
-  profile has no curve for reads the default family's (`Prediction.curve_note` says which).
-- **Memory** per rank from `memory.py` (a lower bound for one layer, fwd+bwd peak) against the
-  profile's capacity, and the largest sequence that fits.
-
-Units: seconds, bytes, FLOP.
-"""
+hardware profile (`Prediction`): docs/design.md section 2, "The time of one phase". Pure Python."""
 
 from __future__ import annotations
 
@@ -88,7 +72,7 @@ class Prediction:
     """The ring rank with the most work."""
     topology: TopologyPlacement | None = None
     """Where the ranks sit on the profile's node topology (None: a flat profile, priced by
-    `placement`'s two tiers); `cpbench.model.topology.describe` and `.export()` tell it."""
+    `placement`'s two tiers); `cpbench.model.topology.describe` tells it."""
     head_dim_factors: tuple[float, float] = (1.0, 1.0)
     """The kernel's throughput at this head dim relative to the curve's 128, forward and
     backward (`cpbench.model.cost.kernel`; 1.0 where no table applies)."""

@@ -1,42 +1,6 @@
-"""The time of one phase of a CP attention layer for each scheme, and its linear
-communication terms (`CommTerm`). Pure Python.
+"""The time of one phase of a CP attention layer for each scheme, and its linear comm terms.
 
-- **Shared compute.** A profile may have fewer compute slots per node than ranks (CPU cores):
-  then a step takes at least the mean rank's time x ranks / slots, because idle ranks lend
-  their slots to busy ones (on 4 ranks over 2 cores the causal imbalance of a layout matters
-  little, the total work does).
-- **Compute.** The kernel of a ring step runs at `peak(dtype) x efficiency(L_run/R)` FLOP/s on
-  `flops.py`'s per-step work of the busiest rank (the slowest rank sets the step), plus the
-  profile's fixed `step_overhead` per step, plus the memory-bound fp32 work of ring.py
-  (`work.merge_bytes`) at the profile's memory bandwidth; backward = 2.5 x forward FLOPs.
-- **Ring.** Forward: steps `s = 0..k-2` post the next K/V hop before computing, so a step takes
-  `max(c_s, h) + (1 - overlap) * min(c_s, h)`; the last step computes with no transfer in flight.
-  Backward: K/V hops (steps 0..k-2) and the fp32 dK/dV accumulator hops (posted after each
-  step's compute, in flight during the next step) share the link; the last dK/dV hop (to the
-  owner) is exposed; k = 1 sends nothing. (The textbook "max(compute, comm) per step plus the
-  first, unhidden step": here the step computed with nothing in flight is the last forward
-  step, since step 0 computes on the own chunk while the first hop travels.)
-- **All-gather** (`cp_comm = "all_gather"` on the ring axis, `cpbench/attention/allgather.py`).
-  No ring steps: a rank computes all its pieces against the gathered K/V, so its kernel time is
-  its own total (the slowest rank's pairs, not a sum of busiest-per-step), in `G = (c*h_kv/U)
-  / hs` strides of equal work, one step overhead per (stride, ring step) of pieces. Forward:
-  the first stride's gather travels while the own chunk of that stride is computed on (the
-  slowest rank's step-0 share of its work, `o`): `max(o, a) + (1 - overlap) * min(o, a)`; then
-  the rest of stride 0 and every later stride compute while the next stride is gathered,
-  `max(c_g, a) + (1 - overlap) * min(c_g, a)`, the last stride with nothing in flight; backward
-  likewise, the reduce-scatter of stride g in flight during stride g+1 with the next gather,
-  the last reduce-scatter exposed. One stride (the default) can hide its gather only behind
-  the own chunk (1/R of the work) and exposes the whole reduce-scatter: the honest trade
-  against ring hops hidden behind compute at every step. A gather
-  of `b` bytes received (nccl-tests busbw view: (R-1)/R of its output) takes `latency +
-  b / busbw` on the all-to-all link cost of the ring axis' tier (inter-node when the group
-  spans nodes, the NIC shared as for the ring): nccl-tests' all_gather and alltoall busbw
-  are alike on NVLink and on a NIC.
-- **Ulysses.** The all-to-alls (Q, K/V, O forward; dO, dQ, dK/dV backward) are not overlapped:
-  each costs `latency + bytes a rank sends / busbw` on its tier.
-
-Units: seconds, bytes, FLOP.
-"""
+The formulas: docs/design.md section 2, "The time of one phase". Pure Python."""
 
 from __future__ import annotations
 

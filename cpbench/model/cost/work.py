@@ -1,13 +1,5 @@
 """The work of every ring step of a configuration under its layout and mask, and the
-memory-bound bytes of a step. Pure Python.
-
-The candidate's mask (`MeshCandidate.documents`, `window`) sets the work of every rank at every
-ring step (`flops.layout_work`: the mask geometry of `config/geometry.py` for packed documents,
-windows and the doc_zigzag / balanced layouts), the ring steps k the mask needs (steps k..R-1
-are not run: no compute, no hop, no overhead) and, for doc_zigzag, the run length
-L_run = L + padding that every byte and FLOP term uses. Besides the kernels, ring.py does
-memory-bound fp32 work (the passes below, every step; the forward merge from step 1 on).
-"""
+memory-bound bytes of a step: docs/design.md section 2, "The time of one phase". Pure Python."""
 
 from __future__ import annotations
 

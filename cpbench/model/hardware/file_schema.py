@@ -1,12 +1,6 @@
 """The TOML layout of a hardware profile file, and reading it into a `HardwareProfile`.
 
-Built-in profiles are TOML files in `cpbench/data/hardware/`; every number carries its source.
-A user file with the same layout is accepted wherever a name is (`--hardware PATH`). The layout
-is the pydantic model `ProfileFile` (strict types, no unknown keys; errors read
-`hardware profile <file>: <key> <rule>, got <value>`); `writer.profile_to_toml` writes it.
-Files written before kernel families (one `[kernel_efficiency]` curve for every kernel) still
-load: the curve becomes the default family's, so every kernel reads it, as before.
-"""
+The layout, its errors and old files: docs/design.md section 2, "The hardware profile"."""
 
 from __future__ import annotations
 

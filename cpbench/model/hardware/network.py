@@ -1,19 +1,5 @@
 """The network between nodes as a plan sees it: NVLink domains that span nodes, rails, the
-spine. Pure Python; additive to `HardwareProfile` (a profile's `inter_node` link stays the NIC's
-cost; a `Fabric` says how the nodes are wired).
-
-A GPU's traffic to another GPU crosses, innermost first:
-
-- **node**: the GPUs of one node (the profile's `intra_node` link, NVLink + NVSwitch on HGX);
-- **nvlink_domain**: GPUs joined by NVLink across nodes (GB200 NVL72: 72 GPUs of 18 trays),
-  at the domain's NVLink cost; absent (= the node) on HGX / DGX H100;
-- **rail**: on a rail-optimised fabric, GPU k of every node of a rail group hangs off leaf k, so
-  traffic between GPUs of the same local index inside the group crosses one leaf switch at the
-  NIC's cost;
-- **network**: everything else, through the spine (other rails, other rail groups; every cross-node flow on a fabric
-  that is not rail-optimised goes through its leaves and spine), at the NIC's cost times the
-  spine's `spine_factor` (1 = non-blocking).
-"""
+spine (a `Fabric`). Pure Python. The tiers: docs/plan.md, "Tiers across nodes"."""
 
 from __future__ import annotations
 
@@ -24,12 +10,12 @@ from cpbench.errors import CpbenchError
 from cpbench.model.hardware.profile import LinkCost, LinkTierProfile
 
 NetworkTier = Literal["node", "nvlink_domain", "rail", "network"]
-"""Which link a group's traffic crosses (see the module docstring)."""
+"""Which link a group's traffic crosses (docs/plan.md, "Tiers across nodes")."""
 
 
 @dataclass(frozen=True)
 class Fabric:
-    """How the nodes of a cluster are wired (module docstring)."""
+    """How the nodes of a cluster are wired (docs/plan.md, "Tiers across nodes")."""
 
     name: str
     """Short name."""

@@ -1,35 +1,6 @@
 """The runtime hardware profile: what the cost model needs to know about a system.
 
-A profile describes one kind of device and the two link tiers between devices:
-
-- compute: peak dense TFLOP/s per dtype (vendor datasheet) and, per attention-kernel family
-  (`KERNEL_FAMILIES`: FlashAttention-2, FlashAttention-3, cuDNN, PyTorch's CUDA or CPU SDPA,
-  einsum), an efficiency curve over the kernel's sequence length (the `L/R` tokens of a ring
-  shard that one kernel call works on): achieved attention FLOP/s = peak x efficiency(L/R) of
-  the family the configuration runs (`HardwareProfile.kernel_for`: `auto` is the profile's
-  default family on its device); a family without a curve uses the default family's curve;
-- device: which devices the profile describes (`cpu` or `cuda`, and regular expressions matched
-  against the device names records carry), so that `loading.profile_for_devices` finds the
-  profile of a results file;
-- memory: capacity per device (HBM, or the share of RAM for a CPU rank) and its bandwidth
-  (the ring's fp32 merges and gradient accumulations are memory-bound);
-- links: `intra_node` (NVLink, PCIe, loopback) and `inter_node` (InfiniBand/RoCE per NIC), each
-  with a latency and a bus bandwidth for all-to-all and for send/recv separately, in nccl-tests
-  terms (`busbw`): an all-to-all call of `size` bytes over `n` ranks takes
-  `latency + size*(n-1)/n / busbw` = `latency + bytes a rank sends / busbw`; a send/recv of a
-  message of `size` bytes (each rank sends to its next and receives from its previous, the ring
-  pattern of nccl-tests' sendrecv_perf) takes `latency + size / busbw`. `devices_per_nic`
-  ranks share one inter-node NIC, so each gets `busbw / devices_per_nic` when all send at once;
-- topology (optional `[topology]`, `NodeTopology`): the tiers inside a node, innermost first
-  (`TierKind`: NVLink domain, PCIe switch, host bridge, NUMA node, socket interconnect), each
-  joining islands of the tier below into islands of `island` devices, with all-to-all and
-  send/recv latency and per-device busbw across it and whether GPU peer-to-peer works across
-  it; `cpbench.model.topology` prices collectives on it. Without one the node is flat: one
-  island joined by `intra_node` (`HardwareProfile.node_tiers`);
-- overheads: a fixed time per ring step and kernel call (launches, the online-softmax merge),
-  and the overlap efficiency of a ring step (fraction of the shorter of compute and
-  communication that is hidden behind the longer).
-"""
+Its fields (compute, memory, links in nccl-tests terms, overheads): docs/design.md section 2."""
 
 from __future__ import annotations
 
@@ -222,7 +193,7 @@ class CalibrationInfo:
 
 @dataclass(frozen=True)
 class HardwareProfile:
-    """Everything the cost model needs about a system; see the module docstring."""
+    """Everything the cost model needs about a system; see docs/design.md section 2."""
 
     name: str
     """Short identifier, e.g. h100-sxm."""
@@ -313,14 +284,6 @@ class HardwareProfile:
         `auto` chooses there (cpu: CPU SDPA; cuda: the default family in fp16/bf16, PyTorch's
         SDPA in float32), `sdpa` PyTorch's op of the device; CpbenchError on unknown names."""
         return resolve_kernel_family(kernel, self.device_kind, self.default_kernel, dtype)
-
-    def attention_flops_per_s(
-        self, dtype: str, kernel_seq_len: float, kernel: str | None = None
-    ) -> float:
-        """Achieved attention FLOP/s: peak(dtype) x efficiency(kernel sequence length) of the
-        kernel's family (None: the default family)."""
-        family = None if kernel is None else self.kernel_for(kernel, dtype)
-        return self.peak_flops(dtype) * self.curve(family).at(kernel_seq_len)
 
     def matches_device(self, device_name: str) -> bool:
         """Whether one of `device_names` matches a device name (case-insensitive search)."""

@@ -8,8 +8,6 @@ from typing import Any, TypeVar
 from cpbench.errors import CpbenchError
 from cpbench.model.formulas import CollectiveKind
 from cpbench.model.hardware.profile import (
-    COLLECTIVE_KINDS,
-    LINK_TIERS,
     EfficiencyCurve,
     HardwareProfile,
     LinkCost,
@@ -77,27 +75,6 @@ def with_default_kernel(profile: HardwareProfile, family: str) -> HardwareProfil
         kernel_curves=curves,
         default_kernel_source=f"{known} made the default (was {profile.default_kernel})",
     )
-
-
-def scaled_bandwidth(profile: HardwareProfile, factor: float) -> HardwareProfile:
-    """A copy with every busbw multiplied by `factor` (what-if and tests)."""
-    if factor <= 0:
-        raise CpbenchError(f"bandwidth factor must be positive, got {factor}")
-
-    def scaled(cost: LinkCost) -> LinkCost:
-        return replace(cost, busbw=cost.busbw * factor)
-
-    result = profile
-    for tier in LINK_TIERS:
-        for kind in COLLECTIVE_KINDS:
-            result = with_link_cost(result, tier, kind, scaled(result.link(tier).cost(kind)))
-    if result.topology is not None:
-        tiers = tuple(
-            replace(t, all_to_all=scaled(t.all_to_all), send_recv=scaled(t.send_recv))
-            for t in result.topology.tiers
-        )
-        result = replace(result, topology=replace(result.topology, tiers=tiers))
-    return result
 
 
 def with_topology(profile: HardwareProfile, topology: NodeTopology | None) -> HardwareProfile:

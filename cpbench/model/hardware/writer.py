@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import tomli_w
 
-from cpbench.errors import CpbenchError
+from cpbench.files import write_atomically
 from cpbench.model.hardware.file_schema import PROFILE_SCHEMA_VERSION
 from cpbench.model.hardware.profile import HardwareProfile, LinkCost
 from cpbench.units import GB
@@ -106,11 +107,9 @@ def profile_to_toml(profile: HardwareProfile, header: str = "") -> str:
     return comments + tomli_w.dumps(profile_document(profile))
 
 
-def save_profile(profile: HardwareProfile, path: str | Path, header: str = "") -> Path:
-    """Write the profile as TOML; CpbenchError when the file cannot be written."""
-    target = Path(path).expanduser()
-    try:
-        target.write_text(profile_to_toml(profile, header), encoding="utf-8")
-    except OSError as exc:
-        raise CpbenchError(f"cannot write hardware profile {target}: {exc.strerror}") from None
-    return target
+def save_profile(
+    profile: HardwareProfile, path: str | Path, header: str = "", inputs: Sequence[str | Path] = ()
+) -> Path:
+    """Write the profile as TOML (never over one of `inputs`, what it was fitted to);
+    CpbenchError when the file cannot be written."""
+    return write_atomically(path, profile_to_toml(profile, header), "hardware profile", inputs)

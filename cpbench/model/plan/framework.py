@@ -1,27 +1,5 @@
 """The attention a plan is priced for (the framework the user trains with) and the precision of
-its linear layers. Pure Python.
-
-`cpbench plan` prices cpbench's own schemes by default. With `framework` it prices what that
-framework runs instead, with the cost model's scheme that matches it and a stated prior factor
-on the attention time (or a measured one, `attention_factor`: the ratio `cpbench sweep`
-measures between the framework's impl and cpbench's on the `impl` axis):
-
-- **torchtitan** (PyTorch `context_parallel`): ring only (no Ulysses), head-tail load balancing
-  (zigzag), K/V exchanged by all-gather, PyTorch's default rotate method (`cpbench/impls/
-  torch_cp.py` runs it; `set_rotate_method("alltoall")` is the other), SDPA kernels (the CUDA
-  flash op is FlashAttention-2 code): the cost model's all_gather scheme on the cuda_sdpa curve.
-- **megatron** (Megatron-Core with TransformerEngine): `cp_comm_type` p2p (ring), a2a
-  (Ulysses) or a2a+p2p (hierarchical), zigzag, cuDNN fused attention (TE's default backend on
-  Hopper): the cost model's ring / Ulysses / USP schemes on the cudnn curve.
-- **deepspeed** (DeepSpeed-Ulysses): all-to-all only, flash-attn kernels.
-- **cpbench**: cpbench's own Ulysses / ring / USP, every layout, the profile's `auto` kernel.
-
-The prior factor of each framework is 1.0 (no measured ratio shipped): the scheme and kernel
-carry what is known; `attention_factor` carries what a sweep measured.
-
-**Linear precision**: bf16 linears run at peak(bf16) x matmul efficiency; FP8 linears (torchao
-Float8, TransformerEngine fp8) at that times `FP8_LINEAR_SPEEDUP`, attention staying in bf16.
-"""
+its linear layers: docs/plan.md, "The framework's attention and FP8 linears". Pure Python."""
 
 from __future__ import annotations
 

@@ -1,63 +1,6 @@
-"""Memory per rank of a whole training step, by component. Pure Python.
+"""Memory per rank of a training step by component: weights, gradients, optimizer, activations.
 
-Notation: `s` tokens of a sequence held by a rank before TP (L / CP: context parallelism
-shards the sequence), `b` micro-batch, `h` hidden, `a` query heads, `a_kv` KV heads, `d_h` head
-dim, `f` MLP inner size, `v` vocabulary, `t` TP, `c` CP, `p` PP, `d` DP, `e` bytes of the
-activation dtype (2 for bf16), `l` layers.
-
-**Weights, gradients, optimizer** (mixed precision Adam, as Megatron-LM keeps them): bf16
-weights 2 B, fp32 main gradients 4 B, fp32 master weights + Adam moments 12 B per parameter =
-18 B (Megatron's distributed-optimizer table, row "bf16 param, fp32 grads": 18 B without, 6 +
-12/d B with the distributed optimizer). TP shards the linear weights and the embedding / output
-projection by t (the norm weights are replicated); ZeRO shards over the d x c data-parallel ranks
-(Megatron's distributed optimizer shards over the DP x CP group, since CP ranks hold the same
-weights): stage 1 the optimizer states, stage 2 also the gradients, stage 3 also the weights
-(then two layers' weights are gathered at a time: the layer running and the one prefetched).
-A pipeline stage holds l / p layers; the first also the embedding, the last the final norm and
-the output projection (with PP > 1 a tied output projection is a copy of the embedding there).
-
-**Activations per layer** (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
-Transformer Models", arXiv:2205.05198, Section 4 and Table 2), bytes, for a GPT layer (MHA, GeLU
-MLP with f = 4h, dropout, scores materialised, e = 2):
-
-    no parallelism                         s b h (34 + 5 a s / h)
-    tensor parallel (no SP)                s b h (10 + 24/t + 5 a s / (h t))
-    tensor + sequence parallel             s b h (34/t + 5 a s / (h t))
-    tensor + sequence parallel, selective  s b h 34/t
-    full recompute                         2 s b h (/t with SP)
-
-where 34 = attention 11 (QKV input 2, Q and K 4, V 2, output-projection input 2, dropout mask 1)
-+ MLP 19 (input 2, GeLU input 8, GeLU output 8, dropout mask 1) + the two LayerNorm inputs 4, and
-5 a s / h is the softmax output 2, its dropout mask 1 and the dropout output 2, per score.
-
-Adapted here term by term (so that GQA, SwiGLU, no dropout and a fused kernel each change only
-their own term, and the paper's GPT layer gives back the paper's numbers exactly):
-
-    norm inputs          2 x e s b h                 (/t with SP, else replicated)
-    QKV input, MLP input 2 x e s b h                 (/t with SP)
-    Q, O                 2 x e s b a d_h / t         (head-sharded by TP)
-    K, V                 2 x e s b a_kv d_h / t      (GQA: a_kv heads)
-    MLP                  gelu: 2 x e s b f / t (activation input and output);
-                         swiglu: 3 x e s b f / t (gate and up outputs, their product)
-    dropout masks        2 x s b h (/t with SP), only with dropout
-    scores               materialised: e (the softmax output), with dropout 2e + 1 (softmax
-                         output, mask, dropout output), per score: x a s_q s_k b / t, s_q = s
-                         the rank's queries, s_k = L every key; a fused (flash) kernel instead
-                         keeps its log-sum-exp, 4 a s b / t (fp32)
-
-Selective recompute (the paper's: recompute the core attention) drops the score terms; with a
-fused kernel there are none, so selective stores what `none` stores (the kernel's backward
-already recomputes the scores). Full recompute keeps each layer's input, e s b h (/t with SP),
-and rebuilds one layer's activations at a time in backward (the `recompute working set`).
-
-**Pipeline**: with 1F1B the first stage holds p micro-batches in flight (min(p, m) with m
-micro-batches per step), stage k holds p - k, the last one. **Attention buffers**: the CP
-scheme's transient tensors of one layer from `cpbench.model.memory` (ring K/V buffers, fp32
-accumulators, all-to-all send buffers, gradient shards: everything it counts beyond the saved
-Q, K, V, O and LSE, which the activation terms count once). **Logits / loss** on the last stage:
-final norm input and output-projection input e s b h / t each, the bf16 logits e s b v / t and the
-fp32 softmax the vocab-parallel cross entropy keeps, 4 s b v / t (the paper's 4sbv/t).
-"""
+The formulas and their sources: docs/plan.md, "Memory per rank". Pure Python."""
 
 from __future__ import annotations
 
@@ -87,6 +30,9 @@ OPTIMIZER_BYTES = 12
 """fp32 master weights 4 + Adam first moment 4 + second moment 4."""
 ZERO3_GATHERED_LAYERS = 2
 """Layers whose full weights a ZeRO-3 rank holds at once (running + prefetched)."""
+CUDA_RESERVE_GIB = 2.0
+"""Default runtime reserve on a GPU: CUDA context, NCCL buffers, allocator fragmentation
+(estimate)."""
 SAFE_MEMORY_FRACTION = 0.8
 """Fujii, Watanabe, Yokota 2024, 'Accelerating Large Language Model Training with 4D Parallelism
 and Memory Consumption Estimator' (arXiv:2411.06465), abstract: over 454 runs on A100 and H100,
@@ -244,7 +190,7 @@ def layer_activation_bytes(
     dtype: str = "bfloat16",
     key_tokens: float | None = None,
 ) -> float:
-    """Bytes one rank saves for backward per layer and micro-batch (see the module docstring).
+    """Bytes one rank saves for backward per layer and micro-batch (docs/plan.md).
 
     `seq_tokens` is s, the rank's tokens (L / CP); `key_tokens` the keys each query sees when
     scores are materialised (L; default s, the paper's case of no CP)."""
@@ -267,19 +213,6 @@ def layer_activation_bytes(
     else:
         scores = 4 * model.heads * s * b  # the fused kernel's fp32 log-sum-exp
     return replicated / sp + (sharded + scores) / t
-
-
-def korthikanti_layer_bytes(
-    s: int, b: int, h: int, a: int, t: int = 1, sequence_parallel: bool = False,
-    selective: bool = False,
-) -> float:
-    """The paper's closed forms (Table 2) for a GPT layer, bytes per layer."""
-    attention = 0 if selective else 5 * a * s / h
-    if t == 1:
-        return s * b * h * (34 + attention)
-    if sequence_parallel:
-        return s * b * h * (34 / t + attention / t)
-    return s * b * h * (10 + 24 / t + attention / t)
 
 
 def attention_buffer_bytes(config: CpProblem) -> int:
@@ -324,7 +257,7 @@ def stage_memory(
     scores_materialised: bool = False,
     reserve_bytes: float = 0.0,
 ) -> StageMemory:
-    """Memory of one rank of the `first`, `last` or `only` pipeline stage (module docstring)."""
+    """Memory of one rank of the `first`, `last` or `only` pipeline stage (docs/plan.md)."""
     check_choice("stage", stage, ("first", "last", "only"))
     layers = par.stage_layers(model.layers)
     check_zero(par.zero)

@@ -1,40 +1,6 @@
-"""The plan search: every TP x CP (U x R, layout) x PP x DP x recompute of the GPUs, ranked by
-predicted step time, without pricing the plans that cannot rank. Pure Python.
+"""The plan search: every TP x CP (U x R, layout) x PP x DP x recompute, ranked by step time.
 
-Three steps, each cheap before the next (`search`):
-
-1. **Enumerate** the factorisations world = TP x CP x PP x DP (TP inside a node dividing the
-   heads and KV heads; PP dividing the layers; DP x micro-batch dividing the global batch) and
-   every U x R mesh of CP with a feasible layout. A rule that fails is one rejection.
-2. **Memory first.** A plan's memory (`cpbench.model.plan.memory`) needs only the CP scheme's
-   buffers, the smallest over its feasible layouts: a plan over the device memory with them is
-   over with any layout (rejected without pricing its attention).
-3. **Bound, then price.** Each plan that fits gets a lower bound of its step time: the step of
-   `step_time_of_layer` with the attention's balanced compute (its FLOPs spread evenly over the
-   ranks at the kernel efficiency of its ring shard, plus the step overheads and fp32 merges
-   of every ring step) in place of the priced attention. The cost model's phase time is at
-   least that (`cpbench.model.cost.schemes`: every ring step takes at least its busiest rank's
-   compute, which is at least the mean; communication only adds), and every part of the step
-   is non-decreasing in the attention's seconds. Plans are priced in the order of their bound
-   (best first) and a plan whose bound, at the ranking's 4 significant digits, is above the
-   k-th best priced step is not priced: it cannot enter the top k. The fastest plan of the
-   smallest CP that fits is kept the same way. Each (TP, U, R) is priced once (its fastest
-   layout, `cost.prediction.predict`, is cached for every PP, DP and recompute).
-
-The ranking is streamed: a heap of the k best priced plans and one of the memory rejections
-closest to fitting; what is counted instead of kept is in `SearchCounts`. `keep = 0` (or
-`exhaustive`) prices every plan that fits and keeps them all: the search of before, which
-tests/test_plan_search.py compares the pruned ranking with.
-
-Ranking key: step time to 4 significant digits, then the busiest rank's memory, then the
-enumeration order (TP, CP, PP ascending, U ascending, recompute none, selective, full). With
-`rank_by = "max_seq_len"` (`cpbench plan --max-seq-len`): the longest sequence whose tensors
-stay within Fujii et al.'s 80% of the device memory (exact, not a bound: the layout of the fewest
-buffers), longest first, then the step time.
-
-Memory margin: `capacity` (tensors + runtime reserve within the device memory) or `safe`
-(tensors within `SAFE_MEMORY_FRACTION` of it, `cpbench.model.plan.memory`).
-"""
+The three steps, the bound and the ranking key: docs/plan.md, "Search". Pure Python."""
 
 from __future__ import annotations
 
@@ -264,7 +230,7 @@ class _Mesh:
     @functools.cached_property
     def bound_s(self) -> tuple[float, float]:
         """Lower bounds of one layer's attention forward and backward seconds (min over the
-        feasible layouts; module docstring, step 3)."""
+        feasible layouts; docs/plan.md, step 3)."""
         profile = self.space.profile
         return (min(_phase_bound(c, profile, "forward") for c in self.candidates),
                 min(_phase_bound(c, profile, "backward") for c in self.candidates))
@@ -299,7 +265,7 @@ def _layout_rank(layout: str) -> int:
 def _phase_bound(candidate: MeshCandidate, profile: HardwareProfile, phase: Pass) -> float:
     """The balanced compute of one phase: the layer's attention FLOPs / ranks at the kernel
     efficiency of the ring shard, plus the overhead and fp32 merges of every ring step; the
-    cost model's phase time is at least this (module docstring)."""
+    cost model's phase time is at least this (docs/plan.md, "Search")."""
     family = profile.kernel_for(candidate.kernel, candidate.dtype)
     curve = profile.curve(family if profile.has_curve(family) else profile.default_kernel)
     rate = profile.peak_flops(candidate.dtype) * curve.at(candidate.ring_shard)
@@ -435,7 +401,7 @@ class PlanSearch:
     # --------------------------------------------------------------------------- search
 
     def run(self) -> SearchResult:
-        """Enumerate, reject by memory, bound, price best-first (module docstring)."""
+        """Enumerate, reject by memory, bound, price best-first (docs/plan.md, "Search")."""
         s, counts = self.space, self.counts
         rules: list[PlanRejection] = []
         over: list[tuple[float, int, Parallelism, StageMemory, float]] = []  # memory, kept
@@ -558,5 +524,5 @@ def _negate(key: tuple[float, float, int]) -> tuple[float, float, int]:
 
 
 def search(space: SearchSpace) -> SearchResult:
-    """Search a space (module docstring)."""
+    """Search a space (docs/plan.md, "Search")."""
     return PlanSearch(space).run()

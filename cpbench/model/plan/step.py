@@ -1,42 +1,6 @@
-"""Time of one training step of the whole model, by part. Pure Python.
+"""Time of one training step of the whole model by part: GEMMs, attention, TP, PP, DP, optimizer.
 
-Per micro-batch, on one rank of the slowest pipeline stage (the last: it also runs the output
-projection), with `s = L / CP` tokens, `b` micro-batch, `t` TP:
-
-- **GEMMs**: each linear of a layer (Q/K/V, output, MLP) costs `2 m n k` FLOPs forward, here
-  `2 b s (weights of the layer) / t`, backward twice that (x3 for forward + backward; x4 with full
-  recompute, which reruns the forward), plus the output projection `2 b s h v / t` x3, at
-  `peak(dtype) x matmul efficiency` (`MATMUL_EFFICIENCY`: the hardware profiles have no GEMM
-  number, so this module gives one per profile, with its source; `--matmul-efficiency`
-  overrides it).
-- **Attention**: `cpbench.model.cost.prediction.predict` for the layer's U x R mesh and layout
-  with the heads of one TP rank (forward + backward; + forward again with recompute).
-- **TP + SP collectives** (Megatron with sequence parallelism): per layer 2 all-gathers and 2
-  reduce-scatters forward, the same backward (and forward again with full recompute), each of a
-  tensor of `M = e b s h` bytes: `latency + M (t - 1)/t / busbw` on the node's links (TP stays
-  inside a node), not overlapped with compute. TP, PP and DP are each priced on the link of the
-  tier their group crosses (`cpbench.model.plan.tiers`: node, NVLink domain, rail, network).
-- **Pipeline**: 1F1B with `m` micro-batches and `p` stages: `(m + p - 1)` micro-batch times,
-  `(p - 1)` of them the bubble (fraction `(p - 1)/(m + p - 1)`); each micro-batch sends its
-  activations `e b s h / t` bytes (SP's scatter-gather) to the next stage and its gradient back.
-- **DP gradient reduction** over the d x c ranks holding the same weights (fp32 gradients):
-  ZeRO 0 an all-reduce (`2 G (n-1)/n` bytes sent), ZeRO 1/2 a reduce-scatter of the gradients and
-  an all-gather of the bf16 weights, ZeRO 3 that per micro-batch with the weights gathered
-  twice (forward, backward); not overlapped with backward (Megatron's --overlap-grad-reduce
-  hides part of it: an upper bound).
-- **Optimizer**: Adam reads and writes 30 B per (sharded) parameter at the memory bandwidth.
-
-Ring collectives (all-gather, reduce-scatter, all-reduce, pipeline send/recv) take the tier's
-send/recv latency and busbw: NCCL's ring algorithm is a chain of neighbour sends, and nccl-tests
-report every collective's busbw on the same scale.
-
-Throughput: tokens/s/GPU = global batch x L / step time / GPUs. **MFU** = model FLOPs / (step
-time x GPUs x peak(dtype)), model FLOPs = 6 x N x tokens + 3 x attention forward FLOPs, N the
-weights that take part in a matmul per token (the layers' linear weights and the output
-projection, not the embedding lookup), attention forward FLOPs the causal 2 b a L^2 d_h per
-layer and sequence (cpbench's convention, `cpbench.model.flops`); recomputation and
-communication are not useful work.
-"""
+The formulas and conventions (MFU included): docs/plan.md, "Step time". Pure Python."""
 
 from __future__ import annotations
 
@@ -57,7 +21,7 @@ MFU_CONVENTION = (
     "(step time x GPUs x peak dense TFLOP/s of the dtype); N = weights in a matmul per token "
     "(layers' linears + output projection); recompute and communication are not counted"
 )
-TIME_CONVENTION = (
+STEP_TIME_CONVENTION = (
     "times in ms per optimizer step on one rank of the slowest pipeline stage; parts sum to the "
     "step: GEMM, attention, TP/SP comm and pipeline sends of every micro-batch, the pipeline "
     "bubble, the DP gradient reduction and the optimizer"
@@ -223,7 +187,7 @@ def step_time(
     attention_factor: float = 1.0,
     tiers: PlanTiers | None = None,
 ) -> StepTime:
-    """Predicted step time of a plan (see the module docstring); `attention` is the prediction
+    """Predicted step time of a plan (see docs/plan.md); `attention` is the prediction
     of one layer's attention for one micro-batch (heads of one TP rank, rank stride TP), times
     `attention_factor` (the framework's, `cpbench.model.plan.framework`); the linears' GEMMs run
     `linear_speedup` x faster than bf16 ones (FP8)."""

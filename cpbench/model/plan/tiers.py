@@ -1,21 +1,6 @@
 """Which link each of a plan's collectives crosses, and its cost. Pure Python.
 
-Ranks are laid out in Megatron-LM's order, TP innermost, then CP (its Ulysses groups inside its
-rings: `cpbench.model.cost.placement`), then DP, then PP: global rank
-`g = t_i + t (u_i + U (r_i + R (d_i + d p_i)))`. A group of `size` members `stride` ranks apart
-spans `stride x size` consecutive ranks (aligned), so its traffic crosses (`NetworkTier`):
-
-- the node when the span fits a node (TP always does: the search keeps TP inside a node);
-- the NVLink domain when it fits one (a `Fabric` with a multi-node domain, NVL72);
-- a rail when the fabric is rail-optimised, every member has the same local index (the stride
-  is a multiple of the GPUs per node) and the span fits a rail group;
-- else the network through the spine.
-
-So Ulysses (stride TP) sits inside the fastest domain whenever U x TP fits it, and the ring
-(stride TP x U) goes across; DP (stride TP, over CP x DP ranks holding the same weights) and PP
-(stride TP x CP x DP) go furthest. The attention's own all-to-all and ring hops are priced by
-the cost model on the tiers this gives it (`attention_profile`).
-"""
+The rank order and the tiers: docs/plan.md, "Tiers across nodes"."""
 
 from __future__ import annotations
 
@@ -54,7 +39,7 @@ class GroupTier:
 
 
 def group_tier(stride: int, size: int, per_node: int, fabric: Fabric) -> NetworkTier:
-    """The tier a group of `size` members `stride` apart crosses (module docstring)."""
+    """The tier a group of `size` members `stride` apart crosses (docs/plan.md)."""
     span = stride * size
     if size <= 1 or span <= per_node:
         return "node"

@@ -1,13 +1,5 @@
-"""A dense decoder-only transformer as the plan sees it: sizes, parameter counts, presets of
-public architectures, and loading from a TOML file of the same keys or from a Hugging Face
-`config.json` read offline. Pure Python.
-
-The presets copy the `config.json` of each model's Hugging Face repository (`source` cites it):
-`hidden_size` -> hidden, `num_hidden_layers` -> layers, `num_attention_heads` -> heads,
-`num_key_value_heads` -> kv_heads, `head_dim` (or hidden / heads) -> head_dim,
-`intermediate_size` -> ffn_hidden, `hidden_act` silu in a gated MLP -> swiglu, `vocab_size` ->
-vocab, `tie_word_embeddings` -> tied_embeddings, `attention_bias` (Qwen2: always) -> qkv_bias.
-"""
+"""A dense decoder-only transformer as the plan sees it: sizes, parameter counts, presets, and
+loading from TOML or an offline Hugging Face `config.json`: docs/plan.md, "Models". Pure Python."""
 
 from __future__ import annotations
 

@@ -1,23 +1,6 @@
 """`cpbench plan` against published end-to-end training runs. Pure Python.
 
-The rows are `cpbench/data/published/end_to_end.toml`: each a published run (torchtitan's
-benchmark tables, the Llama 3 long-context configuration) with the settings it used and the
-source it was read in. A row names its machine; a machine is a hardware profile with what the
-source says differs (memory, bandwidth) and one **peak scale**: the run's GPUs against the
-profile's datasheet peak (power limits and clocks), either stated (`peak_scale`) or fixed on
-the machine's `calibrate` row (solved with scipy's brentq so the plan's tokens/s/GPU equals that
-row's; that row is then not a validation). Every other row is planned with its settings
-(TP, CP, PP fixed; the fastest U x R and layout the framework runs) and compared:
-
-- **tokens/s/GPU**: predicted / published - 1.
-- **TFLOP/s/GPU** (rows that publish it): the plan's model FLOPs per second per GPU
-  (`cpbench.model.plan.step.MFU_CONVENTION` x peak), against the published number.
-- **memory**: the plan's tensor total per rank (weights, gradients, optimizer, activations,
-  buffers, logits; no runtime reserve) and that plus the profile's runtime reserve, next to the
-  published number and what it counts (torchtitan: the caching allocator's max reserved
-  memory, which caches freed blocks and fragments: not a tensor total); and whether the tensor
-  total is within `SAFE_MEMORY_FRACTION` of the device memory.
-"""
+The rows, the peak scale and what is compared: docs/plan.md, "Against published runs"."""
 
 from __future__ import annotations
 
@@ -31,7 +14,7 @@ from scipy.optimize import brentq
 from cpbench.errors import CpbenchError
 from cpbench.model.hardware.loading import load_profile
 from cpbench.model.hardware.profile import HardwareProfile
-from cpbench.model.plan.memory import SAFE_MEMORY_FRACTION, check_recompute
+from cpbench.model.plan.memory import CUDA_RESERVE_GIB, SAFE_MEMORY_FRACTION, check_recompute
 from cpbench.model.plan.search import Plan, SearchSpace, search
 from cpbench.model.plan.step import matmul_efficiency
 from cpbench.model.plan.transformer import load_model
@@ -44,9 +27,6 @@ else:  # pragma: no cover - Python 3.10
 
 END_TO_END_TABLE = "cpbench/data/published/end_to_end.toml"
 """Where the published end-to-end rows live (in the package)."""
-
-CUDA_RESERVE_GIB = 2.0
-"""The plan's default runtime reserve per GPU (`cpbench.app.plan.CUDA_RESERVE_GIB`)."""
 
 
 @dataclass(frozen=True)
@@ -209,7 +189,7 @@ def peak_scale(machine: dict[str, Any], rows: tuple[PublishedRow, ...]) -> float
     return float(brentq(gap, 0.2, 1.5, xtol=1e-4))
 
 
-def validate_published(text: str | None = None) -> tuple[RowCheck, ...]:
+def validate_end_to_end(text: str | None = None) -> tuple[RowCheck, ...]:
     """Predicted against published for every row (the calibration rows too, marked by role)."""
     machines, rows = load_rows(text)
     scales = {name: peak_scale(m, rows) for name, m in machines.items()}
@@ -234,7 +214,7 @@ def validate_published(text: str | None = None) -> tuple[RowCheck, ...]:
     return tuple(out)
 
 
-def to_json(checks: tuple[RowCheck, ...]) -> list[dict[str, Any]]:
+def end_to_end_json(checks: tuple[RowCheck, ...]) -> list[dict[str, Any]]:
     """The checks as JSON-serialisable rows."""
     out = []
     for c in checks:

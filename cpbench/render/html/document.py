@@ -1,15 +1,6 @@
-"""The HTML document (`render_page`): one self-contained file that needs no network access at
-all. `Section` and `RecommendationView` are the parts of a page.
+"""The HTML document (`render_page`): one self-contained file that needs no network access.
 
-The page is a jinja2 template (`templates/page.html`, autoescaped: every string taken from a
-results file is HTML-escaped on the way in); its CSS and scripts are the files of `static/`,
-inlined. plotly.js is embedded once (inline `<script>`), every figure's JSON sits in a
-`<script type="application/json">` block written by jinja2's `tojson` (`<`, `>`, `&` and `'`
-escaped as `\\u003c` etc.). `static/render.js` draws the figures and then sets
-`document.body.dataset.rendered` to their number; errors caught by `window.onerror` (and
-rejected promises, `static/errors.js`) are collected in `document.body.dataset.errors`. The
-record table sorts on a click on a column header (`static/sort.js`, no library).
-"""
+The template, inlined assets and scripts: docs/internals.md, "The HTML report page"."""
 
 from __future__ import annotations
 

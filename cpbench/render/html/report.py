@@ -1,7 +1,6 @@
 """The report page (`render_report`): its sections in page order, each a figure of
 `cpbench.render.figures` with how to read it (or why there is none), and the tables of the
-recommendation, the packed-documents work, the whole-model plan and every record.
-"""
+recommendation, the packed-documents work, the whole-model plan and every record."""
 
 from __future__ import annotations
 

@@ -62,13 +62,6 @@ def _fmt_num(value: Any, digits: int = 4) -> str:
     return f"{float(value):.{digits}g}"
 
 
-def format_bytes(value: Any) -> str:
-    """1536 -> '1.5 KiB' (binary units), '' for missing."""
-    if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
-        return ""
-    return units.format_bytes(float(value), ".3g")
-
-
 RECORD_COLUMNS = (
     Column("status", "status"),
     Column("impl", "impl"),
@@ -103,12 +96,12 @@ RECORD_COLUMNS = (
 )
 
 
-def _cell(value: Any, kind: str) -> tuple[str, str]:
+def _sort_and_text(value: Any, kind: str) -> tuple[str, str]:
     """(data-sort value, display text), both unescaped."""
     if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
         return "", ""
     if kind == "bytes":
-        return repr(float(value)), format_bytes(value)
+        return repr(float(value)), units.format_bytes(float(value), ".3g")
     if kind == "ms":
         return repr(float(value)), f"{float(value) * 1e3:.4g}"
     if kind == "pct":
@@ -133,7 +126,7 @@ def table(
     for _, row in frame.iterrows():
         cells = []
         for c in cols:
-            sort, text = _cell(row[c.key], c.kind)
+            sort, text = _sort_and_text(row[c.key], c.kind)
             classes = " ".join(x for x in (c.cls, cell_class(row, c) if cell_class else "") if x)
             cells.append(Cell(sort, text, classes))
         rows.append(Row(row_class(row) if row_class else "", cells))

@@ -11,9 +11,9 @@ from cpbench.app.calibrate_schema import (
     CalibrationSummary,
     FitParameter,
     HoldoutReport,
+    MachineScores,
     PlanSection,
     PublishedReport,
-    Scores,
     ValidationReport,
 )
 from cpbench.render.tables import FitTable
@@ -123,7 +123,7 @@ def _cell(value: float | None, percent: bool = True) -> str:
     return format_percent(value) if percent else format_number(value)
 
 
-def _scores(scores: Scores | None) -> tuple[str, str, str]:
+def _score_cells(scores: MachineScores | None) -> tuple[str, str, str]:
     if scores is None:
         return ("-", "-", "-")
     return (
@@ -162,8 +162,8 @@ def render_published(report: PublishedReport) -> list[RenderableType]:
             )  # fmt: skip
         for m in section.machines:
             table.add_row(
-                Text(m.hardware), m.profile, str(m.rows), str(m.groups), *_scores(m.prior),
-                *(_scores(m.leave_one_group_out) if fitted else ()),
+                Text(m.hardware), m.profile, str(m.rows), str(m.groups), *_score_cells(m.prior),
+                *(_score_cells(m.leave_one_group_out) if fitted else ()),
             )  # fmt: skip
         out.append(table)
         for m in section.machines:

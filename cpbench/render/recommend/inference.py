@@ -1,7 +1,6 @@
-"""Rich renderables of a serving recommendation (the dict of
-`cpbench.app.recommend.inference.recommend_inference`): the header, the ranked table (TTFT or
-decode latency per scheme and degree), the pass-KV / pass-Q verdict with its numbers, the KV
-capacity and the vLLM / SGLang settings (with the schemes they cannot express)."""
+"""Rich renderables of a serving recommendation (`recommend_inference`'s dict): the header, the
+ranked table, the pass-KV / pass-Q verdict with its numbers, the KV capacity and the vLLM /
+SGLang settings (with the schemes they cannot express)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""The scenario file's layout, strict types and no unknown keys: `ScenarioSettings` (the run
-settings), `ScenarioAxes` (the `[axes]` table; each axis one value or a non-empty list of distinct
-values) and `ScenarioFile` (both, and the `[[also]]` tables). Their defaults are the scenario's
-defaults and their field docstrings say what each key means; the runtime `Scenario` is settings
-and axes in one. Pure Python (no torch).
-"""
+"""The scenario file's layout, strict types and no unknown keys: `ScenarioSettings`, `ScenarioAxes`
+and `ScenarioFile` (both, and the `[[also]]` tables). Their defaults are the scenario's and their
+field docstrings say what each key means (scenarios/README.md). Pure Python (no torch)."""
 
 from __future__ import annotations
 
@@ -127,9 +124,17 @@ def _count_or_none(what: str, of: str) -> PlainValidator:
     return PlainValidator(parse)
 
 
-def _not_empty(name: str | None) -> str | None:
-    if name is not None and not name.strip():
-        raise problem("must not be empty")
+SCENARIO_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")
+"""A scenario's name: it names the default output file (results/<name>-<time>.jsonl), so no
+path separator, no leading dot, nothing a terminal or rich would read as markup."""
+
+
+def _plain_name(name: str | None) -> str | None:
+    if name is not None and not SCENARIO_NAME.fullmatch(name):
+        raise problem(
+            f"{name!r} is not a plain name: 1 to 100 letters, digits, '.', '_', '+' or '-', "
+            f"starting with a letter or digit (it names the output file results/<name>-<time>.jsonl)"
+        )
     return name
 
 
@@ -350,7 +355,7 @@ def _shown(value: object) -> str:
 class ScenarioSettings(FileModel):
     """The run settings: the top-level keys of a scenario file but its tables."""
 
-    name: Annotated[str | None, AfterValidator(_not_empty)] = None
+    name: Annotated[str | None, AfterValidator(_plain_name)] = None
     """Short name; absent = the file's stem."""
     description: str = ""
     """One or two sentences: what the sweep studies."""

@@ -1,8 +1,6 @@
-"""Reading scenarios: a parsed TOML document (`parse_scenario`: validated, then built into a
-`Scenario` with its `[[also]]` products), a file by path, a built-in scenario
-(`cpbench/data/*.toml`) or one of ./scenarios by name (`load_scenario`), and the default sweep
-of a device. Pure Python (no torch).
-"""
+"""Reading scenarios: a parsed TOML document (`parse_scenario`), a file by path, a built-in
+(`cpbench/data/*.toml`) or a ./scenarios name (`load_scenario`), and the default sweep of a
+device. Pure Python (no torch)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """The runtime scenario: `Scenario`, a sweep's settings and axes, and its expansion into the
 benchmark points (`BenchConfig`, each with its `Feasibility`); `distinct` merges the points that
-are the same computation (`canonical_config`, `computation_signature`). Pure Python (no torch).
-"""
+are the same computation (`canonical_config`, `computation_signature`). Pure Python (no torch)."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ from functools import lru_cache
 from typing import Any
 
 from cpbench.config.bench import BenchConfig, check_choice, check_positive_int, factorizations
-from cpbench.config.constraints import Feasibility
+from cpbench.config.constraints import Feasibility, check_cpu_world
 from cpbench.config.documents import resolve_documents
 from cpbench.config.inference import InferenceStep
 from cpbench.config.vocabulary import (
@@ -79,6 +78,8 @@ class Scenario(ScenarioSettings, ScenarioAxes):
             world = launched_world
         else:
             world = gpu_count if chosen == "cuda" else CPU_WORLD_SIZE
+        if chosen == "cpu" and launched_world is None:
+            check_cpu_world(world)
         return chosen, world
 
     def meshes(self, world_size: int) -> list[tuple[int, int]]:

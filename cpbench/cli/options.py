@@ -1,0 +1,527 @@
+"""Every command-line option, declared once: one `typer.Option` per option name (its flags and
+its help), and the `Annotated` aliases the commands' parameters use (a name taken as a single
+value, an optional one or a repeatable list shares its one declaration). The help of an option
+that is a field of a configuration type is that field's docstring; so are the defaults the
+commands share with it (`DEFAULTS`). `tests/test_cli_options.py` checks that no option is
+declared anywhere else and that every command gives one name one help and one type."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import re
+import sys
+from collections.abc import Callable, Mapping
+from functools import cache
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from typer.models import OptionInfo
+
+from cpbench.config.bench import BenchConfig
+from cpbench.config.impls import IMPL_HELP, Impl
+from cpbench.config.inference import STEP_OPTIONS, InferenceStep, StepKind
+from cpbench.config.problem import CpProblem, MeshCandidate
+from cpbench.config.vocabulary import (
+    CACHE_LAYOUTS,
+    PREFILL_SCHEMES,
+    Backend,
+    CacheLayout,
+    CliDevice,
+    CpComm,
+    CpCommChoice,
+    Dtype,
+    Layout,
+    Phase,
+    PrefillScheme,
+    ScenarioPhase,
+    Split,
+)
+
+
+@cache
+def _module_classes(module: str) -> dict[str, ast.ClassDef]:
+    """The top-level classes of a module's source, by name (each module parsed once)."""
+    tree = ast.parse(inspect.getsource(sys.modules[module]))
+    return {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
+
+
+def _attribute_docs(cls: type) -> dict[str, str]:
+    """The docstrings written under the fields of `cls` (its own, not its bases')."""
+    node = _module_classes(cls.__module__)[cls.__name__]
+    docs: dict[str, str] = {}
+    for field, doc in zip(node.body, node.body[1:], strict=False):
+        if (
+            isinstance(field, ast.AnnAssign)
+            and isinstance(field.target, ast.Name)
+            and isinstance(doc, ast.Expr)
+            and isinstance(doc.value, ast.Constant)
+            and isinstance(doc.value.value, str)
+        ):
+            docs[field.target.id] = doc.value.value
+    return docs
+
+
+def field_help(cls: type, name: str) -> str:
+    """The docstring of field `name` of dataclass `cls` (or the nearest base that documents it),
+    as one line of help: code references such as (`LAYOUTS`) left out."""
+    for klass in cls.__mro__:
+        doc = _attribute_docs(klass).get(name) if dataclasses.is_dataclass(klass) else None
+        if doc is not None:
+            text = re.sub(r" ?\(`[^`]*`\)|`[^`]*`; ", "", " ".join(doc.split()))
+            return text.replace("`", "")
+    raise KeyError(f"{cls.__name__}.{name} has no docstring")
+
+
+DEFAULTS: Mapping[str, Any] = {
+    f.name: f.default
+    for f in dataclasses.fields(BenchConfig)
+    if f.default is not dataclasses.MISSING
+}
+"""The defaults of a benchmark point's fields (batch, dtype, causal, ulysses, ring, layout,
+cp_comm, phase, kernel, impl, ...): the default of each option that is one of them."""
+DEFAULT_DEVICE: CliDevice = "auto"
+"""`--device`'s default: cuda when torch sees a GPU, else cpu."""
+DEFAULT_SCHEME: PrefillScheme = PREFILL_SCHEMES[0]
+DEFAULT_CACHE_LAYOUT: CacheLayout = CACHE_LAYOUTS[0]
+
+
+def _option(*decls: str, help: str, **kwargs: Any) -> Any:  # noqa: A002 - typer's name
+    """The one declaration of an option (also registered in `OPTIONS` by its first flag)."""
+    info = typer.Option(*decls, help=help, **kwargs)
+    name = next(d for d in decls if d.startswith("--")).split("/")[0]
+    assert name not in OPTIONS, f"{name} declared twice"
+    OPTIONS[name] = info
+    return info
+
+
+OPTIONS: dict[str, OptionInfo] = {}
+"""Every option's declaration by its first flag (`--seq-len`)."""
+
+# ---------------------------------------------------------------- the attention problem
+
+SEQ_LEN = _option("--seq-len", help=field_help(CpProblem, "seq_len"))
+SeqLen = Annotated[int, SEQ_LEN]
+SeqLenOrNone = Annotated[int | None, SEQ_LEN]
+SeqLens = Annotated[list[int] | None, SEQ_LEN]
+BATCH = _option("--batch", help=field_help(CpProblem, "batch"))
+Batch = Annotated[int, BATCH]
+HEADS = _option("--heads", help=field_help(CpProblem, "heads"))
+Heads = Annotated[int, HEADS]
+HeadsOrNone = Annotated[int | None, HEADS]
+KV_HEADS = _option("--kv-heads", help=field_help(CpProblem, "kv_heads"))
+KvHeads = Annotated[int, KV_HEADS]
+KvHeadsOrNone = Annotated[int | None, KV_HEADS]
+HEAD_DIM = _option("--head-dim", help=field_help(CpProblem, "head_dim"))
+HeadDim = Annotated[int, HEAD_DIM]
+HeadDimOrNone = Annotated[int | None, HEAD_DIM]
+DTYPE = _option(
+    "--dtype",
+    help="Element type of Q, K, V, the output and the exchanges (recommend and plan also take "
+    "bf16, fp16, fp32).",
+)
+DtypeName = Annotated[str, DTYPE]
+DtypeChoice = Annotated[Dtype, DTYPE]
+DtypeOrNone = Annotated[Dtype | None, DTYPE]
+Dtypes = Annotated[list[str] | None, DTYPE]
+CAUSAL = _option("--causal/--no-causal", help=field_help(CpProblem, "causal"))
+Causal = Annotated[bool, CAUSAL]
+DOCUMENTS = _option(
+    "--documents",
+    help=field_help(CpProblem, "documents")
+    + " Given as lengths (512,1024,...), a file of lengths (JSON list or one per line) or a "
+    "distribution (lognormal:mean=1024,max=8192, powerlaw:alpha=1.5,min=64, "
+    "uniform:min=64,max=4096; drawn with --seed) packed into --seq-len.",
+)
+Documents = Annotated[str | None, DOCUMENTS]
+WINDOW_OPTION = _option("--window", help=field_help(CpProblem, "window"))
+WindowOption = Annotated[int | None, WINDOW_OPTION]
+ULYSSES = _option("--ulysses", help=field_help(CpProblem, "ulysses"))
+Ulysses = Annotated[int, ULYSSES]
+RING = _option("--ring", help=field_help(CpProblem, "ring"))
+Ring = Annotated[int, RING]
+LAYOUT = _option("--layout", help=field_help(MeshCandidate, "layout"))
+LayoutChoice = Annotated[Layout, LAYOUT]
+Layouts = Annotated[list[str] | None, LAYOUT]
+CP_COMM = _option(
+    "--cp-comm",
+    help=field_help(CpProblem, "cp_comm")
+    + " both: each ring-axis candidate (recommend) or case (verify) both ways; recommend's "
+    "default: both, or with --results the ways the results measured.",
+)
+CpCommOne = Annotated[CpComm, CP_COMM]
+CpCommBoth = Annotated[CpCommChoice, CP_COMM]
+CpCommOrNone = Annotated[CpCommChoice | None, CP_COMM]
+HEADS_K_STRIDE = _option("--heads-k-stride", help=field_help(CpProblem, "heads_k_stride"))
+HeadsKStride = Annotated[int | None, HEADS_K_STRIDE]
+
+# ---------------------------------------------------------------- the step
+
+PHASE = _option(
+    "--phase",
+    help=field_help(MeshCandidate, "phase")
+    + " run also takes prefill or decode: an inference step of --new-tokens on --cached-len "
+    "cached tokens on ulysses x ring ranks, the mesh its scheme's.",
+)
+PhaseChoice = Annotated[Phase, PHASE]
+StepPhase = Annotated[ScenarioPhase, PHASE]
+KERNEL = _option(
+    "--kernel",
+    "--backend",
+    help=field_help(BenchConfig, "kernel")
+    + " recommend and plan price the kernel families too (flash_attn3, cudnn, ...); "
+    "--backend: the old name.",
+)
+KernelName = Annotated[str, KERNEL]
+KernelChoice = Annotated[Backend, KERNEL]
+IMPL = _option(
+    "--impl",
+    help=field_help(BenchConfig, "impl").rstrip(".")
+    + ": "
+    + "; ".join(f"{name}: {text}" for name, text in IMPL_HELP.items())
+    + ". External libraries are optional extras (cpbench[ring], [usp], [te]); verify lists the "
+    "cases one cannot run as skipped.",
+)
+ImplChoice = Annotated[Impl, IMPL]
+Impls = Annotated[list[str] | None, IMPL]
+CACHED_LEN = _option("--cached-len", help=field_help(InferenceStep, "cached_len"))
+CachedLen = Annotated[int, CACHED_LEN]
+NEW_TOKENS = _option("--new-tokens", help=field_help(InferenceStep, "new_tokens"))
+NewTokens = Annotated[int | None, NEW_TOKENS]
+SCHEME = _option("--scheme", help=field_help(InferenceStep, "scheme"))
+SchemeOption = Annotated[PrefillScheme, SCHEME]
+CACHE_LAYOUT = _option("--cache-layout", help=field_help(InferenceStep, "cache_layout"))
+CacheLayoutChoice = Annotated[CacheLayout, CACHE_LAYOUT]
+INFERENCE = _option(
+    "--inference/--no-inference",
+    help="Inference instead of training. recommend ranks a serving request: prefill schemes "
+    "(pass-KV, pass-Q, all-gather, Ulysses) and CP degrees by TTFT, or with --decode-batch the "
+    "sharded-cache decode by per-token latency; the pass-KV / pass-Q crossover, KV capacity, "
+    "vLLM / SGLang settings. verify also checks prefill with a cached prefix (P = 0, T = 1, "
+    "uneven shards, GQA) and decode steps of 1-8 tokens over contiguous and interleaved KV "
+    "caches: outputs against the float64 reference, bytes sent against the analytic model.",
+)
+Inference = Annotated[bool, INFERENCE]
+PROMPT_LEN = _option(
+    "--prompt-len", help="--inference: new tokens T of the turn (the prompt, or its new part)."
+)
+PromptLen = Annotated[int | None, PROMPT_LEN]
+DECODE_BATCH = _option(
+    "--decode-batch",
+    help="--inference: rank the decode step of this many sequences, each with P + T cached "
+    "tokens, instead of the prefill.",
+)
+DecodeBatch = Annotated[int | None, DECODE_BATCH]
+LAYERS = _option("--layers", help="--inference: attention layers (KV capacity; tokens/s).")
+Layers = Annotated[int | None, LAYERS]
+KV_MEMORY_GIB = _option(
+    "--kv-memory-gib",
+    help="--inference: GiB per GPU the KV cache may use (default: the device memory).",
+)
+KvMemoryGib = Annotated[float | None, KV_MEMORY_GIB]
+
+# ---------------------------------------------------------------- where and how it runs
+
+DEVICE = _option("--device", help="Where the ranks run: cpu (gloo), cuda (nccl) or auto (cuda "
+                 "when torch sees a GPU).")  # fmt: skip
+DeviceOption = Annotated[CliDevice, DEVICE]
+WORLD_SIZE = _option(
+    "--world-size",
+    help="Ranks (GPUs, or CPU processes). Default: sweep the scenario's; verify every GPU, 4 on "
+    "CPU, the launched world under torchrun; efficiency 2 and 4 (repeat for several).",
+)
+WorldSizeOption = Annotated[int, WORLD_SIZE]
+WorldSizeOrNone = Annotated[int | None, WORLD_SIZE]
+WorldSizes = Annotated[list[int] | None, WORLD_SIZE]
+THREADS = _option("--threads", help="CPU threads per rank.")
+Threads = Annotated[int, THREADS]
+WARMUP = _option("--warmup", help="Untimed steps first (of each case, in efficiency).")
+Warmup = Annotated[int, WARMUP]
+ITERS = _option("--iters", help="Timed iterations at least.")
+Iters = Annotated[int, ITERS]
+ROUNDS = _option("--rounds", help="Interleaved timed rounds (best-of-N).")
+Rounds = Annotated[int, ROUNDS]
+BUDGET = _option("--budget", help="Seconds of measurement (rank start-up excluded).")
+Budget = Annotated[float, BUDGET]
+TIMEOUT = _option(
+    "--timeout",
+    help="Seconds before a configuration (sweep, run; sweep's default: the scenario's) or one "
+    "pool task (efficiency) is abandoned.",
+)
+Timeout = Annotated[float, TIMEOUT]
+TimeoutOrNone = Annotated[float | None, TIMEOUT]
+PRECISION = _option(
+    "--precision",
+    help="Target relative width of each median's 95% interval, e.g. 0.05 (5%), or 'off' for a "
+    "fixed count of iters (default: the scenario's, 0.05).",
+)
+PrecisionOption = Annotated[str | None, PRECISION]
+RESUME = _option("--resume/--no-resume", help="Skip configurations already in --out.")
+Resume = Annotated[bool, RESUME]
+SEPARATE_TIES = _option(
+    "--separate-ties",
+    help="Re-measure the tied leaders of each group interleaved (A B A B) to separate them; a "
+    "group's records are written when its block of points ends.",
+)
+SeparateTies = Annotated[bool, SEPARATE_TIES]
+MASKS_OPTION = _option(
+    "--masks/--no-masks",
+    help="Also check the packed-document and sliding-window masks (every scheme x layout x "
+    "mask x GQA case; --no-masks: causal and full only).",
+)
+Masks = Annotated[bool, MASKS_OPTION]
+PROFILE = _option(
+    "--profile",
+    help="Instead: profile --rounds steps of a ring case and of a Ulysses case (first world "
+    "size and dtype) with torch.profiler and show each one's median step.",
+)
+Profile = Annotated[bool, PROFILE]
+
+# ---------------------------------------------------------------- files and output
+
+JSON = _option("--json", help="One JSON document on stdout instead of the tables.")
+Json = Annotated[bool, JSON]
+OUT = _option(
+    "--out",
+    help="JSONL results file to write (sweep's default: results/<name>-<time>.jsonl); "
+    "efficiency also writes its JSON document there.",
+)
+Out = Annotated[Path | None, OUT]
+OUTPUT = _option(
+    "-o",
+    "--output",
+    help="File to write: the fitted or probed profile (TOML), the report page (HTML, parent "
+    "folders created).",
+)
+Output = Annotated[str, OUTPUT]
+OutputOrNone = Annotated[str | None, OUTPUT]
+NAME = _option(
+    "--name",
+    help="Name of the written profile (default: PRIOR-calibrated, PRIOR-probe).",
+)
+Name = Annotated[str | None, NAME]
+TITLE = _option("--title", help="Page title (default: the scenario names).")
+Title = Annotated[str | None, TITLE]
+OPEN = _option("--open", help="Open the written page in the default web browser.")
+Open = Annotated[bool, OPEN]
+RESULTS = _option(
+    "--results",
+    help="JSONL results of `cpbench sweep` (repeatable): calibrate the profile on them; "
+    "configurations they measured are ranked by measurement.",
+)
+Results = Annotated[list[str] | None, RESULTS]
+WRITE_SCENARIO = _option(
+    "--write-scenario",
+    metavar="PATH",
+    help="Write a scenario TOML for `cpbench sweep` that measures exactly the tied leaders at "
+    "this shape (a clear winner: it and the runner-up).",
+)
+WriteScenario = Annotated[str | None, WRITE_SCENARIO]
+EXPLAIN = _option(
+    "--explain",
+    help="Every column, the full explanation and each framework's caveats (default: what fits "
+    "one screen).",
+)
+Explain = Annotated[bool, EXPLAIN]
+COMPARE = _option(
+    "--compare",
+    help="Compare exactly two files, BEFORE AFTER: the change per configuration (matched by "
+    "record id) as a table and a bar chart.",
+)
+Compare = Annotated[bool, COMPARE]
+THRESHOLD = _option(
+    "--threshold",
+    help="A configuration significantly slower (95% intervals apart) by more than this "
+    "relative change at the medians is a regression: exit 1.",
+)
+Threshold = Annotated[float, THRESHOLD]
+
+# ---------------------------------------------------------------- the machine and the model
+
+HARDWARE = _option(
+    "--hardware",
+    help="Hardware profile: a built-in name (h100-sxm, h200-sxm, a100-80gb, l40s-pcie, "
+    "cpu-local) or a TOML file (e.g. written by `cpbench calibrate` or `cpbench probe`). "
+    "Default: h100-sxm, cpu-local for CPU results; report: inferred from the records' device "
+    "names; probe: the built-in profile matching the device, whose measured numbers it replaces.",
+)
+Hardware = Annotated[str | None, HARDWARE]
+GPUS = _option("--gpus", help="GPUs in total (the world size).")
+Gpus = Annotated[int, GPUS]
+GPUS_PER_NODE = _option(
+    "--gpus-per-node", help="GPUs per node (default: the hardware profile's, 8 for GPUs)."
+)
+GpusPerNode = Annotated[int | None, GPUS_PER_NODE]
+TP = _option("--tp", help="Tensor-parallel size (splits the heads first; plan: default search).")
+Tp = Annotated[int, TP]
+TpOrNone = Annotated[int | None, TP]
+PP = _option("--pp", help="Pipeline-parallel size (plan: default search).")
+Pp = Annotated[int, PP]
+PpOrNone = Annotated[int | None, PP]
+CP = _option(
+    "--cp",
+    help="Context-parallel size U x R (recommend's default: gpus / (TP x PP), DP = 1; plan: "
+    "default search).",
+)
+CpOrNone = Annotated[int | None, CP]
+GRAD_ACCUM = _option(
+    "--grad-accum", help="Micro-batches per optimizer step (global batch formula)."
+)
+GradAccum = Annotated[int, GRAD_ACCUM]
+TOP = _option(
+    "--top",
+    help="Candidates (recommend), or plans and memory rejections (plan), to rank and list; 0 = "
+    "all (plan then prices every plan that fits, which takes minutes past a few hundred GPUs).",
+)
+Top = Annotated[int, TOP]
+SEED = _option(
+    "--seed", help="Seed of the random draws: the inputs, a --documents distribution, the "
+    "holdout split.",
+)  # fmt: skip
+Seed = Annotated[int, SEED]
+MODEL = _option(
+    "--model",
+    help="Model: a preset (llama3-8b, llama3-70b, llama3.1-405b, qwen2.5-7b, qwen2.5-72b, "
+    "mistral-7b), a model TOML of the same keys, or a Hugging Face config.json (read "
+    "offline); report adds its whole-model plan at --seq-len (default 131072) on --gpus.",
+)
+Model = Annotated[str, MODEL]
+ModelOrNone = Annotated[str | None, MODEL]
+RECOMPUTE = _option(
+    "--recompute", help="Activation recompute: none, selective or full (default: search them)."
+)
+RecomputeOption = Annotated[str | None, RECOMPUTE]
+ZERO = _option(
+    "--zero",
+    help="ZeRO stage over DP x CP: 0, 1 (Megatron's distributed optimizer), 2, 3 (FSDP).",
+)
+Zero = Annotated[int, ZERO]
+MICRO_BATCH = _option("--micro-batch", help="Sequences per micro-batch.")
+MicroBatch = Annotated[int, MICRO_BATCH]
+GLOBAL_BATCH = _option(
+    "--global-batch", help="Sequences per optimizer step (default: one per GPU)."
+)
+GlobalBatch = Annotated[int | None, GLOBAL_BATCH]
+MATMUL_EFFICIENCY_OPTION = _option(
+    "--matmul-efficiency",
+    help="GEMM efficiency (achieved / peak) instead of the profile's estimate.",
+)
+MatmulEfficiencyOption = Annotated[float | None, MATMUL_EFFICIENCY_OPTION]
+RESERVE_GIB = _option(
+    "--reserve-gib", help="Memory kept free per GPU, GiB (default: 2 on a GPU, 0 on CPU)."
+)
+ReserveGib = Annotated[float | None, RESERVE_GIB]
+FRAMEWORK = _option(
+    "--framework",
+    help="Price the attention the framework runs: cpbench (own schemes), torchtitan (PyTorch "
+    "context_parallel: ring, all-gather K/V, SDPA), megatron (TransformerEngine: p2p / a2a / "
+    "a2a+p2p, cuDNN), deepspeed (Ulysses).",
+)
+FrameworkOption = Annotated[str, FRAMEWORK]
+ATTENTION_FACTOR = _option(
+    "--attention-factor",
+    help="Measured attention time of the framework / the cost model's (from a `cpbench sweep` "
+    "over the impl axis); default: the framework's prior.",
+)
+AttentionFactor = Annotated[float | None, ATTENTION_FACTOR]
+LINEARS = _option(
+    "--linears",
+    help="Precision of the linear layers: bf16 or fp8 (attention stays in --dtype).",
+)
+Linears = Annotated[str, LINEARS]
+FABRIC = _option(
+    "--fabric",
+    help="How the nodes are wired: hgx-rail (8-GPU nodes, 400 Gb/s per GPU, rail-optimised), "
+    "roce-clos (not rail-optimised), nvl72 (72-GPU NVLink domains); default: the hardware "
+    "profile's inter-node link.",
+)
+FabricOption = Annotated[str | None, FABRIC]
+MEMORY_MARGIN = _option(
+    "--memory-margin",
+    help="What a plan must fit: capacity (tensors + --reserve-gib within the device memory) or "
+    "safe (tensors within 80% of it: Fujii et al. 2024 saw no OOM below that over 454 runs).",
+)
+MemoryMarginOption = Annotated[str, MEMORY_MARGIN]
+MAX_SEQ_LEN_OPTION = _option(
+    "--max-seq-len",
+    help="Rank the plans by the longest sequence each holds under the safe margin (then by "
+    "step time) instead of by step time.",
+)
+MaxSeqLen = Annotated[bool, MAX_SEQ_LEN_OPTION]
+EXHAUSTIVE = _option(
+    "--exhaustive/--no-exhaustive",
+    help="Price every plan that fits instead of pruning the ones whose lower bound cannot rank "
+    "(the same answer, slower; for checking).",
+)
+Exhaustive = Annotated[bool, EXHAUSTIVE]
+
+# ---------------------------------------------------------------- validation
+
+HOLDOUT = _option(
+    "--holdout", help="Calibrate on part of the configurations, predict the held-out rest."
+)
+Holdout = Annotated[bool, HOLDOUT]
+HOLDOUT_FRACTION = _option(
+    "--holdout-fraction",
+    help="Share of the configurations held out (a value other than 0.5 implies --holdout).",
+)
+HoldoutFraction = Annotated[float, HOLDOUT_FRACTION]
+SPLIT = _option("--split", help="Holdout split: stratified by U x R mesh, or random.")
+SplitChoice = Annotated[Split, SPLIT]
+CALIBRATE = _option(
+    "--calibrate", help="Calibrate on all the results first (in-sample check of the fit)."
+)
+CalibrateFirst = Annotated[bool, CALIBRATE]
+PUBLISHED = _option(
+    "--published",
+    help="Score the model on the shipped published measurements (per machine: the prior alone "
+    "and leave-one-group-out calibrated; sources per row).",
+)
+Published = Annotated[bool, PUBLISHED]
+
+# ---------------------------------------------------------------- the program
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from cpbench import __version__  # noqa: PLC0415
+
+        print(f"cpbench {__version__}")
+        raise typer.Exit(0)
+
+
+VERSION = _option(
+    "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+)
+Version = Annotated[bool, VERSION]
+
+# ---------------------------------------------------------------- the step kind's options
+
+
+def flag(name: str, default: object) -> str:
+    """How option `name` (a parameter's name) given a value other than its `default` is
+    spelled: --seq-len, --no-causal."""
+    info = OPTIONS["--" + name.replace("_", "-")]
+    # typer.Option's first argument is its default: under `Annotated` typer reads it as a flag
+    first = info.default if isinstance(info.default, str) else (info.param_decls or ("",))[0]
+    decls = first.split("/")
+    return decls[-1] if default is True and len(decls) > 1 else decls[0]
+
+
+def other_kind_given(
+    command: Callable[..., Any], values: Mapping[str, object], kind: StepKind,
+    also: tuple[str, ...] = (),
+) -> list[str]:  # fmt: skip
+    """The flags of `command`'s options of the other kind of step than `kind` (`STEP_OPTIONS`,
+    and `also` for a training step's options) that `values` gives a value of their own (not
+    the default), in the command's order: options a step of `kind` has no use for."""
+    other = STEP_OPTIONS["inference" if kind == "training" else "training"]
+    other += also if kind == "inference" else ()
+    given = []
+    for name, parameter in inspect.signature(command).parameters.items():
+        value = values[name]
+        if name in other and value != parameter.default and value not in ([], ()):
+            given.append(flag(name, parameter.default))
+    return given
