@@ -1,6 +1,6 @@
 """Application service of `cpbench formulas`: every analytic number of one configuration, as the
-JSON-serialisable dict of `formulas_report` (the `--json` answer; `cpbench.render.formulas`
-draws it)."""
+typed `FormulasReport` of `formulas_report` (its model_dump is the `--json` answer;
+`cpbench.render.formulas` draws it)."""
 
 from __future__ import annotations
 

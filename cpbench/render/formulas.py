@@ -1,4 +1,4 @@
-"""Rich tables of a `cpbench.app.formulas.formulas_report` dict, each a `FitTable`: whole on a
+"""Rich tables of a `cpbench.app.formulas.formulas_report` report, each a `FitTable`: whole on a
 wide console; on a narrow one (80 columns, a pipe) its columns split into parts that repeat the
 row's name, so no formula, shape or number is cut."""
 

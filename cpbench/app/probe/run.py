@@ -1,5 +1,5 @@
 """`run_probe`: spawn the ranks, measure, fit, build the profile and write it; `probe_report`,
-its JSON document. Services return data; `cpbench.render.probe` prints it."""
+its typed report (`--json` is its model_dump). `cpbench.render.probe` prints it."""
 
 from __future__ import annotations
 

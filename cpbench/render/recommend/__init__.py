@@ -1,2 +1,2 @@
-"""Rich renderables and words of the recommend, calibrate and validate reports (the dicts that
+"""Rich renderables and words of the recommend, calibrate and validate reports (what
 `cpbench.app.recommend` and `cpbench.app.calibrate` return), one module per job."""

@@ -1,5 +1,5 @@
-"""Rich renderables of the calibrate and validate reports (the dicts that
-`cpbench.app.calibrate` returns)."""
+"""Rich renderables of the calibrate and validate reports (the typed reports of
+`cpbench.app.calibrate_schema` that `cpbench.app.calibrate` returns)."""
 
 from __future__ import annotations
 
