@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from cpbench.app.schema import ReportModel, Versioned, omitted_when_none
+from cpbench.app.schema import ReportModel, Versioned
 from cpbench.config.vocabulary import Phase, Split
 
 
@@ -99,10 +99,12 @@ class ValidationGroup(ReportModel):
     regret: float
     """Measured time of the pick / the measured fastest - 1."""
     spearman: float | None
-    tie: bool | None = omitted_when_none()
-    """The pick's 95% interval overlaps the best's (not on a holdout)."""
-    regret_within_noise: bool | None = omitted_when_none()
+    tie: bool | None = None
+    """The pick's 95% interval overlaps the best's (the key is left out on a holdout)."""
+    regret_within_noise: bool | None = None
     """The same as `tie`: a regret on a tie is noise."""
+
+    omitted_when_none = ("tie", "regret_within_noise")
 
 
 class ValidationReport(Versioned):

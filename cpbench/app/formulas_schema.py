@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from cpbench.app.schema import ReportModel, Versioned, omitted_when_none
+from cpbench.app.schema import ReportModel, Versioned
 from cpbench.config.vocabulary import CpComm, Dtype, Layout, Mask, Pass, Scheme
 from cpbench.model.formulas import Stage, VolumeKind
 
@@ -386,7 +386,9 @@ class FormulasReport(Versioned):
     work: Work
     memory: Memory
     what_if: WhatIf
-    mask: MaskSection | None = omitted_when_none()
-    """Present only for a mask with documents or a window."""
-    all_gather: GatherSection | None = omitted_when_none()
-    """Present only when the ring axis all-gathers (R > 1)."""
+    mask: MaskSection | None = None
+    """Only for a mask with documents or a window (the key is left out without)."""
+    all_gather: GatherSection | None = None
+    """Only when the ring axis all-gathers, R > 1 (the key is left out otherwise)."""
+
+    omitted_when_none = ("mask", "all_gather")

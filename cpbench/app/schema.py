@@ -3,9 +3,9 @@ pydantic model whose `--json` is its one serializer, `model_dump(mode="json")`."
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
 
 _ReportT = TypeVar("_ReportT", bound="ReportModel")
 
@@ -22,6 +22,16 @@ class ReportModel(BaseModel):
         serialize_by_alias=True,
         validate_by_name=True,
     )
+    omitted_when_none: ClassVar[tuple[str, ...]] = ()
+    """Optional fields (a section only some reports have) whose key the JSON leaves out while
+    they are None."""
+
+    @model_serializer(mode="wrap")
+    def _omit_absent(self, handler: SerializerFunctionWrapHandler) -> Any:
+        data = handler(self)
+        if not self.omitted_when_none:
+            return data
+        return {k: v for k, v in data.items() if v is not None or k not in self.omitted_when_none}
 
     @classmethod
     def of(cls: type[_ReportT], source: object, **values: Any) -> _ReportT:
@@ -38,9 +48,3 @@ class Versioned(ReportModel):
     """Version of this report's JSON shape: it changes (a report then overrides this field
     with its next number) when a key is renamed or removed or changes meaning, not when one is
     added."""
-
-
-def omitted_when_none() -> Any:
-    """A field that defaults to None and is left out of the JSON while None (an optional
-    section: its key is present only when the report has it)."""
-    return Field(default=None, exclude_if=lambda value: value is None)
