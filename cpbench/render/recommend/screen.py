@@ -12,7 +12,12 @@ from rich.console import RenderableType
 from rich.text import Text
 
 from cpbench.render.recommend.explanation import explanation_text, group_digits, why_lines
-from cpbench.render.recommend.frameworks import closest_label, is_alternative, setting_note
+from cpbench.render.recommend.frameworks import (
+    caveat_text,
+    closest_label,
+    is_alternative,
+    setting_note,
+)
 from cpbench.render.tables import FitTable
 from cpbench.units import format_gb, format_gib, format_percent, format_seconds
 
@@ -70,6 +75,18 @@ def _without(text: str, source: str) -> str:
     return text.replace(f"; {source}", "").replace(f" ({source})", "").replace(f", {source}", "")
 
 
+def tie_text(tie: Mapping[str, Any], source: str) -> str:
+    """The tie message of `--explain`: every tied candidate listed, without the uncertainty's
+    source (said once above the table) and without the tie-break (the explanation says it)."""
+    text = _without(tie["message"], source).replace(f"; pick {tie['pick']}: {tie['decision']}", "")
+    labels = tie["labels"]
+    for k in range(len(labels) - 1, 0, -1):
+        listed = ", ".join(labels[:k]) + f" and {len(labels) - k} more"
+        if listed in text:
+            return text.replace(listed, ", ".join(labels))
+    return text
+
+
 def render_recommendation(report: Mapping[str, Any], explain: bool = False) -> list[RenderableType]:
     """Rich renderables of a recommendation report (the dict of `recommendation_report`): what
     fits one screen (the verdict, the ranked table, why in two sentences, the winner's
@@ -81,7 +98,7 @@ def render_recommendation(report: Mapping[str, Any], explain: bool = False) -> l
         Text(
             f"L={q['seq_len']:,} heads={q['heads']} kv_heads={q['kv_heads']} "
             f"head_dim={q['head_dim']} micro-batch={q['batch']} {q['dtype']} "
-            f"{q.get('mask_label') or ('causal' if q['causal'] else 'full')} "
+            f"{group_digits(q.get('mask_label') or ('causal' if q['causal'] else 'full'))} "
             f"{q['phase']} | {q['gpus']:,} GPUs, {q['gpus_per_node']} per node, {q['hardware']} | "
             f"{group_digits(s['world_formula'])}"
         )
@@ -112,9 +129,7 @@ def render_recommendation(report: Mapping[str, Any], explain: bool = False) -> l
     if tie and explain:
         out.append(
             Text(
-                ("Tie: " if not tie["clear"] else "")
-                + group_digits(_without(tie["message"], source))
-                + ".",
+                ("Tie: " if not tie["clear"] else "") + group_digits(tie_text(tie, source)) + ".",
                 style="bold yellow" if not tie["clear"] else "bold",
             )
         )
@@ -127,10 +142,13 @@ def render_recommendation(report: Mapping[str, Any], explain: bool = False) -> l
         out.append(Text("\n".join(why_lines(e)[1:])))
     winners = [f for f in report["frameworks"] if not is_alternative(f)]
     others = [f for f in report["frameworks"] if is_alternative(f)]
+    shown = winners + others * explain
+    shared = shared_notes(shown) if explain else {}
     if winners:
-        out += _frameworks_tables(winners, explain, "Settings for the winner")
+        out.append(_frameworks_table(winners, explain, "Settings for the winner", shared))
     if others and explain:
-        out += _frameworks_tables(others, explain, "Settings of an alternative")
+        out.append(_frameworks_table(others, explain, "Settings of an alternative", shared))
+    out += [Text(f"{', '.join(names)}: {text}.") for text, names in shared.items()]
     out.append(Text(group_digits(s["global_batch_formula"])))
     if explain:
         out.append(Text(f"Conventions: {report['conventions']['time']}.", style="dim"))
@@ -266,28 +284,25 @@ def _settings_lines(settings: str) -> str:
     return settings.replace(" --", "\n--").replace("; ", ";\n")
 
 
-def shared_notes(frameworks: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Caveat texts that more than one setting carries (printed once, under the table)."""
-    seen: dict[str, int] = {}
+def shared_notes(frameworks: Sequence[Mapping[str, Any]]) -> dict[str, list[str]]:
+    """Caveat texts that more than one setting carries, with the frameworks that carry each
+    (printed once, under the settings)."""
+    carriers: dict[str, list[str]] = {}
     for f in frameworks:
-        for text in dict.fromkeys(_note_parts(f)):
-            seen[text] = seen.get(text, 0) + 1
-    return [text for text, n in seen.items() if n > 1]
+        for text in dict.fromkeys(caveat_text(c) for c in f.get("caveats", ())):
+            carriers.setdefault(text, []).append(f["framework"])
+    return {text: names for text, names in carriers.items() if len(names) > 1}
 
 
-def _note_parts(f: Mapping[str, Any]) -> list[str]:
-    from cpbench.render.recommend.frameworks import caveat_text  # noqa: PLC0415
-
-    return [caveat_text(c) for c in f.get("caveats", ())]
-
-
-def _frameworks_tables(
-    frameworks: Sequence[Mapping[str, Any]], notes: bool, title: str
-) -> list[RenderableType]:
-    """The settings table (with `notes` each row's caveats, those shared by several rows once
-    under it): a framework that cannot express the pick is labelled with what its setting runs
-    instead (`closest_label`)."""
-    shared = shared_notes(frameworks) if notes else []
+def _frameworks_table(
+    frameworks: Sequence[Mapping[str, Any]],
+    notes: bool,
+    title: str,
+    shared: Mapping[str, Sequence[str]],
+) -> FitTable:
+    """The settings table (with `notes` each row's own caveats; the `shared` ones are printed
+    once under it): a framework that cannot express the pick is labelled with what its setting
+    runs instead (`closest_label`)."""
     table = FitTable(title=title, narrow="stack")
     table.add_column("framework", key=True, wrap=True)
     table.add_column("settings", wrap=True)
@@ -300,13 +315,11 @@ def _frameworks_tables(
             settings = f"{label}:\n{settings}" if label.startswith("closest") else label
         note: tuple[Text, ...] = ()
         if notes:
-            own = [t for t in _note_parts(f) if t not in shared]
-            note = (Text("; ".join(own) + "." if own else "" if shared else setting_note(f)),)
+            caveats = f.get("caveats", ())
+            own = [t for t in dict.fromkeys(caveat_text(c) for c in caveats) if t not in shared]
+            note = (Text("; ".join(own) + "." if own else "" if caveats else setting_note(f)),)
         table.add_row(Text(f["framework"]), Text(settings), *note)
-    out: list[RenderableType] = [table]
-    if shared:
-        out.append(Text("Every setting above: " + "; ".join(shared) + "."))
-    return out
+    return table
 
 
 def _comm_suffix(candidate: Mapping[str, Any]) -> str:
