@@ -5,6 +5,7 @@ words them)."""
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from importlib import resources
@@ -22,10 +23,10 @@ from cpbench.app.recommend.types import (
 from cpbench.config.vocabulary import LAYOUTS, Layout
 from cpbench.model.cost.prediction import Prediction
 
-try:
+if sys.version_info >= (3, 11):
     import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
 
 # ------------------------------------------------------------------ the data table
 
@@ -42,27 +43,22 @@ class TrainingFramework(_Model):
     """It can express a Ulysses (all-to-all) level."""
     ring: bool
     """It can express a ring level."""
-    all_gather: bool = False
-    """Its ring level can all-gather K/V instead."""
     ulysses_all_gather: bool = False
     """It combines a Ulysses level with an all-gather one."""
     causal_layouts: tuple[Layout, ...] = ()
     """The ring layouts it runs under a causal mask (empty: any)."""
     documents: str = ""
     """How it takes packed documents, in words."""
+    # its settings, templates the code fills (`cpbench plan`'s: plan_*), its flag names and
+    # the names it gives schemes and layouts (the TOML file's comments say which is which)
     setting: str = ""
-    """Its setting, a template the code fills."""
     plan_setting: str = ""
-    """`cpbench plan`'s setting, a template."""
     plan_recompute: str = ""
     all_gather_setting: str = ""
     flags: dict[str, str] = {}
     comm_types: dict[str, str] = {}
-    """Megatron's --cp-comm-type per scheme: ring, all_gather, ulysses, hybrid."""
     rotate_methods: dict[str, str] = {}
-    """torchtitan's rotate method per ring exchange (p2p, all_gather)."""
     ring_impl_types: dict[Layout, str] = {}
-    """yunchang's ring_impl_type per layout."""
     closest_layouts: dict[Layout, Layout] = {}
     """The layout it runs for one it has no name for."""
 
