@@ -155,8 +155,8 @@ def render_recommendation(report: Mapping[str, Any], explain: bool = False) -> l
     else:
         out.append(
             Text(
-                "--explain: every column, the tie, the full why, each framework's caveats"
-                + (", the all-gather alternative" if others else "")
+                "--explain adds every column, the tie, the full why, the caveats"
+                + (" and the all-gather alternative" if others else "")
                 + ".",
                 style="dim",
             )
