@@ -4,14 +4,24 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from cpbench.app.recommend.frameworks import framework_table
 from cpbench.units import format_seconds
+
+if TYPE_CHECKING:
+    from cpbench.app.recommend.frameworks import FrameworkTable
 
 ALTERNATIVE_KINDS = ("ag_alternative",)
 """Caveat kinds that mark a setting of another candidate than the winner (the all-gather
 alternative): listed apart from the winner's settings."""
+
+
+def framework_table() -> FrameworkTable:
+    """The framework table, imported when first drawn: importing `cpbench.app.recommend`
+    brings scipy, which `cpbench --help` does without."""
+    from cpbench.app.recommend.frameworks import framework_table as table  # noqa: PLC0415
+
+    return table()
 
 
 def _fields(c: Mapping[str, Any]) -> dict[str, Any]:
