@@ -296,7 +296,8 @@ def test_recommend_fits_one_screen_verdict_first(default_report: dict[str, Any])
     lines = text.splitlines()
     assert len(lines) <= 45
     # the verdict first: the pick, its predicted time, how sure (a tie of 19, in one clause)
-    assert lines[0].startswith("Pick: 8x1 any, predicted 190.43 ms ±35% (fwd+bwd): a tie with 18")
+    assert lines[0].startswith("Pick: 8x1 any, predicted 190.43 ms ±35% (fwd+bwd), tied with 18 others")
+    assert "--write-scenario PATH writes the tie" in " ".join(text.split())
     assert "Tie: " not in text and "4x2 zigzag all-gather hs1" not in text  # the list: --explain
     start = next(i for i, line in enumerate(lines) if line.startswith("Why: "))
     end = next(i for i, line in enumerate(lines) if "Settings for the winner" in line)

@@ -48,18 +48,15 @@ def headline(report: Mapping[str, Any]) -> str:
     if tie and not tie["clear"]:
         others = tie["tied"] - 1
         if tie["measured"]:
-            within = "their measured 95% intervals overlap"
+            within = "(their measured 95% intervals overlap)"
         elif u and u.get("ratio_sigma") is not None:
-            within = f"within x{math.exp(u['ratio_sigma']):.2f}, the uncertainty of a ratio"
+            within = f"within x{math.exp(u['ratio_sigma']):.2f} (the ratio's uncertainty)"
         else:
             within = "within the model's uncertainty"
         rule = _TIE_BREAK_WORDS.get(tie["decided_by"], tie["decided_by"])
         if tie["decided_by"] == "memory":
             rule += f" ({w['max_seq_len']:,} tokens)"
-        return (
-            f"{text}: a tie with {others:,} other candidate{'s' * (others != 1)} ({within}), "
-            f"named by {rule}; measure them to separate them."
-        )
+        return f"{text}, tied with {others:,} other{'s' * (others != 1)} {within}; named by {rule}."
     if second is None:
         return f"{text}: the only feasible candidate."
     return (
@@ -157,7 +154,11 @@ def render_recommendation(report: Mapping[str, Any], explain: bool = False) -> l
             Text(
                 "--explain adds every column, the tie, the full why, the caveats"
                 + (" and the all-gather alternative" if others else "")
-                + ".",
+                + (
+                    "; --write-scenario PATH writes the tie for `cpbench sweep` to measure."
+                    if tie and not tie["clear"]
+                    else "."
+                ),
                 style="dim",
             )
         )
