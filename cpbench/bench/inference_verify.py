@@ -7,7 +7,9 @@ tolerance). The bytes the scheme sent are compared with `model.inference.prefill
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -18,10 +20,9 @@ from cpbench.attention.inference_decode import decode_attention, shard_cache
 from cpbench.attention.kernels import LocalKernel
 from cpbench.attention.mesh import build_mesh
 from cpbench.attention.reference import reference_attention
-from cpbench.bench.reference import TORCH_DTYPES, error_bound
+from cpbench.bench.reference import TORCH_DTYPES, error_bound, run_batch
 from cpbench.config.problem import CpProblem
 from cpbench.config.tolerances import rounded_terms
-from cpbench.errors import CpbenchError
 from cpbench.model.inference import (
     CACHE_LAYOUTS,
     DECODE_MERGES,
@@ -81,6 +82,20 @@ def case_inputs(case: PrefillCase | DecodeCase, device: torch.device) -> tuple[t
     return tuple(t.to(device) for t in (q, k, v))
 
 
+def _error_and_bound(
+    case: PrefillCase | DecodeCase, inputs: tuple[torch.Tensor, ...], out: torch.Tensor, parts: int
+) -> tuple[float, float]:
+    """Rank 0: the gathered output's max abs error against the float64 reference (the diagonal
+    shifted by P, the inputs rounded to the dtype) and its bound (`parts` partials merged,
+    sums over P + T keys)."""
+    p = case.problem
+    rq, rk, rv = (t.to(TORCH_DTYPES[p.dtype]).double() for t in inputs)
+    ref = reference_attention(rq, rk, rv, causal=True, causal_offset=case.cached_len)
+    error = float((out.double() - ref).abs().max())
+    terms = rounded_terms("out", parts, 1)
+    return error, error_bound(p.dtype, ref, terms, case.cached_len + case.new_tokens)
+
+
 def run_prefill_case_on_rank(
     case: PrefillCase, device: torch.device, kernel: str | LocalKernel = "auto"
 ) -> dict | None:
@@ -101,12 +116,8 @@ def run_prefill_case_on_rank(
     out = unshard_prefill(out_local, mesh, case.new_tokens, layout)
     if dist.get_rank() != 0:
         return None
-    rq, rk, rv = (t.to(dtype).double() for t in (q, k, v))
-    ref = reference_attention(rq, rk, rv, causal=True, causal_offset=case.cached_len)
-    error = float((out.double() - ref).abs().max())
     # the output merges up to one partial per rank of the CP group; sums run over P + T keys
-    terms = rounded_terms("out", p.ulysses * p.ring, 1)
-    bound = error_bound(p.dtype, ref, terms, case.cached_len + case.new_tokens)
+    error, bound = _error_and_bound(case, (q, k, v), out, p.ulysses * p.ring)
     analytic = prefill_bytes(case)
     return {
         **asdict(p),
@@ -122,22 +133,6 @@ def run_prefill_case_on_rank(
         "bytes_match": sent == analytic,
         "passed": error <= bound and sent == analytic,
     }
-
-
-def run_prefill_cases_on_rank(
-    cases: list[PrefillCase], device: str = "cpu", kernel: str | LocalKernel = "auto"
-) -> list[dict | None]:
-    """Pool task: run a batch of cases; a CpbenchError in one case is recorded, not raised."""
-    dev = torch.device(device)
-    out: list[dict | None] = []
-    for case in cases:
-        try:
-            out.append(run_prefill_case_on_rank(case, dev, kernel))
-        except CpbenchError as exc:  # deterministic on every rank: no collective is left open
-            out.append(
-                {"label": case.label, "scheme": case.scheme, "passed": False, "error": str(exc)}
-            )
-    return out
 
 
 def default_prefill_cases(world: int, dtype: str = "float32") -> list[PrefillCase]:
@@ -222,11 +217,8 @@ def run_decode_case_on_rank(
     dist.all_reduce(cache_bytes, op=dist.ReduceOp.MAX, group=mesh.cp_group)
     if dist.get_rank() != 0:
         return None
-    rq, rk, rv = (t.to(dtype).double() for t in (q, k, v))
-    ref = reference_attention(rq, rk, rv, causal=True, causal_offset=case.cached_len)
-    error = float((out.double() - ref).abs().max())
     # one partial output per cache shard is merged; sums run over the whole cache
-    bound = error_bound(p.dtype, ref, rounded_terms("out", p.ring, 1), total)
+    error, bound = _error_and_bound(case, (q, k, v), out, p.ring)
     analytic = decode_bytes(
         case.new_tokens, p.ring, p.heads, p.head_dim, p.dtype, p.batch, case.merge
     )
@@ -251,24 +243,6 @@ def run_decode_case_on_rank(
     }
 
 
-def run_decode_cases_on_rank(
-    cases: list[DecodeCase], device: str = "cpu", kernel: str | LocalKernel = "auto"
-) -> list[dict | None]:
-    """Pool task: run a batch of decode cases; a CpbenchError in one is recorded."""
-    dev = torch.device(device)
-    out: list[dict | None] = []
-    for case in cases:
-        try:
-            out.append(run_decode_case_on_rank(case, dev, kernel))
-        except CpbenchError as exc:  # deterministic on every rank: no collective is left open
-            scheme = f"decode_{case.layout}"
-            out.append(
-                {"label": case.label, "scheme": scheme, "merge": case.merge, "passed": False,
-                 "error": str(exc)}  # fmt: skip
-            )
-    return out
-
-
 def default_decode_cases(world: int, dtype: str = "float32") -> list[DecodeCase]:
     """Decode steps of 1 to 8 new tokens over both cache layouts: no earlier cache (P = 0),
     a cache shorter than the ranks, and caches not a multiple of W; GQA 8/8 and 8/1; merged
@@ -290,18 +264,44 @@ def default_decode_cases(world: int, dtype: str = "float32") -> list[DecodeCase]
     return cases
 
 
+def run_inference_case_on_rank(
+    case: PrefillCase | DecodeCase, device: torch.device, kernel: str | LocalKernel = "auto"
+) -> dict | None:
+    """Collective: one prefill or decode case (rank 0 gets its record, the others None)."""
+    if isinstance(case, PrefillCase):
+        return run_prefill_case_on_rank(case, device, kernel)
+    return run_decode_case_on_rank(case, device, kernel)
+
+
+def _failure_fields(case: PrefillCase | DecodeCase) -> dict[str, Any]:
+    if isinstance(case, PrefillCase):
+        return {"label": case.label, "scheme": case.scheme}
+    return {"label": case.label, "scheme": f"decode_{case.layout}", "merge": case.merge}
+
+
+def run_prefill_cases_on_rank(
+    cases: Sequence[PrefillCase | DecodeCase],
+    device: str = "cpu",
+    kernel: str | LocalKernel = "auto",
+) -> list[dict | None]:
+    """Pool task: a batch of prefill or decode cases in order (`reference.run_batch`: a
+    CpbenchError in one case is recorded, not raised)."""
+    dev = torch.device(device)
+    return run_batch(cases, lambda case: run_inference_case_on_rank(case, dev, kernel),
+                     _failure_fields)  # fmt: skip
+
+
+run_decode_cases_on_rank = run_prefill_cases_on_rank
+"""The same pool task: it runs either kind of case."""
+
+
 def run_inference_cases_on_rank(
     cases: list[PrefillCase | DecodeCase], device: str = "cpu", kernel: str | LocalKernel = "auto"
 ) -> list[dict | None]:
     """Pool task: prefill and decode cases in order, each record marked with its phase
     (`"inference": "prefill"` or `"decode"`)."""
-    out: list[dict | None] = []
-    for case in cases:
-        if isinstance(case, PrefillCase):
-            record = run_prefill_cases_on_rank([case], device, kernel)[0]
-            phase = "prefill"
-        else:
-            record = run_decode_cases_on_rank([case], device, kernel)[0]
-            phase = "decode"
-        out.append(None if record is None else {**record, "inference": phase})
-    return out
+    records = run_prefill_cases_on_rank(cases, device, kernel)
+    return [
+        None if r is None else {**r, "inference": "prefill" if isinstance(c, PrefillCase) else "decode"}
+        for c, r in zip(cases, records, strict=True)
+    ]

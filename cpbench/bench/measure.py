@@ -298,9 +298,7 @@ def inference_kind(
             kv_cache_bytes=int(lk.nbytes + lv.nbytes),
         )  # fmt: skip
 
-    def check() -> dict[str, Any] | None:
-        if isinstance(checked, PrefillCase):
-            return _accuracy(inference_verify.run_prefill_case_on_rank(checked, device, kernel))
-        return _accuracy(inference_verify.run_decode_case_on_rank(checked, device, kernel))
-
-    return StepKind(check=check, prepare=prepare)
+    return StepKind(
+        check=lambda: _accuracy(inference_verify.run_inference_case_on_rank(checked, device, kernel)),
+        prepare=prepare,
+    )
