@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from cpbench.bench import inference_verify, measure
-from cpbench.bench.measurement import RankMeasurement
+from cpbench.bench.harness import RankMeasurement
 
 
 def off_by_one_cache(config_dict: dict[str, Any], settings: dict[str, Any]) -> RankMeasurement:

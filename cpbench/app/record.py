@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from cpbench.bench.environment import machine_state
-from cpbench.bench.measurement import RankMeasurement
+from cpbench.bench.harness import RankMeasurement
 from cpbench.bench.timing import TimingSummary
 from cpbench.config.bench import BenchConfig
 from cpbench.config.constraints import Feasibility

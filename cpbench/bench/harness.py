@@ -1,5 +1,6 @@
 """The one measurement every step kind runs on each rank (nccl-tests' common.cu): a `StepKind`
-says how to check and build its step; `measure_step` checks, releases, times, counts, probes."""
+says how to check and build its step; `measure_step` checks, releases, times, counts, probes,
+and answers this rank's `RankMeasurement` (`cpbench.app.record` assembles the record)."""
 
 from __future__ import annotations
 
@@ -14,12 +15,55 @@ import torch.distributed as dist
 
 from cpbench.attention.comm import ByteCounter, counting
 from cpbench.attention.ring import Variant
-from cpbench.bench.environment import RankHost, gpu_clock_state, rank_environment
-from cpbench.bench.measurement import RankMeasurement
-from cpbench.bench.memory import measure_peak_memory, release_cached_memory
+from cpbench.bench.environment import (
+    GpuClocks,
+    RankCpu,
+    RankHost,
+    gpu_clock_state,
+    rank_environment,
+)
+from cpbench.bench.memory import RankMemory, measure_peak_memory, release_cached_memory
 from cpbench.bench.reference import agreed
-from cpbench.bench.timing import TimingPolicy, time_to_precision
+from cpbench.bench.timing import TimedRun, TimingPolicy, time_to_precision
 from cpbench.config.bench import BenchConfig
+
+
+@dataclass(frozen=True)
+class RankMeasurement:
+    """One rank's numbers of one configuration."""
+
+    rank: int
+    """This rank's index in the world."""
+    kernel: str
+    """The local attention kernel that ran (an external impl's, as its adapter names it)."""
+    full: TimedRun
+    """The full step, timed to the scenario's precision."""
+    compute: TimedRun | None
+    """The compute-only variant (communication removed); None for an external impl."""
+    comm: TimedRun | None
+    """The communication-only variant (kernels removed); None for an external impl."""
+    bytes: dict[str, dict[str, int]]
+    """Bytes this rank sent in one counted step, by phase ("fwd", "bwd") and collective."""
+    memory: RankMemory
+    """Peak memory of one step under the memory probe."""
+    accuracy: dict[str, Any] | None
+    """The record's `accuracy` (`reference_check`; rank 0 only, None elsewhere)."""
+    host: RankHost
+    """This rank's host and device."""
+    sampled_rows: dict[str, Any] | None = None
+    """The record's `accuracy.sampled_rows` (the full-length row check; None when not run)."""
+    kernel_version: str | None = None
+    """The local kernel's version (cpbench's own implementation)."""
+    impl_version: str | None = None
+    """The external library's version (None for cpbench's own)."""
+    gpu: GpuClocks | None = None
+    """This rank's GPU clocks and throttling (CUDA, where NVML answers)."""
+    cpu: RankCpu | None = None
+    """CPU seconds this rank's process used in the task (`measure.measure_config` sets it)."""
+    kv_cache_bytes: int | None = None
+    """Inference only: nbytes of the K and V tensors this rank holds for the step (prefill:
+    its cache shard and new-token shard; decode: its cache shard); None for training."""
+
 
 Step = Callable[[Variant, ByteCounter | None], object]
 """One step on this rank: `step(variant, counter)`; `counter` is set under the byte counter

@@ -82,18 +82,41 @@ def case_inputs(case: PrefillCase | DecodeCase, device: torch.device) -> tuple[t
     return tuple(t.to(device) for t in (q, k, v))
 
 
-def _error_and_bound(
-    case: PrefillCase | DecodeCase, inputs: tuple[torch.Tensor, ...], out: torch.Tensor, parts: int
-) -> tuple[float, float]:
-    """Rank 0: the gathered output's max abs error against the float64 reference (the diagonal
-    shifted by P, the inputs rounded to the dtype) and its bound (`parts` partials merged,
-    sums over P + T keys)."""
-    p = case.problem
+def _judged(
+    case: PrefillCase | DecodeCase,
+    fields: dict[str, Any],
+    inputs: tuple[torch.Tensor, ...],
+    out: torch.Tensor,
+    parts: int,
+    sent: dict[str, int],
+    analytic: dict[str, int],
+    cache: dict[str, int] | None = None,
+) -> dict:
+    """Rank 0's record of a case: the gathered output's max abs error against the float64
+    reference (the diagonal shifted by P, the inputs rounded to the dtype) and its bound
+    (`parts` partials merged, sums over P + T keys), the bytes sent against the model's and,
+    for decode, the cache shard's bytes against the model's."""
+    p, cache = case.problem, cache or {}
     rq, rk, rv = (t.to(TORCH_DTYPES[p.dtype]).double() for t in inputs)
     ref = reference_attention(rq, rk, rv, causal=True, causal_offset=case.cached_len)
     error = float((out.double() - ref).abs().max())
     terms = rounded_terms("out", parts, 1)
-    return error, error_bound(p.dtype, ref, terms, case.cached_len + case.new_tokens)
+    bound = error_bound(p.dtype, ref, terms, case.cached_len + case.new_tokens)
+    cache_ok = cache.get("cache_bytes") == cache.get("analytic_cache_bytes")
+    return {
+        **asdict(p),
+        "label": case.label,
+        **fields,
+        "cached_len": case.cached_len,
+        "new_tokens": case.new_tokens,
+        "max_error": error,
+        "tolerance": bound,
+        "bytes": sent,
+        "analytic_bytes": analytic,
+        "bytes_match": sent == analytic,
+        **cache,
+        "passed": error <= bound and sent == analytic and cache_ok,
+    }
 
 
 def run_prefill_case_on_rank(
@@ -117,22 +140,8 @@ def run_prefill_case_on_rank(
     if dist.get_rank() != 0:
         return None
     # the output merges up to one partial per rank of the CP group; sums run over P + T keys
-    error, bound = _error_and_bound(case, (q, k, v), out, p.ulysses * p.ring)
-    analytic = prefill_bytes(case)
-    return {
-        **asdict(p),
-        "label": case.label,
-        "scheme": case.scheme,
-        "new_token_layout": layout,
-        "cached_len": case.cached_len,
-        "new_tokens": case.new_tokens,
-        "max_error": error,
-        "tolerance": bound,
-        "bytes": sent,
-        "analytic_bytes": analytic,
-        "bytes_match": sent == analytic,
-        "passed": error <= bound and sent == analytic,
-    }
+    fields = {"scheme": case.scheme, "new_token_layout": layout}
+    return _judged(case, fields, (q, k, v), out, p.ulysses * p.ring, sent, prefill_bytes(case))
 
 
 def default_prefill_cases(world: int, dtype: str = "float32") -> list[PrefillCase]:
@@ -218,29 +227,17 @@ def run_decode_case_on_rank(
     if dist.get_rank() != 0:
         return None
     # one partial output per cache shard is merged; sums run over the whole cache
-    error, bound = _error_and_bound(case, (q, k, v), out, p.ring)
     analytic = decode_bytes(
         case.new_tokens, p.ring, p.heads, p.head_dim, p.dtype, p.batch, case.merge
     )
-    analytic_cache = kv_cache_bytes_per_rank(
-        total, p.ring, p.kv_heads, p.head_dim, p.dtype, p.batch
-    )
-    return {
-        **asdict(p),
-        "label": case.label,
-        "scheme": f"decode_{case.layout}",
-        "merge": case.merge,
-        "cached_len": case.cached_len,
-        "new_tokens": case.new_tokens,
-        "max_error": error,
-        "tolerance": bound,
-        "bytes": sent,
-        "analytic_bytes": analytic,
-        "bytes_match": sent == analytic,
+    cache = {
         "cache_bytes": int(cache_bytes),
-        "analytic_cache_bytes": analytic_cache,
-        "passed": error <= bound and sent == analytic and int(cache_bytes) == analytic_cache,
+        "analytic_cache_bytes": kv_cache_bytes_per_rank(
+            total, p.ring, p.kv_heads, p.head_dim, p.dtype, p.batch
+        ),
     }
+    fields = {"scheme": f"decode_{case.layout}", "merge": case.merge}
+    return _judged(case, fields, (q, k, v), out, p.ring, sent, analytic, cache)
 
 
 def default_decode_cases(world: int, dtype: str = "float32") -> list[DecodeCase]:

@@ -37,8 +37,7 @@ from cpbench.attention.kernels import LocalKernel, kernel_version, select_kernel
 from cpbench.attention.ring import VARIANTS, Variant
 from cpbench.bench import inference_verify
 from cpbench.bench.environment import rank_cpu_mark, rank_cpu_usage
-from cpbench.bench.harness import Prepared, Step, StepKind, measure_step
-from cpbench.bench.measurement import RankMeasurement
+from cpbench.bench.harness import Prepared, RankMeasurement, Step, StepKind, measure_step
 from cpbench.bench.reference import TORCH_DTYPES, random_shards, reference_check, torch_device
 from cpbench.bench.rowcheck import DEFAULT_ROWS, full_length_row_check
 from cpbench.bench.timing import TimingPolicy, time_to_precision
