@@ -8,7 +8,7 @@ import functools
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -65,9 +65,11 @@ class RankMeasurement:
     its cache shard and new-token shard; decode: its cache shard); None for training."""
 
 
-Step = Callable[[Variant, ByteCounter | None], object]
-"""One step on this rank: `step(variant, counter)`; `counter` is set under the byte counter
-(the backward's bytes are counted as "bwd"); kinds without variants ignore `variant`."""
+class Step(Protocol):
+    """One step on this rank; `counter` is set under the byte counter (the backward's bytes
+    are counted as "bwd"); kinds without variants ignore `variant`."""
+
+    def __call__(self, variant: Variant = "full", counter: ByteCounter | None = None) -> None: ...
 
 
 @dataclass(frozen=True)

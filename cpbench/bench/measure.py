@@ -289,8 +289,8 @@ def inference_kind(
             )
         del q, k, v  # the global inputs: only the shards stay for timing
 
-        def step(variant: Variant = "full", counter: ByteCounter | None = None) -> object:
-            return run()
+        def step(variant: Variant = "full", counter: ByteCounter | None = None) -> None:
+            run()
 
         return Prepared(
             step, (lq, lk, lv), kernel.name, kernel_version(kernel.name),
