@@ -156,18 +156,10 @@ def run_step(
     backward = config.phase == "fwd+bwd"
     with torch.set_grad_enabled(backward):
         out = cp_attention(
-            q,
-            k,
-            v,
-            mesh,
-            layout=config.layout,
-            kernel=kernel,
-            kv_replication=config.kv_replication,
-            variant=variant,
-            mask=config.mask,
-            cp_comm=config.cp_comm,
-            heads_k_stride=config.heads_k_stride,
-        )
+            q, k, v, mesh, layout=config.layout, kernel=kernel,
+            kv_replication=config.kv_replication, variant=variant, mask=config.mask,
+            cp_comm=config.cp_comm, heads_k_stride=config.heads_k_stride,
+        )  # fmt: skip
         if backward:
             with counter.phase("bwd") if counter else contextlib.nullcontext():
                 out.backward(dout)
