@@ -219,7 +219,8 @@ def run_decode_case_on_rank(
         heads = [torch.empty_like(out) for _ in range(p.ring)]
         dist.all_gather(heads, out.contiguous(), group=mesh.cp_group)
         out = torch.cat(heads, dim=2)
-    cache_bytes = torch.tensor([lk.nbytes + lv.nbytes], dtype=torch.int64)
+    # on the cache's device: an NCCL world has no CPU backend for the all-reduce
+    cache_bytes = torch.tensor([lk.nbytes + lv.nbytes], dtype=torch.int64, device=lk.device)
     dist.all_reduce(cache_bytes, op=dist.ReduceOp.MAX, group=mesh.cp_group)
     if dist.get_rank() != 0:
         return None
