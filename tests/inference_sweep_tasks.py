@@ -6,8 +6,8 @@ from typing import Any
 
 import torch
 
-from cpbench.bench import inference_verify, measure, measure_inference
-from cpbench.bench.measurement import RankMeasurement
+from cpbench.bench import inference_verify, measure
+from cpbench.bench.harness import RankMeasurement
 
 
 def off_by_one_cache(config_dict: dict[str, Any], settings: dict[str, Any]) -> RankMeasurement:
@@ -19,9 +19,9 @@ def off_by_one_cache(config_dict: dict[str, Any], settings: dict[str, Any]) -> R
         return real(torch.roll(k_all, 1, dims=1), v_all, mesh, layout)
 
     inference_verify.shard_cache = shifted  # type: ignore[assignment]
-    measure_inference.shard_cache = shifted  # type: ignore[assignment]
+    measure.shard_cache = shifted  # type: ignore[assignment]
     try:
         return measure.measure_config(config_dict, settings)
     finally:
         inference_verify.shard_cache = real
-        measure_inference.shard_cache = real
+        measure.shard_cache = real

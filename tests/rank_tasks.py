@@ -11,7 +11,7 @@ import torch
 
 from cpbench.attention import build_mesh, cp_attention, run_length, shard
 from cpbench.attention.comm import ByteCounter, counting
-from cpbench.bench.measurement import RankMeasurement
+from cpbench.bench.harness import RankMeasurement
 from cpbench.config.masks import MaskSpec
 
 

@@ -16,16 +16,6 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "cpbench"
 
-PENDING = {
-    "framework_settings": "app/plan.py and app/recommend/frameworks.py: issue 36 folds the "
-    "framework settings into one data table (their owner's change, not a rename here)",
-    "_rejected_table": "render/recommend/inference.py and render/recommend/screen.py: issue 36 "
-    "rewrites recommend's screen (their owner's change)",
-}
-"""Duplicates whose two modules are being rewritten by another change of issue 36: each must
-still be a duplicate (else delete its line), and none may be added."""
-
-
 def _bodies(body: list[ast.stmt]) -> Iterator[ast.stmt]:
     for node in body:
         if isinstance(node, ast.If | ast.Try):
@@ -63,16 +53,11 @@ def duplicates(root: Path) -> dict[str, list[str]]:
 
 
 def test_no_top_level_name_is_defined_in_two_modules() -> None:
-    found = {n: m for n, m in duplicates(PACKAGE).items() if n not in PENDING}
+    found = duplicates(PACKAGE)
     assert not found, "defined in more than one module (import the one definition, or rename "
     "the one that means something else):\n" + "\n".join(
         f"{name}: {', '.join(modules)}" for name, modules in found.items()
     )
-
-
-def test_every_pending_duplicate_is_still_one() -> None:
-    gone = sorted(set(PENDING) - set(duplicates(PACKAGE)))
-    assert not gone, f"no longer duplicated, delete from PENDING: {', '.join(gone)}"
 
 
 def test_the_finder_sees_every_kind_of_definition(tmp_path: Path) -> None:

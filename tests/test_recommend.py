@@ -9,8 +9,10 @@ import math
 import random
 from dataclasses import asdict
 from pathlib import Path
+from typing import get_args
 
 import pytest
+from pydantic import ValidationError
 from rich.console import Console
 from typer.testing import CliRunner
 
@@ -27,10 +29,18 @@ from cpbench.app.recommend import (
     solve_parallel_sizes,
     write_tie_scenario,
 )
+from cpbench.app.recommend.frameworks import (
+    FrameworkTable,
+    framework_table,
+    torchtitan_setting,
+    yunchang_setting,
+)
+from cpbench.app.recommend.types import CaveatKind
 from cpbench.app.recommend.uncertainty import call_ties, profile_uncertainty, with_intervals
 from cpbench.cli.main import app
 from cpbench.config.constraints import AttentionShape
 from cpbench.config.problem import MeshCandidate
+from cpbench.config.vocabulary import LAYOUTS, YUNCHANG_RING_IMPL_TYPES
 from cpbench.errors import CpbenchError
 from cpbench.model.calibrate.error_split import ErrorSplit, split_residuals
 from cpbench.model.calibrate.stats import TIE_RULE
@@ -562,3 +572,64 @@ def test_calibrated_split_comes_from_the_within_problem_residuals(tmp_path: Path
     assert u.split.points == 3 and u.split.groups == 1  # three meshes of one problem
     assert u.split.candidate_sigma <= u.sigma + 1e-12
     assert total_sigma(u.split) == pytest.approx(u.sigma, rel=1e-9)
+
+
+def test_yunchang_gets_its_closest_ring_impl_for_doc_zigzag(tmp_path: Path) -> None:
+    # issue 39: a doc_zigzag (or balanced) pick raised KeyError in yunchang_setting (issue's
+    # repro: 9,430 x 42 + 570 x 41 tokens, L = 419,430; this one is 100 times smaller, as
+    # L = 2 x odd it also leaves only doc_zigzag on a ring); yunchang has no ring_impl_type
+    # for it: the setting is its closest (zigzag), labelled as such
+    lengths = tmp_path / "lengths.txt"
+    lengths.write_text("42\n" * 94 + "41\n" * 6)
+    rec = recommend_mesh(RecommendRequest(heads=128, kv_heads=1, seq_len=4194, gpus=8,
+                                     documents=str(lengths)))  # fmt: skip
+    assert rec.winner is not None
+    winner = rec.winner.prediction.candidate
+    assert winner.ring > 1 and winner.layout == "doc_zigzag"
+    yunchang = next(f for f in rec.frameworks if f.framework == "yunchang")
+    assert not yunchang.expressible and 'ring_impl_type="zigzag"' in yunchang.settings
+    closest = next(c for c in yunchang.caveats if c.kind == "closest_layout")
+    assert closest.name == "doc_zigzag" and closest.candidate == f"{winner.ulysses}x{winner.ring} zigzag"
+    assert "no ring_impl_type for the doc_zigzag layout" in note(yunchang)
+    text = " ".join(
+        "\n".join(_plain(x) for x in render_recommendation(recommendation_report(rec))).split()
+    )
+    assert f"closest: {winner.ulysses}x{winner.ring} zigzag (no doc_zigzag layout):" in text
+    for layout in LAYOUTS:  # every layout has a setting (its own, or its closest)
+        c = dataclasses.replace(winner, layout=layout)
+        p = dataclasses.replace(rec.winner.prediction, candidate=c)
+        setting = yunchang_setting(p, rec.sizes)
+        assert setting.expressible == (layout in YUNCHANG_RING_IMPL_TYPES), layout
+        assert "ring_impl_type=" in setting.settings
+
+
+def test_the_framework_table_is_validated() -> None:
+    table = framework_table()
+    assert table is framework_table()  # loaded once
+    # yunchang's names in the table are the ones cpbench's own yunchang adapter runs
+    assert table.training.yunchang.ring_impl_types == YUNCHANG_RING_IMPL_TYPES
+    assert set(table.caveats) == set(get_args(CaveatKind))
+    data = table.model_dump()
+    del data["caveats"]["window"]
+    with pytest.raises(ValidationError, match="caveats without words: window"):
+        FrameworkTable.model_validate(data)
+    data = table.model_dump()
+    del data["training"]["yunchang"]["closest_layouts"]["balanced"]
+    with pytest.raises(ValidationError, match="ring_impl_type or a closest layout"):
+        FrameworkTable.model_validate(data)
+    data = table.model_dump()
+    data["training"]["torchtitan"]["ulysses_level"] = True
+    with pytest.raises(ValidationError, match="ulysses_level"):
+        FrameworkTable.model_validate(data)
+    # what a framework can express is data the settings follow
+    expressive = table.training.torchtitan.model_copy(update={"ulysses": True})
+    rec = recommend_mesh(RecommendRequest(heads=32, kv_heads=8))
+    assert rec.winner is not None and rec.winner.prediction.candidate.ulysses == 8
+    from unittest import mock  # noqa: PLC0415
+
+    training = table.training.model_copy(update={"torchtitan": expressive})
+    with mock.patch("cpbench.app.recommend.frameworks.framework_table",
+                    return_value=table.model_copy(update={"training": training})):  # fmt: skip
+        titan = torchtitan_setting(rec.winner.prediction, rec.ranked)
+    assert titan.expressible
+    assert not torchtitan_setting(rec.winner.prediction, rec.ranked).expressible

@@ -24,7 +24,8 @@ from cpbench.app.recommend import RecommendRequest, recommend_mesh, recommendati
 from cpbench.config.problem import CpProblem
 from cpbench.render.formulas import render_formulas
 from cpbench.render.recommend.calibration import render_calibration, render_validation
-from cpbench.render.recommend.frameworks import setting_note
+from cpbench.render.recommend.explanation import group_digits
+from cpbench.render.recommend.frameworks import caveat_text, closest_label, is_alternative
 from cpbench.render.recommend.screen import render_recommendation
 from cpbench.render.tables import FitTable, results_table, verify_tables
 from cpbench.results.store import read_records
@@ -174,13 +175,18 @@ def test_recommendation_narrow(report: dict[str, Any], width: int, explain: bool
     for c in report["candidates"]:
         layout = c["layout"] if c["layout_matters"] else "any"
         assert a_line_with(text, f"{c['ulysses']} x {c['ring']}", layout, f"{c['time_s'] * 1e3:.2f}")
-        assert a_line_with(text, f"{c['ulysses']} x {c['ring']}", str(c["max_seq_len"]))
+        assert a_line_with(text, f"{c['ulysses']} x {c['ring']}", f"{c['max_seq_len']:,}")
     for f in report["frameworks"]:
-        assert_words_whole(f["settings"], text)
-        if explain:
-            assert_words_whole(setting_note(f), text)
+        if explain or not is_alternative(f):  # the all-gather alternative: --explain only
+            if f["settings"] != "-":  # no setting: the label says `none` and why
+                assert_words_whole(f["settings"], text)
+            assert_words_whole(closest_label(f), text)
+        if explain:  # each caveat in its row, or once under the table when rows share it
+            said = {w.rstrip(";.") for w in words(text)}
+            for c in f["caveats"]:
+                assert set(caveat_text(c).split()) <= said | words(text), caveat_text(c)
     for r in report["rejected"]:
-        assert_words_whole(r["rule"], text)
+        assert_words_whole(group_digits(r["rule"]), text)
     # a flag never parts from its value (whatever value the winner's Megatron setting has)
     megatron = next(f["settings"] for f in report["frameworks"] if f["framework"] == "Megatron-LM")
     comm_type = megatron.split("--cp-comm-type ", 1)[1].split()[0]
@@ -287,15 +293,18 @@ def default_report() -> dict[str, Any]:
     return recommendation_report(recommend_mesh(RecommendRequest(heads=32, kv_heads=8)))
 
 
-def test_recommend_fits_one_screen_and_says_why_in_five_lines(default_report: dict[str, Any]) -> None:
+def test_recommend_fits_one_screen_verdict_first(default_report: dict[str, Any]) -> None:
     text = render(render_recommendation(default_report), 100)
     assert_readable(text, 100)
-    assert len(text.splitlines()) <= 60
     lines = text.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("Pick: "))
+    assert len(lines) <= 45
+    # the verdict first: the pick, its predicted time, how sure (a tie of 19, in one clause)
+    assert lines[0].startswith("Pick: 8x1 any, predicted 190.43 ms ±35% (fwd+bwd), tied with 18 others")
+    assert "--write-scenario PATH writes the tie" in " ".join(text.split())
+    assert "Tie: " not in text and "4x2 zigzag all-gather hs1" not in text  # the list: --explain
+    start = next(i for i, line in enumerate(lines) if line.startswith("Why: "))
     end = next(i for i, line in enumerate(lines) if "Settings for the winner" in line)
-    assert 1 < end - start <= 5, lines[start:end]
-    assert "Why: " in lines[start + 1] and "8x1" in lines[start]
+    assert 1 < end - start <= 4, lines[start:end]
     assert a_line_with(text, "--cp-comm-type a2a") and "All-gather: its best" not in text
 
 
@@ -304,18 +313,80 @@ def test_explain_keeps_the_full_explanation(default_report: dict[str, Any]) -> N
     flat = " ".join(text.split())
     for sentence in ("ahead of the next mesh", "Placement: each Ulysses group",
                      "All-gather: its best candidate", "Against the ring on the same mesh",
-                     "The kernel works on L/R", "attention layer lower bound", "Conventions:"):
+                     "The kernel works on L/R", "attention layer lower bound", "Conventions:",
+                     "1x8 striped all-gather hs1; to separate them", "Settings of an alternative"):
         assert sentence in flat
     assert len(text.splitlines()) > 60
 
 
-def test_recommend_command_fits_sixty_lines_at_100_columns() -> None:
+def test_recommend_command_fits_45_lines_at_100_columns() -> None:
     env = {**os.environ, "COLUMNS": "100", "PYTHONPATH": str(Path(__file__).parents[1])}
     args = [sys.executable, "-m", "cpbench", "recommend", "--heads", "32", "--kv-heads", "8"]
     default = subprocess.run(args, env=env, capture_output=True, text=True, check=True).stdout
-    assert len(default.splitlines()) <= 60
+    assert len(default.splitlines()) <= 45
+    assert max(cell_len(line) for line in default.splitlines()) <= 100
     full = subprocess.run([*args, "--explain"], env=env, capture_output=True, text=True, check=True)
     assert "Against the ring on the same mesh" in " ".join(full.stdout.split())
+
+
+def test_piped_at_80_columns_the_candidates_are_one_table(default_report: dict[str, Any]) -> None:
+    text = render(render_recommendation(default_report), 80)
+    assert_readable(text, 80)
+    assert "(1/2)" not in text
+    header = next(line for line in text.splitlines() if "mesh" in line)
+    assert "#" in header and "max L" in " ".join(text.split())
+    assert a_line_with(text, "4 x 2 striped ag/hs1", "192.20", "6,412,800")
+
+
+def test_each_caveat_once(default_report: dict[str, Any]) -> None:
+    source = default_report["uncertainty"]["source"]
+    for explain in (False, True):
+        flat = " ".join(render(render_recommendation(default_report, explain), 100).split())
+        assert flat.count(source) == 1, explain
+    # every framework caveat once, however many settings carry it (wide: no cell wraps)
+    masked = recommendation_report(recommend_mesh(RecommendRequest(
+        heads=32, kv_heads=8, seq_len=65536, documents="4096,8192,16384,36864", window=8192)))
+    text = render(render_recommendation(masked, explain=True), 2000)
+    texts = {caveat_text(c) for f in masked["frameworks"] for c in f["caveats"]}
+    assert a_line_with(text, "Megatron-LM, DeepSpeed, yunchang, torchtitan", "sliding window: ")
+    for t in texts:  # (once, and once more inside each longer caveat that quotes it)
+        assert text.count(t) == 1 + sum(t in o for o in texts - {t}), t
+
+
+def test_the_winners_settings_only(default_report: dict[str, Any]) -> None:
+    winner = default_report["winner"]
+    assert winner["cp_comm"] != "all_gather"
+    assert any(is_alternative(f) for f in default_report["frameworks"])  # in --json
+    brief = render(render_recommendation(default_report), 100)
+    assert "all-gather CP" not in brief
+    full = render(render_recommendation(default_report, explain=True), 100)
+    settings = full[full.index("Settings for the winner"):full.index("Settings of an alternative")]
+    assert "all-gather CP" not in settings and "Megatron-LM" in settings
+
+
+def test_counts_have_thousands_separators(default_report: dict[str, Any]) -> None:
+    for explain in (False, True):
+        text = render(render_recommendation(default_report, explain), 100)
+        assert "9,801,584" in text and "L=131,072" in text
+        bare = re.findall(r"(?<![\w.,])\d{4,}(?![\w.]|,\d)", text)
+        assert not bare, bare
+    assert group_digits("fits 9801584 tokens, x1.18, 0.12345 ms, hs1, --top 10000.") == (
+        "fits 9,801,584 tokens, x1.18, 0.12345 ms, hs1, --top 10,000."
+    )
+
+
+def test_a_framework_that_cannot_express_the_pick_is_labelled(
+    default_report: dict[str, Any],
+) -> None:
+    titan = next(f for f in default_report["frameworks"] if f["framework"] == "torchtitan")
+    assert not titan["expressible"]  # ring-only; the pick is Ulysses 8x1
+    text = render(render_recommendation(default_report), 100)
+    line = next(x for x in text.splitlines() if "torchtitan" in x)
+    assert "closest: 1x8 zigzag (#" in line and "no Ulysses, U = 8" in line
+    assert "(cannot express it)" not in text
+    for f in default_report["frameworks"]:
+        if f["expressible"]:
+            assert closest_label(f) == ""
 
 
 def early_breaks(text: str) -> list[str]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from cpbench.app.recommend.frameworks import cp_comm_type
+from cpbench.app.recommend.frameworks import cp_comm_type, framework_table
 from cpbench.app.recommend.types import DEFAULT_HARDWARE, FrameworkSetting
 from cpbench.config.problem import check_positive_int
 from cpbench.config.vocabulary import canonical_dtype
@@ -134,7 +134,7 @@ def plan_training(request: PlanRequest) -> PlanResult:
     found = search(space)
     notes = _notes(space, request, found.counts)
     feasible = found.feasible
-    frameworks = framework_settings(feasible[0], model, request, global_batch) if feasible else ()
+    frameworks = plan_framework_settings(feasible[0], model, request, global_batch) if feasible else ()
     return PlanResult(request, model, profile, per_node, global_batch, efficiency, reserve,
                       feasible, found.rejected, frameworks, notes, found.shortest_cp,
                       found.counts)
@@ -170,79 +170,67 @@ def _notes(space: SearchSpace, request: PlanRequest, counts: SearchCounts) -> tu
 # --------------------------------------------------------------------------- frameworks
 
 
-def _recompute_flags(recompute: str) -> str:
-    if recompute == "full":
-        return " --recompute-granularity full --recompute-method uniform --recompute-num-layers 1"
-    if recompute == "selective":
-        return " --recompute-granularity selective"
-    return ""
-
-
-def framework_settings(best: Plan, model: ModelSpec, request: PlanRequest,
+def plan_framework_settings(best: Plan, model: ModelSpec, request: PlanRequest,
                        global_batch: int) -> tuple[FrameworkSetting, ...]:
-    """Megatron-LM, torchtitan and DeepSpeed settings of a plan."""
+    """Megatron-LM, torchtitan and DeepSpeed settings of a plan (flags, templates and notes
+    from `cpbench/data/settings/frameworks.toml`)."""
     p = best.par
+    table = framework_table()
+    t, words = table.training, table.plan
+    flag = t.megatron.flags
     comm = cp_comm_type(p.ulysses, p.ring)
-    flags = f"--tensor-model-parallel-size {p.tp}"
+    flags = f"{flag['tp']} {p.tp}"
     if p.tp > 1:
-        flags += " --sequence-parallel"
-    flags += f" --context-parallel-size {p.cp}"
+        flags += f" {flag['sequence_parallel']}"
+    flags += f" {flag['cp']} {p.cp}"
     if p.cp > 1:
-        flags += f" --cp-comm-type {comm}"
-        if comm == "a2a+p2p":
-            flags += f" --hierarchical-context-parallel-sizes {p.ulysses} {p.ring}"
+        flags += f" {flag['comm']} {comm}"
+        if comm == t.megatron.comm_types["hybrid"]:
+            flags += f" {flag['hierarchical']} {p.ulysses} {p.ring}"
     flags += (
-        f" --pipeline-model-parallel-size {p.pp} --micro-batch-size {p.micro_batch}"
-        f" --global-batch-size {global_batch} --seq-length {request.seq_len}"
+        f" {flag['pp']} {p.pp} {flag['micro_batch']} {p.micro_batch}"
+        f" {flag['global_batch']} {global_batch} {flag['seq_len']} {request.seq_len}"
     )
-    flags += _recompute_flags(p.recompute)
-    notes = ["Megatron (Transformer Engine) splits the sequence into 2 x CP chunks (zigzag)"]
-    if p.zero == 1:
-        flags += " --use-distributed-optimizer"
+    if p.recompute != "none":
+        flags += f" {flag['recompute_' + p.recompute]}"
+    notes = [words["megatron_chunks"]]
+    if p.zero in (1, 2):
+        flags += f" {flag['zero1']}"
     elif p.zero == 3:
-        flags += " --use-torch-fsdp2"
-        notes.append("ZeRO-3 is Megatron's FSDP path (--use-torch-fsdp2)")
-    elif p.zero == 2:
-        flags += " --use-distributed-optimizer"
-        notes.append("Megatron has no ZeRO-2: the distributed optimizer shards the optimizer "
-                     "states only (ZeRO-1), so gradients take more memory than planned")
-    flags += " --bf16" if canonical_dtype(request.dtype) == "bfloat16" else ""
-    megatron = FrameworkSetting("Megatron-LM", True, flags, "; ".join(notes) + ".")
+        flags += f" {flag['zero3']}"
+        notes.append(words["megatron_zero3"])
+    if p.zero == 2:
+        notes.append(words["megatron_zero2"])
+    flags += f" {flag['bf16']}" if canonical_dtype(request.dtype) == "bfloat16" else ""
+    megatron = FrameworkSetting(t.megatron.name, True, flags, "; ".join(notes) + ".")
 
-    titan_ok = p.ulysses == 1
-    ac = {"none": "none", "selective": "selective", "full": "full"}[p.recompute]
-    titan = (
-        f"--parallelism.tensor_parallel_degree {p.tp} "
-        f"--parallelism.context_parallel_degree {p.cp} "
-        f"--parallelism.pipeline_parallel_degree {p.pp} "
-        f"--parallelism.data_parallel_shard_degree {p.dp} "
-        f"--activation_checkpoint.mode {ac} --training.seq_len {request.seq_len} "
-        f"--training.local_batch_size {p.micro_batch}"
+    titan_ok = p.ulysses == 1 or t.torchtitan.ulysses
+    titan = t.torchtitan.plan_setting.format(
+        tp=p.tp, cp=p.cp, pp=p.pp, dp=p.dp, recompute=p.recompute, seq_len=request.seq_len,
+        micro_batch=p.micro_batch,
     )
-    titan_note = ("torchtitan's CP is ring-only with head-tail (zigzag) load balancing; FSDP2 "
-                  "shards weights, gradients and optimizer states (ZeRO-3) over DP x CP")
+    titan_note = words["torchtitan"]
     if not titan_ok:
-        titan_note += f"; it cannot express Ulysses (U = {p.ulysses}): run ring 1x{p.cp}"
-    torchtitan = FrameworkSetting("torchtitan", titan_ok, titan, titan_note + ".")
+        titan_note += "; " + words["torchtitan_ulysses"].format(ulysses=p.ulysses, cp=p.cp)
+    torchtitan = FrameworkSetting(t.torchtitan.name, titan_ok, titan, titan_note + ".")
 
-    ds_ok = p.tp == 1 and p.ring == 1 and p.pp == 1
+    ds_ok = p.tp == 1 and (p.ring == 1 or t.deepspeed.ring) and p.pp == 1
     ds = (
-        f'"zero_optimization": {{"stage": {p.zero}}}, '
-        f'"train_micro_batch_size_per_gpu": {p.micro_batch}, '
-        f'"train_batch_size": {global_batch}'
-        + (f", --ds-sequence-parallel-size {p.ulysses}" if p.ulysses > 1 else "")
-        + (', "activation_checkpointing": {"partition_activations": true}'
-           if p.recompute != "none" else "")
+        t.deepspeed.plan_setting.format(
+            zero=p.zero, micro_batch=p.micro_batch, global_batch=global_batch
+        )
+        + (f", {t.deepspeed.setting.format(ulysses=p.ulysses)}" if p.ulysses > 1 else "")
+        + (f", {t.deepspeed.plan_recompute}" if p.recompute != "none" else "")
     )
     reasons = []
     if p.tp > 1:
-        reasons.append(f"TP {p.tp} needs Megatron-DeepSpeed")
-    if p.ring > 1:
-        reasons.append(f"DeepSpeed-Ulysses cannot express a ring (R = {p.ring})")
+        reasons.append(words["deepspeed_tp"].format(tp=p.tp))
+    if p.ring > 1 and not t.deepspeed.ring:
+        reasons.append(words["deepspeed_ring"].format(ring=p.ring))
     if p.pp > 1:
-        reasons.append(f"PP {p.pp} needs DeepSpeed's PipelineModule (ZeRO <= 1)")
-    ds_note = "; ".join(reasons) if reasons else "DeepSpeed-Ulysses over the CP group"
-    deepspeed = FrameworkSetting("DeepSpeed", ds_ok, ds, ds_note + ".")
+        reasons.append(words["deepspeed_pp"].format(pp=p.pp))
+    ds_note = "; ".join(reasons) if reasons else words["deepspeed"]
+    deepspeed = FrameworkSetting(t.deepspeed.name, ds_ok, ds, ds_note + ".")
     return (megatron, torchtitan, deepspeed)
 
 

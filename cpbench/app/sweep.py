@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from cpbench.app.record import base_record, measured_record
-from cpbench.bench.measurement import RankMeasurement
+from cpbench.bench.harness import RankMeasurement
 from cpbench.bench.world import InProcessWorld, World, launched_by_torchrun
 from cpbench.config.bench import BenchConfig
 from cpbench.config.impls import DEFAULT_IMPL

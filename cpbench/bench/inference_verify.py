@@ -4,7 +4,9 @@ by verify's bound, and the bytes against `model.inference.prefill_bytes`."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -15,10 +17,9 @@ from cpbench.attention.inference_decode import decode_attention, shard_cache
 from cpbench.attention.kernels import LocalKernel
 from cpbench.attention.mesh import build_mesh
 from cpbench.attention.reference import reference_attention
-from cpbench.bench.reference import TORCH_DTYPES, error_bound
+from cpbench.bench.reference import TORCH_DTYPES, error_bound, run_batch
 from cpbench.config.problem import CpProblem
 from cpbench.config.tolerances import rounded_terms
-from cpbench.errors import CpbenchError
 from cpbench.model.inference import (
     CACHE_LAYOUTS,
     DECODE_MERGES,
@@ -78,6 +79,43 @@ def case_inputs(case: PrefillCase | DecodeCase, device: torch.device) -> tuple[t
     return tuple(t.to(device) for t in (q, k, v))
 
 
+def _judged(
+    case: PrefillCase | DecodeCase,
+    fields: dict[str, Any],
+    inputs: tuple[torch.Tensor, ...],
+    out: torch.Tensor,
+    parts: int,
+    sent: dict[str, int],
+    analytic: dict[str, int],
+    cache: dict[str, int] | None = None,
+) -> dict:
+    """Rank 0's record of a case: the gathered output's max abs error against the float64
+    reference (the diagonal shifted by P, the inputs rounded to the dtype) and its bound
+    (`parts` partials merged, sums over P + T keys), the bytes sent against the model's and,
+    for decode, the cache shard's bytes against the model's."""
+    p, cache = case.problem, cache or {}
+    rq, rk, rv = (t.to(TORCH_DTYPES[p.dtype]).double() for t in inputs)
+    ref = reference_attention(rq, rk, rv, causal=True, causal_offset=case.cached_len)
+    error = float((out.double() - ref).abs().max())
+    terms = rounded_terms("out", parts, 1)
+    bound = error_bound(p.dtype, ref, terms, case.cached_len + case.new_tokens)
+    cache_ok = cache.get("cache_bytes") == cache.get("analytic_cache_bytes")
+    return {
+        **asdict(p),
+        "label": case.label,
+        **fields,
+        "cached_len": case.cached_len,
+        "new_tokens": case.new_tokens,
+        "max_error": error,
+        "tolerance": bound,
+        "bytes": sent,
+        "analytic_bytes": analytic,
+        "bytes_match": sent == analytic,
+        **cache,
+        "passed": error <= bound and sent == analytic and cache_ok,
+    }
+
+
 def run_prefill_case_on_rank(
     case: PrefillCase, device: torch.device, kernel: str | LocalKernel = "auto"
 ) -> dict | None:
@@ -98,43 +136,9 @@ def run_prefill_case_on_rank(
     out = unshard_prefill(out_local, mesh, case.new_tokens, layout)
     if dist.get_rank() != 0:
         return None
-    rq, rk, rv = (t.to(dtype).double() for t in (q, k, v))
-    ref = reference_attention(rq, rk, rv, causal=True, causal_offset=case.cached_len)
-    error = float((out.double() - ref).abs().max())
     # the output merges up to one partial per rank of the CP group; sums run over P + T keys
-    terms = rounded_terms("out", p.ulysses * p.ring, 1)
-    bound = error_bound(p.dtype, ref, terms, case.cached_len + case.new_tokens)
-    analytic = prefill_bytes(case)
-    return {
-        **asdict(p),
-        "label": case.label,
-        "scheme": case.scheme,
-        "new_token_layout": layout,
-        "cached_len": case.cached_len,
-        "new_tokens": case.new_tokens,
-        "max_error": error,
-        "tolerance": bound,
-        "bytes": sent,
-        "analytic_bytes": analytic,
-        "bytes_match": sent == analytic,
-        "passed": error <= bound and sent == analytic,
-    }
-
-
-def run_prefill_cases_on_rank(
-    cases: list[PrefillCase], device: str = "cpu", kernel: str | LocalKernel = "auto"
-) -> list[dict | None]:
-    """Pool task: run a batch of cases; a CpbenchError in one case is recorded, not raised."""
-    dev = torch.device(device)
-    out: list[dict | None] = []
-    for case in cases:
-        try:
-            out.append(run_prefill_case_on_rank(case, dev, kernel))
-        except CpbenchError as exc:  # deterministic on every rank: no collective is left open
-            out.append(
-                {"label": case.label, "scheme": case.scheme, "passed": False, "error": str(exc)}
-            )
-    return out
+    fields = {"scheme": case.scheme, "new_token_layout": layout}
+    return _judged(case, fields, (q, k, v), out, p.ulysses * p.ring, sent, prefill_bytes(case))
 
 
 def default_prefill_cases(world: int, dtype: str = "float32") -> list[PrefillCase]:
@@ -215,55 +219,23 @@ def run_decode_case_on_rank(
         heads = [torch.empty_like(out) for _ in range(p.ring)]
         dist.all_gather(heads, out.contiguous(), group=mesh.cp_group)
         out = torch.cat(heads, dim=2)
-    cache_bytes = torch.tensor([lk.nbytes + lv.nbytes], dtype=torch.int64)
+    # on the cache's device: an NCCL world has no CPU backend for the all-reduce
+    cache_bytes = torch.tensor([lk.nbytes + lv.nbytes], dtype=torch.int64, device=lk.device)
     dist.all_reduce(cache_bytes, op=dist.ReduceOp.MAX, group=mesh.cp_group)
     if dist.get_rank() != 0:
         return None
-    rq, rk, rv = (t.to(dtype).double() for t in (q, k, v))
-    ref = reference_attention(rq, rk, rv, causal=True, causal_offset=case.cached_len)
-    error = float((out.double() - ref).abs().max())
     # one partial output per cache shard is merged; sums run over the whole cache
-    bound = error_bound(p.dtype, ref, rounded_terms("out", p.ring, 1), total)
     analytic = decode_bytes(
         case.new_tokens, p.ring, p.heads, p.head_dim, p.dtype, p.batch, case.merge
     )
-    analytic_cache = kv_cache_bytes_per_rank(
-        total, p.ring, p.kv_heads, p.head_dim, p.dtype, p.batch
-    )
-    return {
-        **asdict(p),
-        "label": case.label,
-        "scheme": f"decode_{case.layout}",
-        "merge": case.merge,
-        "cached_len": case.cached_len,
-        "new_tokens": case.new_tokens,
-        "max_error": error,
-        "tolerance": bound,
-        "bytes": sent,
-        "analytic_bytes": analytic,
-        "bytes_match": sent == analytic,
+    cache = {
         "cache_bytes": int(cache_bytes),
-        "analytic_cache_bytes": analytic_cache,
-        "passed": error <= bound and sent == analytic and int(cache_bytes) == analytic_cache,
+        "analytic_cache_bytes": kv_cache_bytes_per_rank(
+            total, p.ring, p.kv_heads, p.head_dim, p.dtype, p.batch
+        ),
     }
-
-
-def run_decode_cases_on_rank(
-    cases: list[DecodeCase], device: str = "cpu", kernel: str | LocalKernel = "auto"
-) -> list[dict | None]:
-    """Pool task: run a batch of decode cases; a CpbenchError in one is recorded."""
-    dev = torch.device(device)
-    out: list[dict | None] = []
-    for case in cases:
-        try:
-            out.append(run_decode_case_on_rank(case, dev, kernel))
-        except CpbenchError as exc:  # deterministic on every rank: no collective is left open
-            scheme = f"decode_{case.layout}"
-            out.append(
-                {"label": case.label, "scheme": scheme, "merge": case.merge, "passed": False,
-                 "error": str(exc)}  # fmt: skip
-            )
-    return out
+    fields = {"scheme": f"decode_{case.layout}", "merge": case.merge}
+    return _judged(case, fields, (q, k, v), out, p.ring, sent, analytic, cache)
 
 
 def default_decode_cases(world: int, dtype: str = "float32") -> list[DecodeCase]:
@@ -287,18 +259,44 @@ def default_decode_cases(world: int, dtype: str = "float32") -> list[DecodeCase]
     return cases
 
 
+def run_inference_case_on_rank(
+    case: PrefillCase | DecodeCase, device: torch.device, kernel: str | LocalKernel = "auto"
+) -> dict | None:
+    """Collective: one prefill or decode case (rank 0 gets its record, the others None)."""
+    if isinstance(case, PrefillCase):
+        return run_prefill_case_on_rank(case, device, kernel)
+    return run_decode_case_on_rank(case, device, kernel)
+
+
+def _failure_fields(case: PrefillCase | DecodeCase) -> dict[str, Any]:
+    if isinstance(case, PrefillCase):
+        return {"label": case.label, "scheme": case.scheme}
+    return {"label": case.label, "scheme": f"decode_{case.layout}", "merge": case.merge}
+
+
+def run_prefill_cases_on_rank(
+    cases: Sequence[PrefillCase | DecodeCase],
+    device: str = "cpu",
+    kernel: str | LocalKernel = "auto",
+) -> list[dict | None]:
+    """Pool task: a batch of prefill or decode cases in order (`reference.run_batch`: a
+    CpbenchError in one case is recorded, not raised)."""
+    dev = torch.device(device)
+    return run_batch(cases, lambda case: run_inference_case_on_rank(case, dev, kernel),
+                     _failure_fields)  # fmt: skip
+
+
+run_decode_cases_on_rank = run_prefill_cases_on_rank
+"""The same pool task: it runs either kind of case."""
+
+
 def run_inference_cases_on_rank(
     cases: list[PrefillCase | DecodeCase], device: str = "cpu", kernel: str | LocalKernel = "auto"
 ) -> list[dict | None]:
     """Pool task: prefill and decode cases in order, each record marked with its phase
     (`"inference": "prefill"` or `"decode"`)."""
-    out: list[dict | None] = []
-    for case in cases:
-        if isinstance(case, PrefillCase):
-            record = run_prefill_cases_on_rank([case], device, kernel)[0]
-            phase = "prefill"
-        else:
-            record = run_decode_cases_on_rank([case], device, kernel)[0]
-            phase = "decode"
-        out.append(None if record is None else {**record, "inference": phase})
-    return out
+    records = run_prefill_cases_on_rank(cases, device, kernel)
+    return [
+        None if r is None else {**r, "inference": "prefill" if isinstance(c, PrefillCase) else "decode"}
+        for c, r in zip(cases, records, strict=True)
+    ]

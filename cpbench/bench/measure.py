@@ -6,38 +6,29 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 from dataclasses import replace
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from cpbench.attention import build_mesh, cp_attention
 from cpbench.attention.api import mask_needs_band
-from cpbench.attention.comm import ByteCounter, counting
+from cpbench.attention.comm import ByteCounter
+from cpbench.attention.inference import prefill_attention, shard_prefill
+from cpbench.attention.inference_decode import decode_attention, shard_cache
 from cpbench.attention.kernels import LocalKernel, kernel_version, select_kernel
 from cpbench.attention.ring import VARIANTS, Variant
-from cpbench.bench.environment import (
-    RankHost,
-    gpu_clock_state,
-    rank_cpu_mark,
-    rank_cpu_usage,
-    rank_environment,
-)
-from cpbench.bench.measure_impl import measure_external
-from cpbench.bench.measure_inference import measure_inference
-from cpbench.bench.measurement import RankMeasurement
-from cpbench.bench.memory import measure_peak_memory, release_cached_memory
-from cpbench.bench.reference import (
-    TORCH_DTYPES,
-    agreed,
-    random_shards,
-    reference_check,
-    torch_device,
-)
+from cpbench.bench import inference_verify
+from cpbench.bench.environment import rank_cpu_mark, rank_cpu_usage
+from cpbench.bench.harness import Prepared, RankMeasurement, Step, StepKind, measure_step
+from cpbench.bench.reference import TORCH_DTYPES, random_shards, reference_check, torch_device
 from cpbench.bench.rowcheck import DEFAULT_ROWS, full_length_row_check
-from cpbench.bench.timing import TimedRun, TimingPolicy, time_to_precision
+from cpbench.bench.timing import TimingPolicy, time_to_precision
 from cpbench.config.bench import BenchConfig
+from cpbench.impls import get_adapter
+from cpbench.impls.counting import library_counting
+from cpbench.model.inference import DecodeCase, PrefillCase, inference_case
 
 
 def measure_config(config_dict: dict[str, Any], settings: dict[str, Any]) -> RankMeasurement:
@@ -45,60 +36,44 @@ def measure_config(config_dict: dict[str, Any], settings: dict[str, Any]) -> Ran
 
     `settings`: warmup, iters (the minimum), max_iters, precision (None = a fixed count of
     iters), budget (seconds of timed steps), check_max_seq_len, check_rows (rows of the
-    full-length check). An external impl is measured through its adapter
-    (`cpbench.bench.measure_impl`), an inference point (prefill, decode) by
-    `cpbench.bench.measure_inference`. Either answer carries `cpu`: the CPU seconds this rank's
-    process used in the task (`environment.rank_cpu_usage`), for the record's other-load
-    measurement."""
+    full-length check). The configuration's step kind (`training_kind`, an external impl's
+    `library_kind`, an inference point's `inference_kind`) goes through the one harness
+    (`cpbench.bench.harness.measure_step`). The answer carries `cpu`: the CPU seconds this
+    rank's process used in the task (`environment.rank_cpu_usage`), for the record's
+    other-load measurement."""
     mark = rank_cpu_mark()
-    return replace(_measure_config(config_dict, settings), cpu=rank_cpu_usage(mark))
-
-
-def _measure_config(config_dict: dict[str, Any], settings: dict[str, Any]) -> RankMeasurement:
     config = BenchConfig.from_dict(config_dict)
     device = torch_device(config)
     if config.inference is not None:  # prefill or decode: its own check, step and bytes
-        return measure_inference(config, settings, device)
+        kind = inference_kind(config, settings, device)
+    elif config.impl != "cpbench":
+        kind = library_kind(config, settings, device)
+    else:
+        kind = training_kind(config, settings, device)
+    return replace(measure_step(kind, config, settings, device), cpu=rank_cpu_usage(mark))
+
+
+# ---------------------------------------------------------- cpbench's own scheme (training)
+
+
+def training_kind(config: BenchConfig, settings: dict[str, Any], device: torch.device) -> StepKind:
+    """cpbench's step: the full step and its compute-only and communication-only variants."""
     check_len = config.check_seq_len(settings["check_max_seq_len"])
-    if config.impl != "cpbench":
-        return measure_external(config, settings, device, check_len)
     mesh = build_mesh(config.ulysses, config.ring)
     kernel = _kernel(config, device)
-    accuracy = agreed(lambda: reference_check(config, check_len, device), device)
     rows = int(settings.get("check_rows", DEFAULT_ROWS))
-    sampled = None
-    if check_len < config.seq_len and rows > 0:
-        sampled = agreed(lambda: full_length_row_check(config, kernel, device, rows), device)
-    # The check's tensors (the float64 reference on rank 0) are garbage now: return their
-    # cached blocks, so neither timing nor the memory probe inherits them.
-    release_cached_memory(device)
-    tensors = random_shards(config, device)  # local shards of the run length
-    step = functools.partial(run_step, config, mesh, kernel, tensors)
-    timings: dict[str, TimedRun] = {
-        variant: time_to_precision(
-            functools.partial(step, variant),
-            TimingPolicy.from_settings(settings, 1.0 if variant == "full" else 0.5),
-            device,
-        )
-        for variant in VARIANTS
-    }
-    counter = ByteCounter()
-    with counting(counter):
-        step("full", counter)
-    memory = measure_peak_memory(step, device, tensors)
-    return RankMeasurement(
-        rank=dist.get_rank(),
-        kernel=kernel.name,
-        kernel_version=kernel_version(kernel.name),
-        full=timings["full"],
-        compute=timings["compute"],
-        comm=timings["comm"],
-        bytes=counter.as_dict(),
-        memory=memory,
-        accuracy=accuracy,
-        sampled_rows=sampled,
-        host=RankHost(**rank_environment(config.device)),
-        gpu=gpu_clock_state(device.index or 0) if device.type == "cuda" else None,
+
+    def prepare() -> Prepared:
+        tensors = random_shards(config, device)  # local shards of the run length
+        step = functools.partial(run_step, config, mesh, kernel, tensors)
+        return Prepared(step, tensors, kernel.name, kernel_version(kernel.name), variants=VARIANTS)
+
+    return StepKind(
+        check=lambda: reference_check(config, check_len, device),
+        row_check=(lambda: full_length_row_check(config, kernel, device, rows))
+        if check_len < config.seq_len and rows > 0
+        else None,
+        prepare=prepare,
     )
 
 
@@ -165,18 +140,140 @@ def run_step(
     backward = config.phase == "fwd+bwd"
     with torch.set_grad_enabled(backward):
         out = cp_attention(
-            q,
-            k,
-            v,
-            mesh,
-            layout=config.layout,
-            kernel=kernel,
-            kv_replication=config.kv_replication,
-            variant=variant,
-            mask=config.mask,
-            cp_comm=config.cp_comm,
-            heads_k_stride=config.heads_k_stride,
-        )
+            q, k, v, mesh, layout=config.layout, kernel=kernel,
+            kv_replication=config.kv_replication, variant=variant, mask=config.mask,
+            cp_comm=config.cp_comm, heads_k_stride=config.heads_k_stride,
+        )  # fmt: skip
         if backward:
             with counter.phase("bwd") if counter else contextlib.nullcontext():
                 out.backward(dout)
+
+
+# ------------------------------------------------------------- an external impl (library)
+
+
+def kernel_label(kernel: str) -> str:
+    """The adapter's local kernel; flash-attn marked when it is the tests' CPU stand-in."""
+    flash_attn = sys.modules.get("flash_attn")
+    if kernel == "flash_attn" and getattr(flash_attn, "STAND_IN", False):
+        return "flash_attn (CPU stand-in)"
+    return kernel
+
+
+def adapter_step(runner: Any, tensors: tuple[torch.Tensor, ...], backward: bool = True) -> Step:
+    """One step of an impl adapter's `runner` on this rank's shards (q, k, v, dout), inside its
+    step context; the backward for fwd+bwd (counted as "bwd" when a `counter` is counting)."""
+    q, k, v, dout = tensors
+
+    def step(variant: Variant = "full", counter: ByteCounter | None = None) -> None:
+        for t in (q, k, v):
+            t.grad = None
+        with runner.context(), torch.set_grad_enabled(backward):
+            out = runner.forward(q, k, v)
+            if backward:
+                with counter.phase("bwd") if counter else contextlib.nullcontext():
+                    out.backward(dout)
+
+    return step
+
+
+def library_kind(config: BenchConfig, settings: dict[str, Any], device: torch.device) -> StepKind:
+    """An external impl through its adapter: checked through the adapter, timed whole (no
+    compute-only or communication-only variant: those remove cpbench's own transfers or
+    kernels), its bytes counted at the library boundary (`impls.counting`)."""
+    check_len = config.check_seq_len(settings["check_max_seq_len"])
+    adapter = get_adapter(config.impl)
+
+    def prepare() -> Prepared:
+        runner = adapter.prepare(config)
+        tensors = random_shards(config, device)
+        step = adapter_step(runner, tensors, config.phase == "fwd+bwd")
+        return Prepared(step, tensors, kernel_label(adapter.kernel), impl_version=adapter.version())
+
+    return StepKind(
+        check=lambda: reference_check(config, check_len, device),
+        prepare=prepare,
+        counting=library_counting,
+        gpu_clocks=False,
+    )
+
+
+# ------------------------------------------------------------ inference (prefill, decode)
+
+
+def check_case(case: PrefillCase | DecodeCase, max_len: int) -> PrefillCase | DecodeCase:
+    """The case the reference check runs: the case itself when P + T <= max_len, else P and
+    T scaled by max_len / (P + T) (T at least 1; a decode step keeps its T, P = max_len - T)."""
+    total = case.cached_len + case.new_tokens
+    if total <= max_len:
+        return case
+    if isinstance(case, DecodeCase):
+        new_tokens = case.new_tokens
+        cached_len = max(0, max_len - new_tokens)
+    else:
+        new_tokens = max(1, case.new_tokens * max_len // total)
+        cached_len = max(0, max_len - new_tokens)
+    problem = replace(case.problem, seq_len=cached_len + new_tokens)
+    return replace(case, problem=problem, cached_len=cached_len, new_tokens=new_tokens)
+
+
+def _accuracy(checked: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The record's `accuracy` of rank 0's verify record (None on the other ranks); the
+    output's error against its bound (the bytes are judged on the timed step)."""
+    if checked is None:
+        return None
+    error, bound = checked["max_error"], checked["tolerance"]
+    return {
+        "max_abs_error": error,
+        "errors": {"out": error},
+        "check_seq_len": checked["cached_len"] + checked["new_tokens"],
+        "tolerance": bound,
+        "bounds": {"out": bound},
+        "passed": error <= bound,
+        "check_cached_len": checked["cached_len"],
+        "check_new_tokens": checked["new_tokens"],
+    }
+
+
+def inference_kind(
+    config: BenchConfig, settings: dict[str, Any], device: torch.device
+) -> StepKind:
+    """A prefill or decode step: checked by `bench.inference_verify` at min(P + T,
+    check_max_seq_len) keys, timed whole (no variants), with the cache bytes this rank holds."""
+    step_spec = config.inference
+    if step_spec is None:
+        raise ValueError("inference_kind needs an inference point")  # the caller's bug
+    case = inference_case(config, step_spec)
+    dtype = TORCH_DTYPES[config.dtype]
+    kernel = select_kernel(device, dtype, config.kernel, band=False, head_dim=config.head_dim)
+    checked = check_case(case, int(settings["check_max_seq_len"]))
+
+    def prepare() -> Prepared:
+        q, k, v = inference_verify.case_inputs(case, device)
+        mesh = build_mesh(config.ulysses, config.ring)
+        if isinstance(case, PrefillCase):
+            lq, lk, lv = (t.to(dtype) for t in shard_prefill(q, k, v, mesh, case.cached_len))
+            run = functools.partial(
+                prefill_attention,
+                lq, lk, lv, mesh, case.cached_len, case.new_tokens, case.scheme, kernel,
+            )
+        else:
+            lq = q.to(dtype)
+            lk, lv = (t.to(dtype) for t in shard_cache(k, v, mesh, case.layout))
+            run = functools.partial(
+                decode_attention, lq, lk, lv, mesh, case.cached_len, case.layout, kernel
+            )
+        del q, k, v  # the global inputs: only the shards stay for timing
+
+        def step(variant: Variant = "full", counter: ByteCounter | None = None) -> None:
+            run()
+
+        return Prepared(
+            step, (lq, lk, lv), kernel.name, kernel_version(kernel.name),
+            kv_cache_bytes=int(lk.nbytes + lv.nbytes),
+        )  # fmt: skip
+
+    return StepKind(
+        check=lambda: _accuracy(inference_verify.run_inference_case_on_rank(checked, device, kernel)),
+        prepare=prepare,
+    )

@@ -4,9 +4,9 @@ mask (output and dQ/dK/dV). Masks, padding and impls: docs/design.md section 7."
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -22,6 +22,8 @@ from cpbench.config.tolerances import (
 )
 from cpbench.config.vocabulary import DTYPES, GLOBAL_LAYOUTS
 from cpbench.errors import CpbenchError
+
+C = TypeVar("C")
 
 TORCH_DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in DTYPES}
 """torch dtype of each `Dtype` literal (each is the name of a torch dtype)."""
@@ -248,39 +250,37 @@ def run_case_on_rank(
         return None
     refs = reference_results(case, inputs, memo)
     verdict = judge(case, gathered, refs, tolerances)
-    result = {
-        **asdict(case),
-        "scheme": case.scheme,
-        "label": case.label,
-        "mask": case.mask.label,
-        **verdict,
-    }
+    result = {**_case_fields(case), **verdict}
     if known:
         result["tolerances"] = tolerances
         result["known_issues"] = known
     return result
 
 
+def _case_fields(case: VerifyCase) -> dict[str, Any]:
+    """What every record of a verify case starts with: the case, its scheme, label and mask."""
+    return {**asdict(case), "scheme": case.scheme, "label": case.label, "mask": case.mask.label}
+
+
+def run_batch(
+    cases: Sequence[C], run: Callable[[C], dict | None], fields: Callable[[C], dict[str, Any]]
+) -> list[dict | None]:
+    """Every case runner's batch (a pool task's body): `run` each case in order; a CpbenchError
+    in one case is recorded, its `fields` then passed False and the error, not raised."""
+    out: list[dict | None] = []
+    for case in cases:
+        try:
+            out.append(run(case))
+        except CpbenchError as exc:  # deterministic on every rank: no collective is left open
+            out.append({**fields(case), "passed": False, "error": str(exc)})
+    return out
+
+
 def run_cases_on_rank(cases: list[VerifyCase], device: str = "cpu") -> list[dict | None]:
     """Pool task: run a batch of cases; an exception in one case is recorded, not raised."""
     dev = torch.device(device)
     memo = ReferenceMemo()  # rank 0's references, one per problem of the batch
-    out: list[dict | None] = []
-    for case in cases:
-        try:
-            out.append(run_case_on_rank(case, dev, memo))
-        except CpbenchError as exc:  # deterministic on every rank: no collective is left open
-            out.append(
-                {
-                    **asdict(case),
-                    "scheme": case.scheme,
-                    "label": case.label,
-                    "mask": case.mask.label,
-                    "passed": False,
-                    "error": str(exc),
-                }
-            )
-    return out
+    return run_batch(cases, lambda case: run_case_on_rank(case, dev, memo), _case_fields)
 
 
 def torch_device(config: BenchConfig) -> torch.device:

@@ -22,7 +22,7 @@ from typer.models import OptionInfo
 
 from cpbench.config.bench import BenchConfig
 from cpbench.config.impls import IMPL_HELP, Impl
-from cpbench.config.inference import STEP_OPTIONS, InferenceStep, StepKind
+from cpbench.config.inference import STEP_OPTIONS, InferenceStep, Workload
 from cpbench.config.problem import CpProblem, MeshCandidate
 from cpbench.config.vocabulary import (
     CACHE_LAYOUTS,
@@ -511,7 +511,7 @@ def flag(name: str, default: object) -> str:
 
 
 def other_kind_given(
-    command: Callable[..., Any], values: Mapping[str, object], kind: StepKind,
+    command: Callable[..., Any], values: Mapping[str, object], kind: Workload,
     also: tuple[str, ...] = (),
 ) -> list[str]:  # fmt: skip
     """The flags of `command`'s options of the other kind of step than `kind` (`STEP_OPTIONS`,

@@ -14,7 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from cpbench.cli import options as o
 from cpbench.cli.common import command, console, err_console, resolve_device
 from cpbench.config.constraints import check_cpu_world
-from cpbench.config.inference import StepKind, is_inference_record
+from cpbench.config.inference import Workload, is_inference_record
 from cpbench.config.vocabulary import DEFAULT_DTYPE, INFERENCE_PHASES
 from cpbench.errors import EXIT_INTERRUPTED, EXIT_WRONG_RESULT, CpbenchError
 from cpbench.render.inference_table import inference_table
@@ -254,7 +254,7 @@ def run(
         "window": window,
     }
     # an option of the other kind of step, given a value of its own, is refused, not ignored
-    kind: StepKind = "inference" if phase in INFERENCE_PHASES else "training"
+    kind: Workload = "inference" if phase in INFERENCE_PHASES else "training"
     given = o.other_kind_given(run, locals(), kind)
     if given:
         label = "training" if kind == "inference" else "inference (prefill, decode)"

@@ -31,8 +31,9 @@ MAX_DECODE_TOKENS = 8
 """Most new tokens a decode step takes (speculative decoding drafts a few; more is prefill);
 used by the scenario file, `decode_rule` (the model's `DecodeCase`) and the attention."""
 
-StepKind = Literal["training", "inference"]
-STEP_OPTIONS: dict[StepKind, tuple[str, ...]] = {
+Workload = Literal["training", "inference"]
+"""What a step serves: a training step (fwd+bwd or fwd) or an inference one (prefill, decode)."""
+STEP_OPTIONS: dict[Workload, tuple[str, ...]] = {
     "training": (
         "seq_len", "mesh", "layout", "kv_replication", "impl", "documents", "window", "causal",
         "cp_comm", "heads_k_stride", "results", "write_scenario", "tp", "pp", "cp", "grad_accum",

@@ -228,9 +228,10 @@ def _plan_frameworks_table(frameworks: Sequence[Mapping[str, Any]]) -> FitTable:
     table.add_column("settings", wrap=True)
     table.add_column("note", wrap=True)
     for f in frameworks:
-        name = f["framework"] if f["expressible"] else f"{f['framework']} (cannot express it)"
         settings = f["settings"].replace(" --", "\n--").replace(", ", ",\n")
-        table.add_row(Text(name), Text(settings), Text(f["note"]))
+        if not f["expressible"]:  # the note says what differs
+            settings = f"closest (cannot express the plan; see the note):\n{settings}"
+        table.add_row(Text(f["framework"]), Text(settings), Text(f["note"]))
     return table
 
 

@@ -164,7 +164,7 @@ class InferenceConfigSection(RecordModel):
 
 
 class InferenceSection(RecordModel):
-    """An inference point's serving numbers (`cpbench.app.record_inference`); seconds are the
+    """An inference point's serving numbers (`cpbench.app.record`); seconds are the
     step median (max over ranks of each iteration, as `timing.median`)."""
 
     phase: InferencePhase

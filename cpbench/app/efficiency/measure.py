@@ -25,6 +25,7 @@ from cpbench.app.efficiency.cases import (
     cases_of,
 )
 from cpbench.attention.kernels import default_scale, select_kernel
+from cpbench.bench.measure import adapter_step
 from cpbench.bench.pool import TaskError, WorkerPool, WorldSpec
 from cpbench.bench.reference import TORCH_DTYPES, random_shards
 from cpbench.bench.timing import step_timer
@@ -75,18 +76,10 @@ def _single_step(settings: EfficiencySettings, dtype: Dtype) -> Callable[[], Non
 
 def _case_step(case: EfficiencyCase, settings: EfficiencySettings, dtype: Dtype
                ) -> Callable[[], None]:
+    """A case's step: the library step kind's (`bench.measure.adapter_step`), fwd+bwd."""
     config = case.config(settings, dtype, dist.get_world_size())
     runner = get_adapter(case.impl).prepare(config)
-    q, k, v, dout = random_shards(config, rank_device(settings))
-
-    def step() -> None:
-        for t in (q, k, v):
-            t.grad = None
-        with runner.context():
-            out = runner.forward(q, k, v)
-            out.backward(dout)
-
-    return step
+    return adapter_step(runner, random_shards(config, rank_device(settings)))
 
 
 def prepared_step(case: EfficiencyCase, settings: EfficiencySettings, dtype: Dtype

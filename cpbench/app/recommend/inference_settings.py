@@ -6,15 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from cpbench.app.recommend.frameworks import ServingFramework, framework_table
 from cpbench.config.problem import CpProblem
-
-VLLM_DOCS = "https://docs.vllm.ai/en/latest/configuration/engine_args.html (parallel config)"
-VLLM_PCP_DESIGN = "https://github.com/vllm-project/vllm/issues/25749"
-SGLANG_PREFILL_DOCS = "https://docs.sglang.io/docs/advanced_features/prefill_cp"
-SGLANG_DECODE_DOCS = "https://docs.sglang.io/docs/advanced_features/dcp"
-
-PREFILL_EXPRESSES = {"vLLM": ("all_gather",), "SGLang": ("all_gather",)}
-"""The prefill schemes each framework's context parallelism runs (its only one)."""
 
 
 def serving_settings(
@@ -34,75 +27,53 @@ def serving_settings(
     return _prefill_rows(str(winner["scheme"]), world, gpus, cached_len)
 
 
+def _frameworks() -> tuple[ServingFramework, ServingFramework]:
+    serving = framework_table().serving
+    return serving.vllm, serving.sglang
+
+
 def _prefill_rows(scheme: str, world: int, gpus: int, cached_len: int) -> list[dict[str, Any]]:
     replicas = max(1, gpus // world)
+    notes = framework_table().serving.notes
     if world == 1:
-        return [
-            _row("vLLM", True, "(no context parallelism: --prefill-context-parallel-size 1)",
-                 "one GPU per prefill is the fastest here", VLLM_DOCS),
-            _row("SGLang", True, "(no context parallelism: --attn-cp-size 1)",
-                 "one GPU per prefill is the fastest here", SGLANG_PREFILL_DOCS),
-        ]  # fmt: skip
-    cache_note = (
-        f"; with a {cached_len}-token cache the gathered K/V include the cache shards"
-        if cached_len
-        else ""
-    )
+        return [_row(f.name, True, f.prefill_one, notes.prefill_one, f.docs) for f in _frameworks()]
+    cache_note = notes.cache.format(cached_len=cached_len) if cached_len else ""
     rows = []
-    # cpbench prices every head on every rank: no TP inside the CP group; the GPUs left over
-    # serve other requests as data-parallel replicas
-    dp = f" --data-parallel-size {replicas}" if replicas > 1 else ""
-    vllm_flags = f"--tensor-parallel-size 1 --prefill-context-parallel-size {world}{dp}"
-    sglang_flags = f"--tp-size {world} --attn-cp-size {world} --enable-prefill-cp" + (
-        f" --dp-size {replicas}" if replicas > 1 else ""
-    )
-    for framework, flags, docs in (
-        ("vLLM", vllm_flags, f"{VLLM_DOCS}; design {VLLM_PCP_DESIGN}"),
-        ("SGLang", sglang_flags, SGLANG_PREFILL_DOCS),
-    ):
-        if scheme in PREFILL_EXPRESSES[framework]:
-            rows.append(_row(framework, True, flags, f"all-gathers K/V{cache_note}", docs))
+    for f in _frameworks():
+        # cpbench prices every head on every rank: no TP inside the CP group; the GPUs left
+        # over serve other requests as data-parallel replicas
+        flags = f.prefill.format(world=world) + (
+            f.prefill_replicas.format(replicas=replicas) if replicas > 1 else ""
+        )
+        docs = f"{f.docs}; design {f.design}" if f.design else f.docs
+        if scheme in f.prefill_schemes:
+            rows.append(_row(f.name, True, flags, notes.all_gather.format(cache=cache_note), docs))
         else:
-            row = _row(
-                framework,
-                False,
-                f"cannot express {scheme}: its prefill CP only all-gathers K/V; nearest: {flags}",
-                "no option selects a K/V ring, pass-Q or Ulysses",
-                docs,
-            )
+            settings = notes.cannot_prefill.format(scheme=scheme, flags=flags)
+            row = _row(f.name, False, settings, notes.cannot_prefill_note, docs)
             rows.append(row | {"runs_instead": "all_gather"})
     return rows
 
 
 def _decode_rows(world: int, gpus: int, shape: CpProblem) -> list[dict[str, Any]]:
+    notes = framework_table().serving.notes
     if world == 1:
         return [
-            _row("vLLM", True, "(no decode context parallelism: --decode-context-parallel-size 1)",
-                 "the unsharded cache is the fastest here", VLLM_DOCS),
-            _row("SGLang", True, "(no decode context parallelism: --dcp-size 1)",
-                 "the unsharded cache is the fastest here", SGLANG_DECODE_DOCS),
-        ]  # fmt: skip
+            _row(f.name, True, f.decode_one, notes.decode_one, f.decode_docs or f.docs)
+            for f in _frameworks()
+        ]
     replicas = gpus // world
-    dp = f" --data-parallel-size {replicas}" if replicas > 1 else ""
-    vllm = _row(
-        "vLLM",
-        True,
-        f"--tensor-parallel-size {world} --decode-context-parallel-size {world} "
-        f"--cp-kv-cache-interleave-size 1{dp}",
-        f"DCP runs inside the TP group (TP a multiple of DCP); TP = DCP = {world} gives every "
-        f"rank all heads and a {world}-th of each cache, as priced; interleave 1 is cpbench's "
-        f"interleaved layout (a larger stripe, e.g. the block size, keeps blocks whole)",
-        VLLM_DOCS,
-    )
-    sglang = _row(
-        "SGLang",
-        False,
-        f"cannot express a sharded GQA/MHA cache ({shape.heads}/{shape.kv_heads} heads): "
-        f"--dcp-size {world} is the MLA path only",
-        "SGLang's DCP stripes an MLA KV cache (position p on rank p mod N)",
-        SGLANG_DECODE_DOCS,
-    )
-    return [vllm, sglang]
+    rows = []
+    for f in _frameworks():
+        docs = f.decode_docs or f.docs
+        flags = f.decode.format(world=world)
+        if f.decode_gqa:
+            flags += f.decode_replicas.format(replicas=replicas) if replicas > 1 else ""
+            rows.append(_row(f.name, True, flags, f.decode_note.format(world=world), docs))
+        else:
+            settings = notes.cannot_decode.format(heads=shape.heads, kv_heads=shape.kv_heads, flags=flags)
+            rows.append(_row(f.name, False, settings, f.decode_note, docs))
+    return rows
 
 
 def _row(framework: str, expressible: bool, settings: str, note: str, docs: str) -> dict[str, Any]:

@@ -182,9 +182,9 @@ CaveatKind = Literal[
     "ds_ulysses", "ds_gqa", "ds_ring", "no_ulysses_mesh", "closest_ulysses", "yunchang",
     "torchtitan", "titan_ulysses", "closest_ring", "no_ring_mesh", "ag_alternative",
     "ag_best_has_ulysses", "ag_ulysses_megatron", "llama3", "llama3_layout", "gather_only",
-    "documents", "ring_flash_documents", "ring_only", "window",
+    "documents", "ring_flash_documents", "ring_only", "window", "closest_layout",
 ]
-"""What a framework caveat is about (`cpbench.render.recommend.frameworks.CAVEATS` words each)."""
+"""What a framework caveat is about (`cpbench/data/settings/frameworks.toml` words each)."""
 
 
 @dataclass(frozen=True)

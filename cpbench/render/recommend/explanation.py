@@ -4,6 +4,7 @@ the full explanation (`explanation_text`, `recommend --explain` and the HTML rep
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from fractions import Fraction
 from typing import Any
@@ -12,6 +13,15 @@ from cpbench.units import format_gb, format_gib, format_seconds
 
 Facts = Mapping[str, Any]
 """`dataclasses.asdict` of an `Explanation` or a `Placement` (the `--json` form)."""
+
+_BARE_COUNT = re.compile(r"(?<![\w,/=-])(?<!\d\.)\d{4,}(?!\w|\.\d)")
+
+
+def group_digits(text: str) -> str:
+    """Thousands separators in every count of a sentence written upstream (a tie message, a
+    rejection rule, a tie-break): 9801584 -> 9,801,584; decimals, names and flags are left
+    alone."""
+    return _BARE_COUNT.sub(lambda m: f"{int(m.group()):,}", text)
 
 
 def _ms(seconds: float) -> str:
@@ -95,7 +105,7 @@ def _memory(e: Facts) -> str:
     return (
         f"It needs {format_gib(w['memory_bytes'])} per rank of "
         f"{format_gib(e['memory_capacity_bytes'], 1)} (attention layer lower bound); the longest "
-        f"sequence that fits this mesh is {w['max_seq_len']} tokens."
+        f"sequence that fits this mesh is {w['max_seq_len']:,} tokens."
     )
 
 
@@ -135,22 +145,23 @@ def why_lines(e: Facts) -> list[str]:
         )
         if n > 1
     ]
-    return [
+    lines = [
         f"Pick: {w['label']}, {'measured' if e['measured'] else 'predicted'} {_ms(w['time_s'])} "
         f"({e['phase']}), {ahead}.",
         f"Why: {', '.join(where) or 'one rank'}; {_ms(w['exposed_comm_s'])} of "
         f"{_ms(w['comm_s'])} communication exposed{_bounds(e)}.",
         f"{_balance(e, brief=True)} {format_gib(w['memory_bytes'])} of "
-        f"{format_gib(e['memory_capacity_bytes'], 1)} per rank; fits up to {w['max_seq_len']} "
+        f"{format_gib(e['memory_capacity_bytes'], 1)} per rank; fits up to {w['max_seq_len']:,} "
         "tokens.",
     ]
+    return [group_digits(line) for line in lines]
 
 
 def explanation_text(e: Facts | None, rejected: int = 0) -> str:
     """The full explanation (`recommend --explain`, the HTML report): one paragraph."""
     if e is None:
         return (
-            f"No candidate is feasible: all {rejected} are rejected; see the rules above "
+            f"No candidate is feasible: all {rejected:,} are rejected; see the rules above "
             "(change the CP degree, the sequence length, or the hardware)."
         )
     w = e["winner"]
@@ -183,19 +194,19 @@ def explanation_text(e: Facts | None, rejected: int = 0) -> str:
     parts += _mask_sentences(e["mask"]) + _gather_sentences(e["gather"])
     rep = e["kv_replication"]
     parts.append(
-        f"The kernel works on L/R = {e['kernel_seq_len']} tokens at {e['attention_tflops']:.1f} "
+        f"The kernel works on L/R = {e['kernel_seq_len']:,} tokens at {e['attention_tflops']:.1f} "
         f"TFLOP/s per rank; {e['heads_per_rank']} query head(s) and {e['kv_heads_per_rank']} KV "
         "head(s) per rank after the all-to-all"
         + (f" (KV heads replicated x{rep})." if rep > 1 else ".")
         + f" Compute model: {e['curve_note']}."
     )
-    return " ".join([*parts, _memory(e)])
+    return group_digits(" ".join([*parts, _memory(e)]))
 
 
 def _padding(x: Facts) -> str:
     if not x["padding"]:
         return "no padding"
-    return f"{x['padding']} padding tokens (+{x['padding_fraction']:.2%} pairs)"
+    return f"{x['padding']:,} padding tokens (+{x['padding_fraction']:.2%} pairs)"
 
 
 def _mask_sentences(m: Facts | None) -> list[str]:
@@ -215,7 +226,7 @@ def _mask_sentences(m: Facts | None) -> list[str]:
             pieces.append(
                 f"global zigzag leaves ring rank {z['slowest_ring_rank']} with "
                 f"{z['work_imbalance']:.2f}x the mean work on this document mix "
-                f"({m['documents']} documents)"
+                f"({m['documents']:,} documents)"
             )
         if "balanced" in layouts:
             pieces.append(
@@ -232,12 +243,12 @@ def _mask_sentences(m: Facts | None) -> list[str]:
         k = contiguous["ring_steps"]
         if k == r:
             out.append(
-                f"The window ({m['window']} tokens) saves no ring step on a ring of {r}: every "
+                f"The window ({m['window']:,} tokens) saves no ring step on a ring of {r}: every "
                 "step has keys some query sees."
             )
         else:
             text = (
-                f"The window ({m['window']} tokens) needs {k} of {r} ring steps on contiguous "
+                f"The window ({m['window']:,} tokens) needs {k} of {r} ring steps on contiguous "
                 f"({k - 1} K/V hops instead of {r - 1})"
             )
             if zigzag is not None:
@@ -295,8 +306,8 @@ def _gather_sentences(g: Facts | None) -> list[str]:
             f"all-gather {verdict} by {abs(a['time_s'] / ring['time_s'] - 1):.1%}; it holds "
             f"{format_gib(a['memory_bytes'])} per rank ({format_gib(a['gathered_bytes'])} of "
             f"gathered K/V, growing with L) against the ring's {format_gib(ring['memory_bytes'])}, "
-            f"so its longest sequence that fits is {a['max_seq_len']} tokens against "
-            f"{ring['max_seq_len']}."
+            f"so its longest sequence that fits is {a['max_seq_len']:,} tokens against "
+            f"{ring['max_seq_len']:,}."
         )
     if g["pure"] is not None:
         pa, pr = g["pure"]

@@ -27,14 +27,14 @@ def render_inference(report: Mapping[str, Any], explain: bool = False) -> list[R
     q = report["inputs"]
     decode = q["mode"] == "decode"
     what = (
-        f"decode batch {q['decode_batch']} over {q['context_len']} cached tokens"
+        f"decode batch {q['decode_batch']:,} over {q['context_len']:,} cached tokens"
         if decode
-        else f"prefill T={q['prompt_len']} new tokens on P={q['cached_len']} cached"
+        else f"prefill T={q['prompt_len']:,} new tokens on P={q['cached_len']:,} cached"
     )
     out: list[RenderableType] = [
         Text(
             f"{what} | heads={q['heads']} kv_heads={q['kv_heads']} head_dim={q['head_dim']} "
-            f"{q['dtype']} | {q['gpus']} GPUs, {q['gpus_per_node']} per node, {q['hardware']}"
+            f"{q['dtype']} | {q['gpus']:,} GPUs, {q['gpus_per_node']} per node, {q['hardware']}"
         )
     ]
     u = report["uncertainty"]
@@ -57,7 +57,7 @@ def render_inference(report: Mapping[str, Any], explain: bool = False) -> list[R
         out.append(Text(f"Tie with #1 (within the model's uncertainty): "
                         f"{', '.join(tie['tied_with_leader'])}.", style="bold yellow"))  # fmt: skip
     if report["rejected"]:
-        out.append(_rejected_table(report["rejected"]))
+        out.append(_rejected_schemes_table(report["rejected"]))
     verdict = report.get("ring_verdict")
     if verdict:
         out.append(Text("\n".join(verdict_lines(verdict, q))))
@@ -93,7 +93,7 @@ def _head_sharded_line(report: Mapping[str, Any]) -> str | None:
 
 def _ranked_table(report: Mapping[str, Any], decode: bool) -> FitTable:
     shown, feasible = len(report["candidates"]), report["feasible"]
-    more = f" (top {shown} of {feasible}; --top 0 lists all)" if shown < feasible else ""
+    more = f" (top {shown:,} of {feasible:,}; --top 0 lists all)" if shown < feasible else ""
     metric = "step us" if decode else "TTFT us"
     title = ("Decode degrees, lowest per-token latency first" if decode
              else "Prefill schemes and degrees, lowest TTFT first") + more  # fmt: skip
@@ -131,7 +131,7 @@ def _ranked_table(report: Mapping[str, Any], decode: bool) -> FitTable:
     return table
 
 
-def _rejected_table(rejected: Sequence[Mapping[str, Any]]) -> FitTable:
+def _rejected_schemes_table(rejected: Sequence[Mapping[str, Any]]) -> FitTable:
     table = FitTable(title="Rejected")
     table.add_column("scheme", key=True)
     table.add_column("W", justify="right", key=True)
@@ -167,7 +167,7 @@ def verdict_lines(v: Mapping[str, Any], q: Mapping[str, Any]) -> list[str]:
         turn = v["turn_ratio"]
         lines.append(
             f"  Crossover on this mesh and link: T/P = {v['crossover_ratio']:.4f} "
-            f"(T = {v['crossover_tokens']:,.0f} tokens at P = {q['cached_len']}); this turn "
+            f"(T = {v['crossover_tokens']:,.0f} tokens at P = {q['cached_len']:,}); this turn "
             f"is T/P = {turn:.4f}: pass-Q below the crossover, pass-KV above."
         )
     elif q["cached_len"] == 0:
@@ -180,7 +180,7 @@ def verdict_lines(v: Mapping[str, Any], q: Mapping[str, Any]) -> list[str]:
     lines.append(
         f"  Meta's rule (arXiv:2411.01783) picks pass-KV when its hop hides, T >= "
         f"{v['hidden_above_tokens']:,.0f} (bandwidths only: {'yes' if hides else 'no'}, T = "
-        f"{q['prompt_len']}), or its hops carry fewer bytes, T/(T+P) >= 2 H_kv/H = "
+        f"{q['prompt_len']:,}), or its hops carry fewer bytes, T/(T+P) >= 2 H_kv/H = "
         f"{v['message_ratio']:.4f} ({'yes' if fewer else 'no'}, {v['new_share']:.4f}): "
         f"{'pass-KV' if hides or fewer else 'pass-Q'}; cpbench's model also counts latency, "
         f"padding and the unhidden {1 - v['overlap']:.0%} of each overlapped hop."
@@ -196,7 +196,7 @@ def capacity_line(report: Mapping[str, Any]) -> str:
     per = f"{cap['layers']} layer(s)" if q["layers"] else "1 layer (--layers for the model)"
     return (
         f"KV cache on W={world}: {cap['bytes_per_rank'] / GIB:.3f} GiB per rank for "
-        f"{q['context_len']} tokens x {q['decode_batch'] or q['batch']} "
+        f"{q['context_len']:,} tokens x {q['decode_batch'] or q['batch']:,} "
         f"sequence(s) over {per}; the longest context per sequence that fits "
         f"{cap['budget_bytes'] / GIB:.1f} GiB per rank: {cap['longest_context']:,} tokens."
     )
