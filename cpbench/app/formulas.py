@@ -96,7 +96,7 @@ def formulas_report(problem: CpProblem) -> FormulasReport:
         nccl_tests=_nccl_view(volume),
         flops=_flops(flops),
         work=_work(flops),
-        memory=_memory_section(memory_estimate(config)),
+        memory=_memory_report(memory_estimate(config)),
         what_if=_what_if(config),
         mask=None if mask.plain else _mask_section(config),
         all_gather=_gather_section(config) if config.all_gather else None,
@@ -320,7 +320,7 @@ def _work(breakdown: FlopsBreakdown) -> out.Work:
     )
 
 
-def _memory_section(estimate: MemoryEstimate) -> out.Memory:
+def _memory_report(estimate: MemoryEstimate) -> out.Memory:
     phases = {
         phase: out.MemoryPhase(
             total=estimate.total(phase),
