@@ -171,7 +171,7 @@ def _auto_kernel_name(device: torch.device, dtype: torch.dtype, head_dim: int | 
     if device.type != "cuda":
         return "naive" if dtype == torch.float64 else "sdpa"
     if dtype == torch.float32:
-        return "efficient" if kernel_unavailable("efficient", device, dtype, head_dim) is None else "naive"
+        return _efficient_or_einsum(device, dtype, head_dim)
     if dtype not in HALF:
         return "naive"
     for name in ("flash_attn3", "flash_attn"):
@@ -184,10 +184,20 @@ def _auto_kernel_name(device: torch.device, dtype: torch.dtype, head_dim: int | 
         and kernel_unavailable("cudnn", device, dtype, head_dim) is None
     ):
         return "cudnn"
-    for name in ("sdpa", "efficient"):
-        if kernel_unavailable(name, device, dtype, head_dim) is None:
-            return name
-    return "naive"
+    if kernel_unavailable("sdpa", device, dtype, head_dim) is None:
+        return "sdpa"
+    return _efficient_or_einsum(device, dtype, head_dim)
+
+
+def _efficient_or_einsum(device: torch.device, dtype: torch.dtype, head_dim: int | None) -> str:
+    """The last fused choice, the memory-efficient op; the einsum kernel where only the op's
+    head-dimension alignment refuses (a GPU or dtype it cannot run at all stays refused, with
+    its reason, rather than falling to the slow einsum)."""
+    if kernel_unavailable("efficient", device, dtype) is None and (
+        kernel_unavailable("efficient", device, dtype, head_dim) is not None
+    ):
+        return "naive"
+    return "efficient"
 
 
 def kernel_availability(device: torch.device | str, dtype: torch.dtype) -> dict[str, str | None]:
