@@ -703,7 +703,8 @@ def test_published_json_is_the_captured_shape_plus_its_version() -> None:
     `schema_version` first."""
     result = runner.invoke(app, ["validate", "--published", "--json"])
     assert result.exit_code == 0, result.output
-    document = json.loads(result.output)
+    # the shipped tables are named by their path in this checkout: compared from the root
+    document = json.loads(result.output.replace(f"{ROOT}/", ""))
     assert next(iter(document)) == "schema_version"
     assert document.pop("schema_version") == 1
     golden = json.loads((ROOT / "tests" / "fixtures" / "published_json.json").read_text())
