@@ -48,10 +48,17 @@ HAND = HardwareProfile(
     overlap=0.5,
     overheads_source="test",
     intra_node=LinkTierProfile(
-        "intra_node", "NVLink (test)", LinkCost(0.03 * MS, 65536 / MS), LinkCost(0.02 * MS, 131072 / MS)
+        "intra_node",
+        "NVLink (test)",
+        LinkCost(0.03 * MS, 65536 / MS),
+        LinkCost(0.02 * MS, 131072 / MS),
     ),
     inter_node=LinkTierProfile(
-        "inter_node", "NIC (test)", LinkCost(1.0 * MS, 1e6), LinkCost(1.0 * MS, 1e6), devices_per_nic=2
+        "inter_node",
+        "NIC (test)",
+        LinkCost(1.0 * MS, 1e6),
+        LinkCost(1.0 * MS, 1e6),
+        devices_per_nic=2,
     ),
 )
 
