@@ -398,3 +398,38 @@ def test_decode_by_hand(kv_heads: int, merge: str, total: float) -> None:
     assert price.comm_s == ms(comm)
     assert price.overhead_s == ms(0.01)
     assert price.total_s == ms(total)
+
+
+def test_the_all_gather_prefill_runs_the_overlap_it_is_priced_with(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The all-gather prefill is priced with its gather behind the own chunk's work (above):
+    cpbench's scheme computes the own chunk after posting the gather and before waiting for
+    it, then the other chunks."""
+    import torch  # noqa: PLC0415
+
+    from cpbench.attention import inference as scheme  # noqa: PLC0415
+
+    events: list[str] = []
+
+    class Pending:
+        def wait(self) -> list[torch.Tensor]:
+            events.append("wait")
+            return [torch.zeros(1, 4, 2, 1, 8)] * 2
+
+    def post(*args: object, **kwargs: object) -> Pending:
+        events.append("post")
+        return Pending()
+
+    def attend(
+        kernel: object, q: object, runs: object, chunk: object, owner: int, *rest: object
+    ) -> None:
+        events.append(f"chunk {owner}")
+
+    monkeypatch.setattr(scheme, "all_gather_chunks", post)
+    monkeypatch.setattr(scheme, "_attend_chunk", attend)
+    mesh = type("Mesh", (), {"world": 2, "rank": 1, "ring_group": None})()
+    shards = scheme._Shards(4, 4, 2, "zigzag")  # rank 1: 2 cached + 2 new tokens
+    q, kv = torch.zeros(1, 2, 1, 8), torch.zeros(1, 4, 2, 1, 8)
+    scheme._pass_kv(q, kv, mesh, shards, None, 1.0, gather=True)  # type: ignore[arg-type]
+    assert events == ["post", "chunk 1", "wait", "chunk 0"]
