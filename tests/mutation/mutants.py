@@ -445,6 +445,18 @@ MUTANTS: tuple[Mutant, ...] = (
         (f"{BY_HAND}test_decode_by_hand",),
         fast=True,
     ),
+    Mutant(
+        "inference-all-gather-waits-before-the-own-chunk",
+        "cpbench/attention/inference.py",
+        "        _attend_chunk(kernel, q, q_runs, chunk, r, shards, scale, out, lse)\n"
+        "        chunks = gathering.wait()\n",
+        "        chunks = gathering.wait()\n"
+        "        _attend_chunk(kernel, q, q_runs, chunk, r, shards, scale, out, lse)\n",
+        "the all-gather prefill waits for the gather before computing the own chunk: slower "
+        "than the overlap it is priced with",
+        (f"{BY_HAND}test_the_all_gather_prefill_runs_the_overlap_it_is_priced_with",),
+        fast=True,
+    ),
     # ------------------------------------------------ the plan's memory by hand, per stage
     Mutant(
         "plan-zero-gradients-sharded-from-stage-1",
