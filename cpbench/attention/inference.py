@@ -248,14 +248,16 @@ def _pass_kv(
     gather: bool,
 ) -> torch.Tensor:
     """Ring pass-KV (the chunk hops W - 1 times, each hop posted before the step computes), or
-    with `gather` one all-gather of every rank's chunk."""
+    with `gather` one all-gather of every rank's chunk (posted before the own chunk computes)."""
     w, r = mesh.world, mesh.rank
     out, lse = _accumulators(q)
     q_runs = shards.runs[r]
     chunk = _pad_rows(kv, shards.kv_block)
-    if gather:
-        chunks = all_gather_chunks(chunk, mesh.ring_group, w, r, "allgather_kv").wait()
-        for owner in range(w):
+    if gather:  # the own chunk is computed while the gather travels, then the others
+        gathering = all_gather_chunks(chunk, mesh.ring_group, w, r, "allgather_kv")
+        _attend_chunk(kernel, q, q_runs, chunk, r, shards, scale, out, lse)
+        chunks = gathering.wait()
+        for owner in (o for o in range(w) if o != r):
             _attend_chunk(kernel, q, q_runs, chunks[owner], owner, shards, scale, out, lse)
         return out.to(q.dtype)
     for step in range(w):

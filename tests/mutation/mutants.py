@@ -38,6 +38,11 @@ BOUNDARY = "cpbench/attention/boundary.py"
 COMM = "cpbench/attention/comm.py"
 RING = "cpbench/attention/ring.py"
 LAYOUTS = "cpbench/attention/layouts.py"
+SCHEMES = "cpbench/model/cost/schemes.py"
+INFERENCE_COST = "cpbench/model/inference_cost.py"
+PLAN_MEMORY = "cpbench/model/plan/memory.py"
+BY_HAND = "tests/test_cost_by_hand.py::"
+MEMORY_BY_HAND = "tests/test_plan_memory_by_hand.py::"
 BYTES_EQUAL = ("tests/test_cp_attention.py::test_counted_bytes_equal_analytic_bytes",)
 BOUNDARY_TEST = ("tests/test_impls.py::test_library_boundary_counting",)
 RING_CASES = ("tests/test_cp_attention.py::test_every_scheme_layout_gqa_case_matches_reference",)
@@ -292,6 +297,213 @@ MUTANTS: tuple[Mutant, ...] = (
         "return calls * self.latency_s + bytes_sent * sharing * self.busbw * 1e-22",
         "communication time grows with the link's bandwidth",
         ("tests/test_cost_model.py::test_more_bandwidth_is_never_slower",),
+        fast=True,
+    ),
+    # --------------------------------------------- the cost model by hand, per scheme
+    Mutant(
+        "cost-ring-dkv-in-flight-one-hop-early",
+        SCHEMES,
+        "(dkv if s >= 2 else 0)",
+        "(dkv if s >= 1 else 0)",
+        "the ring backward counts a dK/dV accumulator in flight from step 1, one hop early "
+        "(the own chunk's gradient stays home: the first leaves after step 1)",
+        (
+            f"{BY_HAND}test_ring_contiguous_forward_and_backward_by_hand",
+            f"{BY_HAND}test_ring_zigzag_forward_and_backward_by_hand",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        "cost-ring-kv-hop-at-the-last-step",
+        SCHEMES,
+        "in_flight = (kv if s < k - 1 else 0)",
+        "in_flight = (kv if s < k else 0)",
+        "the ring posts a K/V hop at its last step too: k hops priced where k - 1 are sent",
+        (
+            f"{BY_HAND}test_ring_contiguous_forward_and_backward_by_hand",
+            f"{BY_HAND}test_ring_zigzag_forward_and_backward_by_hand",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        "cost-ring-home-hop-hidden",
+        SCHEMES,
+        "        total += home\n        comm += home",
+        "        comm += home",
+        "the last dK/dV hop home is counted as communication but not waited for",
+        (f"{BY_HAND}test_ring_zigzag_forward_and_backward_by_hand",),
+        fast=True,
+    ),
+    Mutant(
+        "cost-ring-step-at-the-mean-rank",
+        SCHEMES,
+        "alone = busiest_flops / rate + overhead + merge",
+        "alone = mean_flops / rate + overhead + merge",
+        "a ring step is priced at the mean rank's work, not the busiest's: contiguous's causal "
+        "imbalance disappears",
+        (f"{BY_HAND}test_ring_contiguous_forward_and_backward_by_hand",),
+        fast=True,
+    ),
+    Mutant(
+        "cost-ring-merge-on-every-head",
+        "cpbench/model/cost/work.py",
+        "q_elements = config.batch * config.ring_shard * config.heads_per_rank * config.head_dim",
+        "q_elements = config.batch * config.ring_shard * config.heads * config.head_dim",
+        "USP: the ring's fp32 merges are priced on all h query heads, not the h/U a rank holds",
+        (f"{BY_HAND}test_usp_forward_and_backward_by_hand",),
+        fast=True,
+    ),
+    Mutant(
+        "cost-ulysses-all-to-all-on-the-send-recv-link",
+        SCHEMES,
+        "return intra.all_to_all.seconds(bytes_sent), [term]",
+        "return intra.send_recv.seconds(bytes_sent), [term]",
+        "Ulysses' all-to-alls inside a node are priced on the send/recv link cost",
+        (f"{BY_HAND}test_ulysses_forward_and_backward_by_hand",),
+        fast=True,
+    ),
+    Mutant(
+        "cost-gather-reduce-scatter-one-stride-early",
+        SCHEMES,
+        "(rs_s if g >= 1 else 0.0)",
+        "(rs_s if g >= 0 else 0.0)",
+        "all-gather backward: a reduce-scatter is counted in flight during the stride that "
+        "produces it",
+        (f"{BY_HAND}test_all_gather_two_strides_by_hand",),
+        fast=True,
+    ),
+    Mutant(
+        "cost-gather-hides-nothing-behind-the-own-chunk",
+        SCHEMES,
+        "own = per_stride * own_share",
+        "own = 0.0 * own_share",
+        "all-gather: the first gather is not overlapped with the own chunk it is computed beside",
+        (f"{BY_HAND}test_all_gather_one_stride_by_hand",),
+        fast=True,
+    ),
+    Mutant(
+        "cost-gather-next-stride-behind-the-rest-only",
+        SCHEMES,
+        "work_s = per_stride - own if g == short else per_stride",
+        "work_s = per_stride - own if g == 0 else per_stride",
+        "all-gather forward with strides: the next stride's gather hides behind the rest of "
+        "the stride only, not the next stride's own chunk (the model before issue 38)",
+        (f"{BY_HAND}test_all_gather_two_strides_by_hand",),
+        fast=True,
+    ),
+    Mutant(
+        "cost-prefill-ring-one-hop-too-many",
+        INFERENCE_COST,
+        "ring = (w - 1) * overlapped(step, hop, profile.overlap) + step",
+        "ring = w * overlapped(step, hop, profile.overlap)",
+        "pass-KV / pass-Q prefill: W hops priced where the ring sends W - 1",
+        (f"{BY_HAND}test_prefill_pass_kv_by_hand",),
+        fast=True,
+    ),
+    Mutant(
+        "cost-prefill-pass-q-tail-one-call",
+        INFERENCE_COST,
+        'tail = tier.all_to_all.seconds(sent["a2a_out"] + sent["a2a_lse"], calls=2)',
+        'tail = tier.all_to_all.seconds(sent["a2a_out"] + sent["a2a_lse"], calls=1)',
+        "pass-Q: the outputs' and LSEs' all-to-alls home pay one latency for two calls",
+        (f"{BY_HAND}test_prefill_pass_q_by_hand",),
+        fast=True,
+    ),
+    Mutant(
+        "cost-prefill-all-gather-not-overlapped",
+        INFERENCE_COST,
+        "first = overlapped(own, gather, profile.overlap)",
+        "first = own + gather",
+        "all-gather prefill: the gather is not overlapped with the own chunk's work",
+        (f"{BY_HAND}test_prefill_all_gather_by_hand",),
+        fast=True,
+    ),
+    Mutant(
+        "cost-prefill-ulysses-q-kv-one-call",
+        INFERENCE_COST,
+        'sent["a2a_q"] + sent["a2a_kv"], calls=2',
+        'sent["a2a_q"] + sent["a2a_kv"], calls=1',
+        "Ulysses prefill: the Q and K/V all-to-alls pay one latency for two calls",
+        (f"{BY_HAND}test_prefill_ulysses_by_hand",),
+        fast=True,
+    ),
+    Mutant(
+        "cost-decode-is-the-memory-read",
+        INFERENCE_COST,
+        "total = max(memory, compute) + comm + overhead",
+        "total = memory + comm + overhead",
+        "decode: the step is the K/V read even when the kernel takes longer",
+        (f"{BY_HAND}test_decode_by_hand",),
+        fast=True,
+    ),
+    Mutant(
+        "cost-decode-merge-one-call",
+        INFERENCE_COST,
+        "comm = tier.all_to_all.seconds(sum(sent.values()), calls=2)",
+        "comm = tier.all_to_all.seconds(sum(sent.values()), calls=1)",
+        "decode: the merge's two calls (outputs, LSEs) pay one latency",
+        (f"{BY_HAND}test_decode_by_hand",),
+        fast=True,
+    ),
+    Mutant(
+        "inference-all-gather-waits-before-the-own-chunk",
+        "cpbench/attention/inference.py",
+        "        _attend_chunk(kernel, q, q_runs, chunk, r, shards, scale, out, lse)\n"
+        "        chunks = gathering.wait()\n",
+        "        chunks = gathering.wait()\n"
+        "        _attend_chunk(kernel, q, q_runs, chunk, r, shards, scale, out, lse)\n",
+        "the all-gather prefill waits for the gather before computing the own chunk: slower "
+        "than the overlap it is priced with",
+        (f"{BY_HAND}test_the_all_gather_prefill_runs_the_overlap_it_is_priced_with",),
+        fast=True,
+    ),
+    # ------------------------------------------------ the plan's memory by hand, per stage
+    Mutant(
+        "plan-zero-gradients-sharded-from-stage-1",
+        PLAN_MEMORY,
+        "g_div = n if par.zero >= 2 else 1",
+        "g_div = n if par.zero >= 1 else 1",
+        "ZeRO stage threshold off by one: gradients sharded from stage 1 instead of 2",
+        (f"{MEMORY_BY_HAND}test_weight_gradient_and_optimizer_bytes_per_zero_stage",),
+        fast=True,
+    ),
+    Mutant(
+        "plan-zero-weights-sharded-from-stage-2",
+        PLAN_MEMORY,
+        "w_div = n if par.zero >= 3 else 1",
+        "w_div = n if par.zero >= 2 else 1",
+        "ZeRO stage threshold off by one: weights sharded from stage 2 instead of 3",
+        (f"{MEMORY_BY_HAND}test_weight_gradient_and_optimizer_bytes_per_zero_stage",),
+        fast=True,
+    ),
+    Mutant(
+        "plan-zero-optimizer-sharded-from-stage-2",
+        PLAN_MEMORY,
+        "o_div = n if par.zero >= 1 else 1",
+        "o_div = n if par.zero >= 2 else 1",
+        "ZeRO stage threshold off by one: optimizer states sharded from stage 2 instead of 1",
+        (f"{MEMORY_BY_HAND}test_weight_gradient_and_optimizer_bytes_per_zero_stage",),
+        fast=True,
+    ),
+    Mutant(
+        "plan-zero-shards-over-dp-alone",
+        PLAN_MEMORY,
+        "return self.dp * self.cp",
+        "return self.dp",
+        "ZeRO shards over the DP ranks alone, not DP x CP (the CP ranks hold the same weights)",
+        (
+            f"{MEMORY_BY_HAND}test_zero_shards_over_dp_times_cp_not_dp_alone",
+            f"{MEMORY_BY_HAND}test_weight_gradient_and_optimizer_bytes_per_zero_stage",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        "plan-zero3-gathers-one-layer",
+        PLAN_MEMORY,
+        "ZERO3_GATHERED_LAYERS = 2",
+        "ZERO3_GATHERED_LAYERS = 1",
+        "ZeRO 3 holds one layer's full weights, not the running and the prefetched one",
+        (f"{MEMORY_BY_HAND}test_weight_gradient_and_optimizer_bytes_per_zero_stage",),
         fast=True,
     ),
     # ------------------------------------------------------------- exit codes

@@ -253,7 +253,7 @@ def _ring_tier_call(
 def _gather_phase_time(ctx: Context, phase: Pass) -> tuple[PhaseTime, tuple[CommTerm, ...]]:
     """One phase of the all-gather scheme: G strides of equal work, the first gather behind
     the own chunk of stride 0 only, each later gather (and backward each reduce-scatter but
-    the last) in flight during a stride's compute, the last reduce-scatter exposed."""
+    the last) in flight during a stride's worth of compute, the last reduce-scatter exposed."""
     c, profile = ctx.config, ctx.profile
     work = config_work(c)
     per_pair = float(flops_per_pair(c.shape, c.ulysses) * _phase_factor(phase))
@@ -291,8 +291,14 @@ def _gather_phase_time(ctx: Context, phase: Pass) -> tuple[PhaseTime, tuple[Comm
         rs_s, rs_term = _ring_tier_call(ctx, "all_to_all", phase, rs_bytes)
         terms += [rs_term] * strides
         comm += rs_s * strides
+    # Forward (allgather.py): stride g + 1's gather is posted after stride g's own chunk and
+    # waited for after its own, so it travels behind the rest of stride g and the own chunk of
+    # stride g + 1 (one stride); the rest of the last stride has nothing in flight. Backward:
+    # stride g (for g = 0 its rest) holds stride g - 1's reduce-scatter, posted after it and
+    # waited for after stride g, and stride g + 1's gather.
+    short = strides - 1 if phase == "forward" else 0  # the window less the own chunk
     for g in range(strides):
-        work_s = per_stride - own if g == 0 else per_stride
+        work_s = per_stride - own if g == short else per_stride
         in_flight = (gather_s if g + 1 < strides else 0.0) + (rs_s if g >= 1 else 0.0)
         if in_flight == 0:
             total += work_s
