@@ -3,7 +3,6 @@ the count and estimate before it starts, and Python warnings as cpbench's own li
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -203,7 +202,11 @@ def test_a_large_sweep_asks_in_a_terminal_and_not_outside_one(
 
     monkeypatch.setattr(sweep_service, "run_sweep", never)
     asked: list[str] = []
-    monkeypatch.setattr(typer, "confirm", lambda text, default: asked.append(text) or False)
+    def confirm(text: str, default: bool) -> bool:
+        asked.append(text)
+        return False
+
+    monkeypatch.setattr(typer, "confirm", confirm)
     res = runner.invoke(app, ["sweep", str(path), "--out", str(out)])  # not a terminal
     assert isinstance(res.exception, AssertionError) and not asked
     monkeypatch.setattr("cpbench.cli.sweep.in_terminal", lambda: True)

@@ -212,9 +212,11 @@ def run_sweep(
             # Only rank 0 reads and writes the file (nodes may not share a disk); every rank must
             # skip the same configurations, so the answer is broadcast.
             try:
-                done = in_process.broadcast_from_rank0(
-                    lambda: (lock.acquire(), _prepare_output(out, resume, True))[1]
-                )
+                def prepare() -> set[str]:
+                    lock.acquire()  # where the file is written: rank 0
+                    return _prepare_output(out, resume, True)
+
+                done = in_process.broadcast_from_rank0(prepare)
             except CpbenchError:
                 in_process.close()
                 raise
