@@ -101,7 +101,8 @@ def test_a_killed_holder_leaves_no_stale_lock_and_a_sweep_holds_it_while_it_writ
         except CpbenchError as exc:
             refused.append(str(exc))
 
-    result = run_sweep(load_scenario(str(_scenario(tmp_path))), "cpu", 2, out, on_start=on_start)
+    scenario = load_scenario(str(_scenario(tmp_path, kv_heads="[4]")))  # 2 configurations
+    result = run_sweep(scenario, "cpu", 2, out, on_start=on_start)
     assert len(read_records(out)) == len(result.records) == 2
     assert len(refused) == 2 and all(f"pid {os.getpid()} on " in r for r in refused)
     assert not lock_path(out).exists()  # released (and removed) at the end
