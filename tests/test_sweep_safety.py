@@ -145,6 +145,36 @@ def test_sigterm_during_a_sweep_is_handled_as_ctrl_c(
     assert not lock_path(out).exists()
 
 
+def test_a_launchers_sigterm_keeps_the_in_flight_marker(tmp_path: Path) -> None:
+    """Under torchrun a SIGTERM may mean that another rank died (the agent stops the rest), not
+    a person's Ctrl-C: rank 0 keeps the in-flight marker of the configuration that ran, so
+    --resume records it as failed instead of running it (and dying) again."""
+    from cpbench.app.sweep import INFLIGHT_ERROR, _prepare_output  # noqa: PLC0415
+    from cpbench.results.store import inflight_path  # noqa: PLC0415
+    from tests.test_torchrun import DRIVER, TORCHRUN, _clean_env  # noqa: PLC0415
+    from tests.test_torchrun import _scenario as launched_scenario  # noqa: PLC0415
+
+    out = tmp_path / "r.jsonl"
+    scenario = launched_scenario(tmp_path, "[40]", timeout=600)  # 40 hangs on both ranks
+    cmd = [str(TORCHRUN), "--standalone", "--nproc-per-node", "2", str(DRIVER), str(scenario),
+           str(out)]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=ROOT, env=_clean_env(), start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not inflight_path(out).exists():
+        time.sleep(0.1)
+    assert inflight_path(out).exists()
+    proc.send_signal(signal.SIGTERM)  # the agent passes it on to its workers
+    output, _ = proc.communicate(timeout=120)
+    _wait_gone(proc.pid)
+    assert inflight_path(out).exists(), output[-3000:]
+    assert read_records(out) == []
+    _prepare_output(out, resume=True, launched=True)
+    (record,) = read_records(out)
+    assert record["status"] == "failed" and record["config"]["head_dim"] == 40
+    assert record["error"].startswith(INFLIGHT_ERROR.split("{")[0])
+
+
 def test_ctrl_c_while_the_forkserver_imports_prints_no_traceback(tmp_path: Path) -> None:
     """Ctrl-C (to the foreground process group) as soon as the forkserver of CPU ranks exists,
     while it still imports torch: one line from the CLI, exit 130, no traceback from anyone."""

@@ -310,8 +310,11 @@ def run_sweep(
             for record in held:  # measured: keep them, without the tie-break
                 write(record)
             held.clear()
-            if launched and writer:
-                clear_inflight(out)  # stopped on purpose: --resume measures it again
+            # Ctrl-C is on purpose: --resume measures it again. A launcher's SIGTERM may follow
+            # another rank's death (torchrun stops the rest): the marker stays, and --resume
+            # records the configuration as failed (INFLIGHT_ERROR), as if the job had died.
+            if launched and writer and result.signal == signal.SIGINT:
+                clear_inflight(out)
             world.close(force=True)
         finally:
             world.close()
