@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 import time
 from typing import Any
 
@@ -86,7 +87,7 @@ def measure_or_misbehave(config: dict, settings: dict) -> RankMeasurement:
     if config["head_dim"] == 24 and dist.get_rank() == 1:
         raise RuntimeError("CUDA out of memory (injected)")
     if config["head_dim"] == 40:
-        time.sleep(3600)
+        threading.Event().wait()  # a real hang: nothing ever sets it
     return measure_config(config, settings)
 
 

@@ -3,9 +3,12 @@ per configuration to a JSONL file as soon as it ends: docs/internals.md, "The sw
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -18,6 +21,7 @@ from cpbench.config.impls import DEFAULT_IMPL
 from cpbench.errors import CpbenchError, RunFailure
 from cpbench.model.calibrate.stats import median_interval, rank_with_ties
 from cpbench.results.frame import rank_group
+from cpbench.results.lock import ResultsLock
 from cpbench.results.scenarios.scenario import Scenario
 from cpbench.results.schema import EnvironmentSection, ResultRecord, dump_record
 from cpbench.results.store import (
@@ -37,6 +41,8 @@ class SweepResult:
     records: list[dict[str, Any]] = field(default_factory=list)
     resumed: int = 0
     interrupted: bool = False
+    signal: int = signal.SIGINT
+    """The signal that interrupted it (SIGINT: Ctrl-C, SIGTERM: a scheduler); exit 128 + it."""
     wall_seconds: float = 0.0
     spawns: int = 0
     duplicates: int = 0
@@ -100,6 +106,29 @@ INFLIGHT_ERROR = (
 """The error of a configuration found in flight by `--resume` (`cpbench.results.store`)."""
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (what schedulers send) in the middle of a sweep: handled as Ctrl-C is."""
+
+    signum = signal.SIGTERM
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """While it is open, SIGTERM raises `Terminated` in the main thread (elsewhere: nothing)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _prepare_output(out: Path, resume: bool, launched: bool = False) -> set[str]:
     """Check that `out` can take the sweep (fail before anything is measured); return the ids
     already recorded in it when resuming. In a launched world, a configuration that was in
@@ -149,132 +178,213 @@ def run_sweep(
 
     In a launched world (torchrun, srun) every rank runs this loop; rank 0 writes, and before
     each configuration it writes an in-flight marker (`<out>.inflight`): should the job die
-    while that configuration runs, the next `--resume` records it as failed and goes on."""
+    while that configuration runs, the next `--resume` records it as failed and goes on.
+
+    The writer holds `ResultsLock(out)` from before it reads `out` to the end: a second sweep
+    on the same file is refused at once. SIGTERM is handled as Ctrl-C (`terminate_as_interrupt`):
+    what was measured is kept and `interrupted` set."""
     from cpbench.bench.environment import host_snapshot, process_environment  # noqa: PLC0415
     from cpbench.bench.measure import measure_config, measure_interleaved  # noqa: PLC0415
     from cpbench.bench.pool import TaskError, TaskTimeout, WorkerPool, WorldSpec  # noqa: PLC0415
 
-    points = scenario.distinct(device, world_size)
-    limit = timeout if timeout is not None else scenario.timeout
-    settings = sweep_settings(scenario, precision)
-    environment = EnvironmentSection.model_validate(process_environment())
-    world: World
-    writer, launched = True, launched_by_torchrun()
-    result = SweepResult(path=out)
-    result.points = len(points)
-    result.duplicates = len(scenario.expand(device, world_size)) - len(points)
-    if launched:
-        in_process = InProcessWorld(device, limit)
-        if in_process.world_size != world_size:
-            in_process.close()
-            raise CpbenchError(
-                f"scenario world_size ({world_size}) != launched world size "
-                f"({in_process.world_size})"
-            )
-        world, writer = in_process, in_process.rank == 0
-        # Only rank 0 reads and writes the file (nodes may not share a disk); every rank must
-        # skip the same configurations, so the answer is broadcast.
-        try:
-            done = in_process.broadcast_from_rank0(lambda: _prepare_output(out, resume, True))
-        except CpbenchError:
-            in_process.close()
-            raise
-    else:
-        done = _prepare_output(out, resume)
-        world = WorkerPool(WorldSpec(world_size, device))
+    lock = ResultsLock(out)
+    with terminate_as_interrupt(), contextlib.ExitStack() as stack:
+        stack.callback(lock.release)
 
-    held: list[ResultRecord] = []
-    block: list[Any] = [None]
+        points = scenario.distinct(device, world_size)
+        limit = timeout if timeout is not None else scenario.timeout
+        settings = sweep_settings(scenario, precision)
+        environment = EnvironmentSection.model_validate(process_environment())
+        world: World
+        writer, launched = True, launched_by_torchrun()
+        result = SweepResult(path=out)
+        result.points = len(points)
+        result.duplicates = len(scenario.expand(device, world_size)) - len(points)
+        if launched:
+            in_process = InProcessWorld(device, limit)
+            if in_process.world_size != world_size:
+                in_process.close()
+                raise CpbenchError(
+                    f"scenario world_size ({world_size}) != launched world size "
+                    f"({in_process.world_size})"
+                )
+            world, writer = in_process, in_process.rank == 0
+            # Only rank 0 reads and writes the file (nodes may not share a disk); every rank must
+            # skip the same configurations, so the answer is broadcast.
+            try:
+                def prepare() -> set[str]:
+                    lock.acquire()  # where the file is written: rank 0
+                    return _prepare_output(out, resume, True)
 
-    def flush() -> None:
-        if held:
-            settle_ties(held, lambda dicts: world.run(
-                measure_interleaved, dicts, settings, timeout=limit * len(dicts)
-            ))
-        for record in held:
-            write(record)
-        held.clear()
-
-    def finish(record: ResultRecord) -> None:
-        assert record.config is not None
-        if not separate_ties or record.config.inference is not None:  # no ties re-measured
-            write(record)
-            return
-        key = rank_group(record.config.model_dump())[:-3]  # the problem and mask
-        if key != block[0]:
-            flush()
-            block[0] = key
-        held.append(record)
-
-    def write(record: ResultRecord) -> None:
-        if writer:
-            append_record(out, record)
-            if launched:
-                clear_inflight(out)
-        written = dump_record(record)
-        result.records.append(written)
-        if on_record:
-            on_record(written)
-
-    def record_failure(record: ResultRecord, exc: BaseException) -> None:
-        if isinstance(exc, TaskTimeout):
-            record.status, record.error = "timeout", str(exc)
+                done = in_process.broadcast_from_rank0(prepare)
+            except CpbenchError:
+                in_process.close()
+                raise
         else:
-            record.status, record.error = "failed", _failure_message(exc)
+            lock.acquire()
+            done = _prepare_output(out, resume)
+            world = WorkerPool(WorldSpec(world_size, device))
 
-    started = time.perf_counter()
-    try:
-        for point in points:
-            config, feasibility = point.config, point.feasibility
-            if config.key in done or any(e in done for e in point.equivalent):
-                result.resumed += 1
-                continue
-            record = base_record(config, feasibility, scenario, environment, point.equivalent)
-            reason = feasibility.reason if not feasibility.ok else impl_skip_reason(config)
-            if reason:
-                record.status, record.error = "skipped", reason
-            else:
-                if on_start:
-                    on_start(config)
+        held: list[ResultRecord] = []
+        block: list[Any] = [None]
+
+        def flush() -> None:
+            if held:
+                settle_ties(held, lambda dicts: world.run(
+                    measure_interleaved, dicts, settings, timeout=limit * len(dicts)
+                ))
+            for record in held:
+                write(record)
+            held.clear()
+
+        def finish(record: ResultRecord) -> None:
+            assert record.config is not None
+            if not separate_ties or record.config.inference is not None:  # no ties re-measured
+                write(record)
+                return
+            key = rank_group(record.config.model_dump())[:-3]  # the problem and mask
+            if key != block[0]:
+                flush()
+                block[0] = key
+            held.append(record)
+
+        def write(record: ResultRecord) -> None:
+            if writer:
+                append_record(out, record)
                 if launched:
-                    if writer:
-                        dead = record.model_copy()
-                        dead.status = "failed"
-                        dead.error = INFLIGHT_ERROR.format(started=record.timestamp, timeout=limit)
-                        mark_inflight(out, dead)
+                    clear_inflight(out)
+            written = dump_record(record)
+            result.records.append(written)
+            if on_record:
+                on_record(written)
 
-                    def abandon(exc: RunFailure, record: ResultRecord = record) -> None:
-                        record_failure(record, exc)  # the process exits after this
-                        finish(record)
+        def record_failure(record: ResultRecord, exc: BaseException) -> None:
+            if isinstance(exc, TaskTimeout):
+                record.status, record.error = "timeout", str(exc)
+            else:
+                record.status, record.error = "failed", _failure_message(exc)
 
-                    in_process.on_abandon = abandon
-                try:
-                    world.start()  # a (re)spawn is not the configuration's CPU time
-                    before = host_snapshot()
-                    per_rank = world.run(
-                        task or measure_config, _task_config(record), settings, timeout=limit
-                    )
-                    snapshots = (before, host_snapshot())
-                    record = measured_record(record, config, per_rank, settings, snapshots)
-                except (TaskTimeout, TaskError) as exc:
-                    record_failure(record, exc)
-                if respawn_each:
-                    world.close()
-            finish(record)
-        flush()
-    except KeyboardInterrupt:
-        result.interrupted = True
-        for record in held:  # measured: keep them, without the tie-break
-            write(record)
-        held.clear()
-        if launched and writer:
-            clear_inflight(out)  # stopped on purpose: --resume measures it again
-        world.close(force=True)
-    finally:
-        world.close()
-        result.wall_seconds = time.perf_counter() - started
-        result.spawns = getattr(world, "spawns", 0)
-    return result
+        started = time.perf_counter()
+        try:
+            for point in points:
+                config, feasibility = point.config, point.feasibility
+                if config.key in done or any(e in done for e in point.equivalent):
+                    result.resumed += 1
+                    continue
+                record = base_record(config, feasibility, scenario, environment, point.equivalent)
+                reason = feasibility.reason if not feasibility.ok else impl_skip_reason(config)
+                if reason:
+                    record.status, record.error = "skipped", reason
+                else:
+                    if on_start:
+                        on_start(config)
+                    if launched:
+                        if writer:
+                            dead = record.model_copy()
+                            dead.status = "failed"
+                            dead.error = INFLIGHT_ERROR.format(started=record.timestamp, timeout=limit)
+                            mark_inflight(out, dead)
+
+                        def abandon(exc: RunFailure, record: ResultRecord = record) -> None:
+                            record_failure(record, exc)  # the process exits after this
+                            finish(record)
+
+                        in_process.on_abandon = abandon
+                    try:
+                        world.start()  # a (re)spawn is not the configuration's CPU time
+                        before = host_snapshot()
+                        per_rank = world.run(
+                            task or measure_config, _task_config(record), settings, timeout=limit
+                        )
+                        snapshots = (before, host_snapshot())
+                        record = measured_record(record, config, per_rank, settings, snapshots)
+                    except (TaskTimeout, TaskError) as exc:
+                        record_failure(record, exc)
+                    if respawn_each:
+                        world.close()
+                finish(record)
+            flush()
+        except KeyboardInterrupt as exc:
+            result.interrupted = True
+            result.signal = getattr(exc, "signum", signal.SIGINT)
+            for record in held:  # measured: keep them, without the tie-break
+                write(record)
+            held.clear()
+            # Ctrl-C is on purpose: --resume measures it again. A launcher's SIGTERM may follow
+            # another rank's death (torchrun stops the rest): the marker stays, and --resume
+            # records the configuration as failed (INFLIGHT_ERROR), as if the job had died.
+            if launched and writer and result.signal == signal.SIGINT:
+                clear_inflight(out)
+            world.close(force=True)
+        finally:
+            world.close()
+            result.wall_seconds = time.perf_counter() - started
+            result.spawns = getattr(world, "spawns", 0)
+        return result
+
+
+CONFIRM_ABOVE = 1000
+"""A sweep run from a terminal with more configurations to measure than this asks first
+(`cpbench sweep --yes` does not; a run that is not in a terminal never asks)."""
+
+
+@dataclass(frozen=True)
+class SweepEstimate:
+    """What a sweep is about to do, told before it starts (`cpbench sweep`)."""
+
+    measured: int
+    """Configurations it measures (feasible and runnable; those already in --out included)."""
+    skipped: int
+    """Configurations recorded as skipped without running (infeasible, or no impl runs them)."""
+    timed_seconds: float | None
+    """Seconds of timed steps at the scenario's time budget; None with precision off (a fixed
+    count of steps, whose time nothing knows before they run)."""
+    timeout: float
+
+    def line(self) -> str:
+        n = f"{self.measured:,} configuration{'s' if self.measured != 1 else ''} to measure"
+        skipped = f" ({self.skipped:,} more recorded as skipped)" if self.skipped else ""
+        cap = _duration(self.measured * self.timeout)
+        most = f"each cut at its {self.timeout:g} s timeout, {cap} at most"
+        if self.timed_seconds is None:
+            return (
+                f"{n}{skipped}: a fixed count of timed steps each (precision off: no time "
+                f"budget to estimate from); {most}"
+            )
+        return (
+            f"{n}{skipped}, about {_duration(self.timed_seconds)} at the scenario's time budget "
+            "(its timed steps only: warm-up, the checks and rank start-up add to it, a "
+            f"precision reached early takes less); {most}"
+        )
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def estimate_sweep(
+    scenario: Scenario,
+    points: list[Any],
+    precision: float | None | Literal["scenario"] = "scenario",
+    timeout: float | None = None,
+) -> SweepEstimate:
+    """The count of `points` (`Scenario.distinct`) a sweep measures, and the seconds of timed
+    steps the scenario's time budget allows them: a training configuration times its full
+    step for `budget` seconds and its compute and comm variants for half of it each (2 x
+    budget), an inference one its step alone (1 x budget); timing stops sooner at the
+    precision or `max_iters` (`cpbench.bench.timing`)."""
+    measured = [p.config for p in points if p.feasibility.ok and not impl_skip_reason(p.config)]
+    settings = sweep_settings(scenario, precision)
+    timed = None
+    if settings["precision"] is not None:
+        shares = sum(1.0 if config.inference is not None else 2.0 for config in measured)
+        timed = settings["budget"] * shares
+    limit = timeout if timeout is not None else scenario.timeout
+    return SweepEstimate(len(measured), len(points) - len(measured), timed, limit)
 
 
 def sweep_settings(

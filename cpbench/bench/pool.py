@@ -4,15 +4,17 @@ Why, and how it forks and recovers: docs/internals.md, "The pool and launched wo
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import multiprocessing as mp  # the standard library's: importing this module imports no torch
 import os
 import queue
 import signal
 import socket
+import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,7 +102,23 @@ def start_forkserver_early(device: str) -> None:
     if device == "cuda" or (device == "auto" and os.path.exists("/dev/nvidiactl")):
         return
     if launched_rank() is None and _context("cpu").get_start_method() == "forkserver":
-        forkserver.ensure_running()
+        with _interrupts_ignored():
+            forkserver.ensure_running()
+
+
+@contextlib.contextmanager
+def _interrupts_ignored() -> Iterator[None]:
+    """SIGINT ignored while the forkserver starts: it inherits that, so a Ctrl-C while it imports
+    `FORKSERVER_PRELOAD` (the first seconds of a command) is the parent's alone to handle,
+    not a traceback from the server's imports (it ignores SIGINT itself once it serves)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _free_port() -> int:
@@ -203,7 +221,8 @@ class WorkerPool:
                 args=(rank, self.spec, port, self._tasks[rank], self._results, dict(os.environ)),
                 daemon=True,
             )
-            proc.start()
+            with _interrupts_ignored():  # the first start may start the forkserver
+                proc.start()
             self._procs.append(proc)
         self.spawns += 1
         self._collect("ready", self.start_timeout)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import signal
+import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -15,7 +17,13 @@ from rich.console import Console, RenderableType
 from cpbench.cli.options import Version
 from cpbench.config.vocabulary import CliDevice
 from cpbench.config.vocabulary import Device as RunDevice
-from cpbench.errors import EXIT_BAD_INPUT, EXIT_WRONG_RESULT, CpbenchError, RunFailure
+from cpbench.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_INTERRUPTED,
+    EXIT_WRONG_RESULT,
+    CpbenchError,
+    RunFailure,
+)
 
 app = typer.Typer(
     name="cpbench",
@@ -31,12 +39,20 @@ err_console = Console(stderr=True, soft_wrap=True)
 def command(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Register a command; the one place where errors meet the process exit code: a
     CpbenchError (bad input) becomes one line on stderr and exit code 2, a RunFailure (a rank
-    raised or died, a timeout) one line and exit code 1."""
+    raised or died, a timeout) one line and exit code 1, an interrupt before the command handles
+    it (Ctrl-C while torch imports) one line and 128 + the signal. Python warnings (cpbench's
+    own, pandas', scipy's) print as one `cpbench: warning:` line each (`show_warning`)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return fn(*args, **kwargs)
+            with warnings.catch_warnings():
+                warnings.showwarning = show_warning
+                return fn(*args, **kwargs)
+        except KeyboardInterrupt as exc:
+            signum = getattr(exc, "signum", signal.SIGINT)
+            err_console.print("cpbench: interrupted", markup=False, highlight=False)
+            raise typer.Exit(EXIT_INTERRUPTED - signal.SIGINT + signum) from None
         except CpbenchError as exc:
             err_console.print(f"cpbench: error: {exc}", markup=False, highlight=False)
             raise typer.Exit(EXIT_BAD_INPUT) from None
@@ -46,6 +62,21 @@ def command(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     text = reflow(fn.__doc__ or "")
     return app.command(help=text, short_help=summary(text))(wrapper)
+
+
+def show_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: Any = None,
+    line: str | None = None,
+) -> None:
+    """`warnings.showwarning` inside a command: the message alone on stderr, as cpbench's own
+    warnings print (no module path, no source line); a library's names its category."""
+    own = category is UserWarning
+    text = str(message) if own else f"{category.__name__}: {message}"
+    err_console.print(f"cpbench: warning: {text}", markup=False, highlight=False)
 
 
 def emit(report: Any, as_json: bool, renderables: Callable[[], Iterable[RenderableType]]) -> None:

@@ -260,6 +260,13 @@ PRECISION = _option(
 PrecisionOption = Annotated[str | None, PRECISION]
 RESUME = _option("--resume/--no-resume", help="Skip configurations already in --out.")
 Resume = Annotated[bool, RESUME]
+YES = _option(
+    "--yes",
+    "-y",
+    help="Start without asking: a sweep run from a terminal asks before more than 1,000 "
+    "configurations (a run outside a terminal never asks).",
+)
+Yes = Annotated[bool, YES]
 SEPARATE_TIES = _option(
     "--separate-ties",
     help="Re-measure the tied leaders of each group interleaved (A B A B) to separate them; a "

@@ -4,6 +4,8 @@ with a progress bar while it runs and a results table at the end."""
 from __future__ import annotations
 
 import math
+import signal
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -37,17 +39,23 @@ def sweep(
     world_size: o.WorldSizeOrNone = None,
     precision: o.PrecisionOption = None,
     separate_ties: o.SeparateTies = False,
+    yes: o.Yes = False,
 ) -> None:
     """Run every distinct configuration of a scenario once: correctness check (capped, and
     sampled rows at the full length), timing to a stated precision, overlap, counted bytes and
     peak memory, one JSONL record each, appended as it ends. Works unchanged under torchrun
-    for several nodes."""
+    for several nodes.
+
+    It first prints how many configurations it measures and about how long their timed steps
+    take at the scenario's time budget; from a terminal, above 1,000 configurations it asks
+    y/N first (--yes: it does not). One sweep at a time writes a results file (a second on
+    the same --out is refused, naming the first); SIGTERM stops it as Ctrl-C does (exit 143)."""
     from cpbench.results.scenarios.loading import default_scenario, load_scenario  # noqa: PLC0415
 
     spec = load_scenario(scenario) if scenario else default_scenario(resolve_device(device))
     _run_and_report(
         spec, device, out, resume, timeout, world_size,
-        precision=parse_precision(precision), separate_ties=separate_ties,
+        precision=parse_precision(precision), separate_ties=separate_ties, yes=yes,
     )
 
 
@@ -78,6 +86,7 @@ def _run_and_report(
     single: bool = False,
     precision: float | None | str = "scenario",
     separate_ties: bool = False,
+    yes: bool = False,
 ) -> None:
     """Run the sweep with a progress bar, print the table; exit 1 on any wrong result (and, for
     `cpbench run`, when its one configuration failed or timed out)."""
@@ -86,7 +95,12 @@ def _run_and_report(
     start_forkserver_early(device)  # its imports beside this process's (bench/pool.py)
     import torch  # noqa: PLC0415
 
-    from cpbench.app.sweep import default_output, run_sweep  # noqa: PLC0415
+    from cpbench.app.sweep import (  # noqa: PLC0415
+        CONFIRM_ABOVE,
+        default_output,
+        estimate_sweep,
+        run_sweep,
+    )
     from cpbench.bench.launch import launched_rank  # noqa: PLC0415
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -110,6 +124,16 @@ def _run_and_report(
     path = out or default_output(spec)
     points = spec.distinct(dev, n)
     quiet = launch is not None and launch.rank != 0
+    if not single:
+        estimate = estimate_sweep(spec, points, precision, timeout)  # type: ignore[arg-type]
+        if not quiet:
+            console.print(estimate.line(), markup=False, highlight=False)
+        if estimate.measured > CONFIRM_ABOVE and not yes and launch is None and in_terminal():
+            if not typer.confirm("Start it?", default=False):
+                raise CpbenchError(
+                    f"not started ({estimate.measured:,} configurations): pass --yes to start "
+                    "without asking, or narrow the scenario's axes"
+                )
     progress = Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -168,7 +192,7 @@ def _run_and_report(
     )
     if result.interrupted:
         console.print("[yellow]interrupted: every configuration finished so far is saved[/]")
-        raise typer.Exit(EXIT_INTERRUPTED)
+        raise typer.Exit(EXIT_INTERRUPTED - signal.SIGINT + result.signal)
     for reason, ids in wrong.items():
         console.print(
             f"[bold red]FAILED: {reason} for {len(ids)} configuration"
@@ -184,6 +208,11 @@ def _run_and_report(
         )
     if not_run:
         raise typer.Exit(EXIT_WRONG_RESULT)
+
+
+def in_terminal() -> bool:
+    """Whether a person is there to answer (stdin is a terminal)."""
+    return sys.stdin.isatty()
 
 
 def wrong_results(records: list[dict[str, Any]]) -> dict[str, list[str]]:
