@@ -68,9 +68,8 @@ def normalize_band(causal: bool, band: Band | None) -> tuple[bool, Band | None]:
 def band_mask(sq: int, sk: int, band: Band, device: torch.device) -> torch.Tensor:
     """Boolean [sq, sk], True where lo <= j - i <= hi."""
     lo, hi = band
-    diff = torch.arange(sk, device=device).unsqueeze(0) - torch.arange(
-        sq, device=device
-    ).unsqueeze(1)
+    rows = torch.arange(sq, device=device).unsqueeze(1)
+    diff = torch.arange(sk, device=device).unsqueeze(0) - rows
     keep = torch.ones(sq, sk, dtype=torch.bool, device=device)
     if lo is not None:
         keep &= diff >= lo
@@ -172,9 +171,11 @@ class LocalKernel:
         other = self._delegate(k)
         if other is not None:
             return other.backward(dout, q, k, v, out, lse, causal, scale, band)
-        if self.keeps_rng and self._rng is None:  # a backward before any forward: one of
-            self.forward(q[:, :1], k[:, :2], v[:, :2], False, scale)  # 1 query on <= 2 keys
-        h, layout = q.shape[2], self._layout  # (cuDNN refuses one key)
+        if self.keeps_rng and self._rng is None:
+            # A backward before any forward in this process: a forward of one query on (up
+            # to) two keys records the state (cuDNN refuses one key).
+            self.forward(q[:, :1], k[:, :2], v[:, :2], False, scale)
+        h, layout = q.shape[2], self._layout
         dq, dk, dv = self._backward(
             layout(dout), layout(q), self._kv(k, h), self._kv(v, h), layout(out),
             lse.contiguous() if self.bhsd else lse, causal, scale, band,

@@ -31,13 +31,6 @@ def efficient_unavailable(device: torch.device, dtype: torch.dtype) -> str | Non
     return None
 
 
-def efficient_native_gqa() -> bool:
-    """Whether the memory-efficient op takes K/V with fewer heads than Q: in no release read
-    (its kernel wants equal head counts, and `scaled_dot_product_attention(enable_gqa=True)`
-    never routes GQA to it), so K/V are expanded, one copy per call."""
-    return False
-
-
 class EfficientKernel(LocalKernel):
     """PyTorch's memory-efficient attention (float32, fp16, bf16 on CUDA): O(S) memory, the
     LSE returned and taken by its backward, so float32 on a GPU never falls back to the einsum
@@ -55,7 +48,9 @@ class EfficientKernel(LocalKernel):
         self._lse_align = 1 if torch.version.hip else LSE_ALIGN  # until a forward shows it
 
     def native_gqa(self) -> bool:
-        return efficient_native_gqa()
+        """In no release read: its kernel wants equal head counts, and
+        `scaled_dot_product_attention(enable_gqa=True)` never routes GQA to it."""
+        return False
 
     def _forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
