@@ -17,12 +17,10 @@ def cuda_flash_native_gqa(version: str | None = None) -> bool:
 
 class CudaSdpaKernel(LocalKernel):
     """PyTorch's CUDA flash-attention op (fp16/bf16), which returns the LSE and whose backward
-    takes out/LSE. Our [B, S, H, D] tensors go in as [B, H, S, D] views (no copy). GQA: K/V go
-    in with their own heads where the op accepts it (`cuda_flash_native_gqa`), else they are
-    expanded locally (no communication is affected) and their gradients summed back. The
-    backward op also wants the forward's auxiliary outputs (cumulative sequence lengths, RNG
-    state): with no varlen and no dropout they do not depend on the block, so the ones of the
-    last forward are reused, as PyTorch's own ring does."""
+    takes out/LSE, on [B, H, S, D] views of our tensors; GQA native from torch 2.5
+    (`cuda_flash_native_gqa`). The backward op also wants the forward's auxiliary outputs
+    (cumulative sequence lengths, RNG state): with no varlen and no dropout they do not depend
+    on the block, so the ones of the last forward are reused, as PyTorch's own ring does."""
 
     name = "sdpa"
     label = "sdpa (CUDA)"

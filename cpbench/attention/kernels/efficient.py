@@ -34,11 +34,10 @@ def efficient_unavailable(device: torch.device, dtype: torch.dtype) -> str | Non
 class EfficientKernel(LocalKernel):
     """PyTorch's memory-efficient attention (float32, fp16, bf16 on CUDA): O(S) memory, the
     LSE returned and taken by its backward, so float32 on a GPU never falls back to the einsum
-    kernel's S^2 scores. Our [B, S, H, D] tensors go in as [B, H, S, D] views. The op wants
-    equal head counts, so GQA expands K/V locally and sums their gradients back. The LSE comes
-    back padded (`LSE_ALIGN`): the kernel hands back its first S entries and gives the
-    backward a buffer padded the way its forward padded. Dropout 0: the RNG state of the last
-    forward is reused in the backward."""
+    kernel's S^2 scores. The op wants equal head counts (GQA expands K/V). The LSE comes back
+    padded (`LSE_ALIGN`): the kernel hands back its first S entries and gives the backward a
+    buffer padded the way its forward padded. Dropout 0: the RNG state of the last forward is
+    reused in the backward."""
 
     name = "efficient"
     bhsd = True

@@ -25,34 +25,11 @@ WINDOW = ("window_size", "window_size_left")
 """The window's parameter in the 2024 betas and 2025 (a tuple), and from late 2025 (two ints).
 FA3 before 2024-08-29 has neither: it cannot apply a band."""
 
-_UNUSED_INPUTS = (
-    "k_new",
-    "v_new",
-    "qv",
-    "out_",
-    "cu_seqlens_q",
-    "cu_seqlens_k",
-    "cu_seqlens_k_new",
-    "seqused_q",
-    "seqused_k",
-    "sequed_q",
-    "sequed_k",
-    "max_seqlen_q",
-    "max_seqlen_k",
-    "page_table",
-    "kv_batch_idx",
-    "leftpad_k",
-    "rotary_cos",
-    "rotary_sin",
-    "seqlens_rotary",
-    "q_descale",
-    "k_descale",
-    "v_descale",
-    "descale_q",
-    "descale_k",
-    "descale_v",
-    "scheduler_metadata",
-    "pack_gqa",
+_UNUSED_INPUTS = tuple(
+    "k_new v_new qv out_ cu_seqlens_q cu_seqlens_k cu_seqlens_k_new seqused_q seqused_k sequed_q"
+    " sequed_k max_seqlen_q max_seqlen_k page_table kv_batch_idx leftpad_k rotary_cos rotary_sin"
+    " seqlens_rotary q_descale k_descale v_descale descale_q descale_k descale_v"
+    " scheduler_metadata pack_gqa".split()
 )
 """Parameters of some FA3 release that cpbench leaves unset (None): varlen, paged KV, rotary,
 FP8 descaling, scheduling hints."""

@@ -25,14 +25,9 @@ class NaiveKernel(LocalKernel):
         return torch.float64 if x.dtype == torch.float64 else torch.float32
 
     def _probs(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        causal: bool,
-        scale: float,
-        lse: torch.Tensor | None,
-        band: Band | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self, q: torch.Tensor, k: torch.Tensor, causal: bool, scale: float,
+        lse: torch.Tensor | None, band: Band | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         ct = self._compute_dtype(q)
         scores = torch.einsum("bqhd,bkhd->bhqk", q.to(ct), k.to(ct)) * scale
         if band is not None:
