@@ -86,12 +86,12 @@ def _rule_kernel(variant: str) -> Any:
         def forward(self, q, k, v, causal, scale, band=None):  # type: ignore[no-untyped-def]
             causal, band = normalize_band(causal, band)
             left, right = old_flash_window(q.shape[1], k.shape[1], band)
-            return self._forward(q, k, v, causal, scale, left, right)
+            return self._call(q, k, v, causal, scale, left, right)
 
         def backward(self, dout, q, k, v, out, lse, causal, scale, band=None):  # type: ignore[no-untyped-def]
             causal, band = normalize_band(causal, band)
             left, right = old_flash_window(q.shape[1], k.shape[1], band)
-            return self._backward(dout, q, k, v, out, lse, causal, scale, left, right)
+            return self._call_backward(dout, q, k, v, out, lse, causal, scale, left, right)
 
     if variant not in FLASH_RULE_VARIANTS:
         raise ValueError(f"variant {variant!r} is not one of {FLASH_RULE_VARIANTS}")

@@ -15,6 +15,7 @@ import torch.distributed._functional_collectives as ft_c
 from torch.distributed.tensor import DTensor
 from torch.testing._internal.two_tensor import TwoTensor
 
+import cpbench.attention.kernels.base as kernel_base
 import cpbench.attention.kernels.cpu_sdpa as cpu_sdpa
 from cpbench import compat
 from cpbench.attention.comm import ByteCounter
@@ -83,7 +84,7 @@ def test_cpu_sdpa_expanding_branch(
     any torch."""
     spy = _ExpandSpy()
     monkeypatch.setattr(cpu_sdpa, "cpu_flash_supports_gqa", lambda: False)
-    monkeypatch.setattr(cpu_sdpa, "_expand_kv", spy)
+    monkeypatch.setattr(kernel_base, "_expand_kv", spy)
     assert max(_errors_against_reference(True, heads, kv_heads)) < TOL
     assert spy.calls == 4
 
@@ -97,7 +98,7 @@ def test_cpu_sdpa_native_branch(monkeypatch: pytest.MonkeyPatch) -> None:
     still matches the reference."""
     spy = _ExpandSpy()
     monkeypatch.setattr(cpu_sdpa, "cpu_flash_supports_gqa", lambda: True)
-    monkeypatch.setattr(cpu_sdpa, "_expand_kv", spy)
+    monkeypatch.setattr(kernel_base, "_expand_kv", spy)
     assert max(_errors_against_reference(True, 4, 2)) < TOL
     assert spy.calls == 0
 
@@ -106,7 +107,7 @@ def test_cpu_sdpa_mha_never_expands(monkeypatch: pytest.MonkeyPatch) -> None:
     """Equal head counts: nothing to expand on either branch."""
     spy = _ExpandSpy()
     monkeypatch.setattr(cpu_sdpa, "cpu_flash_supports_gqa", lambda: False)
-    monkeypatch.setattr(cpu_sdpa, "_expand_kv", spy)
+    monkeypatch.setattr(kernel_base, "_expand_kv", spy)
     assert max(_errors_against_reference(False, 4, 4)) < TOL
     assert spy.calls == 0
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from typing import Protocol
 
 import torch
 
@@ -12,38 +11,6 @@ from cpbench.errors import CpbenchError
 Band = tuple[int | None, int | None]
 """A piece's mask as (lo, hi): row i sees column j iff lo <= j - i <= hi (None unbounded);
 `(None, None)` is full attention, `(None, 0)` top-left causal (`cpbench.config.geometry.Piece`)."""
-
-
-class LocalKernel(Protocol):
-    """`band`, when given, is the whole mask of the call (`causal` is then ignored): the
-    pieces of a packed-document or sliding-window ring block that are neither full nor
-    top-left causal. A kernel that cannot apply a band raises CpbenchError naming it."""
-
-    name: str
-    supports_band: bool
-
-    def forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        causal: bool,
-        scale: float,
-        band: Band | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]: ...
-
-    def backward(
-        self,
-        dout: torch.Tensor,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        out: torch.Tensor,
-        lse: torch.Tensor,
-        causal: bool,
-        scale: float,
-        band: Band | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
 
 
 def accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -101,9 +68,8 @@ def normalize_band(causal: bool, band: Band | None) -> tuple[bool, Band | None]:
 def band_mask(sq: int, sk: int, band: Band, device: torch.device) -> torch.Tensor:
     """Boolean [sq, sk], True where lo <= j - i <= hi."""
     lo, hi = band
-    diff = torch.arange(sk, device=device).unsqueeze(0) - torch.arange(
-        sq, device=device
-    ).unsqueeze(1)
+    rows = torch.arange(sq, device=device).unsqueeze(1)
+    diff = torch.arange(sk, device=device).unsqueeze(0) - rows
     keep = torch.ones(sq, sk, dtype=torch.bool, device=device)
     if lo is not None:
         keep &= diff >= lo
@@ -123,11 +89,49 @@ def refuse_band(kernel: str, band: Band | None) -> None:
         )
 
 
-class ForwardRngState:
-    """For kernels whose backward op takes the forward's philox (seed, offset) — fixed when
-    dropout is 0, but the op still wants the tensors. The forward stores them in `_rng`."""
+class LocalKernel:
+    """What every kernel is: the public `forward` / `backward` (GQA, layout, mask checks and
+    the LSE's shape and dtype done here, once) around the hooks a kernel fills, `_forward` and
+    `_backward`, which get the prepared tensors. `band`, when given, is the whole mask of the
+    call (`causal` is then ignored): the pieces of a packed-document or sliding-window ring
+    block that are neither full nor top-left causal. A kernel that cannot apply a band
+    (`supports_band` False) raises CpbenchError naming it."""
 
-    _rng: tuple[torch.Tensor, torch.Tensor] | None = None
+    name: str
+    label = ""
+    """How errors name the kernel, where not by `name`."""
+    supports_band = False
+    """Whether a mask band (document / sliding-window piece) can be applied."""
+    bhsd = False
+    """Whether the op takes [B, H, S, D]: our [B, S, H, D] tensors go in as transposed views
+    (`_layout`), its results come back transposed, and the LSE goes in dense."""
+    keeps_rng = False
+    """Whether the backward op takes what the forward recorded in `_rng` (the philox seed and
+    offset, fixed at dropout 0, but the op still wants them)."""
+    _rng: tuple[torch.Tensor, ...] | None = None
+
+    def native_gqa(self) -> bool:
+        """Whether the op takes K/V with fewer heads than Q; else they are expanded to the
+        query's heads before it and their gradient copies summed back after its backward."""
+        return True
+
+    def _delegate(self, k: torch.Tensor) -> LocalKernel | None:
+        """Another kernel that runs this call whole (a piece this op refuses), or None."""
+        return None
+
+    def _mask(self, causal: bool, band: Band | None) -> tuple[bool, Band | None]:
+        causal, band = normalize_band(causal, band)
+        if not self.supports_band:
+            refuse_band(self.label or self.name, band)
+        return causal, band
+
+    def _layout(self, x: torch.Tensor) -> torch.Tensor:
+        """A [B, S, H, D] input as the op takes it."""
+        return x.transpose(1, 2) if self.bhsd else x
+
+    def _kv(self, x: torch.Tensor, heads: int) -> torch.Tensor:
+        native = x.shape[2] == heads or self.native_gqa()
+        return self._layout(x if native else _expand_kv(x, heads))
 
     def forward(
         self,
@@ -138,15 +142,70 @@ class ForwardRngState:
         scale: float,
         band: Band | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        raise NotImplementedError
+        """(out [B, S, H, D] in q's dtype, LSE [B, H, S] in `accumulator_dtype`)."""
+        causal, band = self._mask(causal, band)
+        other = self._delegate(k)
+        if other is not None:
+            return other.forward(q, k, v, causal, scale, band)
+        h = q.shape[2]
+        out, lse = self._forward(
+            self._layout(q), self._kv(k, h), self._kv(v, h), causal, scale, band
+        )
+        out = out.transpose(1, 2) if self.bhsd else out
+        return out.to(q.dtype), lse[..., : q.shape[1]].to(accumulator_dtype(q.dtype))
 
-    def _rng_for_backward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The stored (seed, offset); a backward before any forward in this process runs a
-        forward of one query on (up to) two keys first to get them (cuDNN refuses one key)."""
-        if self._rng is None:
+    def backward(
+        self,
+        dout: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        out: torch.Tensor,
+        lse: torch.Tensor,
+        causal: bool,
+        scale: float,
+        band: Band | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(dq, dk, dv) of this block under the given (global) `out` and `lse`."""
+        causal, band = self._mask(causal, band)
+        other = self._delegate(k)
+        if other is not None:
+            return other.backward(dout, q, k, v, out, lse, causal, scale, band)
+        if self.keeps_rng and self._rng is None:
+            # A backward before any forward in this process: a forward of one query on (up
+            # to) two keys records the state (cuDNN refuses one key).
             self.forward(q[:, :1], k[:, :2], v[:, :2], False, scale)
-        if self._rng is None:
+        h, layout = q.shape[2], self._layout
+        dq, dk, dv = self._backward(
+            layout(dout), layout(q), self._kv(k, h), self._kv(v, h), layout(out),
+            lse.contiguous() if self.bhsd else lse, causal, scale, band,
+        )  # fmt: skip
+        if self.bhsd:
+            dq, dk, dv = dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
+        kv_heads = k.shape[2]
+        return (
+            dq.to(q.dtype),
+            _reduce_kv_grad(dk, kv_heads).to(k.dtype),
+            _reduce_kv_grad(dv, kv_heads).to(v.dtype),
+        )
+
+    def _recorded(self) -> tuple[torch.Tensor, ...]:
+        """What the last forward recorded for the backward (`keeps_rng`)."""
+        if self._rng is None:  # unreachable: `backward` runs a forward first
             raise RuntimeError(f"{type(self).__name__}.forward did not record its RNG state")
         return self._rng
+
+    def _forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
+        band: Band | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """The op's (out, LSE) on the prepared tensors (`_layout`, K/V expanded where the op
+        has no GQA); an LSE padded past S_q is cut by `forward`."""
+        raise NotImplementedError
+
+    def _backward(
+        self, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+        out: torch.Tensor, lse: torch.Tensor, causal: bool, scale: float, band: Band | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+        """The op's (dq, dk, dv) on the prepared tensors, dk/dv with K/V's prepared heads."""
+        raise NotImplementedError

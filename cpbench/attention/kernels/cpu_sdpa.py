@@ -4,17 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from cpbench.attention.kernels.base import (
-    Band,
-    _expand_kv,
-    _reduce_kv_grad,
-    band_mask,
-    normalize_band,
-)
+from cpbench.attention.kernels.base import Band, LocalKernel, band_mask
 from cpbench.compat import cpu_flash_supports_gqa
 
 
-class CpuSdpaKernel:
+class CpuSdpaKernel(LocalKernel):
     """PyTorch's fused flash attention for CPU, which returns the LSE and whose backward takes
     out/LSE: `aten._scaled_dot_product_flash_attention_for_cpu(_backward)`.
 
@@ -34,81 +28,37 @@ class CpuSdpaKernel:
 
     name = "sdpa"
     supports_band = True
-    """Whether a mask band (document / sliding-window piece) can be applied."""
+    bhsd = True
 
-    @staticmethod
-    def _bhsd(x: torch.Tensor) -> torch.Tensor:
+    def native_gqa(self) -> bool:
+        return cpu_flash_supports_gqa()
+
+    def _layout(self, x: torch.Tensor) -> torch.Tensor:
         x = x.transpose(1, 2)
         return x if x.dtype == torch.float32 else x.contiguous()
-
-    @staticmethod
-    def _kv(x: torch.Tensor, heads: int) -> torch.Tensor:
-        """K or V as this torch's op can take them: expanded to `heads` where it has no GQA."""
-        if x.shape[2] == heads or cpu_flash_supports_gqa():
-            return x
-        return _expand_kv(x, heads)
 
     @staticmethod
     def _additive(q: torch.Tensor, k: torch.Tensor, band: Band | None) -> torch.Tensor | None:
         if band is None:
             return None
-        keep = band_mask(q.shape[1], k.shape[1], band, q.device)
+        keep = band_mask(q.shape[2], k.shape[2], band, q.device)
         return torch.zeros(keep.shape, dtype=q.dtype, device=q.device).masked_fill(
             ~keep, float("-inf")
         )
 
-    def forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        causal: bool,
-        scale: float,
-        band: Band | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        heads = q.shape[2]
-        causal, band = normalize_band(causal, band)
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            self._bhsd(q),
-            self._bhsd(self._kv(k, heads)),
-            self._bhsd(self._kv(v, heads)),
-            0.0,
-            causal,
-            attn_mask=self._additive(q, k, band),
-            scale=scale,
+    def _forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
+        band: Band | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, causal, attn_mask=self._additive(q, k, band), scale=scale
         )
-        return out.transpose(1, 2), lse
 
-    def backward(
-        self,
-        dout: torch.Tensor,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        out: torch.Tensor,
-        lse: torch.Tensor,
-        causal: bool,
-        scale: float,
-        band: Band | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        heads, kv_heads = q.shape[2], k.shape[2]
-        causal, band = normalize_band(causal, band)
-        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            self._bhsd(dout),
-            self._bhsd(q),
-            self._bhsd(self._kv(k, heads)),
-            self._bhsd(self._kv(v, heads)),
-            self._bhsd(out),
-            lse.contiguous(),
-            0.0,
-            causal,
-            attn_mask=self._additive(q, k, band),
-            scale=scale,
-        )
-        # Where K/V were expanded, dk/dv have one copy per query head: sum each group back
-        # (a no-op where the op handled GQA itself and returned H_kv heads).
-        return (
-            dq.transpose(1, 2),
-            _reduce_kv_grad(dk.transpose(1, 2), kv_heads),
-            _reduce_kv_grad(dv.transpose(1, 2), kv_heads),
+    def _backward(
+        self, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+        out: torch.Tensor, lse: torch.Tensor, causal: bool, scale: float, band: Band | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+        mask = self._additive(q, k, band)
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            dout, q, k, v, out, lse, 0.0, causal, attn_mask=mask, scale=scale
         )

@@ -7,14 +7,7 @@ import torch
 
 from cpbench import compat
 from cpbench.attention.kernels import ops
-from cpbench.attention.kernels.base import (
-    Band,
-    ForwardRngState,
-    _expand_kv,
-    _reduce_kv_grad,
-    normalize_band,
-    refuse_band,
-)
+from cpbench.attention.kernels.base import Band, LocalKernel
 from cpbench.attention.kernels.naive import NaiveKernel
 
 CUDNN_MIN_VERSION = 90000
@@ -56,7 +49,7 @@ def cudnn_unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
     return None
 
 
-class CudnnKernel(ForwardRngState):
+class CudnnKernel(LocalKernel):
     """cuDNN attention (fp16/bf16, Ampere and newer). Our [B, S, H, D] tensors go in as
     [B, H, S, D] views (cuDNN takes any strides whose last one is 1). The op returns the LSE as
     [B, H, S, 1] float32 (aten's layout for this op, cudnn-frontend#837); the kernel hands back
@@ -68,36 +61,27 @@ class CudnnKernel(ForwardRngState):
     backward, as for PyTorch's flash op."""
 
     name = "cudnn"
-    supports_band = False
-    """Whether a mask band (document / sliding-window piece) can be applied."""
+    bhsd = True
+    keeps_rng = True
 
     def __init__(self) -> None:
-        self._rng: tuple[torch.Tensor, torch.Tensor] | None = None
         self._lse_4d = True
 
-    @staticmethod
-    def _kv(x: torch.Tensor, heads: int) -> torch.Tensor:
-        return (x if cudnn_native_gqa() else _expand_kv(x, heads)).transpose(1, 2)
+    def native_gqa(self) -> bool:
+        return cudnn_native_gqa()
 
-    def forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        causal: bool,
-        scale: float,
-        band: Band | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        causal, band = normalize_band(causal, band)
-        refuse_band("cudnn", band)
-        if k.shape[1] == 1:
-            return ONE_KEY.forward(q, k, v, causal, scale)
-        h = q.shape[2]
+    def _delegate(self, k: torch.Tensor) -> LocalKernel | None:
+        return ONE_KEY if k.shape[1] == 1 else None
+
+    def _forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
+        band: Band | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         res = ops.call_op(
             "_scaled_dot_product_cudnn_attention",
-            query=q.transpose(1, 2),
-            key=self._kv(k, h),
-            value=self._kv(v, h),
+            query=q,
+            key=k,
+            value=v,
             attn_bias=None,
             compute_log_sumexp=True,
             dropout_p=0.0,
@@ -108,53 +92,32 @@ class CudnnKernel(ForwardRngState):
         out, lse = res[0], res[1]
         self._rng = (res[6], res[7])
         self._lse_4d = lse.dim() == 4
-        lse = lse.squeeze(-1) if self._lse_4d else lse
-        return out.transpose(1, 2), lse.float()
+        return out, lse.squeeze(-1) if self._lse_4d else lse
 
-    def backward(
-        self,
-        dout: torch.Tensor,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        out: torch.Tensor,
-        lse: torch.Tensor,
-        causal: bool,
-        scale: float,
-        band: Band | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        causal, band = normalize_band(causal, band)
-        refuse_band("cudnn", band)
-        if k.shape[1] == 1:
-            return ONE_KEY.backward(dout, q, k, v, out, lse, causal, scale)
-        h = q.shape[2]
-        seed, offset = self._rng_for_backward(q, k, v, scale)
-        dout_t, out_t = dout.transpose(1, 2), out.transpose(1, 2)
-        if dout_t.stride() != out_t.stride():
-            dout_t, out_t = dout_t.contiguous(), out_t.contiguous()
-        lse_in = lse.contiguous()
+    def _backward(
+        self, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+        out: torch.Tensor, lse: torch.Tensor, causal: bool, scale: float, band: Band | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+        seed, offset = self._recorded()
+        if dout.stride() != out.stride():
+            dout, out = dout.contiguous(), out.contiguous()
         dq, dk, dv = ops.call_op(
             "_scaled_dot_product_cudnn_attention_backward",
-            grad_out=dout_t,
-            query=q.transpose(1, 2),
-            key=self._kv(k, h),
-            value=self._kv(v, h),
-            out=out_t,
-            logsumexp=lse_in.unsqueeze(-1) if self._lse_4d else lse_in,
+            grad_out=dout,
+            query=q,
+            key=k,
+            value=v,
+            out=out,
+            logsumexp=lse.unsqueeze(-1) if self._lse_4d else lse,
             philox_seed=seed,
             philox_offset=offset,
             attn_bias=None,
             cum_seq_q=None,
             cum_seq_k=None,
-            max_q=q.shape[1],
-            max_k=k.shape[1],
+            max_q=q.shape[2],
+            max_k=k.shape[2],
             dropout_p=0.0,
             is_causal=causal,
             scale=scale,
         )[:3]
-        kv_heads = k.shape[2]
-        return (
-            dq.transpose(1, 2),
-            _reduce_kv_grad(dk.transpose(1, 2), kv_heads),
-            _reduce_kv_grad(dv.transpose(1, 2), kv_heads),
-        )
+        return dq, dk, dv

@@ -6,14 +6,7 @@ from __future__ import annotations
 import torch
 
 from cpbench.attention.kernels import ops
-from cpbench.attention.kernels.base import (
-    Band,
-    ForwardRngState,
-    _expand_kv,
-    _reduce_kv_grad,
-    normalize_band,
-    refuse_band,
-)
+from cpbench.attention.kernels.base import Band, LocalKernel
 
 EFFICIENT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 """What the memory-efficient (cutlass) kernels compute in; float64 stays with einsum."""
@@ -38,51 +31,36 @@ def efficient_unavailable(device: torch.device, dtype: torch.dtype) -> str | Non
     return None
 
 
-def efficient_native_gqa() -> bool:
-    """Whether the memory-efficient op takes K/V with fewer heads than Q: in no release read
-    (its kernel wants equal head counts, and `scaled_dot_product_attention(enable_gqa=True)`
-    never routes GQA to it), so K/V are expanded, one copy per call."""
-    return False
-
-
-class EfficientKernel(ForwardRngState):
+class EfficientKernel(LocalKernel):
     """PyTorch's memory-efficient attention (float32, fp16, bf16 on CUDA): O(S) memory, the
     LSE returned and taken by its backward, so float32 on a GPU never falls back to the einsum
-    kernel's S^2 scores. Our [B, S, H, D] tensors go in as [B, H, S, D] views. The op wants
-    equal head counts, so GQA expands K/V locally and sums their gradients back. The LSE comes
-    back padded (`LSE_ALIGN`): the kernel hands back its first S entries and gives the
-    backward a buffer padded the way its forward padded. Dropout 0: the RNG state of the last
-    forward is reused in the backward."""
+    kernel's S^2 scores. The op wants equal head counts (GQA expands K/V). The LSE comes back
+    padded (`LSE_ALIGN`): the kernel hands back its first S entries and gives the backward a
+    buffer padded the way its forward padded. Dropout 0: the RNG state of the last forward is
+    reused in the backward."""
 
     name = "efficient"
-    supports_band = False
-    """Whether a mask band (document / sliding-window piece) can be applied."""
+    bhsd = True
+    keeps_rng = True
 
     def __init__(self) -> None:
-        self._rng: tuple[torch.Tensor, torch.Tensor] | None = None
         self._lse_align = 1 if torch.version.hip else LSE_ALIGN  # until a forward shows it
 
-    @staticmethod
-    def _kv(x: torch.Tensor, heads: int) -> torch.Tensor:
-        return (x if efficient_native_gqa() else _expand_kv(x, heads)).transpose(1, 2)
+    def native_gqa(self) -> bool:
+        """In no release read: its kernel wants equal head counts, and
+        `scaled_dot_product_attention(enable_gqa=True)` never routes GQA to it."""
+        return False
 
-    def forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        causal: bool,
-        scale: float,
-        band: Band | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        causal, band = normalize_band(causal, band)
-        refuse_band("efficient", band)
-        h, sq = q.shape[2], q.shape[1]
+    def _forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
+        band: Band | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        sq = q.shape[2]
         res = ops.call_op(
             "_scaled_dot_product_efficient_attention",
-            query=q.transpose(1, 2),
-            key=self._kv(k, h),
-            value=self._kv(v, h),
+            query=q,
+            key=k,
+            value=v,
             attn_bias=None,
             compute_log_sumexp=True,
             dropout_p=0.0,
@@ -93,42 +71,31 @@ class EfficientKernel(ForwardRngState):
         self._rng = (res[2], res[3])
         if lse.shape[-1] != sq or sq % LSE_ALIGN:  # an S that tells whether it pads
             self._lse_align = LSE_ALIGN if lse.shape[-1] != sq else 1
-        return out.transpose(1, 2), lse[..., :sq].float()
+        return out, lse  # `forward` keeps the first S entries
 
     def _padded_lse(self, lse: torch.Tensor) -> torch.Tensor:
-        """The [B, H, S] LSE as the op's backward reads it: dense, padded like the forward's."""
+        """The dense [B, H, S] LSE as the op's backward reads it: padded like the forward's."""
         sq = lse.shape[-1]
         padded = -(-sq // self._lse_align) * self._lse_align
         if padded == sq:
-            return lse.contiguous()
+            return lse
         buffer = lse.new_zeros((*lse.shape[:-1], padded))
         buffer[..., :sq] = lse
         return buffer
 
-    def backward(
-        self,
-        dout: torch.Tensor,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        out: torch.Tensor,
-        lse: torch.Tensor,
-        causal: bool,
-        scale: float,
-        band: Band | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        causal, band = normalize_band(causal, band)
-        refuse_band("efficient", band)
-        h = q.shape[2]
-        seed, offset = self._rng_for_backward(q, k, v, scale)
+    def _backward(
+        self, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+        out: torch.Tensor, lse: torch.Tensor, causal: bool, scale: float, band: Band | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+        seed, offset = self._recorded()
         dq, dk, dv = ops.call_op(
             "_scaled_dot_product_efficient_attention_backward",
-            grad_out_=dout.transpose(1, 2),
-            query=q.transpose(1, 2),
-            key=self._kv(k, h),
-            value=self._kv(v, h),
+            grad_out_=dout,
+            query=q,
+            key=k,
+            value=v,
             attn_bias=None,
-            out=out.transpose(1, 2),
+            out=out,
             logsumexp=self._padded_lse(lse),
             philox_seed=seed,
             philox_offset=offset,
@@ -137,9 +104,4 @@ class EfficientKernel(ForwardRngState):
             is_causal=causal,
             scale=scale,
         )[:3]
-        kv_heads = k.shape[2]
-        return (
-            dq.transpose(1, 2),
-            _reduce_kv_grad(dk.transpose(1, 2), kv_heads),
-            _reduce_kv_grad(dv.transpose(1, 2), kv_heads),
-        )
+        return dq, dk, dv

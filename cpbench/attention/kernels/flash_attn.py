@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from cpbench.attention.kernels.base import Band, normalize_band
+from cpbench.attention.kernels.base import Band, LocalKernel, normalize_band
 from cpbench.attention.kernels.ops import last_dim_contiguous
 
 
@@ -60,19 +59,6 @@ def _calls(r0: int, r1: int, sk: int, lo: int | None, hi: int | None) -> tuple[F
     return _calls(r0, mid, sk, lo, hi) + _calls(mid, r1, sk, lo, hi)
 
 
-Forward = Callable[
-    [torch.Tensor, torch.Tensor, torch.Tensor, bool, float, int, int],
-    tuple[torch.Tensor, torch.Tensor],
-]
-"""(q, k, v, causal, scale, left, right) -> (out, lse [B, H, S] float32): one library call."""
-Backward = Callable[
-    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, bool,
-     float, int, int],
-    tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-]  # fmt: skip
-"""(dout, q, k, v, out, lse, causal, scale, left, right) -> (dq, dk, dv): one library call."""
-
-
 def flash_plan(
     sq: int, sk: int, causal: bool, band: Band | None
 ) -> tuple[bool, tuple[FlashCall, ...]]:
@@ -92,61 +78,73 @@ def _whole(calls: tuple[FlashCall, ...], sq: int, sk: int) -> bool:
     return len(calls) == 1 and calls[0].rows == slice(0, sq) and calls[0].cols == slice(0, sk)
 
 
-def banded_forward(
-    call: Forward,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    causal: bool,
-    scale: float,
-    band: Band | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The forward of a flash kernel (flash-attn 2 or 3) for any mask, as `flash_plan` splits
-    it: one call when that is exact, else each call's rows written in place (rows no key
-    reaches: out 0, LSE -inf, the convention of cpbench's other kernels)."""
-    sq, sk = q.shape[1], k.shape[1]
-    causal, calls = flash_plan(sq, sk, causal, band)
-    if _whole(calls, sq, sk):
-        return call(q, k, v, causal, scale, calls[0].left, calls[0].right)
-    b, _, h, _ = q.shape
-    out = q.new_zeros((b, sq, h, v.shape[3]))
-    lse = torch.full((b, h, sq), float("-inf"), dtype=torch.float32, device=q.device)
-    for c in calls:
-        o, l_ = call(q[:, c.rows], k[:, c.cols], v[:, c.cols], False, scale, c.left, c.right)
-        out[:, c.rows] = o
-        lse[:, :, c.rows] = l_
-    return out, lse
+class FlashKernel(LocalKernel):
+    """A flash kernel (flash-attn 2 or 3): native GQA, [B, S, H, D] layout, any mask as
+    `flash_plan` splits it into library calls (`_call`, `_call_backward`): one call when that
+    is exact, else each call's rows written in place (rows no key reaches: out 0, LSE -inf,
+    the convention of cpbench's other kernels), and in the backward each call's dq rows
+    written, its dk / dv columns summed (the calls of one piece share key columns). A band
+    goes to the library's window: a release without one refuses it (`call_with_signature`)."""
+
+    supports_band = True
+
+    def _mask(self, causal: bool, band: Band | None) -> tuple[bool, Band | None]:
+        return normalize_band(causal, band)
+
+    def _forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
+        band: Band | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        sq, sk = q.shape[1], k.shape[1]
+        causal, calls = flash_plan(sq, sk, causal, band)
+        if _whole(calls, sq, sk):
+            return self._call(q, k, v, causal, scale, calls[0].left, calls[0].right)
+        b, _, h, _ = q.shape
+        out = q.new_zeros((b, sq, h, v.shape[3]))
+        lse = torch.full((b, h, sq), float("-inf"), dtype=torch.float32, device=q.device)
+        for c in calls:
+            o, l_ = self._call(q[:, c.rows], k[:, c.cols], v[:, c.cols], False, scale, c.left,
+                               c.right)  # fmt: skip
+            out[:, c.rows] = o
+            lse[:, :, c.rows] = l_
+        return out, lse
+
+    def _backward(
+        self, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+        out: torch.Tensor, lse: torch.Tensor, causal: bool, scale: float, band: Band | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+        sq, sk = q.shape[1], k.shape[1]
+        causal, calls = flash_plan(sq, sk, causal, band)
+        if _whole(calls, sq, sk):
+            left, right = calls[0].left, calls[0].right
+            return self._call_backward(dout, q, k, v, out, lse, causal, scale, left, right)
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        for c in calls:
+            dqc, dkc, dvc = self._call_backward(
+                dout[:, c.rows], q[:, c.rows], k[:, c.cols], v[:, c.cols], out[:, c.rows],
+                lse[:, :, c.rows], False, scale, c.left, c.right,
+            )  # fmt: skip
+            dq[:, c.rows] = dqc
+            dk[:, c.cols] += dkc
+            dv[:, c.cols] += dvc
+        return dq, dk, dv
+
+    def _call(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
+        left: int, right: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """One library forward with window (left, right): (out, LSE [B, H, S] float32)."""
+        raise NotImplementedError
+
+    def _call_backward(
+        self, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+        out: torch.Tensor, lse: torch.Tensor, causal: bool, scale: float, left: int, right: int,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+        """One library backward with window (left, right): (dq, dk, dv)."""
+        raise NotImplementedError
 
 
-def banded_backward(
-    call: Backward,
-    dout: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    causal: bool,
-    scale: float,
-    band: Band | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The backward matching `banded_forward`: each call's dq rows written, its dk / dv
-    columns summed (the calls of one piece share key columns)."""
-    sq, sk = q.shape[1], k.shape[1]
-    causal, calls = flash_plan(sq, sk, causal, band)
-    if _whole(calls, sq, sk):
-        return call(dout, q, k, v, out, lse, causal, scale, calls[0].left, calls[0].right)
-    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    for c in calls:
-        dqc, dkc, dvc = call(dout[:, c.rows], q[:, c.rows], k[:, c.cols], v[:, c.cols],
-                             out[:, c.rows], lse[:, :, c.rows], False, scale, c.left, c.right)  # fmt: skip
-        dq[:, c.rows] = dqc
-        dk[:, c.cols] += dkc
-        dv[:, c.cols] += dvc
-    return dq, dk, dv
-
-
-class FlashAttnKernel:
+class FlashAttnKernel(FlashKernel):
     """The flash-attn package (Dao-AILab) on CUDA: native GQA, [B, S, H, D] layout, LSE out,
     backward with given out/LSE. Its private functions changed signature across releases; the
     calls below are those of 2.7 and 2.8 (older versions are not selected).
@@ -164,26 +162,13 @@ class FlashAttnKernel:
     clamping; a non-square causal block too (flash-attn's causal is bottom-right aligned)."""
 
     name = "flash_attn"
-    supports_band = True
-    """Whether a mask band (document / sliding-window piece) can be applied."""
 
     def __init__(self) -> None:
         from flash_attn import flash_attn_interface  # noqa: PLC0415 - optional dependency
 
         self._fa = flash_attn_interface
 
-    def forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        causal: bool,
-        scale: float,
-        band: Band | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        return banded_forward(self._forward, q, k, v, causal, scale, band)
-
-    def _forward(
+    def _call(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
         left: int, right: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
@@ -202,21 +187,7 @@ class FlashAttnKernel:
         )
         return res[0], res[1].float()
 
-    def backward(
-        self,
-        dout: torch.Tensor,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        out: torch.Tensor,
-        lse: torch.Tensor,
-        causal: bool,
-        scale: float,
-        band: Band | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return banded_backward(self._backward, dout, q, k, v, out, lse, causal, scale, band)
-
-    def _backward(
+    def _call_backward(
         self, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         out: torch.Tensor, lse: torch.Tensor, causal: bool, scale: float, left: int, right: int,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip

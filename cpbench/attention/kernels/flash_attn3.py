@@ -12,8 +12,7 @@ from typing import Any
 
 import torch
 
-from cpbench.attention.kernels.base import Band
-from cpbench.attention.kernels.flash_attn import banded_backward, banded_forward
+from cpbench.attention.kernels.flash_attn import FlashKernel
 from cpbench.attention.kernels.ops import call_with_signature, last_dim_contiguous
 
 MODULE = "flash_attn_interface"
@@ -26,34 +25,11 @@ WINDOW = ("window_size", "window_size_left")
 """The window's parameter in the 2024 betas and 2025 (a tuple), and from late 2025 (two ints).
 FA3 before 2024-08-29 has neither: it cannot apply a band."""
 
-_UNUSED_INPUTS = (
-    "k_new",
-    "v_new",
-    "qv",
-    "out_",
-    "cu_seqlens_q",
-    "cu_seqlens_k",
-    "cu_seqlens_k_new",
-    "seqused_q",
-    "seqused_k",
-    "sequed_q",
-    "sequed_k",
-    "max_seqlen_q",
-    "max_seqlen_k",
-    "page_table",
-    "kv_batch_idx",
-    "leftpad_k",
-    "rotary_cos",
-    "rotary_sin",
-    "seqlens_rotary",
-    "q_descale",
-    "k_descale",
-    "v_descale",
-    "descale_q",
-    "descale_k",
-    "descale_v",
-    "scheduler_metadata",
-    "pack_gqa",
+_UNUSED_INPUTS = tuple(
+    "k_new v_new qv out_ cu_seqlens_q cu_seqlens_k cu_seqlens_k_new seqused_q seqused_k sequed_q"
+    " sequed_k max_seqlen_q max_seqlen_k page_table kv_batch_idx leftpad_k rotary_cos rotary_sin"
+    " seqlens_rotary q_descale k_descale v_descale descale_q descale_k descale_v"
+    " scheduler_metadata pack_gqa".split()
 )
 """Parameters of some FA3 release that cpbench leaves unset (None): varlen, paged KV, rotary,
 FP8 descaling, scheduling hints."""
@@ -127,7 +103,7 @@ def _new_api(fn: Any) -> bool:
     return "k_new" in inspect.signature(getattr(fn, "_init_fn", fn)).parameters
 
 
-class FlashAttn3Kernel:
+class FlashAttn3Kernel(FlashKernel):
     """FlashAttention-3 on Hopper (fp16/bf16): native GQA, [B, S, H, D] layout, LSE out,
     backward with given out/LSE. Inputs whose last dimension is contiguous go in as they are
     (FA3 copies only the others, as flash-attn 2 does); the LSE goes in dense. A band goes in
@@ -147,18 +123,7 @@ class FlashAttn3Kernel:
         self.supports_band = takes_window(fa)
         """Whether a mask band (document / sliding-window piece) can be applied."""
 
-    def forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        causal: bool,
-        scale: float,
-        band: Band | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        return banded_forward(self._forward, q, k, v, causal, scale, band)
-
-    def _forward(
+    def _call(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
         left: int, right: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
@@ -176,21 +141,7 @@ class FlashAttn3Kernel:
         lse = res[5] if self._beta and len(res) == 7 else res[1]
         return res[0], lse.float()
 
-    def backward(
-        self,
-        dout: torch.Tensor,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        out: torch.Tensor,
-        lse: torch.Tensor,
-        causal: bool,
-        scale: float,
-        band: Band | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return banded_backward(self._backward, dout, q, k, v, out, lse, causal, scale, band)
-
-    def _backward(
+    def _call_backward(
         self, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         out: torch.Tensor, lse: torch.Tensor, causal: bool, scale: float, left: int, right: int,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip

@@ -4,44 +4,32 @@ from __future__ import annotations
 
 import torch
 
-from cpbench.attention.kernels.base import (
-    Band,
-    _expand_kv,
-    _reduce_kv_grad,
-    band_mask,
-    causal_mask,
-    normalize_band,
-)
+from cpbench.attention.kernels.base import Band, LocalKernel, band_mask, causal_mask
 
 
-class NaiveKernel:
+class NaiveKernel(LocalKernel):
     """Plain einsum attention in float32 (or float64 for float64 inputs).
 
     The last resort on any device and the kernel of the test reference. Materialises the
-    [S_q, S_k] score matrix, so it is only for small blocks.
+    [S_q, S_k] score matrix, so it is only for small blocks. GQA by expanding K/V.
     """
 
     name = "naive"
     supports_band = True
-    """Whether a mask band (document / sliding-window piece) can be applied."""
+
+    def native_gqa(self) -> bool:
+        return False
 
     @staticmethod
     def _compute_dtype(x: torch.Tensor) -> torch.dtype:
         return torch.float64 if x.dtype == torch.float64 else torch.float32
 
     def _probs(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        causal: bool,
-        scale: float,
-        lse: torch.Tensor | None,
-        band: Band | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self, q: torch.Tensor, k: torch.Tensor, causal: bool, scale: float,
+        lse: torch.Tensor | None, band: Band | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         ct = self._compute_dtype(q)
-        kk = _expand_kv(k, q.shape[2]).to(ct)
-        scores = torch.einsum("bqhd,bkhd->bhqk", q.to(ct), kk) * scale
-        causal, band = normalize_band(causal, band)
+        scores = torch.einsum("bqhd,bkhd->bhqk", q.to(ct), k.to(ct)) * scale
         if band is not None:
             scores = scores.masked_fill(
                 ~band_mask(q.shape[1], k.shape[1], band, q.device), float("-inf")
@@ -56,48 +44,25 @@ class NaiveKernel:
         probs = torch.nan_to_num(probs, nan=0.0)
         return probs, lse
 
-    def forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        causal: bool,
-        scale: float,
-        band: Band | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        ct = self._compute_dtype(q)
+    def _forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
+        band: Band | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         probs, lse = self._probs(q, k, causal, scale, None, band)
-        vv = _expand_kv(v, q.shape[2]).to(ct)
-        out = torch.einsum("bhqk,bkhd->bqhd", probs, vv)
-        lse_out = lse if ct == torch.float64 else lse.float()
-        return out.to(q.dtype), lse_out
+        return torch.einsum("bhqk,bkhd->bqhd", probs, v.to(self._compute_dtype(q))), lse
 
-    def backward(
-        self,
-        dout: torch.Tensor,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        out: torch.Tensor,
-        lse: torch.Tensor,
-        causal: bool,
-        scale: float,
-        band: Band | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _backward(
+        self, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+        out: torch.Tensor, lse: torch.Tensor, causal: bool, scale: float, band: Band | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+        """The gradients in the compute dtype: `backward` sums K/V's head copies, then casts."""
         ct = self._compute_dtype(q)
         probs, _ = self._probs(q, k, causal, scale, lse, band)
-        vv = _expand_kv(v, q.shape[2]).to(ct)
-        kk = _expand_kv(k, q.shape[2]).to(ct)
         do = dout.to(ct)
         dv = torch.einsum("bhqk,bqhd->bkhd", probs, do)
-        dp = torch.einsum("bqhd,bkhd->bhqk", do, vv)
+        dp = torch.einsum("bqhd,bkhd->bhqk", do, v.to(ct))
         delta = (do * out.to(ct)).sum(dim=-1).transpose(1, 2).unsqueeze(-1)  # [B, H, Sq, 1]
         ds = probs * (dp - delta) * scale
-        dq = torch.einsum("bhqk,bkhd->bqhd", ds, kk)
+        dq = torch.einsum("bhqk,bkhd->bqhd", ds, k.to(ct))
         dk = torch.einsum("bhqk,bqhd->bkhd", ds, q.to(ct))
-        kv_heads = k.shape[2]
-        return (
-            dq.to(q.dtype),
-            _reduce_kv_grad(dk, kv_heads).to(k.dtype),
-            _reduce_kv_grad(dv, kv_heads).to(v.dtype),
-        )
+        return dq, dk, dv
