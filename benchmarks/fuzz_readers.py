@@ -10,6 +10,7 @@ the commands through the CLI (slower: report, validate, recommend, formulas)."""
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import tempfile
 import time
@@ -65,6 +66,14 @@ class OutOfTime(Exception):
     """The --seconds budget is spent."""
 
 
+SLOW = 10
+"""Seconds one input may take: beyond, it is a failure (a reader that hangs)."""
+
+
+def _too_slow(signum: int, frame: object) -> None:
+    raise TimeoutError(f"one input took over {SLOW} s")
+
+
 def run(
     name: str, strategy: st.SearchStrategy[Any], check: Check, examples: int, seed: int,
     deadline: float,
@@ -84,12 +93,15 @@ def run(
             raise OutOfTime
         done += 1
         with tempfile.TemporaryDirectory() as folder:
+            signal.alarm(SLOW)
             try:
                 check(Path(folder), value)
                 stray = {p.name for p in fz.files_in(Path(folder))} - INPUTS
                 assert not stray, f"files written beside the input: {sorted(stray)}"
             except Exception:  # noqa: BLE001 - every failure is reported, the run goes on
                 failures.append(f"{name}: {traceback.format_exc(limit=-3)}input: {value!r:.300}")
+            finally:
+                signal.alarm(0)
 
     try:
         one()
@@ -104,8 +116,11 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--seconds", type=float, default=None, help="stop when spent")
     parser.add_argument("--cli", action="store_true", help="also the commands through the CLI")
+    parser.add_argument("--only", default=None, help="the readers whose name contains this")
     args = parser.parse_args()
+    signal.signal(signal.SIGALRM, _too_slow)
     readers = {**READERS, **(CLI if args.cli else {})}
+    readers = {k: v for k, v in readers.items() if args.only is None or args.only in k}
     start = time.monotonic()
     total_failures: list[str] = []
     for index, (name, (strategy, check)) in enumerate(readers.items()):

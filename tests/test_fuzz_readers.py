@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from tests import fuzz_inputs as fz
 
 FAST = settings(
-    max_examples=40,
+    max_examples=100,
     deadline=None,
     derandomize=True,
     database=None,
@@ -78,7 +78,7 @@ def test_table_reader(file: tuple[str, bytes]) -> None:
 RECOMMEND = ["recommend", "--heads", "8", "--kv-heads", "2", "--seq-len", "1024", "--gpus", "4"]
 
 
-@settings(FAST, max_examples=12)
+@settings(FAST, max_examples=8)
 @given(fz.results_files())
 def test_results_commands(content: bytes) -> None:
     with _folder() as folder:

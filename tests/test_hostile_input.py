@@ -270,3 +270,12 @@ def test_documents_file_of_random_bytes_or_deep_json(tmp_path: Path) -> None:
     long.write_text("9" * 5_000 + "\n")
     with pytest.raises(CpbenchError, match=r"'99999.*\(5000 characters\)' is not a document"):
         resolve_documents(str(long), 1024)
+
+
+def test_a_huge_world_size_in_a_scenario_is_refused_at_once(tmp_path: Path) -> None:
+    """A world of 400 digits was factorized rank by rank: the loader never returned."""
+    text = Path("cpbench/data/cpu-smoke.toml").read_text()
+    path = tmp_path / "s.toml"
+    path.write_text(text.replace("world_size = 4", "world_size = " + "9" * 400))
+    with pytest.raises(CpbenchError, match="key 'world_size': 9+ ranks is more than 1048576"):
+        load_scenario(str(path))

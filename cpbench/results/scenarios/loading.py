@@ -29,6 +29,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
+MAX_WORLD_SIZE = 2**20
+"""Most ranks a scenario may name (a world of 10**400 would take forever to factorize)."""
 BUILTIN = "<builtin>"
 """`Scenario.source` of a scenario shipped inside the package (`cpbench/data/*.toml`)."""
 
@@ -98,6 +100,11 @@ def _scenario(
         values["gqa_ratio"] = (1,)
     scenario = Scenario.model_construct(**values)  # validated already
     if scenario.world_size != "auto":
+        if scenario.world_size > MAX_WORLD_SIZE:
+            raise CpbenchError(
+                f"{source}: key 'world_size': {scenario.world_size} ranks is more than "
+                f"{MAX_WORLD_SIZE} (the most a scenario may name)"
+            )
         scenario.meshes(scenario.world_size)  # a mesh that does not fit is an error in the file
     return scenario
 
