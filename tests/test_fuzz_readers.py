@@ -78,7 +78,7 @@ def test_table_reader(file: tuple[str, bytes]) -> None:
 RECOMMEND = ["recommend", "--heads", "8", "--kv-heads", "2", "--seq-len", "1024", "--gpus", "4"]
 
 
-@settings(FAST, max_examples=8)
+@settings(FAST, max_examples=6)
 @given(fz.results_files())
 def test_results_commands(content: bytes) -> None:
     with _folder() as folder:
