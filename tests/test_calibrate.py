@@ -668,7 +668,8 @@ ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "tests" / "fixtures" / "calibrate_json.jsonl"
 """`cpbench calibrate|validate ARGS --json` captured before the reports became typed (`{"args":
 [...], "json": {...}}` a line; paths relative to the repository): calibrate on a sweep and on a
-table (a prior warning), validate calibrated first and on a holdout."""
+table (a prior warning), validate calibrated first and on a holdout; since then the warnings also
+count the records a fit leaves out."""
 
 
 @pytest.mark.parametrize(

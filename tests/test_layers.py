@@ -15,7 +15,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "cpbench"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "units", "files", ""),  # "" = the package root (__version__)
+    ("errors", "units", "files", "reading", ""),  # "" = the package root (__version__)
     ("config",),
     ("model",),
     ("compat",),  # the torch-version compatibility shims every torch-using layer calls
@@ -28,7 +28,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("cli", "__main__"),
 )
 """Bottom to top. The root name of each module (`cpbench.<root>...`) decides its layer."""
-PURE = ("config", "model", "errors", "units", "files")
+PURE = ("config", "model", "errors", "units", "files", "reading")
 """Layers that never import torch (the CLI validates and the model answers without it)."""
 
 

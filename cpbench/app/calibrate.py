@@ -32,11 +32,12 @@ from cpbench.model.calibrate import (
     measurements_from_records,
     validate_profile,
 )
-from cpbench.model.calibrate.measurements import default_prior
+from cpbench.model.calibrate.measurements import default_prior, measurement_from_record
 from cpbench.model.calibrate.table import is_table, measurements_from_table
 from cpbench.model.hardware.loading import load_profile
 from cpbench.model.hardware.profile import HardwareProfile
 from cpbench.model.hardware.writer import save_profile
+from cpbench.results.store import status_summary
 
 if TYPE_CHECKING:
     from cpbench.model.calibrate.published import MachineValidation
@@ -44,23 +45,39 @@ if TYPE_CHECKING:
 
 def _measurements_and_prior(
     paths: Sequence[str], hardware: str | None, job: str
-) -> tuple[list[Measurement], HardwareProfile, PriorChoice]:
+) -> tuple[list[Measurement], HardwareProfile, PriorChoice, list[str]]:
     """The usable measurements of `paths`, the profile to start from (given, or the built-in
     profile of the GPU the records name) and how it was chosen (`prior_choice` of the report:
     name, reason, warning); CpbenchError when no record is usable."""
     tables = [p for p in paths if is_table(Path(p))]
     record_files = [p for p in paths if p not in tables]
-    measurements = measurements_from_records(load_results(record_files)) if record_files else []
+    records = load_results(record_files) if record_files else []
+    measurements = measurements_from_records(records)
     for table in tables:
         measurements += measurements_from_table(Path(table))
     if not measurements:
         raise CpbenchError(
-            f"no usable records in {', '.join(paths)}: {job} needs status 'ok' records "
-            f"with a feasible config and timing.median, or table rows (docs/cost-model.md)"
+            f"no usable records in {', '.join(paths)}: {status_summary(records)}; {job} needs "
+            f"status 'ok' records with a feasible config and timing.median, or table rows "
+            f"(docs/cost-model.md)"
         )
     choice = default_prior(measurements, hardware)
     chosen = PriorChoice(name=choice.name, reason=choice.reason, warning=choice.warning)
-    return measurements, load_profile(choice.name), chosen
+    unused = [r for r in records if measurement_from_record(r) is None]
+    warnings = [w for w in (choice.warning, _unused_note(unused, len(records))) if w]
+    return measurements, load_profile(choice.name), chosen, warnings
+
+
+def _unused_note(unused: Sequence[dict[str, Any]], total: int) -> str | None:
+    """What the fit left out, counted by status (an ok record: an external impl, an inference
+    step, an infeasible config or no timing.median)."""
+    if not unused:
+        return None
+    counts = status_summary(unused).partition(" (")[2].rstrip(")")
+    return (
+        f"{len(unused)} of {total} records not used ({counts}): only 'ok' records of "
+        f"cpbench's training steps with a feasible config and timing.median are fitted"
+    )
 
 
 def calibrate_results(
@@ -72,7 +89,9 @@ def calibrate_results(
     """Fit a profile to results files and optionally write it as TOML; the report."""
     if output:  # before the fit: an output that is an input is refused at once
         check_output(output, paths, "-o")
-    measurements, prior, chosen = _measurements_and_prior(paths, hardware, "calibration")
+    measurements, prior, chosen, warnings = _measurements_and_prior(
+        paths, hardware, "calibration"
+    )
     result = fit_profile(measurements, prior, name=name, files=tuple(paths))
     written = None
     if output:
@@ -88,7 +107,7 @@ def calibrate_results(
             **calibration_summary(result),
             "output": written,
             "prior_choice": chosen,
-            "warnings": [chosen.warning] if chosen.warning else [],
+            "warnings": warnings,
         }
     )
 
@@ -103,10 +122,12 @@ def validate_results(
     calibrate_first: bool = False,
 ) -> ValidationReport | HoldoutReport:
     """Predicted vs measured per configuration (or a holdout evaluation); the report."""
-    measurements, prior, chosen = _measurements_and_prior(paths, hardware, "validation")
+    measurements, prior, chosen, warnings = _measurements_and_prior(
+        paths, hardware, "validation"
+    )
     extra: dict[str, Any] = {
         "prior_choice": chosen,
-        "warnings": [chosen.warning] if chosen.warning else [],
+        "warnings": warnings,
     }
     if holdout:
         result = holdout_evaluation(

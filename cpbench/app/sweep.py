@@ -133,6 +133,8 @@ def _prepare_output(out: Path, resume: bool, launched: bool = False) -> set[str]
     """Check that `out` can take the sweep (fail before anything is measured); return the ids
     already recorded in it when resuming. In a launched world, a configuration that was in
     flight when an earlier job died (its marker) is recorded as failed first."""
+    if out.is_dir():
+        raise CpbenchError(f"output {out} is a directory: give --out a file name (a .jsonl)")
     if out.exists() and out.stat().st_size > 0 and not resume:
         raise CpbenchError(
             f"output {out} already has records: pass --resume to continue it, "

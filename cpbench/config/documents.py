@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Literal, get_args
 
 from cpbench.errors import CpbenchError
+from cpbench.reading import loads_json, read_text
 
 Distribution = Literal["lognormal", "powerlaw", "uniform"]
 DISTRIBUTIONS: tuple[Distribution, ...] = get_args(Distribution)
@@ -101,10 +102,10 @@ def draw_lengths(kind: str, text: str, seq_len: int, seed: int) -> list[int]:
 
 
 def _read_lengths(path: Path) -> list[int]:
-    text = path.read_text()
+    text = read_text(path, "documents file")
     if path.suffix == ".json":
         try:
-            data = json.loads(text)
+            data = loads_json(text, str(path))
         except json.JSONDecodeError as exc:
             raise CpbenchError(f"{path}: not JSON ({exc})") from None
         if isinstance(data, dict):
@@ -120,7 +121,8 @@ def _read_lengths(path: Path) -> list[int]:
         try:
             lengths.append(int(line))
         except ValueError:
-            raise CpbenchError(f"{path}:{number}: {line!r} is not a document length") from None
+            shown = line if len(line) <= 40 else f"{line[:37]}... ({len(line)} characters)"
+            raise CpbenchError(f"{path}:{number}: {shown!r} is not a document length") from None
     return lengths
 
 

@@ -4,7 +4,7 @@ The record, its versioning and migration: docs/design.md section 6."""
 
 from __future__ import annotations
 
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
@@ -43,6 +43,16 @@ Status = Literal["ok", "failed", "skipped", "timeout"]
 rule rejects it, or the impl cannot run it) or timed out."""
 STATUSES: tuple[str, ...] = get_args(Status)
 
+MAX_COUNT = 2**62
+"""Largest count (tokens, heads, ranks) a record may hold: beyond it no configuration exists."""
+Count = Annotated[int, Field(ge=1, le=MAX_COUNT)]
+"""A count of at least one (a mesh degree of 0 is impossible): a record with another is
+refused (`cpbench.results.store.parse_record`)."""
+Size = Annotated[int, Field(ge=0, le=MAX_COUNT)]
+"""A count that may be 0 (padding, cached tokens)."""
+Seconds = Annotated[float, Field(ge=0)]
+"""A measured time: not negative (NaN is refused too)."""
+
 """A direction of the communication counts: the forward or the backward pass."""
 
 
@@ -61,28 +71,28 @@ class RecordModel(BaseModel):
 class ConfigSection(RecordModel):
     """The configuration measured (`cpbench.config.bench.BenchConfig.to_dict`)."""
 
-    seq_len: int
+    seq_len: Count
     """Global sequence length (tokens)."""
-    batch: int
+    batch: Count
     """Batch size."""
-    heads: int
+    heads: Count
     """Query heads."""
-    kv_heads: int
+    kv_heads: Count
     """Key/value heads (GQA when fewer than heads)."""
-    head_dim: int
+    head_dim: Count
     """Dimension of one head."""
     dtype: str
     """float32 | bfloat16 | float16 (`cpbench.config.vocabulary.Dtype`)."""
     causal: bool
     """Causal mask (else full attention); `mask` names the whole mask."""
-    ulysses: int
+    ulysses: Count
     """Ulysses (all-to-all) degree U of the U x R mesh."""
-    ring: int
+    ring: Count
     """Ring degree R of the U x R mesh."""
     layout: str
     """contiguous | zigzag | striped | doc_zigzag | balanced: how the sequence is cut over the
     ring (`cpbench.config.vocabulary.Layout`)."""
-    kv_replication: int
+    kv_replication: Count
     """Copies of each KV head (1 = none), resolved."""
     backend: str
     """Kernel requested (`cpbench.config.vocabulary.Backend`): auto | sdpa | naive | flash_attn |
@@ -91,9 +101,9 @@ class ConfigSection(RecordModel):
     """Kernel used (null when not run)."""
     device: str
     """cpu | cuda."""
-    world_size: int
+    world_size: Count
     """Ranks of the run (U x R)."""
-    nodes: int
+    nodes: Count
     """Nodes the ranks span."""
     phase: Phase
     """fwd | fwd+bwd: what one timed step runs."""
@@ -107,22 +117,22 @@ class ConfigSection(RecordModel):
     """causal | full | document | sliding_window | document_sliding_window
     (`cpbench.config.masks.MaskSpec.kind`). Absent in records written before masks: read as
     causal or full by `causal` (filled in when the record is read, not written back)."""
-    documents: list[int] | None = None
+    documents: list[Count] | None = None
     """Lengths of the documents packed into each sequence, in order, summing to seq_len (the
     resolved lengths, whatever source the scenario named); null = one document."""
-    window: int | None = None
+    window: Count | None = None
     """Sliding window W in tokens: a query sees the last W keys, itself included; null =
     unbounded."""
     cp_comm: str = "p2p"
     """How the ring axis exchanges K/V (`cpbench.config.vocabulary.CpComm`): p2p (the ring)
     or all_gather (every rank gathers all K/V; dK/dV reduce-scattered)."""
-    heads_k_stride: int | None = None
+    heads_k_stride: Count | None = None
     """KV heads per all-gather (all_gather only); null = all in one gather."""
-    padding: int | None = None
+    padding: Size | None = None
     """Tokens the layout added (doc_zigzag pads every document to a multiple of 2R; the other
     layouts add none). Read as 0 from records written before masks; null for a configuration
     whose layout cannot be packed (skipped)."""
-    run_seq_len: int | None = None
+    run_seq_len: Count | None = None
     """Tokens as run: seq_len + padding (what every byte and FLOP of the record is counted
     on). Read as seq_len from records written before masks."""
     inference: InferenceConfigSection | None = None
@@ -153,9 +163,9 @@ class InferenceConfigSection(RecordModel):
 
     phase: InferencePhase
     """prefill (T new tokens on P cached) or decode (1 to 8 new queries over the cache)."""
-    cached_len: int
+    cached_len: Size
     """P: tokens already in the KV cache."""
-    new_tokens: int
+    new_tokens: Count
     """T: new tokens of the step."""
     scheme: PrefillScheme | None = None
     """prefill: pass_kv | pass_q | all_gather | ulysses; null for decode."""
@@ -200,13 +210,13 @@ class TimingSection(RecordModel):
 
     phase: Phase
     """fwd | fwd+bwd: what one timed step runs."""
-    median: float
+    median: Seconds
     """Median step time (the max over ranks of each iteration)."""
-    p10: float
+    p10: Seconds
     """10th percentile of the step time."""
-    p90: float
+    p90: Seconds
     """90th percentile of the step time."""
-    samples: list[float]
+    samples: list[Seconds]
     """Step time of each iteration, max over ranks."""
     per_rank_median: list[float] | None = None
     """Each rank's own median (the causal load balance)."""
@@ -399,9 +409,9 @@ class SampledRowsSection(RecordModel):
     """The forward at the benchmarked length on a sample of query rows, against a float64
     reference of those rows and every key, under the point's mask."""
 
-    seq_len: int
+    seq_len: Count
     """The benchmarked length (tokens)."""
-    run_seq_len: int | None = None
+    run_seq_len: Count | None = None
     """Tokens as run (seq_len + the layout's padding)."""
     rows: int
     """Query rows checked (spread evenly over the run, first and last included)."""

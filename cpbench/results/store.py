@@ -4,6 +4,7 @@ Appending, torn lines and reading back: docs/design.md section 6."""
 
 from __future__ import annotations
 
+import codecs
 import copy
 import json
 import math
@@ -18,7 +19,10 @@ from pydantic import ValidationError
 
 from cpbench.config.vocabulary import PassKey
 from cpbench.errors import CpbenchError
+from cpbench.reading import loads_json
 from cpbench.results.schema import (
+    SCHEMA_VERSION,
+    STATUSES,
     CommSection,
     ResultRecord,
     dump_record,
@@ -173,7 +177,7 @@ def _repair_torn_tail(path: Path) -> None:
         fragment = tail[cut + 1 :] if cut >= 0 else tail
         try:
             json.loads(fragment.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError):
+        except (ValueError, RecursionError):  # undecodable, not JSON, too deep
             warnings.warn(
                 f"{path}: dropping a torn last line ({len(fragment)} bytes) before appending",
                 stacklevel=3,
@@ -217,8 +221,8 @@ def take_inflight(out: Path) -> dict[str, Any] | None:
     if not marker.exists():
         return None
     try:
-        data = json.loads(marker.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        data = loads_json(marker.read_text(encoding="utf-8"), str(marker))
+    except (OSError, ValueError):  # CpbenchError and JSONDecodeError are ValueErrors
         data = None
     return data if isinstance(data, dict) and "id" in data else None
 
@@ -263,7 +267,7 @@ def _read_file(path: Path) -> list[ResultRecord]:
         raw = path.read_bytes()
     except OSError as exc:
         raise CpbenchError(f"cannot read results file {path}: {exc.strerror or exc}") from exc
-    lines = raw.split(b"\n")
+    lines = raw.removeprefix(codecs.BOM_UTF8).split(b"\n")
     numbered = [(n, line) for n, line in enumerate(lines, start=1) if line.strip()]
     parsed: list[tuple[int, dict[str, Any]]] = []
     # Every line is JSON first, so that a malformed line is named before a line that is valid
@@ -271,7 +275,7 @@ def _read_file(path: Path) -> list[ResultRecord]:
     for i, (lineno, line) in enumerate(numbered):
         is_last = i == len(numbered) - 1
         try:
-            data = json.loads(line.decode("utf-8"))
+            data = loads_json(line.decode("utf-8"), f"{path}:{lineno}")
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             if is_last:
                 warnings.warn(
@@ -296,17 +300,32 @@ def _read_file(path: Path) -> list[ResultRecord]:
 def parse_record(raw: Mapping[str, Any], where: str) -> ResultRecord:
     """One record, migrated (`schema.migrate_record`) and validated.
 
-    A record without a required field (or whose id, status or schema_version cannot be read)
-    raises CpbenchError naming `where` and the field. A value of the wrong type (a hand-edited
+    A record without a required field (or whose id, status or schema_version cannot be read),
+    of a schema_version newer than SCHEMA_VERSION, or with an impossible value (a rule of the
+    schema: a mesh degree of 0, a negative time) raises CpbenchError naming `where`, the
+    field, the value and the rule. A value of the wrong type (a hand-edited
     file: 2.5 mesh degrees, "false" for a bool) is read as missing: it becomes null where the
     field may be null, else the smallest section around it that may be null does, with one
     warning that names `where`, the fields and the values.
     """
+    version = raw.get("schema_version")
+    if type(version) is int and version > SCHEMA_VERSION:
+        raise CpbenchError(
+            f"{where}: schema_version {version} is newer than this cpbench reads "
+            f"({SCHEMA_VERSION}): read it with a newer cpbench"
+        )
     data = migrate_record(dict(raw))
     try:
         return ResultRecord.model_validate(data)
     except ValidationError as exc:
         first = exc
+    for e in first.errors():
+        if e["type"] in _IMPOSSIBLE:
+            rule = e["msg"].removeprefix("Input should be ")
+            raise CpbenchError(
+                f"{where}: {_dotted(e['loc'])} is {_short(e['input'])}: it must be {rule} "
+                f"(an impossible value: correct or delete the line)"
+            )
     problems = [
         f"{_dotted(e['loc'])}: {e['msg']}"
         + ("" if e["type"] == "missing" else f" (got {_short(e['input'])})")
@@ -339,6 +358,12 @@ def parse_record(raw: Mapping[str, Any], where: str) -> ResultRecord:
         stacklevel=3,
     )
     return record
+
+
+_IMPOSSIBLE = frozenset(
+    ("greater_than", "greater_than_equal", "less_than", "less_than_equal", "finite_number")
+)
+"""Pydantic error types of a value of the right type that breaks a rule of the schema."""
 
 
 def _dotted(loc: Sequence[str | int]) -> str:
@@ -375,6 +400,14 @@ def _set(data: dict[str, Any], path: tuple[str | int, ...], value: Any) -> None:
     node[path[-1]] = value
 
 
+def status_summary(records: Sequence[Mapping[str, Any]]) -> str:
+    """How many records, by status: '3 records (1 failed, 1 skipped, 1 timeout)'."""
+    counts = {s: sum(r.get("status") == s for r in records) for s in STATUSES}
+    parts = ", ".join(f"{n} {status}" for status, n in counts.items() if n)
+    noun = "record" if len(records) == 1 else "records"
+    return f"{len(records)} {noun}" + (f" ({parts})" if parts else "")
+
+
 def completed_ids(path: Path) -> set[str]:
     """Ids of the records already in `path` (every status counts as done); empty when the
     file does not exist yet. Used by `cpbench sweep --resume`."""
@@ -399,12 +432,12 @@ def records_frame(records: Iterable[ResultRecord | Mapping[str, Any]]) -> pd.Dat
     extra = sorted({k for row in rows for k in row} - set(COLUMNS))
     frame = pd.DataFrame(rows, columns=[*COLUMNS, *extra])
     for col in CONFIG_INT_COLUMNS:
-        numbers = pd.to_numeric(frame[col], errors="coerce")
+        numbers = pd.to_numeric(frame[col].map(_int64), errors="coerce")
         # An out-of-range value in a hand-edited file becomes missing, not a crash.
         whole = numbers.where((numbers % 1 == 0) & (numbers.abs() < 2**62))
         frame[col] = whole.astype("Int64")
     for col in FLOAT_COLUMNS:
-        frame[col] = pd.to_numeric(frame[col], errors="coerce").astype("float64")
+        frame[col] = pd.to_numeric(frame[col].map(_float), errors="coerce").astype("float64")
     frame["schema_version"] = pd.to_numeric(frame["schema_version"], errors="coerce").astype(
         "Int64"
     )
@@ -428,6 +461,22 @@ def records_frame(records: Iterable[ResultRecord | Mapping[str, Any]]) -> pd.Dat
     ):
         frame[col] = frame[col].astype(object)
     return frame
+
+
+def _int64(value: Any) -> Any:
+    """An integer that fits the frame's Int64 columns as it is, a larger one None (anything
+    else is left for `pd.to_numeric` to coerce)."""
+    return None if type(value) is int and abs(value) >= 2**62 else value
+
+
+def _float(value: Any) -> Any:
+    """An integer as a float, None when too large for one (1e400 bytes)."""
+    if type(value) is not int:
+        return value
+    try:
+        return float(value)
+    except OverflowError:
+        return None
 
 
 def _typed(record: ResultRecord | Mapping[str, Any]) -> ResultRecord:

@@ -40,7 +40,7 @@ from cpbench.model.calibrate import (
 from cpbench.model.cost.prediction import predict
 from cpbench.model.hardware.loading import load_profile
 from cpbench.model.hardware.profile import HardwareProfile
-from cpbench.results.store import read_records
+from cpbench.results.store import read_records, status_summary
 
 
 def load_results(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
@@ -64,6 +64,12 @@ def recommend_mesh(request: RecommendRequest) -> Recommendation:
     )
     records = load_results(request.results) if request.results else []
     measurements = measurements_from_records(records)
+    if request.results and not measurements:
+        raise CpbenchError(
+            f"no usable record in {', '.join(map(str, request.results))}: "
+            f"{status_summary(records)}; --results needs status 'ok' records of cpbench's "
+            f"training steps with a feasible config and timing.median"
+        )
     profile, warnings = _profile_for(request, measurements)
     calibration = None
     if measurements:

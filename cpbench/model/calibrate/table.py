@@ -4,6 +4,7 @@ or JSONL, one configuration a row. The columns: docs/cost-model.md, "Calibrating
 from __future__ import annotations
 
 import csv
+import io
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -15,6 +16,7 @@ from cpbench.config.problem import MeshCandidate
 from cpbench.config.vocabulary import CpComm, Phase
 from cpbench.errors import CpbenchError
 from cpbench.model.calibrate.measurements import Measurement
+from cpbench.reading import loads_json, read_text
 
 
 class TableRow(BaseModel):
@@ -134,44 +136,48 @@ def _error_text(error: Any) -> str:
 
 
 def is_table(path: Path) -> bool:
-    """Whether a file is a table: a .csv, or a .jsonl whose first row has no `config`."""
+    """Whether a file is a table: a .csv, or a .jsonl whose first row has no `config` (a file
+    that cannot be read is left to the results reader to name)."""
     if path.suffix == ".csv":
         return True
-    if path.suffix != ".jsonl" or not path.exists():
+    if path.suffix != ".jsonl" or not path.is_file():
         return False
-    with path.open() as handle:
-        for line in handle:
-            if line.strip():
-                try:
-                    first = json.loads(line)
-                except json.JSONDecodeError:
-                    return False
-                return isinstance(first, dict) and "config" not in first and (
-                    "step_s" in first or "step_ms" in first
-                )
-    return False
+    try:
+        text = read_text(path, "table")
+        line = next((line for line in text.splitlines() if line.strip()), "")
+        first = loads_json(line, str(path))
+    except ValueError:  # CpbenchError, JSONDecodeError
+        return False
+    return isinstance(first, dict) and "config" not in first and (
+        "step_s" in first or "step_ms" in first
+    )
 
 
 def read_table_rows(path: Path) -> list[tuple[str, TableRow]]:
     """(row id, row) of a table file; CpbenchError naming the file, row (the line of the file)
     and field on a bad value or an infeasible configuration."""
-    if not path.exists():
-        raise CpbenchError(f"table {path} does not exist")
+    text = read_text(path, "table")
+    numbered: list[tuple[int, dict[str, Any]]] = []
     if path.suffix == ".csv":
-        with path.open(newline="") as handle:
-            raw_rows = [_clean(r) for r in csv.DictReader(handle)]
-        first_line = 2  # line 1 is the header
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        try:
+            numbered = [(index + 2, _clean(r)) for index, r in enumerate(reader)]  # 1: header
+        except csv.Error as exc:
+            raise CpbenchError(f"{path} line {reader.line_num}: not CSV ({exc})") from None
     else:
-        numbered = []
-        for number, line in enumerate(path.read_text().splitlines(), 1):
+        for number, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
             try:
-                numbered.append((number, _clean(json.loads(line))))
+                data = loads_json(line, f"{path} line {number}")
             except json.JSONDecodeError as exc:
                 raise CpbenchError(f"{path} line {number}: not JSON ({exc.msg})") from exc
-    if path.suffix == ".csv":
-        numbered = [(index + first_line, raw) for index, raw in enumerate(raw_rows)]
+            if not isinstance(data, dict):
+                raise CpbenchError(
+                    f"{path} line {number}: a table row must be a JSON object, "
+                    f"not {type(data).__name__}"
+                )
+            numbered.append((number, _clean(data)))
     out = []
     for number, raw in numbered:
         where = f"{path} row {number}"
@@ -181,8 +187,10 @@ def read_table_rows(path: Path) -> list[tuple[str, TableRow]]:
         except ValidationError as exc:
             problems = "; ".join(_error_text(e) for e in exc.errors())
             raise CpbenchError(f"{where}: {problems}") from exc
-        except CpbenchError as exc:
+        except (CpbenchError, ArithmeticError) as exc:
             raise CpbenchError(f"{where}: {exc}") from exc
+        except ValueError as exc:  # documents that are not lengths
+            raise CpbenchError(f"{where}: documents {raw.get('documents')!r}: {exc}") from exc
         out.append((f"{path.name}:{number}", row))
     return out
 

@@ -4,6 +4,7 @@ file by path, and the profile for a set of devices (`choose_profile`, cpbench's 
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -11,8 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from cpbench.errors import CpbenchError
-from cpbench.model.hardware.file_schema import profile_from_toml
+from cpbench.model.hardware.file_schema import profile_from_dict, profile_from_toml
 from cpbench.model.hardware.profile import HardwareProfile
+from cpbench.reading import loads_toml, read_text
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
 
 CPU_PROFILE = "cpu-local"
 """The profile of ranks that run on CPU."""
@@ -62,15 +69,12 @@ def load_profile(name_or_path: str | Path) -> HardwareProfile:
         return profile_from_toml(resource.read_text(encoding="utf-8"), origin="built-in")
     path = Path(text).expanduser()
     if path.is_file():
+        content = read_text(path, "hardware profile")
         try:
-            content = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise CpbenchError(f"cannot read hardware profile {text}: {exc.strerror}") from None
-        except UnicodeDecodeError as exc:
-            raise CpbenchError(
-                f"hardware profile {text} is not UTF-8 text (byte {exc.start}): a TOML file expected"
-            ) from None
-        return profile_from_toml(content, origin=str(path))
+            data = loads_toml(content, f"hardware profile {text} is not valid TOML")
+        except tomllib.TOMLDecodeError as exc:
+            raise CpbenchError(f"hardware profile {text} is not valid TOML: {exc}") from None
+        return profile_from_dict(data, origin=str(path))
     raise CpbenchError(
         f"hardware {text!r} is neither a built-in profile ({', '.join(names)}) "
         f"nor an existing TOML file"

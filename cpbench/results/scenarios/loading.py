@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from cpbench.config.documents import DISTRIBUTIONS
 from cpbench.config.vocabulary import DEVICES, INFERENCE_PHASES
 from cpbench.errors import CpbenchError
+from cpbench.reading import loads_toml, read_text
 from cpbench.results.scenarios.file_schema import (
     INFERENCE_AXES,
     TRAINING_STEP_AXES,
@@ -28,6 +29,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
+MAX_WORLD_SIZE = 2**20
+"""Most ranks a scenario may name (a world of 10**400 would take forever to factorize)."""
 BUILTIN = "<builtin>"
 """`Scenario.source` of a scenario shipped inside the package (`cpbench/data/*.toml`)."""
 
@@ -97,6 +100,11 @@ def _scenario(
         values["gqa_ratio"] = (1,)
     scenario = Scenario.model_construct(**values)  # validated already
     if scenario.world_size != "auto":
+        if scenario.world_size > MAX_WORLD_SIZE:
+            raise CpbenchError(
+                f"{source}: key 'world_size': {scenario.world_size} ranks is more than "
+                f"{MAX_WORLD_SIZE} (the most a scenario may name)"
+            )
         scenario.meshes(scenario.world_size)  # a mesh that does not fit is an error in the file
     return scenario
 
@@ -132,7 +140,7 @@ def available_scenarios() -> list[str]:
 
 def _parse_text(text: str, source: str) -> Scenario:
     try:
-        data = tomllib.loads(text)
+        data = loads_toml(text, f"{source}: invalid TOML")
     except tomllib.TOMLDecodeError as exc:
         raise CpbenchError(f"{source}: invalid TOML: {exc}") from None
     return parse_scenario(data, source)
@@ -145,17 +153,13 @@ def load_scenario(name_or_path: str) -> Scenario:
     if name_or_path.endswith(".toml") or "/" in name_or_path or path.is_file():
         if not path.is_file():
             raise CpbenchError(f"{name_or_path}: no such scenario file")
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise CpbenchError(f"{name_or_path}: cannot read: {exc}") from None
-        return _parse_text(text, name_or_path)
+        return _parse_text(read_text(path, "scenario file"), name_or_path)
     builtin = _builtin_dir() / f"{name_or_path}.toml"
     if builtin.is_file():
         return _parse_text(builtin.read_text(encoding="utf-8"), BUILTIN)
     local = Path("scenarios") / f"{name_or_path}.toml"
     if local.is_file():
-        return _parse_text(local.read_text(encoding="utf-8"), str(local))
+        return _parse_text(read_text(local, "scenario file"), str(local))
     raise CpbenchError(
         f"unknown scenario {name_or_path!r}; available: {', '.join(available_scenarios())} "
         f"(or give a path to a .toml file)"

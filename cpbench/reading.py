@@ -1,0 +1,87 @@
+"""Reading a user's text file whatever it holds (a folder, random bytes, a byte-order mark,
+JSON or TOML nested 100,000 deep, a 5,000-digit number): its text, or one CpbenchError."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from cpbench.errors import CpbenchError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+MAX_DEPTH = 64
+"""Deepest nesting of arrays and objects a file may have (a results record has 5 levels)."""
+
+
+def read_text(path: str | Path, what: str) -> str:
+    """The text of a UTF-8 file (a leading byte-order mark dropped); CpbenchError naming `what`
+    (e.g. "results file") and `path` when it is missing, a folder, unreadable or not UTF-8."""
+    path = Path(path)
+    if not path.exists():
+        raise CpbenchError(f"{what} {path} does not exist")
+    if path.is_dir():
+        raise CpbenchError(f"{what} {path} is a directory, not a file")
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise CpbenchError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise CpbenchError(
+            f"{what} {path} is not UTF-8 text (byte {exc.start}): a text file expected"
+        ) from None
+
+
+def _too_deep(data: Any) -> bool:
+    stack = [(data, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return True
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    return False
+
+
+def _refusal(exc: BaseException) -> str:
+    if isinstance(exc, RecursionError):
+        return f"nested deeper than {MAX_DEPTH} levels"
+    digits = sys.get_int_max_str_digits()
+    if "integer string conversion" in str(exc):
+        return f"a number of more than {digits} digits"
+    return str(exc)
+
+
+def loads_json(text: str, where: str) -> Any:
+    """`json.loads`, whose syntax errors pass through as `json.JSONDecodeError`; nesting deeper
+    than MAX_DEPTH or a number too long to read is a CpbenchError `where: the rule`."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        raise
+    except (RecursionError, ValueError) as exc:
+        raise CpbenchError(f"{where}: {_refusal(exc)}") from None
+    if isinstance(data, (dict, list)) and _too_deep(data):
+        raise CpbenchError(f"{where}: {_refusal(RecursionError())}")
+    return data
+
+
+def loads_toml(text: str, where: str) -> dict[str, Any]:
+    """`tomllib.loads`, whose syntax errors pass through as `tomllib.TOMLDecodeError`; nesting
+    deeper than MAX_DEPTH or a number too long to read is a CpbenchError `where: the rule`."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError:
+        raise
+    except (RecursionError, ValueError) as exc:
+        raise CpbenchError(f"{where}: {_refusal(exc)}") from None
+    if _too_deep(data):
+        raise CpbenchError(f"{where}: {_refusal(RecursionError())}")
+    return data
