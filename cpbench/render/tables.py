@@ -397,7 +397,7 @@ def results_table(records: list[dict[str, Any]]) -> FitTable:
 
 def ties_lines(records: list[dict[str, Any]]) -> list[str]:
     """One line per group whose leaders tie: who, and the rule (ties are a result, said)."""
-    from cpbench.model.calibrate.stats import TIE_RULE  # noqa: PLC0415
+    from cpbench.model.ties import TIE_RULE  # noqa: PLC0415
     from cpbench.results.frame import rank_records  # noqa: PLC0415
 
     lines = []

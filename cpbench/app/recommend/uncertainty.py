@@ -20,9 +20,14 @@ from cpbench.app.recommend.types import (
 from cpbench.config.vocabulary import PHASE_PASSES
 from cpbench.model.calibrate import CalibrationResult, Measurement
 from cpbench.model.calibrate.error_split import ErrorSplit, prior_split, split_residuals
-from cpbench.model.calibrate.stats import TIE_RULE
 from cpbench.model.hardware.profile import HardwareProfile, LinkCost
-from cpbench.model.topology import interval, relative_sigma
+from cpbench.model.ties import (
+    TIE_RULE,
+    prediction_interval,
+    ratio_tied,
+    relative_sigma,
+    tied_with_leader,
+)
 from cpbench.results.frame import rank_records, record_interval
 
 PROBE_SIGMA_FLOOR = 0.05
@@ -121,7 +126,9 @@ def with_intervals(
         out.append(
             replace(
                 r,
-                interval=interval(r.prediction.step_s, uncertainty.sigma, uncertainty.source),
+                interval=prediction_interval(
+                    r.prediction.step_s, uncertainty.sigma, uncertainty.source
+                ),
                 measured_interval=record_interval(record) if record is not None else None,
             )
         )
@@ -137,8 +144,8 @@ def call_ties(
     the pick first.
 
     Two predictions tie when the interval of their ratio contains 1: |log(slow / fast)| <=
-    the ratio's sigma (`ErrorSplit.ratio_tied`: the error common to the candidates of one
-    problem cancels in a ratio); two measurements tie when their 95% intervals overlap
+    the ratio's sigma (`ties.ratio_tied` on `ErrorSplit.ratio_sigma`: the error common to the
+    candidates of one problem cancels in a ratio); two measurements tie when their 95% intervals overlap
     (`rank_records`, `TIE_RULE`); a measurement and a prediction tie when the measured
     interval and the predicted one overlap. An interleaved re-measurement that settled a
     measured tie names the pick; else `TIE_BREAK_RULES` do."""
@@ -161,7 +168,7 @@ def call_ties(
                 order = [first] + [r for r in order if r is not first]
     leader = order[0]
     split = uncertainty.split
-    tied_set = [leader] + [r for r in order[1:] if _tied(leader, r, measured_tied, split)]
+    tied_set = tied_with_leader(order, lambda lead, r: _tied(lead, r, measured_tied, split))
     runner_up = next((r for r in order if r not in tied_set), None)
     decided_by: TieBreak
     if len(tied_set) == 1:
@@ -211,13 +218,11 @@ def _tied(
         return other.record_id in measured_tied
     if leader.measured_s is None and other.measured_s is None:
         fast, slow = leader.prediction.step_s, other.prediction.step_s
-        if fast <= 0 or slow <= 0:
-            return slow <= fast
         if split is not None:
-            return split.ratio_tied(fast, slow)
+            return ratio_tied(fast, slow, split.ratio_sigma)
         if leader.interval is None:
             return slow <= fast
-        return math.log(slow / fast) <= leader.interval.relative_sigma
+        return ratio_tied(fast, slow, leader.interval.relative_sigma)
     return leader.low_s <= other.high_s and other.low_s <= leader.high_s
 
 
