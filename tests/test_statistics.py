@@ -69,6 +69,7 @@ def test_a_tie_is_declared_and_a_clear_winner_named() -> None:
     fast = list(0.70 + 0.02 * rng.standard_normal(30))
     clear = rank_with_ties({"a": median_interval(a), "fast": median_interval(fast)})
     assert clear.clear and clear.leader == "fast" and clear.tied == ("fast",)
+    assert clear.verdict == "best"
 
 
 def test_an_interleaved_remeasurement_settles_a_tie() -> None:

@@ -149,8 +149,8 @@ class Ranked:
 
     @property
     def verdict(self) -> str:
-        """'fastest' (clear winner) or 'tie (n)'."""
-        return "fastest" if self.clear else f"tie ({len(self.tied)})"
+        """How a table marks the tied leaders: 'best' (a clear winner) or 'tie (n)'."""
+        return "best" if self.clear else f"tie ({len(self.tied)})"
 
 
 def rank_with_ties(

@@ -55,7 +55,7 @@ def _best(records: list[dict[str, Any]]) -> dict[str, str]:
             continue
         ranked = rank_with_ties(intervals)
         for rid in ranked.tied:
-            out[rid] = "best" if ranked.clear else f"tie ({len(ranked.tied)})"
+            out[rid] = ranked.verdict
     return out
 
 

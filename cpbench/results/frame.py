@@ -235,10 +235,8 @@ def tiebreak_interval(record: Mapping[str, Any]) -> Interval | None:
     tb = timing.get("tiebreak") if isinstance(timing, Mapping) else None
     if not isinstance(tb, Mapping) or tb.get("median") is None:
         return None
-    return Interval(
-        float(tb["median"]), float(tb["ci_low"]), float(tb["ci_high"]), int(tb["iterations"]),
-        "interleaved re-measurement",
-    )
+    return recorded_interval(float(tb["median"]), tb["ci_low"], tb["ci_high"], tb["iterations"],
+                             "interleaved re-measurement")
 
 
 def rank_records(records: Sequence[Mapping[str, Any]]) -> dict[tuple[Any, ...], Ranked]:
