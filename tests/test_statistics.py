@@ -24,7 +24,6 @@ from cpbench.model.ties import (
     rank_with_ties,
     ratio_tied,
     relative_sigma,
-    tied_with_leader,
 )
 
 
@@ -125,8 +124,5 @@ def test_prediction_interval_and_ratio_ties() -> None:
     assert ratio_tied(1.0, 1.05, 0.1) and not ratio_tied(1.0, 1.2, 0.1)
     assert ratio_tied(1.05, 1.0, 0.1) and not ratio_tied(1.2, 1.0, 0.1)  # a ratio either way
     assert ratio_tied(0.0, 0.0, 0.1) and not ratio_tied(0.0, 1.0, 0.1)
-    times = [1.0, 1.05, 1.2]
-    assert tied_with_leader(times, lambda lead, t: ratio_tied(lead, t, 0.1)) == [1.0, 1.05]
-    assert tied_with_leader([], lambda lead, t: True) == []
     with pytest.raises(CpbenchError, match="sigma >= 0"):
         prediction_interval(1.0, -0.1)

@@ -5,35 +5,18 @@ each. Pure numpy/scipy; the rules in words: docs/cost-model.md section 1."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import Literal
 
 import numpy as np
 
 from cpbench.errors import CpbenchError
 
-# scipy.stats is imported where it is used (`median_rank_bounds`): it costs most of a second,
-# and every reader of records (the report, `compare`, the acceptance summary) imports this
-# module for its types. A rank imports it before it says "ready" (bench/pool.py).
+# scipy.stats is imported in `median_rank_bounds` only: it costs most of a second, and every
+# reader of records imports this module for its types (a rank imports it before "ready").
 
-Candidate = TypeVar("Candidate")
-
-
-def tied_with_leader(
-    ordered: Sequence[Candidate], tie: Callable[[Candidate, Candidate], bool]
-) -> list[Candidate]:
-    """The leader (`ordered[0]`, fastest first) and every later candidate `tie(leader, it)`
-    holds for, in order; empty for none."""
-    if not ordered:
-        return []
-    leader = ordered[0]
-    return [leader, *(o for o in ordered[1:] if tie(leader, o))]
-
-
-# --------------------------------------------------------------------------------------------
-# Measured: the distribution-free interval of a median; two tie when the intervals overlap
-# --------------------------------------------------------------------------------------------
+# ------------------------- measured: a median's distribution-free interval; ties overlap
 
 CONFIDENCE = 0.95
 """Confidence level of every interval cpbench records and compares."""
@@ -112,11 +95,7 @@ def median_interval(samples: Sequence[float], confidence: float = CONFIDENCE) ->
 
 
 def recorded_interval(
-    median: float,
-    low: float | None,
-    high: float | None,
-    n: int,
-    method: str,
+    median: float, low: float | None, high: float | None, n: int, method: str,
     samples: Sequence[float] = (),
 ) -> Interval:
     """A recorded median's interval: `low`/`high` as recorded, else (version 1 records) from
@@ -163,11 +142,12 @@ def rank_with_ties(
     if not candidates:
         raise CpbenchError("rank_with_ties needs at least one candidate, got none")
     order = tuple(sorted(candidates, key=lambda name: (candidates[name].median, name)))
-    tied = tuple(tied_with_leader(order, lambda lead, n: candidates[n].overlaps(candidates[lead])))
+    leader = order[0]
+    tied = tuple(n for n in order if n == leader or candidates[n].overlaps(candidates[leader]))
     if tiebreak and len(tied) > 1 and all(n in tiebreak for n in tied):
         again = rank_with_ties({n: tiebreak[n] for n in tied})
         return Ranked(order, again.leader, again.tied, "interleaved re-measurement")
-    return Ranked(order, order[0], tied)
+    return Ranked(order, leader, tied)
 
 
 Verdict = Literal["faster", "slower", "no significant change"]
@@ -211,9 +191,7 @@ def compare_intervals(before: Interval, after: Interval) -> Change:
     return Change(after.median / before.median, low, high, verdict)
 
 
-# --------------------------------------------------------------------------------------------
-# Predicted: time x exp(+-z sigma) of a lognormal relative error; two tie on their ratio
-# --------------------------------------------------------------------------------------------
+# --------------------------- predicted: time x exp(+-z sigma); two tie on their ratio
 
 PRIOR_RELATIVE_ERROR = 0.35
 """Stated accuracy of an uncalibrated datasheet prior: one standard deviation of the relative

@@ -21,13 +21,7 @@ from cpbench.config.vocabulary import PHASE_PASSES
 from cpbench.model.calibrate import CalibrationResult, Measurement
 from cpbench.model.calibrate.error_split import ErrorSplit, prior_split, split_residuals
 from cpbench.model.hardware.profile import HardwareProfile, LinkCost
-from cpbench.model.ties import (
-    TIE_RULE,
-    prediction_interval,
-    ratio_tied,
-    relative_sigma,
-    tied_with_leader,
-)
+from cpbench.model.ties import TIE_RULE, prediction_interval, ratio_tied, relative_sigma
 from cpbench.results.frame import rank_records, record_interval
 
 PROBE_SIGMA_FLOOR = 0.05
@@ -168,7 +162,7 @@ def call_ties(
                 order = [first] + [r for r in order if r is not first]
     leader = order[0]
     split = uncertainty.split
-    tied_set = tied_with_leader(order, lambda lead, r: _tied(lead, r, measured_tied, split))
+    tied_set = [leader] + [r for r in order[1:] if _tied(leader, r, measured_tied, split)]
     runner_up = next((r for r in order if r not in tied_set), None)
     decided_by: TieBreak
     if len(tied_set) == 1:
