@@ -139,10 +139,10 @@ def call_ties(
 
     Two predictions tie when the interval of their ratio contains 1: |log(slow / fast)| <=
     the ratio's sigma (`ties.ratio_tied` on `ErrorSplit.ratio_sigma`: the error common to the
-    candidates of one problem cancels in a ratio); two measurements tie when their 95% intervals overlap
-    (`rank_records`, `TIE_RULE`); a measurement and a prediction tie when the measured
-    interval and the predicted one overlap. An interleaved re-measurement that settled a
-    measured tie names the pick; else `TIE_BREAK_RULES` do."""
+    candidates of one problem cancels in a ratio); two measurements tie when their 95%
+    intervals overlap (`rank_records`, `TIE_RULE`); a measurement and a prediction tie when
+    the measured interval and the predicted one overlap. An interleaved re-measurement that
+    settled a measured tie names the pick; else `TIE_BREAK_RULES` do."""
     if not ranked:
         return [], None
     order = sorted(ranked, key=rank_key)
