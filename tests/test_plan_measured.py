@@ -12,7 +12,7 @@ log space of the model's stated error and the measurement's spread, half the log
 repeats):
 
 - **matmul part** against the uncalibrated `cpu-local` prior, whose stated accuracy is
-  `cpbench.model.topology.PRIOR_RELATIVE_ERROR` (one standard deviation);
+  `cpbench.model.ties.PRIOR_RELATIVE_ERROR` (one standard deviation);
 - **whole step**, the prior's GEMMs with the attention rate below, to the same accuracy;
 - **attention part** with the kernel rate measured independently, on the same SDPA with half the
   heads (the profile's curve replaced by that measured efficiency): what it checks is the plan's
@@ -42,7 +42,7 @@ from cpbench.model.hardware.profile import EfficiencyCurve
 from cpbench.model.plan.memory import Parallelism
 from cpbench.model.plan.step import step_time
 from cpbench.model.plan.transformer import ModelSpec
-from cpbench.model.topology import PRIOR_RELATIVE_ERROR
+from cpbench.model.ties import PRIOR_RELATIVE_ERROR
 
 TINY = ModelSpec("tiny", 256, 2, 4, 2, 64, 688, "swiglu", 2048, source="test preset")
 SEQ_LEN = 2048

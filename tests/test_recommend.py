@@ -43,12 +43,11 @@ from cpbench.config.problem import MeshCandidate
 from cpbench.config.vocabulary import LAYOUTS, YUNCHANG_RING_IMPL_TYPES
 from cpbench.errors import CpbenchError
 from cpbench.model.calibrate.error_split import ErrorSplit, split_residuals
-from cpbench.model.calibrate.stats import TIE_RULE
 from cpbench.model.hardware.file_schema import profile_from_dict
 from cpbench.model.hardware.loading import load_profile
 from cpbench.model.hardware.profile import CalibrationInfo, HardwareProfile
 from cpbench.model.hardware.writer import profile_document, save_profile
-from cpbench.model.topology import PRIOR_RELATIVE_ERROR
+from cpbench.model.ties import PRIOR_RELATIVE_ERROR, TIE_RULE, ratio_tied
 from cpbench.render.recommend.explanation import explanation_text
 from cpbench.render.recommend.frameworks import setting_note
 from cpbench.render.recommend.screen import render_recommendation
@@ -514,7 +513,7 @@ def test_a_large_common_error_does_not_tie_a_20_percent_difference(default) -> N
     fast, slow = _at(_by_label(default, "8x1 any"), 1.0), _at(_by_label(default, "2x4 zigzag"), 1.2)
     # each time alone is uncertain to ~50%: the old test (ratio within e^total sigma) ties them
     assert math.log(1.2) <= total_sigma(split)
-    assert not split.ratio_tied(1.0, 1.2)
+    assert not ratio_tied(1.0, 1.2, split.ratio_sigma)
     u = Uncertainty("calibration", total_sigma(split), "test: common 50%", split)
     ranked, tie = call_ties(with_intervals([fast, slow], u, []), u, [])
     assert tie is not None and tie.clear and tie.decided_by == "clear"
@@ -538,7 +537,7 @@ def test_a_tie_of_ratios_names_one_pick_and_the_rule_that_decided(default) -> No
     for (a, ta), (b, tb), pick, rule in cases:
         pair = [_at(_by_label(default, a), ta), _at(_by_label(default, b), tb)]
         pair.sort(key=lambda r: r.time_s)
-        assert split.ratio_tied(pair[0].time_s, pair[1].time_s)
+        assert ratio_tied(pair[0].time_s, pair[1].time_s, split.ratio_sigma)
         ranked, tie = call_ties(with_intervals(pair, u, []), u, [])
         assert tie is not None and len(tie.tied) == 2 and not tie.clear
         assert tie.decided_by == rule, (a, b, tie.decision)

@@ -1,22 +1,29 @@
-"""The statistics of measurements (cpbench.model.calibrate.stats): the median's interval, ties,
-changes and overlap, on synthetic timings."""
+"""The statistics of measurements (cpbench.model.calibrate.stats) and intervals and ties
+(cpbench.model.ties): the median's interval, ties, changes, overlap and the prediction's
+interval, on synthetic timings."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pytest
 from scipy.stats import binom
 
-from cpbench.model.calibrate.stats import (
+from cpbench.errors import CpbenchError
+from cpbench.model.calibrate.stats import overlap_estimate, precise_enough
+from cpbench.model.ties import (
     ORDER_STATISTICS,
+    PRIOR_RELATIVE_ERROR,
     SAMPLE_RANGE,
     Interval,
     compare_intervals,
     median_interval,
     median_rank_bounds,
-    overlap_estimate,
-    precise_enough,
+    prediction_interval,
     rank_with_ties,
+    ratio_tied,
+    relative_sigma,
 )
 
 
@@ -61,6 +68,7 @@ def test_a_tie_is_declared_and_a_clear_winner_named() -> None:
     fast = list(0.70 + 0.02 * rng.standard_normal(30))
     clear = rank_with_ties({"a": median_interval(a), "fast": median_interval(fast)})
     assert clear.clear and clear.leader == "fast" and clear.tied == ("fast",)
+    assert clear.verdict == "best"
 
 
 def test_an_interleaved_remeasurement_settles_a_tie() -> None:
@@ -104,3 +112,17 @@ def test_overlap_not_measurable_when_communication_is_within_the_noise() -> None
     # Never above what the scheme can hide, even when the raw figure says more.
     capped = overlap_estimate(Interval(1.0, 0.99, 1.01, 20, ""), tight_compute, comm, hideable=0.3)
     assert capped.value == pytest.approx(0.3) and capped.high == pytest.approx(0.3)
+
+
+def test_prediction_interval_and_ratio_ties() -> None:
+    sigma, source = relative_sigma(None)
+    assert sigma == PRIOR_RELATIVE_ERROR and "uncalibrated prior" in source
+    cal, _ = relative_sigma(0.10, 12)
+    assert cal == pytest.approx(0.10 * math.sqrt(12 / 10), rel=1e-12)
+    a = prediction_interval(1.0, 0.1)
+    assert (a.low_s, a.high_s) == pytest.approx((math.exp(-0.1), math.exp(0.1)))
+    assert ratio_tied(1.0, 1.05, 0.1) and not ratio_tied(1.0, 1.2, 0.1)
+    assert ratio_tied(1.05, 1.0, 0.1) and not ratio_tied(1.2, 1.0, 0.1)  # a ratio either way
+    assert ratio_tied(0.0, 0.0, 0.1) and not ratio_tied(0.0, 1.0, 0.1)
+    with pytest.raises(CpbenchError, match="sigma >= 0"):
+        prediction_interval(1.0, -0.1)

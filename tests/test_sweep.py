@@ -219,7 +219,7 @@ def test_interleaved_remeasurement_alternates_and_stops_by_its_rule(pool) -> Non
 
     from cpbench.bench.measure import measure_interleaved  # noqa: PLC0415
     from cpbench.config.bench import BenchConfig  # noqa: PLC0415
-    from cpbench.model.calibrate.stats import median_interval, rank_with_ties  # noqa: PLC0415
+    from cpbench.model.ties import median_interval, rank_with_ties  # noqa: PLC0415
 
     def config(seq_len: int) -> dict:
         return BenchConfig(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -12,18 +11,13 @@ from cpbench.errors import CpbenchError
 from cpbench.model.hardware.loading import load_profile
 from cpbench.model.hardware.profile import HardwareProfile
 from cpbench.model.topology import (
-    PRIOR_RELATIVE_ERROR,
     TopologyPlacement,
     all_to_all_time,
-    interval,
     levels,
     meet_level,
     place,
-    relative_sigma,
     ring_hop_time,
-    tied,
     tiers_from_matrix,
-    ties,
 )
 
 MB = 1e6
@@ -187,16 +181,3 @@ def test_islands_from_the_topo_matrix() -> None:
         ("nvlink", 4, True), ("pcie_switch", 2, True), ("socket", 1, False)
     ]
     assert tiers[1].islands == ((0, 1, 2, 3), (4, 5, 6, 7))
-
-
-def test_interval_and_ties() -> None:
-    sigma, source = relative_sigma(None)
-    assert sigma == PRIOR_RELATIVE_ERROR and "uncalibrated prior" in source
-    cal, _ = relative_sigma(0.10, 12)
-    assert cal == pytest.approx(0.10 * math.sqrt(12 / 10), rel=1e-12)
-    a = interval(1.0, 0.1)
-    assert (a.low_s, a.high_s) == pytest.approx((math.exp(-0.1), math.exp(0.1)))
-    assert tied(a, interval(1.05, 0.1)) and not tied(a, interval(1.2, 0.1))
-    assert ties([a, interval(1.05, 0.1), interval(1.2, 0.1)]) == 2
-    with pytest.raises(CpbenchError, match="sigma >= 0"):
-        interval(1.0, -0.1)

@@ -155,30 +155,23 @@ def validate_results(
 
 def mark_ties(report: dict[str, Any], records: Sequence[dict[str, Any]]) -> None:
     """Per validation group, whether the configuration the model chose is measured as fast as
-    the measured best within the noise (their 95% intervals overlap: `stats.rank_with_ties`):
+    the measured best within the noise (their 95% intervals overlap: `ties.Interval.overlaps`):
     `tie` (bool) and `regret_within_noise` on each group, and `groups_within_noise` overall. A
     regret on a tie is noise, not a wrong choice."""
-    from cpbench.model.calibrate.stats import Interval  # noqa: PLC0415
+    from cpbench.model.ties import Interval  # noqa: PLC0415
     from cpbench.results.frame import record_interval  # noqa: PLC0415
 
+    ok = {r["id"]: r for r in records if r.get("status") == "ok"}
     by_label: dict[str, Interval] = {}
-    ids = {r["id"]: r for r in records if r.get("status") == "ok"}
     for row in report.get("rows", []):
-        record = ids.get(row["id"])
-        interval = record_interval(record) if record is not None else None
-        if interval is not None:
-            by_label[row["config"]] = interval
-    within = 0
+        if (found := record_interval(ok.get(row["id"], {}))) is not None:
+            by_label[row["config"]] = found
     for group in report.get("groups", []):
         best = by_label.get(group["best"])
         chosen = [by_label.get(c) for c in str(group["chosen"]).split(" = ")]
-        tie = best is not None and all(c is not None for c in chosen) and any(
-            c.overlaps(best) for c in chosen if c is not None
-        )
-        group["tie"] = tie
-        group["regret_within_noise"] = tie
-        within += tie
-    report["groups_within_noise"] = within
+        tie = best is not None and None not in chosen and any(c.overlaps(best) for c in chosen if c)
+        group["tie"] = group["regret_within_noise"] = tie
+    report["groups_within_noise"] = sum(g["tie"] for g in report.get("groups", []))
 
 
 def _machines(machines: Sequence[MachineValidation]) -> list[out.PublishedMachine]:

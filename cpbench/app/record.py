@@ -18,7 +18,7 @@ from cpbench.config.geometry import Packing, rank_pairs, ring_schedule
 from cpbench.config.impls import DEFAULT_IMPL
 from cpbench.config.vocabulary import PASS_KEYS, PHASE_PASSES, PassKey
 from cpbench.errors import CpbenchError
-from cpbench.model.calibrate.stats import Interval, median_interval, overlap_estimate
+from cpbench.model.calibrate.stats import overlap_estimate
 from cpbench.model.flops import FLOPS_CONVENTION, flops_breakdown
 from cpbench.model.formulas import comm_volume
 from cpbench.model.inference import (
@@ -32,6 +32,7 @@ from cpbench.model.inference import (
     prefill_pairs_per_rank,
 )
 from cpbench.model.memory import memory_estimate
+from cpbench.model.ties import Interval, median_interval
 from cpbench.results.scenarios.scenario import Scenario
 from cpbench.results.schema import (
     SCHEMA_VERSION,

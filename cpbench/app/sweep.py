@@ -19,7 +19,7 @@ from cpbench.bench.world import InProcessWorld, World, launched_by_torchrun
 from cpbench.config.bench import BenchConfig
 from cpbench.config.impls import DEFAULT_IMPL
 from cpbench.errors import CpbenchError, RunFailure
-from cpbench.model.calibrate.stats import median_interval, rank_with_ties
+from cpbench.model.ties import median_interval, rank_with_ties
 from cpbench.results.frame import rank_group
 from cpbench.results.lock import ResultsLock
 from cpbench.results.scenarios.scenario import Scenario

@@ -83,10 +83,10 @@ def measure_interleaved(config_dicts: list[dict[str, Any]], settings: dict[str, 
 
     Each round times one full step of every configuration (barrier, time, max over ranks); the
     rounds go on past `iters` (at least 6) until the ranking of the medians' intervals is
-    clear (`stats.rank_with_ties`), or max_iters rounds, or the budget x the number of
+    clear (`ties.rank_with_ties`), or max_iters rounds, or the budget x the number of
     configurations. Returns the max-over-ranks samples, one list per configuration, flattened
     in round order: [round 0: A, B, ...; round 1: A, B, ...] (the caller splits them)."""
-    from cpbench.model.calibrate.stats import median_interval, rank_with_ties  # noqa: PLC0415
+    from cpbench.model.ties import median_interval, rank_with_ties  # noqa: PLC0415
 
     configs = [BenchConfig.from_dict(d) for d in config_dicts]
     device = torch_device(configs[0])

@@ -14,14 +14,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from cpbench.model.calibrate.stats import (
-    CONFIDENCE,
-    ORDER_STATISTICS,
-    drifting,
-    median_interval,
-    median_rank_bounds,
-    precise_enough,
-)
+from cpbench.model.calibrate.stats import drifting, precise_enough
+from cpbench.model.ties import CONFIDENCE, ORDER_STATISTICS, median_interval, median_rank_bounds
 
 
 def _elapsed_cuda(step: Callable[[], object]) -> float:
@@ -205,7 +199,7 @@ class TimingSummary:
     samples: tuple[float, ...]
     """Every iteration's time, in the order timed."""
     ci_low: float = math.nan
-    """Lower end of the median's 95% interval (`stats.median_interval`)."""
+    """Lower end of the median's 95% interval (`ties.median_interval`)."""
     ci_high: float = math.nan
     """Upper end of the median's 95% interval."""
     interval_method: str = ORDER_STATISTICS
@@ -215,7 +209,7 @@ class TimingSummary:
     def of(cls, samples: list[float]) -> TimingSummary:
         """Median, p10 and p90 of `samples`; the quantiles use numpy.percentile's `linear`
         method (position q x (n - 1) in the sorted samples, as statistics.quantiles'
-        `inclusive` method); the median's 95% interval from `stats.median_interval`."""
+        `inclusive` method); the median's 95% interval from `ties.median_interval`."""
         median = statistics.median(samples)
         p10, p90 = np.percentile(np.asarray(samples, dtype=float), [10, 90], method="linear")
         interval = median_interval(samples, CONFIDENCE)

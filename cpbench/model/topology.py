@@ -1,4 +1,4 @@
-"""Collective costs on a node topology, rank placement and prediction uncertainty. Pure Python.
+"""Collective costs on a node topology and rank placement. Pure Python.
 
 The tiers, placements and pricing: docs/design.md section 2, "The topology's arithmetic"."""
 
@@ -10,21 +10,12 @@ from dataclasses import dataclass, replace
 from typing import Literal, get_args
 
 from cpbench.config.problem import check_choice, check_positive_int
-from cpbench.errors import CpbenchError
 from cpbench.model.formulas import CollectiveKind
 from cpbench.model.hardware.profile import HardwareProfile, LinkCost, TierKind, TopologyTier
 
 PlacementOrder = Literal["ulysses_low", "ring_low"]
 """How CP ranks map to devices: Ulysses groups consecutive (ulysses_low) or rings (ring_low)."""
 PLACEMENT_ORDERS: tuple[PlacementOrder, ...] = get_args(PlacementOrder)
-
-PRIOR_RELATIVE_ERROR = 0.35
-"""Stated accuracy of an uncalibrated datasheet prior: one standard deviation of the relative
-step-time error (estimate: the link numbers of the shipped profiles are typical nccl-tests
-figures that vary by +-30% between machines of one class; cpbench's CPU validation of the
-prior alone lands within 30-40% median error)."""
-INTERVAL_Z = 1.0
-"""Width of a printed interval in standard deviations (about 68% coverage)."""
 
 
 # ------------------------------------------------------------------------------- levels
@@ -351,62 +342,3 @@ def tiers_from_matrix(
         out.append(DetectedTier(kind, islands, ok))
         previous = islands
     return tuple(out)
-
-
-# ---------------------------------------------------------------------------- uncertainty
-
-
-@dataclass(frozen=True)
-class PredictionInterval:
-    """A predicted time with its uncertainty: [low, high] = time x exp(-+z sigma)."""
-
-    seconds: float
-    """The prediction."""
-    relative_sigma: float
-    """One standard deviation of the relative error (calibration residual or prior accuracy)."""
-    low_s: float
-    """Lower end."""
-    high_s: float
-    """Upper end."""
-    source: str
-    """Where sigma comes from."""
-
-
-def relative_sigma(calibration_residual: float | None, points: int = 0) -> tuple[float, str]:
-    """Sigma of the relative error and its source: a calibration's RMS residual inflated by
-    sqrt(n / (n - 2)) for the fitted parameters (at least 5%), else `PRIOR_RELATIVE_ERROR`."""
-    if calibration_residual is None or points <= 0:
-        return PRIOR_RELATIVE_ERROR, (
-            f"uncalibrated prior (+-{PRIOR_RELATIVE_ERROR:.0%} stated accuracy, an estimate)"
-        )
-    inflate = math.sqrt(points / (points - 2)) if points > 2 else 2.0
-    sigma = max(0.05, calibration_residual * inflate)
-    return sigma, f"calibration residual {calibration_residual:.1%} RMS on {points} points"
-
-
-def interval(
-    seconds: float, sigma: float, source: str = "", z: float = INTERVAL_Z
-) -> PredictionInterval:
-    """The multiplicative interval time x exp(+-z sigma); CpbenchError on a negative input."""
-    if seconds < 0 or sigma < 0:
-        raise CpbenchError(f"interval needs seconds >= 0 and sigma >= 0, got {seconds}, {sigma}")
-    return PredictionInterval(
-        seconds, sigma, seconds * math.exp(-z * sigma), seconds * math.exp(z * sigma), source
-    )
-
-
-def tied(best: PredictionInterval, other: PredictionInterval) -> bool:
-    """Whether `other` is within the uncertainty of `best`: the errors of two predictions on
-    the same profile are correlated, so the test is on their ratio against sigma (not on the
-    overlap of two independent intervals)."""
-    if best.seconds <= 0:
-        return other.seconds <= 0
-    return math.log(other.seconds / best.seconds) <= INTERVAL_Z * best.relative_sigma
-
-
-def ties(intervals: Sequence[PredictionInterval]) -> int:
-    """How many of the (sorted, fastest first) predictions tie with the first (itself
-    included)."""
-    if not intervals:
-        return 0
-    return sum(1 for i in intervals if tied(intervals[0], i))

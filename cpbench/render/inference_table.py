@@ -40,8 +40,8 @@ def _group(record: dict[str, Any]) -> tuple[Any, ...]:
 
 
 def _best(records: list[dict[str, Any]]) -> dict[str, str]:
-    """"best" or "tie (n)" for the leaders of each group (`stats.rank_with_ties`)."""
-    from cpbench.model.calibrate.stats import rank_with_ties  # noqa: PLC0415
+    """"best" or "tie (n)" for the leaders of each group (`ties.rank_with_ties`)."""
+    from cpbench.model.ties import rank_with_ties  # noqa: PLC0415
     from cpbench.results.frame import record_interval  # noqa: PLC0415
 
     groups: dict[tuple[Any, ...], dict[str, Any]] = {}
@@ -55,7 +55,7 @@ def _best(records: list[dict[str, Any]]) -> dict[str, str]:
             continue
         ranked = rank_with_ties(intervals)
         for rid in ranked.tied:
-            out[rid] = "best" if ranked.clear else f"tie ({len(ranked.tied)})"
+            out[rid] = ranked.verdict
     return out
 
 

@@ -374,10 +374,7 @@ def results_table(records: list[dict[str, Any]]) -> FitTable:
             group = ranked.get(rank_group(c))
             best = ""
             if group is not None and r["id"] in group.tied:
-                if group.clear:
-                    best, row_style = "best", "bold green"
-                else:
-                    best, row_style = f"tie ({len(group.tied)})", "yellow"
+                best, row_style = group.verdict, "bold green" if group.clear else "yellow"
                 if group.resolved_by and r["id"] == group.leader:
                     best, row_style = "best (rerun)", "bold green"
             error = f"{acc.get('max_abs_error', float('nan')):.0e}"
@@ -397,7 +394,7 @@ def results_table(records: list[dict[str, Any]]) -> FitTable:
 
 def ties_lines(records: list[dict[str, Any]]) -> list[str]:
     """One line per group whose leaders tie: who, and the rule (ties are a result, said)."""
-    from cpbench.model.calibrate.stats import TIE_RULE  # noqa: PLC0415
+    from cpbench.model.ties import TIE_RULE  # noqa: PLC0415
     from cpbench.results.frame import rank_records  # noqa: PLC0415
 
     lines = []

@@ -11,13 +11,13 @@ from typing import Any
 import pandas as pd
 
 from cpbench.config.vocabulary import PHASES
-from cpbench.model.calibrate.stats import (
+from cpbench.model.ties import (
     Change,
     Interval,
     Ranked,
     compare_intervals,
-    median_interval,
     rank_with_ties,
+    recorded_interval,
 )
 
 PHASE_ORDER = PHASES
@@ -133,7 +133,7 @@ def compare_frame(
     id a side measured under an equivalent name matches it, `_aliased`): id, mesh, layout,
     phase, the `COMPARE_AXES`, status and median of each side, `ratio` = after/before (NaN when either
     side has no time), `change_pct` in percent, the ratio's bounds `ratio_low`/`ratio_high`
-    from the two medians' 95% intervals and the `verdict` (`stats.compare_intervals`: faster /
+    from the two medians' 95% intervals and the `verdict` (`ties.compare_intervals`: faster /
     slower / no significant change), and `regression`: slower and the ratio above 1 +
     `threshold`. Ids found on one side only are kept (with NaN on the other)."""
     axes = ["mesh", "layout", "phase", *(c for c in COMPARE_AXES if c in before and c in after)]
@@ -222,16 +222,11 @@ def record_interval(record: Mapping[str, Any]) -> Interval | None:
     timing = record.get("timing")
     if not isinstance(timing, Mapping) or timing.get("median") is None:
         return None
-    low, high = timing.get("ci_low"), timing.get("ci_high")
-    median = float(timing["median"])
-    if low is not None and high is not None:
-        n = timing.get("iterations") or len(timing.get("samples") or ())
-        return Interval(median, float(low), float(high), int(n), timing.get("interval_method") or "")
-    samples = timing.get("samples") or []
-    if samples:
-        found = median_interval(samples)
-        return Interval(median, found.low, found.high, found.n, found.method)
-    return Interval(median, median, median, 0, "no samples (a point)")
+    samples = timing.get("samples") or ()
+    return recorded_interval(
+        float(timing["median"]), timing.get("ci_low"), timing.get("ci_high"),
+        timing.get("iterations") or len(samples), timing.get("interval_method") or "", samples,
+    )
 
 
 def tiebreak_interval(record: Mapping[str, Any]) -> Interval | None:
@@ -240,14 +235,12 @@ def tiebreak_interval(record: Mapping[str, Any]) -> Interval | None:
     tb = timing.get("tiebreak") if isinstance(timing, Mapping) else None
     if not isinstance(tb, Mapping) or tb.get("median") is None:
         return None
-    return Interval(
-        float(tb["median"]), float(tb["ci_low"]), float(tb["ci_high"]), int(tb["iterations"]),
-        "interleaved re-measurement",
-    )
+    return recorded_interval(float(tb["median"]), tb["ci_low"], tb["ci_high"], tb["iterations"],
+                             "interleaved re-measurement")
 
 
 def rank_records(records: Sequence[Mapping[str, Any]]) -> dict[tuple[Any, ...], Ranked]:
-    """Per `rank_group`, the ok records ranked with ties (`stats.rank_with_ties`, by id; the
+    """Per `rank_group`, the ok records ranked with ties (`ties.rank_with_ties`, by id; the
     interleaved re-measurement decides among tied leaders when it covers them all). The last
     record of an id wins."""
     latest: dict[str, Mapping[str, Any]] = {}

@@ -16,7 +16,7 @@ from cpbench.config.vocabulary import (
     Phase,
     PrefillScheme,
 )
-from cpbench.model.calibrate.stats import Interval, median_interval
+from cpbench.model.ties import Interval, recorded_interval
 
 SCHEMA_VERSION = 3
 """Version of the record's shape. Version 3 (inference): a prefill or decode point carries
@@ -240,7 +240,7 @@ class TimingSection(RecordModel):
     ci_high: float | None = None
     """Upper end of the median's 95% confidence interval."""
     interval_method: str | None = None
-    """How ci_low/ci_high were obtained (`cpbench.model.calibrate.stats`)."""
+    """How ci_low/ci_high were obtained (`cpbench.model.ties`)."""
     iterations: int | None = None
     """Timed iterations of the full step (= len(samples))."""
     warmup_iterations: int | None = None
@@ -272,18 +272,10 @@ class TimingSection(RecordModel):
     def interval(self) -> Interval:
         """The median and its 95% interval: as recorded, or (version 1 records) from the
         samples."""
-        if self.ci_low is not None and self.ci_high is not None:
-            return Interval(
-                self.median,
-                self.ci_low,
-                self.ci_high,
-                self.iterations or len(self.samples),
-                self.interval_method or "recorded",
-            )
-        if self.samples:
-            found = median_interval(self.samples)
-            return Interval(self.median, found.low, found.high, found.n, found.method)
-        return Interval(self.median, self.median, self.median, 0, "no samples (a point)")
+        return recorded_interval(
+            self.median, self.ci_low, self.ci_high, self.iterations or len(self.samples),
+            self.interval_method or "recorded", self.samples,
+        )
 
 
 class CollectiveBytes(RecordModel):

@@ -29,6 +29,7 @@ from cpbench.model.inference_cost import (
     price_prefill,
     ring_message_ratio,
 )
+from cpbench.model.ties import ratio_tied
 from cpbench.units import GIB
 
 INFERENCE_TIME_CONVENTION = (
@@ -172,7 +173,7 @@ def recommend_inference(request: InferenceRequest) -> dict[str, Any]:
         report |= _decode_ranking(request, shape, profile, capacity)
     else:
         report |= _prefill_ranking(request, shape, profile, capacity)
-    _call_ties(report, uncertainty.split.ratio_tied if uncertainty.split else None)
+    _call_ties(report, uncertainty.split.ratio_sigma if uncertainty.split else None)
     every = report.pop("every_candidate")
     winner = every[0] if every else None
     report["settings"] = serving_settings(
@@ -307,15 +308,16 @@ def _decode_ranking(request: InferenceRequest, shape: CpProblem, profile: Hardwa
             "rejected": rejected, "ring_verdict": None, "winner_scheme": None}  # fmt: skip
 
 
-def _call_ties(report: dict[str, Any], tied: Any) -> None:
-    """Mark the candidates whose time ties the leader's (the prior's ratio sigma: the
-    interval of their ratio contains 1)."""
+def _call_ties(report: dict[str, Any], sigma: float | None) -> None:
+    """Mark the candidates whose time ties the leader's (`ratio_tied` on the prior's ratio
+    sigma: the interval of their ratio contains 1)."""
     rows = report["candidates"]
     if not rows:
         report["tie"] = None
         return
     lead = rows[0]["total_s"]
     for r in rows:
-        r["tied"] = bool(tied(lead, r["total_s"])) if tied else math.isclose(r["total_s"], lead)
+        t = r["total_s"]
+        r["tied"] = math.isclose(t, lead) if sigma is None else ratio_tied(lead, t, sigma)
     names = [f"{r['label']} W{r['world']}" for r in rows[1:] if r["tied"]]
     report["tie"] = {"tied_with_leader": names, "clear": not names}

@@ -20,9 +20,8 @@ from cpbench.app.recommend.types import (
 from cpbench.config.vocabulary import PHASE_PASSES
 from cpbench.model.calibrate import CalibrationResult, Measurement
 from cpbench.model.calibrate.error_split import ErrorSplit, prior_split, split_residuals
-from cpbench.model.calibrate.stats import TIE_RULE
 from cpbench.model.hardware.profile import HardwareProfile, LinkCost
-from cpbench.model.topology import interval, relative_sigma
+from cpbench.model.ties import TIE_RULE, prediction_interval, ratio_tied, relative_sigma
 from cpbench.results.frame import rank_records, record_interval
 
 PROBE_SIGMA_FLOOR = 0.05
@@ -121,7 +120,9 @@ def with_intervals(
         out.append(
             replace(
                 r,
-                interval=interval(r.prediction.step_s, uncertainty.sigma, uncertainty.source),
+                interval=prediction_interval(
+                    r.prediction.step_s, uncertainty.sigma, uncertainty.source
+                ),
                 measured_interval=record_interval(record) if record is not None else None,
             )
         )
@@ -137,11 +138,11 @@ def call_ties(
     the pick first.
 
     Two predictions tie when the interval of their ratio contains 1: |log(slow / fast)| <=
-    the ratio's sigma (`ErrorSplit.ratio_tied`: the error common to the candidates of one
-    problem cancels in a ratio); two measurements tie when their 95% intervals overlap
-    (`rank_records`, `TIE_RULE`); a measurement and a prediction tie when the measured
-    interval and the predicted one overlap. An interleaved re-measurement that settled a
-    measured tie names the pick; else `TIE_BREAK_RULES` do."""
+    the ratio's sigma (`ties.ratio_tied` on `ErrorSplit.ratio_sigma`: the error common to the
+    candidates of one problem cancels in a ratio); two measurements tie when their 95%
+    intervals overlap (`rank_records`, `TIE_RULE`); a measurement and a prediction tie when
+    the measured interval and the predicted one overlap. An interleaved re-measurement that
+    settled a measured tie names the pick; else `TIE_BREAK_RULES` do."""
     if not ranked:
         return [], None
     order = sorted(ranked, key=rank_key)
@@ -211,13 +212,11 @@ def _tied(
         return other.record_id in measured_tied
     if leader.measured_s is None and other.measured_s is None:
         fast, slow = leader.prediction.step_s, other.prediction.step_s
-        if fast <= 0 or slow <= 0:
-            return slow <= fast
         if split is not None:
-            return split.ratio_tied(fast, slow)
+            return ratio_tied(fast, slow, split.ratio_sigma)
         if leader.interval is None:
             return slow <= fast
-        return math.log(slow / fast) <= leader.interval.relative_sigma
+        return ratio_tied(fast, slow, leader.interval.relative_sigma)
     return leader.low_s <= other.high_s and other.low_s <= leader.high_s
 
 

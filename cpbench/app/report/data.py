@@ -125,7 +125,7 @@ class ComparisonData:
     """Ids with a time on both sides."""
     faster: int
     """Matched ids significantly faster after (the 95% intervals apart:
-    `cpbench.model.calibrate.stats.compare_intervals`, as `cpbench compare`)."""
+    `cpbench.model.ties.compare_intervals`, as `cpbench compare`)."""
     slower: int
     """Matched ids significantly slower after."""
     geomean: float | None

@@ -13,7 +13,7 @@ import pandas as pd
 
 from cpbench.app.report.data import ReportRecommendation
 from cpbench.errors import CpbenchError
-from cpbench.model.calibrate.stats import Interval, rank_with_ties
+from cpbench.model.ties import Interval, rank_with_ties
 from cpbench.results.frame import PHASE_ORDER, ok_rows, with_variant
 
 

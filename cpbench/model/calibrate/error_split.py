@@ -1,5 +1,6 @@
 """The model's error split into a part common to the candidates of one problem and a part of
-each candidate, and the tie test on the ratio of two predictions: docs/cost-model.md section 1."""
+each candidate (the sigma `cpbench.model.ties.ratio_tied` tests a ratio on): docs/cost-model.md
+section 1."""
 
 from __future__ import annotations
 
@@ -8,12 +9,10 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 from cpbench.errors import CpbenchError
+from cpbench.model.ties import PRIOR_RELATIVE_ERROR
 
 MEDIAN_ABS_TO_SIGMA = 0.6745
 """Median of |x| for a standard normal x: sigma = median |error| / 0.6745."""
-PRIOR_TOTAL_SIGMA = 0.35
-"""Sigma of the uncalibrated prior's log error of one step time
-(`cpbench.model.topology.PRIOR_RELATIVE_ERROR`, the prior's stated accuracy)."""
 PRIOR_RATIO_MEDIAN_ABS = 0.11
 """Median |log error| of the ratio of two candidates of one problem, measured by issue 24
 against published CP-attention tables (8x A100 NVLink, 4x A100 PCIe, 8x L20 PCIe, 8x H800; 35
@@ -23,13 +22,11 @@ same median is 0.148 over its 30 pairs, within two standard errors (0.023 each) 
 (`tests/test_calibrate.py` recomputes it)."""
 PRIOR_CANDIDATE_SIGMA = PRIOR_RATIO_MEDIAN_ABS / MEDIAN_ABS_TO_SIGMA / math.sqrt(2.0)
 """Per-candidate sigma of the prior: the ratio's sigma (0.11 / 0.6745 = 0.163) over sqrt(2)."""
-PRIOR_CANDIDATE_SHARE = PRIOR_CANDIDATE_SIGMA / PRIOR_TOTAL_SIGMA
+PRIOR_CANDIDATE_SHARE = PRIOR_CANDIDATE_SIGMA / PRIOR_RELATIVE_ERROR
 """Per-candidate sigma as a fraction of the total where no residual splits it (0.33)."""
 CANDIDATE_SIGMA_FLOOR = 0.03
 """Least per-candidate sigma: a fit that explains the differences exactly still leaves the
 run-to-run spread of a measured step (a few percent on GPUs); a choice, not a measurement."""
-TIE_Z = 1.0
-"""Width of the ratio's interval in standard deviations (about 68%)."""
 
 
 @dataclass(frozen=True)
@@ -53,15 +50,8 @@ class ErrorSplit:
         """Sigma of the log-ratio of two candidates of one problem: sqrt(2) x candidate."""
         return math.sqrt(2.0) * self.candidate_sigma
 
-    def ratio_tied(self, fast_s: float, slow_s: float, z: float = TIE_Z) -> bool:
-        """Whether two predictions of one problem tie: the ratio's interval
-        slow/fast x e^(-+z ratio_sigma) contains 1."""
-        if fast_s <= 0 or slow_s <= 0:
-            raise CpbenchError(f"a ratio needs positive times, got {fast_s} and {slow_s}")
-        return abs(math.log(slow_s / fast_s)) <= z * self.ratio_sigma
 
-
-def prior_split(total_sigma: float = PRIOR_TOTAL_SIGMA, source: str = "") -> ErrorSplit:
+def prior_split(total_sigma: float = PRIOR_RELATIVE_ERROR, source: str = "") -> ErrorSplit:
     """The stated split of a total sigma: `PRIOR_CANDIDATE_SHARE` of it per candidate (at
     least `CANDIDATE_SIGMA_FLOOR`), the rest common."""
     if total_sigma < 0:

@@ -205,7 +205,7 @@ def _candidates_table(report: Mapping[str, Any], explain: bool = True) -> FitTab
         )
     if measured:
         # scipy (behind stats) only when measured rows are drawn: `cpbench --help` stays light
-        from cpbench.model.calibrate.stats import TIE_RULE  # noqa: PLC0415
+        from cpbench.model.ties import TIE_RULE  # noqa: PLC0415
 
         caption += ", or half the measured median's 95% interval; " + TIE_RULE
     caption += "; = marks a tie with #1"
