@@ -261,8 +261,8 @@ def _gather_phase_time(ctx: Context, phase: Pass) -> tuple[PhaseTime, tuple[Comm
     strides = c.gathers
     overheads = strides * c.ring_steps
     share = _node_share(ctx)
-    slowest_pairs = float(max(work.ring_rank_pairs))
-    mean_pairs = float(sum(work.ring_rank_pairs, Fraction(0))) / c.ring
+    slowest_pairs = float(work.max_ring_rank_pairs)
+    mean_pairs = float(work.total) / c.ring
     rate = pass_flops_per_s(ctx, phase)
     alone = slowest_pairs * per_pair / rate + overheads * profile.step_overhead_s
     alone += merges
@@ -271,9 +271,8 @@ def _gather_phase_time(ctx: Context, phase: Pass) -> tuple[PhaseTime, tuple[Comm
     compute = balanced if shared else alone
     slowest_flops = share * mean_pairs if shared else slowest_pairs
     per_stride = compute / strides
-    slowest = max(range(c.ring), key=lambda j: work.ring_rank_pairs[j])
-    own_pairs = work.step_pairs[0][slowest] if work.step_pairs else Fraction(0)
-    own_share = float(own_pairs / work.ring_rank_pairs[slowest]) if own_pairs else 0.0
+    own_pairs = work.own_pairs(work.slowest_ring_rank)
+    own_share = float(own_pairs / work.max_ring_rank_pairs) if own_pairs else 0.0
     own = per_stride * own_share  # the own chunk of stride 0: computed while it is gathered
     named = {c.name: c for c in ctx.volume.collectives(phase)}
     gather_bytes, rs_bytes = (
