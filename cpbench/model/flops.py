@@ -489,9 +489,9 @@ def plain_step_stats(
             (square, Fraction(n * n * (ring - s), ring)) for s in range(1, ring)
         )
     after, before = n * (n + 1), n * (n - 1)
+    busiest = Fraction(after, 2)
     return ((half, half),) + tuple(
-        (Fraction(after, 2), Fraction(after * (ring - s) + before * s, 2 * ring))
-        for s in range(1, ring)
+        (busiest, Fraction(after * (ring - s) + before * s, 2 * ring)) for s in range(1, ring)
     )
 
 

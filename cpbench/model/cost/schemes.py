@@ -49,7 +49,9 @@ def _phase_factor(phase: Pass) -> Fraction:
 def _step_merges(ctx: Context, phase: Pass) -> list[float]:
     """Memory-bound seconds of each ring step of a phase."""
     c = ctx.config
-    return [merge_bytes(c, phase, s) / ctx.profile.memory_bandwidth for s in range(c.ring_steps)]
+    bandwidth, steps = ctx.profile.memory_bandwidth, c.ring_steps
+    first = [merge_bytes(c, phase, 0) / bandwidth]
+    return first + [merge_bytes(c, phase, 1) / bandwidth] * (steps - 1) if steps > 1 else first
 
 
 @dataclass(frozen=True)
@@ -82,10 +84,21 @@ def _step_flops(config: MeshCandidate, phase: Pass) -> tuple[tuple[float, float]
     neither the hardware nor the profile, and a calibration prices the same configurations
     thousands of times."""
     per_pair = flops_per_pair(config.shape, config.ulysses) * _phase_factor(phase)
-    return tuple(
-        (float(busiest * per_pair), float(mean * per_pair))
-        for busiest, mean in mask_step_stats(config)
-    )
+    num, den = per_pair.numerator, per_pair.denominator
+    out: list[tuple[float, float]] = []
+    previous: tuple[Fraction, Fraction] | None = None
+    for stat in mask_step_stats(config):
+        if stat is not previous:  # the closed forms repeat one (busiest, mean) over the steps
+            busiest, mean = stat
+            # float(x * per_pair), without normalising the product: one correctly rounded
+            # division of the same rational
+            pair = (
+                busiest.numerator * num / (busiest.denominator * den),
+                mean.numerator * num / (mean.denominator * den),
+            )
+            previous = stat
+        out.append(pair)
+    return tuple(out)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -102,10 +115,17 @@ def _step_costs(ctx: Context, phase: Pass, merges: list[float]) -> list[_StepCos
     ranks / slots (the slots are shared, so idle ranks lend theirs)."""
     overhead, share = ctx.profile.step_overhead_s, _node_share(ctx)
     rate = pass_flops_per_s(ctx, phase)
-    costs = []
+    costs: list[_StepCost] = []
+    previous: tuple[float, float, float] | None = None
     for (busiest_flops, mean_flops), merge in zip(
         _step_flops(ctx.config, phase), merges, strict=True
     ):
+        # the mean matters only on a shared node; a step like the last costs what it did
+        key = (busiest_flops, mean_flops if share > 1 else 0.0, merge)
+        if key == previous:
+            costs.append(costs[-1])
+            continue
+        previous = key
         alone = busiest_flops / rate + overhead + merge
         shared = share * (mean_flops / rate + overhead + merge)
         if share > 1 and shared > alone:
@@ -189,6 +209,7 @@ def _ring_time(
     overlap = ctx.profile.overlap
     total = comm = hidden = 0.0
     terms: list[CommTerm] = []
+    hops: dict[int, tuple[float, list[CommTerm]]] = {}  # one hop time per size, not per step
     for s, compute in enumerate(computes):
         # The next step's K/V, and (from step 2) the dK/dV accumulator posted after step s-1:
         # the own chunk's gradient stays home, so the first accumulator leaves after step 1.
@@ -196,7 +217,11 @@ def _ring_time(
         if in_flight == 0:
             total += compute
             continue
-        hop = _hop(ctx, phase, in_flight, terms)
+        if in_flight not in hops:
+            pieces: list[CommTerm] = []
+            hops[in_flight] = (_hop(ctx, phase, in_flight, pieces), pieces)
+        hop, pieces = hops[in_flight]
+        terms.extend(pieces)
         comm += hop
         hidden += min(compute, hop)
         total += max(compute, hop) + (1 - overlap) * min(compute, hop)
