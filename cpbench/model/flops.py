@@ -495,6 +495,35 @@ def plain_step_stats(
     )
 
 
+def plain_step_scaled(
+    seq_len: int, ring: int, layout: str, causal: bool, scale: Fraction
+) -> tuple[tuple[float, float], ...]:
+    """`plain_step_stats` times `scale` (FLOPs per pair), as floats: each the one correctly
+    rounded integer division of the exact product (what float(pairs * scale) gives), without
+    building a Fraction per step."""
+    _check_ring_layout(seq_len, ring, layout)
+    if layout not in GLOBAL_LAYOUTS:
+        raise CpbenchError(f"layout {layout!r} has no closed form: its work is the mask's")
+    num, den = scale.numerator, scale.denominator
+    square = (seq_len // ring) ** 2 * num
+    if not causal:
+        full = square / den
+        return ((full, full),) * ring
+    half = square / (2 * den)
+    own = (half, half)
+    if layout == "zigzag":
+        return (own,) * ring
+    if layout == "contiguous":
+        busiest, wide = square / den, ring * den
+        return (own,) + tuple((busiest, square * (ring - s) / wide) for s in range(1, ring))
+    n = seq_len // ring
+    after, before = n * (n + 1) * num, n * (n - 1) * num
+    busiest, wide = after / (2 * den), 2 * ring * den
+    return (own,) + tuple(
+        (busiest, (after * (ring - s) + before * s) / wide) for s in range(1, ring)
+    )
+
+
 def layout_work(problem: CpProblem) -> LayoutWork:
     """Work of every rank and ring step of a problem's mesh, layout and mask (its heads do not
     matter); seq_len must be a multiple of `seq_divisor`."""

@@ -14,7 +14,7 @@ from cpbench.model.cost.breakdown import CommTerm, PhaseTime, TierTraffic
 from cpbench.model.cost.kernel import kernel_factor
 from cpbench.model.cost.placement import Placement
 from cpbench.model.cost.work import config_work, mask_step_stats, merge_bytes
-from cpbench.model.flops import BACKWARD_FACTOR, flops_per_pair
+from cpbench.model.flops import BACKWARD_FACTOR, flops_per_pair, plain_step_scaled
 from cpbench.model.formulas import CollectiveKind, CommVolume
 from cpbench.model.hardware.profile import HardwareProfile, LinkTier
 from cpbench.model.topology import CollectiveTime, TopologyPlacement, all_to_all_time, ring_hop_time
@@ -84,6 +84,10 @@ def _step_flops(config: MeshCandidate, phase: Pass) -> tuple[tuple[float, float]
     neither the hardware nor the profile, and a calibration prices the same configurations
     thousands of times."""
     per_pair = flops_per_pair(config.shape, config.ulysses) * _phase_factor(phase)
+    if config.plain_geometry:
+        return plain_step_scaled(
+            config.seq_len, config.ring, config.layout, config.causal, per_pair
+        )
     num, den = per_pair.numerator, per_pair.denominator
     out: list[tuple[float, float]] = []
     previous: tuple[Fraction, Fraction] | None = None
@@ -210,21 +214,33 @@ def _ring_time(
     total = comm = hidden = 0.0
     terms: list[CommTerm] = []
     hops: dict[int, tuple[float, list[CommTerm]]] = {}  # one hop time per size, not per step
-    for s, compute in enumerate(computes):
-        # The next step's K/V, and (from step 2) the dK/dV accumulator posted after step s-1:
-        # the own chunk's gradient stays home, so the first accumulator leaves after step 1.
-        in_flight = (kv if s < k - 1 else 0) + (dkv if s >= 2 else 0)
+    exposed = 1 - overlap
+    # The next step's K/V, and (from step 2) the dK/dV accumulator posted after step s-1: the
+    # own chunk's gradient stays home, so the first accumulator leaves after step 1. Steps
+    # 2..k-2 carry the same bytes: one hop size, timed once; a step whose compute repeats the
+    # last adds what it added (the same float additions, in the same order).
+    bounds = sorted((0, 1, 2, k - 1, k))  # k >= 2: the bytes in flight change at 2 and k - 1
+    for first, stop in zip(bounds, bounds[1:]):
+        if first >= stop:
+            continue
+        in_flight = (kv if first < k - 1 else 0) + (dkv if first >= 2 else 0)
         if in_flight == 0:
-            total += compute
+            for compute in computes[first:stop]:
+                total += compute
             continue
         if in_flight not in hops:
             pieces: list[CommTerm] = []
             hops[in_flight] = (_hop(ctx, phase, in_flight, pieces), pieces)
         hop, pieces = hops[in_flight]
-        terms.extend(pieces)
-        comm += hop
-        hidden += min(compute, hop)
-        total += max(compute, hop) + (1 - overlap) * min(compute, hop)
+        terms.extend(pieces * (stop - first))
+        last, low, step_total = None, 0.0, 0.0
+        for compute in computes[first:stop]:
+            if compute != last:
+                last, low = compute, min(compute, hop)
+                step_total = max(compute, hop) + exposed * low
+            comm += hop
+            hidden += low
+            total += step_total
     if dkv:
         home = _hop(ctx, phase, dkv, terms)  # the last dK/dV hop goes home, exposed
         total += home
