@@ -27,8 +27,9 @@ def run_once(args: list[str]) -> tuple[float, float, float, int, str]:
     """(wall s, user + sys CPU s, peak RSS MB, exit code, last stderr line) of one run."""
     command = [sys.executable, "-m", "cpbench.cli", "recommend", *args]
     start = time.perf_counter()
-    child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                             env=os.environ.copy(), text=True)
+    child = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=os.environ.copy(), text=True
+    )
     assert child.stderr is not None
     err = child.stderr.read()
     _, status, usage = os.wait4(child.pid, 0)
@@ -53,9 +54,12 @@ def report(label: str, args: list[str], repeats: int, limit: float) -> None:
     walls, cpus, rss = ([r[i] for r in runs] for i in range(3))
     codes = sorted({r[3] for r in runs})
     verdict = "under" if max(walls) < limit else "OVER"
-    print(f"{label:<28} wall {min(walls):7.2f} s (max {max(walls):7.2f}), CPU "
-          f"{min(cpus):7.2f} s (max {max(cpus):7.2f}), peak RSS {max(rss):5.0f} MB, exit "
-          f"{codes}; {verdict} {limit:g} s", flush=True)
+    print(
+        f"{label:<28} wall {min(walls):7.2f} s (max {max(walls):7.2f}), CPU "
+        f"{min(cpus):7.2f} s (max {max(cpus):7.2f}), peak RSS {max(rss):5.0f} MB, exit "
+        f"{codes}; {verdict} {limit:g} s",
+        flush=True,
+    )
     for wall, _, _, code, last in runs:
         if code:
             print(f"    exit {code} after {wall:.1f} s: {last}")
@@ -67,26 +71,39 @@ def main() -> None:
     parser.add_argument("--kv-heads", type=int, default=1)
     parser.add_argument("--seq-len", type=int, default=4194304)
     parser.add_argument("--gpus", type=int, nargs="+", default=[8, 64, 1024, 8192, 131072])
-    parser.add_argument("--documents", type=int, default=100000,
-                        help="documents of the packed case (0: skip it)")
-    parser.add_argument("--doc-gpus", type=int, nargs="+", default=[8],
-                        help="GPU counts of the documents case")
+    parser.add_argument(
+        "--documents", type=int, default=100000, help="documents of the packed case (0: skip it)"
+    )
+    parser.add_argument(
+        "--doc-gpus", type=int, nargs="+", default=[8], help="GPU counts of the documents case"
+    )
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--limit", type=float, default=10.0, help="the target, seconds")
     args = parser.parse_args()
-    shape = ["--heads", str(args.heads), "--kv-heads", str(args.kv_heads), "--seq-len",
-             str(args.seq_len)]
-    print(f"cpbench recommend {' '.join(shape)}; {args.repeats} run(s) each, fresh processes; "
-          f"min (max) wall and CPU time, peak RSS in MB (2**20 bytes)")
+    shape = [
+        "--heads",
+        str(args.heads),
+        "--kv-heads",
+        str(args.kv_heads),
+        "--seq-len",
+        str(args.seq_len),
+    ]
+    print(
+        f"cpbench recommend {' '.join(shape)}; {args.repeats} run(s) each, fresh processes; "
+        f"min (max) wall and CPU time, peak RSS in MB (2**20 bytes)"
+    )
     for gpus in args.gpus:
         report(f"--gpus {gpus}", [*shape, "--gpus", str(gpus)], args.repeats, args.limit)
     if args.documents:
         with tempfile.TemporaryDirectory() as folder:
             path = documents_file(Path(folder), args.documents, args.seq_len)
             for gpus in args.doc_gpus:
-                report(f"--gpus {gpus}, {args.documents} docs",
-                       [*shape, "--gpus", str(gpus), "--documents", str(path)], args.repeats,
-                       args.limit)
+                report(
+                    f"--gpus {gpus}, {args.documents} docs",
+                    [*shape, "--gpus", str(gpus), "--documents", str(path)],
+                    args.repeats,
+                    args.limit,
+                )
 
 
 if __name__ == "__main__":

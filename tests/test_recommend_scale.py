@@ -53,7 +53,9 @@ def chunk_matrix(seq_len: int, ring: int, layout: str, causal: bool) -> Any:
 @pytest.mark.parametrize("layout", GLOBAL_LAYOUTS)
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("ring", RINGS)
-def test_ring_step_pairs_equals_the_chunk_pairs_matrix(layout: str, causal: bool, ring: int) -> None:
+def test_ring_step_pairs_equals_the_chunk_pairs_matrix(
+    layout: str, causal: bool, ring: int
+) -> None:
     for seq_len in (2 * ring, 2 * ring * 3, 2 * ring * 7):
         assert ring_step_pairs(seq_len, ring, layout, causal) == chunk_matrix(
             seq_len, ring, layout, causal
@@ -119,29 +121,39 @@ def documents_for(seq_len: int) -> tuple[int, ...]:
     return tuple(docs)
 
 
-def candidate(seq_len: int, ulysses: int, ring: int, layout: str, mask: dict[str, Any],
-              **more: Any) -> MeshCandidate:
+def candidate(
+    seq_len: int, ulysses: int, ring: int, layout: str, mask: dict[str, Any], **more: Any
+) -> MeshCandidate:
     fields = dict(mask)
     if fields.get("documents") == "docs":
         fields["documents"] = documents_for(seq_len)
-    return MeshCandidate(seq_len=seq_len, batch=1, heads=4, kv_heads=2, head_dim=64,
-                         ulysses=ulysses, ring=ring, layout=layout, **fields, **more)
+    return MeshCandidate(
+        seq_len=seq_len,
+        batch=1,
+        heads=4,
+        kv_heads=2,
+        head_dim=64,
+        ulysses=ulysses,
+        ring=ring,
+        layout=layout,
+        **fields,
+        **more,
+    )
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("mask", MASKS, ids=lambda m: "-".join(f"{k}={v}" for k, v in m.items()))
 @pytest.mark.parametrize("ring", RINGS)
-def test_layout_work_aggregates_equal_the_step_matrix(layout: str, mask: dict[str, Any],
-                                                      ring: int) -> None:
+def test_layout_work_aggregates_equal_the_step_matrix(
+    layout: str, mask: dict[str, Any], ring: int
+) -> None:
     checked = 0
     for seq_len, ulysses in ((4 * ring * 6, 1), (4 * ring * 6, 2), (4 * ring * 5, 4)):
         try:
             w = layout_work(candidate(seq_len, ulysses, ring, layout, mask))
         except CpbenchError:
             continue
-        steps = (
-            chunk_matrix(seq_len, ring, layout, w.causal) if w.plain else w.step_pairs
-        )
+        steps = chunk_matrix(seq_len, ring, layout, w.causal) if w.plain else w.step_pairs
         if w.plain:
             assert w.step_pairs == steps
         assert new_aggregates(w) == old_aggregates(w, steps)
@@ -264,8 +276,18 @@ def clear_caches() -> None:
 def candidates() -> list[tuple[MeshCandidate, Any, int]]:
     out = []
     shape_heads = AttentionShape(96, 4, 2, 64, 1)
-    for ring, ulysses in ((1, 1), (2, 1), (2, 2), (3, 1), (4, 2), (6, 1), (8, 1), (12, 1),
-                          (16, 1), (4, 4)):
+    for ring, ulysses in (
+        (1, 1),
+        (2, 1),
+        (2, 2),
+        (3, 1),
+        (4, 2),
+        (6, 1),
+        (8, 1),
+        (12, 1),
+        (16, 1),
+        (4, 4),
+    ):
         for layout, mask in itertools.product(LAYOUTS, MASKS):
             for seq_len in (4 * 48, 48 * ring):
                 c = candidate(seq_len, ulysses, ring, layout, mask)

@@ -433,9 +433,7 @@ class LayoutWork:
         forms on a global layout (`plain_step_stats`)."""
         if self.masked_steps is None:
             return plain_step_stats(self.seq_len, self.ring, self.layout, self.causal)
-        return tuple(
-            (max(step), sum(step, Fraction(0)) / self.ring) for step in self.masked_steps
-        )
+        return tuple((max(step), sum(step, Fraction(0)) / self.ring) for step in self.masked_steps)
 
     @property
     def step_max_pairs(self) -> tuple[Fraction, ...]:

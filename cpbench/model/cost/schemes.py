@@ -5,6 +5,7 @@ The formulas: docs/design.md section 2, "The time of one phase". Pure Python."""
 from __future__ import annotations
 
 import functools
+import itertools
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -220,7 +221,7 @@ def _ring_time(
     # 2..k-2 carry the same bytes: one hop size, timed once; a step whose compute repeats the
     # last adds what it added (the same float additions, in the same order).
     bounds = sorted((0, 1, 2, k - 1, k))  # k >= 2: the bytes in flight change at 2 and k - 1
-    for first, stop in zip(bounds, bounds[1:]):
+    for first, stop in itertools.pairwise(bounds):
         if first >= stop:
             continue
         in_flight = (kv if first < k - 1 else 0) + (dkv if first >= 2 else 0)
