@@ -2,8 +2,9 @@
 (issue 39's target: 131,072 GPUs and 100,000 documents each under 10 s, like `plan`).
 
 Each run is a fresh process (`python -m cpbench.cli recommend ...`, start-up and imports
-included); wall time from `time.perf_counter` around it, CPU time (user + sys) and peak RSS of
-the child from `os.wait4`. The documents case writes a file of `--documents` lengths (as many
+included), killed after `--timeout` seconds; wall time from `time.perf_counter` around it, CPU
+time (user + sys) from `getrusage(RUSAGE_CHILDREN)` before and after, peak RSS the largest
+child's so far. The documents case writes a file of `--documents` lengths (as many
 of L // D + 1 as make them sum to the sequence length, the rest L // D) and passes it with
 `--documents FILE` (read as in cpbench/config/documents.py). The machine may be shared: CPU
 time is less sensitive to other load than wall time.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -23,20 +25,26 @@ import time
 from pathlib import Path
 
 
-def run_once(args: list[str]) -> tuple[float, float, float, int, str]:
-    """(wall s, user + sys CPU s, peak RSS MB, exit code, last stderr line) of one run."""
+def run_once(args: list[str], timeout: float) -> tuple[float, float, float, int, str]:
+    """(wall s, user + sys CPU s, peak RSS MB, exit code, last stderr line) of one run; a run
+    past `timeout` seconds is killed (exit -9, "timed out")."""
     command = [sys.executable, "-m", "cpbench.cli", "recommend", *args]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     child = subprocess.Popen(
         command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=os.environ.copy(), text=True
     )
-    assert child.stderr is not None
-    err = child.stderr.read()
-    _, status, usage = os.wait4(child.pid, 0)
+    try:
+        _, err = child.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        _, err = child.communicate()
+        err += f"\ntimed out after {timeout:g} s"
     wall = time.perf_counter() - start
-    code = os.waitstatus_to_exitcode(status)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     last = err.strip().splitlines()[-1] if err.strip() else ""
-    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, code, last
+    return wall, cpu, after.ru_maxrss / 1024, child.returncode, last
 
 
 def documents_file(folder: Path, count: int, seq_len: int) -> Path:
@@ -49,8 +57,8 @@ def documents_file(folder: Path, count: int, seq_len: int) -> Path:
     return path
 
 
-def report(label: str, args: list[str], repeats: int, limit: float) -> None:
-    runs = [run_once(args) for _ in range(repeats)]
+def report(label: str, args: list[str], repeats: int, limit: float, timeout: float) -> None:
+    runs = [run_once(args, timeout) for _ in range(repeats)]
     walls, cpus, rss = ([r[i] for r in runs] for i in range(3))
     codes = sorted({r[3] for r in runs})
     verdict = "under" if max(walls) < limit else "OVER"
@@ -79,6 +87,7 @@ def main() -> None:
     )
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--limit", type=float, default=10.0, help="the target, seconds")
+    parser.add_argument("--timeout", type=float, default=120.0, help="kill a run after, seconds")
     args = parser.parse_args()
     shape = [
         "--heads",
@@ -93,7 +102,9 @@ def main() -> None:
         f"min (max) wall and CPU time, peak RSS in MB (2**20 bytes)"
     )
     for gpus in args.gpus:
-        report(f"--gpus {gpus}", [*shape, "--gpus", str(gpus)], args.repeats, args.limit)
+        report(
+            f"--gpus {gpus}", [*shape, "--gpus", str(gpus)], args.repeats, args.limit, args.timeout
+        )
     if args.documents:
         with tempfile.TemporaryDirectory() as folder:
             path = documents_file(Path(folder), args.documents, args.seq_len)
@@ -103,6 +114,7 @@ def main() -> None:
                     [*shape, "--gpus", str(gpus), "--documents", str(path)],
                     args.repeats,
                     args.limit,
+                    args.timeout,
                 )
 
 
