@@ -23,7 +23,9 @@ from typing import Any
 
 import pytest
 
+from cpbench.config import geometry
 from cpbench.config.constraints import AttentionShape, check_mesh
+from cpbench.config.masks import MaskSpec
 from cpbench.config.problem import MeshCandidate
 from cpbench.config.vocabulary import GLOBAL_LAYOUTS, LAYOUTS
 from cpbench.errors import CpbenchError
@@ -338,3 +340,32 @@ def test_predictions_equal_the_old_path(monkeypatch: pytest.MonkeyPatch) -> None
     for (config, profile, _), a, b in zip(cases, fast, slow, strict=True):
         assert a == b, (config, profile.name)
     assert sum(1 for c, _, _ in cases if c.ring >= 8 and c.layout in GLOBAL_LAYOUTS) > 20
+
+
+def every_threshold_balanced(mask: Any, seq_len: int, ring: int) -> Any:
+    """`_best_balanced` as it was: every threshold built and scored, duplicates included."""
+    shard = seq_len // ring
+    thresholds = sorted({seq_len + 1, shard, max(shard // 2, 1), max(shard // 4, 1), 2 * ring})
+    best = None
+    for long_doc in thresholds:
+        shards = geometry._balanced(mask, seq_len, ring, long_doc)
+        schedule = geometry._schedule(mask, shards, ring)
+        score = (geometry.balance_score(schedule), schedule.steps)
+        if best is None or score < best[0]:
+            best = (score, shards)
+    assert best is not None
+    return best[1]
+
+
+@pytest.mark.parametrize("ring", (2, 3, 4, 8))
+def test_balanced_builds_each_distinct_candidate_once(ring: int) -> None:
+    for seq_len in (48 * ring, 400 * ring):
+        for docs in (
+            documents_for(seq_len),
+            (seq_len // 2, seq_len // 4, seq_len // 4),
+            (1,) * (seq_len - 40 * ring) + (40 * ring,),
+        ):
+            for window in (None, 7):
+                mask = MaskSpec(documents=docs, window=window)
+                packing = geometry.pack(mask, seq_len, 1, ring, "balanced")
+                assert packing.shards == every_threshold_balanced(mask, seq_len, ring)
