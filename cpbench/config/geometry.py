@@ -400,7 +400,14 @@ def _best_balanced(mask: MaskSpec, seq_len: int, ring: int, layout: Layout) -> P
     shard = seq_len // ring
     thresholds = sorted({seq_len + 1, shard, max(shard // 2, 1), max(shard // 4, 1), 2 * ring})
     best: tuple[tuple[int, int], Packing] | None = None
+    tried: set[int] = set()
     for long_doc in thresholds:
+        # thresholds that find the same long documents build the same shards (the first of
+        # equal scores is kept): each distinct candidate is built and scheduled once
+        long_count = sum(1 for d in mask.documents or () if d >= long_doc)
+        if long_count in tried:
+            continue
+        tried.add(long_count)
         shards = _balanced(mask, seq_len, ring, long_doc)
         packing = Packing(mask, seq_len, 0, layout, ring, shards)
         schedule = _schedule(mask, shards, ring)

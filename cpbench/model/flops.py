@@ -174,16 +174,26 @@ def ring_step_pairs(
 ) -> tuple[tuple[Fraction, ...], ...]:
     """`[s][j]`: pairs ring rank j computes at ring step s (K/V of ring rank (j - s) mod R);
     R steps (a step the mask does not need is all zeros). Cached: R^2 exact pairs, the same
-    for every head count and Ulysses degree (`cpbench plan` prices many meshes of one ring)."""
+    for every head count and Ulysses degree (`cpbench plan` prices many meshes of one ring).
+    Global layouts in closed form (`chunk_pairs`' values, n = L/R): full n^2 everywhere; causal
+    step 0 n^2/2; a later step s: contiguous n^2 for j >= s, else 0; zigzag n^2/2 (half of each
+    chunk pair); striped n(n+1)/2 for j >= s (the key rank is earlier), else n(n-1)/2."""
     _check_ring_layout(seq_len, ring, layout)
     if layout not in GLOBAL_LAYOUTS:
         steps = masked_step_pairs(MaskSpec(causal=causal), seq_len, 1, ring, layout)
         zeros = tuple(Fraction(0) for _ in range(ring))
         return steps + (zeros,) * (ring - len(steps))
-    return tuple(
-        tuple(chunk_pairs(seq_len, ring, layout, j, (j - s) % ring, causal) for j in range(ring))
-        for s in range(ring)
-    )
+    n = seq_len // ring
+    if not causal:
+        return ((Fraction(n * n),) * ring,) * ring
+    own = (Fraction(n * n, 2),) * ring
+    if layout == "zigzag":
+        return (own,) * ring
+    if layout == "contiguous":
+        earlier, later = Fraction(n * n), Fraction(0)
+    else:
+        earlier, later = Fraction(n * (n + 1), 2), Fraction(n * (n - 1), 2)
+    return (own,) + tuple((later,) * s + (earlier,) * (ring - s) for s in range(1, ring))
 
 
 def ring_rank_pairs(
@@ -260,7 +270,11 @@ def imbalance(values: tuple[float, ...] | list[float]) -> float:
 
 @dataclass(frozen=True)
 class LayoutWork:
-    """Attention work of every rank and every ring step under a layout and a mask."""
+    """Attention work of every rank and every ring step under a layout and a mask.
+
+    Causal or full attention on a global layout (`masked_steps` None) keeps no R x R matrix:
+    its totals, busiest rank and per-step busiest / mean pairs are closed forms, O(1) or O(R),
+    and `step_pairs` / `ring_rank_pairs` are built only when asked for."""
 
     seq_len: int
     """L: tokens of the sequence (padding excluded)."""
@@ -272,17 +286,35 @@ class LayoutWork:
     """contiguous, zigzag, striped, doc_zigzag or balanced."""
     causal: bool
     """Causal mask (True) or full attention."""
-    step_pairs: tuple[tuple[Fraction, ...], ...]
-    """`[s][j]`: pairs of ring rank j at ring step s, all heads of the ring group, for the
-    `steps` ring steps the ring runs."""
-    ring_rank_pairs: tuple[Fraction, ...]
-    """Pairs of each ring rank over all steps, all heads of the ring group (padding included)."""
+    masked_steps: tuple[tuple[Fraction, ...], ...] | None = None
+    """The mask geometry's `[s][j]` pairs (`masked_step_pairs`); None = the closed forms."""
     mask: MaskSpec = MaskSpec()
     """The mask (documents explicit when it has more than one)."""
     run_len: int = 0
     """L_run: tokens the ranks hold, padding included (0 = seq_len)."""
     mask_total: Fraction | None = None
     """Pairs of the mask over the L real tokens (None = the sum of the ranks' pairs)."""
+
+    @property
+    def plain(self) -> bool:
+        """Causal or full attention on a global layout: the closed forms apply."""
+        return self.masked_steps is None
+
+    @functools.cached_property
+    def step_pairs(self) -> tuple[tuple[Fraction, ...], ...]:
+        """`[s][j]`: pairs of ring rank j at ring step s, all heads of the ring group, for the
+        `steps` ring steps the ring runs."""
+        if self.masked_steps is not None:
+            return self.masked_steps
+        return ring_step_pairs(self.seq_len, self.ring, self.layout, self.causal)
+
+    @functools.cached_property
+    def ring_rank_pairs(self) -> tuple[Fraction, ...]:
+        """Pairs of each ring rank over all steps, all heads of the ring group (padding
+        included)."""
+        if self.masked_steps is not None:
+            return _column_sums(self.masked_steps, self.ring)
+        return ring_rank_pairs(self.seq_len, self.ring, self.layout, self.causal)
 
     @property
     def world(self) -> int:
@@ -302,7 +334,7 @@ class LayoutWork:
     @property
     def steps(self) -> int:
         """Ring steps the mask needs (k <= R): K/V makes k - 1 hops."""
-        return len(self.step_pairs)
+        return self.ring if self.masked_steps is None else len(self.masked_steps)
 
     @property
     def rank_pairs(self) -> tuple[Fraction, ...]:
@@ -325,6 +357,8 @@ class LayoutWork:
     @functools.cached_property  # the cost model asks it of the same work thousands of times
     def total(self) -> Fraction:
         """Pairs of all ranks: L^2/2 causal, L^2 full (plus the padding's pairs)."""
+        if self.masked_steps is None:
+            return total_pairs(self.seq_len, self.causal)
         return sum(self.ring_rank_pairs, Fraction(0))
 
     @property
@@ -343,37 +377,144 @@ class LayoutWork:
         useful = self.useful_total
         return float(self.padding_pairs / useful) if useful else 0.0
 
+    @functools.cached_property
+    def _busiest(self) -> tuple[int, Fraction]:
+        """(the first ring rank with the most pairs, its pairs); closed form on a global
+        layout: every rank alike under zigzag or full attention, the last rank the busiest
+        under contiguous and striped."""
+        if self.masked_steps is None:
+            last = self.ring - 1 if self.causal and self.layout != "zigzag" else 0
+            return last, _plain_rank_pairs(self.seq_len, self.ring, self.layout, self.causal, last)
+        pairs = self.ring_rank_pairs
+        most = max(pairs)
+        return pairs.index(most), most
+
+    @property
+    def max_ring_rank_pairs(self) -> Fraction:
+        """Pairs of the busiest ring rank over all steps."""
+        return self._busiest[1]
+
     @property
     def imbalance(self) -> float:
         """Slowest rank / mean rank (of the pairs computed)."""
+        if self.masked_steps is None:
+            # `imbalance` of the ranks' float pairs: their float sum is the exact total, every
+            # partial sum a half-integer below 2^53 (for L < 9.4e7)
+            mean = float(self.total) / self.ring
+            return float(float(self.max_ring_rank_pairs) / mean) if mean else 1.0
         return imbalance([float(p) for p in self.ring_rank_pairs])
 
     @property
     def overhead(self) -> float:
         """Slowest rank / its ideal share of the mask's pairs (imbalance x (1 + padding))."""
         ideal = self.useful_total / self.ring
-        return float(max(self.ring_rank_pairs) / ideal) if ideal else 1.0
+        return float(self.max_ring_rank_pairs / ideal) if ideal else 1.0
 
     @property
     def slowest_ring_rank(self) -> int:
         """The ring rank with the most pairs (the first of equals)."""
-        pairs = self.ring_rank_pairs
-        return pairs.index(max(pairs))
+        return self._busiest[0]
+
+    def own_pairs(self, ring_rank: int) -> Fraction:
+        """Pairs of a ring rank at step 0, on its own K/V (0 when the ring runs no step)."""
+        if self.masked_steps is None:
+            n = self.seq_len // self.ring
+            return Fraction(n * n, 2) if self.causal else Fraction(n * n)
+        return self.masked_steps[0][ring_rank] if self.masked_steps else Fraction(0)
+
+    @functools.cached_property
+    def step_stats(self) -> tuple[tuple[Fraction, Fraction], ...]:
+        """(busiest ring rank, mean over ring ranks) pairs at each ring step; O(R) closed
+        forms on a global layout (`plain_step_stats`)."""
+        if self.masked_steps is None:
+            return plain_step_stats(self.seq_len, self.ring, self.layout, self.causal)
+        return tuple((max(step), sum(step, Fraction(0)) / self.ring) for step in self.masked_steps)
 
     @property
     def step_max_pairs(self) -> tuple[Fraction, ...]:
         """Pairs of the busiest ring rank at each ring step (what sets a step's time)."""
-        return tuple(max(step) for step in self.step_pairs)
+        return tuple(busiest for busiest, _ in self.step_stats)
 
     @property
     def step_mean_pairs(self) -> tuple[Fraction, ...]:
         """Mean pairs over the ring ranks at each ring step."""
-        return tuple(sum(step, Fraction(0)) / self.ring for step in self.step_pairs)
+        return tuple(mean for _, mean in self.step_stats)
 
     @property
     def busiest_step_sum(self) -> Fraction:
         """Sum over ring steps of the busiest rank's pairs: what a synchronous ring waits for."""
         return sum(self.step_max_pairs, Fraction(0))
+
+
+def _plain_rank_pairs(seq_len: int, ring: int, layout: str, causal: bool, j: int) -> Fraction:
+    """`ring_rank_pairs(...)[j]` of a global layout, alone."""
+    n = seq_len // ring
+    if not causal:
+        return Fraction(seq_len * n)
+    if layout == "contiguous":
+        return Fraction(n * n * (2 * j + 1), 2)
+    if layout == "zigzag":
+        chunk = seq_len // (2 * ring)
+        return Fraction(2 * ring * chunk * chunk)
+    return Fraction(ring * n * (n - 1) + n * (2 * j + 1), 2)
+
+
+@functools.lru_cache(maxsize=256)
+def plain_step_stats(
+    seq_len: int, ring: int, layout: str, causal: bool
+) -> tuple[tuple[Fraction, Fraction], ...]:
+    """(busiest, mean) of each step of `ring_step_pairs` in closed form, n = L/R: full n^2;
+    causal step 0 n^2/2; a later step s: contiguous (n^2, (R-s)n^2/R), zigzag (n^2/2, n^2/2),
+    striped (n(n+1)/2, ((R-s) n(n+1)/2 + s n(n-1)/2) / R)."""
+    _check_ring_layout(seq_len, ring, layout)
+    if layout not in GLOBAL_LAYOUTS:
+        raise CpbenchError(f"layout {layout!r} has no closed form: its work is the mask's")
+    n = seq_len // ring
+    if not causal:
+        full = (Fraction(n * n), Fraction(n * n))
+        return (full,) * ring
+    half = Fraction(n * n, 2)
+    if layout == "zigzag":
+        return ((half, half),) * ring
+    if layout == "contiguous":
+        square = Fraction(n * n)
+        return ((half, half),) + tuple(
+            (square, Fraction(n * n * (ring - s), ring)) for s in range(1, ring)
+        )
+    after, before = n * (n + 1), n * (n - 1)
+    busiest = Fraction(after, 2)
+    return ((half, half),) + tuple(
+        (busiest, Fraction(after * (ring - s) + before * s, 2 * ring)) for s in range(1, ring)
+    )
+
+
+def plain_step_scaled(
+    seq_len: int, ring: int, layout: str, causal: bool, scale: Fraction
+) -> tuple[tuple[float, float], ...]:
+    """`plain_step_stats` times `scale` (FLOPs per pair), as floats: each the one correctly
+    rounded integer division of the exact product (what float(pairs * scale) gives), without
+    building a Fraction per step."""
+    _check_ring_layout(seq_len, ring, layout)
+    if layout not in GLOBAL_LAYOUTS:
+        raise CpbenchError(f"layout {layout!r} has no closed form: its work is the mask's")
+    num, den = scale.numerator, scale.denominator
+    square = (seq_len // ring) ** 2 * num
+    if not causal:
+        full = square / den
+        return ((full, full),) * ring
+    half = square / (2 * den)
+    own = (half, half)
+    if layout == "zigzag":
+        return (own,) * ring
+    if layout == "contiguous":
+        busiest, wide = square / den, ring * den
+        return (own,) + tuple((busiest, square * (ring - s) / wide) for s in range(1, ring))
+    n = seq_len // ring
+    after, before = n * (n + 1) * num, n * (n - 1) * num
+    busiest, wide = after / (2 * den), 2 * ring * den
+    return (own,) + tuple(
+        (busiest, (after * (ring - s) + before * s) / wide) for s in range(1, ring)
+    )
 
 
 def layout_work(problem: CpProblem) -> LayoutWork:
@@ -389,16 +530,7 @@ def layout_work(problem: CpProblem) -> LayoutWork:
         )
     mask = problem.mask
     if uses_closed_form(mask, layout):
-        return LayoutWork(
-            seq_len,
-            ulysses,
-            ring,
-            layout,
-            mask.causal,
-            ring_step_pairs(seq_len, ring, layout, mask.causal),
-            ring_rank_pairs(seq_len, ring, layout, mask.causal),
-            mask,
-        )
+        return LayoutWork(seq_len, ulysses, ring, layout, mask.causal, None, mask)
     packing = _layout_packing(mask, seq_len, ulysses, ring, layout)
     steps = masked_step_pairs(mask, seq_len, ulysses, ring, layout)
     return LayoutWork(
@@ -408,7 +540,6 @@ def layout_work(problem: CpProblem) -> LayoutWork:
         layout,
         mask.causal,
         steps,
-        _column_sums(steps, ring),
         mask.for_length(seq_len) if mask.has_documents else mask,
         packing.seq_len,
         mask_pairs(mask, seq_len),

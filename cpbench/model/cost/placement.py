@@ -4,6 +4,7 @@ The flat-node rules: docs/design.md section 2, "Topology and uncertainty of pred
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -55,17 +56,24 @@ def placement(ulysses: int, ring: int, devices_per_node: int, rank_stride: int =
         return cp_rank * rank_stride // devices_per_node
 
     world = ulysses * ring
+    # A Ulysses group's node counts depend only on where it starts within a node, which
+    # repeats every `period` ring ranks: O(G) groups, not R.
+    period = devices_per_node // math.gcd(ulysses * rank_stride, devices_per_node)
     peers = ulysses
-    for j in range(ring):
+    for j in range(min(ring, period)):
         nodes = [node(j * ulysses + u) for u in range(ulysses)]
         peers = min(peers, min(nodes.count(n) for n in set(nodes)))
     crossing = 0
     if ring > 1:
         for u in range(ulysses):
-            hops = sum(
-                node(j * ulysses + u) != node(((j + 1) % ring) * ulysses + u) for j in range(ring)
-            )
-            crossing = max(crossing, hops)
+            # a ring group's nodes never decrease along it: every hop changes node when a hop
+            # spans a node or more, else as many hops change as nodes it passes; the hop back
+            # to the start changes node when any other does
+            if ulysses * rank_stride >= devices_per_node:
+                changes = ring - 1
+            else:
+                changes = node((ring - 1) * ulysses + u) - node(u)
+            crossing = max(crossing, changes + (1 if changes else 0))
     return Placement(
         ulysses, ring, devices_per_node, rank_stride, node(world - 1) - node(0) + 1,
         "intra_node" if peers == ulysses else "inter_node", peers,

@@ -5,6 +5,7 @@ The formulas: docs/design.md section 2, "The time of one phase". Pure Python."""
 from __future__ import annotations
 
 import functools
+import itertools
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -14,7 +15,7 @@ from cpbench.model.cost.breakdown import CommTerm, PhaseTime, TierTraffic
 from cpbench.model.cost.kernel import kernel_factor
 from cpbench.model.cost.placement import Placement
 from cpbench.model.cost.work import config_work, mask_step_stats, merge_bytes
-from cpbench.model.flops import BACKWARD_FACTOR, flops_per_pair
+from cpbench.model.flops import BACKWARD_FACTOR, flops_per_pair, plain_step_scaled
 from cpbench.model.formulas import CollectiveKind, CommVolume
 from cpbench.model.hardware.profile import HardwareProfile, LinkTier
 from cpbench.model.topology import CollectiveTime, TopologyPlacement, all_to_all_time, ring_hop_time
@@ -49,7 +50,9 @@ def _phase_factor(phase: Pass) -> Fraction:
 def _step_merges(ctx: Context, phase: Pass) -> list[float]:
     """Memory-bound seconds of each ring step of a phase."""
     c = ctx.config
-    return [merge_bytes(c, phase, s) / ctx.profile.memory_bandwidth for s in range(c.ring_steps)]
+    bandwidth, steps = ctx.profile.memory_bandwidth, c.ring_steps
+    first = [merge_bytes(c, phase, 0) / bandwidth]
+    return first + [merge_bytes(c, phase, 1) / bandwidth] * (steps - 1) if steps > 1 else first
 
 
 @dataclass(frozen=True)
@@ -82,10 +85,25 @@ def _step_flops(config: MeshCandidate, phase: Pass) -> tuple[tuple[float, float]
     neither the hardware nor the profile, and a calibration prices the same configurations
     thousands of times."""
     per_pair = flops_per_pair(config.shape, config.ulysses) * _phase_factor(phase)
-    return tuple(
-        (float(busiest * per_pair), float(mean * per_pair))
-        for busiest, mean in mask_step_stats(config)
-    )
+    if config.plain_geometry:
+        return plain_step_scaled(
+            config.seq_len, config.ring, config.layout, config.causal, per_pair
+        )
+    num, den = per_pair.numerator, per_pair.denominator
+    out: list[tuple[float, float]] = []
+    previous: tuple[Fraction, Fraction] | None = None
+    for stat in mask_step_stats(config):
+        if stat is not previous:  # the closed forms repeat one (busiest, mean) over the steps
+            busiest, mean = stat
+            # float(x * per_pair), without normalising the product: one correctly rounded
+            # division of the same rational
+            pair = (
+                busiest.numerator * num / (busiest.denominator * den),
+                mean.numerator * num / (mean.denominator * den),
+            )
+            previous = stat
+        out.append(pair)
+    return tuple(out)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -102,10 +120,17 @@ def _step_costs(ctx: Context, phase: Pass, merges: list[float]) -> list[_StepCos
     ranks / slots (the slots are shared, so idle ranks lend theirs)."""
     overhead, share = ctx.profile.step_overhead_s, _node_share(ctx)
     rate = pass_flops_per_s(ctx, phase)
-    costs = []
+    costs: list[_StepCost] = []
+    previous: tuple[float, float, float] | None = None
     for (busiest_flops, mean_flops), merge in zip(
         _step_flops(ctx.config, phase), merges, strict=True
     ):
+        # the mean matters only on a shared node; a step like the last costs what it did
+        key = (busiest_flops, mean_flops if share > 1 else 0.0, merge)
+        if key == previous:
+            costs.append(costs[-1])
+            continue
+        previous = key
         alone = busiest_flops / rate + overhead + merge
         shared = share * (mean_flops / rate + overhead + merge)
         if share > 1 and shared > alone:
@@ -189,17 +214,34 @@ def _ring_time(
     overlap = ctx.profile.overlap
     total = comm = hidden = 0.0
     terms: list[CommTerm] = []
-    for s, compute in enumerate(computes):
-        # The next step's K/V, and (from step 2) the dK/dV accumulator posted after step s-1:
-        # the own chunk's gradient stays home, so the first accumulator leaves after step 1.
-        in_flight = (kv if s < k - 1 else 0) + (dkv if s >= 2 else 0)
-        if in_flight == 0:
-            total += compute
+    hops: dict[int, tuple[float, list[CommTerm]]] = {}  # one hop time per size, not per step
+    exposed = 1 - overlap
+    # The next step's K/V, and (from step 2) the dK/dV accumulator posted after step s-1: the
+    # own chunk's gradient stays home, so the first accumulator leaves after step 1. Steps
+    # 2..k-2 carry the same bytes: one hop size, timed once; a step whose compute repeats the
+    # last adds what it added (the same float additions, in the same order).
+    bounds = sorted((0, 1, 2, k - 1, k))  # k >= 2: the bytes in flight change at 2 and k - 1
+    for first, stop in itertools.pairwise(bounds):
+        if first >= stop:
             continue
-        hop = _hop(ctx, phase, in_flight, terms)
-        comm += hop
-        hidden += min(compute, hop)
-        total += max(compute, hop) + (1 - overlap) * min(compute, hop)
+        in_flight = (kv if first < k - 1 else 0) + (dkv if first >= 2 else 0)
+        if in_flight == 0:
+            for compute in computes[first:stop]:
+                total += compute
+            continue
+        if in_flight not in hops:
+            pieces: list[CommTerm] = []
+            hops[in_flight] = (_hop(ctx, phase, in_flight, pieces), pieces)
+        hop, pieces = hops[in_flight]
+        terms.extend(pieces * (stop - first))
+        last, low, step_total = None, 0.0, 0.0
+        for compute in computes[first:stop]:
+            if compute != last:
+                last, low = compute, min(compute, hop)
+                step_total = max(compute, hop) + exposed * low
+            comm += hop
+            hidden += low
+            total += step_total
     if dkv:
         home = _hop(ctx, phase, dkv, terms)  # the last dK/dV hop goes home, exposed
         total += home
@@ -261,8 +303,8 @@ def _gather_phase_time(ctx: Context, phase: Pass) -> tuple[PhaseTime, tuple[Comm
     strides = c.gathers
     overheads = strides * c.ring_steps
     share = _node_share(ctx)
-    slowest_pairs = float(max(work.ring_rank_pairs))
-    mean_pairs = float(sum(work.ring_rank_pairs, Fraction(0))) / c.ring
+    slowest_pairs = float(work.max_ring_rank_pairs)
+    mean_pairs = float(work.total) / c.ring
     rate = pass_flops_per_s(ctx, phase)
     alone = slowest_pairs * per_pair / rate + overheads * profile.step_overhead_s
     alone += merges
@@ -271,9 +313,8 @@ def _gather_phase_time(ctx: Context, phase: Pass) -> tuple[PhaseTime, tuple[Comm
     compute = balanced if shared else alone
     slowest_flops = share * mean_pairs if shared else slowest_pairs
     per_stride = compute / strides
-    slowest = max(range(c.ring), key=lambda j: work.ring_rank_pairs[j])
-    own_pairs = work.step_pairs[0][slowest] if work.step_pairs else Fraction(0)
-    own_share = float(own_pairs / work.ring_rank_pairs[slowest]) if own_pairs else 0.0
+    own_pairs = work.own_pairs(work.slowest_ring_rank)
+    own_share = float(own_pairs / work.max_ring_rank_pairs) if own_pairs else 0.0
     own = per_stride * own_share  # the own chunk of stride 0: computed while it is gathered
     named = {c.name: c for c in ctx.volume.collectives(phase)}
     gather_bytes, rs_bytes = (

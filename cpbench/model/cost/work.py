@@ -9,7 +9,7 @@ from fractions import Fraction
 from cpbench.config.problem import CpProblem
 from cpbench.config.vocabulary import GLOBAL_LAYOUTS, Pass
 from cpbench.errors import CpbenchError
-from cpbench.model.flops import LayoutWork, layout_work, ring_step_pairs
+from cpbench.model.flops import LayoutWork, layout_work, plain_step_stats, ring_step_pairs
 
 MERGE_FORWARD_PASSES = 7
 """fp32 passes over the output accumulator per forward merge (ring.py `_merge`)."""
@@ -18,8 +18,8 @@ ACCUMULATE_Q_PASSES = 3
 ACCUMULATE_KV_PASSES = 7
 """fp32 passes over a K/V-sized tensor per backward step (block dK/dV, received + block)."""
 MAX_EXACT_RING = 64
-"""Rings up to this size take their per-step work from flops.py; larger ones use the same
-closed forms (flops.py's step matrix is R x R)."""
+"""Rings up to this size take their per-step work from flops.py's R x R step matrix; larger
+ones the same values in closed form (`plain_step_stats`)."""
 
 
 @functools.lru_cache(maxsize=4096)
@@ -39,28 +39,13 @@ def step_pair_stats(
 def closed_form_step_pair_stats(
     seq_len: int, ring: int, layout: str, causal: bool
 ) -> tuple[tuple[Fraction, Fraction], ...]:
-    """flops.py's (busiest, mean) pairs per ring step in closed form, n = L/R. Non-causal: n^2.
-    Causal step 0 (own shard): n^2/2. Later steps s: contiguous, the R-s ranks after the
-    source see the whole chunk (busiest n^2, mean (R-s)n^2/R); zigzag, every rank sees half
-    (n^2/2); striped, ranks after the source n(n+1)/2, the s before it n(n-1)/2."""
+    """flops.py's (busiest, mean) pairs per ring step in closed form (`plain_step_stats`)."""
     if layout not in GLOBAL_LAYOUTS:
         raise CpbenchError(
             f"layout {layout!r} has no closed form (one of {', '.join(GLOBAL_LAYOUTS)}): its "
             f"work comes from the mask geometry (mask_step_stats)"
         )
-    n = Fraction(seq_len, ring)
-    if not causal:
-        return tuple((n * n, n * n) for _ in range(ring))
-    stats = [(n * n / 2, n * n / 2)]
-    for s in range(1, ring):
-        if layout == "contiguous":
-            stats.append((n * n, n * n * (ring - s) / ring))
-        elif layout == "zigzag":
-            stats.append((n * n / 2, n * n / 2))
-        else:
-            after, before = n * (n + 1) / 2, n * (n - 1) / 2
-            stats.append((after, (after * (ring - s) + before * s) / ring))
-    return tuple(stats)
+    return plain_step_stats(seq_len, ring, layout, causal)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -75,8 +60,7 @@ def mask_step_stats(config: CpProblem) -> tuple[tuple[Fraction, Fraction], ...]:
     mask geometry's per-step pairs."""
     if config.plain_geometry:
         return step_pair_stats(config.seq_len, config.ring, config.layout, config.mask.causal)
-    work = config_work(config)
-    return tuple(zip(work.step_max_pairs, work.step_mean_pairs, strict=True))
+    return config_work(config).step_stats
 
 
 def merge_bytes(config: CpProblem, phase: Pass, step: int) -> int:
