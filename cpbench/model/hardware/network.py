@@ -6,13 +6,13 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from importlib import resources
-from typing import Annotated, Literal
+from typing import Any, Literal
 
-from cpbench.config.file_schema import FileModel, rule
+from pydantic import TypeAdapter
+
+from cpbench.config.file_schema import FileModel
 from cpbench.errors import CpbenchError
-from cpbench.model.hardware.file_schema import CostTable, TierTable
-from cpbench.model.hardware.profile import LINK_TIERS, LinkCost, LinkTier, LinkTierProfile
-from cpbench.units import GB
+from cpbench.model.hardware.profile import LinkCost, LinkTierProfile
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -70,13 +70,6 @@ class Fabric:
                                scaled(n.send_recv), n.devices_per_nic)
 
 
-class _LinkTable(TierTable):
-    """`[links.NAME]`: a link of the fabrics (a profile's `[links.<tier>]` keys, and its tier)."""
-
-    tier: Annotated[LinkTier, rule(f"must be one of {', '.join(LINK_TIERS)}")]
-    """The tier it plays in a plan: inter_node (a NIC) or intra_node (an NVLink domain)."""
-
-
 class _FabricTable(FileModel):
     """`[fabrics.NAME]`: one fabric (`Fabric`); `network` and `nvlink` name `[links]` tables."""
 
@@ -93,23 +86,17 @@ class _FabricTable(FileModel):
 class FabricsFile(FileModel):
     """`cpbench/data/fabrics/fabrics.toml`: the built-in fabrics and the links they name."""
 
-    links: dict[str, _LinkTable]
+    links: dict[str, dict[str, Any]]
+    """Links by name (`LinkTierProfile` tables)."""
     fabrics: dict[str, _FabricTable]
-
-
-def _link(table: _LinkTable) -> LinkTierProfile:
-    def cost(c: CostTable) -> LinkCost:
-        return LinkCost(c.latency_us / 1e6, c.busbw_GBps * GB, c.source)
-
-    name = table.name or table.tier
-    return LinkTierProfile(table.tier, name, cost(table.all_to_all), cost(table.send_recv),
-                           table.devices_per_nic)
+    """Fabrics by name."""
 
 
 def _load_fabrics() -> dict[str, Fabric]:
     path = resources.files("cpbench") / "data" / "fabrics" / "fabrics.toml"
     spec = FabricsFile.model_validate(tomllib.loads(path.read_text("utf-8")))
-    links = {name: _link(table) for name, table in spec.links.items()}
+    link = TypeAdapter(LinkTierProfile)
+    links = {name: link.validate_python(t, by_name=True) for name, t in spec.links.items()}
     return {
         name: Fabric(name, f.description, links[f.network], f.nvlink_domain,
                      links[f.nvlink] if f.nvlink is not None else None, f.rail_optimised,

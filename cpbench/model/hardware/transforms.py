@@ -33,9 +33,8 @@ def with_link_cost(
 ) -> HardwareProfile:
     """A copy of the profile with one (tier, kind) LinkCost replaced."""
     link = with_cost(profile.link(tier), kind, cost)
-    if tier == "intra_node":
-        return replace(profile, intra_node=link)
-    return replace(profile, inter_node=link)
+    links: dict[str, Any] = {tier: link}
+    return replace(profile, links=replace(profile.links, **links))
 
 
 def with_tier_cost(
@@ -53,10 +52,8 @@ def with_tier_cost(
 def with_curve(profile: HardwareProfile, family: str, curve: EfficiencyCurve) -> HardwareProfile:
     """A copy of the profile with the curve of one kernel family set (the default family's is
     `efficiency`)."""
-    known = kernel_family(family)
-    if known == profile.default_kernel:
-        return replace(profile, efficiency=curve)
-    return replace(profile, kernel_curves={**profile.kernel_curves, known: curve})
+    curves: dict[str, Any] = {kernel_family(family): curve}
+    return replace(profile, kernels=replace(profile.kernels, **curves))
 
 
 def with_default_kernel(profile: HardwareProfile, family: str) -> HardwareProfile:
@@ -66,15 +63,9 @@ def with_default_kernel(profile: HardwareProfile, family: str) -> HardwareProfil
     known = kernel_family(family)
     if known == profile.default_kernel:
         return profile
-    curves = dict(profile.curves)
-    efficiency = curves.pop(known, profile.efficiency)
-    return replace(
-        profile,
-        efficiency=efficiency,
-        default_kernel=known,
-        kernel_curves=curves,
-        default_kernel_source=f"{known} made the default (was {profile.default_kernel})",
-    )
+    curves: dict[str, Any] = {known: profile.curve(known)}
+    source = f"{known} made the default (was {profile.default_kernel})"
+    return replace(profile, kernels=replace(profile.kernels, default=known, source=source, **curves))
 
 
 def with_topology(profile: HardwareProfile, topology: NodeTopology | None) -> HardwareProfile:
@@ -94,3 +85,10 @@ def with_topology(profile: HardwareProfile, topology: NodeTopology | None) -> Ha
                     f"of {below}"
                 )
     return replace(profile, topology=topology)
+
+
+def with_table(profile: HardwareProfile, table: str, **changes: Any) -> HardwareProfile:
+    """A copy with fields of one of the profile's tables changed, e.g. `with_table(p,
+    "overheads", overlap=0.5)`, `with_table(p, "peaks", bfloat16=900.0)`."""
+    tables: dict[str, Any] = {table: replace(getattr(profile, table), **changes)}
+    return replace(profile, **tables)
