@@ -17,7 +17,7 @@ from cpbench.model.hardware.file_schema import (
     profile_from_toml,
     profile_to_toml,
     save_profile,
-    table_at,
+    profile_table_at,
     tomllib,  # the stdlib module, or tomli on Python 3.10
 )
 from cpbench.model.hardware.loading import (
@@ -244,7 +244,7 @@ def test_written_profile_keeps_the_header_and_awkward_strings(tmp_path: Path) ->
 
 def test_file_models_describe_every_key() -> None:
     assert set(file_keys(Peaks)) == {*DTYPES, "source"}
-    assert table_at(("links", "intra_node", "send_recv")) is LinkCost
+    assert profile_table_at(("links", "intra_node", "send_recv")) is LinkCost
     tables: list[type] = [HardwareProfile]
     while tables:
         model = tables.pop()

@@ -26,7 +26,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-PROFILE = TypeAdapter(HardwareProfile)
+PROFILE_FILE = TypeAdapter(HardwareProfile)
 """Validates a profile file's tables (context {"file": True}) and dumps a profile as them."""
 FILE = {"file": True}
 
@@ -37,7 +37,7 @@ def file_keys(table: type) -> dict[str, FieldInfo]:
     return {f.alias or name: f for name, f in fields.items() if not f.exclude}
 
 
-def table_at(loc: Sequence[str | int]) -> type | None:
+def profile_table_at(loc: Sequence[str | int]) -> type | None:
     """The dataclass of the table at `loc` of a profile file, None when `loc` is no table."""
     table: type | None = HardwareProfile
     for part in loc:
@@ -64,7 +64,7 @@ def _profile_error(exc: ValidationError, origin: str, legacy: str | None = None)
         text = f"is not a dtype; use {', '.join(DTYPES)} (and source)"
     elif kind in unknown_types:
         parent = loc[:-1]
-        table = table_at(parent)
+        table = profile_table_at(parent)
         allowed = sorted(file_keys(table)) if table is not None else []
         unknown = sorted(str(e["loc"][-1]) for e in extras if e["loc"][:-1] == parent)
         key = f"[{'.'.join(str(part) for part in parent)}]" if parent else "(top level)"
@@ -73,7 +73,7 @@ def _profile_error(exc: ValidationError, origin: str, legacy: str | None = None)
         text = ctx["message"]
     elif kind == RULE:
         text = f"{ctx['rule']}, got {value!r}"
-    elif kind in ("model_type", "dataclass_type") or (kind == "missing" and table_at(loc)):
+    elif kind in ("model_type", "dataclass_type") or (kind == "missing" and profile_table_at(loc)):
         text = "must be a table"
     elif kind == "missing":
         text = "is required"
@@ -105,7 +105,7 @@ def profile_from_dict(data: Mapping[str, Any], origin: str = "<dict>") -> Hardwa
     if isinstance(data, Mapping) and "kernel_efficiency" in data and "efficiency" not in data:
         legacy = migrated_family(data)
     try:
-        profile = PROFILE.validate_python(data, context=FILE, by_alias=True, by_name=False)
+        profile = PROFILE_FILE.validate_python(data, context=FILE, by_alias=True, by_name=False)
     except ValidationError as exc:
         raise _profile_error(exc, origin, legacy) from None
     return dataclasses.replace(profile, origin=origin)
@@ -125,7 +125,7 @@ def _round(value: Any) -> Any:
 def profile_document(profile: HardwareProfile) -> dict[str, Any]:
     """The profile as the TOML document `profile_from_dict` reads (numbers rounded to 6
     digits; keys absent where the profile has nothing)."""
-    dumped = PROFILE.dump_python(profile, by_alias=True, exclude_none=True, context=FILE)
+    dumped = PROFILE_FILE.dump_python(profile, by_alias=True, exclude_none=True, context=FILE)
     document: dict[str, Any] = _round(dumped)
     return document
 

@@ -373,7 +373,7 @@ class CalibrationInfo:
 
 
 @dataclass(frozen=True, config=CONFIG)
-class Memory:
+class MemoryTable:
     """`[memory]`: capacity and bandwidth of one device's memory."""
 
     capacity_gib: PositiveNumber
@@ -432,7 +432,7 @@ def _patterns(values: tuple[str, ...]) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True, config=CONFIG)
-class Device:
+class DeviceTable:
     """`[device]`: the devices the profile describes."""
 
     kind: Annotated[DeviceKind, rule(f"must be one of {', '.join(DEVICE_KINDS)}")]
@@ -466,9 +466,9 @@ class HardwareProfile:
     compute_slots_per_node: PositiveInteger | None = None
     """Ranks of a node that can compute at full speed at once (CPU cores); None = every rank.
     More ranks than slots share them."""
-    device: Device = Device("cuda")
+    device: DeviceTable = DeviceTable("cuda")
     """The devices it describes (absent from a file: cuda, matching no device name)."""
-    memory: Memory
+    memory: MemoryTable
     """Device memory."""
     peaks: Annotated[Peaks, Field(alias="peak_tflops")]
     """Peak dense TFLOP/s per dtype."""
@@ -584,7 +584,7 @@ class HardwareProfile:
 
     @property
     def device_names(self) -> tuple[str, ...]:
-        """Regular expressions of the device names the profile describes (`Device.names`)."""
+        """Regular expressions of the device names the profile describes (`DeviceTable.names`)."""
         return self.device.names
 
     @property
