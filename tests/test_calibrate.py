@@ -159,12 +159,10 @@ def _gpu_truth() -> tuple[HardwareProfile, HardwareProfile]:
     its bus bandwidth and twice its latency, send/recv at 80%, a 50% larger step overhead and
     less overlap."""
     prior = load_profile("h100-sxm")
-    truth = with_table(
-        replace(prior, name="perturbed"), "peaks", **{k: v * 0.7 for k, v in prior.peak_tflops.items()}
-    )
-    truth = with_table(
-        truth, "overheads", overlap=prior.overlap - 0.2, step_overhead_s=prior.step_overhead_s * 1.5
-    )
+    peaks = {k: v * 0.7 for k, v in prior.peak_tflops.items()}
+    truth = with_table(replace(prior, name="perturbed"), "peaks", **peaks)
+    overheads = {"overlap": prior.overlap - 0.2, "step_overhead_s": prior.step_overhead_s * 1.5}
+    truth = with_table(truth, "overheads", **overheads)
     a2a, p2p = prior.intra_node.all_to_all, prior.intra_node.send_recv
     truth = with_link_cost(
         truth, "intra_node", "all_to_all", replace(a2a, busbw=a2a.busbw * 0.5, latency_s=a2a.latency_s * 2)

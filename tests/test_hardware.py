@@ -15,9 +15,9 @@ from cpbench.model.hardware.file_schema import (
     file_keys,
     profile_from_dict,
     profile_from_toml,
+    profile_table_at,
     profile_to_toml,
     save_profile,
-    profile_table_at,
     tomllib,  # the stdlib module, or tomli on Python 3.10
 )
 from cpbench.model.hardware.loading import (
@@ -54,10 +54,10 @@ def test_shipped_profiles_are_listed() -> None:
 def test_shipped_profile_loads_with_sources(name: str) -> None:
     profile = load_profile(name)
     assert profile.name == name
-    assert profile.memory_gib > 0 and profile.memory_bandwidth > 0
+    assert profile.memory.capacity_gib > 0 and profile.memory_bandwidth > 0
     assert profile.peak_flops("float32") > 0
-    assert profile.memory_source and profile.peak_source and profile.efficiency.source
-    assert profile.overheads_source
+    assert profile.memory.source and profile.peaks.source and profile.efficiency.source
+    assert profile.overheads.source
     for tier in LINK_TIERS:
         link = profile.link(tier)
         for kind in COLLECTIVE_KINDS:
@@ -69,8 +69,8 @@ def test_shipped_profile_loads_with_sources(name: str) -> None:
 def test_gpu_profiles_quote_datasheets_and_mark_estimates() -> None:
     for name in ("a100-80gb", "h100-sxm", "h200-sxm", "l40s-pcie"):
         profile = load_profile(name)
-        assert "datasheet" in profile.peak_source
-        assert "datasheet" in profile.memory_source
+        assert "datasheet" in profile.peaks.source
+        assert "datasheet" in profile.memory.source
         assert "estimate" in profile.intra_node.all_to_all.source
     cpu = load_profile("cpu-local")
     assert "estimate" in cpu.efficiency.source
@@ -442,7 +442,7 @@ def test_topology_profiles_load_round_trip_and_mark_estimates(name: str, tmp_pat
             assert "estimate" in tier.cost(kind).source, f"{name} {tier.kind} {kind}"
     loaded = load_profile(str(save_profile(profile, tmp_path / f"{name}.toml")))
     assert loaded == profile
-    assert "datasheet" in profile.peak_source
+    assert "datasheet" in profile.peaks.source
 
 
 def test_topology_p2p_flag_and_crossing_bandwidth() -> None:

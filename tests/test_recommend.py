@@ -287,8 +287,9 @@ def _probe_like(profile: HardwareProfile, residuals: tuple[float, float]) -> Har
             (tier.send_recv, "send_recv", residuals[1]),
         )
     ]
-    links = dataclasses.replace(tier, all_to_all=stated[0], send_recv=stated[1])
-    return dataclasses.replace(profile, links=dataclasses.replace(profile.links, intra_node=links), topology=None)
+    intra = dataclasses.replace(tier, all_to_all=stated[0], send_recv=stated[1])
+    links = dataclasses.replace(profile.links, intra_node=intra)
+    return dataclasses.replace(profile, links=links, topology=None)
 
 
 def test_probe_residual_is_a_number_and_old_profiles_state_it_in_prose() -> None:

@@ -44,7 +44,8 @@ def profile_table_at(loc: Sequence[str | int]) -> type | None:
         field = file_keys(table).get(str(part)) if table is not None else None
         if field is None:
             return None
-        found = [t for t in (field.annotation, *get_args(field.annotation)) if hasattr(t, "__pydantic_fields__")]
+        types = (field.annotation, *get_args(field.annotation))
+        found = [t for t in types if hasattr(t, "__pydantic_fields__")]
         table = found[0] if found else None
     return table
 

@@ -267,6 +267,13 @@ def _increasing(values: tuple[int, ...]) -> tuple[int, ...]:
     return values
 
 
+def _at_most_one_in_file(value: float, info: ValidationInfo) -> float:
+    """A file's efficiency is at most 1 (a measured one, e.g. against a too low peak, may not)."""
+    if from_file(info) and value > 1:
+        raise problem("above 1")
+    return value
+
+
 @dataclass(frozen=True, config=CONFIG)
 class EfficiencyCurve:
     """Attention-kernel efficiency (achieved / peak FLOP/s) over the kernel's sequence length
@@ -284,13 +291,16 @@ class EfficiencyCurve:
     """Kernel sequence lengths (L/R tokens of a ring shard), strictly increasing."""
     values: Annotated[
         tuple[
-            Annotated[float, Strict(), Field(gt=0, le=1), rule("must hold numbers in (0, 1]")],
+            Annotated[
+                float, Strict(), Field(gt=0), AfterValidator(_at_most_one_in_file),
+                rule("must hold numbers in (0, 1]"),
+            ],
             ...,
         ],
         BeforeValidator(_tuple),
         Field(alias="efficiency", min_length=1),
     ]
-    """Efficiency at each length, in (0, 1]."""
+    """Efficiency at each length, in (0, 1] in a file."""
     source: Text = ""
     """Where the curve comes from."""
 
@@ -523,11 +533,6 @@ class HardwareProfile:
         return self
 
     @property
-    def memory_gib(self) -> float:
-        """Memory capacity per device in GiB."""
-        return self.memory.capacity_gib
-
-    @property
     def memory_bytes(self) -> float:
         """Memory capacity per device in bytes."""
         return self.memory.capacity_gib * GIB
@@ -538,19 +543,9 @@ class HardwareProfile:
         return self.memory.bandwidth
 
     @property
-    def memory_source(self) -> str:
-        """Where the capacity comes from."""
-        return self.memory.source
-
-    @property
     def peak_tflops(self) -> dict[str, float]:
         """Peak dense TFLOP/s per canonical dtype name."""
         return self.peaks.given()
-
-    @property
-    def peak_source(self) -> str:
-        """Where the peaks come from."""
-        return self.peaks.source
 
     @property
     def step_overhead_s(self) -> float:
@@ -561,11 +556,6 @@ class HardwareProfile:
     def overlap(self) -> float:
         """Fraction of min(compute, comm) of a ring step hidden behind the longer one."""
         return self.overheads.overlap
-
-    @property
-    def overheads_source(self) -> str:
-        """Where the overhead and overlap numbers come from."""
-        return self.overheads.source
 
     @property
     def intra_node(self) -> LinkTierProfile:
@@ -583,19 +573,9 @@ class HardwareProfile:
         return self.device.kind
 
     @property
-    def device_names(self) -> tuple[str, ...]:
-        """Regular expressions of the device names the profile describes (`DeviceTable.names`)."""
-        return self.device.names
-
-    @property
     def default_kernel(self) -> KernelFamily:
         """The family `auto` runs on this device in 16-bit (the family of `efficiency`)."""
         return self.kernels.default
-
-    @property
-    def default_kernel_source(self) -> str:
-        """Why that family is the default."""
-        return self.kernels.source
 
     @property
     def efficiency(self) -> EfficiencyCurve:
@@ -639,8 +619,8 @@ class HardwareProfile:
         return resolve_kernel_family(kernel, self.device_kind, self.default_kernel, dtype)
 
     def matches_device(self, device_name: str) -> bool:
-        """Whether one of `device_names` matches a device name (case-insensitive search)."""
-        return any(re.search(p, device_name, re.IGNORECASE) for p in self.device_names)
+        """Whether one of `device.names` matches a device name (case-insensitive search)."""
+        return any(re.search(p, device_name, re.IGNORECASE) for p in self.device.names)
 
     def node_tiers(self) -> tuple[TopologyTier, ...]:
         """The tiers inside a node: the `[topology]` tiers, or for a flat node one tier of

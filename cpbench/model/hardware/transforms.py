@@ -65,7 +65,8 @@ def with_default_kernel(profile: HardwareProfile, family: str) -> HardwareProfil
         return profile
     curves: dict[str, Any] = {known: profile.curve(known)}
     source = f"{known} made the default (was {profile.default_kernel})"
-    return replace(profile, kernels=replace(profile.kernels, default=known, source=source, **curves))
+    kernels = replace(profile.kernels, default=known, source=source, **curves)
+    return replace(profile, kernels=kernels)
 
 
 def with_topology(profile: HardwareProfile, topology: NodeTopology | None) -> HardwareProfile:

@@ -134,8 +134,8 @@ def machine_profile(machine: dict[str, Any], peak_scale: float) -> HardwareProfi
         memory["capacity_gib"] = float(machine["memory_gib"])
     if "memory_bandwidth_GBps" in machine:
         memory["bandwidth"] = float(machine["memory_bandwidth_GBps"]) * 1e9
-    profile = with_table(profile, "memory", **memory)
-    profile = with_table(profile, "peaks", **{k: v * peak_scale for k, v in profile.peak_tflops.items()})
+    peaks = {k: v * peak_scale for k, v in profile.peak_tflops.items()}
+    profile = with_table(with_table(profile, "memory", **memory), "peaks", **peaks)
     return replace(profile, name=f"{profile.name} x{peak_scale:.3f} peak")
 
 
