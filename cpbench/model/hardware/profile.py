@@ -399,12 +399,12 @@ class MemoryTable:
 class Peaks:
     """`[peak_tflops]`: peak dense TFLOP/s per dtype (at least one)."""
 
-    float32: PositiveNumber | None = None
-    """Peak TFLOP/s in float32 (absent: unknown)."""
     bfloat16: PositiveNumber | None = None
-    """Peak TFLOP/s in bfloat16."""
+    """Peak TFLOP/s in bfloat16 (absent: unknown)."""
     float16: PositiveNumber | None = None
     """Peak TFLOP/s in float16."""
+    float32: PositiveNumber | None = None
+    """Peak TFLOP/s in float32."""
     source: Text = ""
     """Where the peaks come from."""
 
