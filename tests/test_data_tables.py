@@ -4,7 +4,6 @@ values the code held as literals (a few anchors, with their sources)."""
 from __future__ import annotations
 
 from cpbench.model.hardware.network import FABRICS
-from cpbench.model.plan.framework import FP8_LINEAR_SPEEDUP, FP8_LINEARS, FRAMEWORK_ATTENTION
 from cpbench.model.plan.step import (
     FALLBACK_MATMUL_EFFICIENCY,
     MATMUL_EFFICIENCY,
@@ -63,19 +62,3 @@ def test_matmul_efficiencies_and_conventions() -> None:
     assert FALLBACK_MATMUL_EFFICIENCY.value == 0.6
     assert MFU_CONVENTION.startswith("MFU = (6 x N x tokens + 3 x causal attention forward")
     assert STEP_TIME_CONVENTION.endswith("the DP gradient reduction and the optimizer")
-
-
-def test_framework_attention_and_fp8_linears() -> None:
-    assert list(FRAMEWORK_ATTENTION) == ["cpbench", "torchtitan", "megatron", "deepspeed"]
-    titan = FRAMEWORK_ATTENTION["torchtitan"]
-    assert (titan.ulysses, titan.ring, titan.cp_comm, titan.layouts, titan.kernel) == (
-        False, True, "all_gather", ("zigzag",), "cuda_sdpa"
-    )
-    assert FRAMEWORK_ATTENTION["cpbench"].layouts == ("zigzag", "striped", "contiguous")
-    assert all(f.factor == 1.0 for f in FRAMEWORK_ATTENTION.values())
-    assert FRAMEWORK_ATTENTION["deepspeed"].source == (
-        "DeepSpeed-Ulysses: all-to-all over the sequence-parallel group only; prior factor 1.0: "
-        "no measured ratio shipped; pass the one `cpbench sweep` measures on the impl axis with "
-        "--attention-factor"
-    )
-    assert FP8_LINEAR_SPEEDUP == 1.5 and "1,979 vs 989 TFLOP/s" in FP8_LINEARS.source

@@ -3,20 +3,11 @@ its linear layers: docs/plan.md, "The framework's attention and FP8 linears". Pu
 
 from __future__ import annotations
 
-import sys
-from importlib import resources
-from typing import Annotated, Any, Literal, get_args
+from dataclasses import dataclass
+from typing import Literal, get_args
 
-from pydantic import Field
-
-from cpbench.config.file_schema import FileModel
 from cpbench.config.vocabulary import CpComm
 from cpbench.errors import CpbenchError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
 
 Framework = Literal["cpbench", "torchtitan", "megatron", "deepspeed"]
 """What the plan's attention is priced as."""
@@ -26,7 +17,8 @@ LinearPrecision = Literal["bf16", "fp8"]
 LINEAR_PRECISIONS: tuple[LinearPrecision, ...] = get_args(LinearPrecision)
 
 
-class FrameworkAttention(FileModel):
+@dataclass(frozen=True)
+class FrameworkAttention:
     """How one framework runs CP attention, in the cost model's terms."""
 
     framework: Framework
@@ -37,52 +29,47 @@ class FrameworkAttention(FileModel):
     """Whether it runs a ring (or all-gather) axis."""
     cp_comm: CpComm
     """How its ring axis exchanges K/V (p2p or all_gather)."""
-    layouts: Annotated[tuple[str, ...], Field(strict=False)]
+    layouts: tuple[str, ...]
     """Token layouts it runs, preferred first."""
     kernel: str
     """The attention kernel (cpbench's kernel names; auto = the profile's default)."""
-    factor: Annotated[float, Field(gt=0)]
+    factor: float
     """Prior: its attention time / the cost model's for the same scheme and kernel."""
     source: str
     """Where the mapping and the factor come from."""
 
 
-class Fp8Linears(FileModel):
-    """`[fp8_linears]`: the GEMM rate of FP8 linears / bf16 linears."""
+_PRIOR = ("prior factor 1.0: no measured ratio shipped; pass the one `cpbench sweep` measures "
+          "on the impl axis with --attention-factor")
 
-    speedup: Annotated[float, Field(gt=0)]
-    """The ratio."""
-    source: str
-    """Where it comes from."""
+FRAMEWORK_ATTENTION: dict[str, FrameworkAttention] = {
+    "cpbench": FrameworkAttention(
+        "cpbench", True, True, "p2p", ("zigzag", "striped", "contiguous"), "auto", 1.0,
+        "cpbench's own schemes: the cost model prices them",
+    ),
+    "torchtitan": FrameworkAttention(
+        "torchtitan", False, True, "all_gather", ("zigzag",), "cuda_sdpa", 1.0,
+        "PyTorch context_parallel as torchtitan runs it: ring only, head-tail load balancing "
+        "(zigzag), K/V all-gathered (the default rotate method; cpbench/impls/torch_cp.py), "
+        f"SDPA kernels; {_PRIOR}",
+    ),
+    "megatron": FrameworkAttention(
+        "megatron", True, True, "p2p", ("zigzag",), "cudnn", 1.0,
+        "Megatron-Core + TransformerEngine: cp_comm_type p2p / a2a / a2a+p2p, zigzag (2 x CP "
+        f"chunks), cuDNN fused attention; {_PRIOR}",
+    ),
+    "deepspeed": FrameworkAttention(
+        "deepspeed", True, False, "p2p", ("zigzag",), "flash_attn", 1.0,
+        f"DeepSpeed-Ulysses: all-to-all over the sequence-parallel group only; {_PRIOR}",
+    ),
+}
+"""Each framework's CP attention."""
 
-
-class AttentionFile(FileModel):
-    """`cpbench/data/plan/attention.toml`: each framework's CP attention, and FP8 linears."""
-
-    prior: str
-    """What "{prior}" in a source stands for."""
-    fp8_linears: Fp8Linears
-    """The GEMM rate of FP8 linears."""
-    frameworks: dict[str, dict[str, Any]]
-    """Each framework's `FrameworkAttention` table (without `framework`: the key)."""
-
-
-def _load_attention() -> tuple[dict[str, FrameworkAttention], Fp8Linears]:
-    path = resources.files("cpbench") / "data" / "plan" / "attention.toml"
-    spec = AttentionFile.model_validate(tomllib.loads(path.read_text("utf-8")))
-    frameworks = {
-        name: FrameworkAttention.model_validate(
-            {**t, "framework": name, "source": str(t.get("source", "")).format(prior=spec.prior)}
-        )
-        for name, t in spec.frameworks.items()
-    }
-    return frameworks, spec.fp8_linears
-
-
-FRAMEWORK_ATTENTION, FP8_LINEARS = _load_attention()
-"""Each framework's CP attention; the GEMM rate of FP8 linears."""
-FP8_LINEAR_SPEEDUP = FP8_LINEARS.speedup
-"""GEMM rate of FP8 linears / bf16 linears (`FP8_LINEARS.source` says where it comes from)."""
+FP8_LINEAR_SPEEDUP = 1.5
+"""GEMM rate of FP8 linears / bf16 linears (estimate: H100's dense FP8 peak is 2x its bf16 peak
+(NVIDIA H100 datasheet: 1,979 vs 989 TFLOP/s SXM, dense); per-tensor scaling, the casts and the
+amax reductions take part of it; checked against torchtitan's Table 1 Float8 row in
+cpbench/data/published/end_to_end.toml)."""
 
 
 def framework_attention(framework: str) -> FrameworkAttention:
