@@ -4,15 +4,14 @@ spine (a `Fabric`). Pure Python. The tiers: docs/plan.md, "Tiers across nodes"."
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Literal
 
-from pydantic import TypeAdapter
+from pydantic import TypeAdapter, ValidationInfo, model_validator
+from pydantic.dataclasses import dataclass
 
-from cpbench.config.file_schema import FileModel
 from cpbench.errors import CpbenchError
-from cpbench.model.hardware.profile import LinkCost, LinkTierProfile
+from cpbench.model.hardware.profile import CONFIG, LinkCost, LinkTierProfile
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -23,9 +22,10 @@ NetworkTier = Literal["node", "nvlink_domain", "rail", "network"]
 """Which link a group's traffic crosses (docs/plan.md, "Tiers across nodes")."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=CONFIG)
 class Fabric:
-    """How the nodes of a cluster are wired (docs/plan.md, "Tiers across nodes")."""
+    """How the nodes of a cluster are wired (docs/plan.md, "Tiers across nodes"); a
+    `[fabrics.NAME]` table of cpbench/data/fabrics/fabrics.toml, its links named."""
 
     name: str
     """Short name."""
@@ -45,6 +45,15 @@ class Fabric:
     """Bandwidth through the spine / through a leaf (1 = non-blocking, < 1 oversubscribed)."""
     source: str = ""
     """Where the layout and numbers come from."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _named_links(cls, data: Any, info: ValidationInfo) -> Any:
+        """In the file, `network` and `nvlink` name tables of `[links]` (context "links")."""
+        links = info.context.get("links", {}) if isinstance(info.context, dict) else {}
+        if not isinstance(data, dict):
+            return data
+        return {**data, **{k: links[v] for k, v in data.items() if k in ("network", "nvlink")}}
 
     def __post_init__(self) -> None:
         if self.nvlink_domain is not None and self.nvlink is None:
@@ -70,39 +79,12 @@ class Fabric:
                                scaled(n.send_recv), n.devices_per_nic)
 
 
-class _FabricTable(FileModel):
-    """`[fabrics.NAME]`: one fabric (`Fabric`); `network` and `nvlink` name `[links]` tables."""
-
-    description: str
-    network: str
-    nvlink_domain: int | None = None
-    nvlink: str | None = None
-    rail_optimised: bool = True
-    rail_group_nodes: int = 32
-    spine_factor: float = 1.0
-    source: str = ""
-
-
-class FabricsFile(FileModel):
-    """`cpbench/data/fabrics/fabrics.toml`: the built-in fabrics and the links they name."""
-
-    links: dict[str, dict[str, Any]]
-    """Links by name (`LinkTierProfile` tables)."""
-    fabrics: dict[str, _FabricTable]
-    """Fabrics by name."""
-
-
 def _load_fabrics() -> dict[str, Fabric]:
     path = resources.files("cpbench") / "data" / "fabrics" / "fabrics.toml"
-    spec = FabricsFile.model_validate(tomllib.loads(path.read_text("utf-8")))
-    link = TypeAdapter(LinkTierProfile)
-    links = {name: link.validate_python(t, by_name=True) for name, t in spec.links.items()}
-    return {
-        name: Fabric(name, f.description, links[f.network], f.nvlink_domain,
-                     links[f.nvlink] if f.nvlink is not None else None, f.rail_optimised,
-                     f.rail_group_nodes, f.spine_factor, f.source)
-        for name, f in spec.fabrics.items()
-    }
+    data = tomllib.loads(path.read_text("utf-8"))
+    links = TypeAdapter(dict[str, LinkTierProfile]).validate_python(data["links"], by_name=True)
+    fabrics = {name: {**table, "name": name} for name, table in data["fabrics"].items()}
+    return TypeAdapter(dict[str, Fabric]).validate_python(fabrics, context={"links": links})
 
 
 FABRICS = _load_fabrics()

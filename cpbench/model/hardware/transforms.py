@@ -32,9 +32,7 @@ def with_link_cost(
     profile: HardwareProfile, tier: LinkTier, kind: CollectiveKind, cost: LinkCost
 ) -> HardwareProfile:
     """A copy of the profile with one (tier, kind) LinkCost replaced."""
-    link = with_cost(profile.link(tier), kind, cost)
-    links: dict[str, Any] = {tier: link}
-    return replace(profile, links=replace(profile.links, **links))
+    return with_table(profile, "links", **{tier: with_cost(profile.link(tier), kind, cost)})
 
 
 def with_tier_cost(
@@ -52,8 +50,7 @@ def with_tier_cost(
 def with_curve(profile: HardwareProfile, family: str, curve: EfficiencyCurve) -> HardwareProfile:
     """A copy of the profile with the curve of one kernel family set (the default family's is
     `efficiency`)."""
-    curves: dict[str, Any] = {kernel_family(family): curve}
-    return replace(profile, kernels=replace(profile.kernels, **curves))
+    return with_table(profile, "kernels", **{kernel_family(family): curve})
 
 
 def with_default_kernel(profile: HardwareProfile, family: str) -> HardwareProfile:
@@ -63,10 +60,9 @@ def with_default_kernel(profile: HardwareProfile, family: str) -> HardwareProfil
     known = kernel_family(family)
     if known == profile.default_kernel:
         return profile
-    curves: dict[str, Any] = {known: profile.curve(known)}
     source = f"{known} made the default (was {profile.default_kernel})"
-    kernels = replace(profile.kernels, default=known, source=source, **curves)
-    return replace(profile, kernels=kernels)
+    return with_table(profile, "kernels", default=known, source=source,
+                      **{known: profile.curve(known)})
 
 
 def with_topology(profile: HardwareProfile, topology: NodeTopology | None) -> HardwareProfile:
