@@ -5,6 +5,7 @@ Its fields (compute, memory, links in nccl-tests terms, overheads): docs/design.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 from collections.abc import Mapping
@@ -79,7 +80,6 @@ def _tuple(value: Any) -> Any:
 
 
 Text = Annotated[str, Strict()]
-Number = Annotated[float, Strict()]
 PositiveNumber = Annotated[float, Strict(), Field(gt=0), rule("must be a positive number")]
 NonNegativeNumber = Annotated[float, Strict(), Field(ge=0), rule("must be a number >= 0")]
 UnitInterval = Annotated[float, Strict(), Field(ge=0, le=1), rule("must be a number in [0, 1]")]
@@ -353,8 +353,8 @@ class KernelCurves:
 
     @model_validator(mode="after")
     def _default_has_a_curve(self) -> KernelCurves:
-        if self.given().get(self.default) is None:
-            given = ", ".join(self.given()) or "none"
+        if self.given.get(self.default) is None:
+            given = ", ".join(self.given) or "none"
             raise problem(
                 f"default {self.default!r} has no [efficiency.{self.default}] curve "
                 f"(curves given: {given})",
@@ -362,6 +362,7 @@ class KernelCurves:
             )
         return self
 
+    @functools.cached_property
     def given(self) -> dict[str, EfficiencyCurve]:
         """The given curves by family, in `KERNEL_FAMILIES` order."""
         found = {family: getattr(self, family) for family in KERNEL_FAMILIES}
@@ -410,10 +411,11 @@ class Peaks:
 
     @model_validator(mode="after")
     def _one_peak(self) -> Peaks:
-        if not self.given():
+        if not self.given:
             raise problem(f"needs at least one of {', '.join(DTYPES)}")
         return self
 
+    @functools.cached_property
     def given(self) -> dict[str, float]:
         """The given peaks by dtype."""
         found = {dtype: getattr(self, dtype) for dtype in DTYPES}
@@ -545,7 +547,7 @@ class HardwareProfile:
     @property
     def peak_tflops(self) -> dict[str, float]:
         """Peak dense TFLOP/s per canonical dtype name."""
-        return self.peaks.given()
+        return self.peaks.given
 
     @property
     def step_overhead_s(self) -> float:
@@ -580,12 +582,12 @@ class HardwareProfile:
     @property
     def efficiency(self) -> EfficiencyCurve:
         """Efficiency curve of the default kernel family (`default_kernel`)."""
-        return self.kernels.given()[self.kernels.default]
+        return self.kernels.given[self.kernels.default]
 
     @property
     def kernel_curves(self) -> dict[str, EfficiencyCurve]:
         """Efficiency curves of the other kernel families, by family (`KernelFamily`)."""
-        return {k: v for k, v in self.kernels.given().items() if k != self.default_kernel}
+        return {k: v for k, v in self.kernels.given.items() if k != self.default_kernel}
 
     def peak_flops(self, dtype: str) -> float:
         """Peak dense FLOP/s of a dtype."""
@@ -605,12 +607,13 @@ class HardwareProfile:
 
     def has_curve(self, family: str) -> bool:
         """Whether the profile has a curve of its own for `family`."""
-        return family in self.kernels.given()
+        return family in self.kernels.given
 
     def curve(self, family: str | None = None) -> EfficiencyCurve:
         """The curve of a family (None: the default); a family without one reads the default
         family's curve (`has_curve` tells which)."""
-        return self.kernels.given().get(family or self.default_kernel, self.efficiency)
+        given = self.kernels.given
+        return given.get(family, given[self.kernels.default]) if family else self.efficiency
 
     def kernel_for(self, kernel: str = "auto", dtype: str = "bfloat16") -> KernelFamily:
         """The family a kernel name runs on this profile's device: `auto` is what cpbench's
