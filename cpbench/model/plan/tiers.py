@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from cpbench.model.hardware.network import Fabric, NetworkTier
-from cpbench.model.hardware.profile import HardwareProfile, LinkTierProfile
+from cpbench.model.hardware.profile import HardwareProfile, Links, LinkTierProfile
 from cpbench.model.plan.memory import Parallelism
 
 
@@ -110,4 +110,4 @@ def attention_profile(profile: HardwareProfile, per_node: int, tp: int, ulysses:
     inter = fabric.spine() if "network" in tiers else fabric.network
     inter = replace(inter, tier="inter_node")
     intra = replace(intra, tier="intra_node")
-    return replace(profile, intra_node=intra, inter_node=inter, devices_per_node=domain), domain
+    return replace(profile, links=Links(intra, inter), devices_per_node=domain), domain
