@@ -53,6 +53,7 @@ from cpbench.render.recommend.explanation import explanation_text
 from cpbench.render.recommend.frameworks import setting_note
 from cpbench.render.recommend.screen import render_recommendation
 from cpbench.results.scenarios.loading import load_scenario
+from tests.golden import assert_same_document
 from tests.synthetic import synthetic_record
 
 runner = CliRunner()
@@ -250,6 +251,30 @@ def test_cli_json() -> None:
     assert min(doc["candidates"], key=lambda c: c["time_s"])["label"] == "8x2 zigzag"
     assert doc["winner"]["label"] == doc["tie"]["pick"] and doc["tie"]["decided_by"] != "clear"
     assert doc["winner"]["bytes_per_tier"]["inter_node"] > 0
+
+
+GOLDEN = Path(__file__).parent / "fixtures" / "recommend_json.jsonl"
+"""`cpbench recommend ARGS --json` of eleven problems, captured before the report became typed
+(`{"args": [...], "json": {...}}` a line): defaults, two nodes, TP, a documents file, a window,
+all-gather only, calibrated on results (one with measured candidates), --explain, nothing
+feasible."""
+
+
+@pytest.mark.parametrize(
+    "case",
+    [json.loads(line) for line in GOLDEN.read_text(encoding="utf-8").splitlines()],
+    ids=lambda case: " ".join(case["args"][4:]) or "defaults",
+)
+def test_json_is_the_captured_shape_plus_its_version(
+    case: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(Path(__file__).parent.parent)  # the paths of the args are the checkout's
+    result = runner.invoke(app, ["recommend", *case["args"], "--json"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith('{\n "schema_version": 1,\n')  # the first key
+    document = json.loads(result.stdout)
+    assert document.pop("schema_version") == 1
+    assert_same_document(document, case["json"])
 
 
 @pytest.mark.parametrize(
