@@ -7,7 +7,6 @@ import io
 import json
 import math
 import random
-from dataclasses import asdict
 from pathlib import Path
 from typing import get_args
 
@@ -61,12 +60,12 @@ runner = CliRunner()
 
 def why(rec: Recommendation) -> str:
     """The full explanation of a recommendation, in words (`recommend --explain`)."""
-    return explanation_text(asdict(rec.explanation) if rec.explanation else None)
+    return explanation_text(rec.explanation)
 
 
 def note(setting: FrameworkSetting) -> str:
     """A framework setting's caveats, in words."""
-    return setting_note(asdict(setting))
+    return setting_note(setting)
 
 
 def total_sigma(split: ErrorSplit) -> float:
@@ -376,7 +375,7 @@ def test_uncalibrated_prior_says_so_and_ties(default) -> None:
     first = report["candidates"][0]
     assert first["interval"]["sigma"] == pytest.approx(0.35)
     assert first["interval"]["low_s"] < first["time_s"] < first["interval"]["high_s"]
-    text = "\n".join(_plain(x) for x in render_recommendation(report))
+    text = "\n".join(_plain(x) for x in render_recommendation(default))
     assert "uncalibrated prior" in text and "cpbench probe" in text
     assert "±35%" in text
 
@@ -439,7 +438,7 @@ def test_measured_ties_use_the_measured_intervals(tmp_path: Path) -> None:
     cell = report["candidates"][0]["interval"]
     assert cell["sigma"] is None and cell["plus_minus"] == pytest.approx(0.9, abs=1e-9)
     assert cell["source"].startswith("measured")
-    text = "\n".join(_plain(x) for x in render_recommendation(report))
+    text = "\n".join(_plain(x) for x in render_recommendation(wide))
     assert "confidence intervals overlap" in " ".join(text.split())  # TIE_RULE in the caption
 
 
@@ -617,7 +616,7 @@ def test_yunchang_gets_its_closest_ring_impl_for_doc_zigzag(tmp_path: Path) -> N
     assert closest.name == "doc_zigzag" and closest.candidate == f"{winner.ulysses}x{winner.ring} zigzag"
     assert "no ring_impl_type for the doc_zigzag layout" in note(yunchang)
     text = " ".join(
-        "\n".join(_plain(x) for x in render_recommendation(recommendation_report(rec))).split()
+        "\n".join(_plain(x) for x in render_recommendation(rec)).split()
     )
     assert f"closest: {winner.ulysses}x{winner.ring} zigzag (no doc_zigzag layout):" in text
     for layout in LAYOUTS:  # every layout has a setting (its own, or its closest)

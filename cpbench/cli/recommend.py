@@ -118,13 +118,13 @@ def recommend(
         cp_comms=None if cp_comm is None else CP_COMM_CHOICES[cp_comm],
     )
     rec = service.recommend_mesh(request)
-    report = service.recommendation_report(rec)
     written = service.write_tie_scenario(rec, write_scenario) if write_scenario else None
     if as_json:
+        report = service.recommendation_report(rec)
         report["scenario_written"] = str(written) if written else None
         print(json.dumps(report, indent=1))
         return
-    for renderable in render_recommendation(report, explain):
+    for renderable in render_recommendation(rec, explain):
         console.print(renderable)
     if written:
         console.print(f"wrote {written}: measure it with `cpbench sweep {written}`")

@@ -28,7 +28,7 @@ def _pick(obj: object, names: str, /, **values: Any) -> dict[str, Any]:
     return {name: getattr(obj, name) for name in names.split()} | values
 
 
-def _candidate_dict(position: int, r: RankedCandidate, tied: bool = False) -> dict[str, Any]:
+def _candidate_dict(position: int, r: RankedCandidate, tied: bool) -> dict[str, Any]:
     p, pi = r.prediction, r.interval
     c, t, ag = p.candidate, p.phase_time, p.candidate.all_gather
     return {
@@ -63,8 +63,6 @@ def _candidate_dict(position: int, r: RankedCandidate, tied: bool = False) -> di
 def recommendation_report(rec: Recommendation) -> dict[str, Any]:
     """The `--json` answer of `recommend`."""
     q, s, m, u, tie = rec.request, rec.sizes, rec.mask, rec.uncertainty, rec.tie
-    listed = rec.ranked if q.top == 0 else rec.ranked[: q.top]
-    tied = {id(r) for r in tie.tied} if tie else set()
     split = u.split if u else None
     return {
         "schema_version": SCHEMA_VERSION,
@@ -106,9 +104,9 @@ def recommendation_report(rec: Recommendation) -> dict[str, Any]:
             if tie
             else None
         ),
-        "candidates": [_candidate_dict(i + 1, r, id(r) in tied) for i, r in enumerate(listed)],
+        "candidates": [_candidate_dict(i, r, rec.tied(r)) for i, r in enumerate(rec.listed, 1)],
         "rejected": [_pick(x, "ulysses ring layouts cp_comm kind rule") for x in rec.rejected],
-        "winner": _candidate_dict(1, rec.winner, id(rec.winner) in tied) if rec.winner else None,
+        "winner": _candidate_dict(1, rec.winner, rec.tied(rec.winner)) if rec.winner else None,
         "explanation": asdict(rec.explanation) if rec.explanation else None,
         "frameworks": [asdict(f) for f in rec.frameworks],
         "calibration": calibration_summary(rec.calibration) if rec.calibration else None,

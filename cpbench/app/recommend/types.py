@@ -511,6 +511,15 @@ class Recommendation:
         """The fastest feasible candidate."""
         return self.ranked[0] if self.ranked else None
 
+    @property
+    def listed(self) -> tuple[RankedCandidate, ...]:
+        """The candidates the answer lists: the first `top` ranked (all for 0)."""
+        return self.ranked if self.request.top == 0 else self.ranked[: self.request.top]
+
+    def tied(self, candidate: RankedCandidate) -> bool:
+        """Whether `candidate` ties with the pick."""
+        return self.tie is not None and any(candidate is r for r in self.tie.tied)
+
 
 def layout_label(prediction: Prediction) -> str:
     """The layout, or `any` when it cannot matter (R = 1, or no causal mask)."""
