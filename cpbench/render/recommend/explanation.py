@@ -58,22 +58,22 @@ def placement_text(p: Placement) -> str:
 
 
 def _pick(e: Explanation) -> str:
-    w, second = e.winner, e.runner_up
+    w, second, margin = e.winner, e.runner_up, e.margin or 0.0
     text = (
         f"{w.label} is {'measured' if e.measured else 'predicted'} fastest at "
         f"{_ms(w.time_s)} per layer ({e.phase})"
     )
     if second is None:
         return text + ", the only feasible mesh"
-    if e.margin < 0:
+    if margin < 0:
         return (
             f"{w.label} is picked among candidates the model cannot separate "
             f"({_ms(w.time_s)} per layer, {e.phase}; {second.label} predicted "
-            f"{-e.margin:.1%} faster at {_ms(second.time_s)}, within the uncertainty of "
+            f"{-margin:.1%} faster at {_ms(second.time_s)}, within the uncertainty of "
             f"their ratio): {e.tie_break}"
         )
     text = (
-        f"{text}, {e.margin:.1%} ahead of the next mesh, {second.label} "
+        f"{text}, {margin:.1%} ahead of the next mesh, {second.label} "
         f"({_ms(second.time_s)})"
     )
     return text + (f"; among the tied, {e.tie_break}" if e.tie_break else "")
@@ -131,16 +131,16 @@ def _bounds(e: Explanation) -> str:
 def why_lines(e: Explanation) -> list[str]:
     """The pick and why in three sentences (the margin; placement and exposed communication;
     balance and memory): what `recommend` prints by default."""
-    w, second, p = e.winner, e.runner_up, e.placement
+    w, second, p, margin = e.winner, e.runner_up, e.placement, e.margin or 0.0
     ahead = (
-        f"{e.margin:.1%} ahead of {second.label} ({_ms(second.time_s)})"
+        f"{margin:.1%} ahead of {second.label} ({_ms(second.time_s)})"
         if second
         else "the only feasible mesh"
     )
-    if second and e.margin < 0:
+    if second and margin < 0:
         ahead = (
             f"tied with {second.label} ({_ms(second.time_s)}, predicted "
-            f"{-e.margin:.1%} faster, within the ratio's uncertainty); picked by the tie-break"
+            f"{-margin:.1%} faster, within the ratio's uncertainty); picked by the tie-break"
         )
     where = [
         f"{name} of {n} " + ("inside a node" if tier == "intra_node" else f"across nodes{hops}")
