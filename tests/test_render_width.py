@@ -448,19 +448,19 @@ def test_plan_tables_narrow() -> None:
     """`cpbench plan` (Llama-3-8B at 128k on 16 GPUs): every table reads whole at 80 and 60
     columns, and each listed plan's TP x CP x PP x DP appears whole."""
     from cpbench.app import plan as service  # noqa: PLC0415
-    from cpbench.render.plan import render_plan  # noqa: PLC0415
+    from cpbench.render.plan import layout, render_plan  # noqa: PLC0415
 
-    report = service.to_json(
-        service.plan_training(service.PlanRequest(model="Llama-3-8B", seq_len=131072, gpus=16))
+    result = service.plan_training(
+        service.PlanRequest(model="Llama-3-8B", seq_len=131072, gpus=16)
     )
-    assert report["feasible"], report.get("rejected")
+    assert result.feasible, result.rejected
     for width in (80, 60):
-        text = render(render_plan(report, 10), width)
+        text = render(render_plan(result, 10), width)
         assert_readable(text, width)
         for col in ("TP", "CP", "PP", "DP"):
             assert_words_whole(col, text)
-        for p in report["feasible"][:10]:
-            assert a_line_with(text, str(p["tp"]), p["layout"]), p
+        for p in result.feasible[:10]:
+            assert a_line_with(text, str(p.par.tp), layout(p)), p
 
 
 def test_probe_tables_narrow() -> None:

@@ -83,11 +83,11 @@ def plan(
         from cpbench.errors import CpbenchError  # noqa: PLC0415
 
         raise CpbenchError(f"top must be >= 0 (0 lists all), got {top}")
-    report = service.to_json(service.plan_training(request))
+    result = service.plan_training(request)
     if as_json:
-        print(json.dumps(report, indent=1))
+        print(json.dumps(service.to_json(result), indent=1))
         return
     from cpbench.render import plan as render  # noqa: PLC0415  (keeps start-up light)
 
-    for renderable in render.render_plan(report, top):
+    for renderable in render.render_plan(result, top):
         console.print(renderable)

@@ -23,7 +23,7 @@ SCHEMA_VERSION = 1
 not when one is added."""
 
 
-def _pick(obj: object, names: str, /, **values: Any) -> dict[str, Any]:
+def attributes(obj: object, names: str, /, **values: Any) -> dict[str, Any]:
     """`obj`'s attributes of the space-separated `names`, in that order, then `values`."""
     return {name: getattr(obj, name) for name in names.split()} | values
 
@@ -33,31 +33,31 @@ def _candidate_dict(position: int, r: RankedCandidate, tied: bool) -> dict[str, 
     c, t, ag = p.candidate, p.phase_time, p.candidate.all_gather
     return {
         "rank": position,
-        **_pick(c, "ulysses ring layout", layout_matters=layout_label(p) != "any"),
+        **attributes(c, "ulysses ring layout", layout_matters=layout_label(p) != "any"),
         "kv_replication": c.replication,
         "scheme": c.scheme,
         "cp_comm": c.cp_comm if c.ring > 1 else "p2p",
         "heads_k_stride": c.heads_k_stride if ag else None,
         "gathers": c.gathers if ag else None,
-        **_pick(r, "label source record_id time_s"),
-        "interval": _pick(r, "low_s high_s sigma plus_minus", source=r.interval_source),
+        **attributes(r, "label source record_id time_s"),
+        "interval": attributes(r, "low_s high_s sigma plus_minus", source=r.interval_source),
         "predicted_low_s": pi.low_s if pi else None,
         "predicted_high_s": pi.high_s if pi else None,
         "tied": tied,
         "measured_s": r.measured_s,
         "predicted_s": p.step_s,
-        **_pick(t, "compute_s imbalance_s exposed_comm_s comm_s"),
+        **attributes(t, "compute_s imbalance_s exposed_comm_s comm_s"),
         "forward_s": p.forward.total_s,
         "forward_backward_s": p.forward_backward.total_s,
         "bytes_per_tier": p.bytes_by_tier(PHASE_PASSES[c.phase]),
         "traffic": [asdict(x) for x in p.traffic],
         "placement": asdict(p.placement),
-        **_pick(p.placement, "ulysses_tier ring_tier"),
-        **_pick(p, "work_imbalance work_overhead slowest_ring_rank ring_steps"),
+        **attributes(p.placement, "ulysses_tier ring_tier"),
+        **attributes(p, "work_imbalance work_overhead slowest_ring_rank ring_steps"),
         "padding_tokens": p.padding,
-        **_pick(p, "padding_fraction kernel_seq_len", attention_tflops_per_rank=p.attention_tflops),
-        **_pick(p, "kernel", efficiency_curve=p.curve_kernel),
-        **_pick(p, "curve_note memory_bytes memory_capacity_bytes max_seq_len"),
+        **attributes(p, "padding_fraction kernel_seq_len", attention_tflops_per_rank=p.attention_tflops),
+        **attributes(p, "kernel", efficiency_curve=p.curve_kernel),
+        **attributes(p, "curve_note memory_bytes memory_capacity_bytes max_seq_len"),
     }
 
 def recommendation_report(rec: Recommendation) -> dict[str, Any]:
@@ -68,17 +68,17 @@ def recommendation_report(rec: Recommendation) -> dict[str, Any]:
         "schema_version": SCHEMA_VERSION,
         "warnings": list(rec.warnings),
         "inputs": {
-            **_pick(q, "heads kv_heads seq_len head_dim batch gpus"),
+            **attributes(q, "heads kv_heads seq_len head_dim batch gpus"),
             "gpus_per_node": rec.gpus_per_node,
             "hardware": rec.profile.name,
             "dtype": canonical_dtype(q.dtype),
-            **_pick(q, "causal", mask=m.kind, mask_label=m.label),
+            **attributes(q, "causal", mask=m.kind, mask_label=m.label),
             "documents": len(m.documents) if m.documents else None,
-            **_pick(q, "", documents_source=q.documents, window=m.window, phase=q.phase),
+            **attributes(q, "", documents_source=q.documents, window=m.window, phase=q.phase),
             "results": list(q.results),
         },
         "parallel": {
-            **_pick(s, "world tp cp pp dp micro_batch grad_accum global_batch"),
+            **attributes(s, "world tp cp pp dp micro_batch grad_accum global_batch"),
             "world_formula": s.world_formula(),
             "global_batch_formula": s.batch_formula(),
             "attention_heads_per_tp_rank": rec.shape.heads,
@@ -87,7 +87,7 @@ def recommendation_report(rec: Recommendation) -> dict[str, Any]:
         "conventions": {"time": TIME_CONVENTION, "flops": FLOPS_CONVENTION},
         "feasible": len(rec.ranked),
         "uncertainty": (
-            _pick(u, "kind sigma source", convention=SIGMA_CONVENTION)
+            attributes(u, "kind sigma source", convention=SIGMA_CONVENTION)
             | {f"{k}_sigma": getattr(split, f"{k}_sigma", None) for k in ("common", "candidate", "ratio")}
             | {"split_source": split.source if split else None}
             if u
@@ -96,16 +96,16 @@ def recommendation_report(rec: Recommendation) -> dict[str, Any]:
         "tie": (
             {
                 "tied": len(tie.tied),
-                **_pick(tie, "clear", labels=[r.label for r in tie.tied]),
+                **attributes(tie, "clear", labels=[r.label for r in tie.tied]),
                 "runner_up": tie.runner_up.label if tie.runner_up else None,
-                **_pick(tie, "rule message resolved_by measured", pick=tie.pick.label),
-                **_pick(tie, "decided_by decision", tie_break_rules=TIE_BREAK_RULES),
+                **attributes(tie, "rule message resolved_by measured", pick=tie.pick.label),
+                **attributes(tie, "decided_by decision", tie_break_rules=TIE_BREAK_RULES),
             }
             if tie
             else None
         ),
         "candidates": [_candidate_dict(i, r, rec.tied(r)) for i, r in enumerate(rec.listed, 1)],
-        "rejected": [_pick(x, "ulysses ring layouts cp_comm kind rule") for x in rec.rejected],
+        "rejected": [attributes(x, "ulysses ring layouts cp_comm kind rule") for x in rec.rejected],
         "winner": _candidate_dict(1, rec.winner, rec.tied(rec.winner)) if rec.winner else None,
         "explanation": asdict(rec.explanation) if rec.explanation else None,
         "frameworks": [asdict(f) for f in rec.frameworks],
