@@ -132,11 +132,15 @@ def recommend(
 
 def _serving_recommend(service_args: dict[str, object], explain: bool, as_json: bool) -> None:
     """`recommend --inference`: the serving service, rendered or as JSON."""
-    from cpbench.app.recommend.inference import InferenceRequest, recommend_inference  # noqa: PLC0415
+    from cpbench.app.recommend.inference import (  # noqa: PLC0415
+        InferenceRequest,
+        inference_report,
+        recommend_inference,
+    )
     from cpbench.errors import CpbenchError  # noqa: PLC0415
     from cpbench.render.recommend.inference import render_inference  # noqa: PLC0415
 
     if service_args["prompt_len"] is None:
         raise CpbenchError("--inference needs --prompt-len T (the new tokens of the turn, >= 1)")
-    report = recommend_inference(InferenceRequest(**service_args))  # type: ignore[arg-type]
-    emit(report, as_json, lambda: render_inference(report, explain))
+    rec = recommend_inference(InferenceRequest(**service_args))  # type: ignore[arg-type]
+    emit(inference_report(rec) if as_json else None, as_json, lambda: render_inference(rec, explain))
