@@ -7,7 +7,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from cpbench.app.recommend.frameworks import cp_comm_type, framework_table
-from cpbench.app.recommend.report import SCHEMA_VERSION, attributes
+from cpbench.app.recommend.report import JSON_SCHEMA_VERSION, attributes
 from cpbench.app.recommend.types import DEFAULT_HARDWARE, FrameworkSetting
 from cpbench.config.problem import check_positive_int
 from cpbench.config.vocabulary import canonical_dtype
@@ -301,7 +301,7 @@ def to_json(result: PlanResult) -> dict[str, Any]:
     winner, shortest = result.winner, result.shortest_cp
     ranked = {id(p): i + 1 for i, p in enumerate(result.feasible)}
     return {
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": JSON_SCHEMA_VERSION,
         "inputs": {
             "model": m.to_dict(),
             "parameters": m.total_params,

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from cpbench.app.recommend.inference_settings import ServingSetting, serving_settings
-from cpbench.app.recommend.report import SCHEMA_VERSION, attributes
+from cpbench.app.recommend.report import JSON_SCHEMA_VERSION, attributes
 from cpbench.app.recommend.types import DEFAULT_HARDWARE, Uncertainty
 from cpbench.app.recommend.uncertainty import profile_uncertainty
 from cpbench.config.inference import ulysses_rule
@@ -138,7 +138,7 @@ def _problem(request: InferenceRequest) -> CpProblem:
 
 
 @dataclass(frozen=True)
-class Ranked:
+class RankedPrice:
     """A priced scheme (or decode degree) at its place in the ranking."""
 
     price: PrefillPrice | DecodePrice
@@ -233,7 +233,7 @@ class InferenceRecommendation:
     """The prior's sigma (ties are called on its ratio sigma)."""
     capacity: tuple[KvCapacity, ...]
     """The KV cache per rank of every degree."""
-    ranked: tuple[Ranked, ...]
+    ranked: tuple[RankedPrice, ...]
     """Every feasible candidate, fastest first."""
     rejected: tuple[Refused, ...]
     """The candidates that cannot serve the request."""
@@ -243,7 +243,7 @@ class InferenceRecommendation:
     """vLLM and SGLang for the winner."""
 
     @property
-    def listed(self) -> tuple[Ranked, ...]:
+    def listed(self) -> tuple[RankedPrice, ...]:
         """The first `top` ranked (all for 0)."""
         return self.ranked if self.request.top == 0 else self.ranked[: self.request.top]
 
@@ -257,7 +257,7 @@ class InferenceRecommendation:
         u = self.uncertainty
         return u.split.ratio_sigma if u.split else u.sigma
 
-    def instead(self, setting: ServingSetting) -> Ranked | None:
+    def instead(self, setting: ServingSetting) -> RankedPrice | None:
         """The candidate a setting runs instead of the winner (its scheme on the winner's
         degree), if ranked."""
         if setting.runs_instead is None or not self.ranked:
@@ -296,7 +296,7 @@ def recommend_inference(request: InferenceRequest) -> InferenceRecommendation:
     priced.sort(key=lambda c: (c.total_s, c.world))
     tied = uncertainty.split.ratio_tied if uncertainty.split else None
     ranked = tuple(
-        Ranked(c, i, tied=bool(tied(priced[0].total_s, c.total_s)) if tied
+        RankedPrice(c, i, tied=bool(tied(priced[0].total_s, c.total_s)) if tied
                else math.isclose(c.total_s, priced[0].total_s),
                tokens_per_s=shape.batch / (c.total_s * request.layers)
                if request.decode and request.layers else None)
@@ -343,7 +343,7 @@ def inference_report(rec: InferenceRecommendation) -> dict[str, Any]:
     """The `--json` answer of `recommend --inference`."""
     q, u, listed = rec.request, rec.uncertainty, rec.listed
     report: dict[str, Any] = {
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": JSON_SCHEMA_VERSION,
         "inputs": asdict(q) | {
             "mode": "decode" if q.decode else "prefill",
             "hardware": rec.profile.name,
@@ -369,7 +369,7 @@ def inference_report(rec: InferenceRecommendation) -> dict[str, Any]:
     return report
 
 
-def _ranked_json(r: Ranked) -> dict[str, Any]:
+def _ranked_json(r: RankedPrice) -> dict[str, Any]:
     more = {} if r.tokens_per_s is None else {"tokens_per_s": r.tokens_per_s}
     return asdict(r.price) | attributes(r, "rank label bytes_per_rank") | more | {"tied": r.tied}
 

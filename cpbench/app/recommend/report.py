@@ -18,7 +18,7 @@ from cpbench.config.vocabulary import PHASE_PASSES, canonical_dtype
 from cpbench.model.calibrate import calibration_summary
 from cpbench.model.flops import FLOPS_CONVENTION
 
-SCHEMA_VERSION = 1
+JSON_SCHEMA_VERSION = 1
 """Version of the JSON shape: it changes when a key is renamed or removed or changes meaning,
 not when one is added."""
 
@@ -65,7 +65,7 @@ def recommendation_report(rec: Recommendation) -> dict[str, Any]:
     q, s, m, u, tie = rec.request, rec.sizes, rec.mask, rec.uncertainty, rec.tie
     split = u.split if u else None
     return {
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": JSON_SCHEMA_VERSION,
         "warnings": list(rec.warnings),
         "inputs": {
             **attributes(q, "heads kv_heads seq_len head_dim batch gpus"),
