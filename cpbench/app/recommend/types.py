@@ -159,15 +159,14 @@ class RankedCandidate:
 
     @property
     def plus_minus(self) -> float | None:
-        """The ± printed with the time: sigma, or half the measured interval's width relative
-        to the median."""
+        """The ± of the time: sigma, or half the measured interval's width over the median."""
         if self.measured_s is None:
             return self.sigma
         return (self.high_s - self.low_s) / (2 * self.time_s) if self.time_s > 0 else 0.0
 
     @property
     def interval_source(self) -> str:
-        """Where the interval of `low_s` .. `high_s` comes from, in words."""
+        """Where `low_s` .. `high_s` comes from, in words."""
         if self.measured_s is not None:
             m = self.measured_interval
             return f"measured: the median's 95% interval ({m.method if m else 'no interval'})"
