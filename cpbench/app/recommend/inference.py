@@ -294,12 +294,12 @@ def recommend_inference(request: InferenceRequest) -> InferenceRecommendation:
                 priced.append(price_prefill(scheme, request.cached_len, request.prompt_len,
                                             shape, w, profile, request.kernel))  # fmt: skip
     priced.sort(key=lambda c: (c.total_s, c.world))
-    tied = uncertainty.split.ratio_tied if uncertainty.split else None
+    lead, split = (priced[0].total_s if priced else 0.0), uncertainty.split
+    layers_decoded = request.layers if request.decode else None
     ranked = tuple(
-        RankedPrice(c, i, tied=bool(tied(priced[0].total_s, c.total_s)) if tied
-               else math.isclose(c.total_s, priced[0].total_s),
-               tokens_per_s=shape.batch / (c.total_s * request.layers)
-               if request.decode and request.layers else None)
+        RankedPrice(c, i, split.ratio_tied(lead, c.total_s) if split
+                    else math.isclose(c.total_s, lead),
+                    shape.batch / (c.total_s * layers_decoded) if layers_decoded else None)
         for i, c in enumerate(priced, 1)
     )  # fmt: skip
     ring_world = request.gpus if request.gpus > 1 and not request.decode else None
@@ -342,7 +342,8 @@ def _ring_verdict(request: InferenceRequest, shape: CpProblem, world: int,
 def inference_report(rec: InferenceRecommendation) -> dict[str, Any]:
     """The `--json` answer of `recommend --inference`."""
     q, u, listed = rec.request, rec.uncertainty, rec.listed
-    report: dict[str, Any] = {
+    tied = rec.tied_with_leader
+    return {
         "schema_version": JSON_SCHEMA_VERSION,
         "inputs": asdict(q) | {
             "mode": "decode" if q.decode else "prefill",
@@ -358,15 +359,10 @@ def inference_report(rec: InferenceRecommendation) -> dict[str, Any]:
         "feasible": len(rec.ranked),
         "rejected": [asdict(x) for x in rec.rejected],
         "ring_verdict": _verdict_json(rec.verdict) if rec.verdict else None,
-        "winner_scheme": None,
-        "tie": {"tied_with_leader": rec.tied_with_leader, "clear": not rec.tied_with_leader},
+        "winner_scheme": getattr(rec.ranked[0].price, "scheme", None) if rec.ranked else None,
+        "tie": {"tied_with_leader": tied, "clear": not tied} if listed else None,
         "settings": [_setting_json(rec, s) for s in rec.settings],
     }
-    if rec.ranked and not q.decode:
-        report["winner_scheme"] = rec.ranked[0].price.scheme  # type: ignore[union-attr]
-    if not listed:
-        report["tie"] = None
-    return report
 
 
 def _ranked_json(r: RankedPrice) -> dict[str, Any]:
