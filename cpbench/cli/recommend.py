@@ -143,4 +143,5 @@ def _serving_recommend(service_args: dict[str, object], explain: bool, as_json: 
     if service_args["prompt_len"] is None:
         raise CpbenchError("--inference needs --prompt-len T (the new tokens of the turn, >= 1)")
     rec = recommend_inference(InferenceRequest(**service_args))  # type: ignore[arg-type]
-    emit(inference_report(rec) if as_json else None, as_json, lambda: render_inference(rec, explain))
+    report = inference_report(rec) if as_json else None
+    emit(report, as_json, lambda: render_inference(rec, explain))

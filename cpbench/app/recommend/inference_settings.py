@@ -42,7 +42,9 @@ def _frameworks() -> tuple[ServingFramework, ServingFramework]:
     return serving.vllm, serving.sglang
 
 
-def _prefill_rows(scheme: str, world: int, gpus: int, cached_len: int) -> tuple[ServingSetting, ...]:
+def _prefill_rows(
+    scheme: str, world: int, gpus: int, cached_len: int
+) -> tuple[ServingSetting, ...]:
     replicas = max(1, gpus // world)
     notes = framework_table().serving.notes
     if world == 1:
@@ -81,7 +83,8 @@ def _decode_rows(world: int, gpus: int, shape: CpProblem) -> tuple[ServingSettin
         flags = f.decode.format(world=world)
         if f.decode_gqa:
             flags += f.decode_replicas.format(replicas=replicas) if replicas > 1 else ""
-            rows.append(ServingSetting(f.name, True, flags, f.decode_note.format(world=world), docs))
+            note = f.decode_note.format(world=world)
+            rows.append(ServingSetting(f.name, True, flags, note, docs))
         else:
             settings = notes.cannot_decode.format(heads=shape.heads, kv_heads=shape.kv_heads, flags=flags)
             rows.append(ServingSetting(f.name, False, settings, f.decode_note, docs))

@@ -55,10 +55,16 @@ def _candidate_dict(position: int, r: RankedCandidate, tied: bool) -> dict[str, 
         **attributes(p.placement, "ulysses_tier ring_tier"),
         **attributes(p, "work_imbalance work_overhead slowest_ring_rank ring_steps"),
         "padding_tokens": p.padding,
-        **attributes(p, "padding_fraction kernel_seq_len", attention_tflops_per_rank=p.attention_tflops),
+        **attributes(p, "padding_fraction kernel_seq_len"),
+        "attention_tflops_per_rank": p.attention_tflops,
         **attributes(p, "kernel", efficiency_curve=p.curve_kernel),
         **attributes(p, "curve_note memory_bytes memory_capacity_bytes max_seq_len"),
     }
+
+
+SPLIT_PARTS = ("common", "candidate", "ratio")
+"""The sigmas of an `ErrorSplit` (`<part>_sigma`)."""
+
 
 def recommendation_report(rec: Recommendation) -> dict[str, Any]:
     """The `--json` answer of `recommend`."""
@@ -74,7 +80,9 @@ def recommendation_report(rec: Recommendation) -> dict[str, Any]:
             "dtype": canonical_dtype(q.dtype),
             **attributes(q, "causal", mask=m.kind, mask_label=m.label),
             "documents": len(m.documents) if m.documents else None,
-            **attributes(q, "", documents_source=q.documents, window=m.window, phase=q.phase),
+            "documents_source": q.documents,
+            "window": m.window,
+            "phase": q.phase,
             "results": list(q.results),
         },
         "parallel": {
@@ -88,7 +96,7 @@ def recommendation_report(rec: Recommendation) -> dict[str, Any]:
         "feasible": len(rec.ranked),
         "uncertainty": (
             attributes(u, "kind sigma source", convention=SIGMA_CONVENTION)
-            | {f"{k}_sigma": getattr(split, f"{k}_sigma", None) for k in ("common", "candidate", "ratio")}
+            | {f"{k}_sigma": getattr(split, f"{k}_sigma", None) for k in SPLIT_PARTS}
             | {"split_source": split.source if split else None}
             if u
             else None
