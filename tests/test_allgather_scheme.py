@@ -7,7 +7,6 @@ settings."""
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from fractions import Fraction
 
 import pytest
@@ -211,7 +210,7 @@ def test_recommend_lists_and_explains_all_gather() -> None:
     assert "2x4 zigzag all-gather" in labels
     assert rec.explanation is not None and rec.explanation.gather is not None
     assert rec.explanation.gather.ring is not None  # the ring on the same mesh
-    why = explanation_text(asdict(rec.explanation))
+    why = explanation_text(rec.explanation)
     assert "All-gather: its best candidate" in why and "Against the ring on the same mesh" in why
     assert "GiB of gathered K/V" in why
     only_ring = recommend_mesh(
@@ -233,7 +232,7 @@ def test_framework_settings_for_all_gather() -> None:
     meg_usp = megatron_setting(usp, sizes)
     assert not meg_usp.expressible
     assert "no_a2a_all_gather" in {c.kind for c in meg_usp.caveats}
-    assert "no a2a+all_gather" in setting_note(asdict(meg_usp))
+    assert "no a2a+all_gather" in setting_note(meg_usp)
     titan = torchtitan_setting(pure, [RankedCandidate(pure)])
     assert "context_parallel_rotate_method allgather" in titan.settings
     strided = predict(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, replace
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -35,7 +35,7 @@ def test_ulysses_8_on_8_gpus_per_node_stays_inside() -> None:
     p = placement(8, 1, 8)
     assert p.ulysses_tier == "intra_node" and p.ulysses_peers_in_node == 8
     assert p.nodes == 1
-    assert "stays inside a node" in placement_text(asdict(p))
+    assert "stays inside a node" in placement_text(p)
 
 
 def test_ulysses_16_on_two_nodes_of_8_crosses() -> None:
@@ -43,7 +43,7 @@ def test_ulysses_16_on_two_nodes_of_8_crosses() -> None:
     assert p.ulysses_tier == "inter_node" and p.nodes == 2
     assert p.ulysses_peers_in_node == 8
     assert p.ulysses_inter_fraction == pytest.approx(8 / 15)
-    assert "spans nodes" in placement_text(asdict(p))
+    assert "spans nodes" in placement_text(p)
 
 
 def test_ring_strided_by_ulysses_crosses_when_the_mesh_exceeds_a_node() -> None:
@@ -54,7 +54,7 @@ def test_ring_strided_by_ulysses_crosses_when_the_mesh_exceeds_a_node() -> None:
     assert usp.ring_crossing_hops == 2
     ring = placement(1, 16, 8)
     assert ring.ring_tier == "inter_node" and ring.ring_crossing_hops == 2
-    assert "crosses nodes on 2 of 16 hops" in placement_text(asdict(ring))
+    assert "crosses nodes on 2 of 16 hops" in placement_text(ring)
 
 
 def test_tensor_parallel_stride_spreads_the_cp_group() -> None:

@@ -4,7 +4,6 @@ documents and sliding windows."""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 from fractions import Fraction
 from pathlib import Path
 
@@ -303,7 +302,8 @@ def test_recommend_cli_with_documents_and_window(documents_file: Path) -> None:
     assert doc["explanation"] and doc["winner"]["layout"] in LAYOUTS
     assert "ring-flash-attn" in {f["framework"] for f in doc["frameworks"]}
     assert "documents" in {c["kind"] for c in doc["frameworks"][0]["caveats"]}
-    assert "THD" in setting_note(doc["frameworks"][0])
+    asked = RecommendRequest(heads=32, kv_heads=8, documents=str(documents_file), window=4096)
+    assert "THD" in setting_note(recommend_mesh(asked).frameworks[0])
 
 
 def test_recommend_ranks_every_layout_with_documents(documents_file: Path) -> None:
@@ -312,7 +312,7 @@ def test_recommend_ranks_every_layout_with_documents(documents_file: Path) -> No
     )
     ring_layouts = {r.prediction.candidate.layout for r in rec.ranked if r.prediction.candidate.ring > 1}
     assert ring_layouts == set(LAYOUTS)
-    why = explanation_text(asdict(rec.explanation))
+    why = explanation_text(rec.explanation)
     assert "global zigzag leaves ring rank" in why and "the balanced layout brings it to" in why
     assert rec.explanation is not None and rec.explanation.mask is not None
     assert set(rec.explanation.mask.layouts) == set(LAYOUTS)
@@ -321,7 +321,7 @@ def test_recommend_ranks_every_layout_with_documents(documents_file: Path) -> No
         r.prediction.candidate.layout for r in windowed.ranked if r.prediction.candidate.ring > 1
     }
     assert ring_layouts == set(GLOBAL_LAYOUTS)
-    assert "ring steps on contiguous" in explanation_text(asdict(windowed.explanation))
+    assert "ring steps on contiguous" in explanation_text(windowed.explanation)
 
 
 @pytest.mark.parametrize(

@@ -22,6 +22,7 @@ from cpbench.model.plan.memory import (
 from cpbench.model.plan.step import model_flops
 from cpbench.model.plan.transformer import PRESETS, ModelSpec, load_model
 from cpbench.units import GIB
+from tests.golden import assert_same_document
 
 runner = CliRunner()
 
@@ -275,6 +276,25 @@ def test_cli_plan_json_parses() -> None:
     assert first["step_s"] == pytest.approx(sum(first["parts_s"].values()), rel=1e-9)
     assert first["memory_bytes"] <= report["inputs"]["memory_capacity_bytes"]
     assert report == to_json(plan_training(PlanRequest("mistral-7b", 65536, 8))) | {}
+
+
+PLAN_GOLDEN = Path(__file__).parent / "fixtures" / "plan_json.jsonl"
+"""`cpbench plan ARGS --json` of five problems, captured before the report became typed: one
+node, two nodes, --max-seq-len, nothing fits, ZeRO-3 with full recompute on a fabric."""
+
+
+@pytest.mark.parametrize(
+    "case",
+    [json.loads(line) for line in PLAN_GOLDEN.read_text(encoding="utf-8").splitlines()],
+    ids=lambda case: " ".join(case["args"]),
+)
+def test_plan_json_is_the_captured_shape_plus_its_version(case: dict) -> None:
+    result = runner.invoke(app, ["plan", *case["args"], "--json"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith('{\n "schema_version": 1,\n')  # the first key
+    document = json.loads(result.stdout)
+    assert document.pop("schema_version") == 1
+    assert_same_document(document, case["json"])
 
 
 @pytest.mark.parametrize(

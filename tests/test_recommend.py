@@ -7,7 +7,6 @@ import io
 import json
 import math
 import random
-from dataclasses import asdict
 from pathlib import Path
 from typing import get_args
 
@@ -51,6 +50,7 @@ from cpbench.render.recommend.explanation import explanation_text
 from cpbench.render.recommend.frameworks import setting_note
 from cpbench.render.recommend.screen import render_recommendation
 from cpbench.results.scenarios.loading import load_scenario
+from tests.golden import assert_same_document
 from tests.synthetic import synthetic_record
 
 runner = CliRunner()
@@ -58,12 +58,12 @@ runner = CliRunner()
 
 def why(rec: Recommendation) -> str:
     """The full explanation of a recommendation, in words (`recommend --explain`)."""
-    return explanation_text(asdict(rec.explanation) if rec.explanation else None)
+    return explanation_text(rec.explanation)
 
 
 def note(setting: FrameworkSetting) -> str:
     """A framework setting's caveats, in words."""
-    return setting_note(asdict(setting))
+    return setting_note(setting)
 
 
 def total_sigma(split: ErrorSplit) -> float:
@@ -250,6 +250,30 @@ def test_cli_json() -> None:
     assert doc["winner"]["bytes_per_tier"]["inter_node"] > 0
 
 
+GOLDEN = Path(__file__).parent / "fixtures" / "recommend_json.jsonl"
+"""`cpbench recommend ARGS --json` of eleven problems, captured before the report became typed
+(`{"args": [...], "json": {...}}` a line): defaults, two nodes, TP, a documents file, a window,
+all-gather only, calibrated on results (one with measured candidates), --explain, nothing
+feasible."""
+
+
+@pytest.mark.parametrize(
+    "case",
+    [json.loads(line) for line in GOLDEN.read_text(encoding="utf-8").splitlines()],
+    ids=lambda case: " ".join(case["args"][4:]) or "defaults",
+)
+def test_json_is_the_captured_shape_plus_its_version(
+    case: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(Path(__file__).parent.parent)  # the paths of the args are the checkout's
+    result = runner.invoke(app, ["recommend", *case["args"], "--json"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith('{\n "schema_version": 1,\n')  # the first key
+    document = json.loads(result.stdout)
+    assert document.pop("schema_version") == 1
+    assert_same_document(document, case["json"])
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -350,7 +374,7 @@ def test_uncalibrated_prior_says_so_and_ties(default) -> None:
     first = report["candidates"][0]
     assert first["interval"]["sigma"] == pytest.approx(0.35)
     assert first["interval"]["low_s"] < first["time_s"] < first["interval"]["high_s"]
-    text = "\n".join(_plain(x) for x in render_recommendation(report))
+    text = "\n".join(_plain(x) for x in render_recommendation(default))
     assert "uncalibrated prior" in text and "cpbench probe" in text
     assert "±35%" in text
 
@@ -413,7 +437,7 @@ def test_measured_ties_use_the_measured_intervals(tmp_path: Path) -> None:
     cell = report["candidates"][0]["interval"]
     assert cell["sigma"] is None and cell["plus_minus"] == pytest.approx(0.9, abs=1e-9)
     assert cell["source"].startswith("measured")
-    text = "\n".join(_plain(x) for x in render_recommendation(report))
+    text = "\n".join(_plain(x) for x in render_recommendation(wide))
     assert "confidence intervals overlap" in " ".join(text.split())  # TIE_RULE in the caption
 
 
@@ -591,7 +615,7 @@ def test_yunchang_gets_its_closest_ring_impl_for_doc_zigzag(tmp_path: Path) -> N
     assert closest.name == "doc_zigzag" and closest.candidate == f"{winner.ulysses}x{winner.ring} zigzag"
     assert "no ring_impl_type for the doc_zigzag layout" in note(yunchang)
     text = " ".join(
-        "\n".join(_plain(x) for x in render_recommendation(recommendation_report(rec))).split()
+        "\n".join(_plain(x) for x in render_recommendation(rec)).split()
     )
     assert f"closest: {winner.ulysses}x{winner.ring} zigzag (no doc_zigzag layout):" in text
     for layout in LAYOUTS:  # every layout has a setting (its own, or its closest)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import json
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -35,6 +36,7 @@ from cpbench.model.inference_cost import (
     price_prefill,
 )
 from cpbench.render.recommend.inference import render_inference
+from tests.golden import assert_same_document
 
 runner = CliRunner()
 H100 = load_profile("h100-sxm")
@@ -301,22 +303,39 @@ def test_settings_say_the_frameworks_cannot_express_pass_q() -> None:
     assert "--attn-cp-size 8" in rows["SGLang"]["settings"]
 
 
+GOLDEN = Path(__file__).parent / "fixtures" / "inference_json.jsonl"
+"""`cpbench recommend --inference ARGS --json` of ten requests, captured before the report
+became typed: prefill with and without a cache, two nodes, decode, memory and heads rejections,
+nothing feasible, one GPU."""
+
+
+@pytest.mark.parametrize(
+    "case",
+    [json.loads(line) for line in GOLDEN.read_text(encoding="utf-8").splitlines()],
+    ids=lambda case: " ".join(case["args"]),
+)
+def test_json_is_the_captured_shape_plus_its_version(case: dict) -> None:
+    result = runner.invoke(app, ["recommend", "--inference", *case["args"], "--json"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith('{\n "schema_version": 1,\n')  # the first key
+    document = json.loads(result.stdout)
+    assert document.pop("schema_version") == 1
+    assert_same_document(document, case["json"])
+
+
 def test_settings_express_an_all_gather_winner_and_a_vllm_decode() -> None:
     # a fresh 128K prompt: all-gather leads by its fewer kernel launches (tied with pass-KV)
-    report = recommend_inference(InferenceRequest(heads=32, kv_heads=8, prompt_len=131072))
-    assert (report["candidates"][0]["scheme"], report["candidates"][0]["world"]) == (
-        "all_gather",
-        8,
-    )
-    assert all(r["expressible"] for r in report["settings"])
-    assert "--prefill-context-parallel-size 8" in report["settings"][0]["settings"]
+    rec = recommend_inference(InferenceRequest(heads=32, kv_heads=8, prompt_len=131072))
+    assert rec.ranked[0].label == "all_gather" and rec.ranked[0].price.world == 8
+    assert all(r.expressible for r in rec.settings)
+    assert "--prefill-context-parallel-size 8" in rec.settings[0].settings
     decode = recommend_inference(
         InferenceRequest(heads=64, kv_heads=8, prompt_len=1, cached_len=65535, decode_batch=4)
     )
-    rows = {r["framework"]: r for r in decode["settings"]}
-    assert rows["vLLM"]["expressible"]
-    assert "--decode-context-parallel-size 8" in rows["vLLM"]["settings"]
-    assert not rows["SGLang"]["expressible"] and "MLA" in rows["SGLang"]["settings"]
+    rows = {r.framework: r for r in decode.settings}
+    assert rows["vLLM"].expressible
+    assert "--decode-context-parallel-size 8" in rows["vLLM"].settings
+    assert not rows["SGLang"].expressible and "MLA" in rows["SGLang"].settings
 
 
 # ---------------------------------------------------------------------------- bad input
@@ -358,17 +377,17 @@ def test_bad_input_exits_2_naming_value_and_rule(args: list[str], message: str) 
 def test_renders_whole_at_80_columns_and_piped(decode: bool, width: int) -> None:
     request = InferenceRequest(heads=12, kv_heads=4, prompt_len=1024, cached_len=131072,
                                decode_batch=8 if decode else None, layers=40)  # fmt: skip
-    report = recommend_inference(request)
+    rec = recommend_inference(request)
     console = Console(width=width, file=io.StringIO(), color_system=None, force_terminal=False)
-    for renderable in render_inference(report, explain=True):
+    for renderable in render_inference(rec, explain=True):
         console.print(renderable)
     text = console.file.getvalue()  # type: ignore[attr-defined]
     assert max(cell_len(line) for line in text.splitlines()) <= width
     assert "…" not in text
     words = set(text.replace("│", " ").replace("┃", " ").split())
-    for row in report["settings"]:
-        missing = {w for w in row["settings"].split() if w not in words}
-        assert not missing, f"cut words of {row['settings']!r}: {sorted(missing)}"
+    for row in rec.settings:
+        missing = {w for w in row.settings.split() if w not in words}
+        assert not missing, f"cut words of {row.settings!r}: {sorted(missing)}"
     piped = cli_text("--heads", "12", "--kv-heads", "4", "--prompt-len", "1024", "--cached-len",
                      "131072", *(["--decode-batch", "8"] if decode else []))  # fmt: skip
     assert max(cell_len(line) for line in piped.splitlines()) <= 80

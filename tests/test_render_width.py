@@ -20,7 +20,12 @@ from typer.testing import CliRunner
 
 from cpbench.app.formulas import formulas_report
 from cpbench.app.formulas_schema import FormulasReport
-from cpbench.app.recommend import RecommendRequest, recommend_mesh, recommendation_report
+from cpbench.app.recommend import (
+    Recommendation,
+    RecommendRequest,
+    recommend_mesh,
+    recommendation_report,
+)
 from cpbench.config.problem import CpProblem
 from cpbench.render.formulas import render_formulas
 from cpbench.render.recommend.calibration import render_calibration, render_validation
@@ -160,15 +165,15 @@ def test_verify_tables_wide_keeps_every_column() -> None:
 
 
 @pytest.fixture(scope="module", params=[{"gpus": 16, "tp": 2}, {"gpus": 64}])
-def report(request: pytest.FixtureRequest) -> dict[str, Any]:
-    asked = RecommendRequest(heads=32, kv_heads=8, **request.param)
-    return recommendation_report(recommend_mesh(asked))
+def rec(request: pytest.FixtureRequest) -> Recommendation:
+    return recommend_mesh(RecommendRequest(heads=32, kv_heads=8, **request.param))
 
 
 @pytest.mark.parametrize("width", [80, 60])
 @pytest.mark.parametrize("explain", [False, True])
-def test_recommendation_narrow(report: dict[str, Any], width: int, explain: bool) -> None:
-    text = render(render_recommendation(report, explain), width)
+def test_recommendation_narrow(rec: Recommendation, width: int, explain: bool) -> None:
+    text = render(render_recommendation(rec, explain), width)
+    report = recommendation_report(rec)
     assert_readable(text, width)
     winner = report["winner"]
     assert a_line_with(text, f"{winner['ulysses']} x {winner['ring']}", winner["layout"])
@@ -176,25 +181,25 @@ def test_recommendation_narrow(report: dict[str, Any], width: int, explain: bool
         layout = c["layout"] if c["layout_matters"] else "any"
         assert a_line_with(text, f"{c['ulysses']} x {c['ring']}", layout, f"{c['time_s'] * 1e3:.2f}")
         assert a_line_with(text, f"{c['ulysses']} x {c['ring']}", f"{c['max_seq_len']:,}")
-    for f in report["frameworks"]:
+    for f in rec.frameworks:
         if explain or not is_alternative(f):  # the all-gather alternative: --explain only
-            if f["settings"] != "-":  # no setting: the label says `none` and why
-                assert_words_whole(f["settings"], text)
+            if f.settings != "-":  # no setting: the label says `none` and why
+                assert_words_whole(f.settings, text)
             assert_words_whole(closest_label(f), text)
         if explain:  # each caveat in its row, or once under the table when rows share it
             said = {w.rstrip(";.") for w in words(text)}
-            for c in f["caveats"]:
+            for c in f.caveats:
                 assert set(caveat_text(c).split()) <= said | words(text), caveat_text(c)
-    for r in report["rejected"]:
-        assert_words_whole(group_digits(r["rule"]), text)
+    for r in rec.rejected:
+        assert_words_whole(group_digits(r.rule), text)
     # a flag never parts from its value (whatever value the winner's Megatron setting has)
-    megatron = next(f["settings"] for f in report["frameworks"] if f["framework"] == "Megatron-LM")
+    megatron = next(f.settings for f in rec.frameworks if f.framework == "Megatron-LM")
     comm_type = megatron.split("--cp-comm-type ", 1)[1].split()[0]
     assert a_line_with(text, f"--cp-comm-type {comm_type}")
 
 
-def test_recommendation_wide_keeps_every_column(report: dict[str, Any]) -> None:
-    text = render(render_recommendation(report, explain=True), 200)
+def test_recommendation_wide_keeps_every_column(rec: Recommendation) -> None:
+    text = render(render_recommendation(rec, explain=True), 200)
     header = next(line for line in text.splitlines() if "U x R" in line and "source" in line)
     for col in ("#", "U x R", "layout", "KV rep", "time ms", "compute", "imbalance",
                 "exposed comm", "intra GB", "inter GB", "mem GiB", "max L", "source"):
@@ -289,12 +294,12 @@ def test_fit_table_wide_is_one_table() -> None:
 
 
 @pytest.fixture(scope="module")
-def default_report() -> dict[str, Any]:
-    return recommendation_report(recommend_mesh(RecommendRequest(heads=32, kv_heads=8)))
+def default_rec() -> Recommendation:
+    return recommend_mesh(RecommendRequest(heads=32, kv_heads=8))
 
 
-def test_recommend_fits_one_screen_verdict_first(default_report: dict[str, Any]) -> None:
-    text = render(render_recommendation(default_report), 100)
+def test_recommend_fits_one_screen_verdict_first(default_rec: Recommendation) -> None:
+    text = render(render_recommendation(default_rec), 100)
     assert_readable(text, 100)
     lines = text.splitlines()
     assert len(lines) <= 45
@@ -308,8 +313,8 @@ def test_recommend_fits_one_screen_verdict_first(default_report: dict[str, Any])
     assert a_line_with(text, "--cp-comm-type a2a") and "All-gather: its best" not in text
 
 
-def test_explain_keeps_the_full_explanation(default_report: dict[str, Any]) -> None:
-    text = render(render_recommendation(default_report, explain=True), 100)
+def test_explain_keeps_the_full_explanation(default_rec: Recommendation) -> None:
+    text = render(render_recommendation(default_rec, explain=True), 100)
     flat = " ".join(text.split())
     for sentence in ("ahead of the next mesh", "Placement: each Ulysses group",
                      "All-gather: its best candidate", "Against the ring on the same mesh",
@@ -329,8 +334,8 @@ def test_recommend_command_fits_45_lines_at_100_columns() -> None:
     assert "Against the ring on the same mesh" in " ".join(full.stdout.split())
 
 
-def test_piped_at_80_columns_the_candidates_are_one_table(default_report: dict[str, Any]) -> None:
-    text = render(render_recommendation(default_report), 80)
+def test_piped_at_80_columns_the_candidates_are_one_table(default_rec: Recommendation) -> None:
+    text = render(render_recommendation(default_rec), 80)
     assert_readable(text, 80)
     assert "(1/2)" not in text
     header = next(line for line in text.splitlines() if "mesh" in line)
@@ -338,35 +343,35 @@ def test_piped_at_80_columns_the_candidates_are_one_table(default_report: dict[s
     assert a_line_with(text, "4 x 2 striped ag/hs1", "192.20", "6,412,800")
 
 
-def test_each_caveat_once(default_report: dict[str, Any]) -> None:
-    source = default_report["uncertainty"]["source"]
+def test_each_caveat_once(default_rec: Recommendation) -> None:
+    assert default_rec.uncertainty
+    source = default_rec.uncertainty.source
     for explain in (False, True):
-        flat = " ".join(render(render_recommendation(default_report, explain), 100).split())
+        flat = " ".join(render(render_recommendation(default_rec, explain), 100).split())
         assert flat.count(source) == 1, explain
     # every framework caveat once, however many settings carry it (wide: no cell wraps)
-    masked = recommendation_report(recommend_mesh(RecommendRequest(
-        heads=32, kv_heads=8, seq_len=65536, documents="4096,8192,16384,36864", window=8192)))
+    masked = recommend_mesh(RecommendRequest(
+        heads=32, kv_heads=8, seq_len=65536, documents="4096,8192,16384,36864", window=8192))
     text = render(render_recommendation(masked, explain=True), 2000)
-    texts = {caveat_text(c) for f in masked["frameworks"] for c in f["caveats"]}
+    texts = {caveat_text(c) for f in masked.frameworks for c in f.caveats}
     assert a_line_with(text, "Megatron-LM, DeepSpeed, yunchang, torchtitan", "sliding window: ")
     for t in texts:  # (once, and once more inside each longer caveat that quotes it)
         assert text.count(t) == 1 + sum(t in o for o in texts - {t}), t
 
 
-def test_the_winners_settings_only(default_report: dict[str, Any]) -> None:
-    winner = default_report["winner"]
-    assert winner["cp_comm"] != "all_gather"
-    assert any(is_alternative(f) for f in default_report["frameworks"])  # in --json
-    brief = render(render_recommendation(default_report), 100)
+def test_the_winners_settings_only(default_rec: Recommendation) -> None:
+    assert default_rec.winner and not default_rec.winner.prediction.candidate.all_gather
+    assert any(is_alternative(f) for f in default_rec.frameworks)  # in --json
+    brief = render(render_recommendation(default_rec), 100)
     assert "all-gather CP" not in brief
-    full = render(render_recommendation(default_report, explain=True), 100)
+    full = render(render_recommendation(default_rec, explain=True), 100)
     settings = full[full.index("Settings for the winner"):full.index("Settings of an alternative")]
     assert "all-gather CP" not in settings and "Megatron-LM" in settings
 
 
-def test_counts_have_thousands_separators(default_report: dict[str, Any]) -> None:
+def test_counts_have_thousands_separators(default_rec: Recommendation) -> None:
     for explain in (False, True):
-        text = render(render_recommendation(default_report, explain), 100)
+        text = render(render_recommendation(default_rec, explain), 100)
         assert "9,801,584" in text and "L=131,072" in text
         bare = re.findall(r"(?<![\w.,])\d{4,}(?![\w.]|,\d)", text)
         assert not bare, bare
@@ -376,16 +381,16 @@ def test_counts_have_thousands_separators(default_report: dict[str, Any]) -> Non
 
 
 def test_a_framework_that_cannot_express_the_pick_is_labelled(
-    default_report: dict[str, Any],
+    default_rec: Recommendation,
 ) -> None:
-    titan = next(f for f in default_report["frameworks"] if f["framework"] == "torchtitan")
-    assert not titan["expressible"]  # ring-only; the pick is Ulysses 8x1
-    text = render(render_recommendation(default_report), 100)
+    titan = next(f for f in default_rec.frameworks if f.framework == "torchtitan")
+    assert not titan.expressible  # ring-only; the pick is Ulysses 8x1
+    text = render(render_recommendation(default_rec), 100)
     line = next(x for x in text.splitlines() if "torchtitan" in x)
     assert "closest: 1x8 zigzag (#" in line and "no Ulysses, U = 8" in line
     assert "(cannot express it)" not in text
-    for f in default_report["frameworks"]:
-        if f["expressible"]:
+    for f in default_rec.frameworks:
+        if f.expressible:
             assert closest_label(f) == ""
 
 
@@ -443,19 +448,19 @@ def test_plan_tables_narrow() -> None:
     """`cpbench plan` (Llama-3-8B at 128k on 16 GPUs): every table reads whole at 80 and 60
     columns, and each listed plan's TP x CP x PP x DP appears whole."""
     from cpbench.app import plan as service  # noqa: PLC0415
-    from cpbench.render.plan import render_plan  # noqa: PLC0415
+    from cpbench.render.plan import layout, render_plan  # noqa: PLC0415
 
-    report = service.to_json(
-        service.plan_training(service.PlanRequest(model="Llama-3-8B", seq_len=131072, gpus=16))
+    result = service.plan_training(
+        service.PlanRequest(model="Llama-3-8B", seq_len=131072, gpus=16)
     )
-    assert report["feasible"], report.get("rejected")
+    assert result.feasible, result.rejected
     for width in (80, 60):
-        text = render(render_plan(report, 10), width)
+        text = render(render_plan(result, 10), width)
         assert_readable(text, width)
         for col in ("TP", "CP", "PP", "DP"):
             assert_words_whole(col, text)
-        for p in report["feasible"][:10]:
-            assert a_line_with(text, str(p["tp"]), p["layout"]), p
+        for p in result.feasible[:10]:
+            assert a_line_with(text, str(p.par.tp), layout(p)), p
 
 
 def test_probe_tables_narrow() -> None:

@@ -63,8 +63,6 @@ def test_recommend_on_the_pcie_profile_does_not_pick_pure_ulysses() -> None:
 
 
 def test_the_explanation_names_the_tier_that_bounds_each_collective() -> None:
-    from dataclasses import asdict  # noqa: PLC0415
-
     from cpbench.render.recommend.explanation import why_lines  # noqa: PLC0415
 
     profile = load_profile("l40s-pcie-2x4")
@@ -80,10 +78,10 @@ def test_the_explanation_names_the_tier_that_bounds_each_collective() -> None:
             assert bound.name == tiers[bound.tier].name
             assert bound.source == tiers[bound.tier].cost(bound.kind).source
     assert rec.explanation.bounds
-    text = " ".join(why_lines(asdict(rec.explanation)))
+    text = " ".join(why_lines(rec.explanation))
     first = rec.explanation.bounds[0]
     assert f"bound by the {first.tier} tier ({first.name})" in " ".join(text.split())
     # a flat profile has no topology tier to name: the why says nothing more
     flat = recommend_mesh(RecommendRequest(heads=32, kv_heads=8, hardware="h100-sxm"))
     assert flat.explanation is not None
-    assert "tier (" not in " ".join(why_lines(asdict(flat.explanation)))
+    assert "tier (" not in " ".join(why_lines(flat.explanation))

@@ -7,6 +7,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from cpbench.app.recommend.frameworks import cp_comm_type, framework_table
+from cpbench.app.recommend.report import JSON_SCHEMA_VERSION, attributes
 from cpbench.app.recommend.types import DEFAULT_HARDWARE, FrameworkSetting
 from cpbench.config.problem import check_positive_int
 from cpbench.config.vocabulary import canonical_dtype
@@ -237,36 +238,29 @@ def plan_framework_settings(best: Plan, model: ModelSpec, request: PlanRequest,
 # ---------------------------------------------------------------------------------- JSON
 
 
+CONVENTIONS = {
+    "time": STEP_TIME_CONVENTION,
+    "mfu": MFU_CONVENTION,
+    "memory": "bytes per rank of the busiest pipeline stage; GiB = 2**30 bytes; "
+              "memory_bytes = tensors + runtime reserve, memory_tensor_bytes = the "
+              "tensors alone (what a caching allocator's reserved memory must cover, "
+              "with its cached and fragmented blocks on top); safe = tensors within "
+              f"{SAFE_MEMORY_FRACTION:.0%} of the device memory (Fujii et al. 2024, "
+              "arXiv:2411.06465: no OOM over 454 runs below it)",
+    "tokens": "tokens per second per GPU = global batch x L / step time / GPUs",
+}
+"""What the plan's numbers mean (`--json`'s `conventions`, the screen's last line)."""
+
+
 def _plan_json(p: Plan, rank: int, capacity: float) -> dict[str, Any]:
     par, t, peak = p.par, p.time, p.peak
     return {
         "rank": rank,
         "label": par.label(),
-        "tp": par.tp,
-        "cp": par.cp,
-        "ulysses": par.ulysses,
-        "ring": par.ring,
-        "layout": par.layout if par.ring > 1 else "any",
-        "pp": par.pp,
-        "dp": par.dp,
-        "recompute": par.recompute,
-        "zero": par.zero,
-        "micro_batch": par.micro_batch,
-        "micro_batches": par.micro_batches,
-        "step_s": t.total_s,
-        "parts_s": {
-            "gemm": t.gemm_s,
-            "attention": t.attention_s,
-            "tp_comm": t.tp_comm_s,
-            "pp_comm": t.pp_comm_s,
-            "bubble": t.bubble_s,
-            "dp_comm": t.dp_comm_s,
-            "optimizer": t.optimizer_s,
-        },
-        "attention_share": t.attention_share,
-        "bubble_fraction": t.bubble_fraction,
-        "tokens_per_s_per_gpu": t.tokens_per_s_per_gpu,
-        "mfu": t.mfu,
+        **attributes(par, "tp cp ulysses ring", layout=par.layout if par.ring > 1 else "any"),
+        **attributes(par, "pp dp recompute zero micro_batch micro_batches", step_s=t.total_s),
+        "parts_s": {k: getattr(t, f"{k}_s") for k in PLAN_PARTS},
+        **attributes(t, "attention_share bubble_fraction tokens_per_s_per_gpu mfu"),
         "memory_bytes": peak.total,
         "memory_tensor_bytes": peak.tensor_total,
         "memory_safe_bytes": SAFE_MEMORY_FRACTION * capacity,
@@ -276,74 +270,59 @@ def _plan_json(p: Plan, rank: int, capacity: float) -> dict[str, Any]:
             s.stage: {c.name: {"bytes": c.bytes, "formula": c.formula} for c in s.components}
             for s in p.stages
         },
-        "max_seq_len": p.max_seq_len,
-        "max_seq_len_safe": p.max_seq_len_safe,
-        "tiers": _tiers_json(p),
+        **attributes(p, "max_seq_len max_seq_len_safe", tiers=_tiers_json(p)),
     }
+
+
+PLAN_PARTS = ("gemm", "attention", "tp_comm", "pp_comm", "bubble", "dp_comm", "optimizer")
+"""The parts of a step (`StepTime.<part>_s`)."""
 
 
 def _tiers_json(p: Plan) -> dict[str, Any]:
     """Each group's tier and link; the attention's collectives as the cost model placed them."""
     out: dict[str, Any] = {}
-    if p.tiers is not None:
-        for g in p.tiers.groups:
-            if g.sends:
-                out[g.group] = {"tier": g.tier, "link": g.link.name, "size": g.size,
-                                "stride": g.stride,
-                                "send_recv_busbw_GBps": g.link.send_recv.busbw / 1e9,
-                                "all_to_all_busbw_GBps": g.link.all_to_all.busbw / 1e9}
+    for g in p.tiers.groups if p.tiers is not None else ():
+        if g.sends:
+            out[g.group] = attributes(g, "tier", link=g.link.name) | attributes(
+                g, "size stride", send_recv_busbw_GBps=g.link.send_recv.busbw / 1e9,
+                all_to_all_busbw_GBps=g.link.all_to_all.busbw / 1e9)  # fmt: skip
     place = p.attention.placement
     out["attention"] = {
         "ulysses_all_to_all": place.ulysses_tier if p.par.ulysses > 1 else None,
         "ring_hops": place.ring_tier if p.par.ring > 1 else None,
-        "ring_crossing_hops": place.ring_crossing_hops,
-        "nodes": place.nodes,
+        **attributes(place, "ring_crossing_hops nodes"),
     }
     return out
 
 
 def to_json(result: PlanResult) -> dict[str, Any]:
     """The result as a JSON-serialisable dict (the `--json` answer)."""
-    r, m = result.request, result.model
+    r, m, counts = result.request, result.model, result.counts
     winner, shortest = result.winner, result.shortest_cp
     ranked = {id(p): i + 1 for i, p in enumerate(result.feasible)}
-    counts = result.counts
     return {
+        "schema_version": JSON_SCHEMA_VERSION,
         "inputs": {
             "model": m.to_dict(),
             "parameters": m.total_params,
-            "seq_len": r.seq_len,
-            "gpus": r.gpus,
-            "gpus_per_node": result.gpus_per_node,
+            **attributes(r, "seq_len gpus", gpus_per_node=result.gpus_per_node),
             "hardware": result.profile.name,
             "memory_capacity_bytes": result.profile.memory_bytes,
             "reserve_bytes": result.reserve_bytes,
             "dtype": canonical_dtype(r.dtype),
-            "kernel": r.kernel,
-            "zero": r.zero,
-            "micro_batch": r.micro_batch,
-            "global_batch": result.global_batch,
+            **attributes(r, "kernel zero micro_batch", global_batch=result.global_batch),
             "recompute": r.recompute or "search",
             "framework": r.framework,
             "attention_factor": (r.attention_factor if r.attention_factor is not None
                                  else framework_attention(r.framework).factor),
-            "linears": r.linears,
-            "fabric": r.fabric,
-            "memory_margin": r.memory_margin,
-            "rank_by": r.rank_by,
+            **attributes(r, "linears fabric memory_margin rank_by"),
             "matmul_efficiency": result.efficiency.value,
             "matmul_efficiency_source": result.efficiency.source,
         },
         "feasible": [_plan_json(p, i + 1, result.profile.memory_bytes)
                      for i, p in enumerate(result.feasible)],
         "rejected": [
-            {
-                "label": x.label,
-                "kind": x.kind,
-                "rule": x.rule,
-                "memory_bytes": x.total_bytes,
-                "max_seq_len": x.max_seq_len,
-            }
+            attributes(x, "label kind rule", memory_bytes=x.total_bytes, max_seq_len=x.max_seq_len)
             for x in result.rejected
         ],
         "winner": ranked[id(winner)] if winner is not None else None,
@@ -353,28 +332,13 @@ def to_json(result: PlanResult) -> dict[str, Any]:
             if shortest is not None else None
         ),
         "frameworks": [
-            {"framework": f.framework, "expressible": f.expressible, "settings": f.settings,
-             "note": f.note}
-            for f in result.frameworks
+            attributes(f, "framework expressible settings note") for f in result.frameworks
         ],
         "search": (
-            {"enumerated": counts.enumerated, "rejected_by_rule": counts.rejected_by_rule,
-             "rejected_by_memory": counts.rejected_by_memory, "feasible": counts.feasible,
-             "priced": counts.priced, "pruned": counts.pruned,
-             "meshes_priced": counts.meshes_priced, "kept": r.keep}
+            attributes(counts, "enumerated rejected_by_rule rejected_by_memory feasible priced "
+                       "pruned meshes_priced", kept=r.keep)  # fmt: skip
             if counts is not None else None
         ),
         "notes": list(result.notes),
-        "conventions": {
-            "time": STEP_TIME_CONVENTION,
-            "mfu": MFU_CONVENTION,
-            "memory": "bytes per rank of the busiest pipeline stage; GiB = 2**30 bytes; "
-                      "memory_bytes = tensors + runtime reserve, memory_tensor_bytes = the "
-                      "tensors alone (what a caching allocator's reserved memory must cover, "
-                      "with its cached and fragmented blocks on top); safe = tensors within "
-                      f"{SAFE_MEMORY_FRACTION:.0%} of the device memory (Fujii et al. 2024, "
-                      "arXiv:2411.06465: no OOM over 454 runs below it)",
-            "tokens": "tokens per second per GPU = global batch x L / step time / GPUs",
-        },
+        "conventions": dict(CONVENTIONS),
     }
-

@@ -3,10 +3,8 @@
 
 from __future__ import annotations
 
-import json
-
 from cpbench.cli import options as o
-from cpbench.cli.common import command, console
+from cpbench.cli.common import command, emit
 
 
 @command
@@ -83,11 +81,8 @@ def plan(
         from cpbench.errors import CpbenchError  # noqa: PLC0415
 
         raise CpbenchError(f"top must be >= 0 (0 lists all), got {top}")
-    report = service.to_json(service.plan_training(request))
-    if as_json:
-        print(json.dumps(report, indent=1))
-        return
+    result = service.plan_training(request)
     from cpbench.render import plan as render  # noqa: PLC0415  (keeps start-up light)
 
-    for renderable in render.render_plan(report, top):
-        console.print(renderable)
+    emit(service.to_json(result) if as_json else None, as_json,
+         lambda: render.render_plan(result, top))  # fmt: skip

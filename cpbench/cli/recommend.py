@@ -118,13 +118,13 @@ def recommend(
         cp_comms=None if cp_comm is None else CP_COMM_CHOICES[cp_comm],
     )
     rec = service.recommend_mesh(request)
-    report = service.recommendation_report(rec)
     written = service.write_tie_scenario(rec, write_scenario) if write_scenario else None
     if as_json:
+        report = service.recommendation_report(rec)
         report["scenario_written"] = str(written) if written else None
         print(json.dumps(report, indent=1))
         return
-    for renderable in render_recommendation(report, explain):
+    for renderable in render_recommendation(rec, explain):
         console.print(renderable)
     if written:
         console.print(f"wrote {written}: measure it with `cpbench sweep {written}`")
@@ -132,11 +132,16 @@ def recommend(
 
 def _serving_recommend(service_args: dict[str, object], explain: bool, as_json: bool) -> None:
     """`recommend --inference`: the serving service, rendered or as JSON."""
-    from cpbench.app.recommend.inference import InferenceRequest, recommend_inference  # noqa: PLC0415
+    from cpbench.app.recommend.inference import (  # noqa: PLC0415
+        InferenceRequest,
+        inference_report,
+        recommend_inference,
+    )
     from cpbench.errors import CpbenchError  # noqa: PLC0415
     from cpbench.render.recommend.inference import render_inference  # noqa: PLC0415
 
     if service_args["prompt_len"] is None:
         raise CpbenchError("--inference needs --prompt-len T (the new tokens of the turn, >= 1)")
-    report = recommend_inference(InferenceRequest(**service_args))  # type: ignore[arg-type]
-    emit(report, as_json, lambda: render_inference(report, explain))
+    rec = recommend_inference(InferenceRequest(**service_args))  # type: ignore[arg-type]
+    report = inference_report(rec) if as_json else None
+    emit(report, as_json, lambda: render_inference(rec, explain))

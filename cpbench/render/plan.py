@@ -1,16 +1,21 @@
-"""Rich renderables of a plan report (the dict of `cpbench.app.plan.to_json`), readable at 80
+"""Rich renderables of a `cpbench.app.plan.PlanResult`, readable at 80
 columns (every table is a `FitTable`)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import RenderableType
 from rich.text import Text
 
+from cpbench.config.vocabulary import canonical_dtype
 from cpbench.render.tables import FitTable
 from cpbench.units import format_gib, format_percent, format_seconds
+
+if TYPE_CHECKING:
+    from cpbench.app.plan import Plan, PlanRejection, PlanResult
+    from cpbench.app.recommend.types import FrameworkSetting
 
 MEMORY_ORDER = (
     "weights",
@@ -30,61 +35,58 @@ def _seconds(value: float) -> str:
     return f"{value:.3g}"
 
 
-def render_plan(report: Mapping[str, Any], top: int = 10) -> list[RenderableType]:
-    """The renderables of a plan report: header, feasible plans, the winner's step and memory,
+def render_plan(result: PlanResult, top: int = 10) -> list[RenderableType]:
+    """The renderables of a plan: header, feasible plans, the winner's step and memory,
     the shortest CP, rejected plans, framework settings, conventions."""
-    q = report["inputs"]
-    m = q["model"]
+    from cpbench.app.plan import CONVENTIONS  # noqa: PLC0415 - the service's imports behind
+
+    q, m, capacity = result.request, result.model, result.profile.memory_bytes
     header = Text(
-        f"{m['name']} ({q['parameters'] / 1e9:.2f} B parameters) at L = {q['seq_len']} tokens, "
-        f"global batch {q['global_batch']} x micro-batch {q['micro_batch']} | {q['gpus']} GPUs, "
-        f"{q['gpus_per_node']} per node, {q['hardware']} "
-        f"({format_gib(q['memory_capacity_bytes'], 1)} each) | {q['dtype']}, ZeRO {q['zero']}, "
-        f"recompute {q['recompute']}"
+        f"{m.name} ({m.total_params / 1e9:.2f} B parameters) at L = {q.seq_len} tokens, "
+        f"global batch {result.global_batch} x micro-batch {q.micro_batch} | {q.gpus} GPUs, "
+        f"{result.gpus_per_node} per node, {result.profile.name} "
+        f"({format_gib(capacity, 1)} each) | {canonical_dtype(q.dtype)}, ZeRO {q.zero}, "
+        f"recompute {q.recompute or 'search'}"
     )
     out: list[RenderableType] = [header]
-    feasible = report["feasible"]
-    if feasible:
-        found = report.get("search")
-        out.append(_feasible_table(feasible, top, found["feasible"] if found else None,
-                                   q.get("rank_by", "step")))
-        winner = feasible[report["winner"] - 1]
+    feasible, counts, winner, shortest = (
+        result.feasible, result.counts, result.winner, result.shortest_cp
+    )
+    if winner is not None and shortest is not None:
+        total = counts.feasible if counts else None
+        out.append(_feasible_table(feasible, top, total, q.rank_by))
         out.append(_step_table(winner))
         tiers = _tiers_text(winner)
         if tiers:
             out.append(Text(tiers))
-        out.append(_plan_memory_table(winner, q["memory_capacity_bytes"]))
-        shortest = report["shortest_cp"]
-        where = (f"rank {shortest['rank']}" if shortest["rank"] is not None
-                 else f"step {_seconds(shortest['step_s'])} s, below the plans listed")
+        out.append(_plan_memory_table(winner, capacity))
+        rank = next((i for i, p in enumerate(feasible, 1) if p is shortest), None)
+        where = (f"rank {rank}" if rank is not None
+                 else f"step {_seconds(shortest.time.total_s)} s, below the plans listed")
         out.append(Text(
-            f"Shortest CP that fits: CP {shortest['cp']} ({shortest['label']}, {where}). The "
-            f"winner holds sequences up to L = {winner['max_seq_len']} tokens."
+            f"Shortest CP that fits: CP {shortest.par.cp} ({shortest.par.label()}, {where}). The "
+            f"winner holds sequences up to L = {winner.max_seq_len} tokens."
         ))
     else:
         out.append(Text("No plan fits: see the rejected plans.", style="bold red"))
-    counts = report.get("search")
-    if report["rejected"]:
-        memory_total = counts["rejected_by_memory"] if counts else None
-        out.extend(_rejected(report["rejected"], top, memory_total))
+    if result.rejected:
+        out.extend(_rejected(result.rejected, top, counts.rejected_by_memory if counts else None))
     if counts:
         out.append(Text(
-            f"Search: {counts['enumerated']} plans, {counts['rejected_by_memory']} over memory, "
-            f"{counts['feasible']} fit; {counts['priced']} priced, {counts['pruned']} pruned "
+            f"Search: {counts.enumerated} plans, {counts.rejected_by_memory} over memory, "
+            f"{counts.feasible} fit; {counts.priced} priced, {counts.pruned} pruned "
             f"(a lower bound of their step cannot rank).", style="dim"))
-    if report["frameworks"]:
-        out.append(_plan_frameworks_table(report["frameworks"]))
-    out += [Text(f"note: {n}", style="dim") for n in report["notes"]]
-    conventions = report["conventions"]
+    if result.frameworks:
+        out.append(_plan_frameworks_table(result.frameworks))
+    out += [Text(f"note: {n}", style="dim") for n in result.notes]
+    c = CONVENTIONS
     out.append(Text(
-        f"Conventions: {conventions['time']}. {conventions['mfu']}. {conventions['memory']}. "
-        f"{conventions['tokens']}.",
-        style="dim",
+        f"Conventions: {c['time']}. {c['mfu']}. {c['memory']}. {c['tokens']}.", style="dim"
     ))
     return out
 
 
-def _feasible_table(plans: Sequence[Mapping[str, Any]], top: int,
+def _feasible_table(plans: Sequence[Plan], top: int,
                     feasible_total: int | None = None, rank_by: str = "step") -> FitTable:
     shown = plans[:top] if top else plans
     total = feasible_total if feasible_total is not None else len(plans)
@@ -101,15 +103,21 @@ def _feasible_table(plans: Sequence[Mapping[str, Any]], top: int,
         left = col in ("CP UxR", "layout", "recompute")
         table.add_column(col, justify="left" if left else "right",
                          key=col in ("#", "TP", "CP UxR"))
-    for p in shown:
+    for rank, p in enumerate(shown, 1):
+        par, t = p.par, p.time
         table.add_row(
-            str(p["rank"]), str(p["tp"]), f"{p['ulysses']}x{p['ring']}", p["layout"], str(p["pp"]),
-            str(p["dp"]), p["recompute"], _seconds(p["step_s"]),
-            format_percent(p["attention_share"], 0), f"{p['tokens_per_s_per_gpu']:.0f}",
-            format_percent(p["mfu"], 1), format_gib(p["memory_bytes"], 1, unit=False),
-            str(p["max_seq_len"]), str(p["max_seq_len_safe"]),
+            str(rank), str(par.tp), f"{par.ulysses}x{par.ring}", layout(p), str(par.pp),
+            str(par.dp), par.recompute, _seconds(t.total_s),
+            format_percent(t.attention_share, 0), f"{t.tokens_per_s_per_gpu:.0f}",
+            format_percent(t.mfu, 1), format_gib(p.peak.total, 1, unit=False),
+            str(p.max_seq_len), str(p.max_seq_len_safe),
         )
     return table
+
+
+def layout(plan: Plan) -> str:
+    """The plan's layout, `any` without a ring."""
+    return plan.par.layout if plan.par.ring > 1 else "any"
 
 
 PART_LABELS = {
@@ -121,22 +129,24 @@ PART_LABELS = {
     "dp_comm": "DP gradient reduction",
     "optimizer": "optimizer (Adam)",
 }
+"""The parts of a step (`StepTime.<part>_s`), in words."""
 
 
-def _step_table(plan: Mapping[str, Any]) -> FitTable:
+def _step_table(plan: Plan) -> FitTable:
+    t = plan.time
     table = FitTable(
-        title=f"Winner {plan['label']}, {plan['recompute']} recompute: step "
-        f"{_seconds(plan['step_s'])} s, attention {format_percent(plan['attention_share'])} "
-        f"of it, MFU {format_percent(plan['mfu'])}",
-        caption=f"{plan['micro_batches']} micro-batch(es) per DP rank; bubble fraction "
-        f"{format_percent(plan['bubble_fraction'])}; ms per optimizer step",
+        title=f"Winner {plan.par.label()}, {plan.par.recompute} recompute: step "
+        f"{_seconds(t.total_s)} s, attention {format_percent(t.attention_share)} "
+        f"of it, MFU {format_percent(t.mfu)}",
+        caption=f"{plan.par.micro_batches} micro-batch(es) per DP rank; bubble fraction "
+        f"{format_percent(t.bubble_fraction)}; ms per optimizer step",
     )
     table.add_column("part", key=True, wrap=True)
     table.add_column("time ms", justify="right")
     table.add_column("share", justify="right")
-    total = plan["step_s"]
+    total = t.total_s
     for key, label in PART_LABELS.items():
-        value = plan["parts_s"][key]
+        value = getattr(t, f"{key}_s")
         table.add_row(Text(label), format_seconds(value, 1, unit=False),
                       format_percent(value / total if total else 0.0))
     return table
@@ -151,52 +161,55 @@ TIER_GROUPS = {
 }
 
 
-def _tiers_text(plan: Mapping[str, Any]) -> str:
+def _tiers_text(plan: Plan) -> str:
     """Which tier (and link) each of the winner's collectives crosses."""
-    tiers = plan.get("tiers") or {}
-    parts = [f"{label} on {tiers[g]['tier']} ({tiers[g]['link']}, "
-             f"{tiers[g]['send_recv_busbw_GBps']:.0f} GB/s send/recv busbw per GPU)"
+    tiers = {g.group: g for g in plan.tiers.groups if g.sends} if plan.tiers else {}
+    parts = [f"{label} on {tiers[g].tier} ({tiers[g].link.name}, "
+             f"{tiers[g].link.send_recv.busbw / 1e9:.0f} GB/s send/recv busbw per GPU)"
              for g, label in TIER_GROUPS.items() if g in tiers]
     return ("Where the winner's collectives run: " + "; ".join(parts) + ".") if parts else ""
 
 
-def _plan_memory_table(plan: Mapping[str, Any], capacity: float) -> FitTable:
-    stages = plan["memory"]
-    names = list(stages)
+def _plan_memory_table(plan: Plan, capacity: float) -> FitTable:
+    from cpbench.model.plan.memory import SAFE_MEMORY_FRACTION  # noqa: PLC0415
+
+    stages = {s.stage: {c.name: c for c in s.components} for s in plan.stages}
+    names, peak = list(stages), plan.peak
+    safe = SAFE_MEMORY_FRACTION * capacity
     table = FitTable(
-        title=f"Memory per rank of the winner ({format_gib(plan['memory_bytes'], 1)} of "
-        f"{format_gib(capacity, 1)} on the {plan['memory_stage']} stage)",
+        title=f"Memory per rank of the winner ({format_gib(peak.total, 1)} of "
+        f"{format_gib(capacity, 1)} on the {peak.stage} stage)",
         caption="GiB per rank; formula of the busiest stage. Tensors alone "
-        f"{format_gib(plan['memory_tensor_bytes'], 1)}: "
-        + ("within" if plan["within_safe_margin"] else "over")
-        + f" the safe {format_gib(plan['memory_safe_bytes'], 1)} (80% of the device memory, "
+        f"{format_gib(peak.tensor_total, 1)}: "
+        + ("within" if peak.tensor_total <= safe else "over")
+        + f" the safe {format_gib(safe, 1)} (80% of the device memory, "
         "Fujii et al. 2024: no OOM below it over 454 runs; a caching allocator reserves more "
-        f"than the tensors). Longest L within it: {plan['max_seq_len_safe']} tokens",
+        f"than the tensors). Longest L within it: {plan.max_seq_len_safe} tokens",
         narrow="stack",
     )
     table.add_column("component", key=True, wrap=True)
     for stage in names:
         table.add_column(f"{stage} GiB", justify="right")
     table.add_column("how", wrap=True)
-    busiest = stages[plan["memory_stage"]]
+    busiest = stages[peak.stage]
     for name in MEMORY_ORDER:
         if not any(name in stages[s] for s in names):
             continue
-        cells = [format_gib(stages[s][name]["bytes"], 2, unit=False) if name in stages[s] else "-"
+        cells = [format_gib(stages[s][name].bytes, 2, unit=False) if name in stages[s] else "-"
                  for s in names]
-        how = busiest[name]["formula"] if name in busiest else ""
+        how = busiest[name].formula if name in busiest else ""
         table.add_row(Text(name), *cells, Text(how))
-    totals = [format_gib(sum(c["bytes"] for c in stages[s].values()), 2, unit=False)
+    totals = [format_gib(sum(c.bytes for c in stages[s].values()), 2, unit=False)
               for s in names]
     table.add_row(Text("total"), *totals, Text(""))
     return table
 
 
-def _rejected(rejected: Sequence[Mapping[str, Any]], top: int,
+def _rejected(rejected: Sequence[PlanRejection], top: int,
               memory_total: int | None = None) -> list[RenderableType]:
-    memory = sorted((r for r in rejected if r["kind"] == "memory"),
-                    key=lambda r: r["memory_bytes"])
-    rules = [r for r in rejected if r["kind"] != "memory"]
+    memory = sorted((r for r in rejected if r.kind == "memory"),
+                    key=lambda r: r.total_bytes or 0.0)
+    rules = [r for r in rejected if r.kind != "memory"]
     out: list[RenderableType] = []
     if memory:
         shown = memory[:top] if top else memory
@@ -207,7 +220,7 @@ def _rejected(rejected: Sequence[Mapping[str, Any]], top: int,
         table.add_column("plan", key=True, wrap=True)
         table.add_column("overflowing component", wrap=True)
         for r in shown:
-            table.add_row(Text(r["label"]), Text(r["rule"]))
+            table.add_row(Text(r.label), Text(r.rule))
         out.append(table)
     if rules:
         table = FitTable(title="Rejected: rules")
@@ -215,23 +228,23 @@ def _rejected(rejected: Sequence[Mapping[str, Any]], top: int,
         table.add_column("rule", wrap=True)
         grouped: dict[str, list[str]] = {}
         for r in rules:
-            grouped.setdefault(r["rule"], []).append(r["label"])
+            grouped.setdefault(r.rule, []).append(r.label)
         for rule, labels in grouped.items():
             table.add_row(Text("; ".join(labels)), Text(rule))
         out.append(table)
     return out
 
 
-def _plan_frameworks_table(frameworks: Sequence[Mapping[str, Any]]) -> FitTable:
+def _plan_frameworks_table(frameworks: Sequence[FrameworkSetting]) -> FitTable:
     table = FitTable(title="Settings for the winner", narrow="stack")
     table.add_column("framework", key=True, wrap=True)
     table.add_column("settings", wrap=True)
     table.add_column("note", wrap=True)
     for f in frameworks:
-        settings = f["settings"].replace(" --", "\n--").replace(", ", ",\n")
-        if not f["expressible"]:  # the note says what differs
+        settings = f.settings.replace(" --", "\n--").replace(", ", ",\n")
+        if not f.expressible:  # the note says what differs
             settings = f"closest (cannot express the plan; see the note):\n{settings}"
-        table.add_row(Text(f["framework"]), Text(settings), Text(f["note"]))
+        table.add_row(Text(f.framework), Text(settings), Text(f.note))
     return table
 
 

@@ -1,5 +1,5 @@
 """Application service of `cpbench recommend --inference`: the ranked prefill schemes or decode
-degrees, pass-KV against pass-Q, KV capacity, serving settings (a JSON-serialisable dict).
+degrees, pass-KV against pass-Q, KV capacity, serving settings.
 The model and the output: docs/inference.md."""
 
 from __future__ import annotations
@@ -8,8 +8,9 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from cpbench.app.recommend.inference_settings import serving_settings
-from cpbench.app.recommend.types import DEFAULT_HARDWARE
+from cpbench.app.recommend.inference_settings import ServingSetting, serving_settings
+from cpbench.app.recommend.report import JSON_SCHEMA_VERSION, attributes
+from cpbench.app.recommend.types import DEFAULT_HARDWARE, Uncertainty
 from cpbench.app.recommend.uncertainty import profile_uncertainty
 from cpbench.config.inference import ulysses_rule
 from cpbench.config.problem import CpProblem
@@ -20,6 +21,7 @@ from cpbench.model.hardware.profile import HardwareProfile
 from cpbench.model.inference import PREFILL_SCHEMES, PrefillScheme
 from cpbench.model.inference_cost import (
     DecodePrice,
+    KvCapacity,
     PrefillPrice,
     check_heads,
     kv_capacity,
@@ -136,188 +138,269 @@ def _problem(request: InferenceRequest) -> CpProblem:
     return problem
 
 
-def recommend_inference(request: InferenceRequest) -> dict[str, Any]:
-    """The serving recommendation as a JSON-serialisable dict (see the module docstring)."""
+@dataclass(frozen=True)
+class RankedPrice:
+    """A priced scheme (or decode degree) at its place in the ranking."""
+
+    price: PrefillPrice | DecodePrice
+    """What the model prices it at."""
+    rank: int
+    """1 = the fastest."""
+    tied: bool = False
+    """Whether its time ties the leader's (within the prior's ratio sigma)."""
+    tokens_per_s: float | None = None
+    """Decode tokens per second over `--layers` layers (attention only); None without them."""
+
+    @property
+    def label(self) -> str:
+        """`1 GPU`, the prefill scheme, or `sharded cache`."""
+        if self.price.world == 1:
+            return "1 GPU"
+        return self.price.scheme if isinstance(self.price, PrefillPrice) else "sharded cache"
+
+    @property
+    def bytes_per_rank(self) -> int:
+        """Bytes a rank sends per layer."""
+        return sum(self.price.bytes_sent.values())
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A scheme and degree that cannot serve the request, with the rule."""
+
+    scheme: str
+    """The prefill scheme, or `decode`."""
+    world: int
+    """W: the CP degree."""
+    rule: str
+    """Why (the heads, or the KV cache against the budget)."""
+
+
+@dataclass(frozen=True)
+class RingVerdict:
+    """Which of pass-KV / pass-Q wins on the widest ring, and the numbers that say why."""
+
+    kv: PrefillPrice
+    """pass-KV's price."""
+    q: PrefillPrice
+    """pass-Q's price."""
+    cached_len: int
+    """P."""
+    prompt_len: int
+    """T."""
+    overlap: float
+    """The profile's overlap of a hop with a kernel."""
+    crossover_ratio: float | None
+    """T/P where the two cost the same on this mesh (None without a cache)."""
+    hidden_above_tokens: float
+    """T above which pass-KV's hop hides behind its step (bandwidths only)."""
+    message_ratio: float
+    """2 H_kv / H: pass-KV's hops carry fewer bytes when T / (T + P) reaches it."""
+
+    @property
+    def world(self) -> int:
+        return self.kv.world
+
+    @property
+    def winner(self) -> PrefillScheme:
+        return "pass_kv" if self.kv.total_s <= self.q.total_s else "pass_q"
+
+    @property
+    def speedup(self) -> float:
+        kv, q = self.kv.total_s, self.q.total_s
+        return max(kv, q) / min(kv, q)
+
+    @property
+    def hop_bytes(self) -> tuple[int, int, int]:
+        """Bytes of a pass-KV hop, of a pass-Q hop and of pass-Q's tail (outputs and LSEs)."""
+        kv, q, hops = self.kv.bytes_sent, self.q.bytes_sent, self.world - 1
+        tail = q.get("a2a_out", 0) + q.get("a2a_lse", 0)
+        return kv.get("p2p_kv", 0) // hops, q.get("p2p_q", 0) // hops, tail
+
+    @property
+    def turn_ratio(self) -> float | None:
+        return self.prompt_len / self.cached_len if self.cached_len else None
+
+
+@dataclass(frozen=True)
+class InferenceRecommendation:
+    """The answer of `recommend --inference` (`inference_report` is its `--json`)."""
+
+    request: InferenceRequest
+    """The question."""
+    profile: HardwareProfile
+    """The profile priced on (with `--gpus-per-node`)."""
+    uncertainty: Uncertainty
+    """The prior's sigma (ties are called on its ratio sigma)."""
+    capacity: tuple[KvCapacity, ...]
+    """The KV cache per rank of every degree."""
+    ranked: tuple[RankedPrice, ...]
+    """Every feasible candidate, fastest first."""
+    rejected: tuple[Refused, ...]
+    """The candidates that cannot serve the request."""
+    verdict: RingVerdict | None
+    """pass-KV against pass-Q (prefill on more than one GPU)."""
+    settings: tuple[ServingSetting, ...]
+    """vLLM and SGLang for the winner."""
+
+    @property
+    def listed(self) -> tuple[RankedPrice, ...]:
+        """The first `top` ranked (all for 0)."""
+        return self.ranked if self.request.top == 0 else self.ranked[: self.request.top]
+
+    @property
+    def tied_with_leader(self) -> list[str]:
+        """`label W<world>` of each listed candidate that ties the leader."""
+        return [f"{r.label} W{r.price.world}" for r in self.listed[1:] if r.tied]
+
+    @property
+    def ratio_sigma(self) -> float:
+        u = self.uncertainty
+        return u.split.ratio_sigma if u.split else u.sigma
+
+    def instead(self, setting: ServingSetting) -> RankedPrice | None:
+        """The candidate a setting runs instead of the winner (its scheme on the winner's
+        degree), if ranked."""
+        if setting.runs_instead is None or not self.ranked:
+            return None
+        world = self.ranked[0].price.world
+        return next((r for r in self.ranked if isinstance(r.price, PrefillPrice)
+                     and r.price.scheme == setting.runs_instead and r.price.world == world),
+                    None)  # fmt: skip
+
+
+def recommend_inference(request: InferenceRequest) -> InferenceRecommendation:
+    """The serving recommendation (see the module docstring)."""
     request.check()
     shape = _problem(request)
     profile = _profile(request)
     uncertainty = profile_uncertainty(profile, None)
     context = request.cached_len + request.prompt_len
     budget = (request.kv_memory_gib or profile.memory.capacity_gib) * GIB
-    report: dict[str, Any] = {
-        "inputs": {
-            **asdict(request),
-            "mode": "decode" if request.decode else "prefill",
-            "hardware": profile.name,
-            "gpus_per_node": profile.devices_per_node,
-            "context_len": context,
-            "turn_ratio": request.prompt_len / request.cached_len if request.cached_len else None,
-        },
-        "conventions": {"time": INFERENCE_TIME_CONVENTION, "memory": MEMORY_CONVENTION},
-        "uncertainty": {
-            "kind": uncertainty.kind,
-            "sigma": uncertainty.sigma,
-            "ratio_sigma": uncertainty.split.ratio_sigma
-            if uncertainty.split
-            else uncertainty.sigma,
-            "source": uncertainty.source,
-        },
-    }
     layers = request.layers or 1
-    capacity = [
-        asdict(kv_capacity(context, shape, w, layers, budget)) | {"layers": layers}
-        for w in degrees(request.gpus)
-    ]
-    report["capacity"] = capacity
-    if request.decode:
-        report |= _decode_ranking(request, shape, profile, capacity)
-    else:
-        report |= _prefill_ranking(request, shape, profile, capacity)
-    _call_ties(report, uncertainty.split.ratio_sigma if uncertainty.split else None)
-    every = report.pop("every_candidate")
-    winner = every[0] if every else None
-    report["settings"] = serving_settings(
-        request.decode, winner, request.gpus, shape, request.cached_len
-    )
-    for row in report["settings"]:
-        instead = row.get("runs_instead")
-        if instead is None or winner is None:
-            continue
-        same = [c for c in every if c["scheme"] == instead and c["world"] == winner["world"]]
-        if same:
-            row["instead"] = {k: same[0][k] for k in ("scheme", "world", "rank", "total_s")}
-            row["instead"]["slower"] = same[0]["total_s"] / winner["total_s"]
-    return report
-
-
-def _prefill_ranking(
-    request: InferenceRequest,
-    shape: CpProblem,
-    profile: HardwareProfile,
-    capacity: list[dict[str, Any]],
-) -> dict[str, Any]:
-    p, t = request.cached_len, request.prompt_len
-    fits = {c["world"]: c for c in capacity}
-    priced: list[PrefillPrice] = []
-    rejected: list[dict[str, Any]] = []
-    for w in degrees(request.gpus):
-        for scheme in PREFILL_SCHEMES if w > 1 else PREFILL_SCHEMES[:1]:
-            rule = (
-                ulysses_rule(shape.heads, shape.kv_heads, w) if scheme == "ulysses" else None
-            )
+    capacity = {w: kv_capacity(context, shape, w, layers, budget) for w in degrees(request.gpus)}
+    rejected: list[Refused] = []
+    priced: list[PrefillPrice | DecodePrice] = []
+    for w, fit in capacity.items():
+        schemes = PREFILL_SCHEMES if w > 1 else PREFILL_SCHEMES[:1]
+        for scheme in (None,) if request.decode else schemes:
+            rule = ulysses_rule(shape.heads, shape.kv_heads, w) if scheme == "ulysses" else None
             if rule is None:
-                rule = _memory_rule(request, fits[w], p + t)
+                rule = _memory_rule(request, fit, context)
             if rule is not None:
-                rejected.append({"scheme": scheme, "world": w, "rule": rule})
-                continue
-            priced.append(price_prefill(scheme, p, t, shape, w, profile, request.kernel))
+                rejected.append(Refused(scheme or "decode", w, rule))
+            elif scheme is None:
+                priced.append(price_decode(context, shape, w, profile, request.kernel))
+            else:
+                priced.append(price_prefill(scheme, request.cached_len, request.prompt_len,
+                                            shape, w, profile, request.kernel))  # fmt: skip
     priced.sort(key=lambda c: (c.total_s, c.world))
-    candidates = [_prefill_dict(c, i + 1) for i, c in enumerate(priced)]
-    ring_world = max(w for w in degrees(request.gpus)) if request.gpus > 1 else None
-    verdict = (
-        _ring_verdict(p, t, shape, ring_world, profile, request.kernel) if ring_world else None
-    )
-    shown = candidates if request.top == 0 else candidates[: request.top]
-    return {
-        "candidates": shown,
-        "every_candidate": candidates,
-        "feasible": len(candidates),
-        "rejected": rejected,
-        "ring_verdict": verdict,
-        "winner_scheme": candidates[0]["scheme"] if candidates else None,
-    }
+    lead, split = (priced[0].total_s if priced else 0.0), uncertainty.split
+    layers_decoded = request.layers if request.decode else None
+    ranked = tuple(
+        RankedPrice(c, i, ratio_tied(lead, c.total_s, split.ratio_sigma) if split
+                    else math.isclose(c.total_s, lead),
+                    shape.batch / (c.total_s * layers_decoded) if layers_decoded else None)
+        for i, c in enumerate(priced, 1)
+    )  # fmt: skip
+    ring_world = request.gpus if request.gpus > 1 and not request.decode else None
+    verdict = _ring_verdict(request, shape, ring_world, profile) if ring_world else None
+    winner = ranked[0].price if ranked else None
+    settings = serving_settings(
+        request.decode, getattr(winner, "scheme", "decode"), winner.world, request.gpus, shape,
+        request.cached_len,
+    ) if winner else ()  # fmt: skip
+    return InferenceRecommendation(request, profile, uncertainty, tuple(capacity.values()),
+                                   ranked, tuple(rejected), verdict, settings)  # fmt: skip
 
 
-def _memory_rule(request: InferenceRequest, fit: dict[str, Any], tokens: int) -> str | None:
+def _memory_rule(request: InferenceRequest, fit: KvCapacity, tokens: int) -> str | None:
     """Why a degree cannot hold the KV cache (with `--layers`: the cache of every layer against
     the budget per rank), or None when it fits or no layer count was given."""
-    if not request.layers or fit["bytes_per_rank"] <= fit["budget_bytes"]:
+    if not request.layers or fit.bytes_per_rank <= fit.budget_bytes:
         return None
     return (
         f"the KV cache of {tokens} tokens over {request.layers} layers needs "
-        f"{fit['bytes_per_rank'] / GIB:.1f} GiB per rank on {fit['world']} GPUs, more than "
-        f"the {fit['budget_bytes'] / GIB:.1f} GiB budget"
+        f"{fit.bytes_per_rank / GIB:.1f} GiB per rank on {fit.world} GPUs, more than "
+        f"the {fit.budget_bytes / GIB:.1f} GiB budget"
     )
 
 
-def _prefill_dict(c: PrefillPrice, rank: int) -> dict[str, Any]:
-    d = asdict(c)
-    d["rank"] = rank
-    d["label"] = "1 GPU" if c.world == 1 else c.scheme
-    d["bytes_per_rank"] = sum(c.bytes_sent.values())
-    return d
-
-
-def _ring_verdict(p: int, t: int, shape: CpProblem, world: int,
-                  profile: HardwareProfile, kernel: str) -> dict[str, Any]:  # fmt: skip
+def _ring_verdict(request: InferenceRequest, shape: CpProblem, world: int,
+                  profile: HardwareProfile) -> RingVerdict:  # fmt: skip
     """Which of pass-KV / pass-Q wins on `world` ranks, and the numbers that say why."""
+    p, t, kernel = request.cached_len, request.prompt_len, request.kernel
     kv = price_prefill("pass_kv", p, t, shape, world, profile, kernel)
     q = price_prefill("pass_q", p, t, shape, world, profile, kernel)
-    winner: PrefillScheme = "pass_kv" if kv.total_s <= q.total_s else "pass_q"
     crossover = pass_kv_pass_q_crossover(p, shape, world, profile, kernel) if p >= 1 else None
+    hidden = pass_kv_hidden_above(shape, world, profile, p + t, kernel)
+    return RingVerdict(kv, q, p, t, profile.overlap, crossover, hidden, ring_message_ratio(shape))
+
+
+# ---------------------------------------------------------------------------------- JSON
+
+
+def inference_report(rec: InferenceRecommendation) -> dict[str, Any]:
+    """The `--json` answer of `recommend --inference`."""
+    q, u, listed = rec.request, rec.uncertainty, rec.listed
+    tied = rec.tied_with_leader
     return {
-        "world": world,
-        "tier": kv.tier,
-        "winner": winner,
-        "pass_kv_s": kv.total_s,
+        "schema_version": JSON_SCHEMA_VERSION,
+        "inputs": asdict(q) | {
+            "mode": "decode" if q.decode else "prefill",
+            "hardware": rec.profile.name,
+            "gpus_per_node": rec.profile.devices_per_node,
+            "context_len": q.cached_len + q.prompt_len,
+            "turn_ratio": q.prompt_len / q.cached_len if q.cached_len else None,
+        },
+        "conventions": {"time": INFERENCE_TIME_CONVENTION, "memory": MEMORY_CONVENTION},
+        "uncertainty": attributes(u, "kind sigma", ratio_sigma=rec.ratio_sigma, source=u.source),
+        "capacity": [asdict(c) | {"layers": q.layers or 1} for c in rec.capacity],
+        "candidates": [_ranked_json(r) for r in listed],
+        "feasible": len(rec.ranked),
+        "rejected": [asdict(x) for x in rec.rejected],
+        "ring_verdict": _verdict_json(rec.verdict) if rec.verdict else None,
+        "winner_scheme": getattr(rec.ranked[0].price, "scheme", None) if rec.ranked else None,
+        "tie": {"tied_with_leader": tied, "clear": not tied} if listed else None,
+        "settings": [_setting_json(rec, s) for s in rec.settings],
+    }
+
+
+def _ranked_json(r: RankedPrice) -> dict[str, Any]:
+    more = {} if r.tokens_per_s is None else {"tokens_per_s": r.tokens_per_s}
+    return asdict(r.price) | attributes(r, "rank label bytes_per_rank") | more | {"tied": r.tied}
+
+
+def _verdict_json(v: RingVerdict) -> dict[str, Any]:
+    kv, q = v.kv, v.q
+    kv_hop, q_hop, q_tail = v.hop_bytes
+    return {
+        **attributes(v, "world", tier=kv.tier, winner=v.winner, pass_kv_s=kv.total_s),
         "pass_q_s": q.total_s,
-        "speedup": max(kv.total_s, q.total_s) / min(kv.total_s, q.total_s),
+        "speedup": v.speedup,
         "step_s": kv.step_s,
         "kv_hop_s": kv.hop_s,
         "q_hop_s": q.hop_s,
         "q_tail_s": q.tail_s,
         "kv_exposed_s": kv.exposed_comm_s,
         "q_exposed_s": q.exposed_comm_s,
-        "kv_hop_bytes": kv.bytes_sent.get("p2p_kv", 0) // (world - 1),
-        "q_hop_bytes": q.bytes_sent.get("p2p_q", 0) // (world - 1),
-        "q_tail_bytes": q.bytes_sent.get("a2a_out", 0) + q.bytes_sent.get("a2a_lse", 0),
-        "overlap": profile.overlap,
-        "turn_ratio": t / p if p else None,
-        "crossover_ratio": crossover,
-        "crossover_tokens": None if crossover is None else crossover * p,
-        "hidden_above_tokens": pass_kv_hidden_above(shape, world, profile, p + t, kernel),
-        "message_ratio": ring_message_ratio(shape),
-        "new_share": t / (t + p),
+        "kv_hop_bytes": kv_hop,
+        "q_hop_bytes": q_hop,
+        "q_tail_bytes": q_tail,
+        **attributes(v, "overlap turn_ratio crossover_ratio"),
+        "crossover_tokens": None if v.crossover_ratio is None else v.crossover_ratio * v.cached_len,
+        **attributes(v, "hidden_above_tokens message_ratio"),
+        "new_share": v.prompt_len / (v.prompt_len + v.cached_len),
     }
 
 
-def _decode_ranking(request: InferenceRequest, shape: CpProblem, profile: HardwareProfile,
-                    capacity: list[dict[str, Any]]) -> dict[str, Any]:  # fmt: skip
-    context = request.cached_len + request.prompt_len
-    fits = {c["world"]: c for c in capacity}
-    priced: list[DecodePrice] = []
-    rejected: list[dict[str, Any]] = []
-    for w in degrees(request.gpus):
-        rule = _memory_rule(request, fits[w], context)
-        if rule is not None:
-            rejected.append({"scheme": "decode", "world": w, "rule": rule})
-            continue
-        priced.append(price_decode(context, shape, w, profile, request.kernel))
-    priced.sort(key=lambda c: (c.total_s, c.world))
-    candidates = []
-    for i, c in enumerate(priced):
-        d = asdict(c)
-        d["rank"] = i + 1
-        d["label"] = "1 GPU" if c.world == 1 else "sharded cache"
-        d["bytes_per_rank"] = sum(c.bytes_sent.values())
-        if request.layers:
-            d["tokens_per_s"] = shape.batch / (c.total_s * request.layers)
-        candidates.append(d)
-    shown = candidates if request.top == 0 else candidates[: request.top]
-    return {"candidates": shown, "every_candidate": candidates, "feasible": len(candidates),
-            "rejected": rejected, "ring_verdict": None, "winner_scheme": None}  # fmt: skip
-
-
-def _call_ties(report: dict[str, Any], sigma: float | None) -> None:
-    """Mark the candidates whose time ties the leader's (`ratio_tied` on the prior's ratio
-    sigma: the interval of their ratio contains 1)."""
-    rows = report["candidates"]
-    if not rows:
-        report["tie"] = None
-        return
-    lead = rows[0]["total_s"]
-    for r in rows:
-        t = r["total_s"]
-        r["tied"] = math.isclose(t, lead) if sigma is None else ratio_tied(lead, t, sigma)
-    names = [f"{r['label']} W{r['world']}" for r in rows[1:] if r["tied"]]
-    report["tie"] = {"tied_with_leader": names, "clear": not names}
+def _setting_json(rec: InferenceRecommendation, s: ServingSetting) -> dict[str, Any]:
+    row = attributes(s, "framework expressible settings note docs")
+    if s.runs_instead is not None:
+        row["runs_instead"] = s.runs_instead
+    instead, winner = rec.instead(s), rec.ranked[0] if rec.ranked else None
+    if instead is not None and winner is not None:
+        slower = instead.price.total_s / winner.price.total_s
+        row["instead"] = attributes(instead.price, "scheme world", rank=instead.rank,
+                                    total_s=instead.price.total_s, slower=slower)  # fmt: skip
+    return row

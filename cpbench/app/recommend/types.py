@@ -152,6 +152,26 @@ class RankedCandidate:
         return "measured" if self.measured_s is not None else "model"
 
     @property
+    def sigma(self) -> float | None:
+        """The predicted interval's relative sigma (None when measured or without one)."""
+        return self.interval.relative_sigma if self.interval and self.measured_s is None else None
+
+    @property
+    def plus_minus(self) -> float | None:
+        """The ± of the time: sigma, or half the measured interval's width over the median."""
+        if self.measured_s is None:
+            return self.sigma
+        return (self.high_s - self.low_s) / (2 * self.time_s) if self.time_s > 0 else 0.0
+
+    @property
+    def interval_source(self) -> str:
+        """Where `low_s` .. `high_s` comes from, in words."""
+        if self.measured_s is not None:
+            m = self.measured_interval
+            return f"measured: the median's 95% interval ({m.method if m else 'no interval'})"
+        return self.interval.source if self.interval else ""
+
+    @property
     def label(self) -> str:
         """`U x R layout`, then `all-gather` (and `hs<stride>`) when the ring axis gathers."""
         c = self.prediction.candidate
@@ -260,6 +280,16 @@ class TieCall:
     def clear(self) -> bool:
         """One candidate is faster than every other beyond the uncertainty."""
         return len(self.tied) == 1
+
+    @property
+    def measured(self) -> bool:
+        """Whether a tied candidate is measured (their measured intervals overlap)."""
+        return any(r.measured_s is not None for r in self.tied)
+
+    @property
+    def pick(self) -> RankedCandidate:
+        """The candidate picked (the first tied)."""
+        return self.tied[0]
 
 
 # ------------------------------------------------------------ why the winner wins, as facts
@@ -478,6 +508,15 @@ class Recommendation:
     def winner(self) -> RankedCandidate | None:
         """The fastest feasible candidate."""
         return self.ranked[0] if self.ranked else None
+
+    @property
+    def listed(self) -> tuple[RankedCandidate, ...]:
+        """The candidates the answer lists: the first `top` ranked (all for 0)."""
+        return self.ranked if self.request.top == 0 else self.ranked[: self.request.top]
+
+    def tied(self, candidate: RankedCandidate) -> bool:
+        """Whether `candidate` ties with the pick."""
+        return self.tie is not None and any(candidate is r for r in self.tie.tied)
 
 
 def layout_label(prediction: Prediction) -> str:

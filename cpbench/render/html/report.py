@@ -4,7 +4,7 @@ recommendation, the packed-documents work, the whole-model plan and every record
 
 from __future__ import annotations
 
-from dataclasses import asdict, replace
+from dataclasses import replace
 
 import pandas as pd
 
@@ -29,8 +29,8 @@ def recommendation_view(rec: ReportRecommendation | None, note: str | None) -> R
     if rec is None:
         return RecommendationView(None, note)
     if rec.explanation is not None or rec.frameworks:
-        settings = [(f.framework, f.settings, setting_note(asdict(f))) for f in rec.frameworks]
-        summary = explanation_text(asdict(rec.explanation)) if rec.explanation else rec.summary
+        settings = [(f.framework, f.settings, setting_note(f)) for f in rec.frameworks]
+        summary = explanation_text(rec.explanation) if rec.explanation else rec.summary
         rec = replace(rec, summary=summary, settings=settings)
     tables = []
     for i, (caption, rows) in enumerate(rec.tables):

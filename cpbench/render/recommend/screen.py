@@ -1,4 +1,4 @@
-"""Rich renderables of a recommendation report (the dict of `recommendation_report`): the
+"""Rich renderables of a `Recommendation`: the
 header, the ranked and rejected tables, the short why (or with `--explain` the full
 explanation) and the framework settings."""
 
@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rich.console import RenderableType
 from rich.text import Text
 
+from cpbench.config.vocabulary import PHASE_PASSES, canonical_dtype
 from cpbench.render.recommend.explanation import explanation_text, group_digits, why_lines
 from cpbench.render.recommend.frameworks import (
     caveat_text,
@@ -20,6 +21,15 @@ from cpbench.render.recommend.frameworks import (
 )
 from cpbench.render.tables import FitTable
 from cpbench.units import format_gb, format_gib, format_percent, format_seconds
+
+if TYPE_CHECKING:
+    from cpbench.app.recommend.types import (
+        FrameworkSetting,
+        RankedCandidate,
+        Recommendation,
+        Rejection,
+        TieCall,
+    )
 
 _TIE_BREAK_WORDS = {
     "memory": "the longest sequence that fits",
@@ -31,37 +41,36 @@ _TIE_BREAK_WORDS = {
 """The tie-break rule that named the pick (`TieBreak`), in a few words for the headline."""
 
 
-def headline(report: Mapping[str, Any]) -> str:
+def headline(rec: Recommendation) -> str:
     """The verdict first, in one sentence: the pick, its time and how sure the pick is."""
-    w, tie, u = report["winner"], report.get("tie"), report.get("uncertainty")
+    w, tie, u, e = rec.winner, rec.tie, rec.uncertainty, rec.explanation
     if w is None:
         return (
-            f"No candidate is feasible: all {len(report['rejected']):,} are rejected "
+            f"No candidate is feasible: all {len(rec.rejected):,} are rejected "
             "(the rules are below)."
         )
-    how = "measured" if w["source"] == "measured" else "predicted"
-    pm = (w.get("interval") or {}).get("plus_minus")
+    how = "measured" if w.source == "measured" else "predicted"
+    pm = w.plus_minus
     sure = "" if pm is None else f" ±{pm:.0%}"
-    text = f"Pick: {w['label']}, {how} {format_seconds(w['time_s'], 2)}{sure} ({report['inputs']['phase']})"
-    e = report.get("explanation") or {}
-    second = e.get("runner_up")
-    if tie and not tie["clear"]:
-        others = tie["tied"] - 1
-        if tie["measured"]:
+    text = f"Pick: {w.label}, {how} {format_seconds(w.time_s, 2)}{sure} ({rec.request.phase})"
+    second = e.runner_up if e else None
+    if tie and not tie.clear:
+        others = len(tie.tied) - 1
+        if tie.measured:
             within = "(their measured 95% intervals overlap)"
-        elif u and u.get("ratio_sigma") is not None:
-            within = f"within x{math.exp(u['ratio_sigma']):.2f} (the ratio's uncertainty)"
+        elif u and u.split:
+            within = f"within x{math.exp(u.split.ratio_sigma):.2f} (the ratio's uncertainty)"
         else:
             within = "within the model's uncertainty"
-        rule = _TIE_BREAK_WORDS.get(tie["decided_by"], tie["decided_by"])
-        if tie["decided_by"] == "memory":
-            rule += f" ({w['max_seq_len']:,} tokens)"
+        rule = _TIE_BREAK_WORDS.get(tie.decided_by, tie.decided_by)
+        if tie.decided_by == "memory":
+            rule += f" ({w.prediction.max_seq_len:,} tokens)"
         return f"{text}, tied with {others:,} other{'s' * (others != 1)} {within}; named by {rule}."
-    if second is None:
+    if e is None or second is None:
         return f"{text}: the only feasible candidate."
     return (
-        f"{text}: {e['margin']:.1%} ahead of {second['label']} "
-        f"({format_seconds(second['time_s'], 2)}), a clear winner."
+        f"{text}: {e.margin:.1%} ahead of {second.label} "
+        f"({format_seconds(second.time_s, 2)}), a clear winner."
     )
 
 
@@ -72,11 +81,11 @@ def _without(text: str, source: str) -> str:
     return text.replace(f"; {source}", "").replace(f" ({source})", "").replace(f", {source}", "")
 
 
-def tie_text(tie: Mapping[str, Any], source: str) -> str:
+def tie_text(tie: TieCall, source: str) -> str:
     """The tie message of `--explain`: every tied candidate listed, without the uncertainty's
     source (said once above the table) and without the tie-break (the explanation says it)."""
-    text = _without(tie["message"], source).replace(f"; pick {tie['pick']}: {tie['decision']}", "")
-    labels = tie["labels"]
+    text = _without(tie.message, source).replace(f"; pick {tie.pick.label}: {tie.decision}", "")
+    labels = [r.label for r in tie.tied]
     for k in range(len(labels) - 1, 0, -1):
         listed = ", ".join(labels[:k]) + f" and {len(labels) - k} more"
         if listed in text:
@@ -84,61 +93,61 @@ def tie_text(tie: Mapping[str, Any], source: str) -> str:
     return text
 
 
-def render_recommendation(report: Mapping[str, Any], explain: bool = False) -> list[RenderableType]:
-    """Rich renderables of a recommendation report (the dict of `recommendation_report`): what
+def render_recommendation(rec: Recommendation, explain: bool = False) -> list[RenderableType]:
+    """Rich renderables of a recommendation: what
     fits one screen (the verdict, the ranked table, why in two sentences, the winner's
     settings), or with `explain` every column, the tie, the full explanation, every
     framework's notes and the all-gather alternative."""
-    q, s = report["inputs"], report["parallel"]
-    out: list[RenderableType] = [Text(headline(report), style="bold")]
+    q, s = rec.request, rec.sizes
+    out: list[RenderableType] = [Text(headline(rec), style="bold")]
     out.append(
         Text(
-            f"L={q['seq_len']:,} heads={q['heads']} kv_heads={q['kv_heads']} "
-            f"head_dim={q['head_dim']} micro-batch={q['batch']} {q['dtype']} "
-            f"{group_digits(q.get('mask_label') or ('causal' if q['causal'] else 'full'))} "
-            f"{q['phase']} | {q['gpus']:,} GPUs, {q['gpus_per_node']} per node, {q['hardware']} | "
-            f"{group_digits(s['world_formula'])}"
+            f"L={q.seq_len:,} heads={q.heads} kv_heads={q.kv_heads} "
+            f"head_dim={q.head_dim} micro-batch={q.batch} {canonical_dtype(q.dtype)} "
+            f"{group_digits(rec.mask.label or ('causal' if q.causal else 'full'))} "
+            f"{q.phase} | {q.gpus:,} GPUs, {rec.gpus_per_node} per node, {rec.profile.name} | "
+            f"{group_digits(s.world_formula())}"
         )
     )
-    u = report.get("uncertainty")
-    source = u["source"] if u else ""
-    if u and u["kind"] == "prior":
+    u = rec.uncertainty
+    source = u.source if u else ""
+    if u and u.kind == "prior":
         out.append(
             Text(
-                f"±{u['sigma']:.0%}: {source}. Run `cpbench probe` on the machine (or pass "
+                f"±{u.sigma:.0%}: {source}. Run `cpbench probe` on the machine (or pass "
                 "--results of `cpbench sweep`) to calibrate.",
                 style="yellow",
             )
         )
     elif u:
-        out.append(Text(f"Uncertainty: ±{u['sigma']:.0%} ({source}).", style="dim"))
-    out += [Text(f"warning: {w}", style="yellow") for w in report.get("warnings", [])]
-    if s["tp"] > 1:
+        out.append(Text(f"Uncertainty: ±{u.sigma:.0%} ({source}).", style="dim"))
+    out += [Text(f"warning: {w}", style="yellow") for w in rec.warnings]
+    if s.tp > 1:
         out.append(
             Text(
-                f"TP {s['tp']} splits the heads first: CP works on {s['attention_heads_per_tp_rank']} "
-                f"query / {s['kv_heads_per_tp_rank']} KV heads per TP rank."
+                f"TP {s.tp} splits the heads first: CP works on {rec.shape.heads} "
+                f"query / {rec.shape.kv_heads} KV heads per TP rank."
             )
         )
-    if report["candidates"]:
-        out.append(_candidates_table(report, explain))
-    tie = report.get("tie")
+    if rec.ranked:
+        out.append(_candidates_table(rec, explain))
+    tie = rec.tie
     if tie and explain:
         out.append(
             Text(
-                ("Tie: " if not tie["clear"] else "") + group_digits(tie_text(tie, source)) + ".",
-                style="bold yellow" if not tie["clear"] else "bold",
+                ("Tie: " if not tie.clear else "") + group_digits(tie_text(tie, source)) + ".",
+                style="bold yellow" if not tie.clear else "bold",
             )
         )
-    if report["rejected"]:
-        out.append(_rejected_table(report["rejected"]))
-    e = report["explanation"]
+    if rec.rejected:
+        out.append(_rejected_table(rec.rejected))
+    e = rec.explanation
     if explain or e is None:
-        out.append(Text("Why: " + explanation_text(e, len(report["rejected"]))))
+        out.append(Text("Why: " + explanation_text(e, len(rec.rejected))))
     else:
         out.append(Text("\n".join(why_lines(e)[1:])))
-    winners = [f for f in report["frameworks"] if not is_alternative(f)]
-    others = [f for f in report["frameworks"] if is_alternative(f)]
+    winners = [f for f in rec.frameworks if not is_alternative(f)]
+    others = [f for f in rec.frameworks if is_alternative(f)]
     shown = winners + others * explain
     shared = shared_notes(shown) if explain else {}
     if winners:
@@ -146,9 +155,11 @@ def render_recommendation(report: Mapping[str, Any], explain: bool = False) -> l
     if others and explain:
         out.append(_frameworks_table(others, explain, "Settings of an alternative", shared))
     out += [Text(f"{', '.join(names)}: {text}.") for text, names in shared.items()]
-    out.append(Text(group_digits(s["global_batch_formula"])))
+    out.append(Text(group_digits(s.batch_formula())))
     if explain:
-        out.append(Text(f"Conventions: {report['conventions']['time']}.", style="dim"))
+        from cpbench.app.recommend.types import TIME_CONVENTION  # noqa: PLC0415 - scipy behind
+
+        out.append(Text(f"Conventions: {TIME_CONVENTION}.", style="dim"))
     else:
         out.append(
             Text(
@@ -156,18 +167,18 @@ def render_recommendation(report: Mapping[str, Any], explain: bool = False) -> l
                 + (" and the all-gather alternative" if others else "")
                 + (
                     "; --write-scenario PATH writes the tie for `cpbench sweep` to measure."
-                    if tie and not tie["clear"]
+                    if tie and not tie.clear
                     else "."
                 ),
                 style="dim",
             )
         )
-    if report["calibration"]:
-        cal = report["calibration"]
+    if rec.calibration:
+        cal = rec.calibration
         out.append(
             Text(
-                f"Calibrated {cal['prior']} on {cal['points']:,} measurements: RMS relative error "
-                f"{format_percent(cal['residual_before'])} -> {format_percent(cal['residual'])}.",
+                f"Calibrated {cal.prior.name} on {cal.points:,} measurements: RMS relative error "
+                f"{format_percent(cal.residual_before)} -> {format_percent(cal.residual)}.",
                 style="dim",
             )
         )
@@ -181,16 +192,15 @@ exchange; `--explain` shows every column apart. Under a mask `work x` stands for
 imbalance; `±` only when it differs between rows; `source` only when a row is measured."""
 
 
-def _mesh_label(c: Mapping[str, Any]) -> str:
-    return f"{c['ulysses']} x {c['ring']} " + (c["layout"] if c["layout_matters"] else "any")
+def _candidates_table(rec: Recommendation, explain: bool = True) -> FitTable:
+    from cpbench.app.recommend.types import layout_label  # noqa: PLC0415 - scipy behind
 
-
-def _candidates_table(report: Mapping[str, Any], explain: bool = True) -> FitTable:
-    shown, feasible = len(report["candidates"]), report["feasible"]
+    listed = rec.listed
+    shown, feasible = len(listed), len(rec.ranked)
     more = f" (top {shown:,} of {feasible:,}; --top 0 lists all)" if shown < feasible else ""
-    masked = report["inputs"].get("mask", "causal") not in ("causal", "full")
-    measured = any(c["source"] == "measured" for c in report["candidates"])
-    pms = {(c.get("interval") or {}).get("plus_minus") for c in report["candidates"]}
+    masked = rec.mask.kind not in ("causal", "full")
+    measured = any(r.source == "measured" for r in listed)
+    pms = {r.plus_minus for r in listed}
     same_pm = not explain and len(pms) == 1 and None not in pms
     caption = ("times in ms per attention layer and micro-batch; " if explain else "ms per layer "
                "and micro-batch; ") + ("GB = 1e9 bytes per rank and layer; " if explain else "")
@@ -200,7 +210,7 @@ def _candidates_table(report: Mapping[str, Any], explain: bool = True) -> FitTab
     else:
         caption += "; ± = " + (
             "one sigma of the predicted time (time x e^±sigma)"
-            if report.get("uncertainty")
+            if rec.uncertainty
             else "the interval"
         )
     if measured:
@@ -209,7 +219,7 @@ def _candidates_table(report: Mapping[str, Any], explain: bool = True) -> FitTab
 
         caption += ", or half the measured median's 95% interval; " + TIE_RULE
     caption += "; = marks a tie with #1"
-    if any(c.get("cp_comm") == "all_gather" for c in report["candidates"]):
+    if any(r.prediction.candidate.all_gather for r in listed):
         caption += "; ag = the ring axis all-gathers K/V, hs = KV heads per gather"
     if masked:
         caption += (
@@ -233,49 +243,47 @@ def _candidates_table(report: Mapping[str, Any], explain: bool = True) -> FitTab
             justify="left" if col in ("mesh", "U x R", "layout", "source") else "right",
             key=col in ("#", "mesh", "U x R", "layout"),
         )
-    for c in report["candidates"]:
-        tiers = c["bytes_per_tier"]
-        pm = (c.get("interval") or {}).get("plus_minus")
+    for rank, r in enumerate(listed, start=1):
+        p = r.prediction
+        c, t = p.candidate, p.phase_time
+        tiers = p.bytes_by_tier(PHASE_PASSES[c.phase])
+        layout = layout_label(p) + _comm_suffix(r)
         cells = (
-            str(c["rank"]) + ("=" if c.get("tied") and c["rank"] > 1 else ""),
-            _mesh_label(c) + _comm_suffix(c),
-            f"{c['ulysses']} x {c['ring']}",
-            (c["layout"] if c["layout_matters"] else "any") + _comm_suffix(c),
-            f"x{c['kv_replication']}",
-            format_seconds(c["time_s"], 2, unit=False),
-            "" if pm is None else f"±{pm:.0%}",
-            format_seconds(c["compute_s"], 2, unit=False),
-            format_seconds(c["imbalance_s"], 2, unit=False),
-            format_seconds(c["exposed_comm_s"], 2, unit=False),
+            str(rank) + ("=" if rec.tied(r) and rank > 1 else ""),
+            f"{c.ulysses} x {c.ring} {layout}",
+            f"{c.ulysses} x {c.ring}",
+            layout,
+            f"x{c.replication}",
+            format_seconds(r.time_s, 2, unit=False),
+            "" if r.plus_minus is None else f"±{r.plus_minus:.0%}",
+            format_seconds(t.compute_s, 2, unit=False),
+            format_seconds(t.imbalance_s, 2, unit=False),
+            format_seconds(t.exposed_comm_s, 2, unit=False),
             format_gb(tiers["intra_node"], unit=False),
             format_gb(tiers["inter_node"], unit=False),
-            format_gib(c["memory_bytes"], unit=False),
-            f"{c['max_seq_len']:,}",
+            format_gib(p.memory_bytes, unit=False),
+            f"{p.max_seq_len:,}",
             *(
-                (
-                    f"{c['work_imbalance']:.2f}",
-                    f"{c['ring_steps']}/{c['ring']}",
-                    f"{c['padding_tokens']:,}",
-                )
+                (f"{p.work_imbalance:.2f}", f"{p.ring_steps}/{c.ring}", f"{p.padding:,}")
                 if masked
                 else ()
             ),
-            c["source"],
+            r.source,
         )
         table.add_row(*(cell for cell, col in zip(cells, columns, strict=True) if col in visible))
     return table
 
 
-def _rejected_table(rejected: Sequence[Mapping[str, Any]]) -> FitTable:
+def _rejected_table(rejected: Sequence[Rejection]) -> FitTable:
     table = FitTable(title="Rejected candidates")
     table.add_column("U x R", key=True)
     table.add_column("layouts", wrap=True)
     table.add_column("rule", wrap=True)
     for r in rejected:
         table.add_row(
-            f"{r['ulysses']} x {r['ring']}" + (" ag" if r.get("cp_comm") == "all_gather" else ""),
-            ", ".join(r["layouts"]),
-            Text(group_digits(r["rule"])),
+            f"{r.ulysses} x {r.ring}" + (" ag" if r.cp_comm == "all_gather" else ""),
+            ", ".join(r.layouts),
+            Text(group_digits(r.rule)),
         )
     return table
 
@@ -285,18 +293,18 @@ def _settings_lines(settings: str) -> str:
     return settings.replace(" --", "\n--").replace("; ", ";\n")
 
 
-def shared_notes(frameworks: Sequence[Mapping[str, Any]]) -> dict[str, list[str]]:
+def shared_notes(frameworks: Sequence[FrameworkSetting]) -> dict[str, list[str]]:
     """Caveat texts that more than one setting carries, with the frameworks that carry each
     (printed once, under the settings)."""
     carriers: dict[str, list[str]] = {}
     for f in frameworks:
-        for text in dict.fromkeys(caveat_text(c) for c in f.get("caveats", ())):
-            carriers.setdefault(text, []).append(f["framework"])
+        for text in dict.fromkeys(caveat_text(c) for c in f.caveats):
+            carriers.setdefault(text, []).append(f.framework)
     return {text: names for text, names in carriers.items() if len(names) > 1}
 
 
 def _frameworks_table(
-    frameworks: Sequence[Mapping[str, Any]],
+    frameworks: Sequence[FrameworkSetting],
     notes: bool,
     title: str,
     shared: Mapping[str, Sequence[str]],
@@ -311,21 +319,21 @@ def _frameworks_table(
         table.add_column("note", wrap=True)
     for f in frameworks:
         label = closest_label(f)
-        settings = _settings_lines(f["settings"])
+        settings = _settings_lines(f.settings)
         if label:
             settings = f"{label}:\n{settings}" if label.startswith("closest") else label
         note: tuple[Text, ...] = ()
         if notes:
-            caveats = f.get("caveats", ())
+            caveats = f.caveats
             own = [t for t in dict.fromkeys(caveat_text(c) for c in caveats) if t not in shared]
             note = (Text("; ".join(own) + "." if own else "" if caveats else setting_note(f)),)
-        table.add_row(Text(f["framework"]), Text(settings), *note)
+        table.add_row(Text(f.framework), Text(settings), *note)
     return table
 
 
-def _comm_suffix(candidate: Mapping[str, Any]) -> str:
+def _comm_suffix(r: RankedCandidate) -> str:
     """` ag` (and `/hs<stride>`) for an all-gather candidate, nothing for the ring."""
-    if candidate.get("cp_comm") != "all_gather":
+    c = r.prediction.candidate
+    if not c.all_gather:
         return ""
-    stride = candidate.get("heads_k_stride")
-    return " ag" if stride is None else f" ag/hs{stride}"
+    return " ag" if c.heads_k_stride is None else f" ag/hs{c.heads_k_stride}"
