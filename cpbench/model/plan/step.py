@@ -13,8 +13,8 @@ from cpbench.model.cost.prediction import Prediction
 from cpbench.model.flops import attention_flops
 from cpbench.model.hardware.profile import HardwareProfile, LinkCost
 from cpbench.model.plan.memory import Parallelism, check_zero, params_per_rank
-from cpbench.model.plan.tiers import PlanTiers, plan_tiers
 from cpbench.model.plan.transformer import ModelSpec
+from cpbench.model.topology import PlanTiers, plan_tiers
 
 MFU_CONVENTION = (
     "MFU = (6 x N x tokens + 3 x causal attention forward FLOPs 2*b*a*L^2*d_h per layer) / "
