@@ -21,7 +21,6 @@ from cpbench.model.hardware.profile import (
     LinkTier,
     LinkTierProfile,
     TierKind,
-    TopologyTier,
 )
 
 if TYPE_CHECKING:
@@ -66,23 +65,16 @@ def levels(profile: HardwareProfile, devices_per_node: int | None = None) -> tup
     """The node tiers (clipped to `devices_per_node`, the last one the node) and the network
     level (per-device busbw = the NIC's busbw / devices sharing it)."""
     per_node = devices_per_node or profile.devices_per_node
-    tiers: list[TopologyTier] = []
-    for tier in profile.node_tiers():
-        if tier.island < per_node and per_node % tier.island == 0:
-            tiers.append(tier)
-            continue
-        tiers.append(replace(tier, island=per_node))
-        break
-    else:
-        tiers[-1] = replace(tiers[-1], island=per_node)
     out: list[Level] = []
-    below = 1
-    for tier in tiers:
-        out.append(
-            Level(tier.kind, tier.island, below, tier.name, tier.all_to_all, tier.send_recv,
-                  tier.peer_to_peer)
-        )
-        below = tier.island
+    for tier in profile.node_tiers():
+        last = tier.island >= per_node or per_node % tier.island != 0
+        below = out[-1].island if out else 1
+        out.append(Level(tier.kind, per_node if last else tier.island, below, tier.name,
+                         tier.all_to_all, tier.send_recv, tier.peer_to_peer))
+        if last:
+            break
+    else:
+        out[-1] = replace(out[-1], island=per_node)
     nic = profile.inter_node
     share = nic.devices_per_nic
 
@@ -127,25 +119,21 @@ def group_link(
     tier: LinkTier = "inter_node" if crossed == len(tiers) - 1 else "intra_node"
     if profile.topology is None or size <= 1:
         return tier, profile.link(tier)
-    return tier, _topology_link(tier, tiers, size, stride)
+    return tier, _group_link(tier, tiers, size, stride)
 
 
 @functools.lru_cache(maxsize=256)
-def _topology_link(tier: LinkTier, tiers: tuple[Level, ...], size: int, stride: int
-                   ) -> LinkTierProfile:
-    """One group's link on the levels: its collective times are linear in the bytes, so one
-    byte sent per rank gives the busbw (its bounding level's), the highest level the latency."""
+def _group_link(tier: LinkTier, tiers: tuple[Level, ...], size: int, stride: int
+                ) -> LinkTierProfile:
+    """Times on the levels are linear in the bytes: one byte per rank gives the busbw (of the
+    bounding level), the highest level crossed the latency."""
     devices = tuple(p * stride for p in range(size))
-
-    def link(t: CollectiveTime) -> LinkCost:
-        bound = t.levels[t.bounding]
-        return LinkCost(t.latency_s, 1.0 / bound.seconds,
-                        f"{bound.name}: the bounding level of a group of {size} (topology)")
-
     a2a = all_to_all_time(TopologyPlacement(size, 1, "ulysses_low", stride, devices, tiers), 1.0)
     hop = ring_hop_time(TopologyPlacement(1, size, "ulysses_low", stride, devices, tiers), 1.0)
-    name = a2a.levels[-1].name
-    return LinkTierProfile(tier, name, link(a2a), link(hop))
+    a2a_s, hop_s = (t.levels[t.bounding].seconds for t in (a2a, hop))
+    source = f"the topology's time of {size} ranks"
+    return LinkTierProfile(tier, a2a.levels[-1].name, LinkCost(a2a.latency_s, 1 / a2a_s, source),
+                           LinkCost(hop.latency_s, 1 / hop_s, source))
 
 
 # ---------------------------------------------------------------------------- placement
@@ -468,10 +456,6 @@ class PlanTiers:
     def of(self, group: str) -> GroupTier:
         """One group's tier."""
         return next(g for g in self.groups if g.group == group)
-
-    def describe(self) -> dict[str, str]:
-        """group -> 'tier (link name)' for the groups that send."""
-        return {g.group: f"{g.tier} ({g.link.name})" for g in self.groups if g.sends}
 
 
 def plan_tiers(par: Parallelism, profile: HardwareProfile, per_node: int,
