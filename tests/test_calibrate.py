@@ -35,7 +35,7 @@ from cpbench.model.calibrate.measurements import (
 )
 from cpbench.model.hardware.loading import load_profile
 from cpbench.model.hardware.profile import EfficiencyCurve, HardwareProfile, LinkCost
-from cpbench.model.hardware.transforms import with_link_cost
+from cpbench.model.hardware.transforms import with_curve, with_link_cost, with_table
 from tests.golden import assert_same_document
 from tests.synthetic import step_time_measurements, synthetic_record
 
@@ -47,13 +47,10 @@ LAYOUTS = ("contiguous", "zigzag")
 
 def _truth() -> HardwareProfile:
     """A ground truth well away from the cpu-local prior the fits start from."""
-    truth = replace(
-        load_profile("cpu-local"),
-        name="truth",
-        overlap=0.7,
-        step_overhead_s=2e-3,
-        efficiency=EfficiencyCurve((128, 256, 512, 1024, 2048), (0.1, 0.2, 0.3, 0.35, 0.4)),
-    )
+    cpu = load_profile("cpu-local")
+    truth = with_table(replace(cpu, name="truth"), "overheads", overlap=0.7, step_overhead_s=2e-3)
+    curve = EfficiencyCurve((128, 256, 512, 1024, 2048), (0.1, 0.2, 0.3, 0.35, 0.4))
+    truth = with_curve(truth, truth.default_kernel, curve)
     truth = with_link_cost(truth, "intra_node", "all_to_all", LinkCost(400e-6, 0.8e9))
     return with_link_cost(truth, "intra_node", "send_recv", LinkCost(250e-6, 1.2e9))
 
@@ -162,13 +159,10 @@ def _gpu_truth() -> tuple[HardwareProfile, HardwareProfile]:
     its bus bandwidth and twice its latency, send/recv at 80%, a 50% larger step overhead and
     less overlap."""
     prior = load_profile("h100-sxm")
-    truth = replace(
-        prior,
-        name="perturbed",
-        peak_tflops={k: v * 0.7 for k, v in prior.peak_tflops.items()},
-        overlap=prior.overlap - 0.2,
-        step_overhead_s=prior.step_overhead_s * 1.5,
-    )
+    peaks = {k: v * 0.7 for k, v in prior.peak_tflops.items()}
+    truth = with_table(replace(prior, name="perturbed"), "peaks", **peaks)
+    overheads = {"overlap": prior.overlap - 0.2, "step_overhead_s": prior.step_overhead_s * 1.5}
+    truth = with_table(truth, "overheads", **overheads)
     a2a, p2p = prior.intra_node.all_to_all, prior.intra_node.send_recv
     truth = with_link_cost(
         truth, "intra_node", "all_to_all", replace(a2a, busbw=a2a.busbw * 0.5, latency_s=a2a.latency_s * 2)

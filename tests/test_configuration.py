@@ -27,6 +27,9 @@ FILE_SCHEMAS = {
     "cpbench/results/schema.py::ConfigSection": "a record's config: BenchConfig.to_dict/from_dict",
     "cpbench/model/calibrate/table.py::TableRow": "a row of a user's table of step times (CSV / "
     "JSONL, docs/cost-model.md): validated, then `candidate()` builds the MeshCandidate",
+    "cpbench/app/formulas_schema.py::Inputs": "the `inputs` section of `formulas --json` (the "
+    "problem as printed, with the mask's kind and bytes per element): an output shape, kept as "
+    "it was before the report became typed",
 }
 
 

@@ -24,42 +24,38 @@ import pytest
 from cpbench.config.problem import CpProblem, MeshCandidate
 from cpbench.model.cost.breakdown import PhaseTime
 from cpbench.model.cost.prediction import Prediction, predict
-from cpbench.model.hardware.profile import (
-    EfficiencyCurve,
-    HardwareProfile,
-    LinkCost,
-    LinkTierProfile,
-)
+from cpbench.model.hardware.file_schema import profile_from_dict
 from cpbench.model.inference_cost import price_decode, price_prefill
 
 MS = 1e-3
 
-HAND = HardwareProfile(
-    name="hand",
-    description="a profile for arithmetic by hand",
-    devices_per_node=8,
-    memory_gib=80.0,
-    memory_source="test",
-    memory_bandwidth=1.31072e10,
-    peak_tflops={"bfloat16": 0.067108864},
-    peak_source="test",
-    efficiency=EfficiencyCurve((256, 1024), (0.25, 0.5), "test"),
-    step_overhead_s=0.01 * MS,
-    overlap=0.5,
-    overheads_source="test",
-    intra_node=LinkTierProfile(
-        "intra_node",
-        "NVLink (test)",
-        LinkCost(0.03 * MS, 65536 / MS),
-        LinkCost(0.02 * MS, 131072 / MS),
-    ),
-    inter_node=LinkTierProfile(
-        "inter_node",
-        "NIC (test)",
-        LinkCost(1.0 * MS, 1e6),
-        LinkCost(1.0 * MS, 1e6),
-        devices_per_nic=2,
-    ),
+HAND = profile_from_dict(
+    {
+        "name": "hand",
+        "description": "a profile for arithmetic by hand",
+        "devices_per_node": 8,
+        "memory": {"capacity_gib": 80.0, "bandwidth_GBps": 13.1072, "source": "test"},
+        "peak_tflops": {"bfloat16": 0.067108864, "source": "test"},  # 2^26 FLOP/ms
+        "efficiency": {  # every kernel family reads the default's curve
+            "default": "flash_attn",
+            "flash_attn": {"seq_len": [256, 1024], "efficiency": [0.25, 0.5], "source": "test"},
+        },
+        "overheads": {"step_overhead_us": 10.0, "overlap": 0.5, "source": "test"},  # 0.01 ms
+        "links": {
+            "intra_node": {
+                "name": "NVLink (test)",
+                "all_to_all": {"latency_us": 30.0, "busbw_GBps": 0.065536},  # 0.03 ms, 2^16 B/ms
+                "send_recv": {"latency_us": 20.0, "busbw_GBps": 0.131072},  # 0.02 ms, 2^17 B/ms
+            },
+            "inter_node": {
+                "name": "NIC (test)",
+                "devices_per_nic": 2,
+                "all_to_all": {"latency_us": 1000.0, "busbw_GBps": 0.001},
+                "send_recv": {"latency_us": 1000.0, "busbw_GBps": 0.001},
+            },
+        },
+    },
+    "test_cost_by_hand.py",
 )
 
 

@@ -16,6 +16,7 @@ from cpbench.model.cost.records import prediction_for_record
 from cpbench.model.cost.work import closed_form_step_pair_stats, step_pair_stats
 from cpbench.model.formulas import comm_volume
 from cpbench.model.hardware.loading import load_profile
+from cpbench.model.hardware.transforms import with_table
 from cpbench.model.memory import memory_estimate
 from cpbench.model.topology import placement
 from cpbench.render.recommend.explanation import placement_text
@@ -189,7 +190,7 @@ def test_memory_and_longest_sequence() -> None:
     assert p.memory_bytes == memory_estimate(config).peak("forward_backward")
     assert p.fits and p.memory_rule() is None
     assert p.max_seq_len >= 65536
-    small = replace(H100, memory_gib=0.1)
+    small = with_table(H100, "memory", capacity_gib=0.1)
     rule = predict(config, small, 8).memory_rule()
     assert rule is not None and "GiB per rank > 0.1 GiB" in rule
 

@@ -29,6 +29,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -171,7 +172,9 @@ def test_time_model_against_a_measured_cpu_step() -> None:
     per_layer = half[0] / TINY.layers
     efficiency = profile.curve().at(SEQ_LEN) * halved.step_s / per_layer
     measured_curve = EfficiencyCurve((SEQ_LEN,), (efficiency,), "measured on 2 heads")
-    calibrated = replace(profile, efficiency=measured_curve, kernel_curves={})
+    only: dict[str, Any] = {f: None for f in profile.kernel_curves}  # the measured curve only
+    kernels = replace(profile.kernels, **only, **{profile.default_kernel: measured_curve})
+    calibrated = replace(profile, kernels=kernels)
     accounted = step_time(TINY, par, SEQ_LEN, predict(candidate(TINY.heads), calibrated, 1),
                           calibrated, 1, "float32")
     rows = {

@@ -23,8 +23,8 @@ from cpbench.app.probe.profile import measured_profile
 from cpbench.app.probe.run import probe_report
 from cpbench.cli.main import app
 from cpbench.errors import CpbenchError
+from cpbench.model.hardware.file_schema import profile_to_toml, save_profile
 from cpbench.model.hardware.loading import load_profile
-from cpbench.model.hardware.writer import profile_to_toml, save_profile
 from cpbench.units import GB
 from tests import rank_tasks
 from tests.golden import assert_same_document

@@ -43,10 +43,9 @@ from cpbench.config.problem import MeshCandidate
 from cpbench.config.vocabulary import LAYOUTS, YUNCHANG_RING_IMPL_TYPES
 from cpbench.errors import CpbenchError
 from cpbench.model.calibrate.error_split import ErrorSplit, split_residuals
-from cpbench.model.hardware.file_schema import profile_from_dict
+from cpbench.model.hardware.file_schema import profile_document, profile_from_dict, save_profile
 from cpbench.model.hardware.loading import load_profile
 from cpbench.model.hardware.profile import CalibrationInfo, HardwareProfile
-from cpbench.model.hardware.writer import profile_document, save_profile
 from cpbench.model.ties import PRIOR_RELATIVE_ERROR, TIE_RULE, ratio_tied
 from cpbench.render.recommend.explanation import explanation_text
 from cpbench.render.recommend.frameworks import setting_note
@@ -287,8 +286,9 @@ def _probe_like(profile: HardwareProfile, residuals: tuple[float, float]) -> Har
             (tier.send_recv, "send_recv", residuals[1]),
         )
     ]
-    links = dataclasses.replace(tier, all_to_all=stated[0], send_recv=stated[1])
-    return dataclasses.replace(profile, intra_node=links, topology=None)
+    intra = dataclasses.replace(tier, all_to_all=stated[0], send_recv=stated[1])
+    links = dataclasses.replace(profile.links, intra_node=intra)
+    return dataclasses.replace(profile, links=links, topology=None)
 
 
 def test_probe_residual_is_a_number_and_old_profiles_state_it_in_prose() -> None:

@@ -4,10 +4,12 @@ the count and estimate before it starts, and Python warnings as cpbench's own li
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -121,8 +123,10 @@ def test_sigterm_during_a_sweep_is_handled_as_ctrl_c(
     record, nothing left running and no `pymp-*` folder left in the temporary directory."""
     path = _scenario(tmp_path, kv_heads="[4, 2]", head_dim="[16, 32]")
     path.write_text(path.read_text().replace("iters = 2\n", "iters = 16\n"))  # see the Ctrl-C test
-    out, temp = tmp_path / "r.jsonl", tmp_path / "tmp"
-    temp.mkdir()
+    out = tmp_path / "r.jsonl"
+    # a short folder of its own: the forkserver's socket lives in it, and an AF_UNIX path has
+    # at most 107 bytes (pytest's tmp_path under an xdist worker is longer)
+    temp = Path(tempfile.mkdtemp(prefix="cpb-"))
     cmd = [sys.executable, "-m", "cpbench.cli", "sweep", str(path), "--out", str(out)]
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
@@ -141,7 +145,9 @@ def test_sigterm_during_a_sweep_is_handled_as_ctrl_c(
     kept = read_records(out)
     assert 2 <= len(kept) < 8 and {r["status"] for r in kept} == {"ok"}
     _wait_gone(proc.pid)
-    assert not [p.name for p in temp.iterdir() if p.name.startswith("pymp-")]
+    left = [p.name for p in temp.iterdir() if p.name.startswith("pymp-")]
+    shutil.rmtree(temp, ignore_errors=True)
+    assert not left
     assert not lock_path(out).exists()
 
 

@@ -34,9 +34,9 @@ from cpbench.model.calibrate import (
 )
 from cpbench.model.calibrate.measurements import default_prior, measurement_from_record
 from cpbench.model.calibrate.table import is_table, measurements_from_table
+from cpbench.model.hardware.file_schema import save_profile
 from cpbench.model.hardware.loading import load_profile
 from cpbench.model.hardware.profile import HardwareProfile
-from cpbench.model.hardware.writer import save_profile
 from cpbench.results.store import status_summary
 
 if TYPE_CHECKING:

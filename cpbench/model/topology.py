@@ -18,6 +18,7 @@ from cpbench.model.hardware.network import Fabric, NetworkTier
 from cpbench.model.hardware.profile import (
     HardwareProfile,
     LinkCost,
+    Links,
     LinkTier,
     LinkTierProfile,
     TierKind,
@@ -487,7 +488,7 @@ def attention_profile(profile: HardwareProfile, per_node: int, tp: int, ulysses:
     inter = fabric.spine() if "network" in tiers else fabric.network
     inter = replace(inter, tier="inter_node")
     intra = replace(intra, tier="intra_node")
-    return replace(profile, intra_node=intra, inter_node=inter, devices_per_node=domain), domain
+    return replace(profile, links=Links(intra, inter), devices_per_node=domain), domain
 
 
 # ---------------------------------------------------------------------------- detection

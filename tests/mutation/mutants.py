@@ -303,8 +303,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "cost-ring-dkv-in-flight-one-hop-early",
         SCHEMES,
-        "(dkv if s >= 2 else 0)",
-        "(dkv if s >= 1 else 0)",
+        "(dkv if first >= 2 else 0)",
+        "(dkv if first >= 1 else 0)",
         "the ring backward counts a dK/dV accumulator in flight from step 1, one hop early "
         "(the own chunk's gradient stays home: the first leaves after step 1)",
         (
@@ -316,8 +316,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "cost-ring-kv-hop-at-the-last-step",
         SCHEMES,
-        "in_flight = (kv if s < k - 1 else 0)",
-        "in_flight = (kv if s < k else 0)",
+        "in_flight = (kv if first < k - 1 else 0)",
+        "in_flight = (kv if first < k else 0)",
         "the ring posts a K/V hop at its last step too: k hops priced where k - 1 are sent",
         (
             f"{BY_HAND}test_ring_contiguous_forward_and_backward_by_hand",

@@ -24,9 +24,9 @@ from cpbench.app.probe.schema import ProbeReport
 from cpbench.errors import CpbenchError
 from cpbench.model.flops import FLOPS_CONVENTION
 from cpbench.model.formulas import bandwidths
+from cpbench.model.hardware.file_schema import profile_to_toml, save_profile
 from cpbench.model.hardware.loading import choose_profile, load_profile
 from cpbench.model.hardware.profile import HardwareProfile
-from cpbench.model.hardware.writer import profile_to_toml, save_profile
 from cpbench.units import GB
 
 COMM_SHARE = 0.3

@@ -143,7 +143,7 @@ def recommend_inference(request: InferenceRequest) -> dict[str, Any]:
     profile = _profile(request)
     uncertainty = profile_uncertainty(profile, None)
     context = request.cached_len + request.prompt_len
-    budget = (request.kv_memory_gib or profile.memory_gib) * GIB
+    budget = (request.kv_memory_gib or profile.memory.capacity_gib) * GIB
     report: dict[str, Any] = {
         "inputs": {
             **asdict(request),

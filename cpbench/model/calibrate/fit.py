@@ -24,7 +24,7 @@ from cpbench.model.hardware.profile import (
     HardwareProfile,
     LinkCost,
 )
-from cpbench.model.hardware.transforms import with_link_cost, with_tier_cost
+from cpbench.model.hardware.transforms import with_curve, with_link_cost, with_table, with_tier_cost
 from cpbench.units import GB
 
 DEFAULT_RIDGE = 1e-4
@@ -284,7 +284,8 @@ def _fit_compute(
         tuple(min(1.0, e / scale) for e in efficiency),
         f"calibrated on {len(rows)} compute-only measurements (prior {profile.name})",
     )
-    new = replace(profile, peak_tflops=peaks, efficiency=curve, step_overhead_s=overhead)
+    new = with_table(with_curve(profile, profile.default_kernel, curve), "peaks", **peaks)
+    new = with_table(new, "overheads", step_overhead_s=overhead)
     before = [(p.compute_only_s - compute) / compute for _, compute, p in rows]
     after = [(m.predict(new).compute_only_s - compute) / compute for m, compute, _ in rows]
     parameters = [
@@ -315,7 +316,7 @@ def _fit_overlap(
     """Fit u = 1 - overlap: median - step(overlap = 1) = u x overlappable, relative residuals,
     with OVERLAP_RIDGE pulling u towards the prior (the signal is small when the ring's
     communication is short next to its compute)."""
-    full = replace(profile, overlap=1.0)
+    full = with_table(profile, "overheads", overlap=1.0)
     rows = []
     for m in measurements:
         p = m.predict(full)
@@ -331,7 +332,7 @@ def _fit_overlap(
         num += s * (m.median_s - p.step_s) / m.median_s
         den += s * s
     overlap = float(min(1.0, max(0.0, 1.0 - num / den)))
-    new = replace(profile, overlap=overlap)
+    new = with_table(profile, "overheads", overlap=overlap)
     before = [relative_error(m, profile) for m, _ in rows]
     after = [relative_error(m, new) for m, _ in rows]
     parameter = ParameterFit("ring overlap", "", profile.overlap, overlap, len(rows))
@@ -411,7 +412,9 @@ def fit_profile(
         description=f"{base.description} (calibrated on {len(measurements)} measurements)",
         calibration=info,
         origin="calibrated",
-        overheads_source=f"step overhead and overlap calibrated (prior {base.name})",
+    )
+    profile = with_table(
+        profile, "overheads", source=f"step overhead and overlap calibrated (prior {base.name})"
     )
     fits = tuple(f for f in (links, compute, overlap, joint) if f is not None)
     before = rms([relative_error(m, base) for m in measurements])

@@ -17,7 +17,7 @@ from cpbench.model.calibrate.measurements import Measurement
 from cpbench.model.cost.prediction import Prediction, predict
 from cpbench.model.formulas import CollectiveKind
 from cpbench.model.hardware.profile import HardwareProfile, LinkBasis, LinkCost, LinkTier
-from cpbench.model.hardware.transforms import with_link_cost, with_tier_cost
+from cpbench.model.hardware.transforms import with_link_cost, with_table, with_tier_cost
 from cpbench.units import GB
 
 PRIOR_LOG_SD = {
@@ -145,10 +145,10 @@ def _specs(reference: HardwareProfile, keys: Sequence[LinkKey], ring: bool) -> l
     """The parameters and how each sets its value on a profile."""
 
     def throughput(p: HardwareProfile, factor: float) -> HardwareProfile:
-        return replace(p, peak_tflops={k: v * factor for k, v in p.peak_tflops.items()})
+        return with_table(p, "peaks", **{k: v * factor for k, v in p.peak_tflops.items()})
 
     def overhead(p: HardwareProfile, value: float) -> HardwareProfile:
-        return replace(p, step_overhead_s=value)
+        return with_table(p, "overheads", step_overhead_s=value)
 
     specs = [
         _Spec("kernel throughput", "x prior", "kernel throughput", 1.0, throughput),
@@ -174,7 +174,7 @@ def _specs(reference: HardwareProfile, keys: Sequence[LinkKey], ring: bool) -> l
     if ring:
         specs.append(
             _Spec("1 - overlap", "", "1 - overlap", max(1.0 - reference.overlap, LOWEST_U),
-                  lambda p, v: replace(p, overlap=max(0.0, 1.0 - v)))
+                  lambda p, v: with_table(p, "overheads", overlap=max(0.0, 1.0 - v)))
         )  # fmt: skip
     return specs
 

@@ -3,19 +3,29 @@ spine (a `Fabric`). Pure Python. The tiers: docs/plan.md, "Tiers across nodes"."
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+import sys
+from importlib import resources
+from typing import Any, Literal
+
+from pydantic import TypeAdapter, ValidationInfo, model_validator
+from pydantic.dataclasses import dataclass
 
 from cpbench.errors import CpbenchError
-from cpbench.model.hardware.profile import LinkCost, LinkTierProfile
+from cpbench.model.hardware.profile import CONFIG, LinkCost, LinkTierProfile
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
 
 NetworkTier = Literal["node", "nvlink_domain", "rail", "network"]
 """Which link a group's traffic crosses (docs/plan.md, "Tiers across nodes")."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=CONFIG)
 class Fabric:
-    """How the nodes of a cluster are wired (docs/plan.md, "Tiers across nodes")."""
+    """How the nodes of a cluster are wired (docs/plan.md, "Tiers across nodes"); a
+    `[fabrics.NAME]` table of cpbench/data/fabrics/fabrics.toml, its links named."""
 
     name: str
     """Short name."""
@@ -35,6 +45,15 @@ class Fabric:
     """Bandwidth through the spine / through a leaf (1 = non-blocking, < 1 oversubscribed)."""
     source: str = ""
     """Where the layout and numbers come from."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _named_links(cls, data: Any, info: ValidationInfo) -> Any:
+        """In the file, `network` and `nvlink` name tables of `[links]` (context "links")."""
+        links = info.context.get("links", {}) if isinstance(info.context, dict) else {}
+        if not isinstance(data, dict):
+            return data
+        return {**data, **{k: links[v] for k, v in data.items() if k in ("network", "nvlink")}}
 
     def __post_init__(self) -> None:
         if self.nvlink_domain is not None and self.nvlink is None:
@@ -60,53 +79,15 @@ class Fabric:
                                scaled(n.send_recv), n.devices_per_nic)
 
 
-_GB = 1e9
-_NDR = LinkTierProfile(
-    "inter_node", "InfiniBand NDR / Spectrum-X 400 Gb/s per GPU (50 GB/s line rate)",
-    LinkCost(50e-6, 38 * _GB, "estimate: the h100-sxm profile's inter-node all-to-all busbw "
-             "(many-peer traffic below the 50 GB/s line rate)"),
-    LinkCost(15e-6, 46 * _GB, "estimate: about 92% of the 400 Gb/s = 50 GB/s line rate (the "
-             "h100-sxm profile's inter-node send/recv)"),
-)
-_NVLINK5 = LinkTierProfile(
-    "intra_node", "NVLink 5 + NVLink Switch, 72-GPU domain (1.8 TB/s bidirectional per GPU)",
-    LinkCost(25e-6, 720 * _GB, "estimate: 80% of the 900 GB/s per direction of the spec's "
-             "1.8 TB/s bidirectional per GPU"),
-    LinkCost(10e-6, 760 * _GB, "estimate: about 85% of 900 GB/s per direction"),
-)
+def _load_fabrics() -> dict[str, Fabric]:
+    path = resources.files("cpbench") / "data" / "fabrics" / "fabrics.toml"
+    data = tomllib.loads(path.read_text("utf-8"))
+    links = TypeAdapter(dict[str, LinkTierProfile]).validate_python(data["links"], by_name=True)
+    fabrics = {name: {**table, "name": name} for name, table in data["fabrics"].items()}
+    return TypeAdapter(dict[str, Fabric]).validate_python(fabrics, context={"links": links})
 
-FABRICS: dict[str, Fabric] = {
-    fabric.name: fabric
-    for fabric in (
-        Fabric(
-            "hgx-rail", "HGX 8-GPU nodes, 400 Gb/s per GPU, rail-optimised leaf-spine, rail "
-            "groups of 32 nodes", _NDR, None, None, True, 32, 1.0,
-            "spec: NVIDIA HGX AI Factory reference architecture (https://docs.nvidia.com/"
-            "reference-architectures/hgx-ai-factory-h100-h200-b200/abstract.md: 8 GPUs and 400 "
-            "Gb/s per GPU, design points of 32, 64 and 128 nodes; network-logical-architecture."
-            "md: 'GPUs are connected using a rail-optimized network topology'); 32-node rail "
-            "groups = the smallest design point; a non-blocking spine is an estimate",
-        ),
-        Fabric(
-            "roce-clos", "8-GPU nodes, RoCE 400 Gb/s per GPU, three-layer Clos (not rail-"
-            "optimised)", _NDR, None, None, False, 1, 1.0,
-            "Meta's Llama 3 cluster as summarised at https://ai-papers.xuzou.cn/papers/"
-            "llama3_2024 ('RoCE fabric based on Arista 7800 and Minipack2 OCP switches', 'Both "
-            "fabrics use 400 Gbps interconnects between GPUs', 'a three-layer Clos network'); "
-            "rail wiring not stated there, so every cross-node flow is priced through the spine "
-            "(non-blocking: an estimate)",
-        ),
-        Fabric(
-            "nvl72", "GB200 NVL72: 72-GPU NVLink domains of 18 nodes x 4 GPUs, 400 Gb/s per "
-            "GPU beyond", _NDR, 72, _NVLINK5, True, 32, 1.0,
-            "spec as quoted at https://aiwiki.ai/wiki/nvidia_gb200_nvl72 ('72 Blackwell GPUs "
-            "... joined into one NVLink domain', 'NVLink continuous across the whole rack at "
-            "1.8 TB/s per GPU') and https://nomadterrace.com (NVIDIA's GB200 NVL72 blog "
-            "summary: 1.8 TB/s bidirectional per GPU, 18 compute nodes); the NIC beyond the "
-            "rack is taken as 400 Gb/s per GPU (estimate, not read)",
-        ),
-    )
-}
+
+FABRICS = _load_fabrics()
 """Built-in fabrics, by name."""
 
 

@@ -32,10 +32,7 @@ def with_link_cost(
     profile: HardwareProfile, tier: LinkTier, kind: CollectiveKind, cost: LinkCost
 ) -> HardwareProfile:
     """A copy of the profile with one (tier, kind) LinkCost replaced."""
-    link = with_cost(profile.link(tier), kind, cost)
-    if tier == "intra_node":
-        return replace(profile, intra_node=link)
-    return replace(profile, inter_node=link)
+    return with_table(profile, "links", **{tier: with_cost(profile.link(tier), kind, cost)})
 
 
 def with_tier_cost(
@@ -53,10 +50,7 @@ def with_tier_cost(
 def with_curve(profile: HardwareProfile, family: str, curve: EfficiencyCurve) -> HardwareProfile:
     """A copy of the profile with the curve of one kernel family set (the default family's is
     `efficiency`)."""
-    known = kernel_family(family)
-    if known == profile.default_kernel:
-        return replace(profile, efficiency=curve)
-    return replace(profile, kernel_curves={**profile.kernel_curves, known: curve})
+    return with_table(profile, "kernels", **{kernel_family(family): curve})
 
 
 def with_default_kernel(profile: HardwareProfile, family: str) -> HardwareProfile:
@@ -66,15 +60,9 @@ def with_default_kernel(profile: HardwareProfile, family: str) -> HardwareProfil
     known = kernel_family(family)
     if known == profile.default_kernel:
         return profile
-    curves = dict(profile.curves)
-    efficiency = curves.pop(known, profile.efficiency)
-    return replace(
-        profile,
-        efficiency=efficiency,
-        default_kernel=known,
-        kernel_curves=curves,
-        default_kernel_source=f"{known} made the default (was {profile.default_kernel})",
-    )
+    source = f"{known} made the default (was {profile.default_kernel})"
+    return with_table(profile, "kernels", default=known, source=source,
+                      **{known: profile.curve(known)})
 
 
 def with_topology(profile: HardwareProfile, topology: NodeTopology | None) -> HardwareProfile:
@@ -94,3 +82,10 @@ def with_topology(profile: HardwareProfile, topology: NodeTopology | None) -> Ha
                     f"of {below}"
                 )
     return replace(profile, topology=topology)
+
+
+def with_table(profile: HardwareProfile, table: str, **changes: Any) -> HardwareProfile:
+    """A copy with fields of one of the profile's tables changed, e.g. `with_table(p,
+    "overheads", overlap=0.5)`, `with_table(p, "peaks", bfloat16=900.0)`."""
+    tables: dict[str, Any] = {table: replace(getattr(profile, table), **changes)}
+    return replace(profile, **tables)

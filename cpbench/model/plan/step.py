@@ -4,9 +4,15 @@ The formulas and conventions (MFU included): docs/plan.md, "Step time". Pure Pyt
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
+from importlib import resources
+from typing import Annotated, Literal
+
+from pydantic import Field
 
 from cpbench.config.constraints import AttentionShape
+from cpbench.config.file_schema import FileModel
 from cpbench.config.vocabulary import DTYPE_BYTES, canonical_dtype
 from cpbench.errors import CpbenchError
 from cpbench.model.cost.prediction import Prediction
@@ -16,62 +22,42 @@ from cpbench.model.plan.memory import Parallelism, check_zero, params_per_rank
 from cpbench.model.plan.transformer import ModelSpec
 from cpbench.model.topology import PlanTiers, plan_tiers
 
-MFU_CONVENTION = (
-    "MFU = (6 x N x tokens + 3 x causal attention forward FLOPs 2*b*a*L^2*d_h per layer) / "
-    "(step time x GPUs x peak dense TFLOP/s of the dtype); N = weights in a matmul per token "
-    "(layers' linears + output projection); recompute and communication are not counted"
-)
-STEP_TIME_CONVENTION = (
-    "times in ms per optimizer step on one rank of the slowest pipeline stage; parts sum to the "
-    "step: GEMM, attention, TP/SP comm and pipeline sends of every micro-batch, the pipeline "
-    "bubble, the DP gradient reduction and the optimizer"
-)
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
 ADAM_BYTES_PER_PARAM = 30
 """Adam update traffic per parameter: read fp32 grad, master, m, v (16), write master, m, v
 (12), write the bf16 weight (2)."""
 
 
-@dataclass(frozen=True)
-class MatmulEfficiency:
+class MatmulEfficiency(FileModel):
     """Achieved / peak FLOP/s of the model's GEMMs on a profile."""
 
-    value: float
+    value: Annotated[float, Field(gt=0, le=1)]
     """In (0, 1]."""
     source: str
     """Where it comes from."""
 
 
-MATMUL_EFFICIENCY: dict[str, MatmulEfficiency] = {
-    "h100-sxm": MatmulEfficiency(
-        0.70,
-        "estimate: cuBLAS bf16 GEMMs of transformer sizes (k, n >= 4096) reach about 650-750 of "
-        "the 989.5 TFLOP/s dense peak on H100 SXM; Megatron-LM reports 47% MFU for whole GPT "
-        "models on H100, which includes attention, communication and the bubble",
-    ),
-    "h200-sxm": MatmulEfficiency(
-        0.72,
-        "estimate: the H100 SXM figure (same GH100 compute) with slightly fewer memory-bound "
-        "stalls from the faster HBM3e",
-    ),
-    "a100-80gb": MatmulEfficiency(
-        0.80,
-        "estimate: cuBLAS bf16 GEMMs of transformer sizes reach about 250 of the 312 TFLOP/s "
-        "dense peak on A100",
-    ),
-    "l40s-pcie": MatmulEfficiency(
-        0.65,
-        "estimate: Ada GEMMs run power-limited below the 362 TFLOP/s dense bf16 peak",
-    ),
-    "cpu-local": MatmulEfficiency(
-        0.80,
-        "estimate: one core's fp32 GEMM in PyTorch's BLAS (MKL / OpenBLAS) at a large share of "
-        "the 2 FMA x 8 lanes peak; checked by tests/test_plan_measured.py",
-    ),
-}
-"""GEMM efficiency per built-in profile (a calibrated profile `NAME-...` reads NAME's)."""
-FALLBACK_MATMUL_EFFICIENCY = MatmulEfficiency(
-    0.6, "estimate: no GEMM figure for this profile; a conservative share of its peak"
+class StepFile(FileModel):
+    """`cpbench/data/plan/step.toml`: the step-time conventions and the GEMM efficiencies."""
+
+    conventions: dict[Literal["mfu", "step_time"], str]
+    """The MFU and step-time conventions reports print."""
+    matmul_efficiency: dict[str, MatmulEfficiency]
+    """GEMM efficiency per built-in profile, and `fallback` for the others."""
+
+
+_STEP = StepFile.model_validate(
+    tomllib.loads((resources.files("cpbench") / "data" / "plan" / "step.toml").read_text("utf-8"))
 )
+MFU_CONVENTION = _STEP.conventions["mfu"]
+STEP_TIME_CONVENTION = _STEP.conventions["step_time"]
+MATMUL_EFFICIENCY = {k: v for k, v in _STEP.matmul_efficiency.items() if k != "fallback"}
+"""GEMM efficiency per built-in profile (a calibrated profile `NAME-...` reads NAME's)."""
+FALLBACK_MATMUL_EFFICIENCY = _STEP.matmul_efficiency["fallback"]
 
 
 def matmul_efficiency(profile: HardwareProfile, override: float | None = None) -> MatmulEfficiency:
@@ -79,7 +65,7 @@ def matmul_efficiency(profile: HardwareProfile, override: float | None = None) -
     if override is not None:
         if isinstance(override, bool) or not 0 < override <= 1:
             raise CpbenchError(f"matmul efficiency must be in (0, 1], got {override!r}")
-        return MatmulEfficiency(float(override), "given (--matmul-efficiency)")
+        return MatmulEfficiency(value=float(override), source="given (--matmul-efficiency)")
     for name in sorted(MATMUL_EFFICIENCY, key=len, reverse=True):
         if profile.name == name or profile.name.startswith(f"{name}-"):
             return MATMUL_EFFICIENCY[name]

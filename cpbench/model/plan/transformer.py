@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import asdict, dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
@@ -152,62 +153,6 @@ class ModelSpec:
         return asdict(self)
 
 
-# ------------------------------------------------------------------------------- presets
-
-_HF = "Hugging Face config.json of"
-
-PRESETS: dict[str, ModelSpec] = {
-    spec.name: spec
-    for spec in (
-        ModelSpec(
-            "llama3-8b", 4096, 32, 32, 8, 128, 14336, "swiglu", 128256,
-            source=f"{_HF} meta-llama/Meta-Llama-3-8B "
-            "(https://huggingface.co/meta-llama/Meta-Llama-3-8B/blob/main/config.json)",
-        ),
-        ModelSpec(
-            "llama3-70b", 8192, 80, 64, 8, 128, 28672, "swiglu", 128256,
-            source=f"{_HF} meta-llama/Meta-Llama-3-70B "
-            "(https://huggingface.co/meta-llama/Meta-Llama-3-70B/blob/main/config.json)",
-        ),
-        ModelSpec(
-            "llama3.1-405b", 16384, 126, 128, 8, 128, 53248, "swiglu", 128256,
-            source=f"{_HF} meta-llama/Llama-3.1-405B "
-            "(https://huggingface.co/meta-llama/Llama-3.1-405B/blob/main/config.json)",
-        ),
-        ModelSpec(
-            "qwen2.5-7b", 3584, 28, 28, 4, 128, 18944, "swiglu", 152064, qkv_bias=True,
-            source=f"{_HF} Qwen/Qwen2.5-7B "
-            "(https://huggingface.co/Qwen/Qwen2.5-7B/blob/main/config.json)",
-        ),
-        ModelSpec(
-            "qwen2.5-72b", 8192, 80, 64, 8, 128, 29568, "swiglu", 152064, qkv_bias=True,
-            source=f"{_HF} Qwen/Qwen2.5-72B "
-            "(https://huggingface.co/Qwen/Qwen2.5-72B/blob/main/config.json)",
-        ),
-        ModelSpec(
-            "mistral-7b", 4096, 32, 32, 8, 128, 14336, "swiglu", 32000,
-            source=f"{_HF} mistralai/Mistral-7B-v0.1 "
-            "(https://huggingface.co/mistralai/Mistral-7B-v0.1/blob/main/config.json)",
-        ),
-    )
-}
-"""The shipped architectures, by name."""
-
-ALIASES: dict[str, str] = {
-    "llama-3-8b": "llama3-8b",
-    "meta-llama-3-8b": "llama3-8b",
-    "llama-3-70b": "llama3-70b",
-    "meta-llama-3-70b": "llama3-70b",
-    "llama3-405b": "llama3.1-405b",
-    "llama-3.1-405b": "llama3.1-405b",
-    "qwen2.5-7B": "qwen2.5-7b",
-    "qwen-2.5-7b": "qwen2.5-7b",
-    "qwen-2.5-72b": "qwen2.5-72b",
-    "mistral-7b-v0.1": "mistral-7b",
-}
-"""Other spellings of the preset names (matched case-insensitively)."""
-
-
 # ------------------------------------------------------------------------------- loading
 
 PositiveInt = Annotated[int, Field(gt=0), rule("must be a positive integer")]
@@ -292,6 +237,30 @@ def model_from_toml_dict(data: dict[str, Any], origin: str, stem: str = "model")
         dropout=spec.dropout,
         source=spec.source or origin,
     )
+
+
+class PresetsFile(FileModel):
+    """`cpbench/data/models/presets.toml`: the shipped architectures and their other spellings."""
+
+    aliases: dict[str, str]
+    """Other spelling (matched case-insensitively) -> preset name."""
+    models: dict[str, dict[str, Any]]
+    """Preset name -> its model TOML table (`ModelFile`)."""
+
+
+def _load_presets() -> tuple[dict[str, ModelSpec], dict[str, str]]:
+    origin = "cpbench/data/models/presets.toml"
+    text = (resources.files("cpbench") / "data" / "models" / "presets.toml").read_text("utf-8")
+    try:
+        presets = PresetsFile.model_validate(tomllib.loads(text))
+    except ValidationError as exc:
+        raise _file_error(exc, origin) from None
+    models = {name: model_from_toml_dict(t, origin, name) for name, t in presets.models.items()}
+    return models, presets.aliases
+
+
+PRESETS, ALIASES = _load_presets()
+"""The shipped architectures by name, and other spellings of their names."""
 
 
 GATED_ACTIVATIONS = ("silu", "swish", "swiglu")

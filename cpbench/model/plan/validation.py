@@ -14,6 +14,7 @@ from scipy.optimize import brentq
 from cpbench.errors import CpbenchError
 from cpbench.model.hardware.loading import load_profile
 from cpbench.model.hardware.profile import HardwareProfile
+from cpbench.model.hardware.transforms import with_table
 from cpbench.model.plan.memory import CUDA_RESERVE_GIB, SAFE_MEMORY_FRACTION, check_recompute
 from cpbench.model.plan.search import Plan, SearchSpace, search
 from cpbench.model.plan.step import matmul_efficiency
@@ -128,15 +129,14 @@ def machine_profile(machine: dict[str, Any], peak_scale: float) -> HardwareProfi
     """The machine's profile: its hardware with the stated memory and bandwidth and every peak
     scaled."""
     profile = load_profile(machine["hardware"])
-    changes: dict[str, Any] = {
-        "peak_tflops": {k: v * peak_scale for k, v in profile.peak_tflops.items()},
-        "name": f"{profile.name} x{peak_scale:.3f} peak",
-    }
+    memory: dict[str, Any] = {}
     if "memory_gib" in machine:
-        changes["memory_gib"] = float(machine["memory_gib"])
+        memory["capacity_gib"] = float(machine["memory_gib"])
     if "memory_bandwidth_GBps" in machine:
-        changes["memory_bandwidth"] = float(machine["memory_bandwidth_GBps"]) * 1e9
-    return replace(profile, **changes)
+        memory["bandwidth"] = float(machine["memory_bandwidth_GBps"]) * 1e9
+    peaks = {k: v * peak_scale for k, v in profile.peak_tflops.items()}
+    profile = with_table(with_table(profile, "memory", **memory), "peaks", **peaks)
+    return replace(profile, name=f"{profile.name} x{peak_scale:.3f} peak")
 
 
 UNBOUNDED_MEMORY_GIB = 1e9
@@ -150,7 +150,7 @@ def plan_row(row: PublishedRow, profile: HardwareProfile) -> tuple[Plan | None, 
     s = row.settings
     model = load_model(s["model"])
     space = SearchSpace(
-        model=model, profile=replace(profile, memory_gib=UNBOUNDED_MEMORY_GIB), gpus=s["gpus"], gpus_per_node=s["gpus_per_node"],
+        model=model, profile=with_table(profile, "memory", capacity_gib=UNBOUNDED_MEMORY_GIB), gpus=s["gpus"], gpus_per_node=s["gpus_per_node"],
         seq_len=s["seq_len"], global_batch=s["global_batch"],
         efficiency=matmul_efficiency(profile), reserve_bytes=CUDA_RESERVE_GIB * GIB,
         micro_batch=s["micro_batch"], zero=s["zero"], recompute=check_recompute(s["recompute"]),
