@@ -78,14 +78,9 @@ def levels(profile: HardwareProfile, devices_per_node: int | None = None) -> tup
         out[-1] = replace(out[-1], island=per_node)
     nic = profile.inter_node
     share = nic.devices_per_nic
-
-    def per_device(c: LinkCost) -> LinkCost:
-        return LinkCost(c.latency_s, c.busbw / share, c.source)
-
-    out.append(
-        Level("network", per_node, per_node, nic.name, per_device(nic.all_to_all),
-              per_device(nic.send_recv), True, share)
-    )
+    a2a, sr = (LinkCost(c.latency_s, c.busbw / share, c.source) for c in (nic.all_to_all,
+                                                                           nic.send_recv))
+    out.append(Level("network", per_node, per_node, nic.name, a2a, sr, True, share))
     return tuple(out)
 
 
@@ -95,11 +90,6 @@ def meet_level(a: int, b: int, tiers: Sequence[Level]) -> int:
         if a // level.island == b // level.island:
             return index
     return len(tiers) - 1
-
-
-def _island(device: int, tiers: Sequence[Level], index: int) -> int:
-    """The island of the level below `index` that holds a device (its uplink is level index)."""
-    return device // tiers[index].below
 
 
 def holding(size: int, stride: int, islands: Sequence[int]) -> int:
@@ -128,13 +118,12 @@ def _group_link(tier: LinkTier, tiers: tuple[Level, ...], size: int, stride: int
                 ) -> LinkTierProfile:
     """Times on the levels are linear in the bytes: one byte per rank gives the busbw (of the
     bounding level), the highest level crossed the latency."""
-    devices = tuple(p * stride for p in range(size))
-    a2a = all_to_all_time(TopologyPlacement(size, 1, "ulysses_low", stride, devices, tiers), 1.0)
-    hop = ring_hop_time(TopologyPlacement(1, size, "ulysses_low", stride, devices, tiers), 1.0)
-    a2a_s, hop_s = (t.levels[t.bounding].seconds for t in (a2a, hop))
-    source = f"the topology's time of {size} ranks"
-    return LinkTierProfile(tier, a2a.levels[-1].name, LinkCost(a2a.latency_s, 1 / a2a_s, source),
-                           LinkCost(hop.latency_s, 1 / hop_s, source))
+    devices = tuple(range(0, size * stride, stride))
+    times = (all_to_all_time(TopologyPlacement(size, 1, "ulysses_low", stride, devices, tiers), 1),
+             ring_hop_time(TopologyPlacement(1, size, "ulysses_low", stride, devices, tiers), 1))
+    a2a, hop = (LinkCost(t.latency_s, 1 / t.levels[t.bounding].seconds,
+                         f"the topology's time of {size} ranks") for t in times)
+    return LinkTierProfile(tier, times[0].levels[-1].name, a2a, hop)
 
 
 # ---------------------------------------------------------------------------- placement
@@ -200,10 +189,8 @@ class Placement:
 
 def placement(ulysses: int, ring: int, devices_per_node: int, rank_stride: int = 1) -> Placement:
     """Placement of a U x R mesh on nodes of `devices_per_node` devices."""
-    for name, value in (
-        ("ulysses", ulysses), ("ring", ring), ("devices per node", devices_per_node),
-        ("rank stride", rank_stride),
-    ):  # fmt: skip
+    for name, value in zip(("ulysses", "ring", "devices per node", "rank stride"),
+                           (ulysses, ring, devices_per_node, rank_stride), strict=True):
         check_positive_int(name, value)
 
     def node(cp_rank: int) -> int:
@@ -313,7 +300,7 @@ def _time(
         m = meet_level(src, dst, tiers)
         top = max(top, m)
         for t in range(m + 1):
-            key = (t, _island(src, tiers, t))
+            key = (t, src // tiers[t].below)  # the island whose uplink at level t it leaves
             leaving[key] = leaving.get(key, 0.0) + nbytes
             per_rank[(t, src)] = per_rank.get((t, src), 0.0) + nbytes
     if top < 0:
@@ -481,14 +468,12 @@ def attention_profile(profile: HardwareProfile, per_node: int, tp: int, ulysses:
     if fabric is None:
         return profile, per_node
     domain = fabric.nvlink_domain or per_node
-    intra = fabric.nvlink if fabric.nvlink_domain is not None and fabric.nvlink else (
-        profile.intra_node)
+    intra = tier_link("node" if fabric.nvlink_domain is None else "nvlink_domain", profile, fabric)
     tiers = [group_tier(tp, ulysses, per_node, fabric), group_tier(tp * ulysses, ring, per_node,
                                                                   fabric)]
-    inter = fabric.spine() if "network" in tiers else fabric.network
-    inter = replace(inter, tier="inter_node")
-    intra = replace(intra, tier="intra_node")
-    return replace(profile, links=Links(intra, inter), devices_per_node=domain), domain
+    inter = tier_link("network" if "network" in tiers else "rail", profile, fabric)
+    links = Links(replace(intra, tier="intra_node"), replace(inter, tier="inter_node"))
+    return replace(profile, links=links, devices_per_node=domain), domain
 
 
 # ---------------------------------------------------------------------------- detection
