@@ -215,12 +215,22 @@ def test_group_link_on_a_topology_is_the_groups_level_time() -> None:
     assert eight.all_to_all.busbw == pytest.approx(8.75e9, rel=1e-12)
     assert eight.all_to_all.latency_s == socket.all_to_all.latency_s
     assert eight.send_recv.busbw == pytest.approx(22e9, rel=1e-12)
-    for nbytes in (1 * MB, 70 * MB):  # the same time as the training model's, at any size
-        assert eight.all_to_all.seconds(nbytes) == pytest.approx(
-            all_to_all_time(place(8, 1, prof), nbytes).seconds, rel=1e-12)
-        assert eight.send_recv.seconds(nbytes) == pytest.approx(
-            ring_hop_time(place(1, 8, prof), nbytes).seconds, rel=1e-12)
     assert group_link(prof, 16)[0] == "inter_node"
+
+
+@pytest.mark.parametrize("name", ["l40s-pcie-2x4", "l40s-pcie-2x4-nop2p", "a100-pcie-4"])
+def test_group_link_is_the_training_models_time(name: str) -> None:
+    """The group's link (closed form per island) gives the times `all_to_all_time` and
+    `ring_hop_time` sum flow by flow, at any size and stride, aligned or not, across nodes."""
+    prof = load_profile(name)
+    for size in (2, 3, 4, 6, 8, 12, 16, 24):
+        for stride in (1, 2, 3):
+            link = group_link(prof, size, stride)[1]
+            for nbytes in (1 * MB, 70 * MB):
+                a2a = all_to_all_time(place(size, 1, prof, rank_stride=stride), nbytes)
+                hop = ring_hop_time(place(1, size, prof, rank_stride=stride), nbytes)
+                assert link.all_to_all.seconds(nbytes) == pytest.approx(a2a.seconds, rel=1e-12)
+                assert link.send_recv.seconds(nbytes) == pytest.approx(hop.seconds, rel=1e-12)
 
 
 def test_inference_prices_the_topology_it_runs_on() -> None:
