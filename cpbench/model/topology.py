@@ -131,7 +131,7 @@ def _group_link(tier: LinkTier, tiers: tuple[Level, ...], size: int, stride: int
             top, worst = t, max(worst, out / (level.cost(kind).busbw * level.below))
         source = f"the topology's time of {size} ranks, {tiers[top].name} the highest level"
         costs.append(LinkCost(tiers[top].cost(kind).latency_s, 1 / worst, source))
-    return LinkTierProfile(tier, tiers[top].name, *costs)
+    return LinkTierProfile(tier, tiers[top].name, costs[0], costs[1])
 
 
 # ---------------------------------------------------------------------------- placement
