@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from fractions import Fraction
-from typing import TYPE_CHECKING, Literal, cast, get_args
+from typing import TYPE_CHECKING, Literal, get_args
 
 from cpbench.config.problem import check_choice, check_positive_int
 from cpbench.model.formulas import CollectiveKind
@@ -120,18 +120,19 @@ def _group_link(tier: LinkTier, tiers: tuple[Level, ...], size: int, stride: int
     """`_time` of one group in closed form (O(size) per level, not size^2 flows): an island of
     the level below holding n members sends n (size - n) / (size - 1) of a rank's all-to-all
     bytes, and one ring hop, across each level; one byte's slowest level gives the busbw."""
-    costs, kinds = [], ("all_to_all", "send_recv")
-    for kind in cast("tuple[CollectiveKind, ...]", kinds):
-        top, worst = 0, 0.0
-        for t, level in enumerate(tiers):
-            counts = Counter(k * stride // level.below for k in range(size)).values()
-            if len(counts) == 1:
-                break
-            out = max(n * (size - n) for n in counts) / (size - 1) if kind == "all_to_all" else 1
-            top, worst = t, max(worst, out / (level.cost(kind).busbw * level.below))
-        source = f"the topology's time of {size} ranks, {tiers[top].name} the highest level"
-        costs.append(LinkCost(tiers[top].cost(kind).latency_s, 1 / worst, source))
-    return LinkTierProfile(tier, tiers[top].name, costs[0], costs[1])
+    top, a2a, hop = 0, 0.0, 0.0
+    for t, level in enumerate(tiers):
+        counts = Counter(k * stride // level.below for k in range(size)).values()
+        if len(counts) == 1:
+            break
+        top, cap = t, level.below
+        a2a = max(a2a, max(n * (size - n) for n in counts) / (size - 1) / (
+            level.all_to_all.busbw * cap))
+        hop = max(hop, 1 / (level.send_recv.busbw * cap))
+    high = tiers[top]
+    source = f"the topology's time of {size} ranks, {high.name} the highest level"
+    return LinkTierProfile(tier, high.name, LinkCost(high.all_to_all.latency_s, 1 / a2a, source),
+                           LinkCost(high.send_recv.latency_s, 1 / hop, source))
 
 
 # ---------------------------------------------------------------------------- placement
