@@ -11,7 +11,6 @@ from cpbench.config.constraints import AttentionShape
 from cpbench.config.problem import CpProblem, MeshCandidate
 from cpbench.config.vocabulary import GLOBAL_LAYOUTS as LAYOUTS
 from cpbench.errors import CpbenchError
-from cpbench.model.cost.placement import placement
 from cpbench.model.cost.prediction import predict
 from cpbench.model.cost.records import prediction_for_record
 from cpbench.model.cost.work import closed_form_step_pair_stats, step_pair_stats
@@ -19,6 +18,7 @@ from cpbench.model.formulas import comm_volume
 from cpbench.model.hardware.loading import load_profile
 from cpbench.model.hardware.transforms import with_table
 from cpbench.model.memory import memory_estimate
+from cpbench.model.topology import placement
 from cpbench.render.recommend.explanation import placement_text
 from tests.synthetic import scaled_bandwidth
 

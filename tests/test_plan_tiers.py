@@ -11,7 +11,7 @@ from cpbench.model.hardware.loading import load_profile
 from cpbench.model.hardware.network import FABRICS, load_fabric
 from cpbench.model.plan.memory import Parallelism
 from cpbench.model.plan.search import Plan
-from cpbench.model.plan.tiers import group_tier, plan_tiers
+from cpbench.model.topology import group_tier, plan_tiers
 
 
 def _find(result: PlanResult, ulysses: int, ring: int) -> Plan:

@@ -30,7 +30,6 @@ from cpbench.config.problem import MeshCandidate
 from cpbench.config.vocabulary import GLOBAL_LAYOUTS, LAYOUTS
 from cpbench.errors import CpbenchError
 from cpbench.model.cost import prediction, schemes, work
-from cpbench.model.cost.placement import Placement, placement
 from cpbench.model.flops import (
     LayoutWork,
     chunk_pairs,
@@ -39,6 +38,7 @@ from cpbench.model.flops import (
     ring_step_pairs,
 )
 from cpbench.model.hardware.loading import load_profile
+from cpbench.model.topology import Placement, placement
 
 H100 = load_profile("h100-sxm")
 CPU = load_profile("cpu-local")

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 
+from cpbench.config.problem import CpProblem
 from cpbench.errors import CpbenchError
 from cpbench.model.hardware.loading import load_profile
 from cpbench.model.hardware.profile import HardwareProfile
+from cpbench.model.inference_cost import price_decode, price_prefill
 from cpbench.model.topology import (
     TopologyPlacement,
     all_to_all_time,
+    group_link,
     levels,
     meet_level,
     place,
@@ -181,3 +184,75 @@ def test_islands_from_the_topo_matrix() -> None:
         ("nvlink", 4, True), ("pcie_switch", 2, True), ("socket", 1, False)
     ]
     assert tiers[1].islands == ((0, 1, 2, 3), (4, 5, 6, 7))
+
+
+@pytest.mark.parametrize("name", ["h100-sxm", "l40s-pcie", "cpu-local"])
+def test_group_link_on_a_flat_profile_is_the_tier_it_crosses(name: str) -> None:
+    """A flat profile is one node tier plus the network: W ranks fit the node or cross it, and
+    are priced on that tier's link of the profile, as the inference always was."""
+    prof = load_profile(name)
+    per_node = prof.devices_per_node
+    for world in (1, 2, per_node, per_node + 1, 2 * per_node):
+        tier, link = group_link(prof, world)
+        assert tier == ("intra_node" if world <= per_node else "inter_node")
+        assert link is prof.link(tier)
+
+
+def test_group_link_on_a_topology_is_the_groups_level_time() -> None:
+    """l40s-pcie-2x4: 4 ranks stay on one PCIe switch (its costs, not the intra_node link's);
+    8 cross the socket, whose uplink carries 4 ranks x 4/7 of their bytes at 4 x 5 GB/s, so an
+    all-to-all runs at 1 / max(1 / 20, (16/7) / 20) = 8.75 GB/s per rank, its latency the
+    socket's; a ring hop (one per island crosses) stays at the switch's 22 GB/s."""
+    prof = load_profile("l40s-pcie-2x4")
+    switch, socket = prof.node_tiers()
+    tier, four = group_link(prof, 4)
+    assert tier == "intra_node"
+    assert (four.all_to_all.busbw, four.send_recv.busbw) == (switch.all_to_all.busbw,
+                                                             switch.send_recv.busbw)
+    assert four.all_to_all.busbw != prof.intra_node.all_to_all.busbw  # the tier, not the node
+    tier, eight = group_link(prof, 8)
+    assert tier == "intra_node"
+    assert eight.all_to_all.busbw == pytest.approx(8.75e9, rel=1e-12)
+    assert eight.all_to_all.latency_s == socket.all_to_all.latency_s
+    assert eight.send_recv.busbw == pytest.approx(22e9, rel=1e-12)
+    assert group_link(prof, 16)[0] == "inter_node"
+
+
+@pytest.mark.parametrize("name", ["l40s-pcie-2x4", "l40s-pcie-2x4-nop2p", "a100-pcie-4"])
+def test_group_link_is_the_training_models_time(name: str) -> None:
+    """The group's link (closed form per island) gives the times `all_to_all_time` and
+    `ring_hop_time` sum flow by flow, at any size and stride, aligned or not, across nodes."""
+    prof = load_profile(name)
+    for size in (2, 3, 4, 6, 8, 12, 16, 24):
+        for stride in (1, 2, 3):
+            link = group_link(prof, size, stride)[1]
+            for nbytes in (1 * MB, 70 * MB):
+                a2a = all_to_all_time(place(size, 1, prof, rank_stride=stride), nbytes)
+                hop = ring_hop_time(place(1, size, prof, rank_stride=stride), nbytes)
+                assert link.all_to_all.seconds(nbytes) == pytest.approx(a2a.seconds, rel=1e-12)
+                assert link.send_recv.seconds(nbytes) == pytest.approx(hop.seconds, rel=1e-12)
+
+
+def test_inference_prices_the_topology_it_runs_on() -> None:
+    """The inference read only the node size (world_link_tier): on l40s-pcie-2x4 a Ulysses
+    prefill or a decode over 8 ranks paid the intra_node link's 16 GB/s though it crosses the
+    socket's 5 GB/s links; priced on the topology, its exchange takes 16 / 8.75 as long."""
+    prof = load_profile("l40s-pcie-2x4")
+    flat = replace(prof, topology=None)  # what the inference priced before
+    problem = CpProblem(seq_len=69632, heads=32, kv_heads=8, head_dim=128)
+    now = price_prefill("ulysses", 65536, 4096, problem, 8, prof)
+    before = price_prefill("ulysses", 65536, 4096, problem, 8, flat)
+    assert now.compute_s == before.compute_s
+    assert now.exposed_comm_s > before.exposed_comm_s
+    sent = now.bytes_sent
+    link = group_link(prof, 8)[1].all_to_all
+    assert now.exposed_comm_s == pytest.approx(
+        link.seconds(sent["a2a_q"] + sent["a2a_kv"], calls=2) + link.seconds(sent["a2a_out"]))
+    bandwidth = now.exposed_comm_s - 3 * link.latency_s
+    assert bandwidth == pytest.approx(
+        (before.exposed_comm_s - 3 * prof.intra_node.all_to_all.latency_s) * 16 / 8.75)
+    decode, decode_before = (price_decode(131072, problem, 8, p) for p in (prof, flat))
+    assert decode.comm_s == pytest.approx(link.seconds(sum(decode.bytes_sent.values()), calls=2))
+    assert decode.comm_s != decode_before.comm_s  # small messages: the latencies differ
+    assert price_prefill("ulysses", 65536, 4096, problem, 4, prof).exposed_comm_s < (
+        price_prefill("ulysses", 65536, 4096, problem, 4, flat).exposed_comm_s)  # one switch

@@ -4,14 +4,20 @@ today's. They monkeypatch nothing."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
+from typer.testing import CliRunner
 
 from cpbench.app.recommend import RecommendRequest, recommend_mesh
+from cpbench.cli.main import app
 from cpbench.config.constraints import AttentionShape
 from cpbench.config.problem import MeshCandidate
 from cpbench.model.cost.prediction import predict
 from cpbench.model.hardware.loading import load_profile
 from cpbench.model.topology import describe
+from tests.golden import assert_same_document
 
 LENGTHS = (32768, 65536, 131072)
 
@@ -85,3 +91,23 @@ def test_the_explanation_names_the_tier_that_bounds_each_collective() -> None:
     flat = recommend_mesh(RecommendRequest(heads=32, kv_heads=8, hardware="h100-sxm"))
     assert flat.explanation is not None
     assert "tier (" not in " ".join(why_lines(flat.explanation))
+
+
+GOLDEN = Path(__file__).resolve().parent / "fixtures" / "placement_json.jsonl"
+"""`cpbench recommend|plan ARGS --json` captured before the five placement models became one
+(cpbench/model/topology.py; `{"args": [...], "json": {...}}` a line): flat and `[topology]`
+profiles, a TP-strided mesh, 64 GPUs, a fabric. Only the inference on a `[topology]` profile
+(l40s-pcie-2x4) was re-captured after: it used to ignore the topology."""
+
+
+@pytest.mark.parametrize(
+    "case",
+    [json.loads(line) for line in GOLDEN.read_text(encoding="utf-8").splitlines()],
+    ids=lambda case: " ".join(case["args"][:2] + case["args"][-4:]),
+)
+def test_placement_answers_are_the_captured_ones(case: dict) -> None:
+    result = CliRunner().invoke(app, [*case["args"], "--json"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.output)
+    assert document.pop("schema_version") == 1  # the versioned --json shape, added since
+    assert_same_document(document, case["json"])

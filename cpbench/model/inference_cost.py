@@ -25,6 +25,7 @@ from cpbench.model.inference import (
     prefill_pairs_per_rank,
     split_sizes,
 )
+from cpbench.model.topology import group_link
 
 
 def check_heads(problem: CpProblem) -> None:
@@ -34,11 +35,6 @@ def check_heads(problem: CpProblem) -> None:
             f"heads ({problem.heads}) must be a multiple of kv_heads ({problem.kv_heads}): "
             f"{problem.heads} % {problem.kv_heads} = {problem.heads % problem.kv_heads}"
         )
-
-
-def world_link_tier(profile: HardwareProfile, world: int) -> LinkTier:
-    """The tier W ranks cross: intra_node when they fit one node, else inter_node."""
-    return "intra_node" if world <= profile.devices_per_node else "inter_node"
 
 
 def overlapped(compute_s: float, comm_s: float, overlap: float) -> float:
@@ -115,8 +111,8 @@ def price_prefill(
         raise CpbenchError(f"the CP degree must be >= 1, got {world}")
     check_heads(problem)
     case = _case(problem, cached_len, new_tokens, scheme, world, new_token_layout)
-    tier_name = world_link_tier(profile, world)
-    tier, overhead = profile.link(tier_name), profile.step_overhead_s
+    tier_name, tier = group_link(profile, world)
+    overhead = profile.step_overhead_s
     per_pair = flops_per_pair(problem.shape)
     busiest = max(prefill_pairs_per_rank(cached_len, new_tokens, world, case.new_token_layout))
     sent = prefill_bytes(case)
@@ -229,7 +225,7 @@ def pass_kv_hidden_above(problem: CpProblem, world: int, profile: HardwareProfil
     alone (latency and padding left out): a step computes (T / W) x (P + T) / W pairs at C
     FLOP/s while a hop sends 2 H_kv D e (P + T) / W bytes at the send/recv busbw BW, so the
     hop hides when T >= W C 2 H_kv e / (4 H BW) = W C H_kv e / (2 H BW) (independent of P)."""
-    tier = profile.link(world_link_tier(profile, world))
+    tier = group_link(profile, world)[1]
     keys = cached_len / world
     rate = profile.peak_flops(problem.dtype) * _efficiency(profile, problem, kernel, keys)
     return (
@@ -283,8 +279,7 @@ def price_decode(context_len: int, problem: CpProblem, world: int,
             f"decode needs context_len >= 1 and world >= 1, got {context_len} and {world}"
         )
     the_merge = check_decode_merge(merge, problem.heads, world)
-    tier_name = world_link_tier(profile, world)
-    tier = profile.link(tier_name)
+    tier_name, tier = group_link(profile, world)
     shard = kv_cache_bytes_per_rank(
         context_len, world, problem.kv_heads, problem.head_dim, problem.dtype, problem.batch
     )

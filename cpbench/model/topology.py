@@ -1,17 +1,32 @@
-"""Collective costs on a node topology and rank placement. Pure Python.
+"""The one placement model: which link tier a group of ranks crosses on a profile's levels (its
+node tiers, a flat node being one, then the network; or a plan's fabric) and what it costs.
 
-The tiers, placements and pricing: docs/design.md section 2, "The topology's arithmetic"."""
+The rules: docs/design.md section 2, "The topology's arithmetic"; the fabrics: docs/plan.md."""
 
 from __future__ import annotations
 
+import functools
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Literal, get_args
+from fractions import Fraction
+from typing import TYPE_CHECKING, Literal, get_args
 
 from cpbench.config.problem import check_choice, check_positive_int
 from cpbench.model.formulas import CollectiveKind
-from cpbench.model.hardware.profile import HardwareProfile, LinkCost, TierKind, TopologyTier
+from cpbench.model.hardware.network import Fabric, NetworkTier
+from cpbench.model.hardware.profile import (
+    HardwareProfile,
+    LinkCost,
+    Links,
+    LinkTier,
+    LinkTierProfile,
+    TierKind,
+)
+
+if TYPE_CHECKING:
+    from cpbench.model.plan.memory import Parallelism
 
 PlacementOrder = Literal["ulysses_low", "ring_low"]
 """How CP ranks map to devices: Ulysses groups consecutive (ulysses_low) or rings (ring_low)."""
@@ -52,33 +67,21 @@ def levels(profile: HardwareProfile, devices_per_node: int | None = None) -> tup
     """The node tiers (clipped to `devices_per_node`, the last one the node) and the network
     level (per-device busbw = the NIC's busbw / devices sharing it)."""
     per_node = devices_per_node or profile.devices_per_node
-    tiers: list[TopologyTier] = []
-    for tier in profile.node_tiers():
-        if tier.island < per_node and per_node % tier.island == 0:
-            tiers.append(tier)
-            continue
-        tiers.append(replace(tier, island=per_node))
-        break
-    else:
-        tiers[-1] = replace(tiers[-1], island=per_node)
     out: list[Level] = []
-    below = 1
-    for tier in tiers:
-        out.append(
-            Level(tier.kind, tier.island, below, tier.name, tier.all_to_all, tier.send_recv,
-                  tier.peer_to_peer)
-        )
-        below = tier.island
+    for tier in profile.node_tiers():
+        last = tier.island >= per_node or per_node % tier.island != 0
+        below = out[-1].island if out else 1
+        out.append(Level(tier.kind, per_node if last else tier.island, below, tier.name,
+                         tier.all_to_all, tier.send_recv, tier.peer_to_peer))
+        if last:
+            break
+    else:
+        out[-1] = replace(out[-1], island=per_node)
     nic = profile.inter_node
     share = nic.devices_per_nic
-
-    def per_device(c: LinkCost) -> LinkCost:
-        return LinkCost(c.latency_s, c.busbw / share, c.source)
-
-    out.append(
-        Level("network", per_node, per_node, nic.name, per_device(nic.all_to_all),
-              per_device(nic.send_recv), True, share)
-    )
+    a2a, sr = (LinkCost(c.latency_s, c.busbw / share, c.source) for c in (nic.all_to_all,
+                                                                           nic.send_recv))
+    out.append(Level("network", per_node, per_node, nic.name, a2a, sr, True, share))
     return tuple(out)
 
 
@@ -90,9 +93,46 @@ def meet_level(a: int, b: int, tiers: Sequence[Level]) -> int:
     return len(tiers) - 1
 
 
-def _island(device: int, tiers: Sequence[Level], index: int) -> int:
-    """The island of the level below `index` that holds a device (its uplink is level index)."""
-    return device // tiers[index].below
+def holding(size: int, stride: int, islands: Sequence[int]) -> int:
+    """Index of the first island size that holds a group of `size` members `stride` apart
+    (its span, stride x size, aligned); len(islands) when none does (the network)."""
+    span = stride * size
+    return next((i for i, n in enumerate(islands) if size <= 1 or span <= n), len(islands))
+
+
+def group_link(
+    profile: HardwareProfile, size: int, stride: int = 1, devices_per_node: int | None = None
+) -> tuple[LinkTier, LinkTierProfile]:
+    """The tier a group of `size` ranks `stride` apart crosses and the link its collectives are
+    priced on: a flat profile's link of that tier; on a `[topology]` the group's own link, the
+    latency and busbw that give its all-to-all and ring hop times on the levels."""
+    tiers = levels(profile, devices_per_node)
+    crossed = holding(size, stride, [lv.island for lv in tiers[:-1]])
+    tier: LinkTier = "inter_node" if crossed == len(tiers) - 1 else "intra_node"
+    if profile.topology is None or size <= 1:
+        return tier, profile.link(tier)
+    return tier, _group_link(tier, tiers, size, stride)
+
+
+@functools.lru_cache(maxsize=256)
+def _group_link(tier: LinkTier, tiers: tuple[Level, ...], size: int, stride: int
+                ) -> LinkTierProfile:
+    """`_time` of one group in closed form (O(size) per level, not size^2 flows): an island of
+    the level below holding n members sends n (size - n) / (size - 1) of a rank's all-to-all
+    bytes, and one ring hop, across each level; one byte's slowest level gives the busbw."""
+    top, a2a, hop = 0, 0.0, 0.0
+    for t, level in enumerate(tiers):
+        counts = Counter(k * stride // level.below for k in range(size)).values()
+        if len(counts) == 1:
+            break
+        top, cap = t, level.below
+        a2a = max(a2a, max(n * (size - n) for n in counts) / (size - 1) / (
+            level.all_to_all.busbw * cap))
+        hop = max(hop, 1 / (level.send_recv.busbw * cap))
+    high = tiers[top]
+    source = f"the topology's time of {size} ranks, {high.name} the highest level"
+    return LinkTierProfile(tier, high.name, LinkCost(high.all_to_all.latency_s, 1 / a2a, source),
+                           LinkCost(high.send_recv.latency_s, 1 / hop, source))
 
 
 # ---------------------------------------------------------------------------- placement
@@ -124,6 +164,71 @@ class TopologyPlacement:
         return tuple(self.devices[j * self.ulysses + u] for j in range(self.ring))
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where the CP groups of a U x R mesh sit and which link tier each collective uses (the
+    facts; `cpbench.render.recommend.explanation.placement_text` words them)."""
+
+    ulysses: int
+    """U."""
+    ring: int
+    """R."""
+    devices_per_node: int
+    """G: devices (ranks) per node."""
+    rank_stride: int
+    """Global ranks between consecutive CP ranks (TP in Megatron's order, else 1)."""
+    nodes: int
+    """Nodes the CP group spans."""
+    ulysses_tier: LinkTier
+    """Tier of the all-to-all: inter_node when a Ulysses group spans nodes."""
+    ulysses_peers_in_node: int
+    """k: members of the worst Ulysses group on one node (itself included); k = U inside."""
+    ring_tier: LinkTier
+    """Tier pacing the ring: inter_node when any hop crosses a node boundary."""
+    ring_crossing_hops: int
+    """Hops of the worst ring group (out of R) that cross a node boundary."""
+
+    @property
+    def ulysses_inter_fraction(self) -> Fraction:
+        """Share of a rank's all-to-all bytes sent to other nodes: (U - k) / (U - 1)."""
+        if self.ulysses == 1:
+            return Fraction(0)
+        return Fraction(self.ulysses - self.ulysses_peers_in_node, self.ulysses - 1)
+
+
+def placement(ulysses: int, ring: int, devices_per_node: int, rank_stride: int = 1) -> Placement:
+    """Placement of a U x R mesh on nodes of `devices_per_node` devices."""
+    for name, value in zip(("ulysses", "ring", "devices per node", "rank stride"),
+                           (ulysses, ring, devices_per_node, rank_stride), strict=True):
+        check_positive_int(name, value)
+
+    def node(cp_rank: int) -> int:
+        return cp_rank * rank_stride // devices_per_node
+
+    world = ulysses * ring
+    # A Ulysses group's node counts depend only on where it starts within a node, which
+    # repeats every `period` ring ranks: O(G) groups, not R.
+    period = devices_per_node // math.gcd(ulysses * rank_stride, devices_per_node)
+    peers = ulysses
+    for j in range(min(ring, period)):
+        nodes = [node(j * ulysses + u) for u in range(ulysses)]
+        peers = min(peers, min(nodes.count(n) for n in set(nodes)))
+    crossing = 0
+    if ring > 1:
+        for u in range(ulysses):
+            # a ring group's nodes never decrease along it: every hop changes node when a hop
+            # spans a node or more, else as many hops change as nodes it passes; the hop back
+            # to the start changes node when any other does
+            if ulysses * rank_stride >= devices_per_node:
+                changes = ring - 1
+            else:
+                changes = node((ring - 1) * ulysses + u) - node(u)
+            crossing = max(crossing, changes + (1 if changes else 0))
+    return Placement(
+        ulysses, ring, devices_per_node, rank_stride, node(world - 1) - node(0) + 1,
+        "intra_node" if peers == ulysses else "inter_node", peers,
+        "inter_node" if crossing else "intra_node", crossing,
+    )  # fmt: skip
 
 
 def place(
@@ -204,7 +309,7 @@ def _time(
         m = meet_level(src, dst, tiers)
         top = max(top, m)
         for t in range(m + 1):
-            key = (t, _island(src, tiers, t))
+            key = (t, src // tiers[t].below)  # the island whose uplink at level t it leaves
             leaving[key] = leaving.get(key, 0.0) + nbytes
             per_rank[(t, src)] = per_rank.get((t, src), 0.0) + nbytes
     if top < 0:
@@ -279,6 +384,105 @@ def _bandwidth_text(t: CollectiveTime) -> str:
     lt = t.levels[t.bounding]
     rate = lt.bytes_per_rank / lt.seconds / 1e9 if lt.seconds > 0 else math.inf
     return f"{rate:.1f} GB/s per rank, GB = 1e9 bytes"
+
+
+# ---------------------------------------------------------------------- plan fabric
+
+
+def profile_fabric(profile: HardwareProfile) -> Fabric:
+    """The fabric of a profile alone: nodes on its inter-node link, no rails, no domain."""
+    return Fabric("profile", profile.inter_node.name, profile.inter_node, rail_optimised=False,
+                  rail_group_nodes=1, source=f"the {profile.name} profile's inter_node link")
+
+
+@dataclass(frozen=True)
+class GroupTier:
+    """One group's tier and link."""
+
+    group: str
+    """tp, ulysses, ring, dp or pp."""
+    size: int
+    """Members."""
+    stride: int
+    """Global ranks between consecutive members."""
+    tier: NetworkTier
+    """The outermost tier its traffic crosses."""
+    link: LinkTierProfile
+    """The link it is priced on."""
+
+    @property
+    def sends(self) -> bool:
+        """Whether the group communicates at all (size > 1)."""
+        return self.size > 1
+
+
+def group_tier(stride: int, size: int, per_node: int, fabric: Fabric) -> NetworkTier:
+    """The tier a group of `size` members `stride` apart crosses (docs/plan.md): the first of
+    the node, the fabric's NVLink domain and (same-rail traffic on a rail-optimised fabric) the
+    rail group that holds its span, else the network."""
+    islands: list[tuple[NetworkTier, int]] = [("node", per_node)]
+    if fabric.nvlink_domain is not None:
+        islands.append(("nvlink_domain", fabric.nvlink_domain))
+    if fabric.rail_optimised and stride % per_node == 0:
+        islands.append(("rail", fabric.rail_group_nodes * per_node))
+    index = holding(size, stride, [n for _, n in islands])
+    return islands[index][0] if index < len(islands) else "network"
+
+
+def tier_link(tier: NetworkTier, profile: HardwareProfile, fabric: Fabric) -> LinkTierProfile:
+    """The link of a tier: the profile's node link, the domain's NVLink, the NIC (through one
+    leaf on a rail) or the NIC through the spine."""
+    if tier == "node":
+        return profile.intra_node
+    if tier == "nvlink_domain" and fabric.nvlink is not None:
+        return fabric.nvlink
+    if tier == "rail":
+        return fabric.network
+    return fabric.spine()
+
+
+@dataclass(frozen=True)
+class PlanTiers:
+    """The tier of each group of a plan."""
+
+    groups: tuple[GroupTier, ...]
+    """tp, ulysses, ring, dp, pp."""
+    fabric: Fabric
+    """The fabric they are on."""
+
+    def of(self, group: str) -> GroupTier:
+        """One group's tier."""
+        return next(g for g in self.groups if g.group == group)
+
+
+def plan_tiers(par: Parallelism, profile: HardwareProfile, per_node: int,
+               fabric: Fabric | None = None) -> PlanTiers:
+    """Every group's tier and link on a fabric (None: the profile's inter-node link)."""
+    fab = fabric or profile_fabric(profile)
+    t, u, r, c, d = par.tp, par.ulysses, par.ring, par.cp, par.dp
+    shapes = (("tp", 1, t), ("ulysses", t, u), ("ring", t * u, r), ("dp", t, c * d),
+              ("pp", t * c * d, par.pp))
+    groups = []
+    for name, stride, size in shapes:
+        tier = group_tier(stride, size, per_node, fab)
+        groups.append(GroupTier(name, size, stride, tier, tier_link(tier, profile, fab)))
+    return PlanTiers(tuple(groups), fab)
+
+
+def attention_profile(profile: HardwareProfile, per_node: int, tp: int, ulysses: int, ring: int,
+                      fabric: Fabric | None) -> tuple[HardwareProfile, int]:
+    """The profile and GPUs per 'node' the cost model prices the CP attention with: the NVLink
+    domain as the node (its NVLink as the intra-node link) when the fabric has one, and as the
+    inter-node link the one the CP group's cross-domain traffic takes (a rail or the spine)."""
+    if fabric is None:
+        return profile, per_node
+    domain = fabric.nvlink_domain or per_node
+    intra = tier_link("node" if fabric.nvlink_domain is None else "nvlink_domain", profile, fabric)
+    tiers = [group_tier(tp, ulysses, per_node, fabric), group_tier(tp * ulysses, ring, per_node,
+                                                                  fabric)]
+    inter = tier_link("network" if "network" in tiers else "rail", profile, fabric)
+    links = Links(replace(intra, tier="intra_node"), replace(inter, tier="inter_node"))
+    return replace(profile, links=links, devices_per_node=domain), domain
 
 
 # ---------------------------------------------------------------------------- detection

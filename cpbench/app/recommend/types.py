@@ -15,11 +15,11 @@ from cpbench.model.calibrate import (
     CalibrationResult,
 )
 from cpbench.model.calibrate.error_split import ErrorSplit
-from cpbench.model.cost.placement import Placement
 from cpbench.model.cost.prediction import Prediction
 from cpbench.model.formulas import CollectiveKind
 from cpbench.model.hardware.profile import HardwareProfile
 from cpbench.model.ties import Interval, PredictionInterval
+from cpbench.model.topology import Placement
 
 DEFAULT_HARDWARE = "h100-sxm"
 TIME_CONVENTION = (

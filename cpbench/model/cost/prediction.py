@@ -12,13 +12,12 @@ from cpbench.config.vocabulary import PHASE_PASSES
 from cpbench.errors import CpbenchError
 from cpbench.model.cost.breakdown import CommTerm, PhaseTime, TierTraffic
 from cpbench.model.cost.kernel import HEAD_DIM_SOURCE, kernel_factor
-from cpbench.model.cost.placement import Placement, placement
 from cpbench.model.cost.schemes import Context, phase_time, tier_traffic
 from cpbench.model.cost.work import config_work
 from cpbench.model.formulas import comm_volume
 from cpbench.model.hardware.profile import HardwareProfile
 from cpbench.model.memory import max_seq_len_for_budget, memory_estimate
-from cpbench.model.topology import PLACEMENT_ORDERS, TopologyPlacement
+from cpbench.model.topology import PLACEMENT_ORDERS, Placement, TopologyPlacement, placement
 from cpbench.model.topology import place as place_on
 from cpbench.units import GIB
 

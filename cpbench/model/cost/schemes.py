@@ -13,12 +13,17 @@ from cpbench.config.problem import MeshCandidate
 from cpbench.config.vocabulary import PASSES, Pass
 from cpbench.model.cost.breakdown import CommTerm, PhaseTime, TierTraffic
 from cpbench.model.cost.kernel import kernel_factor
-from cpbench.model.cost.placement import Placement
 from cpbench.model.cost.work import config_work, mask_step_stats, merge_bytes
 from cpbench.model.flops import BACKWARD_FACTOR, flops_per_pair, plain_step_scaled
 from cpbench.model.formulas import CollectiveKind, CommVolume
 from cpbench.model.hardware.profile import HardwareProfile, LinkTier
-from cpbench.model.topology import CollectiveTime, TopologyPlacement, all_to_all_time, ring_hop_time
+from cpbench.model.topology import (
+    CollectiveTime,
+    Placement,
+    TopologyPlacement,
+    all_to_all_time,
+    ring_hop_time,
+)
 
 
 @dataclass(frozen=True)

@@ -1,2 +1,2 @@
-"""The whole-model plan's pure math (no torch): transformer, memory, step, tiers, framework,
+"""The whole-model plan's pure math (no torch): transformer, memory, step, framework,
 options, the pruned search and the published check. Formulas and sources: docs/plan.md."""

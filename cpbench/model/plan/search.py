@@ -32,8 +32,8 @@ from cpbench.model.plan.memory import (
 )
 from cpbench.model.plan.options import PlanOptions
 from cpbench.model.plan.step import MatmulEfficiency, StepTime, step_time, step_time_of_layer
-from cpbench.model.plan.tiers import PlanTiers, attention_profile, plan_tiers
 from cpbench.model.plan.transformer import ModelSpec
+from cpbench.model.topology import PlanTiers, attention_profile, plan_tiers
 from cpbench.units import GIB
 
 MAX_SEQ_LEN = 2**40

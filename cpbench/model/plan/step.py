@@ -19,8 +19,8 @@ from cpbench.model.cost.prediction import Prediction
 from cpbench.model.flops import attention_flops
 from cpbench.model.hardware.profile import HardwareProfile, LinkCost
 from cpbench.model.plan.memory import Parallelism, check_zero, params_per_rank
-from cpbench.model.plan.tiers import PlanTiers, plan_tiers
 from cpbench.model.plan.transformer import ModelSpec
+from cpbench.model.topology import PlanTiers, plan_tiers
 
 if sys.version_info >= (3, 11):
     import tomllib

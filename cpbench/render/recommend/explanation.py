@@ -18,7 +18,7 @@ if TYPE_CHECKING:
         LayoutFacts,
         MaskFacts,
     )
-    from cpbench.model.cost.placement import Placement
+    from cpbench.model.topology import Placement
 
 _BARE_COUNT = re.compile(r"(?<![\w,/=-])(?<!\d\.)\d{4,}(?!\w|\.\d)")
 
