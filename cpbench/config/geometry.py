@@ -9,6 +9,8 @@ import itertools
 from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
+
 from cpbench.config.constraints import seq_divisor
 from cpbench.config.masks import MaskSpec
 from cpbench.config.vocabulary import LAYOUTS, Layout
@@ -410,8 +412,7 @@ def _best_balanced(mask: MaskSpec, seq_len: int, ring: int, layout: Layout) -> P
         tried.add(long_count)
         shards = _balanced(mask, seq_len, ring, long_doc)
         packing = Packing(mask, seq_len, 0, layout, ring, shards)
-        schedule = _schedule(mask, shards, ring)
-        score = (balance_score(schedule), schedule.steps)
+        score = counts_score(_counts(mask, shards, ring))
         if best is None or score < best[0]:
             best = (score, packing)
     if best is None:  # unreachable: there is always a threshold
@@ -489,3 +490,202 @@ def rank_pairs(schedule: RingSchedule, continuum: bool = True) -> tuple[float, .
         diag = schedule.own_tokens[j] / 2 if continuum and schedule.causal else 0.0
         out.append(exact - diag)
     return tuple(out)
+
+
+# ------------------------------------------------------------------------ counts, no pieces
+
+
+@dataclass(frozen=True)
+class RingCounts:
+    """A schedule's exact pairs and kernel calls per ring rank and step, without its pieces."""
+
+    pairs: tuple[tuple[int, ...], ...]
+    """pairs[j][t]: ring rank j's visible pairs at step t (`RingSchedule.pairs`)."""
+    calls: tuple[tuple[int, ...], ...]
+    """calls[j][t]: its kernel calls (len(RingSchedule.pieces[j][t]))."""
+    steps: int
+    own_tokens: tuple[int, ...]
+    causal: bool = True
+
+
+def schedule_counts(schedule: RingSchedule) -> RingCounts:
+    """The counts of a schedule built piece by piece (the reference of `ring_counts`)."""
+    ring = len(schedule.pieces)
+    pairs = tuple(tuple(schedule.pairs(j, t) for t in range(ring)) for j in range(ring))
+    calls = tuple(tuple(len(ps) for ps in row) for row in schedule.pieces)
+    return RingCounts(pairs, calls, schedule.steps, schedule.own_tokens, schedule.causal)
+
+
+def _parts(mask: MaskSpec, shards: tuple[Shard, ...], ring: int) -> tuple[np.ndarray, ...] | None:
+    """Every (document, shard run) intersection as arrays (doc, rank, doc-local start, length,
+    shard-local offset) in position order, and the stride; None for shards of another shape."""
+    doc_starts = np.asarray(mask.starts, dtype=np.int64)
+    total = int(doc_starts[-1]) + (mask.documents or (0,))[-1]
+    if all(len(s) == 1 and s[0].stride == ring > 1 for s in shards):  # striped
+        if any(s[0].start != r or s[0].length * ring != total for r, s in enumerate(shards)):
+            return None
+        lengths = np.asarray(mask.documents, dtype=np.int64)
+        ranks = np.arange(ring, dtype=np.int64)
+        first = doc_starts[:, None] + (ranks[None, :] - doc_starts[:, None]) % ring
+        count = np.maximum(-((first - (doc_starts + lengths)[:, None]) // ring), 0)
+        keep = count > 0
+        docs = np.broadcast_to(np.arange(len(lengths))[:, None], keep.shape)[keep]
+        firsts, rk = first[keep], np.broadcast_to(ranks[None, :], keep.shape)[keep]
+        order = np.lexsort((firsts, docs))
+        docs, firsts, rk = docs[order], firsts[order], rk[order]
+        return docs, rk, firsts - doc_starts[docs], count[keep][order], (firsts - rk) // ring, ring
+    if any(run.stride != 1 for s in shards for run in s):
+        return None
+    runs = [(run.start, run.length, r) for r, s in enumerate(shards) for run in s]
+    arr = np.asarray(runs, dtype=np.int64).reshape(-1, 3)
+    locs = np.concatenate(
+        [np.cumsum([0] + [run.length for run in s])[:-1] for s in shards if s]
+    ).astype(np.int64)
+    order = np.argsort(arr[:, 0], kind="stable")
+    run_starts, run_lengths, run_ranks, locs = (
+        arr[order, 0],
+        arr[order, 1],
+        arr[order, 2],
+        locs[order],
+    )
+    if run_starts[0] != 0 or np.any(run_starts[1:] != run_starts[:-1] + run_lengths[:-1]):
+        return None
+    if int(run_starts[-1] + run_lengths[-1]) != total:
+        return None
+    breaks = np.union1d(doc_starts, run_starts)
+    ends = np.append(breaks[1:], total)
+    docs = np.searchsorted(doc_starts, breaks, side="right") - 1
+    run = np.searchsorted(run_starts, breaks, side="right") - 1
+    locs = locs[run] + breaks - run_starts[run]
+    return docs, run_ranks[run], breaks - doc_starts[docs], ends - breaks, locs, 1
+
+
+@lru_cache(maxsize=512)
+def _counts(mask: MaskSpec, shards: tuple[Shard, ...], ring: int) -> RingCounts:
+    """`schedule_counts(_schedule(...))` without building the pieces: the documents are
+    grouped by how the shards cut them (each group's pieces are one document's, translated),
+    and a block's calls come from its pieces' count, bounding box and band limits (the test of
+    `_coalesce`)."""
+    parts = None if not mask.causal else _parts(mask, shards, ring)
+    if parts is None:
+        return schedule_counts(_schedule(mask, shards, ring))
+    docs, ranks, offs, sizes, locs, stride = parts
+    n_docs = len(mask.documents or ())
+    big = np.iinfo(np.int64).max
+    base = np.full((n_docs, ring), big, dtype=np.int64)
+    np.minimum.at(base, (docs, ranks), locs)
+    rels = locs - base[docs, ranks]
+    first_part = np.searchsorted(docs, np.arange(n_docs))
+    per_doc = np.diff(np.append(first_part, len(docs)))
+    index = np.arange(len(docs)) - first_part[docs]
+    width = int(per_doc.max())
+    sig = np.full((n_docs, 2 + 4 * width), -1, dtype=np.int64)
+    sig[:, 0] = np.asarray(mask.documents, dtype=np.int64)
+    sig[:, 1] = per_doc
+    for c, values in enumerate((ranks, offs, sizes, rels)):
+        sig[docs, 2 + 4 * index + c] = values
+    rows = np.ascontiguousarray(sig).view(np.dtype((np.void, sig.itemsize * sig.shape[1])))
+    _, reps, group_of = np.unique(rows.ravel(), return_index=True, return_inverse=True)
+    members = np.argsort(group_of, kind="stable")
+    bounds = np.cumsum(np.bincount(group_of.ravel(), minlength=len(reps)))
+    # per block (j, i): count, pairs, q0, q1, k0, k1, min lo + k - q, max hi + k - q
+    blocks: dict[tuple[int, int], list[int]] = {}
+    for g, rep in enumerate(reps.tolist()):
+        lo_i, hi_i = (int(bounds[g - 1]) if g else 0), int(bounds[g])
+        group = members[lo_i:hi_i]
+        size = hi_i - lo_i
+        m = int(sig[rep, 0])
+        mini = MaskSpec(documents=(m,), window=mask.window)
+        start = int(first_part[rep])
+        rep_parts = [
+            (int(ranks[p]), Run(int(offs[p]), int(sizes[p]), stride), int(rels[p]))
+            for p in range(start, start + int(per_doc[rep]))
+        ]
+        local: dict[tuple[int, int], list[int]] = {}
+        for j, q_run, q_off in rep_parts:
+            for i, k_run, k_off in rep_parts:
+                for p in _run_pieces(mini, q_run, q_off, k_run, k_off):
+                    lo = -(p.rows - 1) if p.lo is None else p.lo
+                    hi = p.cols - 1 if p.hi is None else p.hi
+                    shift = p.k_start - p.q_start
+                    acc = local.get((j, i))
+                    if acc is None:
+                        local[(j, i)] = [
+                            1,
+                            p.pairs,
+                            p.q_start,
+                            p.q_end,
+                            p.k_start,
+                            p.k_end,
+                            lo + shift,
+                            hi + shift,
+                        ]
+                    else:
+                        acc[0] += 1
+                        acc[1] += p.pairs
+                        acc[2] = min(acc[2], p.q_start)
+                        acc[3] = max(acc[3], p.q_end)
+                        acc[4] = min(acc[4], p.k_start)
+                        acc[5] = max(acc[5], p.k_end)
+                        acc[6] = min(acc[6], lo + shift)
+                        acc[7] = max(acc[7], hi + shift)
+        sub = base[group] if size > 1 else None
+        for (j, i), acc in local.items():
+            if sub is None:
+                bj = bj_hi = int(base[rep, j])
+                bi = bi_hi = int(base[rep, i])
+                d_lo = d_hi = bi - bj
+            else:
+                col_j, col_i = sub[:, j], sub[:, i]
+                bj, bj_hi = int(col_j.min()), int(col_j.max())
+                bi, bi_hi = int(col_i.min()), int(col_i.max())
+                diff = col_i - col_j
+                d_lo, d_hi = int(diff.min()), int(diff.max())
+            new = [
+                acc[0] * size,
+                acc[1] * size,
+                acc[2] + bj,
+                acc[3] + bj_hi,
+                acc[4] + bi,
+                acc[5] + bi_hi,
+                acc[6] + d_lo,
+                acc[7] + d_hi,
+            ]
+            old = blocks.get((j, i))
+            if old is None:
+                blocks[(j, i)] = new
+            else:
+                blocks[(j, i)] = [
+                    old[0] + new[0],
+                    old[1] + new[1],
+                    min(old[2], new[2]),
+                    max(old[3], new[3]),
+                    min(old[4], new[4]),
+                    max(old[5], new[5]),
+                    min(old[6], new[6]),
+                    max(old[7], new[7]),
+                ]
+    pairs = [[0] * ring for _ in range(ring)]
+    calls = [[0] * ring for _ in range(ring)]
+    for (j, i), (count, total, q0, q1, k0, k1, lo, hi) in blocks.items():
+        t = (j - i) % ring
+        pairs[j][t] = total
+        # `_coalesce`: one call when the pieces' union is one band over their bounding box
+        one = count > 1 and band_pairs(q1 - q0, k1 - k0, lo - k0 + q0, hi - k0 + q0) == total
+        calls[j][t] = 1 if one else count
+    steps = max((t for row in calls for t, c in enumerate(row) if c), default=0) + 1
+    own = tuple(sum(r.length for r in s) for s in shards)
+    return RingCounts(tuple(map(tuple, pairs)), tuple(map(tuple, calls)), steps, own, mask.causal)
+
+
+def counts_score(counts: RingCounts) -> tuple[int, int]:
+    """(`balance_score`, steps) of a schedule from its counts: what the balanced layout
+    minimises."""
+    busiest = sum(max(row[t] for row in counts.pairs) for t in range(counts.steps))
+    calls = max(sum(row) for row in counts.calls)
+    return busiest + CALL_COST_PAIRS * calls, counts.steps
+
+
+def ring_counts(packing: Packing) -> RingCounts:
+    """The exact pairs, calls and steps of a packing's ring schedule, without its pieces."""
+    return _counts(packing.mask, packing.shards, packing.ring)

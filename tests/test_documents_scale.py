@@ -1,0 +1,65 @@
+"""The piece-free ring counts (`ring_counts`) equal the schedule built piece by piece."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from cpbench.config import geometry
+from cpbench.config.geometry import pack, ring_counts, ring_schedule, schedule_counts
+from cpbench.config.masks import MaskSpec
+from cpbench.config.vocabulary import LAYOUTS
+from cpbench.errors import CpbenchError
+
+
+def _documents(rng: random.Random, seq_len: int) -> tuple[int, ...]:
+    """Lengths summing to seq_len: single tokens, short ones and some spanning ranks."""
+    docs: list[int] = []
+    while sum(docs) < seq_len:
+        kind = rng.random()
+        length = 1 if kind < 0.25 else rng.randint(2, 9) if kind < 0.8 else rng.randint(10, 90)
+        docs.append(min(length, seq_len - sum(docs)))
+    return tuple(docs)
+
+
+def _cases() -> list[tuple[MaskSpec, int, int, int]]:
+    rng = random.Random(39)
+    cases = []
+    for ring in (1, 2, 3, 4, 5, 8):
+        for _ in range(6):
+            seq_len = 2 * ring * rng.randint(1, 12)
+            window = rng.choice([None, None, 1, 2, 3, 7, 20])
+            docs = None if rng.random() < 0.2 else _documents(rng, seq_len)
+            cases.append((MaskSpec(documents=docs, window=window), seq_len, rng.choice([1, 2]), ring))
+        cases.append((MaskSpec(documents=(1,) * (2 * ring * 3)), 2 * ring * 3, 1, ring))
+        cases.append((MaskSpec(causal=False), 2 * ring * 4, 1, ring))
+    return cases
+
+
+@pytest.mark.parametrize("case", _cases())
+def test_counts_equal_the_pieces(case: tuple[MaskSpec, int, int, int]) -> None:
+    mask, seq_len, ulysses, ring = case
+    for layout in LAYOUTS:
+        try:
+            packing = pack(mask, seq_len, ulysses, ring, layout)
+        except CpbenchError:
+            continue
+        exact = schedule_counts(ring_schedule(packing))
+        assert ring_counts(packing) == exact, (layout, mask, seq_len, ulysses, ring)
+
+
+def test_balanced_score_from_counts_picks_the_same_candidate() -> None:
+    rng = random.Random(7)
+    for ring in (2, 3, 4, 8):
+        for _ in range(8):
+            seq_len = 2 * ring * rng.randint(2, 16)
+            mask = MaskSpec(documents=_documents(rng, seq_len), window=rng.choice([None, 5]))
+            for long_doc in (1, 2, 2 * ring, seq_len // ring, seq_len + 1):
+                shards = geometry._balanced(mask, seq_len, ring, long_doc)
+                schedule = geometry._schedule(mask, shards, ring)
+                counts = geometry._counts(mask, shards, ring)
+                assert geometry.counts_score(counts) == (
+                    geometry.balance_score(schedule),
+                    schedule.steps,
+                )
