@@ -7,7 +7,7 @@ from __future__ import annotations
 import bisect
 import itertools
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 import numpy as np
 
@@ -244,20 +244,25 @@ class Packing:
     shards: tuple[Shard, ...]
     """Ring rank j's positions."""
 
+    @cached_property
+    def counts(self) -> RingCounts:
+        """`ring_counts`, once per packing (hashing a packed sequence's shards is not free)."""
+        return _counts(self.mask, self.shards, self.ring)
+
 
 def _merge_runs(runs: list[Run]) -> Shard:
-    merged: list[Run] = []
-    for run in sorted(runs, key=lambda r: r.start):
-        if (
-            merged
-            and merged[-1].stride == 1
-            and run.stride == 1
-            and merged[-1].last + 1 == run.start
-        ):
-            merged[-1] = Run(merged[-1].start, merged[-1].length + run.length)
+    return _merged(sorted((r.start, r.length, r.stride) for r in runs))
+
+
+def _merged(spans: list[tuple[int, int, int]]) -> Shard:
+    """Runs from (start, length, stride) in increasing order, adjacent contiguous ones joined."""
+    merged: list[list[int]] = []
+    for start, length, stride in spans:
+        if merged and stride == 1 and merged[-1][2] == 1 and sum(merged[-1][:2]) == start:
+            merged[-1][1] += length
         else:
-            merged.append(run)
-    return tuple(merged)
+            merged.append([start, length, stride])
+    return tuple(Run(a, n, st) for a, n, st in merged)
 
 
 def row_work(mask: MaskSpec, start: int, stop: int) -> int:
@@ -281,15 +286,15 @@ def row_work(mask: MaskSpec, start: int, stop: int) -> int:
 
 def _zigzag_shards(starts_lengths: list[tuple[int, int]], ring: int) -> tuple[Shard, ...]:
     """Zigzag each span (start, length) over 2R chunks; ring rank j gets chunks j and 2R-1-j."""
-    per_rank: list[list[Run]] = [[] for _ in range(ring)]
+    per_rank: list[list[tuple[int, int, int]]] = [[] for _ in range(ring)]
     for start, length in starts_lengths:
         chunk = length // (2 * ring)
         if chunk == 0:
             continue
         for j in range(ring):
-            per_rank[j].append(Run(start + j * chunk, chunk))
-            per_rank[j].append(Run(start + (2 * ring - 1 - j) * chunk, chunk))
-    return tuple(_merge_runs(runs) for runs in per_rank)
+            per_rank[j].append((start + j * chunk, chunk, 1))
+            per_rank[j].append((start + (2 * ring - 1 - j) * chunk, chunk, 1))
+    return tuple(_merged(sorted(spans)) for spans in per_rank)
 
 
 def _padded_spans(docs: tuple[int, ...], ulysses: int, ring: int) -> list[tuple[int, int]]:
@@ -313,15 +318,20 @@ def _place(
     room: list[int],
     load: list[int],
     owned: list[list[Run]],
+    doc_start: int,
 ) -> None:
-    """Put positions [start, start+length) on `rank`, spilling what does not fit to the
-    least-loaded ranks with room."""
+    """Put positions [start, start+length) of the document at `doc_start` on `rank`, spilling
+    what does not fit to the least-loaded ranks with room."""
     while length > 0:
         if room[rank] == 0:
             rank = min((r for r in range(len(room)) if room[r]), key=lambda r: (load[r], r))
         take = min(length, room[rank])
         owned[rank].append(Run(start, take))
-        load[rank] += row_work(mask, start, start + take)
+        if mask.causal:  # row_work of positions inside one document
+            a = start - doc_start + 1
+            load[rank] += _sum_clamped(a, take, mask.window or a + take)
+        else:
+            load[rank] += row_work(mask, start, start + take)
         room[rank] -= take
         start, length = start + take, length - take
 
@@ -341,13 +351,15 @@ def _balanced(mask: MaskSpec, seq_len: int, ring: int, long_doc: int) -> tuple[S
         offset = start
         for c in range(2 * ring):
             size = base + (1 if c < extra else 0)
-            _place(mask, offset, size, c if c < ring else 2 * ring - 1 - c, room, load, owned)
+            _place(
+                mask, offset, size, c if c < ring else 2 * ring - 1 - c, room, load, owned, start
+            )
             offset += size
     short = [(start, length) for start, length in docs if length < long_doc]
     short.sort(key=lambda d: (-row_work(mask, d[0], d[0] + d[1]), d[0]))
     for start, length in short:
         rank = min((r for r in range(ring) if room[r]), key=lambda r: (load[r], r))
-        _place(mask, start, length, rank, room, load, owned)
+        _place(mask, start, length, rank, room, load, owned, start)
     return tuple(_merge_runs(runs) for runs in owned)
 
 
@@ -560,7 +572,6 @@ def _parts(mask: MaskSpec, shards: tuple[Shard, ...], ring: int) -> tuple[np.nda
     return docs, run_ranks[run], breaks - doc_starts[docs], ends - breaks, locs, 1
 
 
-@lru_cache(maxsize=512)
 def _counts(mask: MaskSpec, shards: tuple[Shard, ...], ring: int) -> RingCounts:
     """`schedule_counts(_schedule(...))` without building the pieces: the documents are
     grouped by how the shards cut them (each group's pieces are one document's, translated),
@@ -688,4 +699,4 @@ def counts_score(counts: RingCounts) -> tuple[int, int]:
 
 def ring_counts(packing: Packing) -> RingCounts:
     """The exact pairs, calls and steps of a packing's ring schedule, without its pieces."""
-    return _counts(packing.mask, packing.shards, packing.ring)
+    return packing.counts
