@@ -256,13 +256,15 @@ def _merge_runs(runs: list[Run]) -> Shard:
 
 def _merged(spans: list[tuple[int, int, int]]) -> Shard:
     """Runs from (start, length, stride) in increasing order, adjacent contiguous ones joined."""
-    merged: list[list[int]] = []
+    merged: list[tuple[int, int, int]] = []
+    end = -1  # where the last run ends when it is contiguous, else -1
     for start, length, stride in spans:
-        if merged and stride == 1 and merged[-1][2] == 1 and sum(merged[-1][:2]) == start:
-            merged[-1][1] += length
+        if stride == 1 and start == end:
+            merged[-1] = (merged[-1][0], merged[-1][1] + length, 1)
         else:
-            merged.append([start, length, stride])
-    return tuple(Run(a, n, st) for a, n, st in merged)
+            merged.append((start, length, stride))
+        end = start + length if stride == 1 else -1
+    return tuple(Run(*run) for run in merged)
 
 
 def row_work(mask: MaskSpec, start: int, stop: int) -> int:
