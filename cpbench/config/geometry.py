@@ -319,7 +319,7 @@ def _place(
     rank: int,
     room: list[int],
     load: list[int],
-    owned: list[list[Run]],
+    owned: list[list[tuple[int, int, int]]],
     doc_start: int,
 ) -> None:
     """Put positions [start, start+length) of the document at `doc_start` on `rank`, spilling
@@ -328,7 +328,7 @@ def _place(
         if room[rank] == 0:
             rank = min((r for r in range(len(room)) if room[r]), key=lambda r: (load[r], r))
         take = min(length, room[rank])
-        owned[rank].append(Run(start, take))
+        owned[rank].append((start, take, 1))
         if mask.causal:  # row_work of positions inside one document
             a = start - doc_start + 1
             load[rank] += _sum_clamped(a, take, mask.window or a + take)
@@ -338,31 +338,77 @@ def _place(
         start, length = start + take, length - take
 
 
+def _long_chunks(
+    mask: MaskSpec, ring: int, long_doc: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The long documents' 2R chunks in placement order: (start, size, rank, document start,
+    row_work) arrays."""
+    starts = np.asarray(mask.starts, dtype=np.int64)
+    lengths = np.asarray(mask.documents, dtype=np.int64)
+    keep = lengths >= long_doc
+    starts, lengths = starts[keep], lengths[keep]
+    c = np.arange(2 * ring, dtype=np.int64)
+    sizes = lengths[:, None] // (2 * ring) + (c[None, :] < (lengths % (2 * ring))[:, None])
+    offsets = starts[:, None] + np.cumsum(sizes, axis=1) - sizes
+    ranks = np.broadcast_to(np.where(c < ring, c, 2 * ring - 1 - c), sizes.shape)
+    doc_starts = np.broadcast_to(starts[:, None], sizes.shape)
+    a, n = (offsets - doc_starts + 1).ravel(), sizes.ravel()
+    if mask.window is None:  # sum of a .. a+n-1
+        work = n * a + n * (n - 1) // 2
+    else:  # _sum_clamped(a, n, W) for a >= 1
+        capped = np.minimum(np.maximum(mask.window - a, 0), n)
+        work = capped * a + capped * (capped - 1) // 2 + (n - capped) * mask.window
+    return offsets.ravel(), n, ranks.ravel(), doc_starts.ravel(), work
+
+
 def _balanced(mask: MaskSpec, seq_len: int, ring: int, long_doc: int) -> tuple[Shard, ...]:
     """Documents of at least `long_doc` tokens are cut into 2R near-equal chunks and zigzagged
     (their causal work is then equal on every rank and ring step); the others are kept whole
     where they fit, heaviest first on the least-loaded rank with room (LPT), a document that
     overflows a rank continuing on the next. Every rank ends with exactly L/R tokens."""
     room, load = [seq_len // ring] * ring, [0] * ring
-    owned: list[list[Run]] = [[] for _ in range(ring)]
+    owned: list[list[tuple[int, int, int]]] = [[] for _ in range(ring)]
     docs = list(zip(mask.starts, mask.documents or (), strict=True))
-    for start, length in docs:
-        if length < long_doc:
-            continue
-        base, extra = divmod(length, 2 * ring)
-        offset = start
-        for c in range(2 * ring):
-            size = base + (1 if c < extra else 0)
-            _place(
-                mask, offset, size, c if c < ring else 2 * ring - 1 - c, room, load, owned, start
+    if mask.causal:
+        offsets, sizes, ranks, doc_starts, work = _long_chunks(mask, ring, long_doc)
+        # the chunks before the first that overflows its rank go where they are sent, at once
+        first = len(sizes)
+        for r in range(ring):
+            on_r = np.flatnonzero(ranks == r)
+            over = np.flatnonzero(np.cumsum(sizes[on_r]) > room[r])
+            if len(over):
+                first = min(first, int(on_r[over[0]]))
+        for r in range(ring):
+            on_r = np.flatnonzero(ranks[:first] == r)
+            on_r = on_r[sizes[on_r] > 0]
+            owned[r].extend(
+                zip(offsets[on_r].tolist(), sizes[on_r].tolist(), [1] * len(on_r), strict=True)
             )
-            offset += size
+            load[r] += int(work[on_r].sum())
+            room[r] -= int(sizes[on_r].sum())
+        tail = zip(*(x[first:].tolist() for x in (offsets, sizes, ranks, doc_starts)), strict=True)
+        for offset, size, rank, start in tail:
+            _place(mask, offset, size, rank, room, load, owned, start)
+    else:
+        for start, length in docs:
+            if length < long_doc:
+                continue
+            base, extra = divmod(length, 2 * ring)
+            offset = start
+            for c in range(2 * ring):
+                size = base + (1 if c < extra else 0)
+                rank = c if c < ring else 2 * ring - 1 - c
+                _place(mask, offset, size, rank, room, load, owned, start)
+                offset += size
     short = [(start, length) for start, length in docs if length < long_doc]
-    short.sort(key=lambda d: (-row_work(mask, d[0], d[0] + d[1]), d[0]))
+    if mask.causal:  # a whole document's row_work
+        short.sort(key=lambda d: (-_sum_clamped(1, d[1], mask.window or d[1] + 1), d[0]))
+    else:
+        short.sort(key=lambda d: (-row_work(mask, d[0], d[0] + d[1]), d[0]))
     for start, length in short:
         rank = min((r for r in range(ring) if room[r]), key=lambda r: (load[r], r))
         _place(mask, start, length, rank, room, load, owned, start)
-    return tuple(_merge_runs(runs) for runs in owned)
+    return tuple(_merged(sorted(spans)) for spans in owned)
 
 
 def _global_shards(seq_len: int, ring: int, layout: str) -> tuple[Shard, ...]:
