@@ -456,9 +456,10 @@ def pack(mask: MaskSpec, seq_len: int, ulysses: int, ring: int, layout: Layout) 
     return Packing(mask, seq_len, 0, layout, ring, _global_shards(seq_len, ring, layout))
 
 
+@lru_cache(maxsize=64)
 def _best_balanced(mask: MaskSpec, seq_len: int, ring: int, layout: Layout) -> Packing:
     """The balanced candidate (over the long-document thresholds) with the least
-    `balance_score`."""
+    `balance_score`; once per ring, whatever the Ulysses degree."""
     shard = seq_len // ring
     thresholds = sorted({seq_len + 1, shard, max(shard // 2, 1), max(shard // 4, 1), 2 * ring})
     best: tuple[tuple[int, int], Packing] | None = None

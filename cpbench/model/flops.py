@@ -47,6 +47,7 @@ def attention_flops(shape: AttentionShape, causal: bool = True, phase: str = "fo
     return float(flops_per_pair(shape, 1) * pairs * phase_factor(phase))
 
 
+@functools.lru_cache(maxsize=64)  # O(documents): once per mask, not once per configuration
 def mask_pairs(mask: MaskSpec, seq_len: int) -> Fraction:
     """Attended pairs of a mask over `seq_len` tokens, continuum convention: the exact visible
     pairs minus half the diagonal (L^2/2 for one causal sequence, L^2 full)."""
