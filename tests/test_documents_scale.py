@@ -111,3 +111,21 @@ def test_balanced_placement_equals_the_chunk_by_chunk_one() -> None:
             for long_doc in (1, 2, 3, 2 * ring, seq_len // ring, seq_len + 1):
                 expected = _reference_balanced(mask, seq_len, ring, long_doc)
                 assert geometry._balanced(mask, seq_len, ring, long_doc) == expected
+
+
+def test_doc_zigzag_shards_equal_one_zigzag_of_all_spans() -> None:
+    rng = random.Random(5)
+    for ring in (1, 2, 3, 4, 8):
+        for ulysses in (1, 2, 3, 4):
+            seq_len = 2 * ring * ulysses * rng.randint(1, 12)
+            mask = MaskSpec(documents=_documents(rng, seq_len))
+            spans = geometry._padded_spans(mask.documents or (), ulysses, ring)
+            starts = [0]
+            for d, p in spans:
+                starts.append(starts[-1] + d + p)
+            whole = geometry._zigzag_shards(
+                [(a, d + p) for a, (d, p) in zip(starts[:-1], spans, strict=True)], ring
+            )
+            packing = pack(mask, seq_len, ulysses, ring, "doc_zigzag")
+            assert packing.shards == (whole if ring > 1 else packing.shards)
+            assert packing.seq_len == starts[-1] or ring == 1

@@ -299,6 +299,29 @@ def _zigzag_shards(starts_lengths: list[tuple[int, int]], ring: int) -> tuple[Sh
     return tuple(_merged(sorted(spans)) for spans in per_rank)
 
 
+@lru_cache(maxsize=64)
+def _doc_zigzag_shards(documents: tuple[int, ...], ring: int) -> tuple[Shard, ...]:
+    """doc_zigzag's shards of the documents, each padded to a multiple of 2R: what every
+    Ulysses degree shares (only the final padding span depends on it)."""
+    spans, start = [], 0
+    for d in documents:
+        spans.append((start, d - d % -(2 * ring)))
+        start += spans[-1][1]
+    return _zigzag_shards(spans, ring)
+
+
+def _appended(first: tuple[Shard, ...], then: tuple[Shard, ...]) -> tuple[Shard, ...]:
+    """Each rank's runs of `first` followed by those of `then` (all later), as `_merged`."""
+    out = []
+    for a, b in zip(first, then, strict=True):
+        if a and b and a[-1].stride == b[0].stride == 1 and a[-1].last + 1 == b[0].start:
+            joined = Run(a[-1].start, a[-1].length + b[0].length)
+            out.append((*a[:-1], joined, *b[1:]))
+        else:
+            out.append(a + b)
+    return tuple(out)
+
+
 def _padded_spans(docs: tuple[int, ...], ulysses: int, ring: int) -> list[tuple[int, int]]:
     """doc_zigzag's spans: each document with the padding that makes it a multiple of 2R, and a
     final padding span that makes the ring shard a multiple of U; as (document, padding)."""
@@ -446,9 +469,10 @@ def pack(mask: MaskSpec, seq_len: int, ulysses: int, ring: int, layout: Layout) 
         starts = [0]
         for d, p in spans:
             starts.append(starts[-1] + d + p)
-        shards = _zigzag_shards(
-            [(a, d + p) for a, (d, p) in zip(starts[:-1], spans, strict=True)], ring
-        )
+        core = _doc_zigzag_shards(mask.documents or (seq_len,), ring)
+        shards = core
+        if len(spans) > len(mask.documents or (seq_len,)):  # the final padding span
+            shards = _appended(core, _zigzag_shards([(starts[-2], spans[-1][1])], ring))
         total = starts[-1]
         return Packing(run_mask, total, total - seq_len, layout, ring, shards)
     if layout == "balanced":
