@@ -15,7 +15,7 @@ from cpbench.config.constraints import (
     check_mesh,
     scheme_of,
 )
-from cpbench.config.geometry import Packing, check_packing, pack, ring_schedule
+from cpbench.config.geometry import Packing, check_packing, pack, ring_counts
 from cpbench.config.masks import MaskSpec
 from cpbench.config.vocabulary import (
     DEFAULT_CP_COMM,
@@ -232,7 +232,7 @@ class CpProblem:
         """k: ring steps the mask needs (R for causal or full attention over one sequence)."""
         if self.plain_geometry or self.ring == 1:
             return self.ring
-        return ring_schedule(self.packing).steps
+        return ring_counts(self.packing).steps
 
     @property
     def kv_hops(self) -> int:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from cpbench.config.constraints import AttentionShape, seq_divisor
-from cpbench.config.geometry import Packing, pack, ring_schedule, row_work
+from cpbench.config.geometry import Packing, pack, ring_counts, row_work
 from cpbench.config.masks import MaskSpec
 from cpbench.config.problem import CpProblem, check_choice, check_positive_int
 from cpbench.config.vocabulary import GLOBAL_LAYOUTS, LAYOUTS, PASS_TOTALS
@@ -47,6 +47,7 @@ def attention_flops(shape: AttentionShape, causal: bool = True, phase: str = "fo
     return float(flops_per_pair(shape, 1) * pairs * phase_factor(phase))
 
 
+@functools.lru_cache(maxsize=64)  # O(documents): once per mask, not once per configuration
 def mask_pairs(mask: MaskSpec, seq_len: int) -> Fraction:
     """Attended pairs of a mask over `seq_len` tokens, continuum convention: the exact visible
     pairs minus half the diagonal (L^2/2 for one causal sequence, L^2 full)."""
@@ -243,13 +244,14 @@ def masked_step_pairs(
     mask: MaskSpec, seq_len: int, ulysses: int, ring: int, layout: str
 ) -> tuple[tuple[Fraction, ...], ...]:
     """`[s][j]` for the `steps` ring steps the mask needs: ring rank j's pairs at step s from
-    `ring_schedule(pack(...))`, the diagonal's half taken off at step 0 (causal)."""
-    schedule = ring_schedule(_layout_packing(mask, seq_len, ulysses, ring, layout))
+    `ring_counts(pack(...))` (the schedule's, without its pieces), the diagonal's half taken
+    off at step 0 (causal)."""
+    schedule = ring_counts(_layout_packing(mask, seq_len, ulysses, ring, layout))
     rows = []
     for t in range(schedule.steps):
         row = []
         for j in range(ring):
-            pairs = Fraction(schedule.pairs(j, t))
+            pairs = Fraction(schedule.pairs[j][t])
             if t == 0 and schedule.causal:
                 pairs -= Fraction(schedule.own_tokens[j], 2)
             row.append(pairs)
