@@ -8,6 +8,7 @@ import bisect
 import itertools
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
+from typing import Any
 
 import numpy as np
 
@@ -601,7 +602,7 @@ def schedule_counts(schedule: RingSchedule) -> RingCounts:
     return RingCounts(pairs, calls, schedule.steps, schedule.own_tokens, schedule.causal)
 
 
-def _parts(mask: MaskSpec, shards: tuple[Shard, ...], ring: int) -> tuple[np.ndarray, ...] | None:
+def _parts(mask: MaskSpec, shards: tuple[Shard, ...], ring: int) -> tuple[Any, ...] | None:
     """Every (document, shard run) intersection as arrays (doc, rank, doc-local start, length,
     shard-local offset) in position order, and the stride; None for shards of another shape."""
     doc_starts = np.asarray(mask.starts, dtype=np.int64)
@@ -682,7 +683,7 @@ def _counts(mask: MaskSpec, shards: tuple[Shard, ...], ring: int) -> RingCounts:
         mini = MaskSpec(documents=(m,), window=mask.window)
         start = int(first_part[rep])
         rep_parts = [
-            (int(ranks[p]), Run(int(offs[p]), int(sizes[p]), stride), int(rels[p]))
+            (int(ranks[p]), Run(int(offs[p]), int(sizes[p]), int(stride)), int(rels[p]))
             for p in range(start, start + int(per_doc[rep]))
         ]
         local: dict[tuple[int, int], list[int]] = {}
