@@ -8,9 +8,10 @@ import bisect
 import itertools
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 from cpbench.config.constraints import seq_divisor
 from cpbench.config.masks import MaskSpec
@@ -367,6 +368,8 @@ def _long_chunks(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The long documents' 2R chunks in placement order: (start, size, rank, document start,
     row_work) arrays."""
+    import numpy as np  # noqa: PLC0415 (only here: `cpbench --help` loads no numpy)
+
     starts = np.asarray(mask.starts, dtype=np.int64)
     lengths = np.asarray(mask.documents, dtype=np.int64)
     keep = lengths >= long_doc
@@ -390,6 +393,8 @@ def _balanced(mask: MaskSpec, seq_len: int, ring: int, long_doc: int) -> tuple[S
     (their causal work is then equal on every rank and ring step); the others are kept whole
     where they fit, heaviest first on the least-loaded rank with room (LPT), a document that
     overflows a rank continuing on the next. Every rank ends with exactly L/R tokens."""
+    import numpy as np  # noqa: PLC0415 (only here: `cpbench --help` loads no numpy)
+
     room, load = [seq_len // ring] * ring, [0] * ring
     owned: list[list[tuple[int, int, int]]] = [[] for _ in range(ring)]
     docs = list(zip(mask.starts, mask.documents or (), strict=True))
@@ -605,6 +610,8 @@ def schedule_counts(schedule: RingSchedule) -> RingCounts:
 def _parts(mask: MaskSpec, shards: tuple[Shard, ...], ring: int) -> tuple[Any, ...] | None:
     """Every (document, shard run) intersection as arrays (doc, rank, doc-local start, length,
     shard-local offset) in position order, and the stride; None for shards of another shape."""
+    import numpy as np  # noqa: PLC0415 (only here: `cpbench --help` loads no numpy)
+
     doc_starts = np.asarray(mask.starts, dtype=np.int64)
     total = int(doc_starts[-1]) + (mask.documents or (0,))[-1]
     if all(len(s) == 1 and s[0].stride == ring > 1 for s in shards):  # striped
@@ -651,6 +658,8 @@ def _counts(mask: MaskSpec, shards: tuple[Shard, ...], ring: int) -> RingCounts:
     grouped by how the shards cut them (each group's pieces are one document's, translated),
     and a block's calls come from its pieces' count, bounding box and band limits (the test of
     `_coalesce`)."""
+    import numpy as np  # noqa: PLC0415 (only here: `cpbench --help` loads no numpy)
+
     parts = None if not mask.causal else _parts(mask, shards, ring)
     if parts is None:
         return schedule_counts(_schedule(mask, shards, ring))
