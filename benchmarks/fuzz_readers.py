@@ -27,26 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests import fuzz_inputs as fz  # noqa: E402
 
-RECOMMEND = ["recommend", "--heads", "8", "--kv-heads", "2", "--seq-len", "1024", "--gpus", "4"]
 Check = Callable[[Path, Any], None]
 INPUTS = {"r.jsonl", "s.toml", "p.toml"} | {
     f"{stem}{suffix}" for stem in ("docs", "t") for suffix in (".txt", ".json", ".csv", ".jsonl")
 }
-
-
-def _results_cli(folder: Path, content: bytes) -> None:
-    path = folder / "r.jsonl"
-    path.write_bytes(content)
-    fz.check_cli(folder, ["report", str(path), "-o", str(folder / "r.html")], ("r.html",))
-    (folder / "r.html").unlink(missing_ok=True)
-    fz.check_cli(folder, ["validate", str(path)])
-    fz.check_cli(folder, [*RECOMMEND, "--results", str(path)])
-
-
-def _documents_cli(folder: Path, file: tuple[str, bytes]) -> None:
-    path = folder / f"docs{file[0]}"
-    path.write_bytes(file[1])
-    fz.check_cli(folder, ["formulas", "--seq-len", "1024", "--documents", str(path)])
 
 
 READERS: dict[str, tuple[st.SearchStrategy[Any], Check]] = {
@@ -57,8 +41,8 @@ READERS: dict[str, tuple[st.SearchStrategy[Any], Check]] = {
     "table": (fz.table_files(), lambda f, x: fz.check_table(f, *x)),
 }
 CLI: dict[str, tuple[st.SearchStrategy[Any], Check]] = {
-    "results (CLI)": (fz.results_files(), _results_cli),
-    "documents (CLI)": (fz.documents_files(), _documents_cli),
+    "results (CLI)": (fz.results_files(), fz.check_results_commands),
+    "documents (CLI)": (fz.documents_files(), fz.check_documents_command),
 }
 
 

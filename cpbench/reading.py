@@ -19,18 +19,24 @@ MAX_DEPTH = 64
 """Deepest nesting of arrays and objects a file may have (a results record has 5 levels)."""
 
 
-def read_text(path: str | Path, what: str) -> str:
-    """The text of a UTF-8 file (a leading byte-order mark dropped); CpbenchError naming `what`
-    (e.g. "results file") and `path` when it is missing, a folder, unreadable or not UTF-8."""
+def read_bytes(path: str | Path, what: str, kind: str = "file") -> bytes:
+    """The bytes of a file; CpbenchError naming `what` (e.g. "results file") and `path` when it
+    is missing, a folder (not a `kind`) or unreadable."""
     path = Path(path)
     if not path.exists():
         raise CpbenchError(f"{what} {path} does not exist")
     if path.is_dir():
-        raise CpbenchError(f"{what} {path} is a directory, not a file")
+        raise CpbenchError(f"{what} {path} is a directory, not a {kind}")
     try:
-        data = path.read_bytes()
+        return path.read_bytes()
     except OSError as exc:
         raise CpbenchError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+
+
+def read_text(path: str | Path, what: str) -> str:
+    """The text of a UTF-8 file (a leading byte-order mark dropped); CpbenchError as
+    `read_bytes`, and when it is not UTF-8."""
+    data = read_bytes(path, what)
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:

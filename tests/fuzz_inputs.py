@@ -281,3 +281,23 @@ def check_cli(folder: Path, args: list[str], outputs: tuple[str, ...] = ()) -> N
     assert "Traceback" not in result.output, result.output
     new = files_in(folder) - before
     assert new <= {folder / name for name in outputs}, (args, new)
+
+
+RECOMMEND = ["recommend", "--heads", "8", "--kv-heads", "2", "--seq-len", "1024", "--gpus", "4"]
+
+
+def check_results_commands(folder: Path, content: bytes) -> None:
+    """A results file through report, validate and recommend --results."""
+    path = folder / "r.jsonl"
+    path.write_bytes(content)
+    check_cli(folder, ["report", str(path), "-o", str(folder / "r.html")], ("r.html",))
+    (folder / "r.html").unlink(missing_ok=True)
+    check_cli(folder, ["validate", str(path)])
+    check_cli(folder, [*RECOMMEND, "--results", str(path)])
+
+
+def check_documents_command(folder: Path, file: tuple[str, bytes]) -> None:
+    """A documents file through formulas --documents."""
+    path = folder / f"docs{file[0]}"
+    path.write_bytes(file[1])
+    check_cli(folder, ["formulas", "--seq-len", "1024", "--documents", str(path)])

@@ -75,19 +75,11 @@ def test_table_reader(file: tuple[str, bytes]) -> None:
         fz.check_table(folder, *file)
 
 
-RECOMMEND = ["recommend", "--heads", "8", "--kv-heads", "2", "--seq-len", "1024", "--gpus", "4"]
-
-
 @settings(FAST, max_examples=6)
 @given(fz.results_files())
 def test_results_commands(content: bytes) -> None:
     with _folder() as folder:
-        path = folder / "r.jsonl"
-        path.write_bytes(content)
-        fz.check_cli(folder, ["report", str(path), "-o", str(folder / "r.html")], ("r.html",))
-        (folder / "r.html").unlink(missing_ok=True)
-        fz.check_cli(folder, ["validate", str(path)])
-        fz.check_cli(folder, [*RECOMMEND, "--results", str(path)])
+        fz.check_results_commands(folder, content)
 
 
 @settings(FAST, max_examples=12)
@@ -99,13 +91,11 @@ def test_table_and_profile_commands(table: tuple[str, bytes], profile: bytes) ->
         fz.check_cli(folder, ["validate", str(path)])
         hardware = folder / "p.toml"
         hardware.write_bytes(profile)
-        fz.check_cli(folder, [*RECOMMEND, "--hardware", str(hardware)])
+        fz.check_cli(folder, [*fz.RECOMMEND, "--hardware", str(hardware)])
 
 
 @settings(FAST, max_examples=12)
 @given(fz.documents_files())
 def test_documents_commands(file: tuple[str, bytes]) -> None:
     with _folder() as folder:
-        path = folder / f"docs{file[0]}"
-        path.write_bytes(file[1])
-        fz.check_cli(folder, ["formulas", "--seq-len", "1024", "--documents", str(path)])
+        fz.check_documents_command(folder, file)

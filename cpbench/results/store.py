@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from cpbench.config.vocabulary import PassKey
 from cpbench.errors import CpbenchError
-from cpbench.reading import loads_json
+from cpbench.reading import loads_json, read_bytes
 from cpbench.results.schema import (
     SCHEMA_VERSION,
     STATUSES,
@@ -259,14 +259,7 @@ def _as_dict(record: ResultRecord) -> dict[str, Any]:
 
 
 def _read_file(path: Path) -> list[ResultRecord]:
-    if not path.exists():
-        raise CpbenchError(f"results file {path} does not exist")
-    if path.is_dir():
-        raise CpbenchError(f"results file {path} is a directory, not a JSONL file")
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise CpbenchError(f"cannot read results file {path}: {exc.strerror or exc}") from exc
+    raw = read_bytes(path, "results file", "JSONL file")
     lines = raw.removeprefix(codecs.BOM_UTF8).split(b"\n")
     numbered = [(n, line) for n, line in enumerate(lines, start=1) if line.strip()]
     parsed: list[tuple[int, dict[str, Any]]] = []
