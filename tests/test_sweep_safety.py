@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -199,6 +200,82 @@ def test_ctrl_c_while_the_forkserver_imports_prints_no_traceback(tmp_path: Path)
     assert "Traceback" not in output and "KeyboardInterrupt" not in output, output[-3000:]
     assert proc.returncode == 130, (proc.returncode, output[-2000:])
     _wait_gone(proc.pid)
+
+
+def test_a_ctrl_c_while_the_forkserver_starts_is_kept_for_the_parent() -> None:
+    """Inside the window where the forkserver is started, a child inherits SIGINT blocked (so a
+    Ctrl-C cannot interrupt its imports), and a Ctrl-C to the parent is not lost (CI once saw a
+    sweep run on to exit 0): it is held until the window ends, then raises KeyboardInterrupt."""
+    from cpbench.bench.pool import _interrupts_held  # noqa: PLC0415
+
+    probe = "import signal; print(signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []))"
+    reached_the_end_of_the_window = False
+    # A pytest-xdist worker ignores SIGINT: this test gives itself Python's own handler.
+    outer = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with _interrupts_held():
+                child = subprocess.run([sys.executable, "-c", probe], capture_output=True,
+                                       text=True)  # fmt: skip
+                signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+                time.sleep(0.2)  # a delivered signal would raise here
+                reached_the_end_of_the_window = True
+    finally:
+        signal.signal(signal.SIGINT, outer)
+    assert reached_the_end_of_the_window
+    assert child.stdout.strip() == "True", child.stdout + child.stderr
+    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+
+
+def test_a_ctrl_c_another_thread_takes_in_that_window_is_held_too() -> None:
+    """The parent has other threads (a progress bar's, a queue's feeder): the kernel gives a
+    Ctrl-C to one that does not block SIGINT; it is held all the same, then raised."""
+    from cpbench.bench.pool import _interrupts_held  # noqa: PLC0415
+
+    reached_the_end_of_the_window = False
+    outer = signal.signal(signal.SIGINT, signal.default_int_handler)
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)  # started outside the window: SIGINT unblocked
+    other.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with _interrupts_held():
+                os.kill(os.getpid(), signal.SIGINT)  # to the process: the other thread takes it
+                time.sleep(0.2)
+                reached_the_end_of_the_window = True
+    finally:
+        signal.signal(signal.SIGINT, outer)
+        stop.set()
+        other.join()
+    assert reached_the_end_of_the_window
+
+
+FORKSERVER_MASK = """
+import os, signal, sys
+from cpbench.bench.pool import start_forkserver_early
+start_forkserver_early("cpu")
+for pid in os.listdir("/proc"):
+    try:
+        status = open(f"/proc/{pid}/status").read()
+        cmdline = open(f"/proc/{pid}/cmdline").read()
+    except OSError:
+        continue
+    if f"PPid:\\t{os.getpid()}\\n" in status and "forkserver" in cmdline:
+        fields = dict(line.split(":\\t", 1) for line in status.splitlines() if ":\\t" in line)
+        bit = 1 << (signal.SIGINT - 1)
+        print(bool(int(fields["SigBlk"], 16) & bit), bool(int(fields["SigIgn"], 16) & bit))
+"""
+
+
+def test_the_started_forkserver_cannot_take_a_ctrl_c() -> None:
+    """The forkserver, just started (still importing torch), has SIGINT blocked or ignored:
+    multiprocessing's resource tracker unblocks SIGINT when it starts, which once let a Ctrl-C
+    interrupt the server's imports with a traceback."""
+    done = subprocess.run([sys.executable, "-c", FORKSERVER_MASK], capture_output=True,
+                          text=True, cwd=ROOT, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    blocked, ignored = (word == "True" for word in done.stdout.split())
+    assert blocked or ignored, done.stdout
 
 
 # ------------------------------------------------------------------ count and estimate first

@@ -16,6 +16,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from multiprocessing import resource_tracker
 from typing import Any
 
 from cpbench.config.constraints import check_cpu_world
@@ -102,23 +103,35 @@ def start_forkserver_early(device: str) -> None:
     if device == "cuda" or (device == "auto" and os.path.exists("/dev/nvidiactl")):
         return
     if launched_rank() is None and _context("cpu").get_start_method() == "forkserver":
-        with _interrupts_ignored():
+        with _interrupts_held():
             forkserver.ensure_running()
 
 
 @contextlib.contextmanager
-def _interrupts_ignored() -> Iterator[None]:
-    """SIGINT ignored while the forkserver starts: it inherits that, so a Ctrl-C while it imports
-    `FORKSERVER_PRELOAD` (the first seconds of a command) is the parent's alone to handle,
-    not a traceback from the server's imports (it ignores SIGINT itself once it serves)."""
+def _interrupts_held() -> Iterator[None]:
+    """A Ctrl-C while a rank or the forkserver starts waits until it has started, then arrives.
+    SIGINT is blocked in this thread, and the server inherits the mask: a Ctrl-C while it
+    imports `FORKSERVER_PRELOAD` (the first seconds of a command) stays pending there until
+    it ignores SIGINT to serve, not a traceback from its imports. Here it is held, never lost
+    (ignoring it once let a sweep run on to exit 0): pending in this thread, or, when another
+    thread took it, noted by a handler; either way it is raised again when the window ends.
+    Killing a half-started rank would leave one whose pid is unknown."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # The forkserver starts multiprocessing's resource tracker, which blocks SIGINT around its
+    # own start and then *unblocks* it: started first, it cannot open this window early.
+    resource_tracker.ensure_running()
+    held: list[int] = []
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
     try:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # one pending here arrives now
+        if held:
+            signal.raise_signal(signal.SIGINT)  # as if it came now: to `previous`
 
 
 def _free_port() -> int:
@@ -144,6 +157,7 @@ def _worker_main(
     parent = mp.parent_process()
     # Ctrl-C is the parent's to handle: it kills the ranks and keeps what was measured.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # held while the server started
     torch.set_num_threads(spec.threads_per_rank)
     os.environ.setdefault("OMP_NUM_THREADS", str(spec.threads_per_rank))
     extra: dict[str, Any] = {}
@@ -215,17 +229,24 @@ class WorkerPool:
         port = _free_port()
         self._results = ctx.Queue()
         self._tasks = [ctx.Queue() for _ in range(self.spec.world_size)]
-        for rank in range(self.spec.world_size):
-            proc = ctx.Process(
-                target=_worker_main,
-                args=(rank, self.spec, port, self._tasks[rank], self._results, dict(os.environ)),
-                daemon=True,
-            )
-            with _interrupts_ignored():  # the first start may start the forkserver
-                proc.start()
-            self._procs.append(proc)
-        self.spawns += 1
-        self._collect("ready", self.start_timeout)
+        try:
+            for rank in range(self.spec.world_size):
+                proc = ctx.Process(
+                    target=_worker_main,
+                    args=(rank, self.spec, port, self._tasks[rank], self._results,
+                          dict(os.environ)),  # fmt: skip
+                    daemon=True,
+                )
+                self._procs.append(proc)
+                with _interrupts_held():  # the first start may start the forkserver
+                    proc.start()
+            self.spawns += 1
+            self._collect("ready", self.start_timeout)
+        except BaseException:
+            # A Ctrl-C while ranks start: kill them before this process drops the queues, or a
+            # rank still unpickling its arguments prints a traceback (a semaphore gone).
+            self.close(force=True)
+            raise
 
     def run(self, fn: Callable[..., Any], *args: Any, timeout: float = 300.0) -> list[Any]:
         """Run `fn(*args)` on every rank; return the results in rank order."""
@@ -291,6 +312,8 @@ class WorkerPool:
             except (OSError, ValueError):
                 pass
         for proc in self._procs:
+            if proc.pid is None:  # never started (interrupted before it)
+                continue
             proc.join(timeout=0.0 if force else 5.0)
             if proc.is_alive():
                 proc.kill()
