@@ -280,3 +280,13 @@ def test_a_huge_world_size_in_a_scenario_is_refused_at_once(tmp_path: Path) -> N
     path.write_text(text.replace("world_size = 4", "world_size = " + "9" * 400))
     with pytest.raises(CpbenchError, match="key 'world_size': 9+ ranks is more than 1048576"):
         load_scenario(str(path))
+
+
+def test_a_documents_line_is_echoed_as_written_not_as_emoji(tmp_path: Path) -> None:
+    """rich turned `:rocket:` of a bad documents line into a rocket: the message must show
+    the line as the file has it."""
+    path = tmp_path / "docs.txt"
+    path.write_text(":rocket: 12\n")
+    args = [*RECOMMEND, "--documents", str(path)]
+    _one_line_exit_2(args, f"{path}:1: ':rocket: 12' is not a document length")
+    assert "\U0001f680" not in runner.invoke(app, args).output

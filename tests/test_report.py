@@ -602,3 +602,21 @@ def test_a_model_adds_the_whole_model_plan_section(tmp_path: Path) -> None:
     bad = CliRunner().invoke(app, ["report", str(FIXTURES / "sweep.jsonl"), "--seq-len", "4096",
                                    "-o", str(out)])
     assert bad.exit_code == 2 and "--model" in bad.output
+
+
+HIDDEN = "\u202eevil\u2066\x1b[31m"
+"""Right-to-left override, an isolate and a terminal escape: they reorder or hide text."""
+
+
+def test_hidden_characters_in_records_are_shown_visibly(records: list[dict], tmp_path: Path):
+    sneaky = [copy.deepcopy(_strip(r)) for r in records[:6]]
+    for r in sneaky:
+        r["scenario"] = HIDDEN
+        r["config"]["layout"] = HIDDEN
+    failed = dict(copy.deepcopy(sneaky[0]), id=HIDDEN, status="failed", error=HIDDEN)
+    html_page = _report([_write(tmp_path / "sneaky.jsonl", [*sneaky, failed])]).html
+    for char in "\u202e\u2066\x1b":
+        assert char not in html_page, hex(ord(char))
+    assert "\\u202eevil\\u2066\\u001b[31m" in html_page  # as text, in a table
+    # and in the figures' JSON, where plotly would decode an escaped character back
+    assert "\\\\u202eevil" in html_page

@@ -32,8 +32,9 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-console = Console()
-err_console = Console(stderr=True, soft_wrap=True)
+# No emoji codes: text from files (a documents file's line, a scenario's name) prints as it is.
+console = Console(emoji=False)
+err_console = Console(stderr=True, soft_wrap=True, emoji=False)
 
 
 def command(fn: Callable[..., Any]) -> Callable[..., Any]:

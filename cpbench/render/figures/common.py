@@ -14,6 +14,7 @@ from plotly.subplots import make_subplots
 
 from cpbench import units
 from cpbench.config.vocabulary import LAYOUTS
+from cpbench.render.text import visible
 from cpbench.results.frame import ok_rows, phases_of, value, with_variant
 
 LAYOUT_ORDER = LAYOUTS
@@ -48,7 +49,8 @@ def plain_values(series: Iterable[Any]) -> list[Any]:
 TEXT_COLUMNS = ("id", "mesh", "layout", "phase", "scheme", "source", "kernel", "dtype", "variant",
                 "impl")  # fmt: skip
 """Record strings that end up in figure text; plotly reads a subset of HTML in text, so they
-are HTML-escaped (plotly shows `&lt;` as `<`) before they get there."""
+are HTML-escaped (plotly shows `&lt;` as `<`), their hidden characters made visible, before
+they get there."""
 
 
 def escaped(frame: pd.DataFrame) -> pd.DataFrame:
@@ -56,7 +58,7 @@ def escaped(frame: pd.DataFrame) -> pd.DataFrame:
     out = frame.copy()
     for col in TEXT_COLUMNS:
         if col in out:
-            out[col] = out[col].map(lambda v: html.escape(v) if isinstance(v, str) else v)
+            out[col] = out[col].map(lambda v: html.escape(visible(v)) if isinstance(v, str) else v)
     return out
 
 

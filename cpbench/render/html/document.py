@@ -22,6 +22,7 @@ from plotly.offline import get_plotlyjs
 from cpbench import __version__
 from cpbench.app.report.data import NO_PROFILE_NOTE, ReportRecommendation, Summary
 from cpbench.render.html.tables import Table
+from cpbench.render.text import visible
 
 PLOTLY_CONFIG = {"displaylogo": False, "responsive": True, "showLink": False}
 STATIC_FILES = {
@@ -35,9 +36,10 @@ STATIC_FILES = {
 
 @cache
 def environment() -> Environment:
-    """The jinja2 environment of the report templates (autoescaped HTML, `tojson` keeps the
-    key order of the figures)."""
+    """The jinja2 environment of the report templates (autoescaped HTML, hidden characters of
+    every text shown made visible, `tojson` keeps the key order of the figures)."""
     env = Environment(
+        finalize=_shown,
         loader=PackageLoader("cpbench.render", "templates"),
         autoescape=select_autoescape(("html",), default_for_string=True),
         undefined=StrictUndefined,
@@ -47,6 +49,12 @@ def environment() -> Environment:
     )
     env.policies["json.dumps_kwargs"] = {"sort_keys": False, "separators": (",", ":")}
     return env
+
+
+def _shown(value: Any) -> Any:
+    """What a template prints of `value`: text from records with its hidden characters made
+    visible (our own markup, the inlined assets, is printed as it is)."""
+    return visible(value) if isinstance(value, str) and not isinstance(value, Markup) else value
 
 
 @cache
