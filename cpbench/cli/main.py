@@ -17,6 +17,7 @@ from cpbench.cli import probe as _probe  # noqa: F401
 from cpbench.cli import recommend as _recommend  # noqa: F401
 from cpbench.cli import report as _report  # noqa: F401
 from cpbench.cli import sweep as _sweep  # noqa: F401
+from cpbench.cli import tune as _tune  # noqa: F401
 from cpbench.cli import verify as _verify  # noqa: F401
 from cpbench.cli.common import app, err_console
 from cpbench.errors import EXIT_BAD_INPUT

@@ -245,6 +245,7 @@ ROUNDS = _option("--rounds", help="Interleaved timed rounds (best-of-N).")
 Rounds = Annotated[int, ROUNDS]
 BUDGET = _option("--budget", help="Seconds of measurement (rank start-up excluded).")
 Budget = Annotated[float, BUDGET]
+BudgetOrNone = Annotated[float | None, BUDGET]
 TIMEOUT = _option(
     "--timeout",
     help="Seconds before a configuration (sweep, run; sweep's default: the scenario's) or one "
@@ -326,6 +327,15 @@ WRITE_SCENARIO = _option(
     "this shape (a clear winner: it and the runner-up).",
 )
 WriteScenario = Annotated[str | None, WRITE_SCENARIO]
+ORACLE = _option(
+    "--oracle",
+    metavar="FILE",
+    help="Replay instead of measuring: each candidate's step time is this file's row for it "
+    "(a cpbench results JSONL, or a CSV in the columns of cpbench/data/published/*.csv).",
+)
+Oracle = Annotated[Path, ORACLE]
+MAX_RUNS = _option("--max-runs", help="Measure at most this many candidates.")
+MaxRuns = Annotated[int | None, MAX_RUNS]
 EXPLAIN = _option(
     "--explain",
     help="Every column, the full explanation and each framework's caveats (default: what fits "

@@ -242,7 +242,7 @@ def _evaluate(
                         Rejection(ulysses, ring, (label,), rule, "memory", prediction.candidate.cp_comm)
                     )
                     continue
-                measured = _matching_measurement(candidate, measurements)
+                measured = matching_measurement(candidate, measurements)
                 ranked.append(
                     RankedCandidate(
                         prediction,
@@ -275,7 +275,7 @@ def _merge_memory_rejections(rejections: Sequence[Rejection]) -> list[Rejection]
     return list(merged.values())
 
 
-def _matching_measurement(
+def matching_measurement(
     candidate: MeshCandidate, measurements: Sequence[Measurement]
 ) -> Measurement | None:
     """The measurement of this configuration (R = 1 or no mask: any layout matches)."""

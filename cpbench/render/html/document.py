@@ -39,7 +39,7 @@ def environment() -> Environment:
     """The jinja2 environment of the report templates (autoescaped HTML, hidden characters of
     every text shown made visible, `tojson` keeps the key order of the figures)."""
     env = Environment(
-        finalize=_shown,
+        finalize=_printable,
         loader=PackageLoader("cpbench.render", "templates"),
         autoescape=select_autoescape(("html",), default_for_string=True),
         undefined=StrictUndefined,
@@ -51,7 +51,7 @@ def environment() -> Environment:
     return env
 
 
-def _shown(value: Any) -> Any:
+def _printable(value: Any) -> Any:
     """What a template prints of `value`: text from records with its hidden characters made
     visible (our own markup, the inlined assets, is printed as it is)."""
     return visible(value) if isinstance(value, str) and not isinstance(value, Markup) else value

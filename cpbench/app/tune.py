@@ -1,0 +1,274 @@
+"""`cpbench tune`: the closed loop (`cpbench.model.tune`) on `recommend`'s candidates, measured
+by an oracle file (a replay) or by measuring; and the replay of the published tables."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from cpbench.app.recommend.ranking import matching_measurement, recommend_mesh
+from cpbench.app.recommend.types import Recommendation, RecommendRequest
+from cpbench.app.schema import ReportModel, Versioned
+from cpbench.errors import CpbenchError
+from cpbench.model.calibrate import Measurement, measurements_from_records
+from cpbench.model.calibrate.measurements import default_prior
+from cpbench.model.calibrate.published import out_of_sample_table, published_table
+from cpbench.model.calibrate.table import read_table_rows
+from cpbench.model.hardware.loading import load_profile
+from cpbench.model.tune import (
+    DEFAULT_SETTINGS,
+    Measured,
+    TuneCandidate,
+    TuneOutcome,
+    TuneSettings,
+    tune_loop,
+)
+from cpbench.results.store import read_records, status_summary
+
+
+def read_oracle(path: str | Path) -> list[Measurement]:
+    """The measured step times of an oracle file: a cpbench results JSONL (its `ok` training
+    records) or a table (CSV / JSONL in the columns of `cpbench/data/published/*.csv`)."""
+    path = Path(path)
+    if path.suffix == ".csv":
+        rows = read_table_rows(path)
+        measurements = [row.measurement(row_id) for row_id, row in rows]
+    else:
+        records = read_records([path])
+        measurements = measurements_from_records(records)
+        if not measurements and records:
+            raise CpbenchError(
+                f"oracle {path}: no usable record ({status_summary(records)}); it needs status "
+                f"'ok' training records with a feasible config and timing.median"
+            )
+    if not measurements:
+        raise CpbenchError(f"oracle {path} has no measured step time")
+    return measurements
+
+
+@dataclass(frozen=True)
+class TuneRun:
+    """A tune of `recommend`'s candidates."""
+
+    recommendation: Recommendation
+    """What the model alone says (the candidates, the profile, the rejections)."""
+    candidates: tuple[TuneCandidate, ...]
+    """The candidates tuned over, in the model's order."""
+    outcome: TuneOutcome
+    """The loop's result."""
+    oracle: str | None
+    """The oracle file replayed (None: measured)."""
+    oracle_rows: tuple[Measurement | None, ...] = ()
+    """Each candidate's row of the oracle (None: it has none)."""
+
+
+def write_tuned_profile(run: TuneRun, path: str | Path) -> Path:
+    """The profile calibrated (the joint fit) on what the tune measured, as a TOML file that
+    `recommend --hardware FILE` reads; CpbenchError when nothing was measured."""
+    from cpbench.model.calibrate import fit_profile  # noqa: PLC0415
+    from cpbench.model.hardware.file_schema import save_profile  # noqa: PLC0415
+
+    measured = [
+        Measurement(f"tune-{s.index}", c.candidate, c.devices_per_node, s.measured_s, None, None,
+                    c.device)  # fmt: skip
+        for c, s in zip(run.candidates, run.outcome.candidates, strict=True)
+        if s.measured_s is not None
+    ]
+    if not measured:
+        raise CpbenchError(f"--output {path}: the tune measured nothing to calibrate a profile on")
+    fitted = fit_profile(measured, run.recommendation.profile).profile
+    header = f"calibrated by `cpbench tune` on {len(measured)} measured candidates"
+    inputs = [run.oracle] if run.oracle else []
+    return save_profile(fitted, path, header, inputs)
+
+
+def tune_with_oracle(
+    request: RecommendRequest, oracle: str | Path, settings: TuneSettings = DEFAULT_SETTINGS
+) -> TuneRun:
+    """Tune `request`'s candidates, each measurement taken from `oracle`'s matching row (a
+    candidate it lacks is not measurable, and said so)."""
+    rec = recommend_mesh(RecommendRequest(**{**request.__dict__, "top": 0}))
+    rows = read_oracle(oracle)
+    per_node = rec.gpus_per_node
+    candidates = tuple(
+        TuneCandidate(r.label, r.prediction.candidate, per_node, rec.sizes.tp, "cuda")
+        for r in rec.ranked
+    )
+    matched = [matching_measurement(c.candidate, rows) for c in candidates]
+    if not any(matched):
+        raise CpbenchError(
+            f"oracle {oracle}: none of its {len(rows)} rows is one of the {len(candidates)} "
+            f"candidates of this problem (seq_len {request.seq_len}, heads "
+            f"{request.heads}/{request.kv_heads}, head_dim {request.head_dim}, batch "
+            f"{request.batch}, phase {request.phase}, {request.gpus} GPUs)"
+        )
+
+    def measure(i: int) -> Measured | None:
+        m = matched[i]
+        return None if m is None else Measured(m.median_s, m.median_s)
+
+    outcome = tune_loop(candidates, measure, rec.profile, settings)
+    return TuneRun(rec, candidates, outcome, str(oracle), tuple(matched))
+
+
+@dataclass(frozen=True)
+class GroupReplay:
+    """The loop replayed on one group of a published table (one problem on one machine)."""
+
+    machine: str
+    """The machine (the rows' hardware)."""
+    problem: str
+    """The group's problem, in words."""
+    candidates: int
+    """Configurations the table measured for it."""
+    runs: int
+    """Measured by the loop."""
+    regret: float
+    """Measured time of the pick / the group's best - 1."""
+    share: float
+    """The measured candidates' step times over all of the group's (the cost of measuring
+    everything, by the same convention)."""
+    stop: str
+    """Why the loop stopped."""
+    pick: str
+    """The pick."""
+    best: str
+    """The measured best."""
+
+
+def replay_published(
+    paths: Sequence[Path] | None = None, settings: TuneSettings = DEFAULT_SETTINGS
+) -> list[GroupReplay]:
+    """The loop on every group of two or more rows of the published tables (the shipped ones
+    unless `paths`), each from its machine's prior, the rows as the oracle."""
+    out: list[GroupReplay] = []
+    for path in paths or (published_table(), out_of_sample_table()):
+        by_machine: dict[str, list[tuple[Measurement, str]]] = {}
+        for row_id, row in read_table_rows(path):
+            by_machine.setdefault(row.hardware or row.gpu, []).append(
+                (row.measurement(row_id), row.profile)
+            )
+        for machine, items in by_machine.items():
+            measurements = [m for m, _ in items]
+            named = {p for _, p in items if p}
+            prior = load_profile(named.pop() if named else default_prior(measurements).name)
+            groups: dict[Any, list[Measurement]] = {}
+            for m in measurements:
+                groups.setdefault(m.group, []).append(m)
+            for members in groups.values():
+                if len(members) > 1:
+                    out.append(_replay_group(machine, members, prior, settings))
+    return out
+
+
+def _replay_group(
+    machine: str, members: Sequence[Measurement], prior: Any, settings: TuneSettings
+) -> GroupReplay:
+    candidates = [
+        TuneCandidate(m.label, m.candidate, m.devices_per_node, 1, m.device) for m in members
+    ]
+    outcome = tune_loop(candidates, lambda i: Measured(members[i].median_s, members[i].median_s),
+                   prior, settings)  # fmt: skip
+    times = [m.median_s for m in members]
+    best = min(range(len(members)), key=times.__getitem__)
+    spent = sum(times[c.index] for c in outcome.candidates if c.status == "measured")
+    c = members[0].candidate
+    problem = f"L={c.shape.seq_len} {c.shape.heads}/{c.shape.kv_heads} {c.phase} world {c.world}"
+    return GroupReplay(
+        machine, problem, len(members), outcome.runs, times[outcome.pick] / times[best] - 1,
+        spent / sum(times), outcome.stop, members[outcome.pick].label, members[best].label,
+    )  # fmt: skip
+
+
+class TunedCandidate(ReportModel):
+    """One candidate at the end of a tune."""
+
+    label: str
+    """`U x R layout` (and the exchange)."""
+    status: str
+    """measured, predicted, ruled out (by the model: less than 1% likely faster than the
+    pick) or not measurable (the oracle has no row for it)."""
+    predicted_ms: float
+    """The corrected model's step time, ms per step."""
+    measured_ms: float | None
+    """The measured step time, ms per step (median), when measured."""
+    p_fastest: float
+    """Probability that it is the fastest (the model's uncertainty and the measurements')."""
+    p_faster_than_pick: float
+    """Probability that it is faster than the pick."""
+
+
+class TuneReport(Versioned):
+    """`cpbench tune --json`."""
+
+    pick: str
+    """The picked candidate."""
+    pick_measured: bool
+    """Whether the pick was measured (acting on a measured pick is the point)."""
+    p_pick_fastest: float
+    """Probability that the pick is the fastest."""
+    p_beaten: float
+    """Probability that some candidate is more than `margin` faster than the pick."""
+    margin: float
+    """The margin of "faster" (a share of the step time)."""
+    stop: str
+    """Why the loop stopped: known (p_beaten below the risk), measured (every candidate that
+    could beat the pick is measured), budget."""
+    runs: int
+    """Candidates measured."""
+    measured_seconds: float
+    """What they cost: seconds of measurement (an oracle: their step times summed)."""
+    exhaustive_share: float | None
+    """That over measuring every measurable candidate the same way (an oracle only)."""
+    oracle: str | None
+    """The oracle file replayed; None: measured here."""
+    profile: str
+    """The profile the model started from."""
+    scale: float
+    """Measured / predicted: the correction the measurements applied to every prediction."""
+    frameworks: list[dict[str, Any]]
+    """The pick's settings for Megatron-LM, DeepSpeed, yunchang, torchtitan (as recommend's)."""
+    candidates: list[TunedCandidate]
+    """Every candidate, in the model's first order."""
+    profile_written: str | None
+    """The calibrated profile written (-o), or None."""
+
+
+def tune_report(run: TuneRun, written: Path | None = None) -> TuneReport:
+    """The typed report of a tune."""
+    from cpbench.app.recommend.frameworks import framework_settings  # noqa: PLC0415
+
+    out = run.outcome
+    last = out.steps[-1]
+    pick = run.recommendation.ranked[out.pick]
+    spent = out.cost_s
+    everything = sum(m.median_s for m in run.oracle_rows if m is not None)
+    ranked = list(run.recommendation.ranked)
+    frameworks = framework_settings([pick, *(r for r in ranked if r is not pick)],
+                                    run.recommendation.sizes)  # fmt: skip
+    return TuneReport(
+        pick=pick.label,
+        pick_measured=out.candidates[out.pick].status == "measured",
+        p_pick_fastest=last.p_pick_fastest,
+        p_beaten=last.p_beaten,
+        margin=out.settings.margin,
+        stop=out.stop,
+        runs=out.runs,
+        measured_seconds=spent,
+        exhaustive_share=spent / everything if everything > 0 else None,
+        oracle=run.oracle,
+        profile=run.recommendation.profile.name,
+        scale=out.scale,
+        frameworks=[asdict(f) for f in frameworks],
+        profile_written=None if written is None else str(written),
+        candidates=[
+            TunedCandidate(
+                label=c.label, status=s.status, predicted_ms=s.predicted_s * 1e3,
+                measured_ms=None if s.measured_s is None else s.measured_s * 1e3,
+                p_fastest=s.p_fastest, p_faster_than_pick=s.p_faster_than_pick,
+            )  # fmt: skip
+            for c, s in zip(run.candidates, out.candidates, strict=True)
+        ],
+    )

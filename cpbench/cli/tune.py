@@ -1,0 +1,68 @@
+"""`cpbench tune`: a thin typer wrapper registered on `cpbench.cli.common.app`; the work is in
+`cpbench.app.tune` (the loop: `cpbench.model.tune`), the output in `cpbench.render.tune`."""
+
+from __future__ import annotations
+
+from cpbench.cli import options as o
+from cpbench.cli.common import command, emit
+from cpbench.config.vocabulary import CP_COMM_CHOICES
+
+
+@command
+def tune(
+    heads: o.Heads,
+    kv_heads: o.KvHeads,
+    oracle: o.Oracle,
+    seq_len: o.SeqLen = 131072,
+    head_dim: o.HeadDim = 128,
+    batch: o.Batch = o.DEFAULTS["batch"],
+    gpus: o.Gpus = 8,
+    gpus_per_node: o.GpusPerNode = None,
+    hardware: o.Hardware = None,
+    dtype: o.DtypeName = o.DEFAULTS["dtype"],
+    causal: o.Causal = o.DEFAULTS["causal"],
+    documents: o.Documents = None,
+    window: o.WindowOption = None,
+    seed: o.Seed = 0,
+    tp: o.Tp = 1,
+    pp: o.Pp = 1,
+    cp: o.CpOrNone = None,
+    grad_accum: o.GradAccum = 1,
+    phase: o.PhaseChoice = o.DEFAULTS["phase"],
+    cp_comm: o.CpCommOrNone = None,
+    max_runs: o.MaxRuns = None,
+    budget: o.BudgetOrNone = None,
+    output: o.OutputOrNone = None,
+    as_json: o.Json = False,
+) -> None:
+    """Pick the fastest candidate by measuring only what the model cannot decide.
+
+    Ranks recommend's candidates by the model with their uncertainty, measures the one most
+    likely to beat the pick by more than 3% (the pick itself first), corrects the model by
+    what it measured, and stops when no candidate is 3% faster with probability 5% or more,
+    when every candidate that could be is measured, or at --max-runs / --budget (seconds
+    of measurement; a replay counts the measured step times) (docs/tune.md). --oracle FILE replays: each measurement is the file's row for the
+    candidate (a cpbench results JSONL, or a CSV in the columns of the published tables);
+    a candidate it lacks cannot be measured. Prints the pick with its probability and its
+    framework settings, every candidate's status, and what was measured against measuring
+    everything; -o writes the profile calibrated on the measurements (`recommend
+    --hardware FILE` reads it).
+    """
+    from cpbench.app import tune as service  # noqa: PLC0415 - keep `cpbench --help` fast
+    from cpbench.app.recommend.types import RecommendRequest  # noqa: PLC0415
+    from cpbench.model.tune import DEFAULT_SETTINGS, TuneSettings  # noqa: PLC0415
+    from cpbench.render.tune import render_tune  # noqa: PLC0415
+
+    request = RecommendRequest(
+        heads=heads, kv_heads=kv_heads, seq_len=seq_len, head_dim=head_dim, batch=batch,
+        gpus=gpus, gpus_per_node=gpus_per_node, hardware=hardware, dtype=dtype,
+        causal=causal, documents=documents, window=window, seed=seed, tp=tp, pp=pp, cp=cp,
+        grad_accum=grad_accum, phase=phase, top=0,
+        cp_comms=None if cp_comm is None else CP_COMM_CHOICES[cp_comm],
+    )  # fmt: skip
+    settings = TuneSettings(**{**DEFAULT_SETTINGS.__dict__, "max_runs": max_runs,
+                               "budget_s": budget})  # fmt: skip
+    run = service.tune_with_oracle(request, oracle, settings)
+    written = service.write_tuned_profile(run, output) if output else None
+    report = service.tune_report(run, written)
+    emit(report.model_dump(mode="json"), as_json, lambda: render_tune(report))
