@@ -240,17 +240,17 @@ class FrameworkSetting:
     """What to watch out for, or what the framework runs instead, as facts (`recommend`)."""
 
 
-TieBreak = Literal["clear", "measured", "memory", "exposed_bytes", "simpler_setting", "fastest"]
+TieBreak = Literal["clear", "measured", "memory", "likeliest", "simpler_setting"]
 """What named the pick: no tie; a measured tie settled by re-measurement; else the first
-tie-break rule that leaves one candidate (`TIE_BREAK_RULES`)."""
+rule of `TIE_BREAK_RULES` that leaves one candidate."""
 TIE_BREAK_RULES = (
-    "among tied predictions: (1) memory: the longest sequence that fits (max L within 5% of "
-    "the longest stays in); (2) exposed_bytes: the fewest "
-    "bytes not hidden behind compute (bytes sent x exposed / total communication, within 10% "
-    "of the fewest); (3) simpler_setting: p2p "
+    "among predictions within the ratio's uncertainty: (1) memory, only where it binds: a "
+    "candidate whose longest sequence is within 10% of the requested length (or under it) "
+    "gives way to one with headroom; (2) likeliest: the candidate most likely fastest, the "
+    "fastest prediction (the same per-candidate sigma for each), with the probability that "
+    "it is faster than the next; (3) simpler_setting, between equal predictions only: p2p "
     "before all-gather, no head stride, one CP axis before two, zigzag before striped before "
-    "contiguous; (4) fastest: the fastest prediction. A tie led by a measurement keeps the "
-    "fastest measured median"
+    "contiguous. A tie led by a measurement keeps the fastest measured median"
 )
 """The stated tie-break (printed with every tie)."""
 
@@ -272,7 +272,7 @@ class TieCall:
     was."""
     decided_by: TieBreak = "clear"
     """Which rule named the pick (`TIE_BREAK_RULES`): clear (no tie), measured (the fastest
-    measured median, or an interleaved re-measurement), memory, exposed_bytes, simpler_setting or fastest."""
+    measured median, or an interleaved re-measurement), memory, likeliest or simpler_setting."""
     decision: str = ""
     """The tie-break in words, with the numbers that decided it."""
 

@@ -17,7 +17,6 @@ from cpbench.app.recommend.types import (
     Uncertainty,
     rank_key,
 )
-from cpbench.config.vocabulary import PHASE_PASSES
 from cpbench.model.calibrate import CalibrationResult, Measurement
 from cpbench.model.calibrate.error_split import ErrorSplit, prior_split, split_residuals
 from cpbench.model.hardware.profile import HardwareProfile, LinkCost
@@ -29,12 +28,12 @@ PROBE_SIGMA_FLOOR = 0.05
 calibration's): a link fit that is exact says nothing about the rest of the model."""
 LISTED = 5
 """Tied candidates named in the message (the table and the JSON list them all)."""
-TIE_BREAK_SLACK = 0.05
-"""The memory rule keeps every candidate within 5% of the longest sequence (a longest
-sequence 1% apart does not decide)."""
-BYTES_SLACK = 0.10
-"""The exposed-bytes rule keeps every candidate within 10% of the fewest (the exposed share
-comes from the model's overlap, itself uncertain)."""
+MEMORY_BINDS = 0.10
+"""Memory decides only where it binds: a candidate whose longest sequence is within 10% of the
+requested length (its memory at that length within 10% of the budget) gives way."""
+EQUAL = 0.001
+"""Predictions within 0.1% of each other are equal (striped and zigzag price alike): the
+simpler setting names the pick among them."""
 
 
 def probe_residuals(profile: HardwareProfile) -> tuple[float, ...]:
@@ -175,7 +174,8 @@ def call_ties(
             else f"{leader.label} has the fastest measured median"
         )
     else:
-        pick, decided_by, decision = break_tie(tied_set)
+        ratio_sigma = split.ratio_sigma if split else math.sqrt(2.0) * uncertainty.sigma
+        pick, decided_by, decision = break_tie(tied_set, ratio_sigma)
     tied_set = [pick] + [r for r in tied_set if r is not pick]
     order = [pick] + [r for r in order if r is not pick]
     any_measured = any(r.measured_s is not None for r in tied_set + [runner_up] if r)
@@ -220,15 +220,6 @@ def _tied(
     return leader.low_s <= other.high_s and other.low_s <= leader.high_s
 
 
-def exposed_bytes(r: RankedCandidate) -> float:
-    """Bytes a rank sends in the ranked phase times the share of its communication not
-    hidden behind compute (exposed / total communication time)."""
-    p = r.prediction
-    sent = sum(p.bytes_by_tier(PHASE_PASSES[p.candidate.phase]).values())
-    t = p.phase_time
-    return sent * (t.exposed_comm_s / t.comm_s) if t.comm_s > 0 else 0.0
-
-
 def setting_complexity(r: RankedCandidate) -> tuple[int, int, int, int]:
     """How much a framework has to be told: all-gather over p2p, a head stride, two CP axes
     over one, then the layout (`LAYOUT_PREFERENCE`)."""
@@ -241,48 +232,64 @@ def setting_complexity(r: RankedCandidate) -> tuple[int, int, int, int]:
     )
 
 
-def break_tie(tied: Sequence[RankedCandidate]) -> tuple[RankedCandidate, TieBreak, str]:
+def faster_probability(fast_s: float, slow_s: float, ratio_sigma: float) -> float:
+    """P(the candidate predicted at `fast_s` is faster than the one at `slow_s`): their log
+    ratio is normal around the predicted one with sigma `ratio_sigma`."""
+    if ratio_sigma <= 0:
+        return 1.0 if fast_s < slow_s else 0.5 if fast_s == slow_s else 0.0
+    return 0.5 * math.erfc(-math.log(slow_s / fast_s) / (ratio_sigma * math.sqrt(2.0)))
+
+
+def break_tie(
+    tied: Sequence[RankedCandidate], ratio_sigma: float
+) -> tuple[RankedCandidate, TieBreak, str]:
     """The pick among tied candidates (fastest first), the rule that named it and why in
-    words: `TIE_BREAK_RULES`, each keeping the candidates within `TIE_BREAK_SLACK` of its
-    best, the first that leaves one deciding."""
-    left = list(tied)
-    longest = max(r.prediction.max_seq_len for r in left)
-    kept = [r for r in left if r.prediction.max_seq_len >= longest * (1 - TIE_BREAK_SLACK)]
-    if len(kept) == 1:
-        pick = kept[0]
-        other = max((r for r in left if r is not pick), key=lambda r: r.prediction.max_seq_len)
-        return pick, "memory", (
-            f"{pick.label} holds the longest sequence ({pick.prediction.max_seq_len} tokens vs "
-            f"{other.prediction.max_seq_len} for {other.label}, the next of the tie)"
-        )
-    left = kept
-    fewest = min(exposed_bytes(r) for r in left)
-    kept = [r for r in left if exposed_bytes(r) <= fewest * (1 + BYTES_SLACK) + 1.0]
-    if len(kept) == 1:
-        pick = kept[0]
-        other = min((r for r in left if r is not pick), key=exposed_bytes)
-        return pick, "exposed_bytes", (
-            f"{pick.label} exposes the fewest bytes ({exposed_bytes(pick) / 1e6:.1f} MB per "
-            f"rank vs {exposed_bytes(other) / 1e6:.1f} MB for {other.label}; longest "
-            f"sequences within {TIE_BREAK_SLACK:.0%})"
-        )
-    left = kept
-    simplest = min(setting_complexity(r) for r in left)
-    kept = [r for r in left if setting_complexity(r) == simplest]
-    if len(kept) == 1:
-        pick = kept[0]
+    words (`TIE_BREAK_RULES`): memory only where it binds, then the likeliest fastest, then,
+    between equal predictions, the simpler setting."""
+    left = sorted(tied, key=rank_key)
+    requested = left[0].prediction.candidate.shape.seq_len
+    roomy = [r for r in left if r.prediction.max_seq_len * (1 - MEMORY_BINDS) >= requested]
+    if roomy and len(roomy) < len(left):
+        tight = next(r for r in left if r not in roomy)
+        if roomy[0] is not left[0] or len(roomy) == 1:
+            pick = roomy[0]
+            return pick, "memory", (
+                f"{tight.label} holds at most {tight.prediction.max_seq_len:,} tokens, within "
+                f"{MEMORY_BINDS:.0%} of the {requested:,} asked for; {pick.label} holds "
+                f"{pick.prediction.max_seq_len:,}"
+            )
+        left = roomy
+    fastest = min(r.prediction.step_s for r in left)
+    equal = [r for r in left if r.prediction.step_s <= fastest * (1 + EQUAL)]
+    pick = min(equal, key=lambda r: (setting_complexity(r), rank_key(r)))
+    variants = [r for r in equal if r is not pick and _mesh(r) == _mesh(pick)]
+    if any(_mesh(r) != _mesh(pick) for r in equal) and len(
+        {setting_complexity(r) for r in equal}
+    ) > 1:
         return pick, "simpler_setting", (
-            f"{pick.label} is the simplest framework setting of the candidates left ("
-            + ", ".join(r.label for r in left if r is not pick)
-            + "; as much headroom, exposed bytes within "
-            f"{BYTES_SLACK:.0%})"
+            f"{pick.label} is the simpler framework setting of equal predictions ("
+            + ", ".join(r.label for r in equal if r is not pick)
+            + f", within {EQUAL:.1%})"
         )
-    pick = kept[0]
-    return pick, "fastest", (
-        f"{pick.label} is the fastest prediction of the candidates no rule separates ("
-        + ", ".join(r.label for r in kept[1:])
-        + ")"
+    # against the next other mesh: variants of the pick's own mesh (layouts, exchanges) are
+    # settings of one choice, the mesh is the choice
+    others = [r for r in left if r is not pick]
+    rival = next((r for r in others if _mesh(r) != _mesh(pick)), None) or others[0]
+    p = faster_probability(pick.prediction.step_s, rival.prediction.step_s, ratio_sigma)
+    simpler = (
+        f"; of its variants priced equal ({', '.join(r.label for r in variants)}) the simpler "
+        f"setting" if variants else ""
     )
+    return pick, "likeliest", (
+        f"{pick.label} is faster than {rival.label} with probability {p:.2f} (predicted "
+        f"{rival.prediction.step_s / pick.prediction.step_s - 1:.1%} apart, the ratio's sigma "
+        f"{ratio_sigma:.0%}){simpler}"
+    )
+
+
+def _mesh(r: RankedCandidate) -> tuple[int, int]:
+    c = r.prediction.candidate
+    return c.ulysses, c.ring
 
 
 def _within(uncertainty: Uncertainty, candidates: Sequence[RankedCandidate]) -> str:

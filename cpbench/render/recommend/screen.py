@@ -32,10 +32,8 @@ if TYPE_CHECKING:
     )
 
 _TIE_BREAK_WORDS = {
-    "memory": "the longest sequence that fits",
-    "exposed_bytes": "the fewest exposed bytes",
-    "simpler_setting": "the simplest framework setting",
-    "fastest": "the fastest prediction",
+    "memory": "memory, which binds for a faster one",
+    "simpler_setting": "the simpler framework setting of equal predictions",
     "measured": "the measured medians",
 }
 """The tie-break rule that named the pick (`TieBreak`), in a few words for the headline."""
@@ -62,10 +60,11 @@ def headline(rec: Recommendation) -> str:
             within = f"within x{math.exp(u.split.ratio_sigma):.2f} (the ratio's uncertainty)"
         else:
             within = "within the model's uncertainty"
+        close = f"{others:,} other{'s' * (others != 1)} {within}"
+        if tie.decided_by == "likeliest":
+            return f"{text}: {tie.decision}; {close}."
         rule = _TIE_BREAK_WORDS.get(tie.decided_by, tie.decided_by)
-        if tie.decided_by == "memory":
-            rule += f" ({w.prediction.max_seq_len:,} tokens)"
-        return f"{text}, tied with {others:,} other{'s' * (others != 1)} {within}; named by {rule}."
+        return f"{text}, tied with {close}; named by {rule}: {tie.decision}."
     if e is None or second is None:
         return f"{text}: the only feasible candidate."
     return (
