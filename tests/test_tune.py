@@ -156,3 +156,24 @@ def test_an_oracle_of_another_problem_is_refused(tmp_path: Path) -> None:
     res = runner.invoke(app, ["tune", *other, "--oracle", str(PUBLISHED)])
     assert res.exit_code == 2, res.output
     assert "none of its" in res.stderr and "candidates of this problem" in res.stderr
+
+
+def test_cli_tune_measures_here_and_resumes_without_measuring_again(tmp_path: Path) -> None:
+    """On the CPU (2 gloo ranks): each measurement is a checked, timed sweep record appended to
+    --out; run again with --resume, the tune takes them from the file and measures nothing."""
+    out = tmp_path / "tune.jsonl"
+    problem = ["--heads", "4", "--kv-heads", "2", "--head-dim", "16", "--seq-len", "256",
+               "--gpus", "2", "--hardware", "cpu-local", "--dtype", "float32", "--out", str(out)]  # fmt: skip
+    first = runner.invoke(app, ["tune", *problem, "--json"])
+    assert first.exit_code == 0, first.output
+    report = json.loads(first.stdout)
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert report["runs"] == len(records) >= 1 and report["oracle"] is None
+    assert all(r["status"] == "ok" and r["accuracy"]["passed"] for r in records)
+    assert report["pick_measured"] and report["measured_seconds"] > 0
+    again = runner.invoke(app, ["tune", *problem, "--json"])
+    assert again.exit_code == 2 and "pass --resume" in again.stderr, again.output
+    resumed = runner.invoke(app, ["tune", *problem, "--resume", "--json"])
+    assert resumed.exit_code == 0, resumed.output
+    assert json.loads(resumed.stdout)["pick"] == report["pick"]
+    assert len(out.read_text().splitlines()) == len(records)  # nothing measured twice

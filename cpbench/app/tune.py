@@ -3,6 +3,7 @@ by an oracle file (a replay) or by measuring; and the replay of the published ta
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -111,6 +112,58 @@ def tune_with_oracle(
 
     outcome = tune_loop(candidates, measure, rec.profile, settings)
     return TuneRun(rec, candidates, outcome, str(oracle), tuple(matched))
+
+
+def tune_by_measuring(
+    request: RecommendRequest,
+    out: Path | None,
+    resume: bool = False,
+    settings: TuneSettings = DEFAULT_SETTINGS,
+) -> tuple[TuneRun, list[dict[str, Any]]]:
+    """Tune `request`'s candidates by measuring each the loop asks for here, as `cpbench sweep`
+    does (checked against the reference, timed, bytes counted), its record appended to `out`
+    (default results/tune-<time>.jsonl); with `resume` a candidate `out` already measured is
+    taken from it. Returns the run and the records written now (the CLI judges them)."""
+    from cpbench.app.recommend.scenario import candidates_scenario  # noqa: PLC0415
+    from cpbench.app.sweep import run_sweep  # noqa: PLC0415
+    from cpbench.results.scenarios.loading import parse_scenario  # noqa: PLC0415
+
+    rec = recommend_mesh(RecommendRequest(**{**request.__dict__, "top": 0}))
+    device = "cuda" if rec.profile.device_kind == "cuda" else "cpu"
+    if out is None:
+        out = Path("results") / f"tune-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
+    if _has_records(out) and not resume:
+        raise CpbenchError(
+            f"output {out} already has records: pass --resume to continue that tune, or give "
+            f"another --out"
+        )
+    candidates = tuple(
+        TuneCandidate(r.label, r.prediction.candidate, rec.gpus_per_node, rec.sizes.tp, device)
+        for r in rec.ranked
+    )
+    written: list[dict[str, Any]] = []
+
+    def measure(i: int) -> Measured | None:
+        if _has_records(out):
+            done = matching_measurement(
+                candidates[i].candidate, measurements_from_records(read_records([out]))
+            )
+            if done is not None:
+                return Measured(done.median_s, 0.0)  # measured before this run: free now
+        scenario = parse_scenario(candidates_scenario(rec, [rec.ranked[i]]), "<cpbench tune>")
+        result = run_sweep(scenario, device, rec.sizes.cp, out, resume=_has_records(out))
+        written.extend(result.records)
+        if result.interrupted:
+            raise KeyboardInterrupt  # every record so far is in `out`: --resume continues
+        m = matching_measurement(candidates[i].candidate, measurements_from_records(result.records))
+        return None if m is None else Measured(m.median_s, result.wall_seconds)
+
+    outcome = tune_loop(candidates, measure, rec.profile, settings)
+    return TuneRun(rec, candidates, outcome, None), written
+
+
+def _has_records(path: Path) -> bool:
+    return path.is_file() and path.stat().st_size > 0
 
 
 @dataclass(frozen=True)

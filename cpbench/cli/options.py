@@ -333,7 +333,7 @@ ORACLE = _option(
     help="Replay instead of measuring: each candidate's step time is this file's row for it "
     "(a cpbench results JSONL, or a CSV in the columns of cpbench/data/published/*.csv).",
 )
-Oracle = Annotated[Path, ORACLE]
+OracleOrNone = Annotated[Path | None, ORACLE]
 MAX_RUNS = _option("--max-runs", help="Measure at most this many candidates.")
 MaxRuns = Annotated[int | None, MAX_RUNS]
 EXPLAIN = _option(

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import typer
+
 from cpbench.cli import options as o
-from cpbench.cli.common import command, emit
+from cpbench.cli.common import command, emit, err_console
 from cpbench.config.vocabulary import CP_COMM_CHOICES
 
 
@@ -12,7 +14,6 @@ from cpbench.config.vocabulary import CP_COMM_CHOICES
 def tune(
     heads: o.Heads,
     kv_heads: o.KvHeads,
-    oracle: o.Oracle,
     seq_len: o.SeqLen = 131072,
     head_dim: o.HeadDim = 128,
     batch: o.Batch = o.DEFAULTS["batch"],
@@ -30,6 +31,9 @@ def tune(
     grad_accum: o.GradAccum = 1,
     phase: o.PhaseChoice = o.DEFAULTS["phase"],
     cp_comm: o.CpCommOrNone = None,
+    oracle: o.OracleOrNone = None,
+    out: o.Out = None,
+    resume: o.Resume = False,
     max_runs: o.MaxRuns = None,
     budget: o.BudgetOrNone = None,
     output: o.OutputOrNone = None,
@@ -50,6 +54,9 @@ def tune(
     """
     from cpbench.app import tune as service  # noqa: PLC0415 - keep `cpbench --help` fast
     from cpbench.app.recommend.types import RecommendRequest  # noqa: PLC0415
+    from cpbench.bench.pool import start_forkserver_early  # noqa: PLC0415
+    from cpbench.cli.sweep import wrong_results  # noqa: PLC0415
+    from cpbench.errors import EXIT_WRONG_RESULT, CpbenchError  # noqa: PLC0415
     from cpbench.model.tune import DEFAULT_SETTINGS, TuneSettings  # noqa: PLC0415
     from cpbench.render.tune import render_tune  # noqa: PLC0415
 
@@ -62,7 +69,19 @@ def tune(
     )  # fmt: skip
     settings = TuneSettings(**{**DEFAULT_SETTINGS.__dict__, "max_runs": max_runs,
                                "budget_s": budget})  # fmt: skip
-    run = service.tune_with_oracle(request, oracle, settings)
+    if oracle is not None:
+        if out is not None or resume:
+            raise CpbenchError("--out / --resume measure here: leave them out with --oracle")
+        run = service.tune_with_oracle(request, oracle, settings)
+        records: list[dict[str, object]] = []
+    else:
+        start_forkserver_early("auto")  # its imports beside this process's (bench/pool.py)
+        run, records = service.tune_by_measuring(request, out, resume, settings)
     written = service.write_tuned_profile(run, output) if output else None
     report = service.tune_report(run, written)
     emit(report.model_dump(mode="json"), as_json, lambda: render_tune(report))
+    wrong = wrong_results(records)
+    if wrong:
+        for reason, ids in wrong.items():
+            err_console.print(f"FAILED: {reason}: {', '.join(ids)}", markup=False)
+        raise typer.Exit(EXIT_WRONG_RESULT)

@@ -4,6 +4,7 @@ what the model cannot."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,11 @@ def tie_scenario(rec: Recommendation) -> dict[str, Any]:
     first candidate's mesh, layout and exchange, one [[also]] table per further candidate (so
     exactly those are measured, not a product), world size = the CP degree, device cuda on a
     GPU profile."""
-    chosen = scenario_candidates(rec)
+    return candidates_scenario(rec, scenario_candidates(rec))
+
+
+def candidates_scenario(rec: Recommendation, chosen: Sequence[RankedCandidate]) -> dict[str, Any]:
+    """The scenario (as `tie_scenario`) that measures exactly `chosen` of `rec`'s candidates."""
     q, shape, mask = rec.request, rec.shape, rec.mask
     world = rec.sizes.cp
     per_node = rec.gpus_per_node

@@ -262,8 +262,8 @@ def break_tie(
     fastest = min(r.prediction.step_s for r in left)
     equal = [r for r in left if r.prediction.step_s <= fastest * (1 + EQUAL)]
     pick = min(equal, key=lambda r: (setting_complexity(r), rank_key(r)))
-    variants = [r for r in equal if r is not pick and _mesh(r) == _mesh(pick)]
-    if any(_mesh(r) != _mesh(pick) for r in equal) and len(
+    variants = [r for r in equal if r is not pick and _candidate_mesh(r) == _candidate_mesh(pick)]
+    if any(_candidate_mesh(r) != _candidate_mesh(pick) for r in equal) and len(
         {setting_complexity(r) for r in equal}
     ) > 1:
         return pick, "simpler_setting", (
@@ -274,7 +274,7 @@ def break_tie(
     # against the next other mesh: variants of the pick's own mesh (layouts, exchanges) are
     # settings of one choice, the mesh is the choice
     others = [r for r in left if r is not pick]
-    rival = next((r for r in others if _mesh(r) != _mesh(pick)), None) or others[0]
+    rival = next((r for r in others if _candidate_mesh(r) != _candidate_mesh(pick)), None) or others[0]
     p = faster_probability(pick.prediction.step_s, rival.prediction.step_s, ratio_sigma)
     simpler = (
         f"; of its variants priced equal ({', '.join(r.label for r in variants)}) the simpler "
@@ -287,7 +287,7 @@ def break_tie(
     )
 
 
-def _mesh(r: RankedCandidate) -> tuple[int, int]:
+def _candidate_mesh(r: RankedCandidate) -> tuple[int, int]:
     c = r.prediction.candidate
     return c.ulysses, c.ring
 
