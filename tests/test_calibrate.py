@@ -705,3 +705,23 @@ def test_published_json_is_the_captured_shape_plus_its_version() -> None:
     assert document.pop("schema_version") == 1
     golden = json.loads((ROOT / "tests" / "fixtures" / "published_json.json").read_text())
     assert_same_document(_first_rows(document), golden)
+
+
+def test_the_p2p_ring_and_the_all_gather_of_one_mesh_are_two_measurements() -> None:
+    """Deduplication kept one of them (the key had no exchange): `tune --resume` then took the
+    ring's time for the all-gather, and calibration lost a configuration."""
+    lines = (ROOT / "tests" / "fixtures" / "sweep.jsonl").read_text().splitlines()
+    ring = next(
+        r for r in map(json.loads, lines)
+        if r["status"] == "ok" and r["config"]["ring"] > 1 and r["config"]["ulysses"] == 1
+    )  # fmt: skip
+    gathered = json.loads(json.dumps(ring))
+    gathered["id"] += "-ag"
+    gathered["config"]["cp_comm"] = "all_gather"
+    gathered["timing"]["median"] *= 1.5
+    found = measurements_from_records([ring, gathered])
+    assert len(found) == 2, found
+    assert {m.candidate.all_gather for m in found} == {False, True}
+    assert sorted(m.median_s for m in found) == sorted(
+        [ring["timing"]["median"], gathered["timing"]["median"]]
+    )

@@ -287,6 +287,25 @@ class TuneReport(Versioned):
     """Every candidate, in the model's first order."""
     profile_written: str | None
     """The calibrated profile written (-o), or None."""
+    misfit: str | None
+    """Said when the measurements put the model's times more than `MISFIT_SCALE` off: the
+    profile's links or kernel are not this machine's (calibrate it, or probe), so the pick
+    leans on the measured candidates."""
+
+
+MISFIT_SCALE = 2.0
+"""Measured / predicted beyond this factor (either way) is reported as the model's misfit."""
+
+
+def _misfit(run: TuneRun) -> str | None:
+    scale = run.outcome.scale
+    if 1 / MISFIT_SCALE <= scale <= MISFIT_SCALE:
+        return None
+    return (
+        f"the measured steps are x{scale:.2f} the model's ({run.recommendation.profile.name}): "
+        f"its links or kernel are not this machine's; the ranking rests on the measured "
+        f"candidates (`cpbench calibrate` on the records, or `cpbench probe`, fixes the profile)"
+    )
 
 
 def tune_report(run: TuneRun, written: Path | None = None) -> TuneReport:
@@ -316,6 +335,7 @@ def tune_report(run: TuneRun, written: Path | None = None) -> TuneReport:
         scale=out.scale,
         frameworks=[asdict(f) for f in frameworks],
         profile_written=None if written is None else str(written),
+        misfit=_misfit(run),
         candidates=[
             TunedCandidate(
                 label=c.label, status=s.status, predicted_ms=s.predicted_s * 1e3,

@@ -58,6 +58,8 @@ def render_tune(report: TuneReport) -> list[RenderableType]:
              f"{report.measured_seconds:.4g} s of measurement{share}; the model "
              f"({report.profile}) corrected by x{report.scale:.3f}"),  # fmt: skip
     ]
+    if report.misfit:
+        lines.append(Text(f"warning: {report.misfit}"))
     out: list[RenderableType] = [*lines, _candidates(report)]
     settings = FitTable(title="Settings of the pick", narrow="split")
     settings.add_column("framework", key=True)

@@ -42,10 +42,14 @@ class Measurement:
 
     @property
     def key(self) -> tuple[Any, ...]:
-        """Identity of the configuration, mask included (duplicates keep the last record)."""
+        """Identity of the configuration, mask and exchange included (duplicates keep the last
+        record): the p2p ring and the all-gather of one mesh are two configurations."""
         c = self.candidate
+        gather = c.ring > 1 and c.all_gather
+        exchange = (c.cp_comm, c.heads_k_stride) if gather else ("p2p", None)
         return (
-            c.shape, c.ulysses, c.ring, c.layout, c.dtype, c.mask, c.phase, c.kernel, self.device
+            c.shape, c.ulysses, c.ring, c.layout, c.dtype, c.mask, c.phase, c.kernel, exchange,
+            self.device,
         )  # fmt: skip
 
     @property
