@@ -60,11 +60,42 @@ def test_balanced_score_from_counts_picks_the_same_candidate() -> None:
             for long_doc in (1, 2, 2 * ring, seq_len // ring, seq_len + 1):
                 shards = geometry._balanced(mask, seq_len, ring, long_doc)
                 schedule = geometry._schedule(mask, shards, ring)
-                counts = geometry._counts(mask, shards, ring)
+                counts = geometry._counts(mask, geometry.shards_table(shards))
                 assert geometry.counts_score(counts) == (
                     geometry.balance_score(schedule),
                     schedule.steps,
                 )
+
+
+def _merged(spans: list[tuple[int, int, int]]) -> geometry.Shard:
+    """Runs from (start, length, stride) in increasing order, adjacent contiguous ones joined
+    (the shards' form, one run at a time)."""
+    merged: list[tuple[int, int, int]] = []
+    end = -1  # where the last run ends when it is contiguous, else -1
+    for start, length, stride in spans:
+        if stride == 1 and start == end:
+            merged[-1] = (merged[-1][0], merged[-1][1] + length, 1)
+        else:
+            merged.append((start, length, stride))
+        end = start + length if stride == 1 else -1
+    return tuple(geometry.Run(*run) for run in merged)
+
+
+def _merge_runs(runs: list[geometry.Run]) -> geometry.Shard:
+    return _merged(sorted((r.start, r.length, r.stride) for r in runs))
+
+
+def _zigzag_shards(starts_lengths: list[tuple[int, int]], ring: int) -> tuple[geometry.Shard, ...]:
+    """Zigzag each span (start, length) over 2R chunks; ring rank j gets chunks j and 2R-1-j."""
+    per_rank: list[list[tuple[int, int, int]]] = [[] for _ in range(ring)]
+    for start, length in starts_lengths:
+        chunk = length // (2 * ring)
+        if chunk == 0:
+            continue
+        for j in range(ring):
+            per_rank[j].append((start + j * chunk, chunk, 1))
+            per_rank[j].append((start + (2 * ring - 1 - j) * chunk, chunk, 1))
+    return tuple(_merged(sorted(spans)) for spans in per_rank)
 
 
 def _reference_balanced(
@@ -98,7 +129,7 @@ def _reference_balanced(
     )
     for start, length in short:
         place(start, length, min((r for r in range(ring) if room[r]), key=lambda r: (load[r], r)))
-    return tuple(geometry._merge_runs(runs) for runs in owned)
+    return tuple(_merge_runs(runs) for runs in owned)
 
 
 def test_balanced_placement_equals_the_chunk_by_chunk_one() -> None:
@@ -123,7 +154,7 @@ def test_doc_zigzag_shards_equal_one_zigzag_of_all_spans() -> None:
             starts = [0]
             for d, p in spans:
                 starts.append(starts[-1] + d + p)
-            whole = geometry._zigzag_shards(
+            whole = _zigzag_shards(
                 [(a, d + p) for a, (d, p) in zip(starts[:-1], spans, strict=True)], ring
             )
             packing = pack(mask, seq_len, ulysses, ring, "doc_zigzag")
