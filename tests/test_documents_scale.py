@@ -98,6 +98,19 @@ def _zigzag_shards(starts_lengths: list[tuple[int, int]], ring: int) -> tuple[ge
     return tuple(_merged(sorted(spans)) for spans in per_rank)
 
 
+def _padded_spans(docs: tuple[int, ...], ulysses: int, ring: int) -> list[tuple[int, int]]:
+    """doc_zigzag's spans: each document with the padding that makes it a multiple of 2R, and a
+    final padding span that makes the ring shard a multiple of U; as (document, padding)."""
+    spans = [(d, -d % (2 * ring)) for d in docs]
+    total = sum(d + p for d, p in spans)
+    extra = 0
+    while ((total + extra) // ring) % ulysses:
+        extra += 2 * ring
+    if extra:
+        spans.append((0, extra))
+    return spans
+
+
 def _reference_balanced(
     mask: MaskSpec, seq_len: int, ring: int, long_doc: int
 ) -> tuple[geometry.Shard, ...]:
@@ -150,7 +163,7 @@ def test_doc_zigzag_shards_equal_one_zigzag_of_all_spans() -> None:
         for ulysses in (1, 2, 3, 4):
             seq_len = 2 * ring * ulysses * rng.randint(1, 12)
             mask = MaskSpec(documents=_documents(rng, seq_len))
-            spans = geometry._padded_spans(mask.documents or (), ulysses, ring)
+            spans = _padded_spans(mask.documents or (), ulysses, ring)
             starts = [0]
             for d, p in spans:
                 starts.append(starts[-1] + d + p)
@@ -160,3 +173,6 @@ def test_doc_zigzag_shards_equal_one_zigzag_of_all_spans() -> None:
             packing = pack(mask, seq_len, ulysses, ring, "doc_zigzag")
             assert packing.shards == (whole if ring > 1 else packing.shards)
             assert packing.seq_len == starts[-1] or ring == 1
+            if ring > 1:  # the padding tokens are documents of their own
+                padded = tuple(x for d, p in spans for x in (d, p) if x)
+                assert packing.mask.documents == padded

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from cpbench.config.bands import sum_clamped, sum_clamped_array
 from cpbench.config.masks import MaskSpec
-from cpbench.config.run_table import RunTable, joined
+from cpbench.config.run_table import RunTable, document_arrays, joined
 
 if TYPE_CHECKING:
     import numpy as np
@@ -31,8 +31,7 @@ def long_chunks(
     document is sent to rank c for c < R, else 2R-1-c, and placed in that order."""
     import numpy as np  # noqa: PLC0415 (only here: `cpbench --help` loads no numpy)
 
-    starts = np.asarray(mask.starts, dtype=np.int64)
-    lengths = np.asarray(mask.documents, dtype=np.int64)
+    starts, lengths = document_arrays(mask.documents or ())
     keep = lengths >= long_doc
     starts, lengths = starts[keep], lengths[keep]
     c = np.arange(2 * ring, dtype=np.int64)
@@ -74,7 +73,8 @@ class _Ring:
         self.room, self.load = room, load
         self.total = sum(mask.documents or ())
         self.heap = [(load[r], r) for r in range(len(room)) if room[r]]
-        """(load, rank) of every rank with room, and older entries `least_loaded` drops."""
+        """One (load, rank) per rank with room: its load when last looked at, at most its load
+        now (loads only grow), so the least entry whose load is current is the least rank."""
         heapq.heapify(self.heap)
         self.start: list[int] = []
         self.length: list[int] = []
@@ -85,31 +85,45 @@ class _Ring:
         heap, room, load = self.heap, self.room, self.load
         while True:
             weight, rank = heap[0]
-            if room[rank] and load[rank] == weight:
+            if load[rank] == weight and room[rank]:
                 return rank
-            heapq.heappop(heap)  # a rank since filled, or loaded again
+            if room[rank]:  # loaded since: look again at its load now
+                heapq.heapreplace(heap, (load[rank], rank))
+            else:  # full: never again
+                heapq.heappop(heap)
 
-    def place(self, pieces: Iterable[tuple[int, int, int, int]]) -> None:
-        """Put each piece (start, length, rank, document start) on its rank (the least loaded
-        for rank -1), what does not fit spilling to the least-loaded ranks with room."""
-        room, load, heap = self.room, self.load, self.heap
+    def place(self, pieces: Iterable[tuple[int, int, int, int, int]]) -> None:
+        """Put each piece (start, length, rank, document start, row work) on its rank (the
+        least loaded for rank -1), what does not fit spilling to the least-loaded ranks with
+        room."""
+        room, load = self.room, self.load
+        starts, lengths, ranks = self.start, self.length, self.rank
         causal, window, total = self.mask.causal, self.mask.window, self.total
-        for start, length, rank, doc_start in pieces:
+        for start, length, rank, doc_start, work in pieces:
+            if length == 0:  # an empty chunk of a document shorter than 2R
+                continue
+            if rank < 0 or room[rank] == 0:
+                rank = self.least_loaded()
+            if length <= room[rank]:  # it fits: placed whole
+                starts.append(start)
+                lengths.append(length)
+                ranks.append(rank)
+                load[rank] += work
+                room[rank] -= length
+                continue
             while length > 0:
-                if rank < 0 or room[rank] == 0:
+                if room[rank] == 0:
                     rank = self.least_loaded()
                 take = min(length, room[rank])
-                self.start.append(start)
-                self.length.append(take)
-                self.rank.append(rank)
+                starts.append(start)
+                lengths.append(take)
+                ranks.append(rank)
                 if causal:  # row_work of positions inside one document
                     a = start - doc_start + 1
                     load[rank] += sum_clamped(a, take, window or a + take)
                 else:
                     load[rank] += take * total
                 room[rank] -= take
-                if room[rank]:
-                    heapq.heappush(heap, (load[rank], rank))
                 start, length = start + take, length - take
 
 
@@ -119,10 +133,9 @@ def balanced_table(mask: MaskSpec, seq_len: int, ring: int, long_doc: int) -> Ru
     import numpy as np  # noqa: PLC0415 (only here: `cpbench --help` loads no numpy)
 
     room, load = [seq_len // ring] * ring, [0] * ring
-    starts = np.asarray(mask.starts, dtype=np.int64)
-    lengths = np.asarray(mask.documents, dtype=np.int64)
+    starts, lengths = document_arrays(mask.documents or ())
     at_once: list[np.ndarray] = [np.zeros(0, dtype=np.int64)] * 3
-    tail: Iterable[tuple[int, int, int, int]]
+    tail: Iterable[tuple[int, int, int, int, int]]
     if mask.causal:
         offsets, sizes, ranks, doc_starts, work = long_chunks(mask, ring, long_doc)
         first = _first_overflow(sizes, ring, room[0])
@@ -134,10 +147,11 @@ def balanced_table(mask: MaskSpec, seq_len: int, ring: int, long_doc: int) -> Ru
         for r, (n, w) in enumerate(zip(tokens.tolist(), weights.tolist(), strict=True)):
             room[r] -= n
             load[r] += w
-        tail = zip(*(x[first:].tolist() for x in flat[:4]), strict=True)
+        tail = zip(*(x[first:].tolist() for x in flat), strict=True)
     else:  # full attention: one document, row_work a row's every key
+        total = sum(mask.documents or ())
         tail = (
-            (start + offset, size, min(c, 2 * ring - 1 - c), start)
+            (start + offset, size, min(c, 2 * ring - 1 - c), start, size * total)
             for start, length in zip(mask.starts, mask.documents or (), strict=True)
             if length >= long_doc
             for c, (offset, size) in enumerate(_chunk_spans(length, ring))
@@ -150,9 +164,10 @@ def balanced_table(mask: MaskSpec, seq_len: int, ring: int, long_doc: int) -> Ru
         heavy = sum_clamped_array(np.ones_like(short), lengths[short], window)
     else:
         heavy = lengths[short] * int(lengths.sum())
-    short = short[np.lexsort((starts[short], -heavy))]
+    order = np.lexsort((starts[short], -heavy))  # heaviest first
+    short_docs = (starts[short][order], lengths[short][order], heavy[order])
     ring_state.place(
-        (s, n, -1, s) for s, n in zip(starts[short].tolist(), lengths[short].tolist(), strict=True)
+        (s, n, -1, s, w) for s, n, w in zip(*(x.tolist() for x in short_docs), strict=True)
     )
     start, length, rank = (
         np.concatenate((a, np.asarray(b, dtype=np.int64)))

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from cpbench.config.bands import band_pairs_array
 from cpbench.config.masks import MaskSpec
-from cpbench.config.run_table import RunTable
+from cpbench.config.run_table import RunTable, document_arrays
 
 if TYPE_CHECKING:
     import numpy as np
@@ -57,8 +57,7 @@ def document_parts(mask: MaskSpec, table: RunTable) -> Parts | None:
     another shape than contiguous runs covering the sequence once or the striped layout's."""
     import numpy as np  # noqa: PLC0415 (only here: `cpbench --help` loads no numpy)
 
-    doc_starts = np.asarray(mask.starts, dtype=np.int64)
-    lengths = np.asarray(mask.documents, dtype=np.int64)
+    doc_starts, lengths = document_arrays(mask.documents or ())
     total = int(doc_starts[-1] + lengths[-1])
     ring = table.ring
     if table.stride != 1:
@@ -87,12 +86,17 @@ def document_parts(mask: MaskSpec, table: RunTable) -> Parts | None:
         return None
     if int(run_starts[-1] + run_lengths[-1]) != total:
         return None
-    breaks = np.concatenate((doc_starts, run_starts))
-    breaks.sort(kind="stable")  # two sorted stretches: a merge
-    breaks = breaks[np.concatenate(([True], breaks[1:] != breaks[:-1]))]
+    # the cuts: the document and run starts merged; at the last of equal ones, the documents
+    # and runs before it are those that start there or earlier
+    both = np.concatenate((doc_starts, run_starts))
+    order = np.argsort(both, kind="stable")  # two sorted stretches: a merge
+    cuts = both[order]
+    is_doc = order < len(doc_starts)
+    last = np.append(cuts[1:] != cuts[:-1], True)
+    breaks = cuts[last]
+    docs = (np.cumsum(is_doc) - 1)[last]
+    run = (np.cumsum(~is_doc) - 1)[last]
     ends = np.append(breaks[1:], total)
-    docs = np.searchsorted(doc_starts, breaks, side="right") - 1
-    run = np.searchsorted(run_starts, breaks, side="right") - 1
     local = table.local_offsets()[run] + breaks - run_starts[run]
     return Parts(docs, table.rank[run], breaks - doc_starts[docs], ends - breaks, local, 1)
 
@@ -259,30 +263,35 @@ def _translated(
     blocks: tuple[np.ndarray, ...], ranks: np.ndarray, origins: np.ndarray, ring: int
 ) -> list[np.ndarray]:
     """A group's blocks (one document's, `_document_blocks`) summed over its documents, whose
-    first shard positions on the group's `ranks` are the rows of `origins` (documents x ranks):
-    counts and pairs times the documents, the box and band limits over all of them."""
+    first shard positions on the group's `ranks` are the columns of `origins` (ranks x
+    documents): counts and pairs times the documents, the box and band limits over all."""
     import numpy as np  # noqa: PLC0415 (only here: `cpbench --help` loads no numpy)
 
     keys, count, pairs, q0, k0, lo, q1, k1, hi = blocks
-    j = np.searchsorted(ranks, keys // ring)  # the columns of `origins`
+    j = np.searchsorted(ranks, keys // ring)  # the rows of `origins`
     i = np.searchsorted(ranks, keys % ring)
-    low, high = origins.min(axis=0), origins.max(axis=0)
-    d_lo, d_hi = np.empty_like(keys), np.empty_like(keys)
-    step = max(1, (1 << 22) // len(origins))  # blocks per slice: a few million cells at once
-    for s in range(0, len(keys), step):
-        diff = origins[:, i[s : s + step]] - origins[:, j[s : s + step]]
-        d_lo[s : s + step], d_hi[s : s + step] = diff.min(axis=0), diff.max(axis=0)
-    members = len(origins)
+    low, high = origins.min(axis=1), origins.max(axis=1)
+    width, members = origins.shape
+    # shift[j, i]: the least and the most origin on rank i less the origin on rank j
+    if width * width * members <= 1 << 22:
+        diff = origins[None, :, :] - origins[:, None, :]
+        shift_lo, shift_hi = diff.min(axis=2), diff.max(axis=2)
+    else:
+        shift_lo = np.empty((width, width), dtype=np.int64)
+        shift_hi = np.empty((width, width), dtype=np.int64)
+        for row in range(width):
+            diff = origins - origins[row]
+            shift_lo[row], shift_hi[row] = diff.min(axis=1), diff.max(axis=1)
     return [
         keys,
         count * members,
         pairs * members,
         q0 + low[j],
         k0 + low[i],
-        lo + d_lo,
+        lo + shift_lo[j, i],
         q1 + high[j],
         k1 + high[i],
-        hi + d_hi,
+        hi + shift_hi[j, i],
     ]
 
 
@@ -310,10 +319,10 @@ def table_counts(mask: MaskSpec, table: RunTable) -> RingCounts | None:
     if parts is None:
         return None
     ring = table.ring
-    lengths = np.asarray(mask.documents, dtype=np.int64)
+    lengths = document_arrays(mask.documents or ())[1]
     origin = _origins(parts, ring)
     rel = parts.local - origin
-    first = np.searchsorted(parts.doc, np.arange(len(lengths)))
+    first = np.flatnonzero(np.append(True, parts.doc[1:] != parts.doc[:-1]))  # every one has parts
     count = np.diff(np.append(first, len(parts.doc)))
     group = document_groups(parts, rel, lengths, first, count)
     members = np.argsort(group, kind="stable")
@@ -332,7 +341,7 @@ def table_counts(mask: MaskSpec, table: RunTable) -> RingCounts | None:
             ring,
         )
         ranks, firsts = np.unique(parts.rank[p0:p1], return_index=True)
-        origins = origin[first[docs][:, None] + firsts[None, :]]
+        origins = origin[firsts[:, None] + first[docs][None, :]]
         found.append(_translated(blocks, ranks, origins, ring))
         begin = end
     columns = [np.concatenate([f[c] for f in found]) for c in range(9)]

@@ -16,7 +16,13 @@ from cpbench.config.bands import band_pairs, sum_clamped
 from cpbench.config.block_counts import RingCounts, table_counts
 from cpbench.config.constraints import seq_divisor
 from cpbench.config.masks import MaskSpec
-from cpbench.config.run_table import RunTable, concatenated, table_of_runs, zigzag_table
+from cpbench.config.run_table import (
+    RunTable,
+    concatenated,
+    document_arrays,
+    table_of_runs,
+    zigzag_table,
+)
 from cpbench.config.vocabulary import LAYOUTS, Layout
 from cpbench.errors import CpbenchError
 
@@ -272,22 +278,27 @@ def _doc_zigzag_table(documents: tuple[int, ...], ring: int) -> RunTable:
     Ulysses degree shares (only the final padding span depends on it)."""
     import numpy as np  # noqa: PLC0415 (only here: `cpbench --help` loads no numpy)
 
-    padded = np.asarray(documents, dtype=np.int64)
-    padded += -padded % (2 * ring)
+    lengths = document_arrays(documents)[1]
+    padded = lengths - lengths % -(2 * ring)
     return zigzag_table(np.cumsum(padded) - padded, padded, ring)
 
 
-def _padded_spans(docs: tuple[int, ...], ulysses: int, ring: int) -> list[tuple[int, int]]:
-    """doc_zigzag's spans: each document with the padding that makes it a multiple of 2R, and a
-    final padding span that makes the ring shard a multiple of U; as (document, padding)."""
-    spans = [(d, -d % (2 * ring)) for d in docs]
-    total = sum(d + p for d, p in spans)
+def _padded_documents(
+    documents: tuple[int, ...], ulysses: int, ring: int
+) -> tuple[tuple[int, ...], int]:
+    """doc_zigzag's documents as run: each followed by the padding document that makes it a
+    multiple of 2R (when it is not one), and a final padding document of `extra` tokens that
+    makes the ring shard a multiple of U; (the documents, extra)."""
+    import numpy as np  # noqa: PLC0415 (only here: `cpbench --help` loads no numpy)
+
+    lengths = document_arrays(documents)[1]
+    pads = -lengths % (2 * ring)
+    total = int(lengths.sum() + pads.sum())
     extra = 0
     while ((total + extra) // ring) % ulysses:
         extra += 2 * ring
-    if extra:
-        spans.append((0, extra))
-    return spans
+    both = np.stack((lengths, pads), axis=1).ravel()
+    return (*both[both > 0].tolist(), *([extra] if extra else [])), extra
 
 
 def _balanced(mask: MaskSpec, seq_len: int, ring: int, long_doc: int) -> tuple[Shard, ...]:
@@ -327,13 +338,11 @@ def pack(mask: MaskSpec, seq_len: int, ulysses: int, ring: int, layout: Layout) 
     if ring == 1:
         return Packing(mask, seq_len, 0, layout, 1, shards_table(((Run(0, seq_len),),)))
     if layout == "doc_zigzag":
-        spans = _padded_spans(mask.documents or (seq_len,), ulysses, ring)
-        docs = tuple(x for d, p in spans for x in (d, p) if x)
+        docs, extra = _padded_documents(mask.documents or (seq_len,), ulysses, ring)
         run_mask = MaskSpec(causal=mask.causal, documents=docs, window=mask.window)
         total = sum(docs)
         table = _doc_zigzag_table(mask.documents or (seq_len,), ring)
-        if len(spans) > len(mask.documents or (seq_len,)):  # the final padding span
-            extra = spans[-1][1]
+        if extra:  # the final padding document
             table = concatenated(table, zigzag_table([total - extra], [extra], ring))
         return Packing(run_mask, total, total - seq_len, layout, ring, table)
     if layout == "balanced":

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from cpbench.errors import CpbenchError
@@ -62,6 +63,18 @@ class RunTable:
         own = np.zeros(self.ring, dtype=np.int64)
         np.add.at(own, self.rank, self.length)
         return tuple(own.tolist())
+
+
+@lru_cache(maxsize=16)
+def document_arrays(documents: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, lengths) of packed documents as read-only int64 arrays, once per list (every
+    candidate layout of a mesh reads the same 100,000 lengths)."""
+    import numpy as np  # noqa: PLC0415 (only here: `cpbench --help` loads no numpy)
+
+    lengths = np.asarray(documents, dtype=np.int64)
+    starts = np.cumsum(lengths) - lengths
+    starts.flags.writeable = lengths.flags.writeable = False
+    return starts, lengths
 
 
 def joined(
