@@ -11,6 +11,7 @@ from cpbench.config.geometry import pack, ring_counts, ring_schedule, schedule_c
 from cpbench.config.masks import MaskSpec
 from cpbench.config.vocabulary import LAYOUTS
 from cpbench.errors import CpbenchError
+from tests.geometry_reference import padded_spans, reference_balanced, zigzag_shards
 
 
 def _documents(rng: random.Random, seq_len: int) -> tuple[int, ...]:
@@ -67,84 +68,6 @@ def test_balanced_score_from_counts_picks_the_same_candidate() -> None:
                 )
 
 
-def _merged(spans: list[tuple[int, int, int]]) -> geometry.Shard:
-    """Runs from (start, length, stride) in increasing order, adjacent contiguous ones joined
-    (the shards' form, one run at a time)."""
-    merged: list[tuple[int, int, int]] = []
-    end = -1  # where the last run ends when it is contiguous, else -1
-    for start, length, stride in spans:
-        if stride == 1 and start == end:
-            merged[-1] = (merged[-1][0], merged[-1][1] + length, 1)
-        else:
-            merged.append((start, length, stride))
-        end = start + length if stride == 1 else -1
-    return tuple(geometry.Run(*run) for run in merged)
-
-
-def _merge_runs(runs: list[geometry.Run]) -> geometry.Shard:
-    return _merged(sorted((r.start, r.length, r.stride) for r in runs))
-
-
-def _zigzag_shards(starts_lengths: list[tuple[int, int]], ring: int) -> tuple[geometry.Shard, ...]:
-    """Zigzag each span (start, length) over 2R chunks; ring rank j gets chunks j and 2R-1-j."""
-    per_rank: list[list[tuple[int, int, int]]] = [[] for _ in range(ring)]
-    for start, length in starts_lengths:
-        chunk = length // (2 * ring)
-        if chunk == 0:
-            continue
-        for j in range(ring):
-            per_rank[j].append((start + j * chunk, chunk, 1))
-            per_rank[j].append((start + (2 * ring - 1 - j) * chunk, chunk, 1))
-    return tuple(_merged(sorted(spans)) for spans in per_rank)
-
-
-def _padded_spans(docs: tuple[int, ...], ulysses: int, ring: int) -> list[tuple[int, int]]:
-    """doc_zigzag's spans: each document with the padding that makes it a multiple of 2R, and a
-    final padding span that makes the ring shard a multiple of U; as (document, padding)."""
-    spans = [(d, -d % (2 * ring)) for d in docs]
-    total = sum(d + p for d, p in spans)
-    extra = 0
-    while ((total + extra) // ring) % ulysses:
-        extra += 2 * ring
-    if extra:
-        spans.append((0, extra))
-    return spans
-
-
-def _reference_balanced(
-    mask: MaskSpec, seq_len: int, ring: int, long_doc: int
-) -> tuple[geometry.Shard, ...]:
-    """The balanced placement one chunk at a time (before `_long_chunks`), row_work by search."""
-    room, load = [seq_len // ring] * ring, [0] * ring
-    owned: list[list[geometry.Run]] = [[] for _ in range(ring)]
-
-    def place(start: int, length: int, rank: int) -> None:
-        while length > 0:
-            if room[rank] == 0:
-                rank = min((r for r in range(ring) if room[r]), key=lambda r: (load[r], r))
-            take = min(length, room[rank])
-            owned[rank].append(geometry.Run(start, take))
-            load[rank] += geometry.row_work(mask, start, start + take)
-            room[rank] -= take
-            start, length = start + take, length - take
-
-    docs = list(zip(mask.starts, mask.documents or (), strict=True))
-    for start, length in docs:
-        if length >= long_doc:
-            base, extra = divmod(length, 2 * ring)
-            for c in range(2 * ring):
-                size = base + (1 if c < extra else 0)
-                place(start, size, c if c < ring else 2 * ring - 1 - c)
-                start += size
-    short = sorted(
-        ((s, n) for s, n in docs if n < long_doc),
-        key=lambda d: (-geometry.row_work(mask, d[0], d[0] + d[1]), d[0]),
-    )
-    for start, length in short:
-        place(start, length, min((r for r in range(ring) if room[r]), key=lambda r: (load[r], r)))
-    return tuple(_merge_runs(runs) for runs in owned)
-
-
 def test_balanced_placement_equals_the_chunk_by_chunk_one() -> None:
     rng = random.Random(11)
     for ring in (1, 2, 3, 4, 8):
@@ -153,7 +76,7 @@ def test_balanced_placement_equals_the_chunk_by_chunk_one() -> None:
             docs = _documents(rng, seq_len) if rng.random() < 0.8 else (seq_len,)
             mask = MaskSpec(documents=docs, window=rng.choice([None, 1, 4]))
             for long_doc in (1, 2, 3, 2 * ring, seq_len // ring, seq_len + 1):
-                expected = _reference_balanced(mask, seq_len, ring, long_doc)
+                expected = reference_balanced(mask, seq_len, ring, long_doc)
                 assert geometry._balanced(mask, seq_len, ring, long_doc) == expected
 
 
@@ -163,11 +86,11 @@ def test_doc_zigzag_shards_equal_one_zigzag_of_all_spans() -> None:
         for ulysses in (1, 2, 3, 4):
             seq_len = 2 * ring * ulysses * rng.randint(1, 12)
             mask = MaskSpec(documents=_documents(rng, seq_len))
-            spans = _padded_spans(mask.documents or (), ulysses, ring)
+            spans = padded_spans(mask.documents or (), ulysses, ring)
             starts = [0]
             for d, p in spans:
                 starts.append(starts[-1] + d + p)
-            whole = _zigzag_shards(
+            whole = zigzag_shards(
                 [(a, d + p) for a, (d, p) in zip(starts[:-1], spans, strict=True)], ring
             )
             packing = pack(mask, seq_len, ulysses, ring, "doc_zigzag")

@@ -23,6 +23,12 @@ from cpbench.config.run_table import RunTable, document_arrays
 if TYPE_CHECKING:
     import numpy as np
 
+PAIRS_AT_ONCE = 1 << 21
+"""Pairs of parts whose pieces are computed in one go (a document of thousands of parts is
+taken a slice of query parts at a time)."""
+CELLS_AT_ONCE = 1 << 22
+"""Cells of the ranks x ranks x documents difference computed in one go (else row by row)."""
+
 
 @dataclass(frozen=True)
 class RingCounts:
@@ -201,12 +207,12 @@ def _document_blocks(
     """The pieces of one document between its parts (query part x key part, each a run of
     `stride` at `offset` in the document and `rel` in its shard), by block j * ring + i: (keys,
     count, pairs, q0, k0, lo, q1, k1, hi), the pieces' bounding box [q0, q1) x [k0, k1) and
-    band limits lo <= k - q <= hi in shard coordinates. Query parts a slice at a time, so that
-    a document of thousands of parts stays within a few million pairs of parts."""
+    band limits lo <= k - q <= hi in shard coordinates; `PAIRS_AT_ONCE` pairs of parts at a
+    time."""
     import numpy as np  # noqa: PLC0415 (only here: `cpbench --help` loads no numpy)
 
     n = len(rank)
-    step = max(1, (1 << 21) // n)
+    step = max(1, PAIRS_AT_ONCE // n)
     found = [
         _piece_blocks(np.arange(s, min(s + step, n)), rank, offset, size, rel, stride, window, ring)
         for s in range(0, n, step)
@@ -273,7 +279,7 @@ def _translated(
     low, high = origins.min(axis=1), origins.max(axis=1)
     width, members = origins.shape
     # shift[j, i]: the least and the most origin on rank i less the origin on rank j
-    if width * width * members <= 1 << 22:
+    if width * width * members <= CELLS_AT_ONCE:
         diff = origins[None, :, :] - origins[:, None, :]
         shift_lo, shift_hi = diff.min(axis=2), diff.max(axis=2)
     else:
