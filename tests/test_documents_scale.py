@@ -11,6 +11,7 @@ from cpbench.config.geometry import pack, ring_counts, ring_schedule, schedule_c
 from cpbench.config.masks import MaskSpec
 from cpbench.config.vocabulary import LAYOUTS
 from cpbench.errors import CpbenchError
+from tests.geometry_reference import padded_spans, reference_balanced, zigzag_shards
 
 
 def _documents(rng: random.Random, seq_len: int) -> tuple[int, ...]:
@@ -60,45 +61,11 @@ def test_balanced_score_from_counts_picks_the_same_candidate() -> None:
             for long_doc in (1, 2, 2 * ring, seq_len // ring, seq_len + 1):
                 shards = geometry._balanced(mask, seq_len, ring, long_doc)
                 schedule = geometry._schedule(mask, shards, ring)
-                counts = geometry._counts(mask, shards, ring)
+                counts = geometry._counts(mask, geometry.shards_table(shards))
                 assert geometry.counts_score(counts) == (
                     geometry.balance_score(schedule),
                     schedule.steps,
                 )
-
-
-def _reference_balanced(
-    mask: MaskSpec, seq_len: int, ring: int, long_doc: int
-) -> tuple[geometry.Shard, ...]:
-    """The balanced placement one chunk at a time (before `_long_chunks`), row_work by search."""
-    room, load = [seq_len // ring] * ring, [0] * ring
-    owned: list[list[geometry.Run]] = [[] for _ in range(ring)]
-
-    def place(start: int, length: int, rank: int) -> None:
-        while length > 0:
-            if room[rank] == 0:
-                rank = min((r for r in range(ring) if room[r]), key=lambda r: (load[r], r))
-            take = min(length, room[rank])
-            owned[rank].append(geometry.Run(start, take))
-            load[rank] += geometry.row_work(mask, start, start + take)
-            room[rank] -= take
-            start, length = start + take, length - take
-
-    docs = list(zip(mask.starts, mask.documents or (), strict=True))
-    for start, length in docs:
-        if length >= long_doc:
-            base, extra = divmod(length, 2 * ring)
-            for c in range(2 * ring):
-                size = base + (1 if c < extra else 0)
-                place(start, size, c if c < ring else 2 * ring - 1 - c)
-                start += size
-    short = sorted(
-        ((s, n) for s, n in docs if n < long_doc),
-        key=lambda d: (-geometry.row_work(mask, d[0], d[0] + d[1]), d[0]),
-    )
-    for start, length in short:
-        place(start, length, min((r for r in range(ring) if room[r]), key=lambda r: (load[r], r)))
-    return tuple(geometry._merge_runs(runs) for runs in owned)
 
 
 def test_balanced_placement_equals_the_chunk_by_chunk_one() -> None:
@@ -109,7 +76,7 @@ def test_balanced_placement_equals_the_chunk_by_chunk_one() -> None:
             docs = _documents(rng, seq_len) if rng.random() < 0.8 else (seq_len,)
             mask = MaskSpec(documents=docs, window=rng.choice([None, 1, 4]))
             for long_doc in (1, 2, 3, 2 * ring, seq_len // ring, seq_len + 1):
-                expected = _reference_balanced(mask, seq_len, ring, long_doc)
+                expected = reference_balanced(mask, seq_len, ring, long_doc)
                 assert geometry._balanced(mask, seq_len, ring, long_doc) == expected
 
 
@@ -119,13 +86,16 @@ def test_doc_zigzag_shards_equal_one_zigzag_of_all_spans() -> None:
         for ulysses in (1, 2, 3, 4):
             seq_len = 2 * ring * ulysses * rng.randint(1, 12)
             mask = MaskSpec(documents=_documents(rng, seq_len))
-            spans = geometry._padded_spans(mask.documents or (), ulysses, ring)
+            spans = padded_spans(mask.documents or (), ulysses, ring)
             starts = [0]
             for d, p in spans:
                 starts.append(starts[-1] + d + p)
-            whole = geometry._zigzag_shards(
+            whole = zigzag_shards(
                 [(a, d + p) for a, (d, p) in zip(starts[:-1], spans, strict=True)], ring
             )
             packing = pack(mask, seq_len, ulysses, ring, "doc_zigzag")
             assert packing.shards == (whole if ring > 1 else packing.shards)
             assert packing.seq_len == starts[-1] or ring == 1
+            if ring > 1:  # the padding tokens are documents of their own
+                padded = tuple(x for d, p in spans for x in (d, p) if x)
+                assert packing.mask.documents == padded
