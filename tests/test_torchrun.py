@@ -26,8 +26,10 @@ from cpbench.results.store import inflight_path, mark_inflight, read_records
 ROOT = Path(__file__).resolve().parents[1]
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 DRIVER = ROOT / "tests" / "torchrun_sweep.py"
-TIMEOUT = 10  # seconds per configuration: the hanging one costs this much. 5 s timed the
-# good ones out at load 10 here (a job's first configuration builds its mesh groups)
+TIMEOUT = 20  # seconds per configuration: the hanging one costs this much. 5 s timed the
+# good ones out at load 10 here (a job's first configuration builds its mesh groups), and 10 s
+# did twice in one session's full-suite runs on 2 cores (once the first, once the one after the
+# rebuilt process group)
 
 SCENARIO = """
 name = "faults"
