@@ -98,6 +98,12 @@ def test_records_frame_makes_an_out_of_range_number_missing() -> None:
     record.comm.analytic_bytes["fwd"] = int("9" * 400)
     frame = records_frame([record])
     assert frame["analytic_fwd_bytes"].isna().all()
+    # per-rank values take their max first (the fuzz run found this one: OverflowError)
+    assert record.memory is not None and record.comm.measured_bytes
+    record.memory.rss_peak_bytes = [int("9" * 400), 1]
+    record.comm.measured_bytes["bwd"] = [int("9" * 400)]
+    frame = records_frame([record])
+    assert frame["rss_peak_bytes"].isna().all() and frame["measured_bwd_bytes"].isna().all()
 
 
 @pytest.mark.parametrize(

@@ -483,9 +483,10 @@ def _typed(record: ResultRecord | Mapping[str, Any]) -> ResultRecord:
 
 
 def _max(values: Sequence[float | None] | None) -> float | None:
-    """The largest of the values that are known (max over ranks); None without any."""
+    """The largest of the values that are known (max over ranks); None without any, or when
+    the largest is too large for a float (a 400-digit byte count: missing, not a crash)."""
     known = [v for v in values or () if v is not None]
-    return float(max(known)) if known else None
+    return _float(max(known)) if known else None
 
 
 def _direction_mismatch(comm: CommSection | None, direction: PassKey) -> bool | None:
