@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,7 @@ from cpbench.errors import CpbenchError
 from cpbench.model.calibrate import Measurement, measurements_from_records
 from cpbench.model.calibrate.measurements import default_prior
 from cpbench.model.calibrate.published import out_of_sample_table, published_table
-from cpbench.model.calibrate.table import read_table_rows
+from cpbench.model.calibrate.table import measurements_from_table, read_table_rows
 from cpbench.model.hardware.loading import load_profile
 from cpbench.model.tune import (
     DEFAULT_SETTINGS,
@@ -24,6 +24,7 @@ from cpbench.model.tune import (
     TuneCandidate,
     TuneOutcome,
     TuneSettings,
+    as_measurement,
     tune_loop,
 )
 from cpbench.results.store import read_records, status_summary
@@ -34,8 +35,7 @@ def read_oracle(path: str | Path) -> list[Measurement]:
     records) or a table (CSV / JSONL in the columns of `cpbench/data/published/*.csv`)."""
     path = Path(path)
     if path.suffix == ".csv":
-        rows = read_table_rows(path)
-        measurements = [row.measurement(row_id) for row_id, row in rows]
+        measurements = measurements_from_table(path)
     else:
         records = read_records([path])
         measurements = measurements_from_records(records)
@@ -72,8 +72,7 @@ def write_tuned_profile(run: TuneRun, path: str | Path) -> Path:
     from cpbench.model.hardware.file_schema import save_profile  # noqa: PLC0415
 
     measured = [
-        Measurement(f"tune-{s.index}", c.candidate, c.devices_per_node, s.measured_s, None, None,
-                    c.device)  # fmt: skip
+        as_measurement(c, s.measured_s, s.index)
         for c, s in zip(run.candidates, run.outcome.candidates, strict=True)
         if s.measured_s is not None
     ]
@@ -90,13 +89,9 @@ def tune_with_oracle(
 ) -> TuneRun:
     """Tune `request`'s candidates, each measurement taken from `oracle`'s matching row (a
     candidate it lacks is not measurable, and said so)."""
-    rec = recommend_mesh(RecommendRequest(**{**request.__dict__, "top": 0}))
+    rec = recommend_mesh(replace(request, top=0))
     rows = read_oracle(oracle)
-    per_node = rec.gpus_per_node
-    candidates = tuple(
-        TuneCandidate(r.label, r.prediction.candidate, per_node, rec.sizes.tp, "cuda")
-        for r in rec.ranked
-    )
+    candidates = _tune_candidates(rec, "cuda")
     matched = [matching_measurement(c.candidate, rows) for c in candidates]
     if not any(matched):
         raise CpbenchError(
@@ -128,7 +123,7 @@ def tune_by_measuring(
     from cpbench.app.sweep import run_sweep  # noqa: PLC0415
     from cpbench.results.scenarios.loading import parse_scenario  # noqa: PLC0415
 
-    rec = recommend_mesh(RecommendRequest(**{**request.__dict__, "top": 0}))
+    rec = recommend_mesh(replace(request, top=0))
     device = "cuda" if rec.profile.device_kind == "cuda" else "cpu"
     if out is None:
         out = Path("results") / f"tune-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
@@ -137,19 +132,15 @@ def tune_by_measuring(
             f"output {out} already has records: pass --resume to continue that tune, or give "
             f"another --out"
         )
-    candidates = tuple(
-        TuneCandidate(r.label, r.prediction.candidate, rec.gpus_per_node, rec.sizes.tp, device)
-        for r in rec.ranked
-    )
+    candidates = _tune_candidates(rec, device)
     written: list[dict[str, Any]] = []
+    # what an earlier run of this tune measured (--resume), read once
+    before = measurements_from_records(read_records([out])) if _has_records(out) else []
 
     def measure(i: int) -> Measured | None:
-        if _has_records(out):
-            done = matching_measurement(
-                candidates[i].candidate, measurements_from_records(read_records([out]))
-            )
-            if done is not None:
-                return Measured(done.median_s, 0.0)  # measured before this run: free now
+        done = matching_measurement(candidates[i].candidate, before)
+        if done is not None:
+            return Measured(done.median_s, 0.0)  # measured before this run: free now
         scenario = parse_scenario(candidates_scenario(rec, [rec.ranked[i]]), "<cpbench tune>")
         result = run_sweep(scenario, device, rec.sizes.cp, out, resume=_has_records(out))
         written.extend(result.records)
@@ -160,6 +151,14 @@ def tune_by_measuring(
 
     outcome = tune_loop(candidates, measure, rec.profile, settings)
     return TuneRun(rec, candidates, outcome, None), written
+
+
+def _tune_candidates(rec: Recommendation, device: str) -> tuple[TuneCandidate, ...]:
+    """The tune's candidates: every feasible candidate of `rec`, in its order."""
+    return tuple(
+        TuneCandidate(r.label, r.prediction.candidate, rec.gpus_per_node, rec.sizes.tp, device)
+        for r in rec.ranked
+    )
 
 
 def _has_records(path: Path) -> bool:

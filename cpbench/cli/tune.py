@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import typer
 
 from cpbench.cli import options as o
@@ -57,7 +59,7 @@ def tune(
     from cpbench.bench.pool import start_forkserver_early  # noqa: PLC0415
     from cpbench.cli.sweep import wrong_results  # noqa: PLC0415
     from cpbench.errors import EXIT_WRONG_RESULT, CpbenchError  # noqa: PLC0415
-    from cpbench.model.tune import DEFAULT_SETTINGS, TuneSettings  # noqa: PLC0415
+    from cpbench.model.tune import DEFAULT_SETTINGS  # noqa: PLC0415
     from cpbench.render.tune import render_tune  # noqa: PLC0415
 
     request = RecommendRequest(
@@ -67,8 +69,7 @@ def tune(
         grad_accum=grad_accum, phase=phase, top=0,
         cp_comms=None if cp_comm is None else CP_COMM_CHOICES[cp_comm],
     )  # fmt: skip
-    settings = TuneSettings(**{**DEFAULT_SETTINGS.__dict__, "max_runs": max_runs,
-                               "budget_s": budget})  # fmt: skip
+    settings = replace(DEFAULT_SETTINGS, max_runs=max_runs, budget_s=budget)
     if oracle is not None:
         if out is not None or resume:
             raise CpbenchError("--out / --resume measure here: leave them out with --oracle")

@@ -163,7 +163,8 @@ def _check(settings: TuneSettings, candidates: Sequence[TuneCandidate]) -> None:
         raise CpbenchError(f"tune: budget ({settings.budget_s} s) must be >= 0 seconds")
 
 
-def _measurement(c: TuneCandidate, median_s: float, index: int) -> Measurement:
+def as_measurement(c: TuneCandidate, median_s: float, index: int) -> Measurement:
+    """Candidate `index` measured at `median_s`, as calibration takes it."""
     return Measurement(
         f"tune-{index}", c.candidate, c.devices_per_node, median_s, None, None, c.device
     )
@@ -221,16 +222,11 @@ def tune_loop(
     order: list[int] = []
     cost = 0.0
     steps: list[TuneStep] = []
-    profile, scale = prior, 1.0
+    # the prior's predictions, once: a scale refit only multiplies them
+    at_prior = _predictions(candidates, prior)
     while True:
-        profile, scale = _corrected(candidates, measured, prior, settings.refit)
-        predicted = [
-            predict(c.candidate, profile, c.devices_per_node, rank_stride=c.rank_stride).step_s
-            * scale
-            for c in candidates
-        ]
-        if any(not (p > 0 and math.isfinite(p)) for p in predicted):
-            raise CpbenchError("tune: the model predicts a non-positive step time")
+        profile, scale, base = _corrected(candidates, measured, prior, settings.refit, at_prior)
+        predicted = [t * scale for t in base]
         mu = [math.log(measured.get(i, predicted[i])) for i in range(n)]
         sigma_open = _learned_sigma(sigma_c, measured, predicted, settings)
         sigma = [settings.measured_sigma if i in measured else sigma_open for i in range(n)]
@@ -297,29 +293,35 @@ def _learned_sigma(
     return max(settings.measured_sigma, math.sqrt(variance))
 
 
+def _predictions(candidates: Sequence[TuneCandidate], profile: HardwareProfile) -> list[float]:
+    """Every candidate's predicted step time on `profile` (seconds)."""
+    out = [
+        predict(c.candidate, profile, c.devices_per_node, rank_stride=c.rank_stride).step_s
+        for c in candidates
+    ]
+    if any(not (t > 0 and math.isfinite(t)) for t in out):
+        raise CpbenchError("tune: the model predicts a non-positive step time")
+    return out
+
+
 def _corrected(
     candidates: Sequence[TuneCandidate],
     measured: dict[int, float],
     prior: HardwareProfile,
     refit: Refit,
-) -> tuple[HardwareProfile, float]:
-    """The profile and the scale that predictions are corrected by, from the measurements."""
+    at_prior: Sequence[float],
+) -> tuple[HardwareProfile, float, Sequence[float]]:
+    """The profile, its predictions and the scale they are corrected by, from the
+    measurements (`at_prior`: the predictions on `prior`)."""
     if not measured:
-        return prior, 1.0
+        return prior, 1.0, at_prior
+    profile, base = prior, at_prior
     if refit == "joint":
-        points = [_measurement(candidates[i], t, i) for i, t in measured.items()]
+        points = [as_measurement(candidates[i], t, i) for i, t in measured.items()]
         profile = fit_profile(points, prior).profile
-    else:
-        profile = prior
-    logs = [
-        math.log(t)
-        - math.log(
-            predict(candidates[i].candidate, profile, candidates[i].devices_per_node,
-                    rank_stride=candidates[i].rank_stride).step_s  # fmt: skip
-        )
-        for i, t in measured.items()
-    ]
-    return profile, math.exp(sum(logs) / len(logs))
+        base = _predictions(candidates, profile)
+    logs = [math.log(t / base[i]) for i, t in measured.items()]
+    return profile, math.exp(sum(logs) / len(logs)), base
 
 
 def _states(
