@@ -15,6 +15,11 @@ from cpbench.attention.inference import prefill_attention
 from cpbench.attention.inference_decode import decode_attention
 from cpbench.attention.mesh import CPMesh
 from cpbench.attention.reference import reference_attention
+from cpbench.bench.inference_verify import (
+    default_decode_cases,
+    default_prefill_cases,
+    run_inference_cases_on_rank,
+)
 
 ONE_RANK = CPMesh(ulysses=1, ring=1, rank=0, cp_ranks=(0,))
 FLOAT64_TOLERANCE = 1e-12
@@ -81,3 +86,14 @@ def test_a_repeated_prefill_step_makes_no_tensor_from_host_data(scheme: str) -> 
     with _TensorsFromHost() as mode:
         prefill_attention(q, k, v, ONE_RANK, 7, 9, scheme=scheme)  # type: ignore[arg-type]
     assert mode.count == 0
+
+
+def test_every_default_inference_case_passes_on_a_world_of_one() -> None:
+    """A world of 1 (one GPU) sends nothing: the all-to-all of pass-Q, Ulysses and the decode
+    merges counts 0 bytes where the model lists no collective. Every case once failed there on
+    `{'a2a_lse': 0, 'a2a_out': 0} != {}` with an exact output."""
+    cases = [*default_prefill_cases(1, "bfloat16"), *default_decode_cases(1, "bfloat16")]
+    records = run_inference_cases_on_rank(cases)
+    failed = [r["label"] for r in records if r is None or r["passed"] is not True]
+    assert len(records) == len(cases) > 100
+    assert failed == []

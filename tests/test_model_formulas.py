@@ -20,6 +20,7 @@ from cpbench.model.formulas import (
     busbw,
     busbw_factor,
     comm_volume,
+    same_bytes,
     substitute,
 )
 from tests.formula_oracle import (
@@ -338,3 +339,14 @@ def test_formula_evaluator_rejects_what_it_does_not_know() -> None:
     volume = comm_volume(CpProblem(seq_len=64, heads=2, kv_heads=2, head_dim=8, ulysses=2).require_feasible())
     with pytest.raises(CpbenchError, match="sideways"):
         volume.stages("sideways")  # type: ignore[arg-type]
+
+
+def test_same_bytes_holds_a_collective_of_zero_bytes_the_same_as_one_never_called() -> None:
+    # a window of one token: the model lists p2p_kv at 0 bytes, the counter never saw a call
+    assert same_bytes({}, {"p2p_kv": 0})
+    # a world of one: the counter saw the all-to-all of 0 bytes, the model lists nothing
+    assert same_bytes({"a2a_lse": 0, "a2a_out": 0}, {})
+    assert same_bytes({"p2p_kv": 4096, "a2a_q": 0}, {"p2p_kv": 4096})
+    assert not same_bytes({"p2p_kv": 4095}, {"p2p_kv": 4096})
+    assert not same_bytes({"p2p_kv": 4096, "a2a_q": 8}, {"p2p_kv": 4096})
+    assert not same_bytes({}, {"p2p_kv": 1})

@@ -20,7 +20,7 @@ from cpbench.config.vocabulary import PASS_KEYS, PHASE_PASSES, PassKey
 from cpbench.errors import CpbenchError
 from cpbench.model.calibrate.stats import overlap_estimate
 from cpbench.model.flops import FLOPS_CONVENTION, flops_breakdown
-from cpbench.model.formulas import comm_volume
+from cpbench.model.formulas import comm_volume, same_bytes
 from cpbench.model.inference import (
     DecodeCase,
     PrefillCase,
@@ -438,7 +438,7 @@ def _comm_section(
         }
         analytic[phase] = sum(expected.values())
         measured[phase] = [sum(c.values()) for c in counted]
-        match = match and all(c == expected for c in counted)
+        match = match and all(same_bytes(c, expected) for c in counted)
     busbw: dict[str, Any] = {}  # a training step's bus bandwidth of its comm-only variant
     if config.inference is None:
         per_rank_bytes = max(sum(m) for m in zip(*measured.values(), strict=True)) if measured else 0

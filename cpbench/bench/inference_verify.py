@@ -20,6 +20,7 @@ from cpbench.attention.reference import reference_attention
 from cpbench.bench.reference import TORCH_DTYPES, error_bound, run_batch
 from cpbench.config.problem import CpProblem
 from cpbench.config.tolerances import rounded_terms
+from cpbench.model.formulas import same_bytes
 from cpbench.model.inference import (
     CACHE_LAYOUTS,
     DECODE_MERGES,
@@ -110,9 +111,9 @@ def _judged(
         "tolerance": bound,
         "bytes": sent,
         "analytic_bytes": analytic,
-        "bytes_match": sent == analytic,
+        "bytes_match": same_bytes(sent, analytic),
         **cache,
-        "passed": error <= bound and sent == analytic and cache_ok,
+        "passed": error <= bound and same_bytes(sent, analytic) and cache_ok,
     }
 
 

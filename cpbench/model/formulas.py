@@ -42,6 +42,13 @@ def substitute(formula: str, symbols: Mapping[str, int]) -> str:
 # ------------------------------------------------------------------------- volume dataclasses
 
 
+def same_bytes(counted: Mapping[str, int], expected: Mapping[str, int]) -> bool:
+    """Whether the bytes counted per collective are the model's, a collective of 0 bytes the
+    same as one never called (a window of one token passes no K/V; a world of 1 sends nothing
+    through its all-to-all: the model lists the one, the counter the other)."""
+    return {n: b for n, b in counted.items() if b} == {n: b for n, b in expected.items() if b}
+
+
 @dataclass(frozen=True)
 class CollectiveVolume:
     """One collective of a stage: how often it runs and what a rank sends through it."""
