@@ -1,19 +1,23 @@
 """The Python half of the GPU acceptance run (benchmarks/gpu_acceptance.sh).
 
     python benchmarks/acceptance_summary.py plan OUT_DIR --template scenarios/gpu-acceptance.toml
-        [--dry-run]
+        --inference-template scenarios/gpu-inference.toml [--dry-run]
     python benchmarks/acceptance_summary.py summary OUT_DIR > OUT_DIR/summary.md
 
 `plan` reads OUT_DIR/doctor.json (validated through `DoctorReport`), writes doctor.txt (the
 same report as `cpbench doctor` prints it), scenario.toml (the template with its backend axis
 set to the kernels doctor finds usable in bf16; in the dry run also tiny sizes, the CPU and 2
-ranks) and plan.json, and prints one line for the script: `DEVICE WORLD IMPL[,IMPL...]` (the
-implementations to verify: cpbench and every usable external one; the dry run takes each library
-once, without its variants). Without a GPU outside the dry run it exits 2 with the reason.
+ranks), inference.toml (the inference template, `--inference-template`; the dry run's sizes
+likewise) and plan.json, and prints one line for the script: `DEVICE WORLD IMPL[,...]
+KERNEL[,...]` (the implementations to verify: cpbench and every usable external one, the dry
+run taking each library once, without its variants; the usable kernels, each verified on the
+inference path). Without a GPU outside the dry run it exits 2 with the reason.
 
 `summary` writes the one-page markdown summary of a run's folder: the machine and versions, the
-steps with their exit codes and seconds, verify counts per implementation, TFLOP/s per kernel,
-the memory sources of the sweep records and every configuration that did not run.
+steps with their exit codes and seconds, verify counts per implementation and kind (training,
+prefill, decode), TFLOP/s per kernel, the inference sweep's time to first token and decode
+latency per scheme, the memory sources of the sweep records and every configuration that did
+not run.
 """
 
 from __future__ import annotations
@@ -60,13 +64,41 @@ DRY_SETTINGS: dict[str, Any] = {
 """Top-level settings the dry run puts over the template's."""
 DRY_AXES: dict[str, Any] = {"seq_len": [256], "heads": 4, "kv_heads": 2, "head_dim": 32}
 """Axes the dry run puts over the template's: sizes a 2-core CPU runs in seconds."""
+DRY_INFERENCE_SIZES: dict[str, Any] = {"heads": 4, "kv_heads": 2, "head_dim": 32}
+"""Sizes the dry run puts over every table of the inference template, with its lengths cut
+by DRY_LENGTH_DIVISOR (and at least 1 token)."""
+DRY_LENGTH_DIVISOR = 64
+"""The inference template's cached_len / new_tokens over this in the dry run (16K -> 256)."""
+
+
+def _dry_inference_table(table: dict[str, Any]) -> dict[str, Any]:
+    def cut(value: Any) -> Any:
+        if isinstance(value, list):
+            return [cut(v) for v in value]
+        return value if value == 0 else max(1, value // DRY_LENGTH_DIVISOR)
+
+    out = {**table, **DRY_INFERENCE_SIZES}
+    if "cached_len" in out:
+        out["cached_len"] = cut(out["cached_len"])
+    if "new_tokens" in out and out.get("phase") != "decode":  # a decode's 1-8 tokens stay
+        out["new_tokens"] = cut(out["new_tokens"])
+    return out
 
 
 # ----------------------------------------------------------------------------- plan
 
 
-def plan(out: Path, template: Path, dry: bool) -> dict[str, Any]:
-    """Write doctor.txt, scenario.toml and plan.json under `out`; return the plan."""
+def _write_scenario(path: Path, template: Path, data: dict[str, Any]) -> None:
+    path.write_text(
+        f"# written by benchmarks/acceptance_summary.py plan from {template.name}\n"
+        + tomli_w.dumps(data)
+    )
+    load_scenario(str(path))  # a mistake in the template stops the run here
+
+
+def plan(out: Path, template: Path, inference_template: Path, dry: bool) -> dict[str, Any]:
+    """Write doctor.txt, scenario.toml, inference.toml and plan.json under `out`; return the
+    plan."""
     report = DoctorReport.model_validate_json((out / "doctor.json").read_text())
     with (out / "doctor.txt").open("w", encoding="utf-8") as f:
         console = Console(file=f, width=100, no_color=True, highlight=False)
@@ -98,12 +130,14 @@ def plan(out: Path, template: Path, dry: bool) -> dict[str, Any]:
     if dry:
         data.update(DRY_SETTINGS)
         data["axes"].update(DRY_AXES)
-    scenario_path = out / "scenario.toml"
-    scenario_path.write_text(
-        f"# written by benchmarks/acceptance_summary.py plan from {template.name}\n"
-        + tomli_w.dumps(data)
-    )
-    load_scenario(str(scenario_path))  # a mistake in the template stops the run here
+    _write_scenario(out / "scenario.toml", template, data)
+    inference = tomllib.loads(inference_template.read_text())
+    if dry:
+        inference.update({**DRY_SETTINGS, "name": "gpu-inference-dry",
+                          "description": "Dry run of the GPU acceptance inference sweep."})
+        inference["axes"] = _dry_inference_table(inference["axes"])
+        inference["also"] = [_dry_inference_table(t) for t in inference.get("also", [])]
+    _write_scenario(out / "inference.toml", inference_template, inference)
     result = {
         "dry_run": dry,
         "device": device,
@@ -116,6 +150,7 @@ def plan(out: Path, template: Path, dry: bool) -> dict[str, Any]:
         "impls": usable_impls,
         "refused_impls": {i.name: i.reason for i in impls if not i.usable},
         "template": str(template),
+        "inference_template": str(inference_template),
     }
     (out / "plan.json").write_text(json.dumps(result, indent=1))
     return result
@@ -158,12 +193,13 @@ def _tflops(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}" if value >= 10 else f"{value:.3g}"
 
 
-def verify_counts(doc: dict[str, Any] | None) -> dict[str, Any]:
+def verify_counts(doc: dict[str, Any] | None, kind: str | None = None) -> dict[str, Any]:
     """passed / failed / skipped counts and the worst error-to-tolerance ratio of one
-    `cpbench verify --json` document (None: the step wrote nothing readable)."""
+    `cpbench verify --json` document (None: the step wrote nothing readable), of its cases of
+    one kind (`case_kind`) when given."""
     if not doc:
         return {"passed": 0, "failed": 0, "skipped": 0, "worst": None, "readable": False}
-    cases = doc.get("cases", [])
+    cases = [c for c in doc.get("cases", []) if kind is None or case_kind(c) == kind]
     ratios = [c["max_error"] / c["tolerance"] for c in cases
               if c.get("tolerance") and c.get("max_error") is not None]
     return {
@@ -173,6 +209,53 @@ def verify_counts(doc: dict[str, Any] | None) -> dict[str, Any]:
         "worst": max(ratios) if ratios else None,
         "readable": True,
     }
+
+
+def case_kind(case: dict[str, Any]) -> str:
+    """training, prefill or decode: what a verify case checks (`inference` marks the last two)."""
+    return str(case.get("inference") or "training")
+
+
+def inference_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per inference step kind (prefill by scheme, decode by cache layout): points ok and not,
+    and the ok points' best and worst seconds (prefill: time to first token; decode: seconds
+    per decode step) with their configuration, and the best tokens/s."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in records:
+        step = (r.get("config") or {}).get("inference")
+        if not step or r.get("status") == "skipped":
+            continue
+        what = step.get("scheme") if step["phase"] == "prefill" else step.get("cache_layout")
+        groups.setdefault(f"{step['phase']} {what}", []).append(r)
+    rows = []
+    for name, rs in groups.items():
+        ok = [r for r in rs if r.get("status") == "ok" and r.get("inference")]
+
+        def seconds(r: dict[str, Any]) -> float:
+            section = r["inference"]
+            return float(section.get("ttft_s") or section.get("step_latency_s") or 0.0)
+
+        fastest = min(ok, key=seconds, default=None)
+        slowest = max(ok, key=seconds, default=None)
+        rows.append({
+            "step": name,
+            "ok": len(ok),
+            "not_ok": Counter(r.get("status") for r in rs if r not in ok),
+            "fastest": None if fastest is None else (seconds(fastest), _step_label(fastest)),
+            "slowest": None if slowest is None else (seconds(slowest), _step_label(slowest)),
+            "best_tokens_per_s": max((r["inference"]["tokens_per_s"] for r in ok), default=None),
+        })
+    return rows
+
+
+def _step_label(r: dict[str, Any]) -> str:
+    c = r.get("config", {})
+    step = c.get("inference") or {}
+    return f"P{step.get('cached_len')} T{step.get('new_tokens')} B{c.get('batch')}"
+
+
+def _ms(value: tuple[float, str] | None) -> str:
+    return "-" if value is None else f"{value[0] * 1e3:.3g} ms ({value[1]})"
 
 
 def kernel_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -282,16 +365,43 @@ def build_summary(out: Path) -> str:
     lines += [f"## Verify ({plan_data.get('dtype', DTYPE)})", ""]
     rows = []
     for path in sorted(out.glob("verify-*.json")):
-        counts = verify_counts(_load_json(path))
-        impl = path.stem.removeprefix("verify-")
-        if not counts["readable"]:
-            rows.append([impl, "-", "-", "-", "no result (see logs)"])
+        doc = _load_json(path)
+        run = path.stem.removeprefix("verify-")
+        if not verify_counts(doc)["readable"]:
+            rows.append([run, "-", "-", "-", "-", "no result (see logs)"])
             continue
-        worst = counts["worst"]
-        rows.append([impl, str(counts["passed"]), str(counts["failed"]), str(counts["skipped"]),
-                     "-" if worst is None else f"{worst:.2f}"])
-    lines += _table(["impl", "passed", "failed", "skipped", "worst error / tolerance"],
+        for kind in dict.fromkeys(case_kind(c) for c in doc.get("cases", [])):
+            counts = verify_counts(doc, kind)
+            worst = counts["worst"]
+            rows.append([run, kind, str(counts["passed"]), str(counts["failed"]),
+                         str(counts["skipped"]), "-" if worst is None else f"{worst:.2f}"])
+    lines += _table(["run", "cases", "passed", "failed", "skipped", "worst error / tolerance"],
                     rows) if rows else ["verify did not run"]
+    lines += ["", "run: the implementation, or inference-KERNEL (`verify --inference --kernel "
+              "KERNEL`: its training cases, prefill and decode)."]
+    lines.append("")
+
+    inference_records: list[dict[str, Any]] = []
+    if (out / "inference.jsonl").exists():
+        inference_records = read_records(out / "inference.jsonl")
+    lines += ["## Inference (sweep)", ""]
+    inference_statuses = Counter(r.get("status") for r in inference_records)
+    lines.append(f"{len(inference_records)} records: " + (", ".join(
+        f"{n} {s}" for s, n in sorted(inference_statuses.items())) or "none"))
+    lines.append("")
+    irows = inference_rows(inference_records)
+    if irows:
+        lines += _table(
+            ["step", "ok", "not ok", "fastest", "slowest", "best tokens/s"],
+            [[row["step"], str(row["ok"]),
+              ", ".join(f"{n} {s}" for s, n in row["not_ok"].items()) or "-",
+              _ms(row["fastest"]), _ms(row["slowest"]),
+              "-" if row["best_tokens_per_s"] is None else f"{row['best_tokens_per_s']:,.0f}"]
+             for row in irows],
+        )
+        lines += ["", "prefill: time to first token (median seconds of one prefill of T new "
+                  "tokens on P cached); decode: median seconds per decode step of T tokens at "
+                  "a batch of B; tokens/s = B x T / that median."]
     lines.append("")
 
     records: list[dict[str, Any]] = []
@@ -324,8 +434,9 @@ def build_summary(out: Path) -> str:
     lines.append(f"- largest peak per rank (peak_bytes): {format_memory(memory['peak_bytes'])}")
     lines.append("")
 
-    not_run = [r for r in records if r.get("status") in ("failed", "timeout")]
-    wrong = [r for r in records if (r.get("accuracy") or {}).get("passed") is False]
+    both = records + inference_records
+    not_run = [r for r in both if r.get("status") in ("failed", "timeout")]
+    wrong = [r for r in both if (r.get("accuracy") or {}).get("passed") is False]
     if not_run or wrong:
         lines += ["## Problems", ""]
         for r in wrong:
@@ -347,13 +458,15 @@ def main(argv: list[str] | None = None) -> int:
     p_plan = sub.add_parser("plan", help="doctor.json -> doctor.txt, scenario.toml, plan.json")
     p_plan.add_argument("out", type=Path)
     p_plan.add_argument("--template", type=Path, required=True)
+    p_plan.add_argument("--inference-template", type=Path, required=True)
     p_plan.add_argument("--dry-run", action="store_true")
     p_sum = sub.add_parser("summary", help="the markdown summary of a run's folder, on stdout")
     p_sum.add_argument("out", type=Path)
     args = parser.parse_args(argv)
     if args.command == "plan":
-        result = plan(args.out, args.template, args.dry_run)
-        print(result["device"], result["world_size"], ",".join(result["impls"]))
+        result = plan(args.out, args.template, args.inference_template, args.dry_run)
+        print(result["device"], result["world_size"], ",".join(result["impls"]),
+              ",".join(result["kernels"]))
     else:
         sys.stdout.write(build_summary(args.out))
     return 0

@@ -7,13 +7,20 @@
 #                               cpbench and every external implementation doctor finds usable
 #                               (verify-cpbench_flash_attn.json: cpbench with --kernel
 #                               flash_attn, the document and window cases included)
+#   verify-inference-<kernel>.json  `cpbench verify --inference --kernel K` in bf16 for each
+#                               usable kernel: prefill by every scheme, decode over both cache
+#                               layouts and both merges (all-gather, all-to-all), and the
+#                               training cases, each kernel's refusals included
+#   inference.toml, inference.jsonl  scenarios/gpu-inference.toml: prefill TTFT per scheme,
+#                               decode latency and tokens/s, each point checked first
 #   scenario.toml, sweep.jsonl  scenarios/gpu-acceptance.toml with the backend axis set to the
 #                               usable kernels; every record carries its memory probes
 #   efficiency.json             `cpbench efficiency` in bf16 at the world size (>= 2): cpbench's
 #                               schemes and each usable library vs a single-GPU baseline
-#   report.html, report.json    `cpbench report` of the sweep
-#   summary.md                  one page: kernel TFLOP/s, verify counts, memory sources,
-#                               versions, the steps and their exit codes
+#   report.html, report.json    `cpbench report` of both sweeps
+#   summary.md                  one page: kernel TFLOP/s, verify counts per kind (training,
+#                               prefill, decode), TTFT and decode latency per scheme, memory
+#                               sources, versions, the steps and their exit codes
 #   steps.tsv, logs/            each step's exit code, seconds and stderr
 #
 # usage: benchmarks/gpu_acceptance.sh OUT_DIR [--dry-run]
@@ -30,7 +37,7 @@ OUT="" DRY="${CPBENCH_ACCEPTANCE_DRY:-0}"
 for arg in "$@"; do
   case "$arg" in
     --dry-run) DRY=1 ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
     -*) usage ;;
     *) [[ -z "$OUT" ]] || usage; OUT="$arg" ;;
   esac
@@ -90,13 +97,14 @@ dry_flag=() dry_verify=()
 # 1. doctor, then the plan: device, world size, usable kernels and impls; the sweep's scenario
 step doctor 60 "$OUT/doctor.json" "$PY" -m cpbench doctor --json
 step plan 60 "$OUT/plan.txt" "$PY" "$HERE/acceptance_summary.py" plan "$OUT" \
-  --template "$ROOT/scenarios/gpu-acceptance.toml" ${dry_flag[@]+"${dry_flag[@]}"}
-if ! read -r DEVICE WORLD IMPLS < "$OUT/plan.txt" || [[ -z "${WORLD:-}" ]]; then
+  --template "$ROOT/scenarios/gpu-acceptance.toml" \
+  --inference-template "$ROOT/scenarios/gpu-inference.toml" ${dry_flag[@]+"${dry_flag[@]}"}
+if ! read -r DEVICE WORLD IMPLS KERNELS < "$OUT/plan.txt" || [[ -z "${WORLD:-}" ]]; then
   cat "$OUT/logs/plan.log" >&2
   "$PY" "$HERE/acceptance_summary.py" summary "$OUT" > "$OUT/summary.md" 2>> "$OUT/logs/plan.log"
   exit 2
 fi
-echo "[acceptance] $DEVICE, world size $WORLD, impls: $IMPLS" >&2
+echo "[acceptance] $DEVICE, world size $WORLD, impls: $IMPLS, kernels: ${KERNELS:-none}" >&2
 
 # 2. verify in bf16, every case of the world size: cpbench first, then each usable library
 for impl in ${IMPLS//,/ }; do
@@ -121,7 +129,17 @@ then
     --kernel flash_attn --masks --json
 fi
 
-# 2b. cpbench's own schemes next to each usable library against a single-GPU baseline measured
+# 2b. the inference path with each usable kernel forced: prefill (pass-KV, pass-Q, all-gather,
+# Ulysses; contiguous and zigzag new tokens), decode (both cache layouts, both merges), against
+# the float64 reference and the byte model; a kernel's refusals (cuDNN's one key, the efficient
+# kernel's alignment) are where a CPU run cannot see them
+for kernel in ${KERNELS//,/ }; do
+  step "verify-inference-$kernel" 60 "$OUT/verify-inference-$kernel.json" \
+    "$PY" -m cpbench verify --device "$DEVICE" --world-size "$WORLD" --dtype bfloat16 \
+    --kernel "$kernel" --inference --json ${dry_verify[@]+"${dry_verify[@]}"}
+done
+
+# 2c. cpbench's own schemes next to each usable library against a single-GPU baseline measured
 # in the same run (`cpbench efficiency`: interleaved rounds, best and median, efficiency =
 # t_single / (P x t_case)); needs at least 2 ranks
 if (( WORLD >= 2 )); then
@@ -136,15 +154,22 @@ if (( WORLD >= 2 )); then
   step efficiency 90 "$OUT/logs/efficiency.out" "$PY" -m cpbench efficiency "${eff_args[@]}"
 fi
 
-# 3. the sweep (memory probes in every record), leaving 45 s for the report and the summary
+# 3. the inference sweep: time to first token per scheme, decode latency and tokens/s
+rm -f "$OUT/inference.jsonl" "$OUT/inference.jsonl.inflight"
+step sweep-inference 120 "$OUT/logs/sweep-inference.out" "$PY" -m cpbench sweep \
+  "$OUT/inference.toml" --out "$OUT/inference.jsonl" --device "$DEVICE" --world-size "$WORLD"
+
+# 4. the training sweep (memory probes in every record), leaving 45 s for the report and summary
 left=$(( START + BUDGET - $(date +%s) - 45 ))
 rm -f "$OUT/sweep.jsonl" "$OUT/sweep.jsonl.inflight"  # a rerun into the same folder starts afresh
 step sweep "$left" "$OUT/logs/sweep.out" "$PY" -m cpbench sweep "$OUT/scenario.toml" \
   --out "$OUT/sweep.jsonl" --device "$DEVICE" --world-size "$WORLD"
 
-# 4. the report of the sweep, 5. the one-page summary
-if [[ -s "$OUT/sweep.jsonl" ]]; then
-  step report 40 "$OUT/report.json" "$PY" -m cpbench report "$OUT/sweep.jsonl" \
+# 5. the report of both sweeps, 6. the one-page summary
+swept=()
+for f in "$OUT/sweep.jsonl" "$OUT/inference.jsonl"; do [[ -s "$f" ]] && swept+=("$f"); done
+if (( ${#swept[@]} )); then
+  step report 40 "$OUT/report.json" "$PY" -m cpbench report "${swept[@]}" \
     --output "$OUT/report.html" --json
 fi
 step summary 20 "$OUT/summary.md" "$PY" "$HERE/acceptance_summary.py" summary "$OUT"
