@@ -9,6 +9,12 @@ class CpbenchError(ValueError):
     """Bad input or an impossible configuration; the message names the values and the rule."""
 
 
+class KernelRefused(CpbenchError):
+    """The chosen attention kernel cannot run this call (its device, dtype, head dim or mask
+    rule), said before anything runs: verify records such a case as skipped with the reason,
+    not as a wrong result."""
+
+
 class RunFailure(RuntimeError):
     """Running a valid configuration failed (a rank raised or died, a task timed out)."""
 

@@ -35,6 +35,7 @@ from cpbench.attention.kernels import (
     select_kernel,
 )
 from cpbench.attention.kernels import flash_attn3 as fa3_module
+from cpbench.attention.kernels.base import band_mask, causal_mask
 from cpbench.attention.reference import reference_attention
 from cpbench.errors import CpbenchError
 from tests import flash_rules
@@ -267,7 +268,8 @@ def test_which_kernel_runs_where_by_hand(fake_env, env, device, dtype, head_dim,
         ({"capability": (9, 0), "cudnn": 90100}, BF16, 128, False, "cudnn"),
         ({"capability": (9, 0), "cudnn": 90100}, BF16, 192, False, "sdpa"),  # cuDNN <= 128
         ({"capability": (10, 0), "fa2": True, "fa2_version": (2, 7, 2)}, BF16, 64, False, "cudnn"),
-        ({"capability": (10, 0), "fa2": True, "fa2_version": (2, 7, 2)}, BF16, 64, True, "cudnn"),
+        # flash-attn 2.7 refuses sm100: the band goes to the memory-efficient op's bias
+        ({"capability": (10, 0), "fa2": True, "fa2_version": (2, 7, 2)}, BF16, 64, True, "efficient"),
         ({"capability": (10, 0), "fa2": True, "fa2_version": (2, 8, 3)}, BF16, 64, True, "flash_attn"),
         ({"capability": (8, 0), "fa2": True}, BF16, 264, True, "efficient"),  # refuses the band
     ],
@@ -349,16 +351,57 @@ def _fake_flash_backward(**a: Any) -> tuple:
     return tuple(_bshd(g) for g in grads)
 
 
+def _checked_bias(a: dict[str, Any]) -> torch.Tensor | None:
+    """The op's `attn_bias` as `_efficient_attention_forward` / `_backward` check it (aten
+    transformers/cuda/attention.cu and mem_eff_attention/kernel_forward.h): the query's dtype,
+    4-D [B, H, Sq, Sk], the last dimension contiguous, the row stride (and the batch and head
+    strides where there is more than one) a multiple of kAlignmentQ (128 bits of the dtype on
+    sm80+), the data pointer aligned the same."""
+    bias, q, k = a["attn_bias"], a["query"], a["key"]
+    if bias is None:
+        return None
+    assert bias.dtype == q.dtype, "invalid dtype for bias - should match query's dtype"
+    assert bias.dim() == 4, "Bias expected in BMHK format"
+    assert tuple(bias.shape) == (q.shape[0], q.shape[1], q.shape[2], k.shape[2]), "wrong shape"
+    assert bias.stride(3) == 1, "attn_bias: wrong alignment (last dimension must be contiguous)"
+    align = 16 // q.element_size()
+    for dim, name in enumerate("BHM"):
+        assert bias.shape[dim] <= 1 or bias.stride(dim) % align == 0, f"not aligned (stride{name})"
+    assert bias.data_ptr() % 16 == 0
+    return bias
+
+
+def _biased_scores(a: dict[str, Any], bias: torch.Tensor) -> torch.Tensor:
+    """float64 scores [B, H, Sq, Sk] with the bias added (and the causal flag applied)."""
+    s = torch.einsum("bhqd,bhkd->bhqk", a["query"].double(), a["key"].double()) * a["scale"]
+    s = s + bias.double()
+    if a["is_causal"]:
+        keep = causal_mask(s.shape[2], s.shape[3], 0, s.device)
+        s = s.masked_fill(~keep, float("-inf"))
+    return s
+
+
 def _fake_efficient(**a: Any) -> tuple:
-    """Like the CUDA op: equal head counts only, the LSE padded to a multiple of 32."""
+    """Like the CUDA op: equal head counts only, the LSE padded to a multiple of 32; a bias
+    checked as the op checks it, and a row it hides whole is NaN (the fake does not promise
+    what the op leaves there: the kernel must not rely on it)."""
     assert a["key"].shape[1] == a["query"].shape[1], "the efficient op wants equal heads"
-    assert a["attn_bias"] is None and a["compute_log_sumexp"] is True
-    out, lse = NAIVE.forward(_bshd(a["query"]), _bshd(a["key"]), _bshd(a["value"]),
-                             a["is_causal"], a["scale"])  # fmt: skip
+    assert a["compute_log_sumexp"] is True
+    bias = _checked_bias(a)
+    if bias is None:
+        out, lse = NAIVE.forward(_bshd(a["query"]), _bshd(a["key"]), _bshd(a["value"]),
+                                 a["is_causal"], a["scale"])  # fmt: skip
+        out = _bshd(out)
+    else:
+        s = _biased_scores(a, bias)
+        lse = torch.logsumexp(s, dim=-1)
+        p = torch.exp(s - lse.unsqueeze(-1))  # NaN in a row hidden whole
+        out = torch.einsum("bhqk,bhkd->bhqd", p, a["value"].double()).to(a["query"].dtype)
+        lse = lse.float()
     sq = lse.shape[-1]
     padded = torch.full((*lse.shape[:-1], -(-sq // 32) * 32), float("nan"))
     padded[..., :sq] = lse
-    return _bshd(out), padded, torch.zeros(()), torch.zeros(())
+    return out, padded, torch.zeros(()), torch.zeros(())
 
 
 def _fake_efficient_backward(**a: Any) -> tuple:
@@ -366,10 +409,24 @@ def _fake_efficient_backward(**a: Any) -> tuple:
     lse = a["logsumexp"]
     assert lse.is_contiguous() and lse.shape[-1] == -(-sq // 32) * 32
     assert a["key"].shape[1] == a["query"].shape[1]
-    assert a["grad_input_mask"] == [True, True, True, False] and a["attn_bias"] is None
-    grads = NAIVE.backward(*(_bshd(a[n]) for n in ("grad_out_", "query", "key", "value", "out")),
-                           lse[..., :sq], a["is_causal"], a["scale"])  # fmt: skip
-    return (*(_bshd(g) for g in grads), torch.empty(0))
+    assert a["grad_input_mask"] == [True, True, True, False]
+    bias = _checked_bias(a)
+    if bias is None:
+        grads = NAIVE.backward(
+            *(_bshd(a[n]) for n in ("grad_out_", "query", "key", "value", "out")),
+            lse[..., :sq], a["is_causal"], a["scale"])  # fmt: skip
+        return (*(_bshd(g) for g in grads), torch.empty(0))
+    # the flash backward's arithmetic: P from the given LSE, D = rowsum(dO * O)
+    s = _biased_scores(a, bias)
+    p = torch.exp(s - lse[..., :sq].double().unsqueeze(-1))
+    do, q, k, v = (a[n].double() for n in ("grad_out_", "query", "key", "value"))
+    dv = torch.einsum("bhqk,bhqd->bhkd", p, do)
+    dp = torch.einsum("bhqd,bhkd->bhqk", do, v)
+    ds = p * (dp - (do * a["out"].double()).sum(-1, keepdim=True))
+    dq = torch.einsum("bhqk,bhkd->bhqd", ds, k) * a["scale"]
+    dk = torch.einsum("bhqk,bhqd->bhkd", ds, q) * a["scale"]
+    dtype = a["query"].dtype
+    return dq.to(dtype), dk.to(dtype), dv.to(dtype), torch.empty(0)
 
 
 def _fake_cudnn(**a: Any) -> tuple:
@@ -470,6 +527,47 @@ def test_cudnn_never_gets_one_key(monkeypatch, fake_ops, queries) -> None:  # ty
         out_c, _ = kernel.forward(q, k, v, True, SCALE)
         assert (out_c.double() - ref).abs().max() < TOL
     assert not any(c.calls for c in fake_ops.values())
+
+
+EFFICIENT_BAND_PIECES = [
+    (16, 16, (-3, 0)),  # a sliding window's diagonal piece
+    (12, 20, (-5, 2)),  # Sk not a multiple of 16: the bias's rows padded
+    (40, 40, (-7, 0)),
+    (16, 16, (None, -1)),  # row 0 sees no key (a prefix hidden whole)
+    (16, 16, (1, 6)),  # rows 15 and on see none (a suffix)
+]
+
+
+@pytest.mark.parametrize(("sq", "sk", "band"), EFFICIENT_BAND_PIECES)
+@pytest.mark.parametrize(("heads", "kv_heads"), [(4, 4), (4, 2)])
+def test_efficient_applies_a_band_as_its_bias(fake_ops, sq, sk, band, heads, kv_heads) -> None:  # type: ignore[no-untyped-def]
+    """Without flash-attn, the memory-efficient op runs document and window pieces on CUDA:
+    the band as an additive bias the op accepts (checked as it checks it), out / LSE / the
+    backward with them against float64, TOL; a row that sees no key is out 0, LSE -inf, and
+    no NaN reaches the gradients (the fake leaves NaN in such a row, the op promises nothing)."""
+    g = torch.Generator().manual_seed(sq * 100 + sk)
+    q, dout = (torch.randn(B, sq, heads, D, generator=g) for _ in range(2))
+    k, v = (torch.randn(B, sk, kv_heads, D, generator=g) for _ in range(2))
+    kernel = EfficientKernel()
+    out, lse = kernel.forward(q, k, v, False, SCALE, band=band)
+    dq, dk, dv = kernel.backward(dout, q, k, v, out, lse, False, SCALE, band=band)
+    assert fake_ops["_scaled_dot_product_efficient_attention"].calls[-1]["attn_bias"] is not None
+    seen = band_mask(sq, sk, band, torch.device("cpu")).any(dim=1)
+    rows = seen.nonzero().flatten()
+    ref_in = [t.double().requires_grad_(True) for t in (q[:, rows], k, v)]
+    kk, vv = (t.repeat_interleave(heads // kv_heads, dim=2) for t in ref_in[1:])
+    scores = torch.einsum("bqhd,bkhd->bhqk", ref_in[0], kk) * SCALE
+    scores = scores.masked_fill(~band_mask(sq, sk, band, torch.device("cpu"))[rows],
+                                float("-inf"))
+    ref = torch.einsum("bhqk,bkhd->bqhd", torch.softmax(scores, dim=-1), vv)
+    ref.backward(dout[:, rows].double())
+    assert (out[:, rows].double() - ref).abs().max() < TOL
+    assert (lse[:, :, rows].double() - torch.logsumexp(scores, -1).detach()).abs().max() < TOL
+    assert bool((out[:, ~seen] == 0).all()) and bool((lse[:, :, ~seen] == float("-inf")).all())
+    assert (dq[:, rows].double() - ref_in[0].grad).abs().max() < TOL  # type: ignore[operator]
+    assert bool((dq[:, ~seen] == 0).all())
+    for got, want in ((dk, ref_in[1].grad), (dv, ref_in[2].grad)):
+        assert want is not None and (got.double() - want).abs().max() < TOL
 
 
 @pytest.mark.parametrize(("cls", "version", "native"), KERNEL_CASES)

@@ -15,7 +15,6 @@ from cpbench.attention.kernels import (
     CpuSdpaKernel,
     CudaSdpaKernel,
     CudnnKernel,
-    EfficientKernel,
     FlashAttn3Kernel,
     FlashAttnKernel,
     NaiveKernel,
@@ -31,7 +30,7 @@ from cpbench.attention.reference import reference_attention
 from cpbench.config.geometry import pack, ring_schedule
 from cpbench.config.masks import MaskSpec
 from cpbench.config.vocabulary import LAYOUTS
-from cpbench.errors import CpbenchError
+from cpbench.errors import CpbenchError, KernelRefused
 from tests import flash_rules
 
 TOL = 2e-5  # float32 kernels vs float64 on O(1) values
@@ -204,7 +203,7 @@ def test_bands_that_are_full_or_causal_use_the_flags() -> None:
         normalize_band(False, (2, 1))
 
 
-@pytest.mark.parametrize("cls", [CudaSdpaKernel, CudnnKernel, EfficientKernel])
+@pytest.mark.parametrize("cls", [CudaSdpaKernel, CudnnKernel])
 def test_kernels_without_a_mask_refuse_a_band(cls) -> None:  # type: ignore[no-untyped-def]
     """Never a mask silently dropped: the error names the band and the kernel (raised before
     any op is called, so it runs on a CPU)."""
@@ -221,9 +220,12 @@ def test_select_kernel_with_bands() -> None:
     assert select_kernel("cpu", torch.float32, band=True).name == "sdpa"
     assert band_capable("sdpa", "cpu") and not band_capable("sdpa", "cuda")
     assert not band_capable("cudnn", "cuda") and band_capable("flash_attn", "cuda")
-    # On CUDA float32 (auto = efficient) without flash-attn no kernel but einsum applies one.
-    with pytest.raises(CpbenchError, match="cannot apply the band pieces.*can on cuda.*naive"):
-        select_kernel("cuda", torch.float32, "efficient", band=True)
+    # On CUDA without flash-attn the memory-efficient op applies one (as its bias), and a
+    # kernel with a causal flag only is refused, naming it and einsum.
+    assert band_capable("efficient", "cuda")
+    assert select_kernel("cuda", torch.float32, "efficient", band=True).name == "efficient"
+    with pytest.raises(KernelRefused, match="cannot apply the band pieces.*naive, efficient"):
+        select_kernel("cuda", torch.bfloat16, "sdpa", band=True)
 
 
 # --------------------------------------------- flash-attn 2 / FA3 windows, by the libraries' rules

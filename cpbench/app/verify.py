@@ -8,7 +8,8 @@ from dataclasses import asdict, replace
 
 import torch
 
-from cpbench.bench.reference import impl_mask_unsupported, run_cases_on_rank
+from cpbench.attention.kernels import kernel_unavailable
+from cpbench.bench.reference import TORCH_DTYPES, impl_mask_unsupported, run_cases_on_rank
 from cpbench.config.bench import VerifyCase, check_choice, factorizations
 from cpbench.config.constraints import required_kv_replication
 from cpbench.config.impls import DEFAULT_IMPL, check_impl
@@ -210,6 +211,10 @@ def run_verify(
             f"world size ({world_size}) needs {world_size} GPUs, found {torch.cuda.device_count()}"
         )
     check_impl(impl)
+    if kernel != "auto":  # a kernel that runs nothing here is bad input, not 0 cases passed
+        reason = kernel_unavailable(kernel, device, TORCH_DTYPES[dtype])
+        if reason is not None:
+            raise CpbenchError(f"kernel {kernel!r} {reason}")
     for comm in cp_comms:
         check_choice("cp_comm", comm, CP_COMMS)
     if cases is None:

@@ -18,7 +18,7 @@ from cpbench.config.geometry import ring_schedule
 from cpbench.config.masks import MaskSpec
 from cpbench.config.problem import CpProblem
 from cpbench.config.vocabulary import CpComm
-from cpbench.errors import CpbenchError
+from cpbench.errors import CpbenchError, KernelRefused
 
 
 def resolve_mask(causal: bool | None, mask: MaskSpec | None) -> MaskSpec:
@@ -82,7 +82,7 @@ def cp_attention(
     else:
         local_kernel = kernel
         if plan.needs_band and not getattr(kernel, "supports_band", False):
-            raise CpbenchError(band_refusal(kernel.name, q.device, q.dtype))
+            raise KernelRefused(band_refusal(kernel.name, q.device, q.dtype))
     skip_comm = variant == "compute"
 
     if feasible.kv_replication > 1:

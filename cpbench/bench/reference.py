@@ -21,7 +21,7 @@ from cpbench.config.tolerances import (
     rounded_terms,
 )
 from cpbench.config.vocabulary import DTYPES, GLOBAL_LAYOUTS
-from cpbench.errors import CpbenchError
+from cpbench.errors import CpbenchError, KernelRefused
 
 C = TypeVar("C")
 
@@ -266,11 +266,15 @@ def run_batch(
     cases: Sequence[C], run: Callable[[C], dict | None], fields: Callable[[C], dict[str, Any]]
 ) -> list[dict | None]:
     """Every case runner's batch (a pool task's body): `run` each case in order; a CpbenchError
-    in one case is recorded, its `fields` then passed False and the error, not raised."""
+    in one case is recorded, its `fields` then passed False and the error, not raised; a
+    kernel's refusal (`KernelRefused`: it cannot run the case, said before it ran) is recorded
+    skipped, passed None and the reason."""
     out: list[dict | None] = []
     for case in cases:
         try:
             out.append(run(case))
+        except KernelRefused as exc:
+            out.append({**fields(case), "passed": None, "skipped": str(exc)})
         except CpbenchError as exc:  # deterministic on every rank: no collective is left open
             out.append({**fields(case), "passed": False, "error": str(exc)})
     return out

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from cpbench.errors import CpbenchError
+from cpbench.errors import CpbenchError, KernelRefused
 
 Band = tuple[int | None, int | None]
 """A piece's mask as (lo, hi): row i sees column j iff lo <= j - i <= hi (None unbounded);
@@ -82,7 +82,7 @@ def refuse_band(kernel: str, band: Band | None) -> None:
     """A kernel without a mask argument: a band is an error naming both, never dropped."""
     if band is not None:
         lo, hi = band
-        raise CpbenchError(
+        raise KernelRefused(
             f"kernel {kernel!r} cannot apply the mask band lo ({lo}) <= j - i <= hi ({hi}) of "
             f"a document or sliding-window piece (it has only a causal flag); use kernel "
             f"'flash_attn', 'flash_attn3', 'sdpa' on CPU, or 'naive'"

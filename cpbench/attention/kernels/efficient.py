@@ -1,12 +1,13 @@
 """PyTorch's memory-efficient attention for CUDA (`aten._scaled_dot_product_efficient_attention`
-and its `_backward`): the fused path for float32 on a GPU, with the LSE out and in."""
+and its `_backward`): the fused path for float32 on a GPU, with the LSE out and in, and the
+fused kernel that applies a mask band where flash-attn is not installed (an additive bias)."""
 
 from __future__ import annotations
 
 import torch
 
 from cpbench.attention.kernels import ops
-from cpbench.attention.kernels.base import Band, LocalKernel
+from cpbench.attention.kernels.base import Band, LocalKernel, band_mask
 
 EFFICIENT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 """What the memory-efficient (cutlass) kernels compute in; float64 stays with einsum."""
@@ -14,6 +15,23 @@ LSE_ALIGN = 32
 """On CUDA the op pads the LSE's sequence dimension to a multiple of 32 (`kAlignLSE`, see
 `meta__scaled_dot_product_efficient_attention` in torch/_meta_registrations.py); on ROCm it
 does not."""
+
+
+BIAS_ALIGN = 16
+"""The bias's rows start at multiples of 16 elements: the op wants its row stride a multiple of
+the kernel's alignment (`bias_strideM % kAlignmentQ`, 8 in bf16, 4 in float32), and torch's own
+`scaled_dot_product_attention` pads a mask for this op to 16 (`pad_bias`, aten
+transformers/attention.cpp) and slices it back, as `_bias` does."""
+
+
+def _empty_rows(sq: int, sk: int, band: Band) -> tuple[int, int]:
+    """(first, stop): rows outside [first, stop) see no key of the piece. Row i sees columns
+    max(0, i + lo) .. min(sk - 1, i + hi), so the rows that see none are a prefix (i + hi < 0)
+    and a suffix (i + lo > sk - 1): from the band's numbers, no device sync."""
+    lo, hi = band
+    first = 0 if hi is None else min(sq, max(0, -hi))
+    stop = sq if lo is None else max(first, min(sq, sk - lo))
+    return first, stop
 
 
 def efficient_unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
@@ -37,11 +55,16 @@ class EfficientKernel(LocalKernel):
     kernel's S^2 scores. The op wants equal head counts (GQA expands K/V). The LSE comes back
     padded (`LSE_ALIGN`): the kernel hands back its first S entries and gives the backward a
     buffer padded the way its forward padded. Dropout 0: the RNG state of the last forward is
-    reused in the backward."""
+    reused in the backward. A band goes in as the op's `attn_bias` (0 visible, -inf hidden, the
+    query's dtype, [1, 1, Sq, Sk] broadcast over batch and heads: strides 0, which the op
+    takes); rows of the piece that see no key get out 0 and LSE -inf, as the merge expects
+    (what the op leaves there is not relied on), and a backward given such a row's -inf LSE
+    reads it as 0, so its probabilities are exp(-inf) = 0, not NaN."""
 
     name = "efficient"
     bhsd = True
     keeps_rng = True
+    supports_band = True
 
     def __init__(self) -> None:
         self._lse_align = 1 if torch.version.hip else LSE_ALIGN  # until a forward shows it
@@ -61,7 +84,7 @@ class EfficientKernel(LocalKernel):
             query=q,
             key=k,
             value=v,
-            attn_bias=None,
+            attn_bias=self._bias(q, k, band),
             compute_log_sumexp=True,
             dropout_p=0.0,
             is_causal=causal,
@@ -71,7 +94,26 @@ class EfficientKernel(LocalKernel):
         self._rng = (res[2], res[3])
         if lse.shape[-1] != sq or sq % LSE_ALIGN:  # an S that tells whether it pads
             self._lse_align = LSE_ALIGN if lse.shape[-1] != sq else 1
+        if band is not None:
+            first, stop = _empty_rows(sq, k.shape[2], band)
+            if first > 0 or stop < sq:
+                out, lse = out.clone(), lse.clone()
+                for rows in (slice(0, first), slice(stop, sq)):
+                    out[:, :, rows] = 0
+                    lse[:, :, rows] = float("-inf")
         return out, lse  # `forward` keeps the first S entries
+
+    @staticmethod
+    def _bias(q: torch.Tensor, k: torch.Tensor, band: Band | None) -> torch.Tensor | None:
+        """The band as the op's additive bias (`BIAS_ALIGN`), None without one."""
+        if band is None:
+            return None
+        (b, h, sq, _), sk = q.shape, k.shape[2]
+        keep = band_mask(sq, sk, band, q.device)
+        padded = -(-sk // BIAS_ALIGN) * BIAS_ALIGN
+        bias = torch.zeros(sq, padded, dtype=q.dtype, device=q.device)[:, :sk]
+        bias.masked_fill_(~keep, float("-inf"))
+        return bias.expand(b, h, sq, sk)
 
     def _padded_lse(self, lse: torch.Tensor) -> torch.Tensor:
         """The dense [B, H, S] LSE as the op's backward reads it: padded like the forward's."""
@@ -88,13 +130,15 @@ class EfficientKernel(LocalKernel):
         out: torch.Tensor, lse: torch.Tensor, causal: bool, scale: float, band: Band | None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
         seed, offset = self._recorded()
+        if band is not None:  # a row that saw no key: exp(score - 0) of -inf scores is 0
+            lse = lse.masked_fill(lse == float("-inf"), 0.0)
         dq, dk, dv = ops.call_op(
             "_scaled_dot_product_efficient_attention_backward",
             grad_out_=dout,
             query=q,
             key=k,
             value=v,
-            attn_bias=None,
+            attn_bias=self._bias(q, k, band),
             out=out,
             logsumexp=self._padded_lse(lse),
             philox_seed=seed,

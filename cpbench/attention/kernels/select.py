@@ -31,7 +31,7 @@ from cpbench.attention.kernels.flash_attn3 import (
 from cpbench.attention.kernels.limits import head_dim_unsupported
 from cpbench.attention.kernels.naive import NaiveKernel
 from cpbench.config.vocabulary import BACKENDS
-from cpbench.errors import CpbenchError
+from cpbench.errors import CpbenchError, KernelRefused
 
 HALF = (torch.float16, torch.bfloat16)
 HOPPER = 9
@@ -134,12 +134,14 @@ def _unavailable(name: str, device: torch.device, dtype: torch.dtype) -> str | N
 def band_capable(name: str, device: torch.device | str) -> bool:
     """Whether kernel `name` applies a mask band (the pieces of packed documents and sliding
     windows that are neither full nor top-left causal): einsum, PyTorch's CPU op (a float
-    mask) and flash-attn 2 / 3 (window sizes; an FA3 older than its window, 2024-08-29, does
-    not) do; PyTorch's CUDA flash, memory-efficient and cuDNN ops, called with a causal flag
-    only, do not."""
+    mask), the memory-efficient op (an additive bias) and flash-attn 2 / 3 (window sizes; an
+    FA3 older than its window, 2024-08-29, does not) do; PyTorch's CUDA flash and cuDNN ops,
+    called with a causal flag only, do not."""
     device = torch.device(device)
     if name == "sdpa":
         return device.type != "cuda"
+    if name == "efficient":
+        return True  # it runs on CUDA alone, where it takes the band as its bias
     if name == "flash_attn3":
         fa3 = flash_attn3_interface() if flash_attn3_available() else None
         return fa3 is None or takes_window(fa3)  # one that does not import is refused for that
@@ -155,11 +157,12 @@ def auto_kernel_name(
     """The kernel `auto` runs on `device` in `dtype` (docs/internals.md), among those that can
     run `head_dim` when it is given; with `band` (the mask has band pieces) the first of those
     that can apply one: the usual choice, else FlashAttention-3, else flash-attn 2, else the
-    usual choice (which then refuses)."""
+    memory-efficient op (its mask an S_q x S_k bias), else the usual choice (which then
+    refuses)."""
     name = _auto_kernel_name(torch.device(device), dtype, head_dim)
     if not band or band_capable(name, device):
         return name
-    for alternative in ("flash_attn3", "flash_attn"):
+    for alternative in ("flash_attn3", "flash_attn", "efficient"):
         if kernel_unavailable(alternative, device, dtype, head_dim) is None and band_capable(
             alternative, device
         ):
@@ -239,9 +242,9 @@ def select_kernel(
     chosen = auto_kernel_name(device, dtype, band, head_dim) if name == "auto" else name
     reason = kernel_unavailable(chosen, device, dtype, head_dim)
     if reason is not None:
-        raise CpbenchError(f"kernel {chosen!r} {reason}")
+        raise KernelRefused(f"kernel {chosen!r} {reason}")
     if band and not band_capable(chosen, device):
-        raise CpbenchError(band_refusal(chosen, device, dtype))
+        raise KernelRefused(band_refusal(chosen, device, dtype))
     return _kernel_instance(_kernel_class(chosen, device))
 
 

@@ -1,0 +1,37 @@
+"""A kernel that cannot run a verify case says so before it runs: the case is skipped with the
+reason (exit 0 when every other case passes), not a wrong result. The first GPU run (one H200,
+no flash-attn) reported 60 of 145 training cases FAILED, each a refusal of a window or
+document mask by cuDNN."""
+
+from __future__ import annotations
+
+import pytest
+
+from cpbench.app.verify import run_verify
+from cpbench.bench.reference import run_batch
+from cpbench.errors import CpbenchError, KernelRefused
+
+
+def _case(name: str) -> dict:
+    if name == "refused":
+        raise KernelRefused("kernel 'cudnn' cannot apply the band pieces of this mask")
+    if name == "bad":
+        raise CpbenchError("documents (3) do not fit seq_len (2)")
+    return {"label": name, "passed": True}
+
+
+def test_a_refusal_is_skipped_with_its_reason_and_an_error_is_a_failure() -> None:
+    records = run_batch(["ok", "refused", "bad"], _case, lambda name: {"label": name})
+    assert records[0] == {"label": "ok", "passed": True}
+    assert records[1] == {
+        "label": "refused",
+        "passed": None,
+        "skipped": "kernel 'cudnn' cannot apply the band pieces of this mask",
+    }
+    assert records[2] is not None and records[2]["passed"] is False
+    assert "do not fit" in records[2]["error"]
+
+
+def test_a_named_kernel_that_runs_nothing_here_is_bad_input() -> None:
+    with pytest.raises(CpbenchError, match="kernel 'efficient' needs a CUDA device"):
+        run_verify(1, "cpu", "float32", "efficient")
