@@ -362,6 +362,14 @@ def build_summary(out: Path) -> str:
         "no steps recorded"]
     lines.append("")
 
+    try:
+        pytest_lines = (out / "cuda-kernels.txt").read_text().strip().splitlines()
+    except OSError:
+        pytest_lines = []
+    if pytest_lines:
+        lines += ["## Kernels against float64 (tests/test_cuda_kernels.py)", "",
+                  pytest_lines[-1].strip("= "), ""]
+
     lines += [f"## Verify ({plan_data.get('dtype', DTYPE)})", ""]
     rows = []
     for path in sorted(out.glob("verify-*.json")):

@@ -3,6 +3,8 @@
 # (one included), in under 8 minutes, everything lands under one folder:
 #
 #   doctor.json / doctor.txt    `cpbench doctor`: versions, GPUs, interconnect, usable kernels
+#   cuda-kernels.txt            `pytest tests/test_cuda_kernels.py` (where pytest is installed):
+#                               every usable kernel's op against float64 on this GPU
 #   verify-<impl>.json          `cpbench verify` in bf16, every case of the world size, for
 #                               cpbench and every external implementation doctor finds usable
 #                               (verify-cpbench_flash_attn.json: cpbench with --kernel
@@ -105,6 +107,13 @@ if ! read -r DEVICE WORLD IMPLS KERNELS < "$OUT/plan.txt" || [[ -z "${WORLD:-}" 
   exit 2
 fi
 echo "[acceptance] $DEVICE, world size $WORLD, impls: $IMPLS, kernels: ${KERNELS:-none}" >&2
+
+# 1a. the kernels' ops themselves against float64 (tests/test_cuda_kernels.py), where pytest
+# is installed (the `test` extra): causal, full and band pieces, one key, GQA, bf16 and float32
+if (( ! DRY )) && "$PY" -c "import pytest" 2> /dev/null; then
+  step cuda-kernels 120 "$OUT/cuda-kernels.txt" "$PY" -m pytest -q -n 0 -p no:cacheprovider \
+    -p no:randomly tests/test_cuda_kernels.py
+fi
 
 # 2. verify in bf16, every case of the world size: cpbench first, then each usable library
 for impl in ${IMPLS//,/ }; do

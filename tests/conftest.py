@@ -133,6 +133,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 # ------------------------------------------------------------------------ skip allow-list
 
 
+def _cuda() -> bool:
+    import torch  # noqa: PLC0415 - at the session's end, where torch is loaded anyway
+
+    return torch.cuda.is_available()
+
+
 def _torch_before(major: int, minor: int) -> bool:
     import torch  # noqa: PLC0415
 
@@ -186,6 +192,17 @@ PLATFORM_SKIPS: tuple[PlatformSkip, ...] = (
         r"no /proc/stat on this platform",
         lambda: not Path("/proc/stat").exists(),
         "the other-load measurement reads Linux's /proc/stat",
+    ),
+    PlatformSkip(
+        r"needs a CUDA GPU",
+        lambda: not _cuda(),
+        "tests/test_cuda_kernels.py runs the kernels' ops on a real GPU (the GPU acceptance "
+        "device command runs it); the CPU suite checks their marshalling against fakes",
+    ),
+    PlatformSkip(
+        r"(kernel not usable|no mask band) on this GPU: ",
+        _cuda,
+        "a kernel this GPU or install cannot run, or one without a mask band (the reason named)",
     ),
     PlatformSkip(
         r"a real flash-attn is installed",

@@ -61,9 +61,9 @@ def test_kernel_on_the_gpu_matches_float64(name, dtype, sq, sk, causal, band) ->
     device = torch.device("cuda")
     reason = kernel_unavailable(name, device, dtype, 64)
     if reason is not None:
-        pytest.skip(f"{name}: {reason}")
+        pytest.skip(f"kernel not usable on this GPU: {name} {reason}")
     if band is not None and not band_capable(name, device):
-        pytest.skip(f"{name} takes no band")
+        pytest.skip(f"no mask band on this GPU: kernel {name}")
     kernel = select_kernel(device, dtype, name, band=band is not None, head_dim=64)
     g = torch.Generator(device=device).manual_seed(sq * 1000 + sk)
     q, dout = (torch.randn(2, sq, 8, 64, generator=g, device=device, dtype=dtype)

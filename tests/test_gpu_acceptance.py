@@ -54,12 +54,16 @@ def test_dry_run_succeeds_and_writes_every_file(dry_run: tuple[Path, Any]) -> No
     out, done = dry_run
     assert done.returncode == 0, done.stderr + done.stdout
     for name in ("doctor.json", "doctor.txt", "plan.json", "scenario.toml", "sweep.jsonl",
-                 "report.html", "report.json", "summary.md", "verify-cpbench.json"):
+                 "inference.toml", "inference.jsonl", "report.html", "report.json", "summary.md",
+                 "verify-cpbench.json"):
         assert (out / name).is_file() and (out / name).stat().st_size > 0, name
     steps = [line.split("\t") for line in (out / "steps.tsv").read_text().splitlines()]
     names = [s[0] for s in steps]
     assert names[:3] == ["doctor", "plan", "verify-cpbench"]
-    assert names[-3:] == ["sweep", "report", "summary"]
+    assert names[-4:] == ["sweep-inference", "sweep", "report", "summary"]
+    plan = json.loads((out / "plan.json").read_text())
+    assert [n for n in names if n.startswith("verify-inference-")] == [
+        f"verify-inference-{k}" for k in plan["kernels"]]
     assert all(rc == "0" for _, rc, _ in steps), steps
     assert done.stdout == (out / "summary.md").read_text()  # the summary is printed too
 
@@ -113,7 +117,27 @@ def test_summary_numbers_are_those_of_the_files(dry_run: tuple[Path, Any]) -> No
     for heading in ("## Versions", "## Steps", "## Verify (bfloat16)", "## Kernels (sweep)",
                     "## Memory"):
         assert heading in text
-    assert f"| cpbench | {counts['passed']} | 0 | 0 |" in text
+    assert f"| cpbench | training | {counts['passed']} | 0 | 0 |" in text
+    for kernel in json.loads((out / "plan.json").read_text())["kernels"]:
+        doc = json.loads((out / f"verify-inference-{kernel}.json").read_text())
+        for kind in ("training", "prefill", "decode"):
+            kind_counts = summary.verify_counts(doc, kind)
+            assert kind_counts["passed"] > 0 and kind_counts["failed"] == 0
+            assert (f"| inference-{kernel} | {kind} | {kind_counts['passed']} | 0 | 0 |"
+                    in text)
+    inference = read_records(out / "inference.jsonl")
+    steps = {row["step"]: row for row in summary.inference_rows(inference)}
+    assert set(steps) == {f"prefill {s}" for s in ("pass_kv", "pass_q", "all_gather", "ulysses")
+                          } | {"decode contiguous", "decode interleaved"}
+    for name, row in steps.items():
+        phase, what = name.split()
+        mine = [r for r in inference if r["config"]["inference"]["phase"] == phase and what in (
+            r["config"]["inference"].get("scheme"), r["config"]["inference"].get("cache_layout"))]
+        seconds = [r["inference"]["ttft_s" if phase == "prefill" else "step_latency_s"]
+                   for r in mine]
+        assert row["ok"] == len(mine) > 0 and row["fastest"][0] == min(seconds)
+        assert row["slowest"][0] == max(seconds)
+    assert "## Inference (sweep)" in text
     for kernel, row in rows.items():
         assert f"| {kernel} | {row['ok']} | - | {summary._tflops(row['best_tflops'])} |" in text
     doctor = json.loads((out / "doctor.json").read_text())
@@ -133,3 +157,10 @@ def test_usage_errors_exit_2(tmp_path: Path) -> None:
     assert _run(tmp_path, "--bogus").returncode == 2
     done = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, timeout=30)
     assert done.returncode == 2 and "usage:" in done.stderr
+
+
+def test_summary_carries_the_cuda_kernel_tests_last_line(tmp_path: Path) -> None:
+    log = ROOT / "docs" / "gpu-runs" / "2026-12-04-h200" / "test_cuda_kernels.txt"
+    (tmp_path / "cuda-kernels.txt").write_text(log.read_text())
+    text = summary.build_summary(tmp_path)
+    assert "## Kernels against float64 (tests/test_cuda_kernels.py)\n\n46 passed, 62 skipped" in text
