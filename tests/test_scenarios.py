@@ -38,6 +38,7 @@ SHIPPED = {
     "gpu-acceptance": ("cuda", 8, 48, 48),
     "packed-documents": ("cpu", 4, 10, 10),
     "cpu-inference": ("cpu", 2, 24, 24),
+    "gpu-inference": ("cuda", 8, 24, 24),
 }
 
 

@@ -3,6 +3,7 @@ distribution, packed into one sequence. The sources: docs/design.md section 1. P
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import random
@@ -101,8 +102,36 @@ def draw_lengths(kind: str, text: str, seq_len: int, seed: int) -> list[int]:
     return lengths
 
 
+LENGTH_COLUMNS = ("length", "seq_len", "tokens", "num_tokens")
+"""The CSV columns read as lengths, the first present (or the file's only column)."""
+
+
+def _csv_lengths(path: Path, text: str) -> list[int]:
+    rows = list(csv.reader(text.splitlines()))
+    if not rows:
+        return []
+    header = [h.strip() for h in rows[0]]
+    names = [n for n in LENGTH_COLUMNS if n in header]
+    if not names and len(header) != 1:
+        raise CpbenchError(
+            f"{path}: no length column: the header {header[:6]} names none of "
+            f"{', '.join(LENGTH_COLUMNS)}"
+        )
+    column = header.index(names[0]) if names else 0
+    lengths = []
+    for number, row in enumerate(rows[1:], 2):
+        cell = row[column].strip() if column < len(row) else ""
+        try:
+            lengths.append(int(cell))
+        except ValueError:
+            raise CpbenchError(f"{path}:{number}: {cell[:40]!r} is not a length") from None
+    return lengths
+
+
 def _read_lengths(path: Path) -> list[int]:
     text = read_text(path, "documents file")
+    if path.suffix == ".csv":
+        return _csv_lengths(path, text)
     if path.suffix == ".json":
         try:
             data = loads_json(text, str(path))
@@ -154,3 +183,40 @@ def resolve_documents(source: str, seq_len: int, seed: int = 0) -> tuple[int, ..
         f"documents {source!r} is neither comma-separated lengths, an existing file, nor a "
         f"distribution ({', '.join(d + ':...' for d in DISTRIBUTIONS)})"
     )
+
+
+def global_batch(source: str, tokens: int, seed: int = 0) -> tuple[int, ...]:
+    """The whole sequences of one global batch: a distribution drawn until they hold at least
+    `tokens` (the step's token budget), a file's lengths in order until they do (all of them
+    when they hold fewer), or explicit comma-separated lengths. Never cut: unlike a packed
+    sequence, a sequence of a batch is scheduled whole (docs/dynamic-cp.md)."""
+    source = source.strip()
+    if not source:
+        raise CpbenchError("lengths: empty source (lengths, a file, or a distribution)")
+    if tokens < 1:
+        raise CpbenchError(f"the token budget per step ({tokens}) must be at least 1")
+    kind, sep, rest = source.partition(":")
+    if sep and kind in DISTRIBUTIONS:
+        lengths: list[int] = draw_lengths(kind, rest, tokens, seed)
+        where = source
+    elif Path(source).is_file():
+        lengths, where = _read_lengths(Path(source)), source
+    elif all(p.strip().isdigit() for p in source.split(",")):
+        lengths, where = [int(p) for p in source.split(",")], "the explicit lengths"
+    else:
+        raise CpbenchError(
+            f"lengths {source!r} is neither comma-separated lengths, an existing file, nor a "
+            f"distribution ({', '.join(d + ':...' for d in DISTRIBUTIONS)})"
+        )
+    batch: list[int] = []
+    total = 0
+    for length in lengths:
+        if isinstance(length, bool) or not isinstance(length, int) or length <= 0:
+            raise CpbenchError(f"sequence length {length!r} from {where} is not a positive integer")
+        if total >= tokens:
+            break
+        batch.append(length)
+        total += length
+    if not batch:
+        raise CpbenchError(f"{where} holds no sequence length")
+    return tuple(batch)

@@ -1,0 +1,405 @@
+"""A batch of whole sequences scheduled into micro-batches of CP groups, priced on a profile:
+the types, the pack pricing (`SequenceCosts`), static CP and cpbench's scheduler.
+docs/dynamic-cp.md. Pure Python."""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Literal, get_args
+
+import numpy as np
+
+from cpbench.config.problem import MeshCandidate
+from cpbench.config.vocabulary import Dtype
+from cpbench.errors import CpbenchError
+from cpbench.model.cost.prediction import predict
+from cpbench.model.hardware.profile import HardwareProfile
+
+Policy = Literal["static", "megatron", "cpbench"]
+POLICIES: tuple[Policy, ...] = get_args(Policy)
+GroupScheme = Literal["ring", "ulysses", "allgather"]
+"""What a group of g ranks runs: a zigzag ring (1 x g, p2p), Ulysses (g x 1) or the all-gather
+ring (1 x g)."""
+GROUP_SCHEMES: tuple[GroupScheme, ...] = get_args(GroupScheme)
+GRID_POINTS = 24
+"""Lengths at which a degree's sequence time is predicted (geometric from the smallest padded
+length to the longest sequence); between them it is interpolated linearly."""
+
+
+@dataclass(frozen=True)
+class DynamicProblem:
+    """What is scheduled: the batch, the machine's ranks and the per-rank token budget."""
+
+    lengths: tuple[int, ...]
+    """Sequence lengths of one global batch (whole sequences)."""
+    world: int
+    """W: ranks the batch is spread over (data x context parallel)."""
+    tokens_per_rank: int
+    """C: the most tokens a rank holds in one micro-batch (Megatron's
+    --max-seqlen-per-dp-cp-rank): a sequence of s tokens needs ceil(s / C) ranks."""
+    heads: int
+    kv_heads: int
+    head_dim: int
+    dtype: Dtype = "bfloat16"
+    static_cp: int | None = None
+    """The static policy's CP degree (None: the smallest power of two holding the longest
+    sequence)."""
+
+    def __post_init__(self) -> None:
+        if not self.lengths:
+            raise CpbenchError("the batch holds no sequence")
+        if self.world < 1 or self.tokens_per_rank < 1:
+            raise CpbenchError(
+                f"world ({self.world}) and tokens per rank ({self.tokens_per_rank}) must be >= 1"
+            )
+        longest = max(self.lengths)
+        if longest > self.world * self.tokens_per_rank:
+            raise CpbenchError(
+                f"a sequence of {longest:,} tokens needs ceil({longest:,} / "
+                f"{self.tokens_per_rank:,}) = {self.min_degree(longest):,} ranks of "
+                f"{self.tokens_per_rank:,} tokens, more than the {self.world:,} there are"
+            )
+        if self.static_cp is not None and (
+            self.static_cp < 1 or self.world % self.static_cp
+            or self.static_cp * self.tokens_per_rank < longest
+        ):  # fmt: skip
+            raise CpbenchError(
+                f"static CP ({self.static_cp}) must divide the world ({self.world}) and hold "
+                f"the longest sequence: {self.static_cp} x {self.tokens_per_rank:,} tokens >= "
+                f"{longest:,}"
+            )
+
+    def min_degree(self, length: int) -> int:
+        """The fewest ranks that hold a sequence: ceil(s / C)."""
+        return -(-length // self.tokens_per_rank)
+
+    @property
+    def static_degree(self) -> int:
+        if self.static_cp is not None:
+            return self.static_cp
+        degree = 1 << (self.min_degree(max(self.lengths)) - 1).bit_length()
+        while self.world % degree:
+            degree *= 2
+        return degree
+
+
+@dataclass(frozen=True)
+class CpGroup:
+    """g ranks running a pack of whole sequences as one packed sequence."""
+
+    degree: int
+    scheme: GroupScheme
+    sequences: tuple[int, ...]
+    """Indices into the problem's lengths."""
+    tokens: int
+    predicted_s: float
+    """Predicted seconds of the pack's attention step (fwd+bwd, one layer)."""
+
+
+@dataclass(frozen=True)
+class GroupedMicroBatch:
+    """One micro-batch: the ranks split into groups; it lasts as long as its slowest group."""
+
+    groups: tuple[CpGroup, ...]
+
+    @property
+    def time_s(self) -> float:
+        return max(g.predicted_s for g in self.groups)
+
+    @property
+    def ranks(self) -> int:
+        return sum(g.degree for g in self.groups)
+
+
+@dataclass(frozen=True)
+class PolicyPlan:
+    """A policy's schedule of the batch and its predicted step."""
+
+    policy: Policy
+    micro_batches: tuple[GroupedMicroBatch, ...]
+    world: int
+
+    @property
+    def step_s(self) -> float:
+        """Predicted attention seconds of the step: the micro-batches in turn, each its
+        slowest group."""
+        return sum(mb.time_s for mb in self.micro_batches)
+
+    @property
+    def busy_share(self) -> float:
+        """Rank-seconds of work / (W x step): 1 - the ranks' idle share."""
+        busy = sum(g.degree * g.predicted_s for mb in self.micro_batches for g in mb.groups)
+        return busy / (self.world * self.step_s) if self.step_s > 0 else 1.0
+
+    @property
+    def degrees(self) -> dict[int, int]:
+        """Sequences per CP degree."""
+        out: dict[int, int] = {}
+        for mb in self.micro_batches:
+            for g in mb.groups:
+                out[g.degree] = out.get(g.degree, 0) + len(g.sequences)
+        return dict(sorted(out.items()))
+
+
+@dataclass
+class SequenceCosts:
+    """Predicted seconds of one sequence alone on g ranks under a scheme, from `predict` at
+    `GRID_POINTS` lengths per (degree, scheme), interpolated. A pack's time is the sum of its
+    sequences' times less the fixed part (step overheads and latencies, `fixed`) paid once
+    per pack rather than once per sequence: exact for the model's compute (additive over
+    documents under a document-balanced layout) and its overheads, approximate where a
+    pack's steps mix compute-bound and bandwidth-bound documents (docs/dynamic-cp.md gives
+    the measured error against `predict` of whole packs)."""
+
+    problem: DynamicProblem
+    profile: HardwareProfile
+    _grids: dict[tuple[int, str], tuple[list[int], list[float]]] = field(default_factory=dict)
+    _by_sequence: dict[tuple[int, str], np.ndarray] = field(default_factory=dict)
+
+    def _problem(self, degree: int, scheme: GroupScheme, length: int) -> MeshCandidate:
+        w = self.problem
+        mesh = {"ulysses": (degree, 1), "ring": (1, degree), "allgather": (1, degree)}[scheme]
+        return MeshCandidate(
+            seq_len=length, heads=w.heads, kv_heads=w.kv_heads, head_dim=w.head_dim,
+            dtype=w.dtype, ulysses=mesh[0], ring=mesh[1],
+            layout="contiguous" if scheme == "ulysses" or degree == 1 else "zigzag",
+            cp_comm="all_gather" if scheme == "allgather" else "p2p",
+        )  # fmt: skip
+
+    def runs(self, degree: int, scheme: GroupScheme) -> bool:
+        """Whether the scheme runs at this degree (Ulysses needs the heads to split)."""
+        if degree == 1:
+            return scheme == "ring"
+        try:
+            self._problem(degree, scheme, self.padded(degree, scheme, 2 * degree)).require_feasible()
+        except CpbenchError:
+            return False
+        return True
+
+    @staticmethod
+    def padded(degree: int, scheme: GroupScheme, length: int) -> int:
+        """The length a sequence runs at: a multiple of g (Ulysses) or 2g (a zigzag ring)."""
+        unit = degree if scheme == "ulysses" else 2 * degree
+        return -(-length // unit) * unit if degree > 1 else length
+
+    def _grid(self, degree: int, scheme: GroupScheme) -> tuple[list[int], list[float]]:
+        key = (degree, scheme)
+        if key not in self._grids:
+            low = self.padded(degree, scheme, 1)
+            high = max(self.padded(degree, scheme, max(self.problem.lengths)), low)
+            ratio = (high / low) ** (1 / (GRID_POINTS - 1)) if high > low else 1.0
+            points = sorted({self.padded(degree, scheme, round(low * ratio**i))
+                             for i in range(GRID_POINTS)} | {low, high})  # fmt: skip
+            times = [predict(self._problem(degree, scheme, s), self.profile, memory=False).step_s
+                     for s in points]  # fmt: skip
+            self._grids[key] = (points, times)
+        return self._grids[key]
+
+    def time(self, degree: int, scheme: GroupScheme, length: int) -> float:
+        """Seconds of one sequence of `length` tokens alone on the group."""
+        points, times = self._grid(degree, scheme)
+        s = self.padded(degree, scheme, length)
+        i = bisect.bisect_left(points, s)
+        if i < len(points) and points[i] == s:
+            return times[i]
+        i = min(max(i, 1), len(points) - 1)
+        (s0, s1), (t0, t1) = points[i - 1 : i + 1], times[i - 1 : i + 1]
+        return t0 + (t1 - t0) * (s - s0) / (s1 - s0)
+
+    def times(self, degree: int, scheme: GroupScheme) -> np.ndarray:
+        """Seconds of each of the problem's sequences alone on the group (by index)."""
+        key = (degree, scheme)
+        if key not in self._by_sequence:
+            points, times = self._grid(degree, scheme)
+            padded = np.asarray(self._padded_lengths(degree, scheme), dtype=np.float64)
+            self._by_sequence[key] = np.interp(padded, points, times)
+        return self._by_sequence[key]
+
+    def _padded_lengths(self, degree: int, scheme: GroupScheme) -> list[int]:
+        return [self.padded(degree, scheme, s) for s in self.problem.lengths]
+
+    def fixed(self, degree: int, scheme: GroupScheme) -> float:
+        """The part of a sequence's time a pack pays once: the shortest sequence's time."""
+        return self._grid(degree, scheme)[1][0]
+
+    def pack(self, degree: int, scheme: GroupScheme, lengths: Sequence[int]) -> float:
+        """Seconds of a pack of sequences on one group."""
+        fixed = self.fixed(degree, scheme)
+        return fixed + sum(self.time(degree, scheme, s) - fixed for s in lengths)
+
+
+def priced_group(costs: SequenceCosts, degree: int, scheme: GroupScheme, ids: Sequence[int]) -> CpGroup:
+    fixed = costs.fixed(degree, scheme)
+    seconds = fixed + float((costs.times(degree, scheme)[list(ids)] - fixed).sum())
+    tokens = sum(costs.problem.lengths[i] for i in ids)
+    return CpGroup(degree, scheme, tuple(ids), tokens, seconds)
+
+
+# ----------------------------------------------------------------------------- static CP
+
+
+def static_packs(lengths: Sequence[int], capacity: int, dp: int) -> list[list[int]]:
+    """Megatron's DpBalancedScheduler: the sequences in their order packed first-fit into packs
+    of at most `capacity` tokens; while the packs are no multiple of dp, the last sequence of
+    the last pack holding more than one becomes a pack of its own."""
+    packs: list[list[int]] = [[]]
+    held = 0
+    for i, s in enumerate(lengths):
+        if packs[-1] and held + s > capacity:
+            packs.append([])
+            held = 0
+        packs[-1].append(i)
+        held += s
+    last = len(packs) - 1
+    while len(packs) % dp:
+        while last >= 0 and len(packs[last]) <= 1:
+            last -= 1
+        if last < 0:
+            raise CpbenchError(
+                f"static CP: {len(lengths)} sequences cannot fill a multiple of dp ({dp}) packs"
+            )
+        packs.append([packs[last].pop()])
+    return packs
+
+
+def static_plan(costs: SequenceCosts) -> PolicyPlan:
+    """Static CP (Megatron's DpBalancedScheduler, one degree for every pack, `static_packs`),
+    the packs dealt dp = W / cp to a micro-batch, each pack on a zigzag ring of cp ranks
+    (TransformerEngine's THD layout: every sequence split over all cp ranks)."""
+    w = costs.problem
+    cp = w.static_degree
+    dp = w.world // cp
+    packs = static_packs(w.lengths, cp * w.tokens_per_rank, dp)
+    micro_batches = [
+        GroupedMicroBatch(tuple(priced_group(costs, cp, "ring", p) for p in packs[i : i + dp]))
+        for i in range(0, len(packs), dp)
+    ]
+    return PolicyPlan("static", tuple(micro_batches), w.world)
+
+
+# ----------------------------------------------------------------------------- cpbench
+
+
+def _schemes(costs: SequenceCosts, degree: int) -> tuple[GroupScheme, ...]:
+    return tuple(s for s in GROUP_SCHEMES if costs.runs(degree, s))
+
+
+@cache
+def _degree_candidates(minimum: int, world: int) -> tuple[int, ...]:
+    """Degrees the scheduler tries for a micro-batch's longest sequence: its minimum and the
+    next two (any integer, not only powers of two), twice and four times it, and the next
+    power of two, those the world holds."""
+    power = 1 << (minimum - 1).bit_length()
+    tried = {minimum, minimum + 1, minimum + 2, 2 * minimum, 4 * minimum, power}
+    return tuple(sorted(d for d in tried if d <= world))
+
+
+@dataclass
+class _Tables:
+    """The scheduler's arrays over sequence ids: lengths, minimum degrees, and per degree the
+    fastest scheme and its seconds for each sequence."""
+
+    lengths: np.ndarray
+    min_degree: np.ndarray
+    best: dict[int, tuple[list[GroupScheme], np.ndarray]]
+    """degree -> (the schemes that run there, seconds [scheme, sequence])."""
+
+    def best_scheme(self, degree: int, sequence: int) -> GroupScheme:
+        schemes, seconds = self.best[degree]
+        return schemes[int(np.argmin(seconds[:, sequence]))]
+
+    def own_seconds(self) -> np.ndarray:
+        """Each sequence's seconds alone at its minimum degree, fastest scheme."""
+        out = np.empty(len(self.lengths))
+        for degree in np.unique(self.min_degree):
+            mine = self.min_degree == degree
+            out[mine] = self.best[int(degree)][1][:, mine].min(axis=0)
+        return out
+
+
+def _tables(costs: SequenceCosts, degrees: Sequence[int]) -> _Tables:
+    w = costs.problem
+    lengths = np.asarray(w.lengths, dtype=np.int64)
+    best = {}
+    for degree in degrees:
+        schemes = list(_schemes(costs, degree))
+        best[degree] = (schemes, np.stack([costs.times(degree, s) for s in schemes]))
+    return _Tables(lengths, -(-lengths // w.tokens_per_rank), best)
+
+
+def _fill(
+    costs: SequenceCosts, tables: _Tables, own: np.ndarray, pool: np.ndarray, budget_s: float,
+    free: int,
+) -> tuple[list[CpGroup], np.ndarray]:  # fmt: skip
+    """Groups of the `free` ranks, each opened by the longest sequence that fits the ranks at
+    its minimum degree within `budget_s`, at that degree and its fastest scheme, then filled
+    with the longest sequences that still fit in tokens and in time (first fit decreasing;
+    `pool` is ids by length ascending; what is left is returned)."""
+    capacity = costs.problem.tokens_per_rank
+    groups: list[CpGroup] = []
+    while free > 0 and len(pool):
+        lengths = tables.lengths[pool]
+        fits = np.flatnonzero((lengths <= free * capacity) & (own[pool] <= budget_s))
+        if not len(fits):
+            break
+        opener = int(fits[-1])
+        first = int(pool[opener])
+        degree = int(tables.min_degree[first])
+        scheme = tables.best_scheme(degree, first)
+        fixed = costs.fixed(degree, scheme)
+        seconds = costs.times(degree, scheme)
+        pool = np.delete(pool, opener)
+        ids, held, spent = [first], int(tables.lengths[first]), float(seconds[first])
+        while len(pool):
+            room = (tables.lengths[pool] <= degree * capacity - held) & (
+                seconds[pool] - fixed <= budget_s - spent)
+            fits = np.flatnonzero(room)
+            if not len(fits):
+                break
+            j = int(fits[-1])
+            ids.append(int(pool[j]))
+            held += int(tables.lengths[pool[j]])
+            spent += float(seconds[pool[j]]) - fixed
+            pool = np.delete(pool, j)
+        groups.append(priced_group(costs, degree, scheme, ids))
+        free -= degree
+    return groups, pool
+
+
+def cpbench_plan(costs: SequenceCosts) -> PolicyPlan:
+    """cpbench's scheduler: each micro-batch is paced by its longest remaining sequence, at the
+    degree (any integer from its minimum) that completes the most single-rank work per second
+    of the micro-batch once the other ranks are filled (`_fill`) with groups that end within
+    that time; each group runs the scheme the model prices fastest for its first sequence.
+    docs/dynamic-cp.md says why and what it costs."""
+    w = costs.problem
+    longest = max(w.lengths)
+    degrees = sorted(set(range(1, w.min_degree(longest) + 1))
+                     | set(_degree_candidates(w.min_degree(longest), w.world)))  # fmt: skip
+    tables = _tables(costs, degrees)
+    own = tables.own_seconds()
+    work = costs.times(1, "ring")  # single-rank seconds: what a micro-batch completes
+    pool = np.argsort(tables.lengths, kind="stable")
+    micro_batches: list[GroupedMicroBatch] = []
+    while len(pool):
+        lead_id = int(pool[-1])
+        best: tuple[float, list[CpGroup], np.ndarray] | None = None
+        for degree in _degree_candidates(int(tables.min_degree[lead_id]), w.world):
+            if degree not in tables.best:
+                tables.best[degree] = _tables(costs, [degree]).best[degree]
+            scheme = tables.best_scheme(degree, lead_id)
+            lead = priced_group(costs, degree, scheme, [lead_id])
+            groups, left = _fill(costs, tables, own, pool[:-1], lead.predicted_s,
+                                 w.world - degree)  # fmt: skip
+            groups = [lead, *groups]
+            done = [i for g in groups for i in g.sequences]
+            rate = float(work[done].sum()) / max(g.predicted_s for g in groups)
+            if best is None or rate > best[0]:
+                best = (rate, groups, left)
+        assert best is not None  # the minimum degree always runs (Workload checks it fits)
+        micro_batches.append(GroupedMicroBatch(tuple(best[1])))
+        pool = best[2]
+    return PolicyPlan("cpbench", tuple(micro_batches), w.world)
