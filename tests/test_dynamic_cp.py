@@ -4,12 +4,15 @@ world), the pack pricing against `predict` of whole packs, and bad input named."
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from cpbench.cli.main import app
 from cpbench.config.documents import global_batch
 from cpbench.config.problem import MeshCandidate
 from cpbench.errors import CpbenchError
@@ -191,3 +194,52 @@ def test_megatron_degree_is_the_next_power_of_two_of_the_ranks_needed() -> None:
     assert [megatron_degree(s, 2048) for s in (1, 2048, 2049, 4096, 4097, 8192, 8193)] == [
         1, 1, 2, 2, 4, 4, 8]  # fmt: skip
     assert megatron_degree(100, 2048, min_cp=2) == 2
+
+
+# ----------------------------------------------------------------------------- the command
+
+runner = CliRunner()
+BENCH = ["recommend", "--heads", "16", "--kv-heads", "16", "--gpus", "8",
+         "--tokens-per-rank", "2048", "--static-cp", "4"]  # fmt: skip
+
+
+def test_recommend_lengths_ranks_the_three_policies_and_prints_megatron_flags() -> None:
+    result = runner.invoke(app, [*BENCH, "--lengths", MEGATRON_BENCHMARK, "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["schema_version"] >= 1
+    steps = [p["step_s"] for p in doc["policies"]]
+    assert steps == sorted(steps) and {p["policy"] for p in doc["policies"]} == set(POLICIES)
+    static = next(p for p in doc["policies"] if p["policy"] == "static")
+    for p in doc["policies"]:
+        assert p["speedup_over_static"] == pytest.approx(static["step_s"] / p["step_s"])
+        scheduled = sorted(i for mb in p["schedule"] for g in mb for i in g["sequences"])
+        assert scheduled == list(range(doc["batch"]["sequences"]))
+    assert doc["pick"] == doc["policies"][0]["policy"]
+    assert "--max-seqlen-per-dp-cp-rank 2048" in doc["megatron_flags"]
+    assert doc["batch"]["tokens"] >= 8 * 8 * 2048  # the default budget: 8 micro-batches
+    text = runner.invoke(app, [*BENCH, "--lengths", MEGATRON_BENCHMARK], env={"COLUMNS": "100"})
+    assert text.exit_code == 0 and "pick: " in text.stdout.splitlines()[0]
+    assert "--dynamic-context-parallel" in text.stdout and "x static" in text.stdout
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--lengths", "{empty}"], "holds no sequence length"),
+        (["--lengths", "{words}"], "'twelve' is not a document length"),
+        (["--lengths", "1000,40000"], "needs ceil(40,000 / 2,048) = 20 ranks"),
+        (["--lengths", "1000,5000", "--step-tokens", "3000"],
+         "token budget (3,000) is smaller than its longest sequence (5,000"),
+        (["--step-tokens", "3000"], "--step-tokens need --lengths"),
+        (["--lengths", "100,200", "--documents", "100,200"], "leave out --documents"),
+    ],
+)
+def test_recommend_lengths_bad_input_is_one_line_and_exit_2(tmp_path: Path, extra, message) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "words.txt").write_text("12\ntwelve\n")
+    args = [a.format(empty=tmp_path / "empty.txt", words=tmp_path / "words.txt") for a in extra]
+    result = runner.invoke(app, [*BENCH, *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr and "Traceback" not in result.output
+    assert len(result.stderr.strip().splitlines()) == 1

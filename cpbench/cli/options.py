@@ -136,6 +136,33 @@ DOCUMENTS = _option(
     "uniform:min=64,max=4096; drawn with --seed) packed into --seq-len.",
 )
 Documents = Annotated[str | None, DOCUMENTS]
+LENGTHS = _option(
+    "--lengths",
+    help="recommend: dynamic CP for a batch of whole sequences of these lengths (a "
+    "distribution such as lognormal:mean=1024,sigma=1.5,min=128,max=8192 drawn with --seed to "
+    "--step-tokens, a file: one per line, a JSON list or a CSV length column, or 512,9000,...): "
+    "static CP, Megatron's dynamic-CP rule and cpbench's scheduler ranked by predicted step "
+    "(docs/dynamic-cp.md).",
+)
+Lengths = Annotated[str | None, LENGTHS]
+TOKENS_PER_RANK = _option(
+    "--tokens-per-rank",
+    help="--lengths: the most tokens a GPU holds in a micro-batch (Megatron's "
+    "--max-seqlen-per-dp-cp-rank); a sequence of s tokens needs ceil(s / this) GPUs.",
+)
+TokensPerRank = Annotated[int, TOKENS_PER_RANK]
+STATIC_CP = _option(
+    "--static-cp",
+    help="--lengths: the static policy's CP degree (default: the power of two holding the "
+    "longest sequence).",
+)
+StaticCp = Annotated[int | None, STATIC_CP]
+STEP_TOKENS = _option(
+    "--step-tokens",
+    help="--lengths: the step's token budget, what a distribution is drawn to and a file read "
+    "to (default: 8 micro-batches of --gpus x --tokens-per-rank).",
+)
+StepTokens = Annotated[int | None, STEP_TOKENS]
 WINDOW_OPTION = _option("--window", help=field_help(CpProblem, "window"))
 WindowOption = Annotated[int | None, WINDOW_OPTION]
 ULYSSES = _option("--ulysses", help=field_help(CpProblem, "ulysses"))

@@ -43,6 +43,10 @@ def recommend(
     layers: o.Layers = None,
     kv_memory_gib: o.KvMemoryGib = None,
     kernel: o.KernelName = o.DEFAULTS["kernel"],
+    lengths: o.Lengths = None,
+    tokens_per_rank: o.TokensPerRank = 8192,
+    static_cp: o.StaticCp = None,
+    step_tokens: o.StepTokens = None,
     as_json: o.Json = False,
 ) -> None:
     """Rank every U x R mesh of the CP degree and every layout by predicted step time.
@@ -60,6 +64,10 @@ def recommend(
     in one stride, or one KV head per gather with the next in flight), with where it wins or
     loses against the ring and Ulysses.
 
+    With --lengths it ranks dynamic-CP policies for a batch of whole sequences instead
+    (docs/dynamic-cp.md): static CP, Megatron's dynamic-CP rule and cpbench's scheduler by
+    predicted step, the speedup over static CP, and Megatron's flags.
+
     With --inference it ranks a serving request instead (docs/inference.md): prefill schemes
     and degrees by TTFT (--prompt-len T new tokens on --cached-len P cached), or with
     --decode-batch the sharded-cache decode by per-token latency; the pass-KV / pass-Q
@@ -73,6 +81,24 @@ def recommend(
     given = o.other_kind_given(
         recommend, locals(), "inference" if inference else "training", also=("seed", "phase")
     )
+    dynamic = {"tokens_per_rank": tokens_per_rank != 8192, "static_cp": static_cp is not None,
+               "step_tokens": step_tokens is not None}  # fmt: skip
+    if lengths is None and any(dynamic.values()):
+        raise CpbenchError(
+            f"{', '.join(o.flag(n, None) for n, v in dynamic.items() if v)} need --lengths (they "
+            f"describe a batch of whole sequences)"
+        )
+    if lengths is not None:
+        if inference or documents is not None:
+            raise CpbenchError(
+                "--lengths ranks a training batch of whole sequences: leave out "
+                + ("--inference" if inference else "--documents (a packed sequence)")
+            )
+        _dynamic_recommend(
+            lengths, heads, kv_heads, head_dim, dtype, gpus, tokens_per_rank, static_cp,
+            step_tokens, seed, hardware, as_json,
+        )  # fmt: skip
+        return
     if inference:
         if given:
             raise CpbenchError(
@@ -145,3 +171,23 @@ def _serving_recommend(service_args: dict[str, object], explain: bool, as_json: 
     rec = recommend_inference(InferenceRequest(**service_args))  # type: ignore[arg-type]
     report = inference_report(rec) if as_json else None
     emit(report, as_json, lambda: render_inference(rec, explain))
+
+
+def _dynamic_recommend(
+    lengths: str, heads: int, kv_heads: int, head_dim: int, dtype: str, gpus: int,
+    tokens_per_rank: int, static_cp: int | None, step_tokens: int | None, seed: int,
+    hardware: str | None, as_json: bool,
+) -> None:  # fmt: skip
+    """`recommend --lengths`: the dynamic-CP service, rendered or as JSON."""
+    from cpbench.app.recommend.dynamic import (  # noqa: PLC0415
+        DynamicRequest,
+        dynamic_report,
+        recommend_policies,
+    )
+    from cpbench.render.recommend.dynamic import render_dynamic  # noqa: PLC0415
+
+    rec = recommend_policies(DynamicRequest(
+        lengths, heads, kv_heads, head_dim, dtype, gpus, tokens_per_rank,  # type: ignore[arg-type]
+        static_cp, step_tokens, seed, hardware,
+    ))  # fmt: skip
+    emit(dynamic_report(rec) if as_json else None, as_json, lambda: render_dynamic(rec))

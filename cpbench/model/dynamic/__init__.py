@@ -16,27 +16,39 @@ from cpbench.model.dynamic.schedule import (
     Policy,
     PolicyPlan,
     SequenceCosts,
-    cpbench_plan,
+    greedy_plan,
+    reschemed,
     static_plan,
 )
 from cpbench.model.hardware.profile import HardwareProfile
 
 __all__ = [
     "POLICIES", "CpGroup", "DynamicProblem", "GroupedMicroBatch", "Policy", "PolicyPlan",
-    "SequenceCosts", "cpbench_plan", "megatron_plan", "plan_policies", "speedup", "static_plan",
+    "SequenceCosts", "cpbench_plan", "greedy_plan", "megatron_plan", "plan_policies", "speedup",
+    "static_plan",
 ]  # fmt: skip
 
-PLANNERS: dict[Policy, Callable[[SequenceCosts], PolicyPlan]] = {
-    "static": static_plan, "megatron": megatron_plan, "cpbench": cpbench_plan,
-}  # fmt: skip
+def cpbench_plan(costs: SequenceCosts, megatron: PolicyPlan | None = None) -> PolicyPlan:
+    """cpbench's policy: the faster by the model of its greedy schedule (`greedy_plan`) and
+    Megatron's schedule (`megatron`, planned when not given) with each group on its fastest
+    scheme (`reschemed`): never slower than Megatron's rule by the model that prices both."""
+    megatron = megatron or megatron_plan(costs)
+    return min((greedy_plan(costs), reschemed(costs, megatron)), key=lambda plan: plan.step_s)
 
 
 def plan_policies(
     problem: DynamicProblem, profile: HardwareProfile, policies: Sequence[Policy] = POLICIES
 ) -> dict[Policy, PolicyPlan]:
-    """Every requested policy's plan of the batch, priced on one `SequenceCosts`."""
+    """Every requested policy's plan of the batch, priced on one `SequenceCosts` (Megatron's
+    schedule planned once: cpbench's policy weighs it too)."""
     costs = SequenceCosts(problem, profile)
-    return {p: PLANNERS[p](costs) for p in policies}
+    megatron = megatron_plan(costs) if {"megatron", "cpbench"} & set(policies) else None
+    planners: dict[Policy, Callable[[], PolicyPlan]] = {
+        "static": lambda: static_plan(costs),
+        "megatron": lambda: megatron or megatron_plan(costs),
+        "cpbench": lambda: cpbench_plan(costs, megatron),
+    }
+    return {p: planners[p]() for p in policies}
 
 
 def speedup(plan: PolicyPlan, baseline: PolicyPlan) -> float:

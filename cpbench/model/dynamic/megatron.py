@@ -110,23 +110,27 @@ def _next_micro_batch(
         )
     batch.place(batch.open(list(range(first_degree)), first_degree), *items[0])
     leftovers = []
+    free, longest_joinable = batch.free(), math.inf
+    peak_now = max(batch.load)
     for sequence, length in items[1:]:
+        if not free and length > longest_joinable + 1:  # no group has room for it: a leftover
+            leftovers.append((sequence, length))
+            continue
         best: tuple[float, int | None, list[int] | None, int] | None = None
         c = megatron_degree(length, tokens_per_rank, min_cp)
+        # the peak rank load after a placement: Megatron takes the max over every rank; a
+        # group's ranks hold one list (one load), so it is max(the peak now, theirs + cost)
         while c <= world:
             cost = length * length / c
             for g, ranks in enumerate(batch.groups):  # join a group of exactly this degree
                 if batch.degree[g] != c or batch.packed[g] + length / c > tokens_per_rank:
                     continue
-                members = set(ranks)
-                peak = max(t + cost if r in members else t for r, t in enumerate(batch.load))
+                peak = max(peak_now, batch.load[ranks[0]] + cost)
                 if peak <= cap and (best is None or peak < best[0]):
                     best = (peak, g, None, c)
-            free = batch.free()
             if len(free) >= c:  # or open one on the lowest free ranks (their loads are 0)
                 lowest = sorted(free, key=lambda r: batch.load[r])[:c]
-                members = set(lowest)
-                peak = max(t + cost if r in members else t for r, t in enumerate(batch.load))
+                peak = max(peak_now, max(batch.load[r] for r in lowest) + cost)
                 if peak <= cap and (best is None or peak < best[0]):
                     best = (peak, None, lowest, c)
             c *= 2
@@ -136,7 +140,15 @@ def _next_micro_batch(
         _, group, new_ranks, c = best
         if group is None:
             group = batch.open(new_ranks or [], c)
+            free = batch.free()
         batch.place(group, sequence, length)
+        peak_now = max(peak_now, batch.load[batch.groups[group][0]])
+        if not free:  # the longest sequence any group still takes (tokens and the cap)
+            longest_joinable = max(
+                min((tokens_per_rank - batch.packed[g]) * c,
+                    math.sqrt(max(0.0, cap - batch.load[ranks[0]]) * c))
+                for g, (ranks, c) in enumerate(zip(batch.groups, batch.degree, strict=True))
+            )  # fmt: skip
     while any(not lengths for lengths in batch.lengths):
         if not batch.expand_once():  # no group can widen: the whole world, greedily
             chosen_ids, rest, per_rank = [], [], 0.0

@@ -291,7 +291,9 @@ def _schemes(costs: SequenceCosts, degree: int) -> tuple[GroupScheme, ...]:
 def _degree_candidates(minimum: int, world: int) -> tuple[int, ...]:
     """Degrees the scheduler tries for a micro-batch's longest sequence: its minimum and the
     next two (any integer, not only powers of two), twice and four times it, and the next
-    power of two, those the world holds."""
+    power of two, those the world holds; 1 and 2 for one that fits a rank."""
+    if minimum == 1:  # a micro-batch of sequences that each fit one rank: CP 1 or 2
+        return tuple(d for d in (1, 2) if d <= world)
     power = 1 << (minimum - 1).bit_length()
     tried = {minimum, minimum + 1, minimum + 2, 2 * minimum, 4 * minimum, power}
     return tuple(sorted(d for d in tried if d <= world))
@@ -330,14 +332,50 @@ def _tables(costs: SequenceCosts, degrees: Sequence[int]) -> _Tables:
     return _Tables(lengths, -(-lengths // w.tokens_per_rank), best)
 
 
+OPENER_DEGREES = 3
+"""`_fill` tries a group at its opener's minimum degree and the next ones, this many in all:
+one more rank holds C more tokens, which can turn a group that memory fills before time into
+one that works the whole micro-batch."""
+
+
+TOKEN_BOUND = 0.9
+"""A group holding more than this share of its ranks' tokens and ending before this share of
+the micro-batch is memory-bound: `_fill` tries it wider."""
+
+
+def _pack(
+    costs: SequenceCosts, tables: _Tables, pool: np.ndarray, first: int, degree: int,
+    budget_s: float,
+) -> tuple[CpGroup, np.ndarray]:  # fmt: skip
+    """A group of `degree` ranks opened by sequence `first` and filled with the longest of
+    `pool` that still fit in tokens and in time (first fit decreasing); what is left."""
+    scheme = tables.best_scheme(degree, first)
+    fixed, seconds = costs.fixed(degree, scheme), costs.times(degree, scheme)
+    capacity = degree * costs.problem.tokens_per_rank
+    ids, held, spent = [first], int(tables.lengths[first]), float(seconds[first])
+    while len(pool):
+        room = (tables.lengths[pool] <= capacity - held) & (
+            seconds[pool] - fixed <= budget_s - spent)
+        fits = np.flatnonzero(room)
+        if not len(fits):
+            break
+        j = int(fits[-1])
+        ids.append(int(pool[j]))
+        held += int(tables.lengths[pool[j]])
+        spent += float(seconds[pool[j]]) - fixed
+        pool = np.delete(pool, j)
+    return priced_group(costs, degree, scheme, ids), pool
+
+
 def _fill(
-    costs: SequenceCosts, tables: _Tables, own: np.ndarray, pool: np.ndarray, budget_s: float,
-    free: int,
+    costs: SequenceCosts, tables: _Tables, own: np.ndarray, work: np.ndarray, pool: np.ndarray,
+    budget_s: float, free: int,
 ) -> tuple[list[CpGroup], np.ndarray]:  # fmt: skip
     """Groups of the `free` ranks, each opened by the longest sequence that fits the ranks at
-    its minimum degree within `budget_s`, at that degree and its fastest scheme, then filled
-    with the longest sequences that still fit in tokens and in time (first fit decreasing;
-    `pool` is ids by length ascending; what is left is returned)."""
+    its minimum degree within `budget_s`, at that degree or, where memory bounds the group
+    (`TOKEN_BOUND`), the one of `OPENER_DEGREES` from it whose group does the most single-rank
+    work (`work`) per rank (`_pack`); `pool` is ids by length ascending, what is left is
+    returned."""
     capacity = costs.problem.tokens_per_rank
     groups: list[CpGroup] = []
     while free > 0 and len(pool):
@@ -346,35 +384,66 @@ def _fill(
         if not len(fits):
             break
         opener = int(fits[-1])
-        first = int(pool[opener])
-        degree = int(tables.min_degree[first])
-        scheme = tables.best_scheme(degree, first)
-        fixed = costs.fixed(degree, scheme)
-        seconds = costs.times(degree, scheme)
-        pool = np.delete(pool, opener)
-        ids, held, spent = [first], int(tables.lengths[first]), float(seconds[first])
-        while len(pool):
-            room = (tables.lengths[pool] <= degree * capacity - held) & (
-                seconds[pool] - fixed <= budget_s - spent)
-            fits = np.flatnonzero(room)
-            if not len(fits):
-                break
-            j = int(fits[-1])
-            ids.append(int(pool[j]))
-            held += int(tables.lengths[pool[j]])
-            spent += float(seconds[pool[j]]) - fixed
-            pool = np.delete(pool, j)
-        groups.append(priced_group(costs, degree, scheme, ids))
-        free -= degree
+        first, rest = int(pool[opener]), np.delete(pool, opener)
+        lowest = int(tables.min_degree[first])
+        group, left = _pack(costs, tables, rest, first, lowest, budget_s)
+        best = (float(work[list(group.sequences)].sum()) / lowest, group, left)
+        # memory full before time: a rank more may hold work for the rest of the micro-batch
+        if group.tokens > TOKEN_BOUND * lowest * capacity and group.predicted_s < (
+            TOKEN_BOUND * budget_s
+        ):
+            for degree in range(lowest + 1, min(lowest + OPENER_DEGREES, free + 1)):
+                _ensure_degree(costs, tables, degree)
+                group, left = _pack(costs, tables, rest, first, degree, budget_s)
+                per_rank = float(work[list(group.sequences)].sum()) / degree
+                if group.predicted_s <= budget_s and per_rank > best[0]:
+                    best = (per_rank, group, left)
+        groups.append(best[1])
+        pool = best[2]
+        free -= best[1].degree
     return groups, pool
 
 
-def cpbench_plan(costs: SequenceCosts) -> PolicyPlan:
-    """cpbench's scheduler: each micro-batch is paced by its longest remaining sequence, at the
+def _ensure_degree(costs: SequenceCosts, tables: _Tables, degree: int) -> None:
+    if degree not in tables.best:
+        tables.best[degree] = _tables(costs, [degree]).best[degree]
+
+
+WIDEN_LIMIT = 4
+"""`_widen` widens a group to at most this many times its longest sequence's minimum degree."""
+
+
+def _widen(costs: SequenceCosts, tables: _Tables, groups: list[CpGroup], free: int) -> list[CpGroup]:
+    """The micro-batch's idle ranks given, one at a time, to its slowest group while that
+    shortens it (any degree, its fastest scheme there): a micro-batch lasts as long as its
+    slowest group, and a rank left idle shortens nothing."""
+    w = costs.problem
+    groups = list(groups)
+    while free > 0:
+        slowest = max(range(len(groups)), key=lambda i: groups[i].predicted_s)
+        group = groups[slowest]
+        degree = group.degree + 1
+        longest = max(w.lengths[i] for i in group.sequences)
+        if degree > WIDEN_LIMIT * w.min_degree(longest):
+            break
+        _ensure_degree(costs, tables, degree)
+        schemes, seconds = tables.best[degree]
+        scheme = schemes[int(np.argmin(seconds[:, list(group.sequences)].sum(axis=1)))]
+        wider = priced_group(costs, degree, scheme, group.sequences)
+        if wider.predicted_s >= group.predicted_s:
+            break
+        groups[slowest] = wider
+        free -= 1
+    return groups
+
+
+def greedy_plan(costs: SequenceCosts) -> PolicyPlan:
+    """cpbench's greedy scheduler: each micro-batch is paced by its longest remaining sequence, at the
     degree (any integer from its minimum) that completes the most single-rank work per second
     of the micro-batch once the other ranks are filled (`_fill`) with groups that end within
-    that time; each group runs the scheme the model prices fastest for its first sequence.
-    docs/dynamic-cp.md says why and what it costs."""
+    that time and the ranks still idle widen its slowest groups (`_widen`); each group runs
+    the scheme the model prices fastest for it. docs/dynamic-cp.md says why and what it
+    costs."""
     w = costs.problem
     longest = max(w.lengths)
     degrees = sorted(set(range(1, w.min_degree(longest) + 1))
@@ -388,13 +457,13 @@ def cpbench_plan(costs: SequenceCosts) -> PolicyPlan:
         lead_id = int(pool[-1])
         best: tuple[float, list[CpGroup], np.ndarray] | None = None
         for degree in _degree_candidates(int(tables.min_degree[lead_id]), w.world):
-            if degree not in tables.best:
-                tables.best[degree] = _tables(costs, [degree]).best[degree]
+            _ensure_degree(costs, tables, degree)
             scheme = tables.best_scheme(degree, lead_id)
             lead = priced_group(costs, degree, scheme, [lead_id])
-            groups, left = _fill(costs, tables, own, pool[:-1], lead.predicted_s,
+            groups, left = _fill(costs, tables, own, work, pool[:-1], lead.predicted_s,
                                  w.world - degree)  # fmt: skip
             groups = [lead, *groups]
+            groups = _widen(costs, tables, groups, w.world - sum(g.degree for g in groups))
             done = [i for g in groups for i in g.sequences]
             rate = float(work[done].sum()) / max(g.predicted_s for g in groups)
             if best is None or rate > best[0]:
@@ -403,3 +472,16 @@ def cpbench_plan(costs: SequenceCosts) -> PolicyPlan:
         micro_batches.append(GroupedMicroBatch(tuple(best[1])))
         pool = best[2]
     return PolicyPlan("cpbench", tuple(micro_batches), w.world)
+
+
+def reschemed(costs: SequenceCosts, plan: PolicyPlan) -> PolicyPlan:
+    """A plan's schedule with each group on the scheme the model prices fastest at its degree
+    (Megatron's groups all run the p2p ring), as cpbench's."""
+    def fastest(group: CpGroup) -> CpGroup:
+        options = [priced_group(costs, group.degree, s, group.sequences)
+                   for s in _schemes(costs, group.degree)]  # fmt: skip
+        return min(options, key=lambda g: g.predicted_s, default=group)
+
+    return PolicyPlan("cpbench", tuple(
+        GroupedMicroBatch(tuple(fastest(g) for g in mb.groups)) for mb in plan.micro_batches
+    ), plan.world)  # fmt: skip
