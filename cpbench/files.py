@@ -12,7 +12,8 @@ from cpbench.errors import CpbenchError
 
 
 def check_output(path: str | Path, inputs: Iterable[str | Path], what: str) -> Path:
-    """`path` as a file to write: CpbenchError when it is a folder or one of `inputs`."""
+    """`path` as a file to write: CpbenchError when it is a folder, one of `inputs`, or an
+    existing results file (what the page, profile and scenario writers never write)."""
     target = Path(path).expanduser()
     if target.is_dir():
         raise CpbenchError(f"{what} {target} is a directory; give a file name")
@@ -23,6 +24,11 @@ def check_output(path: str | Path, inputs: Iterable[str | Path], what: str) -> P
                 f"{what} {target} is one of the inputs ({source}): writing it would destroy "
                 f"what it was made from; give another file"
             )
+    if target.suffix == ".jsonl" and target.exists():  # no writer here writes results
+        raise CpbenchError(
+            f"{what} {target} is an existing results file (.jsonl): writing over it would "
+            f"destroy its measurements; give another file"
+        )
     return target
 
 

@@ -296,3 +296,36 @@ def test_a_documents_line_is_echoed_as_written_not_as_emoji(tmp_path: Path) -> N
     args = [*RECOMMEND, "--documents", str(path)]
     _one_line_exit_2(args, f"{path}:1: ':rocket: 12' is not a document length")
     assert "\U0001f680" not in runner.invoke(app, args).output
+
+
+def test_markup_in_the_out_path_is_printed_as_written(tmp_path: Path, lend_the_session_pool: None) -> None:  # type: ignore[no-untyped-def]
+    """A `--out` of `a[/red]b.jsonl` crashed the summary line with rich's MarkupError (exit 1,
+    a traceback) after the record was written."""
+    folder = tmp_path / "a["
+    folder.mkdir()
+    out = folder / "x[/red]y.jsonl"
+    result = runner.invoke(app, ["run", "--heads", "4", "--seq-len", "64", "--head-dim", "16",
+                                 "--ring", "2", "--warmup", "0", "--iters", "1", "--precision",
+                                 "off", "--device", "cpu", "--out", str(out)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert str(out) in result.stdout.replace("\n", "")
+    assert len(read_records(out)) == 1
+
+
+def test_a_scenario_named_by_its_file_gets_a_plain_name(tmp_path: Path) -> None:
+    """No `name` key: the file's stem names the output; `x[red]y` reached the file name and
+    the console (which swallowed `[red]`) unchecked."""
+    path = tmp_path / "x[red]y.toml"
+    path.write_text(Path("cpbench/data/cpu-smoke.toml").read_text().replace(
+        'name = "cpu-smoke"', ""))  # fmt: skip
+    assert load_scenario(str(path)).name == "x-red-y"
+
+
+def test_report_never_writes_over_a_results_file(tmp_path: Path) -> None:
+    """`report a.jsonl -o b.jsonl` wrote the page over another results file."""
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text(json.dumps(_good()) + "\n")
+    b.write_text(json.dumps(_good()) + "\n")
+    before = b.read_text()
+    _one_line_exit_2(["report", str(a), "-o", str(b)], "is an existing results file (.jsonl)")
+    assert b.read_text() == before

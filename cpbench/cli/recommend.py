@@ -153,7 +153,8 @@ def recommend(
     for renderable in render_recommendation(rec, explain):
         console.print(renderable)
     if written:
-        console.print(f"wrote {written}: measure it with `cpbench sweep {written}`")
+        console.print(f"wrote {written}: measure it with `cpbench sweep {written}`",
+                      markup=False, highlight=False)
 
 
 def _serving_recommend(service_args: dict[str, object], explain: bool, as_json: bool) -> None:

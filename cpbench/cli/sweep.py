@@ -179,24 +179,26 @@ def _run_and_report(
     for line in ties_lines(training):
         console.print(line, markup=False, highlight=False, soft_wrap=True)
     for line in machine_lines(result.records):
-        console.print(f"[yellow]warning:[/] {line}", highlight=False, soft_wrap=True)
+        console.print(f"[yellow]warning:[/] {escape(line)}", highlight=False, soft_wrap=True)
     counts = ", ".join(f"{v} {k}" for k, v in sorted(result.counts().items()))
     merged = (
         f"; {result.duplicates} equivalent point(s) measured once as another"
         if result.duplicates
         else ""
     )
-    console.print(
+    console.print(  # the path is the user's: no markup read into it
         f"{len(result.records)} configurations ({counts or 'none'}; {result.resumed} already in "
-        f"the file{merged}) in {result.wall_seconds:.1f} s -> {path}"
+        f"the file{merged}) in {result.wall_seconds:.1f} s -> {path}",
+        markup=False,
+        highlight=False,
     )
     if result.interrupted:
         console.print("[yellow]interrupted: every configuration finished so far is saved[/]")
         raise typer.Exit(EXIT_INTERRUPTED - signal.SIGINT + result.signal)
     for reason, ids in wrong.items():
         console.print(
-            f"[bold red]FAILED: {reason} for {len(ids)} configuration"
-            f"{'s' if len(ids) > 1 else ''}: {', '.join(ids)}[/]",
+            f"[bold red]FAILED: {escape(reason)} for {len(ids)} configuration"
+            f"{'s' if len(ids) > 1 else ''}: {escape(', '.join(ids))}[/]",
             soft_wrap=True,
         )
     if wrong:

@@ -4,6 +4,7 @@ device. Pure Python (no torch)."""
 
 from __future__ import annotations
 
+import re
 import sys
 from importlib import resources
 from pathlib import Path
@@ -120,7 +121,12 @@ def _document_path(source: str, scenario_source: str) -> str:
 
 
 def _default_name(source: str) -> str:
-    return Path(source).stem if source != BUILTIN else "unnamed"
+    """The file's stem made a plain name (`SCENARIO_NAME`: it names the output file and is
+    printed): any other character becomes '-'."""
+    if source == BUILTIN:
+        return "unnamed"
+    plain = re.sub(r"[^A-Za-z0-9._+-]", "-", Path(source).stem).lstrip("._+-")[:100]
+    return plain or "unnamed"
 
 
 def _builtin_dir() -> Any:
