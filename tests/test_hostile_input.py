@@ -111,7 +111,9 @@ def test_records_frame_makes_an_out_of_range_number_missing() -> None:
     [
         (("config", "ulysses"), 0, "greater than or equal to 1"),
         (("config", "seq_len"), -5, "greater than or equal to 1"),
-        (("timing", "median"), -0.5, "greater than or equal to 0"),
+        (("timing", "median"), -0.5, "greater than 0"),
+        (("timing", "median"), 0.0, "greater than 0"),  # a step takes time
+        (("timing", "median"), float("inf"), "a finite number"),
         (("timing", "samples", 0), -1.0, "greater than or equal to 0"),
     ],
 )
@@ -329,3 +331,16 @@ def test_report_never_writes_over_a_results_file(tmp_path: Path) -> None:
     before = b.read_text()
     _one_line_exit_2(["report", str(a), "-o", str(b)], "is an existing results file (.jsonl)")
     assert b.read_text() == before
+
+
+def test_a_mesh_that_is_not_the_world_is_refused(tmp_path: Path) -> None:
+    """ring 3 on a world of 2 was read, then silently left out of calibrate and validate."""
+    record = _good()
+    record["config"]["ring"] = 3 * record["config"]["ring"]
+    file = tmp_path / "r.jsonl"
+    file.write_text(GOOD + "\n" + json.dumps(record) + "\n")
+    c = record["config"]
+    for args in _commands(str(file)):
+        _one_line_exit_2(args, f"{file}:2: config: it must hold ulysses x ring = world_size "
+                               f"({c['ulysses']} x {c['ring']} = {c['ulysses'] * c['ring']}, "
+                               f"not {c['world_size']})")

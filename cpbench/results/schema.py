@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic_core import PydanticCustomError
 
 from cpbench.config.vocabulary import (
     CacheLayout,
@@ -50,8 +51,10 @@ Count = Annotated[int, Field(ge=1, le=MAX_COUNT)]
 refused (`cpbench.results.store.parse_record`)."""
 Size = Annotated[int, Field(ge=0, le=MAX_COUNT)]
 """A count that may be 0 (padding, cached tokens)."""
-Seconds = Annotated[float, Field(ge=0)]
-"""A measured time: not negative (NaN is refused too)."""
+Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+"""A measured time: not negative, finite (NaN is refused too)."""
+StepSeconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+"""A measured step: it takes time (a median of 0 is no measurement)."""
 
 """A direction of the communication counts: the forward or the backward pass."""
 
@@ -145,6 +148,17 @@ class ConfigSection(RecordModel):
     contiguous); absent when none (and in version 1 records)."""
 
     @model_validator(mode="after")
+    def _mesh_is_the_world(self) -> ConfigSection:
+        if self.ulysses * self.ring != self.world_size:
+            raise PydanticCustomError(
+                "impossible_mesh",
+                "ulysses x ring = world_size ({ulysses} x {ring} = {product}, not {world})",
+                {"ulysses": self.ulysses, "ring": self.ring,
+                 "product": self.ulysses * self.ring, "world": self.world_size},
+            )  # fmt: skip
+        return self
+
+    @model_validator(mode="after")
     def _mask_defaults(self) -> ConfigSection:
         """Records written before masks: the mask their `causal` says, no padding. Filled in
         without marking the fields as set, so such a record is written back as it was read."""
@@ -210,7 +224,7 @@ class TimingSection(RecordModel):
 
     phase: Phase
     """fwd | fwd+bwd: what one timed step runs."""
-    median: Seconds
+    median: StepSeconds
     """Median step time (the max over ranks of each iteration)."""
     p10: Seconds
     """10th percentile of the step time."""

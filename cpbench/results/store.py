@@ -313,6 +313,11 @@ def parse_record(raw: Mapping[str, Any], where: str) -> ResultRecord:
     except ValidationError as exc:
         first = exc
     for e in first.errors():
+        if e["type"] == "impossible_mesh":  # the section is the value: name the rule alone
+            raise CpbenchError(
+                f"{where}: {_dotted(e['loc'])}: it must hold {e['msg']} (an impossible value: "
+                f"correct or delete the line)"
+            )
         if e["type"] in _IMPOSSIBLE:
             rule = e["msg"].removeprefix("Input should be ")
             raise CpbenchError(
@@ -354,7 +359,8 @@ def parse_record(raw: Mapping[str, Any], where: str) -> ResultRecord:
 
 
 _IMPOSSIBLE = frozenset(
-    ("greater_than", "greater_than_equal", "less_than", "less_than_equal", "finite_number")
+    ("greater_than", "greater_than_equal", "less_than", "less_than_equal", "finite_number",
+     "impossible_mesh")
 )
 """Pydantic error types of a value of the right type that breaks a rule of the schema."""
 
