@@ -81,10 +81,10 @@ def _grads(leaves: list[torch.Tensor], who: str) -> list[torch.Tensor]:
     return present
 
 
-def _run_cpbench(case: VerifyCase, inputs: tuple) -> list[torch.Tensor]:
+def _run_cpbench(case: VerifyCase, inputs: tuple, mesh: Any = None) -> list[torch.Tensor]:
     from cpbench.attention import build_mesh, cp_attention, shard, unshard  # noqa: PLC0415
 
-    mesh = build_mesh(case.ulysses, case.ring)
+    mesh = mesh if mesh is not None else build_mesh(case.ulysses, case.ring)
     dtype = TORCH_DTYPES[case.dtype]
     mask, layout = case.mask, case.layout
     q, k, v, dout = inputs
@@ -222,20 +222,24 @@ def judge(
 
 
 def run_case_on_rank(
-    case: VerifyCase, device: torch.device, memo: ReferenceMemo | None = None
+    case: VerifyCase, device: torch.device, memo: ReferenceMemo | None = None, mesh: Any = None
 ) -> dict | None:
     """Collective: run one case on every rank; rank 0 returns the errors, others None. `memo`:
-    the batch's references (`reference_results`)."""
+    the batch's references (`reference_results`). `mesh` (cpbench's own schemes): a CP mesh of
+    a subgroup of the world to run it on instead (collective over that group; its rank 0
+    returns the errors)."""
     import torch.distributed as dist  # noqa: PLC0415
 
     unsupported = impl_mask_unsupported(case.impl, case.mask, case.layout)
     if unsupported:
         raise CpbenchError(unsupported)
+    if mesh is not None and case.impl != DEFAULT_IMPL:
+        raise CpbenchError(f"impl {case.impl!r} runs on the whole world, not a CP subgroup")
     inputs = _global_inputs(case, device)
     tolerances = dict.fromkeys(CHECKED, ABSOLUTE_FLOOR)
     known: list[str] = []
     if case.impl == DEFAULT_IMPL:
-        gathered = _run_cpbench(case, inputs)
+        gathered = _run_cpbench(case, inputs, mesh)
     else:
         from cpbench.impls import get_adapter  # noqa: PLC0415
 
@@ -246,7 +250,7 @@ def run_case_on_rank(
             known.append(issue.description)
             for name in issue.tensors:
                 tolerances[name] = max(tolerances[name], issue.tolerance)
-    if dist.get_rank() != 0:
+    if (mesh.rank if mesh is not None else dist.get_rank()) != 0:
         return None
     refs = reference_results(case, inputs, memo)
     verdict = judge(case, gathered, refs, tolerances)

@@ -193,8 +193,12 @@ class SequenceCosts:
             ratio = (high / low) ** (1 / (GRID_POINTS - 1)) if high > low else 1.0
             points = sorted({self.padded(degree, scheme, round(low * ratio**i))
                              for i in range(GRID_POINTS)} | {low, high})  # fmt: skip
-            times = [predict(self._problem(degree, scheme, s), self.profile, memory=False).step_s
-                     for s in points]  # fmt: skip
+            # where ranks share compute slots (CPU cores), the other groups of the micro-batch
+            # run beside this one: priced as spread over the whole world (rank stride W / g)
+            shared = self.profile.compute_slots_per_node is not None
+            stride = max(1, self.problem.world // degree) if shared else 1
+            times = [predict(self._problem(degree, scheme, s), self.profile, rank_stride=stride,
+                             memory=False).step_s for s in points]  # fmt: skip
             self._grids[key] = (points, times)
         return self._grids[key]
 
