@@ -5,6 +5,11 @@ first), timed in interleaved rounds; the measured and predicted speedups over st
 ranking by each.
 
     PYTHONPATH=$PWD python benchmarks/dynamic_cp_measured.py [--world 4] [--rounds 3]
+        [--calibrate | --hardware PROFILE]
+
+--calibrate first measures single sequences on every mesh of 1, 2 and W ranks (`cpbench sweep`,
+about a minute) and prices the plans on the profile `cpbench calibrate` fits to them: the
+prediction of a calibrated model, what the bar is about.
 
 Issue 37's bar (CPU, gloo, world 4): the best policy's measured speedup within 15% of the
 predicted one, every routed result right, the ranking by measurement that of the prediction."""
@@ -12,7 +17,9 @@ predicted one, every routed result right, the ranking by measurement that of the
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -22,6 +29,41 @@ from cpbench.app.dynamic import measure_policies  # noqa: E402
 from cpbench.config.documents import draw_lengths  # noqa: E402
 from cpbench.model.dynamic import DynamicProblem, plan_policies, speedup  # noqa: E402
 from cpbench.model.hardware.loading import load_profile  # noqa: E402
+
+CALIBRATION = """name = "dynamic-cp-calibration"
+description = "Single sequences on every mesh, to calibrate the dynamic-CP prices."
+device = "cpu"
+warmup = 1
+iters = 6
+budget = 1.0
+check_max_seq_len = 512
+
+[axes]
+seq_len = [256, 1024, 2048]
+heads = {heads}
+kv_heads = {heads}
+head_dim = {head_dim}
+dtype = "float32"
+causal = true
+mesh = "all"
+layout = "zigzag"
+"""
+
+
+def calibrated_profile(folder: Path, world: int, heads: int, head_dim: int) -> str:
+    """Sweep single sequences at worlds 1, 2 and `world`, calibrate: the fitted profile's path."""
+    scenario = folder / "calibration.toml"
+    scenario.write_text(CALIBRATION.format(heads=heads, head_dim=head_dim))
+    results = []
+    for w in sorted({1, 2, world}):
+        out = folder / f"w{w}.jsonl"
+        subprocess.run([sys.executable, "-m", "cpbench", "sweep", str(scenario), "--world-size",
+                        str(w), "--out", str(out), "--yes"], check=True, capture_output=True)
+        results.append(str(out))
+    profile = folder / "calibrated.toml"
+    subprocess.run([sys.executable, "-m", "cpbench", "calibrate", *results, "-o", str(profile)],
+                   check=True, capture_output=True)  # fmt: skip
+    return str(profile)
 
 
 def main() -> int:
@@ -35,9 +77,14 @@ def main() -> int:
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--head-dim", type=int, default=32)
     parser.add_argument("--hardware", default="cpu-local")
+    parser.add_argument("--calibrate", action="store_true",
+                        help="calibrate the profile on this machine first (see above)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    folder = Path(tempfile.mkdtemp(prefix="cpbench-dcp-"))
+    if args.calibrate:
+        args.hardware = calibrated_profile(folder, args.world, args.heads, args.head_dim)
     profile = load_profile(args.hardware)
     budget = args.micro_batches * args.world * args.tokens_per_rank
     lengths = tuple(draw_lengths("lognormal", args.lengths, budget, args.seed))
