@@ -29,6 +29,7 @@ from cpbench.model.hardware.loading import load_profile
 from cpbench.model.inference import prefill_pairs_per_rank
 from cpbench.model.inference_cost import (
     check_heads,
+    cp_pays_above,
     kv_capacity,
     pass_kv_hidden_above,
     pass_kv_pass_q_crossover,
@@ -391,3 +392,27 @@ def test_renders_whole_at_80_columns_and_piped(decode: bool, width: int) -> None
     piped = cli_text("--heads", "12", "--kv-heads", "4", "--prompt-len", "1024", "--cached-len",
                      "131072", *(["--decode-batch", "8"] if decode else []))  # fmt: skip
     assert max(cell_len(line) for line in piped.splitlines()) <= 80
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+@pytest.mark.parametrize("cached", [0, 8192])
+def test_cp_pays_above_is_the_first_prompt_whose_cp_ttft_beats_one_gpu(world: int, cached: int) -> None:
+    """The crossover SGLang reports for static prefill CP: at the returned prompt the fastest
+    scheme on `world` GPUs is below one GPU's modelled TTFT, one token shorter it is not."""
+    problem = CpProblem(seq_len=1, heads=32, kv_heads=8, head_dim=128)
+    profile = H100
+    tokens = cp_pays_above(problem, world, profile, cached)
+    assert tokens is not None and world <= tokens < 1 << 22
+
+    def best(t: int) -> float:
+        return min(price_prefill(s, cached, t, problem, world, profile).total_s
+                   for s in ("pass_kv", "pass_q", "all_gather", "ulysses"))  # fmt: skip
+
+    def alone(t: int) -> float:
+        return price_prefill("pass_kv", cached, t, problem, 1, profile).total_s
+
+    assert best(tokens) < alone(tokens)
+    assert best(tokens - 1) >= alone(tokens - 1)
+    rec = recommend_inference(InferenceRequest(heads=32, kv_heads=8, prompt_len=1024,
+                                               cached_len=cached, gpus=8))  # fmt: skip
+    assert rec.cp_pays_above[world] == tokens

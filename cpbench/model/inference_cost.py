@@ -14,6 +14,7 @@ from cpbench.model.flops import flops_per_pair
 from cpbench.model.hardware.profile import HardwareProfile, LinkTier, LinkTierProfile
 from cpbench.model.inference import (
     DEFAULT_NEW_TOKEN_LAYOUT,
+    PREFILL_SCHEMES,
     DecodeMerge,
     NewTokenLayout,
     PrefillCase,
@@ -235,6 +236,42 @@ def pass_kv_hidden_above(problem: CpProblem, world: int, profile: HardwareProfil
         * problem.bytes_per_element
         / (2 * problem.heads * tier.send_recv.busbw)
     )
+
+
+CP_PAYS_SEARCH_MAX = 1 << 22
+"""The longest prompt `cp_pays_above` searches (4M tokens)."""
+
+
+def cp_pays_above(problem: CpProblem, world: int, profile: HardwareProfile, cached_len: int = 0,
+                  kernel: str = "auto") -> int | None:  # fmt: skip
+    """The shortest prompt (new tokens on `cached_len` cached) whose fastest prefill scheme on
+    `world` ranks has a lower modelled TTFT (`price_prefill`) than one rank: below it CP costs
+    more than it saves (the crossover SGLang reports for static prefill CP). None when CP never
+    pays up to `CP_PAYS_SEARCH_MAX` tokens. A doubling scan for the first prompt that pays,
+    then a bisection (the gain grows with the prompt: compute grows as T^2, CP's costs as T)."""
+    if world < 2:
+        raise CpbenchError(f"CP needs >= 2 ranks, got {world}")
+
+    def pays(tokens: int) -> bool:
+        alone = price_prefill("pass_kv", cached_len, tokens, problem, 1, profile, kernel)
+        prices = []
+        for scheme in PREFILL_SCHEMES:
+            try:
+                prices.append(price_prefill(scheme, cached_len, tokens, problem, world, profile,
+                                            kernel).total_s)  # fmt: skip
+            except CpbenchError:  # a scheme this problem cannot run on `world` ranks
+                continue
+        return bool(prices) and min(prices) < alone.total_s
+
+    low, high = world - 1, world
+    while not pays(high):
+        if high >= CP_PAYS_SEARCH_MAX:
+            return None
+        low, high = high, min(2 * high, CP_PAYS_SEARCH_MAX)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if pays(middle) else (middle, high)
+    return high
 
 
 def ring_message_ratio(problem: CpProblem) -> float:

@@ -5,7 +5,7 @@ The model and the output: docs/inference.md."""
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from cpbench.app.recommend.inference_settings import ServingSetting, serving_settings
@@ -24,6 +24,7 @@ from cpbench.model.inference_cost import (
     KvCapacity,
     PrefillPrice,
     check_heads,
+    cp_pays_above,
     kv_capacity,
     pass_kv_hidden_above,
     pass_kv_pass_q_crossover,
@@ -242,6 +243,9 @@ class InferenceRecommendation:
     """pass-KV against pass-Q (prefill on more than one GPU)."""
     settings: tuple[ServingSetting, ...]
     """vLLM and SGLang for the winner."""
+    cp_pays_above: dict[int, int | None] = field(default_factory=dict)
+    """Prefill: per CP degree > 1, the shortest prompt (on the request's cache) whose fastest
+    scheme's TTFT is below one GPU's (`inference_cost.cp_pays_above`); None: never below 4M."""
 
     @property
     def listed(self) -> tuple[RankedPrice, ...]:
@@ -310,8 +314,12 @@ def recommend_inference(request: InferenceRequest) -> InferenceRecommendation:
         request.decode, getattr(winner, "scheme", "decode"), winner.world, request.gpus, shape,
         request.cached_len,
     ) if winner else ()  # fmt: skip
+    pays = {} if request.decode else {
+        w: cp_pays_above(shape, w, profile, request.cached_len, request.kernel)
+        for w in capacity if w > 1
+    }  # fmt: skip
     return InferenceRecommendation(request, profile, uncertainty, tuple(capacity.values()),
-                                   ranked, tuple(rejected), verdict, settings)  # fmt: skip
+                                   ranked, tuple(rejected), verdict, settings, pays)  # fmt: skip
 
 
 def _memory_rule(request: InferenceRequest, fit: KvCapacity, tokens: int) -> str | None:
@@ -363,6 +371,7 @@ def inference_report(rec: InferenceRecommendation) -> dict[str, Any]:
         "winner_scheme": getattr(rec.ranked[0].price, "scheme", None) if rec.ranked else None,
         "tie": {"tied_with_leader": tied, "clear": not tied} if listed else None,
         "settings": [_setting_json(rec, s) for s in rec.settings],
+        "cp_pays_above": {str(w): t for w, t in rec.cp_pays_above.items()} or None,
     }
 
 

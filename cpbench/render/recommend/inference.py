@@ -71,6 +71,10 @@ def render_inference(rec: InferenceRecommendation, explain: bool = False) -> lis
     if line:
         out.append(Text(line))
     out.append(Text(capacity_line(rec)))
+    if rec.cp_pays_above:
+        out.append(Text("CP pays above (fastest scheme's TTFT below one GPU's): " + ", ".join(
+            f"CP {w} from {t:,} tokens" if t else f"CP {w} never"
+            for w, t in rec.cp_pays_above.items())))  # fmt: skip
     if rec.settings:
         out.append(settings_table(rec, explain))
     out.append(Text(f"Conventions: {INFERENCE_TIME_CONVENTION}. {MEMORY_CONVENTION}.",
