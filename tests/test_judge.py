@@ -127,7 +127,7 @@ def _scheme(wrong: str | None) -> Any:
     fp32-accumulating computation), rounded to the dtype; `wrong` scales that tensor's first
     KV head (or query head) by 1.05."""
 
-    def run(case: VerifyCase, inputs: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
+    def run(case: VerifyCase, inputs: tuple[torch.Tensor, ...], mesh: Any = None) -> list[torch.Tensor]:
         dt = DTYPES[case.dtype]
         rounded = tuple(t.to(dt) for t in inputs)
         results = [t.to(dt) for t in _attention(rounded, torch.float32)]
