@@ -57,7 +57,10 @@ def test_global_batch_takes_whole_sequences_up_to_the_budget(tmp_path: Path) -> 
     csv = tmp_path / "lengths.csv"
     csv.write_text("id,seq_len\n0,300\n1,5000\n2,70\n")
     assert global_batch(str(csv), 10**9) == (300, 5000, 70)
-    assert global_batch("10,20,30", 25) == (10, 20)
+    assert global_batch("10,20,30", 25) == (10, 20, 30)  # explicit lengths are the batch
+    headerless = tmp_path / "plain.csv"
+    headerless.write_text("9000\n\n200\n300\n")  # one column, no header, a blank line
+    assert global_batch(str(headerless), 10**9) == (9000, 200, 300)
 
 
 @pytest.mark.parametrize(
@@ -243,3 +246,52 @@ def test_recommend_lengths_bad_input_is_one_line_and_exit_2(tmp_path: Path, extr
     assert result.exit_code == 2, result.output
     assert message in result.stderr and "Traceback" not in result.output
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+# ----------------------------------------------------------------------------- found by review
+
+
+def test_a_world_that_is_no_power_of_two_plans_without_hanging() -> None:
+    """The static degree doubled for ever when no power of two holding the longest divides the
+    world (24 GPUs, a sequence needing 13); Megatron's rule indexed past the last rank on 5."""
+    problem = DynamicProblem((100_000, 4000, 3000), 24, 8192, 16, 16, 128)
+    assert problem.static_degree == 24  # 13 needed: no power of two divides 24, 24 does
+    refused: dict = {}
+    plans = plan_policies(problem, H100, refused=refused)
+    assert set(plans) == set(POLICIES) and not refused  # Megatron: CP 16 (of 13 needed) + 8
+    five = DynamicProblem((1000,) * 4, 5, 500, 16, 16, 128, static_cp=5)
+    refused = {}
+    plans = plan_policies(five, H100, refused=refused)
+    assert "past the last rank" in refused["megatron"] and set(plans) == {"static", "cpbench"}
+    for plan in plans.values():
+        ids = sorted(i for mb in plan.micro_batches for g in mb.groups for i in g.sequences)
+        assert ids == [0, 1, 2, 3]
+
+
+def test_recommend_lengths_lists_a_policy_that_cannot_plan_and_ranks_the_others() -> None:
+    result = runner.invoke(app, ["recommend", "--heads", "16", "--kv-heads", "16", "--lengths",
+                                 "100", "--gpus", "8", "--json"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert "cannot fill a multiple of dp (8)" in doc["refused"]["static"]
+    assert {p["policy"] for p in doc["policies"]} == {"megatron", "cpbench"}
+    assert all(p["speedup_over_static"] is None for p in doc["policies"])
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--gpus", "0"], "--gpus (0) must be 1 to 1,048,576"),
+        (["--tokens-per-rank", "0"], "--tokens-per-rank (0) must be 1 to"),
+        (["--seq-len", "4096"], "--seq-len: not used with --lengths"),
+        (["--lengths", "uniform:min=1,max=2", "--step-tokens", "1000000000000"],
+         "holds more than 1,000,000 sequences"),
+    ],
+)
+def test_recommend_lengths_bounds_are_one_line_and_exit_2(extra, message) -> None:  # type: ignore[no-untyped-def]
+    args = ["recommend", "--heads", "16", "--kv-heads", "16", *extra]
+    if "--lengths" not in extra:
+        args += ["--lengths", "100,200"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1

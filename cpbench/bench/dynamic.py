@@ -11,6 +11,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from cpbench.attention.mesh import group_cache
 from cpbench.bench.reference import TORCH_DTYPES, run_case_on_rank
 from cpbench.bench.timing import TimingPolicy, time_to_precision
 from cpbench.config.bench import VerifyCase
@@ -53,21 +54,24 @@ class RoutedStep:
         )  # fmt: skip
 
 
+@group_cache
+def _subgroup(ranks: tuple[int, ...]) -> dist.ProcessGroup:
+    """The process group of `ranks`, created once per worker (collective over the world:
+    every rank asks for the same groups in the same order, so the caches agree)."""
+    return dist.new_group(list(ranks))
+
+
 def _meshes(step: RoutedStep) -> dict[tuple[int, int, tuple[int, ...]], Any]:
     """Every group's mesh, built on every rank in one order (group creation is collective over
     the world): the group's ranks as a subgroup, its Ulysses and ring groups inside it."""
     from cpbench.attention import build_mesh  # noqa: PLC0415
 
     meshes: dict[tuple[int, int, tuple[int, ...]], Any] = {}
-    subgroups: dict[tuple[int, ...], Any] = {}
     for groups in step.micro_batches:
         for g in groups:
             key = (g.ulysses, g.ring, g.ranks)
-            if key in meshes:
-                continue
-            if g.ranks not in subgroups:
-                subgroups[g.ranks] = dist.new_group(list(g.ranks))
-            meshes[key] = build_mesh(g.ulysses, g.ring, subgroups[g.ranks])
+            if key not in meshes:
+                meshes[key] = build_mesh(g.ulysses, g.ring, _subgroup(g.ranks))
     return meshes
 
 

@@ -94,6 +94,13 @@ def recommend(
                 "--lengths ranks a training batch of whole sequences: leave out "
                 + ("--inference" if inference else "--documents (a packed sequence)")
             )
+        step_flags = [*o.other_kind_given(recommend, locals(), "inference"),
+                      *o.other_kind_given(recommend, locals(), "training")]  # fmt: skip
+        if step_flags:
+            raise CpbenchError(
+                f"{', '.join(step_flags)}: not used with --lengths (the batch's sequences are "
+                f"its lengths, each group's mesh is the policy's): leave them out"
+            )
         _dynamic_recommend(
             lengths, heads, kv_heads, head_dim, dtype, gpus, tokens_per_rank, static_cp,
             step_tokens, seed, hardware, as_json,

@@ -62,8 +62,11 @@ def _parameters(kind: str, text: str) -> dict[str, float]:
     return params
 
 
-def draw_lengths(kind: str, text: str, seq_len: int, seed: int) -> list[int]:
-    """Lengths drawn from a distribution until they hold at least `seq_len` tokens."""
+def draw_lengths(
+    kind: str, text: str, seq_len: int, seed: int, most: int | None = None
+) -> list[int]:
+    """Lengths drawn from a distribution until they hold at least `seq_len` tokens (at most
+    `most` + 1 of them when given: the caller refuses more)."""
     params = _parameters(kind, text)
     rng = random.Random(seed)
     low = int(params.get("min", 1))
@@ -95,7 +98,7 @@ def draw_lengths(kind: str, text: str, seq_len: int, seed: int) -> list[int]:
 
     lengths: list[int] = []
     total = 0
-    while total < seq_len:
+    while total < seq_len and (most is None or len(lengths) <= most):
         length = min(max(round(draw()), low), high)
         lengths.append(length)
         total += length
@@ -107,10 +110,11 @@ LENGTH_COLUMNS = ("length", "seq_len", "tokens", "num_tokens")
 
 
 def _csv_lengths(path: Path, text: str) -> list[int]:
-    rows = list(csv.reader(text.splitlines()))
+    rows = [(n, row) for n, row in enumerate(csv.reader(text.splitlines()), 1)
+            if any(cell.strip() for cell in row)]  # fmt: skip
     if not rows:
         return []
-    header = [h.strip() for h in rows[0]]
+    header = [h.strip() for h in rows[0][1]]
     names = [n for n in LENGTH_COLUMNS if n in header]
     if not names and len(header) != 1:
         raise CpbenchError(
@@ -118,8 +122,10 @@ def _csv_lengths(path: Path, text: str) -> list[int]:
             f"{', '.join(LENGTH_COLUMNS)}"
         )
     column = header.index(names[0]) if names else 0
+    if not names and header[0].isdigit():  # one column and no header: the first is a length
+        rows.insert(0, (0, ["header"]))
     lengths = []
-    for number, row in enumerate(rows[1:], 2):
+    for number, row in rows[1:]:
         cell = row[column].strip() if column < len(row) else ""
         try:
             lengths.append(int(cell))
@@ -185,24 +191,30 @@ def resolve_documents(source: str, seq_len: int, seed: int = 0) -> tuple[int, ..
     )
 
 
+MAX_BATCH_SEQUENCES = 1_000_000
+"""The most sequences a global batch holds (a budget of more is refused, not drawn for ever)."""
+
+
 def global_batch(source: str, tokens: int, seed: int = 0) -> tuple[int, ...]:
     """The whole sequences of one global batch: a distribution drawn until they hold at least
     `tokens` (the step's token budget), a file's lengths in order until they do (all of them
-    when they hold fewer), or explicit comma-separated lengths. Never cut: unlike a packed
-    sequence, a sequence of a batch is scheduled whole (docs/dynamic-cp.md)."""
+    when they hold fewer), or explicit comma-separated lengths (all of them). Never cut: unlike
+    a packed sequence, a sequence of a batch is scheduled whole (docs/dynamic-cp.md)."""
     source = source.strip()
     if not source:
         raise CpbenchError("lengths: empty source (lengths, a file, or a distribution)")
     if tokens < 1:
         raise CpbenchError(f"the token budget per step ({tokens}) must be at least 1")
     kind, sep, rest = source.partition(":")
+    explicit = False
     if sep and kind in DISTRIBUTIONS:
-        lengths: list[int] = draw_lengths(kind, rest, tokens, seed)
+        lengths: list[int] = draw_lengths(kind, rest, tokens, seed, MAX_BATCH_SEQUENCES)
         where = source
     elif Path(source).is_file():
         lengths, where = _read_lengths(Path(source)), source
     elif all(p.strip().isdigit() for p in source.split(",")):
         lengths, where = [int(p) for p in source.split(",")], "the explicit lengths"
+        explicit = True
     else:
         raise CpbenchError(
             f"lengths {source!r} is neither comma-separated lengths, an existing file, nor a "
@@ -213,10 +225,13 @@ def global_batch(source: str, tokens: int, seed: int = 0) -> tuple[int, ...]:
     for length in lengths:
         if isinstance(length, bool) or not isinstance(length, int) or length <= 0:
             raise CpbenchError(f"sequence length {length!r} from {where} is not a positive integer")
-        if total >= tokens:
+        if total >= tokens and not explicit:  # explicit lengths are the batch, all of them
             break
         batch.append(length)
         total += length
+        if len(batch) > MAX_BATCH_SEQUENCES:
+            raise CpbenchError(f"{where} holds more than {MAX_BATCH_SEQUENCES:,} sequences "
+                               f"within the step's {tokens:,} tokens: give a smaller budget")
     if not batch:
         raise CpbenchError(f"{where} holds no sequence length")
     return tuple(batch)

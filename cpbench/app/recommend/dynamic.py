@@ -27,6 +27,12 @@ DYNAMIC_CONVENTION = (
 )
 
 
+MAX_GPUS = 1 << 20
+"""The most GPUs `--lengths` schedules over (the training path's bound)."""
+MAX_TOKENS = 1 << 40
+"""The largest token count `--tokens-per-rank` and `--step-tokens` take."""
+
+
 @dataclass(frozen=True)
 class DynamicRequest:
     """What `recommend --lengths` is asked."""
@@ -61,7 +67,8 @@ class RankedPolicy:
     """One policy's plan with its place."""
 
     plan: PolicyPlan
-    speedup_over_static: float
+    speedup_over_static: float | None
+    """None when static CP cannot plan the batch."""
     faster_than_next: float | None
     """P(this policy is faster than the next ranked), from the model's error of a ratio."""
 
@@ -74,6 +81,10 @@ class DynamicRecommendation:
     ranked: tuple[RankedPolicy, ...]
     ratio_sigma: float
     uncertainty_source: str
+    refused: dict[Policy, str]
+    """Policies whose rule cannot plan the batch, with why."""
+    static_degree: int
+    """The static policy's CP degree (its Megatron flag)."""
 
     @property
     def pick(self) -> RankedPolicy:
@@ -85,8 +96,11 @@ class DynamicRecommendation:
 
 def recommend_policies(request: DynamicRequest) -> DynamicRecommendation:
     """Draw or read the batch, plan it by every policy, rank the plans by predicted step."""
-    if request.step_tokens is not None and request.step_tokens < 1:
-        raise CpbenchError(f"--step-tokens ({request.step_tokens}) must be at least 1")
+    for flag, value, most in (("--gpus", request.gpus, MAX_GPUS),
+                              ("--tokens-per-rank", request.tokens_per_rank, MAX_TOKENS),
+                              ("--step-tokens", request.step_tokens, MAX_TOKENS)):  # fmt: skip
+        if value is not None and not 1 <= value <= most:
+            raise CpbenchError(f"{flag} ({value}) must be 1 to {most:,}")
     lengths = global_batch(request.lengths, request.budget, request.seed)
     if request.step_tokens is not None and max(lengths) > request.step_tokens:
         raise CpbenchError(
@@ -98,17 +112,20 @@ def recommend_policies(request: DynamicRequest) -> DynamicRecommendation:
         request.head_dim, request.dtype, request.static_cp,
     )  # fmt: skip
     profile = load_profile(request.hardware or DEFAULT_HARDWARE)
-    plans = sorted(plan_policies(problem, profile).values(), key=lambda p: p.step_s)
+    refused: dict[Policy, str] = {}
+    plans = sorted(plan_policies(problem, profile, refused=refused).values(),
+                   key=lambda p: p.step_s)  # fmt: skip
     uncertainty = profile_uncertainty(profile, None)
     sigma = uncertainty.split.ratio_sigma if uncertainty.split else uncertainty.sigma
-    static = next(p for p in plans if p.policy == "static")
+    static = next((p for p in plans if p.policy == "static"), None)
     ranked = tuple(
-        RankedPolicy(p, speedup(p, static),
+        RankedPolicy(p, speedup(p, static) if static else None,
                      faster_probability(p.step_s, plans[i + 1].step_s, sigma)
                      if i + 1 < len(plans) else None)
         for i, p in enumerate(plans)
     )  # fmt: skip
-    return DynamicRecommendation(request, profile.name, lengths, ranked, sigma, uncertainty.source)
+    return DynamicRecommendation(request, profile.name, lengths, ranked, sigma,
+                                 uncertainty.source, refused, problem.static_degree)  # fmt: skip
 
 
 def megatron_flags(request: DynamicRequest, static_cp: int) -> list[str]:
@@ -176,9 +193,6 @@ def dynamic_report(rec: DynamicRecommendation) -> dict[str, Any]:
             }
             for r in rec.ranked
         ],
-        "megatron_flags": megatron_flags(req, _static_degree(rec)),
+        "refused": rec.refused,
+        "megatron_flags": megatron_flags(req, rec.static_degree),
     }
-
-
-def _static_degree(rec: DynamicRecommendation) -> int:
-    return rec.plan("static").micro_batches[0].groups[0].degree

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
+from cpbench.errors import CpbenchError
 from cpbench.model.dynamic.megatron import megatron_plan
 from cpbench.model.dynamic.schedule import (
     POLICIES,
@@ -30,25 +31,46 @@ __all__ = [
 
 def cpbench_plan(costs: SequenceCosts, megatron: PolicyPlan | None = None) -> PolicyPlan:
     """cpbench's policy: the faster by the model of its greedy schedule (`greedy_plan`) and
-    Megatron's schedule (`megatron`, planned when not given) with each group on its fastest
-    scheme (`reschemed`): never slower than Megatron's rule by the model that prices both."""
-    megatron = megatron or megatron_plan(costs)
-    return min((greedy_plan(costs), reschemed(costs, megatron)), key=lambda plan: plan.step_s)
+    Megatron's schedule (`megatron`, when Megatron's rule could plan the batch) with each group
+    on its fastest scheme (`reschemed`): never slower than Megatron's rule by the model that
+    prices both."""
+    options = [greedy_plan(costs)] + ([reschemed(costs, megatron)] if megatron else [])
+    return min(options, key=lambda plan: plan.step_s)
 
 
 def plan_policies(
-    problem: DynamicProblem, profile: HardwareProfile, policies: Sequence[Policy] = POLICIES
-) -> dict[Policy, PolicyPlan]:
+    problem: DynamicProblem, profile: HardwareProfile, policies: Sequence[Policy] = POLICIES,
+    refused: dict[Policy, str] | None = None,
+) -> dict[Policy, PolicyPlan]:  # fmt: skip
     """Every requested policy's plan of the batch, priced on one `SequenceCosts` (Megatron's
-    schedule planned once: cpbench's policy weighs it too)."""
+    schedule planned once: cpbench's policy weighs it too). A policy whose rule cannot plan
+    the batch (static CP with fewer sequences than data-parallel packs, Megatron's power-of-two
+    degrees on a world that is none) raises CpbenchError, or with `refused` is left out and its
+    reason put there."""
     costs = SequenceCosts(problem, profile)
-    megatron = megatron_plan(costs) if {"megatron", "cpbench"} & set(policies) else None
-    planners: dict[Policy, Callable[[], PolicyPlan]] = {
-        "static": lambda: static_plan(costs),
-        "megatron": lambda: megatron or megatron_plan(costs),
+    reasons: dict[Policy, str] = {}
+
+    def attempt(policy: Policy, planner: Callable[[], PolicyPlan]) -> PolicyPlan | None:
+        try:
+            return planner()
+        except CpbenchError as exc:
+            if refused is None:
+                raise
+            reasons[policy] = str(exc)
+            return None
+
+    megatron = None
+    if {"megatron", "cpbench"} & set(policies):
+        megatron = attempt("megatron", lambda: megatron_plan(costs))
+    planners: dict[Policy, Callable[[], PolicyPlan | None]] = {
+        "static": lambda: attempt("static", lambda: static_plan(costs)),
+        "megatron": lambda: megatron,
         "cpbench": lambda: cpbench_plan(costs, megatron),
     }
-    return {p: planners[p]() for p in policies}
+    plans = {p: planners[p]() for p in policies}
+    if refused is not None:
+        refused.update({p: r for p, r in reasons.items() if p in policies})
+    return {p: plan for p, plan in plans.items() if plan is not None}
 
 
 def speedup(plan: PolicyPlan, baseline: PolicyPlan) -> float:

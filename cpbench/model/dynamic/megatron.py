@@ -77,6 +77,13 @@ class _Batch:
             start, end = ranks[0], ranks[-1]
             if self.degree[g] != smallest or end + 1 > empty[0] or end + extra >= self.world:
                 continue
+            if empty[0] - 1 + extra >= self.world:  # the later groups would shift past the end
+                raise CpbenchError(
+                    f"Megatron's rule cannot schedule this batch on {self.world} ranks: "
+                    f"widening a group of {smallest} to {wider} moves the groups after it past "
+                    f"the last rank (fill_empty_gpus_once indexes past the world there; it "
+                    f"does not happen on a power-of-two world)"
+                )
             moved = range(end + 1, empty[0])  # later groups' ranks, shifted by `extra`
             shifted = [(self.ids[r], self.lengths[r], self.load[r]) for r in moved]
             for r in range(start, end + extra + 1):

@@ -78,12 +78,15 @@ class DynamicProblem:
 
     @property
     def static_degree(self) -> int:
+        """The static policy's CP: `static_cp`, else the least power of two that holds the
+        longest sequence and divides the world, else the least divisor of the world that
+        holds it (a world that is no power of two)."""
         if self.static_cp is not None:
             return self.static_cp
-        degree = 1 << (self.min_degree(max(self.lengths)) - 1).bit_length()
-        while self.world % degree:
-            degree *= 2
-        return degree
+        least = self.min_degree(max(self.lengths))
+        divisors = [d for d in range(least, self.world + 1) if self.world % d == 0]
+        powers = [d for d in divisors if d & (d - 1) == 0]
+        return (powers or divisors)[0]
 
 
 @dataclass(frozen=True)
@@ -263,7 +266,9 @@ def static_packs(lengths: Sequence[int], capacity: int, dp: int) -> list[list[in
             last -= 1
         if last < 0:
             raise CpbenchError(
-                f"static CP: {len(lengths)} sequences cannot fill a multiple of dp ({dp}) packs"
+                f"static CP: {len(lengths)} sequence(s) cannot fill a multiple of dp ({dp}) "
+                f"packs (Megatron's dp_balanced asserts there); a larger --static-cp leaves "
+                f"fewer data-parallel packs to fill"
             )
         packs.append([packs[last].pop()])
     return packs

@@ -14,9 +14,9 @@ if TYPE_CHECKING:
     from cpbench.app.recommend.dynamic import DynamicRecommendation
 
 POLICY_NAMES = {
-    "static": "static CP (Megatron dp_balanced)",
-    "megatron": "Megatron dynamic CP (default_dynamic_cp)",
-    "cpbench": "cpbench scheduler (cost model)",
+    "static": "static CP (dp_balanced)",
+    "megatron": "Megatron dynamic CP",
+    "cpbench": "cpbench (cost model)",
 }
 
 
@@ -33,9 +33,8 @@ def render_dynamic(rec: DynamicRecommendation) -> list[RenderableType]:
     b = batch_summary(rec.lengths, q.tokens_per_rank)
     pick = rec.pick
     out: list[RenderableType] = []
-    headline = (
-        f"pick: {POLICY_NAMES[pick.plan.policy]}, {pick.speedup_over_static:.2f}x static CP"
-    )
+    headline = f"pick: {POLICY_NAMES[pick.plan.policy]}" + (
+        f", {pick.speedup_over_static:.2f}x static CP" if pick.speedup_over_static else "")
     if pick.faster_than_next is not None:
         runner = rec.ranked[1].plan.policy
         headline += f" (faster than {runner} with probability {pick.faster_than_next:.2f})"
@@ -46,18 +45,22 @@ def render_dynamic(rec: DynamicRecommendation) -> list[RenderableType]:
         f"{q.tokens_per_rank:,} tokens per rank) on {q.gpus:,} GPUs, {rec.profile_name}"
     ))  # fmt: skip
     table = FitTable("#", "policy", "step ms", "x static", "busy", "micro-batches",
-                     "sequences per CP degree", title="policies by predicted step")  # fmt: skip
+                     title="policies by predicted step")  # fmt: skip
     for i, r in enumerate(rec.ranked, 1):
         p = r.plan
-        degrees = ", ".join(f"{d}: {n:,}" for d, n in p.degrees.items())
         table.add_row(str(i), POLICY_NAMES[p.policy], f"{p.step_s * 1e3:,.3f}",
-                      f"{r.speedup_over_static:.2f}", f"{p.busy_share:.0%}",
-                      f"{len(p.micro_batches):,}", degrees)  # fmt: skip
+                      "-" if r.speedup_over_static is None else f"{r.speedup_over_static:.2f}",
+                      f"{p.busy_share:.0%}", f"{len(p.micro_batches):,}")  # fmt: skip
     out.append(table)
+    out.append(Text("sequences per CP degree (degree:count): " + "; ".join(
+        f"{r.plan.policy} " + " ".join(f"{d}:{n:,}" for d, n in r.plan.degrees.items())
+        for r in rec.ranked)))  # fmt: skip
     out.append(Text(f"step ms: {DYNAMIC_CONVENTION}. busy: rank-seconds of work / (GPUs x step). "
                     f"A ratio's model error: sigma {rec.ratio_sigma:.1%} ({rec.uncertainty_source})."))
-    out.append(Text("Megatron-LM (its dynamic-CP rule): " + " ".join(
-        megatron_flags(q, rec.plan("static").micro_batches[0].groups[0].degree))))
+    for policy, why in rec.refused.items():
+        out.append(Text(f"not planned: {POLICY_NAMES[policy]}: {why}", style="yellow"))
+    out.append(Text("Megatron-LM (its dynamic-CP rule): "
+                    + " ".join(megatron_flags(q, rec.static_degree))))
     missing = not_in_megatron(rec.plan("cpbench"))
     if missing:
         out.append(Text("cpbench's schedule, which Megatron cannot express: " + "; ".join(missing)))
