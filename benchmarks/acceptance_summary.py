@@ -65,8 +65,9 @@ DRY_SETTINGS: dict[str, Any] = {
 DRY_AXES: dict[str, Any] = {"seq_len": [256], "heads": 4, "kv_heads": 2, "head_dim": 32}
 """Axes the dry run puts over the template's: sizes a 2-core CPU runs in seconds."""
 DRY_INFERENCE_SIZES: dict[str, Any] = {"heads": 4, "kv_heads": 2, "head_dim": 32}
-"""Sizes the dry run puts over every table of the inference template, with its lengths cut
-by DRY_LENGTH_DIVISOR (and at least 1 token)."""
+"""Sizes the dry run puts over every table of the inference template, with one length per axis
+(the last) cut by DRY_LENGTH_DIVISOR (and at least 1 token), one batch: every scheme and cache
+layout still runs."""
 DRY_LENGTH_DIVISOR = 64
 """The inference template's cached_len / new_tokens over this in the dry run (16K -> 256)."""
 
@@ -77,11 +78,17 @@ def _dry_inference_table(table: dict[str, Any]) -> dict[str, Any]:
             return [cut(v) for v in value]
         return value if value == 0 else max(1, value // DRY_LENGTH_DIVISOR)
 
+    def last(value: Any) -> Any:  # one length per axis: the script is checked, not the CPU
+        return value[-1] if isinstance(value, list) else value
+
     out = {**table, **DRY_INFERENCE_SIZES}
     if "cached_len" in out:
-        out["cached_len"] = cut(out["cached_len"])
-    if "new_tokens" in out and out.get("phase") != "decode":  # a decode's 1-8 tokens stay
-        out["new_tokens"] = cut(out["new_tokens"])
+        out["cached_len"] = cut(last(out["cached_len"]))
+    if "new_tokens" in out:  # a decode's 1-8 tokens stay
+        out["new_tokens"] = last(out["new_tokens"]) if out.get("phase") == "decode" else cut(
+            last(out["new_tokens"]))
+    if "batch" in out:
+        out["batch"] = last(out["batch"])
     return out
 
 

@@ -142,7 +142,9 @@ fi
 # Ulysses; contiguous and zigzag new tokens), decode (both cache layouts, both merges), against
 # the float64 reference and the byte model; a kernel's refusals (cuDNN's one key, the efficient
 # kernel's alignment) are where a CPU run cannot see them
-for kernel in ${KERNELS//,/ }; do
+inference_kernels=${KERNELS//,/ }
+(( DRY )) && inference_kernels=${inference_kernels%% *}  # the dry run: the first kernel only
+for kernel in $inference_kernels; do
   step "verify-inference-$kernel" 60 "$OUT/verify-inference-$kernel.json" \
     "$PY" -m cpbench verify --device "$DEVICE" --world-size "$WORLD" --dtype bfloat16 \
     --kernel "$kernel" --inference --json ${dry_verify[@]+"${dry_verify[@]}"}

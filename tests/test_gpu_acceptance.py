@@ -62,8 +62,9 @@ def test_dry_run_succeeds_and_writes_every_file(dry_run: tuple[Path, Any]) -> No
     assert names[:3] == ["doctor", "plan", "verify-cpbench"]
     assert names[-4:] == ["sweep-inference", "sweep", "report", "summary"]
     plan = json.loads((out / "plan.json").read_text())
+    # the dry run verifies the inference path with the first usable kernel (a GPU run: each)
     assert [n for n in names if n.startswith("verify-inference-")] == [
-        f"verify-inference-{k}" for k in plan["kernels"]]
+        f"verify-inference-{plan['kernels'][0]}"]
     assert all(rc == "0" for _, rc, _ in steps), steps
     assert done.stdout == (out / "summary.md").read_text()  # the summary is printed too
 
@@ -118,7 +119,7 @@ def test_summary_numbers_are_those_of_the_files(dry_run: tuple[Path, Any]) -> No
                     "## Memory"):
         assert heading in text
     assert f"| cpbench | training | {counts['passed']} | 0 | 0 |" in text
-    for kernel in json.loads((out / "plan.json").read_text())["kernels"]:
+    for kernel in json.loads((out / "plan.json").read_text())["kernels"][:1]:
         doc = json.loads((out / f"verify-inference-{kernel}.json").read_text())
         for kind in ("training", "prefill", "decode"):
             kind_counts = summary.verify_counts(doc, kind)
