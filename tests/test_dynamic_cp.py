@@ -27,7 +27,7 @@ from cpbench.model.dynamic import (
     static_plan,
 )
 from cpbench.model.dynamic.megatron import megatron_degree, megatron_schedule
-from cpbench.model.dynamic.schedule import static_packs
+from cpbench.model.dynamic.schedule import priced_group, static_packs
 from cpbench.model.hardware.loading import load_profile
 
 H100 = load_profile("h100-sxm")
@@ -112,12 +112,15 @@ def test_a_pack_of_one_sequence_is_predict_and_packs_stay_close_to_it() -> None:
             whole = predict(MeshCandidate(seq_len=sum(padded), heads=32, kv_heads=8,
                                           head_dim=128, documents=tuple(padded), ring=degree,
                                           layout=layout), H100, memory=False).step_s  # fmt: skip
-            assert costs.pack(degree, "ring", docs) == pytest.approx(whole, rel=0.25)
+            ids = list(range(len(docs)))
+            assert priced_group(costs, degree, "ring", ids).predicted_s == pytest.approx(
+                whole, rel=0.25)
             longest = max(padded)
             alone = predict(MeshCandidate(seq_len=longest, heads=32, kv_heads=8, head_dim=128,
                                           ring=degree, layout="zigzag" if degree > 1
                                           else "contiguous"), H100, memory=False).step_s
-            assert costs.time(degree, "ring", longest) == pytest.approx(alone, rel=1e-12)
+            at = docs.index(max(docs))
+            assert costs.times(degree, "ring")[at] == pytest.approx(alone, rel=1e-12)
 
 
 @pytest.mark.parametrize("world", [4, 8, 32])

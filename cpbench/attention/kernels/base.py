@@ -85,7 +85,7 @@ def refuse_band(kernel: str, band: Band | None) -> None:
         raise KernelRefused(
             f"kernel {kernel!r} cannot apply the mask band lo ({lo}) <= j - i <= hi ({hi}) of "
             f"a document or sliding-window piece (it has only a causal flag); use kernel "
-            f"'flash_attn', 'flash_attn3', 'sdpa' on CPU, or 'naive'"
+            f"'flash_attn', 'flash_attn3', 'efficient' (CUDA), 'sdpa' on CPU, or 'naive'"
         )
 
 

@@ -4,7 +4,6 @@ docs/dynamic-cp.md. Pure Python."""
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cache
@@ -41,12 +40,15 @@ class DynamicProblem:
     """C: the most tokens a rank holds in one micro-batch (Megatron's
     --max-seqlen-per-dp-cp-rank): a sequence of s tokens needs ceil(s / C) ranks."""
     heads: int
+    """Query heads of the attention layer."""
     kv_heads: int
+    """Key/value heads (GQA when fewer than heads)."""
     head_dim: int
+    """Channels per head."""
     dtype: Dtype = "bfloat16"
+    """Element type of the attention."""
     static_cp: int | None = None
-    """The static policy's CP degree (None: the smallest power of two holding the longest
-    sequence)."""
+    """The static policy's CP degree (None: `static_degree` picks it)."""
 
     def __post_init__(self) -> None:
         if not self.lengths:
@@ -205,17 +207,6 @@ class SequenceCosts:
             self._grids[key] = (points, times)
         return self._grids[key]
 
-    def time(self, degree: int, scheme: GroupScheme, length: int) -> float:
-        """Seconds of one sequence of `length` tokens alone on the group."""
-        points, times = self._grid(degree, scheme)
-        s = self.padded(degree, scheme, length)
-        i = bisect.bisect_left(points, s)
-        if i < len(points) and points[i] == s:
-            return times[i]
-        i = min(max(i, 1), len(points) - 1)
-        (s0, s1), (t0, t1) = points[i - 1 : i + 1], times[i - 1 : i + 1]
-        return t0 + (t1 - t0) * (s - s0) / (s1 - s0)
-
     def times(self, degree: int, scheme: GroupScheme) -> np.ndarray:
         """Seconds of each of the problem's sequences alone on the group (by index)."""
         key = (degree, scheme)
@@ -231,11 +222,6 @@ class SequenceCosts:
     def fixed(self, degree: int, scheme: GroupScheme) -> float:
         """The part of a sequence's time a pack pays once: the shortest sequence's time."""
         return self._grid(degree, scheme)[1][0]
-
-    def pack(self, degree: int, scheme: GroupScheme, lengths: Sequence[int]) -> float:
-        """Seconds of a pack of sequences on one group."""
-        fixed = self.fixed(degree, scheme)
-        return fixed + sum(self.time(degree, scheme, s) - fixed for s in lengths)
 
 
 def priced_group(costs: SequenceCosts, degree: int, scheme: GroupScheme, ids: Sequence[int]) -> CpGroup:
