@@ -161,34 +161,44 @@ def _read_lengths(path: Path) -> list[int]:
     return lengths
 
 
+def _source_lengths(
+    source: str, tokens: int, seed: int, what: str, most: int | None = None
+) -> tuple[list[int], str, bool]:
+    """(the lengths of a source string, where they come from, whether they were given
+    explicitly): a distribution drawn to `tokens` (at most `most` + 1 draws), a file, or
+    comma-separated lengths; CpbenchError naming `what` (documents, lengths) otherwise."""
+    source = source.strip()
+    if not source:
+        raise CpbenchError(f"{what}: empty source (lengths, a file, or a distribution)")
+    kind, sep, rest = source.partition(":")
+    if sep and kind in DISTRIBUTIONS:
+        return draw_lengths(kind, rest, tokens, seed, most), source, False
+    path = Path(source)
+    if path.is_file():
+        return _read_lengths(path), str(path), False
+    parts = [p.strip() for p in source.split(",")]
+    if all(p.isdigit() for p in parts):
+        return [int(p) for p in parts], "the explicit lengths", True
+    if sep:
+        raise CpbenchError(
+            f"{what} {source!r}: distribution {kind!r} is not one of {', '.join(DISTRIBUTIONS)}"
+        )
+    raise CpbenchError(
+        f"{what} {source!r} is neither comma-separated lengths, an existing file, nor a "
+        f"distribution ({', '.join(d + ':...' for d in DISTRIBUTIONS)})"
+    )
+
+
 def resolve_documents(source: str, seq_len: int, seed: int = 0) -> tuple[int, ...]:
     """The document lengths of one packed sequence of `seq_len` tokens from a source string
     (docs/design.md section 1)."""
-    source = source.strip()
-    if not source:
-        raise CpbenchError("documents: empty source (lengths, a file, or a distribution)")
-    kind, sep, rest = source.partition(":")
-    if sep and kind in DISTRIBUTIONS:
-        return pack_lengths(draw_lengths(kind, rest, seq_len, seed), seq_len, source)
-    path = Path(source)
-    if path.is_file():
-        return pack_lengths(_read_lengths(path), seq_len, str(path))
-    parts = [p.strip() for p in source.split(",")]
-    if all(p.isdigit() for p in parts):
-        lengths = [int(p) for p in parts]
-        if sum(lengths) != seq_len:
-            raise CpbenchError(
-                f"documents {source!r} sum to {sum(lengths)}, not the sequence length {seq_len}"
-            )
-        return pack_lengths(lengths, seq_len, "the explicit lengths")
-    if sep:
+    lengths, where, explicit = _source_lengths(source, seq_len, seed, "documents")
+    if explicit and sum(lengths) != seq_len:
         raise CpbenchError(
-            f"documents {source!r}: distribution {kind!r} is not one of {', '.join(DISTRIBUTIONS)}"
+            f"documents {source.strip()!r} sum to {sum(lengths)}, not the sequence length "
+            f"{seq_len}"
         )
-    raise CpbenchError(
-        f"documents {source!r} is neither comma-separated lengths, an existing file, nor a "
-        f"distribution ({', '.join(d + ':...' for d in DISTRIBUTIONS)})"
-    )
+    return pack_lengths(lengths, seq_len, where)
 
 
 MAX_BATCH_SEQUENCES = 1_000_000
@@ -200,26 +210,12 @@ def global_batch(source: str, tokens: int, seed: int = 0) -> tuple[int, ...]:
     `tokens` (the step's token budget), a file's lengths in order until they do (all of them
     when they hold fewer), or explicit comma-separated lengths (all of them). Never cut: unlike
     a packed sequence, a sequence of a batch is scheduled whole (docs/dynamic-cp.md)."""
-    source = source.strip()
-    if not source:
+    if not source.strip():
         raise CpbenchError("lengths: empty source (lengths, a file, or a distribution)")
     if tokens < 1:
         raise CpbenchError(f"the token budget per step ({tokens}) must be at least 1")
-    kind, sep, rest = source.partition(":")
-    explicit = False
-    if sep and kind in DISTRIBUTIONS:
-        lengths: list[int] = draw_lengths(kind, rest, tokens, seed, MAX_BATCH_SEQUENCES)
-        where = source
-    elif Path(source).is_file():
-        lengths, where = _read_lengths(Path(source)), source
-    elif all(p.strip().isdigit() for p in source.split(",")):
-        lengths, where = [int(p) for p in source.split(",")], "the explicit lengths"
-        explicit = True
-    else:
-        raise CpbenchError(
-            f"lengths {source!r} is neither comma-separated lengths, an existing file, nor a "
-            f"distribution ({', '.join(d + ':...' for d in DISTRIBUTIONS)})"
-        )
+    lengths, where, explicit = _source_lengths(source, tokens, seed, "lengths",
+                                               MAX_BATCH_SEQUENCES)  # fmt: skip
     batch: list[int] = []
     total = 0
     for length in lengths:

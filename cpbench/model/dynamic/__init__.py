@@ -29,11 +29,19 @@ __all__ = [
     "static_plan",
 ]  # fmt: skip
 
-def cpbench_plan(costs: SequenceCosts, megatron: PolicyPlan | None = None) -> PolicyPlan:
+def cpbench_plan(costs: SequenceCosts) -> PolicyPlan:
     """cpbench's policy: the faster by the model of its greedy schedule (`greedy_plan`) and
-    Megatron's schedule (`megatron`, when Megatron's rule could plan the batch) with each group
-    on its fastest scheme (`reschemed`): never slower than Megatron's rule by the model that
-    prices both."""
+    Megatron's schedule, when Megatron's rule can plan the batch, with each group on its
+    fastest scheme (`reschemed`): never slower than Megatron's rule by the model that prices
+    both."""
+    try:
+        megatron = megatron_plan(costs)
+    except CpbenchError:
+        megatron = None
+    return _cpbench_of(costs, megatron)
+
+
+def _cpbench_of(costs: SequenceCosts, megatron: PolicyPlan | None) -> PolicyPlan:
     options = [greedy_plan(costs)] + ([reschemed(costs, megatron)] if megatron else [])
     return min(options, key=lambda plan: plan.step_s)
 
@@ -65,7 +73,7 @@ def plan_policies(
     planners: dict[Policy, Callable[[], PolicyPlan | None]] = {
         "static": lambda: attempt("static", lambda: static_plan(costs)),
         "megatron": lambda: megatron,
-        "cpbench": lambda: cpbench_plan(costs, megatron),
+        "cpbench": lambda: _cpbench_of(costs, megatron),
     }
     plans = {p: planners[p]() for p in policies}
     if refused is not None:

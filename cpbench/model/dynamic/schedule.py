@@ -212,12 +212,10 @@ class SequenceCosts:
         key = (degree, scheme)
         if key not in self._by_sequence:
             points, times = self._grid(degree, scheme)
-            padded = np.asarray(self._padded_lengths(degree, scheme), dtype=np.float64)
+            padded = np.asarray([self.padded(degree, scheme, s) for s in self.problem.lengths],
+                                dtype=np.float64)
             self._by_sequence[key] = np.interp(padded, points, times)
         return self._by_sequence[key]
-
-    def _padded_lengths(self, degree: int, scheme: GroupScheme) -> list[int]:
-        return [self.padded(degree, scheme, s) for s in self.problem.lengths]
 
     def fixed(self, degree: int, scheme: GroupScheme) -> float:
         """The part of a sequence's time a pack pays once: the shortest sequence's time."""
@@ -225,6 +223,7 @@ class SequenceCosts:
 
 
 def priced_group(costs: SequenceCosts, degree: int, scheme: GroupScheme, ids: Sequence[int]) -> CpGroup:
+    """The sequences `ids` as one group: its tokens and its pack's price (`SequenceCosts`)."""
     fixed = costs.fixed(degree, scheme)
     seconds = fixed + float((costs.times(degree, scheme)[list(ids)] - fixed).sum())
     tokens = sum(costs.problem.lengths[i] for i in ids)
@@ -296,16 +295,28 @@ def _degree_candidates(minimum: int, world: int) -> tuple[int, ...]:
 
 @dataclass
 class _Tables:
-    """The scheduler's arrays over sequence ids: lengths, minimum degrees, and per degree the
-    fastest scheme and its seconds for each sequence."""
+    """The scheduler's arrays over sequence ids: lengths, minimum degrees, and per degree (made
+    when first asked for) the schemes that run there and each sequence's seconds under each."""
 
-    lengths: np.ndarray
-    min_degree: np.ndarray
-    best: dict[int, tuple[list[GroupScheme], np.ndarray]]
-    """degree -> (the schemes that run there, seconds [scheme, sequence])."""
+    costs: SequenceCosts
+    lengths: np.ndarray = field(init=False)
+    min_degree: np.ndarray = field(init=False)
+    _best: dict[int, tuple[list[GroupScheme], np.ndarray]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.lengths = np.asarray(self.costs.problem.lengths, dtype=np.int64)
+        self.min_degree = -(-self.lengths // self.costs.problem.tokens_per_rank)
+
+    def at(self, degree: int) -> tuple[list[GroupScheme], np.ndarray]:
+        """(the schemes that run at `degree`, seconds [scheme, sequence])."""
+        if degree not in self._best:
+            schemes = list(_schemes(self.costs, degree))
+            self._best[degree] = (
+                schemes, np.stack([self.costs.times(degree, s) for s in schemes]))
+        return self._best[degree]
 
     def best_scheme(self, degree: int, sequence: int) -> GroupScheme:
-        schemes, seconds = self.best[degree]
+        schemes, seconds = self.at(degree)
         return schemes[int(np.argmin(seconds[:, sequence]))]
 
     def own_seconds(self) -> np.ndarray:
@@ -313,18 +324,8 @@ class _Tables:
         out = np.empty(len(self.lengths))
         for degree in np.unique(self.min_degree):
             mine = self.min_degree == degree
-            out[mine] = self.best[int(degree)][1][:, mine].min(axis=0)
+            out[mine] = self.at(int(degree))[1][:, mine].min(axis=0)
         return out
-
-
-def _tables(costs: SequenceCosts, degrees: Sequence[int]) -> _Tables:
-    w = costs.problem
-    lengths = np.asarray(w.lengths, dtype=np.int64)
-    best = {}
-    for degree in degrees:
-        schemes = list(_schemes(costs, degree))
-        best[degree] = (schemes, np.stack([costs.times(degree, s) for s in schemes]))
-    return _Tables(lengths, -(-lengths // w.tokens_per_rank), best)
 
 
 OPENER_DEGREES = 3
@@ -388,7 +389,6 @@ def _fill(
             TOKEN_BOUND * budget_s
         ):
             for degree in range(lowest + 1, min(lowest + OPENER_DEGREES, free + 1)):
-                _ensure_degree(costs, tables, degree)
                 group, left = _pack(costs, tables, rest, first, degree, budget_s)
                 per_rank = float(work[list(group.sequences)].sum()) / degree
                 if group.predicted_s <= budget_s and per_rank > best[0]:
@@ -399,16 +399,11 @@ def _fill(
     return groups, pool
 
 
-def _ensure_degree(costs: SequenceCosts, tables: _Tables, degree: int) -> None:
-    if degree not in tables.best:
-        tables.best[degree] = _tables(costs, [degree]).best[degree]
-
-
 WIDEN_LIMIT = 4
 """`_widen` widens a group to at most this many times its longest sequence's minimum degree."""
 
 
-def _widen(costs: SequenceCosts, tables: _Tables, groups: list[CpGroup], free: int) -> list[CpGroup]:
+def _widen(costs: SequenceCosts, groups: list[CpGroup], free: int) -> list[CpGroup]:
     """The micro-batch's idle ranks given, one at a time, to its slowest group while that
     shortens it (any degree, its fastest scheme there): a micro-batch lasts as long as its
     slowest group, and a rank left idle shortens nothing."""
@@ -421,10 +416,7 @@ def _widen(costs: SequenceCosts, tables: _Tables, groups: list[CpGroup], free: i
         longest = max(w.lengths[i] for i in group.sequences)
         if degree > WIDEN_LIMIT * w.min_degree(longest):
             break
-        _ensure_degree(costs, tables, degree)
-        schemes, seconds = tables.best[degree]
-        scheme = schemes[int(np.argmin(seconds[:, list(group.sequences)].sum(axis=1)))]
-        wider = priced_group(costs, degree, scheme, group.sequences)
+        wider = fastest_group(costs, degree, group.sequences)
         if wider.predicted_s >= group.predicted_s:
             break
         groups[slowest] = wider
@@ -440,10 +432,7 @@ def greedy_plan(costs: SequenceCosts) -> PolicyPlan:
     the scheme the model prices fastest for it. docs/dynamic-cp.md says why and what it
     costs."""
     w = costs.problem
-    longest = max(w.lengths)
-    degrees = sorted(set(range(1, w.min_degree(longest) + 1))
-                     | set(_degree_candidates(w.min_degree(longest), w.world)))  # fmt: skip
-    tables = _tables(costs, degrees)
+    tables = _Tables(costs)
     own = tables.own_seconds()
     work = costs.times(1, "ring")  # single-rank seconds: what a micro-batch completes
     pool = np.argsort(tables.lengths, kind="stable")
@@ -452,13 +441,12 @@ def greedy_plan(costs: SequenceCosts) -> PolicyPlan:
         lead_id = int(pool[-1])
         best: tuple[float, list[CpGroup], np.ndarray] | None = None
         for degree in _degree_candidates(int(tables.min_degree[lead_id]), w.world):
-            _ensure_degree(costs, tables, degree)
             scheme = tables.best_scheme(degree, lead_id)
             lead = priced_group(costs, degree, scheme, [lead_id])
             groups, left = _fill(costs, tables, own, work, pool[:-1], lead.predicted_s,
                                  w.world - degree)  # fmt: skip
             groups = [lead, *groups]
-            groups = _widen(costs, tables, groups, w.world - sum(g.degree for g in groups))
+            groups = _widen(costs, groups, w.world - sum(g.degree for g in groups))
             done = [i for g in groups for i in g.sequences]
             rate = float(work[done].sum()) / max(g.predicted_s for g in groups)
             if best is None or rate > best[0]:
@@ -469,14 +457,16 @@ def greedy_plan(costs: SequenceCosts) -> PolicyPlan:
     return PolicyPlan("cpbench", tuple(micro_batches), w.world)
 
 
+def fastest_group(costs: SequenceCosts, degree: int, ids: Sequence[int]) -> CpGroup:
+    """The sequences `ids` as one group of `degree` ranks on the scheme priced fastest there."""
+    options = [priced_group(costs, degree, s, ids) for s in _schemes(costs, degree)]
+    return min(options, key=lambda g: g.predicted_s)
+
+
 def reschemed(costs: SequenceCosts, plan: PolicyPlan) -> PolicyPlan:
     """A plan's schedule with each group on the scheme the model prices fastest at its degree
     (Megatron's groups all run the p2p ring), as cpbench's."""
-    def fastest(group: CpGroup) -> CpGroup:
-        options = [priced_group(costs, group.degree, s, group.sequences)
-                   for s in _schemes(costs, group.degree)]  # fmt: skip
-        return min(options, key=lambda g: g.predicted_s, default=group)
-
     return PolicyPlan("cpbench", tuple(
-        GroupedMicroBatch(tuple(fastest(g) for g in mb.groups)) for mb in plan.micro_batches
+        GroupedMicroBatch(tuple(fastest_group(costs, g.degree, g.sequences) for g in mb.groups))
+        for mb in plan.micro_batches
     ), plan.world)  # fmt: skip
