@@ -7,6 +7,7 @@ import random
 import pytest
 
 from cpbench.config import geometry
+from cpbench.config.block_counts import table_counts
 from cpbench.config.geometry import pack, ring_counts, ring_schedule, schedule_counts
 from cpbench.config.masks import MaskSpec
 from cpbench.config.vocabulary import LAYOUTS
@@ -99,3 +100,23 @@ def test_doc_zigzag_shards_equal_one_zigzag_of_all_spans() -> None:
             if ring > 1:  # the padding tokens are documents of their own
                 padded = tuple(x for d, p in spans for x in (d, p) if x)
                 assert packing.mask.documents == padded
+
+
+def test_counting_many_documents_holds_one_table_of_blocks() -> None:
+    """table_counts sums each group of documents into one R x R table as it goes: 400 documents
+    of distinct lengths under doc_zigzag at R = 64 are 400+ groups, whose blocks held at once
+    (before the fix) took over 100 MB; one table is 9 x 64^2 int64 (0.3 MB) plus a group's own
+    blocks. The bound leaves room for those and for numpy's temporaries."""
+    import tracemalloc  # noqa: PLC0415 (only this test traces allocations)
+
+    lengths = tuple(range(1000, 1400))  # distinct: no two documents share a group
+    packing = pack(MaskSpec(documents=lengths), sum(lengths), 1, 64, "doc_zigzag")
+    tracemalloc.start()
+    try:
+        counts = table_counts(packing.mask, packing.table)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert counts is not None
+    assert sum(map(sum, counts.pairs)) >= sum(n * (n + 1) // 2 for n in lengths)
+    assert peak < 40e6, f"peak {peak / 1e6:.0f} MB while counting"
