@@ -7,7 +7,7 @@ import random
 import pytest
 
 from cpbench.config import geometry
-from cpbench.config.block_counts import table_counts
+from cpbench.config.block_counts import CountingTooCostly, counting_budget, table_counts
 from cpbench.config.geometry import pack, ring_counts, ring_schedule, schedule_counts
 from cpbench.config.masks import MaskSpec
 from cpbench.config.vocabulary import LAYOUTS
@@ -120,3 +120,19 @@ def test_counting_many_documents_holds_one_table_of_blocks() -> None:
     assert counts is not None
     assert sum(map(sum, counts.pairs)) >= sum(n * (n + 1) // 2 for n in lengths)
     assert peak < 40e6, f"peak {peak / 1e6:.0f} MB while counting"
+
+
+def test_a_ranking_budget_refuses_a_schedule_too_costly_to_count() -> None:
+    """Within `counting_budget`, counts that need more pairs of parts than it allows raise
+    (with the number) instead of running for minutes; outside it the same packing counts."""
+    lengths = tuple(range(100, 140))
+    packing = pack(MaskSpec(documents=lengths), sum(lengths), 1, 16, "doc_zigzag")
+    with counting_budget(100), pytest.raises(CountingTooCostly) as refused:
+        table_counts(packing.mask, packing.table)
+    assert refused.value.budget == 100
+    # 40 documents and their padding, each at most 2R = 32 parts paired part by part
+    needed = refused.value.part_pairs
+    assert 100 < needed <= 2 * 40 * 32**2
+    with counting_budget(needed):  # the budget is the pairs it needs: it counts
+        counted = table_counts(packing.mask, packing.table)
+    assert counted == schedule_counts(ring_schedule(packing))
