@@ -22,7 +22,6 @@ from cpbench.model.dynamic import (
     DynamicProblem,
     PolicyPlan,
     SequenceCosts,
-    cpbench_plan,
     plan_policies,
     static_plan,
 )
@@ -148,11 +147,12 @@ def test_static_cp_packs_in_order_and_deals_the_packs_to_data_parallel_groups() 
 
 def test_cpbench_runs_short_sequences_without_cp_and_is_not_slower_than_static() -> None:
     lengths = global_batch(MEGATRON_BENCHMARK, 8 * 2048 * 8, seed=0)
-    costs = SequenceCosts(_workload(lengths, 8, static_cp=4), H100)
-    ours, static = cpbench_plan(costs), static_plan(costs)
+    problem = _workload(lengths, 8, static_cp=4)
+    plans = plan_policies(problem, H100, ("cpbench", "static"), refused={})
+    ours, static = plans["cpbench"], plans["static"]
     for mb in ours.micro_batches:
         for g in mb.groups:  # each group at its longest sequence's minimum degree or more
-            assert g.degree >= costs.problem.min_degree(max(lengths[i] for i in g.sequences))
+            assert g.degree >= problem.min_degree(max(lengths[i] for i in g.sequences))
     short = [i for i, s in enumerate(lengths) if s <= 2048]
     at_one = {i for mb in ours.micro_batches for g in mb.groups if g.degree == 1
               for i in g.sequences}  # fmt: skip
@@ -164,7 +164,7 @@ def test_a_4k_sequence_batch_is_planned_in_well_under_a_second() -> None:
     lengths = global_batch(MEGATRON_BENCHMARK, 4096 * 1400, seed=7)[:4096]
     assert len(lengths) == 4096
     start = time.perf_counter()
-    cpbench_plan(SequenceCosts(_workload(lengths, 64, static_cp=4), H100))
+    plan_policies(_workload(lengths, 64, static_cp=4), H100, ("cpbench",), refused={})
     seconds = time.perf_counter() - start
     # 0.3-0.4 s measured here on a shared 2-core VM (the predictions behind the prices
     # included); the bound leaves room for a loaded CI machine

@@ -273,7 +273,7 @@ def _single_curve(name: str, family: str) -> dict[str, Any]:
 def test_single_curve_profiles_still_load(name: str, family: str) -> None:
     old = profile_from_dict(_single_curve(name, family), origin="old.toml")
     new = load_profile(name)
-    assert old.default_kernel == family and old.kernel_curves == {}
+    assert old.default_kernel == family and list(old.kernels.given) == [family]
     assert old.efficiency == new.curve(family)
     # one curve serves every kernel, as before kernel families
     for kernel in ("auto", "sdpa", "naive", "flash_attn", "flash_attn3", "cudnn"):
@@ -323,7 +323,7 @@ def test_hopper_profiles_default_to_flash_attention_2_with_cited_curves() -> Non
     for name in ("h100-sxm", "h200-sxm"):
         profile = load_profile(name)
         assert profile.default_kernel == "flash_attn"
-        assert {"flash_attn", "flash_attn3", "cudnn"} <= set(profile.curves)
+        assert {"flash_attn", "flash_attn3", "cudnn"} <= set(profile.kernels.given)
         for family in ("flash_attn", "flash_attn3", "cudnn"):
             assert "arXiv:2407.08608" in profile.curve(family).source
         fa2, fa3 = profile.curve("flash_attn"), profile.curve("flash_attn3")

@@ -24,11 +24,10 @@ from cpbench.model.flops import (
     imbalance,
     layout_work,
     phase_factor,
-    range_pairs,
     ring_rank_pairs,
-    ring_rank_positions,
     ring_step_pairs,
 )
+from tests.flops_reference import range_pairs, ring_rank_positions
 
 FAST = settings(max_examples=50, deadline=None)
 

@@ -15,9 +15,7 @@ from cpbench.config.vocabulary import GLOBAL_LAYOUTS as LAYOUTS
 from cpbench.config.vocabulary import PASSES, canonical_dtype, dtype_bytes
 from cpbench.errors import CpbenchError
 from cpbench.model.formulas import (
-    algbw,
     bandwidths,
-    busbw,
     busbw_factor,
     comm_volume,
     same_bytes,
@@ -275,13 +273,12 @@ def test_formula_text_is_specialised_per_scheme() -> None:
 
 
 def test_nccl_bandwidth_helpers() -> None:
-    assert algbw(1e9, 0.5) == 2e9
-    assert busbw(2e9, "all_to_all", 8) == pytest.approx(2e9 * 7 / 8)
-    assert busbw(2e9, "send_recv", 2) == 2e9
+    assert bandwidths(1e9, 0.5, "all_to_all", 8) == pytest.approx((2e9, 2e9 * 7 / 8))
+    assert bandwidths(1e9, 0.5, "send_recv", 2) == (2e9, 2e9)
     assert busbw_factor("all_to_all", 1) == 0
     assert bandwidths(1e9, 1.0, "all_to_all", 4) == (1e9, 0.75e9)
     with pytest.raises(CpbenchError, match="0"):
-        algbw(1e9, 0)
+        bandwidths(1e9, 0, "send_recv", 2)
     with pytest.raises(CpbenchError, match="broadcast"):
         busbw_factor("broadcast", 4)  # type: ignore[arg-type]
     with pytest.raises(CpbenchError, match="0"):

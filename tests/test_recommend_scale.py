@@ -32,13 +32,14 @@ from cpbench.errors import CpbenchError
 from cpbench.model.cost import prediction, schemes, work
 from cpbench.model.flops import (
     LayoutWork,
-    chunk_pairs,
     imbalance,
     layout_work,
     ring_step_pairs,
 )
 from cpbench.model.hardware.loading import load_profile
 from cpbench.model.topology import Placement, placement
+from tests.flops_reference import chunk_pairs
+from tests.geometry_reference import balance_score, balanced_shards
 
 H100 = load_profile("h100-sxm")
 CPU = load_profile("cpu-local")
@@ -97,7 +98,7 @@ def new_aggregates(w: LayoutWork) -> dict[str, Any]:
         "max_ring_rank_pairs": w.max_ring_rank_pairs,
         "own_pairs": tuple(w.own_pairs(j) for j in range(w.ring)),
         "step_max_pairs": w.step_max_pairs,
-        "step_mean_pairs": w.step_mean_pairs,
+        "step_mean_pairs": tuple(mean for _, mean in w.step_stats),
         "busiest_step_sum": w.busiest_step_sum,
         "padding_fraction": w.padding_fraction,
     }
@@ -348,9 +349,9 @@ def every_threshold_balanced(mask: Any, seq_len: int, ring: int) -> Any:
     thresholds = sorted({seq_len + 1, shard, max(shard // 2, 1), max(shard // 4, 1), 2 * ring})
     best = None
     for long_doc in thresholds:
-        shards = geometry._balanced(mask, seq_len, ring, long_doc)
+        shards = balanced_shards(mask, seq_len, ring, long_doc)
         schedule = geometry._schedule(mask, shards, ring)
-        score = (geometry.balance_score(schedule), schedule.steps)
+        score = (balance_score(schedule), schedule.steps)
         if best is None or score < best[0]:
             best = (score, shards)
     assert best is not None

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from cpbench.config.constraints import AttentionShape, seq_divisor
-from cpbench.config.geometry import Packing, pack, ring_counts, row_work
+from cpbench.config.geometry import pack, ring_counts, row_work
 from cpbench.config.masks import MaskSpec
 from cpbench.config.problem import CpProblem, check_choice, check_positive_int
 from cpbench.config.vocabulary import GLOBAL_LAYOUTS, LAYOUTS, PASS_TOTALS
@@ -73,28 +73,7 @@ def total_pairs(seq_len: int, causal: bool) -> Fraction:
     return Fraction(seq_len * seq_len, 2) if causal else Fraction(seq_len * seq_len)
 
 
-# ------------------------------------------------------------------------------ positions
-
-
-def ring_rank_positions(seq_len: int, ring: int, layout: str, ring_rank: int) -> tuple[range, ...]:
-    """Token positions held by a ring rank under a layout, as ranges (striped: one strided)."""
-    _check_ring_layout(seq_len, ring, layout)
-    if not 0 <= ring_rank < ring:
-        raise CpbenchError(f"ring rank {ring_rank} is outside 0..{ring - 1}")
-    shard = seq_len // ring
-    if layout not in GLOBAL_LAYOUTS:
-        runs = pack(MaskSpec(), seq_len, 1, ring, layout).shards[ring_rank]
-        return tuple(range(r.start, r.last + 1, r.stride) for r in runs)
-    if layout == "contiguous":
-        return (range(ring_rank * shard, (ring_rank + 1) * shard),)
-    if layout == "zigzag":
-        chunk = seq_len // (2 * ring)
-        first, second = ring_rank, 2 * ring - 1 - ring_rank
-        return (
-            range(first * chunk, (first + 1) * chunk),
-            range(second * chunk, (second + 1) * chunk),
-        )
-    return (range(ring_rank, seq_len, ring),)
+# ------------------------------------------------------------------------- pair counting
 
 
 def _check_ring_layout(seq_len: int, ring: int, layout: str) -> None:
@@ -109,66 +88,6 @@ def _check_ring_layout(seq_len: int, ring: int, layout: str) -> None:
         )
 
 
-# ---------------------------------------------------------------------------- pair counting
-
-
-def range_pairs(query: range, key: range, causal: bool = True) -> Fraction:
-    """Attended pairs between a contiguous query range and a contiguous key range."""
-    if query.step != 1 or key.step != 1:
-        raise CpbenchError("range_pairs needs contiguous ranges (step 1)")
-    if not causal:
-        return Fraction(len(query) * len(key))
-    below = _keys_below_sum(query.start, query.stop, key.start, key.stop)
-    overlap = max(0, min(query.stop, key.stop) - max(query.start, key.start))
-    return below + Fraction(overlap, 2)
-
-
-def _keys_below_sum(q_lo: int, q_hi: int, k_lo: int, k_hi: int) -> int:
-    """Sum over queries q in [q_lo, q_hi) of the keys k in [k_lo, k_hi) with k < q."""
-    width = k_hi - k_lo
-    # queries in (k_lo, k_hi) see q - k_lo keys: an arithmetic series
-    lo, hi = max(q_lo, k_lo + 1), min(q_hi, k_hi)
-    partial = (hi - lo) * ((lo - k_lo) + (hi - 1 - k_lo)) // 2 if hi > lo else 0
-    # queries at or after k_hi see all `width` keys
-    full = max(0, q_hi - max(q_lo, k_hi)) * width
-    return partial + full
-
-
-def striped_pairs(shard: int, query_rank: int, key_rank: int, causal: bool = True) -> Fraction:
-    """Pairs between the striped shards of two ring ranks (`shard` = L/R tokens each).
-
-    Query positions `j + R*k`, key positions `i + R*l`: the key is earlier when `l <= k` for
-    `i < j` (n(n+1)/2 pairs), when `l < k` for `i > j` (n(n-1)/2), and for `i == j` the n(n-1)/2
-    earlier keys plus the diagonal n/2 make n^2/2.
-    """
-    n = shard
-    if not causal:
-        return Fraction(n * n)
-    if key_rank < query_rank:
-        return Fraction(n * (n + 1), 2)
-    if key_rank > query_rank:
-        return Fraction(n * (n - 1), 2)
-    return Fraction(n * n, 2)
-
-
-def chunk_pairs(
-    seq_len: int, ring: int, layout: str, query_rank: int, key_rank: int, causal: bool = True
-) -> Fraction:
-    """Pairs ring rank `query_rank` computes against the K/V shard of ring rank `key_rank`."""
-    if layout not in GLOBAL_LAYOUTS:
-        _check_ring_layout(seq_len, ring, layout)
-        step = (query_rank - key_rank) % ring
-        return masked_step_pairs(MaskSpec(causal=causal), seq_len, 1, ring, layout)[step][
-            query_rank
-        ]
-    if layout == "striped":
-        _check_ring_layout(seq_len, ring, layout)
-        return striped_pairs(seq_len // ring, query_rank, key_rank, causal)
-    queries = ring_rank_positions(seq_len, ring, layout, query_rank)
-    keys = ring_rank_positions(seq_len, ring, layout, key_rank)
-    return sum((range_pairs(q, k, causal) for q in queries for k in keys), Fraction(0))
-
-
 @functools.lru_cache(maxsize=32)
 def ring_step_pairs(
     seq_len: int, ring: int, layout: str, causal: bool = True
@@ -176,9 +95,9 @@ def ring_step_pairs(
     """`[s][j]`: pairs ring rank j computes at ring step s (K/V of ring rank (j - s) mod R);
     R steps (a step the mask does not need is all zeros). Cached: R^2 exact pairs, the same
     for every head count and Ulysses degree (`cpbench plan` prices many meshes of one ring).
-    Global layouts in closed form (`chunk_pairs`' values, n = L/R): full n^2 everywhere; causal
-    step 0 n^2/2; a later step s: contiguous n^2 for j >= s, else 0; zigzag n^2/2 (half of each
-    chunk pair); striped n(n+1)/2 for j >= s (the key rank is earlier), else n(n-1)/2."""
+    Global layouts in closed form (n = L/R): full n^2 everywhere; causal step 0 n^2/2; a
+    later step s: contiguous n^2 for j >= s, else 0; zigzag n^2/2 (half of each chunk pair);
+    striped n(n+1)/2 for j >= s (the key rank is earlier), else n(n-1)/2."""
     _check_ring_layout(seq_len, ring, layout)
     if layout not in GLOBAL_LAYOUTS:
         steps = masked_step_pairs(MaskSpec(causal=causal), seq_len, 1, ring, layout)
@@ -209,15 +128,7 @@ def ring_rank_pairs(
     if layout not in GLOBAL_LAYOUTS:
         steps = masked_step_pairs(MaskSpec(causal=causal), seq_len, 1, ring, layout)
         return _column_sums(steps, ring)
-    n = seq_len // ring
-    if not causal:
-        return tuple(Fraction(seq_len * n) for _ in range(ring))
-    if layout == "contiguous":
-        return tuple(n * n * (j + Fraction(1, 2)) for j in range(ring))
-    if layout == "zigzag":
-        chunk = seq_len // (2 * ring)
-        return tuple(Fraction(2 * ring * chunk * chunk) for _ in range(ring))
-    return tuple(Fraction(ring * n * (n - 1), 2) + j * n + Fraction(n, 2) for j in range(ring))
+    return tuple(_plain_rank_pairs(seq_len, ring, layout, causal, j) for j in range(ring))
 
 
 def _column_sums(steps: tuple[tuple[Fraction, ...], ...], ring: int) -> tuple[Fraction, ...]:
@@ -227,36 +138,19 @@ def _column_sums(steps: tuple[tuple[Fraction, ...], ...], ring: int) -> tuple[Fr
 # ------------------------------------------------------------------------- masked geometry
 
 
-def uses_closed_form(mask: MaskSpec, layout: str) -> bool:
-    """Causal or full attention over one sequence on a global layout: the closed forms apply
-    (every ring step runs, no padding)."""
-    return mask.plain and layout in GLOBAL_LAYOUTS
-
-
-def _layout_packing(mask: MaskSpec, seq_len: int, ulysses: int, ring: int, layout: str) -> Packing:
-    """The mask geometry's packing (`cpbench.config.geometry.pack`, cached); CpbenchError when
-    the layout cannot cut the sequence."""
-    check_choice("layout", layout, LAYOUTS)
-    return pack(mask, seq_len, ulysses, ring, layout)
-
-
 def masked_step_pairs(
     mask: MaskSpec, seq_len: int, ulysses: int, ring: int, layout: str
 ) -> tuple[tuple[Fraction, ...], ...]:
     """`[s][j]` for the `steps` ring steps the mask needs: ring rank j's pairs at step s from
     `ring_counts(pack(...))` (the schedule's, without its pieces), the diagonal's half taken
-    off at step 0 (causal)."""
-    schedule = ring_counts(_layout_packing(mask, seq_len, ulysses, ring, layout))
-    rows = []
-    for t in range(schedule.steps):
-        row = []
-        for j in range(ring):
-            pairs = Fraction(schedule.pairs[j][t])
-            if t == 0 and schedule.causal:
-                pairs -= Fraction(schedule.own_tokens[j], 2)
-            row.append(pairs)
-        rows.append(tuple(row))
-    return tuple(rows)
+    off at step 0 (causal); CpbenchError when the layout cannot cut the sequence."""
+    check_choice("layout", layout, LAYOUTS)
+    schedule = ring_counts(pack(mask, seq_len, ulysses, ring, layout))
+    diagonal = [Fraction(n, 2) if schedule.causal else 0 for n in schedule.own_tokens]
+    return tuple(
+        tuple(Fraction(schedule.pairs[j][t]) - (diagonal[j] if t == 0 else 0) for j in range(ring))
+        for t in range(schedule.steps)
+    )
 
 
 def imbalance(values: tuple[float, ...] | list[float]) -> float:
@@ -438,11 +332,6 @@ class LayoutWork:
         return tuple(busiest for busiest, _ in self.step_stats)
 
     @property
-    def step_mean_pairs(self) -> tuple[Fraction, ...]:
-        """Mean pairs over the ring ranks at each ring step."""
-        return tuple(mean for _, mean in self.step_stats)
-
-    @property
     def busiest_step_sum(self) -> Fraction:
         """Sum over ring steps of the busiest rank's pairs: what a synchronous ring waits for."""
         return sum(self.step_max_pairs, Fraction(0))
@@ -462,32 +351,37 @@ def _plain_rank_pairs(seq_len: int, ring: int, layout: str, causal: bool, j: int
 
 
 @functools.lru_cache(maxsize=256)
-def plain_step_stats(
+def _plain_step_ratios(
     seq_len: int, ring: int, layout: str, causal: bool
-) -> tuple[tuple[Fraction, Fraction], ...]:
-    """(busiest, mean) of each step of `ring_step_pairs` in closed form, n = L/R: full n^2;
-    causal step 0 n^2/2; a later step s: contiguous (n^2, (R-s)n^2/R), zigzag (n^2/2, n^2/2),
-    striped (n(n+1)/2, ((R-s) n(n+1)/2 + s n(n-1)/2) / R)."""
+) -> tuple[tuple[tuple[int, int], tuple[int, int]], ...]:
+    """(busiest, mean) pairs of each step of `ring_step_pairs` in closed form, each an integer
+    (numerator, denominator), n = L/R: full n^2; causal step 0 n^2/2; a later step s:
+    contiguous (n^2, (R-s)n^2/R), zigzag (n^2/2, n^2/2), striped (n(n+1)/2,
+    ((R-s) n(n+1)/2 + s n(n-1)/2) / R)."""
     _check_ring_layout(seq_len, ring, layout)
     if layout not in GLOBAL_LAYOUTS:
         raise CpbenchError(f"layout {layout!r} has no closed form: its work is the mask's")
     n = seq_len // ring
     if not causal:
-        full = (Fraction(n * n), Fraction(n * n))
-        return (full,) * ring
-    half = Fraction(n * n, 2)
+        return (((n * n, 1), (n * n, 1)),) * ring
+    half = (n * n, 2)
     if layout == "zigzag":
         return ((half, half),) * ring
     if layout == "contiguous":
-        square = Fraction(n * n)
-        return ((half, half),) + tuple(
-            (square, Fraction(n * n * (ring - s), ring)) for s in range(1, ring)
-        )
-    after, before = n * (n + 1), n * (n - 1)
-    busiest = Fraction(after, 2)
-    return ((half, half),) + tuple(
-        (busiest, Fraction(after * (ring - s) + before * s, 2 * ring)) for s in range(1, ring)
-    )
+        later = (((n * n, 1), (n * n * (ring - s), ring)) for s in range(1, ring))
+    else:
+        after, before = n * (n + 1), n * (n - 1)
+        later = (((after, 2), (after * (ring - s) + before * s, 2 * ring)) for s in range(1, ring))
+    return ((half, half), *later)
+
+
+@functools.lru_cache(maxsize=256)
+def plain_step_stats(
+    seq_len: int, ring: int, layout: str, causal: bool
+) -> tuple[tuple[Fraction, Fraction], ...]:
+    """(busiest, mean) pairs of each step of `ring_step_pairs`, exact (`_plain_step_ratios`)."""
+    ratios = _plain_step_ratios(seq_len, ring, layout, causal)
+    return tuple((Fraction(*busiest), Fraction(*mean)) for busiest, mean in ratios)
 
 
 def plain_step_scaled(
@@ -496,26 +390,12 @@ def plain_step_scaled(
     """`plain_step_stats` times `scale` (FLOPs per pair), as floats: each the one correctly
     rounded integer division of the exact product (what float(pairs * scale) gives), without
     building a Fraction per step."""
-    _check_ring_layout(seq_len, ring, layout)
-    if layout not in GLOBAL_LAYOUTS:
-        raise CpbenchError(f"layout {layout!r} has no closed form: its work is the mask's")
     num, den = scale.numerator, scale.denominator
-    square = (seq_len // ring) ** 2 * num
-    if not causal:
-        full = square / den
-        return ((full, full),) * ring
-    half = square / (2 * den)
-    own = (half, half)
-    if layout == "zigzag":
-        return (own,) * ring
-    if layout == "contiguous":
-        busiest, wide = square / den, ring * den
-        return (own,) + tuple((busiest, square * (ring - s) / wide) for s in range(1, ring))
-    n = seq_len // ring
-    after, before = n * (n + 1) * num, n * (n - 1) * num
-    busiest, wide = after / (2 * den), 2 * ring * den
-    return (own,) + tuple(
-        (busiest, (after * (ring - s) + before * s) / wide) for s in range(1, ring)
+    return tuple(
+        (busiest * num / (busiest_den * den), mean * num / (mean_den * den))
+        for (busiest, busiest_den), (mean, mean_den) in _plain_step_ratios(
+            seq_len, ring, layout, causal
+        )
     )
 
 
@@ -531,9 +411,8 @@ def layout_work(problem: CpProblem) -> LayoutWork:
             f"{ulysses} x {ring} mesh"
         )
     mask = problem.mask
-    if uses_closed_form(mask, layout):
+    if mask.plain and layout in GLOBAL_LAYOUTS:  # one causal or full sequence: closed forms
         return LayoutWork(seq_len, ulysses, ring, layout, mask.causal, None, mask)
-    packing = _layout_packing(mask, seq_len, ulysses, ring, layout)
     steps = masked_step_pairs(mask, seq_len, ulysses, ring, layout)
     return LayoutWork(
         seq_len,
@@ -543,7 +422,7 @@ def layout_work(problem: CpProblem) -> LayoutWork:
         mask.causal,
         steps,
         mask.for_length(seq_len) if mask.has_documents else mask,
-        packing.seq_len,
+        pack(mask, seq_len, ulysses, ring, layout).seq_len,
         mask_pairs(mask, seq_len),
     )
 

@@ -18,7 +18,6 @@ from cpbench.errors import CpbenchError
 FP32_BYTES = 4
 """Bytes per element of the fp32 accumulators (dK/dV travelling the ring, outputs, LSE)."""
 
-"""The passes the communication is counted for (the name `cpbench.render.formulas` reads)."""
 Stage = Literal["ulysses", "ring", "all_gather"]
 """Where a collective runs: the Ulysses all-to-alls, the ring hops, or the all-gather of the
 ring axis (`cp_comm = "all_gather"`)."""
@@ -298,23 +297,28 @@ def _ring_hops(config: CpProblem, name: str, phase: Pass, hops: int, fp32: bool)
     )
 
 
-def ring_stage(config: CpProblem, phase: Pass) -> StageVolume | None:
-    """The ring hops of a phase; None when R == 1."""
+def ring_axis_stage(config: CpProblem, phase: Pass) -> StageVolume | None:
+    """The ring axis of a phase: the ring hops, or (`cp_comm = "all_gather"`) the all-gather
+    and the backward reduce-scatter; None when R == 1."""
     check_choice("phase", phase, PASSES)
-    r = config.ring
-    if r == 1:
+    if config.ring == 1:
         return None
-    width = _ring_kv_width_symbol(config)
-    length, hops = _length_symbol(config), _kv_hops_symbol(config)
-    kv = _ring_hops(config, "p2p_kv", phase, config.kv_hops, fp32=False)
-    kv_formula = f"2*B*{length}*{width}*{hops}/R"
-    if phase == "forward" or config.dkv_hops == 0:
-        return StageVolume("ring", phase, (kv,), kv_formula, f"e*{kv_formula}")
-    dkv = _ring_hops(config, "p2p_dkv", phase, config.dkv_hops, fp32=True)
-    formula = f"2*{kv_formula}"
-    dkv_formula = f"4*{kv_formula}"
-    bytes_formula = f"e*{kv_formula} + {dkv_formula}"
-    return StageVolume("ring", phase, (kv, dkv), formula, bytes_formula)
+    gather = config.all_gather
+    hops = "(R-1)" if gather else _kv_hops_symbol(config)
+    kv_formula = f"2*B*{_length_symbol(config)}*{_ring_kv_width_symbol(config)}*{hops}/R"
+    stage: Stage = "all_gather" if gather else "ring"
+    if gather:
+        kv = _gather_collective(config, "ag_kv", phase, "all_gather", fp32=False)
+    else:
+        kv = _ring_hops(config, "p2p_kv", phase, config.kv_hops, fp32=False)
+    if phase == "forward" or (not gather and config.dkv_hops == 0):
+        return StageVolume(stage, phase, (kv,), kv_formula, f"e*{kv_formula}")
+    if gather:
+        dkv = _gather_collective(config, "rs_dkv", phase, "reduce_scatter", fp32=True)
+    else:
+        dkv = _ring_hops(config, "p2p_dkv", phase, config.dkv_hops, fp32=True)
+    bytes_formula = f"e*{kv_formula} + 4*{kv_formula}"
+    return StageVolume(stage, phase, (kv, dkv), f"2*{kv_formula}", bytes_formula)
 
 
 def _gather_collective(
@@ -339,50 +343,18 @@ def _gather_collective(
     )
 
 
-def gather_stage(config: CpProblem, phase: Pass) -> StageVolume | None:
-    """The all-gather (and backward reduce-scatter) of the ring axis; None unless
-    `cp_comm = "all_gather"` with R > 1."""
-    check_choice("phase", phase, PASSES)
-    if not config.all_gather:
-        return None
-    width, length = _ring_kv_width_symbol(config), _length_symbol(config)
-    kv_formula = f"2*B*{length}*{width}*(R-1)/R"
-    kv = _gather_collective(config, "ag_kv", phase, "all_gather", fp32=False)
-    if phase == "forward":
-        return StageVolume("all_gather", phase, (kv,), kv_formula, f"e*{kv_formula}")
-    dkv = _gather_collective(config, "rs_dkv", phase, "reduce_scatter", fp32=True)
-    formula = f"2*2*B*{length}*{width}*(R-1)/R"
-    bytes_formula = f"e*{kv_formula} + 4*{kv_formula}"
-    return StageVolume("all_gather", phase, (kv, dkv), formula, bytes_formula)
-
-
 def comm_volume(config: CpProblem) -> CommVolume:
     """Per-rank communication of a configuration, forward and backward: the Ulysses
     all-to-alls, then the ring hops or (cp_comm all_gather) the all-gather stage."""
-    ring_axis = gather_stage if config.all_gather else ring_stage
-    forward = (ulysses_stage(config, "forward"), ring_axis(config, "forward"))
-    backward = (ulysses_stage(config, "backward"), ring_axis(config, "backward"))
-    return CommVolume(
-        config,
-        tuple(s for s in forward if s is not None),
-        tuple(s for s in backward if s is not None),
-    )
+
+    def stages(phase: Pass) -> tuple[StageVolume, ...]:
+        found = (ulysses_stage(config, phase), ring_axis_stage(config, phase))
+        return tuple(stage for stage in found if stage is not None)
+
+    return CommVolume(config, stages("forward"), stages("backward"))
 
 
 # ---------------------------------------------------------------------- nccl-tests bandwidth
-
-
-def algbw(size_bytes: float, seconds: float) -> float:
-    """nccl-tests algorithm bandwidth in bytes/s: the `size` of a call over its time.
-
-    For an all-to-all `size` is the whole buffer a rank hands in, its own part included
-    (`CollectiveVolume.bytes_per_call`); for send/recv it is the message.
-    """
-    if seconds <= 0:
-        raise CpbenchError(f"time must be positive to compute a bandwidth, got {seconds} s")
-    if size_bytes < 0:
-        raise CpbenchError(f"size must be non-negative, got {size_bytes} bytes")
-    return size_bytes / seconds
 
 
 def busbw_factor(kind: VolumeKind, group_size: int) -> Fraction:
@@ -400,17 +372,19 @@ def busbw_factor(kind: VolumeKind, group_size: int) -> Fraction:
     )
 
 
-def busbw(algbw_bytes_per_s: float, kind: VolumeKind, group_size: int) -> float:
-    """nccl-tests bus bandwidth from the algorithm bandwidth."""
-    return algbw_bytes_per_s * float(busbw_factor(kind, group_size))
-
-
 def bandwidths(
     size_bytes: float, seconds: float, kind: VolumeKind, group_size: int
 ) -> tuple[float, float]:
-    """(algbw, busbw) in bytes/s of one call of `size_bytes` that took `seconds`."""
-    alg = algbw(size_bytes, seconds)
-    return alg, busbw(alg, kind, group_size)
+    """(algbw, busbw) in bytes/s of one call of `size_bytes` that took `seconds`, as nccl-tests
+    reports them: algbw = size / time (an all-to-all's `size` is the whole buffer a rank hands
+    in, its own part included, `CollectiveVolume.bytes_per_call`; send/recv's the message),
+    busbw = algbw x `busbw_factor`."""
+    if seconds <= 0:
+        raise CpbenchError(f"time must be positive to compute a bandwidth, got {seconds} s")
+    if size_bytes < 0:
+        raise CpbenchError(f"size must be non-negative, got {size_bytes} bytes")
+    alg = size_bytes / seconds
+    return alg, alg * float(busbw_factor(kind, group_size))
 
 
 HOPS_NOTE = (

@@ -5,6 +5,7 @@ The sharding (zigzag new tokens, a contiguous cache) and each scheme's hops: doc
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 
 from cpbench.config.inference import (
     InferenceStep,
@@ -12,7 +13,7 @@ from cpbench.config.inference import (
     prefill_rule,
     ulysses_kv_heads,
 )
-from cpbench.config.problem import CpProblem
+from cpbench.config.problem import CpProblem, check_choice
 from cpbench.config.vocabulary import (  # the literals live in the one vocabulary
     CACHE_LAYOUTS,
     DECODE_MERGES,
@@ -33,10 +34,7 @@ LSE_BYTES = FP32_BYTES
 
 def check_scheme(scheme: str) -> PrefillScheme:
     """`scheme` as a `PrefillScheme`; CpbenchError naming it when it is none."""
-    for s in PREFILL_SCHEMES:
-        if scheme == s:
-            return s
-    raise CpbenchError(f"prefill scheme {scheme!r} is not one of {', '.join(PREFILL_SCHEMES)}")
+    return check_choice("prefill scheme", scheme, PREFILL_SCHEMES)
 
 
 def split_sizes(n: int, parts: int) -> tuple[int, ...]:
@@ -50,10 +48,7 @@ def split_sizes(n: int, parts: int) -> tuple[int, ...]:
 
 def split_starts(n: int, parts: int) -> tuple[int, ...]:
     """Start offset of each shard of `split_sizes(n, parts)` (and n at the end)."""
-    starts = [0]
-    for size in split_sizes(n, parts):
-        starts.append(starts[-1] + size)
-    return tuple(starts)
+    return tuple(accumulate(split_sizes(n, parts), initial=0))
 
 
 DEFAULT_NEW_TOKEN_LAYOUT: NewTokenLayout = "zigzag"
@@ -66,12 +61,7 @@ start is its first)."""
 
 def check_new_token_layout(layout: str) -> NewTokenLayout:
     """`layout` as a `NewTokenLayout`; CpbenchError naming it when it is none."""
-    for known in NEW_TOKEN_LAYOUTS:
-        if layout == known:
-            return known
-    raise CpbenchError(
-        f"new-token layout {layout!r} is not one of {', '.join(NEW_TOKEN_LAYOUTS)}"
-    )
+    return check_choice("new-token layout", layout, NEW_TOKEN_LAYOUTS)
 
 
 def new_token_segments(
@@ -155,10 +145,6 @@ class PrefillCase:
         """Tokens of the padded K/V chunk (the most cache + new tokens a rank holds)."""
         return kv_block(self.cached_len, self.new_tokens, self.world, self.new_token_layout)
 
-    @property
-    def element_bytes(self) -> int:
-        return self.problem.bytes_per_element
-
 
 def kv_block(cached_len: int, new_tokens: int, world: int, layout: NewTokenLayout) -> int:
     """Tokens of the padded K/V chunk that travels: the most cache + new tokens one rank
@@ -172,7 +158,7 @@ def prefill_bytes(case: PrefillCase) -> dict[str, int]:
     """Bytes one rank sends per collective tag in the forward (the tags `ByteCounter` records:
     p2p_kv, p2p_q, a2a_out, a2a_lse, allgather_kv, a2a_q, a2a_kv). All-to-all counts what a
     rank hands in less its own 1/W share; an all-gather counts the W - 1 chunks that reach it."""
-    p, w, e = case.problem, case.world, case.element_bytes
+    p, w, e = case.problem, case.world, case.problem.bytes_per_element
     if w == 1:
         return {}
     b, h, hkv, d = p.batch, p.heads, p.kv_heads, p.head_dim
@@ -197,10 +183,7 @@ def prefill_bytes(case: PrefillCase) -> dict[str, int]:
 
 def check_cache_layout(layout: str) -> CacheLayout:
     """`layout` as a `CacheLayout`; CpbenchError naming it when it is none."""
-    for known in CACHE_LAYOUTS:
-        if layout == known:
-            return known
-    raise CpbenchError(f"cache layout {layout!r} is not one of {', '.join(CACHE_LAYOUTS)}")
+    return check_choice("cache layout", layout, CACHE_LAYOUTS)
 
 
 def cache_shard_len(total: int, world: int, rank: int, layout: CacheLayout) -> int:
@@ -236,35 +219,29 @@ def prefill_kv_bytes_per_rank(case: PrefillCase) -> int:
     case's layout), x 2 (K and V) x KV heads x head dim x element bytes x batch. Not always
     ceil((P + T) / W): P = T = 3 on 2 ranks, contiguous, puts 2 + 2 tokens on rank 0."""
     p = case.problem
-    cache = split_sizes(case.cached_len, case.world)
-    new = new_token_counts(case.new_tokens, case.world, case.new_token_layout)
-    tokens = max(c + n for c, n in zip(cache, new, strict=True))
-    return p.batch * tokens * 2 * p.kv_heads * p.head_dim * case.element_bytes
+    return p.batch * case.kv_block * 2 * p.kv_heads * p.head_dim * p.bytes_per_element
 
 
 def longest_context(
-    memory_bytes: float, world: int, kv_heads: int, head_dim: int, dtype: str, layers: int
-) -> int:
-    """The most tokens whose KV cache over `layers` layers fits `memory_bytes` per rank when
-    sharded over `world` ranks (by sequence)."""
-    per_token = 2 * kv_heads * head_dim * dtype_bytes(dtype) * layers
+    memory_bytes: float, world: int, kv_heads: int, head_dim: int, dtype: str, layers: int,
+    batch: int = 1,
+) -> int:  # fmt: skip
+    """The most tokens per sequence whose KV cache over `layers` layers and `batch` sequences
+    fits `memory_bytes` per rank when sharded over `world` ranks (by sequence)."""
+    per_token = 2 * kv_heads * head_dim * dtype_bytes(dtype) * layers * batch
     return int(memory_bytes // per_token) * world
-
-
 
 
 def check_decode_merge(merge: str, heads: int, world: int) -> DecodeMerge:
     """`merge` as a `DecodeMerge`; CpbenchError naming the rule when it is none, or when an
     all_to_all merge cannot split the heads over the ranks."""
-    for known in DECODE_MERGES:
-        if merge == known:
-            if known == "all_to_all" and heads % world:
-                raise CpbenchError(
-                    f"the all_to_all decode merge splits {heads} heads over {world} ranks: "
-                    f"{heads} % {world} = {heads % world}, must be 0"
-                )
-            return known
-    raise CpbenchError(f"decode merge {merge!r} is not one of {', '.join(DECODE_MERGES)}")
+    known = check_choice("decode merge", merge, DECODE_MERGES)
+    if known == "all_to_all" and heads % world:
+        raise CpbenchError(
+            f"the all_to_all decode merge splits {heads} heads over {world} ranks: "
+            f"{heads} % {world} = {heads % world}, must be 0"
+        )
+    return known
 
 
 def decode_bytes(

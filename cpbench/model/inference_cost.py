@@ -22,6 +22,7 @@ from cpbench.model.inference import (
     check_decode_merge,
     decode_bytes,
     kv_cache_bytes_per_rank,
+    longest_context,
     prefill_bytes,
     prefill_pairs_per_rank,
     split_sizes,
@@ -117,17 +118,17 @@ def price_prefill(
     per_pair = flops_per_pair(problem.shape)
     busiest = max(prefill_pairs_per_rank(cached_len, new_tokens, world, case.new_token_layout))
     sent = prefill_bytes(case)
+    if world > 1 and scheme in ("pass_kv", "pass_q"):
+        return _ring_price(scheme, case, tier_name, tier, profile, problem, kernel, busiest, sent)
+    keys = cached_len + new_tokens
+    eff = _efficiency(profile, problem, kernel, keys)
+    rate = profile.peak_flops(problem.dtype) * eff
     if world == 1:
-        eff = profile.curve(profile.kernel_for(kernel, problem.dtype)).at(cached_len + new_tokens)
-        compute = busiest * per_pair / (profile.peak_flops(problem.dtype) * eff)
+        compute = busiest * per_pair / rate
         return PrefillPrice(scheme, 1, tier_name, compute + overhead, compute, 0.0, overhead,
                             kernel_efficiency=eff)  # fmt: skip
-    if scheme in ("pass_kv", "pass_q"):
-        return _ring_price(scheme, case, tier_name, tier, profile, problem, kernel, busiest, sent)
     if scheme == "all_gather":
-        keys = cached_len + new_tokens
-        eff = _efficiency(profile, problem, kernel, keys)
-        compute = busiest * per_pair / (profile.peak_flops(problem.dtype) * eff)
+        compute = busiest * per_pair / rate
         gather = tier.all_to_all.seconds(sent["allgather_kv"])
         own = compute * case.kv_block / max(1, keys)  # the own chunk's share of the keys
         first = overlapped(own, gather, profile.overlap)
@@ -135,10 +136,9 @@ def price_prefill(
         return PrefillPrice(scheme, world, tier_name, total, compute, first - own, 2 * overhead,
                             kernel_efficiency=eff, bytes_sent=sent)  # fmt: skip
     # ulysses: the whole causal prefill on H / W heads, all-to-alls exposed
-    keys = cached_len + new_tokens
-    eff = _efficiency(profile, problem, kernel, keys)
     pairs = new_tokens * cached_len + new_tokens * (new_tokens + 1) // 2
-    compute = pairs * per_pair / world / (profile.peak_flops(problem.dtype) * eff)
+    compute = pairs * per_pair / world / rate
+
     def exchange(sent: dict[str, int]) -> float:
         return tier.all_to_all.seconds(sent["a2a_q"] + sent["a2a_kv"], calls=2) + (
             tier.all_to_all.seconds(sent["a2a_out"])
@@ -365,10 +365,8 @@ def kv_capacity(context_len: int, problem: CpProblem, world: int, layers: int,
     held = layers * kv_cache_bytes_per_rank(
         context_len, world, problem.kv_heads, problem.head_dim, problem.dtype, problem.batch
     )
-    per_token = (
-        2 * problem.kv_heads * problem.head_dim * problem.bytes_per_element * layers * problem.batch
-    )
-    longest = int(budget_bytes // per_token) * world
+    longest = longest_context(
+        budget_bytes, world, problem.kv_heads, problem.head_dim, problem.dtype, layers,
+        problem.batch,
+    )  # fmt: skip
     return KvCapacity(world, held, budget_bytes, longest)
-
-

@@ -4,6 +4,7 @@ The items, stages and the all-gather's strides: docs/design.md section 2, "Memor
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from cpbench.config.constraints import seq_divisor
@@ -46,10 +47,7 @@ class MemoryItem:
     @property
     def elements(self) -> int:
         """Elements of the tensor."""
-        count = 1
-        for size in self.shape:
-            count *= size
-        return count
+        return math.prod(self.shape)
 
     @property
     def bytes(self) -> int:
@@ -91,9 +89,7 @@ class MemoryEstimate:
 
     def peak(self, phase: Passes) -> int:
         """Largest live bytes over the stages of the phase."""
-        check_choice("memory phase", phase, STEP_PASSES)
-        stages = [s for s in self.stages if phase == "forward_backward" or s in FORWARD_STAGES]
-        return max(self.stage_bytes(s) for s in stages)
+        return self.stage_bytes(self.peak_stage(phase))
 
     def peak_stage(self, phase: Passes) -> str:
         """The stage where the peak of the phase is reached."""
@@ -116,20 +112,20 @@ class _ItemBuilder:
         self.shapes = _tensor_shapes(config)
         self.items: list[MemoryItem] = []
 
-    def add(self, name: str, shape: str, first: str, last: str, note: str) -> None:
-        """An item of shape `self.shapes[shape]` in the input dtype, alive first..last."""
-        self._append(name, self.shapes[shape], self.config.dtype, first, last, note)
+    def add(
+        self, name: str, shape: str, first: str, last: str, note: str, dtype: str | None = None
+    ) -> None:
+        """An item of shape `self.shapes[shape]` in `dtype` (None: the input dtype), alive
+        first..last."""
+        lo, hi = STAGES.index(first), STAGES.index(last)
+        alive = tuple(s for s in self.stages if lo <= STAGES.index(s) <= hi)
+        self.items.append(
+            MemoryItem(name, self.shapes[shape], dtype or self.config.dtype, alive, note)
+        )
 
     def add_fp32(self, name: str, shape: str, first: str, last: str, note: str) -> None:
         """An fp32 item (accumulator, LSE) of shape `self.shapes[shape]`, alive first..last."""
-        self._append(name, self.shapes[shape], "float32", first, last, note)
-
-    def _append(
-        self, name: str, shape: tuple[int, ...], dtype: str, first: str, last: str, note: str
-    ) -> None:
-        lo, hi = STAGES.index(first), STAGES.index(last)
-        alive = tuple(s for s in self.stages if lo <= STAGES.index(s) <= hi)
-        self.items.append(MemoryItem(name, shape, dtype, alive, note))
+        self.add(name, shape, first, last, note, "float32")
 
 
 def memory_estimate(config: CpProblem) -> MemoryEstimate:

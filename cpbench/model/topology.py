@@ -211,8 +211,7 @@ def placement(ulysses: int, ring: int, devices_per_node: int, rank_stride: int =
     period = devices_per_node // math.gcd(ulysses * rank_stride, devices_per_node)
     peers = ulysses
     for j in range(min(ring, period)):
-        nodes = [node(j * ulysses + u) for u in range(ulysses)]
-        peers = min(peers, min(nodes.count(n) for n in set(nodes)))
+        peers = min(peers, *Counter(node(j * ulysses + u) for u in range(ulysses)).values())
     crossing = 0
     if ring > 1:
         for u in range(ulysses):
@@ -360,19 +359,11 @@ def describe(placement: TopologyPlacement, a2a_bytes: float, hop_bytes: float) -
     """Which tiers the all-to-all and the ring cross, and what bounds each (one sentence)."""
     parts = []
     if placement.ulysses > 1:
-        a2a = all_to_all_time(placement, a2a_bytes)
-        crossed = ", ".join(lt.kind for lt in a2a.levels)
-        parts.append(
-            f"the all-to-all over {placement.ulysses} ranks crosses {crossed}, bound by "
-            f"{a2a.bound_by} ({_bandwidth_text(a2a)})"
-        )
+        a2a = _route(all_to_all_time(placement, a2a_bytes), "bound by")
+        parts.append(f"the all-to-all over {placement.ulysses} ranks {a2a}")
     if placement.ring > 1:
-        hop = ring_hop_time(placement, hop_bytes)
-        crossed = ", ".join(lt.kind for lt in hop.levels)
-        parts.append(
-            f"the ring of {placement.ring} crosses {crossed}, its slowest hop bound by "
-            f"{hop.bound_by} ({_bandwidth_text(hop)})"
-        )
+        hop = _route(ring_hop_time(placement, hop_bytes), "its slowest hop bound by")
+        parts.append(f"the ring of {placement.ring} {hop}")
     if not parts:
         return "a single rank: no communication"
     no_p2p = [lv.kind for lv in placement.tiers if not lv.peer_to_peer]
@@ -380,10 +371,12 @@ def describe(placement: TopologyPlacement, a2a_bytes: float, hop_bytes: float) -
     return f"{placement.order} placement: " + "; ".join(parts) + tail
 
 
-def _bandwidth_text(t: CollectiveTime) -> str:
-    lt = t.levels[t.bounding]
+def _route(collective: CollectiveTime, bound: str) -> str:
+    """'crosses <levels>, <bound> <the bounding level> (<its rate per rank>)'."""
+    lt = collective.levels[collective.bounding]
     rate = lt.bytes_per_rank / lt.seconds / 1e9 if lt.seconds > 0 else math.inf
-    return f"{rate:.1f} GB/s per rank, GB = 1e9 bytes"
+    crossed = ", ".join(level.kind for level in collective.levels)
+    return f"crosses {crossed}, {bound} {collective.bound_by} ({rate:.1f} GB/s per rank, GB = 1e9 bytes)"
 
 
 # ---------------------------------------------------------------------- plan fabric

@@ -76,12 +76,12 @@ class TuneSettings:
     ruled_out_below: float = 0.01
     """An unmeasured candidate less likely than this to be faster than the pick is ruled out."""
     refit: Refit = "scale"
+    """How measurements correct the model (`Refit`)."""
     learn_sigma: bool = True
     """Update `candidate_sigma` by the spread the measured candidates show around the
     corrected model, once two are measured (`prior_weight`)."""
     prior_weight: float = 3.0
     """How many residuals the prior sigma is worth against the measured ones."""
-    """How measurements correct the model (`Refit`)."""
     samples: int = 20000
     """Monte Carlo draws of the posterior per decision."""
     seed: int = 0

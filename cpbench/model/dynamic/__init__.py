@@ -25,23 +25,15 @@ from cpbench.model.hardware.profile import HardwareProfile
 
 __all__ = [
     "POLICIES", "CpGroup", "DynamicProblem", "GroupedMicroBatch", "Policy", "PolicyPlan",
-    "SequenceCosts", "cpbench_plan", "greedy_plan", "megatron_plan", "plan_policies", "speedup",
-    "static_plan",
+    "SequenceCosts", "greedy_plan", "megatron_plan", "plan_policies", "speedup", "static_plan",
 ]  # fmt: skip
-
-def cpbench_plan(costs: SequenceCosts) -> PolicyPlan:
-    """cpbench's policy: the faster by the model of its greedy schedule (`greedy_plan`) and
-    Megatron's schedule, when Megatron's rule can plan the batch, with each group on its
-    fastest scheme (`reschemed`): never slower than Megatron's rule by the model that prices
-    both."""
-    try:
-        megatron = megatron_plan(costs)
-    except CpbenchError:
-        megatron = None
-    return _cpbench_of(costs, megatron)
 
 
 def _cpbench_of(costs: SequenceCosts, megatron: PolicyPlan | None) -> PolicyPlan:
+    """cpbench's policy: the faster by the model of its greedy schedule (`greedy_plan`) and
+    Megatron's schedule (when Megatron's rule can plan the batch) with each group on its
+    fastest scheme (`reschemed`): never slower than Megatron's rule by the model that prices
+    both."""
     options = [greedy_plan(costs)] + ([reschemed(costs, megatron)] if megatron else [])
     return min(options, key=lambda plan: plan.step_s)
 

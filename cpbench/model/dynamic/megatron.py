@@ -4,6 +4,7 @@ d48bd6b) reproduced, its groups priced like cpbench's. docs/dynamic-cp.md. Pure 
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -185,14 +186,11 @@ def megatron_schedule(
 def megatron_plan(costs: SequenceCosts) -> PolicyPlan:
     """The schedule's groups (runs of ranks with one list) priced as rings of their degree."""
     w = costs.problem
-    micro_batches = []
-    for ranks in megatron_schedule(w.lengths, w.world, w.tokens_per_rank):
-        groups, r = [], 0
-        while r < len(ranks):
-            run = r
-            while run < len(ranks) and ranks[run] == ranks[r]:
-                run += 1
-            groups.append(priced_group(costs, run - r, MEGATRON_SCHEME, ranks[r]))
-            r = run
-        micro_batches.append(GroupedMicroBatch(tuple(groups)))
+    micro_batches = [
+        GroupedMicroBatch(tuple(
+            priced_group(costs, len(list(run)), MEGATRON_SCHEME, ids)
+            for ids, run in itertools.groupby(ranks)
+        ))
+        for ranks in megatron_schedule(w.lengths, w.world, w.tokens_per_rank)
+    ]  # fmt: skip
     return PolicyPlan("megatron", tuple(micro_batches), w.world)

@@ -4,6 +4,7 @@ docs/dynamic-cp.md. Pure Python."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cache
@@ -142,11 +143,10 @@ class PolicyPlan:
     @property
     def degrees(self) -> dict[int, int]:
         """Sequences per CP degree."""
-        out: dict[int, int] = {}
-        for mb in self.micro_batches:
-            for g in mb.groups:
-                out[g.degree] = out.get(g.degree, 0) + len(g.sequences)
-        return dict(sorted(out.items()))
+        counts = Counter(
+            g.degree for mb in self.micro_batches for g in mb.groups for _ in g.sequences
+        )
+        return dict(sorted(counts.items()))
 
 
 @dataclass

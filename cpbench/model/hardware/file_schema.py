@@ -20,6 +20,7 @@ from cpbench.config.vocabulary import DTYPES
 from cpbench.errors import CpbenchError
 from cpbench.files import write_atomically
 from cpbench.model.hardware.profile import HardwareProfile, migrated_family
+from cpbench.reading import loads_toml
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -91,12 +92,15 @@ def _profile_error(exc: ValidationError, origin: str, legacy: str | None = None)
     return CpbenchError(f"hardware profile {origin}: {key} {text}")
 
 
-def profile_from_toml(content: str, origin: str = "<string>") -> HardwareProfile:
-    """Parse and validate a profile from TOML text."""
+def profile_from_toml(
+    content: str, origin: str = "<string>", name: str | None = None
+) -> HardwareProfile:
+    """Parse and validate a profile from TOML text; errors call it `name` (default `origin`)."""
+    where = f"hardware profile {name or origin} is not valid TOML"
     try:
-        data = tomllib.loads(content)
+        data = loads_toml(content, where)
     except tomllib.TOMLDecodeError as exc:
-        raise CpbenchError(f"hardware profile {origin} is not valid TOML: {exc}") from None
+        raise CpbenchError(f"{where}: {exc}") from None
     return profile_from_dict(data, origin)
 
 

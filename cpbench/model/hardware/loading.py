@@ -4,7 +4,6 @@ file by path, and the profile for a set of devices (`choose_profile`, cpbench's 
 from __future__ import annotations
 
 import functools
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -12,14 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from cpbench.errors import CpbenchError
-from cpbench.model.hardware.file_schema import profile_from_dict, profile_from_toml
+from cpbench.model.hardware.file_schema import profile_from_toml
 from cpbench.model.hardware.profile import HardwareProfile
-from cpbench.reading import loads_toml, read_text
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
+from cpbench.reading import read_text
 
 CPU_PROFILE = "cpu-local"
 """The profile of ranks that run on CPU."""
@@ -69,12 +63,7 @@ def load_profile(name_or_path: str | Path) -> HardwareProfile:
         return profile_from_toml(resource.read_text(encoding="utf-8"), origin="built-in")
     path = Path(text).expanduser()
     if path.is_file():
-        content = read_text(path, "hardware profile")
-        try:
-            data = loads_toml(content, f"hardware profile {text} is not valid TOML")
-        except tomllib.TOMLDecodeError as exc:
-            raise CpbenchError(f"hardware profile {text} is not valid TOML: {exc}") from None
-        return profile_from_dict(data, origin=str(path))
+        return profile_from_toml(read_text(path, "hardware profile"), str(path), name=text)
     raise CpbenchError(
         f"hardware {text!r} is neither a built-in profile ({', '.join(names)}) "
         f"nor an existing TOML file"

@@ -4,6 +4,7 @@ Its fields (compute, memory, links in nccl-tests terms, overheads): docs/design.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import functools
 import math
@@ -26,6 +27,7 @@ from pydantic.dataclasses import dataclass
 from pydantic_core import core_schema
 
 from cpbench.config.file_schema import problem, rule
+from cpbench.config.problem import check_choice
 from cpbench.config.vocabulary import (
     DTYPES,
     KERNEL_ALIASES,
@@ -101,10 +103,7 @@ COLLECTIVE_KINDS: tuple[CollectiveKind, ...] = get_args(CollectiveKind)
 
 def collective_kind(kind: str) -> CollectiveKind:
     """`kind` as a collective kind; CpbenchError naming the kinds when it is none."""
-    for known in COLLECTIVE_KINDS:
-        if known == kind:
-            return known
-    raise CpbenchError(f"collective kind {kind!r} is not one of {', '.join(COLLECTIVE_KINDS)}")
+    return check_choice("collective kind", kind, COLLECTIVE_KINDS)
 
 
 @dataclass(frozen=True, config=CONFIG)
@@ -319,13 +318,10 @@ class EfficiencyCurve:
             return self.values[0]
         if seq_len >= self.seq_lens[-1]:
             return self.values[-1]
-        x = math.log2(seq_len)
-        for i in range(1, len(self.seq_lens)):
-            if seq_len <= self.seq_lens[i]:
-                x0, x1 = math.log2(self.seq_lens[i - 1]), math.log2(self.seq_lens[i])
-                y0, y1 = self.values[i - 1], self.values[i]
-                return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
-        return self.values[-1]  # unreachable
+        i = bisect.bisect_left(self.seq_lens, seq_len)  # seq_lens[i - 1] < seq_len <= seq_lens[i]
+        x0, x1 = math.log2(self.seq_lens[i - 1]), math.log2(self.seq_lens[i])
+        y0, y1 = self.values[i - 1], self.values[i]
+        return y0 + (y1 - y0) * (math.log2(seq_len) - x0) / (x1 - x0)
 
 
 @dataclass(frozen=True, config=CONFIG)
@@ -584,11 +580,6 @@ class HardwareProfile:
         """Efficiency curve of the default kernel family (`default_kernel`)."""
         return self.kernels.given[self.kernels.default]
 
-    @property
-    def kernel_curves(self) -> dict[str, EfficiencyCurve]:
-        """Efficiency curves of the other kernel families, by family (`KernelFamily`)."""
-        return {k: v for k, v in self.kernels.given.items() if k != self.default_kernel}
-
     def peak_flops(self, dtype: str) -> float:
         """Peak dense FLOP/s of a dtype."""
         key = canonical_dtype(dtype)
@@ -599,11 +590,6 @@ class HardwareProfile:
                 f"hardware profile {self.name!r} has no peak TFLOP/s for {key} (it has {known})"
             )
         return peaks[key] * 1e12
-
-    @property
-    def curves(self) -> dict[str, EfficiencyCurve]:
-        """Every family's curve, the default family's first."""
-        return {self.default_kernel: self.efficiency, **self.kernel_curves}
 
     def has_curve(self, family: str) -> bool:
         """Whether the profile has a curve of its own for `family`."""
@@ -643,11 +629,8 @@ class HardwareProfile:
 
     def link(self, tier: LinkTier) -> LinkTierProfile:
         """The profile of a link tier."""
-        if tier == "intra_node":
-            return self.intra_node
-        if tier == "inter_node":
-            return self.inter_node
-        raise CpbenchError(f"link tier {tier!r} is not one of {', '.join(LINK_TIERS)}")
+        known = check_choice("link tier", tier, LINK_TIERS)
+        return self.intra_node if known == "intra_node" else self.inter_node
 
 
 def migrated_family(data: Mapping[str, Any]) -> KernelFamily:
@@ -690,7 +673,4 @@ def resolve_kernel_family(
 
 def kernel_family(name: str) -> KernelFamily:
     """`name` as a kernel family (no aliases); CpbenchError naming the families."""
-    for family in KERNEL_FAMILIES:
-        if family == name:
-            return family
-    raise CpbenchError(f"kernel family {name!r} is not one of {', '.join(KERNEL_FAMILIES)}")
+    return check_choice("kernel family", name, KERNEL_FAMILIES)

@@ -54,9 +54,8 @@ def with_curve(profile: HardwareProfile, family: str, curve: EfficiencyCurve) ->
 
 
 def with_default_kernel(profile: HardwareProfile, family: str) -> HardwareProfile:
-    """A copy whose default family (the one `efficiency` holds and `auto` runs) is `family`;
-    the old default's curve moves to `kernel_curves`, the new one's (or the old default's, when
-    it has none) to `efficiency`."""
+    """A copy whose default family (the one `efficiency` holds and `auto` runs) is `family`,
+    its curve the new one's (or the old default's, when it has none)."""
     known = kernel_family(family)
     if known == profile.default_kernel:
         return profile
