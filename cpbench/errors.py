@@ -19,8 +19,6 @@ class RunFailure(RuntimeError):
     """Running a valid configuration failed (a rank raised or died, a task timed out)."""
 
 
-EXIT_OK = 0
-"""Everything ran and every result is right."""
 EXIT_WRONG_RESULT = 1
 """A result failed its reference check, measured bytes differ from the analytic bytes, or the run
 itself failed (`RunFailure`)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -65,12 +66,14 @@ def _refusal(exc: BaseException) -> str:
     return str(exc)
 
 
-def loads_json(text: str, where: str) -> Any:
-    """`json.loads`, whose syntax errors pass through as `json.JSONDecodeError`; nesting deeper
-    than MAX_DEPTH or a number too long to read is a CpbenchError `where: the rule`."""
+def _parsed(
+    parse: Callable[[str], Any], syntax_error: type[Exception], text: str, where: str
+) -> Any:
+    """`parse(text)`, whose `syntax_error` passes through; nesting deeper than MAX_DEPTH or a
+    number too long to read is a CpbenchError `where: the rule`."""
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError:
+        data = parse(text)
+    except syntax_error:
         raise
     except (RecursionError, ValueError) as exc:
         raise CpbenchError(f"{where}: {_refusal(exc)}") from None
@@ -79,15 +82,11 @@ def loads_json(text: str, where: str) -> Any:
     return data
 
 
+def loads_json(text: str, where: str) -> Any:
+    """`json.loads` as `_parsed` checks it (syntax errors: `json.JSONDecodeError`)."""
+    return _parsed(json.loads, json.JSONDecodeError, text, where)
+
+
 def loads_toml(text: str, where: str) -> dict[str, Any]:
-    """`tomllib.loads`, whose syntax errors pass through as `tomllib.TOMLDecodeError`; nesting
-    deeper than MAX_DEPTH or a number too long to read is a CpbenchError `where: the rule`."""
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError:
-        raise
-    except (RecursionError, ValueError) as exc:
-        raise CpbenchError(f"{where}: {_refusal(exc)}") from None
-    if _too_deep(data):
-        raise CpbenchError(f"{where}: {_refusal(RecursionError())}")
-    return data
+    """`tomllib.loads` as `_parsed` checks it (syntax errors: `tomllib.TOMLDecodeError`)."""
+    return _parsed(tomllib.loads, tomllib.TOMLDecodeError, text, where)

@@ -5,6 +5,7 @@ padding span by span and the balanced placement piece by piece."""
 from __future__ import annotations
 
 from cpbench.config import geometry
+from cpbench.config.balanced import balanced_table
 from cpbench.config.masks import MaskSpec
 
 
@@ -85,3 +86,19 @@ def reference_balanced(
     for start, length in short:
         place(start, length, min((r for r in range(ring) if room[r]), key=lambda r: (load[r], r)))
     return tuple(merge_runs(runs) for runs in owned)
+
+
+def balanced_shards(
+    mask: MaskSpec, seq_len: int, ring: int, long_doc: int
+) -> tuple[geometry.Shard, ...]:
+    """The shards of `balanced_table` (cpbench.config.balanced: the placement)."""
+    return geometry.table_shards(balanced_table(mask, seq_len, ring, long_doc))
+
+
+def balance_score(schedule: geometry.RingSchedule) -> int:
+    """`geometry.counts_score`'s score piece by piece: the ring's busiest-step work sum plus the
+    busiest rank's kernel calls at `CALL_COST_PAIRS` each."""
+    ring = len(schedule.pieces)
+    busiest = sum(max(schedule.pairs(j, t) for j in range(ring)) for t in range(schedule.steps))
+    calls = max(sum(len(ps) for ps in schedule.pieces[j]) for j in range(ring))
+    return busiest + geometry.CALL_COST_PAIRS * calls

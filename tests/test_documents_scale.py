@@ -12,7 +12,13 @@ from cpbench.config.geometry import pack, ring_counts, ring_schedule, schedule_c
 from cpbench.config.masks import MaskSpec
 from cpbench.config.vocabulary import LAYOUTS
 from cpbench.errors import CpbenchError
-from tests.geometry_reference import padded_spans, reference_balanced, zigzag_shards
+from tests.geometry_reference import (
+    balance_score,
+    balanced_shards,
+    padded_spans,
+    reference_balanced,
+    zigzag_shards,
+)
 
 
 def _documents(rng: random.Random, seq_len: int) -> tuple[int, ...]:
@@ -60,11 +66,11 @@ def test_balanced_score_from_counts_picks_the_same_candidate() -> None:
             seq_len = 2 * ring * rng.randint(2, 16)
             mask = MaskSpec(documents=_documents(rng, seq_len), window=rng.choice([None, 5]))
             for long_doc in (1, 2, 2 * ring, seq_len // ring, seq_len + 1):
-                shards = geometry._balanced(mask, seq_len, ring, long_doc)
+                shards = balanced_shards(mask, seq_len, ring, long_doc)
                 schedule = geometry._schedule(mask, shards, ring)
                 counts = geometry._counts(mask, geometry.shards_table(shards))
                 assert geometry.counts_score(counts) == (
-                    geometry.balance_score(schedule),
+                    balance_score(schedule),
                     schedule.steps,
                 )
 
@@ -78,7 +84,7 @@ def test_balanced_placement_equals_the_chunk_by_chunk_one() -> None:
             mask = MaskSpec(documents=docs, window=rng.choice([None, 1, 4]))
             for long_doc in (1, 2, 3, 2 * ring, seq_len // ring, seq_len + 1):
                 expected = reference_balanced(mask, seq_len, ring, long_doc)
-                assert geometry._balanced(mask, seq_len, ring, long_doc) == expected
+                assert balanced_shards(mask, seq_len, ring, long_doc) == expected
 
 
 def test_doc_zigzag_shards_equal_one_zigzag_of_all_spans() -> None:

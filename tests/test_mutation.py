@@ -15,8 +15,8 @@ VERIFY_EXIT = "tests/test_judge.py::test_verify_exits_1_when_a_case_failed_its_c
 HARMLESS = Mutant(
     "harmless-docstring",
     "cpbench/errors.py",
-    '"""Everything ran and every result is right."""',
-    '"""Everything ran, and every result is right."""',
+    '"""Ctrl-C (128 + SIGINT): every record finished so far is kept."""',
+    '"""Ctrl-C (128 + SIGINT), every record finished so far is kept."""',
     "changes nothing: the runner must call it survived, not caught",
     (VERIFY_EXIT,),
 )

@@ -19,7 +19,7 @@ from cpbench.config.masks import MaskSpec
 from cpbench.config.run_table import joined, zigzag_table
 from cpbench.config.vocabulary import LAYOUTS
 from cpbench.errors import CpbenchError
-from tests.geometry_reference import merged, reference_balanced, zigzag_shards
+from tests.geometry_reference import balanced_shards, merged, reference_balanced, zigzag_shards
 
 
 def _few_lengths(rng: random.Random, seq_len: int) -> tuple[int, ...]:
@@ -164,5 +164,5 @@ def test_balanced_placement_of_many_documents_equals_the_piece_by_piece_one() ->
         shard = seq_len // ring
         for long_doc in (1, 3, 2 * ring, shard // 4, shard, seq_len + 1):
             expected = reference_balanced(mask, seq_len, ring, long_doc)
-            got = geometry._balanced(mask, seq_len, ring, long_doc)
+            got = balanced_shards(mask, seq_len, ring, long_doc)
             assert got == expected, (mask, seq_len, ring, long_doc)

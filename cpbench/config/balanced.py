@@ -100,31 +100,23 @@ class _Ring:
         starts, lengths, ranks = self.start, self.length, self.rank
         causal, window, total = self.mask.causal, self.mask.window, self.total
         for start, length, rank, doc_start, work in pieces:
-            if length == 0:  # an empty chunk of a document shorter than 2R
-                continue
-            if rank < 0 or room[rank] == 0:
-                rank = self.least_loaded()
-            if length <= room[rank]:  # it fits: placed whole
-                starts.append(start)
-                lengths.append(length)
-                ranks.append(rank)
-                load[rank] += work
-                room[rank] -= length
-                continue
-            while length > 0:
-                if room[rank] == 0:
+            whole = True
+            while length > 0:  # an empty chunk (of a document shorter than 2R) places nothing
+                if rank < 0 or room[rank] == 0:
                     rank = self.least_loaded()
                 take = min(length, room[rank])
                 starts.append(start)
                 lengths.append(take)
                 ranks.append(rank)
-                if causal:  # row_work of positions inside one document
+                if whole and take == length:  # it fits: placed whole
+                    load[rank] += work
+                elif causal:  # row_work of positions inside one document
                     a = start - doc_start + 1
                     load[rank] += sum_clamped(a, take, window or a + take)
                 else:
                     load[rank] += take * total
                 room[rank] -= take
-                start, length = start + take, length - take
+                start, length, whole = start + take, length - take, False
 
 
 def balanced_table(mask: MaskSpec, seq_len: int, ring: int, long_doc: int) -> RunTable:

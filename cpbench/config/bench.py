@@ -6,15 +6,10 @@ import math
 from dataclasses import MISSING, dataclass, fields
 from functools import cached_property
 
-from cpbench.config.constraints import Feasibility, seq_divisor
+from cpbench.config.constraints import Feasibility, check_positive_int, is_int, seq_divisor
 from cpbench.config.impls import DEFAULT_IMPL, IMPLS
 from cpbench.config.inference import InferenceStep, step_rule
-from cpbench.config.problem import (
-    MeshCandidate,
-    check_choice,
-    check_positive_int,
-    is_int,
-)
+from cpbench.config.problem import MeshCandidate, check_choice
 from cpbench.config.vocabulary import (
     BACKENDS,
     DEFAULT_CP_COMM,

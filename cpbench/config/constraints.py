@@ -4,7 +4,9 @@ so every rule and its message lives here. Pure Python: no torch."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import TypeGuard
 
 from cpbench.config.vocabulary import CP_COMMS, LAYOUTS, Scheme
 from cpbench.errors import CpbenchError
@@ -13,6 +15,16 @@ MAX_CPU_RANKS = 64
 """Most gloo ranks cpbench starts on one host: each is a process that imports torch (about
 0.3 GiB resident), so more is an out-of-memory machine, not a measurement; a launched world
 (torchrun, srun) is not bounded."""
+
+
+def is_int(value: object) -> TypeGuard[int]:
+    """An int that is not a bool (TOML and Python both let True pass for 1)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_positive_int(name: str, value: object) -> None:
+    if not is_int(value) or value <= 0:
+        raise CpbenchError(f"{name} must be a positive integer, got {value!r}")
 
 
 def check_cpu_world(world_size: int) -> None:
@@ -43,11 +55,7 @@ def check_cp_comm(cp_comm: object, heads_k_stride: object, kv_heads_per_rank: in
         raise CpbenchError(f"cp_comm {cp_comm!r} is not one of {', '.join(CP_COMMS)}")
     if heads_k_stride is None:
         return
-    if (
-        not isinstance(heads_k_stride, int)
-        or isinstance(heads_k_stride, bool)
-        or (heads_k_stride <= 0)
-    ):
+    if not is_int(heads_k_stride) or heads_k_stride <= 0:
         raise CpbenchError(f"heads_k_stride must be a positive integer, got {heads_k_stride!r}")
     if cp_comm != "all_gather":
         raise CpbenchError(
@@ -79,9 +87,7 @@ class AttentionShape:
 
     def __post_init__(self) -> None:
         for name in ("seq_len", "heads", "kv_heads", "head_dim", "batch"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise CpbenchError(f"{name} must be a positive integer, got {value!r}")
+            check_positive_int(name, getattr(self, name))
         if self.heads % self.kv_heads != 0:
             raise CpbenchError(
                 f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads}) "
@@ -126,16 +132,11 @@ def seq_divisor(ulysses: int, ring: int, layout: str) -> int:
     2*R chunks, so L must be a multiple of lcm(U*R, 2*R). doc_zigzag pads every document to a
     multiple of 2*R (and the ring shard to a multiple of U), so any length fits when R > 1.
     """
-    world = ulysses * ring
     if layout == "doc_zigzag" and ring > 1:
         return 1
     if layout == "zigzag":
-        two_r = 2 * ring
-        a, b = world, two_r
-        while b:
-            a, b = b, a % b
-        return world * two_r // a
-    return world
+        return math.lcm(ulysses * ring, 2 * ring)
+    return ulysses * ring
 
 
 def check_mesh(
@@ -152,7 +153,7 @@ def check_mesh(
     value must equal the one the mesh needs.
     """
     for name, value in (("ulysses", ulysses), ("ring", ring)):
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        if not is_int(value) or value <= 0:
             return Feasibility(False, f"{name} degree must be a positive integer, got {value!r}")
     if layout not in LAYOUTS:
         return Feasibility(False, f"layout {layout!r} is not one of {', '.join(LAYOUTS)}")

@@ -10,6 +10,7 @@ import random
 from pathlib import Path
 from typing import Literal, get_args
 
+from cpbench.config.constraints import is_int
 from cpbench.errors import CpbenchError
 from cpbench.reading import loads_json, read_text
 
@@ -29,7 +30,7 @@ def pack_lengths(lengths: list[int], seq_len: int, source: str) -> tuple[int, ..
     for length in lengths:
         if total >= seq_len:
             break
-        if isinstance(length, bool) or not isinstance(length, int) or length <= 0:
+        if not is_int(length) or length <= 0:
             raise CpbenchError(
                 f"document length {length!r} from {source} is not a positive integer"
             )
@@ -219,7 +220,7 @@ def global_batch(source: str, tokens: int, seed: int = 0) -> tuple[int, ...]:
     batch: list[int] = []
     total = 0
     for length in lengths:
-        if isinstance(length, bool) or not isinstance(length, int) or length <= 0:
+        if not is_int(length) or length <= 0:
             raise CpbenchError(f"sequence length {length!r} from {where} is not a positive integer")
         if total >= tokens and not explicit:  # explicit lengths are the batch, all of them
             break

@@ -4,9 +4,7 @@ Strictness and the rule texts: docs/internals.md, "The TOML files' models". Pure
 
 from __future__ import annotations
 
-import types
-from collections.abc import Sequence
-from typing import Any, Union, get_args, get_origin
+from typing import Any
 
 from pydantic import (
     BaseModel,
@@ -51,28 +49,3 @@ def problem(message: str, key: str | None = None) -> PydanticCustomError:
     about when the error's location does not (a check across keys); "" = the message names its
     keys itself."""
     return PydanticCustomError(MESSAGE, "{message}", {"message": message, "key": key})
-
-
-def _model_in(annotation: Any) -> type[BaseModel] | None:
-    """The model of a field's type, also inside `Model | None`."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    if get_origin(annotation) in (Union, types.UnionType):
-        for arg in get_args(annotation):
-            found = _model_in(arg)
-            if found is not None:
-                return found
-    return None
-
-
-def table_at(root: type[BaseModel], loc: Sequence[str | int]) -> type[BaseModel] | None:
-    """The model of the table at `loc` under `root` (`()` is `root`), None when `loc` is not a
-    table of the schema."""
-    model = root
-    for part in loc:
-        field = model.model_fields.get(part) if isinstance(part, str) else None
-        inner = _model_in(field.annotation) if field is not None else None
-        if inner is None:
-            return None
-        model = inner
-    return model

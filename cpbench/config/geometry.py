@@ -301,11 +301,6 @@ def _padded_documents(
     return (*both[both > 0].tolist(), *([extra] if extra else [])), extra
 
 
-def _balanced(mask: MaskSpec, seq_len: int, ring: int, long_doc: int) -> tuple[Shard, ...]:
-    """The shards of `balanced_table` (cpbench.config.balanced: the placement)."""
-    return table_shards(balanced_table(mask, seq_len, ring, long_doc))
-
-
 def _global_table(seq_len: int, ring: int, layout: str) -> RunTable:
     import numpy as np  # noqa: PLC0415 (only here: `cpbench --help` loads no numpy)
 
@@ -353,7 +348,7 @@ def pack(mask: MaskSpec, seq_len: int, ulysses: int, ring: int, layout: Layout) 
 @lru_cache(maxsize=64)
 def _best_balanced(mask: MaskSpec, seq_len: int, ring: int, layout: Layout) -> Packing:
     """The balanced candidate (over the long-document thresholds) with the least
-    `balance_score`; once per ring, whatever the Ulysses degree."""
+    `counts_score`; once per ring, whatever the Ulysses degree."""
     shard = seq_len // ring
     thresholds = sorted({seq_len + 1, shard, max(shard // 2, 1), max(shard // 4, 1), 2 * ring})
     lengths = sorted(mask.documents or ())
@@ -419,24 +414,9 @@ def ring_schedule(packing: Packing) -> RingSchedule:
     return _schedule(packing.mask, packing.shards, packing.ring)
 
 
-def busiest_step_sum(schedule: RingSchedule) -> int:
-    """Sum over ring steps of the busiest rank's exact pairs: the work a synchronous ring
-    computes for, when compute dominates."""
-    ring = len(schedule.pieces)
-    return sum(max(schedule.pairs(j, t) for j in range(ring)) for t in range(schedule.steps))
-
-
 CALL_COST_PAIRS = 64 * 64
 """What the balanced layout charges a kernel call, in attended pairs (a 64 x 64 block): the
 launch and tiling overhead that makes many small calls slower than one large one."""
-
-
-def balance_score(schedule: RingSchedule) -> int:
-    """What the balanced layout minimises: the ring's busiest-step work sum plus the busiest
-    rank's kernel calls at `CALL_COST_PAIRS` each."""
-    ring = len(schedule.pieces)
-    calls = max(sum(len(ps) for ps in schedule.pieces[j]) for j in range(ring))
-    return busiest_step_sum(schedule) + CALL_COST_PAIRS * calls
 
 
 def rank_pairs(schedule: RingSchedule, continuum: bool = True) -> tuple[float, ...]:
@@ -472,8 +452,8 @@ def _counts(mask: MaskSpec, table: RunTable) -> RingCounts:
 
 
 def counts_score(counts: RingCounts) -> tuple[int, int]:
-    """(`balance_score`, steps) of a schedule from its counts: what the balanced layout
-    minimises."""
+    """What the balanced layout minimises, from a schedule's counts: (the ring's busiest-step
+    work sum plus the busiest rank's kernel calls at `CALL_COST_PAIRS` each, steps)."""
     busiest = sum(max(row[t] for row in counts.pairs) for t in range(counts.steps))
     calls = max(sum(row) for row in counts.calls)
     return busiest + CALL_COST_PAIRS * calls, counts.steps

@@ -4,10 +4,11 @@ holds one; None = a training step). Pure Python; docs/design.md section 3."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from cpbench.config.problem import CpProblem, check_choice, is_int
+from cpbench.config.constraints import is_int
+from cpbench.config.problem import CpProblem, check_choice
 from cpbench.config.vocabulary import (
     CACHE_LAYOUTS,
     INFERENCE_PHASES,
@@ -111,13 +112,7 @@ class InferenceStep:
 
     def to_dict(self) -> dict[str, Any]:
         """The record's `config.inference` (`cpbench.results.schema.InferenceConfigSection`)."""
-        return {
-            "phase": self.phase,
-            "cached_len": self.cached_len,
-            "new_tokens": self.new_tokens,
-            "scheme": self.scheme,
-            "cache_layout": self.cache_layout,
-        }
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> InferenceStep:

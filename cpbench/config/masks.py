@@ -7,9 +7,10 @@ from __future__ import annotations
 import bisect
 import hashlib
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
+from cpbench.config.constraints import is_int
 from cpbench.config.vocabulary import Mask
 from cpbench.errors import CpbenchError
 
@@ -30,7 +31,7 @@ class MaskSpec:
         if not isinstance(self.causal, bool):
             raise CpbenchError(f"causal must be true or false, got {self.causal!r}")
         if self.window is not None:
-            if not _positive_int(self.window):
+            if not is_int(self.window) or self.window <= 0:
                 raise CpbenchError(f"window must be a positive integer, got {self.window!r}")
             if not self.causal:
                 raise CpbenchError(
@@ -45,7 +46,7 @@ class MaskSpec:
             # every length an int (exactly) and positive, in two passes over C loops: a packed
             # sequence holds 100,000 documents and every configuration makes its mask
             if set(map(type, self.documents)) != {int} or min(self.documents) <= 0:
-                bad = [d for d in self.documents if not _positive_int(d)]
+                bad = [d for d in self.documents if not is_int(d) or d <= 0]
                 if bad:
                     raise CpbenchError(
                         f"document lengths must be positive integers, got {bad[0]!r}"
@@ -63,11 +64,11 @@ class MaskSpec:
 
     def normalized(self) -> MaskSpec:
         """This mask with a single document dropped (it is the whole sequence)."""
-        return self if self.has_documents or self.documents is None else _replace_docs(self, None)
+        return self if self.has_documents or self.documents is None else replace(self, documents=None)
 
     @property
     def kind(self) -> Mask:
-        """The mask's name in `MASKS`."""
+        """The mask's name (a `Mask`)."""
         if not self.causal:
             return "full"
         if self.has_documents:
@@ -105,7 +106,7 @@ class MaskSpec:
         """This mask with its documents made explicit for a sequence of `seq_len` tokens (one
         document when none are given); checks the lengths."""
         self.check_length(seq_len)
-        return self if self.documents is not None else _replace_docs(self, (seq_len,))
+        return self if self.documents is not None else replace(self, documents=(seq_len,))
 
     def truncated(self, seq_len: int) -> MaskSpec:
         """This mask on the first `seq_len` tokens (the capped-length reference check): the
@@ -117,7 +118,7 @@ class MaskSpec:
             if sum(kept) >= seq_len:
                 break
             kept.append(min(d, seq_len - sum(kept)))
-        return _replace_docs(self, tuple(kept))
+        return replace(self, documents=tuple(kept))
 
     @cached_property
     def starts(self) -> tuple[int, ...]:
@@ -152,15 +153,7 @@ class MaskSpec:
         return "-".join(parts)
 
 
-def _replace_docs(mask: MaskSpec, documents: tuple[int, ...] | None) -> MaskSpec:
-    return MaskSpec(causal=mask.causal, documents=documents, window=mask.window)
-
-
 def documents_digest(documents: tuple[int, ...]) -> str:
     """A short stable digest of a document list (ids of configurations that differ only in it)."""
     text = ",".join(str(d) for d in documents).encode()
     return hashlib.sha1(text).hexdigest()[:8]
-
-
-def _positive_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0

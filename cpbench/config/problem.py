@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 from functools import cached_property
-from typing import Any, TypeGuard, TypeVar
+from typing import Any, TypeVar
 
 from cpbench.config.constraints import (
     AttentionShape,
     Feasibility,
     check_cp_comm,
     check_mesh,
+    check_positive_int,
     scheme_of,
 )
 from cpbench.config.geometry import Packing, check_packing, pack, ring_counts
@@ -36,16 +37,6 @@ from cpbench.errors import CpbenchError
 Choice = TypeVar("Choice", bound=str)
 
 
-def is_int(value: object) -> TypeGuard[int]:
-    """An int that is not a bool (TOML and Python both let True pass for 1)."""
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def check_positive_int(name: str, value: object) -> None:
-    if not is_int(value) or value <= 0:
-        raise CpbenchError(f"{name} must be a positive integer, got {value!r}")
-
-
 def check_choice(name: str, value: object, allowed: tuple[Choice, ...]) -> Choice:
     """`value` as one of `allowed` (a `Literal`'s options); CpbenchError naming it otherwise."""
     for option in allowed:
@@ -54,16 +45,9 @@ def check_choice(name: str, value: object, allowed: tuple[Choice, ...]) -> Choic
     raise CpbenchError(f"{name} {value!r} is not one of {', '.join(allowed)}")
 
 
-def is_phase(value: object) -> TypeGuard[Phase]:
-    """Whether `value` is a `Phase` (fwd or fwd+bwd)."""
-    return value in PHASES
-
-
 def check_phase(value: object) -> Phase:
     """`value` as a `Phase`; CpbenchError naming it when it is none."""
-    if not is_phase(value):
-        raise CpbenchError(f"phase {value!r} is not one of {', '.join(PHASES)}")
-    return value
+    return check_choice("phase", value, PHASES)
 
 
 P = TypeVar("P", bound="CpProblem")

@@ -87,7 +87,6 @@ and reduce-scatters dK/dV to the owners; `cpbench/attention/allgather.py`)."""
 LAYOUTS: tuple[Layout, ...] = get_args(Layout)
 GLOBAL_LAYOUTS: tuple[Layout, ...] = ("contiguous", "zigzag", "striped")
 """The layouts defined over the whole sequence, blind to documents."""
-MASKS: tuple[Mask, ...] = get_args(Mask)
 DTYPES: tuple[Dtype, ...] = get_args(Dtype)
 BACKENDS: tuple[Backend, ...] = get_args(Backend)
 PHASES: tuple[Phase, ...] = get_args(Phase)
@@ -99,7 +98,6 @@ NEW_TOKEN_LAYOUTS: tuple[NewTokenLayout, ...] = get_args(NewTokenLayout)
 DECODE_MERGES: tuple[DecodeMerge, ...] = get_args(DecodeMerge)
 DEVICES: tuple[Device, ...] = get_args(Device)
 SCENARIO_DEVICES: tuple[ScenarioDevice, ...] = get_args(ScenarioDevice)
-SCHEMES: tuple[Scheme, ...] = get_args(Scheme)
 CP_COMMS: tuple[CpComm, ...] = get_args(CpComm)
 DEFAULT_CP_COMM: CpComm = "p2p"
 """The ring axis of a configuration that names none: today's ring."""

@@ -159,17 +159,15 @@ def compare_frame(
     )
     out["ratio"] = out["after_s"] / out["before_s"]
     out["change_pct"] = (out["ratio"] - 1.0) * 100.0
-    lows, highs, verdicts, regressions = [], [], [], []
-    for row in merged.itertuples(index=False):
-        change = _change(row, before_ok=row.status_before == "ok", after_ok=row.status_after == "ok")
-        lows.append(change.low if change else math.nan)
-        highs.append(change.high if change else math.nan)
-        verdicts.append(change.verdict if change else None)
-        regressions.append(bool(change and change.regression(threshold)))
-    out["ratio_low"] = pd.Series(lows, index=out.index, dtype="float64")
-    out["ratio_high"] = pd.Series(highs, index=out.index, dtype="float64")
-    out["verdict"] = pd.Series(verdicts, index=out.index, dtype=object)
-    out["regression"] = pd.Series(regressions, index=out.index, dtype=bool)
+    changes = [_change(row) for row in merged.itertuples(index=False)]
+    columns = {
+        "ratio_low": ([c.low if c else math.nan for c in changes], "float64"),
+        "ratio_high": ([c.high if c else math.nan for c in changes], "float64"),
+        "verdict": ([c.verdict if c else None for c in changes], object),
+        "regression": ([bool(c and c.regression(threshold)) for c in changes], bool),
+    }
+    for name, (cells, dtype) in columns.items():
+        out[name] = pd.Series(cells, index=out.index, dtype=dtype)
     out["_unmatched"] = out["ratio"].isna()
     out = out.sort_values(
         ["_unmatched", "phase", "seq_len", "mesh", "layout", "id"], na_position="last"
@@ -177,9 +175,9 @@ def compare_frame(
     return out.drop(columns="_unmatched").reset_index(drop=True)
 
 
-def _change(row: Any, before_ok: bool, after_ok: bool) -> Change | None:
-    """The change of one merged row (None unless both sides have a positive time)."""
-    if not (before_ok and after_ok):
+def _change(row: Any) -> Change | None:
+    """The change of one merged row (None unless both sides are ok with a positive time)."""
+    if not (row.status_before == "ok" and row.status_after == "ok"):
         return None
     values = [
         value(getattr(row, f"{c}_{side}"))

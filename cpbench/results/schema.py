@@ -56,8 +56,6 @@ Seconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 StepSeconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 """A measured step: it takes time (a median of 0 is no measurement)."""
 
-"""A direction of the communication counts: the forward or the backward pass."""
-
 
 class RecordModel(BaseModel):
     """Common settings of the record and its sections: strict types (no "false" -> False, no
@@ -309,10 +307,9 @@ class CommSection(RecordModel):
     measured_bytes: dict[PassKey, list[int]]
     """Bytes each rank sent per direction, counted."""
     counted_at: Literal["torch.distributed"] | None = None
-    """Where `measured_bytes` were counted: "torch.distributed", the tensors and groups handed
-    to its entry points (`cpbench.attention.boundary`), for cpbench's schemes as for external
-    libraries. Absent in older records, whose cpbench bytes were what cpbench's wrappers said
-    they sent."""
+    """Where `measured_bytes` were counted: at torch.distributed's entry points
+    (`cpbench.attention.boundary`), for every impl. Absent in older records (cpbench's own
+    wrappers counted its bytes)."""
     by_collective: dict[PassKey, dict[str, CollectiveBytes]] | None = None
     """Per direction, per collective: analytic and counted bytes."""
     match: bool | None
@@ -342,22 +339,17 @@ class MemorySection(RecordModel):
     rank (`torch.cuda.max_memory_reserved`, after `torch.cuda.empty_cache` and a reset right
     before the step): peak_bytes plus the allocator's cache and fragmentation."""
     nvml_process_peak_bytes: list[int | None] | None = None
-    """GPU: peak of the rank's own process memory on its GPU during the step, per rank: NVML's
-    `usedGpuMemory` for the rank's PID in `nvmlDeviceGetComputeRunningProcesses` (v3 where
-    available), GPU found by UUID, sampled by a background thread while the step ran. What
-    nvidia-smi lists per process: the allocator's reserve plus the CUDA context, NCCL buffers
-    and library workspaces; other processes on the GPU are not counted. Null for a rank where
-    NVML is missing or does not list the PID (`sources` says why)."""
+    """GPU: peak of each rank's own process memory on its GPU during the step, as nvidia-smi
+    lists it per process (NVML's `usedGpuMemory` for the PID, sampled while the step ran:
+    reserve, CUDA context, NCCL buffers); null where NVML does not list it (`sources`)."""
     rss_peak_bytes: list[int | None] | None = None
     """CPU: process peak RSS of each rank during the step (VmHWM, reset before the step)."""
     sources: dict[str, str] | None = None
     """What measured each of the fields above, by field name (for NVML: the query, the PID,
     the sampling; or why the value is null). Absent in records written before it."""
     nvml_used_bytes: list[int | None] | None = None
-    """Older GPU records only (no longer written): NVML's device-wide "used" memory read once
-    after the step (`nvmlDeviceGetMemoryInfo`): not a peak, not this process's share (every
-    process on the GPU), and including the allocator's cache of earlier work. Kept as read;
-    nvml_process_peak_bytes replaces it."""
+    """Older GPU records only: NVML's device-wide "used" memory read once after the step (not
+    a peak, every process's); kept as read, nvml_process_peak_bytes replaces it."""
     analytic_peak_bytes: int | None = None
     """cpbench.model.memory lower bound of a rank's peak."""
 
@@ -380,10 +372,8 @@ class FlopsSection(RecordModel):
     achieved_tflops_per_rank: float | None = None
     """achieved_tflops / world_size."""
     per_rank_work: list[float] | None = None
-    """Predicted attention work of each rank: attended (query, key) pairs of its ring rank x B
-    x the heads it computes (h / U), under the record's mask and layout
-    (`cpbench.config.geometry.rank_pairs`, continuum convention: a causal pair on the diagonal
-    counts 1/2). What each rank's compute-only time should follow. Absent in older records."""
+    """Predicted attention work of each rank (`cpbench.app.record.per_rank_work`): what its
+    compute-only time should follow. Absent in older records."""
 
 
 class AccuracySection(RecordModel):
@@ -548,9 +538,8 @@ class ResultRecord(RecordModel):
 
 def migrate_record(raw: dict[str, Any]) -> dict[str, Any]:
     """A copy of a record as read from a file, brought to the current shape: the one place that
-    knows older records. Version 1 records may lack `config.impl` (written before the impl
-    axis: cpbench's own) or `config.phase` (then `timing.phase` says it), and may name the
-    bandwidth `comm.achieved_algbw_GBps`. Values it cannot interpret are left for validation."""
+    knows older records' spellings (no `config.impl` or `config.phase`, `achieved_algbw_GBps`).
+    Values it cannot interpret are left for validation."""
     record = dict(raw)
     config, timing, comm = record.get("config"), record.get("timing"), record.get("comm")
     if isinstance(config, dict):

@@ -346,10 +346,9 @@ def parse_record(raw: Mapping[str, Any], where: str) -> ResultRecord:
         nulled = [p for p in nulled if p[: len(path)] != path] + [path]
         try:
             record = ResultRecord.model_validate(data)
+            break
         except ValidationError as exc:
             error = exc
-            continue
-        break
     warnings.warn(
         f"{where}: read as missing: {', '.join(_dotted(p) for p in nulled)} "
         f"({'; '.join(problems)})",

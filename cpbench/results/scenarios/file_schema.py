@@ -93,7 +93,7 @@ def _kv_replication(value: object) -> int | None:
         return None
     if value == "off":
         return 1
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+    if is_int(value) and value >= 1:
         return value
     raise problem(f'{value!r} is not "auto", "off" or a positive integer')
 
@@ -154,6 +154,9 @@ def _precision(value: object) -> float | None:
 
 
 Precision = Annotated[float | None, PlainValidator(_precision)]
+PositiveSeconds = Annotated[
+    float, Field(gt=0, allow_inf_nan=False), rule("must be a positive, finite number of seconds")
+]
 MeshEntry = Annotated[tuple[int, int], PlainValidator(_mesh_entry)]
 KvReplication = Annotated[int | None, PlainValidator(_kv_replication)]
 DocumentsSource = Annotated[str | None, PlainValidator(_documents_source)]
@@ -236,17 +239,14 @@ class ScenarioAxes(FileModel):
 
     @model_validator(mode="after")
     def _groups_divide_heads(self) -> ScenarioAxes:
-        for g in self.gqa_ratio or ():
-            for h in self.heads:
-                if h % g:
-                    raise problem(f"{g} does not divide heads ({h})", key="gqa_ratio")
-        for kv in self.kv_heads or ():
-            for h in self.heads:
-                if h % kv:
-                    raise problem(
-                        f"{kv} does not divide heads ({h}): GQA groups must be even",
-                        key="kv_heads",
-                    )
+        for key, divisors, why in (
+            ("gqa_ratio", self.gqa_ratio, ""),
+            ("kv_heads", self.kv_heads, ": GQA groups must be even"),
+        ):
+            for d in divisors or ():
+                for h in self.heads:
+                    if h % d:
+                        raise problem(f"{d} does not divide heads ({h}){why}", key=key)
         return self
 
     @model_validator(mode="after")
@@ -367,11 +367,7 @@ class ScenarioSettings(FileModel):
     """Untimed iterations before timing."""
     iters: PositiveInt = 10
     """Timed iterations."""
-    timeout: Annotated[
-        float,
-        Field(gt=0, allow_inf_nan=False),
-        rule("must be a positive, finite number of seconds"),
-    ] = 300.0
+    timeout: PositiveSeconds = 300.0
     """Seconds one configuration may take before it is recorded as `timeout`."""
     check_max_seq_len: PositiveInt = 4096
     """The reference check runs at min(seq_len, this), rounded down to a valid multiple."""
@@ -385,11 +381,7 @@ class ScenarioSettings(FileModel):
     fixed count of `iters`)."""
     max_iters: PositiveInt = 100
     """Timed iterations at most, per variant (>= iters)."""
-    budget: Annotated[
-        float,
-        Field(gt=0, allow_inf_nan=False),
-        rule("must be a positive, finite number of seconds"),
-    ] = 2.0
+    budget: PositiveSeconds = 2.0
     """Seconds of timed steps per configuration before timing stops short of the precision
     (each of the two variants gets half)."""
     check_rows: NonNegativeInt = 256

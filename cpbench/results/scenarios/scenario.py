@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -19,9 +20,7 @@ from cpbench.config.vocabulary import (
     DEVICES,
     INFERENCE_PHASES,
     SCENARIO_DEVICES,
-    CacheLayout,
     Device,
-    PrefillScheme,
 )
 from cpbench.errors import CpbenchError
 from cpbench.results.scenarios.file_schema import ScenarioAxes, ScenarioSettings
@@ -140,77 +139,50 @@ class Scenario(ScenarioSettings, ScenarioAxes):
         check_positive_int("world_size", world_size)
         if self.phase[0] in INFERENCE_PHASES:  # one table is all inference or all training
             return self._expand_inference(device, world_size)
-        meshes = self.meshes(world_size)
-        dtypes = self.dtype or (DEFAULT_DTYPE[device],)
-        head_pairs = self._head_pairs()
+        meshes = [{"ulysses": u, "ring": r} for u, r in self.meshes(world_size)]
         if self.seq_len is None:  # ScenarioAxes requires it of the training phases
             raise CpbenchError(f"{self.source}: key 'seq_len' is required in [axes]")
-        # two products of at most six axes each (typed), multiplied: the same order as one
-        shapes = itertools.product(
-            self.seq_len, self.batch, head_pairs, self.head_dim, dtypes, self.causal
-        )
-        runs = list(
-            itertools.product(
-                self.layout, self.kv_replication, self.backend, self.phase, self.impl, meshes
-            )
-        )
         # a head stride is an all-gather knob: p2p points take only "none" from that axis
         exchanges = [
-            (cp_comm, stride)
+            {"cp_comm": cp_comm, "heads_k_stride": stride}
             for cp_comm in self.cp_comm
             for stride in self.heads_k_stride
             if cp_comm == "all_gather" or stride is None
         ]
-        masks = [
-            (source, window, cp_comm, stride)
-            for source, window in itertools.product(self.documents, self.window)
-            for cp_comm, stride in exchanges
-        ]
+        points = _combinations(
+            _axis("seq_len", self.seq_len),
+            _axis("batch", self.batch),
+            self._head_pairs(),
+            _axis("head_dim", self.head_dim),
+            _axis("dtype", self.dtype or (DEFAULT_DTYPE[device],)),
+            _axis("causal", self.causal),
+            _axis("source", self.documents),  # resolved per seq_len below
+            _axis("window", self.window),
+            exchanges,
+            _axis("layout", self.layout),
+            _axis("kv_replication", self.kv_replication),
+            _axis("kernel", self.backend),
+            _axis("phase", self.phase),
+            _axis("impl", self.impl),
+            meshes,
+        )
         out = []
-        for (seq_len, batch, (heads, kv_heads), head_dim, dtype, causal), (
-            source,
-            window,
-            cp_comm,
-            heads_k_stride,
-        ), (
-            layout,
-            kv_replication,
-            backend,
-            phase,
-            impl,
-            (ulysses, ring),
-        ) in itertools.product(shapes, masks, runs):
-            documents = None if source is None else resolved_documents(source, seq_len, self.seed)
-            config = BenchConfig(
-                seq_len=seq_len,
-                batch=batch,
-                heads=heads,
-                kv_heads=kv_heads,
-                head_dim=head_dim,
-                dtype=dtype,
-                causal=causal,
-                ulysses=ulysses,
-                ring=ring,
-                layout=layout,
-                kv_replication=kv_replication,
-                kernel=backend,
-                phase=phase,  # type: ignore[arg-type]  # a training Phase here
-                device=device,
-                world_size=world_size,
-                nodes=self.nodes,
-                impl=impl,
-                documents=documents,
-                window=window,
-                cp_comm=cp_comm,
-                heads_k_stride=heads_k_stride,
-            )
+        for point in points:
+            source = point.pop("source")
+            if source is not None:
+                point["documents"] = resolved_documents(source, point["seq_len"], self.seed)
+            config = BenchConfig(**point, device=device, world_size=world_size, nodes=self.nodes)
             out.append((config, config.feasibility))
         return out
 
-    def _head_pairs(self) -> list[tuple[int, int]]:
-        """(heads, kv_heads) of the axes: kv_heads (never empty) or heads // each ratio."""
+    def _head_pairs(self) -> list[dict[str, int]]:
+        """heads and kv_heads of the axes: kv_heads (never empty) or heads // each ratio."""
         ratios = self.gqa_ratio or (1,)
-        return [(h, kv) for h in self.heads for kv in self.kv_heads or [h // g for g in ratios]]
+        return [
+            {"heads": h, "kv_heads": kv}
+            for h in self.heads
+            for kv in self.kv_heads or [h // g for g in ratios]
+        ]
 
     def _expand_inference(
         self, device: Device, world_size: int
@@ -220,37 +192,31 @@ class Scenario(ScenarioSettings, ScenarioAxes):
         step runs on (`InferenceStep.mesh`), contiguous shards, forward only."""
         if self.new_tokens is None:  # ScenarioAxes requires it of the inference phases
             raise CpbenchError(f"{self.source}: key 'new_tokens' is required in [axes]")
-        dtypes = self.dtype or (DEFAULT_DTYPE[device],)
-        shapes = itertools.product(
-            self.batch, self._head_pairs(), self.head_dim, dtypes, self.phase
+        shapes = _combinations(
+            _axis("batch", self.batch),
+            self._head_pairs(),
+            _axis("head_dim", self.head_dim),
+            _axis("dtype", self.dtype or (DEFAULT_DTYPE[device],)),
         )
         out = []
-        for batch, (heads, kv_heads), head_dim, dtype, phase in shapes:
-            # (scheme, cache layout): a prefill takes the first, a decode the second
-            hows: list[tuple[PrefillScheme | None, CacheLayout | None]] = (
-                [(s, None) for s in self.scheme or ("pass_kv",)]
+        for shape, phase in itertools.product(shapes, self.phase):
+            # a prefill takes a scheme, a decode a cache layout
+            hows = (
+                _axis("scheme", self.scheme or ("pass_kv",))
                 if phase == "prefill"
-                else [(None, c) for c in self.cache_layout or ("contiguous",)]
+                else _axis("cache_layout", self.cache_layout or ("contiguous",))
             )
-            steps = itertools.product(
-                self.cached_len or (0,), self.new_tokens, hows, self.backend
+            steps = _combinations(
+                _axis("cached_len", self.cached_len or (0,)),
+                _axis("new_tokens", self.new_tokens),
+                hows,
             )
-            for cached_len, new_tokens, (scheme, cache_layout), backend in steps:
-                step = InferenceStep(
-                    phase=phase,  # type: ignore[arg-type]  # an InferencePhase here
-                    cached_len=cached_len,
-                    new_tokens=new_tokens,
-                    scheme=scheme,
-                    cache_layout=cache_layout,
-                )
+            for how, backend in itertools.product(steps, self.backend):
+                step = InferenceStep(phase=phase, **how)
                 ulysses, ring = step.mesh(world_size)
                 config = BenchConfig(
+                    **shape,
                     seq_len=step.total,
-                    batch=batch,
-                    heads=heads,
-                    kv_heads=kv_heads,
-                    head_dim=head_dim,
-                    dtype=dtype,
                     ulysses=ulysses,
                     ring=ring,
                     layout="contiguous",
@@ -263,6 +229,20 @@ class Scenario(ScenarioSettings, ScenarioAxes):
                 )
                 out.append((config, config.feasibility))
         return out
+
+
+def _axis(name: str, values: Iterable[Any]) -> list[dict[str, Any]]:
+    """One axis as the fields it sets: a dict {name: value} per value."""
+    return [{name: value} for value in values]
+
+
+def _combinations(*factors: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every choice of one dict per factor, merged, the last factor varying fastest (the order
+    of `itertools.product`)."""
+    return [
+        {key: value for part in choice for key, value in part.items()}
+        for choice in itertools.product(*factors)
+    ]
 
 
 @dataclass(frozen=True)
