@@ -9,14 +9,20 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from cpbench.app.recommend.frameworks import framework_settings
 from cpbench.app.recommend.ranking import matching_measurement, recommend_mesh
 from cpbench.app.recommend.types import Recommendation, RecommendRequest
 from cpbench.app.schema import ReportModel, Versioned
 from cpbench.errors import CpbenchError
-from cpbench.model.calibrate import Measurement, measurements_from_records
-from cpbench.model.calibrate.measurements import default_prior
+from cpbench.model.calibrate import (
+    Measurement,
+    default_prior,
+    fit_profile,
+    measurements_from_records,
+)
 from cpbench.model.calibrate.published import out_of_sample_table, published_table
 from cpbench.model.calibrate.table import measurements_from_table, read_table_rows
+from cpbench.model.hardware.file_schema import save_profile
 from cpbench.model.hardware.loading import load_profile
 from cpbench.model.tune import (
     DEFAULT_SETTINGS,
@@ -68,9 +74,6 @@ class TuneRun:
 def write_tuned_profile(run: TuneRun, path: str | Path) -> Path:
     """The profile calibrated (the joint fit) on what the tune measured, as a TOML file that
     `recommend --hardware FILE` reads; CpbenchError when nothing was measured."""
-    from cpbench.model.calibrate import fit_profile  # noqa: PLC0415
-    from cpbench.model.hardware.file_schema import save_profile  # noqa: PLC0415
-
     measured = [
         as_measurement(c, s.measured_s, s.index)
         for c, s in zip(run.candidates, run.outcome.candidates, strict=True)
@@ -170,7 +173,7 @@ class GroupReplay:
     """The loop replayed on one group of a published table (one problem on one machine)."""
 
     machine: str
-    """The machine (the rows' hardware)."""
+    """The rows' hardware."""
     problem: str
     """The group's problem, in words."""
     candidates: int
@@ -185,7 +188,6 @@ class GroupReplay:
     stop: str
     """Why the loop stopped."""
     pick: str
-    """The pick."""
     best: str
     """The measured best."""
 
@@ -309,14 +311,12 @@ def _misfit(run: TuneRun) -> str | None:
 
 def tune_report(run: TuneRun, written: Path | None = None) -> TuneReport:
     """The typed report of a tune."""
-    from cpbench.app.recommend.frameworks import framework_settings  # noqa: PLC0415
-
     out = run.outcome
     last = out.steps[-1]
-    pick = run.recommendation.ranked[out.pick]
+    ranked = run.recommendation.ranked
+    pick = ranked[out.pick]
     spent = out.cost_s
     everything = sum(m.median_s for m in run.oracle_rows if m is not None)
-    ranked = list(run.recommendation.ranked)
     frameworks = framework_settings([pick, *(r for r in ranked if r is not pick)],
                                     run.recommendation.sizes)  # fmt: skip
     return TuneReport(

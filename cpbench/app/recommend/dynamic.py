@@ -4,7 +4,7 @@ step time, with the speedup over static CP and the settings of the pick (docs/dy
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from cpbench.app.recommend.report import JSON_SCHEMA_VERSION
@@ -116,7 +116,7 @@ def recommend_policies(request: DynamicRequest) -> DynamicRecommendation:
     plans = sorted(plan_policies(problem, profile, refused=refused).values(),
                    key=lambda p: p.step_s)  # fmt: skip
     uncertainty = profile_uncertainty(profile, None)
-    sigma = uncertainty.split.ratio_sigma if uncertainty.split else uncertainty.sigma
+    sigma = uncertainty.ratio_sigma
     static = next((p for p in plans if p.policy == "static"), None)
     ranked = tuple(
         RankedPolicy(p, speedup(p, static) if static else None,
@@ -169,7 +169,7 @@ def dynamic_report(rec: DynamicRecommendation) -> dict[str, Any]:
     req = rec.request
     return {
         "schema_version": JSON_SCHEMA_VERSION,
-        "request": {k: getattr(req, k) for k in req.__dataclass_fields__},
+        "request": asdict(req),
         "profile": rec.profile_name,
         "convention": DYNAMIC_CONVENTION,
         "batch": batch_summary(rec.lengths, req.tokens_per_rank),

@@ -111,6 +111,12 @@ def _mesh_of(p: Prediction) -> tuple[int, int, bool]:
     return (p.candidate.ulysses, p.candidate.ring, p.candidate.all_gather)
 
 
+def _p2p_rings(ranked: Sequence[RankedCandidate]) -> list[RankedCandidate]:
+    """The candidates whose ring axis passes K/V around the ring (R > 1, no all-gather)."""
+    candidates = [(r, r.prediction.candidate) for r in ranked]
+    return [r for r, c in candidates if c.ring > 1 and not c.all_gather]
+
+
 def _layout_facts(p: Prediction) -> LayoutFacts:
     return LayoutFacts(
         p.candidate.layout, p.work_imbalance, p.slowest_ring_rank, p.ring_steps, p.padding,
@@ -122,7 +128,7 @@ def mask_facts(ranked: Sequence[RankedCandidate]) -> MaskFacts | None:
     """Every layout's work on the fastest ring mesh under a document or window mask
     (imbalance, padding, ring steps); None without such a mask or a ring candidate."""
     mask = ranked[0].prediction.candidate.mask
-    rings = [r for r in ranked if r.prediction.candidate.ring > 1 and not r.prediction.candidate.all_gather]
+    rings = _p2p_rings(ranked)
     if mask.plain or not mask.causal or not rings:
         return None
     best = rings[0].prediction
@@ -149,7 +155,7 @@ def gather_facts(ranked: Sequence[RankedCandidate]) -> GatherFacts | None:
     gathers = [r for r in ranked if r.prediction.candidate.all_gather]
     if not gathers:
         return None
-    rings = [r for r in ranked if r.prediction.candidate.ring > 1 and not r.prediction.candidate.all_gather]
+    rings = _p2p_rings(ranked)
     ag = gathers[0]
     c = ag.prediction.candidate
     same = [r for r in rings if _mesh_of(r.prediction)[:2] == (c.ulysses, c.ring)]

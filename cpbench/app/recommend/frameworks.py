@@ -5,7 +5,6 @@ words them)."""
 from __future__ import annotations
 
 import functools
-import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from importlib import resources
@@ -22,11 +21,7 @@ from cpbench.app.recommend.types import (
 )
 from cpbench.config.vocabulary import LAYOUTS, Layout
 from cpbench.model.cost.prediction import Prediction
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
+from cpbench.reading import loads_toml
 
 # ------------------------------------------------------------------ the data table
 
@@ -143,10 +138,8 @@ class FrameworkTable(_TableModel):
 @functools.cache
 def framework_table() -> FrameworkTable:
     """The table, loaded and validated once."""
-    text = (resources.files("cpbench") / "data" / "settings" / "frameworks.toml").read_text(
-        encoding="utf-8"
-    )
-    return FrameworkTable.model_validate(tomllib.loads(text))
+    path = resources.files("cpbench") / "data" / "settings" / "frameworks.toml"
+    return FrameworkTable.model_validate(loads_toml(path.read_text("utf-8"), "frameworks.toml"))
 
 
 # ------------------------------------------------------------------ the settings
@@ -181,10 +174,9 @@ def framework_settings(
         settings += (llama3_setting(best),)
     else:
         gathers = [r for r in ranked if r.prediction.candidate.all_gather]
-        pure = [r for r in gathers if r.prediction.candidate.ulysses == 1]
-        pick = pure[0] if pure else gathers[0] if gathers else None
-        if pick is not None:
-            settings += (all_gather_alternative(pick, ranked, gathers[0]),)
+        if gathers:
+            pure = [r for r in gathers if r.prediction.candidate.ulysses == 1]
+            settings += (all_gather_alternative((pure or gathers)[0], ranked, gathers[0]),)
     if best.candidate.mask.plain:
         return settings
     return tuple(_with_mask_caveats(s, best) for s in settings) + (ring_flash_setting(best),)
@@ -259,12 +251,8 @@ def megatron_setting(p: Prediction, sizes: ParallelSizes) -> FrameworkSetting:
     m = framework_table().training.megatron
     flag = m.flags
     comm = cp_comm_type(c.ulysses, c.ring, c.cp_comm)
-    flags = [
-        f"{flag['tp']} {sizes.tp}",
-        f"{flag['pp']} {sizes.pp}",
-        f"{flag['cp']} {sizes.cp}",
-        f"{flag['comm']} {comm}",
-    ]
+    values = {"tp": sizes.tp, "pp": sizes.pp, "cp": sizes.cp, "comm": comm}
+    flags = [f"{flag[name]} {value}" for name, value in values.items()]
     if comm == m.comm_types["hybrid"]:
         flags.append(f"{flag['hierarchical']} {c.ulysses} {c.ring}")
     caveats = [Caveat("te_chunks")]
@@ -290,10 +278,8 @@ def deepspeed_setting(p: Prediction, ranked: Sequence[RankedCandidate]) -> Frame
             caveats.append(Caveat("ds_gqa", (c.shape.kv_heads, c.ulysses)))
         flag = ds.setting.format(ulysses=c.ulysses)
         return FrameworkSetting(ds.name, True, flag, caveats=tuple(caveats))
-    alternative = next(
-        (r for r in ranked if r.prediction.candidate.ring == 1 and r.prediction.candidate.ulysses > 1),
-        None,
-    )
+    ulysses_only = (r for r in ranked if r.prediction.candidate.ring == 1)
+    alternative = next((r for r in ulysses_only if r.prediction.candidate.ulysses > 1), None)
     ring = Caveat("ds_ring", (c.ring,))
     if alternative is None:
         return FrameworkSetting(ds.name, False, "-", caveats=(ring, Caveat("no_ulysses_mesh")))
@@ -330,21 +316,16 @@ def torchtitan_setting(p: Prediction, ranked: Sequence[RankedCandidate]) -> Fram
     settings = t.setting.format(cp=c.world, rotate=rotate)
     if c.ulysses == 1 or t.ulysses:
         return FrameworkSetting(t.name, True, settings, caveats=(Caveat("torchtitan"),))
-    ring_alternative = next(
-        (
-            r
-            for r in ranked
-            if r.prediction.candidate.ulysses == 1
-            and (
-                r.prediction.candidate.layout in t.causal_layouts
-                or (r.prediction.candidate.layout == "contiguous" and not r.prediction.candidate.causal)
-            )
-        ),
-        None,
-    )
+
+    def ring_only(r: RankedCandidate) -> bool:
+        a = r.prediction.candidate
+        return a.ulysses == 1 and (
+            a.layout in t.causal_layouts or (a.layout == "contiguous" and not a.causal)
+        )
+
+    ring_alternative = next(filter(ring_only, ranked), None)
+    caveats = (Caveat("torchtitan"), Caveat("titan_ulysses", (c.ulysses,)))
     if ring_alternative is None:
-        caveats = (Caveat("torchtitan"), Caveat("titan_ulysses", (c.ulysses,)), Caveat("no_ring_mesh"))
-        return FrameworkSetting(t.name, False, "-", caveats=caveats)
+        return FrameworkSetting(t.name, False, "-", caveats=(*caveats, Caveat("no_ring_mesh")))
     closest = _closest("closest_ring", ring_alternative, ranked, c.world)
-    caveats = (Caveat("torchtitan"), Caveat("titan_ulysses", (c.ulysses,)), closest)
-    return FrameworkSetting(t.name, False, settings, caveats=caveats)
+    return FrameworkSetting(t.name, False, settings, caveats=(*caveats, closest))

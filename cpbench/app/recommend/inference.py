@@ -4,8 +4,7 @@ The model and the output: docs/inference.md."""
 
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from cpbench.app.recommend.inference_settings import ServingSetting, serving_settings
@@ -97,12 +96,12 @@ class InferenceRequest:
             (self.kv_memory_gib is None or self.kv_memory_gib > 0,
              f"--kv-memory-gib must be > 0, got {self.kv_memory_gib}"),
             (self.top >= 0, f"--top must be >= 0, got {self.top}"),
+            (self.gpus_per_node is None or self.gpus_per_node >= 1,
+             f"--gpus-per-node must be >= 1, got {self.gpus_per_node}"),
         )  # fmt: skip
         for ok, message in rules:
             if not ok:
                 raise CpbenchError(message)
-        if self.gpus_per_node is not None and self.gpus_per_node < 1:
-            raise CpbenchError(f"--gpus-per-node must be >= 1, got {self.gpus_per_node}")
 
     @property
     def decode(self) -> bool:
@@ -117,8 +116,6 @@ def degrees(gpus: int) -> tuple[int, ...]:
 def _profile(request: InferenceRequest) -> HardwareProfile:
     profile = load_profile(request.hardware or DEFAULT_HARDWARE)
     if request.gpus_per_node is not None and request.gpus_per_node != profile.devices_per_node:
-        from dataclasses import replace  # noqa: PLC0415
-
         profile = replace(profile, devices_per_node=request.gpus_per_node)
     return profile
 
@@ -182,9 +179,7 @@ class RingVerdict:
     """Which of pass-KV / pass-Q wins on the widest ring, and the numbers that say why."""
 
     kv: PrefillPrice
-    """pass-KV's price."""
     q: PrefillPrice
-    """pass-Q's price."""
     cached_len: int
     """P."""
     prompt_len: int
@@ -228,7 +223,6 @@ class InferenceRecommendation:
     """The answer of `recommend --inference` (`inference_report` is its `--json`)."""
 
     request: InferenceRequest
-    """The question."""
     profile: HardwareProfile
     """The profile priced on (with `--gpus-per-node`)."""
     uncertainty: Uncertainty
@@ -259,8 +253,7 @@ class InferenceRecommendation:
 
     @property
     def ratio_sigma(self) -> float:
-        u = self.uncertainty
-        return u.split.ratio_sigma if u.split else u.sigma
+        return self.uncertainty.ratio_sigma
 
     def instead(self, setting: ServingSetting) -> RankedPrice | None:
         """The candidate a setting runs instead of the winner (its scheme on the winner's
@@ -299,11 +292,10 @@ def recommend_inference(request: InferenceRequest) -> InferenceRecommendation:
                 priced.append(price_prefill(scheme, request.cached_len, request.prompt_len,
                                             shape, w, profile, request.kernel))  # fmt: skip
     priced.sort(key=lambda c: (c.total_s, c.world))
-    lead, split = (priced[0].total_s if priced else 0.0), uncertainty.split
+    lead = priced[0].total_s if priced else 0.0
     layers_decoded = request.layers if request.decode else None
     ranked = tuple(
-        RankedPrice(c, i, ratio_tied(lead, c.total_s, split.ratio_sigma) if split
-                    else math.isclose(c.total_s, lead),
+        RankedPrice(c, i, ratio_tied(lead, c.total_s, uncertainty.ratio_sigma),
                     shape.batch / (c.total_s * layers_decoded) if layers_decoded else None)
         for i, c in enumerate(priced, 1)
     )  # fmt: skip
@@ -404,9 +396,7 @@ def _verdict_json(v: RingVerdict) -> dict[str, Any]:
 
 
 def _setting_json(rec: InferenceRecommendation, s: ServingSetting) -> dict[str, Any]:
-    row = attributes(s, "framework expressible settings note docs")
-    if s.runs_instead is not None:
-        row["runs_instead"] = s.runs_instead
+    row = {key: value for key, value in asdict(s).items() if value is not None}  # runs_instead
     instead, winner = rec.instead(s), rec.ranked[0] if rec.ranked else None
     if instead is not None and winner is not None:
         slower = instead.price.total_s / winner.price.total_s

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cpbench.app.recommend.frameworks import ServingFramework, framework_table
+from cpbench.app.recommend.frameworks import ServingFramework, ServingNotes, framework_table
 from cpbench.config.problem import CpProblem
 
 
@@ -20,7 +20,6 @@ class ServingSetting:
     settings: str
     """The flags, or why it cannot and what it runs."""
     note: str
-    """What to know about the setting."""
     docs: str
     """Where the framework documents it."""
     runs_instead: str | None = None
@@ -32,61 +31,47 @@ def serving_settings(
 ) -> tuple[ServingSetting, ...]:
     """One row per framework for the winner (`scheme` on `world` GPUs): the flags that run
     it, or `expressible: False` with what the framework runs instead and why."""
-    if decode:
-        return _decode_rows(world, gpus, shape)
-    return _prefill_rows(scheme, world, gpus, cached_len)
-
-
-def _frameworks() -> tuple[ServingFramework, ServingFramework]:
     serving = framework_table().serving
-    return serving.vllm, serving.sglang
-
-
-def _prefill_rows(
-    scheme: str, world: int, gpus: int, cached_len: int
-) -> tuple[ServingSetting, ...]:
+    # cpbench prices every head on every rank: no TP inside the CP group; the GPUs left over
+    # serve other requests as data-parallel replicas
     replicas = max(1, gpus // world)
-    notes = framework_table().serving.notes
+    return tuple(
+        _decode_row(f, serving.notes, world, replicas, shape)
+        if decode
+        else _prefill_row(f, serving.notes, scheme, world, replicas, cached_len)
+        for f in (serving.vllm, serving.sglang)
+    )
+
+
+def _with_replicas(flags: str, template: str, replicas: int) -> str:
+    return flags + (template.format(replicas=replicas) if replicas > 1 else "")
+
+
+def _prefill_row(
+    f: ServingFramework, notes: ServingNotes, scheme: str, world: int, replicas: int,
+    cached_len: int,
+) -> ServingSetting:  # fmt: skip
     if world == 1:
-        return tuple(ServingSetting(f.name, True, f.prefill_one, notes.prefill_one, f.docs)
-                     for f in _frameworks())  # fmt: skip
-    cache_note = notes.cache.format(cached_len=cached_len) if cached_len else ""
-    rows = []
-    for f in _frameworks():
-        # cpbench prices every head on every rank: no TP inside the CP group; the GPUs left
-        # over serve other requests as data-parallel replicas
-        flags = f.prefill.format(world=world) + (
-            f.prefill_replicas.format(replicas=replicas) if replicas > 1 else ""
-        )
-        docs = f"{f.docs}; design {f.design}" if f.design else f.docs
-        if scheme in f.prefill_schemes:
-            note = notes.all_gather.format(cache=cache_note)
-            rows.append(ServingSetting(f.name, True, flags, note, docs))
-        else:
-            settings = notes.cannot_prefill.format(scheme=scheme, flags=flags)
-            note = notes.cannot_prefill_note
-            rows.append(ServingSetting(f.name, False, settings, note, docs, "all_gather"))
-    return tuple(rows)
+        return ServingSetting(f.name, True, f.prefill_one, notes.prefill_one, f.docs)
+    flags = _with_replicas(f.prefill.format(world=world), f.prefill_replicas, replicas)
+    docs = f"{f.docs}; design {f.design}" if f.design else f.docs
+    if scheme in f.prefill_schemes:
+        cache = notes.cache.format(cached_len=cached_len) if cached_len else ""
+        return ServingSetting(f.name, True, flags, notes.all_gather.format(cache=cache), docs)
+    settings = notes.cannot_prefill.format(scheme=scheme, flags=flags)
+    return ServingSetting(f.name, False, settings, notes.cannot_prefill_note, docs, "all_gather")
 
 
-def _decode_rows(world: int, gpus: int, shape: CpProblem) -> tuple[ServingSetting, ...]:
-    notes = framework_table().serving.notes
+def _decode_row(
+    f: ServingFramework, notes: ServingNotes, world: int, replicas: int, shape: CpProblem
+) -> ServingSetting:
+    docs = f.decode_docs or f.docs
     if world == 1:
-        return tuple(
-            ServingSetting(f.name, True, f.decode_one, notes.decode_one, f.decode_docs or f.docs)
-            for f in _frameworks()
-        )
-    replicas = gpus // world
-    rows = []
-    for f in _frameworks():
-        docs = f.decode_docs or f.docs
-        flags = f.decode.format(world=world)
-        if f.decode_gqa:
-            flags += f.decode_replicas.format(replicas=replicas) if replicas > 1 else ""
-            note = f.decode_note.format(world=world)
-            rows.append(ServingSetting(f.name, True, flags, note, docs))
-        else:
-            settings = notes.cannot_decode.format(heads=shape.heads, kv_heads=shape.kv_heads, flags=flags)
-            rows.append(ServingSetting(f.name, False, settings, f.decode_note, docs))
-    return tuple(rows)
-
+        return ServingSetting(f.name, True, f.decode_one, notes.decode_one, docs)
+    flags = f.decode.format(world=world)
+    if not f.decode_gqa:
+        heads, kv_heads = shape.heads, shape.kv_heads
+        settings = notes.cannot_decode.format(heads=heads, kv_heads=kv_heads, flags=flags)
+        return ServingSetting(f.name, False, settings, f.decode_note, docs)
+    flags = _with_replicas(flags, f.decode_replicas, replicas)
+    return ServingSetting(f.name, True, flags, f.decode_note.format(world=world), docs)

@@ -13,13 +13,10 @@ class ParallelSizes:
     """Megatron's device dimensions: world = TP x CP x PP x DP, and the global batch."""
 
     world: int
-    """GPUs in total."""
     tp: int
-    """Tensor-parallel size."""
     cp: int
     """Context-parallel size (U x R)."""
     pp: int
-    """Pipeline-parallel size."""
     dp: int
     """Data-parallel size: world / (TP x CP x PP)."""
     micro_batch: int
@@ -53,13 +50,8 @@ def solve_parallel_sizes(
     grad_accum: int = 1,
 ) -> ParallelSizes:
     """Solve world = TP x CP x PP x DP; CP defaults to gpus / (TP x PP) (DP = 1)."""
-    for name, value in (
-        ("gpus", gpus),
-        ("tp", tp),
-        ("pp", pp),
-        ("micro batch", micro_batch),
-        ("grad accum", grad_accum),
-    ):
+    for name, value in (("gpus", gpus), ("tp", tp), ("pp", pp), ("micro batch", micro_batch),
+                        ("grad accum", grad_accum)):  # fmt: skip
         check_positive_int(name, value)
     if gpus % (tp * pp):
         raise CpbenchError(

@@ -4,16 +4,14 @@ measurements when results files are given; measured candidates ranked by measure
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from cpbench.app.formulas import mask_from_options
 from cpbench.app.recommend.explain import explain
 from cpbench.app.recommend.frameworks import framework_settings
-from cpbench.app.recommend.parallel import (
-    ParallelSizes,
-    solve_parallel_sizes,
-)
+from cpbench.app.recommend.parallel import ParallelSizes, solve_parallel_sizes
 from cpbench.app.recommend.types import (
     DEFAULT_HARDWARE,
     RankedCandidate,
@@ -123,13 +121,8 @@ def _tp_shape(request: RecommendRequest) -> AttentionShape:
             f"TP ({tp}) must divide heads ({request.heads}) and kv_heads ({request.kv_heads}): "
             f"tensor parallelism gives each TP rank heads / TP query and KV heads"
         )
-    return AttentionShape(
-        request.seq_len,
-        request.heads // tp,
-        request.kv_heads // tp,
-        request.head_dim,
-        request.batch,
-    )
+    heads, kv_heads = request.heads // tp, request.kv_heads // tp
+    return AttentionShape(request.seq_len, heads, kv_heads, request.head_dim, request.batch)
 
 
 def _profile_for(
@@ -222,34 +215,20 @@ def _evaluate(
             )
             for cp_comm, stride in options:
                 candidate = MeshCandidate.for_shape(
-                    shape,
-                    ulysses=ulysses,
-                    ring=ring,
-                    layout=layout,
-                    dtype=request.dtype,
-                    causal=mask.causal,
-                    phase=request.phase,
-                    documents=mask.documents,
-                    window=mask.window,
-                    cp_comm=cp_comm,
-                    heads_k_stride=stride,
-                )
+                    shape, ulysses=ulysses, ring=ring, layout=layout, dtype=request.dtype,
+                    causal=mask.causal, phase=request.phase, documents=mask.documents,
+                    window=mask.window, cp_comm=cp_comm, heads_k_stride=stride,
+                )  # fmt: skip
                 prediction = predict(candidate, profile, per_node, rank_stride=sizes.tp)
                 rule = prediction.memory_rule()
                 if rule is not None:
                     label = layout_label(prediction) + comm_label(prediction)
-                    memory.append(
-                        Rejection(ulysses, ring, (label,), rule, "memory", prediction.candidate.cp_comm)
-                    )
+                    comm = prediction.candidate.cp_comm
+                    memory.append(Rejection(ulysses, ring, (label,), rule, "memory", comm))
                     continue
                 measured = matching_measurement(candidate, measurements)
-                ranked.append(
-                    RankedCandidate(
-                        prediction,
-                        measured.median_s if measured else None,
-                        measured.record_id if measured else None,
-                    )
-                )
+                found = (measured.median_s, measured.record_id) if measured else (None, None)
+                ranked.append(RankedCandidate(prediction, *found))
     ranked.sort(key=rank_key)
     rejected = [
         Rejection(u, r, tuple(layouts), rule, "mesh")
@@ -265,13 +244,7 @@ def _merge_memory_rejections(rejections: Sequence[Rejection]) -> list[Rejection]
     for r in rejections:
         key = (r.ulysses, r.ring, r.cp_comm)
         first = merged.get(key)
-        merged[key] = (
-            r
-            if first is None
-            else Rejection(
-                r.ulysses, r.ring, first.layouts + r.layouts, first.rule, r.kind, r.cp_comm
-            )
-        )
+        merged[key] = r if first is None else replace(first, layouts=first.layouts + r.layouts)
     return list(merged.values())
 
 

@@ -39,16 +39,11 @@ def _exchange(r: RankedCandidate) -> dict[str, Any]:
     }
 
 
-def tie_scenario(rec: Recommendation) -> dict[str, Any]:
-    """The scenario as a TOML-ready dict: [axes] at the requested shape (per TP rank) with the
-    first candidate's mesh, layout and exchange, one [[also]] table per further candidate (so
-    exactly those are measured, not a product), world size = the CP degree, device cuda on a
-    GPU profile."""
-    return candidates_scenario(rec, scenario_candidates(rec))
-
-
 def candidates_scenario(rec: Recommendation, chosen: Sequence[RankedCandidate]) -> dict[str, Any]:
-    """The scenario (as `tie_scenario`) that measures exactly `chosen` of `rec`'s candidates."""
+    """The scenario that measures exactly `chosen` of `rec`'s candidates, as a TOML-ready dict:
+    [axes] at the requested shape (per TP rank) with the first candidate's mesh, layout and
+    exchange, one [[also]] table per further candidate (so exactly those are measured, not a
+    product), world size = the CP degree, device cuda on a GPU profile."""
     q, shape, mask = rec.request, rec.shape, rec.mask
     world = rec.sizes.cp
     per_node = rec.gpus_per_node
@@ -87,8 +82,9 @@ def candidates_scenario(rec: Recommendation, chosen: Sequence[RankedCandidate]) 
 
 
 def write_tie_scenario(rec: Recommendation, path: str | Path) -> Path:
-    """Write `tie_scenario` as TOML to `path` (the folder must exist); the path written."""
-    data = tie_scenario(rec)
+    """Write the scenario of `scenario_candidates` as TOML to `path` (the folder must exist);
+    the path written."""
+    data = candidates_scenario(rec, scenario_candidates(rec))
     if not data["also"]:
         del data["also"]
     return write_atomically(path, tomli_w.dumps(data), "--write-scenario")

@@ -11,9 +11,7 @@ from cpbench.app.recommend.parallel import ParallelSizes
 from cpbench.config.constraints import AttentionShape
 from cpbench.config.masks import MaskSpec
 from cpbench.config.vocabulary import CpComm, Phase
-from cpbench.model.calibrate import (
-    CalibrationResult,
-)
+from cpbench.model.calibrate import CalibrationResult
 from cpbench.model.calibrate.error_split import ErrorSplit
 from cpbench.model.cost.prediction import Prediction
 from cpbench.model.formulas import CollectiveKind
@@ -45,7 +43,6 @@ class Uncertainty:
     """How sure the model is: one sigma of its relative step-time error, and why."""
 
     kind: SigmaKind
-    """calibration, probe or prior."""
     sigma: float
     """One standard deviation of the relative error (0.35 = 35%)."""
     source: str
@@ -55,31 +52,30 @@ class Uncertainty:
     candidate's own part (what a tie of two predictions is tested on: their ratio's sigma,
     `ErrorSplit.ratio_sigma`); None: ties tested against sigma itself."""
 
+    @property
+    def ratio_sigma(self) -> float:
+        """Sigma of the log-ratio of two predictions (sigma itself without a split)."""
+        return self.split.ratio_sigma if self.split else self.sigma
+
 
 @dataclass(frozen=True)
 class RecommendRequest:
     """What `cpbench recommend` is asked."""
 
     heads: int
-    """Query heads of the model."""
     kv_heads: int
-    """KV heads of the model."""
     seq_len: int = 131072
     """Global sequence length."""
     head_dim: int = 128
-    """Head dimension."""
     batch: int = 1
     """Micro-batch (sequences per step of one data-parallel rank)."""
     gpus: int = 8
-    """GPUs in total."""
     gpus_per_node: int | None = None
     """Devices per node; None = the hardware profile's."""
     hardware: str | None = None
     """Profile name or TOML path; None = h100-sxm (cpu-local when all results are CPU runs)."""
     dtype: str = "bfloat16"
-    """Activation dtype."""
     causal: bool = True
-    """Causal mask."""
     documents: str | None = None
     """Packed documents: lengths, a file of lengths or a distribution
     (`cpbench.config.documents.resolve_documents`); None = one sequence."""
@@ -90,7 +86,6 @@ class RecommendRequest:
     tp: int = 1
     """Tensor-parallel size (splits the heads before CP)."""
     pp: int = 1
-    """Pipeline-parallel size."""
     cp: int | None = None
     """Context-parallel size; None = gpus / (TP x PP)."""
     grad_accum: int = 1
@@ -121,7 +116,6 @@ class RankedCandidate:
     measured_s: float | None = None
     """Measured step time (results record median) when this configuration was measured."""
     record_id: str | None = None
-    """Id of the record measured."""
     interval: PredictionInterval | None = None
     """The prediction with its uncertainty: step x exp(+-sigma) (`Uncertainty`)."""
     measured_interval: Interval | None = None
@@ -148,7 +142,6 @@ class RankedCandidate:
 
     @property
     def source(self) -> str:
-        """measured or model."""
         return "measured" if self.measured_s is not None else "model"
 
     @property
@@ -183,11 +176,8 @@ class Rejection:
     """A candidate that cannot run, with the rule that rejects it."""
 
     ulysses: int
-    """U."""
     ring: int
-    """R."""
     layouts: tuple[str, ...]
-    """Layouts the rule rejects."""
     rule: str
     """The rule with the numbers (check_mesh's reason, or the memory rule)."""
     kind: str
@@ -211,7 +201,6 @@ class Caveat:
     """One thing to know about a framework setting."""
 
     kind: CaveatKind
-    """What it is about."""
     values: tuple[int, ...] = ()
     """Its numbers: a degree, a stride, a replication factor, KV heads."""
     name: str = ""
@@ -288,7 +277,6 @@ class TieCall:
 
     @property
     def pick(self) -> RankedCandidate:
-        """The candidate picked (the first tied)."""
         return self.tied[0]
 
 
@@ -327,15 +315,12 @@ class LayoutFacts:
     """One layout's causal work on a mesh under a document or window mask."""
 
     layout: str
-    """The layout."""
     work_imbalance: float
     """Slowest ring rank's work / mean."""
     slowest_ring_rank: int
-    """The ring rank with the most work."""
     ring_steps: int
     """Ring steps run (of R)."""
     padding: int
-    """Padding tokens."""
     padding_fraction: float
     """Extra query-key pairs from the padding (fraction)."""
 
@@ -359,7 +344,6 @@ class MaskFacts:
     documents: int
     """Packed documents (0: one sequence)."""
     window: int | None
-    """Sliding window W, if any."""
 
 
 @dataclass(frozen=True)
@@ -367,23 +351,18 @@ class GatherFacts:
     """Where all-gather wins or loses against the ring and Ulysses."""
 
     best: CandidateFacts
-    """The fastest all-gather candidate."""
     kv_heads_per_rank: int
-    """KV heads per rank it gathers."""
     received_bytes: int
     """Bytes received per rank per forward."""
     gathers: int
     """Gathers (head strides) per pass."""
     stride: int
-    """KV heads per gather."""
     ring: CandidateFacts | None
-    """The ring on the same mesh."""
     pure: tuple[CandidateFacts, CandidateFacts] | None
     """(all-gather, ring) without Ulysses, when the best all-gather has U > 1."""
     strided: tuple[CandidateFacts, CandidateFacts, int] | None
     """(strided, unstrided, stride) on one mesh and layout."""
     fastest_ulysses: CandidateFacts | None
-    """The fastest Ulysses-only candidate."""
 
 
 @dataclass(frozen=True)
@@ -393,9 +372,7 @@ class LinkUse:
     bytes: int
     """Forward plus backward bytes."""
     kind: CollectiveKind
-    """all_to_all or send_recv."""
     link: str
-    """The link's name in the profile."""
 
 
 @dataclass(frozen=True)
@@ -403,7 +380,6 @@ class TierBound:
     """A link tier that sets the bandwidth time of one collective kind the winner calls."""
 
     kind: CollectiveKind
-    """all_to_all or send_recv."""
     tier: str
     """The tier: a `[topology]` tier's kind (nvlink, pcie_switch, host_bridge, numa_node,
     socket), or intra_node / inter_node on a flat profile and for the network."""
@@ -418,11 +394,8 @@ class Explanation:
     """Why the winner wins (`cpbench.render.recommend.explanation.why_lines` and `explanation_text`)."""
 
     winner: CandidateFacts
-    """The winner's numbers."""
     measured: bool
-    """Whether the winner's time is a measurement."""
     phase: Phase
-    """The phase ranked by."""
     runner_up: CandidateFacts | None
     """The fastest candidate on another mesh (None: the only feasible mesh)."""
     margin: float | None
@@ -430,17 +403,12 @@ class Explanation:
     same_mesh_ties: tuple[str, ...]
     """Layouts on the winner's mesh at the same time."""
     all_gather: bool
-    """Whether the winner's ring axis gathers K/V."""
     placement: Placement
     """Where the winner's groups sit and which tier each collective uses."""
     links: tuple[LinkUse, ...]
-    """Bytes per link the winner sends."""
     balance: Balance
-    """How its causal work is spread."""
     layout: str
-    """Its layout."""
     mask_label: str
-    """Its mask, named."""
     work_imbalance: float
     """Slowest / mean rank work."""
     imbalance_s: float
@@ -454,7 +422,6 @@ class Explanation:
     kernel_seq_len: int
     """Tokens the kernel works on (L / R)."""
     attention_tflops: float
-    """Kernel TFLOP/s per rank."""
     curve_note: str
     """Which kernel and efficiency curve priced the compute."""
     memory_capacity_bytes: float
@@ -475,11 +442,9 @@ class Recommendation:
     """The answer of `recommend`."""
 
     request: RecommendRequest
-    """The question."""
     profile: HardwareProfile
     """The profile used (calibrated when results were given)."""
     sizes: ParallelSizes
-    """TP x CP x PP x DP."""
     shape: AttentionShape
     """The attention problem of one TP rank (heads / TP)."""
     gpus_per_node: int
@@ -487,13 +452,10 @@ class Recommendation:
     ranked: tuple[RankedCandidate, ...]
     """Feasible candidates, fastest first (all of them)."""
     rejected: tuple[Rejection, ...]
-    """Infeasible candidates with their rules."""
     explanation: Explanation | None
     """Why the winner wins, as facts (None: nothing is feasible)."""
     frameworks: tuple[FrameworkSetting, ...]
-    """Settings per framework."""
     calibration: CalibrationResult | None
-    """The calibration done on the results, if any."""
     warnings: tuple[str, ...] = ()
     """What the user should know about the answer (e.g. no built-in profile describes the
     measured GPU, so the calibration started from a fallback)."""
@@ -506,7 +468,6 @@ class Recommendation:
 
     @property
     def winner(self) -> RankedCandidate | None:
-        """The fastest feasible candidate."""
         return self.ranked[0] if self.ranked else None
 
     @property

@@ -70,17 +70,11 @@ def profile_uncertainty(
     if residuals:
         worst = max(residuals)
         sigma = max(PROBE_SIGMA_FLOOR, worst)
-        return Uncertainty(
-            "probe",
-            sigma,
-            f"cpbench probe fit error: largest RMS residual {worst:.1%} of {len(residuals)} "
-            f"link fit(s)",
-            prior_split(sigma),
-        )
+        text = f"cpbench probe fit error: largest RMS residual {worst:.1%} of {len(residuals)}"
+        return Uncertainty("probe", sigma, f"{text} link fit(s)", prior_split(sigma))
     sigma, _ = relative_sigma(None)
-    return Uncertainty(
-        "prior", sigma, "the uncalibrated prior's stated accuracy, an estimate", prior_split(sigma)
-    )
+    text = "the uncalibrated prior's stated accuracy, an estimate"
+    return Uncertainty("prior", sigma, text, prior_split(sigma))
 
 
 def _split_from(
@@ -97,13 +91,8 @@ def _split_from(
     if not residuals:
         return prior_split(sigma)
     candidate = min(sigma, estimated.candidate_sigma)
-    return ErrorSplit(
-        math.sqrt(max(0.0, sigma**2 - candidate**2)),
-        candidate,
-        estimated.source,
-        estimated.points,
-        estimated.groups,
-    )
+    common = math.sqrt(max(0.0, sigma**2 - candidate**2))
+    return replace(estimated, common_sigma=common, candidate_sigma=candidate)
 
 
 def with_intervals(
@@ -113,19 +102,15 @@ def with_intervals(
 ) -> list[RankedCandidate]:
     """The candidates with their predicted interval and, when measured, the measured one."""
     by_id = {str(r.get("id")): r for r in records}
-    out = []
-    for r in ranked:
-        record = by_id.get(r.record_id) if r.record_id is not None else None
-        out.append(
-            replace(
-                r,
-                interval=prediction_interval(
-                    r.prediction.step_s, uncertainty.sigma, uncertainty.source
-                ),
-                measured_interval=record_interval(record) if record is not None else None,
-            )
+    sigma, source = uncertainty.sigma, uncertainty.source
+    return [
+        replace(
+            r,
+            interval=prediction_interval(r.prediction.step_s, sigma, source),
+            measured_interval=record_interval(by_id[r.record_id]) if r.record_id in by_id else None,
         )
-    return out
+        for r in ranked
+    ]
 
 
 def call_ties(
@@ -292,17 +277,20 @@ def _candidate_mesh(r: RankedCandidate) -> tuple[int, int]:
     return c.ulysses, c.ring
 
 
-def _within(uncertainty: Uncertainty, candidates: Sequence[RankedCandidate]) -> str:
-    """What the tie or the margin is measured against, in words."""
-    if all(r.measured_s is not None for r in candidates):
-        return "their measured 95% intervals overlap"
-    split = uncertainty.split
-    if split is not None:
+def _against(uncertainty: Uncertainty, measured: bool, tie: bool) -> str:
+    """What a tie (or a clear winner's margin) is measured against, in words."""
+    split, source = uncertainty.split, uncertainty.source
+    if measured:
+        return "their measured 95% intervals overlap" if tie else "measured 95% intervals apart"
+    if split is None:
+        return f"{'within' if tie else 'beyond'} ±{uncertainty.sigma:.0%} ({source})"
+    ratio = "one sigma of a ratio of two predictions"
+    if tie:
         return (
-            f"within x{math.exp(split.ratio_sigma):.2f} of the leader (one sigma of a ratio of "
-            f"two predictions, {split.ratio_sigma:.0%}; {uncertainty.source})"
+            f"within x{math.exp(split.ratio_sigma):.2f} of the leader ({ratio}, "
+            f"{split.ratio_sigma:.0%}; {source})"
         )
-    return f"within ±{uncertainty.sigma:.0%} ({uncertainty.source})"
+    return f"beyond the ratio's ±{split.ratio_sigma:.0%} ({ratio}; {source})"
 
 
 def _message(
@@ -315,26 +303,18 @@ def _message(
         labels = ", ".join(r.label for r in tied_set[:LISTED])
         if len(tied_set) > LISTED:
             labels += f" and {len(tied_set) - LISTED} more"
+        measured = all(r.measured_s is not None for r in tied_set)
         return (
-            f"the top {len(tied_set)} tie {_within(uncertainty, tied_set)}: {labels}; pick "
-            f"{tied_set[0].label}: {decision}; to separate them measure them with `cpbench "
+            f"the top {len(tied_set)} tie {_against(uncertainty, measured, True)}: {labels}; "
+            f"pick {tied_set[0].label}: {decision}; to separate them measure them with `cpbench "
             f"sweep` (--write-scenario PATH writes that scenario)"
         )
     leader = tied_set[0]
     if runner_up is None:
         return f"{leader.label} is the only feasible candidate"
     margin = runner_up.time_s / leader.time_s - 1 if leader.time_s > 0 else 0.0
-    split = uncertainty.split
-    if leader.measured_s is not None and runner_up.measured_s is not None:
-        basis = "measured 95% intervals apart"
-    elif split is not None:
-        basis = (
-            f"beyond the ratio's ±{split.ratio_sigma:.0%} (one sigma of a ratio of two "
-            f"predictions; {uncertainty.source})"
-        )
-    else:
-        basis = f"beyond ±{uncertainty.sigma:.0%} ({uncertainty.source})"
+    measured = leader.measured_s is not None and runner_up.measured_s is not None
     return (
         f"{leader.label} is the clear winner: {margin:.0%} ahead of {runner_up.label}, "
-        f"{basis}"
+        f"{_against(uncertainty, measured, False)}"
     )
