@@ -678,3 +678,26 @@ def test_the_framework_table_is_validated() -> None:
         titan = torchtitan_setting(rec.winner.prediction, rec.ranked)
     assert titan.expressible
     assert not torchtitan_setting(rec.winner.prediction, rec.ranked).expressible
+
+
+def test_a_layout_too_costly_to_count_is_rejected_with_the_rule(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # issue 39: with packed documents, doc_zigzag, striped and balanced cut each document into
+    # up to 2R parts, and counting their schedules exactly grows as documents x R^2 (minutes and
+    # 37 GB at 1,024 GPUs); a ranking skips those over its budget, saying so, and answers with
+    # the rest. Here a budget of 50,000 part pairs stands for the real 30 million: doc_zigzag
+    # at R = 16 pairs 64 x 2 x 32^2 (documents and their padding), at R = 8 a quarter of it.
+    from cpbench.config import block_counts  # noqa: PLC0415 (the budget this test lowers)
+
+    monkeypatch.setattr(block_counts, "RANKING_PART_PAIRS", 50_000)
+    lengths = ",".join(str(n) for n in range(200, 264))  # 64 documents, 14,816 tokens
+    rec = recommend_mesh(RecommendRequest(heads=16, kv_heads=16, seq_len=14_816, gpus=16,
+                                          documents=lengths))  # fmt: skip
+    skipped = [r for r in rec.rejected if r.rule.startswith("not priced")]
+    assert {r.ring for r in skipped} == {16}, skipped
+    assert "doc_zigzag" in skipped[0].layouts
+    assert "over 50,000 part pairs" in skipped[0].rule
+    ranked = {(r.prediction.candidate.ring, r.prediction.candidate.layout) for r in rec.ranked}
+    assert (16, "contiguous") in ranked and (16, "doc_zigzag") not in ranked
+    assert (8, "doc_zigzag") in ranked

@@ -46,17 +46,16 @@ class CountingTooCostly(CpbenchError):
 
     def __init__(self, part_pairs: int, budget: int) -> None:
         self.part_pairs, self.budget = part_pairs, budget
-        super().__init__(
-            f"its exact ring schedule is {part_pairs:,} pairs of document parts, over the "
-            f"{budget:,} a ranking counts"
-        )
+        self.rule = f"not priced: counting it exactly is over {budget:,} part pairs"
+        super().__init__(f"{self.rule}: {part_pairs:,}")
 
 
 @contextmanager
-def counting_budget(part_pairs: int = RANKING_PART_PAIRS) -> Iterator[None]:
+def counting_budget(part_pairs: int | None = None) -> Iterator[None]:
     """Within it, `table_counts` raises `CountingTooCostly` instead of counting a schedule of
-    more than `part_pairs` pairs of parts (a ranking skips such a candidate, saying why)."""
-    token = _BUDGET.set(part_pairs)
+    more than `part_pairs` (default `RANKING_PART_PAIRS`) pairs of parts (a ranking skips such
+    a candidate, saying why)."""
+    token = _BUDGET.set(RANKING_PART_PAIRS if part_pairs is None else part_pairs)
     try:
         yield
     finally:

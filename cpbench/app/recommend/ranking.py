@@ -24,6 +24,7 @@ from cpbench.app.recommend.types import (
 )
 from cpbench.app.recommend.uncertainty import call_ties, profile_uncertainty, with_intervals
 from cpbench.config.bench import factorizations
+from cpbench.config.block_counts import CountingTooCostly, counting_budget
 from cpbench.config.constraints import AttentionShape, check_mesh
 from cpbench.config.masks import MaskSpec
 from cpbench.config.problem import MeshCandidate, check_phase, check_positive_int
@@ -219,7 +220,13 @@ def _evaluate(
                     causal=mask.causal, phase=request.phase, documents=mask.documents,
                     window=mask.window, cp_comm=cp_comm, heads_k_stride=stride,
                 )  # fmt: skip
-                prediction = predict(candidate, profile, per_node, rank_stride=sizes.tp)
+                try:
+                    with counting_budget():
+                        prediction = predict(candidate, profile, per_node, rank_stride=sizes.tp)
+                except CountingTooCostly as refused:
+                    key = (ulysses, ring, refused.rule)
+                    mesh_rules.setdefault(key, []).append(layout)
+                    break  # the packing is the layout's, whatever the exchange
                 rule = prediction.memory_rule()
                 if rule is not None:
                     label = layout_label(prediction) + comm_label(prediction)
