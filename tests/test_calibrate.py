@@ -30,7 +30,6 @@ from cpbench.model.calibrate import (
 from cpbench.model.calibrate.measurements import (
     Measurement,
     default_prior,
-    default_prior_name,
     resolve_prior,
 )
 from cpbench.model.hardware.loading import load_profile
@@ -372,7 +371,6 @@ def test_prior_is_the_profile_of_the_gpu_the_records_name(
 ) -> None:
     choice = default_prior([_gpu_measurement(names)])
     assert choice.name == prior and choice.warning is None
-    assert default_prior_name([_gpu_measurement(names)]) == prior
 
 
 def test_unknown_gpu_falls_back_to_h100_with_a_warning_naming_it() -> None:

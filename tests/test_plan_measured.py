@@ -41,7 +41,7 @@ from cpbench.model.cost.prediction import predict
 from cpbench.model.hardware.loading import load_profile
 from cpbench.model.hardware.profile import EfficiencyCurve
 from cpbench.model.plan.memory import Parallelism
-from cpbench.model.plan.step import step_time
+from cpbench.model.plan.step import step_time_of_layer
 from cpbench.model.plan.transformer import ModelSpec
 from cpbench.model.ties import PRIOR_RELATIVE_ERROR
 
@@ -166,17 +166,20 @@ def test_time_model_against_a_measured_cpu_step() -> None:
 
     prediction = predict(candidate(TINY.heads), profile, 1)
     par = Parallelism(tp=1, ulysses=1, ring=1, pp=1, dp=1)
-    predicted = step_time(TINY, par, SEQ_LEN, prediction, profile, 1, "float32")
+    predicted = step_time_of_layer(TINY, par, SEQ_LEN, prediction.forward.total_s,
+                                   prediction.backward.total_s, profile, 1, "float32")
     # the kernel rate measured on half the heads: the efficiency that reproduces that time
     halved = predict(candidate(TINY.heads // 2), profile, 1)
     per_layer = half[0] / TINY.layers
     efficiency = profile.curve().at(SEQ_LEN) * halved.step_s / per_layer
     measured_curve = EfficiencyCurve((SEQ_LEN,), (efficiency,), "measured on 2 heads")
-    only: dict[str, Any] = {f: None for f in profile.kernel_curves}  # the measured curve only
+    others = [f for f in profile.kernels.given if f != profile.default_kernel]
+    only: dict[str, Any] = {f: None for f in others}  # the measured curve only
     kernels = replace(profile.kernels, **only, **{profile.default_kernel: measured_curve})
     calibrated = replace(profile, kernels=kernels)
-    accounted = step_time(TINY, par, SEQ_LEN, predict(candidate(TINY.heads), calibrated, 1),
-                          calibrated, 1, "float32")
+    rated = predict(candidate(TINY.heads), calibrated, 1)
+    accounted = step_time_of_layer(TINY, par, SEQ_LEN, rated.forward.total_s,
+                                   rated.backward.total_s, calibrated, 1, "float32")
     rows = {
         "matmul part (step without attention), prior": (predicted.gemm_s, matmul,
                                                         PRIOR_RELATIVE_ERROR),

@@ -461,8 +461,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "plan-zero-gradients-sharded-from-stage-1",
         PLAN_MEMORY,
-        "g_div = n if par.zero >= 2 else 1",
-        "g_div = n if par.zero >= 1 else 1",
+        '("gradients", GRAD_BYTES, "fp32", 2, "ZeRO-2+")',
+        '("gradients", GRAD_BYTES, "fp32", 1, "ZeRO-2+")',
         "ZeRO stage threshold off by one: gradients sharded from stage 1 instead of 2",
         (f"{MEMORY_BY_HAND}test_weight_gradient_and_optimizer_bytes_per_zero_stage",),
         fast=True,
@@ -470,8 +470,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "plan-zero-weights-sharded-from-stage-2",
         PLAN_MEMORY,
-        "w_div = n if par.zero >= 3 else 1",
-        "w_div = n if par.zero >= 2 else 1",
+        '("weights", WEIGHT_BYTES, "bf16", 3, "ZeRO-3")',
+        '("weights", WEIGHT_BYTES, "bf16", 2, "ZeRO-3")',
         "ZeRO stage threshold off by one: weights sharded from stage 2 instead of 3",
         (f"{MEMORY_BY_HAND}test_weight_gradient_and_optimizer_bytes_per_zero_stage",),
         fast=True,
@@ -479,8 +479,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "plan-zero-optimizer-sharded-from-stage-2",
         PLAN_MEMORY,
-        "o_div = n if par.zero >= 1 else 1",
-        "o_div = n if par.zero >= 2 else 1",
+        '"fp32 master + Adam m, v", 1,',
+        '"fp32 master + Adam m, v", 2,',
         "ZeRO stage threshold off by one: optimizer states sharded from stage 2 instead of 1",
         (f"{MEMORY_BY_HAND}test_weight_gradient_and_optimizer_bytes_per_zero_stage",),
         fast=True,

@@ -14,15 +14,14 @@ if TYPE_CHECKING:  # the names, for type checkers and readers
         OVERLAP_RIDGE,
         CalibrationResult,
         FitReport,
-        ParameterFit,
         calibration_summary,
         fit_profile,
         solve_relative,
     )
+    from cpbench.model.calibrate.joint import ParameterFit
     from cpbench.model.calibrate.measurements import (
         Measurement,
         default_prior,
-        default_prior_name,
         measurement_from_record,
         measurements_from_records,
     )
@@ -38,31 +37,23 @@ if TYPE_CHECKING:  # the names, for type checkers and readers
         validation_summary,
     )
 
-_WHERE = {
-    "CalibrationResult": "cpbench.model.calibrate.fit",
-    "DEFAULT_RIDGE": "cpbench.model.calibrate.fit",
-    "EFFICIENCY_CEILING": "cpbench.model.calibrate.fit",
-    "FitReport": "cpbench.model.calibrate.fit",
-    "Measurement": "cpbench.model.calibrate.measurements",
-    "OVERLAP_RIDGE": "cpbench.model.calibrate.fit",
-    "ParameterFit": "cpbench.model.calibrate.fit",
-    "SPLITS": "cpbench.model.calibrate.validation",
-    "Split": "cpbench.model.calibrate.validation",
-    "TIE": "cpbench.model.calibrate.validation",
-    "calibration_summary": "cpbench.model.calibrate.fit",
-    "default_prior": "cpbench.model.calibrate.measurements",
-    "default_prior_name": "cpbench.model.calibrate.measurements",
-    "fit_profile": "cpbench.model.calibrate.fit",
-    "holdout_evaluation": "cpbench.model.calibrate.validation",
-    "measurement_from_record": "cpbench.model.calibrate.measurements",
-    "measurements_from_records": "cpbench.model.calibrate.measurements",
-    "solve_relative": "cpbench.model.calibrate.fit",
-    "spearman": "cpbench.model.calibrate.stats",
-    "split_measurements": "cpbench.model.calibrate.validation",
-    "validate_profile": "cpbench.model.calibrate.validation",
-    "validation_rows": "cpbench.model.calibrate.validation",
-    "validation_summary": "cpbench.model.calibrate.validation",
-}
+_EXPORTS = {
+    "cpbench.model.calibrate.fit": (
+        "DEFAULT_RIDGE", "EFFICIENCY_CEILING", "OVERLAP_RIDGE", "CalibrationResult", "FitReport",
+        "calibration_summary", "fit_profile", "solve_relative",
+    ),
+    "cpbench.model.calibrate.joint": ("ParameterFit",),
+    "cpbench.model.calibrate.measurements": (
+        "Measurement", "default_prior", "measurement_from_record",
+        "measurements_from_records",
+    ),
+    "cpbench.model.calibrate.stats": ("spearman",),
+    "cpbench.model.calibrate.validation": (
+        "SPLITS", "TIE", "Split", "holdout_evaluation", "split_measurements", "validate_profile",
+        "validation_rows", "validation_summary",
+    ),
+}  # fmt: skip
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 """Where each exported name lives: the package imports a submodule on first use, so a rank
 that only needs `stats` (the timing's intervals) does not import scipy.optimize with `fit`."""
 
@@ -71,6 +62,7 @@ def __getattr__(name: str) -> Any:
     if name not in _WHERE:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     return getattr(importlib.import_module(_WHERE[name]), name)
+
 
 __all__ = [
     "DEFAULT_RIDGE",
@@ -85,7 +77,6 @@ __all__ = [
     "Split",
     "calibration_summary",
     "default_prior",
-    "default_prior_name",
     "fit_profile",
     "holdout_evaluation",
     "measurement_from_record",

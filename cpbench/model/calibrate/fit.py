@@ -6,14 +6,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
 from scipy.optimize import lsq_linear
 
 from cpbench.errors import CpbenchError
-from cpbench.model.calibrate.joint import LinkKey, fit_joint, link_cost
+from cpbench.model.calibrate.joint import (
+    LinkKey,
+    ParameterFit,
+    fit_joint,
+    link_cost,
+    link_label,
+    link_order,
+    set_link_cost,
+)
 from cpbench.model.calibrate.measurements import Measurement, as_measurements, resolve_prior
 from cpbench.model.calibrate.stats import rms
 from cpbench.model.cost.breakdown import CommTerm
@@ -24,7 +32,7 @@ from cpbench.model.hardware.profile import (
     HardwareProfile,
     LinkCost,
 )
-from cpbench.model.hardware.transforms import with_curve, with_link_cost, with_table, with_tier_cost
+from cpbench.model.hardware.transforms import with_curve, with_table
 from cpbench.units import GB
 
 DEFAULT_RIDGE = 1e-4
@@ -70,28 +78,6 @@ def solve_relative(
 
 
 @dataclass(frozen=True)
-class ParameterFit:
-    """One fitted parameter, before and after."""
-
-    name: str
-    """e.g. `intra_node all_to_all busbw`."""
-    unit: str
-    """Unit of prior and fitted."""
-    prior: float
-    """Value in the prior profile."""
-    fitted: float
-    """Value after the fit."""
-    points: int
-    """Measurements that constrain it (0: kept at the prior)."""
-    prior_sd: float | None = None
-    """Joint fit: the prior sd of its log (None: a linear fit's parameter)."""
-    posterior_sd: float | None = None
-    """Joint fit: the posterior sd of its log."""
-    status: str | None = None
-    """Joint fit: determined, constrained or undetermined (`joint.JointParameter.status`)."""
-
-
-@dataclass(frozen=True)
 class FitReport:
     """One least-squares fit: what was fitted on how many points, and how well."""
 
@@ -105,7 +91,6 @@ class FitReport:
     residual_after: float
     """RMS relative error after the fit."""
     parameters: tuple[ParameterFit, ...]
-    """The fitted parameters."""
 
 
 @dataclass(frozen=True)
@@ -113,7 +98,6 @@ class CalibrationResult:
     """A calibrated profile with the report of its fits."""
 
     profile: HardwareProfile
-    """The fitted profile."""
     prior: HardwareProfile
     """The profile the fit started from."""
     points: int
@@ -167,28 +151,18 @@ def _fit_links(
         if rms(after) >= residual * 0.999:
             break
         profile, residual = fitted_profile, rms(after)
-        points = {**points, **fitted_points}
+        points.update(fitted_points)
         rows = _comm_rows(measurements, profile)
     parameters = []
-    for key, count in sorted(points.items(), key=lambda kv: _key_order(kv[0])):
+    for key, count in sorted(points.items(), key=lambda kv: link_order(kv[0])):
         old, new = link_cost(prior_profile, key), link_cost(profile, key)
-        tier, kind, level = key
-        label = (
-            f"{tier} {kind}"
-            if level is None
-            else f"topology tier {level} ({profile.node_tiers()[level].kind}) {kind}"
-        )
+        label = link_label(profile, key)
         parameters += [
             ParameterFit(f"{label} latency", "us", old.latency_s * 1e6, new.latency_s * 1e6, count),
             ParameterFit(f"{label} busbw", "GB/s", old.busbw / GB, new.busbw / GB, count),
         ]
     report = FitReport("comm_only", len(rows), rms(before), residual, tuple(parameters))
     return profile, report
-
-
-def _key_order(key: LinkKey) -> tuple[str, str, int]:
-    tier, kind, level = key
-    return (tier, kind, -1 if level is None else level)
 
 
 def _fit_links_once(
@@ -198,23 +172,15 @@ def _fit_links_once(
     ridge: float,
 ) -> tuple[HardwareProfile, dict[LinkKey, int]]:
     """One linear fit of the link costs the rows' terms price (linearised at `profile`)."""
-    keys = sorted({(t.tier, t.kind, t.level) for *_, terms in rows for t in terms}, key=_key_order)
+    keys = sorted({(t.tier, t.kind, t.level) for *_, terms in rows for t in terms}, key=link_order)
     column = {key: 2 * i for i, key in enumerate(keys)}
     design = np.zeros((len(rows), 2 * len(keys)))
     for i, (*_, terms) in enumerate(rows):
         for t in terms:
             design[i, column[(t.tier, t.kind, t.level)]] += t.messages
             design[i, column[(t.tier, t.kind, t.level)] + 1] += t.bytes
-    prior = np.array(
-        [
-            value
-            for key in keys
-            for value in (
-                max(link_cost(profile, key).latency_s, 1e-7),
-                1.0 / link_cost(profile, key).busbw,
-            )
-        ]
-    )
+    costs = [link_cost(profile, key) for key in keys]
+    prior = np.array([v for c in costs for v in (max(c.latency_s, 1e-7), 1.0 / c.busbw)])
     target = np.array([comm for _, comm, _, _ in rows])
     fitted = solve_relative(design, target, prior, ridge)
     points: dict[LinkKey, int] = {}
@@ -226,11 +192,7 @@ def _fit_links_once(
             float(1.0 / fitted[col + 1]),
             f"calibrated on {points[key]} comm-only measurements (prior {prior_name})",
         )
-        tier, kind, level = key
-        if level is None:
-            profile = with_link_cost(profile, tier, kind, cost)
-        else:
-            profile = with_tier_cost(profile, level, kind, cost)
+        profile = set_link_cost(profile, key, cost)
     return profile, points
 
 
@@ -268,9 +230,8 @@ def _fit_compute(
     overhead = float(fitted[overhead_col])
     scale = max(1.0, max(efficiency))
     notes = []
-    peaks = dict(profile.peak_tflops)
+    peaks = {k: v * scale for k, v in profile.peak_tflops.items()}
     if scale > 1.0:
-        peaks = {k: v * scale for k, v in peaks.items()}
         notes.append(
             f"a fitted kernel efficiency reached {scale:.2f} of the prior peak: every dtype's peak "
             f"raised x{scale:.2f} so the curve stays in (0, 1]"
@@ -289,20 +250,12 @@ def _fit_compute(
     before = [(p.compute_only_s - compute) / compute for _, compute, p in rows]
     after = [(m.predict(new).compute_only_s - compute) / compute for m, compute, _ in rows]
     parameters = [
-        ParameterFit(
-            f"kernel efficiency at L/R={n}",
-            "",
-            profile.efficiency.at(n),
-            new.efficiency.at(n),
-            int(np.count_nonzero(design[:, column[n]])),
-        )
+        ParameterFit(f"kernel efficiency at L/R={n}", "", profile.efficiency.at(n),
+                     new.efficiency.at(n), int(np.count_nonzero(design[:, column[n]])))
         for n in lengths
     ]
-    parameters.append(
-        ParameterFit(
-            "step overhead", "us", profile.step_overhead_s * 1e6, overhead * 1e6, len(rows)
-        )
-    )
+    parameters.append(ParameterFit("step overhead", "us", profile.step_overhead_s * 1e6,
+                                   overhead * 1e6, len(rows)))
     report = FitReport("compute_only", len(rows), rms(before), rms(after), tuple(parameters))
     return new, report, notes
 
@@ -317,11 +270,8 @@ def _fit_overlap(
     with OVERLAP_RIDGE pulling u towards the prior (the signal is small when the ring's
     communication is short next to its compute)."""
     full = with_table(profile, "overheads", overlap=1.0)
-    rows = []
-    for m in measurements:
-        p = m.predict(full)
-        if p.phase_time.overlappable_s > 0:
-            rows.append((m, p))
+    predictions = [(m, m.predict(full)) for m in measurements]
+    rows = [(m, p) for m, p in predictions if p.phase_time.overlappable_s > 0]
     if not rows:
         return profile, None
     prior_u = 1.0 - profile.overlap
@@ -337,27 +287,6 @@ def _fit_overlap(
     after = [relative_error(m, new) for m, _ in rows]
     parameter = ParameterFit("ring overlap", "", profile.overlap, overlap, len(rows))
     return new, FitReport("median", len(rows), rms(before), rms(after), (parameter,))
-
-
-# --------------------------------------------------------------------------------- joint
-
-
-def _fit_joint(
-    measurements: Sequence[Measurement], profile: HardwareProfile
-) -> tuple[HardwareProfile, FitReport]:
-    """The joint fit of every measured time (joint.py), regularised toward the profile the
-    linear fits left (the prior itself where no compute-only / comm-only time fitted it)."""
-    fit = fit_joint(measurements, profile)
-    parameters = tuple(
-        ParameterFit(
-            p.name, p.unit, p.prior, p.fitted, fit.rows if p.status != "undetermined" else 0,
-            p.prior_sd, p.posterior_sd, p.status,
-        )
-        for p in fit.parameters
-    )  # fmt: skip
-    return fit.profile, FitReport(
-        "joint", fit.rows, fit.residual_before, fit.residual_after, parameters
-    )
 
 
 # ------------------------------------------------------------------------------- calibrate
@@ -392,7 +321,13 @@ def fit_profile(
         # kernel are fitted from their own times; else it would absorb their errors, and the
         # joint fit takes it with them
         profile, overlap = _fit_overlap(measurements, profile)
-    profile, joint = _fit_joint(measurements, profile)
+    # the joint fit of every measured time, regularised toward the profile the linear fits
+    # left (the prior itself where no compute-only / comm-only time fitted it)
+    fitted = fit_joint(measurements, profile)
+    profile = fitted.profile
+    joint = FitReport(
+        "joint", fitted.rows, fitted.residual_before, fitted.residual_after, fitted.parameters
+    )
     if links is None:
         notes.insert(0, "no comm_only times with communication: links kept from the prior")
     if overlap is None:
@@ -430,26 +365,7 @@ def calibration_summary(result: CalibrationResult) -> dict[str, Any]:
         "residual_before": result.residual_before,
         "residual": result.residual,
         "fits": [
-            {
-                "target": f.target,
-                "points": f.points,
-                "residual_before": f.residual_before,
-                "residual_after": f.residual_after,
-                "parameters": [
-                    {
-                        "name": p.name,
-                        "unit": p.unit,
-                        "prior": p.prior,
-                        "fitted": p.fitted,
-                        "points": p.points,
-                        "prior_sd": p.prior_sd,
-                        "posterior_sd": p.posterior_sd,
-                        "status": p.status,
-                    }
-                    for p in f.parameters
-                ],
-            }
-            for f in result.fits
+            {**asdict(f), "parameters": [asdict(p) for p in f.parameters]} for f in result.fits
         ],
         "notes": list(result.notes),
     }

@@ -14,6 +14,7 @@ from scipy.optimize import least_squares
 
 from cpbench.errors import CpbenchError
 from cpbench.model.calibrate.measurements import Measurement
+from cpbench.model.calibrate.stats import rms
 from cpbench.model.cost.prediction import Prediction, predict
 from cpbench.model.formulas import CollectiveKind
 from cpbench.model.hardware.profile import HardwareProfile, LinkBasis, LinkCost, LinkTier
@@ -59,35 +60,39 @@ LOWEST_U = 0.02
 LinkKey = tuple[LinkTier, CollectiveKind, "int | None"]
 """What a comm term prices: (link tier, collective kind, topology node tier or None)."""
 ParameterStatus = Literal["determined", "constrained", "undetermined"]
-"""How well the data pin a parameter down (`JointParameter.status`)."""
+"""How well the data pin a parameter down (`parameter_status`)."""
 
 
 @dataclass(frozen=True)
-class JointParameter:
-    """One parameter of the joint fit: its prior and fitted values and how well the data pin
-    it down."""
+class ParameterFit:
+    """One fitted parameter, before and after (of a linear fit, or of the joint fit with its
+    prior and posterior sd and how well the data pin it down)."""
 
     name: str
     """e.g. `intra_node all_to_all busbw`."""
     unit: str
     """Unit of prior and fitted."""
     prior: float
-    """Value in the reference profile."""
+    """Value in the prior profile."""
     fitted: float
     """Value after the fit."""
-    prior_sd: float
-    """Prior sd of its log."""
-    posterior_sd: float
-    """Posterior sd of its log ((J^T J)^-1 at the optimum)."""
+    points: int
+    """Measurements that constrain it (0: kept at the prior)."""
+    prior_sd: float | None = None
+    """Joint fit: the prior sd of its log (None: a linear fit's parameter)."""
+    posterior_sd: float | None = None
+    """Joint fit: the posterior sd of its log ((J^T J)^-1 at the optimum)."""
+    status: ParameterStatus | None = None
+    """Joint fit: `parameter_status`."""
 
-    @property
-    def status(self) -> ParameterStatus:
-        """determined, constrained or undetermined (docs/cost-model.md section 2)."""
-        if self.posterior_sd <= DETERMINED_SD:
-            return "determined"
-        if self.posterior_sd < CONSTRAINED_RATIO * self.prior_sd:
-            return "constrained"
-        return "undetermined"
+
+def parameter_status(prior_sd: float, posterior_sd: float) -> ParameterStatus:
+    """determined, constrained or undetermined (docs/cost-model.md section 2)."""
+    if posterior_sd <= DETERMINED_SD:
+        return "determined"
+    if posterior_sd < CONSTRAINED_RATIO * prior_sd:
+        return "constrained"
+    return "undetermined"
 
 
 @dataclass(frozen=True)
@@ -95,9 +100,8 @@ class JointFit:
     """The result of a joint fit."""
 
     profile: HardwareProfile
-    """The fitted profile."""
-    parameters: tuple[JointParameter, ...]
-    """Every parameter, fitted or kept at the prior."""
+    parameters: tuple[ParameterFit, ...]
+    """Every parameter, fitted or kept at the prior (points: the rows, 0 when undetermined)."""
     rows: int
     """Measured times fitted (steps, compute-only and comm-only times)."""
     residual_before: float
@@ -127,18 +131,26 @@ def link_cost(profile: HardwareProfile, key: LinkKey) -> LinkCost:
     return profile.node_tiers()[level].cost(kind)
 
 
-def _set_link(profile: HardwareProfile, key: LinkKey, cost: LinkCost) -> HardwareProfile:
+def set_link_cost(profile: HardwareProfile, key: LinkKey, cost: LinkCost) -> HardwareProfile:
+    """`profile` with the link a comm term prices set to `cost`."""
     tier, kind, level = key
     if level is None:
         return with_link_cost(profile, tier, kind, cost)
     return with_tier_cost(profile, level, kind, cost)
 
 
-def _link_label(profile: HardwareProfile, key: LinkKey) -> str:
+def link_label(profile: HardwareProfile, key: LinkKey) -> str:
+    """The link in words: `intra_node all_to_all`, or `topology tier 1 (nvlink) send_recv`."""
     tier, kind, level = key
     if level is None:
         return f"{tier} {kind}"
     return f"topology tier {level} ({profile.node_tiers()[level].kind}) {kind}"
+
+
+def link_order(key: LinkKey) -> tuple[str, str, int]:
+    """Sort key of the links: tier, kind, then node tier (the link tier's own first)."""
+    tier, kind, level = key
+    return (tier, kind, -1 if level is None else level)
 
 
 def _specs(reference: HardwareProfile, keys: Sequence[LinkKey], ring: bool) -> list[_Spec]:
@@ -156,16 +168,16 @@ def _specs(reference: HardwareProfile, keys: Sequence[LinkKey], ring: bool) -> l
               lambda p, v: overhead(p, v * 1e-6)),
     ]  # fmt: skip
     for key in keys:
-        label = _link_label(reference, key)
+        label = link_label(reference, key)
         cost = link_cost(reference, key)
 
         def latency(p: HardwareProfile, v: float, key: LinkKey = key) -> HardwareProfile:
             old = link_cost(p, key)
-            return _set_link(p, key, replace(old, latency_s=v * 1e-6))
+            return set_link_cost(p, key, replace(old, latency_s=v * 1e-6))
 
         def busbw(p: HardwareProfile, v: float, key: LinkKey = key) -> HardwareProfile:
             old = link_cost(p, key)
-            return _set_link(p, key, replace(old, busbw=v * GB))
+            return set_link_cost(p, key, replace(old, busbw=v * GB))
 
         specs += [
             _Spec(f"{label} latency", "us", "latency", max(cost.latency_s, 1e-7) * 1e6, latency),
@@ -188,18 +200,9 @@ def _prior_sd(spec: _Spec) -> float:
 
 
 def _times(m: Measurement) -> list[tuple[str, float]]:
-    out = [("median", m.median_s)]
-    if m.compute_only_s is not None:
-        out.append(("compute_only", m.compute_only_s))
-    if m.comm_only_s is not None:
-        out.append(("comm_only", m.comm_only_s))
-    return out
-
-
-def _predicted(p: Prediction, what: str) -> float:
-    if what == "median":
-        return p.step_s
-    return p.compute_only_s if what == "compute_only" else p.comm_only_s
+    """(the `Prediction` property predicting it, the time) of each time measured in `m`."""
+    times = {"step_s": m.median_s, "compute_only_s": m.compute_only_s, "comm_only_s": m.comm_only_s}
+    return [(what, t) for what, t in times.items() if t is not None]
 
 
 JACOBIAN_STEP = 1e-4
@@ -223,10 +226,7 @@ def fit_joint(measurements: Sequence[Measurement], reference: HardwareProfile) -
     if not measurements:
         raise CpbenchError("a joint fit needs at least one measurement")
     base = [predict(m.candidate, reference, m.devices_per_node, memory=False) for m in measurements]
-    keys = sorted(
-        {(t.tier, t.kind, t.level) for p in base for t in p.comm_terms},
-        key=lambda k: (k[0], k[1], -1 if k[2] is None else k[2]),
-    )
+    keys = sorted({(t.tier, t.kind, t.level) for p in base for t in p.comm_terms}, key=link_order)
     ring = any(p.phase_time.overlappable_s > 0 for p in base)
     specs = _specs(reference, keys, ring)
     prior_sds = np.array([_prior_sd(s) for s in specs])
@@ -246,7 +246,7 @@ def fit_joint(measurements: Sequence[Measurement], reference: HardwareProfile) -
             key = id(m)
             if key not in cache:
                 cache[key] = predict(m.candidate, profile, m.devices_per_node, memory=False)
-            out[i] = math.log(max(_predicted(cache[key], what), 1e-15)) - measured
+            out[i] = math.log(max(getattr(cache[key], what), 1e-15)) - measured
         return out
 
     def residuals(theta: np.ndarray, noise: float) -> np.ndarray:
@@ -254,7 +254,7 @@ def fit_joint(measurements: Sequence[Measurement], reference: HardwareProfile) -
 
     theta = np.zeros(len(specs))
     start = log_errors(theta)
-    before = float(np.sqrt(np.mean(start**2)))
+    before = rms(start)
     dof = max(1, len(rows) - len(specs))
     if before < NOISE_FLOOR:
         # the reference explains every time to below the noise floor (the linear fits did):
@@ -277,9 +277,13 @@ def fit_joint(measurements: Sequence[Measurement], reference: HardwareProfile) -
         jac = np.asarray(solution.jac, dtype=float)
     posterior = np.sqrt(np.diag(np.linalg.pinv(jac.T @ jac)))
     fitted = profile_at(theta)
-    parameters = tuple(
-        JointParameter(s.name, s.unit, s.value, s.value * math.exp(float(x)), float(sd), float(ps))
-        for s, x, sd, ps in zip(specs, theta, prior_sds, posterior, strict=True)
-    )
-    after = float(np.sqrt(np.mean(log_errors(theta) ** 2)))
-    return JointFit(fitted, parameters, len(rows), before, after, noise)
+    parameters = []
+    for spec, x, sd, ps in zip(specs, theta, prior_sds, posterior, strict=True):
+        status = parameter_status(float(sd), float(ps))
+        points = len(rows) if status != "undetermined" else 0
+        fitted_value = spec.value * math.exp(float(x))
+        parameters.append(ParameterFit(
+            spec.name, spec.unit, spec.value, fitted_value, points, float(sd), float(ps), status
+        ))
+    after = rms(log_errors(theta))
+    return JointFit(fitted, tuple(parameters), len(rows), before, after, noise)

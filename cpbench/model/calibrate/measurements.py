@@ -140,16 +140,6 @@ def default_prior(measurements: Sequence[Measurement], given: str | None = None)
     return choose_profile([name for m in gpu for name in m.device_names], cpu=cpu, given=given)
 
 
-def default_prior_name(measurements: Sequence[Measurement]) -> str:
-    """The name of `default_prior` (cpu-local, the records' GPU profile, or h100-sxm)."""
-    return default_prior(measurements).name
-
-
-def measured_kernels(profile: HardwareProfile, measurements: Sequence[Measurement]) -> set[str]:
-    """The kernel families the measurements ran, resolved on `profile`."""
-    return {profile.kernel_for(m.candidate.kernel, m.candidate.dtype) for m in measurements}
-
-
 def resolve_prior(
     prior: HardwareProfile | str | None, measurements: Sequence[Measurement]
 ) -> HardwareProfile:
@@ -159,8 +149,8 @@ def resolve_prior(
     if isinstance(prior, HardwareProfile):
         base = prior
     else:
-        base = load_profile(prior or default_prior_name(measurements))
-    families = measured_kernels(base, measurements)
+        base = load_profile(prior or default_prior(measurements).name)
+    families = {base.kernel_for(m.candidate.kernel, m.candidate.dtype) for m in measurements}
     if len(families) == 1:
         return with_default_kernel(base, families.pop())
     return base

@@ -122,9 +122,10 @@ def validate_published(
 ) -> list[MachineValidation]:
     """Every machine of the published table (the shipped one unless `path`), by machine;
     without `leave_one_group_out` the prior alone (the out-of-sample table)."""
-    table = read_table_rows(path or published_table())
+    path = path or published_table()
+    table = read_table_rows(path)
     if not table:
-        raise CpbenchError(f"{path or published_table()} has no rows")
+        raise CpbenchError(f"{path} has no rows")
     by_machine: dict[str, list[tuple[Measurement, str]]] = {}
     profiles: dict[str, set[str]] = {}
     for row_id, row in table:
@@ -134,7 +135,7 @@ def validate_published(
     for machine, named in profiles.items():
         if len(named) > 1:
             raise CpbenchError(
-                f"{path or published_table()}: the rows of {machine!r} name profiles "
+                f"{path}: the rows of {machine!r} name profiles "
                 f"{sorted(named)}: one machine starts from one profile"
             )
     return [

@@ -16,9 +16,9 @@ from cpbench.model.ties import CONFIDENCE, Interval, median_interval, median_ran
 # scipy.stats is imported where it is used (`spearman`): it costs most of a second.
 
 
-def rms(values: Sequence[float]) -> float:
+def rms(values: Sequence[float] | np.ndarray) -> float:
     """Root mean square; 0 for no values."""
-    if not values:
+    if len(values) == 0:
         return 0.0
     return float(np.sqrt(np.mean(np.square(np.asarray(values, dtype=float)))))
 

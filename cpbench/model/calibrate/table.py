@@ -129,9 +129,9 @@ def _clean(raw: Mapping[str, Any]) -> dict[str, Any]:
 
 def _error_text(error: Any) -> str:
     """One pydantic error as `field: rule, got value`."""
-    field = ".".join(str(x) for x in error["loc"]) or "row"
     if not error["loc"]:
         return str(error["msg"]).removeprefix("Value error, ")
+    field = ".".join(str(x) for x in error["loc"])
     return f"{field}: {error['msg']}, got {error.get('input')!r}"
 
 

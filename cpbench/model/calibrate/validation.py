@@ -8,6 +8,7 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from cpbench.config.problem import check_choice
 from cpbench.config.vocabulary import SPLITS, Split
 from cpbench.errors import CpbenchError
 from cpbench.model.calibrate.fit import calibration_summary, fit_profile
@@ -119,8 +120,7 @@ def split_measurements(
     out every 1/fraction-th one (systematic sampling from a random offset), so each mesh with
     several configurations lands on both sides; `random` shuffles them all.
     """
-    if split not in SPLITS:
-        raise CpbenchError(f"split {split!r} is not one of {', '.join(SPLITS)}")
+    check_choice("split", split, SPLITS)
     if not 0 < fraction < 1:
         raise CpbenchError(f"holdout fraction must be between 0 and 1 (exclusive), got {fraction}")
     n = len(measurements)
@@ -159,15 +159,11 @@ def holdout_evaluation(
     result = fit_profile(train, prior)
     rows = validation_rows(test, result.profile)
     summary = validation_summary(test, rows)
+    del summary["n"]  # n_test
     return {
         "n_train": len(train),
         "n_test": len(test),
-        "median_abs_error": summary["median_abs_error"],
-        "max_abs_error": summary["max_abs_error"],
-        "spearman": summary["spearman"],
-        "regret": summary["regret"],
-        "regret_mean": summary["regret_mean"],
-        "groups": summary["groups"],
+        **summary,
         "split": split,
         "fraction": fraction,
         "seed": seed,

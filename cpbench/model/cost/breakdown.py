@@ -75,9 +75,7 @@ class TierTraffic:
     """all_to_all or send_recv (the all-gather stage counts as all_to_all: it is priced on the
     all-to-all link cost)."""
     forward_bytes: int
-    """Forward bytes."""
     backward_bytes: int
-    """Backward bytes."""
 
     @property
     def total_bytes(self) -> int:
@@ -94,9 +92,7 @@ class CommTerm:
     """
 
     tier: LinkTier
-    """Link tier."""
     kind: CollectiveKind
-    """Collective kind."""
     phase: Pass
     """forward or backward."""
     messages: int

@@ -4,6 +4,7 @@ The head-dim table (FlashAttention-2 on an RTX 4090) and its use: docs/cost-mode
 
 from __future__ import annotations
 
+import itertools
 import math
 
 from cpbench.config.vocabulary import Pass
@@ -31,17 +32,11 @@ def head_dim_factor(head_dim: int, causal: bool, phase: Pass) -> float:
     table = _TFLOPS[(phase, causal)]
     dims = sorted(table)
     reference = table[REFERENCE_HEAD_DIM]
-    if head_dim <= dims[0]:
-        return table[dims[0]] / reference
-    if head_dim >= dims[-1]:
-        return table[dims[-1]] / reference
-    x = math.log2(head_dim)
-    for low, high in zip(dims, dims[1:], strict=False):
-        if head_dim <= high:
-            x0, x1 = math.log2(low), math.log2(high)
-            value = table[low] + (table[high] - table[low]) * (x - x0) / (x1 - x0)
-            return value / reference
-    return table[dims[-1]] / reference  # unreachable: head_dim < dims[-1] was handled
+    if head_dim <= dims[0] or head_dim >= dims[-1]:  # constant outside the table
+        return table[dims[0] if head_dim <= dims[0] else dims[-1]] / reference
+    low, high = next((low, high) for low, high in itertools.pairwise(dims) if head_dim <= high)
+    x, x0, x1 = math.log2(head_dim), math.log2(low), math.log2(high)
+    return (table[low] + (table[high] - table[low]) * (x - x0) / (x1 - x0)) / reference
 
 
 def kernel_factor(kernel: str, device: str, head_dim: int, causal: bool, phase: Pass) -> float:

@@ -44,9 +44,7 @@ class Prediction:
     attention_tflops: float
     """Achieved kernel TFLOP/s per rank assumed (peak x efficiency)."""
     forward: PhaseTime
-    """Forward breakdown."""
     backward: PhaseTime
-    """Backward breakdown."""
     traffic: tuple[TierTraffic, ...]
     """Bytes per rank per (tier, kind); they sum to comm_volume's totals."""
     comm_terms: tuple[CommTerm, ...]

@@ -55,9 +55,8 @@ def _phase_factor(phase: Pass) -> Fraction:
 def _step_merges(ctx: Context, phase: Pass) -> list[float]:
     """Memory-bound seconds of each ring step of a phase."""
     c = ctx.config
-    bandwidth, steps = ctx.profile.memory_bandwidth, c.ring_steps
-    first = [merge_bytes(c, phase, 0) / bandwidth]
-    return first + [merge_bytes(c, phase, 1) / bandwidth] * (steps - 1) if steps > 1 else first
+    first, later = (merge_bytes(c, phase, step) / ctx.profile.memory_bandwidth for step in (0, 1))
+    return [first] + [later] * (c.ring_steps - 1)
 
 
 @dataclass(frozen=True)
@@ -216,11 +215,10 @@ def _ring_time(
         return computes[0], 0.0, 0.0, ()
     per_call = {c.name: c.bytes_per_call for c in ctx.volume.collectives(phase)}
     kv, dkv = per_call.get("p2p_kv", 0), per_call.get("p2p_dkv", 0)  # zeros without a ring
-    overlap = ctx.profile.overlap
     total = comm = hidden = 0.0
     terms: list[CommTerm] = []
     hops: dict[int, tuple[float, list[CommTerm]]] = {}  # one hop time per size, not per step
-    exposed = 1 - overlap
+    exposed = 1 - ctx.profile.overlap
     # The next step's K/V, and (from step 2) the dK/dV accumulator posted after step s-1: the
     # own chunk's gradient stays home, so the first accumulator leaves after step 1. Steps
     # 2..k-2 carry the same bytes: one hop size, timed once; a step whose compute repeats the

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
+from cpbench.config.problem import check_choice
 from cpbench.config.vocabulary import CpComm
 from cpbench.errors import CpbenchError
 
@@ -22,7 +23,6 @@ class FrameworkAttention:
     """How one framework runs CP attention, in the cost model's terms."""
 
     framework: Framework
-    """The framework."""
     ulysses: bool
     """Whether it runs Ulysses (all-to-all) groups."""
     ring: bool
@@ -74,19 +74,13 @@ cpbench/data/published/end_to_end.toml)."""
 
 def framework_attention(framework: str) -> FrameworkAttention:
     """A framework's attention; CpbenchError naming the frameworks otherwise."""
-    if framework not in FRAMEWORK_ATTENTION:
-        raise CpbenchError(f"framework {framework!r} is not one of {', '.join(FRAMEWORKS)}")
-    return FRAMEWORK_ATTENTION[framework]
+    return FRAMEWORK_ATTENTION[check_choice("framework", framework, FRAMEWORKS)]
 
 
 def linear_speedup(precision: str) -> float:
     """GEMM rate of the linears over bf16 ones; CpbenchError on an unknown precision."""
-    if precision == "bf16":
-        return 1.0
-    if precision == "fp8":
-        return FP8_LINEAR_SPEEDUP
-    raise CpbenchError(f"linear precision {precision!r} is not one of "
-                       f"{', '.join(LINEAR_PRECISIONS)}")
+    fp8 = check_choice("linear precision", precision, LINEAR_PRECISIONS) == "fp8"
+    return FP8_LINEAR_SPEEDUP if fp8 else 1.0
 
 
 def check_attention_factor(value: float | None) -> float | None:

@@ -51,10 +51,7 @@ SAVED_ATTENTION_ITEMS = frozenset(
 
 def check_recompute(value: object) -> Recompute:
     """`value` as a Recompute; CpbenchError naming it otherwise."""
-    for option in RECOMPUTES:
-        if value == option:
-            return option
-    raise CpbenchError(f"recompute {value!r} is not one of {', '.join(RECOMPUTES)}")
+    return check_choice("recompute", value, RECOMPUTES)
 
 
 def check_zero(value: object) -> int:
@@ -219,15 +216,11 @@ def attention_buffer_bytes(config: CpProblem) -> int:
     """Transient bytes of the CP scheme for one layer: the largest stage of
     `cpbench.model.memory`'s estimate less the saved Q, K, V, O and LSE it holds there."""
     estimate = memory_estimate(config)
-    best = 0
-    for stage in estimate.stages:
-        live = sum(
-            item.bytes
-            for item in estimate.items
-            if stage in item.stages and item.name not in SAVED_ATTENTION_ITEMS
-        )
-        best = max(best, live)
-    return best
+    transient = [item for item in estimate.items if item.name not in SAVED_ATTENTION_ITEMS]
+    live = [
+        sum(item.bytes for item in transient if stage in item.stages) for stage in estimate.stages
+    ]
+    return max(live, default=0)
 
 
 # ------------------------------------------------------------------------- the stage
@@ -264,9 +257,6 @@ def stage_memory(
     first, last = stage in ("first", "only"), stage in ("last", "only")
     t, n = par.tp, par.zero_group
     params = params_per_rank(model, layers, first, last, par.pp, t)
-    w_div = n if par.zero >= 3 else 1
-    g_div = n if par.zero >= 2 else 1
-    o_div = n if par.zero >= 1 else 1
     e = DTYPE_BYTES[canonical_dtype(dtype)]
     s = seq_len / par.cp
     b = par.micro_batch
@@ -275,21 +265,18 @@ def stage_memory(
         model, s, b, t, par.recompute, par.sequence_parallel, scores_materialised, dtype, seq_len
     )
     p_label = f"{params / 1e9:.3f} G params per rank"
-    parts = [
-        MemoryComponent(
-            "weights", params * WEIGHT_BYTES / w_div,
-            f"{p_label} x {WEIGHT_BYTES} B (bf16)" + (f" / {n} (ZeRO-3)" if w_div > 1 else ""),
-        ),
-        MemoryComponent(
-            "gradients", params * GRAD_BYTES / g_div,
-            f"{p_label} x {GRAD_BYTES} B (fp32)" + (f" / {n} (ZeRO-2+)" if g_div > 1 else ""),
-        ),
-        MemoryComponent(
-            "optimizer", params * OPTIMIZER_BYTES / o_div,
-            f"{p_label} x {OPTIMIZER_BYTES} B (fp32 master + Adam m, v)"
-            + (f" / {n} (ZeRO-1+ over DP {par.dp} x CP {par.cp})" if o_div > 1 else ""),
-        ),
-    ]
+    states = (  # (component, bytes per parameter, what they are, ZeRO stage sharding it)
+        ("weights", WEIGHT_BYTES, "bf16", 3, "ZeRO-3"),
+        ("gradients", GRAD_BYTES, "fp32", 2, "ZeRO-2+"),
+        ("optimizer", OPTIMIZER_BYTES, "fp32 master + Adam m, v", 1,
+         f"ZeRO-1+ over DP {par.dp} x CP {par.cp}"),
+    )
+    parts = []
+    for name, size, kind, sharded_from, zero_label in states:
+        div = n if par.zero >= sharded_from else 1
+        sharded = f" / {n} ({zero_label})" if div > 1 else ""
+        parts.append(MemoryComponent(name, params * size / div,
+                                     f"{p_label} x {size} B ({kind}){sharded}"))
     if par.zero >= 3:
         gathered = ZERO3_GATHERED_LAYERS * model.layer_params / t * WEIGHT_BYTES
         parts.append(MemoryComponent(

@@ -1,6 +1,4 @@
-"""What a plan search is given beside the model, the GPUs and L: the user's choices
-(`cpbench plan`'s options), one frozen dataclass that the request (`cpbench.app.plan
-.PlanRequest`) and the resolved search (`cpbench.model.plan.search.SearchSpace`) extend."""
+"""The user's choices of a plan search (`cpbench plan`'s options): `PlanOptions`."""
 
 from __future__ import annotations
 

@@ -8,6 +8,7 @@ import functools
 import heapq
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from cpbench.config.bench import factorizations
 from cpbench.config.constraints import AttentionShape, check_mesh, seq_divisor
@@ -31,7 +32,7 @@ from cpbench.model.plan.memory import (
     plan_memory,
 )
 from cpbench.model.plan.options import PlanOptions
-from cpbench.model.plan.step import MatmulEfficiency, StepTime, step_time, step_time_of_layer
+from cpbench.model.plan.step import MatmulEfficiency, StepTime, step_time_of_layer
 from cpbench.model.plan.transformer import ModelSpec
 from cpbench.model.topology import PlanTiers, attention_profile, plan_tiers
 from cpbench.units import GIB
@@ -97,9 +98,7 @@ class SearchSpace(PlanOptions):
     profile and GPUs (`cpbench.app.plan` fills it from a request)."""
 
     model: ModelSpec
-    """The model."""
     profile: HardwareProfile
-    """The hardware profile."""
     gpus: int
     """GPUs in total."""
     gpus_per_node: int
@@ -182,7 +181,6 @@ class SearchResult:
     rejected: tuple[PlanRejection, ...]
     """Rule rejections (every one) and the memory rejections closest to fitting."""
     counts: SearchCounts
-    """What the search saw."""
 
 
 class _Mesh:
@@ -214,7 +212,6 @@ class _Mesh:
                 kernel=kernel, cp_comm=impl.cp_comm if ring > 1 else "p2p",
             ))
         self.buffers = {c.layout: attention_buffer_bytes(c) for c in self.candidates}
-        self._priced: tuple[Prediction, int] | None = None
 
     @property
     def ok(self) -> bool:
@@ -237,25 +234,21 @@ class _Mesh:
 
     @property
     def is_priced(self) -> bool:
-        """Whether `priced` has run."""
-        return self._priced is not None
+        """Whether `priced` has run (a cached_property keeps its value in the instance)."""
+        return "priced" in self.__dict__
 
+    @functools.cached_property
     def priced(self) -> tuple[Prediction, int]:
         """The fastest layout's prediction (zigzag first among 4-digit ties) and its buffers."""
-        if self._priced is None:
-            best: tuple[tuple[float, int], Prediction] | None = None
-            s = self.space
-            profile, per_node = attention_profile(s.profile, s.gpus_per_node, self.tp,
-                                                  self.ulysses, self.ring, s.fabric)
-            for candidate in self.candidates:
-                prediction = predict(candidate, profile, per_node, rank_stride=self.tp)
-                key = (rank_seconds(prediction.step_s), _layout_rank(candidate.layout))
-                if best is None or key < best[0]:
-                    best = (key, prediction)
-            if best is None:
-                raise CpbenchError(f"no feasible layout to price: {self.reason}")
-            self._priced = (best[1], self.buffers[best[1].candidate.layout])
-        return self._priced
+        if not self.candidates:
+            raise CpbenchError(f"no feasible layout to price: {self.reason}")
+        s = self.space
+        profile, per_node = attention_profile(s.profile, s.gpus_per_node, self.tp, self.ulysses,
+                                              self.ring, s.fabric)
+        predictions = [predict(c, profile, per_node, rank_stride=self.tp) for c in self.candidates]
+        best = min(predictions,
+                   key=lambda p: (rank_seconds(p.step_s), _layout_rank(p.candidate.layout)))
+        return best, self.buffers[best.candidate.layout]
 
 
 def _layout_rank(layout: str) -> int:
@@ -278,8 +271,9 @@ def _phase_bound(candidate: MeshCandidate, profile: HardwareProfile, phase: Pass
     return flops / rate + steps * profile.step_overhead_s + merges / profile.memory_bandwidth
 
 
-def _divisors(n: int) -> list[int]:
-    return [k for k in range(1, n + 1) if n % k == 0]
+def _divisors(n: int, only: int | None = None) -> list[int]:
+    """The divisors of `n` (only `only`, when given and one of them)."""
+    return [k for k in range(1, n + 1) if n % k == 0 and only in (None, k)]
 
 
 def tp_rule(model: ModelSpec, tp: int, per_node: int) -> str | None:
@@ -291,6 +285,10 @@ def tp_rule(model: ModelSpec, tp: int, per_node: int) -> str | None:
         return (f"TP {tp} must divide heads ({model.heads}) and KV heads ({model.kv_heads}): "
                 f"each TP rank gets heads / TP of each")
     return None
+
+
+_Over = tuple[Parallelism, StageMemory, float]
+"""A memory rejection kept: the plan, its busiest stage and its attention buffers per token."""
 
 
 @dataclass(order=True)
@@ -328,6 +326,16 @@ class PlanSearch:
         """Whether the busiest stage fits under the space's margin (or `margin`)."""
         return fits_margin(peak_stage(stages), self.capacity, margin or self.space.memory_margin)
 
+    def step_time(self, par: Parallelism, forward_s: float, backward_s: float,
+                  tiers: PlanTiers | None = None) -> StepTime:
+        """The step of a plan whose layer's attention the cost model prices at `forward_s` and
+        `backward_s` (times the framework's factor)."""
+        s = self.space
+        tiers = tiers or plan_tiers(par, s.profile, s.gpus_per_node, s.fabric)
+        return step_time_of_layer(s.model, par, s.seq_len, forward_s * s.factor,
+                                  backward_s * s.factor, s.profile, s.gpus_per_node, s.dtype,
+                                  s.efficiency, s.linear_speedup, tiers)
+
     def max_seq_len(self, par: Parallelism, buffers_per_token: float,
                     margin: str | None = None) -> int:
         """Longest L, a multiple of the mesh's divisor, whose peak fits the margin
@@ -353,19 +361,13 @@ class PlanSearch:
                         ) -> Iterator[tuple[int, int, int, int, int]]:
         """(tp, cp, pp, dp, micro-batches) of every factorisation the rules allow."""
         s, model = self.space, self.space.model
-        for tp in _divisors(s.gpus):
-            if s.tp is not None and tp != s.tp:
-                continue
+        for tp in _divisors(s.gpus, s.tp):
             rule = tp_rule(model, tp, s.gpus_per_node)
             if rule:
                 rejected.append(PlanRejection(f"TP {tp}", "tp", rule))
                 continue
-            for cp in _divisors(s.gpus // tp):
-                if s.cp is not None and cp != s.cp:
-                    continue
-                for pp in _divisors(s.gpus // (tp * cp)):
-                    if s.pp is not None and pp != s.pp:
-                        continue
+            for cp in _divisors(s.gpus // tp, s.cp):
+                for pp in _divisors(s.gpus // (tp * cp), s.pp):
                     dp = s.gpus // (tp * cp * pp)
                     label = f"TP {tp} CP {cp} PP {pp} DP {dp}"
                     if model.layers % pp and not (s.uneven_pp and pp <= model.layers):
@@ -404,7 +406,7 @@ class PlanSearch:
         """Enumerate, reject by memory, bound, price best-first (docs/plan.md, "Search")."""
         s, counts = self.space, self.counts
         rules: list[PlanRejection] = []
-        over: list[tuple[float, int, Parallelism, StageMemory, float]] = []  # memory, kept
+        over: list[tuple[tuple[float, int], _Over]] = []  # memory rejections kept
         queue: list[tuple[float, int, Parallelism]] = []  # (bound key, order, plan)
         order = 0
         smallest_cp: int | None = None
@@ -427,15 +429,11 @@ class PlanSearch:
                     peak = peak_stage(stages)
                     if not self.fits(stages):
                         counts.rejected_by_memory += 1
-                        self._keep_over(over, (-peak.total, -order, par, peak, per_token))
+                        _keep_smallest(over, s.keep, (-peak.total, -order), (par, peak, per_token))
                         continue
                     counts.feasible += 1
                     smallest_cp = cp if smallest_cp is None else min(smallest_cp, cp)
-                    fwd, bwd = mesh.bound_s
-                    tiers = plan_tiers(par, s.profile, s.gpus_per_node, s.fabric)
-                    bound = step_time_of_layer(s.model, par, s.seq_len, fwd * s.factor,
-                                               bwd * s.factor, s.profile, s.gpus_per_node,
-                                               s.dtype, s.efficiency, s.linear_speedup, tiers)
+                    bound = self.step_time(par, *mesh.bound_s)
                     key = rank_seconds(bound.total_s)
                     if s.rank_by == "max_seq_len":  # longest first: a negative length leads
                         key = -float(self.max_seq_len(par, per_token, "safe"))
@@ -447,31 +445,18 @@ class PlanSearch:
         if shortest is not None:
             shortest_plan = next((p for p in plans if p.par == shortest.plan.par), None)
             shortest_plan = shortest_plan or self._finish(shortest.plan)
-        memory = tuple(self._memory_rejection(par, peak, per_token)
-                       for _, _, par, peak, per_token in sorted(over, key=lambda x: (-x[0], -x[1])))
+        closest_first = sorted(over, key=lambda kept: kept[0], reverse=True)
+        memory = tuple(self._memory_rejection(*rejected) for _, rejected in closest_first)
         return SearchResult(plans, shortest_plan, tuple(rules) + memory, counts)
 
-    def _keep_over(self, over: list[tuple[float, int, Parallelism, StageMemory, float]],
-                   item: tuple[float, int, Parallelism, StageMemory, float]) -> None:
-        """Keep the `keep` memory rejections closest to fitting: a heap on (-bytes, -order) whose
-        top is the largest (the latest among equals), replaced by anything smaller."""
-        keep = self.space.keep
-        if keep <= 0:
-            over.append(item)
-        elif len(over) < keep:
-            heapq.heappush(over, item)
-        elif item[:2] > over[0][:2]:
-            heapq.heapreplace(over, item)
-
     def _price(self, queue: list[tuple[float, int, Parallelism]], smallest_cp: int | None,
-               over: list[tuple[float, int, Parallelism, StageMemory, float]]
+               over: list[tuple[tuple[float, int], _Over]]
                ) -> tuple[list[_Ranked], _Ranked | None]:
         """Price best-first; returns the ranked heap (negated keys) and the best plan of the
         smallest CP."""
         s, counts = self.space, self.counts
         heapq.heapify(queue)
         worst: list[tuple[tuple[float, float, int], _Ranked]] = []  # max-heap of the top k
-        kept: list[_Ranked] = []
         shortest: _Ranked | None = None
         keep = s.keep if s.prunes else 0
         while queue:
@@ -485,7 +470,7 @@ class PlanSearch:
             mesh = self.mesh(par.tp, par.ulysses, par.ring)
             if not mesh.is_priced:
                 counts.meshes_priced += 1
-            prediction, buffers = mesh.priced()
+            prediction, buffers = mesh.priced
             par = replace(par, layout=prediction.candidate.layout)
             per_token = buffers / s.seq_len
             stages = self.memory(par, s.seq_len, per_token)
@@ -493,24 +478,19 @@ class PlanSearch:
             if not self.fits(stages):  # a layout of more buffers than the smallest won
                 counts.feasible -= 1
                 counts.rejected_by_memory += 1
-                self._keep_over(over, (-peak.total, -order, par, peak, per_token))
+                _keep_smallest(over, s.keep, (-peak.total, -order), (par, peak, per_token))
                 continue
             counts.priced += 1
             tiers = plan_tiers(par, s.profile, s.gpus_per_node, s.fabric)
-            time = step_time(s.model, par, s.seq_len, prediction, s.profile, s.gpus_per_node,
-                             s.dtype, s.efficiency, s.linear_speedup, s.factor, tiers)
+            time = self.step_time(par, prediction.forward.total_s, prediction.backward.total_s,
+                                  tiers)
             key = ((rank_seconds(time.total_s), peak.total, order) if s.rank_by == "step"
                    else (bound_key, rank_seconds(time.total_s), order))
             item = _Ranked(key, Plan(par, prediction, stages, time, 0, tiers))
             if par.cp == smallest_cp and (shortest is None or item < shortest):
                 shortest = item
-            if not keep:
-                kept.append(item)
-            elif len(worst) < keep:
-                heapq.heappush(worst, (_negate(item.key), item))
-            elif item.key < (-worst[0][0][0], -worst[0][0][1], -worst[0][0][2]):
-                heapq.heapreplace(worst, (_negate(item.key), item))
-        return (kept if not keep else [r for _, r in worst]), shortest
+            _keep_smallest(worst, keep, _negate(item.key), item)
+        return [r for _, r in worst], shortest
 
     def _finish(self, plan: Plan) -> Plan:
         """The plan with its longest sequences (bisection, for the plans kept only)."""
@@ -521,6 +501,18 @@ class PlanSearch:
 
 def _negate(key: tuple[float, float, int]) -> tuple[float, float, int]:
     return (-key[0], -key[1], -key[2])
+
+
+def _keep_smallest(heap: list[tuple[Any, Any]], keep: int, negated_key: Any, item: Any) -> None:
+    """Keep the `keep` items of the smallest keys (every item when `keep` <= 0): a heap on the
+    negated key, whose top is the largest key kept (the latest among equals), replaced by
+    anything smaller."""
+    if keep <= 0:
+        heap.append((negated_key, item))
+    elif len(heap) < keep:
+        heapq.heappush(heap, (negated_key, item))
+    elif negated_key > heap[0][0]:
+        heapq.heapreplace(heap, (negated_key, item))
 
 
 def search(space: SearchSpace) -> SearchResult:

@@ -4,7 +4,6 @@ The formulas and conventions (MFU included): docs/plan.md, "Step time". Pure Pyt
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from importlib import resources
 from typing import Annotated, Literal
@@ -15,17 +14,12 @@ from cpbench.config.constraints import AttentionShape
 from cpbench.config.file_schema import FileModel
 from cpbench.config.vocabulary import DTYPE_BYTES, canonical_dtype
 from cpbench.errors import CpbenchError
-from cpbench.model.cost.prediction import Prediction
 from cpbench.model.flops import attention_flops
 from cpbench.model.hardware.profile import HardwareProfile, LinkCost
 from cpbench.model.plan.memory import Parallelism, check_zero, params_per_rank
 from cpbench.model.plan.transformer import ModelSpec
 from cpbench.model.topology import PlanTiers, plan_tiers
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
+from cpbench.reading import loads_toml
 
 ADAM_BYTES_PER_PARAM = 30
 """Adam update traffic per parameter: read fp32 grad, master, m, v (16), write master, m, v
@@ -50,9 +44,8 @@ class StepFile(FileModel):
     """GEMM efficiency per built-in profile, and `fallback` for the others."""
 
 
-_STEP = StepFile.model_validate(
-    tomllib.loads((resources.files("cpbench") / "data" / "plan" / "step.toml").read_text("utf-8"))
-)
+_STEP_TEXT = (resources.files("cpbench") / "data" / "plan" / "step.toml").read_text("utf-8")
+_STEP = StepFile.model_validate(loads_toml(_STEP_TEXT, "cpbench/data/plan/step.toml"))
 MFU_CONVENTION = _STEP.conventions["mfu"]
 STEP_TIME_CONVENTION = _STEP.conventions["step_time"]
 MATMUL_EFFICIENCY = {k: v for k, v in _STEP.matmul_efficiency.items() if k != "fallback"}
@@ -144,12 +137,7 @@ class StepTime:
 
 def layer_gemm_flops(model: ModelSpec, tokens: float, micro_batch: int, tp: int) -> float:
     """Forward GEMM FLOPs of one layer on one TP rank: 2 x b x s x (linear weights) / t."""
-    linear = (
-        model.hidden * (model.q_width + 2 * model.kv_width)
-        + model.q_width * model.hidden
-        + model.mlp_params
-    )
-    return 2.0 * micro_batch * tokens * linear / tp
+    return 2.0 * micro_batch * tokens * (model.attention_weights + model.mlp_params) / tp
 
 
 def model_flops(model: ModelSpec, seq_len: int, sequences: int) -> float:
@@ -158,30 +146,6 @@ def model_flops(model: ModelSpec, seq_len: int, sequences: int) -> float:
     shape = AttentionShape(seq_len, model.heads, model.kv_heads, model.head_dim, 1)
     attention = attention_flops(shape, causal=True, phase="forward")
     return 6.0 * model.matmul_params * tokens + 3.0 * attention * model.layers * sequences
-
-
-def step_time(
-    model: ModelSpec,
-    par: Parallelism,
-    seq_len: int,
-    attention: Prediction,
-    profile: HardwareProfile,
-    gpus_per_node: int,
-    dtype: str = "bfloat16",
-    efficiency: MatmulEfficiency | None = None,
-    linear_speedup: float = 1.0,
-    attention_factor: float = 1.0,
-    tiers: PlanTiers | None = None,
-) -> StepTime:
-    """Predicted step time of a plan (see docs/plan.md); `attention` is the prediction
-    of one layer's attention for one micro-batch (heads of one TP rank, rank stride TP), times
-    `attention_factor` (the framework's, `cpbench.model.plan.framework`); the linears' GEMMs run
-    `linear_speedup` x faster than bf16 ones (FP8)."""
-    return step_time_of_layer(
-        model, par, seq_len, attention.forward.total_s * attention_factor,
-        attention.backward.total_s * attention_factor, profile, gpus_per_node, dtype,
-        efficiency, linear_speedup, tiers,
-    )
 
 
 def step_time_of_layer(
@@ -197,7 +161,9 @@ def step_time_of_layer(
     linear_speedup: float = 1.0,
     tiers: PlanTiers | None = None,
 ) -> StepTime:
-    """`step_time` from one layer's attention forward and backward seconds (one micro-batch);
+    """Predicted step time of a plan (docs/plan.md) from one layer's attention forward and
+    backward seconds for one micro-batch (heads of one TP rank, rank stride TP, times the
+    framework's factor); the linears' GEMMs run `linear_speedup` x faster than bf16 ones (FP8);
     TP, PP and DP priced on the links `tiers` gives them (None: `plan_tiers` on the profile's
     own links).
 
@@ -233,13 +199,11 @@ def step_time_of_layer(
         pp = 2 * link.send_recv.seconds(e * b * s * model.hidden / t, 1, link.devices_per_nic)
     micro = gemm + attn + tp + pp
     n = par.zero_group
-    stage_params = max(
-        params_per_rank(model, layers, first, last, p, t)
-        for first, last in (((True, p == 1),) if p == 1 else ((True, False), (False, True)))
-    )
+    stages = ((True, True),) if p == 1 else ((True, False), (False, True))  # (first, last)
+    stage_params = max(params_per_rank(model, layers, first, last, p, t) for first, last in stages)
     dp_link = tiers.of("dp").link
     cost, sharing = dp_link.send_recv, dp_link.devices_per_nic
-    grads, weights = stage_params * 4, stage_params * 2
+    grads, weights = stage_params * 4, stage_params * 2  # fp32 gradients, bf16 weights
     if par.zero == 0:
         dp = ring_collective(cost, grads, n, sharing, factor=2.0)
     elif par.zero < 3:

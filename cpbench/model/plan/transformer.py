@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import Field, ValidationError
 
 from cpbench.config.file_schema import MESSAGE, RULE, FileModel, rule
-from cpbench.config.problem import check_positive_int
+from cpbench.config.problem import check_choice, check_positive_int
 from cpbench.errors import CpbenchError
 
 if sys.version_info >= (3, 11):
@@ -67,10 +67,7 @@ class ModelSpec:
                 f"model {self.name}: heads ({self.heads}) must be a multiple of kv_heads "
                 f"({self.kv_heads}) (GQA groups query heads evenly over KV heads)"
             )
-        if self.ffn_type not in FFN_TYPES:
-            raise CpbenchError(
-                f"model {self.name}: ffn_type {self.ffn_type!r} is not one of {', '.join(FFN_TYPES)}"
-            )
+        check_choice(f"model {self.name}: ffn_type", self.ffn_type, FFN_TYPES)
 
     # ----------------------------------------------------------------------- parameters
     @property
@@ -89,11 +86,14 @@ class ModelSpec:
         return 3 if self.ffn_type == "swiglu" else 2
 
     @property
+    def attention_weights(self) -> int:
+        """Q/K/V and output projection matrices of one layer: h(a d_h + 2 a_kv d_h) + a d_h h."""
+        return self.hidden * (self.q_width + 2 * self.kv_width) + self.q_width * self.hidden
+
+    @property
     def attention_params(self) -> int:
-        """Q/K/V and output projections of one layer: h(a d_h + 2 a_kv d_h) + a d_h h (+ the
-        Q/K/V biases)."""
-        weights = self.hidden * (self.q_width + 2 * self.kv_width) + self.q_width * self.hidden
-        return weights + (self.q_width + 2 * self.kv_width if self.qkv_bias else 0)
+        """`attention_weights` and the Q/K/V biases."""
+        return self.attention_weights + (self.q_width + 2 * self.kv_width if self.qkv_bias else 0)
 
     @property
     def mlp_params(self) -> int:
@@ -135,8 +135,7 @@ class ModelSpec:
         """Weights that take part in a matmul per token (what 6N counts): the layers' linear
         weights and the output projection (v h, tied or not); not the embedding lookup, the
         norms or the biases."""
-        linear = self.hidden * (self.q_width + 2 * self.kv_width) + self.q_width * self.hidden
-        return self.layers * (linear + self.mlp_params) + self.vocab * self.hidden
+        return self.layers * (self.attention_weights + self.mlp_params) + self.vocab * self.hidden
 
     def describe(self) -> str:
         """One line: sizes and parameter count."""
@@ -223,18 +222,10 @@ def model_from_toml_dict(data: dict[str, Any], origin: str, stem: str = "model")
     except ValidationError as exc:
         raise _file_error(exc, origin) from None
     return ModelSpec(
+        **spec.model_dump(exclude={"name", "kv_heads", "head_dim", "source"}),
         name=spec.name or stem,
-        hidden=spec.hidden,
-        layers=spec.layers,
-        heads=spec.heads,
         kv_heads=spec.kv_heads or spec.heads,
         head_dim=spec.head_dim or _default_head_dim(spec.hidden, spec.heads, origin),
-        ffn_hidden=spec.ffn_hidden,
-        ffn_type=spec.ffn_type,
-        vocab=spec.vocab,
-        tied_embeddings=spec.tied_embeddings,
-        qkv_bias=spec.qkv_bias,
-        dropout=spec.dropout,
         source=spec.source or origin,
     )
 
@@ -266,11 +257,7 @@ PRESETS, ALIASES = _load_presets()
 GATED_ACTIVATIONS = ("silu", "swish", "swiglu")
 """`hidden_act` values of a gated (SwiGLU) MLP in Llama, Mistral and Qwen2 configs."""
 HF_REQUIRED = (
-    "hidden_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "intermediate_size",
-    "vocab_size",
+    "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size"
 )
 
 

@@ -4,13 +4,13 @@ The rows, the peak scale and what is compared: docs/plan.md, "Against published 
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, replace
 from importlib import resources
 from typing import Any
 
 from scipy.optimize import brentq
 
+from cpbench.config.problem import check_choice
 from cpbench.errors import CpbenchError
 from cpbench.model.hardware.loading import load_profile
 from cpbench.model.hardware.profile import HardwareProfile
@@ -19,12 +19,8 @@ from cpbench.model.plan.memory import CUDA_RESERVE_GIB, SAFE_MEMORY_FRACTION, ch
 from cpbench.model.plan.search import Plan, SearchSpace, search
 from cpbench.model.plan.step import matmul_efficiency
 from cpbench.model.plan.transformer import load_model
+from cpbench.reading import loads_toml
 from cpbench.units import GIB
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
 
 END_TO_END_TABLE = "cpbench/data/published/end_to_end.toml"
 """Where the published end-to-end rows live (in the package)."""
@@ -51,23 +47,35 @@ class RowCheck:
     """Predicted against published for one row."""
 
     row: PublishedRow
-    """The published row."""
     peak_scale: float
     """The machine's peak scale used."""
     plan: Plan | None
     """The plan with the row's settings (None: it does not fit)."""
     rule: str
     """Why no plan (empty when one fits)."""
-    predicted_tokens_per_s_per_gpu: float | None
-    """The plan's tokens/s/GPU."""
-    predicted_tflops_per_gpu: float | None
-    """The plan's model TFLOP/s per GPU (MFU convention)."""
-    tensor_gib: float | None
-    """Tensor total per rank, GiB (no runtime reserve)."""
-    with_reserve_gib: float | None
-    """Tensor total + the runtime reserve, GiB."""
     capacity_gib: float
     """Device memory of the machine, GiB."""
+
+    @property
+    def predicted_tokens_per_s_per_gpu(self) -> float | None:
+        """The plan's tokens/s/GPU."""
+        return self.plan.time.tokens_per_s_per_gpu if self.plan else None
+
+    @property
+    def predicted_tflops_per_gpu(self) -> float | None:
+        """The plan's model TFLOP/s per GPU (MFU convention)."""
+        t = self.plan.time if self.plan else None
+        return t.model_flops / t.total_s / t.world / 1e12 if t else None
+
+    @property
+    def tensor_gib(self) -> float | None:
+        """Tensor total per rank, GiB (no runtime reserve)."""
+        return self.plan.peak.tensor_total / GIB if self.plan else None
+
+    @property
+    def with_reserve_gib(self) -> float | None:
+        """Tensor total + the runtime reserve, GiB."""
+        return self.plan.peak.total / GIB if self.plan else None
 
     @property
     def tokens_error(self) -> float | None:
@@ -99,7 +107,7 @@ def load_rows(text: str | None = None) -> tuple[dict[str, dict[str, Any]], tuple
     if text is None:
         text = (resources.files("cpbench") / "data" / "published" / "end_to_end.toml").read_text(
             encoding="utf-8")
-    data = tomllib.loads(text)
+    data = loads_toml(text, END_TO_END_TABLE)
     machines = data.get("machine", {})
     rows = []
     for raw in data.get("row", []):
@@ -108,20 +116,15 @@ def load_rows(text: str | None = None) -> tuple[dict[str, dict[str, Any]], tuple
         missing = [k for k in keys if k not in raw]
         if missing:
             raise CpbenchError(f"published row {raw.get('id', '?')} lacks {', '.join(missing)}")
-        if raw["machine"] not in machines:
-            raise CpbenchError(f"published row {raw['id']}: machine {raw['machine']!r} is not "
-                               f"one of {', '.join(machines)}")
-        if raw["role"] not in ("calibrate", "validate"):
-            raise CpbenchError(f"published row {raw['id']}: role {raw['role']!r} is not one of "
-                               "calibrate, validate")
+        check_choice(f"published row {raw['id']}: machine", raw["machine"], tuple(machines))
+        check_choice(f"published row {raw['id']}: role", raw["role"], ("calibrate", "validate"))
         head = {k: raw.pop(k) for k in keys}
         published = {k: raw.pop(k, None) for k in ("tokens_per_s_per_gpu", "tflops_per_gpu",
                                                      "memory_gib")}
         memory_counts = str(raw.pop("memory_counts", raw.pop("tflops_counts", "")))
         assumes = str(raw.pop("assumes", ""))
-        rows.append(PublishedRow(head["id"], head["role"], head["source"], head["machine"], raw,
-                                 published["tokens_per_s_per_gpu"], published["tflops_per_gpu"],
-                                 published["memory_gib"], memory_counts, assumes))
+        rows.append(PublishedRow(**head, settings=raw, **published, memory_counts=memory_counts,
+                                 assumes=assumes))
     return machines, tuple(rows)
 
 
@@ -164,13 +167,6 @@ def plan_row(row: PublishedRow, profile: HardwareProfile) -> tuple[Plan | None, 
     return None, (memory[0].rule if memory else "; ".join(r.rule for r in found.rejected[:3]))
 
 
-def _tokens(row: PublishedRow, profile: HardwareProfile) -> float:
-    found, rule = plan_row(row, profile)
-    if found is None:
-        raise CpbenchError(f"calibration row {row.id} has no plan: {rule}")
-    return found.time.tokens_per_s_per_gpu
-
-
 def peak_scale(machine: dict[str, Any], rows: tuple[PublishedRow, ...]) -> float:
     """The machine's stated peak scale, or the one that makes its calibration row's predicted
     tokens/s/GPU equal the published (brentq on [0.2, 1.5])."""
@@ -184,7 +180,10 @@ def peak_scale(machine: dict[str, Any], rows: tuple[PublishedRow, ...]) -> float
     target = float(row.tokens_per_s_per_gpu)
 
     def gap(scale: float) -> float:
-        return _tokens(row, machine_profile(machine, scale)) - target
+        found, rule = plan_row(row, machine_profile(machine, scale))
+        if found is None:
+            raise CpbenchError(f"calibration row {row.id} has no plan: {rule}")
+        return found.time.tokens_per_s_per_gpu - target
 
     return float(brentq(gap, 0.2, 1.5, xtol=1e-4))
 
@@ -195,22 +194,9 @@ def validate_end_to_end(text: str | None = None) -> tuple[RowCheck, ...]:
     scales = {name: peak_scale(m, rows) for name, m in machines.items()}
     out = []
     for row in rows:
-        machine = machines[row.machine]
-        profile = machine_profile(machine, scales[row.machine])
+        profile = machine_profile(machines[row.machine], scales[row.machine])
         found, rule = plan_row(row, profile)
-        capacity = profile.memory_bytes / GIB
-        if found is None:
-            out.append(RowCheck(row, scales[row.machine], None, rule, None, None, None, None,
-                                capacity))
-            continue
-        t = found.time
-        peak = found.peak
-        reserve = peak.component("runtime reserve")
-        out.append(RowCheck(
-            row, scales[row.machine], found, "", t.tokens_per_s_per_gpu,
-            t.model_flops / t.total_s / t.world / 1e12, (peak.total - reserve) / GIB,
-            peak.total / GIB, capacity,
-        ))
+        out.append(RowCheck(row, scales[row.machine], found, rule, profile.memory_bytes / GIB))
     return tuple(out)
 
 
