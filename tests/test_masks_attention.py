@@ -36,7 +36,7 @@ def test_every_mask_layout_scheme_gqa_case_matches_reference(pool) -> None:  # t
 
 
 def test_edge_cases_are_what_they_claim() -> None:
-    docs, _, *windows, mixed = mask_cases(SEQ_LEN, WORLD)
+    docs, _, *windows, mixed = mask_cases(SEQ_LEN)
     assert docs.documents is not None and 1 in docs.documents
     chunk = SEQ_LEN // (2 * WORLD)
     assert min(docs.documents) < chunk

@@ -8,7 +8,7 @@ import copy
 import functools
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from cpbench.app import calibrate_schema as out
 from cpbench.app.calibrate_schema import (
@@ -38,9 +38,6 @@ from cpbench.model.hardware.file_schema import save_profile
 from cpbench.model.hardware.loading import load_profile
 from cpbench.model.hardware.profile import HardwareProfile
 from cpbench.results.store import status_summary
-
-if TYPE_CHECKING:
-    from cpbench.model.calibrate.published import MachineValidation
 
 
 def _measurements_and_prior(
@@ -103,12 +100,8 @@ def calibrate_results(
         )
         written = str(save_profile(result.profile, output, header, inputs=paths))
     return CalibrationReport.model_validate(
-        {
-            **calibration_summary(result),
-            "output": written,
-            "prior_choice": chosen,
-            "warnings": warnings,
-        }
+        {**calibration_summary(result), "output": written, "prior_choice": chosen,
+         "warnings": warnings}
     )
 
 
@@ -125,18 +118,9 @@ def validate_results(
     measurements, prior, chosen, warnings = _measurements_and_prior(
         paths, hardware, "validation"
     )
-    extra: dict[str, Any] = {
-        "prior_choice": chosen,
-        "warnings": warnings,
-    }
+    extra = {"prior_choice": chosen, "warnings": warnings}
     if holdout:
-        result = holdout_evaluation(
-            measurements,
-            seed,
-            prior=prior,
-            fraction=fraction,
-            split=split,
-        )
+        result = holdout_evaluation(measurements, seed, prior=prior, fraction=fraction, split=split)
         return HoldoutReport.model_validate(
             {"mode": "holdout", "profile": prior.name, **result, **extra}
         )
@@ -174,71 +158,59 @@ def mark_ties(report: dict[str, Any], records: Sequence[dict[str, Any]]) -> None
     report["groups_within_noise"] = sum(g["tie"] for g in report.get("groups", []))
 
 
-def _machines(machines: Sequence[MachineValidation]) -> list[out.PublishedMachine]:
-    """One machine's scores per entry; `leave_one_group_out` is None where no fit was made."""
-    return [
-        out.PublishedMachine.of(
-            v,
-            prior=out.MachineScores.of(v.prior),
-            leave_one_group_out=None if v.held_out is None else out.MachineScores.of(v.held_out),
-        )
-        for v in machines
-    ]
-
-
 def published_cp_attention_section(path: str | None = None) -> ScoresSection:
     """The CP-attention section of `validate --published`: per machine, the prior's and the
     leave-one-group-out calibrated scores (`model.calibrate.published`)."""
-    return copy.deepcopy(_published_cp_attention_section(path))
+    from cpbench.model.calibrate.published import published_table  # noqa: PLC0415
 
-
-@functools.cache
-def _published_cp_attention_section(path: str | None) -> ScoresSection:
-    # the leave-one-group-out fits take seconds; a table's scores are computed once per process
-    # (the text and --json views of one run, the tests) and handed out as copies
-    from cpbench.model.calibrate.published import (  # noqa: PLC0415
-        published_table,
-        validate_published,
-    )
-
-    table = Path(path) if path else published_table()
-    machines = validate_published(table)
-    return ScoresSection(
-        name="cp_attention",
-        title="CP attention step times (one attention layer)",
-        table=str(table),
-        error_convention="error = predicted / measured - 1 of the step time; Spearman: "
-        "median over groups of one problem with >= 2 configurations; regret: measured time "
-        "of the model's pick / the measured fastest - 1, worst group",
-        machines=_machines(machines),
-    )
-
-
-@functools.cache
-def _out_of_sample_section() -> ScoresSection:
-    from cpbench.model.calibrate.published import (  # noqa: PLC0415
-        out_of_sample_table,
-        validate_published,
-    )
-
-    table = out_of_sample_table()
-    machines = validate_published(table, leave_one_group_out=False)
-    return ScoresSection(
-        name="cp_attention_out_of_sample",
-        title="CP attention, out of sample: yunchang's PCIe tables (prior only, in no fit)",
-        table=str(table),
-        error_convention="error = predicted / measured - 1 of the step time (forward, one "
-        "attention layer); Spearman: median over groups of one problem; regret: measured "
-        "time of the model's pick / the measured fastest - 1, worst group; no LOGO: these "
-        "rows are never calibrated on",
-        machines=_machines(machines),
-    )
+    return copy.deepcopy(_scores_section(
+        "cp_attention",
+        "CP attention step times (one attention layer)",
+        Path(path) if path else published_table(),
+        "error = predicted / measured - 1 of the step time; Spearman: median over groups of one "
+        "problem with >= 2 configurations; regret: measured time of the model's pick / the "
+        "measured fastest - 1, worst group",
+        True,
+    ))
 
 
 def out_of_sample_section() -> ScoresSection:
     """The out-of-sample section of `validate --published`: yunchang's PCIe tables scored by
     the prior alone (`model.calibrate.published.out_of_sample_table`)."""
-    return copy.deepcopy(_out_of_sample_section())
+    from cpbench.model.calibrate.published import out_of_sample_table  # noqa: PLC0415
+
+    return copy.deepcopy(_scores_section(
+        "cp_attention_out_of_sample",
+        "CP attention, out of sample: yunchang's PCIe tables (prior only, in no fit)",
+        out_of_sample_table(),
+        "error = predicted / measured - 1 of the step time (forward, one attention layer); "
+        "Spearman: median over groups of one problem; regret: measured time of the model's "
+        "pick / the measured fastest - 1, worst group; no LOGO: these rows are never "
+        "calibrated on",
+        False,
+    ))
+
+
+@functools.cache
+def _scores_section(
+    name: str, title: str, table: Path, convention: str, leave_one_group_out: bool
+) -> ScoresSection:
+    """A published table's section: per machine the prior's scores and (`leave_one_group_out`)
+    the leave-one-group-out calibrated ones. The fits take seconds: computed once per process
+    (the text and --json views of one run, the tests), handed out as copies."""
+    from cpbench.model.calibrate.published import validate_published  # noqa: PLC0415
+
+    machines = [
+        out.PublishedMachine.of(
+            v,
+            prior=out.MachineScores.of(v.prior),
+            leave_one_group_out=None if v.held_out is None else out.MachineScores.of(v.held_out),
+        )
+        for v in validate_published(table, leave_one_group_out=leave_one_group_out)
+    ]
+    return ScoresSection(
+        name=name, title=title, table=str(table), error_convention=convention, machines=machines
+    )
 
 
 def validate_published_report(path: str | None = None) -> PublishedReport:

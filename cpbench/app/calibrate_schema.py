@@ -26,7 +26,6 @@ class FitParameter(ReportModel):
     prior: float
     fitted: float
     points: int
-    """Measurements that inform it."""
     prior_sd: float | None
     """The joint fit's prior sd of its log (None: a linear fit's parameter)."""
     posterior_sd: float | None
@@ -49,7 +48,6 @@ class CalibrationSummary(ReportModel):
 
     prior: str
     profile: str
-    """The fitted profile's name."""
     points: int
     residual_before: float
     residual: float
@@ -62,7 +60,6 @@ class CalibrationReport(CalibrationSummary, Versioned):
     chosen."""
 
     output: str | None
-    """The written profile (None: not written)."""
     prior_choice: PriorChoice
     warnings: list[str]
 
@@ -95,7 +92,6 @@ class ValidationGroup(ReportModel):
     chosen: str
     """The configuration(s) the model ranks fastest (ties joined by ` = `)."""
     best: str
-    """The measured fastest."""
     regret: float
     """Measured time of the pick / the measured fastest - 1."""
     spearman: float | None
@@ -191,7 +187,6 @@ class ScoresSection(ReportModel):
     name: str
     title: str
     table: str
-    """The dataset's file."""
     error_convention: str
     machines: list[PublishedMachine]
 

@@ -22,7 +22,6 @@ class Comparison:
     """What `compare_results` found."""
 
     sources: tuple[str, str]
-    """The BEFORE and AFTER file names."""
     threshold: float
     """Relative slowdown above which a significant one is a regression."""
     rows: list[dict[str, Any]] = field(default_factory=list)

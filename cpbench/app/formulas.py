@@ -84,12 +84,19 @@ def formulas_report(problem: CpProblem) -> FormulasReport:
     documents or a window adds the per-layout comparison; `cp_comm="all_gather"` (R > 1) the
     all-gather stage and a section on its head strides."""
     config = problem.require_feasible()
-    mask, causal = config.mask, config.causal
+    mask = config.mask
     flops = flops_breakdown(config)
     volume = comm_volume(config)
     return FormulasReport(
-        inputs=_inputs(config, causal),
-        mesh=_mesh(config),
+        inputs=out.Inputs.of(
+            config, mask=mask.kind, documents=list(mask.documents) if mask.documents else None,
+            window=mask.window,
+        ),
+        mesh=out.Mesh.of(
+            config, feasible=True, world_size=config.world, kv_replication=config.replication,
+            seq_divisor=seq_len_divisor(config), ring_shard_tokens=config.ring_shard,
+            padding_tokens=config.padding,
+        ),
         symbols=config.symbols(),
         shapes=_shapes(config),
         communication=_communication(volume),
@@ -107,7 +114,7 @@ def _gather_section(config: CpProblem) -> out.GatherSection:
     """The all-gather's memory against its head stride, and the ring's for comparison: every
     stride that divides the KV heads a rank gathers."""
     per_rank = config.kv_heads_per_rank
-    ring = replace(config, cp_comm="p2p", heads_k_stride=None)
+    ring = memory_estimate(replace(config, cp_comm="p2p", heads_k_stride=None))
     rows = []
     for stride in (d for d in range(per_rank, 0, -1) if per_rank % d == 0):
         other = replace(config, cp_comm="all_gather", heads_k_stride=stride)
@@ -131,10 +138,8 @@ def _gather_section(config: CpProblem) -> out.GatherSection:
         gathers=config.gathers,
         gathered_kv_formula="2*B*L*hs*d_h x (2 when more than one stride: the next in flight)",
         strides=rows,
-        ring_peak_forward_backward=memory_estimate(ring).peak("forward_backward"),
-        ring_kv_buffers_bytes=next(
-            i.bytes for i in memory_estimate(ring).items if i.name == "kv_ring_buffers"
-        ),
+        ring_peak_forward_backward=ring.peak("forward_backward"),
+        ring_kv_buffers_bytes=next(i.bytes for i in ring.items if i.name == "kv_ring_buffers"),
     )
 
 
@@ -179,28 +184,6 @@ def _layout_row(config: CpProblem, layout: Layout) -> out.LayoutRow | out.Infeas
     )
 
 
-def _inputs(config: CpProblem, causal: bool) -> out.Inputs:
-    return out.Inputs.of(
-        config,
-        causal=causal,
-        mask=config.mask.kind,
-        documents=list(config.mask.documents) if config.mask.documents else None,
-        window=config.mask.window,
-    )
-
-
-def _mesh(config: CpProblem) -> out.Mesh:
-    return out.Mesh.of(
-        config,
-        feasible=True,
-        world_size=config.world,
-        kv_replication=config.replication,
-        seq_divisor=seq_len_divisor(config),
-        ring_shard_tokens=config.ring_shard,
-        padding_tokens=config.padding,
-    )
-
-
 def _shapes(config: CpProblem) -> out.Shapes:
     s = config.shape
     b, tokens, shard, d_h = s.batch, config.tokens_per_rank, config.ring_shard, s.head_dim
@@ -227,20 +210,19 @@ def _shapes(config: CpProblem) -> out.Shapes:
     )
 
 
-def _collective(c: CollectiveVolume, symbols: dict[str, int]) -> out.Collective:
-    return out.Collective.of(
-        c,
-        substituted=substitute(c.formula, symbols),
-        bytes_substituted=substitute(c.bytes_formula, symbols),
-    )
+def _substituted(volume: CollectiveVolume | StageVolume, symbols: dict[str, int]) -> dict[str, str]:
+    """A collective's or a stage's element and byte formulas with the symbols' values."""
+    return {
+        "substituted": substitute(volume.formula, symbols),
+        "bytes_substituted": substitute(volume.bytes_formula, symbols),
+    }
 
 
 def _stage(stage: StageVolume, symbols: dict[str, int]) -> out.StageSection:
     return out.StageSection.of(
         stage,
-        substituted=substitute(stage.formula, symbols),
-        bytes_substituted=substitute(stage.bytes_formula, symbols),
-        collectives=[_collective(c, symbols) for c in stage.collectives],
+        **_substituted(stage, symbols),
+        collectives=[out.Collective.of(c, **_substituted(c, symbols)) for c in stage.collectives],
     )
 
 

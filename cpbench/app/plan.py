@@ -77,13 +77,9 @@ class PlanResult:
     """The answer of `plan`."""
 
     request: PlanRequest
-    """The question."""
     model: ModelSpec
-    """The model."""
     profile: HardwareProfile
-    """The hardware profile."""
     gpus_per_node: int
-    """GPUs per node used."""
     global_batch: int
     """Sequences per optimizer step."""
     efficiency: MatmulEfficiency
@@ -135,7 +131,7 @@ def plan_training(request: PlanRequest) -> PlanResult:
     found = search(space)
     notes = _notes(space, request, found.counts)
     feasible = found.feasible
-    frameworks = plan_framework_settings(feasible[0], model, request, global_batch) if feasible else ()
+    frameworks = plan_framework_settings(feasible[0], request, global_batch) if feasible else ()
     return PlanResult(request, model, profile, per_node, global_batch, efficiency, reserve,
                       feasible, found.rejected, frameworks, notes, found.shortest_cp,
                       found.counts)
@@ -171,8 +167,9 @@ def _notes(space: SearchSpace, request: PlanRequest, counts: SearchCounts) -> tu
 # --------------------------------------------------------------------------- frameworks
 
 
-def plan_framework_settings(best: Plan, model: ModelSpec, request: PlanRequest,
-                       global_batch: int) -> tuple[FrameworkSetting, ...]:
+def plan_framework_settings(
+    best: Plan, request: PlanRequest, global_batch: int
+) -> tuple[FrameworkSetting, ...]:
     """Megatron-LM, torchtitan and DeepSpeed settings of a plan (flags, templates and notes
     from `cpbench/data/settings/frameworks.toml`)."""
     p = best.par
@@ -215,7 +212,6 @@ def plan_framework_settings(best: Plan, model: ModelSpec, request: PlanRequest,
         titan_note += "; " + words["torchtitan_ulysses"].format(ulysses=p.ulysses, cp=p.cp)
     torchtitan = FrameworkSetting(t.torchtitan.name, titan_ok, titan, titan_note + ".")
 
-    ds_ok = p.tp == 1 and (p.ring == 1 or t.deepspeed.ring) and p.pp == 1
     ds = (
         t.deepspeed.plan_setting.format(
             zero=p.zero, micro_batch=p.micro_batch, global_batch=global_batch
@@ -231,7 +227,7 @@ def plan_framework_settings(best: Plan, model: ModelSpec, request: PlanRequest,
     if p.pp > 1:
         reasons.append(words["deepspeed_pp"].format(pp=p.pp))
     ds_note = "; ".join(reasons) if reasons else words["deepspeed"]
-    deepspeed = FrameworkSetting(t.deepspeed.name, ds_ok, ds, ds_note + ".")
+    deepspeed = FrameworkSetting(t.deepspeed.name, not reasons, ds, ds_note + ".")
     return (megatron, torchtitan, deepspeed)
 
 

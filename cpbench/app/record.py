@@ -85,13 +85,13 @@ def base_record(
 ) -> ResultRecord:
     """The record of a configuration before it runs (status ok, no measurements yet), with the
     padding its layout adds (null when the layout cannot pack it: the point is skipped)."""
-    packing = packing_of(config) if config.inference is None else None
     written = config.to_dict(feasibility.kv_replication if feasibility.ok else 1, None)
     if config.inference is not None:  # its own shards (split_sizes): nothing is padded
         written["padding"], written["run_seq_len"] = 0, config.seq_len
+    elif (packing := packing_of(config)) is not None:
+        written["padding"], written["run_seq_len"] = packing.padding, packing.seq_len
     else:
-        written["padding"] = packing.padding if packing is not None else None
-        written["run_seq_len"] = packing.seq_len if packing is not None else None
+        written["padding"] = written["run_seq_len"] = None
     if equivalent:
         written["equivalent"] = list(equivalent)
     return ResultRecord(
@@ -135,13 +135,10 @@ def hideable_share(config: BenchConfig, comm: CommSection, comm_s: float, comput
         return 0.0
     if config.ulysses == 1:
         return 1.0
-    total = sum(b.analytic for phase in (comm.by_collective or {}).values() for b in phase.values())
-    hideable = sum(
-        b.analytic
-        for phase in (comm.by_collective or {}).values()
-        for name, b in phase.items()
-        if not name.startswith("a2a")
-    )
+    sent = [(name, b.analytic) for phase in (comm.by_collective or {}).values()
+            for name, b in phase.items()]  # fmt: skip
+    total = sum(analytic for _, analytic in sent)
+    hideable = sum(analytic for name, analytic in sent if not name.startswith("a2a"))
     if total <= 0 or min(compute_s, comm_s) <= 0:
         return 1.0
     return min(1.0, hideable / total * comm_s / min(compute_s, comm_s))
@@ -177,6 +174,7 @@ def measured_record(
             "phase": "fwd", "compute_only": None, "comm_only": None, "exposed_comm": None,
             "overlap_note": INFERENCE_NOTE,
         }  # fmt: skip
+        record.inference = _inference_section(config, per_rank, step)
     else:
         variants = _variant_timing(config, record.comm, step, per_rank, compute_iv, comm_iv)
     record.timing = TimingSection(**_step_timing(step, per_rank, settings), **variants)
@@ -185,8 +183,6 @@ def measured_record(
         _as_external(record.comm)
     record.memory = _memory_section(config, per_rank)
     record.flops = _flops_section(config, step)
-    if config.inference is not None:
-        record.inference = _inference_section(config, per_rank, step)
     accuracy = first.accuracy
     if accuracy is not None and first.sampled_rows is not None:
         accuracy = {**accuracy, "sampled_rows": first.sampled_rows}
@@ -289,19 +285,12 @@ def _memory_section(config: BenchConfig, per_rank: list[RankMeasurement]) -> Mem
     memory = [r.memory for r in per_rank]
     first = memory[0]
 
-    def per_rank_or_none(values: list[int | None]) -> list[int | None] | None:
-        return None if all(v is None for v in values) else values
-
     training: dict[str, Any] = {}
     if config.inference is None:
-        training = {
-            "reserved_peak_bytes": per_rank_or_none([m.reserved_peak_bytes for m in memory]),
-            "nvml_process_peak_bytes": per_rank_or_none(
-                [m.nvml_process_peak_bytes for m in memory]
-            ),
-            "rss_peak_bytes": per_rank_or_none([m.rss_peak_bytes for m in memory]),
-            "analytic_peak_bytes": memory_estimate(config).peak(PHASE_PASSES[config.phase]),
-        }
+        for key in ("reserved_peak_bytes", "nvml_process_peak_bytes", "rss_peak_bytes"):
+            values = [getattr(m, key) for m in memory]  # None where no rank measured it
+            training[key] = None if all(v is None for v in values) else values
+        training["analytic_peak_bytes"] = memory_estimate(config).peak(PHASE_PASSES[config.phase])
     return MemorySection(
         peak_bytes=[m.peak_bytes for m in memory],
         source=first.source,

@@ -8,6 +8,7 @@ import datetime
 import signal
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,10 +52,7 @@ class SweepResult:
     """Distinct configurations of the scenario."""
 
     def counts(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for r in self.records:
-            out[r["status"]] = out.get(r["status"], 0) + 1
-        return out
+        return dict(Counter(r["status"] for r in self.records))
 
 
 def default_output(scenario: Scenario, results_dir: Path = Path("results")) -> Path:
@@ -199,9 +197,8 @@ def run_sweep(
         environment = EnvironmentSection.model_validate(process_environment())
         world: World
         writer, launched = True, launched_by_torchrun()
-        result = SweepResult(path=out)
-        result.points = len(points)
-        result.duplicates = len(scenario.expand(device, world_size)) - len(points)
+        duplicates = len(scenario.expand(device, world_size)) - len(points)
+        result = SweepResult(path=out, duplicates=duplicates, points=len(points))
         if launched:
             in_process = InProcessWorld(device, limit)
             if in_process.world_size != world_size:
@@ -230,8 +227,8 @@ def run_sweep(
         held: list[ResultRecord] = []
         block: list[Any] = [None]
 
-        def flush() -> None:
-            if held:
+        def flush(settle: bool = True) -> None:
+            if held and settle:
                 settle_ties(held, lambda dicts: world.run(
                     measure_interleaved, dicts, settings, timeout=limit * len(dicts)
                 ))
@@ -309,9 +306,7 @@ def run_sweep(
         except KeyboardInterrupt as exc:
             result.interrupted = True
             result.signal = getattr(exc, "signum", signal.SIGINT)
-            for record in held:  # measured: keep them, without the tie-break
-                write(record)
-            held.clear()
+            flush(settle=False)  # measured: keep them, without the tie-break
             # Ctrl-C is on purpose: --resume measures it again. A launcher's SIGTERM may follow
             # another rank's death (torchrun stops the rest): the marker stays, and --resume
             # records the configuration as failed (INFLIGHT_ERROR), as if the job had died.

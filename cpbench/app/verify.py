@@ -3,8 +3,8 @@ against the single-process reference. The cases: docs/design.md section 7."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import asdict, replace
+from typing import Any
 
 import torch
 
@@ -22,7 +22,7 @@ MASK_KV_HEADS = (8, 2, 1)
 ranks: KV replication wherever U > 1)."""
 
 
-def mask_cases(seq_len: int, world_size: int) -> list[MaskSpec]:
+def mask_cases(seq_len: int) -> list[MaskSpec]:
     """The document and window masks `cpbench verify` checks on `seq_len` tokens (which it
     makes a multiple of 8 x world size): the edge cases the ring schedule has to get right.
 
@@ -70,25 +70,8 @@ def default_cases(
     what an external impl cannot run is kept (reported as skipped by `run_verify`).
     """
     seq_len = 16 * world_size * 2
-    cases = []
-    for ulysses, ring in factorizations(world_size):
-        for layout in LAYOUTS:
-            for causal in (True, False):
-                for kv_heads in (8, 4, 2, 1):
-                    case = VerifyCase(
-                        ulysses=ulysses,
-                        ring=ring,
-                        layout=layout,
-                        causal=causal,
-                        heads=8,
-                        kv_heads=kv_heads,
-                        seq_len=seq_len,
-                        dtype=dtype,
-                        kernel=kernel,
-                        impl=impl,
-                    )
-                    if case.feasibility.ok:
-                        cases.append(case)
+    plain = [{"causal": causal, "kv_heads": k} for causal in (True, False) for k in (8, 4, 2, 1)]
+    cases = _verify_matrix(world_size, plain, seq_len, dtype, kernel, impl)
     if masks:
         cases.extend(_mask_matrix(world_size, seq_len, dtype, kernel, impl))
     if "all_gather" in cp_comms and impl == DEFAULT_IMPL:
@@ -115,31 +98,36 @@ def with_all_gather(cases: list[VerifyCase]) -> list[VerifyCase]:
     return twins
 
 
+def _verify_matrix(
+    world_size: int,
+    variants: list[dict[str, Any]],
+    seq_len: int,
+    dtype: Dtype,
+    kernel: Backend,
+    impl: str,
+) -> list[VerifyCase]:
+    """The feasible cases of every mesh x layout x variant (the fields a variant sets)."""
+    cases = (
+        VerifyCase(
+            ulysses=ulysses, ring=ring, layout=layout, heads=8, seq_len=seq_len, dtype=dtype,
+            kernel=kernel, impl=impl, **variant,
+        )
+        for ulysses, ring in factorizations(world_size)
+        for layout in LAYOUTS
+        for variant in variants
+    )  # fmt: skip
+    return [case for case in cases if case.feasibility.ok]
+
+
 def _mask_matrix(
     world_size: int, seq_len: int, dtype: Dtype, kernel: Backend, impl: str
 ) -> list[VerifyCase]:
-    cases = []
-    for ulysses, ring in factorizations(world_size):
-        for layout in LAYOUTS:
-            for mask in mask_cases(seq_len, world_size):
-                for kv_heads in MASK_KV_HEADS:
-                    case = VerifyCase(
-                        ulysses=ulysses,
-                        ring=ring,
-                        layout=layout,
-                        causal=mask.causal,
-                        heads=8,
-                        kv_heads=kv_heads,
-                        seq_len=seq_len,
-                        dtype=dtype,
-                        kernel=kernel,
-                        impl=impl,
-                        documents=mask.documents,
-                        window=mask.window,
-                    )
-                    if case.feasibility.ok:
-                        cases.append(case)
-    return cases
+    variants = [
+        {"causal": mask.causal, "kv_heads": k, "documents": mask.documents, "window": mask.window}
+        for mask in mask_cases(seq_len)
+        for k in MASK_KV_HEADS
+    ]
+    return _verify_matrix(world_size, variants, seq_len, dtype, kernel, impl)
 
 
 def skipped_case(case: VerifyCase, reason: str) -> dict:
@@ -199,6 +187,7 @@ def run_verify(
     Under torchrun or srun the launched processes are the world: every rank calls this and
     runs the cases in place (`world_size` must be the launched world's); every rank returns
     the same records."""
+    from cpbench.bench.inference_verify import run_inference_cases_on_rank  # noqa: PLC0415
     from cpbench.bench.pool import WorkerPool, WorldSpec  # noqa: PLC0415
     from cpbench.bench.world import launched_by_torchrun, launched_world  # noqa: PLC0415
 
@@ -223,9 +212,13 @@ def run_verify(
     prefill = _prefill_cases(world_size, dtype, impl) if inference else []
     ran: list[dict] = []
     inferred: list[dict] = []
-    if launched:
-        with launched_world(device, timeout) as world:
-            if world.world_size != world_size:
+    if launched or runnable or prefill:
+        if launched:  # the launched processes are the world
+            opened: Any = launched_world(device, timeout)
+        else:
+            opened = WorkerPool(WorldSpec(world_size, device))
+        with opened as world:
+            if launched and world.world_size != world_size:
                 raise CpbenchError(
                     f"world size ({world_size}) != launched world size ({world.world_size})"
                 )
@@ -233,14 +226,10 @@ def run_verify(
                 per_rank = world.run(run_cases_on_rank, runnable, device, timeout=timeout)
                 ran = [r for r in per_rank[0] if r is not None]
             if prefill:
-                inferred = _prefill_records(world.run, prefill, device, kernel, timeout)
-    elif runnable or prefill:
-        with WorkerPool(WorldSpec(world_size, device)) as pool:
-            if runnable:
-                per_rank = pool.run(run_cases_on_rank, runnable, device, timeout=timeout)
-                ran = [r for r in per_rank[0] if r is not None]
-            if prefill:
-                inferred = _prefill_records(pool.run, prefill, device, kernel, timeout)
+                per_rank = world.run(
+                    run_inference_cases_on_rank, prefill, device, kernel, timeout=timeout
+                )
+                inferred = [r for r in per_rank[0] if r is not None]
     order = {case.label: i for i, case in enumerate(cases)}
     trained = sorted(ran + skipped, key=lambda r: order.get(r["label"], len(order)))
     return trained + inferred
@@ -259,12 +248,3 @@ def _prefill_cases(world_size: int, dtype: Dtype, impl: str) -> list:
         )
     return [*default_prefill_cases(world_size, dtype), *default_decode_cases(world_size, dtype)]
 
-
-def _prefill_records(
-    run: Callable[..., list], cases: list, device: Device, kernel: Backend, timeout: float
-) -> list[dict]:
-    """Rank 0's prefill and decode records, each marked `"inference": "prefill"|"decode"`."""
-    from cpbench.bench.inference_verify import run_inference_cases_on_rank  # noqa: PLC0415
-
-    per_rank = run(run_inference_cases_on_rank, cases, device, kernel, timeout=timeout)
-    return [r for r in per_rank[0] if r is not None]

@@ -5,22 +5,18 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from cpbench.app.schema import ReportModel
 from cpbench.config.vocabulary import DEFAULT_DTYPE, Device, Dtype
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(use_attribute_docstrings=True, extra="forbid")
-
-
-class Package(_Model):
+class Package(ReportModel):
     """One optional (or required) Python distribution."""
 
     name: str
     """What it is, as the user knows it (torch, flash-attn, FlashAttention-3, ...)."""
     module: str
-    """Its top-level import name."""
     distribution: str | None
     """The pip distribution that provides the module (None when none is installed)."""
     version: str | None
@@ -29,7 +25,7 @@ class Package(_Model):
     """The module is on the path (found without importing it)."""
 
 
-class Gpu(_Model):
+class Gpu(ReportModel):
     """One GPU that CUDA sees here (CUDA_VISIBLE_DEVICES applied)."""
 
     index: int
@@ -37,35 +33,31 @@ class Gpu(_Model):
     nvml_index: int | None
     """Its NVML index (PCI order, ignores CUDA_VISIBLE_DEVICES); None when read via torch."""
     name: str
-    """Product name."""
     memory_total_bytes: int | None
-    """Device memory."""
     memory_used_bytes: int | None
     """Device memory already in use (other processes); NVML only."""
     compute_capability: str | None
     """major.minor (9.0 for Hopper)."""
     uuid: str | None
-    """GPU-... UUID."""
     pci_bus_id: str | None
     """PCI bus id, domain:bus:device.function."""
     numa_node: int | None
     """NUMA node (CPU socket) the GPU is attached to, when known."""
 
 
-class Nvml(_Model):
+class Nvml(ReportModel):
     """NVML (nvidia-ml-py): what the memory probe and the topology read."""
 
     available: bool
     """nvmlInit succeeded."""
     driver_version: str | None
-    """NVIDIA driver version."""
     cuda_driver_version: str | None
     """Highest CUDA version the driver supports."""
     reason: str | None
     """Why NVML is not available (None when it is)."""
 
 
-class TopologyTierIslands(_Model):
+class TopologyTierIslands(ReportModel):
     """One tier of islands read from the interconnect matrix."""
 
     kind: str
@@ -74,7 +66,7 @@ class TopologyTierIslands(_Model):
     """GPU indices (matrix order) of each island."""
 
 
-class Topology(_Model):
+class Topology(ReportModel):
     """The GPU interconnect matrix, as `nvidia-smi topo -m` prints it."""
 
     source: Literal["nvml", "nvidia-smi"] | None
@@ -92,15 +84,13 @@ class Topology(_Model):
     what a profile's `[topology]` tiers describe; empty without a matrix (one island)."""
 
 
-class KernelStatus(_Model):
+class KernelStatus(ReportModel):
     """Whether a local kernel (`--kernel`, the scenario's backend axis) can run here."""
 
     name: str
     """The kernel requested (`cpbench.config.vocabulary.BACKENDS`)."""
     device: Device
-    """The device it was checked on."""
     dtype: Dtype
-    """The dtype it was checked with."""
     usable: bool
     """select_kernel accepts it."""
     resolved: str | None
@@ -109,22 +99,20 @@ class KernelStatus(_Model):
     """Why it is not usable (select_kernel's rule)."""
 
 
-class ImplStatus(_Model):
+class ImplStatus(ReportModel):
     """Whether an implementation (`--impl`, the scenario's impl axis) can run here."""
 
     name: str
     """The impl name (`cpbench.config.impls.IMPLS`)."""
     version: str | None
-    """The library's installed version."""
     kernel: str | None
-    """The local kernel it runs."""
     usable: bool
     """Installed and able to run the probe configuration."""
     reason: str | None
     """Why not: its install hint, or its rule for the probe configuration."""
 
 
-class BackendStatus(_Model):
+class BackendStatus(ReportModel):
     """A torch.distributed backend."""
 
     name: str
@@ -134,20 +122,16 @@ class BackendStatus(_Model):
     usable: bool
     """It can run here (nccl needs a GPU)."""
     reason: str | None
-    """Why it is not usable."""
 
 
-class DoctorReport(_Model):
+class DoctorReport(ReportModel):
     """Everything `cpbench doctor` reports (its --json is `model_dump(mode="json")`)."""
 
     cpbench: str
-    """cpbench version."""
     python: str
-    """Python version."""
     platform: str
     """OS and architecture."""
     hostname: str
-    """This host."""
     torch: str
     """torch.__version__."""
     torch_cuda: str | None
@@ -168,9 +152,7 @@ class DoctorReport(_Model):
     """The GPUs CUDA_VISIBLE_DEVICES leaves visible (NVML lists them even where this torch
     cannot use them)."""
     nvml: Nvml
-    """NVML status."""
     topology: Topology
-    """GPU interconnect matrix."""
     packages: list[Package]
     """Versions of the attention libraries cpbench can use."""
     kernels: list[KernelStatus]
@@ -178,13 +160,10 @@ class DoctorReport(_Model):
     probe_config: str
     """The configuration the impls' capability rules were checked on."""
     impls: list[ImplStatus]
-    """Every implementation."""
     backends: list[BackendStatus]
-    """torch.distributed backends."""
     summary: list[str]
     """Plain sentences: the device, what runs, what is missing."""
     elapsed_seconds: float
-    """How long the checks took."""
 
     def usable_kernels(self, dtype: Dtype | None = None) -> list[str]:
         """The explicit kernels (not `auto`) usable here with `dtype` (default: the device's

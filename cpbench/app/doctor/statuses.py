@@ -19,17 +19,16 @@ def kernel_statuses(device: Device) -> list[KernelStatus]:
     out = []
     for name in BACKENDS:
         for dtype in DTYPES:
+            resolved: str | None = None
+            reason: str | None = None
             try:
-                kernel = select_kernel(device, getattr(torch, dtype), name)
+                resolved = select_kernel(device, getattr(torch, dtype), name).name
             except CpbenchError as exc:  # the kernel's rule
-                out.append(KernelStatus(name=name, device=device, dtype=dtype, usable=False,
-                                        resolved=None, reason=str(exc)))
+                reason = str(exc)
             except Exception as exc:  # noqa: BLE001 - a broken install (an ABI mismatch)
-                out.append(KernelStatus(name=name, device=device, dtype=dtype, usable=False,
-                                        resolved=None, reason=f"{type(exc).__name__}: {exc}"))
-            else:
-                out.append(KernelStatus(name=name, device=device, dtype=dtype, usable=True,
-                                        resolved=kernel.name, reason=None))
+                reason = f"{type(exc).__name__}: {exc}"
+            out.append(KernelStatus(name=name, device=device, dtype=dtype,
+                                    usable=reason is None, resolved=resolved, reason=reason))
     return out
 
 

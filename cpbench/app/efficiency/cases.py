@@ -35,22 +35,20 @@ CONVENTION = (
     "and layout (< 1: cpbench faster)"
 )
 CaseStatus = Literal["ok", "skipped", "failed"]
+PROBLEM_FIELDS = ("seq_len", "heads", "kv_heads", "head_dim", "batch")
+"""The `EfficiencySettings` fields that are the attention problem (`BenchConfig`'s names)."""
 
 
 @dataclass(frozen=True)
 class EfficiencySettings:
     """The problem and the measurement of one `cpbench efficiency` run."""
 
+    # the attention problem (`PROBLEM_FIELDS`: `CpProblem`'s fields of these names)
     seq_len: int = 8192
-    """L: global sequence length in tokens."""
     heads: int = 8
-    """h: query heads."""
     kv_heads: int = 8
-    """h_kv: key/value heads."""
     head_dim: int = 64
-    """d_h: channels per head."""
     batch: int = 1
-    """B: sequences per micro-batch."""
     world_sizes: tuple[int, ...] = (2, 4)
     """P: the pool sizes measured, one pool each."""
     dtypes: tuple[Dtype, ...] = ("float32", "bfloat16")
@@ -71,7 +69,7 @@ class EfficiencySettings:
     """Seconds one pool task (the preparation of one case, or all rounds) may take."""
 
     def __post_init__(self) -> None:
-        for name in ("seq_len", "heads", "kv_heads", "head_dim", "batch", "rounds"):
+        for name in (*PROBLEM_FIELDS, "rounds"):
             if getattr(self, name) < 1:
                 raise CpbenchError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.warmup < 0:
@@ -109,11 +107,7 @@ class EfficiencyCase:
     def config(self, settings: EfficiencySettings, dtype: Dtype, world: int) -> BenchConfig:
         """The benchmark point of this case (not for the baseline)."""
         return BenchConfig(
-            seq_len=settings.seq_len,
-            batch=settings.batch,
-            heads=settings.heads,
-            kv_heads=settings.kv_heads,
-            head_dim=settings.head_dim,
+            **{name: getattr(settings, name) for name in PROBLEM_FIELDS},
             dtype=dtype,
             causal=True,
             ulysses=self.ulysses,
@@ -131,7 +125,6 @@ class CaseTiming:
     """What one case measured (or why it did not run)."""
 
     case: EfficiencyCase
-    """The configuration."""
     status: CaseStatus
     """ok, skipped (the implementation cannot express it or is not installed), failed."""
     reason: str | None = None
@@ -160,11 +153,8 @@ class EfficiencyGroup:
     """One world size and dtype: the baseline and every case, measured in one interleaved run."""
 
     world_size: int
-    """P: ranks."""
     dtype: Dtype
-    """Activation dtype."""
     baseline: CaseTiming
-    """The single-process step."""
     cases: tuple[CaseTiming, ...]
     """Every case, ok, skipped or failed."""
     load_average: tuple[float, float] = (0.0, 0.0)
@@ -179,15 +169,12 @@ class EfficiencyReport:
     """Every group of one run, with what the numbers mean."""
 
     settings: EfficiencySettings
-    """The problem and the measurement."""
     groups: tuple[EfficiencyGroup, ...]
-    """One per (world size, dtype)."""
     convention: str = CONVENTION
     """How efficiency, best, median, spread and vs peer are defined."""
     host: str = field(default_factory=lambda: platform.processor() or platform.machine())
     """The machine (CPU model or architecture)."""
     torch_version: str = torch.__version__
-    """The torch the ranks ran."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from cpbench.app.efficiency.cases import (
+    PROBLEM_FIELDS,
     SINGLE,
     CaseTiming,
     EfficiencyCase,
@@ -40,8 +41,7 @@ _PREPARED: dict[tuple[Any, ...], Callable[[], None]] = {}
 
 
 def _key(case: EfficiencyCase, settings: EfficiencySettings, dtype: Dtype) -> tuple[Any, ...]:
-    return (case, settings.seq_len, settings.heads, settings.kv_heads, settings.head_dim,
-            settings.batch, dtype, settings.device)
+    return (case, *(getattr(settings, name) for name in PROBLEM_FIELDS), dtype, settings.device)
 
 
 def rank_device(settings: EfficiencySettings) -> torch.device:
@@ -156,16 +156,13 @@ def with_peers(timings: list[CaseTiming]) -> list[CaseTiming]:
     implementation's median on the same mesh and layout."""
     out = []
     for t in timings:
-        if t.case.impl != "cpbench" or t.status != "ok" or t.median is None:
-            out.append(t)
-            continue
         peers = [
             p for p in timings
             if p.status == "ok" and p.case.impl not in ("cpbench", SINGLE) and p.median
             and (p.case.ulysses, p.case.ring, p.case.layout)
             == (t.case.ulysses, t.case.ring, t.case.layout)
         ]
-        if not peers:
+        if t.case.impl != "cpbench" or t.status != "ok" or t.median is None or not peers:
             out.append(t)
             continue
         fastest = min(peers, key=lambda p: p.median or 0.0)

@@ -22,11 +22,9 @@ class CommMeasurement:
     """One timed collective, in nccl-tests terms."""
 
     test: CommTest
-    """What was timed."""
     seconds: float
     """Time per call: median over repetitions of the max over ranks."""
     repetitions: int
-    """Timed repetitions."""
     algbw: float
     """size / time, bytes/s."""
     busbw: float
@@ -44,17 +42,13 @@ class LinkFit:
     level: int
     """Index of the tier in the profile's node tiers (innermost 0)."""
     kind: CollectiveKind
-    """all_to_all or send_recv."""
     latency_s: float
     """Fitted latency (intercept), seconds."""
     busbw: float
     """Fitted busbw (1 / slope), bytes/s."""
     prior_latency_s: float
-    """The prior's latency."""
     prior_busbw: float
-    """The prior's busbw."""
     points: int
-    """Measurements on the line."""
     residual: float
     """RMS relative error of the line on its points."""
     sizes: tuple[int, int]
@@ -66,11 +60,9 @@ class KernelMeasurement:
     """One timed kernel shape."""
 
     test: KernelTest
-    """What was timed."""
     seconds: float
     """Median time of one call (max over the computing ranks)."""
     repetitions: int
-    """Timed calls."""
     flops: float
     """FLOPs of one call (`cpbench.model.flops` convention, causal)."""
     efficiency: float

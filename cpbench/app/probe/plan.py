@@ -52,15 +52,12 @@ class ProbeSettings:
     heads: int
     """Query heads h of the shape whose message sizes are measured."""
     kv_heads: int
-    """KV heads h_kv."""
     head_dim: int
-    """Head dimension d_h."""
     seq_lens: tuple[int, ...]
     """Global sequence lengths L whose messages and kernel lengths L/R are measured."""
     dtype: Dtype = "float32"
     """Activation dtype of the messages and the kernel."""
     batch: int = 1
-    """Micro-batch B."""
     phase: Phase = "fwd+bwd"
     """fwd or fwd+bwd: which messages (backward adds dK/dV hops) and kernel passes."""
     kernel: Backend = "auto"
@@ -74,18 +71,14 @@ class ProbeSettings:
     name: str | None = None
     """Name of the written profile; None: <prior>-probe."""
     threads_per_rank: int = 1
-    """CPU threads per rank."""
     timeout_s: float = 600.0
-    """Seconds the pool task may take."""
 
 
 def default_settings(device: Device, world_size: int, **given: Any) -> ProbeSettings:
     """Settings with the device's default shape (`CPU_DEFAULTS`, `GPU_DEFAULTS`) where a value
     is None or absent."""
     defaults = GPU_DEFAULTS if device == "cuda" else CPU_DEFAULTS
-    values = {k: v for k, v in given.items() if v is not None}
-    for key, value in defaults.items():
-        values.setdefault(key, value)
+    values = defaults | {k: v for k, v in given.items() if v is not None}
     values["seq_lens"] = tuple(int(n) for n in values["seq_lens"])
     return ProbeSettings(world_size=world_size, device=device, **values)
 
@@ -134,9 +127,7 @@ class KernelTest:
     kv_heads: int
     """KV heads per rank c*h_kv/U."""
     head_dim: int
-    """d_h."""
     batch: int
-    """B."""
     meshes: tuple[str, ...]
     """Meshes (UxR at L) that run this shape."""
 
@@ -151,15 +142,12 @@ class ProbePlan:
     """What the ranks will measure."""
 
     settings: ProbeSettings
-    """The settings it was made from."""
     meshes: tuple[tuple[int, int], ...]
     """(U, R) of the meshes that accept at least one sequence length."""
     skipped: tuple[str, ...]
     """(mesh, L) pairs left out, with the rule that excludes them."""
     comm_tests: tuple[CommTest, ...]
-    """Collectives to time."""
     kernel_tests: tuple[KernelTest, ...]
-    """Kernel shapes to time."""
     kernel_ranks: int
     """Ranks that run the kernel at once (the prior's compute slots, at most the world)."""
 

@@ -31,7 +31,6 @@ class RankResult:
     """Per kernel test, the seconds of each timed call (max over the computing ranks); empty
     on ranks that do not compute."""
     hostname: str
-    """The rank's host."""
     device_name: str
     """Its device ('cpu: <model>' or the GPU's name)."""
 

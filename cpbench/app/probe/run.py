@@ -38,19 +38,14 @@ class ProbeResult:
     """Everything `cpbench probe` measured and the profile it made."""
 
     plan: ProbePlan
-    """The tests."""
     prior: HardwareProfile
     """The profile started from."""
     prior_reason: str
-    """Why that prior."""
     profile: HardwareProfile
     """The prior with the measured numbers."""
     comm: tuple[CommMeasurement, ...]
-    """Timed collectives."""
     fits: tuple[LinkFit, ...]
-    """Link lines."""
     kernels: tuple[KernelMeasurement, ...]
-    """Timed kernel shapes."""
     kernel_family: str
     """The efficiency family the curve was written to."""
     machine: str

@@ -36,7 +36,6 @@ class CommRow(ReportModel):
 
     kind: CollectiveKind
     mesh: str
-    """'UxR'."""
     group_size: int
     size_bytes: int
     """nccl-tests' size: what a rank hands in per call."""
@@ -63,7 +62,6 @@ class LinkRow(ReportModel):
     prior_latency_us: float
     prior_busbw_GBps: float
     residual: float
-    """RMS relative error of the fit."""
 
 
 class KernelShape(ReportModel):
@@ -121,9 +119,7 @@ class ProbeReport(Versioned):
     links: list[LinkRow]
     kernel: Kernel
     profile: str
-    """The written profile's name."""
     profile_toml: str
-    """The profile as TOML."""
     output: str | None
     """Where the profile was written (None: nowhere)."""
     notes: list[str]

@@ -19,7 +19,6 @@ class ReportRecommendation:
     """What the recommendation section shows; plain text only (escaped when rendered)."""
 
     summary: str = ""
-    """One paragraph."""
     tables: list[tuple[str, list[dict[str, Any]]]] = field(default_factory=list)
     """(caption, rows): one dict per row, keys = column titles."""
     settings: list[tuple[str, str, str]] = field(default_factory=list)
@@ -40,7 +39,6 @@ class Summary:
     scenarios: list[str]
     """Scenario names, sorted."""
     total: int
-    """Number of records."""
     statuses: dict[str, int]
     """Status -> number of records."""
     reasons: dict[str, list[tuple[int, str, int]]]
@@ -68,7 +66,6 @@ class ReportData:
 
     title: str
     sources: list[str]
-    """Names of the results files."""
     summary: Summary
     frame: pd.DataFrame
     """The records frame, with `predicted_s` and `peak_fraction` columns when the cost model
@@ -109,7 +106,6 @@ class ComparisonData:
 
     title: str
     sources: tuple[str, str]
-    """Names of the BEFORE and AFTER files."""
     summary: Summary
     """Of both files' records together."""
     before: pd.DataFrame
@@ -127,7 +123,6 @@ class ComparisonData:
     """Matched ids significantly faster after (the 95% intervals apart:
     `cpbench.model.ties.compare_intervals`, as `cpbench compare`)."""
     slower: int
-    """Matched ids significantly slower after."""
     geomean: float | None
     """Geometric mean of after/before over the matched ids (None when none matched)."""
     warnings: list[str] = field(default_factory=list)

@@ -22,6 +22,13 @@ INFERENCE_COLUMNS: tuple[str, ...] = (
 kv_cache_bytes_measured is the max over ranks; seconds as the records give them."""
 
 
+_CONFIG_COLUMNS = ("world_size", "batch", "heads", "kv_heads", "head_dim", "dtype", "device")
+_SECTION_COLUMNS = (
+    "ttft_s", "per_token_latency_s", "tokens_per_s", "kv_cache_bytes_analytic", "kv_cache_ratio",
+)  # fmt: skip
+"""The columns copied as they are from the record's config and its `inference` section."""
+
+
 def _inference_row(record: Mapping[str, Any]) -> dict[str, Any]:
     config, step = record["config"], record["config"]["inference"]
     timing = record.get("timing") or {}
@@ -29,33 +36,18 @@ def _inference_row(record: Mapping[str, Any]) -> dict[str, Any]:
     accuracy = record.get("accuracy") or {}
     measured = section.get("kv_cache_bytes_measured")
     return {
-        "id": record.get("id"),
-        "status": record.get("status"),
-        "error": record.get("error"),
+        **{key: record.get(key) for key in ("id", "status", "error")},
         "phase": step["phase"],
         "how": step["scheme"] if step["phase"] == "prefill" else step["cache_layout"],
-        "world_size": config.get("world_size"),
         "cached_len": step["cached_len"],
         "new_tokens": step["new_tokens"],
         "context": step["cached_len"] + step["new_tokens"],
-        "batch": config.get("batch"),
-        "heads": config.get("heads"),
-        "kv_heads": config.get("kv_heads"),
-        "head_dim": config.get("head_dim"),
-        "dtype": config.get("dtype"),
-        "device": config.get("device"),
-        "median_s": timing.get("median"),
-        "ci_low_s": timing.get("ci_low"),
-        "ci_high_s": timing.get("ci_high"),
-        "ttft_s": section.get("ttft_s"),
-        "per_token_latency_s": section.get("per_token_latency_s"),
-        "tokens_per_s": section.get("tokens_per_s"),
-        "kv_cache_bytes_analytic": section.get("kv_cache_bytes_analytic"),
+        **{key: config.get(key) for key in _CONFIG_COLUMNS},
+        **{f"{key}_s": timing.get(key) for key in ("median", "ci_low", "ci_high")},
+        **{key: section.get(key) for key in _SECTION_COLUMNS},
         "kv_cache_bytes_measured": max(measured) if measured else None,
-        "kv_cache_ratio": section.get("kv_cache_ratio"),
         "bytes_match": (record.get("comm") or {}).get("match"),
-        "max_abs_error": accuracy.get("max_abs_error"),
-        "tolerance": accuracy.get("tolerance"),
+        **{key: accuracy.get(key) for key in ("max_abs_error", "tolerance")},
     }
 
 

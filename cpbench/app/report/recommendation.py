@@ -28,15 +28,10 @@ def measured_best(frame: pd.DataFrame) -> pd.DataFrame:
     for (phase, variant, seq_len), g in rows.groupby(["phase", "variant", "seq_len"], sort=True):
         g = g.sort_values("median_s")
         best = g.iloc[0]
-        intervals = {
-            str(r["id"]): Interval(
-                float(r["median_s"]),
-                float(r["ci_low_s"]) if pd.notna(r["ci_low_s"]) else float(r["median_s"]),
-                float(r["ci_high_s"]) if pd.notna(r["ci_high_s"]) else float(r["median_s"]),
-                0,
-                "",
-            )
-            for _, r in g.iterrows()
+        low, high = (g[bound].fillna(g["median_s"]) for bound in ("ci_low_s", "ci_high_s"))
+        intervals = {  # a missing end of an interval is the median
+            str(i): Interval(float(median), float(lo), float(hi), 0, "")
+            for i, median, lo, hi in zip(g["id"], g["median_s"], low, high, strict=True)
         }
         ranked = rank_with_ties(intervals)
         tied = [g[g["id"] == i].iloc[0] for i in ranked.tied]
@@ -136,17 +131,11 @@ def service_recommendation(
     if workload is None:
         return measured, None
     request = service.RecommendRequest(
-        heads=int(workload["heads"]),
-        kv_heads=int(workload["kv_heads"]),
-        seq_len=workload["seq_len"],
-        head_dim=int(workload["head_dim"]),
-        batch=int(workload["batch"]),
-        gpus=workload["gpus"],
-        gpus_per_node=workload["gpus_per_node"],
+        **{key: int(workload[key]) for key in ("heads", "kv_heads", "head_dim", "batch")},
+        **{key: workload[key] for key in ("seq_len", "gpus", "gpus_per_node", "phase")},
         hardware=hardware,
         dtype=str(workload["dtype"]),
         causal=bool(workload["causal"]),
-        phase=workload["phase"],
         results=tuple(str(p) for p in paths),
         top=0,
     )

@@ -12,7 +12,7 @@ import pandas as pd
 from cpbench.results.frame import PHASE_ORDER, ok_rows
 
 DOCUMENT_MASKS = ("document", "document_sliding_window")
-"""The mask kinds of packed documents (`cpbench.config.vocabulary.MASKS`)."""
+"""The mask kinds of packed documents (`cpbench.config.vocabulary.Mask`)."""
 
 
 @dataclass(frozen=True)
@@ -68,18 +68,13 @@ def work_fits(frame: pd.DataFrame) -> list[WorkFit]:
             compute = [float(t) for t in rec.compute_only_per_rank_s]
             if len(work) != len(compute) or not work:
                 continue
+            point = {"id": rec.id, "layout": rec.layout, "mesh": rec.mesh, "seq_len": int(rec.seq_len)}
             for rank, (w, t) in enumerate(zip(work, compute, strict=True)):
-                points.append(
-                    {"id": rec.id, "layout": rec.layout, "mesh": rec.mesh,
-                     "seq_len": int(rec.seq_len), "rank": rank, "work": w, "compute_s": t}
-                )  # fmt: skip
+                points.append({**point, "rank": rank, "work": w, "compute_s": t})
             mean_w, mean_t = sum(work) / len(work), sum(compute) / len(compute)
             summary.append(
                 {
-                    "id": rec.id,
-                    "layout": rec.layout,
-                    "mesh": rec.mesh,
-                    "seq_len": int(rec.seq_len),
+                    **point,
                     "mask": rec.mask,
                     "documents": len(rec.documents) if rec.documents is not None else 1,
                     "padding": None if pd.isna(rec.padding) else int(rec.padding),
