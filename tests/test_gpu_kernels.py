@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 
+from cpbench import compat
 from cpbench.attention.kernels import (
     CpuSdpaKernel,
     CudaSdpaKernel,
@@ -25,8 +26,6 @@ from cpbench.attention.kernels import (
     NaiveKernel,
     auto_kernel_name,
     band_capable,
-    cuda_flash_native_gqa,
-    cudnn_native_gqa,
     default_scale,
     kernel_unavailable,
     kernel_version,
@@ -307,9 +306,11 @@ def test_a_sweep_records_a_head_dim_the_named_kernel_cannot_run_as_skipped() -> 
 
 
 def test_version_rules_for_native_gqa() -> None:
-    assert not cuda_flash_native_gqa("2.4.1") and cuda_flash_native_gqa("2.5.0+cu121")
-    assert cuda_flash_native_gqa("2.9.1")
-    assert not cudnn_native_gqa("2.7.1+cu126") and cudnn_native_gqa("2.8.0")
+    assert not compat.cuda_flash_supports_gqa("2.4.1")
+    assert compat.cuda_flash_supports_gqa("2.5.0+cu121")
+    assert compat.cuda_flash_supports_gqa("2.9.1")
+    assert not compat.cudnn_attention_supports_gqa("2.7.1+cu126")
+    assert compat.cudnn_attention_supports_gqa("2.8.0")
 
 
 # ----------------------------------------------------------------------------- op marshalling

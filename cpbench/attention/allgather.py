@@ -25,8 +25,8 @@ from cpbench.attention.comm import (
     reduce_scatter_chunks,
 )
 from cpbench.attention.kernels import LocalKernel
-from cpbench.attention.kernels.base import Band
-from cpbench.config.geometry import Piece, RingSchedule
+from cpbench.attention.ring import _merge, call_kernel, piece_band
+from cpbench.config.geometry import RingSchedule
 from cpbench.errors import CpbenchError
 
 KV_GATHER_TAG = "ag_kv"
@@ -42,56 +42,12 @@ class GatherSpec:
     rank: int
 
 
-def merge_block(
-    out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor, block_lse: torch.Tensor
-) -> None:
-    """In place: (out, lse) <- the softmax merge with a block's (out, lse). Rows not touched yet
-    carry lse = -inf and out = 0; a block's rows are finite (every piece row sees a key), so
-    logaddexp keeps everything finite: o = o1 e^(l1 - l) + o2 e^(l2 - l), l = log(e^l1 + e^l2)."""
-    new_lse = torch.logaddexp(lse, block_lse)
-    old_scale = torch.exp(lse - new_lse).transpose(1, 2).unsqueeze(-1)
-    new_scale = torch.exp(block_lse - new_lse).transpose(1, 2).unsqueeze(-1)
-    out.mul_(old_scale).add_(block_out.float() * new_scale)
-    lse.copy_(new_lse)
-
-
-def _kernel_band(piece: Piece) -> tuple[bool, Band | None]:
-    """(causal, band) as the kernels take them: band only for pieces that are neither full nor
-    top-left causal (so kernels without band support run every plain mask)."""
-    if piece.is_full or piece.is_causal:
-        return piece.is_causal, None
-    return False, (piece.lo, piece.hi)
-
-
-def _call_forward(
-    kernel: LocalKernel,
-    piece: Piece,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    scale: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    causal, band = _kernel_band(piece)
-    if band is None:
-        return kernel.forward(q, k, v, causal, scale)
-    return kernel.forward(q, k, v, causal, scale, band=band)
-
-
-def _call_backward(
-    kernel: LocalKernel,
-    piece: Piece,
-    dout: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    scale: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    causal, band = _kernel_band(piece)
-    if band is None:
-        return kernel.backward(dout, q, k, v, out, lse, causal, scale)
-    return kernel.backward(dout, q, k, v, out, lse, causal, scale, band=band)
+def _gather(
+    kv: torch.Tensor, g: int, stride: int, spec: GatherSpec, skip_comm: bool
+) -> PendingExchange:
+    """Post the all-gather of KV head stride `g` (`stride` KV heads) of this rank's chunk."""
+    chunk = kv[:, :, :, g * stride : (g + 1) * stride]
+    return all_gather_chunks(chunk, spec.group, spec.size, KV_GATHER_TAG, skip_comm)
 
 
 def _strides(kv_heads: int, heads_k_stride: int | None) -> int:
@@ -133,9 +89,7 @@ class AllGatherAttention(torch.autograd.Function):
         lse = torch.full((b, h, n), float("-inf"), dtype=torch.float32, device=q.device)
         strides = kv_heads // stride
         order = _sources(spec)
-        pending = all_gather_chunks(
-            kv[:, :, :, :stride], spec.group, spec.size, spec.rank, KV_GATHER_TAG, skip_comm
-        )
+        pending = _gather(kv, 0, stride, spec, skip_comm)
         for g in range(strides):
             heads = slice(g * stride * group_heads, (g + 1) * stride * group_heads)
             own = kv[:, :, :, g * stride : (g + 1) * stride]
@@ -144,19 +98,22 @@ class AllGatherAttention(torch.autograd.Function):
                 step = (spec.rank - source) % spec.size
                 for p in schedule.pieces[spec.rank][step]:
                     rows, cols = slice(p.q_start, p.q_end), slice(p.k_start, p.k_end)
-                    block_out, block_lse = _call_forward(
-                        kernel, p, q[:, rows, heads], chunk[:, cols, 0], chunk[:, cols, 1], scale
+                    block_out, block_lse = call_kernel(
+                        kernel.forward,
+                        piece_band(p),
+                        q[:, rows, heads],
+                        chunk[:, cols, 0],
+                        chunk[:, cols, 1],
+                        p.is_causal,
+                        scale,
                     )
-                    merge_block(out[:, rows, heads], lse[:, heads, rows], block_out, block_lse)
+                    _merge(out[:, rows, heads], lse[:, heads, rows], block_out, block_lse)
 
             if not skip_compute:  # the own chunk is here: computed while the gather travels
                 attend(spec.rank, own)
             gathered = pending.wait()
             if g + 1 < strides:  # the next stride travels while this one is computed on
-                nxt = kv[:, :, :, (g + 1) * stride : (g + 2) * stride]
-                pending = all_gather_chunks(
-                    nxt, spec.group, spec.size, spec.rank, KV_GATHER_TAG, skip_comm
-                )
+                pending = _gather(kv, g + 1, stride, spec, skip_comm)
             if skip_compute:
                 continue
             for source in order:
@@ -179,9 +136,7 @@ class AllGatherAttention(torch.autograd.Function):
         dkv = torch.empty(kv.shape, dtype=torch.float32, device=kv.device)
         scatters: list[tuple[int, PendingExchange]] = []
         order = _sources(spec)
-        pending = all_gather_chunks(
-            kv[:, :, :, :stride], spec.group, spec.size, spec.rank, KV_GATHER_TAG, skip_comm
-        )
+        pending = _gather(kv, 0, stride, spec, skip_comm)
         for g in range(strides):
             heads = slice(g * stride * group_heads, (g + 1) * stride * group_heads)
             own = kv[:, :, :, g * stride : (g + 1) * stride]
@@ -196,15 +151,16 @@ class AllGatherAttention(torch.autograd.Function):
                 step = (spec.rank - source) % spec.size
                 for p in schedule.pieces[spec.rank][step]:
                     rows, cols = slice(p.q_start, p.q_end), slice(p.k_start, p.k_end)
-                    dq_p, dk_p, dv_p = _call_backward(
-                        kernel,
-                        p,
+                    dq_p, dk_p, dv_p = call_kernel(
+                        kernel.backward,
+                        piece_band(p),
                         dout[:, rows, heads],
                         q[:, rows, heads],
                         chunk[:, cols, 0],
                         chunk[:, cols, 1],
                         out[:, rows, heads],
                         lse[:, heads, rows],
+                        p.is_causal,
                         scale,
                     )
                     dq[:, rows, heads] += dq_p
@@ -215,25 +171,18 @@ class AllGatherAttention(torch.autograd.Function):
                 grads(spec.rank, own)
             gathered = pending.wait()
             if g + 1 < strides:
-                nxt = kv[:, :, :, (g + 1) * stride : (g + 2) * stride]
-                pending = all_gather_chunks(
-                    nxt, spec.group, spec.size, spec.rank, KV_GATHER_TAG, skip_comm
-                )
+                pending = _gather(kv, g + 1, stride, spec, skip_comm)
             for source in order if not skip_compute else ():
                 grads(source, gathered[source])
             # each chunk's dK/dV goes home while the next stride is computed on; the one
             # before is waited for now, so at most two strides of fp32 dK/dV are alive
-            scatters.append(
-                (
-                    g,
-                    reduce_scatter_chunks(
-                        dgathered, spec.group, spec.size, spec.rank, DKV_SCATTER_TAG, skip_comm
-                    ),
-                )
+            scatter = reduce_scatter_chunks(
+                dgathered, spec.group, spec.size, spec.rank, DKV_SCATTER_TAG, skip_comm
             )
+            scatters.append((g, scatter))
             if len(scatters) > 1:
-                done, scatter = scatters.pop(0)
-                dkv[:, :, :, done * stride : (done + 1) * stride] = scatter.wait()
+                done, oldest = scatters.pop(0)
+                dkv[:, :, :, done * stride : (done + 1) * stride] = oldest.wait()
         for g, scatter in scatters:
             dkv[:, :, :, g * stride : (g + 1) * stride] = scatter.wait()
         return dq.to(q.dtype), dkv.to(kv.dtype), None, None, None, None, None, None

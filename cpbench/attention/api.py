@@ -76,7 +76,8 @@ def cp_attention(
     kv_per_rank = feasible.kv_replication * k.shape[2] // mesh.ulysses
     check_cp_comm(cp_comm, heads_k_stride, kv_per_rank)
     seq_len = logical_length(run_len, mesh.ulysses, mesh.ring, layout, the_mask)
-    plan = ring_plan(packing(seq_len, mesh.ulysses, mesh.ring, layout, the_mask), mesh.ring_rank)
+    packed = packing(seq_len, mesh.ulysses, mesh.ring, layout, the_mask)
+    plan = ring_plan(packed, mesh.ring_rank)
     if isinstance(kernel, str):
         local_kernel = select_kernel(q.device, q.dtype, kernel, band=plan.needs_band, head_dim=d)
     else:
@@ -98,20 +99,14 @@ def cp_attention(
         kv = SeqToHeads.apply(kv, group, mesh.ulysses, ("a2a_kv", "a2a_dkv"), skip_comm)
     the_scale = default_scale(d, scale)
     if cp_comm == "all_gather" and mesh.ring > 1:
-        schedule = ring_schedule(packing(seq_len, mesh.ulysses, mesh.ring, layout, the_mask))
+        schedule = ring_schedule(packed)
         gather = GatherSpec(mesh.ring_group, mesh.ring, mesh.ring_rank)
         out = AllGatherAttention.apply(
             q5.squeeze(2), kv, gather, schedule, the_scale, local_kernel, variant, heads_k_stride
         )
         return _heads_back(out, mesh, skip_comm)
-    spec = RingSpec(
-        group=mesh.ring_group,
-        size=mesh.ring,
-        rank=mesh.ring_rank,
-        send_to=mesh.ring_next,
-        recv_from=mesh.ring_prev,
-        peers=tuple(mesh.ring_peer(j) for j in range(mesh.ring)),
-    )
+    peers = tuple(mesh.ring_peer(j) for j in range(mesh.ring))
+    spec = RingSpec(mesh.ring_group, mesh.ring, mesh.ring_rank, peers)
     out = RingAttention.apply(q5.squeeze(2), kv, spec, plan, the_scale, local_kernel, variant)
     return _heads_back(out, mesh, skip_comm)
 

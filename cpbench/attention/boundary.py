@@ -37,16 +37,14 @@ import torch.distributed.distributed_c10d as c10d
 from cpbench.compat import functional_collectives
 
 Recorder = Callable[[str, int], None]
+Counter = Callable[[tuple, dict], None]
 _P2P = ("isend", "send")
 
 
 @dataclass
 class ByteCounter:
-    """Bytes sent by this rank, keyed by (phase, collective tag).
-
-    All-to-all counts what the rank hands in minus its own 1/n share (it is not sent);
-    point-to-point counts the sent tensor. `phase` is set by the caller around forward and
-    backward (`with counter.phase("bwd"): loss.backward()`)."""
+    """Bytes sent by this rank (the module docstring's table), keyed by (phase, collective
+    tag); the caller sets the phase (`with counter.phase("bwd"): loss.backward()`)."""
 
     current_phase: str = "fwd"
     bytes: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
@@ -144,8 +142,9 @@ def _arg(args: tuple, kwargs: dict, index: int, name: str, default: Any = None) 
     return args[index] if len(args) > index else default
 
 
-def _counters(record: Recorder) -> dict[str, Callable[[tuple, dict], None]]:
-    """entry point name -> what to record for a call (args, kwargs)."""
+def _counters(record: Recorder) -> tuple[dict[str, Counter], dict[str, Counter]]:
+    """(torch.distributed's entry points, the functional collectives'): name -> what to record
+    for a call (args, kwargs), each count reading its tensor and group at the call's positions."""
 
     def sent(a: tuple, k: dict) -> None:
         dst, group = _arg(a, k, 1, "dst"), _arg(a, k, 2, "group")
@@ -154,26 +153,27 @@ def _counters(record: Recorder) -> dict[str, Callable[[tuple, dict], None]]:
         if dst != dist.get_rank():  # a send to itself (NCCL allows it) crosses no link
             record("p2p", _nbytes(_arg(a, k, 0, "tensor")))
 
-    def a2a_single(a: tuple, k: dict) -> None:
-        tensor = _arg(a, k, 1, "input")
-        record(
-            "all_to_all",
-            _all_to_all_bytes(tensor, _arg(a, k, 3, "input_split_sizes"), _arg(a, k, 4, "group")),
-        )
+    def a2a_single(index: int, name: str, splits_index: int, group_index: int) -> Counter:
+        def count(a: tuple, k: dict) -> None:
+            splits = _arg(a, k, splits_index, "input_split_sizes")
+            group = _arg(a, k, group_index, "group")
+            record("all_to_all", _all_to_all_bytes(_arg(a, k, index, name), splits, group))
+
+        return count
 
     def a2a_list(a: tuple, k: dict) -> None:
         inputs = _arg(a, k, 1, "input_tensor_list")
         me = _group_rank(_arg(a, k, 2, "group"))
         record("all_to_all", sum(_nbytes(t) for i, t in enumerate(inputs) if i != me))
 
-    def gather(index: int, name: str, group_index: int) -> Callable[[tuple, dict], None]:
+    def gather(index: int, name: str, group_index: int) -> Counter:
         def count(a: tuple, k: dict) -> None:
             n = _group_size(_arg(a, k, group_index, "group"))
             record("all_gather", _nbytes(_arg(a, k, index, name)) * (n - 1))
 
         return count
 
-    def scatter(index: int, name: str, group_index: int) -> Callable[[tuple, dict], None]:
+    def scatter(index: int, name: str, group_index: int) -> Counter:
         def count(a: tuple, k: dict) -> None:
             n = _group_size(_arg(a, k, group_index, "group"))
             x = _arg(a, k, index, name)
@@ -182,7 +182,7 @@ def _counters(record: Recorder) -> dict[str, Callable[[tuple, dict], None]]:
 
         return count
 
-    def reduce(index: int, name: str, group_index: int) -> Callable[[tuple, dict], None]:
+    def reduce(index: int, name: str, group_index: int) -> Counter:
         def count(a: tuple, k: dict) -> None:
             n = _group_size(_arg(a, k, group_index, "group"))
             record("all_reduce", 2 * _nbytes(_arg(a, k, index, name)) * (n - 1) // n)
@@ -196,10 +196,10 @@ def _counters(record: Recorder) -> dict[str, Callable[[tuple, dict], None]]:
         if source:
             record("broadcast", _nbytes(_arg(a, k, 0, "tensor")) * (_group_size(group) - 1))
 
-    return {
+    distributed = {
         "isend": sent,
         "send": sent,
-        "all_to_all_single": a2a_single,
+        "all_to_all_single": a2a_single(1, "input", 3, 4),
         "all_to_all": a2a_list,
         "all_gather": gather(1, "tensor", 2),
         "all_gather_into_tensor": gather(1, "input_tensor", 2),
@@ -210,37 +210,16 @@ def _counters(record: Recorder) -> dict[str, Callable[[tuple, dict], None]]:
         "all_reduce": reduce(0, "tensor", 2),
         "broadcast": bcast,
     }
-
-
-def _functional_counters(record: Recorder) -> dict[str, Callable[[tuple, dict], None]]:
-    def a2a(a: tuple, k: dict) -> None:
-        tensor = _arg(a, k, 0, "self")
-        record(
-            "all_to_all",
-            _all_to_all_bytes(tensor, _arg(a, k, 2, "input_split_sizes"), _arg(a, k, 3, "group")),
-        )
-
-    def gather(a: tuple, k: dict) -> None:
-        n = _group_size(_arg(a, k, 2, "group"))
-        record("all_gather", _nbytes(_arg(a, k, 0, "self")) * (n - 1))
-
-    def scatter(a: tuple, k: dict) -> None:
-        n = _group_size(_arg(a, k, 3, "group"))
-        record("reduce_scatter", _nbytes(_arg(a, k, 0, "self")) * (n - 1) // n)
-
-    def reduce(a: tuple, k: dict) -> None:
-        n = _group_size(_arg(a, k, 2, "group"))
-        record("all_reduce", 2 * _nbytes(_arg(a, k, 0, "self")) * (n - 1) // n)
-
-    return {
-        "all_to_all_single": a2a,
-        "all_gather_single": gather,
-        "reduce_scatter_single": scatter,
-        "all_reduce": reduce,
+    functional = {
+        "all_to_all_single": a2a_single(0, "self", 2, 3),
+        "all_gather_single": gather(0, "self", 2),
+        "reduce_scatter_single": scatter(0, "self", 3),
+        "all_reduce": reduce(0, "self", 2),
     }
+    return distributed, functional
 
 
-def _wrap(original: Callable, count: Callable[[tuple, dict], None]) -> Callable:
+def _wrap(original: Callable, count: Counter) -> Callable:
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         count(args, kwargs)
@@ -274,9 +253,9 @@ def boundary_counting(counter: ByteCounter) -> Iterator[ByteCounter]:
     `labelled` collective; phases as set with `counter.phase`). Restores every wrapped
     function on exit."""
     patched: list[tuple[Any, str, Any]] = []
-    record = _labelling(counter.record)
+    counters, functional = _counters(_labelling(counter.record))
     try:
-        for name, count in _counters(record).items():
+        for name, count in counters.items():
             original = getattr(dist, name, None)
             if original is None:
                 continue
@@ -297,11 +276,10 @@ def boundary_counting(counter: ByteCounter) -> Iterator[ByteCounter]:
                 namespace.batch_isend_irecv = batch  # type: ignore[attr-defined]
         # The functional names differ across torch versions (all_gather_tensor before
         # all_gather_single...): `cpbench.compat` names the one this torch calls.
-        counters = _functional_counters(record)
         for entry, attribute in functional_collectives().items():
             original = getattr(ft_c, attribute)
             patched.append((ft_c, attribute, original))
-            setattr(ft_c, attribute, _wrap(original, counters[entry]))
+            setattr(ft_c, attribute, _wrap(original, functional[entry]))
         yield counter
     finally:
         for module, name, original in reversed(patched):

@@ -8,9 +8,6 @@ the call receives, as an external library's are, not what these functions say th
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-
 import torch
 import torch.distributed as dist
 
@@ -19,13 +16,10 @@ from cpbench.attention.boundary import ByteCounter, boundary_counting, labelled
 __all__ = ["ByteCounter", "PendingExchange", "all_to_all", "counting", "ring_exchange"]
 
 
-@contextlib.contextmanager
-def counting(counter: ByteCounter) -> Iterator[ByteCounter]:
-    """Record every communication of this process into `counter` while the block runs: what
-    each call hands to torch.distributed (`cpbench.attention.boundary`), under the analytic
-    model's name of the collective the scheme is running."""
-    with boundary_counting(counter):
-        yield counter
+counting = boundary_counting
+"""Record every communication of this process into a `ByteCounter` while the block runs: what
+each call hands to torch.distributed (`cpbench.attention.boundary`), under the analytic model's
+name of the collective the scheme is running."""
 
 
 def all_to_all(
@@ -88,16 +82,11 @@ def ring_exchange(
     return PendingExchange(works, received)
 
 
-def _all_gather(*args: object, **kwargs: object) -> object:
-    """torch >= 2.13 names it all_gather_single (all_gather_into_tensor warns); same arguments.
+def _single(name: str, legacy: str, *args: object, **kwargs: object) -> object:
+    """`dist.<name>` where this torch has it (torch >= 2.13: all_gather_single,
+    reduce_scatter_single), else `dist.<legacy>` (the `*_tensor` names, which 2.13 warns on).
     Looked up at each call, so that the boundary counter sees the call."""
-    function = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    return function(*args, **kwargs)
-
-
-def _reduce_scatter(*args: object, **kwargs: object) -> object:
-    """torch >= 2.13 names it reduce_scatter_single (reduce_scatter_tensor warns)."""
-    function = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    function = getattr(dist, name, None) or getattr(dist, legacy)
     return function(*args, **kwargs)
 
 
@@ -105,7 +94,6 @@ def all_gather_chunks(
     x: torch.Tensor,
     group: dist.ProcessGroup | None,
     size: int,
-    rank: int,
     tag: str,
     skip: bool = False,
 ) -> PendingExchange:
@@ -121,7 +109,9 @@ def all_gather_chunks(
     # the output is one tensor of A stacked inputs along dim 0 (gloo wants it flat there)
     flat = out.view(size * x.shape[0], *x.shape[1:])
     with labelled(tag):
-        work = _all_gather(flat, x, group=group, async_op=True)
+        work = _single(
+            "all_gather_single", "all_gather_into_tensor", flat, x, group=group, async_op=True
+        )
     return PendingExchange([work], out)
 
 
@@ -141,5 +131,7 @@ def reduce_scatter_chunks(
     out = torch.empty(x.shape[1:], dtype=x.dtype, device=x.device)
     flat = x.view(size * x.shape[1], *x.shape[2:])
     with labelled(tag):
-        work = _reduce_scatter(out, flat, group=group, async_op=True)
+        work = _single(
+            "reduce_scatter_single", "reduce_scatter_tensor", out, flat, group=group, async_op=True
+        )
     return PendingExchange([work], out)

@@ -5,6 +5,7 @@ Usage, shards and pieces: docs/inference.md, "cpbench's prefill and decode schem
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
@@ -187,7 +188,9 @@ def _coalesced(
     return joined
 
 
-def _accumulators(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def merge_accumulators(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The empty softmax merge of queries `q [B, n, h, D]`: out 0 `[B, n, h, D]` and LSE -inf
+    `[B, h, n]`, in `accumulator_dtype`."""
     b, n, h, d = q.shape
     acc = accumulator_dtype(q.dtype)
     out = torch.zeros((b, n, h, d), dtype=acc, device=q.device)
@@ -238,6 +241,18 @@ def prefill_attention(
         return _pass_kv(q, kv, mesh, shards, kernel, the_scale, scheme == "all_gather")
 
 
+def _circulate(x: torch.Tensor, mesh: CPMesh, tag: str) -> Iterator[tuple[int, torch.Tensor]]:
+    """(step, the block held at that step) of `x` hopping W - 1 times round the ring: each hop
+    is posted before the step computes and waited for after it."""
+    for step in range(mesh.world):
+        pending = None
+        if step + 1 < mesh.world:
+            pending = ring_exchange(x, mesh.ring_next, mesh.ring_prev, mesh.ring_group, tag)
+        yield step, x
+        if pending is not None:
+            x = pending.wait()
+
+
 def _pass_kv(
     q: torch.Tensor,
     kv: torch.Tensor,
@@ -250,25 +265,18 @@ def _pass_kv(
     """Ring pass-KV (the chunk hops W - 1 times, each hop posted before the step computes), or
     with `gather` one all-gather of every rank's chunk (posted before the own chunk computes)."""
     w, r = mesh.world, mesh.rank
-    out, lse = _accumulators(q)
+    out, lse = merge_accumulators(q)
     q_runs = shards.runs[r]
     chunk = _pad_rows(kv, shards.kv_block)
     if gather:  # the own chunk is computed while the gather travels, then the others
-        gathering = all_gather_chunks(chunk, mesh.ring_group, w, r, "allgather_kv")
+        gathering = all_gather_chunks(chunk, mesh.ring_group, w, "allgather_kv")
         _attend_chunk(kernel, q, q_runs, chunk, r, shards, scale, out, lse)
         chunks = gathering.wait()
         for owner in (o for o in range(w) if o != r):
             _attend_chunk(kernel, q, q_runs, chunks[owner], owner, shards, scale, out, lse)
         return out.to(q.dtype)
-    for step in range(w):
-        pending = None
-        if step + 1 < w:
-            pending = ring_exchange(
-                chunk, mesh.ring_next, mesh.ring_prev, mesh.ring_group, "p2p_kv"
-            )
-        _attend_chunk(kernel, q, q_runs, chunk, (r - step) % w, shards, scale, out, lse)
-        if pending is not None:
-            chunk = pending.wait()
+    for step, current in _circulate(chunk, mesh, "p2p_kv"):
+        _attend_chunk(kernel, q, q_runs, current, (r - step) % w, shards, scale, out, lse)
     return out.to(q.dtype)
 
 
@@ -289,35 +297,18 @@ def _pass_q(
     part_out = q.new_zeros((w, b, tq, h, d))
     acc = accumulator_dtype(q.dtype)
     part_lse = torch.full((w, b, h, tq), float("-inf"), dtype=acc, device=q.device)
-    current = _pad_rows(q, tq)
-    for step in range(w):
-        pending = None
-        if step + 1 < w:
-            pending = ring_exchange(
-                current, mesh.ring_next, mesh.ring_prev, mesh.ring_group, "p2p_q"
-            )
+    for step, current in _circulate(_pad_rows(q, tq), mesh, "p2p_q"):
         owner = (r - step) % w
         n = shards.new[owner]
-        block_out, block_lse = _accumulators(current[:, :n])
-        _attend_chunk(
-            kernel,
-            current[:, :n],
-            shards.runs[owner],
-            kv,
-            r,
-            shards,
-            scale,
-            block_out,
-            block_lse,
-        )
+        rows = current[:, :n]
+        block_out, block_lse = merge_accumulators(rows)
+        _attend_chunk(kernel, rows, shards.runs[owner], kv, r, shards, scale, block_out, block_lse)
         part_out[owner, :, :n] = block_out.to(q.dtype)
         part_lse[owner, :, :, :n] = block_lse
-        if pending is not None:
-            current = pending.wait()
     got_out = all_to_all(part_out, mesh.ring_group, w, "a2a_out")  # [source rank, B, tq, h, D]
     got_lse = all_to_all(part_lse, mesh.ring_group, w, "a2a_lse")
     n = shards.new[r]
-    out, lse = _accumulators(q)
+    out, lse = merge_accumulators(q)
     for src in range(w):
         _merge(out, lse, got_out[src, :, :n], got_lse[src, :, :, :n])
     return out.to(q.dtype)
@@ -349,7 +340,7 @@ def _ulysses(
         shards.cached_len, shards.new_tokens, w, shards.layout, q.device
     )
     queries = q_all[:, q_rows]
-    out, lse = _accumulators(queries)
+    out, lse = merge_accumulators(queries)
     for rows, causal in ((cache_rows, False), (new_rows, True)):
         if rows is not None:
             keys = kv_all[:, rows]
@@ -382,4 +373,8 @@ def _ulysses_rows(
     def index(rows: list[int]) -> torch.Tensor:
         return torch.tensor(rows, dtype=torch.long, device=device)
 
-    return index(q_rows), index(cache_rows) if cache_rows else None, index(new_rows) if new_rows else None
+    return (
+        index(q_rows),
+        index(cache_rows) if cache_rows else None,
+        index(new_rows) if new_rows else None,
+    )

@@ -7,12 +7,8 @@ from __future__ import annotations
 import torch
 
 from cpbench.attention.comm import all_gather_chunks, all_to_all
-from cpbench.attention.kernels import (
-    LocalKernel,
-    accumulator_dtype,
-    default_scale,
-    select_kernel,
-)
+from cpbench.attention.inference import merge_accumulators
+from cpbench.attention.kernels import LocalKernel, default_scale, select_kernel
 from cpbench.attention.mesh import CPMesh
 from cpbench.attention.ring import _merge
 from cpbench.config.inference import MAX_DECODE_TOKENS
@@ -71,9 +67,7 @@ def decode_attention(
         kernel = select_kernel(q.device, q.dtype, kernel, band=False, head_dim=d)
     the_scale = default_scale(d, scale)
     with torch.no_grad():
-        acc = accumulator_dtype(q.dtype)
-        out = torch.zeros((b, t, h, d), dtype=acc, device=q.device)
-        lse = torch.full((b, h, t), float("-inf"), dtype=acc, device=q.device)
+        out, lse = merge_accumulators(q)
         seen = [cache_visible(total, w, r, the_layout, cached_len + i) for i in range(t)]
         for n in sorted(set(seen) - {0}):
             rows = [i for i, s in enumerate(seen) if s == n]
@@ -90,10 +84,9 @@ def decode_attention(
             outs = all_to_all(by_out, mesh.cp_group, w, "a2a_out")  # [source rank, ...]
             lses = all_to_all(by_lse, mesh.cp_group, w, "a2a_lse")
         else:
-            outs = all_gather_chunks(partial, mesh.cp_group, w, r, "allgather_out").wait()
-            lses = all_gather_chunks(lse, mesh.cp_group, w, r, "allgather_lse").wait()
-        merged = torch.zeros(outs.shape[1:], dtype=acc, device=q.device)
-        merged_lse = torch.full(lses.shape[1:], float("-inf"), dtype=acc, device=q.device)
+            outs = all_gather_chunks(partial, mesh.cp_group, w, "allgather_out").wait()
+            lses = all_gather_chunks(lse, mesh.cp_group, w, "allgather_lse").wait()
+        merged, merged_lse = merge_accumulators(outs[0])
         # rank 0 holds position 0, which every query sees: its LSE is finite on every row, so
         # merging from it never meets -inf with -inf (which would be NaN)
         for src in range(w):

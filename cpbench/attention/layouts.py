@@ -1,29 +1,21 @@
 """Token layouts over a U x R mesh: which global positions each CP rank holds.
 
-Definition (the convention of yunchang's USP), for the five layouts of `LAYOUTS`:
+The convention of yunchang's USP, for the five layouts of `LAYOUTS` (defined in docs/design.md,
+"Layouts"):
 
-* **Ring level.** The layout assigns each ring rank j (0..R-1) a set of token positions, in
-  increasing order; `cpbench.config.geometry.pack` is the one derivation (closed form over runs),
-  shared with the ring's schedule and the model:
-  - `contiguous`: positions [j*L/R, (j+1)*L/R);
-  - `zigzag`: the sequence is cut into 2R chunks; ring rank j holds chunks j and 2R-1-j, so
-    every ring rank does the same causal work;
-  - `striped`: positions i with i mod R == j (Striped Attention), balanced at token grain;
-  - `doc_zigzag`: every document cut into 2R chunks and zigzagged, documents padded to a
-    multiple of 2R (TransformerEngine's THD layout);
-  - `balanced`: cpbench's work-balanced assignment of document pieces (no padding).
+* **Ring level.** The layout assigns each ring rank j a set of token positions, in increasing
+  order; `cpbench.config.geometry.pack` is the one derivation, shared with the ring's schedule
+  and the model.
 * **Ulysses level.** The U ranks of a Ulysses group split their ring rank's ordered positions
-  into U contiguous pieces; Ulysses rank u takes piece u. The Ulysses all-to-all gathers the
-  pieces back in group order, so after it every rank holds its ring rank's positions in ring
-  order, with h/U heads. With R = 1 every layout shards like `contiguous`.
+  into U contiguous pieces; Ulysses rank u takes piece u, so after the all-to-all every rank
+  holds its ring rank's positions in ring order, with h/U heads. With R = 1 every layout shards
+  like `contiguous`.
 * **Global rank** p = j*U + u: Ulysses groups are consecutive ranks (inside a node).
 
-The document layouts depend on the mask (its documents; `mask=None` is one causal document
-filling the sequence). `doc_zigzag` runs more tokens than the sequence has: its global tensors
-have the run length `run_length(...)` = L + padding (the padding tokens form documents of their
-own), and `positions` index that run-length tensor. A layout is a token permutation: position
-ids (RoPE) and labels must be sharded with it, which `positions` gives.
-
+The document layouts depend on the mask (`mask=None`: one causal document filling the
+sequence). `doc_zigzag` runs more tokens than the sequence has: its global tensors have the run
+length `run_length(...)` = L + padding, and `positions` index that run-length tensor. A layout
+is a token permutation: position ids (RoPE) and labels must be sharded with it (`positions`).
 Pure tensor arithmetic; no torch.distributed.
 """
 

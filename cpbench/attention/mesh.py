@@ -91,12 +91,9 @@ def clear_mesh_cache() -> None:
 
 
 def build_mesh(ulysses: int, ring: int, group: dist.ProcessGroup | None = None) -> CPMesh:
-    """Build (or fetch from cache) the U x R mesh over `group` (default: the whole world).
-
-    Collective: every rank of the default group must call it with the same arguments, in the
-    same order (process-group creation is collective). Meshes are cached, so a worker that runs
-    many configurations creates each set of groups once.
-    """
+    """Build (or fetch from cache: a worker creates each set of groups once) the U x R mesh
+    over `group` (default: the whole world). Collective: every rank of the default group calls
+    it with the same arguments, in the same order (process-group creation is collective)."""
     if not dist.is_initialized():
         raise CpbenchError("build_mesh needs an initialised torch.distributed process group")
     cp_ranks = tuple(dist.get_process_group_ranks(group or dist.group.WORLD))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from cpbench.attention.kernels import NaiveKernel, causal_mask, default_scale
+from cpbench.attention.kernels import causal_mask, default_scale
 from cpbench.config.masks import MaskSpec
 from cpbench.errors import CpbenchError
 
@@ -67,6 +67,3 @@ def reference_attention(
         scores = scores.masked_fill(~keep, float("-inf"))
     probs = torch.nan_to_num(torch.softmax(scores, dim=-1), nan=0.0)
     return torch.einsum("bhqk,bkhd->bqhd", probs, vv)
-
-
-__all__ = ["NaiveKernel", "dense_mask", "reference_attention", "row_visibility"]

@@ -24,9 +24,10 @@ a band), and the ring runs only the schedule's `steps` = k steps (k <= R). The b
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Literal, get_args
+from typing import Any, Literal, TypeVar, get_args
 
 import torch
 import torch.distributed as dist
@@ -35,8 +36,9 @@ from torch.profiler import record_function
 from cpbench.attention.comm import PendingExchange, ring_exchange
 from cpbench.attention.kernels import LocalKernel
 from cpbench.attention.kernels.base import Band
-from cpbench.config.geometry import Packing, ring_schedule
-from cpbench.errors import CpbenchError
+from cpbench.config.geometry import Packing, Piece, ring_schedule
+
+_T = TypeVar("_T")
 
 Variant = Literal["full", "compute", "comm"]
 """`full` the real step; `compute` the same step with communication removed (each rank sees
@@ -49,7 +51,7 @@ DKV_MESSAGE_TAG = 1
 
 @dataclass(frozen=True)
 class RingSpec:
-    """What ring attention needs of the mesh: the ring group, position and neighbours."""
+    """What ring attention needs of the mesh: the ring group, position and peers."""
 
     group: dist.ProcessGroup | None
     """The ring's process group (None: the default group)."""
@@ -57,27 +59,22 @@ class RingSpec:
     """R: ranks in the ring."""
     rank: int
     """This rank's ring rank j."""
-    send_to: int
-    """Global rank of ring rank j + 1."""
-    recv_from: int
-    """Global rank of ring rank j - 1."""
-    peers: tuple[int, ...] = ()
-    """Global rank of every ring rank (for the dK/dV hop home after a shortened ring); empty:
-    only the neighbours are known (then the ring must run all R steps)."""
+    peers: tuple[int, ...]
+    """Global rank of every ring rank (the neighbours, and home for the last dK/dV hop)."""
 
     def peer(self, offset: int) -> int:
-        """Global rank of ring rank j + offset."""
-        offset %= self.size
-        if offset == 1:
-            return self.send_to
-        if offset == self.size - 1:
-            return self.recv_from
-        if not self.peers:
-            raise CpbenchError(
-                f"ring rank {self.rank} needs the global rank of ring rank {self.rank} + "
-                f"{offset} (mod {self.size}): give RingSpec its peers"
-            )
+        """Global rank of ring rank j + offset (mod R)."""
         return self.peers[(self.rank + offset) % self.size]
+
+    @property
+    def send_to(self) -> int:
+        """Global rank of ring rank j + 1."""
+        return self.peer(1)
+
+    @property
+    def recv_from(self) -> int:
+        """Global rank of ring rank j - 1."""
+        return self.peer(-1)
 
 
 @dataclass(frozen=True)
@@ -107,11 +104,9 @@ class RingPlan:
     """Whether any rank of the ring (not only this one) has a band piece: the same answer on
     every rank, so a kernel that cannot apply one is refused everywhere before any exchange."""
     rows_touched: int = 0
-    """Local query rows some piece touches (the union of the pieces' row ranges), counted only
-    when every piece is either `first` or lies inside rows earlier pieces touched (0
-    otherwise): when it is every local row, the fp32 output, LSE and dQ start uninitialised
-    (each row is assigned by its first piece before any merge reads it) instead of being
-    filled with zeros / -inf."""
+    """Local query rows the pieces touch, counted only when every row is assigned by its first
+    piece before any merge reads it (0 otherwise): when it is every local row, the fp32 output,
+    LSE and dQ start uninitialised instead of filled with zeros / -inf."""
 
 
 @lru_cache(maxsize=512)
@@ -131,18 +126,27 @@ def ring_plan(packing: Packing, ring_rank: int) -> RingPlan:
             ):
                 assigned_before_read = False  # a merge would read rows nobody assigned
             touched.append((p.q_start, p.q_end))
-            band = None if p.is_full or p.is_causal else (p.lo, p.hi)
+            band = piece_band(p)
             planned.append(
                 PlannedPiece(
                     slice(p.q_start, p.q_end), slice(p.k_start, p.k_end), p.is_causal, band, first
                 )
             )
         steps.append(tuple(planned))
-    needs_band = any(
-        not (p.is_full or p.is_causal) for row in schedule.pieces for ps in row for p in ps
-    )
+    needs_band = any(piece_band(p) is not None for row in schedule.pieces for ps in row for p in ps)
     rows = _union_length(touched) if assigned_before_read else 0
     return RingPlan(schedule.steps, tuple(steps), needs_band, rows)
+
+
+def piece_band(piece: Piece) -> Band | None:
+    """A piece's mask as the kernels take it: its band (lo, hi), or None for a full or
+    top-left causal piece (so kernels without band support run every plain mask)."""
+    return None if piece.is_full or piece.is_causal else (piece.lo, piece.hi)
+
+
+def call_kernel(call: Callable[..., _T], band: Band | None, *args: Any) -> _T:
+    """`call(*args)` (a kernel's forward or backward), given `band=` only for a band piece."""
+    return call(*args) if band is None else call(*args, band=band)
 
 
 def _union_length(intervals: list[tuple[int, int]]) -> int:
@@ -192,26 +196,14 @@ def _post_next_kv(
     )
 
 
-def _forward_call(
-    kernel: LocalKernel,
-    p: PlannedPiece,
-    q: torch.Tensor,
-    chunk: torch.Tensor,
-    scale: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    args = (q[:, p.rows], chunk[:, p.cols, 0], chunk[:, p.cols, 1], p.causal, scale)
-    return kernel.forward(*args) if p.band is None else kernel.forward(*args, band=p.band)
-
-
 def _add_grads(
     acc: torch.Tensor | None,
     grads: list[tuple[slice, torch.Tensor, torch.Tensor]],
     like: torch.Tensor,
 ) -> torch.Tensor:
     """The fp32 dK/dV accumulator `[B, S, 2, H_kv, D]` of a chunk plus this step's piece
-    gradients, added straight into the received accumulator (no per-step block buffer). With
-    no accumulator yet (the chunk's first step), one piece over every column is copied in
-    (no zero fill); otherwise the accumulator starts at zero."""
+    gradients, added into the received one; with none yet, a new one (a piece over every
+    column copied in, no zero fill)."""
     if acc is None:
         n = like.shape[1]
         if len(grads) == 1 and grads[0][0].start == 0 and grads[0][0].stop == n:
@@ -248,7 +240,15 @@ class RingAttention(torch.autograd.Function):
         for step in range(plan.steps):
             pending = _post_next_kv(current, spec, step, plan.steps, skip_comm)
             for p in () if skip_compute else plan.pieces[step]:
-                block_out, block_lse = _forward_call(kernel, p, q, current, scale)
+                block_out, block_lse = call_kernel(
+                    kernel.forward,
+                    p.band,
+                    q[:, p.rows],
+                    current[:, p.cols, 0],
+                    current[:, p.cols, 1],
+                    p.causal,
+                    scale,
+                )
                 with record_function("cpbench::merge"):
                     if p.first:
                         out[:, p.rows] = block_out
@@ -280,7 +280,9 @@ class RingAttention(torch.autograd.Function):
             kv_pending = _post_next_kv(current, spec, step, steps, skip_comm)
             grads: list[tuple[slice, torch.Tensor, torch.Tensor]] = []
             for p in () if skip_compute else plan.pieces[step]:
-                args = (
+                dq_p, dk_p, dv_p = call_kernel(
+                    kernel.backward,
+                    p.band,
                     dout[:, p.rows],
                     q[:, p.rows],
                     current[:, p.cols, 0],
@@ -289,11 +291,6 @@ class RingAttention(torch.autograd.Function):
                     lse[:, :, p.rows],
                     p.causal,
                     scale,
-                )
-                dq_p, dk_p, dv_p = (
-                    kernel.backward(*args)
-                    if p.band is None
-                    else kernel.backward(*args, band=p.band)
                 )
                 with record_function("cpbench::accumulate"):
                     if p.first:

@@ -6,16 +6,18 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.metadata
 import importlib.util
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import torch
 import torch.distributed as dist
 
+from cpbench.attention.kernels import default_scale
 from cpbench.attention.layouts import reassemble
 from cpbench.config.bench import BenchConfig
 from cpbench.config.vocabulary import GLOBAL_LAYOUTS, HALF_DTYPES
@@ -72,6 +74,29 @@ class Adapter(Protocol):
 # ----------------------------------------------------------------------------- shared pieces
 
 
+@dataclass(frozen=True)
+class AdapterDefaults:
+    """The `Adapter` of a library with no rule, nothing to install and no known issue; each
+    adapter overrides what its library has, and `version` reads `distribution`'s."""
+
+    name: str
+    kernel: str = "auto"
+    distribution: ClassVar[str] = ""
+    """The pip distribution whose version is recorded."""
+
+    def capability(self, config: BenchConfig) -> str | None:
+        return None
+
+    def installed(self) -> str | None:
+        return None
+
+    def version(self) -> str | None:
+        return distribution_version(self.distribution)
+
+    def known_issues(self, config: BenchConfig) -> tuple[KnownIssue, ...]:
+        return ()
+
+
 def cp_group() -> dist.ProcessGroup:
     """The CP group of a measurement: the whole world (a pool or a torchrun world)."""
     world = dist.group.WORLD
@@ -80,22 +105,22 @@ def cp_group() -> dist.ProcessGroup:
     return world
 
 
+@dataclass(frozen=True)
 class PositionSharding:
     """Shard / unshard by an explicit map of global token positions per CP rank."""
 
-    def __init__(self, positions: Callable[[int], torch.Tensor], world: int, rank: int) -> None:
-        self._positions = positions
-        self._world = world
-        self._rank = rank
+    positions: Callable[[int], torch.Tensor]
+    world: int
+    rank: int
 
     def shard(self, x: torch.Tensor) -> torch.Tensor:
-        index = self._positions(self._rank).to(x.device)
+        index = self.positions(self.rank).to(x.device)
         return x.index_select(1, index).contiguous()
 
     def unshard(self, local: torch.Tensor) -> torch.Tensor:
-        pieces = [torch.empty_like(local) for _ in range(self._world)]
+        pieces = [torch.empty_like(local) for _ in range(self.world)]
         dist.all_gather(pieces, local.contiguous(), group=cp_group())
-        return reassemble(pieces, torch.cat([self._positions(r) for r in range(self._world)]))
+        return reassemble(pieces, torch.cat([self.positions(r) for r in range(self.world)]))
 
 
 class ShardsByPositions:
@@ -115,6 +140,22 @@ class NoStepContext:
 
     def context(self) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()
+
+
+@dataclass(frozen=True)
+class FlashApiRunner(ShardsByPositions, NoStepContext):
+    """A runner of a library function with flash-attn's arguments, `attention(q, k, v,
+    dropout_p, softmax_scale, causal)` (ring-flash-attn's functions, yunchang's attention)."""
+
+    config: BenchConfig
+    attention: Any
+    sharding: PositionSharding
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        softmax_scale = default_scale(self.config.head_dim)
+        return self.attention(
+            q, k, v, dropout_p=0.0, softmax_scale=softmax_scale, causal=self.config.causal
+        )
 
 
 def half_precision_reason(config: BenchConfig, library: str) -> str | None:
@@ -221,8 +262,6 @@ def import_library(module: str, hint: Callable[[BaseException], str]) -> ModuleT
 
 def distribution_version(distribution: str) -> str | None:
     """The installed version of a pip distribution, or None."""
-    import importlib.metadata  # noqa: PLC0415
-
     try:
         return importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:

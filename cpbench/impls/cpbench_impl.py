@@ -11,7 +11,7 @@ import torch
 from cpbench.attention import build_mesh, cp_attention, shard, unshard
 from cpbench.attention.mesh import CPMesh
 from cpbench.config.bench import BenchConfig
-from cpbench.impls.base import KnownIssue, NoStepContext
+from cpbench.impls.base import AdapterDefaults, NoStepContext
 
 
 @dataclass(frozen=True)
@@ -40,23 +40,15 @@ class CpbenchRunner(NoStepContext):
 
 
 @dataclass(frozen=True)
-class CpbenchAdapter:
+class CpbenchAdapter(AdapterDefaults):
+    """No capability rule: cpbench's rules are the mesh feasibility itself (check_mesh)."""
+
     name: str = "cpbench"
-    kernel: str = "auto"
-
-    def capability(self, config: BenchConfig) -> str | None:
-        return None  # cpbench's rules are the mesh feasibility itself (check_mesh)
-
-    def installed(self) -> str | None:
-        return None
 
     def version(self) -> str | None:
         from cpbench import __version__  # noqa: PLC0415
 
         return __version__
-
-    def known_issues(self, config: BenchConfig) -> tuple[KnownIssue, ...]:
-        return ()
 
     def prepare(self, config: BenchConfig) -> CpbenchRunner:
         return CpbenchRunner(build_mesh(config.ulysses, config.ring), config)

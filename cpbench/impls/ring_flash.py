@@ -4,20 +4,20 @@ Its functions per layout, kernel and precision issues: docs/internals.md, "ring-
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import ClassVar
 
 import torch
 
-from cpbench.attention.kernels import default_scale
 from cpbench.attention.layouts import positions
 from cpbench.config.bench import BenchConfig
 from cpbench.config.tolerances import TOLERANCE
 from cpbench.impls.base import (
+    AdapterDefaults,
+    FlashApiRunner,
     KnownIssue,
-    NoStepContext,
     PositionSharding,
-    ShardsByPositions,
     bf16_dq_when_fp16_contiguous,
     cp_group,
     distribution_version,
@@ -77,29 +77,10 @@ def _hf_adapter_needs_old_transformers() -> bool:
 
 
 @dataclass(frozen=True)
-class RingFlashRunner(ShardsByPositions, NoStepContext):
-    config: BenchConfig
-    function: Any
-    group: Any
-    sharding: PositionSharding
-
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        c = self.config
-        return self.function(
-            q,
-            k,
-            v,
-            dropout_p=0.0,
-            softmax_scale=default_scale(c.head_dim),
-            causal=c.causal,
-            group=self.group,
-        )
-
-
-@dataclass(frozen=True)
-class RingFlashAdapter:
+class RingFlashAdapter(AdapterDefaults):
     name: str = "ring_flash_attn"
     kernel: str = "flash_attn"
+    distribution: ClassVar[str] = "ring-flash-attn"
 
     def capability(self, config: BenchConfig) -> str | None:
         return first_reason(
@@ -136,18 +117,14 @@ class RingFlashAdapter:
             return install_hint(ImportError(f"transformers {transformers} is installed"))
         return None
 
-    def version(self) -> str | None:
-        return distribution_version("ring-flash-attn")
-
     def known_issues(self, config: BenchConfig) -> tuple[KnownIssue, ...]:
         return bf16_dq_when_fp16_contiguous(config, RING_FLASH_BF16_DQ)
 
-    def prepare(self, config: BenchConfig) -> RingFlashRunner:
+    def prepare(self, config: BenchConfig) -> FlashApiRunner:
         module = import_library("ring_flash_attn", install_hint)
         world, rank = config.world_size, torch.distributed.get_rank()
         sharding = PositionSharding(
             lambda r: positions(config.seq_len, 1, world, config.layout, r), world, rank
         )
-        return RingFlashRunner(
-            config, getattr(module, FUNCTIONS[config.layout]), cp_group(), sharding
-        )
+        function = functools.partial(getattr(module, FUNCTIONS[config.layout]), group=cp_group())
+        return FlashApiRunner(config, function, sharding)

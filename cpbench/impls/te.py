@@ -7,23 +7,23 @@ from __future__ import annotations
 import functools
 import importlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
 
 from cpbench.attention import build_mesh
 from cpbench.attention.kernels import default_scale
+from cpbench.attention.layouts import positions
 from cpbench.config.bench import BenchConfig
 from cpbench.config.impls import variant
 from cpbench.config.vocabulary import HALF_DTYPES
 from cpbench.impls.base import (
-    KnownIssue,
+    AdapterDefaults,
     NoStepContext,
     PositionSharding,
     ShardsByPositions,
     cp_group,
-    distribution_version,
     first_reason,
     mask_reason,
     missing_module,
@@ -34,11 +34,8 @@ from cpbench.impls.base import (
 
 def te_positions(seq_len: int, world: int, rank: int) -> torch.Tensor:
     """Global token positions of CP rank `rank` in TE's (Megatron's) split: chunks `rank` and
-    `2P-1-rank` of 2P equal chunks."""
-    chunk = seq_len // (2 * world)
-    last = 2 * world - 1 - rank
-    first = torch.arange(rank * chunk, (rank + 1) * chunk)
-    return torch.cat([first, torch.arange(last * chunk, (last + 1) * chunk)])
+    `2P-1-rank` of 2P equal chunks, cpbench's zigzag over a ring of all P ranks."""
+    return positions(seq_len, 1, world, "zigzag", rank)
 
 
 def comm_type(config: BenchConfig, name: str) -> str:
@@ -74,9 +71,9 @@ class TeRunner(ShardsByPositions, NoStepContext):
 
 
 @dataclass(frozen=True)
-class TeAdapter:
-    name: str
+class TeAdapter(AdapterDefaults):
     kernel: str = "te_fused"
+    distribution: ClassVar[str] = "transformer-engine"
 
     def capability(self, config: BenchConfig) -> str | None:
         return first_reason(
@@ -126,12 +123,6 @@ class TeAdapter:
         `prepare`, with the same hint."""
         missing = missing_module("transformer_engine")
         return _te_not_installed(missing) if missing is not None else None
-
-    def version(self) -> str | None:
-        return distribution_version("transformer-engine")
-
-    def known_issues(self, config: BenchConfig) -> tuple[KnownIssue, ...]:
-        return ()
 
     def prepare(self, config: BenchConfig) -> TeRunner:
         try:  # imported here, in the rank only

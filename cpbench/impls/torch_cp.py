@@ -21,7 +21,7 @@ from cpbench.config.bench import BenchConfig
 from cpbench.config.impls import variant
 from cpbench.errors import CpbenchError
 from cpbench.impls.base import (
-    KnownIssue,
+    AdapterDefaults,
     cp_group,
     first_reason,
     mask_reason,
@@ -34,8 +34,9 @@ SHARD_DIM = 1
 """The sequence dimension of cpbench's [B, S, H, D] tensors."""
 ROTATE_METHODS = {None: "allgather", "alltoall": "alltoall"}
 
+_ATTENTION = "torch.distributed.tensor.experimental._context_parallel._attention"
 _INTERNALS = {
-    "torch.distributed.tensor.experimental._context_parallel._attention": (
+    _ATTENTION: (
         "_templated_ring_attention",
         "_templated_ring_attention_backward",
         "_enable_context_parallel_dispatcher_impl",
@@ -67,9 +68,7 @@ def _torch_cp() -> types.SimpleNamespace:
             if not hasattr(module, name):
                 raise ImportError(f"{module_name}.{name} is missing")
             found[name] = getattr(module, name)
-    found["attention"] = importlib.import_module(
-        "torch.distributed.tensor.experimental._context_parallel._attention"
-    )
+    found["attention"] = importlib.import_module(_ATTENTION)
     return types.SimpleNamespace(**found)
 
 
@@ -168,24 +167,24 @@ def _cpu_sdpa_handler(op_call: Any, args: tuple[object, ...], kwargs: dict[str, 
     return dispatcher.wrap(local, sharding.output_spec)
 
 
-def _forward_strategy(op_schema: Any) -> Any:
-    """(out, logsumexp) and (q, k, v) all sharded on the sequence dimension."""
+def _sequence_strategy(op_schema: Any, outputs: int, inputs: int, validate: bool) -> Any:
+    """The op's `outputs` outputs and `inputs` inputs all sharded on the sequence dimension."""
     from torch.distributed.tensor import Shard  # noqa: PLC0415
 
-    mesh = op_schema.get_mesh_from_args()
+    mesh = op_schema.get_mesh_from_args(validate=validate)
     return _torch_cp().expand_to_full_mesh_op_strategy(
-        mesh, op_schema, [[Shard(SEQ_DIM)] * 5], input_index=2
+        mesh, op_schema, [[Shard(SEQ_DIM)] * (outputs + inputs)], input_index=outputs
     )
+
+
+def _forward_strategy(op_schema: Any) -> Any:
+    """(out, logsumexp) and (q, k, v)."""
+    return _sequence_strategy(op_schema, 2, 3, validate=True)
 
 
 def _backward_strategy(op_schema: Any) -> Any:
-    """(dq, dk, dv) and (dout, q, k, v, out, logsumexp) all sharded on the sequence dim."""
-    from torch.distributed.tensor import Shard  # noqa: PLC0415
-
-    mesh = op_schema.get_mesh_from_args(validate=False)
-    return _torch_cp().expand_to_full_mesh_op_strategy(
-        mesh, op_schema, [[Shard(SEQ_DIM)] * 9], input_index=3
-    )
+    """(dq, dk, dv) and (dout, q, k, v, out, logsumexp)."""
+    return _sequence_strategy(op_schema, 3, 6, validate=False)
 
 
 @contextlib.contextmanager
@@ -297,8 +296,7 @@ class TorchCpRunner:
 
 
 @dataclass(frozen=True)
-class TorchCpAdapter:
-    name: str
+class TorchCpAdapter(AdapterDefaults):
     kernel: str = "sdpa"
 
     @property
@@ -315,16 +313,10 @@ class TorchCpAdapter:
 
     @staticmethod
     def _math_fallback_reason(config: BenchConfig) -> str | None:
-        """float32 GQA on CUDA: SDPA picks no fused kernel, so it is not ring attention.
-
-        torch's `select_sdp_backend` (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp)
-        admits fp16/bf16 only for flash and cuDNN, and its memory-efficient kernel rejects K/V
-        with fewer heads than Q (GQA is flash-only, pytorch#139586; mem-efficient GQA is
-        pytorch#191085, after 2.12), so float32 with kv_heads < heads falls to the math kernel.
-        context_parallel has ring handlers for the flash, memory-efficient and cuDNN ops only
-        (`_sdpa_handler`: "CP only supports flash attention and memory efficient attention
-        now"): the math kernel's matmuls and mask run on the sequence-sharded DTensors through
-        DTensor's generic sharding rules, not the ring. Refused rather than measured."""
+        """float32 GQA on CUDA: SDPA picks no fused kernel (`select_sdp_backend` in aten's
+        cuda/sdp_utils.cpp; GQA is flash-only, pytorch#139586, mem-efficient GQA is
+        pytorch#191085, after 2.12), and context_parallel rings the fused ops only
+        (`_sdpa_handler`): the math kernel runs on the sharded DTensors, not the ring."""
         if config.device != "cuda" or config.dtype != "float32" or config.kv_heads == config.heads:
             return None
         return (
@@ -368,9 +360,6 @@ class TorchCpAdapter:
 
     def version(self) -> str | None:
         return torch.__version__
-
-    def known_issues(self, config: BenchConfig) -> tuple[KnownIssue, ...]:
-        return ()
 
     def prepare(self, config: BenchConfig) -> TorchCpRunner:
         mesh = _device_mesh(config.device)

@@ -6,24 +6,21 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
-import torch
 import torch.distributed as dist
 
-from cpbench.attention.kernels import default_scale
 from cpbench.attention.layouts import positions
 from cpbench.attention.mesh import group_cache
 from cpbench.config.bench import BenchConfig
 from cpbench.config.tolerances import TOLERANCE
 from cpbench.config.vocabulary import YUNCHANG_RING_IMPL_TYPES
 from cpbench.impls.base import (
+    AdapterDefaults,
+    FlashApiRunner,
     KnownIssue,
-    NoStepContext,
     PositionSharding,
-    ShardsByPositions,
     bf16_dq_when_fp16_contiguous,
-    distribution_version,
     first_reason,
     half_precision_reason,
     import_library,
@@ -60,22 +57,10 @@ def _process_groups(ulysses: int, ring: int) -> tuple[Any, Any]:
 
 
 @dataclass(frozen=True)
-class UspRunner(ShardsByPositions, NoStepContext):
-    config: BenchConfig
-    attention: Any
-    sharding: PositionSharding
-
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        c = self.config
-        return self.attention(
-            q, k, v, dropout_p=0.0, softmax_scale=default_scale(c.head_dim), causal=c.causal
-        )
-
-
-@dataclass(frozen=True)
-class UspAdapter:
+class UspAdapter(AdapterDefaults):
     name: str = "yunchang"
     kernel: str = "flash_attn"
+    distribution: ClassVar[str] = "yunchang"
 
     def capability(self, config: BenchConfig) -> str | None:
         return first_reason(
@@ -117,13 +102,10 @@ class UspAdapter:
             )
         return None
 
-    def version(self) -> str | None:
-        return distribution_version("yunchang")
-
     def known_issues(self, config: BenchConfig) -> tuple[KnownIssue, ...]:
         return bf16_dq_when_fp16_contiguous(config, YUNCHANG_BF16_DQ)
 
-    def prepare(self, config: BenchConfig) -> UspRunner:
+    def prepare(self, config: BenchConfig) -> FlashApiRunner:
         import_library("yunchang", _yunchang_not_installed)  # imported here, in the rank only
         from yunchang import LongContextAttention  # noqa: PLC0415
         from yunchang.globals import PROCESS_GROUP  # noqa: PLC0415
@@ -142,4 +124,4 @@ class UspAdapter:
             config.world_size,
             dist.get_rank(),
         )
-        return UspRunner(config, attention, sharding)
+        return FlashApiRunner(config, attention, sharding)

@@ -10,8 +10,8 @@ from cpbench.attention.kernels.base import (
     default_scale,
 )
 from cpbench.attention.kernels.cpu_sdpa import CpuSdpaKernel
-from cpbench.attention.kernels.cuda_sdpa import CudaSdpaKernel, cuda_flash_native_gqa
-from cpbench.attention.kernels.cudnn import CudnnKernel, cudnn_native_gqa, cudnn_unavailable
+from cpbench.attention.kernels.cuda_sdpa import CudaSdpaKernel
+from cpbench.attention.kernels.cudnn import CudnnKernel, cudnn_unavailable
 from cpbench.attention.kernels.efficient import EfficientKernel, efficient_unavailable
 from cpbench.attention.kernels.flash_attn import (
     FLASH_ATTN_MIN_VERSION,
@@ -29,7 +29,6 @@ from cpbench.attention.kernels.select import (
     auto_kernel_name,
     band_capable,
     band_refusal,
-    kernel_availability,
     kernel_unavailable,
     kernel_version,
     select_kernel,
@@ -49,8 +48,6 @@ __all__ = [
     "band_capable",
     "band_refusal",
     "causal_mask",
-    "cuda_flash_native_gqa",
-    "cudnn_native_gqa",
     "cudnn_unavailable",
     "accumulator_dtype",
     "default_scale",
@@ -59,7 +56,6 @@ __all__ = [
     "flash_attn3_version",
     "flash_attn_available",
     "flash_attn_version",
-    "kernel_availability",
     "kernel_unavailable",
     "kernel_version",
     "select_kernel",

@@ -45,9 +45,7 @@ def _reduce_kv_grad(dx: torch.Tensor, kv_heads: int) -> torch.Tensor:
 
 def causal_mask(sq: int, sk: int, offset: int, device: torch.device) -> torch.Tensor:
     """Boolean [sq, sk], True where query row i may see key column j: j <= i + offset."""
-    rows = torch.arange(sq, device=device).unsqueeze(1)
-    cols = torch.arange(sk, device=device).unsqueeze(0)
-    return cols <= rows + offset
+    return band_mask(sq, sk, (None, offset), device)
 
 
 def normalize_band(causal: bool, band: Band | None) -> tuple[bool, Band | None]:
@@ -76,6 +74,26 @@ def band_mask(sq: int, sk: int, band: Band, device: torch.device) -> torch.Tenso
     if hi is not None:
         keep &= diff <= hi
     return keep
+
+
+def additive_band(
+    sq: int, sk: int, band: Band, dtype: torch.dtype, device: torch.device, align: int = 1
+) -> torch.Tensor:
+    """The band as an additive [sq, sk] mask of `dtype` (0 visible, -inf hidden), its rows
+    starting at multiples of `align` elements (a view into a wider buffer)."""
+    padded = -(-sk // align) * align
+    bias = torch.zeros(sq, padded, dtype=dtype, device=device)[:, :sk]
+    return bias.masked_fill_(~band_mask(sq, sk, band, device), float("-inf"))
+
+
+def visible_rows(sq: int, sk: int, band: Band) -> tuple[int, int]:
+    """(first, stop): rows outside [first, stop) see no key of the piece. Row i sees columns
+    max(0, i + lo) .. min(sk - 1, i + hi), so the rows that see none are a prefix (i + hi < 0)
+    and a suffix (i + lo > sk - 1): from the band's numbers, no device sync."""
+    lo, hi = band
+    first = 0 if hi is None else min(sq, max(0, -hi))
+    stop = sq if lo is None else max(first, min(sq, sk - lo))
+    return first, stop
 
 
 def refuse_band(kernel: str, band: Band | None) -> None:

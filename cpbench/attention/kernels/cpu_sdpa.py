@@ -4,27 +4,19 @@ from __future__ import annotations
 
 import torch
 
-from cpbench.attention.kernels.base import Band, LocalKernel, band_mask
+from cpbench.attention.kernels.base import Band, LocalKernel, additive_band
 from cpbench.compat import cpu_flash_supports_gqa
 
 
 class CpuSdpaKernel(LocalKernel):
-    """PyTorch's fused flash attention for CPU, which returns the LSE and whose backward takes
-    out/LSE: `aten._scaled_dot_product_flash_attention_for_cpu(_backward)`.
+    """`aten._scaled_dot_product_flash_attention_for_cpu(_backward)`: LSE out, out/LSE in.
 
-    GQA (fewer K/V heads than query heads): passed to the op as is where it handles GQA itself
-    (torch 2.9+, `cpbench.compat.cpu_flash_supports_gqa`); on older torch, whose op silently
-    reads and writes past the K/V heads, K/V are expanded to the query's heads before the op
-    and the gradient copies of each K/V head summed back after its backward.
-    The op takes [B, H, S, D]; our [B, S, H, D] tensors transpose into it for free and its
-    output comes back in [B, S, H, D] memory order. In fp32 the op runs as fast on those
-    strided views; in bf16/fp16 its backward is ~1.4x slower on them, so low-precision inputs
-    are made contiguous first (a copy linear in S, against attention's S^2).
-
-    A band (a document or sliding-window piece that is neither full nor top-left causal) goes
-    in as the op's `attn_mask`, a float additive mask (0 visible, -inf hidden) of the query
-    dtype: the op rejects a bool mask, and the float one is right forward and backward on
-    torch 2.5.1 and 2.13 (tests/test_kernels.py). It is built only for band pieces."""
+    GQA native from torch 2.9 (`cpbench.compat.cpu_flash_supports_gqa`); older ops silently
+    read and write past the K/V heads, so K/V are expanded there. Inputs go in as [B, H, S, D]
+    views, except bf16/fp16 ones, made contiguous first: the op's backward is ~1.4x slower on
+    the strided views (a copy linear in S, against attention's S^2). A band goes in as the
+    op's `attn_mask`, a float additive mask of the query dtype (the op rejects a bool one; the
+    float one is right forward and backward on torch 2.5.1 and 2.13, tests/test_kernels.py)."""
 
     name = "sdpa"
     supports_band = True
@@ -41,10 +33,7 @@ class CpuSdpaKernel(LocalKernel):
     def _additive(q: torch.Tensor, k: torch.Tensor, band: Band | None) -> torch.Tensor | None:
         if band is None:
             return None
-        keep = band_mask(q.shape[2], k.shape[2], band, q.device)
-        return torch.zeros(keep.shape, dtype=q.dtype, device=q.device).masked_fill(
-            ~keep, float("-inf")
-        )
+        return additive_band(q.shape[2], k.shape[2], band, q.dtype, q.device)
 
     def _forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,

@@ -9,18 +9,10 @@ from cpbench.attention.kernels import ops
 from cpbench.attention.kernels.base import Band, LocalKernel
 
 
-def cuda_flash_native_gqa(version: str | None = None) -> bool:
-    """Whether this torch's CUDA flash op takes K/V with fewer heads than Q
-    (`cpbench.compat.cuda_flash_supports_gqa`)."""
-    return compat.cuda_flash_supports_gqa(version)
-
-
 class CudaSdpaKernel(LocalKernel):
-    """PyTorch's CUDA flash-attention op (fp16/bf16), which returns the LSE and whose backward
-    takes out/LSE, on [B, H, S, D] views of our tensors; GQA native from torch 2.5
-    (`cuda_flash_native_gqa`). The backward op also wants the forward's auxiliary outputs
-    (cumulative sequence lengths, RNG state): with no varlen and no dropout they do not depend
-    on the block, so the ones of the last forward are reused, as PyTorch's own ring does."""
+    """PyTorch's CUDA flash-attention op (fp16/bf16) on [B, H, S, D] views. Its backward also
+    wants the forward's cumulative lengths and RNG state: with no varlen and no dropout they do
+    not depend on the block, so the last forward's are reused, as PyTorch's own ring does."""
 
     name = "sdpa"
     label = "sdpa (CUDA)"
@@ -28,7 +20,7 @@ class CudaSdpaKernel(LocalKernel):
     keeps_rng = True
 
     def native_gqa(self) -> bool:
-        return cuda_flash_native_gqa()
+        return compat.cuda_flash_supports_gqa()
 
     def _forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,

@@ -24,12 +24,6 @@ TORCH_MIN = (2, 5)
 2.4's op was marked not ready for use (pytorch#122695)."""
 
 
-def cudnn_native_gqa(version: str | None = None) -> bool:
-    """Whether this torch's cuDNN attention op takes K/V with fewer heads than Q
-    (`cpbench.compat.cudnn_attention_supports_gqa`)."""
-    return compat.cudnn_attention_supports_gqa(version)
-
-
 def cudnn_unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
     """Why the cuDNN kernel cannot run on `device` in `dtype`, None when it can."""
     if device.type != "cuda":
@@ -50,15 +44,11 @@ def cudnn_unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
 
 
 class CudnnKernel(LocalKernel):
-    """cuDNN attention (fp16/bf16, Ampere and newer). Our [B, S, H, D] tensors go in as
-    [B, H, S, D] views (cuDNN takes any strides whose last one is 1). The op returns the LSE as
-    [B, H, S, 1] float32 (aten's layout for this op, cudnn-frontend#837); the kernel hands back
-    [B, H, S] (also when a release gives 3-D) and gives the backward the rank its forward
-    produced, dense, which is how cuDNN reads its stats. O and dO are made contiguous together
-    only when their strides differ (an output in cuDNN's own layout, a gradient that is not): a
-    defensive copy linear in S, since cuDNN builds its backward graph from both layouts. GQA:
-    see `cudnn_native_gqa`. Dropout 0: the RNG state of the last forward is reused in the
-    backward, as for PyTorch's flash op."""
+    """cuDNN attention (fp16/bf16, Ampere and newer) on [B, H, S, D] views (cuDNN takes any
+    strides whose last one is 1). The op's LSE is [B, H, S, 1] (cudnn-frontend#837; 3-D in
+    some releases): handed back as [B, H, S], given to the backward dense in the rank the
+    forward produced. O and dO are made contiguous together only when their strides differ:
+    cuDNN builds its backward graph from both layouts (a copy linear in S)."""
 
     name = "cudnn"
     bhsd = True
@@ -68,7 +58,7 @@ class CudnnKernel(LocalKernel):
         self._lse_4d = True
 
     def native_gqa(self) -> bool:
-        return cudnn_native_gqa()
+        return compat.cudnn_attention_supports_gqa()
 
     def _delegate(self, k: torch.Tensor) -> LocalKernel | None:
         return ONE_KEY if k.shape[1] == 1 else None

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from cpbench.attention.kernels import ops
-from cpbench.attention.kernels.base import Band, LocalKernel, band_mask
+from cpbench.attention.kernels.base import Band, LocalKernel, additive_band, visible_rows
 
 EFFICIENT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 """What the memory-efficient (cutlass) kernels compute in; float64 stays with einsum."""
@@ -22,16 +22,6 @@ BIAS_ALIGN = 16
 the kernel's alignment (`bias_strideM % kAlignmentQ`, 8 in bf16, 4 in float32), and torch's own
 `scaled_dot_product_attention` pads a mask for this op to 16 (`pad_bias`, aten
 transformers/attention.cpp) and slices it back, as `_bias` does."""
-
-
-def _empty_rows(sq: int, sk: int, band: Band) -> tuple[int, int]:
-    """(first, stop): rows outside [first, stop) see no key of the piece. Row i sees columns
-    max(0, i + lo) .. min(sk - 1, i + hi), so the rows that see none are a prefix (i + hi < 0)
-    and a suffix (i + lo > sk - 1): from the band's numbers, no device sync."""
-    lo, hi = band
-    first = 0 if hi is None else min(sq, max(0, -hi))
-    stop = sq if lo is None else max(first, min(sq, sk - lo))
-    return first, stop
 
 
 def efficient_unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
@@ -50,16 +40,12 @@ def efficient_unavailable(device: torch.device, dtype: torch.dtype) -> str | Non
 
 
 class EfficientKernel(LocalKernel):
-    """PyTorch's memory-efficient attention (float32, fp16, bf16 on CUDA): O(S) memory, the
-    LSE returned and taken by its backward, so float32 on a GPU never falls back to the einsum
-    kernel's S^2 scores. The op wants equal head counts (GQA expands K/V). The LSE comes back
-    padded (`LSE_ALIGN`): the kernel hands back its first S entries and gives the backward a
-    buffer padded the way its forward padded. Dropout 0: the RNG state of the last forward is
-    reused in the backward. A band goes in as the op's `attn_bias` (0 visible, -inf hidden, the
-    query's dtype, [1, 1, Sq, Sk] broadcast over batch and heads: strides 0, which the op
-    takes); rows of the piece that see no key get out 0 and LSE -inf, as the merge expects
-    (what the op leaves there is not relied on), and a backward given such a row's -inf LSE
-    reads it as 0, so its probabilities are exp(-inf) = 0, not NaN."""
+    """PyTorch's memory-efficient attention (float32, fp16, bf16 on CUDA): O(S) memory, so
+    float32 on a GPU never falls back to the einsum kernel's S^2 scores. The LSE comes back
+    padded (`LSE_ALIGN`); the backward gets it padded the same way. A band goes in as the op's
+    `attn_bias`, broadcast over batch and heads (strides 0, which the op takes); rows that see
+    no key get out 0 and LSE -inf, as the merge expects, and the backward reads such an LSE
+    as 0, so their probabilities are exp(-inf) = 0, not NaN."""
 
     name = "efficient"
     bhsd = True
@@ -95,7 +81,7 @@ class EfficientKernel(LocalKernel):
         if lse.shape[-1] != sq or sq % LSE_ALIGN:  # an S that tells whether it pads
             self._lse_align = LSE_ALIGN if lse.shape[-1] != sq else 1
         if band is not None:
-            first, stop = _empty_rows(sq, k.shape[2], band)
+            first, stop = visible_rows(sq, k.shape[2], band)
             if first > 0 or stop < sq:
                 out, lse = out.clone(), lse.clone()
                 for rows in (slice(0, first), slice(stop, sq)):
@@ -109,11 +95,7 @@ class EfficientKernel(LocalKernel):
         if band is None:
             return None
         (b, h, sq, _), sk = q.shape, k.shape[2]
-        keep = band_mask(sq, sk, band, q.device)
-        padded = -(-sk // BIAS_ALIGN) * BIAS_ALIGN
-        bias = torch.zeros(sq, padded, dtype=q.dtype, device=q.device)[:, :sk]
-        bias.masked_fill_(~keep, float("-inf"))
-        return bias.expand(b, h, sq, sk)
+        return additive_band(sq, sk, band, q.dtype, q.device, BIAS_ALIGN).expand(b, h, sq, sk)
 
     def _padded_lse(self, lse: torch.Tensor) -> torch.Tensor:
         """The dense [B, H, S] LSE as the op's backward reads it: padded like the forward's."""

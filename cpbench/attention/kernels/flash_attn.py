@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from cpbench.attention.kernels.base import Band, LocalKernel, normalize_band
+from cpbench.attention.kernels.base import Band, LocalKernel, normalize_band, visible_rows
 from cpbench.attention.kernels.ops import last_dim_contiguous
 
 
@@ -33,8 +34,7 @@ def flash_calls(sq: int, sk: int, band: Band) -> tuple[FlashCall, ...]:
     in no call. The same calls are exact under FlashAttention-3's rules (its 2024 betas clamp
     like flash-attn; later releases clamp the right window at sq - 1, which is unbounded)."""
     lo, hi = band
-    first = 0 if hi is None else max(0, -hi)
-    stop = sq if lo is None else min(sq, sk - lo)
+    first, stop = visible_rows(sq, sk, band)
     return _calls(first, stop, sk, lo, hi) if first < stop else ()
 
 
@@ -80,15 +80,15 @@ def _whole(calls: tuple[FlashCall, ...], sq: int, sk: int) -> bool:
 
 class FlashKernel(LocalKernel):
     """A flash kernel (flash-attn 2 or 3): native GQA, [B, S, H, D] layout, any mask as
-    `flash_plan` splits it into library calls (`_call`, `_call_backward`): one call when that
-    is exact, else each call's rows written in place (rows no key reaches: out 0, LSE -inf,
-    the convention of cpbench's other kernels), and in the backward each call's dq rows
-    written, its dk / dv columns summed (the calls of one piece share key columns). A band
-    goes to the library's window: a release without one refuses it (`call_with_signature`)."""
+    `flash_plan` splits it into library calls (`_call`, `_call_backward`), a band as the
+    library's window. Split calls write their rows in place (rows no key reaches: out 0, LSE
+    -inf, as cpbench's other kernels) and sum their dk / dv columns (they share key columns)."""
 
     supports_band = True
 
     def _mask(self, causal: bool, band: Band | None) -> tuple[bool, Band | None]:
+        """No refusal here: a release without a window refuses a band in
+        `call_with_signature`, which names the parameter it lacks."""
         return normalize_band(causal, band)
 
     def _forward(
@@ -145,21 +145,13 @@ class FlashKernel(LocalKernel):
 
 
 class FlashAttnKernel(FlashKernel):
-    """The flash-attn package (Dao-AILab) on CUDA: native GQA, [B, S, H, D] layout, LSE out,
-    backward with given out/LSE. Its private functions changed signature across releases; the
-    calls below are those of 2.7 and 2.8 (older versions are not selected).
+    """The flash-attn package (Dao-AILab) on CUDA, through the private functions of 2.7 and
+    2.8 (their signatures changed across releases; older versions are not selected).
 
-    Inputs are handed over as they come when their last dimension is contiguous: flash-attn
-    reads any batch/sequence/head strides and copies only a tensor whose `stride(-1) != 1`
-    (`maybe_contiguous` in flash_attn_interface.py), so K and V, strided views of the ring's
-    packed `[B, S, 2, H, D]` buffer, and row slices of a ring block cost no copy. Only a tensor
-    the library would copy anyway is made contiguous here (`last_dim_contiguous`). The LSE
-    stays `.contiguous()`: the CUDA kernel indexes it as a dense [B, H, S] array (a slice of
-    the ring's LSE is not), and it is S floats per head, not S x D.
-
-    A band (document or sliding-window piece) goes in as `window_size_left/right` with
-    `causal=False`, split into the calls `flash_calls` makes exact under the library's
-    clamping; a non-square causal block too (flash-attn's causal is bottom-right aligned)."""
+    Inputs whose last dimension is contiguous go in as they come: flash-attn reads any other
+    strides and copies only a tensor whose `stride(-1) != 1` (`maybe_contiguous`), so K and V,
+    views of the ring's packed `[B, S, 2, H, D]` buffer, and row slices cost no copy. The LSE
+    goes in `.contiguous()`: the CUDA kernel indexes it as a dense [B, H, S] array."""
 
     name = "flash_attn"
 
@@ -168,21 +160,26 @@ class FlashAttnKernel(FlashKernel):
 
         self._fa = flash_attn_interface
 
+    @staticmethod
+    def _settings(causal: bool, scale: float, left: int, right: int) -> dict[str, Any]:
+        """The arguments forward and backward share: no dropout, softcap or ALiBi."""
+        return {
+            "dropout_p": 0.0,
+            "softmax_scale": scale,
+            "causal": causal,
+            "window_size_left": left,
+            "window_size_right": right,
+            "softcap": 0.0,
+            "alibi_slopes": None,
+        }
+
     def _call(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
         left: int, right: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         res = self._fa._flash_attn_forward(
-            last_dim_contiguous(q),
-            last_dim_contiguous(k),
-            last_dim_contiguous(v),
-            dropout_p=0.0,
-            softmax_scale=scale,
-            causal=causal,
-            window_size_left=left,
-            window_size_right=right,
-            softcap=0.0,
-            alibi_slopes=None,
+            *map(last_dim_contiguous, (q, k, v)),
+            **self._settings(causal, scale, left, right),
             return_softmax=False,
         )
         return res[0], res[1].float()
@@ -193,22 +190,12 @@ class FlashAttnKernel(FlashKernel):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         self._fa._flash_attn_backward(
-            last_dim_contiguous(dout),
-            last_dim_contiguous(q),
-            last_dim_contiguous(k),
-            last_dim_contiguous(v),
-            last_dim_contiguous(out),
+            *map(last_dim_contiguous, (dout, q, k, v, out)),
             lse.contiguous(),
             dq,
             dk,
             dv,
-            dropout_p=0.0,
-            softmax_scale=scale,
-            causal=causal,
-            window_size_left=left,
-            window_size_right=right,
-            softcap=0.0,
-            alibi_slopes=None,
+            **self._settings(causal, scale, left, right),
             deterministic=False,
             rng_state=None,
         )
@@ -230,6 +217,22 @@ with that message. 2.7.3 (commit bbb21d65, "Generalize arch checks for A100 and 
 checks `cc_major >= 8` (`is_sm8x_min`, v2.7.3 flash_api.cpp:367-368, :796; v2.8.3 :369-370)."""
 
 
+AMPERE = (8, 0)
+"""The least compute capability of flash-attn 2 (`mha_fwd`'s "FlashAttention only supports
+Ampere GPUs or newer", csrc/flash_attn/flash_api.cpp) and of PyTorch's CUDA flash op
+(`check_sm_version` in aten/src/ATen/native/transformers/cuda/sdp_utils.cpp)."""
+
+
+def before_ampere(capability: tuple[int, int] | None) -> str | None:
+    """Why a flash kernel cannot run on a GPU of `capability` (below 8.0), else None."""
+    if capability is None or capability >= AMPERE:
+        return None
+    return (
+        f"needs an Ampere or newer GPU (compute capability >= 8.0; this one has "
+        f"{capability[0]}.{capability[1]}): kernel 'efficient' runs here"
+    )
+
+
 def flash_attn_capability_refusal(
     version: tuple[int, ...], capability: tuple[int, int]
 ) -> str | None:
@@ -238,10 +241,7 @@ def flash_attn_capability_refusal(
     major, minor = capability
     shown = ".".join(map(str, version))
     if major < 8:
-        return (
-            f"needs an Ampere or newer GPU (compute capability >= 8.0; this one has "
-            f"{major}.{minor}): kernel 'efficient' runs here"
-        )
+        return before_ampere(capability)
     if version < FLASH_ATTN_ANY_NEWER_GPU and not (major == 8 or (major, minor) == (9, 0)):
         return (
             f"flash-attn {shown} runs on compute capability 8.x and 9.0 only (its mha_fwd "

@@ -84,9 +84,13 @@ def takes_window(module: ModuleType) -> bool:
     return bool(set(WINDOW) & set(inspect.signature(getattr(fn, "_init_fn", fn)).parameters))
 
 
-def _window(left: int, right: int) -> dict[str, Any]:
-    """The window arguments of every FA3 release."""
-    return {"window_size": (left, right), "window_size_left": left, "window_size_right": right}
+def _known(left: int, right: int, **values: Any) -> dict[str, Any]:
+    """What a call can pass to any FA3 release (`call_with_signature`): the unused inputs
+    (None), `_SETTINGS`, `values` and the window (left, right) under every release's names."""
+    known = dict.fromkeys(_UNUSED_INPUTS)
+    known.update(_SETTINGS, **values)
+    known.update(window_size=(left, right), window_size_left=left, window_size_right=right)
+    return known
 
 
 def _required(left: int, right: int, *causal: str) -> tuple[tuple[str, ...], ...]:
@@ -127,12 +131,9 @@ class FlashAttn3Kernel(FlashKernel):
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
         left: int, right: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-        known = dict.fromkeys(_UNUSED_INPUTS)
-        known.update(_SETTINGS, out=None, softmax_scale=scale, causal=causal)
-        known.update(_window(left, right))
         res = call_with_signature(
             self._fa._flash_attn_forward,
-            known,
+            _known(left, right, out=None, softmax_scale=scale, causal=causal),
             last_dim_contiguous(q),
             last_dim_contiguous(k),
             last_dim_contiguous(v),
@@ -149,11 +150,9 @@ class FlashAttn3Kernel(FlashKernel):
             return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
         dq, dk, dv = fresh(q), fresh(k), fresh(v)
-        known = dict.fromkeys(_UNUSED_INPUTS)
-        known.update(
-            _SETTINGS, dq=dq, dk=dk, dv=dv, softmax_scale=scale, causal=causal, is_causal=causal
+        known = _known(
+            left, right, dq=dq, dk=dk, dv=dv, softmax_scale=scale, causal=causal, is_causal=causal
         )
-        known.update(_window(left, right))
         call_with_signature(
             self._fa._flash_attn_backward,
             known,

@@ -1,18 +1,15 @@
-"""The einsum kernel: float64-capable, any mask (causal, full or a band), GQA by expanding K/V; also the reference."""
+"""The einsum kernel: float64-capable, any mask (causal, full or a band), GQA by expanding K/V."""
 
 from __future__ import annotations
 
 import torch
 
-from cpbench.attention.kernels.base import Band, LocalKernel, band_mask, causal_mask
+from cpbench.attention.kernels.base import Band, LocalKernel, accumulator_dtype, band_mask
 
 
 class NaiveKernel(LocalKernel):
-    """Plain einsum attention in float32 (or float64 for float64 inputs).
-
-    The last resort on any device and the kernel of the test reference. Materialises the
-    [S_q, S_k] score matrix, so it is only for small blocks. GQA by expanding K/V.
-    """
+    """Plain einsum attention in `accumulator_dtype`: the last resort on any device.
+    Materialises the [S_q, S_k] scores, so it is only for small blocks."""
 
     name = "naive"
     supports_band = True
@@ -20,22 +17,16 @@ class NaiveKernel(LocalKernel):
     def native_gqa(self) -> bool:
         return False
 
-    @staticmethod
-    def _compute_dtype(x: torch.Tensor) -> torch.dtype:
-        return torch.float64 if x.dtype == torch.float64 else torch.float32
-
     def _probs(
         self, q: torch.Tensor, k: torch.Tensor, causal: bool, scale: float,
         lse: torch.Tensor | None, band: Band | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-        ct = self._compute_dtype(q)
+        ct = accumulator_dtype(q.dtype)
         scores = torch.einsum("bqhd,bkhd->bhqk", q.to(ct), k.to(ct)) * scale
+        if band is None and causal:
+            band = (None, 0)  # top-left causal: j - i <= 0
         if band is not None:
-            scores = scores.masked_fill(
-                ~band_mask(q.shape[1], k.shape[1], band, q.device), float("-inf")
-            )
-        elif causal:
-            mask = causal_mask(q.shape[1], k.shape[1], 0, q.device)
+            mask = band_mask(q.shape[1], k.shape[1], band, q.device)
             scores = scores.masked_fill(~mask, float("-inf"))
         if lse is None:
             lse = torch.logsumexp(scores, dim=-1)
@@ -49,14 +40,13 @@ class NaiveKernel(LocalKernel):
         band: Band | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         probs, lse = self._probs(q, k, causal, scale, None, band)
-        return torch.einsum("bhqk,bkhd->bqhd", probs, v.to(self._compute_dtype(q))), lse
+        return torch.einsum("bhqk,bkhd->bqhd", probs, v.to(accumulator_dtype(q.dtype))), lse
 
     def _backward(
         self, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         out: torch.Tensor, lse: torch.Tensor, causal: bool, scale: float, band: Band | None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
-        """The gradients in the compute dtype: `backward` sums K/V's head copies, then casts."""
-        ct = self._compute_dtype(q)
+        ct = accumulator_dtype(q.dtype)
         probs, _ = self._probs(q, k, causal, scale, lse, band)
         do = dout.to(ct)
         dv = torch.einsum("bhqk,bqhd->bkhd", probs, do)

@@ -42,12 +42,11 @@ def call_with_signature(
     required: Sequence[tuple[str, ...]] = (),
 ) -> Any:
     """Call a Python function (flash-attn's private API) with `args` positionally and, by
-    name, those of `known` that its signature has (the others belong to another release and
-    are dropped). A parameter without a default that neither covers is an error naming it, and
-    so is a `required` group (the names one setting has had across releases, e.g. the window)
-    of which the signature takes none: a dropped argument that changes the mathematics is
-    never silent. `torch.library.custom_op` wrappers are inspected through the function they
-    wrap."""
+    name, those of `known` its signature has (the others belong to another release). A
+    parameter without a default that neither covers, or a `required` group (one setting's
+    names across releases, e.g. the window) it takes none of, is an error naming it: a dropped
+    argument that changes the mathematics is never silent. `custom_op` wrappers are inspected
+    through the function they wrap."""
     params = list(inspect.signature(getattr(fn, "_init_fn", fn)).parameters.values())
     names = {param.name for param in params}
     module = getattr(fn, "__module__", "?")

@@ -17,6 +17,7 @@ from cpbench.attention.kernels.cudnn import CudnnKernel, cudnn_unavailable
 from cpbench.attention.kernels.efficient import EfficientKernel, efficient_unavailable
 from cpbench.attention.kernels.flash_attn import (
     FlashAttnKernel,
+    before_ampere,
     flash_attn_available,
     flash_attn_capability_refusal,
     flash_attn_version,
@@ -36,21 +37,6 @@ from cpbench.errors import CpbenchError, KernelRefused
 HALF = (torch.float16, torch.bfloat16)
 HOPPER = 9
 """Compute capability major of Hopper (H100/H200: sm90), FlashAttention-3's architecture."""
-AMPERE = (8, 0)
-"""The least compute capability of flash-attn 2 (`mha_fwd`'s "FlashAttention only supports
-Ampere GPUs or newer", csrc/flash_attn/flash_api.cpp) and of PyTorch's CUDA flash op
-(`check_sm_version` in aten/src/ATen/native/transformers/cuda/sdp_utils.cpp)."""
-
-
-def _before_ampere(device: torch.device) -> str | None:
-    """Why a flash kernel cannot run on this GPU (compute capability below 8.0), else None."""
-    capability = ops.device_capability(device)
-    if capability is not None and capability < AMPERE:
-        return (
-            f"needs an Ampere or newer GPU (compute capability >= 8.0; this one has "
-            f"{capability[0]}.{capability[1]}): kernel 'efficient' runs here"
-        )
-    return None
 
 
 @functools.cache
@@ -75,7 +61,7 @@ def _flash_attn_unavailable(device: torch.device, dtype: torch.dtype) -> str | N
     if device.type == "cuda" and dtype in HALF and flash_attn_available():
         capability, version = ops.device_capability(device), flash_attn_version()
         if capability is None or version is None:
-            return _before_ampere(device)
+            return before_ampere(capability)
         return flash_attn_capability_refusal(version, capability)
     return (
         f"needs CUDA, fp16/bf16 and flash-attn >= 2.7 (device {device.type}, dtype {dtype}, "
@@ -119,7 +105,7 @@ def _unavailable(name: str, device: torch.device, dtype: torch.dtype) -> str | N
     if name == "sdpa":
         if device.type == "cuda" and dtype not in HALF:
             return f"on CUDA needs fp16/bf16, got {dtype} (float32 on CUDA: kernel 'efficient')"
-        return _before_ampere(device) if device.type == "cuda" else None
+        return before_ampere(ops.device_capability(device)) if device.type == "cuda" else None
     if name == "flash_attn":
         return _flash_attn_unavailable(device, dtype)
     if name == "flash_attn3":
@@ -132,11 +118,9 @@ def _unavailable(name: str, device: torch.device, dtype: torch.dtype) -> str | N
 
 
 def band_capable(name: str, device: torch.device | str) -> bool:
-    """Whether kernel `name` applies a mask band (the pieces of packed documents and sliding
-    windows that are neither full nor top-left causal): einsum, PyTorch's CPU op (a float
-    mask), the memory-efficient op (an additive bias) and flash-attn 2 / 3 (window sizes; an
-    FA3 older than its window, 2024-08-29, does not) do; PyTorch's CUDA flash and cuDNN ops,
-    called with a causal flag only, do not."""
+    """Whether kernel `name` applies a mask band (pieces neither full nor top-left causal):
+    all but PyTorch's CUDA flash and cuDNN ops (a causal flag only) and an FA3 older than its
+    window (2024-08-29)."""
     device = torch.device(device)
     if name == "sdpa":
         return device.type != "cuda"
@@ -155,10 +139,8 @@ def auto_kernel_name(
     head_dim: int | None = None,
 ) -> str:
     """The kernel `auto` runs on `device` in `dtype` (docs/internals.md), among those that can
-    run `head_dim` when it is given; with `band` (the mask has band pieces) the first of those
-    that can apply one: the usual choice, else FlashAttention-3, else flash-attn 2, else the
-    memory-efficient op (its mask an S_q x S_k bias), else the usual choice (which then
-    refuses)."""
+    run `head_dim` when given; with `band`, the first that can apply one of: the usual choice,
+    FlashAttention-3, flash-attn 2, the memory-efficient op (else the usual one, which refuses)."""
     name = _auto_kernel_name(torch.device(device), dtype, head_dim)
     if not band or band_capable(name, device):
         return name
@@ -203,11 +185,6 @@ def _efficient_or_einsum(device: torch.device, dtype: torch.dtype, head_dim: int
     return "efficient"
 
 
-def kernel_availability(device: torch.device | str, dtype: torch.dtype) -> dict[str, str | None]:
-    """Every kernel name (not `auto`) with why it cannot run here, None for those that can."""
-    return {name: kernel_unavailable(name, device, dtype) for name in BACKENDS if name != "auto"}
-
-
 def kernel_version(name: str) -> str | None:
     """The version of what runs kernel `name`: the library (flash-attn, FA3), cuDNN's number,
     or torch for PyTorch's own ops; None when that library is not installed."""
@@ -231,11 +208,9 @@ def select_kernel(
     band: bool = False,
     head_dim: int | None = None,
 ) -> LocalKernel:
-    """Pick a kernel: `auto` as `auto_kernel_name` says, else the named one; an impossible
-    named choice is a `CpbenchError` saying what is missing. `band`: the mask has band pieces
-    (documents, sliding window), and a kernel that cannot apply them is an error naming it.
-    `head_dim` (when given): a kernel whose head-dimension rule refuses it is not chosen by
-    `auto`, and named, is an error stating the rule (`limits.head_dim_unsupported`)."""
+    """Pick a kernel: `auto` as `auto_kernel_name` says, else the named one. A choice that
+    cannot run here, apply the mask's band pieces (`band`) or run `head_dim`
+    (`limits.head_dim_unsupported`) is a `CpbenchError` saying why."""
     device = torch.device(device)
     if name not in BACKENDS:
         raise CpbenchError(f"kernel {name!r} is not one of {', '.join(BACKENDS)}")
