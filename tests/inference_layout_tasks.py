@@ -8,7 +8,7 @@ import torch
 
 from cpbench.attention.mesh import CPMesh
 from cpbench.bench import inference_verify
-from cpbench.bench.inference_verify import run_prefill_cases_on_rank
+from cpbench.bench.inference_verify import run_inference_cases_on_rank
 from cpbench.model.inference import PrefillCase, new_token_segments, split_starts
 
 
@@ -40,4 +40,4 @@ def prefill_with_tail_first_chunks(cases: list[PrefillCase]) -> list[dict | None
     """The prefill check of balanced `cases` with every rank's chunks sharded tail first (the
     attention and the gather back take them head first, as the layout defines)."""
     with mock.patch.object(inference_verify, "shard_prefill", shard_tail_first):
-        return run_prefill_cases_on_rank(cases, "cpu")
+        return run_inference_cases_on_rank(cases, "cpu")

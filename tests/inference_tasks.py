@@ -6,7 +6,7 @@ import torch
 
 from cpbench.attention.kernels import NaiveKernel
 from cpbench.attention.kernels.base import Band
-from cpbench.bench.inference_verify import run_decode_cases_on_rank, run_prefill_cases_on_rank
+from cpbench.bench.inference_verify import run_inference_cases_on_rank
 from cpbench.model.inference import DecodeCase, PrefillCase
 
 
@@ -30,9 +30,9 @@ class TopLeftCausalKernel(NaiveKernel):
 
 def prefill_with_wrong_offset(cases: list[PrefillCase]) -> list[dict | None]:
     """The prefill check of `cases` run with the top-left-causal kernel."""
-    return run_prefill_cases_on_rank(cases, "cpu", TopLeftCausalKernel())
+    return run_inference_cases_on_rank(cases, "cpu", TopLeftCausalKernel())
 
 
 def decode_with_wrong_offset(cases: list[DecodeCase]) -> list[dict | None]:
     """The decode check of `cases` run with the top-left-causal kernel."""
-    return run_decode_cases_on_rank(cases, "cpu", TopLeftCausalKernel())
+    return run_inference_cases_on_rank(cases, "cpu", TopLeftCausalKernel())

@@ -12,7 +12,7 @@ from pathlib import Path
 import typer
 from typer.cli import get_docs_for_click
 
-from cpbench.cli.docs import CLI_MD, GENERATED_WITH, REGENERATE, cli_markdown
+from cpbench.cli.docs import CLI_MD, REGENERATE, cli_markdown
 from cpbench.cli.main import app
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -21,6 +21,8 @@ MAX_LINES = 150
 MAX_BYTES = 14_000
 MAX_PROSE_LINE = 200
 MAX_CELL = 100
+GENERATED_WITH = re.compile(r"with typer (\S+); do not edit")
+"""The typer release a docs/cli.md was written by (its first line, `cli_markdown`'s header)."""
 
 
 def _commands() -> dict[str, typer.core.TyperCommand]:

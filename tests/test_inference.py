@@ -13,8 +13,7 @@ from cpbench.bench.inference_verify import (
     default_decode_cases,
     default_prefill_cases,
     prefill_case,
-    run_decode_cases_on_rank,
-    run_prefill_cases_on_rank,
+    run_inference_cases_on_rank,
 )
 from cpbench.bench.pool import WorkerPool
 from cpbench.errors import CpbenchError
@@ -38,7 +37,7 @@ Pool = Callable[[int], WorkerPool]
 @pytest.mark.parametrize("world", [2, 4])
 def test_every_prefill_case_matches_the_reference_and_the_bytes(pool: Pool, world: int) -> None:
     cases = default_prefill_cases(world)
-    records = pool(world).run(run_prefill_cases_on_rank, cases, timeout=300)[0]
+    records = pool(world).run(run_inference_cases_on_rank, cases, timeout=300)[0]
     assert len(records) == len(cases)
     assert {r["scheme"] for r in records} == set(PREFILL_SCHEMES)
     assert {(r["cached_len"], r["new_tokens"]) for r in records} >= {(0, 1), (5, 1)}
@@ -125,7 +124,7 @@ def test_every_decode_step_matches_the_reference_bytes_and_cache(pool: Pool, wor
     bytes sent equal to `decode_bytes`, and the largest cache shard's tensors exactly
     `kv_cache_bytes_per_rank` bytes."""
     cases = default_decode_cases(world)
-    records = pool(world).run(run_decode_cases_on_rank, cases, timeout=300)[0]
+    records = pool(world).run(run_inference_cases_on_rank, cases, timeout=300)[0]
     assert len(records) == len(cases)
     for r in records:
         assert "error" not in r, r

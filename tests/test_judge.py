@@ -158,7 +158,7 @@ def _fresh_reference(case: VerifyCase) -> list[torch.Tensor]:
     q, k, v, dout = reference_module._global_inputs(case, torch.device("cpu"))
     dt = DTYPES[case.dtype]
     leaves = [t.to(dt).double().requires_grad_(True) for t in (q, k, v)]
-    out = reference_attention(*leaves, causal=case.causal, mask=reference_module.run_mask(case)[0])
+    out = reference_attention(*leaves, causal=case.causal, mask=case.packing.mask)
     out.backward(dout.to(dt).double())
     return [out.detach(), *(t.grad for t in leaves if t.grad is not None)]
 

@@ -3,6 +3,7 @@ change communication behaviour. Collected on every rank (hostnames and devices d
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import socket
@@ -25,13 +26,10 @@ def _flash_attn_version() -> str | None:
 
 
 def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
     return platform.processor() or platform.machine()
 
 
@@ -64,10 +62,8 @@ def process_environment() -> dict[str, Any]:
     """Versions and variables, the same on every rank of a run."""
     nccl = None
     if torch.cuda.is_available():
-        try:
+        with contextlib.suppress(AttributeError, RuntimeError):
             nccl = ".".join(str(x) for x in torch.cuda.nccl.version())
-        except (AttributeError, RuntimeError):
-            nccl = None
     from cpbench import __version__  # noqa: PLC0415
 
     return {
@@ -310,7 +306,5 @@ def gpu_clock_state(device_index: int) -> GpuClocks | None:
     except Exception:  # noqa: BLE001 - a query the driver lacks
         return None
     finally:
-        try:
+        with contextlib.suppress(Exception):
             nvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001,S110
-            pass

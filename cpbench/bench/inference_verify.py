@@ -4,6 +4,7 @@ by verify's bound, and the bytes against `model.inference.prefill_bytes`."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
@@ -157,20 +158,13 @@ def default_prefill_cases(world: int, dtype: str = "float32") -> list[PrefillCas
         (8 * world, 16 * world + 1),
         (64 * world, 2 * world),
     ]
-    cases = []
-    for layout in NEW_TOKEN_LAYOUTS:  # both new-token shardings (zigzag: 2W chunks)
-        for scheme in PREFILL_SCHEMES:
-            for cached_len, new_tokens in lengths:
-                for kv_heads in (8, 2, 1):
-                    if scheme == "ulysses" and world % kv_heads and kv_heads % world:
-                        continue
-                    cases.append(
-                        prefill_case(
-                            scheme, world, cached_len, new_tokens, kv_heads=kv_heads,
-                            dtype=dtype, new_token_layout=layout,
-                        )  # fmt: skip
-                    )
-    return cases
+    grid = itertools.product(NEW_TOKEN_LAYOUTS, PREFILL_SCHEMES, lengths, (8, 2, 1))
+    return [
+        prefill_case(scheme, world, cached_len, new_tokens, kv_heads=kv_heads, dtype=dtype,
+                     new_token_layout=layout)  # fmt: skip
+        for layout, scheme, (cached_len, new_tokens), kv_heads in grid
+        if not (scheme == "ulysses" and world % kv_heads and kv_heads % world)
+    ]
 
 
 def decode_case(
@@ -243,21 +237,14 @@ def default_decode_cases(world: int, dtype: str = "float32") -> list[DecodeCase]
     """Decode steps of 1 to 8 new tokens over both cache layouts: no earlier cache (P = 0),
     a cache shorter than the ranks, and caches not a multiple of W; GQA 8/8 and 8/1; merged
     by all-gather and by all-to-all to a head split (8 heads: W = 2, 4 and 8 divide them)."""
-    cases = []
-    for merge in DECODE_MERGES:
-        for layout in CACHE_LAYOUTS:
-            for cached_len in (0, world - 1 or 1, 16 * world + 3, 64 * world):
-                for new_tokens in (1, 2, 5, 8):
-                    for kv_heads in (8, 1):
-                        if merge == "all_to_all" and 8 % world:
-                            continue
-                        cases.append(
-                            decode_case(
-                                layout, world, cached_len, new_tokens, kv_heads=kv_heads,
-                                dtype=dtype, merge=merge,
-                            )  # fmt: skip
-                        )
-    return cases
+    cached_lens = (0, world - 1 or 1, 16 * world + 3, 64 * world)
+    grid = itertools.product(DECODE_MERGES, CACHE_LAYOUTS, cached_lens, (1, 2, 5, 8), (8, 1))
+    return [
+        decode_case(layout, world, cached_len, new_tokens, kv_heads=kv_heads, dtype=dtype,
+                    merge=merge)  # fmt: skip
+        for merge, layout, cached_len, new_tokens, kv_heads in grid
+        if not (merge == "all_to_all" and 8 % world)
+    ]
 
 
 def run_inference_case_on_rank(
@@ -275,28 +262,17 @@ def _failure_fields(case: PrefillCase | DecodeCase) -> dict[str, Any]:
     return {"label": case.label, "scheme": f"decode_{case.layout}", "merge": case.merge}
 
 
-def run_prefill_cases_on_rank(
+def run_inference_cases_on_rank(
     cases: Sequence[PrefillCase | DecodeCase],
     device: str = "cpu",
     kernel: str | LocalKernel = "auto",
 ) -> list[dict | None]:
-    """Pool task: a batch of prefill or decode cases in order (`reference.run_batch`: a
-    CpbenchError in one case is recorded, not raised)."""
+    """Pool task: prefill and decode cases in order (`reference.run_batch`: a CpbenchError in
+    one case is recorded, not raised), each record marked with its phase (`"inference":
+    "prefill"` or `"decode"`)."""
     dev = torch.device(device)
-    return run_batch(cases, lambda case: run_inference_case_on_rank(case, dev, kernel),
-                     _failure_fields)  # fmt: skip
-
-
-run_decode_cases_on_rank = run_prefill_cases_on_rank
-"""The same pool task: it runs either kind of case."""
-
-
-def run_inference_cases_on_rank(
-    cases: list[PrefillCase | DecodeCase], device: str = "cpu", kernel: str | LocalKernel = "auto"
-) -> list[dict | None]:
-    """Pool task: prefill and decode cases in order, each record marked with its phase
-    (`"inference": "prefill"` or `"decode"`)."""
-    records = run_prefill_cases_on_rank(cases, device, kernel)
+    records = run_batch(cases, lambda case: run_inference_case_on_rank(case, dev, kernel),
+                        _failure_fields)  # fmt: skip
     return [
         None if r is None else {**r, "inference": "prefill" if isinstance(c, PrefillCase) else "decode"}
         for c, r in zip(cases, records, strict=True)

@@ -32,15 +32,12 @@ from cpbench.model.inference import DecodeCase, PrefillCase, inference_case
 
 
 def measure_config(config_dict: dict[str, Any], settings: dict[str, Any]) -> RankMeasurement:
-    """Pool task (collective): measure one feasible configuration on this rank.
+    """Pool task (collective): measure one feasible configuration on this rank, its step kind
+    through the one harness (`measure_step`); `cpu`: this rank's CPU seconds in the task.
 
     `settings`: warmup, iters (the minimum), max_iters, precision (None = a fixed count of
     iters), budget (seconds of timed steps), check_max_seq_len, check_rows (rows of the
-    full-length check). The configuration's step kind (`training_kind`, an external impl's
-    `library_kind`, an inference point's `inference_kind`) goes through the one harness
-    (`cpbench.bench.harness.measure_step`). The answer carries `cpu`: the CPU seconds this
-    rank's process used in the task (`environment.rank_cpu_usage`), for the record's
-    other-load measurement."""
+    full-length check)."""
     mark = rank_cpu_mark()
     config = BenchConfig.from_dict(config_dict)
     device = torch_device(config)
@@ -207,12 +204,9 @@ def check_case(case: PrefillCase | DecodeCase, max_len: int) -> PrefillCase | De
     total = case.cached_len + case.new_tokens
     if total <= max_len:
         return case
-    if isinstance(case, DecodeCase):
-        new_tokens = case.new_tokens
-        cached_len = max(0, max_len - new_tokens)
-    else:
-        new_tokens = max(1, case.new_tokens * max_len // total)
-        cached_len = max(0, max_len - new_tokens)
+    decode = isinstance(case, DecodeCase)
+    new_tokens = case.new_tokens if decode else max(1, case.new_tokens * max_len // total)
+    cached_len = max(0, max_len - new_tokens)
     problem = replace(case.problem, seq_len=cached_len + new_tokens)
     return replace(case, problem=problem, cached_len=cached_len, new_tokens=new_tokens)
 

@@ -4,6 +4,7 @@ What each source counts: docs/design.md section 7."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -76,13 +77,10 @@ def storage_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
 
 
 def _read_vm_hwm() -> int | None:
-    try:
-        with open("/proc/self/status", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
+    with contextlib.suppress(OSError), open("/proc/self/status", encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
     return None
 
 

@@ -4,10 +4,10 @@ What NVML counts, and why by UUID and PID: docs/internals.md, "A process's GPU m
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import threading
-from types import TracebackType
 from typing import Any
 
 DEFAULT_INTERVAL_S = 0.01
@@ -209,21 +209,14 @@ class ProcessMemorySampler:
 
     def _shutdown(self) -> None:
         if self._initialised and self._nvml is not None:
-            try:
+            with contextlib.suppress(Exception):  # nothing to do about a failing shutdown
                 self._nvml.nvmlShutdown()
-            except Exception:  # noqa: BLE001, S110 - nothing to do about a failing shutdown
-                pass
             self._initialised = False
 
     def __enter__(self) -> ProcessMemorySampler:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     # ------------------------------------------------------------------------------- answer

@@ -5,6 +5,7 @@ Why, and how it forks and recovers: docs/internals.md, "The pool and launched wo
 from __future__ import annotations
 
 import contextlib
+import importlib
 import inspect
 import multiprocessing as mp  # the standard library's: importing this module imports no torch
 import os
@@ -178,10 +179,8 @@ def _worker_main(
     # imported before "ready", so a configuration's --timeout times the configuration, not a
     # fresh rank's imports; so is the module torch's first `backward(grad)` imports
     # (autograd's `_make_grads` -> symbolic_shapes -> sympy: 1-5 s).
-    import scipy.stats  # noqa: F401, PLC0415 - the median's interval (model/calibrate/stats)
-    import torch.fx.experimental.symbolic_shapes  # noqa: F401, PLC0415
-
-    import cpbench.bench.measure  # noqa: F401, PLC0415
+    for module in FORKSERVER_PRELOAD:
+        importlib.import_module(module)
     from cpbench.bench.environment import rank_waiting  # noqa: PLC0415
 
     results.put(("ready", rank, "ok", None))
@@ -307,10 +306,8 @@ class WorkerPool:
     def close(self, force: bool = False) -> None:
         """Stop the ranks: politely, or at once (`force`) when they may be stuck."""
         for q in self._tasks:
-            try:
+            with contextlib.suppress(OSError, ValueError):
                 q.put(None)
-            except (OSError, ValueError):
-                pass
         for proc in self._procs:
             if proc.pid is None:  # never started (interrupted before it)
                 continue

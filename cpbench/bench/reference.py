@@ -50,26 +50,18 @@ def impl_mask_unsupported(impl: str, mask: MaskSpec, layout: str) -> str | None:
     return None
 
 
-def run_mask(case: VerifyCase) -> tuple[MaskSpec, int]:
-    """(the mask as the case runs it, padding documents included; the run length)."""
-    return case.packing.mask, case.packing.seq_len
-
-
 def _input_key(case: VerifyCase) -> tuple[int, ...]:
     """Everything `_global_inputs` reads: cases with equal keys get equal inputs (seed, batch,
     run length, heads, KV heads, head dim)."""
-    n = run_mask(case)[1] if case.impl == DEFAULT_IMPL else case.seq_len
+    n = case.packing.seq_len if case.impl == DEFAULT_IMPL else case.seq_len
     return (case.seed, case.batch, n, case.heads, case.kv_heads, case.head_dim)
 
 
 def _global_inputs(case: VerifyCase, device: torch.device) -> tuple[torch.Tensor, ...]:
     seed, b, n, heads, kv_heads, d = _input_key(case)
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(b, n, heads, d, generator=g)
-    k = torch.randn(b, n, kv_heads, d, generator=g)
-    v = torch.randn(b, n, kv_heads, d, generator=g)
-    dout = torch.randn(b, n, heads, d, generator=g)
-    return tuple(t.to(device) for t in (q, k, v, dout))
+    g = torch.Generator().manual_seed(seed)  # q, k, v, dout drawn in that order
+    shapes = [(b, n, h, d) for h in (heads, kv_heads, kv_heads, heads)]
+    return tuple(torch.randn(shape, generator=g).to(device) for shape in shapes)
 
 
 def _grads(leaves: list[torch.Tensor], who: str) -> list[torch.Tensor]:
@@ -91,16 +83,9 @@ def _run_cpbench(case: VerifyCase, inputs: tuple, mesh: Any = None) -> list[torc
     local = [shard(t, mesh, layout, mask=mask).to(dtype).requires_grad_(True) for t in (q, k, v)]
     lq, lk, lv = local
     out = cp_attention(
-        lq,
-        lk,
-        lv,
-        mesh,
-        layout=layout,
-        kernel=case.kernel,
-        mask=mask,
-        cp_comm=case.cp_comm,
+        lq, lk, lv, mesh, layout=layout, kernel=case.kernel, mask=mask, cp_comm=case.cp_comm,
         heads_k_stride=case.heads_k_stride,
-    )
+    )  # fmt: skip
     out.backward(shard(dout, mesh, layout, mask=mask).to(dtype))
     grads = _grads(local, case.impl)
     return [unshard(t, mesh, layout, mask=mask) for t in (out.detach(), *grads)]
@@ -135,7 +120,6 @@ class ReferenceMemo:
     def __init__(self) -> None:
         self.references: OrderedDict[tuple[object, ...], list[torch.Tensor]] = OrderedDict()
         """The kept references by key (see `reference_results`), least recently used first."""
-        self._bytes: dict[tuple[object, ...], int] = {}
 
     def get(self, key: tuple[object, ...]) -> list[torch.Tensor] | None:
         refs = self.references.get(key)
@@ -144,28 +128,27 @@ class ReferenceMemo:
         return refs
 
     def keep(self, key: tuple[object, ...], refs: list[torch.Tensor]) -> None:
-        size = sum(t.numel() * t.element_size() for t in refs)
-        if size > REFERENCE_MEMO_BYTES:
+        if _memo_bytes(refs) > REFERENCE_MEMO_BYTES:
             return
-        self.references[key], self._bytes[key] = refs, size
-        while sum(self._bytes.values()) > REFERENCE_MEMO_BYTES:
-            oldest, _ = self.references.popitem(last=False)
-            del self._bytes[oldest]
+        self.references[key] = refs
+        while sum(map(_memo_bytes, self.references.values())) > REFERENCE_MEMO_BYTES:
+            self.references.popitem(last=False)
+
+
+def _memo_bytes(tensors: list[torch.Tensor]) -> int:
+    return sum(t.nbytes for t in tensors)
 
 
 def reference_results(
     case: VerifyCase, inputs: tuple[torch.Tensor, ...], memo: ReferenceMemo | None = None
 ) -> list[torch.Tensor]:
-    """The float64 reference's out, dQ, dK, dV (`CHECKED` order) for the case's global inputs
-    (`_global_inputs(case, ...)`, rounded to the case's dtype) under the mask the case runs
-    (doc_zigzag's padding documents included; an impl's own mask otherwise).
-
-    With a `memo`, kept under what determines it (the inputs' key `_input_key`, dtype, causal,
-    mask and device) and taken from there when a case of the same problem asked before; `inputs`
-    must then be the case's own global inputs."""
+    """The float64 reference's out, dQ, dK, dV (`CHECKED` order) of the case's global inputs
+    rounded to its dtype, under the mask it runs (doc_zigzag's padding documents included; an
+    impl's own mask otherwise). With a `memo`, computed once per problem (the key below);
+    `inputs` must then be the case's own global inputs."""
     from cpbench.attention import reference_attention  # noqa: PLC0415
 
-    mask = run_mask(case)[0] if case.impl == DEFAULT_IMPL else case.mask
+    mask = case.packing.mask if case.impl == DEFAULT_IMPL else case.mask
     q, k, v, dout = inputs
     key = (*_input_key(case), case.dtype, case.causal, mask, str(q.device))
     kept = memo.get(key) if memo is not None else None
@@ -228,8 +211,6 @@ def run_case_on_rank(
     the batch's references (`reference_results`). `mesh` (cpbench's own schemes): a CP mesh of
     a subgroup of the world to run it on instead (collective over that group; its rank 0
     returns the errors)."""
-    import torch.distributed as dist  # noqa: PLC0415
-
     unsupported = impl_mask_unsupported(case.impl, case.mask, case.layout)
     if unsupported:
         raise CpbenchError(unsupported)
@@ -337,6 +318,13 @@ def random_shards(config: BenchConfig, device: torch.device) -> tuple[torch.Tens
     return q, k, v, rand(config.heads)
 
 
+VERIFIED_FIELDS = (
+    "ulysses", "ring", "layout", "causal", "heads", "kv_heads", "head_dim", "batch", "dtype",
+    "kernel", "impl", "window", "cp_comm", "heads_k_stride",
+)  # fmt: skip
+"""The fields a benchmark point's reference check takes from the point as they are."""
+
+
 def reference_check(
     config: BenchConfig, check_len: int, device: torch.device
 ) -> dict[str, Any] | None:
@@ -344,37 +332,16 @@ def reference_check(
     tokens, through the same path as `cpbench verify` — cpbench's or the impl's adapter —
     under the point's mask on those tokens (`MaskSpec.truncated`: the documents that start
     before `check_len`, the last one cut; the window unchanged)."""
-    truncated = config.mask.truncated(check_len)
-    case = VerifyCase(
-        ulysses=config.ulysses,
-        ring=config.ring,
-        layout=config.layout,
-        causal=config.causal,
-        heads=config.heads,
-        kv_heads=config.kv_heads,
-        seq_len=check_len,
-        head_dim=config.head_dim,
-        batch=config.batch,
-        dtype=config.dtype,
-        kernel=config.kernel,
-        impl=config.impl,
-        documents=None if config.documents is None else truncated.documents,
-        window=config.window,
-        cp_comm=config.cp_comm,
-        heads_k_stride=config.heads_k_stride,
-    )
+    shared = {name: getattr(config, name) for name in VERIFIED_FIELDS}
+    documents = None if config.documents is None else config.mask.truncated(check_len).documents
+    case = VerifyCase(**shared, seq_len=check_len, documents=documents)
     result = run_case_on_rank(case, device)
     if result is None:
         return None
-    accuracy = {
+    kept = ("tolerance", "bounds", "passed", "tolerances", "known_issues")
+    return {
         "max_abs_error": result["max_error"],
         "errors": result["errors"],
         "check_seq_len": case.seq_len,
-        "tolerance": result["tolerance"],
-        "bounds": result["bounds"],
-        "passed": result["passed"],
+        **{key: result[key] for key in kept if key in result},
     }
-    if "known_issues" in result:
-        accuracy["tolerances"] = result["tolerances"]
-        accuracy["known_issues"] = result["known_issues"]
-    return accuracy

@@ -69,24 +69,20 @@ def full_length_row_check(
     g = torch.Generator(device="cpu").manual_seed(seed)
     b, d = config.batch, config.head_dim
     # Global inputs of the run length, identical on every rank (drawn on the CPU from the seed).
-    q = torch.randn(b, run_len, config.heads, d, generator=g).to(device, dtype)
-    k = torch.randn(b, run_len, config.kv_heads, d, generator=g).to(device, dtype)
-    v = torch.randn(b, run_len, config.kv_heads, d, generator=g).to(device, dtype)
+    q, k, v = (
+        torch.randn(b, run_len, heads, d, generator=g).to(device, dtype)
+        for heads in (config.heads, config.kv_heads, config.kv_heads)
+    )
     mesh = build_mesh(config.ulysses, config.ring)
     rank = dist.get_rank() if dist.is_initialized() else 0
     mine = positions(config.seq_len, config.ulysses, config.ring, config.layout, rank, config.mask)
     mine = mine.to(device)
     with torch.no_grad():
+        lq, lk, lv = (t.index_select(1, mine).contiguous() for t in (q, k, v))
         out = cp_attention(
-            q.index_select(1, mine).contiguous(),
-            k.index_select(1, mine).contiguous(),
-            v.index_select(1, mine).contiguous(),
-            mesh,
-            layout=config.layout,
-            kernel=kernel,
-            kv_replication=config.kv_replication,
-            mask=config.mask,
-        )
+            lq, lk, lv, mesh, layout=config.layout, kernel=kernel,
+            kv_replication=config.kv_replication, mask=config.mask,
+        )  # fmt: skip
     wanted = sampled_rows(run_len, rows).to(device)
     held = torch.isin(mine, wanted).nonzero().flatten()  # local indices of the sampled rows
     error = torch.zeros(2, dtype=torch.float64, device=device)  # [max abs error, max |ref|]

@@ -39,17 +39,26 @@ def step_timer(device: torch.device) -> Callable[[Callable[[], object]], float]:
     return _elapsed_cuda if device.type == "cuda" else _elapsed_cpu
 
 
+def _reduced(
+    values: list[float], device: torch.device, group: dist.ProcessGroup | None
+) -> list[float]:
+    """The max over the ranks of each value (the values themselves without a process group)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return [float(x) for x in t.tolist()]
+
+
 def time_iterations(
     step: Callable[[], object],
     warmup: int,
     iters: int,
     device: torch.device,
     group: dist.ProcessGroup | None = None,
-    reduce_max: bool = True,
 ) -> list[float]:
-    """Seconds per iteration on this rank, or (`reduce_max`) each iteration's max over the
-    ranks of `group`. Every iteration starts with a barrier, so iteration i of every rank is
-    the same step. All ranks call this."""
+    """Each iteration's seconds, the max over the ranks of `group`. Every iteration starts with
+    a barrier, so iteration i of every rank is the same step. All ranks call this."""
     distributed = dist.is_available() and dist.is_initialized()
     elapsed = step_timer(device)
     for _ in range(warmup):
@@ -61,11 +70,7 @@ def time_iterations(
         if distributed:
             dist.barrier(group=group)  # start together, so the max is the step, not the skew
         samples.append(elapsed(step))
-    if not distributed or not reduce_max:
-        return samples
-    t = torch.tensor(samples, dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-    return t.tolist()
+    return _reduced(samples, device, group)
 
 
 StopReason = Literal["precision reached", "max iterations", "time budget", "fixed count"]
@@ -120,17 +125,6 @@ class TimedRun:
     """Warm-up iterations run."""
     stop: StopReason
     """Why timing stopped."""
-
-
-def _reduced(
-    values: list[float], device: torch.device, group: dist.ProcessGroup | None
-) -> list[float]:
-    """The max over the ranks of each value (the values themselves without a process group)."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return values
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-    return [float(x) for x in t.tolist()]
 
 
 def time_to_precision(
@@ -214,14 +208,9 @@ class TimingSummary:
         p10, p90 = np.percentile(np.asarray(samples, dtype=float), [10, 90], method="linear")
         interval = median_interval(samples, CONFIDENCE)
         return cls(
-            median,
-            float(p10),
-            float(p90),
-            tuple(samples),
-            interval.low,
-            interval.high,
+            median, float(p10), float(p90), tuple(samples), interval.low, interval.high,
             interval.method,
-        )
+        )  # fmt: skip
 
     @property
     def relative_width(self) -> float:

@@ -80,8 +80,7 @@ def validate(
         return
     if not results:
         raise CpbenchError("validate needs results files (or --published)")
-    if holdout_fraction != 0.5 and not holdout:
-        holdout = True
+    holdout = holdout or holdout_fraction != 0.5
     report = service.validate_results(
         results, hardware, holdout, holdout_fraction, seed, split, calibrate_first
     )

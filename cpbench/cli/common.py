@@ -8,8 +8,9 @@ import inspect
 import json
 import signal
 import warnings
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import fields
+from typing import Any, TypeVar
 
 import typer
 from rich.console import Console, RenderableType
@@ -35,6 +36,7 @@ app = typer.Typer(
 # No emoji codes: text from files (a documents file's line, a scenario's name) prints as it is.
 console = Console(emoji=False)
 err_console = Console(stderr=True, soft_wrap=True, emoji=False)
+RequestT = TypeVar("RequestT")
 
 
 def command(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -80,14 +82,26 @@ def show_warning(
     err_console.print(f"cpbench: warning: {text}", markup=False, highlight=False)
 
 
-def emit(report: Any, as_json: bool, renderables: Callable[[], Iterable[RenderableType]]) -> None:
+def emit(
+    report: Any,
+    as_json: bool,
+    renderables: Callable[[], Iterable[RenderableType]],
+    highlight: bool | None = None,
+) -> None:
     """Print a command's report: with --json one JSON document on stdout (indent 1), else its
     renderables on the console (built only then: some import their renderer lazily)."""
     if as_json:
         print(json.dumps(report, indent=1))
         return
     for renderable in renderables():
-        console.print(renderable)
+        console.print(renderable, highlight=highlight)
+
+
+def options_request(request: type[RequestT], values: Mapping[str, Any], **given: Any) -> RequestT:
+    """The dataclass `request` of a command's option values (`locals()`): each field its option
+    of the same name, unless `given` sets it."""
+    named = {f.name: values[f.name] for f in fields(request) if f.name in values}  # type: ignore[arg-type]
+    return request(**{**named, **given})
 
 
 def summary(text: str) -> str:
@@ -127,5 +141,3 @@ def resolve_device(device: CliDevice) -> RunDevice:
     if device == "cuda" and not torch.cuda.is_available():
         raise CpbenchError("device 'cuda' requested but torch sees no CUDA device")
     return device
-
-

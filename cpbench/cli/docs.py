@@ -12,8 +12,6 @@ from typer.cli import get_docs_for_click
 
 from cpbench.cli.main import app
 
-GENERATED_WITH = re.compile(r"with typer (\S+); do not edit")
-"""The typer release a docs/cli.md was written by (its first line)."""
 CLI_MD = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 REGENERATE = "python -m cpbench.cli.docs"
 TAG = re.compile(r"<(?=[A-Za-z/!])")

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import json
-
 from cpbench.cli import options as o
-from cpbench.cli.common import command, console
+from cpbench.cli.common import command, emit
 
 
 @command
-def doctor(
-    as_json: o.Json = False,
-) -> None:
+def doctor(as_json: o.Json = False) -> None:
     """Report what a sweep needs and what this machine has: torch, CUDA, NCCL, cuDNN and the
     attention libraries' versions, the visible GPUs and their interconnect (NVLink / PCIe, as
     `nvidia-smi topo -m`), NVML, which kernels, implementations and distributed backends can
@@ -20,8 +16,4 @@ def doctor(
     from cpbench.render.doctor import render_doctor  # noqa: PLC0415
 
     report = collect()
-    if as_json:
-        print(json.dumps(report.model_dump(mode="json"), indent=1))
-        return
-    for renderable in render_doctor(report):
-        console.print(renderable, highlight=False)
+    emit(report.model_dump(mode="json"), as_json, lambda: render_doctor(report), highlight=False)

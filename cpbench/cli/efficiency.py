@@ -45,9 +45,9 @@ def efficiency(
     --world-size, --dtype, --impl and --layout repeat (defaults: 2 and 4; float32 and bfloat16;
     cpbench, torch_cp, torch_cp:alltoall, ring_flash_attn, yunchang, plus transformer_engine
     on CUDA; zigzag and contiguous, where R > 1); --kv-heads defaults to --heads."""
-    from cpbench.bench.pool import start_forkserver_early  # noqa: PLC0415
-
-    start_forkserver_early(device)  # its imports beside this process's (bench/pool.py)
+    dtypes: list[Dtype] = _choices(dtype, DTYPES, "--dtype")  # type: ignore[assignment]
+    layouts: list[Layout] = _choices(layout, LAYOUTS, "--layout")  # type: ignore[assignment]
+    run_device = resolve_device(device)  # starts the CPU ranks' forkserver before these imports
     from cpbench.app.efficiency.cases import (  # noqa: PLC0415
         DEFAULT_IMPLS,
         DEFAULT_LAYOUTS,
@@ -58,9 +58,6 @@ def efficiency(
     from cpbench.app.efficiency.profile import profile_steps  # noqa: PLC0415
     from cpbench.render.efficiency import efficiency_tables, profile_table  # noqa: PLC0415
 
-    dtypes: list[Dtype] = _choices(dtype, DTYPES, "--dtype")  # type: ignore[assignment]
-    layouts: list[Layout] = _choices(layout, LAYOUTS, "--layout")  # type: ignore[assignment]
-    run_device = resolve_device(device)
     impls = tuple(impl) if impl else DEFAULT_IMPLS + (GPU_IMPLS if run_device == "cuda" else ())
     settings = EfficiencySettings(
         seq_len=seq_len,

@@ -42,5 +42,3 @@ def formulas(
     ).masked(mask)
     report = formulas_report(problem)
     emit(report.model_dump(mode="json"), as_json, lambda: render_formulas(report))
-
-

@@ -44,5 +44,3 @@ def main() -> None:
         err_console.print("cpbench: aborted")
         sys.exit(1)
     sys.exit(code if isinstance(code, int) else 0)
-
-

@@ -106,8 +106,7 @@ SEQ_LEN = _option("--seq-len", help=field_help(CpProblem, "seq_len"))
 SeqLen = Annotated[int, SEQ_LEN]
 SeqLenOrNone = Annotated[int | None, SEQ_LEN]
 SeqLens = Annotated[list[int] | None, SEQ_LEN]
-BATCH = _option("--batch", help=field_help(CpProblem, "batch"))
-Batch = Annotated[int, BATCH]
+Batch = Annotated[int, _option("--batch", help=field_help(CpProblem, "batch"))]
 HEADS = _option("--heads", help=field_help(CpProblem, "heads"))
 Heads = Annotated[int, HEADS]
 HeadsOrNone = Annotated[int | None, HEADS]
@@ -126,49 +125,40 @@ DtypeName = Annotated[str, DTYPE]
 DtypeChoice = Annotated[Dtype, DTYPE]
 DtypeOrNone = Annotated[Dtype | None, DTYPE]
 Dtypes = Annotated[list[str] | None, DTYPE]
-CAUSAL = _option("--causal/--no-causal", help=field_help(CpProblem, "causal"))
-Causal = Annotated[bool, CAUSAL]
-DOCUMENTS = _option(
+Causal = Annotated[bool, _option("--causal/--no-causal", help=field_help(CpProblem, "causal"))]
+Documents = Annotated[str | None, _option(
     "--documents",
     help=field_help(CpProblem, "documents")
     + " Given as lengths (512,1024,...), a file of lengths (JSON list or one per line) or a "
     "distribution (lognormal:mean=1024,max=8192, powerlaw:alpha=1.5,min=64, "
     "uniform:min=64,max=4096; drawn with --seed) packed into --seq-len.",
-)
-Documents = Annotated[str | None, DOCUMENTS]
-LENGTHS = _option(
+)]
+Lengths = Annotated[str | None, _option(
     "--lengths",
     help="recommend: dynamic CP for a batch of whole sequences of these lengths (a "
     "distribution such as lognormal:mean=1024,sigma=1.5,min=128,max=8192 drawn with --seed to "
     "--step-tokens, a file: one per line, a JSON list or a CSV length column, or 512,9000,...): "
     "static CP, Megatron's dynamic-CP rule and cpbench's scheduler ranked by predicted step "
     "(docs/dynamic-cp.md).",
-)
-Lengths = Annotated[str | None, LENGTHS]
-TOKENS_PER_RANK = _option(
+)]
+TokensPerRank = Annotated[int, _option(
     "--tokens-per-rank",
     help="--lengths: the most tokens a GPU holds in a micro-batch (Megatron's "
     "--max-seqlen-per-dp-cp-rank); a sequence of s tokens needs ceil(s / this) GPUs.",
-)
-TokensPerRank = Annotated[int, TOKENS_PER_RANK]
-STATIC_CP = _option(
+)]
+StaticCp = Annotated[int | None, _option(
     "--static-cp",
     help="--lengths: the static policy's CP degree (default: the power of two holding the "
     "longest sequence).",
-)
-StaticCp = Annotated[int | None, STATIC_CP]
-STEP_TOKENS = _option(
+)]
+StepTokens = Annotated[int | None, _option(
     "--step-tokens",
     help="--lengths: the step's token budget, what a distribution is drawn to and a file read "
     "to (default: 8 micro-batches of --gpus x --tokens-per-rank).",
-)
-StepTokens = Annotated[int | None, STEP_TOKENS]
-WINDOW_OPTION = _option("--window", help=field_help(CpProblem, "window"))
-WindowOption = Annotated[int | None, WINDOW_OPTION]
-ULYSSES = _option("--ulysses", help=field_help(CpProblem, "ulysses"))
-Ulysses = Annotated[int, ULYSSES]
-RING = _option("--ring", help=field_help(CpProblem, "ring"))
-Ring = Annotated[int, RING]
+)]
+WindowOption = Annotated[int | None, _option("--window", help=field_help(CpProblem, "window"))]
+Ulysses = Annotated[int, _option("--ulysses", help=field_help(CpProblem, "ulysses"))]
+Ring = Annotated[int, _option("--ring", help=field_help(CpProblem, "ring"))]
 LAYOUT = _option("--layout", help=field_help(MeshCandidate, "layout"))
 LayoutChoice = Annotated[Layout, LAYOUT]
 Layouts = Annotated[list[str] | None, LAYOUT]
@@ -213,15 +203,14 @@ IMPL = _option(
 )
 ImplChoice = Annotated[Impl, IMPL]
 Impls = Annotated[list[str] | None, IMPL]
-CACHED_LEN = _option("--cached-len", help=field_help(InferenceStep, "cached_len"))
-CachedLen = Annotated[int, CACHED_LEN]
+CachedLen = Annotated[int, _option("--cached-len", help=field_help(InferenceStep, "cached_len"))]
 NEW_TOKENS = _option("--new-tokens", help=field_help(InferenceStep, "new_tokens"))
 NewTokens = Annotated[int | None, NEW_TOKENS]
 SCHEME = _option("--scheme", help=field_help(InferenceStep, "scheme"))
 SchemeOption = Annotated[PrefillScheme, SCHEME]
 CACHE_LAYOUT = _option("--cache-layout", help=field_help(InferenceStep, "cache_layout"))
 CacheLayoutChoice = Annotated[CacheLayout, CACHE_LAYOUT]
-INFERENCE = _option(
+Inference = Annotated[bool, _option(
     "--inference/--no-inference",
     help="Inference instead of training. recommend ranks a serving request: prefill schemes "
     "(pass-KV, pass-Q, all-gather, Ulysses) and CP degrees by TTFT, or with --decode-batch the "
@@ -229,25 +218,21 @@ INFERENCE = _option(
     "vLLM / SGLang settings. verify also checks prefill with a cached prefix (P = 0, T = 1, "
     "uneven shards, GQA) and decode steps of 1-8 tokens over contiguous and interleaved KV "
     "caches: outputs against the float64 reference, bytes sent against the analytic model.",
-)
-Inference = Annotated[bool, INFERENCE]
-PROMPT_LEN = _option(
+)]
+PromptLen = Annotated[int | None, _option(
     "--prompt-len", help="--inference: new tokens T of the turn (the prompt, or its new part)."
-)
-PromptLen = Annotated[int | None, PROMPT_LEN]
-DECODE_BATCH = _option(
+)]
+DecodeBatch = Annotated[int | None, _option(
     "--decode-batch",
     help="--inference: rank the decode step of this many sequences, each with P + T cached "
     "tokens, instead of the prefill.",
-)
-DecodeBatch = Annotated[int | None, DECODE_BATCH]
+)]
 LAYERS = _option("--layers", help="--inference: attention layers (KV capacity; tokens/s).")
 Layers = Annotated[int | None, LAYERS]
-KV_MEMORY_GIB = _option(
+KvMemoryGib = Annotated[float | None, _option(
     "--kv-memory-gib",
     help="--inference: GiB per GPU the KV cache may use (default: the device memory).",
-)
-KvMemoryGib = Annotated[float | None, KV_MEMORY_GIB]
+)]
 
 # ---------------------------------------------------------------- where and how it runs
 
@@ -262,14 +247,11 @@ WORLD_SIZE = _option(
 WorldSizeOption = Annotated[int, WORLD_SIZE]
 WorldSizeOrNone = Annotated[int | None, WORLD_SIZE]
 WorldSizes = Annotated[list[int] | None, WORLD_SIZE]
-THREADS = _option("--threads", help="CPU threads per rank.")
-Threads = Annotated[int, THREADS]
+Threads = Annotated[int, _option("--threads", help="CPU threads per rank.")]
 WARMUP = _option("--warmup", help="Untimed steps first (of each case, in efficiency).")
 Warmup = Annotated[int, WARMUP]
-ITERS = _option("--iters", help="Timed iterations at least.")
-Iters = Annotated[int, ITERS]
-ROUNDS = _option("--rounds", help="Interleaved timed rounds (best-of-N).")
-Rounds = Annotated[int, ROUNDS]
+Iters = Annotated[int, _option("--iters", help="Timed iterations at least.")]
+Rounds = Annotated[int, _option("--rounds", help="Interleaved timed rounds (best-of-N).")]
 BUDGET = _option("--budget", help="Seconds of measurement (rank start-up excluded).")
 Budget = Annotated[float, BUDGET]
 BudgetOrNone = Annotated[float | None, BUDGET]
@@ -280,50 +262,44 @@ TIMEOUT = _option(
 )
 Timeout = Annotated[float, TIMEOUT]
 TimeoutOrNone = Annotated[float | None, TIMEOUT]
-PRECISION = _option(
+PrecisionOption = Annotated[str | None, _option(
     "--precision",
     help="Target relative width of each median's 95% interval, e.g. 0.05 (5%), or 'off' for a "
     "fixed count of iters (default: the scenario's, 0.05).",
-)
-PrecisionOption = Annotated[str | None, PRECISION]
+)]
 RESUME = _option("--resume/--no-resume", help="Skip configurations already in --out.")
 Resume = Annotated[bool, RESUME]
-YES = _option(
+Yes = Annotated[bool, _option(
     "--yes",
     "-y",
     help="Start without asking: a sweep run from a terminal asks before more than 1,000 "
     "configurations (a run outside a terminal never asks).",
-)
-Yes = Annotated[bool, YES]
-SEPARATE_TIES = _option(
+)]
+SeparateTies = Annotated[bool, _option(
     "--separate-ties",
     help="Re-measure the tied leaders of each group interleaved (A B A B) to separate them; a "
     "group's records are written when its block of points ends.",
-)
-SeparateTies = Annotated[bool, SEPARATE_TIES]
-MASKS_OPTION = _option(
+)]
+Masks = Annotated[bool, _option(
     "--masks/--no-masks",
     help="Also check the packed-document and sliding-window masks (every scheme x layout x "
     "mask x GQA case; --no-masks: causal and full only).",
-)
-Masks = Annotated[bool, MASKS_OPTION]
-PROFILE = _option(
+)]
+Profile = Annotated[bool, _option(
     "--profile",
     help="Instead: profile --rounds steps of a ring case and of a Ulysses case (first world "
     "size and dtype) with torch.profiler and show each one's median step.",
-)
-Profile = Annotated[bool, PROFILE]
+)]
 
 # ---------------------------------------------------------------- files and output
 
 JSON = _option("--json", help="One JSON document on stdout instead of the tables.")
 Json = Annotated[bool, JSON]
-OUT = _option(
+Out = Annotated[Path | None, _option(
     "--out",
     help="JSONL results file to write (sweep's default: results/<name>-<time>.jsonl); "
     "efficiency also writes its JSON document there.",
-)
-Out = Annotated[Path | None, OUT]
+)]
 OUTPUT = _option(
     "-o",
     "--output",
@@ -332,72 +308,59 @@ OUTPUT = _option(
 )
 Output = Annotated[str, OUTPUT]
 OutputOrNone = Annotated[str | None, OUTPUT]
-NAME = _option(
+Name = Annotated[str | None, _option(
     "--name",
     help="Name of the written profile (default: PRIOR-calibrated, PRIOR-probe).",
-)
-Name = Annotated[str | None, NAME]
-TITLE = _option("--title", help="Page title (default: the scenario names).")
-Title = Annotated[str | None, TITLE]
-OPEN = _option("--open", help="Open the written page in the default web browser.")
-Open = Annotated[bool, OPEN]
-RESULTS = _option(
+)]
+Title = Annotated[str | None, _option("--title", help="Page title (default: the scenario names).")]
+Open = Annotated[bool, _option("--open", help="Open the written page in the default web browser.")]
+Results = Annotated[list[str] | None, _option(
     "--results",
     help="JSONL results of `cpbench sweep` (repeatable): calibrate the profile on them; "
     "configurations they measured are ranked by measurement.",
-)
-Results = Annotated[list[str] | None, RESULTS]
-WRITE_SCENARIO = _option(
+)]
+WriteScenario = Annotated[str | None, _option(
     "--write-scenario",
     metavar="PATH",
     help="Write a scenario TOML for `cpbench sweep` that measures exactly the tied leaders at "
     "this shape (a clear winner: it and the runner-up).",
-)
-WriteScenario = Annotated[str | None, WRITE_SCENARIO]
-ORACLE = _option(
+)]
+OracleOrNone = Annotated[Path | None, _option(
     "--oracle",
     metavar="FILE",
     help="Replay instead of measuring: each candidate's step time is this file's row for it "
     "(a cpbench results JSONL, or a CSV in the columns of cpbench/data/published/*.csv).",
-)
-OracleOrNone = Annotated[Path | None, ORACLE]
-MAX_RUNS = _option("--max-runs", help="Measure at most this many candidates.")
-MaxRuns = Annotated[int | None, MAX_RUNS]
-EXPLAIN = _option(
+)]
+MaxRuns = Annotated[int | None, _option("--max-runs", help="Measure at most this many candidates.")]
+Explain = Annotated[bool, _option(
     "--explain",
     help="Every column, the full explanation and each framework's caveats (default: what fits "
     "one screen).",
-)
-Explain = Annotated[bool, EXPLAIN]
-COMPARE = _option(
+)]
+Compare = Annotated[bool, _option(
     "--compare",
     help="Compare exactly two files, BEFORE AFTER: the change per configuration (matched by "
     "record id) as a table and a bar chart.",
-)
-Compare = Annotated[bool, COMPARE]
-THRESHOLD = _option(
+)]
+Threshold = Annotated[float, _option(
     "--threshold",
     help="A configuration significantly slower (95% intervals apart) by more than this "
     "relative change at the medians is a regression: exit 1.",
-)
-Threshold = Annotated[float, THRESHOLD]
+)]
 
 # ---------------------------------------------------------------- the machine and the model
 
-HARDWARE = _option(
+Hardware = Annotated[str | None, _option(
     "--hardware",
     help="Hardware profile: a built-in name (h100-sxm, h200-sxm, a100-80gb, l40s-pcie, "
     "cpu-local) or a TOML file (e.g. written by `cpbench calibrate` or `cpbench probe`). "
     "Default: h100-sxm, cpu-local for CPU results; report: inferred from the records' device "
     "names; probe: the built-in profile matching the device, whose measured numbers it replaces.",
-)
-Hardware = Annotated[str | None, HARDWARE]
-GPUS = _option("--gpus", help="GPUs in total (the world size).")
-Gpus = Annotated[int, GPUS]
-GPUS_PER_NODE = _option(
+)]
+Gpus = Annotated[int, _option("--gpus", help="GPUs in total (the world size).")]
+GpusPerNode = Annotated[int | None, _option(
     "--gpus-per-node", help="GPUs per node (default: the hardware profile's, 8 for GPUs)."
-)
-GpusPerNode = Annotated[int | None, GPUS_PER_NODE]
+)]
 TP = _option("--tp", help="Tensor-parallel size (splits the heads first; plan: default search).")
 Tp = Annotated[int, TP]
 TpOrNone = Annotated[int | None, TP]
@@ -410,21 +373,18 @@ CP = _option(
     "default search).",
 )
 CpOrNone = Annotated[int | None, CP]
-GRAD_ACCUM = _option(
+GradAccum = Annotated[int, _option(
     "--grad-accum", help="Micro-batches per optimizer step (global batch formula)."
-)
-GradAccum = Annotated[int, GRAD_ACCUM]
-TOP = _option(
+)]
+Top = Annotated[int, _option(
     "--top",
     help="Candidates (recommend), or plans and memory rejections (plan), to rank and list; 0 = "
     "all (plan then prices every plan that fits, which takes minutes past a few hundred GPUs).",
-)
-Top = Annotated[int, TOP]
-SEED = _option(
+)]
+Seed = Annotated[int, _option(
     "--seed", help="Seed of the random draws: the inputs, a --documents distribution, the "
     "holdout split.",
-)  # fmt: skip
-Seed = Annotated[int, SEED]
+)]  # fmt: skip
 MODEL = _option(
     "--model",
     help="Model: a preset (llama3-8b, llama3-70b, llama3.1-405b, qwen2.5-7b, qwen2.5-72b, "
@@ -433,97 +393,80 @@ MODEL = _option(
 )
 Model = Annotated[str, MODEL]
 ModelOrNone = Annotated[str | None, MODEL]
-RECOMPUTE = _option(
+RecomputeOption = Annotated[str | None, _option(
     "--recompute", help="Activation recompute: none, selective or full (default: search them)."
-)
-RecomputeOption = Annotated[str | None, RECOMPUTE]
-ZERO = _option(
+)]
+Zero = Annotated[int, _option(
     "--zero",
     help="ZeRO stage over DP x CP: 0, 1 (Megatron's distributed optimizer), 2, 3 (FSDP).",
-)
-Zero = Annotated[int, ZERO]
-MICRO_BATCH = _option("--micro-batch", help="Sequences per micro-batch.")
-MicroBatch = Annotated[int, MICRO_BATCH]
-GLOBAL_BATCH = _option(
+)]
+MicroBatch = Annotated[int, _option("--micro-batch", help="Sequences per micro-batch.")]
+GlobalBatch = Annotated[int | None, _option(
     "--global-batch", help="Sequences per optimizer step (default: one per GPU)."
-)
-GlobalBatch = Annotated[int | None, GLOBAL_BATCH]
-MATMUL_EFFICIENCY_OPTION = _option(
+)]
+MatmulEfficiencyOption = Annotated[float | None, _option(
     "--matmul-efficiency",
     help="GEMM efficiency (achieved / peak) instead of the profile's estimate.",
-)
-MatmulEfficiencyOption = Annotated[float | None, MATMUL_EFFICIENCY_OPTION]
-RESERVE_GIB = _option(
+)]
+ReserveGib = Annotated[float | None, _option(
     "--reserve-gib", help="Memory kept free per GPU, GiB (default: 2 on a GPU, 0 on CPU)."
-)
-ReserveGib = Annotated[float | None, RESERVE_GIB]
-FRAMEWORK = _option(
+)]
+FrameworkOption = Annotated[str, _option(
     "--framework",
     help="Price the attention the framework runs: cpbench (own schemes), torchtitan (PyTorch "
     "context_parallel: ring, all-gather K/V, SDPA), megatron (TransformerEngine: p2p / a2a / "
     "a2a+p2p, cuDNN), deepspeed (Ulysses).",
-)
-FrameworkOption = Annotated[str, FRAMEWORK]
-ATTENTION_FACTOR = _option(
+)]
+AttentionFactor = Annotated[float | None, _option(
     "--attention-factor",
     help="Measured attention time of the framework / the cost model's (from a `cpbench sweep` "
     "over the impl axis); default: the framework's prior.",
-)
-AttentionFactor = Annotated[float | None, ATTENTION_FACTOR]
-LINEARS = _option(
+)]
+Linears = Annotated[str, _option(
     "--linears",
     help="Precision of the linear layers: bf16 or fp8 (attention stays in --dtype).",
-)
-Linears = Annotated[str, LINEARS]
-FABRIC = _option(
+)]
+FabricOption = Annotated[str | None, _option(
     "--fabric",
     help="How the nodes are wired: hgx-rail (8-GPU nodes, 400 Gb/s per GPU, rail-optimised), "
     "roce-clos (not rail-optimised), nvl72 (72-GPU NVLink domains); default: the hardware "
     "profile's inter-node link.",
-)
-FabricOption = Annotated[str | None, FABRIC]
-MEMORY_MARGIN = _option(
+)]
+MemoryMarginOption = Annotated[str, _option(
     "--memory-margin",
     help="What a plan must fit: capacity (tensors + --reserve-gib within the device memory) or "
     "safe (tensors within 80% of it: Fujii et al. 2024 saw no OOM below that over 454 runs).",
-)
-MemoryMarginOption = Annotated[str, MEMORY_MARGIN]
-MAX_SEQ_LEN_OPTION = _option(
+)]
+MaxSeqLen = Annotated[bool, _option(
     "--max-seq-len",
     help="Rank the plans by the longest sequence each holds under the safe margin (then by "
     "step time) instead of by step time.",
-)
-MaxSeqLen = Annotated[bool, MAX_SEQ_LEN_OPTION]
-EXHAUSTIVE = _option(
+)]
+Exhaustive = Annotated[bool, _option(
     "--exhaustive/--no-exhaustive",
     help="Price every plan that fits instead of pruning the ones whose lower bound cannot rank "
     "(the same answer, slower; for checking).",
-)
-Exhaustive = Annotated[bool, EXHAUSTIVE]
+)]
 
 # ---------------------------------------------------------------- validation
 
-HOLDOUT = _option(
+Holdout = Annotated[bool, _option(
     "--holdout", help="Calibrate on part of the configurations, predict the held-out rest."
-)
-Holdout = Annotated[bool, HOLDOUT]
-HOLDOUT_FRACTION = _option(
+)]
+HoldoutFraction = Annotated[float, _option(
     "--holdout-fraction",
     help="Share of the configurations held out (a value other than 0.5 implies --holdout).",
-)
-HoldoutFraction = Annotated[float, HOLDOUT_FRACTION]
+)]
 SPLIT = _option("--split", help="Holdout split: stratified by U x R mesh, or random.")
 SplitChoice = Annotated[Split, SPLIT]
-CALIBRATE = _option(
+CalibrateFirst = Annotated[bool, _option(
     "--calibrate", help="Calibrate on all the results first (in-sample check of the fit)."
-)
-CalibrateFirst = Annotated[bool, CALIBRATE]
-PUBLISHED = _option(
+)]
+Published = Annotated[bool, _option(
     "--published",
     help="Score the model on the shipped published measurements (per machine: the prior alone "
     "and leave-one-group-out calibrated; sources per row).",
-)
-Published = Annotated[bool, PUBLISHED]
+)]
 
 # ---------------------------------------------------------------- the program
 
@@ -536,10 +479,9 @@ def _print_version(value: bool) -> None:
         raise typer.Exit(0)
 
 
-VERSION = _option(
+Version = Annotated[bool, _option(
     "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
-)
-Version = Annotated[bool, VERSION]
+)]
 
 # ---------------------------------------------------------------- the step kind's options
 

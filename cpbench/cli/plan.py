@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from cpbench.cli import options as o
-from cpbench.cli.common import command, emit
+from cpbench.cli.common import command, emit, options_request
 
 
 @command
@@ -51,31 +51,15 @@ def plan(
     from cpbench.model.plan.framework import FRAMEWORKS, LINEAR_PRECISIONS  # noqa: PLC0415
     from cpbench.model.plan.memory import MEMORY_MARGINS, check_recompute  # noqa: PLC0415
 
-    request = service.PlanRequest(
-        model=model,
-        seq_len=seq_len,
-        gpus=gpus,
-        gpus_per_node=gpus_per_node,
-        hardware=hardware,
+    request = options_request(
+        service.PlanRequest,
+        locals(),
         recompute=check_recompute(recompute) if recompute is not None else None,
-        zero=zero,
-        micro_batch=micro_batch,
-        global_batch=global_batch,
-        dtype=dtype,
-        kernel=kernel,
-        tp=tp,
-        cp=cp,
-        pp=pp,
-        matmul_efficiency=matmul_efficiency,
-        reserve_gib=reserve_gib,
         keep=max(top, 0),
         framework=check_choice("framework", framework, FRAMEWORKS),
-        attention_factor=attention_factor,
         linears=check_choice("linear precision", linears, LINEAR_PRECISIONS),
-        fabric=fabric,
         memory_margin=check_choice("memory margin", memory_margin, MEMORY_MARGINS),
         rank_by="max_seq_len" if max_seq_len else "step",
-        exhaustive=exhaustive,
     )
     if top < 0:
         from cpbench.errors import CpbenchError  # noqa: PLC0415

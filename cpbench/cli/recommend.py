@@ -4,10 +4,12 @@ is in `cpbench.app.recommend`, the output in `cpbench.render.recommend`."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from typing import Any
 
 from cpbench.cli import options as o
-from cpbench.cli.common import command, console, emit
-from cpbench.config.vocabulary import CP_COMM_CHOICES
+from cpbench.cli.common import command, console, emit, options_request
+from cpbench.config.vocabulary import CP_COMM_CHOICES, CpComm, CpCommChoice
 from cpbench.render.recommend.screen import render_recommendation
 
 
@@ -101,10 +103,7 @@ def recommend(
                 f"{', '.join(step_flags)}: not used with --lengths (the batch's sequences are "
                 f"its lengths, each group's mesh is the policy's): leave them out"
             )
-        _dynamic_recommend(
-            lengths, heads, kv_heads, head_dim, dtype, gpus, tokens_per_rank, static_cp,
-            step_tokens, seed, hardware, as_json,
-        )  # fmt: skip
+        _dynamic_recommend(locals(), as_json)
         return
     if inference:
         if given:
@@ -113,42 +112,12 @@ def recommend(
                 f"request is --prompt-len T new tokens on --cached-len P): leave them out with "
                 f"--inference"
             )
-        _serving_recommend(
-            service_args={
-                "heads": heads, "kv_heads": kv_heads, "prompt_len": prompt_len,
-                "cached_len": cached_len, "decode_batch": decode_batch, "head_dim": head_dim,
-                "batch": batch, "gpus": gpus, "gpus_per_node": gpus_per_node,
-                "hardware": hardware, "dtype": dtype, "kernel": kernel, "layers": layers,
-                "kv_memory_gib": kv_memory_gib, "top": top,
-            },
-            explain=explain,
-            as_json=as_json,
-        )  # fmt: skip
+        _serving_recommend(locals(), explain, as_json)
         return
     if given:
         raise CpbenchError(f"{', '.join(given)} need --inference (they describe a serving request)")
-    request = service.RecommendRequest(
-        heads=heads,
-        kv_heads=kv_heads,
-        seq_len=seq_len,
-        head_dim=head_dim,
-        batch=batch,
-        gpus=gpus,
-        gpus_per_node=gpus_per_node,
-        hardware=hardware,
-        dtype=dtype,
-        causal=causal,
-        documents=documents,
-        window=window,
-        seed=seed,
-        tp=tp,
-        pp=pp,
-        cp=cp,
-        grad_accum=grad_accum,
-        phase=phase,
-        results=tuple(results or ()),
-        top=top,
-        cp_comms=None if cp_comm is None else CP_COMM_CHOICES[cp_comm],
+    request = options_request(
+        service.RecommendRequest, locals(), results=tuple(results or ()), cp_comms=cp_comms(cp_comm)
     )
     rec = service.recommend_mesh(request)
     written = service.write_tie_scenario(rec, write_scenario) if write_scenario else None
@@ -164,7 +133,12 @@ def recommend(
                       markup=False, highlight=False)
 
 
-def _serving_recommend(service_args: dict[str, object], explain: bool, as_json: bool) -> None:
+def cp_comms(cp_comm: CpCommChoice | None) -> tuple[CpComm, ...] | None:
+    """The request's `cp_comms` of a --cp-comm choice (None: the request's default)."""
+    return None if cp_comm is None else CP_COMM_CHOICES[cp_comm]
+
+
+def _serving_recommend(options: Mapping[str, Any], explain: bool, as_json: bool) -> None:
     """`recommend --inference`: the serving service, rendered or as JSON."""
     from cpbench.app.recommend.inference import (  # noqa: PLC0415
         InferenceRequest,
@@ -174,18 +148,14 @@ def _serving_recommend(service_args: dict[str, object], explain: bool, as_json: 
     from cpbench.errors import CpbenchError  # noqa: PLC0415
     from cpbench.render.recommend.inference import render_inference  # noqa: PLC0415
 
-    if service_args["prompt_len"] is None:
+    if options["prompt_len"] is None:
         raise CpbenchError("--inference needs --prompt-len T (the new tokens of the turn, >= 1)")
-    rec = recommend_inference(InferenceRequest(**service_args))  # type: ignore[arg-type]
+    rec = recommend_inference(options_request(InferenceRequest, options))
     report = inference_report(rec) if as_json else None
     emit(report, as_json, lambda: render_inference(rec, explain))
 
 
-def _dynamic_recommend(
-    lengths: str, heads: int, kv_heads: int, head_dim: int, dtype: str, gpus: int,
-    tokens_per_rank: int, static_cp: int | None, step_tokens: int | None, seed: int,
-    hardware: str | None, as_json: bool,
-) -> None:  # fmt: skip
+def _dynamic_recommend(options: Mapping[str, Any], as_json: bool) -> None:
     """`recommend --lengths`: the dynamic-CP service, rendered or as JSON."""
     from cpbench.app.recommend.dynamic import (  # noqa: PLC0415
         DynamicRequest,
@@ -194,8 +164,5 @@ def _dynamic_recommend(
     )
     from cpbench.render.recommend.dynamic import render_dynamic  # noqa: PLC0415
 
-    rec = recommend_policies(DynamicRequest(
-        lengths, heads, kv_heads, head_dim, dtype, gpus, tokens_per_rank,  # type: ignore[arg-type]
-        static_cp, step_tokens, seed, hardware,
-    ))  # fmt: skip
+    rec = recommend_policies(options_request(DynamicRequest, options))
     emit(dynamic_report(rec) if as_json else None, as_json, lambda: render_dynamic(rec))

@@ -8,8 +8,8 @@ from dataclasses import replace
 import typer
 
 from cpbench.cli import options as o
-from cpbench.cli.common import command, emit, err_console
-from cpbench.config.vocabulary import CP_COMM_CHOICES
+from cpbench.cli.common import command, emit, err_console, options_request
+from cpbench.cli.recommend import cp_comms
 
 
 @command
@@ -62,13 +62,7 @@ def tune(
     from cpbench.model.tune import DEFAULT_SETTINGS  # noqa: PLC0415
     from cpbench.render.tune import render_tune  # noqa: PLC0415
 
-    request = RecommendRequest(
-        heads=heads, kv_heads=kv_heads, seq_len=seq_len, head_dim=head_dim, batch=batch,
-        gpus=gpus, gpus_per_node=gpus_per_node, hardware=hardware, dtype=dtype,
-        causal=causal, documents=documents, window=window, seed=seed, tp=tp, pp=pp, cp=cp,
-        grad_accum=grad_accum, phase=phase, top=0,
-        cp_comms=None if cp_comm is None else CP_COMM_CHOICES[cp_comm],
-    )  # fmt: skip
+    request = options_request(RecommendRequest, locals(), top=0, cp_comms=cp_comms(cp_comm))
     settings = replace(DEFAULT_SETTINGS, max_runs=max_runs, budget_s=budget)
     if oracle is not None:
         if out is not None or resume:

@@ -86,8 +86,6 @@ def verify(
         raise typer.Exit(EXIT_WRONG_RESULT)
 
 
-
-
 def _inference_kind(record: dict) -> str:
     """A prefill record's scheme and new-token layout, a decode record's cache layout and merge."""
     return " ".join(str(record[k]) for k in ("scheme", "new_token_layout", "merge") if k in record)
