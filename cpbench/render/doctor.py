@@ -20,9 +20,8 @@ def _yes(flag: bool) -> Text:
 def versions_table(report: DoctorReport) -> FitTable:
     """cpbench, Python, torch and what it was built with, the driver, the optional libraries."""
     table = FitTable(title="versions")
-    table.add_column("component", key=True)
-    table.add_column("version")
-    table.add_column("note", wrap=True, priority=0)
+    table.add_columns(("component", "version", "note"), key=("component",), wrap=("note",),
+                      first=("note",))
     rows: list[tuple[str, str | None, str]] = [
         ("cpbench", report.cpbench, ""),
         ("python", report.python, ""),
@@ -52,10 +51,9 @@ def versions_table(report: DoctorReport) -> FitTable:
 
 def gpus_table(report: DoctorReport) -> FitTable:
     table = FitTable(title="GPUs")
-    for header in ("GPU", "name", "memory", "in use", "cc", "PCI bus", "NUMA"):
-        table.add_column(header, key=header == "GPU", wrap=header == "name",
-                         justify="right" if header in ("memory", "in use") else "left",
-                         priority=0 if header in ("name", "memory") else 1)
+    table.add_columns(("GPU", "name", "memory", "in use", "cc", "PCI bus", "NUMA"),
+                      right=("memory", "in use"), key=("GPU",), wrap=("name",),
+                      first=("name", "memory"))
     for g in report.gpus:
         bus = g.pci_bus_id[-12:] if g.pci_bus_id else "-"  # without NVML's 8-digit domain
         table.add_row(
@@ -89,9 +87,8 @@ def kernels_table(report: DoctorReport) -> FitTable:
     for `auto`), and why not for the
     others (the reason at the device's default dtype; the JSON form has every dtype's)."""
     table = FitTable(title=f"local kernels on {report.device} (--kernel, backend axis)")
-    table.add_column("kernel", key=True)
-    table.add_column("usable with (runs as)")
-    table.add_column("not usable: why", wrap=True, priority=0)
+    table.add_columns(("kernel", "usable with (runs as)", "not usable: why"), key=("kernel",),
+                      wrap=("not usable: why",), first=("not usable: why",))
     default = DEFAULT_DTYPE[report.device]
     for name in dict.fromkeys(k.name for k in report.kernels):
         rows = [k for k in report.kernels if k.name == name]
@@ -116,10 +113,8 @@ def kernels_table(report: DoctorReport) -> FitTable:
 def impls_table(report: DoctorReport) -> FitTable:
     table = FitTable(title="implementations (--impl, impl axis)",
                      caption=f"checked on: {report.probe_config}")
-    table.add_column("impl", key=True)
-    table.add_column("version")
-    table.add_column("usable")
-    table.add_column("not usable: why", wrap=True, priority=0)
+    table.add_columns(("impl", "version", "usable", "not usable: why"), key=("impl",),
+                      wrap=("not usable: why",), first=("not usable: why",))
     for i in report.impls:
         table.add_row(i.name, i.version or "-", _yes(i.usable), Text(i.reason or ""))
     return table
@@ -127,10 +122,8 @@ def impls_table(report: DoctorReport) -> FitTable:
 
 def backends_table(report: DoctorReport) -> FitTable:
     table = FitTable(title="torch.distributed backends")
-    table.add_column("backend", key=True)
-    table.add_column("built")
-    table.add_column("usable")
-    table.add_column("not usable: why", wrap=True)
+    table.add_columns(("backend", "built", "usable", "not usable: why"), key=("backend",),
+                      wrap=("not usable: why",))
     for b in report.backends:
         table.add_row(b.name, _yes(b.built), _yes(b.usable), Text(b.reason or ""))
     return table

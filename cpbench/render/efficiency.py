@@ -33,9 +33,8 @@ def efficiency_tables(report: Mapping[str, Any]) -> list[RenderableType]:
                 f"{s['rounds']} rounds (load {load0:.1f} -> {load1:.1f})"
             ),
         )
-        table.add_column("case", key=True)
-        for col in ("best ms", "median ms", "spread %", "eff best", "eff med", "vs peer"):
-            table.add_column(col, justify="right")
+        table.add_columns(("case", "best ms", "median ms", "spread %", "eff best", "eff med",
+                           "vs peer"), left=("case",), key=("case",))
         for t in (g["baseline"], *g["cases"]):
             if t["status"] != "ok":
                 continue
@@ -50,22 +49,18 @@ def efficiency_tables(report: Mapping[str, Any]) -> list[RenderableType]:
                 vs,
             )
         out.append(table)
-        others = [t for t in g["cases"] if t["status"] != "ok"]
+        # what was skipped or failed, one line per implementation, status and reason
+        others: dict[tuple[str, str, str], list[Mapping[str, Any]]] = {}
+        for t in g["cases"]:
+            if t["status"] != "ok":
+                key = (t["case"]["impl"], t["status"], t["reason"] or "")
+                others.setdefault(key, []).append(t)
         if others:
             lines = Text()
-            seen: set[tuple[str, str, str]] = set()
-            for t in others:
-                key = (t["case"]["impl"], t["status"], t["reason"] or "")
-                if key in seen:
-                    continue
-                seen.add(key)
-                same = sum(
-                    1 for o in others
-                    if (o["case"]["impl"], o["status"], o["reason"] or "") == key
-                )
+            for t, *more in others.values():
                 lines.append(
                     f"{t['status']}: {_label(t['case'])}"
-                    + (f" (and {same - 1} more)" if same > 1 else "")
+                    + (f" (and {len(more)} more)" if more else "")
                     + f": {t['reason']}\n"
                 )
             out.append(lines)

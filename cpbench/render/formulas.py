@@ -51,9 +51,8 @@ def _mask_table(mask: MaskSection) -> Table:
         ),
         caption=f"{mask.convention}; {mask.hops_note}",
     )
-    table.add_column("layout", key=True)
-    for column in ("imbalance", "overhead", "padding", "ring steps", "K/V hops", "bytes fwd+bwd"):
-        table.add_column(column, justify="right")
+    table.add_columns(("layout", "imbalance", "overhead", "padding", "ring steps", "K/V hops",
+                       "bytes fwd+bwd"), left=("layout",), key=("layout",))
     for row in mask.layouts:
         if isinstance(row, InfeasibleLayout):
             table.add_row(row.layout, "infeasible", "", "", "", "", row.reason)
@@ -63,15 +62,9 @@ def _mask_table(mask: MaskSection) -> Table:
             if row.padding_tokens
             else "none"
         )
-        table.add_row(
-            row.layout,
-            f"{row.imbalance:.3f}x",
-            f"{row.overhead:.3f}x",
-            padding,
-            f"{row.ring_steps} of {mask.ring}",
-            str(row.kv_hops),
-            format_bytes(row.bytes_forward_backward),
-        )
+        table.add_row(row.layout, f"{row.imbalance:.3f}x", f"{row.overhead:.3f}x", padding,
+                      f"{row.ring_steps} of {mask.ring}", str(row.kv_hops),
+                      format_bytes(row.bytes_forward_backward))
     return table
 
 
@@ -92,8 +85,8 @@ def _shapes_table(mesh: Mesh, shapes: Shapes) -> Table:
         caption=f"{mesh.tokens_per_rank} tokens per rank, ring shard "
         f"{mesh.ring_shard_tokens} tokens",
     )
-    for column in ("tensor", "local (sequence shard)", "after all-to-all (head shard)"):
-        table.add_column(column, key=column == "tensor")
+    table.add_columns(("tensor", "local (sequence shard)", "after all-to-all (head shard)"),
+                      key=("tensor",))
     table.add_row("q", _shape_text(shapes.q.local), _shape_text(shapes.q.after_all_to_all))
     for name, kv in (("k", shapes.k), ("v", shapes.v)):
         local = _shape_text(kv.local)
@@ -120,16 +113,12 @@ def _gather_table(gather: GatherSection) -> Table:
             f"{format_bytes(gather.ring_peak_forward_backward)} fwd+bwd; {gather.note}"
         ),
     )
-    table.add_column("heads_k_stride", key=True)
-    for column in ("gathers per pass", "gathered K/V", "peak fwd+bwd"):
-        table.add_column(column, justify="right")
+    table.add_columns(("heads_k_stride", "gathers per pass", "gathered K/V", "peak fwd+bwd"),
+                      left=("heads_k_stride",), key=("heads_k_stride",))
     for row in gather.strides:
-        table.add_row(
-            f"{row.heads_k_stride}" + (" (this)" if row.selected else ""),
-            str(row.gathers),
-            format_bytes(row.gathered_kv_bytes),
-            format_bytes(row.peak_forward_backward),
-        )
+        table.add_row(f"{row.heads_k_stride}" + (" (this)" if row.selected else ""),
+                      str(row.gathers), format_bytes(row.gathered_kv_bytes),
+                      format_bytes(row.peak_forward_backward))
     return table
 
 
@@ -151,74 +140,40 @@ def _communication_table(report: FormulasReport) -> Table:
     for phase, totals in comm.by_pass().items():
         for stage in totals.stages:
             for c in stage.collectives:
-                table.add_row(
-                    phase,
-                    f"{c.name} ({c.kind})",
-                    str(c.calls),
-                    c.formula,
-                    c.substituted,
-                    format_count(c.elements_sent),
-                    format_bytes(c.bytes_sent),
-                )
-            table.add_row(
-                phase,
-                f"{stage.stage} total",
-                "",
-                stage.bytes_formula + " bytes",
-                stage.bytes_substituted,
-                format_count(stage.elements_sent),
-                format_bytes(stage.bytes_sent),
-                style="bold",
-            )
+                table.add_row(phase, f"{c.name} ({c.kind})", str(c.calls), c.formula,
+                              c.substituted, format_count(c.elements_sent),
+                              format_bytes(c.bytes_sent))
+            table.add_row(phase, f"{stage.stage} total", "", stage.bytes_formula + " bytes",
+                          stage.bytes_substituted, format_count(stage.elements_sent),
+                          format_bytes(stage.bytes_sent), style="bold")
         table.add_row(
-            phase,
-            "per rank / all ranks",
-            "",
-            "",
-            "",
-            format_count(totals.elements_per_rank),
+            phase, "per rank / all ranks", "", "", "", format_count(totals.elements_per_rank),
             f"{format_bytes(totals.bytes_per_rank)} / {format_bytes(totals.global_bytes)}",
-            style="bold",
-            end_section=True,
+            style="bold", end_section=True,
         )
     return table
 
 
 def _nccl_table(nccl: NcclView) -> Table:
     table = FitTable(title="nccl-tests view (per call)", caption=nccl.convention)
-    for column in ("phase", "collective", "kind", "n", "calls"):
-        table.add_column(column, key=column in ("phase", "collective"))
-    for column in ("size", "busbw / algbw", "bus bytes"):
-        table.add_column(column, justify="right")
+    table.add_columns(("phase", "collective", "kind", "n", "calls", "size", "busbw / algbw",
+                       "bus bytes"), right=("size", "busbw / algbw", "bus bytes"),
+                      key=("phase", "collective"))
     for row in nccl.collectives:
-        table.add_row(
-            row.phase,
-            row.name,
-            row.kind,
-            str(row.group_size),
-            str(row.calls),
-            format_bytes(row.size_bytes),
-            f"{row.busbw_factor:.4g}",
-            format_bytes(row.bus_bytes_per_call),
-        )
+        table.add_row(row.phase, row.name, row.kind, str(row.group_size), str(row.calls),
+                      format_bytes(row.size_bytes), f"{row.busbw_factor:.4g}",
+                      format_bytes(row.bus_bytes_per_call))
     return table
 
 
 def _flops_table(flops: Flops) -> Table:
     table = FitTable(title="Attention FLOPs, one layer", caption=flops.convention)
-    for column in ("", "forward", "backward", "forward+backward"):
-        table.add_column(column, justify="right", key=not column)
-    g = flops.global_
-    table.add_row(
-        "all ranks",
-        format_count(g.forward),
-        format_count(g.backward),
-        format_count(g.forward_backward),
-    )
-    slow = flops.slowest_rank
-    table.add_row(
-        "slowest rank", format_count(slow.forward), "", format_count(slow.forward_backward)
-    )
+    table.add_columns(("", "forward", "backward", "forward+backward"), left=(), key=("",))
+    g, slow = flops.global_, flops.slowest_rank
+    table.add_row("all ranks", format_count(g.forward), format_count(g.backward),
+                  format_count(g.forward_backward))
+    table.add_row("slowest rank", format_count(slow.forward), "",
+                  format_count(slow.forward_backward))
     return table
 
 
@@ -230,10 +185,9 @@ def _work_table(report: FormulasReport) -> Table:
         caption=f"imbalance (slowest / mean) = {work.imbalance:.4f}; ring steps "
         f"{work.ring_steps}; padding {work.padding_tokens} tokens; unit: {work.unit}",
     )
-    for column in ("ring rank", "global ranks"):
-        table.add_column(column, key=column == "ring rank")
-    for column in ("pairs per rank", "chunk units", "fwd FLOPs per rank"):
-        table.add_column(column, justify="right")
+    table.add_columns(("ring rank", "global ranks", "pairs per rank", "chunk units",
+                       "fwd FLOPs per rank"), left=("ring rank", "global ranks"),
+                      key=("ring rank",))
     for j, pairs in enumerate(work.ring_rank_pairs):
         p = j * u
         table.add_row(
@@ -249,32 +203,15 @@ def _work_table(report: FormulasReport) -> Table:
 
 def _memory_table(memory: Memory) -> Table:
     table = FitTable(title="Memory per rank, one layer (lower bound)")
-    for column in ("item", "shape", "dtype", "phase", "bytes", "alive in"):
-        table.add_column(
-            column,
-            justify="right" if column == "bytes" else "left",
-            key=column == "item",
-            wrap=column in ("item", "alive in"),
-        )
+    table.add_columns(("item", "shape", "dtype", "phase", "bytes", "alive in"), right=("bytes",),
+                      key=("item",), wrap=("item", "alive in"))
     for item in memory.items:
-        table.add_row(
-            item.name,
-            _shape_text(item.shape),
-            item.dtype,
-            item.phase,
-            format_bytes(item.bytes),
-            ", ".join(item.stages),
-        )
+        table.add_row(item.name, _shape_text(item.shape), item.dtype, item.phase,
+                      format_bytes(item.bytes), ", ".join(item.stages))
     for phase, m in (("forward", memory.forward), ("forward_backward", memory.forward_backward)):
-        table.add_row(
-            f"{phase} total / peak",
-            "",
-            "",
-            "",
-            f"{format_bytes(m.total)} / {format_bytes(m.peak)}",
-            f"peak in {m.peak_stage}",
-            style="bold",
-        )
+        table.add_row(f"{phase} total / peak", "", "", "",
+                      f"{format_bytes(m.total)} / {format_bytes(m.peak)}",
+                      f"peak in {m.peak_stage}", style="bold")
     return table
 
 

@@ -73,17 +73,11 @@ def inference_table(records: list[dict[str, Any]]) -> FitTable:
     """One row per inference record; the best of each group in bold green, ties in yellow."""
     best = _best(records)
     table = FitTable(title="cpbench inference results", caption=INFERENCE_CAPTION, index=True)
-    left = ("how", "best", "phase", "status")
     # the step's time beside its checks (error, bytes, KV-cache), then the rest
     columns = ["how", "P", "T", "TTFT|lat", "max err", "bytes/rank", "KV/rank", "best",
                "tok/s", "phase", "W", "B", "h/kv", "status"]  # fmt: skip
-    for col in columns:
-        table.add_column(
-            col,
-            justify="left" if col in left else "right",
-            wrap=col == "status",
-            key=col in ("how", "P", "T"),
-        )
+    table.add_columns(columns, left=("how", "best", "phase", "status"), wrap=("status",),
+                      key=("how", "P", "T"))
     for r in records:
         c = r["config"]
         step = c["inference"]

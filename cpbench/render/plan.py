@@ -17,17 +17,8 @@ if TYPE_CHECKING:
     from cpbench.app.plan import Plan, PlanRejection, PlanResult
     from cpbench.app.recommend.types import FrameworkSetting
 
-MEMORY_ORDER = (
-    "weights",
-    "gradients",
-    "optimizer",
-    "ZeRO-3 gathered weights",
-    "activations",
-    "recompute working set",
-    "attention buffers",
-    "logits/loss",
-    "runtime reserve",
-)
+MEMORY_ORDER = ("weights", "gradients", "optimizer", "ZeRO-3 gathered weights", "activations",
+                "recompute working set", "attention buffers", "logits/loss", "runtime reserve")
 
 
 def _seconds(value: float) -> str:
@@ -98,19 +89,16 @@ def _feasible_table(plans: Sequence[Plan], top: int,
         "the busiest rank; max L = longest sequence in tokens that fits; safe L = longest "
         "whose tensors stay within 80% of the device memory; tok/s per GPU",
     )
-    for col in ("#", "TP", "CP UxR", "layout", "PP", "DP", "recompute", "step s", "attn",
-                "tok/s", "MFU", "mem GiB", "max L", "safe L"):
-        left = col in ("CP UxR", "layout", "recompute")
-        table.add_column(col, justify="left" if left else "right",
-                         key=col in ("#", "TP", "CP UxR"))
+    table.add_columns(("#", "TP", "CP UxR", "layout", "PP", "DP", "recompute", "step s", "attn",
+                       "tok/s", "MFU", "mem GiB", "max L", "safe L"),
+                      left=("CP UxR", "layout", "recompute"), key=("#", "TP", "CP UxR"))
     for rank, p in enumerate(shown, 1):
         par, t = p.par, p.time
         table.add_row(
             str(rank), str(par.tp), f"{par.ulysses}x{par.ring}", layout(p), str(par.pp),
-            str(par.dp), par.recompute, _seconds(t.total_s),
-            format_percent(t.attention_share, 0), f"{t.tokens_per_s_per_gpu:.0f}",
-            format_percent(t.mfu, 1), format_gib(p.peak.total, 1, unit=False),
-            str(p.max_seq_len), str(p.max_seq_len_safe),
+            str(par.dp), par.recompute, _seconds(t.total_s), format_percent(t.attention_share, 0),
+            f"{t.tokens_per_s_per_gpu:.0f}", format_percent(t.mfu, 1),
+            format_gib(p.peak.total, 1, unit=False), str(p.max_seq_len), str(p.max_seq_len_safe),
         )
     return table
 
@@ -141,9 +129,7 @@ def _step_table(plan: Plan) -> FitTable:
         caption=f"{plan.par.micro_batches} micro-batch(es) per DP rank; bubble fraction "
         f"{format_percent(t.bubble_fraction)}; ms per optimizer step",
     )
-    table.add_column("part", key=True, wrap=True)
-    table.add_column("time ms", justify="right")
-    table.add_column("share", justify="right")
+    table.add_columns(("part", "time ms", "share"), left=("part",), key=("part",), wrap=("part",))
     total = t.total_s
     for key, label in PART_LABELS.items():
         value = getattr(t, f"{key}_s")
@@ -217,15 +203,14 @@ def _rejected(rejected: Sequence[PlanRejection], top: int,
         more = (f" (the {len(shown)} closest to fitting of {total}; --top 0 lists all)"
                 if len(shown) < total else "")
         table = FitTable(title=f"Rejected: out of memory{more}")
-        table.add_column("plan", key=True, wrap=True)
-        table.add_column("overflowing component", wrap=True)
+        table.add_columns(("plan", "overflowing component"), key=("plan",),
+                          wrap=("plan", "overflowing component"))
         for r in shown:
             table.add_row(Text(r.label), Text(r.rule))
         out.append(table)
     if rules:
         table = FitTable(title="Rejected: rules")
-        table.add_column("plans", key=True, wrap=True)
-        table.add_column("rule", wrap=True)
+        table.add_columns(("plans", "rule"), key=("plans",), wrap=("plans", "rule"))
         grouped: dict[str, list[str]] = {}
         for r in rules:
             grouped.setdefault(r.rule, []).append(r.label)
@@ -237,9 +222,8 @@ def _rejected(rejected: Sequence[PlanRejection], top: int,
 
 def _plan_frameworks_table(frameworks: Sequence[FrameworkSetting]) -> FitTable:
     table = FitTable(title="Settings for the winner", narrow="stack")
-    table.add_column("framework", key=True, wrap=True)
-    table.add_column("settings", wrap=True)
-    table.add_column("note", wrap=True)
+    columns = ("framework", "settings", "note")
+    table.add_columns(columns, key=("framework",), wrap=columns)
     for f in frameworks:
         settings = f.settings.replace(" --", "\n--").replace(", ", ",\n")
         if not f.expressible:  # the note says what differs
@@ -254,10 +238,9 @@ def render_published_plans(section: Mapping[str, Any]) -> list[RenderableType]:
     table = FitTable(
         title=f"{section['title']} ({section['table']})", caption=section["error_convention"]
     )
-    for col in ("run", "role", "plan", "metric", "published", "predicted", "error",
-                "mem pub GiB", "mem pred GiB (tensors / +reserve)"):  # fmt: skip
-        table.add_column(col, justify="left" if col in ("run", "role", "plan", "metric")
-                         else "right", key=col == "run", wrap=col == "plan")  # fmt: skip
+    table.add_columns(("run", "role", "plan", "metric", "published", "predicted", "error",
+                       "mem pub GiB", "mem pred GiB (tensors / +reserve)"),
+                      left=("run", "role", "plan", "metric"), key=("run",), wrap=("plan",))
     for r in section["rows"]:
         metric, published, predicted, error = (
             "tokens/s/GPU", r["published_tokens_per_s_per_gpu"],

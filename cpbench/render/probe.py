@@ -11,26 +11,22 @@ from cpbench.render.tables import FitTable
 from cpbench.units import format_bytes
 
 
+def _collective(kind: str) -> str:
+    return "all-to-all" if kind == "all_to_all" else "send/recv"
+
+
 def _collectives(rows: list[CommRow]) -> FitTable:
     table = FitTable(
         title="Collectives: median per call of the max over ranks; GB = 1e9 bytes",
         narrow="split",
     )
-    table.add_column("collective", key=True)
-    table.add_column("UxR", key=True)
-    for column in ("size", "time (ms)", "algbw (GB/s)", "busbw (GB/s)"):
-        table.add_column(column, justify="right")
+    table.add_columns(("collective", "UxR", "size", "time (ms)", "algbw (GB/s)", "busbw (GB/s)"),
+                      left=("collective", "UxR"), key=("collective", "UxR"))
     table.add_column("reps", justify="right", priority=2)
     for row in rows:
-        table.add_row(
-            "all-to-all" if row.kind == "all_to_all" else "send/recv",
-            row.mesh,
-            format_bytes(row.size_bytes, ".3g"),
-            f"{row.time_s * 1e3:.3f}",
-            f"{row.algbw_GBps:.2f}",
-            f"{row.busbw_GBps:.2f}",
-            str(row.repetitions),
-        )
+        table.add_row(_collective(row.kind), row.mesh, format_bytes(row.size_bytes, ".3g"),
+                      f"{row.time_s * 1e3:.3f}", f"{row.algbw_GBps:.2f}",
+                      f"{row.busbw_GBps:.2f}", str(row.repetitions))
     return table
 
 
@@ -39,21 +35,12 @@ def _links(rows: list[LinkRow]) -> FitTable:
         title="Links: least-squares latency + bytes / busbw (busbw in GB/s, 1e9 bytes)",
         narrow="split",
     )
-    table.add_column("tier", key=True)
-    table.add_column("collective", key=True)
-    for column in ("points", "latency (us)", "prior (us)", "busbw", "prior", "RMS err"):
-        table.add_column(column, justify="right")
+    table.add_columns(("tier", "collective", "points", "latency (us)", "prior (us)", "busbw",
+                       "prior", "RMS err"), left=("tier", "collective"), key=("tier", "collective"))
     for row in rows:
-        table.add_row(
-            row.tier,
-            "all-to-all" if row.kind == "all_to_all" else "send/recv",
-            str(row.points),
-            f"{row.latency_us:.1f}",
-            f"{row.prior_latency_us:.1f}",
-            f"{row.busbw_GBps:.3g}",
-            f"{row.prior_busbw_GBps:.3g}",
-            f"{row.residual:.1%}",
-        )
+        table.add_row(row.tier, _collective(row.kind), str(row.points), f"{row.latency_us:.1f}",
+                      f"{row.prior_latency_us:.1f}", f"{row.busbw_GBps:.3g}",
+                      f"{row.prior_busbw_GBps:.3g}", f"{row.residual:.1%}")
     return table
 
 
@@ -70,17 +57,10 @@ def _kernels(kernel: Kernel, settings: Settings) -> FitTable:
     table.add_column("L/R", key=True, justify="right")
     table.add_column("heads/rank", justify="right")
     table.add_column("meshes", wrap=True, priority=2)
-    for column in ("time (ms)", "TFLOP/s", "efficiency"):
-        table.add_column(column, justify="right")
+    table.add_columns(("time (ms)", "TFLOP/s", "efficiency"), left=())
     for row in kernel.shapes:
-        table.add_row(
-            str(row.seq_len),
-            f"{row.heads}/{row.kv_heads}",
-            ", ".join(row.meshes),
-            f"{row.time_s * 1e3:.1f}",
-            f"{row.tflops:.4f}",
-            f"{row.efficiency:.1%}",
-        )
+        table.add_row(str(row.seq_len), f"{row.heads}/{row.kv_heads}", ", ".join(row.meshes),
+                      f"{row.time_s * 1e3:.1f}", f"{row.tflops:.4f}", f"{row.efficiency:.1%}")
     return table
 
 
@@ -93,19 +73,15 @@ def render_probe(report: ProbeReport) -> list[RenderableType]:
         f"{', '.join(str(n) for n in s.seq_lens)} {s.dtype}; prior {report.prior.name} "
         f"({report.prior.reason})"
     )
-    out: list[RenderableType] = [
-        head,
-        _collectives(report.comm),
-        _links(report.links),
-        _kernels(report.kernel, s),
-    ]
     curve = report.kernel.curve
     points = ", ".join(
         f"{n}: {e:.1%}" for n, e in zip(curve.seq_len, curve.efficiency, strict=True)
     )
-    out.append(Text(f"Efficiency curve written (L/R: efficiency): {points}"))
-    for note in report.notes:
-        out.append(Text(f"note: {note}", style="dim"))
+    out: list[RenderableType] = [
+        head, _collectives(report.comm), _links(report.links), _kernels(report.kernel, s),
+        Text(f"Efficiency curve written (L/R: efficiency): {points}"),
+        *(Text(f"note: {note}", style="dim") for note in report.notes),
+    ]
     timing = (
         f"Wall time {report.wall_s:.1f} s (measurement {report.measure_s:.1f} s, the rest "
         f"starting the ranks)."

@@ -5,6 +5,7 @@ whole at 80 columns or in a pipe without cutting a word or a number. Only the CL
 from __future__ import annotations
 
 import re
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -36,28 +37,24 @@ class _Col:
     wrap: bool = False
     priority: int = 1
 
-    def _texts(self) -> list[Text]:
-        return [self.header, *self.cells]
-
     @property
     def natural(self) -> int:
         """Width with every cell and the header on one line."""
-        return max((cell_len(line) for t in self._texts() for line in t.plain.split("\n")),
-                   default=0)
+        return _widest([self.header, *self.cells])
 
     @property
     def minimum(self) -> int:
         """Narrowest width that cuts no word: a number column keeps each cell on its line (its
         header may wrap between words); a prose column wraps between words."""
-        longest_word = max(
-            (cell_len(w) for t in self._texts() for w in t.plain.split()), default=0
-        )
         if not self.wrap:
-            cells = max(
-                (cell_len(line) for t in self.cells for line in t.plain.split("\n")), default=0
-            )
-            return max(cells, max((cell_len(w) for w in self.header.plain.split()), default=0))
-        return max(longest_word, min(self.natural, WRAP_FLOOR))
+            return max(_widest(self.cells), _widest([self.header], words=True))
+        return max(_widest([self.header, *self.cells], words=True), min(self.natural, WRAP_FLOOR))
+
+
+def _widest(texts: Iterable[Text], words: bool = False) -> int:
+    """Cells of the widest line (or with `words` the widest word) of `texts`."""
+    pieces = (piece for t in texts for piece in (t.plain.split() if words else t.plain.split("\n")))
+    return max(map(cell_len, pieces), default=0)
 
 
 def _as_text(cell: RenderableType | None) -> Text:
@@ -111,6 +108,28 @@ class FitTable(Table):
         super().add_column(header, footer, **kwargs)
         self._fit.append((key, wrap, priority))
 
+    def add_columns(
+        self,
+        headers: Iterable[str],
+        *,
+        left: Collection[str] | None = None,
+        right: Collection[str] = (),
+        key: Collection[str] = (),
+        wrap: Collection[str] = (),
+        first: Collection[str] = (),
+    ) -> None:
+        """One `add_column` per header: those in `right` right-justified (or, given `left`, all
+        but those in `left`), those in `first` with priority 0."""
+        for header in headers:
+            flush_left = header in left if left is not None else header not in right
+            self.add_column(
+                header,
+                justify="left" if flush_left else "right",
+                key=header in key,
+                wrap=header in wrap,
+                priority=0 if header in first else 1,
+            )
+
     # ------------------------------------------------------------------ layout
     def _columns(self) -> list[_Col]:
         return [
@@ -141,20 +160,16 @@ class FitTable(Table):
             spare -= grow
         return widths
 
+    def _like(self, title: TextType | None, caption: TextType | None, **settings: Any) -> Table:
+        """An empty rich `Table` with this table's box and title and caption styles."""
+        return Table(title=title, caption=caption, box=self.box, title_style=self.title_style,
+                     caption_style=self.caption_style, **settings)
+
     def _table(
         self, cols: list[_Col], widths: list[int], title: TextType | None, caption: TextType | None
     ) -> Table:
-        table = Table(
-            title=title,
-            caption=caption,
-            box=self.box,
-            show_edge=self.show_edge,
-            show_header=self.show_header,
-            show_lines=self.show_lines,
-            header_style=self.header_style,
-            title_style=self.title_style,
-            caption_style=self.caption_style,
-        )
+        table = self._like(title, caption, show_edge=self.show_edge, show_header=self.show_header,
+                           show_lines=self.show_lines, header_style=self.header_style)
         for col, w in zip(cols, widths, strict=True):
             table.add_column(col.header, justify=col.justify, width=w, overflow="fold")
         for r, row in enumerate(self.rows):
@@ -173,13 +188,11 @@ class FitTable(Table):
         if parts is None:
             return [self._stack(cols, width)]
         title = self.title.plain if isinstance(self.title, Text) else self.title or ""
-        out = []
-        for n, (part, part_widths) in enumerate(parts, 1):
-            label = f"{title} ({n}/{len(parts)})".strip()
-            out.append(
-                self._table(part, part_widths, label, self.caption if n == len(parts) else None)
-            )
-        return out
+        return [
+            self._table(part, part_widths, f"{title} ({n}/{len(parts)})".strip(),
+                        self.caption if n == len(parts) else None)
+            for n, (part, part_widths) in enumerate(parts, 1)
+        ]
 
     def _split(self, cols: list[_Col], width: int) -> list[tuple[list[_Col], list[int]]] | None:
         if self.index:
@@ -216,15 +229,7 @@ class FitTable(Table):
         name_w = names.minimum
         value_w = max(1, width - self._extra(2, edge) - name_w)
         widths = self._widths([names, values], width, edge) or [name_w, value_w]
-        table = Table(
-            title=self.title,
-            caption=self.caption,
-            box=self.box,
-            show_edge=edge,
-            show_header=False,
-            title_style=self.title_style,
-            caption_style=self.caption_style,
-        )
+        table = self._like(self.title, self.caption, show_edge=edge, show_header=False)
         table.add_column(width=widths[0], overflow="fold", style="bold")
         table.add_column(width=widths[1], overflow="fold")
         for r, row in enumerate(self.rows):
@@ -339,14 +344,8 @@ def results_table(records: list[dict[str, Any]]) -> FitTable:
         columns.insert(columns.index("layout") + 1, "mask")
     if show_impl:
         columns.insert(0, "impl")
-    for col in columns:
-        table.add_column(
-            col,
-            justify="left"
-            if col in ("impl", "layout", "mask", "status", "phase", "best")
-            else "right",
-            wrap=col == "status",
-        )
+    table.add_columns(columns, left=("impl", "layout", "mask", "status", "phase", "best"),
+                      wrap=("status",))
     for r in records:
         c = r["config"]
         row_style = None
@@ -451,16 +450,11 @@ def verify_tables(
         f", impl {impl}" if impl != "cpbench" else ""
     )
     table = FitTable(title=title)
-    columns = ("scheme", "UxR", "layout", "mask", "h/kv", "rep", "out", "dq", "dk", "dv", "")
-    for col in columns:
-        table.add_column(
-            col,
-            justify="right" if col in ("out", "dq", "dk", "dv") else "left",
-            key=col in ("scheme", "UxR", "layout", "mask", "h/kv"),
-            wrap=col == "",
-            priority=0 if col in ("", "rep") else 1,
-        )
-
+    table.add_columns(
+        ("scheme", "UxR", "layout", "mask", "h/kv", "rep", "out", "dq", "dk", "dv", ""),
+        right=("out", "dq", "dk", "dv"), key=("scheme", "UxR", "layout", "mask", "h/kv"),
+        wrap=("",), first=("", "rep"),
+    )
     for r in records:
         e = r.get("errors", {})
         rep = required_kv_replication(r["kv_heads"], r["ulysses"]) or "-"
@@ -474,16 +468,9 @@ def verify_tables(
             )
         else:
             verdict = Text.from_markup("[red]FAIL[/] ") + Text(str(r.get("error", "")))
-        table.add_row(
-            r["scheme"],
-            f"{r['ulysses']}x{r['ring']}",
-            r["layout"],
-            r.get("mask") or ("causal" if r["causal"] else "full"),
-            f"{r['heads']}/{r['kv_heads']}",
-            str(rep),
-            *cells,
-            verdict,
-        )
+        mask = r.get("mask") or ("causal" if r["causal"] else "full")
+        table.add_row(r["scheme"], f"{r['ulysses']}x{r['ring']}", r["layout"], mask,
+                      f"{r['heads']}/{r['kv_heads']}", str(rep), *cells, verdict)
     tolerances = [r["tolerance"] for r in records if "tolerance" in r]
     out.append(
         f"tolerance: max abs error <= {tolerances[0]:g} vs float64 (out, dq, dk, dv: max abs "
@@ -528,14 +515,12 @@ def compare_table(comparison: Any) -> FitTable:
     rows = comparison.rows
     axes = [a for a in AXIS_COLUMNS if a in ("heads", "kv_heads")
             or len({str(r.get(a)) for r in rows}) > 1]
-    for col in ("L", *(AXIS_COLUMNS[a] for a in axes), "UxR", "layout", "phase", "before",
-                "after", "after/before", "verdict"):
-        table.add_column(
-            col,
-            justify="left" if col in ("UxR", "layout", "phase", "verdict", "dtype", "impl",
-                                      "mask", "kernel", "backend") else "right",
-            wrap=col == "verdict",
-        )
+    table.add_columns(
+        ("L", *(AXIS_COLUMNS[a] for a in axes), "UxR", "layout", "phase", "before", "after",
+         "after/before", "verdict"),
+        left=("UxR", "layout", "phase", "verdict", "dtype", "impl", "mask", "kernel", "backend"),
+        wrap=("verdict",),
+    )
     for r in rows:
         mesh = str(r.get("mesh") or "").replace("U", "").replace("R", "")
         ratio: str | Text

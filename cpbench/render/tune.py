@@ -23,19 +23,14 @@ def _candidates(report: TuneReport) -> FitTable:
         "model's uncertainty and the measurements",
         narrow="split",
     )
-    table.add_column("candidate", key=True)
-    table.add_column("status")
-    for column in ("measured", "predicted", "P fastest", "P < pick"):
-        table.add_column(column, justify="right")
+    table.add_columns(("candidate", "status", "measured", "predicted", "P fastest", "P < pick"),
+                      left=("candidate", "status"), key=("candidate",))
     for c in report.candidates:
         pick = c.label == report.pick
         table.add_row(
-            f"{c.label} (pick)" if pick else c.label,
-            c.status,
-            "-" if c.measured_ms is None else f"{c.measured_ms:.3f}",
-            f"{c.predicted_ms:.3f}",
-            f"{c.p_fastest:.2f}",
-            "-" if pick else f"{c.p_faster_than_pick:.2f}",
+            f"{c.label} (pick)" if pick else c.label, c.status,
+            "-" if c.measured_ms is None else f"{c.measured_ms:.3f}", f"{c.predicted_ms:.3f}",
+            f"{c.p_fastest:.2f}", "-" if pick else f"{c.p_faster_than_pick:.2f}",
         )
     return table
 
@@ -62,8 +57,7 @@ def render_tune(report: TuneReport) -> list[RenderableType]:
         lines.append(Text(f"warning: {report.misfit}"))
     out: list[RenderableType] = [*lines, _candidates(report)]
     settings = FitTable(title="Settings of the pick", narrow="split")
-    settings.add_column("framework", key=True)
-    settings.add_column("settings")
+    settings.add_columns(("framework", "settings"), key=("framework",))
     for f in report.frameworks:
         settings.add_row(str(f["framework"]), str(f["settings"]))
     out.append(settings)

@@ -68,36 +68,23 @@ def load_balance_figure(frame: pd.DataFrame) -> go.Figure | None:
     for i, (_title, _n, sub) in enumerate(facets):
         r, c = i // cols + 1, i % cols + 1
         for layout in common.layout_order(sub["layout"]):
-            for rec in sub[sub["layout"] == layout].itertuples(index=False):
-                values = list(getattr(rec, column))
-                mean = sum(values) / len(values)
-                imbalance = max(values) / mean if mean > 0 else float("nan")
-                name = str(layout)
-                fig.add_trace(
-                    go.Bar(
-                        x=[f"rank {k}" for k in range(len(values))],
-                        y=[v * 1e3 for v in values],
-                        name=name,
-                        legendgroup=name,
-                        showlegend=name not in shown,
-                        marker_color=common.LAYOUT_COLOR.get(name, "#7f7f7f"),
-                        hovertemplate=(
-                            f"{name}<br>%{{x}}: %{{y:.4g}} ms<br>max/mean {imbalance:.2f}"
-                            "<extra></extra>"
-                        ),
-                    ),
-                    row=r,
-                    col=c,
-                )
-                shown.add(name)
-                break  # one record per layout (sources beyond the first are not stacked)
+            # one record per layout (sources beyond the first are not stacked)
+            rec = next(sub[sub["layout"] == layout].itertuples(index=False))
+            values = list(getattr(rec, column))
+            mean = sum(values) / len(values)
+            imbalance = max(values) / mean if mean > 0 else float("nan")
+            name = str(layout)
+            hover = f"{name}<br>%{{x}}: %{{y:.4g}} ms<br>max/mean {imbalance:.2f}<extra></extra>"
+            bar = go.Bar(x=[f"rank {k}" for k in range(len(values))], y=[v * 1e3 for v in values],
+                         name=name, legendgroup=name, showlegend=name not in shown,
+                         marker_color=common.LAYOUT_COLOR.get(name, "#7f7f7f"),
+                         hovertemplate=hover)
+            fig.add_trace(bar, row=r, col=c)
+            shown.add(name)
     fig.update_layout(barmode="group")
     fig.update_yaxes(title_text="ms", col=1)
-    common.base_layout(
-        fig,
-        f"Causal load balance: {what} (the slowest rank sets the step)",
-        max(common.FIGURE_HEIGHT, 300 * nrows + 120),
-    )
+    title = f"Causal load balance: {what} (the slowest rank sets the step)"
+    common.base_layout(fig, title, max(common.FIGURE_HEIGHT, 300 * nrows + 120))
     return fig
 
 
@@ -136,58 +123,38 @@ def work_balance_figure(fits: Sequence[WorkFit]) -> go.Figure | None:
         r, c = i // cols + 1, i % cols + 1
         pts = common.escaped(fit.points[fit.points["layout"] == layout])
         for mesh in sorted(set(pts["mesh"])):
-            sub = pts[pts["mesh"] == mesh]
-            fig.add_trace(
-                go.Scatter(
-                    x=common.plain_values(sub["work"] / 1e9),
-                    y=common.plain_values(sub["compute_s"] * 1e3),
-                    mode="markers",
-                    name=str(mesh),
-                    legendgroup=str(mesh),
-                    showlegend=str(mesh) not in shown,
-                    marker={
-                        "symbol": symbols.get(html.unescape(str(mesh)), "circle"),
-                        "size": 9,
-                        "color": common.LAYOUT_COLOR.get(layout, "#7f7f7f"),
-                    },
-                    customdata=[
-                        f"{rec.mesh} rank {rec.rank} ({rec.error * 100:+.0f}% from the line)"
-                        for rec in sub.itertuples(index=False)
-                    ],
-                    hovertemplate=(
-                        "work %{x:.4g} G pair-heads<br>compute %{y:.4g} ms<br>%{customdata}"
-                        "<extra></extra>"
-                    ),
-                ),
-                row=r,
-                col=c,
+            sub, name = pts[pts["mesh"] == mesh], str(mesh)
+            marker = {"symbol": symbols.get(html.unescape(name), "circle"), "size": 9,
+                      "color": common.LAYOUT_COLOR.get(layout, "#7f7f7f")}
+            points = go.Scatter(
+                x=common.plain_values(sub["work"] / 1e9),
+                y=common.plain_values(sub["compute_s"] * 1e3),
+                mode="markers", name=name, legendgroup=name, showlegend=name not in shown,
+                marker=marker,
+                customdata=[
+                    f"{rec.mesh} rank {rec.rank} ({rec.error * 100:+.0f}% from the line)"
+                    for rec in sub.itertuples(index=False)
+                ],
+                hovertemplate="work %{x:.4g} G pair-heads<br>compute %{y:.4g} ms<br>"
+                "%{customdata}<extra></extra>",
             )
-            shown.add(str(mesh))
+            fig.add_trace(points, row=r, col=c)
+            shown.add(name)
         lo, hi = float(fit.points["work"].min()), float(fit.points["work"].max())
-        fig.add_trace(
-            go.Scatter(
-                x=[lo / 1e9, hi / 1e9],
-                y=[(fit.slope_s * w + fit.intercept_s) * 1e3 for w in (lo, hi)],
-                mode="lines",
-                name=f"fit ({fit.phase})",
-                legendgroup=f"fit {fit.phase}",
-                showlegend=f"fit {fit.phase}" not in shown,
-                line=common.REFERENCE_LINE,
-                hoverinfo="skip",
-            ),
-            row=r,
-            col=c,
+        group = f"fit {fit.phase}"
+        line = go.Scatter(
+            x=[lo / 1e9, hi / 1e9], y=[(fit.slope_s * w + fit.intercept_s) * 1e3 for w in (lo, hi)],
+            mode="lines", name=f"fit ({fit.phase})", legendgroup=group,
+            showlegend=group not in shown, line=common.REFERENCE_LINE, hoverinfo="skip",
         )
-        shown.add(f"fit {fit.phase}")
+        fig.add_trace(line, row=r, col=c)
+        shown.add(group)
     fig.update_xaxes(title_text="predicted work (1e9 pairs x heads)")
     fig.update_yaxes(title_text="compute-only ms", col=1)
     summary = "; ".join(
         f"{fit.phase}: r = {_fmt_r(fit.correlation)}, largest error {fit.max_error * 100:.0f}%"
         for fit in fits
     )
-    common.base_layout(
-        fig,
-        f"Packed documents: measured per-rank compute vs predicted work ({summary})",
-        max(common.FIGURE_HEIGHT, 300 * nrows + 140),
-    )
+    title = f"Packed documents: measured per-rank compute vs predicted work ({summary})"
+    common.base_layout(fig, title, max(common.FIGURE_HEIGHT, 300 * nrows + 140))
     return fig

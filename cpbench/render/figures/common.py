@@ -158,35 +158,22 @@ def format_bytes_short(v: float) -> str:
 def seq_axis(fig: go.Figure, seq_lens: Iterable[Any], **where: Any) -> None:
     ticks = sorted({int(v) for v in seq_lens if value(v) is not None})
     log = len(ticks) > 1 and ticks[-1] / ticks[0] >= 4
-    fig.update_xaxes(
-        type="log" if log else "linear",
-        tickvals=ticks,
-        ticktext=[format_seq_len(t) for t in ticks],
-        title_text="sequence length L (tokens)",
-        **where,
-    )
+    fig.update_xaxes(type="log" if log else "linear", tickvals=ticks,
+                     ticktext=[format_seq_len(t) for t in ticks],
+                     title_text="sequence length L (tokens)", **where)
 
 
 def base_layout(fig: go.Figure, title: str, height: int = FIGURE_HEIGHT) -> go.Figure:
-    fig.update_layout(
-        title={"text": title, "x": 0.01, "xanchor": "left"},
-        template="plotly_white",
-        height=height,
-        margin={"l": 70, "r": 30, "t": 70, "b": 60},
-        legend={"font": {"size": 11}},
-        hoverlabel={"namelength": -1},
-    )
+    fig.update_layout(title={"text": title, "x": 0.01, "xanchor": "left"}, template="plotly_white",
+                      height=height, margin={"l": 70, "r": 30, "t": 70, "b": 60},
+                      legend={"font": {"size": 11}}, hoverlabel={"namelength": -1})
     return fig
 
 
-def phase_facets(phases: Sequence[str], titles: Sequence[str] | None = None, **kw: Any) -> go.Figure:
-    return make_subplots(
-        rows=1,
-        cols=len(phases),
-        subplot_titles=list(titles or [f"phase {p}" for p in phases]),
-        horizontal_spacing=0.08,
-        **kw,
-    )
+def phase_facets(phases: Sequence[str], **kw: Any) -> go.Figure:
+    """One facet per phase, in a row."""
+    return make_subplots(rows=1, cols=len(phases), subplot_titles=[f"phase {p}" for p in phases],
+                         horizontal_spacing=0.08, **kw)
 
 
 def facet_grid(
@@ -248,32 +235,19 @@ def line_traces(
             error_y = None
             if error_cols is not None:
                 lo, hi = error_cols
-                error_y = {
-                    "type": "data",
-                    "symmetric": False,
-                    "array": plain_values((g[hi] - g[y]) * scale),
-                    "arrayminus": plain_values((g[y] - g[lo]) * scale),
-                    "thickness": 1,
-                    "width": 3,
-                }
-            traces.append(
-                go.Scatter(
-                    x=plain_values(g["seq_len"]),
-                    y=plain_values(g[y] * scale),
-                    mode="lines+markers",
-                    name=name,
-                    legendgroup=name,
-                    showlegend=legend and name not in shown,
-                    line={"color": colors.get(key[0], "#444"), "dash": LAYOUT_DASH.get(key[1])},
-                    marker={"symbol": symbols.get(str(g["variant"].iloc[0]), "circle")},
-                    error_y=error_y,
-                    customdata=plain_values(g["id"]),
-                    hovertemplate=(
-                        f"{name} ({phase})<br>L=%{{x}}<br>%{{y:.4g}} {hover_unit}"
-                        "<br>%{customdata}<extra></extra>"
-                    ),
-                )
-            )
+                error_y = {"type": "data", "symmetric": False,
+                           "array": plain_values((g[hi] - g[y]) * scale),
+                           "arrayminus": plain_values((g[y] - g[lo]) * scale),
+                           "thickness": 1, "width": 3}
+            traces.append(go.Scatter(
+                x=plain_values(g["seq_len"]), y=plain_values(g[y] * scale), mode="lines+markers",
+                name=name, legendgroup=name, showlegend=legend and name not in shown,
+                line={"color": colors.get(key[0], "#444"), "dash": LAYOUT_DASH.get(key[1])},
+                marker={"symbol": symbols.get(str(g["variant"].iloc[0]), "circle")},
+                error_y=error_y, customdata=plain_values(g["id"]),
+                hovertemplate=f"{name} ({phase})<br>L=%{{x}}<br>%{{y:.4g}} {hover_unit}"
+                "<br>%{customdata}<extra></extra>",
+            ))
             cols.append(col)
             shown.add(name)
     return traces, cols
@@ -303,9 +277,8 @@ def line_facets(
     colour = mesh, dash = layout."""
     phases = phases_of(rows)
     fig = phase_facets(phases, shared_yaxes=False)
-    traces, cols = line_traces(
-        rows, y, phases, scale=scale, hover_unit=hover_unit, error_cols=error_cols
-    )
+    traces, cols = line_traces(rows, y, phases, scale=scale, hover_unit=hover_unit,
+                               error_cols=error_cols)
     fig.add_traces(traces, rows=[1] * len(traces), cols=cols)
     base_layout(fig, title)
     seq_axis(fig, rows["seq_len"])

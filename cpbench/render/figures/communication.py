@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
@@ -12,11 +14,9 @@ from cpbench.results.frame import phases_of, value
 
 
 def comm_bytes_figure(frame: pd.DataFrame) -> go.Figure | None:
-    """Measured bytes per rank (max over ranks) against the analytic bytes, forward and
-    backward, one marker per configuration and direction; a diagonal marks agreement and any
-    mismatch is drawn as a large red cross. External implementations (impl other than cpbench)
-    are their own series and never a mismatch: the analytic model describes cpbench's
-    implementation, and their bytes are plotted against it for comparison only."""
+    """Measured (max over ranks) against analytic bytes per rank, a marker per configuration
+    and direction, the diagonal where they agree, a mismatch a large red cross. External
+    implementations are their own series and never a mismatch (the model is cpbench's)."""
     rows = common.plot_rows(frame)
     points = []
     for direction in ("fwd", "bwd"):
@@ -27,23 +27,22 @@ def comm_bytes_figure(frame: pd.DataFrame) -> go.Figure | None:
         sub = rows[rows[a].notna() & rows[m].notna() & ((rows[a] > 0) | (rows[m] > 0))]
         for rec in sub.itertuples(index=False):
             impl = value(getattr(rec, "impl", None)) or "cpbench"
+            analytic, measured = float(getattr(rec, a)), float(getattr(rec, m))
             differs = value(getattr(rec, flag, None))
             if differs is None:
-                differs = float(getattr(rec, a)) != float(getattr(rec, m))
+                differs = analytic != measured
             record_level = bool(value(rec.comm_mismatch)) and not (
                 value(rec.comm_fwd_mismatch) or value(rec.comm_bwd_mismatch)
             )
             external = impl != "cpbench"
-            points.append(
-                {
-                    "direction": direction,
-                    "scheme": rec.scheme if not external else f"{impl} ({rec.scheme})",
-                    "analytic": float(getattr(rec, a)),
-                    "measured": float(getattr(rec, m)),
-                    "mismatch": not external and (bool(differs) or record_level),
-                    "id": rec.id,
-                }
-            )
+            points.append({
+                "direction": direction,
+                "scheme": rec.scheme if not external else f"{impl} ({rec.scheme})",
+                "analytic": analytic,
+                "measured": measured,
+                "mismatch": not external and (bool(differs) or record_level),
+                "id": rec.id,
+            })
     if not points:
         return None
     pts = pd.DataFrame(points)
@@ -60,49 +59,19 @@ def comm_bytes_figure(frame: pd.DataFrame) -> go.Figure | None:
             ]
             if sub.empty:
                 continue
-            fig.add_trace(
-                go.Scatter(
-                    x=list(sub["analytic"]),
-                    y=list(sub["measured"]),
-                    mode="markers",
-                    name=f"{scheme} {direction}",
-                    marker={
-                        "color": common.PALETTE[i % len(common.PALETTE)],
-                        "symbol": symbols[direction],
-                        "size": 9,
-                        "opacity": 0.8,
-                    },
-                    customdata=list(sub["id"]),
-                    hovertemplate=(
-                        f"{scheme} {direction}<br>analytic %{{x:,}} B<br>measured %{{y:,}} B"
-                        "<br>%{customdata}<extra></extra>"
-                    ),
-                )
-            )
+            marker = {"color": common.PALETTE[i % len(common.PALETTE)],
+                      "symbol": symbols[direction], "size": 9, "opacity": 0.8}
+            fig.add_trace(_bytes_points(sub, f"{scheme} {direction}", marker, list(sub["id"]),
+                                        f"{scheme} {direction}"))
     bad = pts[pts["mismatch"]]
     if not bad.empty:
-        fig.add_trace(
-            go.Scatter(
-                x=list(bad["analytic"]),
-                y=list(bad["measured"]),
-                mode="markers",
-                name="MISMATCH",
-                marker={
-                    "color": common.MISMATCH_COLOR,
-                    "symbol": "x",
-                    "size": 16,
-                    "line": {"width": 1, "color": "#600"},
-                },
-                customdata=[
-                    f"{r.id} ({r.direction}: {r.measured - r.analytic:+,.0f} B)"
-                    for r in bad.itertuples(index=False)
-                ],
-                hovertemplate=(
-                    "<b>analytic != measured</b><br>analytic %{x:,} B<br>measured %{y:,} B"
-                    "<br>%{customdata}<extra></extra>"
-                ),
-            )
-        )
+        marker = {"color": common.MISMATCH_COLOR, "symbol": "x", "size": 16,
+                  "line": {"width": 1, "color": "#600"}}
+        ids = [
+            f"{r.id} ({r.direction}: {r.measured - r.analytic:+,.0f} B)"
+            for r in bad.itertuples(index=False)
+        ]
+        fig.add_trace(_bytes_points(bad, "MISMATCH", marker, ids, "<b>analytic != measured</b>"))
     title = "Communication per rank: analytic vs measured bytes"
     if not bad.empty:
         title += f" — <span style='color:{common.MISMATCH_COLOR}'>{len(bad)} mismatch(es)</span>"
@@ -115,6 +84,18 @@ def comm_bytes_figure(frame: pd.DataFrame) -> go.Figure | None:
     return fig
 
 
+def _bytes_points(
+    pts: pd.DataFrame, name: str, marker: dict[str, Any], ids: list[str], what: str
+) -> go.Scatter:
+    """Markers of measured against analytic bytes, hovering `what`, the bytes and `ids`."""
+    return go.Scatter(
+        x=list(pts["analytic"]), y=list(pts["measured"]), mode="markers", name=name,
+        marker=marker, customdata=ids,
+        hovertemplate=f"{what}<br>analytic %{{x:,}} B<br>measured %{{y:,}} B<br>%{{customdata}}"
+        "<extra></extra>",
+    )
+
+
 def overlap_figure(frame: pd.DataFrame) -> go.Figure | None:
     """Per configuration: compute-only time and exposed communication stacked (their sum is
     the step), with the overlap fraction (right axis) as markers; one row per phase."""
@@ -123,13 +104,9 @@ def overlap_figure(frame: pd.DataFrame) -> go.Figure | None:
     if rows.empty:
         return None
     phases = phases_of(rows)
-    fig = make_subplots(
-        rows=len(phases),
-        cols=1,
-        subplot_titles=[f"phase {p}" for p in phases],
-        specs=[[{"secondary_y": True}] for _ in phases],
-        vertical_spacing=0.22 if len(phases) > 1 else 0.1,
-    )
+    fig = make_subplots(rows=len(phases), cols=1, subplot_titles=[f"phase {p}" for p in phases],
+                        specs=[[{"secondary_y": True}] for _ in phases],
+                        vertical_spacing=0.22 if len(phases) > 1 else 0.1)
     meshes = common.mesh_order(rows)
     for r, phase in enumerate(phases, start=1):
         sub = rows[rows["phase"] == phase].copy()
@@ -147,65 +124,30 @@ def overlap_figure(frame: pd.DataFrame) -> go.Figure | None:
             )
         ]
         first = r == 1
-        fig.add_trace(
-            go.Bar(
-                x=labels,
-                y=common.plain_values(sub["compute_only_s"] * 1e3),
-                name="compute (no communication)",
-                legendgroup="compute",
-                showlegend=first,
-                marker_color=common.COMPUTE_COLOR,
-                hovertemplate="%{x}<br>compute %{y:.4g} ms<extra></extra>",
-            ),
-            row=r,
-            col=1,
+        bars = (
+            ("compute", "compute (no communication)", "compute", common.COMPUTE_COLOR,
+             common.plain_values(sub["compute_only_s"] * 1e3)),
+            ("exposed", "exposed communication", "exposed comm", common.EXPOSED_COLOR,
+             [None if e is None else e * 1e3 for e in exposed]),
         )
-        fig.add_trace(
-            go.Bar(
-                x=labels,
-                y=[None if e is None else e * 1e3 for e in exposed],
-                name="exposed communication",
-                legendgroup="exposed",
-                showlegend=first,
-                marker_color=common.EXPOSED_COLOR,
-                hovertemplate="%{x}<br>exposed comm %{y:.4g} ms<extra></extra>",
-            ),
-            row=r,
-            col=1,
-        )
+        for group, name, what, color, ms in bars:
+            bar = go.Bar(x=labels, y=ms, name=name, legendgroup=group, showlegend=first,
+                         marker_color=color,
+                         hovertemplate=f"%{{x}}<br>{what} %{{y:.4g}} ms<extra></extra>")
+            fig.add_trace(bar, row=r, col=1)
         overlap = common.plain_values(sub["overlap"] * 100)
         if any(v is not None for v in overlap):
-            fig.add_trace(
-                go.Scatter(
-                    x=labels,
-                    y=overlap,
-                    mode="markers",
-                    name="overlap fraction (right axis)",
-                    legendgroup="overlap",
-                    showlegend=first,
-                    marker={"color": common.OVERLAP_COLOR, "symbol": "diamond", "size": 9},
-                    hovertemplate="%{x}<br>overlap %{y:.0f}%<extra></extra>",
-                ),
-                row=r,
-                col=1,
-                secondary_y=True,
-            )
+            marker = {"color": common.OVERLAP_COLOR, "symbol": "diamond", "size": 9}
+            points = go.Scatter(x=labels, y=overlap, mode="markers",
+                                name="overlap fraction (right axis)", legendgroup="overlap",
+                                showlegend=first, marker=marker,
+                                hovertemplate="%{x}<br>overlap %{y:.0f}%<extra></extra>")
+            fig.add_trace(points, row=r, col=1, secondary_y=True)
         fig.update_yaxes(title_text="time (ms)", row=r, col=1, secondary_y=False)
-        fig.update_yaxes(
-            title_text="overlap %",
-            range=[0, 105],
-            tickvals=[0, 25, 50, 75, 100],
-            ticksuffix="%",
-            row=r,
-            col=1,
-            secondary_y=True,
-            showgrid=False,
-        )
+        fig.update_yaxes(title_text="overlap %", range=[0, 105], tickvals=[0, 25, 50, 75, 100],
+                         ticksuffix="%", row=r, col=1, secondary_y=True, showgrid=False)
     fig.update_layout(barmode="stack")
     fig.update_xaxes(tickangle=-45, tickfont={"size": 10})
-    common.base_layout(
-        fig,
-        "Overlap: compute + exposed communication = step time",
-        max(common.FIGURE_HEIGHT, 330 * len(phases) + 120),
-    )
+    title = "Overlap: compute + exposed communication = step time"
+    common.base_layout(fig, title, max(common.FIGURE_HEIGHT, 330 * len(phases) + 120))
     return fig

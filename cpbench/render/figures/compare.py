@@ -33,32 +33,23 @@ def compare_figure(compared: pd.DataFrame, threshold: float = 0.05) -> go.Figure
             else ("#2ca02c" if v < 1 - threshold else "#7f7f7f")
             for v in ratios
         ]
-    fig = go.Figure(
-        go.Bar(
-            y=labels,
-            x=ratios,
-            orientation="h",
-            marker_color=colors,
-            customdata=[
-                [b * 1e3, a * 1e3, i]
-                for b, a, i in zip(rows["before_s"], rows["after_s"], rows["id"], strict=True)
-            ],
-            text=[f"{v:.2f}x" for v in ratios],
-            textposition="outside",
-            name="after / before",
-            hovertemplate=(
-                "%{y}<br>before %{customdata[0]:.4g} ms<br>after %{customdata[1]:.4g} ms"
-                "<br>after/before %{x:.3f}<br>%{customdata[2]}<extra></extra>"
-            ),
-        )
+    bars = go.Bar(
+        y=labels, x=ratios, orientation="h", marker_color=colors,
+        customdata=[
+            [b * 1e3, a * 1e3, i]
+            for b, a, i in zip(rows["before_s"], rows["after_s"], rows["id"], strict=True)
+        ],
+        text=[f"{v:.2f}x" for v in ratios], textposition="outside", name="after / before",
+        hovertemplate="%{y}<br>before %{customdata[0]:.4g} ms<br>after %{customdata[1]:.4g} ms"
+        "<br>after/before %{x:.3f}<br>%{customdata[2]}<extra></extra>",
     )
+    fig = go.Figure(bars)
     fig.add_vline(x=1.0, line_dash="dot", line_color="#444")
-    common.base_layout(
-        fig,
+    title = (
         "Step time after / before (below 1 = faster; red = significantly slower, green = "
-        "significantly faster: 95% intervals apart)",
-        max(300, 26 * len(rows) + 140),
+        "significantly faster: 95% intervals apart)"
     )
+    common.base_layout(fig, title, max(300, 26 * len(rows) + 140))
     fig.update_xaxes(title_text="after / before", range=[0, max(1.2, max(ratios) * 1.15)])
     fig.update_yaxes(autorange="reversed", tickfont={"size": 10})
     fig.update_layout(margin={"l": 220})

@@ -44,16 +44,11 @@ def _lines(
             [str(by_key[series[0]])]
             + [f"{k.replace('_', ' ')} {by_key[k]}" for k in (series[1], *varying)]
         )
-        traces.append(
-            go.Scatter(
-                x=[int(v) for v in per_x.index],
-                y=common.plain_values(per_x * scale),
-                mode="lines+markers",
-                name=name,
-                line={"color": SCHEME_COLOR.get(str(by_key[series[0]]), "#444"),
-                      "dash": CACHE_DASH[second.index(by_key[series[1]]) % len(CACHE_DASH)]},  # fmt: skip
-            )
-        )
+        line = {"color": SCHEME_COLOR.get(str(by_key[series[0]]), "#444"),
+                "dash": CACHE_DASH[second.index(by_key[series[1]]) % len(CACHE_DASH)]}
+        traces.append(go.Scatter(x=[int(v) for v in per_x.index],
+                                 y=common.plain_values(per_x * scale), mode="lines+markers",
+                                 name=name, line=line))
     return traces
 
 
@@ -97,11 +92,8 @@ def kv_capacity_figure(frame: pd.DataFrame | None) -> go.Figure | None:
         unit, size = "MiB", 2.0**20
     fig = go.Figure()
     for i, ((world, batch), g) in enumerate(rows.groupby(["world_size", "batch"], sort=True)):
-        per = (
-            g.groupby("context")[["kv_cache_bytes_measured", "kv_cache_bytes_analytic"]]
-            .max()
-            .sort_index()
-        )
+        columns = ["kv_cache_bytes_measured", "kv_cache_bytes_analytic"]
+        per = g.groupby("context")[columns].max().sort_index()
         color = common.PALETTE[i % len(common.PALETTE)]
         x = [int(v) for v in per.index]
         fig.add_trace(go.Scatter(x=x, y=common.plain_values(per["kv_cache_bytes_measured"] / size),

@@ -51,23 +51,15 @@ def memory_figure(frame: pd.DataFrame) -> go.Figure | None:
                 if series.empty:
                     continue
                 label = f"{name} {what}"
-                fig.add_trace(
-                    go.Scatter(
-                        x=[int(v) for v in series.index],
-                        y=common.plain_values(series / size),
-                        mode="lines+markers" if what == "measured" else "lines",
-                        name=label,
-                        legendgroup=label,
-                        showlegend=label not in shown,
-                        line={"color": color, "dash": dash},
-                        marker={"size": 7, "symbol": symbol},
-                        hovertemplate=(
-                            f"{label} ({phase})<br>L=%{{x}}<br>%{{y:.4g}} {unit}<extra></extra>"
-                        ),
-                    ),
-                    row=1,
-                    col=col,
+                line = go.Scatter(
+                    x=[int(v) for v in series.index], y=common.plain_values(series / size),
+                    mode="lines+markers" if what == "measured" else "lines", name=label,
+                    legendgroup=label, showlegend=label not in shown,
+                    line={"color": color, "dash": dash}, marker={"size": 7, "symbol": symbol},
+                    hovertemplate=f"{label} ({phase})<br>L=%{{x}}<br>%{{y:.4g}} {unit}"
+                    "<extra></extra>",
                 )
+                fig.add_trace(line, row=1, col=col)
                 shown.add(label)
     title = "Peak memory per rank: measured (solid) vs analytic lower bound (dashed)"
     common.base_layout(fig, title)

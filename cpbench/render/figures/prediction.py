@@ -20,62 +20,42 @@ def prediction_figure(frame: pd.DataFrame) -> go.Figure | None:
         return None
     rows = rows.copy()
     rows["error"] = rows["predicted_s"] / rows["median_s"] - 1.0
-    fig = make_subplots(
-        rows=1,
-        cols=2,
-        column_widths=[0.45, 0.55],
-        subplot_titles=["predicted vs measured", "error (predicted / measured - 1)"],
-        horizontal_spacing=0.1,
-    )
+    titles = ["predicted vs measured", "error (predicted / measured - 1)"]
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.45, 0.55], subplot_titles=titles,
+                        horizontal_spacing=0.1)
     colors = common.mesh_colors(rows)
     lo = min(rows["median_s"].min(), rows["predicted_s"].min()) * 1e3
     hi = max(rows["median_s"].max(), rows["predicted_s"].max()) * 1e3
     fig.add_trace(common.diagonal(lo, hi, "predicted = measured"), row=1, col=1)
     for mesh in common.mesh_order(rows):
         sub = rows[rows["mesh"] == mesh]
-        fig.add_trace(
-            go.Scatter(
-                x=common.plain_values(sub["median_s"] * 1e3),
-                y=common.plain_values(sub["predicted_s"] * 1e3),
-                mode="markers",
-                name=mesh,
-                legendgroup=mesh,
-                marker={"color": colors[mesh], "size": 8},
-                customdata=[
-                    f"{common.config_label(r, True)} ({r.error * 100:+.0f}%)"
-                    for r in sub.itertuples(index=False)
-                ],
-                hovertemplate=(
-                    "measured %{x:.4g} ms<br>predicted %{y:.4g} ms<br>%{customdata}<extra></extra>"
-                ),
-            ),
-            row=1,
-            col=1,
-        )
-    ordered = rows.sort_values("error")
-    fig.add_trace(
-        go.Bar(
-            x=[common.config_label(r, True) for r in ordered.itertuples(index=False)],
-            y=common.plain_values(ordered["error"] * 100),
-            marker_color=[
-                common.MISMATCH_COLOR if abs(e) > 0.5 else "#7f7f7f" for e in ordered["error"]
+        points = go.Scatter(
+            x=common.plain_values(sub["median_s"] * 1e3),
+            y=common.plain_values(sub["predicted_s"] * 1e3),
+            mode="markers", name=mesh, legendgroup=mesh,
+            marker={"color": colors[mesh], "size": 8},
+            customdata=[
+                f"{common.config_label(r, True)} ({r.error * 100:+.0f}%)"
+                for r in sub.itertuples(index=False)
             ],
-            name="error %",
-            showlegend=False,
-            hovertemplate="%{x}<br>%{y:+.1f}%<extra></extra>",
-        ),
-        row=1,
-        col=2,
+            hovertemplate="measured %{x:.4g} ms<br>predicted %{y:.4g} ms<br>%{customdata}"
+            "<extra></extra>",
+        )
+        fig.add_trace(points, row=1, col=1)
+    ordered = rows.sort_values("error")
+    errors = go.Bar(
+        x=[common.config_label(r, True) for r in ordered.itertuples(index=False)],
+        y=common.plain_values(ordered["error"] * 100),
+        marker_color=[common.MISMATCH_COLOR if abs(e) > 0.5 else "#7f7f7f" for e in ordered["error"]],
+        name="error %", showlegend=False, hovertemplate="%{x}<br>%{y:+.1f}%<extra></extra>",
     )
+    fig.add_trace(errors, row=1, col=2)
     axis = common.log_ticks([lo, hi]) if common.log_wanted([lo, hi]) else {}
     fig.update_xaxes(title_text="measured (ms)", row=1, col=1, **axis)
     fig.update_yaxes(title_text="predicted (ms)", row=1, col=1, **axis)
     fig.update_xaxes(tickangle=-45, tickfont={"size": 9}, row=1, col=2)
     fig.update_yaxes(title_text="error %", row=1, col=2)
     median_err = float(rows["error"].abs().median())
-    common.base_layout(
-        fig,
-        f"Cost model: predicted vs measured step time (median |error| {median_err * 100:.0f}%)",
-        480,
-    )
+    title = f"Cost model: predicted vs measured step time (median |error| {median_err * 100:.0f}%)"
+    common.base_layout(fig, title, 480)
     return fig

@@ -20,15 +20,9 @@ def step_time_figure(frame: pd.DataFrame) -> go.Figure | None:
     lo_hi = (
         ("p10_s", "p90_s") if rows["p10_s"].notna().all() and rows["p90_s"].notna().all() else None
     )
-    return common.line_facets(
-        rows,
-        "median_s",
-        title="Step time vs sequence length (median, p10-p90 bars)",
-        y_title="step time (ms)",
-        scale=1e3,
-        hover_unit="ms",
-        error_cols=lo_hi,
-    )
+    title = "Step time vs sequence length (median, p10-p90 bars)"
+    return common.line_facets(rows, "median_s", title=title, y_title="step time (ms)", scale=1e3,
+                              hover_unit="ms", error_cols=lo_hi)
 
 
 def throughput_figure(frame: pd.DataFrame) -> go.Figure | None:
@@ -39,23 +33,13 @@ def throughput_figure(frame: pd.DataFrame) -> go.Figure | None:
         return None
     title = "Achieved attention TFLOP/s (all ranks)"
     if "peak_fraction" not in rows or rows["peak_fraction"].notna().sum() == 0:
-        return common.line_facets(
-            rows,
-            "achieved_tflops",
-            title=title,
-            y_title="TFLOP/s",
-            hover_unit="TFLOP/s",
-            log_y=False,
-        )
+        return common.line_facets(rows, "achieved_tflops", title=title, y_title="TFLOP/s",
+                                  hover_unit="TFLOP/s", log_y=False)
     phases = phases_of(rows)
-    fig = make_subplots(
-        rows=2,
-        cols=len(phases),
-        subplot_titles=[f"phase {p}: TFLOP/s" for p in phases]
-        + [f"phase {p}: % of hardware peak" for p in phases],
-        vertical_spacing=0.14,
-        horizontal_spacing=0.08,
-    )
+    titles = [f"phase {p}: TFLOP/s" for p in phases]
+    titles += [f"phase {p}: % of hardware peak" for p in phases]
+    fig = make_subplots(rows=2, cols=len(phases), subplot_titles=titles, vertical_spacing=0.14,
+                        horizontal_spacing=0.08)
     tflops, cols = common.line_traces(rows, "achieved_tflops", phases, hover_unit="TFLOP/s")
     fig.add_traces(tflops, rows=[1] * len(tflops), cols=cols)
     known = rows[rows["peak_fraction"].notna()]
@@ -78,13 +62,10 @@ def bandwidth_figure(frame: pd.DataFrame) -> go.Figure | None:
     rows = rows[rows["busbw_GBps"] > 0]
     if rows.empty:
         return None
-    return common.line_facets(
-        rows,
-        "busbw_GBps",
-        title="Achieved communication bandwidth (nccl-tests busbw per rank: bytes sent / comm-only time)",
-        y_title="GB/s",
-        hover_unit="GB/s",
+    title = (
+        "Achieved communication bandwidth (nccl-tests busbw per rank: bytes sent / comm-only time)"
     )
+    return common.line_facets(rows, "busbw_GBps", title=title, y_title="GB/s", hover_unit="GB/s")
 
 
 def heatmap_phase(frame: pd.DataFrame) -> str | None:
@@ -93,6 +74,11 @@ def heatmap_phase(frame: pd.DataFrame) -> str | None:
     if not phases:
         return None
     return "fwd+bwd" if "fwd+bwd" in phases else phases[0]
+
+
+def _cell_text(seconds: float, layout: str, fastest: float) -> str:
+    """A heatmap cell: the mesh's fastest time, its layout and its ratio to the fastest mesh."""
+    return f"{seconds * 1e3:.3g} ms<br>{layout}<br>{seconds / fastest:.2f}x"
 
 
 def heatmap_figure(frame: pd.DataFrame) -> go.Figure | None:
@@ -116,51 +102,27 @@ def heatmap_figure(frame: pd.DataFrame) -> go.Figure | None:
     for i, (variant, n) in enumerate(maps):
         sub = rows[(rows["seq_len"] == n) & (rows["variant"] == variant)]
         fastest = float(sub["median_s"].min())
-        z: list[list[float | None]] = []
-        text: list[list[str]] = []
-        for u in us:
-            zrow: list[float | None] = []
-            trow: list[str] = []
-            for r in rs:
-                cell = sub[(sub["ulysses"] == u) & (sub["ring"] == r)]
-                if cell.empty:
-                    zrow.append(None)
-                    trow.append("")
-                    continue
-                best = cell.loc[cell["median_s"].idxmin()]
-                zrow.append(float(best["median_s"]) / fastest)
-                trow.append(
-                    f"{float(best['median_s']) * 1e3:.3g} ms<br>{best['layout']}"
-                    f"<br>{float(best['median_s']) / fastest:.2f}x"
-                )
-            z.append(zrow)
-            text.append(trow)
-        fig.add_trace(
-            go.Heatmap(
-                x=[f"R={r}" for r in rs],
-                y=[f"U={u}" for u in us],
-                z=z,
-                text=text,
-                texttemplate="%{text}",
-                coloraxis="coloraxis",
-                hoverongaps=False,
-                name=f"{variant} L={common.format_seq_len(n)}".strip(),
-                hovertemplate="%{y} x %{x}<br>%{text}<extra></extra>",
-            ),
-            row=i // cols + 1,
-            col=i % cols + 1,
-        )
-    common.base_layout(
-        fig,
-        f"Step time over the U x R mesh, phase {phase} (fastest layout per cell; colour = "
-        "time / fastest mesh at that length, darker = faster)",
-        max(340, 300 * nrows + 100),
-    )
-    fig.update_layout(
-        coloraxis={
-            "colorscale": "Viridis",
-            "cmin": 1.0,
-            "colorbar": {"title": {"text": "x fastest"}, "thickness": 14},
+        # the fastest layout of each mesh (the first of equal times)
+        best = sub.loc[sub.groupby(["ulysses", "ring"])["median_s"].idxmin()]
+        cells = {
+            (int(b.ulysses), int(b.ring)): (float(b.median_s), str(b.layout))
+            for b in best.itertuples()
         }
+        z = [[cells[u, r][0] / fastest if (u, r) in cells else None for r in rs] for u in us]
+        text = [[_cell_text(*cells[u, r], fastest) if (u, r) in cells else "" for r in rs]
+                for u in us]
+        heatmap = go.Heatmap(
+            x=[f"R={r}" for r in rs], y=[f"U={u}" for u in us], z=z, text=text,
+            texttemplate="%{text}", coloraxis="coloraxis", hoverongaps=False,
+            name=f"{variant} L={common.format_seq_len(n)}".strip(),
+            hovertemplate="%{y} x %{x}<br>%{text}<extra></extra>",
+        )
+        fig.add_trace(heatmap, row=i // cols + 1, col=i % cols + 1)
+    title = (
+        f"Step time over the U x R mesh, phase {phase} (fastest layout per cell; colour = "
+        "time / fastest mesh at that length, darker = faster)"
     )
+    common.base_layout(fig, title, max(340, 300 * nrows + 100))
+    colorbar = {"title": {"text": "x fastest"}, "thickness": 14}
+    fig.update_layout(coloraxis={"colorscale": "Viridis", "cmin": 1.0, "colorbar": colorbar})
     return fig

@@ -9,13 +9,10 @@ import pandas as pd
 from cpbench.app.report.data import ComparisonData
 from cpbench.render.figures import compare
 from cpbench.render.html.document import Page, Section, render_page
-from cpbench.render.html.tables import Column, records_table, table
+from cpbench.render.html.tables import Column, record_columns, records_table, table
 
 COMPARE_COLUMNS = (
-    Column("mesh", "mesh"),
-    Column("layout", "layout"),
-    Column("L", "seq_len", "num"),
-    Column("phase", "phase"),
+    *record_columns("mesh", "layout", "seq_len", "phase"),
     Column("before ms", "before_s", "ms"),
     Column("after ms", "after_s", "ms"),
     Column("after/before", "ratio", "num"),
@@ -25,7 +22,7 @@ COMPARE_COLUMNS = (
     Column("verdict", "verdict"),
     Column("status before", "status_before"),
     Column("status after", "status_after"),
-    Column("id", "id", cls="id"),
+    *record_columns("id"),
 )
 
 
@@ -66,32 +63,22 @@ def render_comparison(comparison: ComparisonData) -> Page:
     c = comparison
     sections = [
         Section(
-            "change",
-            "Change per configuration",
+            "change", "Change per configuration",
             _verdict(c),
             compare.compare_figure(c.compared),
             None if c.matched else "Nothing to chart.",
         ),
         Section(
-            "before-after",
-            "Before / after",
+            "before-after", "Before / after",
             "Matched by record id; after/before < 1 is faster. Click a header to sort.",
             table=table(
                 c.compared, COMPARE_COLUMNS, table_id="compare", cell_class=_compare_cell_class
             ),
         ),
         Section(
-            "records",
-            "All records",
+            "records", "All records",
             "Every record of both files, with its source. Click a column header to sort.",
             table=records_table(pd.concat([c.before, c.after], ignore_index=True)),
         ),
     ]
-    return render_page(
-        title=c.title,
-        summary=c.summary,
-        sources=c.sources,
-        generated_at=c.generated_at,
-        profile_line="not used for a comparison",
-        sections=sections,
-    )
+    return render_page(c, sections, profile_line="not used for a comparison")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from functools import cache
 from importlib.resources import files
 from typing import Any
@@ -20,7 +19,12 @@ from markupsafe import Markup
 from plotly.offline import get_plotlyjs
 
 from cpbench import __version__
-from cpbench.app.report.data import NO_PROFILE_NOTE, ReportRecommendation, Summary
+from cpbench.app.report.data import (
+    NO_PROFILE_NOTE,
+    ComparisonData,
+    ReportData,
+    ReportRecommendation,
+)
 from cpbench.render.html.tables import Table
 from cpbench.render.text import visible
 
@@ -97,8 +101,14 @@ class Section:
     note: str | None = None
     table: Table | None = None
     recommendation: RecommendationView | None = None
+    empty: str | None = None
+    """The note when there is no figure and no other note: why there is none."""
     plot_id: str | None = None
     """Id of the figure's element, set when the page is drawn."""
+
+    def __post_init__(self) -> None:
+        if self.figure is None and not self.note and self.empty:
+            self.note = self.empty
 
 
 def figure_data(fig: go.Figure) -> Any:
@@ -108,16 +118,11 @@ def figure_data(fig: go.Figure) -> Any:
 
 
 def render_page(
-    *,
-    title: str,
-    summary: Summary,
-    sources: Sequence[str],
-    generated_at: datetime,
-    profile_line: str,
-    sections: Sequence[Section],
+    data: ReportData | ComparisonData, sections: Sequence[Section], profile_line: str
 ) -> Page:
-    """The whole HTML document: header, table of contents, sections (figures drawn from
-    embedded JSON by the one embedded copy of plotly.js)."""
+    """The whole HTML document of `data` (its title, summary, sources and time): header, table
+    of contents, sections (figures drawn from embedded JSON by the one embedded copy of
+    plotly.js)."""
     specs: list[dict[str, Any]] = []
     for s in sections:
         if s.figure is not None:
@@ -127,10 +132,10 @@ def render_page(
         environment()
         .get_template("page.html")
         .render(
-            title=title,
-            summary=summary,
-            sources=list(sources),
-            generated_at=generated_at,
+            title=data.title,
+            summary=data.summary,
+            sources=list(data.sources),
+            generated_at=data.generated_at,
             profile_line=profile_line,
             sections=sections,
             specs=specs,

@@ -18,7 +18,7 @@ from cpbench.render.figures import (
     timing,
 )
 from cpbench.render.html.document import Page, RecommendationView, Section, render_page
-from cpbench.render.html.tables import Column, records_table, table
+from cpbench.render.html.tables import Column, record_columns, records_table, table
 from cpbench.render.recommend.explanation import explanation_text
 from cpbench.render.recommend.frameworks import setting_note
 from cpbench.results.frame import PHASE_ORDER, ok_rows, phases_of
@@ -57,11 +57,7 @@ def _missing_phases_note(frame: pd.DataFrame) -> str | None:
 
 
 WORK_COLUMNS = (
-    Column("phase", "phase"),
-    Column("layout", "layout"),
-    Column("mesh", "mesh"),
-    Column("L", "seq_len", "num"),
-    Column("mask", "mask"),
+    *record_columns("phase", "layout", "mesh", "seq_len", "mask"),
     Column("documents", "documents", "num"),
     Column("padding tokens", "padding", "num"),
     Column("run length", "run_seq_len", "num"),
@@ -70,7 +66,7 @@ WORK_COLUMNS = (
     Column("work max/mean", "work_imbalance", "num"),
     Column("compute max/mean", "compute_imbalance", "num"),
     Column("r (ranks)", "correlation", "num"),
-    Column("id", "id", cls="id"),
+    *record_columns("id"),
 )
 
 
@@ -98,11 +94,12 @@ def work_section(report: ReportData) -> Section:
             for fit in fits
         )
     return Section(
-        "packed-documents",
-        "Packed documents: per-rank work and padding",
+        "packed-documents", "Packed documents: per-rank work and padding",
         explain,
         balance.work_balance_figure(fits),
         table=table(rows, WORK_COLUMNS, table_id="work-table") if not rows.empty else None,
+        empty="No configuration with packed documents has per-rank compute times and predicted "
+        "work.",
     )
 
 
@@ -111,106 +108,87 @@ def report_sections(report: ReportData) -> list[Section]:
     frame = report.frame
     phase_note = _missing_phases_note(frame)
     heat_phase = timing.heatmap_phase(frame)
-    sections = [
+    return [
         Section(
-            "step-time",
-            "Step time",
+            "step-time", "Step time",
             "Median over iterations of the slowest rank's step time; bars span p10-p90. "
             "Colour = U x R mesh, dash = layout.",
             timing.step_time_figure(frame),
             phase_note or None,
+            empty="No successful configuration has a step time: nothing to plot.",
         ),
         Section(
-            "throughput",
-            "Achieved TFLOP/s",
+            "throughput", "Achieved TFLOP/s",
             "Global attention FLOPs / median step time. "
             + (f"Convention: {report.flops_convention}." if report.flops_convention else ""),
             timing.throughput_figure(frame),
             report.peak_note,
+            empty="No successful configuration reports achieved TFLOP/s.",
         ),
         Section(
-            "communication",
-            "Communication volume: analytic vs measured",
+            "communication", "Communication volume: analytic vs measured",
             "Bytes a rank sends per layer (forward, backward) from the formulas vs counted by "
             "the instrumented communicator; they must agree: a mismatch is a red cross.",
             communication.comm_bytes_figure(frame),
+            empty="No configuration has both analytic and measured communication bytes.",
         ),
         Section(
-            "bandwidth",
-            "Achieved bandwidth",
+            "bandwidth", "Achieved bandwidth",
             "Measured bytes per rank / communication-only time (algorithm bandwidth).",
             timing.bandwidth_figure(frame),
+            empty="No configuration reports an achieved bandwidth.",
         ),
         Section(
-            "overlap",
-            "Compute / communication overlap",
+            "overlap", "Compute / communication overlap",
             "Compute-only time plus exposed communication (step - compute) per configuration; "
             "overlap = (compute + comm - step) / min(compute, comm).",
             communication.overlap_figure(frame),
+            empty="No configuration has compute-only and communication-only timings.",
         ),
         Section(
-            "memory",
-            "Peak memory per rank",
+            "memory", "Peak memory per rank",
             "Measured peak per rank (max over ranks) against the analytic lower bound "
             "(activations of one attention layer, no model weights).",
             memory.memory_figure(frame),
+            empty="No configuration reports its peak memory.",
         ),
         Section(
-            "load-balance",
-            "Causal load balance",
+            "load-balance", "Causal load balance",
             "Per-rank time under a causal mask: contiguous leaves early ranks idle, zigzag and "
             "striped spread the work.",
             balance.load_balance_figure(frame),
+            empty="No causal multi-rank configuration has per-rank timings.",
         ),
         work_section(report),
         Section(
-            "mesh-heatmap",
-            "U x R mesh",
+            "mesh-heatmap", "U x R mesh",
             f"Median step time of each Ulysses x Ring mesh per sequence length (phase {heat_phase})."
             if heat_phase
             else "",
             timing.heatmap_figure(frame),
+            empty="No successful configuration has a step time: no U x R map.",
         ),
         Section(
-            "prediction",
-            "Predicted vs measured",
+            "prediction", "Predicted vs measured",
             "Cost-model step time for the hardware profile vs the measurement.",
             prediction.prediction_figure(frame),
             report.prediction_note,
+            empty=NO_PROFILE_NOTE,
         ),
         Section(
-            "recommendation",
-            "Recommendation",
+            "recommendation", "Recommendation",
             "The best configuration for the measured workload and the settings to reproduce it.",
             recommendation=recommendation_view(report.recommendation, report.recommendation_note),
         ),
         *plan_sections(report),
         *inference_sections(report),
         Section(
-            "records",
-            "All records",
+            "records", "All records",
             "Click a column header to sort. Failed, skipped and timed-out configurations are "
             "listed with their error.",
             table=records_table(frame),
         ),
     ]
-    defaults = {
-        "step-time": "No successful configuration has a step time: nothing to plot.",
-        "throughput": "No successful configuration reports achieved TFLOP/s.",
-        "communication": "No configuration has both analytic and measured communication bytes.",
-        "bandwidth": "No configuration reports an achieved bandwidth.",
-        "overlap": "No configuration has compute-only and communication-only timings.",
-        "memory": "No configuration reports its peak memory.",
-        "load-balance": "No causal multi-rank configuration has per-rank timings.",
-        "packed-documents": "No configuration with packed documents has per-rank compute "
-        "times and predicted work.",
-        "mesh-heatmap": "No successful configuration has a step time: no U x R map.",
-        "prediction": NO_PROFILE_NOTE,
-    }
-    for s in sections:
-        if s.figure is None and s.key in defaults and not s.note:
-            s.note = defaults[s.key]
-    return sections
 
 
 PLAN_COLUMNS = [
@@ -246,10 +224,7 @@ def plan_sections(report: ReportData) -> list[Section]:
     rejected = pd.DataFrame(plan["rejected"])
     sections = [
         Section(
-            "plan",
-            "Whole-model plan",
-            explain,
-            note=note,
+            "plan", "Whole-model plan", explain, note=note,
             table=None if feasible.empty else table(feasible, PLAN_COLUMNS, table_id="plan-table"),
         )
     ]
@@ -257,8 +232,7 @@ def plan_sections(report: ReportData) -> list[Section]:
         columns = [Column("plan", "label"), Column("why rejected", "rule")]
         sections.append(
             Section(
-                "plan-rejected",
-                "Plans that do not fit",
+                "plan-rejected", "Plans that do not fit",
                 "The component that overflows, with the longest sequence the plan holds.",
                 table=table(rejected, columns, table_id="plan-rejected-table"),
             )
@@ -267,7 +241,7 @@ def plan_sections(report: ReportData) -> list[Section]:
 
 
 INFERENCE_TABLE_COLUMNS = [
-    Column("phase", "phase"),
+    *record_columns("phase"),
     Column("scheme / cache", "how"),
     Column("W", "world_size", "num"),
     Column("P cached", "cached_len", "num"),
@@ -280,8 +254,7 @@ INFERENCE_TABLE_COLUMNS = [
     Column("KV/rank analytic", "kv_cache_bytes_analytic", "bytes"),
     Column("bytes = model", "bytes_match"),
     Column("max abs error", "max_abs_error", "num"),
-    Column("status", "status"),
-    Column("id", "id", cls="id"),
+    *record_columns("status", "id"),
 ]
 
 
@@ -293,8 +266,7 @@ def inference_sections(report: ReportData) -> list[Section]:
         return []
     return [
         Section(
-            "inference-ttft",
-            "Inference: time to first token by scheme",
+            "inference-ttft", "Inference: time to first token by scheme",
             "Seconds per prefill of T new tokens on P cached (median over iterations of the "
             "slowest rank's forward, shards in and out), one line per scheme (colour) and P "
             "(dash). pass-Q passes the queries and partial outputs, pass-KV the keys and "
@@ -303,16 +275,14 @@ def inference_sections(report: ReportData) -> list[Section]:
             None if (frame["phase"] == "prefill").any() else "No prefill records.",
         ),
         Section(
-            "inference-decode",
-            "Inference: decode latency per token by CP degree",
+            "inference-decode", "Inference: decode latency per token by CP degree",
             "Seconds per decode step / T (inter-token latency), one line per cache layout "
             "(colour) and batch (dash), against the ranks the cache is sharded over.",
             inference.decode_latency_figure(frame),
             None if (frame["phase"] == "decode").any() else "No decode records.",
         ),
         Section(
-            "inference-kv",
-            "Inference: KV cache per rank",
+            "inference-kv", "Inference: KV cache per rank",
             "Bytes of the K and V tensors a rank holds for the step (markers, the most of any "
             "rank) against the model's ceil((P + T) / W) tokens x 2 x KV heads x head dim x "
             "element bytes x B (dashed), one layer: the cache a rank must hold shrinks as 1/W.",
@@ -324,11 +294,4 @@ def inference_sections(report: ReportData) -> list[Section]:
 
 def render_report(report: ReportData) -> Page:
     """The HTML report page of `report` (`cpbench.app.report.build_report`)."""
-    return render_page(
-        title=report.title,
-        summary=report.summary,
-        sources=report.sources,
-        generated_at=report.generated_at,
-        profile_line=report.profile_line,
-        sections=report_sections(report),
-    )
+    return render_page(report, report_sections(report), report.profile_line)

@@ -54,14 +54,6 @@ class Table:
     rows: list[Row]
 
 
-def _fmt_num(value: Any, digits: int = 4) -> str:
-    if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
-        return ""
-    if isinstance(value, (int,)) and not isinstance(value, bool):
-        return str(value)
-    return f"{float(value):.{digits}g}"
-
-
 RECORD_COLUMNS = (
     Column("status", "status"),
     Column("impl", "impl"),
@@ -96,19 +88,30 @@ RECORD_COLUMNS = (
 )
 
 
+def record_columns(*keys: str) -> tuple[Column, ...]:
+    """The columns of the records table that show these frame columns, in this order."""
+    by_key = {c.key: c for c in RECORD_COLUMNS}
+    return tuple(by_key[k] for k in keys)
+
+
 def _sort_and_text(value: Any, kind: str) -> tuple[str, str]:
     """(data-sort value, display text), both unescaped."""
     if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
         return "", ""
+    if kind not in ("bytes", "ms", "pct", "num"):
+        return str(value), str(value)
+    number = float(value)
     if kind == "bytes":
-        return repr(float(value)), units.format_bytes(float(value), ".3g")
-    if kind == "ms":
-        return repr(float(value)), f"{float(value) * 1e3:.4g}"
-    if kind == "pct":
-        return repr(float(value)), f"{float(value) * 100:.1f}%"
-    if kind == "num":
-        return repr(float(value)), _fmt_num(value.item() if hasattr(value, "item") else value)
-    return str(value), str(value)
+        text = units.format_bytes(number, ".3g")
+    elif kind == "ms":
+        text = f"{number * 1e3:.4g}"
+    elif kind == "pct":
+        text = f"{number * 100:.1f}%"
+    else:  # a count as it is, any other number in 4 digits
+        plain = value.item() if hasattr(value, "item") else value
+        whole = isinstance(plain, int) and not isinstance(plain, bool)
+        text = str(plain) if whole else f"{number:.4g}"
+    return repr(number), text
 
 
 def table(

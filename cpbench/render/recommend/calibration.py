@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 from rich.console import Group, RenderableType
 from rich.text import Text
 
@@ -29,20 +31,12 @@ def render_validation(report: ValidationReport | HoldoutReport) -> list[Renderab
             f"({report.split} split, seed {report.seed})"
         )
     table = FitTable(title=title)
-    for col in ("configuration", "measured ms", "predicted ms", "error"):
-        table.add_column(
-            col,
-            justify="left" if col == "configuration" else "right",
-            key=col == "configuration",
-            wrap=col == "configuration",
-        )
+    table.add_columns(("configuration", "measured ms", "predicted ms", "error"),
+                      left=("configuration",), key=("configuration",), wrap=("configuration",))
     for r in report.rows:
-        table.add_row(
-            Text(r.config),
-            format_seconds(r.measured_s, 2, unit=False),
-            format_seconds(r.predicted_s, 2, unit=False),
-            format_percent(r.error, sign=True),
-        )
+        table.add_row(Text(r.config), format_seconds(r.measured_s, 2, unit=False),
+                      format_seconds(r.predicted_s, 2, unit=False),
+                      format_percent(r.error, sign=True))
     summary = Text(
         f"median |error| {format_percent(report.median_abs_error)}, max |error| "
         f"{format_percent(report.max_abs_error)}, Spearman {format_number(report.spearman)}, regret of the "
@@ -50,15 +44,12 @@ def render_validation(report: ValidationReport | HoldoutReport) -> list[Renderab
     )
     out: list[RenderableType] = [table, summary]
     out += [Text(f"warning: {w}", style="yellow") for w in report.warnings]
-    for g in report.groups:
-        if g.configurations > 1:
-            out.append(
-                Text(
-                    f"  group of {g.configurations}: model picks {g.chosen}, measured best "
-                    f"{g.best}, regret {format_percent(g.regret)}",
-                    style="dim",
-                )
-            )
+    out += [
+        Text(f"  group of {g.configurations}: model picks {g.chosen}, measured best {g.best}, "
+             f"regret {format_percent(g.regret)}", style="dim")
+        for g in report.groups
+        if g.configurations > 1
+    ]
     if report.calibration:
         out.append(render_calibration(report.calibration))
     return out
@@ -87,28 +78,17 @@ def render_calibration(report: CalibrationSummary) -> RenderableType:
             "its value is no evidence), with the posterior sd vs the prior sd"
         ),
     )
-    for col in ("fit", "parameter", "prior", "fitted", "unit", "points", "data"):
-        table.add_column(
-            col,
-            justify="right" if col in ("prior", "fitted", "points") else "left",
-            key=col == "parameter",
-            wrap=col in ("fit", "parameter"),
-        )
+    table.add_columns(("fit", "parameter", "prior", "fitted", "unit", "points", "data"),
+                      right=("prior", "fitted", "points"), key=("parameter",),
+                      wrap=("fit", "parameter"))
     for fit in report.fits:
         label = (
             f"{fit.target} ({fit.points} pts, RMS {format_percent(fit.residual_before)} "
             f"-> {format_percent(fit.residual_after)})"
         )
         for i, param in enumerate(fit.parameters):
-            table.add_row(
-                Text(label if i == 0 else ""),
-                Text(param.name),
-                f"{param.prior:.4g}",
-                f"{param.fitted:.4g}",
-                param.unit,
-                str(param.points),
-                _data(param),
-            )
+            table.add_row(Text(label if i == 0 else ""), Text(param.name), f"{param.prior:.4g}",
+                          f"{param.fitted:.4g}", param.unit, str(param.points), _data(param))
     notes = [Text(f"note: {n}", style="dim") for n in report.notes]
     if isinstance(report, CalibrationReport):  # not the calibration inside a validation
         notes[:0] = [Text(f"warning: {w}", style="yellow") for w in report.warnings]
@@ -117,19 +97,15 @@ def render_calibration(report: CalibrationSummary) -> RenderableType:
     return Group(table, *notes)
 
 
-def _cell(value: float | None, percent: bool = True) -> str:
-    if value is None:
-        return "-"
-    return format_percent(value) if percent else format_number(value)
-
-
 def _score_cells(scores: MachineScores | None) -> tuple[str, str, str]:
+    """|error|, Spearman and regret of a machine's scores, `-` for each one missing."""
     if scores is None:
         return ("-", "-", "-")
+    error, spearman, regret = scores.median_abs_error, scores.spearman, scores.worst_regret
     return (
-        _cell(scores.median_abs_error),
-        _cell(scores.spearman, False),
-        _cell(scores.worst_regret),
+        "-" if error is None else format_percent(error),
+        "-" if spearman is None else format_number(spearman),
+        "-" if regret is None else format_percent(regret),
     )
 
 
@@ -155,11 +131,8 @@ def render_published(report: PublishedReport) -> list[RenderableType]:
         columns = ("hardware", "profile", "rows", "groups", "prior |err|", "prior Spearman",
                    "prior regret") + (("LOGO |err|", "LOGO Spearman", "LOGO regret")
                                       if fitted else ())  # fmt: skip
-        for col in columns:
-            table.add_column(
-                col, justify="left" if col in ("hardware", "profile") else "right",
-                key=col == "hardware", wrap=col == "hardware",
-            )  # fmt: skip
+        table.add_columns(columns, left=("hardware", "profile"), key=("hardware",),
+                          wrap=("hardware",))
         for m in section.machines:
             table.add_row(
                 Text(m.hardware), m.profile, str(m.rows), str(m.groups), *_score_cells(m.prior),
@@ -169,10 +142,7 @@ def render_published(report: PublishedReport) -> list[RenderableType]:
         for m in section.machines:
             if m.warning:
                 out.append(Text(f"{m.hardware}: {m.warning}", style="yellow"))
-            cited: dict[str, int] = {}
-            for source in m.sources:
-                where = source.split(", ")[0]
-                cited[where] = cited.get(where, 0) + 1
+            cited = Counter(source.split(", ")[0] for source in m.sources)
             out += [
                 Text(f"{m.hardware}: {n} row source(s) from {where} (each cell: --json)",
                      style="dim")

@@ -40,26 +40,19 @@ def render_inference(rec: InferenceRecommendation, explain: bool = False) -> lis
         if q.decode_batch is not None
         else f"prefill T={q.prompt_len:,} new tokens on P={q.cached_len:,} cached"
     )
-    out: list[RenderableType] = [
-        Text(
-            f"{what} | heads={q.heads} kv_heads={q.kv_heads} head_dim={q.head_dim} "
-            f"{q.dtype} | {q.gpus:,} GPUs, {p.devices_per_node} per node, {p.name}"
-        )
-    ]
+    out: list[RenderableType] = [Text(
+        f"{what} | heads={q.heads} kv_heads={q.kv_heads} head_dim={q.head_dim} "
+        f"{q.dtype} | {q.gpus:,} GPUs, {p.devices_per_node} per node, {p.name}"
+    )]
     if u.kind == "prior":
-        out.append(
-            Text(
-                f"Uncalibrated prior (±{u.sigma:.0%}; two candidates tie within "
-                f"±{rec.ratio_sigma:.0%} of each other): calibrate with `cpbench probe`.",
-                style="yellow",
-            )
-        )
+        out.append(Text(f"Uncalibrated prior (±{u.sigma:.0%}; two candidates tie within "
+                        f"±{rec.ratio_sigma:.0%} of each other): calibrate with `cpbench probe`.",
+                        style="yellow"))
     if rec.listed:
         out.append(_ranked_table(rec, q.decode))
     else:
-        out.append(
-            Text("No scheme and degree fits: every one is rejected below.", style="bold red")
-        )
+        out.append(Text("No scheme and degree fits: every one is rejected below.",
+                        style="bold red"))
     if rec.tied_with_leader:
         out.append(Text(f"Tie with #1 (within the model's uncertainty): "
                         f"{', '.join(rec.tied_with_leader)}.", style="bold yellow"))  # fmt: skip
@@ -119,9 +112,7 @@ def _ranked_table(rec: InferenceRecommendation, decode: bool) -> FitTable:
     if decode:
         columns[5] = "HBM read us"
         columns.append("tok/s")
-    for col in columns:
-        table.add_column(col, justify="left" if col in ("scheme", "tier") else "right",
-                         key=col in ("#", "scheme", "W"))  # fmt: skip
+    table.add_columns(columns, left=("scheme", "tier"), key=("#", "scheme", "W"))
     for r in rec.listed:
         c = r.price
         if isinstance(c, DecodePrice):
@@ -129,14 +120,9 @@ def _ranked_table(rec: InferenceRecommendation, decode: bool) -> FitTable:
         else:
             compute, exposed = c.compute_s, c.exposed_comm_s
         cells = [
-            str(r.rank) + ("=" if r.tied and r.rank > 1 else ""),
-            r.label,
-            str(c.world),
-            "-" if c.world == 1 else c.tier.replace("_node", ""),
-            _us(c.total_s),
-            _us(compute),
-            _us(exposed),
-            _mb(r.bytes_per_rank),
+            str(r.rank) + ("=" if r.tied and r.rank > 1 else ""), r.label, str(c.world),
+            "-" if c.world == 1 else c.tier.replace("_node", ""), _us(c.total_s), _us(compute),
+            _us(exposed), _mb(r.bytes_per_rank),
         ]
         if decode:
             cells.append("-" if r.tokens_per_s is None else f"{r.tokens_per_s:,.0f}")
@@ -146,9 +132,7 @@ def _ranked_table(rec: InferenceRecommendation, decode: bool) -> FitTable:
 
 def _rejected_schemes_table(rejected: Sequence[Refused]) -> FitTable:
     table = FitTable(title="Rejected")
-    table.add_column("scheme", key=True)
-    table.add_column("W", justify="right", key=True)
-    table.add_column("rule", wrap=True)
+    table.add_columns(("scheme", "W", "rule"), right=("W",), key=("scheme", "W"), wrap=("rule",))
     for r in rejected:
         table.add_row(r.scheme, str(r.world), r.rule)
     return table
@@ -162,19 +146,15 @@ def verdict_lines(v: RingVerdict) -> list[str]:
     lines = [
         f"{win} beats {lose} on a ring of {v.world} ({kv.tier.replace('_', '-')}): "
         f"{_us(min(kv.total_s, q.total_s))} vs {_us(max(kv.total_s, q.total_s))} "
-        f"us (x{v.speedup:.2f})."
-    ]
-    lines.append(
+        f"us (x{v.speedup:.2f}).",
         f"  pass-KV: each of {v.world - 1} hops sends {_mb(kv_hop)} MB of K/V in "
         f"{_us(kv.hop_s)} us against a {_us(kv.step_s)} us step "
         f"({'exposed' if kv.hop_s > kv.step_s else 'hidden'}; with overlap "
-        f"{v.overlap:.0%}, {_us(kv.exposed_comm_s)} us of comm not hidden in all)."
-    )
-    lines.append(
+        f"{v.overlap:.0%}, {_us(kv.exposed_comm_s)} us of comm not hidden in all).",
         f"  pass-Q: each hop sends {_mb(q_hop)} MB of queries in "
         f"{_us(q.hop_s)} us, then {_mb(q_tail)} MB of partial outputs + LSEs "
-        f"go home in {_us(q.tail_s)} us after the last step (nothing left to hide them)."
-    )
+        f"go home in {_us(q.tail_s)} us after the last step (nothing left to hide them).",
+    ]
     p, t = v.cached_len, v.prompt_len
     if v.crossover_ratio is not None:
         lines.append(

@@ -98,46 +98,33 @@ def render_recommendation(rec: Recommendation, explain: bool = False) -> list[Re
     settings), or with `explain` every column, the tie, the full explanation, every
     framework's notes and the all-gather alternative."""
     q, s = rec.request, rec.sizes
-    out: list[RenderableType] = [Text(headline(rec), style="bold")]
-    out.append(
+    mask = group_digits(rec.mask.label or ("causal" if q.causal else "full"))
+    out: list[RenderableType] = [
+        Text(headline(rec), style="bold"),
         Text(
             f"L={q.seq_len:,} heads={q.heads} kv_heads={q.kv_heads} "
-            f"head_dim={q.head_dim} micro-batch={q.batch} {canonical_dtype(q.dtype)} "
-            f"{group_digits(rec.mask.label or ('causal' if q.causal else 'full'))} "
+            f"head_dim={q.head_dim} micro-batch={q.batch} {canonical_dtype(q.dtype)} {mask} "
             f"{q.phase} | {q.gpus:,} GPUs, {rec.gpus_per_node} per node, {rec.profile.name} | "
             f"{group_digits(s.world_formula())}"
-        )
-    )
+        ),
+    ]
     u = rec.uncertainty
     source = u.source if u else ""
     if u and u.kind == "prior":
-        out.append(
-            Text(
-                f"±{u.sigma:.0%}: {source}. Run `cpbench probe` on the machine (or pass "
-                "--results of `cpbench sweep`) to calibrate.",
-                style="yellow",
-            )
-        )
+        out.append(Text(f"±{u.sigma:.0%}: {source}. Run `cpbench probe` on the machine (or pass "
+                        "--results of `cpbench sweep`) to calibrate.", style="yellow"))
     elif u:
         out.append(Text(f"Uncertainty: ±{u.sigma:.0%} ({source}).", style="dim"))
     out += [Text(f"warning: {w}", style="yellow") for w in rec.warnings]
     if s.tp > 1:
-        out.append(
-            Text(
-                f"TP {s.tp} splits the heads first: CP works on {rec.shape.heads} "
-                f"query / {rec.shape.kv_heads} KV heads per TP rank."
-            )
-        )
+        out.append(Text(f"TP {s.tp} splits the heads first: CP works on {rec.shape.heads} "
+                        f"query / {rec.shape.kv_heads} KV heads per TP rank."))
     if rec.ranked:
         out.append(_candidates_table(rec, explain))
     tie = rec.tie
     if tie and explain:
-        out.append(
-            Text(
-                ("Tie: " if not tie.clear else "") + group_digits(tie_text(tie, source)) + ".",
-                style="bold yellow" if not tie.clear else "bold",
-            )
-        )
+        text = ("Tie: " if not tie.clear else "") + group_digits(tie_text(tie, source)) + "."
+        out.append(Text(text, style="bold yellow" if not tie.clear else "bold"))
     if rec.rejected:
         out.append(_rejected_table(rec.rejected))
     e = rec.explanation
@@ -160,27 +147,21 @@ def render_recommendation(rec: Recommendation, explain: bool = False) -> list[Re
 
         out.append(Text(f"Conventions: {TIME_CONVENTION}.", style="dim"))
     else:
-        out.append(
-            Text(
-                "--explain adds every column, the tie, the full why, the caveats"
-                + (" and the all-gather alternative" if others else "")
-                + (
-                    "; --write-scenario PATH writes the tie for `cpbench sweep` to measure."
-                    if tie and not tie.clear
-                    else "."
-                ),
-                style="dim",
-            )
+        more = (
+            "; --write-scenario PATH writes the tie for `cpbench sweep` to measure."
+            if tie and not tie.clear
+            else "."
         )
+        alternative = " and the all-gather alternative" if others else ""
+        out.append(Text("--explain adds every column, the tie, the full why, the caveats"
+                        + alternative + more, style="dim"))
     if rec.calibration:
         cal = rec.calibration
-        out.append(
-            Text(
-                f"Calibrated {cal.prior.name} on {cal.points:,} measurements: RMS relative error "
-                f"{format_percent(cal.residual_before)} -> {format_percent(cal.residual)}.",
-                style="dim",
-            )
-        )
+        out.append(Text(
+            f"Calibrated {cal.prior.name} on {cal.points:,} measurements: RMS relative error "
+            f"{format_percent(cal.residual_before)} -> {format_percent(cal.residual)}.",
+            style="dim",
+        ))
     return out
 
 
@@ -206,12 +187,10 @@ def _candidates_table(rec: Recommendation, explain: bool = True) -> FitTable:
     caption += "mem GiB per rank; max L in tokens"
     if same_pm:
         caption += f"; every time ±{next(iter(pms)):.0%} (one sigma)"
+    elif rec.uncertainty:
+        caption += "; ± = one sigma of the predicted time (time x e^±sigma)"
     else:
-        caption += "; ± = " + (
-            "one sigma of the predicted time (time x e^±sigma)"
-            if rec.uncertainty
-            else "the interval"
-        )
+        caption += "; ± = the interval"
     if measured:
         # scipy (behind stats) only when measured rows are drawn: `cpbench --help` stays light
         from cpbench.model.ties import TIE_RULE  # noqa: PLC0415
@@ -236,12 +215,8 @@ def _candidates_table(rec: Recommendation, explain: bool = True) -> FitTable:
         else ("imbalance ms",) * masked + ("source",) * (not measured) + ("±",) * same_pm
     )
     visible = [c for c in columns if (explain or c in BRIEF_COLUMNS) and c not in left_out]
-    for col in visible:
-        table.add_column(
-            col,
-            justify="left" if col in ("mesh", "U x R", "layout", "source") else "right",
-            key=col in ("#", "mesh", "U x R", "layout"),
-        )
+    table.add_columns(visible, left=("mesh", "U x R", "layout", "source"),
+                      key=("#", "mesh", "U x R", "layout"))
     for rank, r in enumerate(listed, start=1):
         p = r.prediction
         c, t = p.candidate, p.phase_time
@@ -262,11 +237,8 @@ def _candidates_table(rec: Recommendation, explain: bool = True) -> FitTable:
             format_gb(tiers["inter_node"], unit=False),
             format_gib(p.memory_bytes, unit=False),
             f"{p.max_seq_len:,}",
-            *(
-                (f"{p.work_imbalance:.2f}", f"{p.ring_steps}/{c.ring}", f"{p.padding:,}")
-                if masked
-                else ()
-            ),
+            *((f"{p.work_imbalance:.2f}", f"{p.ring_steps}/{c.ring}", f"{p.padding:,}")
+              * masked),
             r.source,
         )
         table.add_row(*(cell for cell, col in zip(cells, columns, strict=True) if col in visible))
@@ -275,9 +247,7 @@ def _candidates_table(rec: Recommendation, explain: bool = True) -> FitTable:
 
 def _rejected_table(rejected: Sequence[Rejection]) -> FitTable:
     table = FitTable(title="Rejected candidates")
-    table.add_column("U x R", key=True)
-    table.add_column("layouts", wrap=True)
-    table.add_column("rule", wrap=True)
+    table.add_columns(("U x R", "layouts", "rule"), key=("U x R",), wrap=("layouts", "rule"))
     for r in rejected:
         table.add_row(
             f"{r.ulysses} x {r.ring}" + (" ag" if r.cp_comm == "all_gather" else ""),
