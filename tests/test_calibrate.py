@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import random
 import re
@@ -11,9 +12,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
 from cpbench.app.calibrate import calibrate_results, validate_results
+from cpbench.app.calibrate_schema import CalibrationSummary
 from cpbench.cli.main import app
 from cpbench.config.constraints import AttentionShape
 from cpbench.config.problem import MeshCandidate
@@ -27,6 +30,7 @@ from cpbench.model.calibrate import (
     split_measurements,
     validate_profile,
 )
+from cpbench.model.calibrate.fit import calibration_summary
 from cpbench.model.calibrate.measurements import (
     Measurement,
     default_prior,
@@ -35,6 +39,7 @@ from cpbench.model.calibrate.measurements import (
 from cpbench.model.hardware.loading import load_profile
 from cpbench.model.hardware.profile import EfficiencyCurve, HardwareProfile, LinkCost
 from cpbench.model.hardware.transforms import with_curve, with_link_cost, with_table
+from cpbench.render.recommend.calibration import render_calibration
 from tests.golden import assert_same_document
 from tests.synthetic import step_time_measurements, synthetic_record
 
@@ -723,3 +728,28 @@ def test_the_p2p_ring_and_the_all_gather_of_one_mesh_are_two_measurements() -> N
     assert sorted(m.median_s for m in found) == sorted(
         [ring["timing"]["median"], gathered["timing"]["median"]]
     )
+
+
+def test_a_link_fitted_beyond_twice_its_prior_is_reported_as_misfit() -> None:
+    # issue 40: a fit that moves a link's bus bandwidth to a value no link has says so, naming
+    # the parameter; the prior's own times (2% noise) move nothing out of range
+    prior = load_profile("h100-sxm")
+    a2a = prior.intra_node.all_to_all
+    slow = with_link_cost(prior, "intra_node", "all_to_all", replace(a2a, busbw=a2a.busbw / 4))
+    rng = random.Random(0)
+    candidates = _gpu_candidates()
+    same = fit_profile(step_time_measurements(candidates, prior, 8, 0.02, rng), prior)
+    assert [p.name for f in same.fits for p in f.parameters if p.misfit] == []
+    result = fit_profile(step_time_measurements(candidates, slow, 8, 0.02, rng), prior)
+    misfits = {p.name: p for f in result.fits for p in f.parameters if p.misfit}
+    assert set(misfits) == {"intra_node all_to_all busbw"}, misfits
+    busbw = misfits["intra_node all_to_all busbw"]
+    assert busbw.fitted < busbw.prior / 2 and busbw.status != "undetermined"
+    assert busbw.misfit is not None and "x its prior" in busbw.misfit
+    # the CLI's table marks it and warns once
+    summary = CalibrationSummary.model_validate(calibration_summary(result))
+    console = Console(width=200, file=io.StringIO(), color_system=None)
+    console.print(render_calibration(summary))
+    text = console.file.getvalue()  # type: ignore[attr-defined]
+    assert text.count("MISFIT") == 1, text
+    assert "warning: model misfit: intra_node all_to_all busbw" in text

@@ -31,6 +31,8 @@ class FitParameter(ReportModel):
     posterior_sd: float | None
     status: str | None
     """determined, constrained or undetermined by the data (None: a linear fit's)."""
+    misfit: str | None = None
+    """The joint fit moved this physical parameter out of its range: the model's misfit."""
 
 
 class Fit(ReportModel):

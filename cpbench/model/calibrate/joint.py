@@ -55,6 +55,14 @@ MAX_EVALUATIONS = 60
 """At most this many evaluations per pass (each also costs a numerical Jacobian)."""
 LOWEST_U = 0.02
 """Least 1 - overlap of the reference (the log of 0 is not a parameter)."""
+MISFIT_FACTOR = 2.0
+"""A physical parameter (a link's busbw or latency, the step overhead) the data move more than
+this factor from its prior is reported as the model's misfit: links and launches do not miss
+their rates by 2x, so the fit is putting there an error of the model's structure."""
+SPEC_MARGIN = 1.1
+"""A busbw fitted more than 10% above a specification's (basis `spec`) is no link's."""
+PHYSICAL_KINDS = ("busbw", "latency", "step overhead")
+"""The parameters with a physical range (kernel throughput and overlap have no such bound)."""
 
 
 LinkKey = tuple[LinkTier, CollectiveKind, "int | None"]
@@ -84,6 +92,29 @@ class ParameterFit:
     """Joint fit: the posterior sd of its log ((J^T J)^-1 at the optimum)."""
     status: ParameterStatus | None = None
     """Joint fit: `parameter_status`."""
+    misfit: str | None = None
+    """Joint fit: why its fitted value is outside the physical range, the model's misfit
+    (`MISFIT_FACTOR`, `SPEC_MARGIN`); None when it is inside or the data do not pin it."""
+
+
+def _misfit(spec: _Spec, fitted: float, status: ParameterStatus) -> str | None:
+    """The misfit a fitted value shows (`ParameterFit.misfit`), naming what absorbed it."""
+    if status == "undetermined" or spec.kind not in PHYSICAL_KINDS:
+        return None
+    ratio = fitted / spec.value
+    if spec.kind == "busbw" and spec.basis == "spec" and ratio > SPEC_MARGIN:
+        off = f"above its specification ({spec.value:.3g} {spec.unit})"
+    elif 1 / MISFIT_FACTOR <= ratio <= MISFIT_FACTOR:
+        return None
+    else:
+        off = f"{ratio:.2g}x its prior ({spec.value:.3g} {spec.unit})"
+    thing = "launch" if spec.kind == "step overhead" else "link"
+    return (
+        f"model misfit: {spec.name} fitted {fitted:.3g} {spec.unit}, {off}; no {thing} is that "
+        f"far from its rate: the prior is not this machine's (--hardware), or the fit put an "
+        f"error of the model's structure (kernel time, overlap) into it; trust measurements "
+        f"over predictions that lean on it"
+    )
 
 
 def parameter_status(prior_sd: float, posterior_sd: float) -> ParameterStatus:
@@ -283,7 +314,8 @@ def fit_joint(measurements: Sequence[Measurement], reference: HardwareProfile) -
         points = len(rows) if status != "undetermined" else 0
         fitted_value = spec.value * math.exp(float(x))
         parameters.append(ParameterFit(
-            spec.name, spec.unit, spec.value, fitted_value, points, float(sd), float(ps), status
+            spec.name, spec.unit, spec.value, fitted_value, points, float(sd), float(ps), status,
+            _misfit(spec, fitted_value, status),
         ))
     after = rms(log_errors(theta))
     return JointFit(fitted, tuple(parameters), len(rows), before, after, noise)

@@ -59,7 +59,8 @@ def _data(param: FitParameter) -> str:
     """How well the data pin a joint-fit parameter down; `linear` for the linear fits'."""
     if param.status is None:
         return "linear fit"
-    return f"{param.status} (sd {param.posterior_sd:.2f} of {param.prior_sd:.2f})"
+    misfit = ", MISFIT" if param.misfit else ""
+    return f"{param.status} (sd {param.posterior_sd:.2f} of {param.prior_sd:.2f}){misfit}"
 
 
 def render_calibration(report: CalibrationSummary) -> RenderableType:
@@ -89,7 +90,9 @@ def render_calibration(report: CalibrationSummary) -> RenderableType:
         for i, param in enumerate(fit.parameters):
             table.add_row(Text(label if i == 0 else ""), Text(param.name), f"{param.prior:.4g}",
                           f"{param.fitted:.4g}", param.unit, str(param.points), _data(param))
-    notes = [Text(f"note: {n}", style="dim") for n in report.notes]
+    misfits = [p.misfit for fit in report.fits for p in fit.parameters if p.misfit]
+    notes = [Text(f"warning: {m}", style="yellow") for m in misfits]
+    notes += [Text(f"note: {n}", style="dim") for n in report.notes]
     if isinstance(report, CalibrationReport):  # not the calibration inside a validation
         notes[:0] = [Text(f"warning: {w}", style="yellow") for w in report.warnings]
         if report.output:
