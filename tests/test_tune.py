@@ -132,6 +132,9 @@ def test_cli_tune_replays_an_oracle_and_writes_a_profile(tmp_path: Path) -> None
     assert out.exists() and report["profile_written"] == str(out)
     # the a100-pcie-4 prior is x4.7 off this table's times: said, not hidden in the scale
     assert report["scale"] > 2 and "not this machine's" in report["misfit"]
+    # and the profile's joint fit moved a link out of its range: said, in the report and file
+    assert "model misfit: topology tier 1 (socket) send_recv busbw" in report["misfit"]
+    assert "\n# model misfit: topology tier 1 (socket) send_recv busbw" in out.read_text()
     again = runner.invoke(app, ["recommend", *PROBLEM[:-2], "--hardware", str(out), "--json"])
     assert again.exit_code == 0, again.output
 

@@ -71,7 +71,17 @@ class TuneRun:
     """Each candidate's row of the oracle (None: it has none)."""
 
 
-def write_tuned_profile(run: TuneRun, path: str | Path) -> Path:
+@dataclass(frozen=True)
+class TunedProfile:
+    """The profile a tune wrote (-o) and what its fit found wrong with the model."""
+
+    path: Path
+    misfits: tuple[str, ...]
+    """The joint fit's misfit lines (`ParameterFit.misfit`): physical parameters it moved out of
+    their range."""
+
+
+def write_tuned_profile(run: TuneRun, path: str | Path) -> TunedProfile:
     """The profile calibrated (the joint fit) on what the tune measured, as a TOML file that
     `recommend --hardware FILE` reads; CpbenchError when nothing was measured."""
     measured = [
@@ -81,10 +91,13 @@ def write_tuned_profile(run: TuneRun, path: str | Path) -> Path:
     ]
     if not measured:
         raise CpbenchError(f"--output {path}: the tune measured nothing to calibrate a profile on")
-    fitted = fit_profile(measured, run.recommendation.profile).profile
-    header = f"calibrated by `cpbench tune` on {len(measured)} measured candidates"
+    result = fit_profile(measured, run.recommendation.profile)
+    misfits = tuple(p.misfit for fit in result.fits for p in fit.parameters if p.misfit)
+    header = "\n".join(
+        (f"calibrated by `cpbench tune` on {len(measured)} measured candidates", *misfits)
+    )
     inputs = [run.oracle] if run.oracle else []
-    return save_profile(fitted, path, header, inputs)
+    return TunedProfile(save_profile(result.profile, path, header, inputs), misfits)
 
 
 def tune_with_oracle(
@@ -289,9 +302,9 @@ class TuneReport(Versioned):
     profile_written: str | None
     """The calibrated profile written (-o), or None."""
     misfit: str | None
-    """Said when the measurements put the model's times more than `MISFIT_SCALE` off: the
-    profile's links or kernel are not this machine's (calibrate it, or probe), so the pick
-    leans on the measured candidates."""
+    """Said when the measurements put the model's times more than `MISFIT_SCALE` off (the
+    profile's links or kernel are not this machine's: calibrate it, or probe), so the pick
+    leans on the measured candidates; and, with -o, the misfits of its joint fit."""
 
 
 MISFIT_SCALE = 2.0
@@ -309,7 +322,7 @@ def _misfit(run: TuneRun) -> str | None:
     )
 
 
-def tune_report(run: TuneRun, written: Path | None = None) -> TuneReport:
+def tune_report(run: TuneRun, written: TunedProfile | None = None) -> TuneReport:
     """The typed report of a tune."""
     out = run.outcome
     last = out.steps[-1]
@@ -333,8 +346,9 @@ def tune_report(run: TuneRun, written: Path | None = None) -> TuneReport:
         profile=run.recommendation.profile.name,
         scale=out.scale,
         frameworks=[asdict(f) for f in frameworks],
-        profile_written=None if written is None else str(written),
-        misfit=_misfit(run),
+        profile_written=None if written is None else str(written.path),
+        misfit="; ".join(m for m in (_misfit(run), *(written.misfits if written else ())) if m)
+        or None,
         candidates=[
             TunedCandidate(
                 label=c.label, status=s.status, predicted_ms=s.predicted_s * 1e3,
