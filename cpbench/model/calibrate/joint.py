@@ -97,7 +97,7 @@ class ParameterFit:
     (`MISFIT_FACTOR`, `SPEC_MARGIN`); None when it is inside or the data do not pin it."""
 
 
-def _misfit(spec: _Spec, fitted: float, status: ParameterStatus) -> str | None:
+def _parameter_misfit(spec: _Spec, fitted: float, status: ParameterStatus) -> str | None:
     """The misfit a fitted value shows (`ParameterFit.misfit`), naming what absorbed it."""
     if status == "undetermined" or spec.kind not in PHYSICAL_KINDS:
         return None
@@ -315,7 +315,7 @@ def fit_joint(measurements: Sequence[Measurement], reference: HardwareProfile) -
         fitted_value = spec.value * math.exp(float(x))
         parameters.append(ParameterFit(
             spec.name, spec.unit, spec.value, fitted_value, points, float(sd), float(ps), status,
-            _misfit(spec, fitted_value, status),
+            _parameter_misfit(spec, fitted_value, status),
         ))
     after = rms(log_errors(theta))
     return JointFit(fitted, tuple(parameters), len(rows), before, after, noise)
