@@ -3,12 +3,14 @@ GPUs given, with which parallelism, and how long does a step take: docs/plan.md.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import statistics
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from cpbench.app.recommend.frameworks import cp_comm_type, framework_table
 from cpbench.app.recommend.report import JSON_SCHEMA_VERSION, attributes
 from cpbench.app.recommend.types import DEFAULT_HARDWARE, FrameworkSetting
+from cpbench.config.documents import resolve_documents
 from cpbench.config.problem import check_positive_int
 from cpbench.config.vocabulary import canonical_dtype
 from cpbench.errors import CpbenchError
@@ -34,7 +36,8 @@ from cpbench.model.plan.step import (
 from cpbench.model.plan.transformer import ModelSpec, load_model
 from cpbench.units import GIB
 
-__all__ = ["Plan", "PlanRejection", "PlanRequest", "PlanResult", "plan_training", "to_json"]
+__all__ = ["PackedDocuments", "Plan", "PlanRejection", "PlanRequest", "PlanResult",
+           "plan_training", "to_json"]
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,11 @@ class PlanRequest(PlanOptions):
     """Runtime reserve per GPU; None = 2 GiB on a GPU, 0 on CPU."""
     fabric: str | None = None
     """A built-in fabric (`cpbench.model.hardware.network.FABRICS`); None: the profile's links."""
+    lengths: str | None = None
+    """Document lengths packed into every sequence (a distribution drawn with `seed`, a file or
+    explicit lengths: `cpbench.config.documents.resolve_documents`); None: one causal sequence."""
+    seed: int = 0
+    """Seed of a `lengths` distribution."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -98,11 +106,43 @@ class PlanResult:
     """The fastest plan of the smallest CP degree that fits."""
     counts: SearchCounts | None = None
     """What the search enumerated, rejected, priced and pruned."""
+    documents: PackedDocuments | None = None
+    """The documents packed into every sequence (`--lengths`); None: one causal sequence."""
 
     @property
     def winner(self) -> Plan | None:
         """The fastest feasible plan."""
         return self.feasible[0] if self.feasible else None
+
+
+@dataclass(frozen=True)
+class PackedDocuments:
+    """The documents of `--lengths` packed into each sequence, and what they change."""
+
+    source: str
+    """The length source as given."""
+    seed: int
+    lengths: tuple[int, ...]
+    """Their lengths in one sequence (the last cut to fill it); every sequence is priced so."""
+    single_step_s: float | None
+    """The fastest step of the same search over one causal sequence of L (None: none fits)."""
+    single_label: str | None
+    """That plan's label."""
+
+    @property
+    def count(self) -> int:
+        """Documents per sequence."""
+        return len(self.lengths)
+
+    @property
+    def mean(self) -> float:
+        """Their mean length."""
+        return statistics.fmean(self.lengths)
+
+    @property
+    def longest(self) -> int:
+        """The longest of them."""
+        return max(self.lengths)
 
 
 def plan_training(request: PlanRequest) -> PlanResult:
@@ -128,13 +168,21 @@ def plan_training(request: PlanRequest) -> PlanResult:
         reserve_bytes=reserve,
         fabric=load_fabric(request.fabric) if request.fabric is not None else None,
     )
+    packed = None
+    if request.lengths is not None:
+        lengths = resolve_documents(request.lengths, request.seq_len, request.seed)
+        single = search(replace(space, keep=1)).feasible  # the same plans on one sequence
+        space = replace(space, documents=lengths if len(lengths) > 1 else None)
+        packed = PackedDocuments(request.lengths, request.seed, lengths,
+                                 single[0].time.total_s if single else None,
+                                 single[0].par.label() if single else None)  # fmt: skip
     found = search(space)
     notes = _notes(space, request, found.counts)
     feasible = found.feasible
     frameworks = plan_framework_settings(feasible[0], request, global_batch) if feasible else ()
     return PlanResult(request, model, profile, per_node, global_batch, efficiency, reserve,
                       feasible, found.rejected, frameworks, notes, found.shortest_cp,
-                      found.counts)
+                      found.counts, packed)
 
 
 def _notes(space: SearchSpace, request: PlanRequest, counts: SearchCounts) -> tuple[str, ...]:
@@ -147,6 +195,12 @@ def _notes(space: SearchSpace, request: PlanRequest, counts: SearchCounts) -> tu
             "adds an attention forward"
         )
     notes.append(f"matmul efficiency {space.efficiency.value:.2f}: {space.efficiency.source}")
+    if request.lengths is not None:
+        notes.append(
+            "attention priced under the document mask of one draw of --lengths packed into L "
+            "(every micro-batch's sequence the same packing); a query attends only its own "
+            "document; the ring layouts are the framework's, cut over the packed sequence"
+        )
     impl = space.attention
     factor = (f"measured factor {space.factor:g}" if space.attention_factor is not None
               else f"factor {space.factor:g}")
@@ -312,6 +366,7 @@ def to_json(result: PlanResult) -> dict[str, Any]:
             "attention_factor": (r.attention_factor if r.attention_factor is not None
                                  else framework_attention(r.framework).factor),
             **attributes(r, "linears fabric memory_margin rank_by"),
+            **(attributes(r, "lengths seed") if r.lengths is not None else {}),
             "matmul_efficiency": result.efficiency.value,
             "matmul_efficiency_source": result.efficiency.source,
         },
@@ -335,6 +390,15 @@ def to_json(result: PlanResult) -> dict[str, Any]:
                        "pruned meshes_priced", kept=r.keep)  # fmt: skip
             if counts is not None else None
         ),
+        **({"documents": _documents_json(result.documents)} if result.documents else {}),
         "notes": list(result.notes),
         "conventions": dict(CONVENTIONS),
+    }
+
+
+def _documents_json(d: PackedDocuments) -> dict[str, Any]:
+    """`--lengths`: the documents of each sequence and the step on one sequence."""
+    return attributes(d, "source seed count mean longest") | {
+        "lengths": list(d.lengths),
+        **attributes(d, "single_step_s single_label"),
     }

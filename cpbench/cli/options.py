@@ -139,7 +139,8 @@ Lengths = Annotated[str | None, _option(
     "distribution such as lognormal:mean=1024,sigma=1.5,min=128,max=8192 drawn with --seed to "
     "--step-tokens, a file: one per line, a JSON list or a CSV length column, or 512,9000,...): "
     "static CP, Megatron's dynamic-CP rule and cpbench's scheduler ranked by predicted step "
-    "(docs/dynamic-cp.md).",
+    "(docs/dynamic-cp.md). plan: documents of these lengths packed into each --seq-len "
+    "sequence, attention priced under their document mask.",
 )]
 TokensPerRank = Annotated[int, _option(
     "--tokens-per-rank",
@@ -511,3 +512,14 @@ def other_kind_given(
         if name in other and value != parameter.default and value not in ([], ()):
             given.append(flag(name, parameter.default))
     return given
+
+
+# ------------------------------------------- length distributions in serving (issue 37, item 4)
+
+PromptLens = Annotated[str | None, _option(
+    "--prompt-lens",
+    help="--inference: a distribution of request prompt lengths (lognormal:mean=4096,sigma=1.5,"
+    "min=128,max=65536 drawn with --seed, a file of lengths, or 512,9000,...): the serving "
+    "policy giving each request the CP degree of the least predicted TTFT, against static CP "
+    "and no CP (docs/dynamic-cp.md).",
+)]

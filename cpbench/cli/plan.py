@@ -31,6 +31,8 @@ def plan(
     fabric: o.FabricOption = None,
     memory_margin: o.MemoryMarginOption = "capacity",
     max_seq_len: o.MaxSeqLen = False,
+    lengths: o.Lengths = None,
+    seed: o.Seed = 0,
     top: o.Top = 10,
     exhaustive: o.Exhaustive = False,
     as_json: o.Json = False,
@@ -45,6 +47,10 @@ def plan(
     feasible plans by step time with attention's share, the rejected ones with the
     overflowing component, the shortest CP that fits, the longest sequence each plan holds,
     and the winner's Megatron-LM, torchtitan and DeepSpeed settings.
+
+    With --lengths the documents of a length distribution are packed into each sequence and
+    attention is priced under their document mask, against the same search on one sequence
+    (docs/dynamic-cp.md).
     """
     from cpbench.app import plan as service  # noqa: PLC0415 - keep `cpbench --help` fast
     from cpbench.config.problem import check_choice  # noqa: PLC0415

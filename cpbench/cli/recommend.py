@@ -40,6 +40,7 @@ def recommend(
     explain: o.Explain = False,
     inference: o.Inference = False,
     prompt_len: o.PromptLen = None,
+    prompt_lens: o.PromptLens = None,
     cached_len: o.CachedLen = 0,
     decode_batch: o.DecodeBatch = None,
     layers: o.Layers = None,
@@ -73,7 +74,9 @@ def recommend(
     With --inference it ranks a serving request instead (docs/inference.md): prefill schemes
     and degrees by TTFT (--prompt-len T new tokens on --cached-len P cached), or with
     --decode-batch the sharded-cache decode by per-token latency; the pass-KV / pass-Q
-    crossover, the KV capacity and the vLLM / SGLang settings.
+    crossover, the KV capacity and the vLLM / SGLang settings. With --prompt-lens (a
+    distribution of prompt lengths) it gives each request the CP degree of the least TTFT,
+    against static CP and no CP (docs/dynamic-cp.md).
     """
     from cpbench.app import recommend as service  # noqa: PLC0415 - keep `cpbench --help` fast
     from cpbench.errors import CpbenchError  # noqa: PLC0415
@@ -83,6 +86,11 @@ def recommend(
     given = o.other_kind_given(
         recommend, locals(), "inference" if inference else "training", also=("seed", "phase")
     )
+    if prompt_lens is not None:
+        if not inference:
+            raise CpbenchError("--prompt-lens needs --inference (it is a distribution of "
+                               "serving requests' prompt lengths)")
+        given = [f for f in given if f != "--seed"]  # --seed draws the prompt lengths
     dynamic = {"tokens_per_rank": tokens_per_rank != 8192, "static_cp": static_cp is not None,
                "step_tokens": step_tokens is not None}  # fmt: skip
     if lengths is None and any(dynamic.values()):
@@ -148,6 +156,9 @@ def _serving_recommend(options: Mapping[str, Any], explain: bool, as_json: bool)
     from cpbench.errors import CpbenchError  # noqa: PLC0415
     from cpbench.render.recommend.inference import render_inference  # noqa: PLC0415
 
+    if options["prompt_lens"] is not None:
+        _policy_recommend(options, as_json)
+        return
     if options["prompt_len"] is None:
         raise CpbenchError("--inference needs --prompt-len T (the new tokens of the turn, >= 1)")
     rec = recommend_inference(options_request(InferenceRequest, options))
@@ -166,3 +177,23 @@ def _dynamic_recommend(options: Mapping[str, Any], as_json: bool) -> None:
 
     rec = recommend_policies(options_request(DynamicRequest, options))
     emit(dynamic_report(rec) if as_json else None, as_json, lambda: render_dynamic(rec))
+
+
+def _policy_recommend(options: Mapping[str, Any], as_json: bool) -> None:
+    """`recommend --inference --prompt-lens`: the serving policy over a distribution of prompt
+    lengths, rendered or as JSON."""
+    from cpbench.app.recommend.inference import (  # noqa: PLC0415
+        InferenceRequest,
+        serving_policy,
+        serving_policy_report,
+    )
+    from cpbench.errors import CpbenchError  # noqa: PLC0415
+    from cpbench.render.recommend.inference import render_serving_policy  # noqa: PLC0415
+
+    if options["prompt_len"] is not None:
+        raise CpbenchError("--prompt-len is one request, --prompt-lens a distribution of them: "
+                           "give one of the two")
+    request = options_request(InferenceRequest, options, prompt_len=1)  # the sample's longest
+    policy = serving_policy(request, options["prompt_lens"], options["seed"])
+    emit(serving_policy_report(policy) if as_json else None, as_json,
+         lambda: render_serving_policy(policy))  # fmt: skip

@@ -238,6 +238,22 @@ def pass_kv_hidden_above(problem: CpProblem, world: int, profile: HardwareProfil
     )
 
 
+def fastest_prefill(cached_len: int, new_tokens: int, problem: CpProblem, world: int,
+                    profile: HardwareProfile, kernel: str = "auto") -> PrefillPrice | None:
+    """The prefill scheme of the least modelled TTFT on `world` ranks (`price_prefill`; one
+    rank runs no scheme), the first in `PREFILL_SCHEMES` order among equal times; None when
+    no scheme can run there (Ulysses' heads rule is the only one that can refuse)."""
+    best: PrefillPrice | None = None
+    for scheme in PREFILL_SCHEMES if world > 1 else PREFILL_SCHEMES[:1]:
+        try:
+            price = price_prefill(scheme, cached_len, new_tokens, problem, world, profile, kernel)
+        except CpbenchError:  # a scheme this problem cannot run on `world` ranks
+            continue
+        if best is None or price.total_s < best.total_s:
+            best = price
+    return best
+
+
 CP_PAYS_SEARCH_MAX = 1 << 22
 """The longest prompt `cp_pays_above` searches (4M tokens)."""
 
@@ -254,14 +270,8 @@ def cp_pays_above(problem: CpProblem, world: int, profile: HardwareProfile, cach
 
     def pays(tokens: int) -> bool:
         alone = price_prefill("pass_kv", cached_len, tokens, problem, 1, profile, kernel)
-        prices = []
-        for scheme in PREFILL_SCHEMES:
-            try:
-                prices.append(price_prefill(scheme, cached_len, tokens, problem, world, profile,
-                                            kernel).total_s)  # fmt: skip
-            except CpbenchError:  # a scheme this problem cannot run on `world` ranks
-                continue
-        return bool(prices) and min(prices) < alone.total_s
+        best = fastest_prefill(cached_len, tokens, problem, world, profile, kernel)
+        return best is not None and best.total_s < alone.total_s
 
     low, high = world - 1, world
     while not pays(high):

@@ -40,6 +40,8 @@ def render_plan(result: PlanResult, top: int = 10) -> list[RenderableType]:
         f"recompute {q.recompute or 'search'}"
     )
     out: list[RenderableType] = [header]
+    if result.documents is not None:
+        out.append(Text(_documents_line(result)))
     feasible, counts, winner, shortest = (
         result.feasible, result.counts, result.winner, result.shortest_cp
     )
@@ -75,6 +77,23 @@ def render_plan(result: PlanResult, top: int = 10) -> list[RenderableType]:
         f"Conventions: {c['time']}. {c['mfu']}. {c['memory']}. {c['tokens']}.", style="dim"
     ))
     return out
+
+
+def _documents_line(result: PlanResult) -> str:
+    """Which documents each sequence packs and how the fastest step moved from one sequence."""
+    d, winner = result.documents, result.winner
+    assert d is not None
+    line = (f"Packed documents ({d.source}, seed {d.seed}): {d.count} per sequence of "
+            f"{result.request.seq_len} tokens, mean {d.mean:,.0f}, longest {d.longest:,}; "
+            f"attention priced under their document mask.")
+    if winner is not None and d.single_step_s is not None:
+        change = winner.time.total_s / d.single_step_s - 1
+        line += (f" Fastest step {_seconds(winner.time.total_s)} s ({winner.par.label()}) vs "
+                 f"{_seconds(d.single_step_s)} s on one causal sequence ({d.single_label}): "
+                 f"{change:+.1%}.")
+    elif d.single_step_s is None:
+        line += " No plan fits one causal sequence of L either."
+    return line
 
 
 def _feasible_table(plans: Sequence[Plan], top: int,

@@ -4,6 +4,9 @@ The model and the output: docs/inference.md."""
 
 from __future__ import annotations
 
+import itertools
+import statistics
+from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -11,6 +14,7 @@ from cpbench.app.recommend.inference_settings import ServingSetting, serving_set
 from cpbench.app.recommend.report import JSON_SCHEMA_VERSION, attributes
 from cpbench.app.recommend.types import DEFAULT_HARDWARE, Uncertainty
 from cpbench.app.recommend.uncertainty import profile_uncertainty
+from cpbench.config.documents import global_batch
 from cpbench.config.inference import ulysses_rule
 from cpbench.config.problem import CpProblem
 from cpbench.config.vocabulary import canonical_dtype
@@ -24,6 +28,7 @@ from cpbench.model.inference_cost import (
     PrefillPrice,
     check_heads,
     cp_pays_above,
+    fastest_prefill,
     kv_capacity,
     pass_kv_hidden_above,
     pass_kv_pass_q_crossover,
@@ -335,6 +340,144 @@ def _ring_verdict(request: InferenceRequest, shape: CpProblem, world: int,
     crossover = pass_kv_pass_q_crossover(p, shape, world, profile, kernel) if p >= 1 else None
     hidden = pass_kv_hidden_above(shape, world, profile, p + t, kernel)
     return RingVerdict(kv, q, p, t, profile.overlap, crossover, hidden, ring_message_ratio(shape))
+
+
+# ------------------------------------------------------- a distribution of prompt lengths
+
+PROMPT_SAMPLE_TOKENS = 1 << 22
+"""Prompt tokens a `--prompt-lens` distribution is drawn to (about 1,000 requests at a mean of
+4,096; a file's lengths are read until they hold as many, explicit lengths are all taken)."""
+
+
+@dataclass(frozen=True)
+class PolicyRange:
+    """Consecutive prompt lengths the serving policy gives one CP degree."""
+
+    low: int
+    """Shortest prompt of the range (tokens)."""
+    high: int
+    """Longest prompt of the range."""
+    world: int
+    """The degree: the least modelled TTFT of every degree that holds these prompts."""
+    schemes: tuple[str, ...]
+    """The fastest prefill scheme(s) on it over the range (`1 GPU` on one)."""
+    requests: int
+    """Requests of the sample in the range."""
+    share: float
+    """requests / all requests."""
+    mean_ttft_s: float
+    """Their mean modelled TTFT on the degree."""
+
+
+@dataclass(frozen=True)
+class ServingPolicy:
+    """The answer of `recommend --inference --prompt-lens`: each request on the CP degree of
+    the least modelled TTFT (`fastest_prefill`), against static CP on every degree."""
+
+    request: InferenceRequest
+    """The request's options (prompt_len: the longest prompt of the sample)."""
+    profile: HardwareProfile
+    source: str
+    """The length source as given."""
+    seed: int
+    prompts: tuple[int, ...]
+    """The requests' prompt lengths (new tokens T on `cached_len`), in drawn order."""
+    ranges: tuple[PolicyRange, ...]
+    """The policy: prompt-length ranges and their degree, shortest first."""
+    mean_ttft_s: float
+    """Mean modelled TTFT of the policy over the requests."""
+    static_ttft_s: dict[int, float | None]
+    """Mean TTFT of static CP at each degree (None: it cannot hold every request's cache)."""
+    cp_pays_above: dict[int, int | None]
+    """Per CP degree > 1, the prompt above which CP's prefill beats one GPU's."""
+
+    @property
+    def widest(self) -> int:
+        """The mesh's CP degree: every GPU of the request."""
+        return self.request.gpus
+
+
+def serving_policy(request: InferenceRequest, source: str, seed: int = 0) -> ServingPolicy:
+    """The serving policy of a distribution of prompt lengths (see `ServingPolicy`); the
+    request's prompt_len is replaced by the sample's longest. CpbenchError (exit 2) when the
+    source gives no valid length or a prompt no degree can hold."""
+    if request.decode:
+        raise CpbenchError("--prompt-lens ranks the prefill of each request: leave out "
+                           "--decode-batch")
+    prompts = global_batch(source, PROMPT_SAMPLE_TOKENS, seed)
+    request = replace(request, prompt_len=max(prompts))
+    request.check()
+    shape = _problem(request)
+    profile = _profile(request)
+    budget = (request.kv_memory_gib or profile.memory.capacity_gib) * GIB
+    cached, layers = request.cached_len, request.layers or 1
+    holds = {w: kv_capacity(cached, shape, w, layers, budget).longest_context
+             for w in degrees(request.gpus)}  # fmt: skip
+    widest = max(holds, key=lambda w: holds[w])
+    if cached + request.prompt_len > holds[widest]:
+        raise CpbenchError(
+            f"prompt length {request.prompt_len:,} from {source.strip()!r} (on {cached:,} "
+            f"cached) does not fit: the KV cache of {layers} layer(s) holds at most "
+            f"{holds[widest]:,} tokens per sequence on {widest} GPUs of "
+            f"{budget / GIB:.1f} GiB: give shorter prompts (max=) or more --kv-memory-gib"
+        )
+    times: dict[int, dict[int, PrefillPrice]] = {}  # prompt -> degree -> fastest scheme
+    for t in sorted(set(prompts)):
+        held = (w for w, longest in holds.items() if cached + t <= longest)
+        priced = ((w, fastest_prefill(cached, t, shape, w, profile, request.kernel)) for w in held)
+        times[t] = {w: best for w, best in priced if best is not None}
+    chosen = {t: min(row.values(), key=lambda p: (p.total_s, p.world)) for t, row in times.items()}
+    count = Counter(prompts)
+    ranges = []
+    for world, run in itertools.groupby(times, key=lambda t: chosen[t].world):
+        group = list(run)
+        n = sum(count[t] for t in group)
+        ranges.append(PolicyRange(
+            group[0], group[-1], world, tuple(dict.fromkeys(_scheme_label(chosen[t])
+                                                           for t in group)),
+            n, n / len(prompts), sum(count[t] * chosen[t].total_s for t in group) / n,
+        ))  # fmt: skip
+    static = {
+        w: (statistics.fmean(times[t][w].total_s for t in prompts)
+            if all(w in times[t] for t in times) else None)
+        for w in holds
+    }  # fmt: skip
+    pays = {w: cp_pays_above(shape, w, profile, cached, request.kernel) for w in holds if w > 1}
+    policy_mean = statistics.fmean(chosen[t].total_s for t in prompts)
+    return ServingPolicy(request, profile, source, seed, prompts, tuple(ranges), policy_mean,
+                         static, pays)  # fmt: skip
+
+
+def _scheme_label(price: PrefillPrice) -> str:
+    return "1 GPU" if price.world == 1 else price.scheme
+
+
+def serving_policy_report(policy: ServingPolicy) -> dict[str, Any]:
+    """The `--json` answer of `recommend --inference --prompt-lens`."""
+    q, prompts = policy.request, policy.prompts
+    inputs = {k: v for k, v in asdict(q).items() if k not in ("prompt_len", "decode_batch", "top")}
+    return {
+        "schema_version": JSON_SCHEMA_VERSION,
+        "inputs": inputs | {
+            "mode": "prefill_policy", "prompt_lens": policy.source, "seed": policy.seed,
+            "hardware": policy.profile.name, "gpus_per_node": policy.profile.devices_per_node,
+        },
+        "prompts": {
+            "requests": len(prompts), "mean": statistics.fmean(prompts),
+            "median": statistics.median(prompts), "min": min(prompts), "max": max(prompts),
+            "sample_tokens": PROMPT_SAMPLE_TOKENS,
+        },
+        "policy": [asdict(r) | {"schemes": list(r.schemes)} for r in policy.ranges],
+        "mean_ttft_s": {
+            "policy": policy.mean_ttft_s,
+            "static_cp": policy.static_ttft_s.get(policy.widest),
+            "no_cp": policy.static_ttft_s.get(1),
+        },
+        "static_cp_degree": policy.widest,
+        "static_ttft_s": {str(w): t for w, t in policy.static_ttft_s.items()},
+        "cp_pays_above": {str(w): t for w, t in policy.cp_pays_above.items()} or None,
+        "conventions": {"time": INFERENCE_TIME_CONVENTION, "memory": MEMORY_CONVENTION},
+    }
 
 
 # ---------------------------------------------------------------------------------- JSON

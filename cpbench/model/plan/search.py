@@ -11,13 +11,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cpbench.config.bench import factorizations
+from cpbench.config.block_counts import CountingTooCostly, counting_budget
 from cpbench.config.constraints import AttentionShape, check_mesh, seq_divisor
 from cpbench.config.problem import MeshCandidate
 from cpbench.config.vocabulary import Pass
 from cpbench.errors import CpbenchError
 from cpbench.model.cost.prediction import Prediction, predict
 from cpbench.model.cost.work import merge_bytes
-from cpbench.model.flops import attention_flops
+from cpbench.model.flops import flops_per_pair, mask_pairs, phase_factor
 from cpbench.model.hardware.network import Fabric
 from cpbench.model.hardware.profile import HardwareProfile
 from cpbench.model.plan.framework import FrameworkAttention, framework_attention, linear_speedup
@@ -113,6 +114,9 @@ class SearchSpace(PlanOptions):
     """Runtime reserve per GPU."""
     fabric: Fabric | None = None
     """How the nodes are wired (None: the profile's inter-node link, no rails or domains)."""
+    documents: tuple[int, ...] | None = None
+    """Lengths of the documents packed into every sequence (summing to `seq_len`; None: one
+    causal sequence): attention is priced under their document mask."""
 
     @property
     def attention(self) -> FrameworkAttention:
@@ -210,6 +214,7 @@ class _Mesh:
             self.candidates.append(MeshCandidate.for_shape(
                 self.shape, ulysses=ulysses, ring=ring, layout=layout, dtype=space.dtype,
                 kernel=kernel, cp_comm=impl.cp_comm if ring > 1 else "p2p",
+                documents=space.documents,
             ))
         self.buffers = {c.layout: attention_buffer_bytes(c) for c in self.candidates}
 
@@ -238,14 +243,24 @@ class _Mesh:
         return "priced" in self.__dict__
 
     @functools.cached_property
-    def priced(self) -> tuple[Prediction, int]:
-        """The fastest layout's prediction (zigzag first among 4-digit ties) and its buffers."""
+    def priced(self) -> tuple[Prediction, int] | None:
+        """The fastest layout's prediction (zigzag first among 4-digit ties) and its buffers;
+        None when packed documents make every layout's exact counts over the counting budget
+        (`reason` says so)."""
         if not self.candidates:
             raise CpbenchError(f"no feasible layout to price: {self.reason}")
         s = self.space
         profile, per_node = attention_profile(s.profile, s.gpus_per_node, self.tp, self.ulysses,
                                               self.ring, s.fabric)
-        predictions = [predict(c, profile, per_node, rank_stride=self.tp) for c in self.candidates]
+        predictions = []
+        for c in self.candidates:
+            try:
+                with counting_budget():
+                    predictions.append(predict(c, profile, per_node, rank_stride=self.tp))
+            except CountingTooCostly as refused:
+                self.reason = f"{c.layout} {refused.rule}"
+        if not predictions:
+            return None
         best = min(predictions,
                    key=lambda p: (rank_seconds(p.step_s), _layout_rank(p.candidate.layout)))
         return best, self.buffers[best.candidate.layout]
@@ -264,7 +279,10 @@ def _phase_bound(candidate: MeshCandidate, profile: HardwareProfile, phase: Pass
     rate = profile.peak_flops(candidate.dtype) * curve.at(candidate.ring_shard)
     shape = AttentionShape(candidate.seq_len, candidate.heads, candidate.kv_heads,
                            candidate.head_dim, candidate.batch)
-    flops = attention_flops(shape, causal=candidate.mask.causal, phase=phase) / candidate.world
+    # the mask's pairs (L^2 / 2 for one causal sequence, less under packed documents): the
+    # cost model's ranks compute at least these (exact counts, padding included) between them
+    pairs = mask_pairs(candidate.mask, candidate.seq_len)
+    flops = float(flops_per_pair(shape, 1) * pairs * phase_factor(phase)) / candidate.world
     steps = candidate.ring_steps
     # merge_bytes is the same at every step from 1 on (step 0 of the forward merges nothing)
     merges = merge_bytes(candidate, phase, 0) + (steps - 1) * merge_bytes(candidate, phase, 1)
@@ -307,6 +325,8 @@ class PlanSearch:
         self.capacity = space.profile.memory_bytes
         self.counts = SearchCounts()
         self._meshes: dict[tuple[int, int, int], _Mesh] = {}
+        self.unpriced: list[PlanRejection] = []
+        """Plans that fit but whose mesh's packed documents are over the counting budget."""
 
     def mesh(self, tp: int, ulysses: int, ring: int) -> _Mesh:
         """The cached mesh of (TP, U, R)."""
@@ -334,7 +354,7 @@ class PlanSearch:
         tiers = tiers or plan_tiers(par, s.profile, s.gpus_per_node, s.fabric)
         return step_time_of_layer(s.model, par, s.seq_len, forward_s * s.factor,
                                   backward_s * s.factor, s.profile, s.gpus_per_node, s.dtype,
-                                  s.efficiency, s.linear_speedup, tiers)
+                                  s.efficiency, s.linear_speedup, tiers, s.documents)
 
     def max_seq_len(self, par: Parallelism, buffers_per_token: float,
                     margin: str | None = None) -> int:
@@ -438,8 +458,9 @@ class PlanSearch:
                     if s.rank_by == "max_seq_len":  # longest first: a negative length leads
                         key = -float(self.max_seq_len(par, per_token, "safe"))
                     queue.append((key, order, par))
-        counts.rejected_by_rule = len(rules)
         ranked, shortest = self._price(queue, smallest_cp, over)
+        rules += self.unpriced
+        counts.rejected_by_rule = len(rules)
         plans = tuple(self._finish(r.plan) for r in sorted(ranked))
         shortest_plan = None
         if shortest is not None:
@@ -470,6 +491,11 @@ class PlanSearch:
             mesh = self.mesh(par.tp, par.ulysses, par.ring)
             if not mesh.is_priced:
                 counts.meshes_priced += 1
+            if mesh.priced is None:  # packed documents too costly to count on this mesh
+                counts.feasible -= 1
+                self.unpriced.append(PlanRejection(f"{par.label()} {par.recompute}", "mesh",
+                                                   mesh.reason))
+                continue
             prediction, buffers = mesh.priced
             par = replace(par, layout=prediction.candidate.layout)
             per_token = buffers / s.seq_len

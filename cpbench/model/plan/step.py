@@ -12,9 +12,10 @@ from pydantic import Field
 
 from cpbench.config.constraints import AttentionShape
 from cpbench.config.file_schema import FileModel
+from cpbench.config.masks import MaskSpec
 from cpbench.config.vocabulary import DTYPE_BYTES, canonical_dtype
 from cpbench.errors import CpbenchError
-from cpbench.model.flops import attention_flops
+from cpbench.model.flops import flops_per_pair, mask_pairs
 from cpbench.model.hardware.profile import HardwareProfile, LinkCost
 from cpbench.model.plan.memory import Parallelism, check_zero, params_per_rank
 from cpbench.model.plan.transformer import ModelSpec
@@ -140,11 +141,15 @@ def layer_gemm_flops(model: ModelSpec, tokens: float, micro_batch: int, tp: int)
     return 2.0 * micro_batch * tokens * (model.attention_weights + model.mlp_params) / tp
 
 
-def model_flops(model: ModelSpec, seq_len: int, sequences: int) -> float:
-    """Useful FLOPs of a step of `sequences` sequences of `seq_len` tokens (MFU_CONVENTION)."""
+def model_flops(model: ModelSpec, seq_len: int, sequences: int,
+                documents: tuple[int, ...] | None = None) -> float:
+    """Useful FLOPs of a step of `sequences` sequences of `seq_len` tokens (MFU_CONVENTION):
+    attention's are the pairs of the causal mask, of its documents when `documents` packs
+    them (a query attends only its own document's keys)."""
     tokens = seq_len * sequences
     shape = AttentionShape(seq_len, model.heads, model.kv_heads, model.head_dim, 1)
-    attention = attention_flops(shape, causal=True, phase="forward")
+    pairs = mask_pairs(MaskSpec(documents=documents).normalized(), seq_len)
+    attention = float(flops_per_pair(shape) * pairs)
     return 6.0 * model.matmul_params * tokens + 3.0 * attention * model.layers * sequences
 
 
@@ -160,12 +165,14 @@ def step_time_of_layer(
     efficiency: MatmulEfficiency | None = None,
     linear_speedup: float = 1.0,
     tiers: PlanTiers | None = None,
+    documents: tuple[int, ...] | None = None,
 ) -> StepTime:
     """Predicted step time of a plan (docs/plan.md) from one layer's attention forward and
     backward seconds for one micro-batch (heads of one TP rank, rank stride TP, times the
     framework's factor); the linears' GEMMs run `linear_speedup` x faster than bf16 ones (FP8);
     TP, PP and DP priced on the links `tiers` gives them (None: `plan_tiers` on the profile's
-    own links).
+    own links); `documents`, the lengths packed into each sequence, count the useful attention
+    FLOPs of the MFU.
 
     Every part is non-decreasing in both seconds (the bubble is (p - 1) micro-batch times),
     so a lower bound of the attention gives a lower bound of the step: what the search prunes
@@ -228,7 +235,7 @@ def step_time_of_layer(
         micro_batches=m,
         bubble_fraction=(p - 1) / (m + p - 1),
         matmul_tflops=gemm_rate / 1e12,
-        model_flops=model_flops(model, seq_len, sequences),
+        model_flops=model_flops(model, seq_len, sequences, documents),
         tokens=sequences * seq_len,
         world=par.world,
         peak_flops=peak,

@@ -15,7 +15,12 @@ from cpbench.render.tables import FitTable
 from cpbench.units import GIB
 
 if TYPE_CHECKING:
-    from cpbench.app.recommend.inference import InferenceRecommendation, Refused, RingVerdict
+    from cpbench.app.recommend.inference import (
+        InferenceRecommendation,
+        Refused,
+        RingVerdict,
+        ServingPolicy,
+    )
     from cpbench.app.recommend.inference_settings import ServingSetting
 
 
@@ -217,3 +222,48 @@ def settings_table(rec: InferenceRecommendation, explain: bool = False) -> FitTa
             cells.append(r.note)
         table.add_row(*cells)
     return table
+
+
+def render_serving_policy(policy: ServingPolicy) -> list[RenderableType]:
+    """A serving policy over a distribution of prompt lengths: the header, the length ranges
+    and their degree, the mean TTFT against static CP and no CP, where CP pays."""
+    from cpbench.app.recommend.inference import INFERENCE_TIME_CONVENTION  # noqa: PLC0415
+
+    q, p, prompts = policy.request, policy.profile, policy.prompts
+    out: list[RenderableType] = [Text(
+        f"prefill of {len(prompts):,} requests, prompt lengths {policy.source} (seed "
+        f"{policy.seed}): mean {sum(prompts) / len(prompts):,.0f}, {min(prompts):,} to "
+        f"{max(prompts):,} new tokens on P={q.cached_len:,} cached | heads={q.heads} "
+        f"kv_heads={q.kv_heads} head_dim={q.head_dim} {q.dtype} | {q.gpus:,} GPUs, "
+        f"{p.devices_per_node} per node, {p.name}"
+    )]
+    table = FitTable(
+        title="Serving policy: each request on the CP degree of the least TTFT",
+        caption="us = microseconds of attention per layer (TTFT's attention); share = of the "
+        "requests",
+    )
+    table.add_columns(("prompt tokens", "CP", "scheme", "requests", "share", "mean TTFT us"),
+                      left=("prompt tokens", "scheme"), key=("prompt tokens",))  # fmt: skip
+    for r in policy.ranges:
+        table.add_row(f"{r.low:,}-{r.high:,}", str(r.world), ", ".join(r.schemes),
+                      f"{r.requests:,}", f"{r.share:.1%}", _us(r.mean_ttft_s))  # fmt: skip
+    out.append(table)
+
+    def versus(world: int, name: str) -> str:
+        static = policy.static_ttft_s.get(world)
+        if static is None:
+            return f"{name} cannot hold every request's KV cache"
+        return f"{name} {_us(static)} us (x{static / policy.mean_ttft_s:.2f} the policy's)"
+
+    out.append(Text(
+        f"Mean TTFT: policy {_us(policy.mean_ttft_s)} us; "
+        f"{versus(policy.widest, f'static CP {policy.widest}')}; {versus(1, 'no CP')}."
+    ))
+    if policy.cp_pays_above:
+        out.append(Text("CP pays above (fastest scheme's TTFT below one GPU's): " + ", ".join(
+            f"CP {w} from {t:,} tokens" if t else f"CP {w} never"
+            for w, t in policy.cp_pays_above.items())))  # fmt: skip
+    out.append(Text(
+        f"Conventions: {INFERENCE_TIME_CONVENTION}; each request is priced alone on its degree "
+        f"(no queueing, no batching across requests).", style="dim"))  # fmt: skip
+    return out
