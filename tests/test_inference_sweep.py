@@ -174,7 +174,7 @@ def test_every_inference_record_is_verified_with_bytes_equal_to_the_model(
     records, out = swept
     assert len(records) == 10 and {r["status"] for r in records} == {"ok"}, [
         r["error"] for r in records]  # fmt: skip
-    assert read_records(out)[0]["schema_version"] == SCHEMA_VERSION == 3
+    assert read_records(out)[0]["schema_version"] == SCHEMA_VERSION == 4
     assert all(isinstance(r, ResultRecord) and r.inference for r in read_results(out))
     schemes = set()
     for r in records:

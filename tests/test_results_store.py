@@ -299,7 +299,7 @@ def test_a_version_1_record_before_the_impl_axis_migrates(tmp_path: Path) -> Non
     """The fixture record predates the impl axis and the busbw rename: read, it is cpbench's
     own and its bandwidth has today's name, with the same value; nothing else changes."""
     raw = json.loads((FIXTURES / "v1-before-impl.jsonl").read_text())
-    assert raw["schema_version"] == 1 and SCHEMA_VERSION == 3
+    assert raw["schema_version"] == 1 and SCHEMA_VERSION == 4
     assert "impl" not in raw["config"] and "achieved_busbw_GBps" not in raw["comm"]
     (record,) = read_records(FIXTURES / "v1-before-impl.jsonl")
     assert record["config"]["impl"] == "cpbench"
@@ -375,10 +375,13 @@ def test_a_version_2_record_before_the_inference_phases_reads_as_version_3(tmp_p
     """Version 3 added only optional inference fields: a version-2 training record reads as the
     same record (its version as written)."""
     text = (FIXTURES / "sweep.jsonl").read_text()
-    assert '"schema_version":3' in text
-    old = tmp_path / "v2.jsonl"
-    old.write_text(text.replace('"schema_version":3', '"schema_version":2'))
+    current = f'"schema_version":{SCHEMA_VERSION}'
+    assert current in text
+
     def without_version(path: Path) -> list[dict]:
         return [r.model_dump(exclude={"schema_version"}) for r in read_results(path)]
 
-    assert without_version(old) == without_version(FIXTURES / "sweep.jsonl")
+    for version in (2, 3):  # version 4 added only the optional dynamic section
+        old = tmp_path / f"v{version}.jsonl"
+        old.write_text(text.replace(current, f'"schema_version":{version}'))
+        assert without_version(old) == without_version(FIXTURES / "sweep.jsonl")

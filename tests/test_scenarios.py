@@ -39,6 +39,7 @@ SHIPPED = {
     "packed-documents": ("cpu", 4, 10, 10),
     "cpu-inference": ("cpu", 2, 24, 24),
     "gpu-inference": ("cuda", 8, 24, 24),
+    "dynamic-cp": ("cpu", 4, 0, 0),  # no [axes]: a [dynamic] study only
 }
 
 
@@ -454,7 +455,7 @@ def test_file_keys_and_their_descriptions() -> None:
     assert TOP_LEVEL_KEYS == (
         "name", "description", "world_size", "device", "warmup", "iters", "timeout",
         "check_max_seq_len", "nodes", "seed", "precision", "max_iters", "budget", "check_rows",
-        "axes", "also",
+        "axes", "also", "dynamic",
     )  # fmt: skip
     assert AXIS_KEYS == (
         "seq_len", "batch", "heads", "kv_heads", "gqa_ratio", "head_dim", "dtype", "causal",

@@ -20,11 +20,13 @@ from cpbench.bench.world import InProcessWorld, World, launched_by_torchrun
 from cpbench.config.bench import BenchConfig
 from cpbench.config.impls import DEFAULT_IMPL
 from cpbench.errors import CpbenchError, RunFailure
+from cpbench.model.dynamic.schedule import Policy
 from cpbench.model.ties import median_interval, rank_with_ties
 from cpbench.results.frame import rank_group
 from cpbench.results.lock import ResultsLock
+from cpbench.results.scenarios.dynamic import DynamicStudy
 from cpbench.results.scenarios.scenario import Scenario
-from cpbench.results.schema import EnvironmentSection, ResultRecord, dump_record
+from cpbench.results.schema import SCHEMA_VERSION, EnvironmentSection, ResultRecord, dump_record
 from cpbench.results.store import (
     append_record,
     clear_inflight,
@@ -165,7 +167,7 @@ def run_sweep(
     resume: bool = False,
     timeout: float | None = None,
     on_record: Callable[[dict[str, Any]], None] | None = None,
-    on_start: Callable[[BenchConfig], None] | None = None,
+    on_start: Callable[[BenchConfig | DynamicStudy], None] | None = None,
     respawn_each: bool = False,
     task: Callable[..., RankMeasurement] | None = None,
     precision: float | None | Literal["scenario"] = "scenario",
@@ -303,6 +305,22 @@ def run_sweep(
                         world.close()
                 finish(record)
             flush()
+            study = scenario.dynamic_study(device, world_size)
+            if study is not None:
+                pending = [p for p in study.policies if study.record_id(p) not in done]
+                result.resumed += len(study.policies) - len(pending)
+                if pending:
+                    if on_start:
+                        on_start(study)
+                    if launched and writer:  # should the job die, --resume records the first
+                        dead = _study_base(study, scenario, environment, pending[0])
+                        dead.status = "failed"
+                        dead.error = INFLIGHT_ERROR.format(started=dead.timestamp, timeout=limit)
+                        mark_inflight(out, dead)
+                    world.start()
+                    for record in run_study(study, pending, world, settings, limit,
+                                            lambda p: _study_base(study, scenario, environment, p)):
+                        write(record)
         except KeyboardInterrupt as exc:
             result.interrupted = True
             result.signal = getattr(exc, "signum", signal.SIGINT)
@@ -318,6 +336,64 @@ def run_sweep(
             result.wall_seconds = time.perf_counter() - started
             result.spawns = getattr(world, "spawns", 0)
         return result
+
+
+def _study_base(
+    study: DynamicStudy, scenario: Scenario, environment: EnvironmentSection, policy: Policy
+) -> ResultRecord:
+    """A study's policy record before it runs (status ok, no measurement yet)."""
+    from cpbench.app.dynamic import study_config  # noqa: PLC0415
+
+    return ResultRecord(
+        schema_version=SCHEMA_VERSION,
+        id=study.record_id(policy),
+        scenario=scenario.name,
+        timestamp=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        status="ok",
+        config=study_config(study, scenario.nodes),
+        environment=environment.model_copy(),
+    )
+
+
+def run_study(
+    study: DynamicStudy, pending: list[Policy], world: Any, settings: dict[str, Any],
+    timeout: float, base: Callable[[Policy], ResultRecord],
+) -> list[ResultRecord]:  # fmt: skip
+    """The `pending` policies of a dynamic-CP study measured on the sweep's ranks (`world`),
+    interleaved over the study's rounds (`app.dynamic.measure_routed`): one record per policy,
+    skipped when its rule cannot plan the batch, failed when a routed group's check failed (or
+    the ranks failed: every policy of the run then), timeout when they ran past `timeout`
+    seconds per policy and round."""
+    from cpbench.app.dynamic import measure_routed, policy_record  # noqa: PLC0415
+    from cpbench.bench.pool import TaskError, TaskTimeout  # noqa: PLC0415
+    from cpbench.model.dynamic import POLICIES, plan_policies  # noqa: PLC0415
+    from cpbench.model.hardware.loading import load_profile  # noqa: PLC0415
+
+    profile = load_profile(study.hardware)
+    refused: dict[Policy, str] = {}
+    plans = plan_policies(study.problem, profile, POLICIES, refused)
+    static = plans.get("static")
+    runnable = {p: plans[p] for p in pending if p in plans}
+    measured: dict[Policy, Any] = {}
+    failure: BaseException | None = None
+    if runnable:
+        try:
+            measured = measure_routed(
+                study.problem, profile, runnable, {**settings, "rounds": study.rounds},
+                study.device, study.backend, pool=world, timeout=timeout,
+            )  # fmt: skip
+        except (TaskTimeout, TaskError) as exc:
+            failure = exc
+    records = []
+    for policy in pending:
+        plan = plans.get(policy)
+        reason = refused.get(policy) or (_failure_message(failure) if failure else None)
+        record = policy_record(study, policy, base(policy), plan, static,
+                               measured.get(policy), reason)  # fmt: skip
+        if isinstance(failure, TaskTimeout) and plan is not None:
+            record.status = "timeout"
+        records.append(record)
+    return records
 
 
 CONFIRM_ABOVE = 1000
@@ -368,20 +444,24 @@ def estimate_sweep(
     points: list[Any],
     precision: float | None | Literal["scenario"] = "scenario",
     timeout: float | None = None,
+    study: DynamicStudy | None = None,
 ) -> SweepEstimate:
     """The count of `points` (`Scenario.distinct`) a sweep measures, and the seconds of timed
     steps the scenario's time budget allows them: a training configuration times its full
     step for `budget` seconds and its compute and comm variants for half of it each (2 x
     budget), an inference one its step alone (1 x budget); timing stops sooner at the
-    precision or `max_iters` (`cpbench.bench.timing`)."""
+    precision or `max_iters` (`cpbench.bench.timing`). A dynamic-CP `study` adds its policies,
+    each timing its whole step for `budget` seconds in each of its rounds."""
     measured = [p.config for p in points if p.feasibility.ok and not impl_skip_reason(p.config)]
     settings = sweep_settings(scenario, precision)
+    policies = len(study.policies) if study is not None else 0
     timed = None
     if settings["precision"] is not None:
         shares = sum(1.0 if config.inference is not None else 2.0 for config in measured)
+        shares += policies * (study.rounds if study is not None else 0)
         timed = settings["budget"] * shares
     limit = timeout if timeout is not None else scenario.timeout
-    return SweepEstimate(len(measured), len(points) - len(measured), timed, limit)
+    return SweepEstimate(len(measured) + policies, len(points) - len(measured), timed, limit)
 
 
 def sweep_settings(

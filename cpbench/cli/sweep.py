@@ -20,7 +20,8 @@ from cpbench.config.inference import Workload, is_inference_record
 from cpbench.config.vocabulary import DEFAULT_DTYPE, INFERENCE_PHASES
 from cpbench.errors import EXIT_INTERRUPTED, EXIT_WRONG_RESULT, CpbenchError
 from cpbench.render.inference_table import inference_table
-from cpbench.render.tables import machine_lines, results_table, ties_lines
+from cpbench.render.tables import dynamic_table, machine_lines, results_table, ties_lines
+from cpbench.results.schema import is_dynamic_record
 
 
 @command
@@ -123,9 +124,10 @@ def _run_and_report(
         raise CpbenchError(f"--world-size ({world_size}) must be at least 1")
     path = out or default_output(spec)
     points = spec.distinct(dev, n)
+    study = spec.dynamic_study(dev, n)  # a batch that does not fit the ranks: before anything runs
     quiet = launch is not None and launch.rank != 0
     if not single:
-        estimate = estimate_sweep(spec, points, precision, timeout)  # type: ignore[arg-type]
+        estimate = estimate_sweep(spec, points, precision, timeout, study)  # type: ignore[arg-type]
         if not quiet:
             console.print(estimate.line(), markup=False, highlight=False)
         if estimate.measured > CONFIRM_ABOVE and not yes and launch is None and in_terminal():
@@ -143,8 +145,9 @@ def _run_and_report(
         disable=quiet,
         transient=False,
     )
+    total = len(points) + (len(study.policies) if study is not None else 0)
     with progress:
-        task = progress.add_task(f"{escape(spec.name)} (world {n}, {dev})", total=len(points))
+        task = progress.add_task(f"{escape(spec.name)} (world {n}, {dev})", total=total)
 
         def on_start(config: Any) -> None:
             progress.update(task, description=f"{config.key}")
@@ -164,18 +167,23 @@ def _run_and_report(
             precision=precision,  # type: ignore[arg-type]
             separate_ties=separate_ties,
         )
-        progress.update(task, completed=len(points), description=escape(spec.name))
+        progress.update(task, completed=total, description=escape(spec.name))
     wrong = wrong_results(result.records)
     if quiet:
         if wrong:
             raise typer.Exit(EXIT_WRONG_RESULT)
         return
     inference = [r for r in result.records if is_inference_record(r)]
-    training = [r for r in result.records if not is_inference_record(r)]
-    if training or not inference:
+    dynamic = [r for r in result.records if is_dynamic_record(r)]
+    training = [r for r in result.records if not is_inference_record(r) and r not in dynamic]
+    if training or not (inference or dynamic):
         console.print(results_table(training))
     if inference:
         console.print(inference_table(inference))
+    if dynamic:
+        from cpbench.results.store import read_records  # noqa: PLC0415
+
+        console.print(dynamic_table(dynamic, [r for r in read_records(path) if is_dynamic_record(r)]))
     for line in ties_lines(training):
         console.print(line, markup=False, highlight=False, soft_wrap=True)
     for line in machine_lines(result.records):
@@ -230,6 +238,9 @@ def wrong_results(records: list[dict[str, Any]]) -> dict[str, list[str]]:
             wrong.setdefault("result differs from the reference", []).append(r["id"])
         if r["status"] == "ok" and comm.get("match") is False:
             wrong.setdefault("measured bytes != analytic bytes", []).append(r["id"])
+        checks = (r.get("dynamic") or {}).get("checks") or {}
+        if checks and checks.get("passed") != checks.get("groups"):
+            wrong.setdefault("a routed group differs from the reference", []).append(r["id"])
     return wrong
 
 

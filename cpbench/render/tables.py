@@ -545,3 +545,53 @@ def compare_table(comparison: Any) -> FitTable:
 
 def _dash_or_str(value: Any) -> str:
     return "-" if value is None else str(value)
+
+
+# --------------------------------------------------------------------- dynamic CP
+
+DYNAMIC_CAPTION = (
+    "dynamic CP: one attention layer's fwd+bwd over the whole batch, the micro-batches in turn; "
+    "step: median over the interleaved rounds (max over ranks), +/-: half the 95% interval in "
+    "% of the median; CP:seqs: sequences per CP degree; checks: routed groups within the reference bound / groups; idle: the "
+    "ranks' idle share of one instrumented step (predicted in brackets); x static: the static "
+    "policy's step / this one's, measured and predicted"
+)
+
+
+def dynamic_table(
+    records: list[dict[str, Any]], baselines: list[dict[str, Any]] | None = None
+) -> FitTable:
+    """One row per dynamic-CP policy record (`schema.DynamicSection`); the speedups over static
+    CP from `baselines` (the file's dynamic records, default `records`)."""
+    from cpbench.results.frame import dynamic_speedups  # noqa: PLC0415
+
+    speedups = dynamic_speedups(baselines if baselines is not None else records)
+    table = FitTable(title="dynamic CP policies", caption=DYNAMIC_CAPTION, index=True)
+    table.add_columns(
+        ["policy", "micro-batches", "CP:seqs", "step", "checks", "predicted", "idle",
+         "x static meas", "x static pred", "status"],
+        left=("policy", "CP:seqs", "status"), wrap=("status",),
+    )  # fmt: skip
+    for r in records:
+        d = r.get("dynamic")
+        policy = r["id"].rsplit("-", 1)[-1]
+        if r["status"] != "ok" and d is None:
+            table.add_row(policy, *["-"] * 8, Text(f"{r['status']}: {r['error']}"))
+            continue
+        assert d is not None
+        half = (d["ci_high"] - d["ci_low"]) / 2 / d["median_s"]
+        measured, predicted = speedups.get(r["id"], (None, None))
+        checks = d["checks"]
+        passed = f"{checks['passed']}/{checks['groups']}"
+        table.add_row(
+            d["policy"], str(len(d["micro_batches"])),
+            " ".join(f"{g}:{n}" for g, n in d["degrees"].items()),
+            f"{format_seconds(d['median_s'])} ±{half:.0%} n={len(d['samples'])}",
+            passed if checks["passed"] == checks["groups"] else f"[bold red]{passed}[/]",
+            format_seconds(d["predicted_s"]),
+            f"{d['idle_share']:.0%} ({d['predicted_idle_share']:.0%})",
+            "-" if measured is None else f"{measured:.2f}",
+            "-" if predicted is None else f"{predicted:.2f}",
+            "ok" if r["status"] == "ok" else Text(f"{r['status']}: {r['error']}"),
+        )  # fmt: skip
+    return table

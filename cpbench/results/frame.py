@@ -257,3 +257,34 @@ def rank_records(records: Sequence[Mapping[str, Any]]) -> dict[tuple[Any, ...], 
             {k: v for k, v in tiebreaks.items() if v is not None} or None,
         )
     return out
+
+
+def dynamic_speedups(
+    records: Sequence[Mapping[str, Any]],
+) -> dict[str, tuple[float | None, float | None]]:
+    """Per ok dynamic-CP record (`schema.is_dynamic_record`) by id: its speedup over static CP
+    measured (the study's static record's median / its median; None without an ok static
+    record of the same study among `records`, the last of an id winning) and predicted
+    (`predicted_static_s / predicted_s`; None when static cannot plan the batch)."""
+    latest: dict[str, Mapping[str, Any]] = {}
+    for r in records:
+        if r.get("status") == "ok" and isinstance(r.get("dynamic"), Mapping):
+            latest[str(r["id"])] = r
+    static = {
+        r["dynamic"]["study"]: float(r["dynamic"]["median_s"])
+        for r in latest.values()
+        if r["dynamic"]["policy"] == "static"
+    }
+    out: dict[str, tuple[float | None, float | None]] = {}
+    for rid, r in latest.items():
+        d = r["dynamic"]
+        base = static.get(d["study"])
+        measured = base / float(d["median_s"]) if base is not None else None
+        predicted_static = d.get("predicted_static_s")
+        predicted = (
+            float(predicted_static) / float(d["predicted_s"])
+            if predicted_static is not None and d["predicted_s"] > 0
+            else None
+        )
+        out[rid] = (measured, predicted)
+    return out

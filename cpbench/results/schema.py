@@ -4,6 +4,7 @@ The record, its versioning and migration: docs/design.md section 6."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
@@ -19,8 +20,12 @@ from cpbench.config.vocabulary import (
 )
 from cpbench.model.ties import Interval, recorded_interval
 
-SCHEMA_VERSION = 3
-"""Version of the record's shape. Version 3 (inference): a prefill or decode point carries
+SCHEMA_VERSION = 4
+"""Version of the record's shape. Version 4 (dynamic CP): a policy of a scenario's `[dynamic]`
+study carries a `dynamic` section (the policy, its plan's CP degrees, per-rank busy seconds and
+idle share, predicted and measured step with its interval, the routed groups' checks) and no
+`timing`; its `config` describes the batch (scheme and layout "dynamic", the sequences as
+`documents`); records of versions 1 to 3 read unchanged (no `dynamic` key). Version 3 (inference): a prefill or decode point carries
 `config.inference` (the step: phase, cached_len, new_tokens, scheme or cache_layout) and an
 `inference` section (TTFT or per-token latency, tokens/s, KV-cache bytes per rank analytic and
 measured); training records are as in version 2, and version 2 records read unchanged (no
@@ -494,6 +499,89 @@ class MachineSection(RecordModel):
     met."""
 
 
+class DynamicGroupSection(RecordModel):
+    """One CP group of a micro-batch of a policy's plan."""
+
+    degree: Count
+    """Ranks of the group."""
+    scheme: str
+    """ring | ulysses | allgather (`cpbench.model.dynamic.schedule.GroupScheme`)."""
+    sequences: Size
+    """Sequences packed into it."""
+    tokens: Size
+    """Their tokens (unpadded)."""
+    predicted_s: Seconds
+    """Predicted seconds of its pack."""
+
+
+class DynamicChecks(RecordModel):
+    """The reference checks of every routed group of a policy (`bench.dynamic`)."""
+
+    groups: Size
+    """Routed groups checked (one per group of every micro-batch)."""
+    passed: Size
+    """Groups whose output and dQ/dK/dV are within their bounds."""
+    max_abs_error: float | None = None
+    """Largest absolute error over every group and tensor."""
+    max_error_ratio: float | None = None
+    """Largest error / bound over every group (<= 1: every group passed)."""
+    failures: list[str] | None = None
+    """The failed groups in words (micro-batch, group, case, error); absent when none."""
+
+
+class DynamicSection(RecordModel):
+    """One policy of a dynamic-CP study measured by `cpbench sweep` (docs/dynamic-cp.md,
+    "Measured by sweep"): seconds are of one attention layer's forward + backward over the
+    whole batch, the micro-batches in turn (a barrier ends each)."""
+
+    study: str
+    """The study's id (shared by its policies' records; `DynamicStudy.key`)."""
+    policy: str
+    """static | megatron | cpbench."""
+    lengths_source: str
+    """The lengths source the scenario named."""
+    sequences: Size
+    """Sequences of the batch (`config.documents` lists their lengths)."""
+    step_tokens: Count
+    """The token budget the batch was drawn to."""
+    tokens_per_rank: Count
+    """C: the most tokens a rank holds in a micro-batch."""
+    static_cp: Count
+    """The static policy's CP degree."""
+    hardware: str
+    """The hardware profile of the predictions."""
+    degrees: dict[str, int]
+    """Sequences per CP degree the plan used (degree as text -> sequences)."""
+    micro_batches: list[list[DynamicGroupSection]]
+    """The plan: each micro-batch's groups in rank order."""
+    predicted_s: Seconds
+    """Predicted step seconds (the plan's; `PolicyPlan.step_s`)."""
+    predicted_static_s: Seconds | None = None
+    """The static policy's predicted step on the same batch (null when static cannot plan it):
+    predicted speedup = predicted_static_s / predicted_s."""
+    predicted_idle_share: float
+    """1 - the plan's predicted busy share."""
+    median_s: StepSeconds
+    """Measured step seconds: the median over every round's iterations (each the max over
+    ranks)."""
+    ci_low: Seconds
+    """Lower end of the median's 95% interval (distribution-free order statistics)."""
+    ci_high: Seconds
+    """Upper end of the median's 95% interval."""
+    samples: list[Seconds]
+    """Every timed step, all rounds."""
+    rounds: Count
+    """Interleaved rounds (each times every policy measured in this run in turn)."""
+    busy_s: list[Seconds]
+    """Each rank's seconds of work in one instrumented step."""
+    instrumented_s: Seconds
+    """That step's seconds (the max over ranks)."""
+    idle_share: float
+    """1 - sum(busy_s) / (W x instrumented_s): the ranks' idle share, of the straggler's step."""
+    checks: DynamicChecks
+    """Every routed group's reference check."""
+
+
 class ResultRecord(RecordModel):
     """One configuration's result: one line of a results file."""
 
@@ -527,6 +615,8 @@ class ResultRecord(RecordModel):
     inference: InferenceSection | None = None
     """An inference point's TTFT / latency, tokens/s and KV-cache bytes (version 3); absent for
     a training step."""
+    dynamic: DynamicSection | None = None
+    """A dynamic-CP policy's measurement (version 4); absent for every other record."""
 
     _source: str | None = PrivateAttr(default=None)
 
@@ -534,6 +624,15 @@ class ResultRecord(RecordModel):
     def source(self) -> str | None:
         """Name of the file the record was read from (None for a record built in memory)."""
         return self._source
+
+
+def is_dynamic_record(record: Mapping[str, Any]) -> bool:
+    """Whether a record dict is a dynamic-CP policy's (its `DynamicSection`, or for one that
+    did not run its config's scheme "dynamic"): the training tables,
+    the cost model's fits and the report's training sections leave these out."""
+    config = record.get("config")
+    scheme = config.get("scheme") if isinstance(config, Mapping) else None
+    return isinstance(record.get("dynamic"), Mapping) or scheme == "dynamic"
 
 
 def migrate_record(raw: dict[str, Any]) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 
 from cpbench.app.report.data import ComparisonData, ReportData
+from cpbench.app.report.dynamic import dynamic_frame
 from cpbench.app.report.inference import inference_frame
 from cpbench.app.report.predictions import cost_model
 from cpbench.app.report.summary import summarize
@@ -22,6 +23,7 @@ from cpbench.config.inference import is_inference_record
 from cpbench.errors import CpbenchError
 from cpbench.files import write_atomically
 from cpbench.results.frame import compare_frame
+from cpbench.results.schema import is_dynamic_record
 from cpbench.results.store import read_records, records_frame
 
 
@@ -47,10 +49,11 @@ def build_report(
     records, warned = _read(paths)
     if not records:
         raise CpbenchError(f"{', '.join(map(str, paths))}: no results records to report")
-    # inference records (prefill, decode) have their own section; the training sections, the
-    # cost model and the records table take the training records
-    training = [r for r in records if not is_inference_record(r)]
+    # inference records (prefill, decode) and dynamic-CP policies have their own sections;
+    # the training sections, the cost model and the records table take the training records
+    training = [r for r in records if not is_inference_record(r) and not is_dynamic_record(r)]
     inference = inference_frame(records)
+    dynamic = dynamic_frame(records)
     frame = records_frame(training)
     model = cost_model(training, frame, hardware, paths)
     if model.predicted_s:
@@ -77,10 +80,11 @@ def build_report(
         recommendation=model.recommendation,
         recommendation_note=model.recommendation_note,
         warnings=warned,
-        notes=model.notes,
+        notes=model.notes if training else [],  # a profile note is of training records
         work=work_fits(frame),
         plan=_plan(plan_request),
         inference=inference if not inference.empty else None,
+        dynamic=dynamic if not dynamic.empty else None,
     )
 
 

@@ -94,6 +94,9 @@ class ReportData:
     """The inference records (prefill, decode), one row each
     (`cpbench.app.report.inference.inference_frame`); None when there are none. `frame`
     holds the training records only."""
+    dynamic: pd.DataFrame | None = None
+    """The dynamic-CP policy records, one row each (`cpbench.app.report.dynamic.
+    dynamic_frame`); None when there are none (`frame` leaves them out)."""
 
     @property
     def records(self) -> int:

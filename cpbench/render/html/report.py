@@ -12,6 +12,7 @@ from cpbench.app.report.data import NO_PROFILE_NOTE, ReportData, ReportRecommend
 from cpbench.render.figures import (
     balance,
     communication,
+    dynamic,
     inference,
     memory,
     prediction,
@@ -182,6 +183,7 @@ def report_sections(report: ReportData) -> list[Section]:
         ),
         *plan_sections(report),
         *inference_sections(report),
+        *dynamic_sections(report),
         Section(
             "records", "All records",
             "Click a column header to sort. Failed, skipped and timed-out configurations are "
@@ -288,6 +290,64 @@ def inference_sections(report: ReportData) -> list[Section]:
             "element bytes x B (dashed), one layer: the cache a rank must hold shrinks as 1/W.",
             inference.kv_capacity_figure(frame),
             table=table(frame, INFERENCE_TABLE_COLUMNS, table_id="inference-table"),
+        ),
+    ]
+
+
+DYNAMIC_TABLE_COLUMNS = [
+    Column("policy", "policy"),
+    Column("W", "world_size", "num"),
+    Column("sequences", "sequences", "num"),
+    Column("tokens", "tokens", "num"),
+    Column("C tokens/rank", "tokens_per_rank", "num"),
+    Column("micro-batches", "micro_batches", "num"),
+    Column("CP degree:sequences", "degrees"),
+    Column("step ms measured", "median_s", "ms"),
+    Column("95% low ms", "ci_low_s", "ms"),
+    Column("95% high ms", "ci_high_s", "ms"),
+    Column("step ms predicted", "predicted_s", "ms"),
+    Column("idle measured", "idle_share", "pct"),
+    Column("idle predicted", "predicted_idle_share", "pct"),
+    Column("x static measured", "speedup_measured", "num"),
+    Column("x static predicted", "speedup_predicted", "num"),
+    Column("checks passed", "checks_passed", "num"),
+    Column("groups", "checks", "num"),
+    Column("profile", "hardware"),
+    *record_columns("status", "id"),
+]
+
+
+def dynamic_sections(report: ReportData) -> list[Section]:
+    """The dynamic-CP policies of a `[dynamic]` study: the batch's lengths, each policy's
+    per-rank load, the measured against the predicted speedup over static CP, and their table.
+    None without such records."""
+    frame = report.dynamic
+    if frame is None or frame.empty:
+        return []
+    return [
+        Section(
+            "dynamic-lengths", "Dynamic CP: the batch",
+            "Sequence lengths of the global batch the policies schedule (whole sequences, "
+            "drawn from the study's lengths source).",
+            dynamic.length_histogram(frame),
+            empty="No dynamic-CP record lists its batch.",
+        ),
+        Section(
+            "dynamic-load", "Dynamic CP: per-rank load by policy",
+            "Each rank's busy milliseconds in one instrumented step (working on its CP group) "
+            "and idle ones (waiting for the micro-batch's slowest group), per policy; the "
+            "idle share of the step beside each policy.",
+            dynamic.rank_load_figure(frame),
+            empty="No dynamic-CP policy was measured.",
+        ),
+        Section(
+            "dynamic-speedup", "Dynamic CP: speedup over static, measured vs predicted",
+            "The static policy's step / each policy's (measured: medians of interleaved "
+            "rounds, the whiskers from the two 95% intervals; predicted: the cost model on the "
+            "study's hardware profile).",
+            dynamic.speedup_figure(frame),
+            empty="No static record beside the other policies: no measured speedup.",
+            table=table(frame, DYNAMIC_TABLE_COLUMNS, table_id="dynamic-table"),
         ),
     ]
 

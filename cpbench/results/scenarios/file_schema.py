@@ -46,6 +46,7 @@ from cpbench.config.vocabulary import (
     ScenarioDevice,
     ScenarioPhase,
 )
+from cpbench.model.dynamic.schedule import POLICIES, Policy
 
 _MESH_RE = re.compile(r"^\s*(\d+)\s*[xX]\s*(\d+)\s*$")
 
@@ -408,14 +409,82 @@ class ScenarioSettings(FileModel):
         return self
 
 
-class ScenarioFile(ScenarioSettings):
-    """A scenario file: the run settings, the `[axes]` table and the `[[also]]` tables."""
+def _lengths_source(value: object) -> str:
+    """A batch's sequence lengths (`cpbench.config.documents.global_batch`): a non-empty
+    string."""
+    if not isinstance(value, str) or not value.strip():
+        raise problem(
+            f"{value!r} is not a lengths source; write comma-separated lengths, a file of "
+            f'lengths or a distribution ({", ".join(d + ":..." for d in DISTRIBUTIONS)})'
+        )
+    return value.strip()
 
-    axes: ScenarioAxes
-    """The axes of the sweep (required)."""
+
+class ScenarioDynamic(FileModel):
+    """The `[dynamic]` table: a dynamic-CP study of one variable-length global batch, measured
+    under each policy on the sweep's ranks (docs/dynamic-cp.md, "Measured by sweep")."""
+
+    lengths: Annotated[str, PlainValidator(_lengths_source)]
+    """The batch's sequence lengths: a distribution ("lognormal:mean=1024,sigma=1.5,min=128,
+    max=8192"), a file of lengths (relative to the scenario file) or explicit lengths; drawn
+    with the scenario's seed until they hold step_tokens."""
+    tokens_per_rank: PositiveInt
+    """C: the most tokens a rank holds in one micro-batch (a sequence of s tokens needs
+    ceil(s / C) ranks)."""
+    step_tokens: PositiveInt | None = None
+    """The step's token budget (the batch drawn until it holds this many); absent = 8 x
+    world_size x tokens_per_rank."""
+    policies: Axis[Annotated[Policy, _one_of(POLICIES)]] = POLICIES
+    """The policies measured: static, megatron, cpbench (default all three)."""
+    heads: PositiveInt
+    """Query heads of the attention layer."""
+    kv_heads: PositiveInt | None = None
+    """KV heads, dividing heads; absent = heads (MHA)."""
+    head_dim: PositiveInt = 128
+    """Channels per head."""
+    dtype: Annotated[Dtype, _one_of(DTYPES)] | None = None
+    """Element type; absent = float32 on cpu, bfloat16 on cuda."""
+    static_cp: PositiveInt | None = None
+    """The static policy's CP degree; absent = the least power of two that holds the longest
+    sequence and divides the world."""
+    hardware: str | None = None
+    """The hardware profile of the predictions (a name or a TOML path, as `--hardware`);
+    absent = cpu-local on cpu, h100-sxm on cuda."""
+    rounds: PositiveInt = 3
+    """Interleaved rounds: each round times every policy once in turn, so the machine's
+    drift falls on all of them alike."""
+    backend: Annotated[Backend, _one_of(BACKENDS)] = "auto"
+    """Local attention kernel of every group."""
+
+    @model_validator(mode="after")
+    def _kv_divides_heads(self) -> ScenarioDynamic:
+        if self.kv_heads is not None and self.heads % self.kv_heads:
+            raise problem(f"{self.kv_heads} does not divide heads ({self.heads})", key="kv_heads")
+        return self
+
+
+class ScenarioFile(ScenarioSettings):
+    """A scenario file: the run settings, the `[axes]` table, the `[[also]]` tables and the
+    `[dynamic]` table."""
+
+    axes: ScenarioAxes | None = None
+    """The axes of the sweep (required unless a [dynamic] table is given)."""
     also: list[dict[str, Any]] = []
     """Further products: each table overrides some axes of [axes] (`[[also]]`)."""
+    dynamic: ScenarioDynamic | None = None
+    """A dynamic-CP study measured after the axes' points (`[dynamic]`)."""
+
+    @model_validator(mode="after")
+    def _something_to_run(self) -> ScenarioFile:
+        if self.axes is None and self.dynamic is None:
+            raise problem(
+                "missing the [axes] table (seq_len, heads, ...) or a [dynamic] table", key=""
+            )
+        if self.axes is None and self.also:
+            raise problem("[[also]] tables override [axes]: give an [axes] table", key="also")
+        return self
 
 
 TOP_LEVEL_KEYS: tuple[str, ...] = tuple(ScenarioFile.model_fields)
 AXIS_KEYS: tuple[str, ...] = tuple(ScenarioAxes.model_fields)
+DYNAMIC_KEYS: tuple[str, ...] = tuple(ScenarioDynamic.model_fields)

@@ -43,7 +43,7 @@ def parse_scenario(data: dict, source: str) -> Scenario:
         spec = ScenarioFile.model_validate(data)
     except ValidationError as exc:
         raise scenario_error(exc, source) from None
-    scenario = _scenario(spec, spec.axes, source)
+    scenario = _scenario(spec, spec.axes or ScenarioAxes.model_construct(heads=()), source)
     extras = []
     for number, override in enumerate(spec.also, 1):
         where = f"{source} ([[also]] table {number})"
@@ -52,6 +52,7 @@ def parse_scenario(data: dict, source: str) -> Scenario:
             axes = ScenarioFile.model_validate({**data, "axes": merged, "also": []}).axes
         except ValidationError as exc:
             raise scenario_error(exc, where) from None
+        assert axes is not None  # [[also]] needs [axes] (ScenarioFile)
         extras.append(_scenario(spec, axes, where, base=source))
     return scenario.model_copy(update={"also": tuple(extras)})
 
@@ -97,6 +98,9 @@ def _scenario(
     values = {key: value for key, value in [*spec, *axes] if key not in ("axes", "also")}
     values["name"] = spec.name if spec.name is not None else _default_name(source)
     values["source"], values["documents"] = source, documents
+    values["has_axes"] = bool(axes.heads)  # an [axes] table has heads; no table: none
+    if spec.dynamic is not None:
+        values["dynamic_lengths"] = _document_path(spec.dynamic.lengths, base or source)
     if axes.kv_heads is None and axes.gqa_ratio is None:
         values["gqa_ratio"] = (1,)
     scenario = Scenario.model_construct(**values)  # validated already
@@ -106,7 +110,17 @@ def _scenario(
                 f"{source}: key 'world_size': {scenario.world_size} ranks is more than "
                 f"{MAX_WORLD_SIZE} (the most a scenario may name)"
             )
-        scenario.meshes(scenario.world_size)  # a mesh that does not fit is an error in the file
+        if scenario.has_axes:  # a mesh that does not fit is an error in the file
+            scenario.meshes(scenario.world_size)
+        device = scenario.device if scenario.device != "auto" else "cpu"
+        scenario.dynamic_study(device, scenario.world_size)  # a batch that does not fit too
+    if scenario.dynamic is not None:
+        from cpbench.model.hardware.loading import load_profile  # noqa: PLC0415
+
+        try:
+            load_profile(scenario.dynamic.hardware or "cpu-local")
+        except CpbenchError as exc:
+            raise CpbenchError(f"{source}: key 'hardware' in [dynamic]: {exc}") from None
     return scenario
 
 

@@ -11,7 +11,10 @@ from pydantic_core import ErrorDetails
 
 from cpbench.config.file_schema import MESSAGE, RULE
 from cpbench.errors import CpbenchError
-from cpbench.results.scenarios.file_schema import AXIS_KEYS, TOP_LEVEL_KEYS
+from cpbench.results.scenarios.file_schema import AXIS_KEYS, DYNAMIC_KEYS, TOP_LEVEL_KEYS
+
+TABLE_KEYS = {"axes": AXIS_KEYS, "dynamic": DYNAMIC_KEYS}
+"""The keys of the tables whose errors name their own key (`[axes]`, `[dynamic]`)."""
 
 _TYPE_RULES: dict[str, str] = {
     "int_type": "is not an integer",
@@ -26,7 +29,7 @@ def _rank(error: ErrorDetails) -> int:
     loc, kind = error["loc"], error["type"]
     if not loc:
         return 0 if kind == "model_type" else 6
-    if loc[0] != "axes":
+    if loc[0] not in TABLE_KEYS:
         return 0 if kind == "extra_forbidden" else 4
     if len(loc) == 1:
         return 1
@@ -38,13 +41,15 @@ def scenario_error(exc: ValidationError, source: str) -> CpbenchError:
     error = min(exc.errors(), key=_rank)
     loc, kind, value = error["loc"], error["type"], error["input"]
     ctx: dict[str, Any] = error.get("ctx") or {}
-    in_axes = len(loc) > 1 and loc[0] == "axes"
+    table = str(loc[0]) if len(loc) > 1 and loc[0] in TABLE_KEYS else None
+    in_axes = table is not None
     key = str(loc[1] if in_axes else loc[0]) if loc else ""
     if kind == "model_type" and not loc:
         return CpbenchError(f"{source}: expected a TOML table, got {type(value).__name__}")
     if kind == "extra_forbidden" and in_axes:
         return CpbenchError(
-            f"{source}: unknown key {key!r} in [axes]; allowed keys: {', '.join(AXIS_KEYS)}"
+            f"{source}: unknown key {key!r} in [{table}]; allowed keys: "
+            f"{', '.join(TABLE_KEYS[str(table)])}"
         )
     if kind == "extra_forbidden":
         hint = " (axis keys go in the [axes] table)" if key in AXIS_KEYS else ""
@@ -53,10 +58,10 @@ def scenario_error(exc: ValidationError, source: str) -> CpbenchError:
         )
     if kind == "missing":
         if in_axes:
-            return CpbenchError(f"{source}: key '{key}' is required in [axes]")
+            return CpbenchError(f"{source}: key '{key}' is required in [{table}]")
         return CpbenchError(f"{source}: missing the [axes] table (seq_len, heads, ...)")
     if kind == "model_type":
-        text = f"{value!r} is not a table; write an [axes] section"
+        text = f"{value!r} is not a table; write an [{key}] section"
     elif kind == MESSAGE:
         key = key if ctx.get("key") is None else ctx["key"]
         text = ctx["message"]

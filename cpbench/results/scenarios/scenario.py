@@ -23,7 +23,8 @@ from cpbench.config.vocabulary import (
     Device,
 )
 from cpbench.errors import CpbenchError
-from cpbench.results.scenarios.file_schema import ScenarioAxes, ScenarioSettings
+from cpbench.results.scenarios.dynamic import DynamicStudy, dynamic_study
+from cpbench.results.scenarios.file_schema import ScenarioAxes, ScenarioDynamic, ScenarioSettings
 
 CPU_WORLD_SIZE = 4
 """Ranks that `world_size = "auto"` gives on the CPU (gloo)."""
@@ -44,6 +45,21 @@ class Scenario(ScenarioSettings, ScenarioAxes):
     also: tuple[Scenario, ...] = ()
     """Further products (the `[[also]]` tables): this scenario with some axes overridden;
     `expand` lists their points after its own."""
+    dynamic: ScenarioDynamic | None = None
+    """The dynamic-CP study (the `[dynamic]` table), measured after the points; None = none."""
+    dynamic_lengths: str | None = None
+    """The study's lengths source, a file beside the scenario file named by its path from
+    here."""
+    has_axes: bool = True
+    """Whether the file has an `[axes]` table (a `[dynamic]`-only scenario has no points)."""
+
+    def dynamic_study(self, device: str, world_size: int) -> DynamicStudy | None:
+        """The `[dynamic]` table's study on this device and world (None without one);
+        CpbenchError naming the file and key when the batch does not fit the ranks."""
+        if self.dynamic is None:
+            return None
+        return dynamic_study(self.dynamic, self.source, device, world_size, self.seed,
+                             self.dynamic_lengths)  # fmt: skip
 
     def resolve(
         self, device: str = "auto", gpu_count: int = 0, launched_world: int | None = None
@@ -102,6 +118,8 @@ class Scenario(ScenarioSettings, ScenarioAxes):
 
         `world_size` is normally the one `resolve` gives; a different one (a command-line
         override) is accepted as long as every listed mesh multiplies to it."""
+        if not self.has_axes:
+            return []
         out = self._expand_own(device, world_size)
         seen = {config.key for config, _ in out}
         for extra in self.also:
