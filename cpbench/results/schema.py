@@ -25,10 +25,10 @@ SCHEMA_VERSION = 4
 study carries a `dynamic` section (the policy, its plan's CP degrees, per-rank busy seconds and
 idle share, predicted and measured step with its interval, the routed groups' checks) and no
 `timing`; its `config` describes the batch (scheme and layout "dynamic", the sequences as
-`documents`); records of versions 1 to 3 read unchanged (no `dynamic` key). Version 3 (inference): a prefill or decode point carries
-`config.inference` (the step: phase, cached_len, new_tokens, scheme or cache_layout) and an
-`inference` section (TTFT or per-token latency, tokens/s, KV-cache bytes per rank analytic and
-measured); training records are as in version 2, and version 2 records read unchanged (no
+`documents`); records of versions 1 to 3 read unchanged (no `dynamic` key). Version 3
+(inference): a prefill or decode point carries `config.inference` (the step: phase,
+cached_len, new_tokens, scheme or cache_layout) and an `inference` section (TTFT or per-token
+latency, tokens/s, KV-cache bytes per rank analytic and measured); training records are as in version 2, and version 2 records read unchanged (no
 `inference` key: a training step). Version 2 (measurements you can trust): `timing.samples` are
 as many iterations as the precision target took (`timing.iterations`, at least the scenario's
 `iters`), with the median's 95% interval (`ci_low`, `ci_high`), `target_met`, the overlap's
