@@ -81,8 +81,9 @@ def test_cli_plan_names_the_distribution_and_the_change() -> None:
             "--lengths", DISTRIBUTION, "--seed", "1"]  # fmt: skip
     text = runner.invoke(app, args, env={"COLUMNS": "200"})
     assert text.exit_code == 0, text.output
-    assert f"Packed documents ({DISTRIBUTION}, seed 1)" in text.stdout
-    assert "per sequence of 65536 tokens" in text.stdout and "on one causal sequence" in text.stdout
+    flat = " ".join(text.stdout.split())  # the console's width is the one it started with
+    assert f"Packed documents ({DISTRIBUTION}, seed 1)" in flat
+    assert "per sequence of 65536 tokens" in flat and "on one causal sequence" in flat
     doc = json.loads(runner.invoke(app, [*args, "--json"]).stdout)
     docs = doc["documents"]
     assert docs["source"] == DISTRIBUTION and docs["count"] == len(docs["lengths"]) > 1

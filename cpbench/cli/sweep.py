@@ -21,7 +21,6 @@ from cpbench.config.vocabulary import DEFAULT_DTYPE, INFERENCE_PHASES
 from cpbench.errors import EXIT_INTERRUPTED, EXIT_WRONG_RESULT, CpbenchError
 from cpbench.render.inference_table import inference_table
 from cpbench.render.tables import dynamic_table, machine_lines, results_table, ties_lines
-from cpbench.results.schema import is_dynamic_record
 
 
 @command
@@ -173,6 +172,9 @@ def _run_and_report(
         if wrong:
             raise typer.Exit(EXIT_WRONG_RESULT)
         return
+    # only here: the record schema imports numpy, which `cpbench --help` does not load
+    from cpbench.results.schema import is_dynamic_record  # noqa: PLC0415
+
     inference = [r for r in result.records if is_inference_record(r)]
     dynamic = [r for r in result.records if is_dynamic_record(r)]
     training = [r for r in result.records if not is_inference_record(r) and r not in dynamic]
