@@ -192,6 +192,7 @@ def test_ctrl_c_during_a_sweep_exits_130_and_keeps_every_finished_record(
     output, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, (proc.returncode, output[-2000:])
     assert "interrupted: every configuration finished so far is saved" in output
+    assert "8/8" not in output  # the progress bar stays where the sweep stopped (issue 39)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a torn line would warn
         kept = read_records(out)

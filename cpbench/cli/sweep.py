@@ -166,7 +166,9 @@ def _run_and_report(
             precision=precision,  # type: ignore[arg-type]
             separate_ties=separate_ties,
         )
-        progress.update(task, completed=total, description=escape(spec.name))
+        # an interrupted sweep's bar stays where it stopped: a full one would say it finished
+        finished = None if result.interrupted else total
+        progress.update(task, completed=finished, description=escape(spec.name))
     wrong = wrong_results(result.records)
     if quiet:
         if wrong:
