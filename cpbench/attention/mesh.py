@@ -90,13 +90,20 @@ def clear_mesh_cache() -> None:
         clear()
 
 
-def build_mesh(ulysses: int, ring: int, group: dist.ProcessGroup | None = None) -> CPMesh:
+def build_mesh(
+    ulysses: int,
+    ring: int,
+    group: dist.ProcessGroup | None = None,
+    ranks: tuple[int, ...] | None = None,
+) -> CPMesh:
     """Build (or fetch from cache: a worker creates each set of groups once) the U x R mesh
-    over `group` (default: the whole world). Collective: every rank of the default group calls
-    it with the same arguments, in the same order (process-group creation is collective)."""
+    over `group` (default: the whole world), whose global `ranks` a caller may give: a rank
+    outside a `new_group` group holds torch's shared placeholder, whose ranks are those of the
+    last such group. Collective: every rank of the default group calls it with the same
+    arguments, in the same order (process-group creation is collective)."""
     if not dist.is_initialized():
         raise CpbenchError("build_mesh needs an initialised torch.distributed process group")
-    cp_ranks = tuple(dist.get_process_group_ranks(group or dist.group.WORLD))
+    cp_ranks = ranks or tuple(dist.get_process_group_ranks(group or dist.group.WORLD))
     if ulysses * ring != len(cp_ranks):
         raise CpbenchError(
             f"ulysses ({ulysses}) x ring ({ring}) = {ulysses * ring} != world size ({len(cp_ranks)})"

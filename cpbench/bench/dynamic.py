@@ -61,22 +61,6 @@ def _subgroup(ranks: tuple[int, ...]) -> dist.ProcessGroup:
     return dist.new_group(list(ranks))
 
 
-@group_cache
-def _outside_mesh(ulysses: int, ring: int, ranks: tuple[int, ...]) -> None:
-    """On a rank outside `ranks`: the process groups `build_mesh` creates inside that group's
-    mesh, created in its order (creation is collective over the world), once per worker. Not
-    `build_mesh` itself: `new_group` gives a rank outside the group a shared placeholder whose
-    ranks torch reports as those of the last such group, so the mesh it built there would
-    have the wrong size."""
-    from cpbench.attention.mesh import mesh_grid  # noqa: PLC0415
-
-    ulysses_groups, ring_groups = mesh_grid(ulysses, ring)
-    for degree, grid in ((ulysses, ulysses_groups), (ring, ring_groups)):
-        if degree > 1:
-            for members in grid:
-                dist.new_group([ranks[r] for r in members])
-
-
 def _meshes(step: RoutedStep) -> dict[tuple[int, int, tuple[int, ...]], Any]:
     """This rank's groups' meshes, every group's process groups created on every rank in one
     order (group creation is collective over the world): the group's ranks as a subgroup, its
@@ -90,12 +74,8 @@ def _meshes(step: RoutedStep) -> dict[tuple[int, int, tuple[int, ...]], Any]:
             key = (g.ulysses, g.ring, g.ranks)
             if key in meshes:
                 continue
-            group = _subgroup(g.ranks)
-            if rank in g.ranks:
-                meshes[key] = build_mesh(g.ulysses, g.ring, group)
-            else:
-                _outside_mesh(g.ulysses, g.ring, g.ranks)
-                meshes[key] = None
+            mesh = build_mesh(g.ulysses, g.ring, _subgroup(g.ranks), ranks=g.ranks)
+            meshes[key] = mesh if rank in g.ranks else None
     return meshes
 
 
