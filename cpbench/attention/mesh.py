@@ -116,14 +116,14 @@ def build_mesh(
     my_ulysses = my_ring = None
     # new_group is collective over the default group: every rank creates every group.
     if ulysses > 1:
-        for ranks in ulysses_groups:
-            g = dist.new_group([cp_ranks[r] for r in ranks])
-            if me in (cp_ranks[r] for r in ranks):
+        for members in ulysses_groups:
+            g = dist.new_group([cp_ranks[r] for r in members])
+            if me in (cp_ranks[r] for r in members):
                 my_ulysses = g
     if ring > 1:
-        for ranks in ring_groups:
-            g = dist.new_group([cp_ranks[r] for r in ranks])
-            if me in (cp_ranks[r] for r in ranks):
+        for members in ring_groups:
+            g = dist.new_group([cp_ranks[r] for r in members])
+            if me in (cp_ranks[r] for r in members):
                 my_ring = g
     mesh = CPMesh(
         ulysses=ulysses,
