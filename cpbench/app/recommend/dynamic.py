@@ -13,12 +13,16 @@ from cpbench.app.recommend.uncertainty import faster_probability, profile_uncert
 from cpbench.config.documents import global_batch
 from cpbench.config.vocabulary import Dtype
 from cpbench.errors import CpbenchError
-from cpbench.model.dynamic import DynamicProblem, Policy, PolicyPlan, plan_policies, speedup
+from cpbench.model.dynamic import (
+    STEP_MICRO_BATCHES,
+    DynamicProblem,
+    Policy,
+    PolicyPlan,
+    plan_policies,
+    speedup,
+)
 from cpbench.model.hardware.loading import load_profile
 
-STEP_MICRO_BATCHES = 8
-"""The default token budget of a step: this many micro-batches of W x C tokens (Megatron's
-benchmark runs 8 micro-batches)."""
 DYNAMIC_CONVENTION = (
     "seconds of one attention layer's forward + backward for the whole batch: the micro-"
     "batches in turn, each as long as its slowest CP group (cpbench's cost model, the pack "

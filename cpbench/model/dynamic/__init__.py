@@ -24,9 +24,14 @@ from cpbench.model.dynamic.schedule import (
 from cpbench.model.hardware.profile import HardwareProfile
 
 __all__ = [
-    "POLICIES", "CpGroup", "DynamicProblem", "GroupedMicroBatch", "Policy", "PolicyPlan",
-    "SequenceCosts", "greedy_plan", "megatron_plan", "plan_policies", "speedup", "static_plan",
+    "POLICIES", "STEP_MICRO_BATCHES", "CpGroup", "DynamicProblem", "GroupedMicroBatch", "Policy",
+    "PolicyPlan", "SequenceCosts", "greedy_plan", "megatron_plan", "plan_policies", "speedup",
+    "static_plan",
 ]  # fmt: skip
+
+STEP_MICRO_BATCHES = 8
+"""The default token budget of a step: this many micro-batches of W x C tokens (Megatron's
+benchmark runs 8 micro-batches)."""
 
 
 def _cpbench_of(costs: SequenceCosts, megatron: PolicyPlan | None) -> PolicyPlan:

@@ -11,14 +11,9 @@ from dataclasses import dataclass
 from cpbench.config.documents import global_batch
 from cpbench.config.vocabulary import DEFAULT_DTYPE, Dtype
 from cpbench.errors import CpbenchError
-from cpbench.model.dynamic import DynamicProblem, Policy
+from cpbench.model.dynamic import STEP_MICRO_BATCHES, DynamicProblem, Policy
+from cpbench.model.hardware.loading import CPU_PROFILE, FALLBACK_GPU_PROFILE
 from cpbench.results.scenarios.file_schema import ScenarioDynamic
-
-STUDY_MICRO_BATCHES = 8
-"""The default token budget of a study's step: this many micro-batches of W x C tokens (as
-`recommend --lengths`)."""
-DEFAULT_PROFILE = {"cpu": "cpu-local", "cuda": "h100-sxm"}
-"""The hardware profile of a study's predictions when the table names none, by device."""
 
 
 @dataclass(frozen=True)
@@ -66,7 +61,7 @@ def dynamic_study(
     `seed` (`lengths_source`: the table's source with a file named from here), checked as
     the planner needs it (CpbenchError naming the file and the key otherwise)."""
     dtype: Dtype = table.dtype or DEFAULT_DTYPE[device]
-    budget = table.step_tokens or STUDY_MICRO_BATCHES * world * table.tokens_per_rank
+    budget = table.step_tokens or STEP_MICRO_BATCHES * world * table.tokens_per_rank
     try:
         lengths = global_batch(lengths_source or table.lengths, budget, seed)
     except CpbenchError as exc:
@@ -82,6 +77,6 @@ def dynamic_study(
         raise CpbenchError(
             f"{source}: key '{key}' in [dynamic]: {exc} (world_size {world})"
         ) from None
-    hardware = table.hardware or DEFAULT_PROFILE.get(device, DEFAULT_PROFILE["cpu"])
+    hardware = table.hardware or (FALLBACK_GPU_PROFILE if device == "cuda" else CPU_PROFILE)
     return DynamicStudy(problem, table.lengths, budget, tuple(table.policies), hardware,
                         table.rounds, table.backend, device, seed)  # fmt: skip
