@@ -94,6 +94,8 @@ def test_a_raising_and_a_hanging_rank_are_recorded_under_torchrun(tmp_path: Path
         # new_group): the job said why and what to do, torchrun restarted it, and the last
         # job measured 40 and 32 after one rebuild of its process group.
         assert "another rank failed" in done.stderr
+        # rank 1 left at once when rank 0 gave up, not at its own deadline or torchrun's kill
+        assert "rank 1: rank 0 gave the task up" in done.stderr
         assert summary == {"counts": {"timeout": 1, "ok": 1}, "spawns": 2}
     else:
         # Every rank could be interrupted (torch 2.5: no such wait): one job, the group

@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol
 
 from cpbench.bench.launch import launched_rank
@@ -90,6 +90,9 @@ class _Reply:
     value: Any
     order: int = 0
     """When a failure was reported, 1 for the first of this task (the cause), 0 for ok."""
+    abandoned: bool = False
+    """Written by a rank that gave the task up (its process is exiting): the others give up
+    too, at once, instead of waiting out their deadline or a rebuild that rank cannot join."""
 
 
 class _Watch:
@@ -316,6 +319,9 @@ class InProcessWorld:
                 # watchdog, and destroying a communicator with work in flight can block.)
                 self._destroy()
             replies = self._collect(key, watch.deadline + HARD_STOP_SECONDS + ERROR_GRACE_SECONDS)
+        gone = [r for r, x in enumerate(replies) if x.abandoned]
+        if gone:
+            self._give_up(f"rank {self.rank}: rank {gone[0]} gave the task up", [])
         failed = {r: x for r, x in enumerate(replies) if x.outcome != "ok"}
         if not failed:
             return [x.value for x in replies]
@@ -371,6 +377,12 @@ class InProcessWorld:
                     known[r] = pickle.loads(self._store.get(f"{key}/rank{r}"))
         for r in stuck:
             known.setdefault(r, _Reply("timeout", f"rank {r}: {message}", order=10**6))
+        if self.rank in stuck:
+            # The others wait for this rank's reply in the store, where no signal reaches them
+            # (nor the launcher's SIGTERM): this one tells them to exit now.
+            with contextlib.suppress(Exception):
+                gone = replace(known[self.rank], abandoned=True)
+                self._store.set(f"{key}/rank{self.rank}", pickle.dumps(gone))
         failed = {r: x for r, x in known.items() if x.outcome != "ok"}
         failure = _failure(failed, self._timeout) if failed else TaskTimeout(message)
         print(
