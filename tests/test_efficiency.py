@@ -15,7 +15,13 @@ import torch
 from rich.console import Console
 from typer.testing import CliRunner
 
-from cpbench.app.efficiency.cases import CONVENTION, EfficiencyCase, EfficiencySettings, cases_of
+from cpbench.app.efficiency.cases import (
+    CONVENTION,
+    EfficiencyCase,
+    EfficiencyReport,
+    EfficiencySettings,
+    cases_of,
+)
 from cpbench.app.efficiency.measure import _timing, run_efficiency, with_peers
 from cpbench.app.efficiency.profile import bucket_of, profile_steps
 from cpbench.attention.layouts import packing
@@ -150,7 +156,7 @@ def test_profile_buckets(name: str, bucket: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def small_report(pool) -> dict:  # type: ignore[no-untyped-def]
+def small_report(pool) -> EfficiencyReport:  # type: ignore[no-untyped-def]
     from cpbench.app.efficiency import measure  # noqa: PLC0415
 
     settings = EfficiencySettings(
@@ -160,11 +166,12 @@ def small_report(pool) -> dict:  # type: ignore[no-untyped-def]
     )
     with pytest.MonkeyPatch.context() as patch:
         lend(pool, patch, measure)  # on the session's 2 ranks
-        return run_efficiency(settings).to_dict()
+        return run_efficiency(settings)
 
 
-def test_small_run_measures_every_cpbench_mesh(small_report: dict) -> None:
-    (group,) = small_report["groups"]
+def test_small_run_measures_every_cpbench_mesh(small_report: EfficiencyReport) -> None:
+    document = small_report.to_dict()
+    (group,) = document["groups"]
     assert (group["world_size"], group["dtype"]) == (2, "float32")
     base = group["baseline"]
     assert base["status"] == "ok" and len(base["samples"]) == 3
@@ -191,12 +198,12 @@ def test_small_run_measures_every_cpbench_mesh(small_report: dict) -> None:
         assert zig["peer"] == "torch_cp"
         assert zig["vs_peer"] == pytest.approx(
             zig["median"] / by[("torch_cp", 1, 2, "zigzag")]["median"], rel=1e-12)
-    json.dumps(small_report)  # the JSON document is plain data
-    assert small_report["convention"] == CONVENTION
+    json.dumps(document)  # the JSON document is plain data
+    assert document["convention"] == CONVENTION
 
 
 @pytest.mark.parametrize("width", [80, 100])
-def test_table_fits_the_console(small_report: dict, width: int) -> None:
+def test_table_fits_the_console(small_report: EfficiencyReport, width: int) -> None:
     console = Console(width=width, file=io.StringIO(), color_system=None, force_terminal=False)
     for renderable in efficiency_tables(small_report):
         console.print(renderable)

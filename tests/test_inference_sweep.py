@@ -24,7 +24,7 @@ from cpbench.model.inference import decode_bytes, kv_cache_bytes_per_rank
 from cpbench.render.inference_table import inference_table
 from cpbench.results.scenarios.loading import load_scenario, parse_scenario
 from cpbench.results.schema import SCHEMA_VERSION, ResultRecord
-from cpbench.results.store import read_records, read_results
+from cpbench.results.store import parse_record, read_records, read_results
 from tests import inference_sweep_tasks
 
 runner = CliRunner()
@@ -244,7 +244,7 @@ def test_inference_records_are_not_training_steps_to_the_cost_model(
 
 def test_the_inference_table_reads_at_80_columns(swept: tuple[list[dict[str, Any]], Path]) -> None:
     console = Console(width=80, record=True, force_terminal=False)
-    console.print(inference_table(swept[0]))
+    console.print(inference_table([parse_record(r, "swept") for r in swept[0]]))
     text = console.export_text()
     assert max(len(line) for line in text.splitlines()) <= 80
     first = text.split("(2/")[0]  # the first part: the time beside its checks

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from cpbench.app.recommend.frameworks import framework_settings
 from cpbench.app.recommend.ranking import matching_measurement, recommend_mesh
-from cpbench.app.recommend.types import Recommendation, RecommendRequest
+from cpbench.app.recommend.types import FrameworkSetting, Recommendation, RecommendRequest
 from cpbench.app.schema import ReportModel, Versioned
 from cpbench.errors import CpbenchError
 from cpbench.model.calibrate import (
@@ -295,7 +295,7 @@ class TuneReport(Versioned):
     """The profile the model started from."""
     scale: float
     """Measured / predicted: the correction the measurements applied to every prediction."""
-    frameworks: list[dict[str, Any]]
+    frameworks: list[FrameworkSetting]
     """The pick's settings for Megatron-LM, DeepSpeed, yunchang, torchtitan (as recommend's)."""
     candidates: list[TunedCandidate]
     """Every candidate, in the model's first order."""
@@ -345,7 +345,7 @@ def tune_report(run: TuneRun, written: TunedProfile | None = None) -> TuneReport
         oracle=run.oracle,
         profile=run.recommendation.profile.name,
         scale=out.scale,
-        frameworks=[asdict(f) for f in frameworks],
+        frameworks=list(frameworks),
         profile_written=None if written is None else str(written.path),
         misfit="; ".join(m for m in (_misfit(run), *(written.misfits if written else ())) if m)
         or None,

@@ -87,7 +87,8 @@ def efficiency(
             out.write_text(json.dumps(document, indent=1))
         emit(document, as_json, lambda: [profile_table(profiles, settings.dtypes[0])])
         return
-    report = run_efficiency(settings, progress).to_dict()
+    report = run_efficiency(settings, progress)
+    plain = report.to_dict()
     if out is not None:
-        out.write_text(json.dumps(report, indent=1))
-    emit(report, as_json, lambda: efficiency_tables(report))
+        out.write_text(json.dumps(plain, indent=1))
+    emit(plain, as_json, lambda: efficiency_tables(report))

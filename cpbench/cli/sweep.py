@@ -183,7 +183,9 @@ def _run_and_report(
     if training or not (inference or dynamic):
         console.print(results_table(training))
     if inference:
-        console.print(inference_table(inference))
+        from cpbench.results.store import parse_record  # noqa: PLC0415
+
+        console.print(inference_table([parse_record(r, str(path)) for r in inference]))
     if dynamic:
         from cpbench.results.store import read_records  # noqa: PLC0415
 

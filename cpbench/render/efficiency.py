@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import RenderableType
 from rich.text import Text
@@ -11,60 +11,62 @@ from rich.text import Text
 from cpbench.render.tables import FitTable
 from cpbench.units import format_number, format_seconds
 
+if TYPE_CHECKING:  # app.efficiency imports torch
+    from cpbench.app.efficiency.cases import CaseTiming, EfficiencyCase, EfficiencyReport
 
-def _label(case: Mapping[str, Any]) -> str:
-    if case["impl"] == "single":
+
+def _label(case: EfficiencyCase) -> str:
+    if case.impl == "single":
         return "single process"
-    return f"{case['impl']} U{case['ulysses']}xR{case['ring']} {case['layout']}"
+    return f"{case.impl} U{case.ulysses}xR{case.ring} {case.layout}"
 
 
-def efficiency_tables(report: Mapping[str, Any]) -> list[RenderableType]:
+def efficiency_tables(report: EfficiencyReport) -> list[RenderableType]:
     """One table per (world size, dtype): every measured case with best and median step (ms),
     spread (%), efficiency (best, median) and cpbench's ratio to the fastest library on the
     same mesh; then what was skipped or failed and why; then the convention."""
-    s = report["settings"]
+    s = report.settings
     out: list[RenderableType] = []
-    for g in report["groups"]:
-        load0, load1 = g["load_average"]
+    for g in report.groups:
+        load0, load1 = g.load_average
         table = FitTable(
             title=(
-                f"P = {g['world_size']}, {g['dtype']}: causal fwd+bwd L={s['seq_len']} "
-                f"h={s['heads']} h_kv={s['kv_heads']} d={s['head_dim']} B={s['batch']}, "
-                f"{s['rounds']} rounds (load {load0:.1f} -> {load1:.1f})"
+                f"P = {g.world_size}, {g.dtype}: causal fwd+bwd L={s.seq_len} "
+                f"h={s.heads} h_kv={s.kv_heads} d={s.head_dim} B={s.batch}, "
+                f"{s.rounds} rounds (load {load0:.1f} -> {load1:.1f})"
             ),
         )
         table.add_columns(("case", "best ms", "median ms", "spread %", "eff best", "eff med",
                            "vs peer"), left=("case",), key=("case",))
-        for t in (g["baseline"], *g["cases"]):
-            if t["status"] != "ok":
+        for t in (g.baseline, *g.cases):
+            if t.status != "ok":
                 continue
-            vs = "-" if t["vs_peer"] is None else f"{t['vs_peer']:.2f} {t['peer']}"
+            vs = "-" if t.vs_peer is None else f"{t.vs_peer:.2f} {t.peer}"
             table.add_row(
-                _label(t["case"]),
-                format_seconds(t["best"], 0, unit=False),
-                format_seconds(t["median"], 0, unit=False),
-                "-" if t["spread"] is None else f"{t['spread'] * 100:.0f}",
-                format_number(t["efficiency_best"], 2),
-                format_number(t["efficiency_median"], 2),
+                _label(t.case),
+                format_seconds(t.best, 0, unit=False),
+                format_seconds(t.median, 0, unit=False),
+                "-" if t.spread is None else f"{t.spread * 100:.0f}",
+                format_number(t.efficiency_best, 2),
+                format_number(t.efficiency_median, 2),
                 vs,
             )
         out.append(table)
         # what was skipped or failed, one line per implementation, status and reason
-        others: dict[tuple[str, str, str], list[Mapping[str, Any]]] = {}
-        for t in g["cases"]:
-            if t["status"] != "ok":
-                key = (t["case"]["impl"], t["status"], t["reason"] or "")
-                others.setdefault(key, []).append(t)
+        others: dict[tuple[str, str, str], list[CaseTiming]] = {}
+        for t in g.cases:
+            if t.status != "ok":
+                others.setdefault((t.case.impl, t.status, t.reason or ""), []).append(t)
         if others:
             lines = Text()
             for t, *more in others.values():
                 lines.append(
-                    f"{t['status']}: {_label(t['case'])}"
+                    f"{t.status}: {_label(t.case)}"
                     + (f" (and {len(more)} more)" if more else "")
-                    + f": {t['reason']}\n"
+                    + f": {t.reason}\n"
                 )
             out.append(lines)
-    out.append(Text(report["convention"]))
+    out.append(Text(report.convention))
     return out
 
 

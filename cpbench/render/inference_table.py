@@ -4,12 +4,22 @@ equals the model). Renderers return renderables; the CLI prints."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rich.text import Text
 
 from cpbench.render.tables import FitTable
 from cpbench.units import format_memory, format_seconds
+
+if TYPE_CHECKING:
+    from cpbench.model.ties import Interval
+    from cpbench.results.schema import (
+        ConfigSection,
+        InferenceConfigSection,
+        InferenceSection,
+        ResultRecord,
+        TimingSection,
+    )
 
 INFERENCE_CAPTION = (
     "TTFT: seconds per prefill of T new tokens on P cached (median, max over ranks); "
@@ -28,27 +38,31 @@ def _size(value: float) -> str:
     return f"{value / 2**10:.1f} KiB" if value < 2**20 else format_memory(value)
 
 
-def _group(record: dict[str, Any]) -> tuple[Any, ...]:
+def _group(record: ResultRecord) -> tuple[object, ...]:
     """The records that compete: one phase, P, T, shape and world; schemes (prefill) or cache
     layouts (decode) and kernels vary within it."""
-    c = record["config"]
-    step = c["inference"]
+    c, step = _step(record)
     return (
-        step["phase"], step["cached_len"], step["new_tokens"], c["batch"], c["heads"],
-        c["kv_heads"], c["head_dim"], c["dtype"], c["device"], c["world_size"],
+        step.phase, step.cached_len, step.new_tokens, c.batch, c.heads, c.kv_heads, c.head_dim,
+        c.dtype, c.device, c.world_size,
     )  # fmt: skip
 
 
-def _best(records: list[dict[str, Any]]) -> dict[str, str]:
+def _step(record: ResultRecord) -> tuple[ConfigSection, InferenceConfigSection]:
+    """The record's configuration and its inference step (the sweep writes both)."""
+    if record.config is None or record.config.inference is None:
+        raise ValueError(f"record {record.id} is not an inference record (no config.inference)")
+    return record.config, record.config.inference
+
+
+def _best(records: list[ResultRecord]) -> dict[str, str]:
     """"best" or "tie (n)" for the leaders of each group (`ties.rank_with_ties`)."""
     from cpbench.model.ties import rank_with_ties  # noqa: PLC0415
-    from cpbench.results.frame import record_interval  # noqa: PLC0415
 
-    groups: dict[tuple[Any, ...], dict[str, Any]] = {}
+    groups: dict[tuple[object, ...], dict[str, Interval]] = {}
     for r in records:
-        interval = record_interval(r) if r.get("status") == "ok" else None
-        if interval is not None:
-            groups.setdefault(_group(r), {})[r["id"]] = interval
+        if r.status == "ok" and r.timing is not None:
+            groups.setdefault(_group(r), {})[r.id] = r.timing.interval()
     out: dict[str, str] = {}
     for intervals in groups.values():
         if len(intervals) < 2:
@@ -59,17 +73,16 @@ def _best(records: list[dict[str, Any]]) -> dict[str, str]:
     return out
 
 
-def _time_cell(record: dict[str, Any]) -> str:
-    timing, section = record["timing"], record["inference"]
-    median = timing["median"]
-    low, high = timing.get("ci_low"), timing.get("ci_high")
+def _time_cell(timing: TimingSection, section: InferenceSection) -> str:
+    median = timing.median
+    low, high = timing.ci_low, timing.ci_high
     spread = "" if low is None or high is None else f" ±{(high - low) / 2 / median:.0%}"
-    if section["phase"] == "prefill":
-        return f"{format_seconds(section['ttft_s'])}{spread}"
-    return f"{format_seconds(section['per_token_latency_s'], 2)}/tok{spread}"
+    if section.phase == "prefill":
+        return f"{format_seconds(section.ttft_s)}{spread}"
+    return f"{format_seconds(section.per_token_latency_s, 2)}/tok{spread}"
 
 
-def inference_table(records: list[dict[str, Any]]) -> FitTable:
+def inference_table(records: list[ResultRecord]) -> FitTable:
     """One row per inference record; the best of each group in bold green, ties in yellow."""
     best = _best(records)
     table = FitTable(title="cpbench inference results", caption=INFERENCE_CAPTION, index=True)
@@ -79,35 +92,32 @@ def inference_table(records: list[dict[str, Any]]) -> FitTable:
     table.add_columns(columns, left=("how", "best", "phase", "status"), wrap=("status",),
                       key=("how", "P", "T"))
     for r in records:
-        c = r["config"]
-        step = c["inference"]
-        how = step["scheme"] if step["phase"] == "prefill" else step["cache_layout"]
-        where = [step["phase"], str(c["world_size"]), str(c["batch"]),
-                 f"{c['heads']}/{c['kv_heads']}"]  # fmt: skip
-        cells: list[str | Text] = [str(how), str(step["cached_len"]), str(step["new_tokens"])]
+        c, step = _step(r)
+        how = step.scheme if step.phase == "prefill" else step.cache_layout
+        where = [step.phase, str(c.world_size), str(c.batch), f"{c.heads}/{c.kv_heads}"]
+        cells: list[str | Text] = [str(how), str(step.cached_len), str(step.new_tokens)]
         style = None
-        if r["status"] == "ok" and r.get("inference"):
-            section, comm = r["inference"], r["comm"]
-            analytic = sum(comm["analytic_bytes"].values())
-            measured = max(sum(x) for x in zip(*comm["measured_bytes"].values(), strict=True))
-            if comm["match"]:
+        section, comm, timing = r.inference, r.comm, r.timing
+        if r.status == "ok" and section and comm is not None and timing is not None:
+            analytic = sum(comm.analytic_bytes.values())
+            measured = max(sum(x) for x in zip(*comm.measured_bytes.values(), strict=True))
+            if comm.match:
                 traffic = f"{_size(analytic)} ="
             else:
                 traffic = f"[bold red]{_size(analytic)} != {_size(measured)}[/]"
-            ratio = section["kv_cache_ratio"]
-            cache = section["kv_cache_bytes_analytic"]
+            ratio = section.kv_cache_ratio
+            cache = section.kv_cache_bytes_analytic
             kv = f"{_size(cache)} =" if abs(ratio - 1) <= 0.05 else f"{_size(cache)} x{ratio:.2f}"
-            label = best.get(r["id"], "")
+            label = best.get(r.id, "")
             if label:
                 style = "bold green" if label == "best" else "yellow"
-            error = (r.get("accuracy") or {}).get("max_abs_error", float("nan"))
+            error = r.accuracy.max_abs_error if r.accuracy else float("nan")
             cells += [
-                _time_cell(r), f"{error:.0e}", traffic, kv, label,
-                f"{section['tokens_per_s']:.3g}", *where, "ok",
+                _time_cell(timing, section), f"{error:.0e}", traffic, kv, label,
+                f"{section.tokens_per_s:.3g}", *where, "ok",
             ]  # fmt: skip
         else:  # a failed check keeps its error beside the time it did not get
-            error = (r.get("accuracy") or {}).get("max_abs_error")
-            shown = "-" if error is None else f"{error:.0e}"
-            cells += ["-", shown] + ["-"] * 4 + where + [Text(f"{r['status']}: {r['error']}")]
+            shown = "-" if r.accuracy is None else f"{r.accuracy.max_abs_error:.0e}"
+            cells += ["-", shown] + ["-"] * 4 + where + [Text(f"{r.status}: {r.error}")]
         table.add_row(*cells, style=style)
     return table

@@ -59,7 +59,7 @@ def render_tune(report: TuneReport) -> list[RenderableType]:
     settings = FitTable(title="Settings of the pick", narrow="split")
     settings.add_columns(("framework", "settings"), key=("framework",))
     for f in report.frameworks:
-        settings.add_row(str(f["framework"]), str(f["settings"]))
+        settings.add_row(f.framework, f.settings)
     out.append(settings)
     if report.profile_written:
         out.append(Text(f"wrote {report.profile_written}: use it with `cpbench recommend "
