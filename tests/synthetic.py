@@ -52,6 +52,9 @@ def synthetic_record(
         f"U{c.ulysses}xR{c.ring}-{c.layout}-rep{c.replication}-auto-{candidate.phase}-"
         f"{device}-w{world}"
     )
+    documents = candidate.mask.documents if candidate.mask.has_documents else None
+    if documents:
+        record_id += "-docs" + "_".join(map(str, documents))
     flops = attention_flops(
         s, candidate.causal, "forward" if candidate.phase == "fwd" else "forward_backward"
     )
@@ -80,6 +83,7 @@ def synthetic_record(
             "nodes": nodes,
             "phase": candidate.phase,
             "scheme": c.scheme,
+            "documents": list(documents) if documents else None,
         },
         "timing": {
             "phase": candidate.phase,

@@ -202,8 +202,11 @@ def _fit_links_once(
 def _fit_compute(
     measurements: Sequence[Measurement], profile: HardwareProfile, ridge: float
 ) -> tuple[HardwareProfile, FitReport | None, list[str]]:
-    """Fit 1/eff at every measured kernel sequence length n = L/R, and the step overhead, to
-    the compute-only times: `slowest FLOPs / peak x (1/eff(n)) + steps x overhead`."""
+    """Fit 1/eff at every measured kernel sequence length n = L/R and the step overhead to the
+    compute-only times of the measurements with one document's kernel calls:
+    `slowest FLOPs / peak x (1/eff(n)) + steps x overhead`; then, with those, the call overhead
+    to the rest (packed documents, windows: calls beyond one document's, `work.extra_calls`),
+    whose pieces are smaller than the shard the curve is read at (so they do not shape it)."""
     rows = [
         (m, m.compute_only_s, m.predict(profile))
         for m in measurements
@@ -211,6 +214,33 @@ def _fit_compute(
     ]
     if not rows:
         return profile, None, ["no compute_only times: kernel efficiency kept from the prior"]
+    plain = [row for row in rows if not row[2].phase_time.calls]
+    called = [row for row in rows if row[2].phase_time.calls]
+    new: HardwareProfile = profile
+    parameters: list[ParameterFit] = []
+    notes: list[str] = []
+    if plain:
+        new, parameters, notes = _fit_curve(plain, profile, ridge)
+    if called:
+        call_overhead = _fit_call_overhead(called, new, ridge)
+        new = with_table(new, "overheads", call_overhead_s=call_overhead)
+        parameters.append(ParameterFit("call overhead", "us", profile.call_overhead_s * 1e6,
+                                       call_overhead * 1e6, len(called)))
+    before = [(p.compute_only_s - compute) / compute for _, compute, p in rows]
+    after = [(m.predict(new).compute_only_s - compute) / compute for m, compute, _ in rows]
+    report = FitReport("compute_only", len(rows), rms(before), rms(after), tuple(parameters))
+    return new, report, notes
+
+
+_Row = tuple[Measurement, float, Prediction]
+CALL_FIT_ROUNDS = 4
+"""Rounds of the call-overhead fit (each recounts the calls with the last value)."""
+
+
+def _fit_curve(
+    rows: Sequence[_Row], profile: HardwareProfile, ridge: float
+) -> tuple[HardwareProfile, list[ParameterFit], list[str]]:
+    """The kernel efficiency curve and the step overhead (`_fit_compute`)."""
     lengths = sorted({p.kernel_seq_len for *_, p in rows})
     column = {n: i for i, n in enumerate(lengths)}
     overhead_col = len(lengths)
@@ -247,8 +277,6 @@ def _fit_compute(
     )
     new = with_table(with_curve(profile, profile.default_kernel, curve), "peaks", **peaks)
     new = with_table(new, "overheads", step_overhead_s=overhead)
-    before = [(p.compute_only_s - compute) / compute for _, compute, p in rows]
-    after = [(m.predict(new).compute_only_s - compute) / compute for m, compute, _ in rows]
     parameters = [
         ParameterFit(f"kernel efficiency at L/R={n}", "", profile.efficiency.at(n),
                      new.efficiency.at(n), int(np.count_nonzero(design[:, column[n]])))
@@ -256,8 +284,29 @@ def _fit_compute(
     ]
     parameters.append(ParameterFit("step overhead", "us", profile.step_overhead_s * 1e6,
                                    overhead * 1e6, len(rows)))
-    report = FitReport("compute_only", len(rows), rms(before), rms(after), tuple(parameters))
-    return new, report, notes
+    return new, parameters, notes
+
+
+def _fit_call_overhead(rows: Sequence[_Row], profile: HardwareProfile, ridge: float) -> float:
+    """Seconds per extra kernel call: what the rows' compute-only times leave over the rest of
+    the profile's prediction, per call (relative least squares, ridge to the prior). Iterated:
+    where ranks share compute slots, the calls counted depend on which rank sets each step,
+    and that on the call overhead."""
+    value = max(profile.call_overhead_s, 1e-6)
+    for _ in range(CALL_FIT_ROUNDS):
+        trial = with_table(profile, "overheads", call_overhead_s=value)
+        design = np.zeros((len(rows), 1))
+        target = np.zeros(len(rows))
+        for i, (m, compute, _) in enumerate(rows):
+            p = m.predict(trial)
+            calls = p.phase_time.calls
+            design[i, 0] = calls
+            target[i] = max(compute - (p.compute_only_s - calls * value), 0.1 * compute)
+        # a prior without a call overhead (0) says nothing to pull towards: no ridge
+        pull = ridge if profile.call_overhead_s else 0.0
+        prior = np.array([max(profile.call_overhead_s, 1e-6)])
+        value = float(solve_relative(design, target, prior, pull, np.zeros(1))[0])
+    return value
 
 
 # -------------------------------------------------------------------------------- overlap

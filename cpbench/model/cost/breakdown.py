@@ -42,6 +42,9 @@ class PhaseTime:
     steps: float
     """Step overheads paid: k per phase, the ring steps run (x ranks / slots where the node's
     share sets a step)."""
+    calls: float = 0.0
+    """Kernel calls beyond one document's schedule paid (`work.extra_calls`), each at the
+    profile's call overhead (x ranks / slots where the node's share sets a step)."""
 
     def __add__(self, other: PhaseTime) -> PhaseTime:
         values = {
@@ -55,13 +58,14 @@ class PhaseTime:
     def priced(
         cls, phase: Pass, total_s: float, balanced_s: float, slowest_s: float, ulysses_s: float,
         ring_s: float, memory_s: float, overlappable_s: float, flops: float, steps: float,
+        calls: float = 0.0,
     ) -> PhaseTime:
         """The breakdown of a phase from its time, its kernel time at perfect balance and on
         the slowest rank, and its serialised all-to-all and ring (or all-gather) time."""
         return cls(
             phase, total_s, balanced_s, max(0.0, slowest_s - balanced_s),
             total_s - max(slowest_s, balanced_s), ulysses_s + ring_s, ulysses_s, ring_s,
-            memory_s, overlappable_s, flops, steps,
+            memory_s, overlappable_s, flops, steps, calls,
         )  # fmt: skip
 
 

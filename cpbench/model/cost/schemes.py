@@ -13,7 +13,7 @@ from cpbench.config.problem import MeshCandidate
 from cpbench.config.vocabulary import PASSES, Pass
 from cpbench.model.cost.breakdown import CommTerm, PhaseTime, TierTraffic
 from cpbench.model.cost.kernel import kernel_factor
-from cpbench.model.cost.work import config_work, mask_step_stats, merge_bytes
+from cpbench.model.cost.work import config_work, extra_calls, mask_step_stats, merge_bytes
 from cpbench.model.flops import BACKWARD_FACTOR, flops_per_pair, plain_step_scaled
 from cpbench.model.formulas import CollectiveKind, CommVolume
 from cpbench.model.hardware.profile import HardwareProfile, LinkTier
@@ -71,6 +71,8 @@ class _StepCost:
     """Step overheads paid (1, or ranks / slots on a shared node)."""
     memory_s: float
     """Memory-bound seconds in it."""
+    calls: float = 0.0
+    """Kernel calls beyond one document's paid (`extra_calls`; x ranks / slots as overheads)."""
 
 
 def _node_share(ctx: Context) -> float:
@@ -123,24 +125,29 @@ def _step_costs(ctx: Context, phase: Pass, merges: list[float]) -> list[_StepCos
     work; on a node with more ranks than compute slots, at least the mean rank's times
     ranks / slots (the slots are shared, so idle ranks lend theirs)."""
     overhead, share = ctx.profile.step_overhead_s, _node_share(ctx)
+    per_call = ctx.profile.call_overhead_s
     rate = pass_flops_per_s(ctx, phase)
+    flops = _step_flops(ctx.config, phase)
+    calls = extra_calls(ctx.config) or ((0, 0.0),) * len(flops)
     costs: list[_StepCost] = []
-    previous: tuple[float, float, float] | None = None
-    for (busiest_flops, mean_flops), merge in zip(
-        _step_flops(ctx.config, phase), merges, strict=True
+    previous: tuple[float, ...] | None = None
+    for (busiest_flops, mean_flops), merge, (busiest_calls, mean_calls) in zip(
+        flops, merges, calls, strict=True
     ):
         # the mean matters only on a shared node; a step like the last costs what it did
-        key = (busiest_flops, mean_flops if share > 1 else 0.0, merge)
+        key = (busiest_flops, mean_flops if share > 1 else 0.0, merge, busiest_calls, mean_calls)
         if key == previous:
             costs.append(costs[-1])
             continue
         previous = key
-        alone = busiest_flops / rate + overhead + merge
-        shared = share * (mean_flops / rate + overhead + merge)
+        alone = busiest_flops / rate + overhead + merge + busiest_calls * per_call
+        shared = share * (mean_flops / rate + overhead + merge + mean_calls * per_call)
         if share > 1 and shared > alone:
-            costs.append(_StepCost(shared, share * mean_flops, share, share * merge))
+            costs.append(
+                _StepCost(shared, share * mean_flops, share, share * merge, share * mean_calls)
+            )
         else:
-            costs.append(_StepCost(alone, busiest_flops, 1.0, merge))
+            costs.append(_StepCost(alone, busiest_flops, 1.0, merge, busiest_calls))
     return costs
 
 
@@ -159,11 +166,12 @@ def phase_time(ctx: Context, phase: Pass) -> tuple[PhaseTime, tuple[CommTerm, ..
         _mean_rank_flops(c, phase) / pass_flops_per_s(ctx, phase)
         + c.ring_steps * ctx.profile.step_overhead_s
         + sum(merges)
+        + sum(mean for _, mean in extra_calls(c)) * ctx.profile.call_overhead_s
     )
     timing = PhaseTime.priced(
         phase, ulysses_s + ring_total, balanced, slowest, ulysses_s, ring_comm,
         sum(cost.memory_s for cost in costs), overlappable, sum(cost.flops for cost in costs),
-        sum(cost.overheads for cost in costs),
+        sum(cost.overheads for cost in costs), sum(cost.calls for cost in costs),
     )  # fmt: skip
     return timing, ulysses_terms + ring_terms
 
@@ -309,9 +317,13 @@ def _gather_phase_time(ctx: Context, phase: Pass) -> tuple[PhaseTime, tuple[Comm
     slowest_pairs = float(work.max_ring_rank_pairs)
     mean_pairs = float(work.total) / c.ring
     rate = pass_flops_per_s(ctx, phase)
+    calls = extra_calls(c)
+    busiest_calls = sum(b for b, _ in calls)
+    mean_calls = sum(m for _, m in calls)
     alone = slowest_pairs * per_pair / rate + overheads * profile.step_overhead_s
-    alone += merges
-    balanced = share * (mean_pairs * per_pair / rate + overheads * profile.step_overhead_s + merges)
+    alone += merges + busiest_calls * profile.call_overhead_s
+    balanced = share * (mean_pairs * per_pair / rate + overheads * profile.step_overhead_s + merges
+                        + mean_calls * profile.call_overhead_s)  # fmt: skip
     shared = share > 1 and balanced > alone
     compute = balanced if shared else alone
     slowest_flops = share * mean_pairs if shared else slowest_pairs
@@ -355,6 +367,7 @@ def _gather_phase_time(ctx: Context, phase: Pass) -> tuple[PhaseTime, tuple[Comm
     timing = PhaseTime.priced(
         phase, total, balanced, compute, ulysses_s, comm, merges, hidden,
         slowest_flops * per_pair, float(overheads) * (share if shared else 1.0),
+        share * mean_calls if shared else float(busiest_calls),
     )  # fmt: skip
     return timing, ulysses_terms + tuple(terms)
 

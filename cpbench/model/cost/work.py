@@ -6,8 +6,11 @@ from __future__ import annotations
 import functools
 from fractions import Fraction
 
+from cpbench.config.constraints import seq_divisor
+from cpbench.config.geometry import pack
+from cpbench.config.masks import MaskSpec
 from cpbench.config.problem import CpProblem
-from cpbench.config.vocabulary import GLOBAL_LAYOUTS, Pass
+from cpbench.config.vocabulary import GLOBAL_LAYOUTS, Layout, Pass
 from cpbench.errors import CpbenchError
 from cpbench.model.flops import LayoutWork, layout_work, plain_step_stats, ring_step_pairs
 
@@ -61,6 +64,27 @@ def mask_step_stats(config: CpProblem) -> tuple[tuple[Fraction, Fraction], ...]:
     if config.plain_geometry:
         return step_pair_stats(config.seq_len, config.ring, config.layout, config.mask.causal)
     return config_work(config).step_stats
+
+
+@functools.lru_cache(maxsize=1024)
+def extra_calls(config: CpProblem) -> tuple[tuple[int, float], ...]:
+    """(busiest ring rank, mean over ring ranks) kernel calls at each ring step beyond those of
+    one document's schedule on the same mesh and layout (a zigzag one for doc_zigzag and
+    balanced): the pieces a packed document mask or a window adds, each a launch, a slice and
+    a merge (the profile's `call_overhead_s`). Empty for the closed forms (none added)."""
+    if config.plain_geometry:
+        return ()
+    calls = config.packing.counts.calls
+    layout: Layout = config.layout if config.layout in GLOBAL_LAYOUTS else "zigzag"
+    one = pack(MaskSpec(causal=config.mask.causal), 2 * seq_divisor(config.ulysses, config.ring,
+               layout), config.ulysses, config.ring, layout).counts.calls  # fmt: skip
+    ring = config.ring
+    out = []
+    for t in range(config.packing.counts.steps):
+        busiest = max(row[t] for row in calls) - max(row[t] for row in one)
+        mean = (sum(row[t] for row in calls) - sum(row[t] for row in one)) / ring
+        out.append((max(0, busiest), max(0.0, mean)))
+    return tuple(out)
 
 
 def merge_bytes(config: CpProblem, phase: Pass, step: int) -> int:

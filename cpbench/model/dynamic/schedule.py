@@ -6,16 +6,17 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from typing import Literal, get_args
 
 import numpy as np
 
 from cpbench.config.problem import MeshCandidate
-from cpbench.config.vocabulary import Dtype
+from cpbench.config.vocabulary import PASSES, Dtype
 from cpbench.errors import CpbenchError
 from cpbench.model.cost.prediction import predict
+from cpbench.model.cost.work import extra_calls
 from cpbench.model.hardware.profile import HardwareProfile
 
 Policy = Literal["static", "megatron", "cpbench"]
@@ -163,6 +164,7 @@ class SequenceCosts:
     profile: HardwareProfile
     _grids: dict[tuple[int, str], tuple[list[int], list[float]]] = field(default_factory=dict)
     _by_sequence: dict[tuple[int, str], np.ndarray] = field(default_factory=dict)
+    _fixed: dict[tuple[int, str], float] = field(default_factory=dict)
 
     def _problem(self, degree: int, scheme: GroupScheme, length: int) -> MeshCandidate:
         w = self.problem
@@ -218,8 +220,34 @@ class SequenceCosts:
         return self._by_sequence[key]
 
     def fixed(self, degree: int, scheme: GroupScheme) -> float:
-        """The part of a sequence's time a pack pays once: the shortest sequence's time."""
-        return self._grid(degree, scheme)[1][0]
+        """The part of a sequence's time a pack pays once: the shortest sequence's time, less
+        what each further sequence adds in kernel calls (`call_s`)."""
+        if (degree, scheme) not in self._fixed:
+            shortest = self._grid(degree, scheme)[1][0]
+            self._fixed[degree, scheme] = shortest - self.call_s(degree, scheme)
+        return self._fixed[degree, scheme]
+
+    def call_s(self, degree: int, scheme: GroupScheme) -> float:
+        """Seconds (fwd+bwd) one more sequence adds to a pack in kernel calls: the calls a
+        third document adds to a group's schedule of two (`work.extra_calls`, each document
+        cut over all g ranks; one document alone runs coalesced calls) at the profile's call
+        overhead, x ranks / slots where ranks share compute slots and the mean rank's calls
+        set the step."""
+        if not self.profile.call_overhead_s:
+            return 0.0
+        unit = 8 * self.padded(degree, scheme, 1)
+        totals = []
+        for n in (2, 3):
+            pack = self._problem(degree, scheme, n * unit)
+            layout = "doc_zigzag" if pack.layout == "zigzag" else pack.layout
+            calls = extra_calls(replace(pack, layout=layout, documents=(unit,) * n))
+            totals.append((sum(b for b, _ in calls), sum(m for _, m in calls)))
+        busiest, mean = totals[1][0] - totals[0][0], totals[1][1] - totals[0][1]
+        slots = self.profile.compute_slots_per_node
+        share = 1.0
+        if slots is not None:
+            share = max(1.0, min(self.profile.devices_per_node, self.problem.world) / slots)
+        return len(PASSES) * max(busiest, share * mean) * self.profile.call_overhead_s
 
 
 def priced_group(costs: SequenceCosts, degree: int, scheme: GroupScheme, ids: Sequence[int]) -> CpGroup:

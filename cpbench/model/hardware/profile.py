@@ -423,9 +423,15 @@ class Overheads:
     """`[overheads]`: fixed time per ring step and the overlap of a step."""
 
     step_overhead_s: Annotated[NonNegativeNumber, Field(alias="step_overhead_us"), Scaled(1e-6)]
-    """Fixed time per ring step and kernel call (launch, merge, bookkeeping), seconds."""
+    """Fixed time per ring step (its kernel calls' launch, merge, bookkeeping), seconds."""
     overlap: UnitInterval
     """Fraction of min(compute, comm) of a ring step hidden behind the longer one (0..1)."""
+    call_overhead_s: Annotated[
+        NonNegativeNumber, Field(alias="call_overhead_us"), Scaled(1e-6)
+    ] = 0.0
+    """Fixed time per kernel call beyond those of one document's schedule (the extra pieces
+    of a packed document mask or a window: launch, slicing, merge), seconds per pass; 0 where
+    it was not measured (`cpbench calibrate` fits it from document-masked measurements)."""
     source: Text = ""
     """Where the overhead and overlap numbers come from."""
 
@@ -547,8 +553,13 @@ class HardwareProfile:
 
     @property
     def step_overhead_s(self) -> float:
-        """Fixed time per ring step and kernel call, seconds."""
+        """Fixed time per ring step, seconds."""
         return self.overheads.step_overhead_s
+
+    @property
+    def call_overhead_s(self) -> float:
+        """Fixed time per kernel call beyond one document's schedule, seconds per pass."""
+        return self.overheads.call_overhead_s
 
     @property
     def overlap(self) -> float:
