@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cpbench.app import sweep as sweep_service
+from cpbench.app.verify import VerifyRow
 from cpbench.bench.pool import TaskError
 from cpbench.cli.main import app
 from cpbench.results.store import read_records
@@ -71,7 +72,7 @@ def verify_on_the_session_pool(lend_the_session_pool: None, monkeypatch: pytest.
 
     matrix_args = set(inspect.signature(verify_service.default_cases).parameters)
 
-    def sampled(world_size: int, *args: object, **kwargs: object) -> list[dict]:
+    def sampled(world_size: int, *args: object, **kwargs: object) -> list[VerifyRow]:
         # the matrix's own arguments (run_verify has more: inference, timeout, ...)
         matrix = {k: v for k, v in kwargs.items() if k in matrix_args}
         calls.append((world_size, args, matrix))

@@ -10,7 +10,7 @@ from pathlib import Path
 from rich.console import Console
 from typer.testing import CliRunner
 
-from cpbench.app.compare import Comparison, compare_results
+from cpbench.app.compare import Comparison, ComparisonRow, compare_results
 from cpbench.app.report import build_comparison
 from cpbench.cli.main import app
 from cpbench.render.tables import compare_table
@@ -23,19 +23,20 @@ runner = CliRunner()
 
 def test_verdicts_follow_the_intervals() -> None:
     result = compare_results(SWEEP, AFTER)
-    matched = [r for r in result.rows if r["verdict"] is not None]
+    matched = [r for r in result.rows if r.verdict is not None]
     assert len(matched) == result.matched == 7
     for r in matched:
-        assert r["ratio_low"] <= r["ratio"] <= r["ratio_high"]
-        if r["verdict"] == "faster":
-            assert r["ratio_high"] < 1
-        elif r["verdict"] == "slower":
-            assert r["ratio_low"] > 1
+        assert r.ratio is not None and r.ratio_low is not None and r.ratio_high is not None
+        assert r.ratio_low <= r.ratio <= r.ratio_high
+        if r.verdict == "faster":
+            assert r.ratio_high < 1
+        elif r.verdict == "slower":
+            assert r.ratio_low > 1
         else:
-            assert r["ratio_low"] <= 1 <= r["ratio_high"]
-    zigzag = [r for r in matched if r["layout"] == "zigzag"]
-    assert zigzag and all(r["verdict"] == "faster" for r in zigzag)  # 20% faster in the fixture
-    assert [r["mesh"] for r in result.regressions] == ["U4xR1"]
+            assert r.ratio_low <= 1 <= r.ratio_high
+    zigzag = [r for r in matched if r.layout == "zigzag"]
+    assert zigzag and all(r.verdict == "faster" for r in zigzag)  # 20% faster in the fixture
+    assert [r.mesh for r in result.regressions] == ["U4xR1"]
     # The report's comparison counts the same verdicts.
     page = build_comparison(SWEEP, AFTER)
     assert (page.faster, page.slower) == (result.count("faster"), result.count("slower"))
@@ -74,8 +75,8 @@ def test_an_equivalent_name_matches(tmp_path: Path) -> None:
     b.write_text("".join(json.dumps(r) + "\n" for r in before))
     a.write_text("".join(json.dumps(r) + "\n" for r in after))
     result = compare_results(b, a)
-    row = next(r for r in result.rows if r["id"] == target["id"])
-    assert row["verdict"] == "no significant change" and row["ratio"] == 1.0
+    row = next(r for r in result.rows if r.id == target["id"])
+    assert row.verdict == "no significant change" and row.ratio == 1.0
     assert result.unmatched == 0
 
 
@@ -85,8 +86,9 @@ def test_table_names_every_axis_that_tells_rows_apart() -> None:
             "phase": "fwd+bwd", "heads": 8, "kv_heads": 2, "dtype": "float32",
             "before_s": 0.01, "after_s": 0.01, "ratio": 1.0, "ratio_low": 0.9,
             "ratio_high": 1.1, "verdict": "no significant change", "regression": False}
-    rows = [base, {**base, "id": "b", "heads": 16, "kv_heads": 4},
-            {**base, "id": "c", "dtype": "bfloat16"}]
+    changes: list[dict] = [{}, {"id": "b", "heads": 16, "kv_heads": 4},
+                           {"id": "c", "dtype": "bfloat16"}]
+    rows = [ComparisonRow(**{**base, **change}) for change in changes]
     console = Console(width=120, file=io.StringIO(), color_system=None)
     console.print(compare_table(Comparison(("x", "y"), 0.05, rows)))
     text = console.file.getvalue()  # type: ignore[attr-defined]
@@ -97,4 +99,17 @@ def test_table_names_every_axis_that_tells_rows_apart() -> None:
     one_dtype = Console(width=120, file=io.StringIO(), color_system=None)
     one_dtype.print(compare_table(Comparison(("x", "y"), 0.05, rows[:2])))
     assert "dtype" not in one_dtype.file.getvalue()  # type: ignore[attr-defined]
-    assert {"heads", "kv_heads"} <= set(compare_results(SWEEP, AFTER).rows[0])
+    assert {"heads", "kv_heads"} <= set(compare_results(SWEEP, AFTER).rows[0].to_dict())
+
+
+def test_each_row_is_the_frames_row_in_its_column_order() -> None:
+    """`ComparisonRow.to_dict` (what `--json` prints) is the `compare_frame` row, key for key
+    and in the frame's column order, so the typed rows change nothing in the output."""
+    from cpbench.results.frame import compare_frame, value  # noqa: PLC0415
+    from cpbench.results.store import records_frame  # noqa: PLC0415
+
+    frame = compare_frame(records_frame(read_records(SWEEP)), records_frame(read_records(AFTER)))
+    expected = [{k: value(v) for k, v in row.items()} for row in frame.to_dict("records")]
+    rows = [r.to_dict() for r in compare_results(SWEEP, AFTER).rows]
+    assert rows == expected
+    assert [list(r) for r in rows] == [list(frame.columns)] * len(rows)

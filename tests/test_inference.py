@@ -109,11 +109,11 @@ def test_verify_runs_the_prefill_cases_after_the_training_ones() -> None:
 
     trained = VerifyCase(ring=2, heads=8, kv_heads=8, head_dim=16, seq_len=64, dtype="float32")
     records = run_verify(2, cases=[trained], inference=True, timeout=300)
-    assert records[0]["label"] == trained.label and "inference" not in records[0]
+    assert records[0].label == trained.label and records[0].inference is None
     records = records[1:]
     assert len(records) == len(default_prefill_cases(2)) + len(default_decode_cases(2))
-    assert [r["inference"] for r in records].count("decode") == len(default_decode_cases(2))
-    assert all(r["passed"] and r["bytes_match"] for r in records)
+    assert [r.inference for r in records].count("decode") == len(default_decode_cases(2))
+    assert all(r.passed and r.bytes_match for r in records)
     with pytest.raises(CpbenchError, match="own prefill schemes only"):
         run_verify(2, cases=[], inference=True, impl="ring_flash_attn")
 

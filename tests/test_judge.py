@@ -366,7 +366,8 @@ def test_verify_exits_1_when_a_case_failed_its_check(
     import cpbench.app.verify as verify_service  # noqa: PLC0415
     from cpbench.cli.main import app  # noqa: PLC0415
 
-    records = [{"label": f"case {i}", "passed": p} for i, p in enumerate(verdicts)]
+    records = [verify_service.VerifyRow(label=f"case {i}", passed=p, record={"label": f"case {i}"})
+               for i, p in enumerate(verdicts)]  # fmt: skip
     monkeypatch.setattr(verify_service, "run_verify", lambda *a, **k: records)
     result = CliRunner().invoke(app, ["verify", "--world-size", "2", "--device", "cpu", "--json"])
     assert result.exit_code == code, result.output

@@ -26,6 +26,7 @@ from cpbench.app.recommend import (
     recommend_mesh,
     recommendation_report,
 )
+from cpbench.app.verify import VerifyRow
 from cpbench.config.problem import CpProblem
 from cpbench.render.formulas import render_formulas
 from cpbench.render.recommend.calibration import render_calibration, render_validation
@@ -33,7 +34,8 @@ from cpbench.render.recommend.explanation import group_digits
 from cpbench.render.recommend.frameworks import caveat_text, closest_label, is_alternative
 from cpbench.render.recommend.screen import render_recommendation
 from cpbench.render.tables import FitTable, results_table, verify_tables
-from cpbench.results.store import read_records
+from cpbench.results.schema import ResultRecord
+from cpbench.results.store import read_records, read_results
 from tests.synthetic import synthetic_probe_result
 
 FIXTURE = Path(__file__).parent / "fixtures" / "sweep.jsonl"
@@ -77,8 +79,8 @@ def a_line_with(text: str, *cells: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def records() -> list[dict[str, Any]]:
-    return read_records(FIXTURE)
+def records() -> list[ResultRecord]:
+    return read_results(FIXTURE)
 
 
 SWEEP_COLUMNS = ("L", "h/kv", "UxR", "layout", "phase", "step", "TFLOP/s", "bytes/rank",
@@ -86,28 +88,29 @@ SWEEP_COLUMNS = ("L", "h/kv", "UxR", "layout", "phase", "step", "TFLOP/s", "byte
 
 
 @pytest.mark.parametrize("width", [80, 60])
-def test_results_table_narrow(records: list[dict[str, Any]], width: int) -> None:
+def test_results_table_narrow(records: list[ResultRecord], width: int) -> None:
     text = render([results_table(records)], width)
     assert_readable(text, width)
-    ok = [r for r in records if r["status"] == "ok"]
+    ok = [r for r in records if r.status == "ok"]
     assert len(ok) >= 40
     for number, r in enumerate(records, 1):
-        if r["status"] != "ok":
+        if r.status != "ok":
             continue
-        c = r["config"]
-        step = f"{r['timing']['median'] * 1e3:.1f} ms"
+        c, t = r.config, r.timing
+        assert c is not None and t is not None
+        step = f"{t.median * 1e3:.1f} ms"
         # A narrow table splits into parts; the row number ties a row's parts together.
         row = f"│ {number:>2} │"
-        assert a_line_with(text, row, f"{c['ulysses']}x{c['ring']}", c["layout"], c["phase"]), r
+        assert a_line_with(text, row, f"{c.ulysses}x{c.ring}", c.layout, c.phase), r
         assert a_line_with(text, row, step), r
     for r in records:
-        if r["status"] != "ok":
-            assert_words_whole(r["error"], text)
+        if r.status != "ok":
+            assert_words_whole(str(r.error), text)
     for col in SWEEP_COLUMNS:
         assert_words_whole(col, text)
 
 
-def test_results_table_wide_keeps_every_column(records: list[dict[str, Any]]) -> None:
+def test_results_table_wide_keeps_every_column(records: list[ResultRecord]) -> None:
     text = render([results_table(records)], 200)
     assert_readable(text, 200)
     header = next(line for line in text.splitlines() if "bytes/rank" in line)
@@ -116,12 +119,22 @@ def test_results_table_wide_keeps_every_column(records: list[dict[str, Any]]) ->
     assert "(1/2)" not in text  # one table, not parts
 
 
+def test_an_ok_record_without_its_timing_is_refused_by_name(records: list[ResultRecord]) -> None:
+    """The table reads typed records: an ok one that lacks a section it shows is an error that
+    names the record (not a KeyError, not a silent dash)."""
+    ok = next(r for r in records if r.status == "ok")
+    broken = ok.model_copy(update={"timing": None})
+    with pytest.raises(ValueError, match=f"ok record {re.escape(ok.id)} has no timing"):
+        results_table([broken])
+
+
 # ------------------------------------------------------------------------ verify
 
 
 def _case(scheme: str, u: int, r: int, layout: str, causal: bool, kv: int, **extra: Any) -> dict:
-    case = {"scheme": scheme, "ulysses": u, "ring": r, "layout": layout, "causal": causal,
-            "heads": 8, "kv_heads": kv, "passed": True, "tolerance": 2.5e-4,
+    label = f"{scheme} U{u}xR{r} {layout} h8/kv{kv}"
+    case = {"label": label, "scheme": scheme, "ulysses": u, "ring": r, "layout": layout,
+            "causal": causal, "heads": 8, "kv_heads": kv, "passed": True, "tolerance": 2.5e-4,
             "errors": {"out": 4e-7, "dq": 7e-7, "dk": 1.2e-6, "dv": 2.3e-6}}
     case.update(extra)
     return case
@@ -136,11 +149,13 @@ VERIFY = [
     {**_case("ring", 1, 4, "zigzag", True, 8, passed=None), "errors": {},
      "skipped": "the library has no zigzag ring; needs a contiguous layout"},
 ]
+"""Verify records as the case runners produce them."""
+VERIFY_ROWS = [VerifyRow.from_record(case) for case in VERIFY]
 
 
 @pytest.mark.parametrize("width", [80, 60])
 def test_verify_tables_narrow(width: int) -> None:
-    text = render(verify_tables(VERIFY, 4, "cpu", "cpbench"), width)
+    text = render(verify_tables(VERIFY_ROWS, 4, "cpu", "cpbench"), width)
     assert_readable(text, width)
     for case in VERIFY:
         mask = "causal" if case["causal"] else "full"
@@ -157,7 +172,7 @@ def test_verify_tables_narrow(width: int) -> None:
 
 
 def test_verify_tables_wide_keeps_every_column() -> None:
-    text = render(verify_tables(VERIFY, 4, "cpu", "cpbench"), 200)
+    text = render(verify_tables(VERIFY_ROWS, 4, "cpu", "cpbench"), 200)
     header = next(line for line in text.splitlines() if "scheme" in line)
     for col in ("scheme", "UxR", "layout", "mask", "h/kv", "rep", "out", "dq", "dk", "dv"):
         assert re.search(rf"\b{re.escape(col)}\b", header), col
@@ -485,7 +500,7 @@ def test_probe_tables_narrow() -> None:
             assert_words_whole(col, text)
 
 
-def test_compare_table_narrow(tmp_path: Path, records: list[dict[str, Any]]) -> None:
+def test_compare_table_narrow(tmp_path: Path) -> None:
     """`cpbench compare` of the fixture sweep with itself made 30% slower on every other
     record: at 80 and 60 columns nothing is cut and every verdict and mesh is whole."""
     import json  # noqa: PLC0415
@@ -495,7 +510,7 @@ def test_compare_table_narrow(tmp_path: Path, records: list[dict[str, Any]]) -> 
 
     after = tmp_path / "after.jsonl"
     lines = []
-    for i, r in enumerate(records):
+    for i, r in enumerate(read_records(FIXTURE)):
         r = json.loads(json.dumps({k: v for k, v in r.items() if k != "_source"}))
         if i % 2 and r.get("timing"):
             t = r["timing"]
@@ -507,13 +522,13 @@ def test_compare_table_narrow(tmp_path: Path, records: list[dict[str, Any]]) -> 
     after.write_text("\n".join(lines) + "\n")
     result = compare_results(FIXTURE, after, 0.05)
     assert result.matched >= 40
-    verdicts = {r["verdict"] for r in result.rows}
+    verdicts = {r.verdict for r in result.rows}
     assert "slower" in verdicts
     for width in (80, 60):
         text = render([compare_table(result)], width)
         assert_readable(text, width)
         for number, r in enumerate(result.rows, 1):
-            if r["verdict"] is not None:
-                assert a_line_with(text, f"│ {number:>2} │", r["verdict"]), r
+            if r.verdict is not None:
+                assert a_line_with(text, f"│ {number:>2} │", r.verdict), r
         for col in ("after/before", "verdict"):
             assert_words_whole(col, text)

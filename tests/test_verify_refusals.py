@@ -35,3 +35,21 @@ def test_a_refusal_is_skipped_with_its_reason_and_an_error_is_a_failure() -> Non
 def test_a_named_kernel_that_runs_nothing_here_is_bad_input() -> None:
     with pytest.raises(CpbenchError, match="kernel 'efficient' needs a CUDA device"):
         run_verify(1, "cpu", "float32", "efficient")
+
+
+def test_a_verify_row_keeps_its_record_and_refuses_a_wrong_type() -> None:
+    """`VerifyRow.from_record`: the typed fields of a case's record, the record itself kept
+    whole for `--json`; a field of the wrong type is refused naming the case and the field."""
+    from cpbench.app.verify import VerifyRow  # noqa: PLC0415
+
+    record = {"seq_len": 64, "ulysses": 1, "ring": 2, "layout": "zigzag", "causal": True,
+              "heads": 8, "kv_heads": 2, "scheme": "ring", "label": "ring U1xR2", "mask": "causal",
+              "passed": False, "error": "boom"}  # fmt: skip
+    row = VerifyRow.from_record(record)
+    assert (row.passed, row.error, row.ring, row.skipped) == (False, "boom", 2, None)
+    assert row.errors == {} and row.known_issues == ()
+    assert row.to_dict() == record and list(row.to_dict()) == list(record)
+    with pytest.raises(ValueError, match="'ring U1xR2': ring is True, not int"):
+        VerifyRow.from_record({**record, "ring": True})
+    with pytest.raises(ValueError, match="passed is 'yes', not bool"):
+        VerifyRow.from_record({**record, "passed": "yes"})

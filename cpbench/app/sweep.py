@@ -42,6 +42,9 @@ class SweepResult:
 
     path: Path
     records: list[dict[str, Any]] = field(default_factory=list)
+    """This invocation's records as written (`schema.dump_record`), in order."""
+    results: list[ResultRecord] = field(default_factory=list)
+    """The same records, typed: what the terminal tables read."""
     resumed: int = 0
     interrupted: bool = False
     signal: int = signal.SIGINT
@@ -256,6 +259,7 @@ def run_sweep(
                     clear_inflight(out)
             written = dump_record(record)
             result.records.append(written)
+            result.results.append(record)
             if on_record:
                 on_record(written)
 

@@ -3,7 +3,8 @@ against the single-process reference. The cases: docs/design.md section 7."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, replace
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
@@ -20,6 +21,110 @@ from cpbench.errors import CpbenchError
 MASK_KV_HEADS = (8, 2, 1)
 """GQA shapes of the mask cases (8 query heads): MHA, ratio 4, one KV head (fewer than the
 ranks: KV replication wherever U > 1)."""
+
+
+@dataclass(frozen=True)
+class VerifyRow:
+    """One case's record of `cpbench verify`, typed (`from_record`): what the verdict, the
+    table and the exit code read. The runners produce the record (the case's fields, then its
+    verdict: `bench.reference.run_case_on_rank`, `run_batch`, `skipped_case`, the inference
+    runners); it is kept whole, in its keys' order, for `to_dict` (`--json` prints that)."""
+
+    label: str
+    """The case in words (`VerifyCase.label`, or the inference case's)."""
+    passed: bool | None
+    """Every tensor within its bound; False for a failed or a raising case; None when the
+    case was skipped."""
+    scheme: str | None = None
+    """ring | ulysses | usp | all_gather (training), or the prefill or decode scheme."""
+    ulysses: int | None = None
+    """Ulysses degree U of a training case's U x R mesh."""
+    ring: int | None = None
+    """Ring degree R of a training case's mesh."""
+    layout: str | None = None
+    """How a training case's sequence is cut over the ring."""
+    mask: str | None = None
+    """The mask in words (`MaskSpec.label`); None in a record that only says `causal`."""
+    causal: bool | None = None
+    """Causal (else full) attention."""
+    heads: int | None = None
+    """Query heads."""
+    kv_heads: int | None = None
+    """Key/value heads."""
+    errors: Mapping[str, float] = field(default_factory=dict)
+    """Max absolute error per tensor (out, dq, dk, dv); empty when the case did not run."""
+    max_error: float | None = None
+    """The largest of `errors` (or an inference case's output error)."""
+    tolerance: float | None = None
+    """The largest per-tensor bound; None when the case did not run."""
+    skipped: str | None = None
+    """Why the case was not run (the impl's or the kernel's rule); None when it ran."""
+    error: str | None = None
+    """What went wrong when the case raised; None otherwise."""
+    known_issues: tuple[str, ...] = ()
+    """Documented upstream issues that loosened a gradient's bound."""
+    inference: str | None = None
+    """prefill | decode for an inference case (`--inference`); None for a training case."""
+    new_token_layout: str | None = None
+    """A prefill case's layout of the new tokens."""
+    merge: str | None = None
+    """A decode case's merge of the partial results."""
+    bytes_match: bool | None = None
+    """An inference case's bytes sent equal the analytic bytes."""
+    record: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    """The record as its runner produced it: every key, in order (`to_dict`)."""
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> VerifyRow:
+        """The row of one case's record; a field of the wrong type raises ValueError naming
+        the case and the field."""
+        label = record.get("label")
+        if not isinstance(label, str):
+            raise ValueError(f"verify record without a label: {dict(record)!r:.200}")
+
+        def get(key: str, *types: type) -> Any:
+            """The record's value of `key` (None when absent), if of one of `types`; a bool
+            is not an int here."""
+            value = record.get(key)
+            is_bool = isinstance(value, bool)
+            if value is None or (isinstance(value, types) and (bool in types or not is_bool)):
+                return value
+            names = " or ".join(t.__name__ for t in types)
+            raise ValueError(f"verify case {label!r}: {key} is {value!r}, not {names}")
+
+        errors = get("errors", Mapping) or {}
+        if not all(isinstance(k, str) and isinstance(v, (int, float)) for k, v in errors.items()):
+            raise ValueError(f"verify case {label!r}: errors must map tensors to numbers")
+        issues = get("known_issues", list, tuple) or ()
+        if not all(isinstance(i, str) for i in issues):
+            raise ValueError(f"verify case {label!r}: known_issues must be strings")
+        return cls(
+            label=label,
+            passed=get("passed", bool),
+            scheme=get("scheme", str),
+            ulysses=get("ulysses", int),
+            ring=get("ring", int),
+            layout=get("layout", str),
+            mask=get("mask", str),
+            causal=get("causal", bool),
+            heads=get("heads", int),
+            kv_heads=get("kv_heads", int),
+            errors=dict(errors),
+            max_error=get("max_error", int, float),
+            tolerance=get("tolerance", int, float),
+            skipped=get("skipped", str),
+            error=get("error", str),
+            known_issues=tuple(issues),
+            inference=get("inference", str),
+            new_token_layout=get("new_token_layout", str),
+            merge=get("merge", str),
+            bytes_match=get("bytes_match", bool),
+            record=dict(record),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The case's record as its runner produced it (`cpbench verify --json`)."""
+        return dict(self.record)
 
 
 def mask_cases(seq_len: int) -> list[MaskSpec]:
@@ -177,12 +282,12 @@ def run_verify(
     masks: bool = True,
     cp_comms: tuple[CpComm, ...] = CP_COMMS,
     inference: bool = False,
-) -> list[dict]:
-    """Spawn `world_size` ranks once and run every case; returns rank 0's records (cases the
-    impl cannot run are records with `skipped` set and `passed` None). With `inference`, the
+) -> list[VerifyRow]:
+    """Spawn `world_size` ranks once and run every case; returns rank 0's records as rows
+    (cases the impl cannot run have `skipped` set and `passed` None). With `inference`, the
     prefill-with-a-cached-prefix cases (`inference_verify.default_prefill_cases`) run after
-    them on the same ranks, then the decode steps (`default_decode_cases`); their records carry
-`"inference": "prefill"` or `"decode"`.
+    them on the same ranks, then the decode steps (`default_decode_cases`); their rows carry
+    `inference` "prefill" or "decode".
 
     Under torchrun or srun the launched processes are the world: every rank calls this and
     runs the cases in place (`world_size` must be the launched world's); every rank returns
@@ -232,7 +337,7 @@ def run_verify(
                 inferred = [r for r in per_rank[0] if r is not None]
     order = {case.label: i for i, case in enumerate(cases)}
     trained = sorted(ran + skipped, key=lambda r: order.get(r["label"], len(order)))
-    return trained + inferred
+    return [VerifyRow.from_record(r) for r in trained + inferred]
 
 
 def _prefill_cases(world_size: int, dtype: Dtype, impl: str) -> list:

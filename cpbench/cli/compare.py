@@ -36,8 +36,8 @@ def compare(
                     "slower": result.count("slower"),
                     "no_significant_change": result.count("no significant change"),
                     "unmatched": result.unmatched,
-                    "regressions": [r["id"] for r in result.regressions],
-                    "rows": result.rows,
+                    "regressions": [r.id for r in result.regressions],
+                    "rows": [r.to_dict() for r in result.rows],
                 }
             )
         )

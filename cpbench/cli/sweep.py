@@ -7,7 +7,7 @@ import math
 import signal
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -16,11 +16,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from cpbench.cli import options as o
 from cpbench.cli.common import command, console, err_console, resolve_device
 from cpbench.config.constraints import check_cpu_world
-from cpbench.config.inference import Workload, is_inference_record
+from cpbench.config.inference import Workload
 from cpbench.config.vocabulary import DEFAULT_DTYPE, INFERENCE_PHASES
 from cpbench.errors import EXIT_INTERRUPTED, EXIT_WRONG_RESULT, CpbenchError
 from cpbench.render.inference_table import inference_table
 from cpbench.render.tables import dynamic_table, machine_lines, results_table, ties_lines
+
+if TYPE_CHECKING:
+    from cpbench.results.schema import ResultRecord
 
 
 @command
@@ -174,25 +177,23 @@ def _run_and_report(
         if wrong:
             raise typer.Exit(EXIT_WRONG_RESULT)
         return
-    # only here: the record schema imports numpy, which `cpbench --help` does not load
-    from cpbench.results.schema import is_dynamic_record  # noqa: PLC0415
-
-    inference = [r for r in result.records if is_inference_record(r)]
-    dynamic = [r for r in result.records if is_dynamic_record(r)]
-    training = [r for r in result.records if not is_inference_record(r) and r not in dynamic]
+    records = result.results
+    inference = [r for r in records if _is_inference(r)]
+    dynamic = [r for r in records if _is_dynamic(r)]
+    training = [r for r in records if not _is_inference(r) and not _is_dynamic(r)]
     if training or not (inference or dynamic):
         console.print(results_table(training))
     if inference:
-        from cpbench.results.store import parse_record  # noqa: PLC0415
-
-        console.print(inference_table([parse_record(r, str(path)) for r in inference]))
+        console.print(inference_table(inference))
     if dynamic:
-        from cpbench.results.store import read_records  # noqa: PLC0415
+        # only here: the results store imports pandas, which `cpbench --help` does not load
+        from cpbench.results.store import read_results  # noqa: PLC0415
 
-        console.print(dynamic_table(dynamic, [r for r in read_records(path) if is_dynamic_record(r)]))
+        baselines = [r for r in read_results(path) if _is_dynamic(r)]
+        console.print(dynamic_table(dynamic, baselines))
     for line in ties_lines(training):
         console.print(line, markup=False, highlight=False, soft_wrap=True)
-    for line in machine_lines(result.records):
+    for line in machine_lines(records):
         console.print(f"[yellow]warning:[/] {escape(line)}", highlight=False, soft_wrap=True)
     counts = ", ".join(f"{v} {k}" for k, v in sorted(result.counts().items()))
     merged = (
@@ -217,13 +218,24 @@ def _run_and_report(
         )
     if wrong:
         raise typer.Exit(EXIT_WRONG_RESULT)
-    not_run = [r for r in result.records if r["status"] != "ok"] if single else []
+    not_run = [r for r in records if r.status != "ok"] if single else []
     for r in not_run:  # `cpbench run`: its one configuration did not run
-        err_console.print(
-            f"cpbench: failed: {r['status']}: {r['error']}", markup=False, highlight=False
-        )
+        err_console.print(f"cpbench: failed: {r.status}: {r.error}", markup=False, highlight=False)
     if not_run:
         raise typer.Exit(EXIT_WRONG_RESULT)
+
+
+def _is_inference(record: ResultRecord) -> bool:
+    """An inference point's record (`config.inference` set; `is_inference_record` of a dict)."""
+    return record.config is not None and record.config.inference is not None
+
+
+def _is_dynamic(record: ResultRecord) -> bool:
+    """A dynamic-CP policy's record (`schema.is_dynamic_record` of a dict): its `dynamic`
+    section, or for one that did not run its config's scheme "dynamic"."""
+    return record.dynamic is not None or (
+        record.config is not None and record.config.scheme == "dynamic"
+    )
 
 
 def in_terminal() -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import typer
 from rich.table import Table
@@ -12,6 +13,9 @@ from cpbench.cli.common import command, console, resolve_device
 from cpbench.config.vocabulary import CP_COMM_CHOICES, DEFAULT_DTYPE
 from cpbench.errors import EXIT_WRONG_RESULT
 from cpbench.render.tables import verify_tables
+
+if TYPE_CHECKING:
+    from cpbench.app.verify import VerifyRow
 
 
 @command
@@ -60,7 +64,7 @@ def verify(
         cp_comms=CP_COMM_CHOICES[cp_comm],
         inference=inference,
     )
-    failed = [r for r in records if r["passed"] is False]
+    failed = [r for r in records if r.passed is False]
     if launch is not None and launch.rank != 0:
         pass  # rank 0 prints; every rank exits with the same code
     elif as_json:
@@ -70,28 +74,28 @@ def verify(
                     "world_size": n,
                     "device": dev,
                     "impl": impl,
-                    "cases": records,
+                    "cases": [r.to_dict() for r in records],
                     "passed": not failed,
                 },
                 indent=1,
             )
         )
     else:
-        trained = [r for r in records if "inference" not in r]
+        trained = [r for r in records if r.inference is None]
         for renderable in verify_tables(trained, n, dev, impl):
             console.print(renderable, highlight=False)
         if inference:
-            console.print(_prefill_table([r for r in records if "inference" in r]))
+            console.print(_prefill_table([r for r in records if r.inference is not None]))
     if failed:
         raise typer.Exit(EXIT_WRONG_RESULT)
 
 
-def _inference_kind(record: dict) -> str:
+def _inference_kind(row: VerifyRow) -> str:
     """A prefill record's scheme and new-token layout, a decode record's cache layout and merge."""
-    return " ".join(str(record[k]) for k in ("scheme", "new_token_layout", "merge") if k in record)
+    return " ".join(k for k in (row.scheme, row.new_token_layout, row.merge) if k is not None)
 
 
-def _prefill_table(records: list[dict]) -> Table:
+def _prefill_table(records: list[VerifyRow]) -> Table:
     """One row per prefill scheme and new-token layout, and per decode cache layout and merge:
     cases passed, the largest max |out - reference| (absolute) and its bound, and whether
     every case's bytes sent equal the analytic bytes."""
@@ -100,12 +104,14 @@ def _prefill_table(records: list[dict]) -> Table:
         table.add_column(name)
     for name in dict.fromkeys(_inference_kind(r) for r in records):
         rows = [r for r in records if _inference_kind(r) == name]
-        worst = max(rows, key=lambda r: r.get("max_error", float("inf")))
+        worst = max(rows, key=lambda r: float("inf") if r.max_error is None else r.max_error)
+        error = float("nan") if worst.max_error is None else worst.max_error
+        tolerance = float("nan") if worst.tolerance is None else worst.tolerance
         table.add_row(
             name,
-            f"{sum(bool(r['passed']) for r in rows)}/{len(rows)}",
-            f"{worst.get('max_error', float('nan')):.2e}" if "error" not in worst else worst["error"],
-            f"{worst.get('tolerance', float('nan')):.2e}",
-            "yes" if all(r.get("bytes_match") for r in rows) else "no",
+            f"{sum(bool(r.passed) for r in rows)}/{len(rows)}",
+            f"{error:.2e}" if worst.error is None else worst.error,
+            f"{tolerance:.2e}",
+            "yes" if all(r.bytes_match for r in rows) else "no",
         )
     return table

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from rich.cells import cell_len
 from rich.console import Console, ConsoleOptions, JustifyMethod, RenderableType, RenderResult
@@ -17,6 +17,18 @@ from rich.text import Text, TextType
 
 from cpbench.config.constraints import required_kv_replication
 from cpbench.units import format_memory, format_seconds
+
+if TYPE_CHECKING:
+    from cpbench.app.compare import Comparison, ComparisonRow
+    from cpbench.app.verify import VerifyRow
+    from cpbench.model.ties import Ranked
+    from cpbench.results.schema import (
+        CommSection,
+        ConfigSection,
+        FlopsSection,
+        ResultRecord,
+        TimingSection,
+    )
 
 # --------------------------------------------------------------------- fitting the width
 
@@ -264,79 +276,114 @@ RESULTS_CAPTION = (
 )
 
 
-def _mask_group(config: dict[str, Any]) -> str:
+def _mask_group(config: ConfigSection) -> str:
     """The string "plain" for causal / full attention, else the mask kind and its documents and window
     (configurations are compared for the best time within one mask)."""
-    kind = config.get("mask") or "causal"
+    kind = config.mask or "causal"
     if kind in ("causal", "full"):
         return "plain"
-    return f"{kind} {config.get('documents')} {config.get('window')}"
+    return f"{kind} {config.documents} {config.window}"
 
 
-def _mask_cell(config: dict[str, Any]) -> str:
+def _mask_cell(config: ConfigSection) -> str:
     """The mask in a few characters: causal, full, docs (12), w1024, docs (12) w1024; with
     the padding its layout added."""
-    kind = config.get("mask") or ("causal" if config.get("causal", True) else "full")
-    documents, window = config.get("documents"), config.get("window")
+    kind = config.mask or ("causal" if config.causal else "full")
+    documents, window = config.documents, config.window
     parts = []
     if documents is not None and len(documents) > 1:
         parts.append(f"docs ({len(documents)})")
     if window is not None:
         parts.append(f"w{window}")
     text = " ".join(parts) or str(kind)
-    padding = config.get("padding")
+    padding = config.padding
     return f"{text} +{padding} pad" if padding else text
 
 
-def _layout_cell(config: dict[str, Any]) -> str:
+def _layout_cell(config: ConfigSection) -> str:
     """The layout, with the other layout names measured as this one (`config.equivalent`)."""
     names = []
-    for other in config.get("equivalent") or ():
+    for other in config.equivalent or ():
         match = re.search(r"-U\d+xR\d+-([a-z_]+)-rep", other)
-        if match and match.group(1) != config["layout"]:
+        if match and match.group(1) != config.layout:
             names.append(match.group(1))
-    return config["layout"] + "".join(f" ={n}" for n in dict.fromkeys(names))
+    return config.layout + "".join(f" ={n}" for n in dict.fromkeys(names))
 
 
-def _step_cell(timing: dict[str, Any]) -> str:
-    median = timing["median"]
-    low, high = timing.get("ci_low"), timing.get("ci_high")
-    n = timing.get("iterations") or len(timing.get("samples") or ())
+def _step_cell(timing: TimingSection) -> str:
+    median = timing.median
+    low, high = timing.ci_low, timing.ci_high
+    n = timing.iterations or len(timing.samples)
     if low is None or high is None or median <= 0:
         return f"{format_seconds(median)} n={n}"
     half = (high - low) / 2 / median
     return f"{format_seconds(median)} ±{half:.0%} n={n}"
 
 
-def _overlap_cell(timing: dict[str, Any]) -> str:
-    status = timing.get("overlap_status")
+def _overlap_cell(timing: TimingSection) -> str:
+    status = timing.overlap_status
     if status == "none by construction":
         return "0 (a2a)"
     if status == "not measurable":
         return "n/m"
-    value = timing.get("overlap")
+    value = timing.overlap
     if value is None:
         return "-"
-    low, high = timing.get("overlap_low"), timing.get("overlap_high")
+    low, high = timing.overlap_low, timing.overlap_high
     if low is None or high is None:
         return f"{value:.2f}"
     return f"{value:.2f} \\[{low:.1f}-{high:.1f}]"
 
 
-def results_table(records: list[dict[str, Any]]) -> FitTable:
+def _config(record: ResultRecord) -> ConfigSection:
+    """The record's configuration (every record the sweep writes has one)."""
+    if record.config is None:
+        raise ValueError(f"record {record.id} has no config: it cannot be shown")
+    return record.config
+
+
+@dataclass(frozen=True)
+class _Measured:
+    """The sections of an ok training record that its row shows."""
+
+    timing: TimingSection
+    comm: CommSection
+    flops: FlopsSection
+    peak_bytes: list[int]
+
+
+def _measured(record: ResultRecord) -> _Measured:
+    """The timing, bytes, FLOPs and peak memory of an ok record (the sweep writes all four)."""
+    t, comm, flops, memory = record.timing, record.comm, record.flops, record.memory
+    if t is None or comm is None or flops is None or memory is None or not memory.peak_bytes:
+        missing = [name for name, section in (("timing", t), ("comm", comm), ("flops", flops))
+                   if section is None] or ["memory.peak_bytes"]  # fmt: skip
+        raise ValueError(f"ok record {record.id} has no {', '.join(missing)}")
+    return _Measured(t, comm, flops, memory.peak_bytes)
+
+
+def _ranked(records: list[ResultRecord]) -> dict[tuple[object, ...], Ranked]:
+    """`frame.rank_records` of the records (it reads them as the file holds them)."""
+    # pandas and scipy only when a results table is drawn: `cpbench --help` stays light
+    from cpbench.results.frame import rank_records  # noqa: PLC0415
+    from cpbench.results.schema import dump_record  # noqa: PLC0415
+
+    return rank_records([dump_record(r) for r in records])
+
+
+def results_table(records: list[ResultRecord]) -> FitTable:
     """One row per configuration; the best configuration per group (`rank_group`) in bold
     green, its ties in yellow (`rank_records`: overlapping 95% intervals).
 
     Narrower than the whole table, it splits into parts with a "#" row number."""
-    # pandas and scipy only when a results table is drawn: `cpbench --help` stays light
-    from cpbench.results.frame import rank_group, rank_records  # noqa: PLC0415
+    from cpbench.results.frame import rank_group  # noqa: PLC0415
 
-    ranked = rank_records(records)
-    impls = {r["config"].get("impl", "cpbench") for r in records}
+    ranked = _ranked(records)
+    impls = {_config(r).impl for r in records}
     show_impl = impls != {"cpbench"} and bool(impls)
     # The mask column appears once a record has documents or a window (causal / full alone
     # are told apart by the workload, as before masks).
-    show_mask = any(_mask_group(r["config"]) != "plain" for r in records)
+    show_mask = any(_mask_group(_config(r)) != "plain" for r in records)
     table = FitTable(title="cpbench sweep results", caption=RESULTS_CAPTION, index=True)
     columns = ["L", "h/kv", "UxR", "layout", "phase", "step", "best", "TFLOP/s", "bytes/rank",
                "overlap", "peak mem", "max err", "status"]
@@ -347,67 +394,64 @@ def results_table(records: list[dict[str, Any]]) -> FitTable:
     table.add_columns(columns, left=("impl", "layout", "mask", "status", "phase", "best"),
                       wrap=("status",))
     for r in records:
-        c = r["config"]
+        c = _config(r)
         row_style = None
         cells: list[str | Text] = [
-            str(c["seq_len"]), f"{c['heads']}/{c['kv_heads']}", f"{c['ulysses']}x{c['ring']}",
-            _layout_cell(c), c["phase"],
+            str(c.seq_len), f"{c.heads}/{c.kv_heads}", f"{c.ulysses}x{c.ring}",
+            _layout_cell(c), c.phase,
         ]
         if show_mask:
             cells.insert(4, _mask_cell(c))
         if show_impl:
-            cells.insert(0, c.get("impl", "cpbench"))
-        if r["status"] == "ok":
-            t, comm = r["timing"], r["comm"]
-            analytic = sum(comm["analytic_bytes"].values())
-            measured = max(sum(x) for x in zip(*comm["measured_bytes"].values(), strict=True))
+            cells.insert(0, c.impl)
+        if r.status == "ok":
+            m = _measured(r)
+            comm = m.comm
+            analytic = sum(comm.analytic_bytes.values())
+            measured = max(sum(x) for x in zip(*comm.measured_bytes.values(), strict=True))
             # "=": the counted bytes equal the analytic model's, collective by collective;
             # "(lib)": an external library's bytes, counted at the torch.distributed boundary.
-            if comm["match"] is None:
+            if comm.match is None:
                 traffic = f"{format_memory(measured)} (lib)"
-            elif comm["match"]:
+            elif comm.match:
                 traffic = f"{format_memory(analytic)} ="
             else:
                 traffic = f"[bold red]{format_memory(analytic)} != {format_memory(measured)}[/]"
-            acc = r.get("accuracy") or {}
-            group = ranked.get(rank_group(c))
+            acc = r.accuracy
+            group = ranked.get(rank_group(c.model_dump()))
             best = ""
-            if group is not None and r["id"] in group.tied:
+            if group is not None and r.id in group.tied:
                 best, row_style = group.verdict, "bold green" if group.clear else "yellow"
-                if group.resolved_by and r["id"] == group.leader:
+                if group.resolved_by and r.id == group.leader:
                     best, row_style = "best (rerun)", "bold green"
-            error = f"{acc.get('max_abs_error', float('nan')):.0e}"
-            rows = acc.get("sampled_rows")
+            error = f"{acc.max_abs_error if acc is not None else float('nan'):.0e}"
+            rows = acc.sampled_rows if acc is not None else None
             if rows:
-                error += f" / {rows['max_abs_error']:.0e}@{rows['seq_len']}"
+                error += f" / {rows.max_abs_error:.0e}@{rows.seq_len}"
             cells += [
-                _step_cell(t), best, f"{r['flops']['achieved_tflops']:.3f}", traffic,
-                _overlap_cell(t), format_memory(max(r["memory"]["peak_bytes"])),
-                error, "ok",
+                _step_cell(m.timing), best, f"{m.flops.achieved_tflops:.3f}", traffic,
+                _overlap_cell(m.timing), format_memory(max(m.peak_bytes)), error, "ok",
             ]
         else:
-            cells += ["-"] * 7 + [Text(f"{r['status']}: {r['error']}")]
+            cells += ["-"] * 7 + [Text(f"{r.status}: {r.error}")]
         table.add_row(*cells, style=row_style)
     return table
 
 
-def ties_lines(records: list[dict[str, Any]]) -> list[str]:
+def ties_lines(records: list[ResultRecord]) -> list[str]:
     """One line per group whose leaders tie: who, and the rule (ties are a result, said)."""
     from cpbench.model.ties import TIE_RULE  # noqa: PLC0415
-    from cpbench.results.frame import rank_records  # noqa: PLC0415
 
     lines = []
-    by_id = {r["id"]: r for r in records}
-    for ranked in rank_records(records).values():
+    by_id = {r.id: _config(r) for r in records}
+    for ranked in _ranked(records).values():
         if ranked.clear and not ranked.resolved_by:
             continue
-        c = by_id[ranked.leader]["config"]
+        c = by_id[ranked.leader]
         names = ", ".join(
-            f"{by_id[i]['config']['ulysses']}x{by_id[i]['config']['ring']} "
-            f"{by_id[i]['config']['layout']}"
-            for i in ranked.tied
+            f"{by_id[i].ulysses}x{by_id[i].ring} {by_id[i].layout}" for i in ranked.tied
         )
-        where = f"L={c['seq_len']} h/kv {c['heads']}/{c['kv_heads']} {c['phase']}"
+        where = f"L={c.seq_len} h/kv {c.heads}/{c.kv_heads} {c.phase}"
         if ranked.resolved_by:
             lines.append(f"{where}: tie separated by an {ranked.resolved_by}: {names}")
         else:
@@ -415,13 +459,13 @@ def ties_lines(records: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def machine_lines(records: list[dict[str, Any]]) -> list[str]:
+def machine_lines(records: list[ResultRecord]) -> list[str]:
     """The machine warnings of the records (`environment.machine.warnings`), each once, with
     how many records it concerns."""
     counts: dict[str, int] = {}
     for r in records:
-        machine = (r.get("environment") or {}).get("machine") or {}
-        for w in machine.get("warnings") or ():
+        machine = r.environment.machine if r.environment is not None else None
+        for w in (machine.warnings if machine is not None else None) or ():
             key = (
                 "precision target not met: the median's 95% interval stayed wider than the "
                 "target (see timing.relative_width)"
@@ -435,16 +479,14 @@ def machine_lines(records: list[dict[str, Any]]) -> list[str]:
 # --------------------------------------------------------------------- the verify matrix
 
 
-def verify_tables(
-    records: list[dict[str, Any]], n: int, dev: str, impl: str
-) -> list[RenderableType]:
+def verify_tables(records: list[VerifyRow], n: int, dev: str, impl: str) -> list[RenderableType]:
     """The verify matrix: one row per case, then the skip reasons, known issues and a count.
 
     Narrower than the whole matrix, it splits into parts that each repeat the case (scheme,
     mesh, layout, mask, heads)."""
     out: list[RenderableType] = []
-    failed = [r for r in records if r["passed"] is False]
-    skipped = [r for r in records if r.get("skipped")]
+    failed = [r for r in records if r.passed is False]
+    skipped = [r for r in records if r.skipped]
     reasons: dict[str, int] = {}
     title = f"cpbench verify: world size {n}, {dev}" + (
         f", impl {impl}" if impl != "cpbench" else ""
@@ -456,22 +498,23 @@ def verify_tables(
         wrap=("",), first=("", "rep"),
     )
     for r in records:
-        e = r.get("errors", {})
-        rep = required_kv_replication(r["kv_heads"], r["ulysses"]) or "-"
+        case = _verify_case(r)
+        e = r.errors
+        rep = required_kv_replication(case.kv_heads, case.ulysses) or "-"
         cells = [f"{e[k]:.0e}" if k in e else "-" for k in ("out", "dq", "dk", "dv")]
-        if r.get("skipped"):
-            number = reasons.setdefault(r["skipped"], len(reasons) + 1)
+        if r.skipped:
+            number = reasons.setdefault(r.skipped, len(reasons) + 1)
             verdict = Text.from_markup(f"[yellow]skipped[/] ({number})")
-        elif r["passed"]:
+        elif r.passed:
             verdict = Text.from_markup(
-                "[green]ok[/]" + (" (known issue)" if r.get("known_issues") else "")
+                "[green]ok[/]" + (" (known issue)" if r.known_issues else "")
             )
         else:
-            verdict = Text.from_markup("[red]FAIL[/] ") + Text(str(r.get("error", "")))
-        mask = r.get("mask") or ("causal" if r["causal"] else "full")
-        table.add_row(r["scheme"], f"{r['ulysses']}x{r['ring']}", r["layout"], mask,
-                      f"{r['heads']}/{r['kv_heads']}", str(rep), *cells, verdict)
-    tolerances = [r["tolerance"] for r in records if "tolerance" in r]
+            verdict = Text.from_markup("[red]FAIL[/] ") + Text(r.error or "")
+        mask = r.mask or ("causal" if case.causal else "full")
+        table.add_row(case.scheme, f"{case.ulysses}x{case.ring}", case.layout, mask,
+                      f"{case.heads}/{case.kv_heads}", str(rep), *cells, verdict)
+    tolerances = [r.tolerance for r in records if r.tolerance is not None]
     out.append(
         f"tolerance: max abs error <= {tolerances[0]:g} vs float64 (out, dq, dk, dv: max abs "
         "error of the output and of each gradient)"
@@ -481,7 +524,7 @@ def verify_tables(
     out.append(table)
     for reason, number in reasons.items():
         out.append(f"skipped ({number}): {reason}")
-    for issue in dict.fromkeys(i for r in records for i in r.get("known_issues", [])):
+    for issue in dict.fromkeys(i for r in records for i in r.known_issues):
         out.append(f"known upstream issue (its gradient gets the bf16 tolerance): {issue}")
     ran = len(records) - len(skipped)
     out.append(
@@ -489,6 +532,29 @@ def verify_tables(
         + (f", {len(skipped)} skipped (the reasons above)" if skipped else "")
     )
     return out
+
+
+@dataclass(frozen=True)
+class _VerifyCase:
+    """The fields of a training case's row that the verify matrix shows."""
+
+    scheme: str
+    ulysses: int
+    ring: int
+    layout: str
+    causal: bool
+    heads: int
+    kv_heads: int
+
+
+def _verify_case(row: VerifyRow) -> _VerifyCase:
+    """The case of a training row (every training case's record has these fields)."""
+    fields = (row.scheme, row.ulysses, row.ring, row.layout, row.causal, row.heads, row.kv_heads)
+    scheme, ulysses, ring, layout, causal, heads, kv_heads = fields
+    if (scheme is None or ulysses is None or ring is None or layout is None or causal is None
+            or heads is None or kv_heads is None):  # fmt: skip
+        raise ValueError(f"verify case {row.label!r} is not a training case (no mesh or heads)")
+    return _VerifyCase(scheme, ulysses, ring, layout, causal, heads, kv_heads)
 
 
 # --------------------------------------------------------------------- compare
@@ -507,14 +573,14 @@ AXIS_COLUMNS = {"heads": "h", "kv_heads": "kv", "head_dim": "d", "batch": "B", "
 the others where rows differ in them)."""
 
 
-def compare_table(comparison: Any) -> FitTable:
+def compare_table(comparison: Comparison) -> FitTable:
     """`cpbench compare`: one row per configuration (`cpbench.app.compare.Comparison`), with
     every configuration axis that tells two rows apart."""
     table = FitTable(title=f"cpbench compare: {' -> '.join(comparison.sources)}",
                      caption=COMPARE_CAPTION, index=True)
     rows = comparison.rows
     axes = [a for a in AXIS_COLUMNS if a in ("heads", "kv_heads")
-            or len({str(r.get(a)) for r in rows}) > 1]
+            or len({str(getattr(r, a)) for r in rows}) > 1]
     table.add_columns(
         ("L", *(AXIS_COLUMNS[a] for a in axes), "UxR", "layout", "phase", "before", "after",
          "after/before", "verdict"),
@@ -522,28 +588,36 @@ def compare_table(comparison: Any) -> FitTable:
         wrap=("verdict",),
     )
     for r in rows:
-        mesh = str(r.get("mesh") or "").replace("U", "").replace("R", "")
+        mesh = str(r.mesh or "").replace("U", "").replace("R", "")
         ratio: str | Text
-        if r["verdict"] is None:
+        if r.verdict is None:
             ratio = "-"
-            sides = [r.get("status_before") or "absent", r.get("status_after") or "absent"]
+            sides = [r.status_before or "absent", r.status_after or "absent"]
             verdict = Text(f"not compared ({sides[0]} -> {sides[1]})")
         else:
-            ratio = Text(f"{r['ratio']:.3f} [{r['ratio_low']:.2f}-{r['ratio_high']:.2f}]")
-            style = {"faster": "green", "slower": "red"}.get(r["verdict"], "")
-            text = r["verdict"] + (" REGRESSION" if r["regression"] else "")
+            ratio = Text(f"{_number(r.ratio, r):.3f} "
+                         f"[{_number(r.ratio_low, r):.2f}-{_number(r.ratio_high, r):.2f}]")
+            style = {"faster": "green", "slower": "red"}.get(r.verdict, "")
+            text = r.verdict + (" REGRESSION" if r.regression else "")
             verdict = Text(text, style=style)
         table.add_row(
-            str(r.get("seq_len") or "-"), *(_dash_or_str(r.get(a)) for a in axes), mesh,
-            str(r.get("layout") or "-"), str(r.get("phase") or "-"),
-            "-" if r.get("before_s") is None else format_seconds(r["before_s"]),
-            "-" if r.get("after_s") is None else format_seconds(r["after_s"]),
+            str(r.seq_len or "-"), *(_dash_or_str(getattr(r, a)) for a in axes), mesh,
+            str(r.layout or "-"), str(r.phase or "-"),
+            "-" if r.before_s is None else format_seconds(r.before_s),
+            "-" if r.after_s is None else format_seconds(r.after_s),
             ratio, verdict,
         )
     return table
 
 
-def _dash_or_str(value: Any) -> str:
+def _number(value: float | None, row: ComparisonRow) -> float:
+    """A ratio of a compared row (one with a verdict has all three)."""
+    if value is None:
+        raise ValueError(f"compared row {row.id} ({row.verdict}) lacks its ratio or its bounds")
+    return value
+
+
+def _dash_or_str(value: object) -> str:
     return "-" if value is None else str(value)
 
 
@@ -559,13 +633,15 @@ DYNAMIC_CAPTION = (
 
 
 def dynamic_table(
-    records: list[dict[str, Any]], baselines: list[dict[str, Any]] | None = None
+    records: list[ResultRecord], baselines: list[ResultRecord] | None = None
 ) -> FitTable:
     """One row per dynamic-CP policy record (`schema.DynamicSection`); the speedups over static
     CP from `baselines` (the file's dynamic records, default `records`)."""
     from cpbench.results.frame import dynamic_speedups  # noqa: PLC0415
+    from cpbench.results.schema import dump_record  # noqa: PLC0415
 
-    speedups = dynamic_speedups(baselines if baselines is not None else records)
+    base = baselines if baselines is not None else records
+    speedups = dynamic_speedups([dump_record(r) for r in base])
     table = FitTable(title="dynamic CP policies", caption=DYNAMIC_CAPTION, index=True)
     table.add_columns(
         ["policy", "micro-batches", "CP:seqs", "step", "checks", "predicted", "idle",
@@ -573,25 +649,26 @@ def dynamic_table(
         left=("policy", "CP:seqs", "status"), wrap=("status",),
     )  # fmt: skip
     for r in records:
-        d = r.get("dynamic")
-        policy = r["id"].rsplit("-", 1)[-1]
-        if r["status"] != "ok" and d is None:
-            table.add_row(policy, *["-"] * 8, Text(f"{r['status']}: {r['error']}"))
+        d = r.dynamic
+        policy = r.id.rsplit("-", 1)[-1]
+        if d is None:
+            if r.status == "ok":
+                raise ValueError(f"ok dynamic-CP record {r.id} has no dynamic section")
+            table.add_row(policy, *["-"] * 8, Text(f"{r.status}: {r.error}"))
             continue
-        assert d is not None
-        half = (d["ci_high"] - d["ci_low"]) / 2 / d["median_s"]
-        measured, predicted = speedups.get(r["id"], (None, None))
-        checks = d["checks"]
-        passed = f"{checks['passed']}/{checks['groups']}"
+        half = (d.ci_high - d.ci_low) / 2 / d.median_s
+        measured, predicted = speedups.get(r.id, (None, None))
+        checks = d.checks
+        passed = f"{checks.passed}/{checks.groups}"
         table.add_row(
-            d["policy"], str(len(d["micro_batches"])),
-            " ".join(f"{g}:{n}" for g, n in d["degrees"].items()),
-            f"{format_seconds(d['median_s'])} ±{half:.0%} n={len(d['samples'])}",
-            passed if checks["passed"] == checks["groups"] else f"[bold red]{passed}[/]",
-            format_seconds(d["predicted_s"]),
-            f"{d['idle_share']:.0%} ({d['predicted_idle_share']:.0%})",
+            d.policy, str(len(d.micro_batches)),
+            " ".join(f"{g}:{n}" for g, n in d.degrees.items()),
+            f"{format_seconds(d.median_s)} ±{half:.0%} n={len(d.samples)}",
+            passed if checks.passed == checks.groups else f"[bold red]{passed}[/]",
+            format_seconds(d.predicted_s),
+            f"{d.idle_share:.0%} ({d.predicted_idle_share:.0%})",
             "-" if measured is None else f"{measured:.2f}",
             "-" if predicted is None else f"{predicted:.2f}",
-            "ok" if r["status"] == "ok" else Text(f"{r['status']}: {r['error']}"),
+            "ok" if r.status == "ok" else Text(f"{r.status}: {r.error}"),
         )  # fmt: skip
     return table
