@@ -228,17 +228,24 @@ def slow_merges(ctx: Any, phase: Any) -> list[float]:
 def slow_step_costs(ctx: Any, phase: Any, merges: list[float]) -> list[Any]:
     """The per-step loop as it was: one cost per step, each priced."""
     overhead, share = ctx.profile.step_overhead_s, schemes._node_share(ctx)
+    per_call = ctx.profile.call_overhead_s
     rate = schemes.pass_flops_per_s(ctx, phase)
+    flops = schemes._step_flops(ctx.config, phase)
+    calls = work.extra_calls(ctx.config) or ((0, 0.0),) * len(flops)
     costs = []
-    for (busiest_flops, mean_flops), merge in zip(
-        schemes._step_flops(ctx.config, phase), merges, strict=True
+    for (busiest_flops, mean_flops), merge, (busiest_calls, mean_calls) in zip(
+        flops, merges, calls, strict=True
     ):
-        alone = busiest_flops / rate + overhead + merge
-        shared = share * (mean_flops / rate + overhead + merge)
+        alone = busiest_flops / rate + overhead + merge + busiest_calls * per_call
+        shared = share * (mean_flops / rate + overhead + merge + mean_calls * per_call)
         if share > 1 and shared > alone:
-            costs.append(schemes._StepCost(shared, share * mean_flops, share, share * merge))
+            costs.append(
+                schemes._StepCost(
+                    shared, share * mean_flops, share, share * merge, share * mean_calls
+                )
+            )
         else:
-            costs.append(schemes._StepCost(alone, busiest_flops, 1.0, merge))
+            costs.append(schemes._StepCost(alone, busiest_flops, 1.0, merge, busiest_calls))
     return costs
 
 
