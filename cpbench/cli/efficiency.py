@@ -81,8 +81,8 @@ def efficiency(
             err_console.print(f"[efficiency] {message}", markup=False, highlight=False)
 
     if profile:
-        profiles = [asdict(p) for p in profile_steps(settings, settings.dtypes[0])]
-        document: dict = {"settings": asdict(settings), "profiles": profiles}
+        profiles = profile_steps(settings, settings.dtypes[0])
+        document: dict = {"settings": asdict(settings), "profiles": [asdict(p) for p in profiles]}
         if out is not None:
             out.write_text(json.dumps(document, indent=1))
         emit(document, as_json, lambda: [profile_table(profiles, settings.dtypes[0])])

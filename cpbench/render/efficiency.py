@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from rich.console import RenderableType
 from rich.text import Text
@@ -13,6 +13,7 @@ from cpbench.units import format_number, format_seconds
 
 if TYPE_CHECKING:  # app.efficiency imports torch
     from cpbench.app.efficiency.cases import CaseTiming, EfficiencyCase, EfficiencyReport
+    from cpbench.app.efficiency.profile import StepProfile
 
 
 def _label(case: EfficiencyCase) -> str:
@@ -36,8 +37,11 @@ def efficiency_tables(report: EfficiencyReport) -> list[RenderableType]:
                 f"{s.rounds} rounds (load {load0:.1f} -> {load1:.1f})"
             ),
         )
-        table.add_columns(("case", "best ms", "median ms", "spread %", "eff best", "eff med",
-                           "vs peer"), left=("case",), key=("case",))
+        table.add_columns(
+            ("case", "best ms", "median ms", "spread %", "eff best", "eff med", "vs peer"),
+            left=("case",),
+            key=("case",),
+        )
         for t in (g.baseline, *g.cases):
             if t.status != "ok":
                 continue
@@ -70,30 +74,29 @@ def efficiency_tables(report: EfficiencyReport) -> list[RenderableType]:
     return out
 
 
-def profile_table(profiles: Sequence[Mapping[str, Any]], dtype: str) -> FitTable:
+def profile_table(profiles: Sequence[StepProfile], dtype: str) -> FitTable:
     """Milliseconds (and % of the step's wall time) per bucket, one column per case: its
     median step of those profiled (rank 0's self times; device time too on a GPU), with the
     wall times of every profiled step below."""
-    steps = max((len(p.get("walls", ())) for p in profiles), default=0)
+    steps = max((len(p.walls) for p in profiles), default=0)
     of = f", the median of {steps} profiled steps" if steps > 1 else ""
     table = FitTable(
         title=f"Where one step's time goes (rank 0, {dtype}, self time ms and % of the wall "
         f"time{of})"
     )
     table.add_column("bucket", key=True)
-    device = any(p["device"] for p in profiles)
+    device = any(p.device for p in profiles)
     for p in profiles:
-        table.add_column(Text(p["label"]), justify="right")
-    buckets = list(profiles[0]["cpu"]) if profiles else []
+        table.add_column(Text(p.label), justify="right")
+    buckets = list(profiles[0].cpu) if profiles else []
     for b in buckets:
-        table.add_row(b, *(f"{p['cpu'][b] * 1e3:.1f} ({p['cpu'][b] / p['wall']:.1%})"
-                           for p in profiles))
+        table.add_row(b, *(f"{p.cpu[b] * 1e3:.1f} ({p.cpu[b] / p.wall:.1%})" for p in profiles))
     if device:
         for b in buckets:
-            table.add_row(f"{b} (device)",
-                          *(f"{p['device'].get(b, 0.0) * 1e3:.1f}" for p in profiles))
-    table.add_row("wall (step)", *(f"{p['wall'] * 1e3:.1f}" for p in profiles))
+            table.add_row(f"{b} (device)", *(f"{p.device.get(b, 0.0) * 1e3:.1f}" for p in profiles))
+    table.add_row("wall (step)", *(f"{p.wall * 1e3:.1f}" for p in profiles))
     if steps > 1:
-        table.add_row("walls profiled", *(" ".join(f"{w * 1e3:.0f}" for w in p.get("walls", ()))
-                                          for p in profiles))
+        table.add_row(
+            "walls profiled", *(" ".join(f"{w * 1e3:.0f}" for w in p.walls) for p in profiles)
+        )
     return table
