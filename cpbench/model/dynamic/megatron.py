@@ -117,6 +117,15 @@ def _next_micro_batch(
             f"of two of {tall:,} / {tokens_per_rank:,}), more than the {world} ranks"
         )
     batch.place(batch.open(list(range(first_degree)), first_degree), *items[0])
+    of_degree: dict[int, list[int]] = {first_degree: [0]}  # group indices in creation order
+
+    def joinable(g: int) -> float:
+        """The longest sequence group g still takes (its tokens and the cap)."""
+        c = batch.degree[g]
+        return min((tokens_per_rank - batch.packed[g]) * c,
+                   math.sqrt(max(0.0, cap - batch.load[batch.groups[g][0]]) * c))  # fmt: skip
+
+    takes = [joinable(0)]
     leftovers = []
     free, longest_joinable = batch.free(), math.inf
     peak_now = max(batch.load)
@@ -130,17 +139,18 @@ def _next_micro_batch(
         # group's ranks hold one list (one load), so it is max(the peak now, theirs + cost)
         while c <= world:
             cost = length * length / c
-            for g, ranks in enumerate(batch.groups):  # join a group of exactly this degree
-                if batch.degree[g] != c or batch.packed[g] + length / c > tokens_per_rank:
+            for g in of_degree.get(c, ()):  # join a group of exactly this degree
+                if batch.packed[g] + length / c > tokens_per_rank:
                     continue
-                peak = max(peak_now, batch.load[ranks[0]] + cost)
+                peak = max(peak_now, batch.load[batch.groups[g][0]] + cost)
                 if peak <= cap and (best is None or peak < best[0]):
                     best = (peak, g, None, c)
-            if len(free) >= c:  # or open one on the lowest free ranks (their loads are 0)
-                lowest = sorted(free, key=lambda r: batch.load[r])[:c]
-                peak = max(peak_now, max(batch.load[r] for r in lowest) + cost)
+            # or open one on the lowest-loaded free ranks: every free rank's load is 0 (no
+            # sequence yet), so Megatron's stable sort by load keeps them in rank order
+            if len(free) >= c:
+                peak = max(peak_now, cost)
                 if peak <= cap and (best is None or peak < best[0]):
-                    best = (peak, None, lowest, c)
+                    best = (peak, None, free[:c], c)
             c *= 2
         if best is None:
             leftovers.append((sequence, length))
@@ -148,15 +158,14 @@ def _next_micro_batch(
         _, group, new_ranks, c = best
         if group is None:
             group = batch.open(new_ranks or [], c)
+            of_degree.setdefault(c, []).append(group)
+            takes.append(0.0)
             free = batch.free()
         batch.place(group, sequence, length)
+        takes[group] = joinable(group)
         peak_now = max(peak_now, batch.load[batch.groups[group][0]])
-        if not free:  # the longest sequence any group still takes (tokens and the cap)
-            longest_joinable = max(
-                min((tokens_per_rank - batch.packed[g]) * c,
-                    math.sqrt(max(0.0, cap - batch.load[ranks[0]]) * c))
-                for g, (ranks, c) in enumerate(zip(batch.groups, batch.degree, strict=True))
-            )  # fmt: skip
+        if not free:  # the longest sequence any group still takes
+            longest_joinable = max(takes)
     while any(not lengths for lengths in batch.lengths):
         if not batch.expand_once():  # no group can widen: the whole world, greedily
             chosen_ids, rest, per_rank = [], [], 0.0

@@ -181,7 +181,9 @@ class SequenceCosts:
         if degree == 1:
             return scheme == "ring"
         try:
-            self._problem(degree, scheme, self.padded(degree, scheme, 2 * degree)).require_feasible()
+            self._problem(
+                degree, scheme, self.padded(degree, scheme, 2 * degree)
+            ).require_feasible()
         except CpbenchError:
             return False
         return True
@@ -214,8 +216,9 @@ class SequenceCosts:
         key = (degree, scheme)
         if key not in self._by_sequence:
             points, times = self._grid(degree, scheme)
-            padded = np.asarray([self.padded(degree, scheme, s) for s in self.problem.lengths],
-                                dtype=np.float64)
+            padded = np.asarray(
+                [self.padded(degree, scheme, s) for s in self.problem.lengths], dtype=np.float64
+            )
             self._by_sequence[key] = np.interp(padded, points, times)
         return self._by_sequence[key]
 
@@ -250,7 +253,9 @@ class SequenceCosts:
         return len(PASSES) * max(busiest, share * mean) * self.profile.call_overhead_s
 
 
-def priced_group(costs: SequenceCosts, degree: int, scheme: GroupScheme, ids: Sequence[int]) -> CpGroup:
+def priced_group(
+    costs: SequenceCosts, degree: int, scheme: GroupScheme, ids: Sequence[int]
+) -> CpGroup:
     """The sequences `ids` as one group: its tokens and its pack's price (`SequenceCosts`)."""
     fixed = costs.fixed(degree, scheme)
     seconds = fixed + float((costs.times(degree, scheme)[list(ids)] - fixed).sum())
@@ -339,8 +344,7 @@ class _Tables:
         """(the schemes that run at `degree`, seconds [scheme, sequence])."""
         if degree not in self._best:
             schemes = list(_schemes(self.costs, degree))
-            self._best[degree] = (
-                schemes, np.stack([self.costs.times(degree, s) for s in schemes]))
+            self._best[degree] = (schemes, np.stack([self.costs.times(degree, s) for s in schemes]))
         return self._best[degree]
 
     def best_scheme(self, degree: int, sequence: int) -> GroupScheme:
@@ -367,64 +371,104 @@ TOKEN_BOUND = 0.9
 the micro-batch is memory-bound: `_fill` tries it wider."""
 
 
+@dataclass
+class _Pool:
+    """The sequences `_fill` may still place, by length ascending: their ids, lengths and
+    seconds alone at their minimum degree, and which are still free (a sequence leaves by its
+    position; no array is rebuilt)."""
+
+    ids: np.ndarray
+    lengths: np.ndarray
+    own: np.ndarray
+    free: np.ndarray
+    _extra: dict[tuple[int, str], np.ndarray] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, tables: _Tables, own: np.ndarray, ids: np.ndarray) -> _Pool:
+        return cls(ids, tables.lengths[ids], own[ids], np.ones(len(ids), dtype=bool))
+
+    def extra(self, costs: SequenceCosts, degree: int, scheme: GroupScheme) -> np.ndarray:
+        """Seconds each sequence adds to a pack on (degree, scheme): its time less `fixed`."""
+        key = (degree, scheme)
+        if key not in self._extra:
+            seconds = costs.times(degree, scheme)[self.ids]
+            self._extra[key] = seconds - costs.fixed(degree, scheme)
+        return self._extra[key]
+
+    def left(self) -> np.ndarray:
+        return self.ids[self.free]
+
+
 def _pack(
-    costs: SequenceCosts, tables: _Tables, pool: np.ndarray, first: int, degree: int,
+    costs: SequenceCosts, tables: _Tables, pool: _Pool, opener: int, degree: int,
     budget_s: float,
-) -> tuple[CpGroup, np.ndarray]:  # fmt: skip
-    """A group of `degree` ranks opened by sequence `first` and filled with the longest of
-    `pool` that still fit in tokens and in time (first fit decreasing); what is left."""
+) -> tuple[CpGroup, list[int]]:  # fmt: skip
+    """A group of `degree` ranks opened by the pool's sequence at position `opener` and filled
+    with the longest free ones that still fit in tokens and in time (first fit decreasing);
+    the positions it took."""
+    first = int(pool.ids[opener])
     scheme = tables.best_scheme(degree, first)
-    fixed, seconds = costs.fixed(degree, scheme), costs.times(degree, scheme)
+    extra = pool.extra(costs, degree, scheme)
     capacity = degree * costs.problem.tokens_per_rank
-    ids, held, spent = [first], int(tables.lengths[first]), float(seconds[first])
-    while len(pool):
-        room = (tables.lengths[pool] <= capacity - held) & (
-            seconds[pool] - fixed <= budget_s - spent)
+    # the opener pays its whole time, each further sequence its extra seconds
+    spent = float(extra[opener]) + costs.fixed(degree, scheme)
+    taken, held = [opener], int(pool.lengths[opener])
+    free = pool.free.copy()
+    free[opener] = False
+    end = len(free)
+    while True:
+        room = (
+            free[:end] & (pool.lengths[:end] <= capacity - held) & (extra[:end] <= budget_s - spent)
+        )
         fits = np.flatnonzero(room)
         if not len(fits):
             break
         j = int(fits[-1])
-        ids.append(int(pool[j]))
-        held += int(tables.lengths[pool[j]])
-        spent += float(seconds[pool[j]]) - fixed
-        pool = np.delete(pool, j)
-    return priced_group(costs, degree, scheme, ids), pool
+        taken.append(j)
+        free[j] = False
+        held += int(pool.lengths[j])
+        spent += float(extra[j])
+        if extra[j] >= 0:  # the room only shrank: nothing longer than j fits any more
+            end = j
+    group = priced_group(costs, degree, scheme, [int(pool.ids[j]) for j in taken])
+    return group, taken
 
 
 def _fill(
-    costs: SequenceCosts, tables: _Tables, own: np.ndarray, work: np.ndarray, pool: np.ndarray,
+    costs: SequenceCosts, tables: _Tables, own: np.ndarray, work: np.ndarray, ids: np.ndarray,
     budget_s: float, free: int,
 ) -> tuple[list[CpGroup], np.ndarray]:  # fmt: skip
     """Groups of the `free` ranks, each opened by the longest sequence that fits the ranks at
     its minimum degree within `budget_s`, at that degree or, where memory bounds the group
     (`TOKEN_BOUND`), the one of `OPENER_DEGREES` from it whose group does the most single-rank
-    work (`work`) per rank (`_pack`); `pool` is ids by length ascending, what is left is
-    returned."""
+    work (`work`) per rank (`_pack`); `ids` by length ascending, what is left is returned."""
     capacity = costs.problem.tokens_per_rank
+    pool = _Pool.of(tables, own, ids)
     groups: list[CpGroup] = []
-    while free > 0 and len(pool):
-        lengths = tables.lengths[pool]
-        fits = np.flatnonzero((lengths <= free * capacity) & (own[pool] <= budget_s))
+    end = len(ids)
+    while free > 0:
+        fits = np.flatnonzero(pool.free[:end] & (pool.lengths[:end] <= free * capacity) & (
+            pool.own[:end] <= budget_s))  # fmt: skip
         if not len(fits):
             break
-        opener = int(fits[-1])
-        first, rest = int(pool[opener]), np.delete(pool, opener)
+        opener = end = int(fits[-1])  # fewer free ranks: no longer sequence opens one now
+        first = int(ids[opener])
         lowest = int(tables.min_degree[first])
-        group, left = _pack(costs, tables, rest, first, lowest, budget_s)
-        best = (float(work[list(group.sequences)].sum()) / lowest, group, left)
+        group, taken = _pack(costs, tables, pool, opener, lowest, budget_s)
+        best = (float(work[list(group.sequences)].sum()) / lowest, group, taken)
         # memory full before time: a rank more may hold work for the rest of the micro-batch
         if group.tokens > TOKEN_BOUND * lowest * capacity and group.predicted_s < (
             TOKEN_BOUND * budget_s
         ):
             for degree in range(lowest + 1, min(lowest + OPENER_DEGREES, free + 1)):
-                group, left = _pack(costs, tables, rest, first, degree, budget_s)
+                group, taken = _pack(costs, tables, pool, opener, degree, budget_s)
                 per_rank = float(work[list(group.sequences)].sum()) / degree
                 if group.predicted_s <= budget_s and per_rank > best[0]:
-                    best = (per_rank, group, left)
+                    best = (per_rank, group, taken)
         groups.append(best[1])
-        pool = best[2]
+        pool.free[best[2]] = False
         free -= best[1].degree
-    return groups, pool
+    return groups, pool.left()
 
 
 WIDEN_LIMIT = 4
