@@ -7,9 +7,10 @@ ranking by each.
     PYTHONPATH=$PWD python benchmarks/dynamic_cp_measured.py [--world 4] [--rounds 3]
         [--calibrate | --hardware PROFILE]
 
---calibrate first measures single sequences on every mesh of 1, 2 and W ranks (`cpbench sweep`,
-about a minute) and prices the plans on the profile `cpbench calibrate` fits to them: the
-prediction of a calibrated model, what the bar is about.
+--calibrate first measures single sequences, and packs of the batch's distribution, on every
+mesh of 1, 2 and W ranks (`cpbench sweep`, about a minute) and prices the plans on the profile
+`cpbench calibrate` fits to them (the packs fix the call overhead): the prediction of a
+calibrated model, what the bar is about.
 
 Issue 37's bar (CPU, gloo, world 4): the best policy's measured speedup within 15% of the
 predicted one, every routed result right, the ranking by measurement that of the prediction."""
@@ -46,14 +47,17 @@ head_dim = {head_dim}
 dtype = "float32"
 causal = true
 mesh = "all"
-layout = "zigzag"
+layout = ["zigzag", "doc_zigzag"]
+# packed documents of the batch's distribution: what each extra kernel call costs
+documents = ["none", "lognormal:{lengths}"]
 """
 
 
-def calibrated_profile(folder: Path, world: int, heads: int, head_dim: int) -> str:
-    """Sweep single sequences at worlds 1, 2 and `world`, calibrate: the fitted profile's path."""
+def calibrated_profile(folder: Path, world: int, heads: int, head_dim: int, lengths: str) -> str:
+    """Sweep single sequences and packs of `lengths` (lognormal parameters) at worlds 1, 2 and
+    `world`, calibrate: the fitted profile's path."""
     scenario = folder / "calibration.toml"
-    scenario.write_text(CALIBRATION.format(heads=heads, head_dim=head_dim))
+    scenario.write_text(CALIBRATION.format(heads=heads, head_dim=head_dim, lengths=lengths))
     results = []
     for w in sorted({1, 2, world}):
         out = folder / f"w{w}.jsonl"
@@ -84,7 +88,8 @@ def main() -> int:
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="cpbench-dcp-"))
     if args.calibrate:
-        args.hardware = calibrated_profile(folder, args.world, args.heads, args.head_dim)
+        args.hardware = calibrated_profile(folder, args.world, args.heads, args.head_dim,
+                                           args.lengths)
     profile = load_profile(args.hardware)
     budget = args.micro_batches * args.world * args.tokens_per_rank
     lengths = tuple(draw_lengths("lognormal", args.lengths, budget, args.seed))
