@@ -14,6 +14,7 @@ from cpbench.app import calibrate_schema as out
 from cpbench.app.calibrate_schema import (
     CalibrationReport,
     HoldoutReport,
+    PlanCheck,
     PlanSection,
     PriorChoice,
     PublishedReport,
@@ -243,5 +244,5 @@ def published_plan_section() -> PlanSection:
         error_convention="error = predicted / published - 1; tokens/s/GPU = global batch x "
         "L / step / GPUs; TFLOP/s/GPU = model FLOPs (MFU convention) / step / GPUs; a "
         "'calibrate' row fixes its machine's peak scale and is not a validation",
-        rows=end_to_end_json(validate_end_to_end()),
+        rows=[PlanCheck.model_validate(r) for r in end_to_end_json(validate_end_to_end())],
     )

@@ -193,15 +193,53 @@ class ScoresSection(ReportModel):
     machines: list[PublishedMachine]
 
 
+class PlanCheck(ReportModel):
+    """`cpbench plan` with one published training run's settings against what was published
+    (`cpbench.model.plan.validation.RowCheck`)."""
+
+    id: str
+    role: str
+    """validate (a check) or calibrate (fixes its machine's peak scale)."""
+    source: str
+    settings: dict[str, Any]
+    """The run's parallelism and batch settings as published."""
+    assumes: str
+    """What the row assumes where the source is silent."""
+    peak_scale: float
+    """The machine's peak scale used."""
+    plan: str | None
+    """The plan's label (None: it does not fit, `rule` says why)."""
+    layout: str | None
+    rule: str
+    """Why no plan (empty when one fits)."""
+    published_tokens_per_s_per_gpu: int | float | None
+    """As the source's table gives it (an integer stays one in the JSON)."""
+    predicted_tokens_per_s_per_gpu: float | None
+    tokens_error: float | None
+    """predicted / published tokens/s/GPU - 1."""
+    published_tflops_per_gpu: int | float | None
+    predicted_tflops_per_gpu: float | None
+    tflops_error: float | None
+    published_memory_gib: int | float | None
+    published_memory_counts: str
+    """What the published memory number counts."""
+    predicted_tensor_gib: float | None
+    """Tensor total per rank (no runtime reserve)."""
+    predicted_with_reserve_gib: float | None
+    capacity_gib: float
+    fits: bool | None
+    within_safe_memory_fraction: bool | None
+
+
 class PlanSection(ReportModel):
-    """`cpbench plan` per published training run (`cpbench.model.plan.validation.to_json`'s
-    rows, which `cpbench.render.plan.render_published_plans` renders)."""
+    """`cpbench plan` per published training run (`cpbench.model.plan.validation`'s checks,
+    which `cpbench.render.plan.render_published_plans` renders)."""
 
     name: Literal["plan_end_to_end"]
     title: str
     table: str
     error_convention: str
-    rows: list[dict[str, Any]]
+    rows: list[PlanCheck]
 
 
 class PublishedReport(Versioned):

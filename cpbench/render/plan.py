@@ -3,8 +3,8 @@ columns (every table is a `FitTable`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from rich.console import RenderableType
 from rich.text import Text
@@ -14,6 +14,7 @@ from cpbench.render.tables import FitTable
 from cpbench.units import format_gib, format_percent, format_seconds
 
 if TYPE_CHECKING:
+    from cpbench.app.calibrate_schema import PlanSection
     from cpbench.app.plan import Plan, PlanRejection, PlanResult
     from cpbench.app.recommend.types import FrameworkSetting
 
@@ -251,38 +252,38 @@ def _plan_frameworks_table(frameworks: Sequence[FrameworkSetting]) -> FitTable:
     return table
 
 
-def render_published_plans(section: Mapping[str, Any]) -> list[RenderableType]:
+def render_published_plans(section: PlanSection) -> list[RenderableType]:
     """`validate --published`'s end-to-end section: a row per published run, the plan's
     prediction beside the published number and the memory beside what the source counts."""
     table = FitTable(
-        title=f"{section['title']} ({section['table']})", caption=section["error_convention"]
+        title=f"{section.title} ({section.table})", caption=section.error_convention
     )
     table.add_columns(("run", "role", "plan", "metric", "published", "predicted", "error",
                        "mem pub GiB", "mem pred GiB (tensors / +reserve)"),
                       left=("run", "role", "plan", "metric"), key=("run",), wrap=("plan",))
-    for r in section["rows"]:
+    for r in section.rows:
         metric, published, predicted, error = (
-            "tokens/s/GPU", r["published_tokens_per_s_per_gpu"],
-            r["predicted_tokens_per_s_per_gpu"], r["tokens_error"],
+            "tokens/s/GPU", r.published_tokens_per_s_per_gpu,
+            r.predicted_tokens_per_s_per_gpu, r.tokens_error,
         )  # fmt: skip
         if published is None:
             metric, published, predicted, error = (
-                "TFLOP/s/GPU", r["published_tflops_per_gpu"], r["predicted_tflops_per_gpu"],
-                r["tflops_error"],
+                "TFLOP/s/GPU", r.published_tflops_per_gpu, r.predicted_tflops_per_gpu,
+                r.tflops_error,
             )  # fmt: skip
         memory = (
-            "-" if r["predicted_tensor_gib"] is None
-            else f"{r['predicted_tensor_gib']:.1f} / {r['predicted_with_reserve_gib']:.1f}"
+            "-" if r.predicted_tensor_gib is None or r.predicted_with_reserve_gib is None
+            else f"{r.predicted_tensor_gib:.1f} / {r.predicted_with_reserve_gib:.1f}"
         )  # fmt: skip
         table.add_row(
-            Text(r["id"]), r["role"], r["plan"] or f"not planned: {r['rule']}", metric,
+            Text(r.id), r.role, r.plan or f"not planned: {r.rule}", metric,
             "-" if published is None else f"{published:,.0f}",
             "-" if predicted is None else f"{predicted:,.0f}",
             "-" if error is None else f"{error:+.0%}",
-            "-" if r["published_memory_gib"] is None else f"{r['published_memory_gib']:.1f}",
+            "-" if r.published_memory_gib is None else f"{r.published_memory_gib:.1f}",
             memory,
         )  # fmt: skip
-    counts = sorted({r["published_memory_counts"] for r in section["rows"]
-                     if r["published_memory_gib"] is not None})  # fmt: skip
+    counts = sorted({r.published_memory_counts for r in section.rows
+                     if r.published_memory_gib is not None})  # fmt: skip
     notes = [Text(f"published memory counts: {c}", style="dim") for c in counts]
     return [table, *notes]

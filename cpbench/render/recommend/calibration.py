@@ -120,7 +120,7 @@ def render_published(report: PublishedReport) -> list[RenderableType]:
     out: list[RenderableType] = []
     for section in report.sections:
         if isinstance(section, PlanSection):  # the end-to-end section: one row per published run
-            out += render_published_plans(section.model_dump())
+            out += render_published_plans(section)
             continue
         # a section scored by the prior alone (the out-of-sample check) has no LOGO columns
         fitted = any(m.leave_one_group_out for m in section.machines)
