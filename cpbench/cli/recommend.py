@@ -176,7 +176,8 @@ def _dynamic_recommend(options: Mapping[str, Any], as_json: bool) -> None:
     from cpbench.render.recommend.dynamic import render_dynamic  # noqa: PLC0415
 
     rec = recommend_policies(options_request(DynamicRequest, options))
-    emit(dynamic_report(rec) if as_json else None, as_json, lambda: render_dynamic(rec))
+    report = dynamic_report(rec).model_dump(mode="json") if as_json else None
+    emit(report, as_json, lambda: render_dynamic(rec))
 
 
 def _policy_recommend(options: Mapping[str, Any], as_json: bool) -> None:

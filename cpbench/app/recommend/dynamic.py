@@ -7,9 +7,9 @@ import statistics
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from cpbench.app.recommend.report import JSON_SCHEMA_VERSION
 from cpbench.app.recommend.types import DEFAULT_HARDWARE
 from cpbench.app.recommend.uncertainty import faster_probability, profile_uncertainty
+from cpbench.app.schema import ReportModel, Versioned
 from cpbench.config.documents import global_batch
 from cpbench.config.vocabulary import Dtype
 from cpbench.errors import CpbenchError
@@ -21,6 +21,7 @@ from cpbench.model.dynamic import (
     plan_policies,
     speedup,
 )
+from cpbench.model.dynamic.schedule import GroupScheme
 from cpbench.model.hardware.loading import load_profile
 
 DYNAMIC_CONVENTION = (
@@ -157,46 +158,104 @@ def not_in_megatron(plan: PolicyPlan) -> list[str]:
     return out
 
 
-def batch_summary(lengths: tuple[int, ...], tokens_per_rank: int) -> dict[str, Any]:
-    return {
-        "sequences": len(lengths),
-        "tokens": sum(lengths),
-        "min": min(lengths),
-        "median": statistics.median(lengths),
-        "max": max(lengths),
-        "needing_cp": sum(s > tokens_per_rank for s in lengths),
-    }
+class BatchSummary(ReportModel):
+    """The batch's length statistics."""
+
+    sequences: int
+    tokens: int
+    min: int
+    median: int | float
+    """`statistics.median` of the lengths (an integer for an odd count)."""
+    max: int
+    needing_cp: int
+    """Sequences longer than the tokens per rank: those that need CP."""
 
 
-def dynamic_report(rec: DynamicRecommendation) -> dict[str, Any]:
-    """The `--json` document (schema_version first)."""
+def batch_summary(lengths: tuple[int, ...], tokens_per_rank: int) -> BatchSummary:
+    return BatchSummary(
+        sequences=len(lengths), tokens=sum(lengths), min=min(lengths),
+        median=statistics.median(lengths), max=max(lengths),
+        needing_cp=sum(s > tokens_per_rank for s in lengths),
+    )  # fmt: skip
+
+
+class RatioUncertainty(ReportModel):
+    """The model's error on a ratio of two predicted steps."""
+
+    ratio_sigma: float
+    source: str
+
+
+class ScheduledGroup(ReportModel):
+    """One CP group of a micro-batch."""
+
+    degree: int
+    scheme: GroupScheme
+    sequences: list[int]
+    """Ids of the batch's sequences the group runs, packed."""
+    tokens: int
+    predicted_s: float
+
+
+class RankedPolicyEntry(ReportModel):
+    """One policy's plan, ranked by predicted step."""
+
+    policy: Policy
+    step_s: float
+    speedup_over_static: float | None
+    """The static policy's step / this one's (None: static CP cannot plan the batch)."""
+    faster_than_next_probability: float | None
+    """Probability under the ratio's model error that this policy is faster than the next."""
+    busy_share: float
+    """Rank-seconds of work / (GPUs x step)."""
+    micro_batches: int
+    sequences_per_degree: dict[int, int]
+    not_in_megatron: list[str]
+    """What of this schedule Megatron's flags cannot express."""
+    schedule: list[list[ScheduledGroup]]
+    """Per micro-batch, its groups."""
+
+
+class DynamicReport(Versioned):
+    """`recommend --lengths --json`."""
+
+    request: dict[str, Any]
+    profile: str
+    convention: str
+    batch: BatchSummary
+    uncertainty: RatioUncertainty
+    pick: Policy
+    policies: list[RankedPolicyEntry]
+    refused: dict[Policy, str]
+    """Policies whose rule cannot plan the batch, and why."""
+    megatron_flags: list[str]
+
+
+def dynamic_report(rec: DynamicRecommendation) -> DynamicReport:
+    """The `--json` report (`model_dump(mode="json")`, schema_version first)."""
     req = rec.request
-    return {
-        "schema_version": JSON_SCHEMA_VERSION,
-        "request": asdict(req),
-        "profile": rec.profile_name,
-        "convention": DYNAMIC_CONVENTION,
-        "batch": batch_summary(rec.lengths, req.tokens_per_rank),
-        "uncertainty": {"ratio_sigma": rec.ratio_sigma, "source": rec.uncertainty_source},
-        "pick": rec.pick.plan.policy,
-        "policies": [
-            {
-                "policy": r.plan.policy,
-                "step_s": r.plan.step_s,
-                "speedup_over_static": r.speedup_over_static,
-                "faster_than_next_probability": r.faster_than_next,
-                "busy_share": r.plan.busy_share,
-                "micro_batches": len(r.plan.micro_batches),
-                "sequences_per_degree": r.plan.degrees,
-                "not_in_megatron": not_in_megatron(r.plan),
-                "schedule": [
-                    [{"degree": g.degree, "scheme": g.scheme, "sequences": list(g.sequences),
-                      "tokens": g.tokens, "predicted_s": g.predicted_s} for g in mb.groups]
-                    for mb in r.plan.micro_batches
-                ],
-            }
+    return DynamicReport(
+        request=asdict(req),
+        profile=rec.profile_name,
+        convention=DYNAMIC_CONVENTION,
+        batch=batch_summary(rec.lengths, req.tokens_per_rank),
+        uncertainty=RatioUncertainty(ratio_sigma=rec.ratio_sigma, source=rec.uncertainty_source),
+        pick=rec.pick.plan.policy,
+        policies=[
+            RankedPolicyEntry(
+                policy=r.plan.policy,
+                step_s=r.plan.step_s,
+                speedup_over_static=r.speedup_over_static,
+                faster_than_next_probability=r.faster_than_next,
+                busy_share=r.plan.busy_share,
+                micro_batches=len(r.plan.micro_batches),
+                sequences_per_degree=r.plan.degrees,
+                not_in_megatron=not_in_megatron(r.plan),
+                schedule=[[ScheduledGroup.of(g, sequences=list(g.sequences)) for g in mb.groups]
+                          for mb in r.plan.micro_batches],  # fmt: skip
+            )
             for r in rec.ranked
         ],
-        "refused": rec.refused,
-        "megatron_flags": megatron_flags(req, rec.static_degree),
-    }
+        refused=dict(rec.refused),
+        megatron_flags=megatron_flags(req, rec.static_degree),
+    )

@@ -40,8 +40,8 @@ def render_dynamic(rec: DynamicRecommendation) -> list[RenderableType]:
         headline += f" (faster than {runner} with probability {pick.faster_than_next:.2f})"
     out.append(Text(headline, style="bold"))
     out.append(Text(
-        f"batch: {b['sequences']:,} sequences, {b['tokens']:,} tokens (min {b['min']:,}, "
-        f"median {b['median']:,.0f}, max {b['max']:,}; {b['needing_cp']:,} longer than "
+        f"batch: {b.sequences:,} sequences, {b.tokens:,} tokens (min {b.min:,}, "
+        f"median {b.median:,.0f}, max {b.max:,}; {b.needing_cp:,} longer than "
         f"{q.tokens_per_rank:,} tokens per rank) on {q.gpus:,} GPUs, {rec.profile_name}"
     ))  # fmt: skip
     table = FitTable("#", "policy", "step ms", "x static", "busy", "micro-batches",
