@@ -114,21 +114,11 @@ def test_a_pack_of_one_sequence_is_predict_and_packs_stay_close_to_it() -> None:
                                           layout=layout), H100, memory=False).step_s  # fmt: skip
             ids = list(range(len(docs)))
             assert priced_group(costs, degree, "ring", ids).predicted_s == pytest.approx(
-                whole, rel=0.25
-            )
+                whole, rel=0.25)
             longest = max(padded)
-            alone = predict(
-                MeshCandidate(
-                    seq_len=longest,
-                    heads=32,
-                    kv_heads=8,
-                    head_dim=128,
-                    ring=degree,
-                    layout="zigzag" if degree > 1 else "contiguous",
-                ),
-                H100,
-                memory=False,
-            ).step_s
+            alone = predict(MeshCandidate(seq_len=longest, heads=32, kv_heads=8, head_dim=128,
+                                          ring=degree, layout="zigzag" if degree > 1
+                                          else "contiguous"), H100, memory=False).step_s
             at = docs.index(max(docs))
             assert costs.times(degree, "ring")[at] == pytest.approx(alone, rel=1e-12)
 
@@ -260,10 +250,8 @@ def test_recommend_lengths_ranks_the_three_policies_and_prints_megatron_flags() 
         (["--lengths", "{empty}"], "holds no sequence length"),
         (["--lengths", "{words}"], "'twelve' is not a document length"),
         (["--lengths", "1000,40000"], "needs ceil(40,000 / 2,048) = 20 ranks"),
-        (
-            ["--lengths", "1000,5000", "--step-tokens", "3000"],
-            "token budget (3,000) is smaller than its longest sequence (5,000",
-        ),
+        (["--lengths", "1000,5000", "--step-tokens", "3000"],
+         "token budget (3,000) is smaller than its longest sequence (5,000"),
         (["--step-tokens", "3000"], "--step-tokens need --lengths"),
         (["--lengths", "100,200", "--documents", "100,200"], "leave out --documents"),
     ],
@@ -314,10 +302,8 @@ def test_recommend_lengths_lists_a_policy_that_cannot_plan_and_ranks_the_others(
         (["--gpus", "0"], "--gpus (0) must be 1 to 1,048,576"),
         (["--tokens-per-rank", "0"], "--tokens-per-rank (0) must be 1 to"),
         (["--seq-len", "4096"], "--seq-len: not used with --lengths"),
-        (
-            ["--lengths", "uniform:min=1,max=2", "--step-tokens", "1000000000000"],
-            "holds more than 1,000,000 sequences",
-        ),
+        (["--lengths", "uniform:min=1,max=2", "--step-tokens", "1000000000000"],
+         "holds more than 1,000,000 sequences"),
     ],
 )
 def test_recommend_lengths_bounds_are_one_line_and_exit_2(extra, message) -> None:  # type: ignore[no-untyped-def]

@@ -76,25 +76,16 @@ def test_add_grads_equals_zero_fill_and_add() -> None:
     added to the received accumulator, exactly (same fp32 additions)."""
     g = torch.Generator().manual_seed(3)
     kv = torch.randn(1, 64, 2, 4, 8, generator=g)
-    pieces = [
-        (slice(0, 64), torch.randn(1, 64, 4, 8, generator=g), torch.randn(1, 64, 4, 8, generator=g))
-    ]
+    pieces = [(slice(0, 64), torch.randn(1, 64, 4, 8, generator=g),
+               torch.randn(1, 64, 4, 8, generator=g))]
     block = torch.zeros(kv.shape)
     block[:, :, 0] += pieces[0][1]
     block[:, :, 1] += pieces[0][2]
     assert torch.equal(_add_grads(None, pieces, kv), block)
-    parts = [
-        (
-            slice(0, 16),
-            torch.randn(1, 16, 4, 8, generator=g),
-            torch.randn(1, 16, 4, 8, generator=g),
-        ),
-        (
-            slice(40, 64),
-            torch.randn(1, 24, 4, 8, generator=g),
-            torch.randn(1, 24, 4, 8, generator=g),
-        ),
-    ]
+    parts = [(slice(0, 16), torch.randn(1, 16, 4, 8, generator=g),
+              torch.randn(1, 16, 4, 8, generator=g)),
+             (slice(40, 64), torch.randn(1, 24, 4, 8, generator=g),
+              torch.randn(1, 24, 4, 8, generator=g))]
     block = torch.zeros(kv.shape)
     for cols, dk, dv in parts:
         block[:, cols, 0] += dk
@@ -134,13 +125,8 @@ def test_cases_cover_every_mesh_and_settings_are_checked() -> None:
     settings = EfficiencySettings(impls=("cpbench",))
     cases = cases_of(settings, 4)
     meshes = {(c.ulysses, c.ring, c.layout) for c in cases}
-    assert meshes == {
-        (1, 4, "zigzag"),
-        (1, 4, "contiguous"),
-        (2, 2, "zigzag"),
-        (2, 2, "contiguous"),
-        (4, 1, "contiguous"),
-    }
+    assert meshes == {(1, 4, "zigzag"), (1, 4, "contiguous"), (2, 2, "zigzag"),
+                      (2, 2, "contiguous"), (4, 1, "contiguous")}
     with pytest.raises(CpbenchError, match="world sizes must be >= 2"):
         EfficiencySettings(world_sizes=(1,))
     with pytest.raises(CpbenchError, match="rounds must be >= 1, got 0"):
@@ -173,14 +159,8 @@ def small_report(pool) -> EfficiencyReport:  # type: ignore[no-untyped-def]
     from cpbench.app.efficiency import measure  # noqa: PLC0415
 
     settings = EfficiencySettings(
-        seq_len=256,
-        heads=4,
-        kv_heads=4,
-        head_dim=16,
-        world_sizes=(2,),
-        dtypes=("float32",),
-        impls=("cpbench", "torch_cp", "ring_flash_attn"),
-        rounds=3,
+        seq_len=256, heads=4, kv_heads=4, head_dim=16, world_sizes=(2,),
+        dtypes=("float32",), impls=("cpbench", "torch_cp", "ring_flash_attn"), rounds=3,
         timeout=240.0,
     )
     with pytest.MonkeyPatch.context() as patch:
@@ -195,24 +175,18 @@ def test_small_run_measures_every_cpbench_mesh(small_report: EfficiencyReport) -
     base = group["baseline"]
     assert base["status"] == "ok" and len(base["samples"]) == 3
     assert base["efficiency_best"] == pytest.approx(1.0, abs=1e-12)
-    by = {
-        (c["case"]["impl"], c["case"]["ulysses"], c["case"]["ring"], c["case"]["layout"]): c
-        for c in group["cases"]
-    }
-    for key in [
-        ("cpbench", 1, 2, "zigzag"),
-        ("cpbench", 1, 2, "contiguous"),
-        ("cpbench", 2, 1, "contiguous"),
-    ]:
+    by = {(c["case"]["impl"], c["case"]["ulysses"], c["case"]["ring"], c["case"]["layout"]): c
+          for c in group["cases"]}
+    for key in [("cpbench", 1, 2, "zigzag"), ("cpbench", 1, 2, "contiguous"),
+                ("cpbench", 2, 1, "contiguous")]:
         c = by[key]
         assert c["status"] == "ok", c["reason"]
         assert len(c["samples"]) == 3 and all(s > 0 for s in c["samples"])
         assert c["efficiency_best"] == pytest.approx(
-            min(base["samples"]) / (2 * min(c["samples"])), rel=1e-12
-        )
+            min(base["samples"]) / (2 * min(c["samples"])), rel=1e-12)
         assert c["efficiency_median"] == pytest.approx(
-            statistics.median(base["samples"]) / (2 * statistics.median(c["samples"])), rel=1e-12
-        )
+            statistics.median(base["samples"]) / (2 * statistics.median(c["samples"])),
+            rel=1e-12)
     # torch_cp has no Ulysses; ring-flash-attn runs only in 16 bits: skipped with the rule
     assert by[("torch_cp", 2, 1, "contiguous")]["status"] == "skipped"
     assert "ulysses = 1" in by[("torch_cp", 2, 1, "contiguous")]["reason"]
@@ -222,8 +196,7 @@ def test_small_run_measures_every_cpbench_mesh(small_report: EfficiencyReport) -
         zig = by[("cpbench", 1, 2, "zigzag")]
         assert zig["peer"] == "torch_cp"
         assert zig["vs_peer"] == pytest.approx(
-            zig["median"] / by[("torch_cp", 1, 2, "zigzag")]["median"], rel=1e-12
-        )
+            zig["median"] / by[("torch_cp", 1, 2, "zigzag")]["median"], rel=1e-12)
     json.dumps(document)  # the JSON document is plain data
     assert document["convention"] == CONVENTION
 
@@ -252,24 +225,15 @@ def test_profile_shows_the_median_step_of_each_case(pool, monkeypatch: pytest.Mo
     time, its buckets are one step's (they add up to no more than its wall time; the single
     process is all kernel), and the table fits 80 columns with every profiled wall listed."""
     settings = EfficiencySettings(
-        seq_len=512,
-        heads=4,
-        kv_heads=4,
-        head_dim=16,
-        world_sizes=(2,),
-        dtypes=("float32",),
-        impls=("cpbench",),
-        rounds=3,
-        timeout=240.0,
+        seq_len=512, heads=4, kv_heads=4, head_dim=16, world_sizes=(2,), dtypes=("float32",),
+        impls=("cpbench",), rounds=3, timeout=240.0,
     )
     from cpbench.app.efficiency import profile  # noqa: PLC0415
 
     lend(pool, monkeypatch, profile)  # on the session's 2 ranks
     profiles = profile_steps(settings, "float32")
     assert [p.label for p in profiles] == [
-        "single process",
-        "cpbench U1xR2 zigzag",
-        "cpbench U2xR1 contiguous",
+        "single process", "cpbench U1xR2 zigzag", "cpbench U2xR1 contiguous"
     ]
     for p in profiles:
         assert len(p.walls) == 3

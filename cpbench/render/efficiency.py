@@ -37,11 +37,8 @@ def efficiency_tables(report: EfficiencyReport) -> list[RenderableType]:
                 f"{s.rounds} rounds (load {load0:.1f} -> {load1:.1f})"
             ),
         )
-        table.add_columns(
-            ("case", "best ms", "median ms", "spread %", "eff best", "eff med", "vs peer"),
-            left=("case",),
-            key=("case",),
-        )
+        table.add_columns(("case", "best ms", "median ms", "spread %", "eff best", "eff med",
+                           "vs peer"), left=("case",), key=("case",))
         for t in (g.baseline, *g.cases):
             if t.status != "ok":
                 continue
@@ -90,13 +87,14 @@ def profile_table(profiles: Sequence[StepProfile], dtype: str) -> FitTable:
         table.add_column(Text(p.label), justify="right")
     buckets = list(profiles[0].cpu) if profiles else []
     for b in buckets:
-        table.add_row(b, *(f"{p.cpu[b] * 1e3:.1f} ({p.cpu[b] / p.wall:.1%})" for p in profiles))
+        table.add_row(b, *(f"{p.cpu[b] * 1e3:.1f} ({p.cpu[b] / p.wall:.1%})"
+                           for p in profiles))
     if device:
         for b in buckets:
-            table.add_row(f"{b} (device)", *(f"{p.device.get(b, 0.0) * 1e3:.1f}" for p in profiles))
+            table.add_row(f"{b} (device)",
+                          *(f"{p.device.get(b, 0.0) * 1e3:.1f}" for p in profiles))
     table.add_row("wall (step)", *(f"{p.wall * 1e3:.1f}" for p in profiles))
     if steps > 1:
-        table.add_row(
-            "walls profiled", *(" ".join(f"{w * 1e3:.0f}" for w in p.walls) for p in profiles)
-        )
+        table.add_row("walls profiled", *(" ".join(f"{w * 1e3:.0f}" for w in p.walls)
+                                          for p in profiles))
     return table

@@ -181,9 +181,7 @@ class SequenceCosts:
         if degree == 1:
             return scheme == "ring"
         try:
-            self._problem(
-                degree, scheme, self.padded(degree, scheme, 2 * degree)
-            ).require_feasible()
+            self._problem(degree, scheme, self.padded(degree, scheme, 2 * degree)).require_feasible()
         except CpbenchError:
             return False
         return True
@@ -216,9 +214,8 @@ class SequenceCosts:
         key = (degree, scheme)
         if key not in self._by_sequence:
             points, times = self._grid(degree, scheme)
-            padded = np.asarray(
-                [self.padded(degree, scheme, s) for s in self.problem.lengths], dtype=np.float64
-            )
+            padded = np.asarray([self.padded(degree, scheme, s) for s in self.problem.lengths],
+                                dtype=np.float64)
             self._by_sequence[key] = np.interp(padded, points, times)
         return self._by_sequence[key]
 
@@ -253,9 +250,7 @@ class SequenceCosts:
         return len(PASSES) * max(busiest, share * mean) * self.profile.call_overhead_s
 
 
-def priced_group(
-    costs: SequenceCosts, degree: int, scheme: GroupScheme, ids: Sequence[int]
-) -> CpGroup:
+def priced_group(costs: SequenceCosts, degree: int, scheme: GroupScheme, ids: Sequence[int]) -> CpGroup:
     """The sequences `ids` as one group: its tokens and its pack's price (`SequenceCosts`)."""
     fixed = costs.fixed(degree, scheme)
     seconds = fixed + float((costs.times(degree, scheme)[list(ids)] - fixed).sum())
@@ -344,7 +339,8 @@ class _Tables:
         """(the schemes that run at `degree`, seconds [scheme, sequence])."""
         if degree not in self._best:
             schemes = list(_schemes(self.costs, degree))
-            self._best[degree] = (schemes, np.stack([self.costs.times(degree, s) for s in schemes]))
+            self._best[degree] = (
+                schemes, np.stack([self.costs.times(degree, s) for s in schemes]))
         return self._best[degree]
 
     def best_scheme(self, degree: int, sequence: int) -> GroupScheme:
