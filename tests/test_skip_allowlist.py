@@ -48,9 +48,10 @@ def _session(
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     if ci:
         env["CPBENCH_CI"] = "1"
+    # no:hypothesispytest: its plugin imports hypothesis at each session's end (1.7 s a process)
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest", "-p", "no:cacheprovider",
-         "-n", str(workers), "--rootdir", str(folder), *files],
+         "-p", "no:hypothesispytest", "-n", str(workers), "--rootdir", str(folder), *files],
         cwd=folder, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
 
