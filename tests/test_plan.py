@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cpbench.app.plan import PlanRequest, PlanResult, plan_training, to_json
+from cpbench.app.plan import PlanRequest, PlanResult, plan_report, plan_training
 from cpbench.cli.main import app
 from cpbench.config.constraints import seq_divisor
 from cpbench.errors import CpbenchError
@@ -275,7 +275,8 @@ def test_cli_plan_json_parses() -> None:
     first = report["feasible"][0]
     assert first["step_s"] == pytest.approx(sum(first["parts_s"].values()), rel=1e-9)
     assert first["memory_bytes"] <= report["inputs"]["memory_capacity_bytes"]
-    assert report == to_json(plan_training(PlanRequest("mistral-7b", 65536, 8))) | {}
+    assert report == plan_report(plan_training(PlanRequest("mistral-7b", 65536, 8))).model_dump(
+        mode="json")
 
 
 PLAN_GOLDEN = Path(__file__).parent / "fixtures" / "plan_json.jsonl"

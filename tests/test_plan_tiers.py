@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from cpbench.app.plan import PlanRequest, PlanResult, plan_training, to_json
+from cpbench.app.plan import PlanRequest, PlanResult, plan_report, plan_training
 from cpbench.model.hardware.loading import load_profile
 from cpbench.model.hardware.network import FABRICS, load_fabric
 from cpbench.model.plan.memory import Parallelism
@@ -40,7 +40,7 @@ def test_two_nodes_ulysses_inside_the_node_ring_across(two_nodes: PlanResult) ->
     # the all-to-all stays on NVLink, every ring hop crosses the NIC
     assert _terms(p, "inter_node", "all_to_all") == 0 < _terms(p, "intra_node", "all_to_all")
     assert _terms(p, "inter_node", "send_recv") > 0 == _terms(p, "intra_node", "send_recv")
-    tiers = to_json(two_nodes)["feasible"]
+    tiers = plan_report(two_nodes).model_dump(mode="json")["feasible"]
     row = next(r for r in tiers if (r["ulysses"], r["ring"]) == (8, 2))["tiers"]
     assert row["ulysses"]["tier"] == "node" and row["ring"]["tier"] == "rail"
     assert row["attention"] == {"ulysses_all_to_all": "intra_node", "ring_hops": "inter_node",

@@ -5,10 +5,22 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, fields, replace
-from typing import Any
 
+from cpbench.app.plan_schema import (
+    AttentionTiers,
+    DocumentsSummary,
+    FeasiblePlan,
+    GroupLinkEntry,
+    MemoryComponentEntry,
+    PlanFramework,
+    PlanInputs,
+    PlanReport,
+    RejectedPlan,
+    SearchSummary,
+    ShortestCp,
+)
 from cpbench.app.recommend.frameworks import cp_comm_type, framework_table
-from cpbench.app.recommend.report import JSON_SCHEMA_VERSION, attributes
+from cpbench.app.recommend.report import attributes
 from cpbench.app.recommend.types import DEFAULT_HARDWARE, FrameworkSetting
 from cpbench.config.documents import resolve_documents
 from cpbench.config.problem import check_positive_int
@@ -37,7 +49,7 @@ from cpbench.model.plan.transformer import ModelSpec, load_model
 from cpbench.units import GIB
 
 __all__ = ["PackedDocuments", "Plan", "PlanRejection", "PlanRequest", "PlanResult",
-           "plan_training", "to_json"]
+           "plan_report", "plan_training"]
 
 
 @dataclass(frozen=True)
@@ -302,103 +314,94 @@ CONVENTIONS = {
 """What the plan's numbers mean (`--json`'s `conventions`, the screen's last line)."""
 
 
-def _plan_json(p: Plan, rank: int, capacity: float) -> dict[str, Any]:
+def _feasible_entry(p: Plan, rank: int, capacity: float) -> FeasiblePlan:
     par, t, peak = p.par, p.time, p.peak
-    return {
-        "rank": rank,
-        "label": par.label(),
+    return FeasiblePlan(
+        rank=rank,
+        label=par.label(),
         **attributes(par, "tp cp ulysses ring", layout=par.layout if par.ring > 1 else "any"),
         **attributes(par, "pp dp recompute zero micro_batch micro_batches", step_s=t.total_s),
-        "parts_s": {k: getattr(t, f"{k}_s") for k in PLAN_PARTS},
+        parts_s={k: getattr(t, f"{k}_s") for k in PLAN_PARTS},
         **attributes(t, "attention_share bubble_fraction tokens_per_s_per_gpu mfu"),
-        "memory_bytes": peak.total,
-        "memory_tensor_bytes": peak.tensor_total,
-        "memory_safe_bytes": SAFE_MEMORY_FRACTION * capacity,
-        "within_safe_margin": peak.tensor_total <= SAFE_MEMORY_FRACTION * capacity,
-        "memory_stage": peak.stage,
-        "memory": {
-            s.stage: {c.name: {"bytes": c.bytes, "formula": c.formula} for c in s.components}
+        memory_bytes=peak.total,
+        memory_tensor_bytes=peak.tensor_total,
+        memory_safe_bytes=SAFE_MEMORY_FRACTION * capacity,
+        within_safe_margin=peak.tensor_total <= SAFE_MEMORY_FRACTION * capacity,
+        memory_stage=peak.stage,
+        memory={
+            s.stage: {c.name: MemoryComponentEntry(bytes=c.bytes, formula=c.formula)
+                      for c in s.components}
             for s in p.stages
         },
-        **attributes(p, "max_seq_len max_seq_len_safe", tiers=_tiers_json(p)),
-    }
+        **attributes(p, "max_seq_len max_seq_len_safe", tiers=_tiers(p)),
+    )
 
 
 PLAN_PARTS = ("gemm", "attention", "tp_comm", "pp_comm", "bubble", "dp_comm", "optimizer")
 """The parts of a step (`StepTime.<part>_s`)."""
 
 
-def _tiers_json(p: Plan) -> dict[str, Any]:
+def _tiers(p: Plan) -> dict[str, GroupLinkEntry | AttentionTiers]:
     """Each group's tier and link; the attention's collectives as the cost model placed them."""
-    out: dict[str, Any] = {}
+    out: dict[str, GroupLinkEntry | AttentionTiers] = {}
     for g in p.tiers.groups if p.tiers is not None else ():
         if g.sends:
-            out[g.group] = attributes(g, "tier", link=g.link.name) | attributes(
-                g, "size stride", send_recv_busbw_GBps=g.link.send_recv.busbw / 1e9,
-                all_to_all_busbw_GBps=g.link.all_to_all.busbw / 1e9)  # fmt: skip
+            out[g.group] = GroupLinkEntry(
+                tier=g.tier, link=g.link.name, size=g.size, stride=g.stride,
+                send_recv_busbw_GBps=g.link.send_recv.busbw / 1e9,
+                all_to_all_busbw_GBps=g.link.all_to_all.busbw / 1e9,
+            )  # fmt: skip
     place = p.attention.placement
-    out["attention"] = {
-        "ulysses_all_to_all": place.ulysses_tier if p.par.ulysses > 1 else None,
-        "ring_hops": place.ring_tier if p.par.ring > 1 else None,
+    out["attention"] = AttentionTiers(
+        ulysses_all_to_all=place.ulysses_tier if p.par.ulysses > 1 else None,
+        ring_hops=place.ring_tier if p.par.ring > 1 else None,
         **attributes(place, "ring_crossing_hops nodes"),
-    }
+    )
     return out
 
 
-def to_json(result: PlanResult) -> dict[str, Any]:
-    """The result as a JSON-serialisable dict (the `--json` answer)."""
+def plan_report(result: PlanResult) -> PlanReport:
+    """The typed answer (`--json` is its `model_dump(mode="json")`, schema_version first)."""
     r, m, counts = result.request, result.model, result.counts
     winner, shortest = result.winner, result.shortest_cp
     ranked = {id(p): i + 1 for i, p in enumerate(result.feasible)}
-    return {
-        "schema_version": JSON_SCHEMA_VERSION,
-        "inputs": {
-            "model": m.to_dict(),
-            "parameters": m.total_params,
-            **attributes(r, "seq_len gpus", gpus_per_node=result.gpus_per_node),
-            "hardware": result.profile.name,
-            "memory_capacity_bytes": result.profile.memory_bytes,
-            "reserve_bytes": result.reserve_bytes,
-            "dtype": canonical_dtype(r.dtype),
-            **attributes(r, "kernel zero micro_batch", global_batch=result.global_batch),
-            "recompute": r.recompute or "search",
-            "framework": r.framework,
-            "attention_factor": (r.attention_factor if r.attention_factor is not None
-                                 else framework_attention(r.framework).factor),
-            **attributes(r, "linears fabric memory_margin rank_by"),
-            **(attributes(r, "lengths seed") if r.lengths is not None else {}),
-            "matmul_efficiency": result.efficiency.value,
-            "matmul_efficiency_source": result.efficiency.source,
-        },
-        "feasible": [_plan_json(p, i + 1, result.profile.memory_bytes)
-                     for i, p in enumerate(result.feasible)],
-        "rejected": [
-            attributes(x, "label kind rule", memory_bytes=x.total_bytes, max_seq_len=x.max_seq_len)
-            for x in result.rejected
+    inputs = PlanInputs(
+        model=m.to_dict(),
+        parameters=m.total_params,
+        **attributes(r, "seq_len gpus", gpus_per_node=result.gpus_per_node),
+        hardware=result.profile.name,
+        memory_capacity_bytes=result.profile.memory_bytes,
+        reserve_bytes=result.reserve_bytes,
+        dtype=canonical_dtype(r.dtype),
+        **attributes(r, "kernel zero micro_batch", global_batch=result.global_batch),
+        recompute=r.recompute or "search",
+        framework=r.framework,
+        attention_factor=(r.attention_factor if r.attention_factor is not None
+                          else framework_attention(r.framework).factor),
+        **attributes(r, "linears fabric memory_margin rank_by"),
+        **(attributes(r, "lengths seed") if r.lengths is not None else {}),
+        matmul_efficiency=result.efficiency.value,
+        matmul_efficiency_source=result.efficiency.source,
+    )  # fmt: skip
+    return PlanReport(
+        inputs=inputs,
+        feasible=[_feasible_entry(p, i + 1, result.profile.memory_bytes)
+                  for i, p in enumerate(result.feasible)],
+        rejected=[
+            RejectedPlan.of(x, memory_bytes=x.total_bytes) for x in result.rejected
         ],
-        "winner": ranked[id(winner)] if winner is not None else None,
-        "shortest_cp": (
-            {"cp": shortest.par.cp, "rank": ranked.get(id(shortest)),
-             "label": shortest.par.label(), "step_s": shortest.time.total_s}
+        winner=ranked[id(winner)] if winner is not None else None,
+        shortest_cp=(
+            ShortestCp(cp=shortest.par.cp, rank=ranked.get(id(shortest)),
+                       label=shortest.par.label(), step_s=shortest.time.total_s)
             if shortest is not None else None
         ),
-        "frameworks": [
-            attributes(f, "framework expressible settings note") for f in result.frameworks
-        ],
-        "search": (
-            attributes(counts, "enumerated rejected_by_rule rejected_by_memory feasible priced "
-                       "pruned meshes_priced", kept=r.keep)  # fmt: skip
-            if counts is not None else None
+        frameworks=[PlanFramework.of(f) for f in result.frameworks],
+        search=(
+            SearchSummary.of(counts, kept=r.keep) if counts is not None else None
         ),
-        **({"documents": _documents_json(result.documents)} if result.documents else {}),
-        "notes": list(result.notes),
-        "conventions": dict(CONVENTIONS),
-    }
-
-
-def _documents_json(d: PackedDocuments) -> dict[str, Any]:
-    """`--lengths`: the documents of each sequence and the step on one sequence."""
-    return attributes(d, "source seed count mean longest") | {
-        "lengths": list(d.lengths),
-        **attributes(d, "single_step_s single_label"),
-    }
+        documents=(DocumentsSummary.of(result.documents, lengths=list(result.documents.lengths))
+                   if result.documents else None),
+        notes=list(result.notes),
+        conventions=dict(CONVENTIONS),
+    )  # fmt: skip

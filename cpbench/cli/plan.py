@@ -74,5 +74,5 @@ def plan(
     result = service.plan_training(request)
     from cpbench.render import plan as render  # noqa: PLC0415  (keeps start-up light)
 
-    emit(service.to_json(result) if as_json else None, as_json,
+    emit(service.plan_report(result).model_dump(mode="json") if as_json else None, as_json,
          lambda: render.render_plan(result, top))  # fmt: skip

@@ -13,6 +13,7 @@ from typing import Any
 
 import pandas as pd
 
+from cpbench.app.plan_schema import PlanReport
 from cpbench.app.report.data import ComparisonData, ReportData
 from cpbench.app.report.dynamic import dynamic_frame
 from cpbench.app.report.inference import inference_frame
@@ -88,13 +89,13 @@ def build_report(
     )
 
 
-def _plan(request: Any) -> dict[str, Any] | None:
+def _plan(request: Any) -> PlanReport | None:
     """The whole-model plan's answer, None without a request."""
     if request is None:
         return None
     from cpbench.app import plan as planner  # noqa: PLC0415
 
-    return planner.to_json(planner.plan_training(request))
+    return planner.plan_report(planner.plan_training(request))
 
 
 def build_comparison(

@@ -9,6 +9,7 @@ from typing import Any
 
 import pandas as pd
 
+from cpbench.app.plan_schema import PlanReport
 from cpbench.app.report.work import WorkFit
 
 NO_PROFILE_NOTE = "no hardware profile available"
@@ -88,8 +89,8 @@ class ReportData:
     """Why a section is empty or a model part is missing (for the CLI to show)."""
     work: list[WorkFit] = field(default_factory=list)
     """Packed documents: per-rank predicted work against measured compute, per phase."""
-    plan: dict[str, Any] | None = None
-    """The whole-model plan (`cpbench.app.plan.to_json`) when a model was given."""
+    plan: PlanReport | None = None
+    """The whole-model plan (`cpbench.app.plan.plan_report`) when a model was given."""
     inference: pd.DataFrame | None = None
     """The inference records (prefill, decode), one row each
     (`cpbench.app.report.inference.inference_frame`); None when there are none. `frame`

@@ -211,19 +211,17 @@ def plan_sections(report: ReportData) -> list[Section]:
     plan = report.plan
     if plan is None:
         return []
-    inputs, conventions = plan["inputs"], plan["conventions"]
-    feasible = pd.DataFrame(plan["feasible"])
-    model = inputs.get("model", "")
-    name = model.get("name", "") if isinstance(model, dict) else model
+    inputs, conventions = plan.inputs, plan.conventions
+    feasible = pd.DataFrame([p.model_dump() for p in plan.feasible])
     explain = (
-        f"{name} at L = {inputs.get('seq_len', '')} on "
-        f"{inputs.get('gpus', '')} GPUs ({inputs.get('hardware', '')}): every TP x CP x PP x DP "
-        f"x recompute plan that fits, fastest first. Step in seconds per optimizer step (the "
-        f"plan's parts: {conventions.get('time', '')}); "
-        f"{conventions.get('mfu', '')}; {conventions.get('memory', '')}."
+        f"{inputs.model.get('name', '')} at L = {inputs.seq_len} on {inputs.gpus} GPUs "
+        f"({inputs.hardware}): every TP x CP x PP x DP x recompute plan that fits, fastest "
+        f"first. Step in seconds per optimizer step (the plan's parts: "
+        f"{conventions.get('time', '')}); {conventions.get('mfu', '')}; "
+        f"{conventions.get('memory', '')}."
     )
     note = None if not feasible.empty else "No plan fits: see the rejected plans."
-    rejected = pd.DataFrame(plan["rejected"])
+    rejected = pd.DataFrame([x.model_dump() for x in plan.rejected])
     sections = [
         Section(
             "plan", "Whole-model plan", explain, note=note,
