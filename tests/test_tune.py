@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -163,9 +164,22 @@ def test_an_oracle_of_another_problem_is_refused(tmp_path: Path) -> None:
     assert "none of its" in res.stderr and "candidates of this problem" in res.stderr
 
 
-def test_cli_tune_measures_here_and_resumes_without_measuring_again(tmp_path: Path) -> None:
+def test_cli_tune_measures_here_and_resumes_without_measuring_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """On the CPU (2 gloo ranks): each measurement is a checked, timed sweep record appended to
-    --out; run again with --resume, the tune takes them from the file and measures nothing."""
+    --out, all of them on one pool of ranks spawned once; run again with --resume, the tune
+    takes them from the file and measures nothing (and spawns no rank)."""
+    from cpbench.bench import pool as pool_module  # noqa: PLC0415
+
+    pools: list[pool_module.WorkerPool] = []
+
+    class CountedPool(pool_module.WorkerPool):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            pools.append(self)
+
+    monkeypatch.setattr(pool_module, "WorkerPool", CountedPool)
     out = tmp_path / "tune.jsonl"
     problem = ["--heads", "4", "--kv-heads", "2", "--head-dim", "16", "--seq-len", "256",
                "--gpus", "2", "--hardware", "cpu-local", "--dtype", "float32", "--out", str(out)]  # fmt: skip
@@ -176,9 +190,11 @@ def test_cli_tune_measures_here_and_resumes_without_measuring_again(tmp_path: Pa
     assert report["runs"] == len(records) >= 1 and report["oracle"] is None
     assert all(r["status"] == "ok" and r["accuracy"]["passed"] for r in records)
     assert report["pick_measured"] and report["measured_seconds"] > 0
+    assert report["runs"] >= 2 and [p.spawns for p in pools] == [1]  # one spawn for them all
     again = runner.invoke(app, ["tune", *problem, "--json"])
     assert again.exit_code == 2 and "pass --resume" in again.stderr, again.output
     resumed = runner.invoke(app, ["tune", *problem, "--resume", "--json"])
     assert resumed.exit_code == 0, resumed.output
     assert json.loads(resumed.stdout)["pick"] == report["pick"]
     assert len(out.read_text().splitlines()) == len(records)  # nothing measured twice
+    assert sum(p.spawns for p in pools) == 1

@@ -175,11 +175,14 @@ def run_sweep(
     task: Callable[..., RankMeasurement] | None = None,
     precision: float | None | Literal["scenario"] = "scenario",
     separate_ties: bool = False,
+    pool: World | None = None,
 ) -> SweepResult:
     """Run the scenario; append a record per configuration to `out` as soon as it ends.
 
     `respawn_each` re-spawns the ranks for every configuration (to measure what the persistent
-    pool saves); `task` replaces `measure_config` (tests inject failures through it).
+    pool saves); `task` replaces `measure_config` (tests inject failures through it). `pool`:
+    the ranks to run on, left open for the caller's next sweep (`cpbench tune` measures its
+    candidates one sweep each on one pool); None: the sweep starts its own and closes them.
 
     In a launched world (torchrun, srun) every rank runs this loop; rank 0 writes, and before
     each configuration it writes an in-flight marker (`<out>.inflight`): should the job die
@@ -227,7 +230,9 @@ def run_sweep(
         else:
             lock.acquire()
             done = _prepare_output(out, resume)
-            world = WorkerPool(WorldSpec(world_size, device))
+            world = pool if pool is not None else WorkerPool(WorldSpec(world_size, device))
+        owned = launched or pool is None
+        spawned_before = getattr(world, "spawns", 0)
 
         held: list[ResultRecord] = []
         block: list[Any] = [None]
@@ -334,11 +339,13 @@ def run_sweep(
             # records the configuration as failed (INFLIGHT_ERROR), as if the job had died.
             if launched and writer and result.signal == signal.SIGINT:
                 clear_inflight(out)
-            world.close(force=True)
+            if owned:
+                world.close(force=True)
         finally:
-            world.close()
+            if owned:
+                world.close()
             result.wall_seconds = time.perf_counter() - started
-            result.spawns = getattr(world, "spawns", 0)
+            result.spawns = getattr(world, "spawns", 0) - spawned_before
         return result
 
 

@@ -134,9 +134,12 @@ def tune_by_measuring(
     """Tune `request`'s candidates by measuring each the loop asks for here, as `cpbench sweep`
     does (checked against the reference, timed, bytes counted), its record appended to `out`
     (default results/tune-<time>.jsonl); with `resume` a candidate `out` already measured is
-    taken from it. Returns the run and the records written now (the CLI judges them)."""
+    taken from it. Every measurement runs on one pool of ranks, started once (a launched world:
+    on the launched ranks). Returns the run and the records written now (the CLI judges them)."""
     from cpbench.app.recommend.scenario import candidates_scenario  # noqa: PLC0415
     from cpbench.app.sweep import run_sweep  # noqa: PLC0415
+    from cpbench.bench.pool import WorkerPool, WorldSpec  # noqa: PLC0415
+    from cpbench.bench.world import launched_by_torchrun  # noqa: PLC0415
     from cpbench.results.scenarios.loading import parse_scenario  # noqa: PLC0415
 
     rec = recommend_mesh(replace(request, top=0))
@@ -152,20 +155,30 @@ def tune_by_measuring(
     written: list[dict[str, Any]] = []
     # what an earlier run of this tune measured (--resume), read once
     before = measurements_from_records(read_records([out])) if _has_records(out) else []
+    # started by the first measurement (none when --resume has them all), closed at the end
+    pool = None if launched_by_torchrun() else WorkerPool(WorldSpec(rec.sizes.cp, device))
 
     def measure(i: int) -> Measured | None:
         done = matching_measurement(candidates[i].candidate, before)
         if done is not None:
             return Measured(done.median_s, 0.0)  # measured before this run: free now
         scenario = parse_scenario(candidates_scenario(rec, [rec.ranked[i]]), "<cpbench tune>")
-        result = run_sweep(scenario, device, rec.sizes.cp, out, resume=_has_records(out))
+        result = run_sweep(scenario, device, rec.sizes.cp, out, resume=_has_records(out),
+                           pool=pool)
         written.extend(result.records)
         if result.interrupted:
             raise KeyboardInterrupt  # every record so far is in `out`: --resume continues
         m = matching_measurement(candidates[i].candidate, measurements_from_records(result.records))
         return None if m is None else Measured(m.median_s, result.wall_seconds)
 
-    outcome = tune_loop(candidates, measure, rec.profile, settings)
+    try:
+        outcome = tune_loop(candidates, measure, rec.profile, settings)
+    except BaseException:  # Ctrl-C in a measurement: its ranks may be mid-task
+        if pool is not None:
+            pool.close(force=True)
+        raise
+    if pool is not None:
+        pool.close()
     return TuneRun(rec, candidates, outcome, None), written
 
 
