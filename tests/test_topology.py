@@ -19,6 +19,7 @@ from cpbench.model.topology import (
     levels,
     meet_level,
     place,
+    ring_gather_time,
     ring_hop_time,
     tiers_from_matrix,
 )
@@ -72,6 +73,25 @@ def test_ring_hop_pays_the_crossed_tier_shared_by_the_crossers() -> None:
     assert strided.bound_by == "socket"
     assert strided.seconds == pytest.approx(socket.latency_s + 2 * size / (4 * socket.busbw))
     assert strided.seconds > pure.seconds
+
+
+def test_ring_gather_pays_the_crossed_tier_shared_by_the_ring() -> None:
+    """The all-gather CP scheme's K/V gather: each ring rank sends S / (R - 1) to every other
+    member of its ring. R = 8 over 2 switches: per switch, 4 ranks x 4 peers across x S/7 over
+    the 4 GPUs' uplink, 4/7 S / busbw_socket (the all-to-all of U = 8, the same flows). Rings
+    {0,2,4,6} and {1,3,5,7} (U = 2): 4 ranks x 2 across x S/3 over it, 2/3 S / busbw_socket."""
+    prof = load_profile("l40s-pcie-2x4")
+    socket = prof.node_tiers()[1].all_to_all
+    size = 70 * MB
+    whole = ring_gather_time(place(1, 8, prof), size)
+    assert whole.bound_by == "socket"
+    assert whole.seconds == pytest.approx(socket.latency_s + 4 / 7 * size / socket.busbw)
+    assert whole.seconds == pytest.approx(all_to_all_time(place(8, 1, prof), size).seconds)
+    strided = ring_gather_time(place(2, 4, prof), size)
+    assert strided.seconds == pytest.approx(socket.latency_s + 2 / 3 * size / socket.busbw)
+    # U = 4 keeps each Ulysses group under a switch, so every ring of 2 crosses the socket
+    assert ring_gather_time(place(4, 2, prof), size).bound_by == "socket"
+    assert ring_gather_time(place(8, 1, prof), size).seconds == 0.0  # no ring: no gather
 
 
 @dataclass(frozen=True)

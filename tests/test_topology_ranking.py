@@ -15,8 +15,9 @@ from cpbench.cli.main import app
 from cpbench.config.constraints import AttentionShape
 from cpbench.config.problem import MeshCandidate
 from cpbench.model.cost.prediction import predict
+from cpbench.model.formulas import comm_volume
 from cpbench.model.hardware.loading import load_profile
-from cpbench.model.topology import describe
+from cpbench.model.topology import describe, place, ring_gather_time
 from tests.golden import assert_same_document
 
 LENGTHS = (32768, 65536, 131072)
@@ -68,12 +69,29 @@ def test_recommend_on_the_pcie_profile_does_not_pick_pure_ulysses() -> None:
     assert (rec.winner.prediction.candidate.ulysses, rec.winner.prediction.candidate.ring) != (8, 1)
 
 
+def test_an_all_gather_is_priced_on_its_rings_tiers() -> None:
+    """On a `[topology]` profile the all-gather scheme's K/V gather is priced on the levels its
+    rings cross (`ring_gather_time`), with a level on each linear piece, not on the flat
+    intra-node link: a 1x8 ring over two PCIe switches is bound by the socket."""
+    profile = load_profile("l40s-pcie-2x4")
+    candidate = MeshCandidate(seq_len=65536, heads=32, kv_heads=8, head_dim=128, ulysses=1,
+                              ring=8, layout="zigzag", cp_comm="all_gather", phase="fwd")  # fmt: skip
+    p = predict(candidate, profile, memory=False)
+    gather = next(c for c in comm_volume(candidate).collectives("forward") if c.name == "ag_kv")
+    one = ring_gather_time(place(1, 8, profile), gather.bytes_sent // gather.calls)
+    assert one.bound_by == "socket"
+    assert p.forward.ring_comm_s == pytest.approx(gather.calls * one.seconds, rel=1e-9)
+    pieces = [t for t in p.comm_terms if t.phase == "forward" and t.kind == "all_to_all"]
+    assert pieces and all(t.level is not None for t in pieces)
+    flat = profile.link("intra_node").all_to_all.seconds(gather.bytes_sent // gather.calls, 1, 1)
+    assert one.seconds > 1.5 * flat  # the flat link's price was the wrong one
+
+
 def test_the_explanation_names_the_tier_that_bounds_each_collective() -> None:
     from cpbench.render.recommend.explanation import why_lines  # noqa: PLC0415
 
     profile = load_profile("l40s-pcie-2x4")
-    # p2p exchanges: an all-gather's K/V gather is still priced on the flat link of a
-    # topology profile (its CommTerm has no level), a gap this test does not cover
+    # p2p exchanges (an all-gather's bounds: test_an_all_gather_is_priced_on_its_rings_tiers)
     rec = recommend_mesh(
         RecommendRequest(heads=32, kv_heads=8, seq_len=32768, hardware="l40s-pcie-2x4", top=0,
                          cp_comms=("p2p",))  # fmt: skip
@@ -100,8 +118,11 @@ GOLDEN = Path(__file__).resolve().parent / "fixtures" / "placement_json.jsonl"
 """`cpbench recommend|plan ARGS --json` captured before the five placement models became one
 (cpbench/model/topology.py; `{"args": [...], "json": {...}}` a line): flat and `[topology]`
 profiles, a TP-strided mesh, 64 GPUs, a fabric. Only the inference on a `[topology]` profile
-(l40s-pcie-2x4) was re-captured after: it used to ignore the topology; and the recommend
-answers when the pick became the likeliest fastest (issue 40: it was named by tie-breaks)."""
+(l40s-pcie-2x4) was re-captured after: it used to ignore the topology; the recommend
+answers when the pick became the likeliest fastest (issue 40: it was named by tie-breaks); and
+the two `[topology]` recommend answers when the all-gather scheme's gather was priced on the
+levels its rings cross (it was on the flat intra-node link: 4x4 all-gather won on l40s-pcie-2x4
+at 0.753 s, the p2p USP at 0.763 s now wins)."""
 
 
 @pytest.mark.parametrize(

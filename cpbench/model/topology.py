@@ -328,17 +328,28 @@ def _time(
 def all_to_all_time(placement: TopologyPlacement, bytes_sent: float) -> CollectiveTime:
     """One all-to-all over every Ulysses group at once; `bytes_sent` per rank, own part
     excluded (formulas.py's counting)."""
-    u = placement.ulysses
-    if u == 1 or bytes_sent <= 0:
+    groups = [placement.ulysses_group(j) for j in range(placement.ring)]
+    return _group_exchange(placement, groups, bytes_sent)
+
+
+def ring_gather_time(placement: TopologyPlacement, bytes_sent: float) -> CollectiveTime:
+    """One all-gather (or reduce-scatter) over every ring group at once, the all-gather CP
+    scheme's K/V gather (dK/dV reduce-scatter); `bytes_sent` per rank, own part excluded
+    (formulas.py's counting). Priced on the all-to-all cost, as on a flat profile."""
+    groups = [placement.ring_group(u) for u in range(placement.ulysses)]
+    return _group_exchange(placement, groups, bytes_sent)
+
+
+def _group_exchange(
+    placement: TopologyPlacement, groups: Sequence[tuple[int, ...]], bytes_sent: float
+) -> CollectiveTime:
+    """Every member of each group sends an equal share of `bytes_sent` to every other member,
+    all groups at once."""
+    size = len(groups[0]) if groups else 1
+    if size == 1 or bytes_sent <= 0:
         return CollectiveTime(0.0, 0.0, (), -1)
-    share = bytes_sent / (u - 1)
-    flows = [
-        (a, b, share)
-        for j in range(placement.ring)
-        for a in placement.ulysses_group(j)
-        for b in placement.ulysses_group(j)
-        if a != b
-    ]
+    share = bytes_sent / (size - 1)
+    flows = [(a, b, share) for group in groups for a in group for b in group if a != b]
     return _time(placement.tiers, "all_to_all", flows)
 
 

@@ -22,6 +22,7 @@ from cpbench.model.topology import (
     Placement,
     TopologyPlacement,
     all_to_all_time,
+    ring_gather_time,
     ring_hop_time,
 )
 
@@ -303,6 +304,17 @@ def _ring_tier_call(
     return seconds, CommTerm(tier, kind, phase, 1, float(nbytes * link.devices_per_nic))
 
 
+def _gather_call(ctx: Context, phase: Pass, nbytes: int) -> tuple[float, list[CommTerm]]:
+    """One all-gather or reduce-scatter of `nbytes` per rank over the ring axis, with its linear
+    pieces: on a topology every ring group at once over the levels it crosses
+    (`topology.ring_gather_time`), else the ring tier's all-to-all cost."""
+    if ctx.topology is not None:
+        timed = ring_gather_time(ctx.topology, nbytes)
+        return timed.seconds, _level_terms(ctx.topology, timed, "all_to_all", phase)
+    seconds, term = _ring_tier_call(ctx, "all_to_all", phase, nbytes)
+    return seconds, [term]
+
+
 def _gather_phase_time(ctx: Context, phase: Pass) -> tuple[PhaseTime, tuple[CommTerm, ...]]:
     """One phase of the all-gather scheme: G strides of equal work, the first gather behind
     the own chunk of stride 0 only, each later gather (and backward each reduce-scatter but
@@ -335,8 +347,8 @@ def _gather_phase_time(ctx: Context, phase: Pass) -> tuple[PhaseTime, tuple[Comm
     gather_bytes, rs_bytes = (
         named[n].bytes_sent // named[n].calls if n in named else 0 for n in ("ag_kv", "rs_dkv")
     )
-    gather_s, gather_term = _ring_tier_call(ctx, "all_to_all", phase, gather_bytes)
-    terms = [gather_term] * strides
+    gather_s, gather_terms = _gather_call(ctx, phase, gather_bytes)
+    terms = gather_terms * strides
     overlap = profile.overlap
     # the first gather travels while the own chunk of stride 0 is computed on, then waits
     total = max(own, gather_s) + (1 - overlap) * min(own, gather_s)
@@ -344,8 +356,8 @@ def _gather_phase_time(ctx: Context, phase: Pass) -> tuple[PhaseTime, tuple[Comm
     hidden = min(own, gather_s)
     rs_s = 0.0
     if rs_bytes:
-        rs_s, rs_term = _ring_tier_call(ctx, "all_to_all", phase, rs_bytes)
-        terms += [rs_term] * strides
+        rs_s, rs_terms = _gather_call(ctx, phase, rs_bytes)
+        terms += rs_terms * strides
         comm += rs_s * strides
     # Forward (allgather.py): stride g + 1's gather is posted after stride g's own chunk and
     # waited for after its own, so it travels behind the rest of stride g and the own chunk of
