@@ -232,7 +232,9 @@ def run_sweep(
             done = _prepare_output(out, resume)
             world = pool if pool is not None else WorkerPool(WorldSpec(world_size, device))
         owned = launched or pool is None
-        spawned_before = getattr(world, "spawns", 0)
+        # a lent pool's earlier spawns are not this sweep's (a launched world counts its own
+        # start, made before this point)
+        spawned_before = 0 if owned else getattr(world, "spawns", 0)
 
         held: list[ResultRecord] = []
         block: list[Any] = [None]
