@@ -343,9 +343,9 @@ def ring_gather_time(placement: TopologyPlacement, bytes_sent: float) -> Collect
 def _group_exchange(
     placement: TopologyPlacement, groups: Sequence[tuple[int, ...]], bytes_sent: float
 ) -> CollectiveTime:
-    """Every member of each group sends an equal share of `bytes_sent` to every other member,
-    all groups at once."""
-    size = len(groups[0]) if groups else 1
+    """Every member of each group (all of one size) sends an equal share of `bytes_sent` to
+    every other member, all groups at once."""
+    size = len(groups[0])
     if size == 1 or bytes_sent <= 0:
         return CollectiveTime(0.0, 0.0, (), -1)
     share = bytes_sent / (size - 1)
