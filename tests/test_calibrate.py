@@ -432,6 +432,26 @@ def test_calibrate_report_names_the_prior_and_warns_on_an_unknown_gpu(
     assert cpu.warnings == []
 
 
+def test_a_table_naming_one_profile_starts_from_it(tmp_path: Path) -> None:
+    """The profile column (docs/cost-model.md) sets the prior of `calibrate` and `validate` on
+    one machine's table, as it does for `validate --published`; before, the rows of yunchang's
+    L20 node were fitted from h100-sxm (the default), not the l40s-pcie-2x4 they name; a given
+    --hardware still wins, and a table naming two profiles takes the GPU's."""
+    shipped = Path("cpbench/data/published/yunchang_pcie.csv").read_text().splitlines()
+    l20 = [shipped[0], *(line for line in shipped[1:] if "l40s-pcie-2x4" in line)]
+    path = tmp_path / "l20.csv"
+    path.write_text("\n".join(l20[:9]) + "\n")  # 8 rows: a holdout fit of 4 stays quick
+    report = validate_results([str(path)])
+    assert report.prior_choice.name == "l40s-pcie-2x4" and report.profile == "l40s-pcie-2x4"
+    assert report.prior_choice.reason == "named by the rows' profile column"
+    assert "NVIDIA L20" in (report.prior_choice.warning or "")
+    holdout = validate_results([str(path)], holdout=True)
+    assert holdout.prior == "l40s-pcie-2x4"
+    assert validate_results([str(path)], hardware="a100-80gb").prior_choice.name == "a100-80gb"
+    both = validate_results(["cpbench/data/published/yunchang_pcie.csv"])
+    assert both.prior_choice.name == "h100-sxm"
+
+
 def test_validate_calls_a_regret_within_the_noise_a_tie() -> None:
     """`mark_ties`: a group whose chosen configuration's 95% interval overlaps the measured
     best's is a tie; one clearly slower is not."""

@@ -34,7 +34,7 @@ from cpbench.model.calibrate import (
     validate_profile,
 )
 from cpbench.model.calibrate.measurements import default_prior, measurement_from_record
-from cpbench.model.calibrate.table import is_table, measurements_from_table
+from cpbench.model.calibrate.table import is_table, read_table_rows
 from cpbench.model.hardware.file_schema import save_profile
 from cpbench.model.hardware.loading import load_profile
 from cpbench.model.hardware.profile import HardwareProfile
@@ -44,22 +44,28 @@ from cpbench.results.store import status_summary
 def _measurements_and_prior(
     paths: Sequence[str], hardware: str | None, job: str
 ) -> tuple[list[Measurement], HardwareProfile, PriorChoice, list[str]]:
-    """The usable measurements of `paths`, the profile to start from (given, or the built-in
-    profile of the GPU the records name) and how it was chosen (`prior_choice` of the report:
+    """The usable measurements of `paths`, the profile to start from (given, the one every
+    table row names, or the built-in profile of the GPU the records name) and how it was chosen (`prior_choice` of the report:
     name, reason, warning); CpbenchError when no record is usable."""
     tables = [p for p in paths if is_table(Path(p))]
     record_files = [p for p in paths if p not in tables]
     records = load_results(record_files) if record_files else []
     measurements = measurements_from_records(records)
+    named: set[str] = set()  # the profiles the tables' rows name (docs/cost-model.md)
     for table in tables:
-        measurements += measurements_from_table(Path(table))
+        for row_id, row in read_table_rows(Path(table)):
+            measurements.append(row.measurement(row_id))
+            named.add(row.profile)
     if not measurements:
         raise CpbenchError(
             f"no usable records in {', '.join(paths)}: {status_summary(records)}; {job} needs "
             f"status 'ok' records with a feasible config and timing.median, or table rows "
             f"(docs/cost-model.md)"
         )
-    choice = default_prior(measurements, hardware)
+    # A table whose every row names one profile starts from it, as `validate --published` does
+    choice = default_prior(
+        measurements, hardware, named.pop() if len(named) == 1 and not records else ""
+    )
     chosen = PriorChoice(name=choice.name, reason=choice.reason, warning=choice.warning)
     unused = [r for r in records if measurement_from_record(r) is None]
     warnings = [w for w in (choice.warning, _unused_note(unused, len(records))) if w]

@@ -132,9 +132,20 @@ def as_measurements(
     return measurements_from_records(cast("list[Mapping[str, Any]]", items))
 
 
-def default_prior(measurements: Sequence[Measurement], given: str | None = None) -> ProfileChoice:
+def default_prior(
+    measurements: Sequence[Measurement], given: str | None = None, named: str = ""
+) -> ProfileChoice:
     """The profile a calibration on these measurements starts from (`choose_profile`): the one
-    given, cpu-local for CPU measurements, else that of the GPUs the records name."""
+    given, else the one a table's rows name in their profile column (`named`: their GPU has no
+    profile), cpu-local for CPU measurements, else that of the GPUs the records name."""
+    if named and not given:
+        names = ", ".join(sorted({n for m in measurements for n in m.device_names}))
+        return ProfileChoice(
+            named,
+            "named by the rows' profile column",
+            f"no built-in hardware profile describes {names}: the rows name {named} as the "
+            f"closest (its link numbers are not this machine's)",
+        )
     cpu = bool(measurements) and all(m.device == "cpu" for m in measurements)
     gpu = [m for m in measurements if m.device != "cpu"] or list(measurements)
     return choose_profile([name for m in gpu for name in m.device_names], cpu=cpu, given=given)

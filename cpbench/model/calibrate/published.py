@@ -16,7 +16,7 @@ from cpbench.model.calibrate.fit import fit_profile
 from cpbench.model.calibrate.measurements import Measurement, default_prior
 from cpbench.model.calibrate.table import read_table_rows
 from cpbench.model.calibrate.validation import validation_rows, validation_summary
-from cpbench.model.hardware.loading import ProfileChoice, load_profile
+from cpbench.model.hardware.loading import load_profile
 
 
 def published_table() -> Path:
@@ -87,15 +87,7 @@ def validate_machine(
     """The prior's and (with `leave_one_group_out`) the leave-one-group-out calibrated scores
     on one machine's rows; the prior is `profile` when the rows name one (their GPU has no
     profile), else the GPU's."""
-    choice = default_prior(measurements)
-    if profile:
-        names = ", ".join(sorted({n for m in measurements for n in m.device_names}))
-        choice = ProfileChoice(
-            profile,
-            "named by the rows' profile column",
-            f"no built-in hardware profile describes {names}: the rows name {profile} as the "
-            f"closest (its link numbers are not this machine's)",
-        )
+    choice = default_prior(measurements, named=profile)
     prior = load_profile(choice.name)
     prior_scores = _scores(measurements, validation_rows(measurements, prior))
     groups: dict[Any, list[Measurement]] = {}
