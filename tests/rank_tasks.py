@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import threading
 import time
 from typing import Any
@@ -70,6 +71,11 @@ def sleep_then_rank(seconds: float) -> int:
 
     time.sleep(seconds)
     return dist.get_rank()
+
+
+def imported(module: str) -> bool:
+    """Whether this rank has imported `module`."""
+    return module in sys.modules
 
 
 def process_and_environment(name: str) -> dict[str, Any]:

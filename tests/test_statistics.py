@@ -27,7 +27,7 @@ from cpbench.model.ties import (
 )
 
 
-@pytest.mark.parametrize("n", [6, 10, 20, 50, 101])
+@pytest.mark.parametrize("n", [6, 10, 20, 50, 101, 1000])
 def test_rank_bounds_cover_at_least_95_percent_and_are_the_tightest(n: int) -> None:
     j, k = median_rank_bounds(n)  # type: ignore[misc]
     coverage = 1 - 2 * binom.cdf(j - 1, n, 0.5)

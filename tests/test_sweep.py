@@ -7,7 +7,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
@@ -17,6 +19,9 @@ from cpbench.results.scenarios.loading import load_scenario
 from cpbench.results.schema import SCHEMA_VERSION
 from cpbench.results.store import SOURCE_KEY, read_records, read_results, records_frame
 from tests import rank_tasks
+
+if TYPE_CHECKING:
+    from cpbench.bench.pool import WorkerPool
 
 TINY = """
 name = "tiny"
@@ -51,7 +56,9 @@ def _scenario(  # type: ignore[no-untyped-def]
     return path
 
 
-def test_sweep_records_every_point_with_equal_bytes(tmp_path: Path, lend_the_session_pool: None) -> None:
+def test_sweep_records_every_point_with_equal_bytes(
+    tmp_path: Path, lend_the_session_pool: None, pool: Callable[[int], WorkerPool]
+) -> None:
     path = _scenario(tmp_path, kv_heads="[4, 1]", phase='["fwd", "fwd+bwd"]')
     scenario = load_scenario(str(path))
     out = tmp_path / "r.jsonl"
@@ -80,6 +87,9 @@ def test_sweep_records_every_point_with_equal_bytes(tmp_path: Path, lend_the_ses
         assert ("bwd" in r["comm"]["analytic_bytes"]) == (r["config"]["phase"] == "fwd+bwd")
     # KV replication was used where U (2) > kv_heads (1).
     assert {r["config"]["kv_replication"] for r in records if r["config"]["ulysses"] == 2} == {1, 2}
+    # The ranks measured (medians and their intervals) without scipy: its import cost each
+    # rank most of a second before it could say "ready".
+    assert pool(2).run(rank_tasks.imported, "scipy.stats", timeout=60) == [False, False]
     frame = records_frame(records)
     assert len(frame) == len(records) and set(frame["status"]) == {"ok"}
     assert (frame["seq_len"] == 64).all()

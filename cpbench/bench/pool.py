@@ -69,11 +69,10 @@ FORKSERVER_PRELOAD = (
     "torch",
     "torch.distributed",
     "torch.fx.experimental.symbolic_shapes",
-    "scipy.stats",
     "cpbench.bench.measure",
     "cpbench.bench.environment",
 )
-"""What the forkserver of CPU ranks imports once (seconds: torch, scipy's statistics, sympy),
+"""What the forkserver of CPU ranks imports once (seconds: torch, sympy),
 so that each rank it forks starts in a fraction of a second instead of importing them again.
 The same modules a spawned rank imports before it says "ready"."""
 
@@ -175,10 +174,10 @@ def _worker_main(
         timeout=datetime.timedelta(seconds=600),
         **extra,
     )
-    # The measurement's modules (scipy's statistics among them: seconds on a loaded machine) are
-    # imported before "ready", so a configuration's --timeout times the configuration, not a
-    # fresh rank's imports; so is the module torch's first `backward(grad)` imports
-    # (autograd's `_make_grads` -> symbolic_shapes -> sympy: 1-5 s).
+    # The measurement's modules (seconds on a loaded machine) are imported before "ready", so
+    # a configuration's --timeout times the configuration, not a fresh rank's imports; so is
+    # the module torch's first `backward(grad)` imports (autograd's `_make_grads` ->
+    # symbolic_shapes -> sympy: 1-5 s).
     for module in FORKSERVER_PRELOAD:
         importlib.import_module(module)
     from cpbench.bench.environment import rank_waiting  # noqa: PLC0415

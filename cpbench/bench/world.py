@@ -183,9 +183,6 @@ class InProcessWorld:
     with the failure to record, just before the process exits."""
 
     def __init__(self, device: str, timeout: float) -> None:
-        # scipy's statistics (the median's interval) before any task, so that no configuration's
-        # timeout pays for its import (as a pool rank imports it before "ready")
-        import scipy.stats  # noqa: F401, PLC0415
         import torch  # noqa: PLC0415
         import torch.distributed as dist  # noqa: PLC0415
 

@@ -1,20 +1,19 @@
 """Intervals and ties: a measured median's 95% interval (order statistics) and a prediction's
 (lognormal sigma), two genuinely different things kept side by side, and the tie tests on
-each. Pure numpy/scipy; the rules in words: docs/cost-model.md section 1."""
+each. Pure numpy; the rules in words: docs/cost-model.md section 1."""
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Literal
 
 import numpy as np
 
 from cpbench.errors import CpbenchError
-
-# scipy.stats is imported in `median_rank_bounds` only: it costs most of a second, and every
-# reader of records imports this module for its types (a rank imports it before "ready").
 
 # ------------------------- measured: a median's distribution-free interval; ties overlap
 
@@ -58,20 +57,21 @@ ORDER_STATISTICS = "order statistics (binomial, distribution-free)"
 SAMPLE_RANGE = "sample range (too few samples for a 95% interval)"
 
 
+@functools.lru_cache(maxsize=1024)
 def median_rank_bounds(n: int, confidence: float = CONFIDENCE) -> tuple[int, int] | None:
     """1-based ranks (j, n + 1 - j) of the sorted samples bounding the median with at least
     `confidence` coverage: P(j <= B < n + 1 - j) for B ~ Binomial(n, 1/2), the largest such j;
-    None when even (1, n) covers less (n < 6 at 95%)."""
+    None when even (1, n) covers less (n < 6 at 95%).
+
+    Exact: the coverage 1 - 2 P(B <= j - 1) in integers (2^n P(B <= k) is a sum of binomial
+    coefficients), so a rank needs no scipy (its import costs a rank most of a second)."""
     if n < 1:
         return None
-    from scipy.stats import binom  # noqa: PLC0415 - see the imports
-
-    alpha = 1.0 - confidence
-    # Coverage of [x_(j), x_(n+1-j)] = 1 - 2 P(B <= j - 1).
-    j = int(binom.ppf(alpha / 2, n, 0.5))  # smallest k with P(B <= k) >= alpha / 2
-    while j >= 1 and 1 - 2 * binom.cdf(j - 1, n, 0.5) < confidence:
-        j -= 1
-    while 1 - 2 * binom.cdf(j, n, 0.5) >= confidence and j + 1 <= (n + 1) // 2:
+    miss = (1 - Fraction(confidence)) * (1 << n)  # 2^n (1 - confidence)
+    j, below, coefficient = 0, 0, 1  # below = 2^n P(B <= j - 1); coefficient = C(n, j)
+    while j + 1 <= (n + 1) // 2 and 2 * (below + coefficient) <= miss:
+        below += coefficient
+        coefficient = coefficient * (n - j) // (j + 1)
         j += 1
     if j < 1:
         return None
