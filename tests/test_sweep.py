@@ -294,24 +294,6 @@ def test_cli_run_prints_one_record_and_bad_input_exits_2(tmp_path: Path, lend_th
     assert "seq_len (60) must be divisible by" in bad.stderr
 
 
-def test_sweep_under_torchrun_uses_the_launched_world(tmp_path: Path) -> None:
-    """`torchrun -m cpbench.cli sweep` (how multi-node sweeps run): the launched processes are
-    the world; rank 0 writes every record once."""
-    path = _scenario(tmp_path, kv_heads="[4]")
-    out = tmp_path / "tr.jsonl"
-    torchrun = Path(sys.executable).with_name("torchrun")
-    from cpbench.bench.pool import _free_port  # noqa: PLC0415
-
-    port = str(_free_port())
-    cmd = [str(torchrun), "--nproc-per-node", "2", "--master-port", port, "-m", "cpbench.cli",
-           "sweep", str(path), "--out", str(out), "--device", "cpu"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    records = read_records(out)
-    assert [r["config"]["ulysses"] for r in records] == [1, 2]
-    assert all(r["status"] == "ok" and r["comm"]["match"] for r in records)
-
-
 def test_bad_output_and_timeout_fail_before_anything_runs(tmp_path: Path) -> None:
     from typer.testing import CliRunner  # noqa: PLC0415
 

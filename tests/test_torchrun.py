@@ -128,7 +128,7 @@ seq_len = [32]
 heads = [2]
 kv_heads = [2]
 head_dim = [8]
-mesh = ["1x2"]
+mesh = ["1x2", "2x1"]
 layout = ["zigzag"]
 dtype = "float32"
 phase = ["fwd"]
@@ -139,7 +139,8 @@ def test_a_scenario_without_world_size_runs_on_the_launched_world(tmp_path: Path
     """The first command on a cluster, `torchrun --nproc-per-node 2 -m cpbench.cli sweep
     small.toml`, with a scenario naming no world size and mesh 1x2: on main it stopped with
     "ulysses (1) x ring (2) = 2 != world_size (4)" (the CPU default, or the node's GPU count
-    on CUDA); the launched world (2) is the default, and the point runs and passes."""
+    on CUDA); the launched world (2) is the default, and both meshes run and pass, each
+    recorded once (rank 0 alone writes)."""
     scenario = tmp_path / "small.toml"
     scenario.write_text(SMALL)
     out = tmp_path / "small.jsonl"
@@ -149,9 +150,11 @@ def test_a_scenario_without_world_size_runs_on_the_launched_world(tmp_path: Path
         cmd, capture_output=True, text=True, timeout=240, cwd=ROOT, env=_clean_env()
     )
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
-    (record,) = read_records(out)  # rank 0 alone wrote
-    assert record["status"] == "ok" and record["config"]["world_size"] == 2
-    assert record["accuracy"]["passed"] is True
+    records = read_records(out)
+    assert [r["config"]["ulysses"] for r in records] == [1, 2]  # rank 0 alone wrote
+    for record in records:
+        assert record["status"] == "ok" and record["config"]["world_size"] == 2
+        assert record["accuracy"]["passed"] is True and record["comm"]["match"]
 
 
 def test_the_launched_world_is_the_default_world_size(tmp_path: Path) -> None:
@@ -164,9 +167,9 @@ def test_the_launched_world_is_the_default_world_size(tmp_path: Path) -> None:
     assert scenario.resolve("cpu", 0) == ("cpu", 4)
     assert scenario.resolve("cpu", 0, launched_world=2) == ("cpu", 2)
     assert scenario.resolve("cuda", 8, launched_world=16) == ("cuda", 16)
-    assert [c.world_size for c, _ in scenario.expand("cpu", 2)] == [2]
+    assert [c.world_size for c, _ in scenario.expand("cpu", 2)] == [2, 2]
     named = tmp_path / "named.toml"
-    named.write_text(SMALL.replace('mesh = ["1x2"]', 'mesh = "all"').replace(
+    named.write_text(SMALL.replace('mesh = ["1x2", "2x1"]', 'mesh = "all"').replace(
         "iters = 2", "iters = 2\nworld_size = 4"))  # fmt: skip
     with pytest.raises(CpbenchError, match=r"world_size': 4 != the launched world size \(2 "):
         load_scenario(str(named)).resolve("cpu", 0, launched_world=2)
