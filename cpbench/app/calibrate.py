@@ -45,8 +45,9 @@ def _measurements_and_prior(
     paths: Sequence[str], hardware: str | None, job: str
 ) -> tuple[list[Measurement], HardwareProfile, PriorChoice, list[str]]:
     """The usable measurements of `paths`, the profile to start from (given, the one every
-    table row names, or the built-in profile of the GPU the records name) and how it was chosen (`prior_choice` of the report:
-    name, reason, warning); CpbenchError when no record is usable."""
+    table row names, or the built-in profile of the GPU the records name) and how it was
+    chosen (`prior_choice` of the report: name, reason, warning); CpbenchError when no record
+    is usable."""
     tables = [p for p in paths if is_table(Path(p))]
     record_files = [p for p in paths if p not in tables]
     records = load_results(record_files) if record_files else []
