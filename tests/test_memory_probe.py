@@ -40,3 +40,15 @@ def test_cpu_record_names_its_sources_and_has_no_gpu_numbers() -> None:
     assert record.sources["peak_bytes"].startswith("cpu-tensor-tracker")
     expected_rss = "VmHWM" if record.rss_peak_bytes is not None else "unavailable"
     assert expected_rss in record.sources["rss_peak_bytes"]
+
+
+def test_the_tracker_is_not_wrapped_to_skip_dynamo() -> None:
+    """torch 2.13 wraps a dispatch mode's `__torch_dispatch__` in `torch._disable_dynamo`
+    unless the mode opts out; the wrapper's first call imports torch._dynamo (3.7 s idle, 17 s
+    on a loaded machine), which made the first configuration of a fresh rank time out under
+    load. The tracker opts out (nothing compiles inside it): its handler is its own function."""
+    from cpbench.bench.memory import TensorAllocationTracker  # noqa: PLC0415
+
+    handler = TensorAllocationTracker.__dict__["__torch_dispatch__"]
+    assert not hasattr(handler, "__wrapped__")
+    assert handler.__qualname__ == "TensorAllocationTracker.__torch_dispatch__"

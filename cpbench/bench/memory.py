@@ -34,6 +34,13 @@ class TensorAllocationTracker(TorchDispatchMode):
         self.current = 0
         self.peak = 0
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """No: torch (2.13) otherwise wraps `__torch_dispatch__` in `torch._disable_dynamo`,
+        whose first call imports torch._dynamo (3.7 s here, 17 s on a loaded machine) inside
+        the first configuration's timeout; nothing compiles inside this mode."""
+        return False
+
     def __torch_dispatch__(
         self,
         func: Callable[..., Any],
