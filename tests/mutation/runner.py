@@ -6,16 +6,19 @@ once per run; each mutant replaces its exact `old` text (which must occur exactl
 mutant is an error, not a pass) and the file is restored before the next. With `jobs` > 1, each
 job has its own copy and worker and takes every jobs-th run. Tests run as
 `pytest -x` in a child forked from one worker process (`tests.mutation.worker`: torch imported
-once, cpbench never before the fork) with the copy first on sys.path and no bytecode written, so
-no module of another mutant (or of the working tree) is imported. Before any mutant, the union of the
+once, cpbench never before the fork) with the copy first on sys.path, its bytecode compiled once
+and checked against each source's hash, and none written, so no module of another mutant (or of
+the working tree) is imported. Before any mutant, the union of the
 selected mutants' tests runs on the unmutated copy: a baseline that fails makes every "caught"
 meaningless, so the run stops there.
 """
 
 from __future__ import annotations
 
+import compileall
 import json
 import os
+import py_compile
 import re
 import shutil
 import subprocess
@@ -68,6 +71,12 @@ def tree_copy(root: Path = ROOT) -> Iterator[Path]:
             if source.is_file():
                 (target / name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(source, target / name)
+        # Bytecode checked against each source's hash (not its mtime and size, which a mutant
+        # of equal length written in the same second would keep): a child compiles only the
+        # mutated file, not the whole package again (0.35 s of a unit-level run's ~1 s).
+        for package in ("cpbench", "tests"):
+            compileall.compile_dir(target / package, quiet=2,
+                                   invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
         yield target
 
 
