@@ -78,6 +78,13 @@ def imported(module: str) -> bool:
     return module in sys.modules
 
 
+def collector_counts() -> tuple[int, int]:
+    """This rank's objects kept out of the cycle collector (frozen), and those it still walks."""
+    import gc  # noqa: PLC0415
+
+    return gc.get_freeze_count(), len(gc.get_objects())
+
+
 def process_and_environment(name: str) -> dict[str, Any]:
     """This rank's process id, its parent's, and its value of the environment variable `name`."""
     return {"pid": os.getpid(), "ppid": os.getppid(), "value": os.environ.get(name)}

@@ -181,7 +181,9 @@ def _worker_main(
     for module in FORKSERVER_PRELOAD:
         importlib.import_module(module)
     from cpbench.bench.environment import rank_waiting  # noqa: PLC0415
+    from cpbench.bench.memory import freeze_startup_objects  # noqa: PLC0415
 
+    freeze_startup_objects()
     results.put(("ready", rank, "ok", None))
     rank_waiting()
     while True:

@@ -235,6 +235,9 @@ class InProcessWorld:
             self._start()
         if device == "cpu":
             torch.set_num_threads(1)
+        from cpbench.bench.memory import freeze_startup_objects  # noqa: PLC0415 - torch
+
+        freeze_startup_objects()  # as a pool's rank does before it says "ready"
 
     def _generation(self) -> str:
         """This world's own key prefix in the store. The store outlives it: torchrun keeps its
