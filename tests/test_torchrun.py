@@ -26,11 +26,10 @@ from cpbench.results.store import inflight_path, mark_inflight, read_records
 ROOT = Path(__file__).resolve().parents[1]
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 DRIVER = ROOT / "tests" / "torchrun_sweep.py"
-TIMEOUT = 20  # seconds per configuration: the hanging one costs this much. 5 s timed the
-# good ones out at load 10 here, and 10 s did twice in one session's full-suite runs on 2 cores
-# (once the first, once the one after the rebuilt process group). Most of a job's first
-# configuration was its first memory probe importing torch._dynamo (16.8 of 17.2 s at load 9,
-# measured 2026-12-07); the tracker opts out of that since (bench/memory.py): 0.64 s
+TIMEOUT = 10  # seconds per configuration: the hanging one costs this much. It was 20: 5 s
+# timed the good ones out at load 10 here, and 10 s did twice in full-suite runs on 2 cores,
+# when a job's first configuration was mostly its first memory probe importing torch._dynamo
+# (16.8 of 17.2 s at load 9); the tracker opts out of that since (bench/memory.py): 0.64 s
 
 SCENARIO = """
 name = "faults"
