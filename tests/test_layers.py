@@ -8,6 +8,7 @@ below it; pure layers (config, model) never import torch.
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -77,20 +78,26 @@ def _root(module: str) -> str:
 
 
 MODULES = _modules()
-EDGES = {
-    name: {
-        t
-        for t in (_internal(i, MODULES) for i in _imports(name, path))
-        if t is not None and t != name and not name.startswith(t + ".")
+
+
+@functools.cache
+def _edges() -> dict[str, set[str]]:
+    """Each module's imports of other cpbench modules. Parsed when a test first asks, not at
+    collection: every xdist worker collects this file (2.5 s of parsing each)."""
+    return {
+        name: {
+            t
+            for t in (_internal(i, MODULES) for i in _imports(name, path))
+            if t is not None and t != name and not name.startswith(t + ".")
+        }
+        for name, path in MODULES.items()
     }
-    for name, path in MODULES.items()
-}
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_imports_only_downward(module: str) -> None:
     own = _layer(_root(module))
-    upward = sorted(t for t in EDGES[module] if _layer(_root(t)) > own)
+    upward = sorted(t for t in _edges()[module] if _layer(_root(t)) > own)
     assert not upward, f"{module} (layer {own}) imports a higher layer: {', '.join(upward)}"
 
 
@@ -103,7 +110,7 @@ def test_no_import_cycle() -> None:
     def visit(node: str) -> None:
         state[node] = 1
         stack.append(node)
-        for nxt in sorted(EDGES[node]):
+        for nxt in sorted(_edges()[node]):
             if state.get(nxt) == 1:
                 cycles.append(" -> ".join([*stack[stack.index(nxt) :], nxt]))
             elif nxt not in state:
