@@ -36,6 +36,7 @@ from cpbench.model.flops import (
     layout_work,
     ring_step_pairs,
 )
+from cpbench.model.formulas import comm_volume
 from cpbench.model.hardware.loading import load_profile
 from cpbench.model.topology import Placement, placement
 from tests.flops_reference import chunk_pairs
@@ -275,7 +276,10 @@ def slow_ring_time(ctx: Any, phase: Any, computes: list[float]) -> Any:
     return total, comm, hidden, tuple(terms)
 
 
-CACHED = (work.config_work, schemes._step_flops, schemes._mean_rank_flops, work.step_pair_stats)
+CACHED = (
+    work.config_work, schemes._step_flops, schemes._mean_rank_flops, work.step_pair_stats,
+    placement, comm_volume,
+)
 
 
 def clear_caches() -> None:

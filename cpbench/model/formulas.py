@@ -4,6 +4,7 @@ The symbols, counting convention and volumes: docs/design.md section 2. Pure Pyt
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -343,9 +344,11 @@ def _gather_collective(
     )
 
 
+@functools.lru_cache(maxsize=4096)
 def comm_volume(config: CpProblem) -> CommVolume:
     """Per-rank communication of a configuration, forward and backward: the Ulysses
-    all-to-alls, then the ring hops or (cp_comm all_gather) the all-gather stage."""
+    all-to-alls, then the ring hops or (cp_comm all_gather) the all-gather stage (cached: a fit
+    prices the same configurations thousands of times)."""
 
     def stages(phase: Pass) -> tuple[StageVolume, ...]:
         found = (ulysses_stage(config, phase), ring_axis_stage(config, phase))

@@ -196,8 +196,10 @@ class Placement:
         return Fraction(self.ulysses - self.ulysses_peers_in_node, self.ulysses - 1)
 
 
+@functools.lru_cache(maxsize=4096)
 def placement(ulysses: int, ring: int, devices_per_node: int, rank_stride: int = 1) -> Placement:
-    """Placement of a U x R mesh on nodes of `devices_per_node` devices."""
+    """Placement of a U x R mesh on nodes of `devices_per_node` devices (cached: a fit
+    prices the same meshes thousands of times)."""
     for name, value in zip(("ulysses", "ring", "devices per node", "rank stride"),
                            (ulysses, ring, devices_per_node, rank_stride), strict=True):
         check_positive_int(name, value)
