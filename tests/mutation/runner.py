@@ -8,9 +8,9 @@ job has its own copy and worker and takes every jobs-th run. Tests run as
 `pytest -x` in a child forked from one worker process (`tests.mutation.worker`: torch imported
 once, cpbench never before the fork) with the copy first on sys.path, its bytecode compiled once
 and checked against each source's hash, and none written, so no module of another mutant (or of
-the working tree) is imported. Before any mutant, the union of the
-selected mutants' tests runs on the unmutated copy: a baseline that fails makes every "caught"
-meaningless, so the run stops there.
+the working tree) is imported. Before any mutant, the union of the selected mutants' tests runs
+on the unmutated copy: a baseline that fails makes every "caught" meaningless, so the run stops
+there.
 """
 
 from __future__ import annotations

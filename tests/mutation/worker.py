@@ -1,10 +1,10 @@
 """The process that runs the mutants' tests (`runner.run_mutants` starts it in the tree copy).
 
 It imports the heavy libraries cpbench uses (torch, numpy, pandas, scipy, pydantic, typer,
-rich) once, never cpbench itself, then for the baseline and each mutant forks a child that runs pytest on
-the copy: every child imports cpbench afresh from the files as they are at that moment, and
-none pays torch's import again (seconds per mutant on a busy machine). The child runs in its
-own process group, so a timeout kills the ranks its tests spawned too.
+rich) once, never cpbench itself, then for the baseline and each mutant forks a child that
+runs pytest on the copy: every child imports cpbench afresh from the files as they are at that
+moment, and none pays torch's import again (seconds per mutant on a busy machine). The child
+runs in its own process group, so a timeout kills the ranks its tests spawned too.
 
 Input (argv[1]): a JSON file {"runs": [{"name", "file", "old", "new", "tests"}...], "timeout"};
 a run without "file" is the baseline. Output: one JSON line per run on stdout:
