@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from tests import ci_split
+
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)  # before any subprocess or xdist worker starts
 sys.dont_write_bytecode = False
 
@@ -137,6 +139,24 @@ here keeps its place after them; the order changes nothing else."""
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {name: i for i, name in enumerate(HEAVIEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: order kept
+    free = [item for item in items if item.get_closest_marker("torch_free")]
+    if free and ci_split.in_ci() and ci_split.on_the_main_torch():
+        for item in free:  # CI's floor-torch run has them (tests/ci_split.py)
+            item.add_marker(pytest.mark.skip(reason=ci_split.IN_THE_FLOOR_RUN))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    """A `torch_free` test fails when it touched torch (`ci_split.torch_untouched`)."""
+    if not item.get_closest_marker("torch_free"):
+        return (yield)
+    with ci_split.torch_untouched() as uses:
+        result = yield
+    if uses:
+        shown = ", ".join(dict.fromkeys(uses))
+        pytest.fail(f"marked torch_free, but it {shown[:300]}: unmark it (tests/ci_split.py)",
+                    pytrace=False)
+    return result
 
 
 # ------------------------------------------------------------------------ skip allow-list
@@ -191,11 +211,17 @@ PLATFORM_SKIPS: tuple[PlatformSkip, ...] = (
         "the report's browser tests; CI installs Chromium, so there the skip is not allowed",
     ),
     PlatformSkip(
-        r"runs once per CI, on the main torch",
-        lambda: _torch_before(2, 13),
-        "the flash-attn 2 rule verify at worlds 4 and 8 and the mutation check's fast subset "
-        "(minutes each) test cpbench's logic; the floor-torch run keeps world 2 and every other "
-        "test (tests/impl_support.ONCE_PER_CI)",
+        re.escape(ci_split.ONCE_PER_CI),
+        lambda: not ci_split.on_the_main_torch(),
+        "the flash-attn 2 rule verify at worlds 4 and 8, the mutation check's fast subset and "
+        "the GPU acceptance dry run (minutes each) test cpbench's logic; the floor-torch run "
+        "keeps world 2 and every other test (tests/ci_split.py)",
+    ),
+    PlatformSkip(
+        re.escape(ci_split.IN_THE_FLOOR_RUN),
+        lambda: ci_split.in_ci() and ci_split.on_the_main_torch(),
+        "CI's main-torch run leaves the tests that touch no torch to its floor-torch run "
+        "(tests/ci_split.py); everywhere else they run",
     ),
     PlatformSkip(
         r"no /proc/stat on this platform",
@@ -231,8 +257,12 @@ def _reason(report: pytest.TestReport) -> str:
 
 
 def not_allowed(skips: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    """The skips whose reason is on no allow-list entry that holds here."""
-    allowed = [re.compile(s.pattern) for s in PLATFORM_SKIPS if s.holds()]
+    """The skips whose reason is on no allow-list entry that holds here. An entry's `holds()`
+    is asked only when a skip's reason matches it: most import torch (2 s in a process that
+    has not, such as each process of test_skip_allowlist's inner sessions)."""
+    patterns = [(re.compile(s.pattern), s.holds) for s in PLATFORM_SKIPS]
+    matched = {i for i, (p, _) in enumerate(patterns) for _, why in skips if p.match(why)}
+    allowed = [p for i, (p, holds) in enumerate(patterns) if i in matched and holds()]
     return [(test, why) for test, why in skips if not any(p.match(why) for p in allowed)]
 
 

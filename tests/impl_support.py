@@ -25,20 +25,6 @@ import torch
 STAND_INS = str(Path(__file__).resolve().parent / "stand_ins")
 
 FLASH_RULE_VARIANTS = ("fixed", "old-window")
-
-MAIN_TORCH = (2, 13)
-"""The torch of CI's first suite run (the README's quick start pins 2.13.0)."""
-
-ONCE_PER_CI = "runs once per CI, on the main torch"
-"""Skip reason (on tests/conftest.py's allow-list) of the few minute-long checks whose subject
-is cpbench's own logic, not the torch: CI runs them in its main-torch suite and leaves them out
-of the floor-torch run, where the same code paths run in the smaller cases."""
-
-
-def on_the_main_torch() -> bool:
-    """Whether this torch is CI's main one (or newer)."""
-    release = torch.__version__.split("+")[0].split(".")
-    return (int(release[0]), int(release[1])) >= MAIN_TORCH
 """`fixed`: cpbench's FlashAttnKernel as shipped (flash_plan's calls); `old-window`: the
 kernel's calls before the fix (`old_flash_window`), both over flash_rules.Library(FA2)."""
 

@@ -43,6 +43,8 @@ from cpbench.render.recommend.calibration import render_calibration
 from tests.golden import assert_same_document
 from tests.synthetic import step_time_measurements, synthetic_record
 
+pytestmark = pytest.mark.torch_free  # the floor-torch run has it in CI (tests/ci_split.py)
+
 runner = CliRunner()
 SEQ_LENS = (512, 1024, 2048)
 MESHES = ((1, 4), (2, 2), (4, 1))

@@ -21,6 +21,8 @@ from cpbench.model.hardware.profile import EfficiencyCurve, HardwareProfile
 from cpbench.model.hardware.transforms import with_curve, with_table
 from tests.synthetic import synthetic_record
 
+pytestmark = pytest.mark.torch_free  # the floor-torch run has it in CI (tests/ci_split.py)
+
 
 def _packed(documents: tuple[int, ...], ulysses: int, ring: int) -> MeshCandidate:
     layout = "doc_zigzag" if ring > 1 else "contiguous"

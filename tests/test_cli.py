@@ -19,6 +19,7 @@ from tests import rank_tasks
 runner = CliRunner()
 
 
+@pytest.mark.torch_free
 def test_formulas_json_worked_example() -> None:
     result = runner.invoke(
         app, ["formulas", "--seq-len", "262144", "--ulysses", "4", "--ring", "2", "--json"]

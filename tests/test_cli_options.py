@@ -20,6 +20,8 @@ from cpbench.cli.main import app
 from cpbench.config.inference import STEP_OPTIONS
 from cpbench.config.problem import CpProblem
 
+pytestmark = pytest.mark.torch_free  # the floor-torch run has it in CI (tests/ci_split.py)
+
 CLI = Path(options.__file__).parent
 
 

@@ -7,6 +7,7 @@ import io
 import json
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
@@ -15,6 +16,8 @@ from cpbench.app.report import build_comparison
 from cpbench.cli.main import app
 from cpbench.render.tables import compare_table
 from cpbench.results.store import read_records
+
+pytestmark = pytest.mark.torch_free  # the floor-torch run has it in CI (tests/ci_split.py)
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SWEEP, AFTER = FIXTURES / "sweep.jsonl", FIXTURES / "after.jsonl"

@@ -17,6 +17,8 @@ import pytest
 from cpbench.config.bench import BenchConfig, VerifyCase
 from cpbench.config.problem import CpProblem, MeshCandidate
 
+pytestmark = pytest.mark.torch_free  # the floor-torch run has it in CI (tests/ci_split.py)
+
 PACKAGE = Path(__file__).resolve().parent.parent / "cpbench"
 SHAPE_FIELDS = {"seq_len", "heads", "kv_heads", "head_dim"}
 MESH_FIELDS = {"ulysses", "ring"}

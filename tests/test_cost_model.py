@@ -22,6 +22,8 @@ from cpbench.model.topology import placement
 from cpbench.render.recommend.explanation import placement_text
 from tests.synthetic import scaled_bandwidth
 
+pytestmark = pytest.mark.torch_free  # the floor-torch run has it in CI (tests/ci_split.py)
+
 H100 = load_profile("h100-sxm")
 CPU = load_profile("cpu-local")
 SHAPE = AttentionShape(65536, 32, 8, 128)

@@ -25,6 +25,8 @@ from cpbench.model.hardware.profile import LinkCost
 from cpbench.model.hardware.transforms import with_link_cost
 from tests.synthetic import step_time_measurements
 
+pytestmark = pytest.mark.torch_free  # the floor-torch run has it in CI (tests/ci_split.py)
+
 CITED = re.compile(r"column (\w+) no_packed: ([0-9.]+) iters/s \(step = 1 / iters/s\)")
 
 

@@ -3,6 +3,8 @@ values the code held as literals (a few anchors, with their sources)."""
 
 from __future__ import annotations
 
+import pytest
+
 from cpbench.model.hardware.network import FABRICS
 from cpbench.model.plan.step import (
     FALLBACK_MATMUL_EFFICIENCY,
@@ -11,6 +13,8 @@ from cpbench.model.plan.step import (
     STEP_TIME_CONVENTION,
 )
 from cpbench.model.plan.transformer import ALIASES, PRESETS, load_model
+
+pytestmark = pytest.mark.torch_free  # the floor-torch run has it in CI (tests/ci_split.py)
 
 
 def test_model_presets_keep_their_config_json_numbers() -> None:

@@ -9,11 +9,14 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 import typer
 from typer.cli import get_docs_for_click
 
 from cpbench.cli.docs import CLI_MD, REGENERATE, cli_markdown
 from cpbench.cli.main import app
+
+pytestmark = pytest.mark.torch_free  # the floor-torch run has it in CI (tests/ci_split.py)
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"

@@ -20,6 +20,8 @@ from tests.geometry_reference import (
     zigzag_shards,
 )
 
+pytestmark = pytest.mark.torch_free  # the floor-torch run has it in CI (tests/ci_split.py)
+
 
 def _documents(rng: random.Random, seq_len: int) -> tuple[int, ...]:
     """Lengths summing to seq_len: single tokens, short ones and some spanning ranks."""

@@ -30,6 +30,8 @@ from cpbench.model.dynamic.megatron import megatron_degree, megatron_schedule
 from cpbench.model.dynamic.schedule import priced_group, static_packs
 from cpbench.model.hardware.loading import load_profile
 
+pytestmark = pytest.mark.torch_free  # the floor-torch run has it in CI (tests/ci_split.py)
+
 H100 = load_profile("h100-sxm")
 MEGATRON_BENCHMARK = "lognormal:mean=1024,sigma=1.5,min=128,max=8192"
 

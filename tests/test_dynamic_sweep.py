@@ -37,6 +37,7 @@ BASE: dict[str, Any] = {"world_size": 2, "device": "cpu"}
 DYNAMIC = {"lengths": "64,32,16", "tokens_per_rank": 64, "heads": 2}
 
 
+@pytest.mark.torch_free
 @pytest.mark.parametrize(
     ("change", "message"),
     [
@@ -120,6 +121,7 @@ def test_one_record_per_policy_every_routed_group_checked(swept: tuple[Path, Pat
     assert set(static["degrees"]) == {str(static["static_cp"])}
 
 
+@pytest.mark.torch_free
 def test_the_terminal_table_shows_each_policy_with_its_check_and_speedups(
     swept: tuple[Path, Path, str],
 ) -> None:
@@ -160,6 +162,7 @@ def test_resume_skips_the_recorded_policies_and_measures_the_missing_one(
     assert [r["dynamic"]["policy"] for r in read_records(again)] == list(POLICIES)
 
 
+@pytest.mark.torch_free
 def test_a_failed_routed_check_is_a_failed_record_and_a_wrong_result() -> None:
     from cpbench.app.dynamic import MeasuredPolicy, policy_record  # noqa: PLC0415
     from cpbench.app.sweep import _study_base  # noqa: PLC0415
@@ -184,6 +187,7 @@ def test_a_failed_routed_check_is_a_failed_record_and_a_wrong_result() -> None:
         "a routed group differs from the reference": [record.id]}
 
 
+@pytest.mark.torch_free
 def test_the_cost_model_and_the_training_tables_leave_the_policies_out(
     swept: tuple[Path, Path, str],
 ) -> None:
@@ -196,6 +200,7 @@ def test_the_cost_model_and_the_training_tables_leave_the_policies_out(
     assert not is_dynamic_record(older)
 
 
+@pytest.mark.torch_free
 def test_the_report_has_the_dynamic_section(swept: tuple[Path, Path, str]) -> None:
     from cpbench.app.report import build_report  # noqa: PLC0415
     from cpbench.render.html.report import render_report, report_sections  # noqa: PLC0415

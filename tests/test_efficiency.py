@@ -40,6 +40,7 @@ MASKS = [
 ]
 
 
+@pytest.mark.torch_free
 @pytest.mark.parametrize("layout", ["contiguous", "zigzag", "striped", "doc_zigzag", "balanced"])
 @pytest.mark.parametrize("mesh", [(1, 2), (1, 4), (2, 2), (4, 1)])
 @pytest.mark.parametrize("mask", MASKS, ids=lambda m: m.short_key())
@@ -101,6 +102,7 @@ def test_add_grads_equals_zero_fill_and_add() -> None:
     assert torch.equal(acc[:, :, 0], pieces[0][1].bfloat16().float())
 
 
+@pytest.mark.torch_free
 def test_timing_arithmetic_and_peer_ratio() -> None:
     single = [4.0, 4.4, 4.2]
     case = EfficiencyCase("cpbench", 1, 2, "zigzag")
@@ -121,6 +123,7 @@ def test_timing_arithmetic_and_peer_ratio() -> None:
     assert all(o.vs_peer is None for o in out[1:])
 
 
+@pytest.mark.torch_free
 def test_cases_cover_every_mesh_and_settings_are_checked() -> None:
     settings = EfficiencySettings(impls=("cpbench",))
     cases = cases_of(settings, 4)
@@ -133,6 +136,7 @@ def test_cases_cover_every_mesh_and_settings_are_checked() -> None:
         EfficiencySettings(rounds=0)
 
 
+@pytest.mark.torch_free
 @pytest.mark.parametrize(
     ("name", "bucket"),
     [
@@ -201,6 +205,7 @@ def test_small_run_measures_every_cpbench_mesh(small_report: EfficiencyReport) -
     assert document["convention"] == CONVENTION
 
 
+@pytest.mark.torch_free
 @pytest.mark.parametrize("width", [80, 100])
 def test_table_fits_the_console(small_report: EfficiencyReport, width: int) -> None:
     console = Console(width=width, file=io.StringIO(), color_system=None, force_terminal=False)
@@ -212,6 +217,7 @@ def test_table_fits_the_console(small_report: EfficiencyReport, width: int) -> N
     assert "efficiency = t_single / (P x t_case)" in " ".join(text.split())
 
 
+@pytest.mark.torch_free
 def test_cli_rejects_unknown_dtype_naming_it() -> None:
     result = CliRunner().invoke(app, ["efficiency", "--dtype", "float64"])
     assert result.exit_code == 2

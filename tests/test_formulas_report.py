@@ -22,6 +22,8 @@ from cpbench.render.formulas import render_formulas
 from cpbench.units import format_bytes, format_count
 from tests.formula_oracle import evaluate_formula
 
+pytestmark = pytest.mark.torch_free  # the floor-torch run has it in CI (tests/ci_split.py)
+
 TOP_LEVEL_KEYS = {
     "schema_version",
     "inputs",

@@ -1,7 +1,8 @@
 """The GPU acceptance run (benchmarks/gpu_acceptance.sh) in its dry mode on the CPU: the same
 steps (doctor, plan, verify per usable impl, the sweep of scenarios/gpu-acceptance.toml with
 every usable kernel, report, summary) with tiny sizes on 2 gloo ranks, so the script cannot
-rot; and the summary's numbers checked against the files it summarises."""
+rot; and the summary's numbers checked against the files it summarises. The script's runs are
+once per CI (its main-torch run): their subject is the script."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from typing import Any
 import pytest
 
 from cpbench.results.store import read_records
+from tests.ci_split import ONCE_PER_CI, on_the_main_torch
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_acceptance.sh"
@@ -34,6 +36,9 @@ def _summary_module() -> ModuleType:
 
 summary = _summary_module()
 
+ONCE_PER_CI_MARK = pytest.mark.skipif(not on_the_main_torch(), reason=ONCE_PER_CI)
+"""The script's runs: its steps' code is tested on both torches by the rest of the suite."""
+
 
 def _run(out: Path, *args: str, dry_env: bool = False) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "CPBENCH_PYTHON": sys.executable, "COLUMNS": "100"}
@@ -50,6 +55,7 @@ def dry_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.
     return out, _run(out, dry_env=True)
 
 
+@ONCE_PER_CI_MARK
 def test_dry_run_succeeds_and_writes_every_file(dry_run: tuple[Path, Any]) -> None:
     out, done = dry_run
     assert done.returncode == 0, done.stderr + done.stdout
@@ -69,6 +75,7 @@ def test_dry_run_succeeds_and_writes_every_file(dry_run: tuple[Path, Any]) -> No
     assert done.stdout == (out / "summary.md").read_text()  # the summary is printed too
 
 
+@ONCE_PER_CI_MARK
 def test_plan_uses_what_doctor_found_usable(dry_run: tuple[Path, Any]) -> None:
     out, _ = dry_run
     doctor = json.loads((out / "doctor.json").read_text())
@@ -93,6 +100,7 @@ def test_plan_uses_what_doctor_found_usable(dry_run: tuple[Path, Any]) -> None:
         assert {c["dtype"] for c in doc["cases"]} == {"bfloat16"}
 
 
+@ONCE_PER_CI_MARK
 def test_summary_numbers_are_those_of_the_files(dry_run: tuple[Path, Any]) -> None:
     out, _ = dry_run
     records = read_records(out / "sweep.jsonl")
@@ -146,6 +154,7 @@ def test_summary_numbers_are_those_of_the_files(dry_run: tuple[Path, Any]) -> No
     assert "no GPU: CUDA not available" in text
 
 
+@ONCE_PER_CI_MARK
 def test_without_a_gpu_the_real_run_stops_with_the_reason(tmp_path: Path) -> None:
     done = _run(tmp_path / "real")
     assert done.returncode == 2

@@ -43,6 +43,8 @@ from cpbench.model.hardware.transforms import with_default_kernel, with_topology
 from cpbench.units import GB, GIB
 from tests.synthetic import scaled_bandwidth
 
+pytestmark = pytest.mark.torch_free  # the floor-torch run has it in CI (tests/ci_split.py)
+
 SHIPPED = ("a100-80gb", "cpu-local", "h100-sxm", "h200-sxm", "l40s-pcie")
 
 

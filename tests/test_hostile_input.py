@@ -57,6 +57,7 @@ HOSTILE_LINES = {
 }
 
 
+@pytest.mark.torch_free
 @pytest.mark.parametrize("kind", sorted(HOSTILE_LINES))
 @pytest.mark.parametrize("last", [False, True], ids=["middle", "last"])
 def test_a_hostile_results_line_is_one_line_and_exit_2(
@@ -80,6 +81,7 @@ def test_sweep_resume_on_a_hostile_file_exits_2_before_measuring(tmp_path: Path)
     assert path.read_bytes() == before
 
 
+@pytest.mark.torch_free
 def test_a_400_digit_seq_len_is_refused_naming_the_field(tmp_path: Path) -> None:
     record = _good()
     record["config"]["seq_len"] = int("9" * 400)
@@ -89,6 +91,7 @@ def test_a_400_digit_seq_len_is_refused_naming_the_field(tmp_path: Path) -> None
         _one_line_exit_2(args, f"{path}:2: config.seq_len")
 
 
+@pytest.mark.torch_free
 def test_records_frame_makes_an_out_of_range_number_missing() -> None:
     """The frame of records built in memory: a number too large for a column is missing."""
     from cpbench.results.schema import ResultRecord  # noqa: PLC0415
@@ -106,6 +109,7 @@ def test_records_frame_makes_an_out_of_range_number_missing() -> None:
     assert frame["rss_peak_bytes"].isna().all() and frame["measured_bwd_bytes"].isna().all()
 
 
+@pytest.mark.torch_free
 @pytest.mark.parametrize(
     ("path", "value", "rule"),
     [
@@ -132,6 +136,7 @@ def test_an_impossible_value_is_refused_naming_line_field_and_rule(
         _one_line_exit_2(args, f"{file}:2: {field} is {value}: it must be {rule}")
 
 
+@pytest.mark.torch_free
 def test_a_newer_schema_version_names_both_versions(tmp_path: Path) -> None:
     record = _good()
     record["schema_version"] = 999
@@ -142,6 +147,7 @@ def test_a_newer_schema_version_names_both_versions(tmp_path: Path) -> None:
         _one_line_exit_2(args, message)
 
 
+@pytest.mark.torch_free
 def test_valid_records_still_read_as_written() -> None:
     """The constraints refuse nothing cpbench writes: every fixture reads, and a current
     record reads back as its line."""
@@ -156,6 +162,7 @@ def test_valid_records_still_read_as_written() -> None:
 # ------------------------------------------------------------------ calibrate and validate
 
 
+@pytest.mark.torch_free
 @pytest.mark.parametrize("command", ["calibrate", "validate"])
 def test_calibrate_on_a_directory_or_random_bytes(tmp_path: Path, command: str) -> None:
     folder = tmp_path / "folder.jsonl"
@@ -172,6 +179,7 @@ def test_calibrate_on_a_directory_or_random_bytes(tmp_path: Path, command: str) 
     _one_line_exit_2([command, str(csv_folder)], f"{csv_folder} is a directory")
 
 
+@pytest.mark.torch_free
 def test_calibrate_reports_the_records_it_did_not_use(tmp_path: Path) -> None:
     result = runner.invoke(app, ["calibrate", str(FIXTURES / "sweep.jsonl"), "--json"])
     assert result.exit_code == 0, result.output
@@ -179,6 +187,7 @@ def test_calibrate_reports_the_records_it_did_not_use(tmp_path: Path) -> None:
     assert any("not used" in w and "1 failed" in w and "1 skipped" in w for w in warnings), warnings
 
 
+@pytest.mark.torch_free
 def test_calibrate_with_no_usable_record_says_how_many_and_their_statuses(
     tmp_path: Path,
 ) -> None:
@@ -190,6 +199,7 @@ def test_calibrate_with_no_usable_record_says_how_many_and_their_statuses(
 # ------------------------------------------------------------------------------- recommend
 
 
+@pytest.mark.torch_free
 def test_recommend_results_without_a_usable_record_exits_2(tmp_path: Path) -> None:
     path = tmp_path / "r.jsonl"
     path.write_text("".join(line + "\n" for line in LINES if '"status":"ok"' not in line))
@@ -202,6 +212,7 @@ def test_recommend_results_without_a_usable_record_exits_2(tmp_path: Path) -> No
 # ------------------------------------------------------------------ byte-order marks, --out
 
 
+@pytest.mark.torch_free
 def test_a_byte_order_mark_is_read_not_a_torn_line(tmp_path: Path) -> None:
     path = tmp_path / "r.jsonl"
     path.write_bytes(b"\xef\xbb\xbf" + GOOD.encode() + b"\n")
@@ -212,6 +223,7 @@ def test_a_byte_order_mark_is_read_not_a_torn_line(tmp_path: Path) -> None:
     assert "torn" not in result.output
 
 
+@pytest.mark.torch_free
 def test_a_byte_order_mark_in_every_text_reader(tmp_path: Path) -> None:
     bom = b"\xef\xbb\xbf"
     table = Path("cpbench/data/published/cp_attention.csv")
@@ -248,6 +260,7 @@ def test_sweep_out_directory_says_it_is_a_directory(tmp_path: Path) -> None:
 # --------------------------------------------------------- scenarios, profiles, documents
 
 
+@pytest.mark.torch_free
 @pytest.mark.parametrize(
     ("text", "message"),
     [
@@ -266,6 +279,7 @@ def test_a_hostile_toml_is_one_clear_error(tmp_path: Path, text: str, message: s
     _one_line_exit_2(["sweep", str(path)], message)
 
 
+@pytest.mark.torch_free
 def test_documents_file_of_random_bytes_or_deep_json(tmp_path: Path) -> None:
     noise = tmp_path / "docs.txt"
     noise.write_bytes(os.urandom(64) + b"\xff\xfe")
@@ -281,6 +295,7 @@ def test_documents_file_of_random_bytes_or_deep_json(tmp_path: Path) -> None:
         resolve_documents(str(long), 1024)
 
 
+@pytest.mark.torch_free
 def test_a_huge_world_size_in_a_scenario_is_refused_at_once(tmp_path: Path) -> None:
     """A world of 400 digits was factorized rank by rank: the loader never returned."""
     text = Path("cpbench/data/cpu-smoke.toml").read_text()
@@ -290,6 +305,7 @@ def test_a_huge_world_size_in_a_scenario_is_refused_at_once(tmp_path: Path) -> N
         load_scenario(str(path))
 
 
+@pytest.mark.torch_free
 def test_a_documents_line_is_echoed_as_written_not_as_emoji(tmp_path: Path) -> None:
     """rich turned `:rocket:` of a bad documents line into a rocket: the message must show
     the line as the file has it."""
@@ -314,6 +330,7 @@ def test_markup_in_the_out_path_is_printed_as_written(tmp_path: Path, lend_the_s
     assert len(read_records(out)) == 1
 
 
+@pytest.mark.torch_free
 def test_a_scenario_named_by_its_file_gets_a_plain_name(tmp_path: Path) -> None:
     """No `name` key: the file's stem names the output; `x[red]y` reached the file name and
     the console (which swallowed `[red]`) unchecked."""
@@ -323,6 +340,7 @@ def test_a_scenario_named_by_its_file_gets_a_plain_name(tmp_path: Path) -> None:
     assert load_scenario(str(path)).name == "x-red-y"
 
 
+@pytest.mark.torch_free
 def test_report_never_writes_over_a_results_file(tmp_path: Path) -> None:
     """`report a.jsonl -o b.jsonl` wrote the page over another results file."""
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
@@ -333,6 +351,7 @@ def test_report_never_writes_over_a_results_file(tmp_path: Path) -> None:
     assert b.read_text() == before
 
 
+@pytest.mark.torch_free
 def test_a_mesh_that_is_not_the_world_is_refused(tmp_path: Path) -> None:
     """ring 3 on a world of 2 was read, then silently left out of calibrate and validate."""
     record = _good()

@@ -80,6 +80,7 @@ def test_the_report_draws_ttft_decode_latency_and_kv_capacity(swept: Path) -> No
         assert f"id='{key}'" in html or f'id="{key}"' in html, key
 
 
+@pytest.mark.torch_free
 def test_a_training_report_has_no_inference_section() -> None:
     fixture = Path(__file__).parent / "fixtures" / "sweep.jsonl"
     report = build_report([fixture])
@@ -94,6 +95,7 @@ def _frame_row(**over: Any) -> dict[str, Any]:
     return row | over
 
 
+@pytest.mark.torch_free
 def test_a_line_never_mixes_records_of_different_worlds_or_new_tokens() -> None:
     """Two worlds at the same scheme and P are two TTFT lines, named by the world; decode steps
     of T = 1 and T = 4 are two latency lines (a median over them would mean nothing)."""

@@ -46,6 +46,7 @@ DECODE = {"phase": "decode", "cached_len": 37, "new_tokens": 3,
 # --- the scenario file -------------------------------------------------------------------------
 
 
+@pytest.mark.torch_free
 def test_inference_axes_expand_to_one_point_per_step_on_its_schemes_mesh() -> None:
     scenario = _parse(PREFILL, [DECODE])
     points = scenario.distinct("cpu", 2)
@@ -68,6 +69,7 @@ def test_inference_axes_expand_to_one_point_per_step_on_its_schemes_mesh() -> No
     assert "inference" not in training.to_dict()
 
 
+@pytest.mark.torch_free
 @pytest.mark.parametrize(
     ("axes", "also", "expected"),
     [
@@ -102,6 +104,7 @@ def test_bad_inference_values_name_the_value_and_the_rule(
     assert expected in str(info.value) and str(info.value).startswith("inf.toml")
 
 
+@pytest.mark.torch_free
 def test_a_bad_inference_scenario_exits_2_with_its_message(tmp_path: Path) -> None:
     path = tmp_path / "bad.toml"
     path.write_text('world_size = 2\ndevice = "cpu"\n[axes]\nheads = 8\nphase = "decode"\n'
@@ -131,6 +134,7 @@ def test_cpbench_run_refuses_the_options_of_the_other_kind_of_step(
     assert message in " ".join(result.output.split())
 
 
+@pytest.mark.torch_free
 def test_a_decode_step_of_more_than_eight_tokens_is_no_step() -> None:
     with pytest.raises(CpbenchError, match="a decode step takes 1 to 8 new tokens, got new_tokens 9"):
         InferenceStep(phase="decode", cached_len=0, new_tokens=9, cache_layout="contiguous")
@@ -138,6 +142,7 @@ def test_a_decode_step_of_more_than_eight_tokens_is_no_step() -> None:
         InferenceStep(phase="prefill", cached_len=0, new_tokens=9)
 
 
+@pytest.mark.torch_free
 def test_the_shipped_inference_scenario_expands_to_feasible_points() -> None:
     scenario = load_scenario("cpu-inference")
     points = scenario.distinct("cpu", scenario.world_size)  # type: ignore[arg-type]
@@ -213,6 +218,7 @@ def test_every_inference_record_is_verified_with_bytes_equal_to_the_model(
     assert wrong_results(records) == {}
 
 
+@pytest.mark.torch_free
 def test_decode_records_carry_the_models_numbers(swept: tuple[list[dict[str, Any]], Path]) -> None:
     decode = [r for r in swept[0] if r["config"]["inference"]["phase"] == "decode"]
     for r in decode:
@@ -226,6 +232,7 @@ def test_decode_records_carry_the_models_numbers(swept: tuple[list[dict[str, Any
         assert r["inference"]["kv_cache_bytes_measured"] == [analytic, analytic]
 
 
+@pytest.mark.torch_free
 def test_inference_records_are_not_training_steps_to_the_cost_model(
     swept: tuple[list[dict[str, Any]], Path],
 ) -> None:
@@ -242,6 +249,7 @@ def test_inference_records_are_not_training_steps_to_the_cost_model(
     assert measurement_from_record(training) is not None
 
 
+@pytest.mark.torch_free
 def test_the_inference_table_reads_at_80_columns(swept: tuple[list[dict[str, Any]], Path]) -> None:
     console = Console(width=80, record=True, force_terminal=False)
     console.print(inference_table([parse_record(r, "swept") for r in swept[0]]))

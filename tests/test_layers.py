@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.torch_free  # the floor-torch run has it in CI (tests/ci_split.py)
+
 PACKAGE = Path(__file__).resolve().parent.parent / "cpbench"
 
 LAYERS: tuple[tuple[str, ...], ...] = (

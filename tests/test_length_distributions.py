@@ -17,6 +17,8 @@ from cpbench.model.hardware.loading import load_profile
 from cpbench.model.inference_cost import fastest_prefill, price_prefill
 from cpbench.model.plan.search import PlanSearch, SearchSpace
 
+pytestmark = pytest.mark.torch_free  # the floor-torch run has it in CI (tests/ci_split.py)
+
 runner = CliRunner()
 DISTRIBUTION = "lognormal:mean=2048,sigma=1.2,min=256,max=65536"
 PLAN = ("llama3-8b", 65536, 8)

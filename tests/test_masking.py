@@ -13,6 +13,8 @@ from cpbench.config.documents import resolve_documents
 from cpbench.config.geometry import band_pairs, pack, rank_pairs, ring_schedule
 from cpbench.config.masks import MaskSpec
 
+pytestmark = pytest.mark.torch_free  # the floor-torch run has it in CI (tests/ci_split.py)
+
 LAYOUTS = ("contiguous", "zigzag", "striped", "doc_zigzag", "balanced")
 
 

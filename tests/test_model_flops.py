@@ -29,6 +29,8 @@ from cpbench.model.flops import (
 )
 from tests.flops_reference import range_pairs, ring_rank_positions
 
+pytestmark = pytest.mark.torch_free  # the floor-torch run has it in CI (tests/ci_split.py)
+
 FAST = settings(max_examples=50, deadline=None)
 
 

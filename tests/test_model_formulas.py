@@ -28,6 +28,8 @@ from tests.formula_oracle import (
     ulysses_elements_sent,
 )
 
+pytestmark = pytest.mark.torch_free  # the floor-torch run has it in CI (tests/ci_split.py)
+
 FAST = settings(max_examples=60, deadline=None)
 
 

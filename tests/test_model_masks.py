@@ -36,6 +36,8 @@ from cpbench.render.recommend.explanation import explanation_text
 from cpbench.render.recommend.frameworks import setting_note
 from tests.formula_oracle import evaluate_formula, ring_bytes_sent
 
+pytestmark = pytest.mark.torch_free  # the floor-torch run has it in CI (tests/ci_split.py)
+
 runner = CliRunner()
 H100 = load_profile("h100-sxm")
 DOCS = MaskSpec(documents=(2, 6))

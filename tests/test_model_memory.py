@@ -19,6 +19,8 @@ from cpbench.model.memory import (
 )
 from cpbench.units import GIB
 
+pytestmark = pytest.mark.torch_free  # the floor-torch run has it in CI (tests/ci_split.py)
+
 FAST = settings(max_examples=50, deadline=None)
 
 Mesh = tuple[int, int, int, int, int, int, str, str]

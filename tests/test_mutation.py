@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.impl_support import ONCE_PER_CI, on_the_main_torch
+from tests.ci_split import ONCE_PER_CI, on_the_main_torch
 from tests.mutation.mutants import MUTANTS, Mutant
 from tests.mutation.runner import run_mutants
 

@@ -14,6 +14,10 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.torch_free  # the floor-torch run has it in CI (tests/ci_split.py)
+
 PACKAGE = Path(__file__).resolve().parent.parent / "cpbench"
 
 def _bodies(body: list[ast.stmt]) -> Iterator[ast.stmt]:

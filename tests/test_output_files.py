@@ -17,6 +17,8 @@ from cpbench.cli.main import app
 from cpbench.errors import CpbenchError
 from cpbench.files import write_atomically
 
+pytestmark = pytest.mark.torch_free  # the floor-torch run has it in CI (tests/ci_split.py)
+
 FIXTURE = Path(__file__).parent / "fixtures" / "sweep.jsonl"
 runner = CliRunner()
 

@@ -24,6 +24,8 @@ from cpbench.model.plan.transformer import PRESETS, ModelSpec, load_model
 from cpbench.units import GIB
 from tests.golden import assert_same_document
 
+pytestmark = pytest.mark.torch_free  # the floor-torch run has it in CI (tests/ci_split.py)
+
 runner = CliRunner()
 
 # --------------------------------------------------------------------- parameter counts

@@ -23,6 +23,8 @@ import pytest
 from cpbench.model.plan.memory import Parallelism, params_per_rank, stage_memory
 from cpbench.model.plan.transformer import ModelSpec
 
+pytestmark = pytest.mark.torch_free  # the floor-torch run has it in CI (tests/ci_split.py)
+
 MODEL = ModelSpec("hand", 64, 4, 4, 2, 16, 128, "swiglu", 1000, source="test")
 SHARDED = ("weights", "gradients", "optimizer", "ZeRO-3 gathered weights")
 

@@ -11,6 +11,8 @@ from cpbench.errors import CpbenchError
 from cpbench.model.plan.memory import SAFE_MEMORY_FRACTION, attention_buffer_bytes, peak_stage
 from cpbench.model.plan.search import PlanSearch, SearchSpace
 
+pytestmark = pytest.mark.torch_free  # the floor-torch run has it in CI (tests/ci_split.py)
+
 CASE = ("llama3-8b", 262144, 16, 8)
 
 

@@ -9,6 +9,8 @@ from cpbench.app.plan import PlanRequest, PlanResult, plan_training
 from cpbench.model.plan.search import PlanSearch, SearchSpace, rank_seconds
 from cpbench.model.plan.step import step_time_of_layer
 
+pytestmark = pytest.mark.torch_free  # the floor-torch run has it in CI (tests/ci_split.py)
+
 CASES = [
     # (model, L, GPUs, GPUs per node, fixed CP): exhaustive pricing is O(R^2) in the ring
     # (cost.work's step matrix), so the 1,024-GPU cases fix CP (TP, PP, DP, U x R, recompute

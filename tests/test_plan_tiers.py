@@ -13,6 +13,8 @@ from cpbench.model.plan.memory import Parallelism
 from cpbench.model.plan.search import Plan
 from cpbench.model.topology import group_tier, plan_tiers
 
+pytestmark = pytest.mark.torch_free  # the floor-torch run has it in CI (tests/ci_split.py)
+
 
 def _find(result: PlanResult, ulysses: int, ring: int) -> Plan:
     return next(p for p in result.feasible if (p.par.ulysses, p.par.ring) == (ulysses, ring))

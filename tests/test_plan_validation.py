@@ -16,6 +16,8 @@ from cpbench.model.plan.validation import (
     validate_end_to_end,
 )
 
+pytestmark = pytest.mark.torch_free  # the floor-torch run has it in CI (tests/ci_split.py)
+
 TORCHTITAN_8B_CP = ("torchtitan-t2-cp1", "torchtitan-t2-cp2", "torchtitan-t2-cp4",
                     "torchtitan-t2-cp8")
 

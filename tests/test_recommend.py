@@ -58,6 +58,8 @@ from cpbench.results.scenarios.loading import load_scenario
 from tests.golden import assert_same_document
 from tests.synthetic import synthetic_record
 
+pytestmark = pytest.mark.torch_free  # the floor-torch run has it in CI (tests/ci_split.py)
+
 runner = CliRunner()
 
 

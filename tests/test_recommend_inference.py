@@ -39,6 +39,8 @@ from cpbench.model.inference_cost import (
 from cpbench.render.recommend.inference import render_inference
 from tests.golden import assert_same_document
 
+pytestmark = pytest.mark.torch_free  # the floor-torch run has it in CI (tests/ci_split.py)
+
 runner = CliRunner()
 H100 = load_profile("h100-sxm")
 PEAK, EFF, OVERLAP, STEP_OVERHEAD = 989.5e12, 0.33, 0.9, 20e-6

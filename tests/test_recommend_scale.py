@@ -42,6 +42,8 @@ from cpbench.model.topology import Placement, placement
 from tests.flops_reference import chunk_pairs
 from tests.geometry_reference import balance_score, balanced_shards
 
+pytestmark = pytest.mark.torch_free  # the floor-torch run has it in CI (tests/ci_split.py)
+
 H100 = load_profile("h100-sxm")
 CPU = load_profile("cpu-local")
 RINGS = (1, 2, 3, 4, 5, 6, 8, 12, 16)

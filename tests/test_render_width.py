@@ -87,6 +87,7 @@ SWEEP_COLUMNS = ("L", "h/kv", "UxR", "layout", "phase", "step", "TFLOP/s", "byte
                  "overlap", "peak mem", "max err", "status")
 
 
+@pytest.mark.torch_free
 @pytest.mark.parametrize("width", [80, 60])
 def test_results_table_narrow(records: list[ResultRecord], width: int) -> None:
     text = render([results_table(records)], width)
@@ -110,6 +111,7 @@ def test_results_table_narrow(records: list[ResultRecord], width: int) -> None:
         assert_words_whole(col, text)
 
 
+@pytest.mark.torch_free
 def test_results_table_wide_keeps_every_column(records: list[ResultRecord]) -> None:
     text = render([results_table(records)], 200)
     assert_readable(text, 200)
@@ -119,6 +121,7 @@ def test_results_table_wide_keeps_every_column(records: list[ResultRecord]) -> N
     assert "(1/2)" not in text  # one table, not parts
 
 
+@pytest.mark.torch_free
 def test_an_ok_record_without_its_timing_is_refused_by_name(records: list[ResultRecord]) -> None:
     """The table reads typed records: an ok one that lacks a section it shows is an error that
     names the record (not a KeyError, not a silent dash)."""
@@ -153,6 +156,7 @@ VERIFY = [
 VERIFY_ROWS = [VerifyRow.from_record(case) for case in VERIFY]
 
 
+@pytest.mark.torch_free
 @pytest.mark.parametrize("width", [80, 60])
 def test_verify_tables_narrow(width: int) -> None:
     text = render(verify_tables(VERIFY_ROWS, 4, "cpu", "cpbench"), width)
@@ -171,6 +175,7 @@ def test_verify_tables_narrow(width: int) -> None:
     assert "4/5 cases passed" in text or "3/4 cases passed" in text
 
 
+@pytest.mark.torch_free
 def test_verify_tables_wide_keeps_every_column() -> None:
     text = render(verify_tables(VERIFY_ROWS, 4, "cpu", "cpbench"), 200)
     header = next(line for line in text.splitlines() if "scheme" in line)
@@ -187,6 +192,7 @@ def rec(request: pytest.FixtureRequest) -> Recommendation:
     return recommend_mesh(RecommendRequest(heads=32, kv_heads=8, **request.param))
 
 
+@pytest.mark.torch_free
 @pytest.mark.parametrize("width", [80, 60])
 @pytest.mark.parametrize("explain", [False, True])
 def test_recommendation_narrow(rec: Recommendation, width: int, explain: bool) -> None:
@@ -216,6 +222,7 @@ def test_recommendation_narrow(rec: Recommendation, width: int, explain: bool) -
     assert a_line_with(text, f"--cp-comm-type {comm_type}")
 
 
+@pytest.mark.torch_free
 def test_recommendation_wide_keeps_every_column(rec: Recommendation) -> None:
     text = render(render_recommendation(rec, explain=True), 200)
     header = next(line for line in text.splitlines() if "U x R" in line and "source" in line)
@@ -233,6 +240,7 @@ def formulas() -> FormulasReport:
     return formulas_report(CpProblem(seq_len=262144, heads=32, kv_heads=8, head_dim=128, ulysses=4, ring=2, layout="zigzag"))
 
 
+@pytest.mark.torch_free
 @pytest.mark.parametrize("width", [80, 60])
 def test_formulas_narrow(formulas: FormulasReport, width: int) -> None:
     text = render(render_formulas(formulas), width)
@@ -248,6 +256,7 @@ def test_formulas_narrow(formulas: FormulasReport, width: int) -> None:
     assert "[1, 32768, 32, 128]" in text  # a shape stays on one line
 
 
+@pytest.mark.torch_free
 def test_formulas_wide_is_whole_tables(formulas: FormulasReport) -> None:
     text = render(render_formulas(formulas), 240)
     assert "(1/" not in text
@@ -258,6 +267,7 @@ def test_formulas_wide_is_whole_tables(formulas: FormulasReport) -> None:
 # ------------------------------------------------------------------------ calibrate / validate
 
 
+@pytest.mark.torch_free
 @pytest.mark.parametrize("width", [80, 60])
 def test_calibration_and_validation_narrow(width: int) -> None:
     from cpbench.app.calibrate import calibrate_results, validate_results  # noqa: PLC0415
@@ -292,6 +302,7 @@ def _table(narrow: Any = "split") -> FitTable:
     return table
 
 
+@pytest.mark.torch_free
 @pytest.mark.parametrize("width", [100, 60, 40, 30])
 @pytest.mark.parametrize("narrow", ["split", "stack"])
 def test_fit_table_any_width(width: int, narrow: str) -> None:
@@ -302,6 +313,7 @@ def test_fit_table_any_width(width: int, narrow: str) -> None:
     assert_words_whole("a rather long note that has to wrap between its words somewhere", text)
 
 
+@pytest.mark.torch_free
 def test_fit_table_wide_is_one_table() -> None:
     text = render([_table()], 150)
     assert "(1/" not in text and "#" not in text
@@ -316,6 +328,7 @@ def default_rec() -> Recommendation:
     return recommend_mesh(RecommendRequest(heads=32, kv_heads=8))
 
 
+@pytest.mark.torch_free
 def test_recommend_fits_one_screen_verdict_first(default_rec: Recommendation) -> None:
     text = render(render_recommendation(default_rec), 100)
     assert_readable(text, 100)
@@ -331,6 +344,7 @@ def test_recommend_fits_one_screen_verdict_first(default_rec: Recommendation) ->
     assert a_line_with(text, "--cp-comm-type a2a") and "All-gather: its best" not in text
 
 
+@pytest.mark.torch_free
 def test_explain_keeps_the_full_explanation(default_rec: Recommendation) -> None:
     text = render(render_recommendation(default_rec, explain=True), 100)
     flat = " ".join(text.split())
@@ -352,6 +366,7 @@ def test_recommend_command_fits_45_lines_at_100_columns() -> None:
     assert "Against the ring on the same mesh" in " ".join(full.stdout.split())
 
 
+@pytest.mark.torch_free
 def test_piped_at_80_columns_the_candidates_are_one_table(default_rec: Recommendation) -> None:
     text = render(render_recommendation(default_rec), 80)
     assert_readable(text, 80)
@@ -361,6 +376,7 @@ def test_piped_at_80_columns_the_candidates_are_one_table(default_rec: Recommend
     assert a_line_with(text, "4 x 2 striped ag/hs1", "192.20", "6,412,800")
 
 
+@pytest.mark.torch_free
 def test_each_caveat_once(default_rec: Recommendation) -> None:
     assert default_rec.uncertainty
     source = default_rec.uncertainty.source
@@ -377,6 +393,7 @@ def test_each_caveat_once(default_rec: Recommendation) -> None:
         assert text.count(t) == 1 + sum(t in o for o in texts - {t}), t
 
 
+@pytest.mark.torch_free
 def test_the_winners_settings_only(default_rec: Recommendation) -> None:
     assert default_rec.winner and not default_rec.winner.prediction.candidate.all_gather
     assert any(is_alternative(f) for f in default_rec.frameworks)  # in --json
@@ -387,6 +404,7 @@ def test_the_winners_settings_only(default_rec: Recommendation) -> None:
     assert "all-gather CP" not in settings and "Megatron-LM" in settings
 
 
+@pytest.mark.torch_free
 def test_counts_have_thousands_separators(default_rec: Recommendation) -> None:
     for explain in (False, True):
         text = render(render_recommendation(default_rec, explain), 100)
@@ -398,6 +416,7 @@ def test_counts_have_thousands_separators(default_rec: Recommendation) -> None:
     )
 
 
+@pytest.mark.torch_free
 def test_a_framework_that_cannot_express_the_pick_is_labelled(
     default_rec: Recommendation,
 ) -> None:
@@ -443,6 +462,7 @@ def early_breaks(text: str) -> list[str]:
     return found
 
 
+@pytest.mark.torch_free
 def test_every_help_wraps_to_the_terminal() -> None:
     from typer.main import get_command  # noqa: PLC0415
 
@@ -462,6 +482,7 @@ def test_every_help_wraps_to_the_terminal() -> None:
 # ------------------------------------------------------------------ plan / probe / compare
 
 
+@pytest.mark.torch_free
 def test_plan_tables_narrow() -> None:
     """`cpbench plan` (Llama-3-8B at 128k on 16 GPUs): every table reads whole at 80 and 60
     columns, and each listed plan's TP x CP x PP x DP appears whole."""
@@ -481,6 +502,7 @@ def test_plan_tables_narrow() -> None:
             assert a_line_with(text, str(p.par.tp), layout(p)), p
 
 
+@pytest.mark.torch_free
 def test_probe_tables_narrow() -> None:
     """`cpbench probe`: the collectives, links and kernel tables at 80 and 60 columns, no
     line wider, nothing cut, every collective's mesh and size in a row with its kind."""
@@ -500,6 +522,7 @@ def test_probe_tables_narrow() -> None:
             assert_words_whole(col, text)
 
 
+@pytest.mark.torch_free
 def test_compare_table_narrow(tmp_path: Path) -> None:
     """`cpbench compare` of the fixture sweep with itself made 30% slower on every other
     record: at 80 and 60 columns nothing is cut and every verdict and mesh is whole."""

@@ -37,6 +37,8 @@ from cpbench.render.html.report import render_report
 from cpbench.results.frame import compare_frame
 from cpbench.results.store import SOURCE_KEY, read_records, records_frame
 
+pytestmark = pytest.mark.torch_free  # the floor-torch run has it in CI (tests/ci_split.py)
+
 FIXTURES = Path(__file__).parent / "fixtures"
 SWEEP = FIXTURES / "sweep.jsonl"
 AFTER = FIXTURES / "after.jsonl"

@@ -286,6 +286,7 @@ def test_report_renders_every_figure_offline_without_errors(browser: Chromium, t
     assert result["aria"] == "descending"
 
 
+@pytest.mark.torch_free
 def test_comparison_page_renders_and_hostile_strings_stay_text(browser: Chromium, tmp_path: Path):
     after = [json.loads(line) for line in (FIXTURES / "after.jsonl").read_text().splitlines()]
     for record in after:
@@ -314,6 +315,7 @@ def test_comparison_page_renders_and_hostile_strings_stay_text(browser: Chromium
     assert not [e for e in browser.events if e.get("method") == "Page.javascriptDialogOpening"]
 
 
+@pytest.mark.torch_free
 def test_the_checks_do_catch_errors_and_requests(browser: Chromium, tmp_path: Path):
     """The harness itself: a page that throws and fetches from a remote host is caught."""
     page = tmp_path / "bad.html"

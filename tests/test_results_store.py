@@ -33,6 +33,8 @@ from cpbench.results.store import (
 )
 from tests.fixtures import make_fixtures
 
+pytestmark = pytest.mark.torch_free  # the floor-torch run has it in CI (tests/ci_split.py)
+
 FIXTURES = Path(__file__).parent / "fixtures"
 
 

@@ -21,6 +21,8 @@ from cpbench.config.vocabulary import LAYOUTS
 from cpbench.errors import CpbenchError
 from tests.geometry_reference import balanced_shards, merged, reference_balanced, zigzag_shards
 
+pytestmark = pytest.mark.torch_free  # the floor-torch run has it in CI (tests/ci_split.py)
+
 
 def _few_lengths(rng: random.Random, seq_len: int) -> tuple[int, ...]:
     """Lengths summing to seq_len drawn from two or three values (and a cut last one), now and

@@ -24,6 +24,8 @@ from cpbench.results.scenarios.loading import (
 )
 from cpbench.results.scenarios.scenario import Scenario
 
+pytestmark = pytest.mark.torch_free  # the floor-torch run has it in CI (tests/ci_split.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # name -> (device, world size used for the expansion, points, feasible)

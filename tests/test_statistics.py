@@ -26,6 +26,8 @@ from cpbench.model.ties import (
     relative_sigma,
 )
 
+pytestmark = pytest.mark.torch_free  # the floor-torch run has it in CI (tests/ci_split.py)
+
 
 @pytest.mark.parametrize("n", [6, 10, 20, 50, 101, 1000])
 def test_rank_bounds_cover_at_least_95_percent_and_are_the_tightest(n: int) -> None:

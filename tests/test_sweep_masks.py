@@ -112,6 +112,7 @@ def test_a_document_sweep_on_two_ranks_is_checked_counted_and_recorded(
     assert typed[0].config is not None and typed[0].config.documents == [30, 3, 25, 6]
 
 
+@pytest.mark.torch_free
 def test_a_record_with_documents_round_trips(tmp_path: Path, swept: tuple[Path, list[dict]]):
     _, records = swept
     record = ResultRecord.model_validate(records[2])
@@ -127,6 +128,7 @@ def test_a_record_with_documents_round_trips(tmp_path: Path, swept: tuple[Path, 
     assert row["per_rank_work"] == record.flops.per_rank_work  # type: ignore[union-attr]
 
 
+@pytest.mark.torch_free
 def test_an_old_record_reads_as_causal_or_full_and_is_written_back_unchanged(
     tmp_path: Path, swept: tuple[Path, list[dict]]
 ) -> None:
@@ -158,6 +160,7 @@ def test_an_old_record_reads_as_causal_or_full_and_is_written_back_unchanged(
     assert section.padding is None and section.run_seq_len is None
 
 
+@pytest.mark.torch_free
 def test_the_report_plots_per_rank_work_against_compute_per_layout(
     swept: tuple[Path, list[dict]],
 ) -> None:

@@ -227,6 +227,7 @@ def test_a_ctrl_c_while_the_forkserver_starts_is_kept_for_the_parent() -> None:
     assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
 
 
+@pytest.mark.torch_free
 def test_a_ctrl_c_another_thread_takes_in_that_window_is_held_too() -> None:
     """The parent has other threads (a progress bar's, a queue's feeder): the kernel gives a
     Ctrl-C to one that does not block SIGINT; it is held all the same, then raised."""
@@ -281,6 +282,7 @@ def test_the_started_forkserver_cannot_take_a_ctrl_c() -> None:
 # ------------------------------------------------------------------ count and estimate first
 
 
+@pytest.mark.torch_free
 def test_a_sweep_tells_its_count_and_estimate_before_it_starts(tmp_path: Path) -> None:
     path = _scenario(tmp_path, kv_heads="[3, 1]")
     path.write_text(path.read_text().replace("heads = [4]", "heads = [3]"))  # no Ulysses 2
@@ -335,6 +337,7 @@ def test_a_large_sweep_asks_in_a_terminal_and_not_outside_one(
 # -------------------------------------------------------------------------------- warnings
 
 
+@pytest.mark.torch_free
 def test_python_warnings_print_as_cpbench_lines(tmp_path: Path) -> None:
     """A torn last line (cpbench's UserWarning) and a library's RuntimeWarning reach the user
     as `cpbench: warning: ...` lines: no module path, no source line."""
@@ -347,6 +350,7 @@ def test_python_warnings_print_as_cpbench_lines(tmp_path: Path) -> None:
     assert ".py:" not in res.stderr and "warnings.warn" not in res.stderr
 
 
+@pytest.mark.torch_free
 def test_a_library_warning_names_its_category(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -24,6 +24,8 @@ from cpbench.model.topology import (
     tiers_from_matrix,
 )
 
+pytestmark = pytest.mark.torch_free  # the floor-torch run has it in CI (tests/ci_split.py)
+
 MB = 1e6
 
 

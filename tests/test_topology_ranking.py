@@ -20,6 +20,8 @@ from cpbench.model.hardware.loading import load_profile
 from cpbench.model.topology import describe, place, ring_gather_time
 from tests.golden import assert_same_document
 
+pytestmark = pytest.mark.torch_free  # the floor-torch run has it in CI (tests/ci_split.py)
+
 LENGTHS = (32768, 65536, 131072)
 
 

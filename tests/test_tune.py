@@ -54,6 +54,7 @@ def _run(
     return tune_loop(_candidates(), measure, _recommendation().profile, settings), asked
 
 
+@pytest.mark.torch_free
 def test_a_right_model_is_confirmed_and_what_it_rules_out_is_not_measured() -> None:
     """Times 1.7x the prediction, every candidate alike (the common error only): the loop
     measures the pick first and keeps it; candidates the model puts far behind are never
@@ -72,6 +73,7 @@ def test_a_right_model_is_confirmed_and_what_it_rules_out_is_not_measured() -> N
     assert outcome.runs < len(true_s)
 
 
+@pytest.mark.torch_free
 def test_a_wrong_prior_ranking_is_recovered_from() -> None:
     """The model's three fastest are really 40% slower than it says: the loop must find that
     out and pick the true best (within 3%), not the model's favourite."""
@@ -85,6 +87,7 @@ def test_a_wrong_prior_ranking_is_recovered_from() -> None:
     assert 0 in asked  # the model's favourite was measured (and found out)
 
 
+@pytest.mark.torch_free
 def test_the_budget_stops_the_loop() -> None:
     predicted = [r.prediction.step_s for r in _recommendation().ranked]
     true_s = [p * (1.4 if i < 3 else 1.0) for i, p in enumerate(predicted)]
@@ -95,6 +98,7 @@ def test_the_budget_stops_the_loop() -> None:
     assert outcome.cost_s == pytest.approx(true_s[asked[0]] + true_s[asked[1]], rel=1e-12)
 
 
+@pytest.mark.torch_free
 def test_a_candidate_that_cannot_be_measured_is_said_so() -> None:
     predicted = [r.prediction.step_s for r in _recommendation().ranked]
 
@@ -108,6 +112,7 @@ def test_a_candidate_that_cannot_be_measured_is_said_so() -> None:
     assert statuses <= {"measured", "predicted", "ruled out", "not measurable"}
 
 
+@pytest.mark.torch_free
 def test_the_replay_of_the_published_tables_picks_within_10_percent() -> None:
     """benchmarks/tune_replay.py's numbers, held: every group's pick within 10% of its
     measured best and all but one within 3% (measured: 16 of 17, worst 3.2%)."""
@@ -119,6 +124,7 @@ def test_the_replay_of_the_published_tables_picks_within_10_percent() -> None:
     assert all(0 < g.share <= 1 and 1 <= g.runs <= g.candidates for g in groups)
 
 
+@pytest.mark.torch_free
 def test_cli_tune_replays_an_oracle_and_writes_a_profile(tmp_path: Path) -> None:
     out = tmp_path / "tuned.toml"
     res = runner.invoke(app, ["tune", *PROBLEM, "--oracle", str(PUBLISHED), "--json",
@@ -140,6 +146,7 @@ def test_cli_tune_replays_an_oracle_and_writes_a_profile(tmp_path: Path) -> None
     assert again.exit_code == 0, again.output
 
 
+@pytest.mark.torch_free
 @pytest.mark.parametrize(
     ("content", "message"),
     [
@@ -157,6 +164,7 @@ def test_a_bad_oracle_table_is_one_line_and_exit_2(
     assert len(res.stderr.strip().splitlines()) == 1 and message in res.stderr, res.stderr
 
 
+@pytest.mark.torch_free
 def test_an_oracle_of_another_problem_is_refused(tmp_path: Path) -> None:
     other = [a if a != "16384" else "8192" for a in PROBLEM]  # the table has no 8192 rows
     res = runner.invoke(app, ["tune", *other, "--oracle", str(PUBLISHED)])

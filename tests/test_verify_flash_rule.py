@@ -19,7 +19,7 @@ pieces of random meshes up to world 8 against the rule.
 The whole matrices of mask cases are `run_cases_with_flash_rule` on `_mask_cases(n,
 every_kv_count=True)`: world 4's 525 (this test's until December 2026: 0 failures, 19-22 s
 here) and world 8's 735 (0 failures, 83 s).
-Worlds 4 and 8 run on the main torch only (tests/impl_support.ONCE_PER_CI); the floor-torch
+Worlds 4 and 8 run on the main torch only (tests/ci_split.ONCE_PER_CI); the floor-torch
 run keeps world 2.
 Rank 0 judges with the batch's float64 references (`bench.reference.ReferenceMemo`): one per
 problem, shared by its meshes and layouts."""
@@ -31,7 +31,8 @@ import pytest
 from cpbench.app.verify import default_cases
 from cpbench.config.bench import VerifyCase
 from cpbench.config.tolerances import TOLERANCE
-from tests.impl_support import ONCE_PER_CI, on_the_main_torch, run_cases_with_flash_rule
+from tests.ci_split import ONCE_PER_CI, on_the_main_torch
+from tests.impl_support import run_cases_with_flash_rule
 
 ONCE_PER_CI_MARK = pytest.mark.skipif(not on_the_main_torch(), reason=ONCE_PER_CI)
 
