@@ -145,9 +145,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.skip(reason=ci_split.IN_THE_FLOOR_RUN))
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
-    """A `torch_free` test fails when it touched torch (`ci_split.torch_untouched`)."""
+def _untouched(item: pytest.Item) -> Iterator[None]:
+    """A `torch_free` test fails when it, or a fixture it sets up, touched torch
+    (`ci_split.torch_untouched`)."""
     if not item.get_closest_marker("torch_free"):
         return (yield)
     with ci_split.torch_untouched() as uses:
@@ -157,6 +157,10 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
         pytest.fail(f"marked torch_free, but it {shown[:300]}: unmark it (tests/ci_split.py)",
                     pytrace=False)
     return result
+
+
+pytest_runtest_setup = pytest.hookimpl(wrapper=True)(_untouched)
+pytest_runtest_call = pytest.hookimpl(wrapper=True)(_untouched)
 
 
 # ------------------------------------------------------------------------ skip allow-list

@@ -91,6 +91,8 @@ def _start_worker(
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(tree), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env["PYTHONDONTWRITEBYTECODE"] = "1"
+    # Not CI's split (tests/ci_split.py): every test a mutant names runs, torch-free or not.
+    env.pop("CPBENCH_CI", None)
     spec = tree / ".mutation-runs.json"
     spec.write_text(json.dumps({"runs": runs, "timeout": timeout_s}))
     return subprocess.Popen(
