@@ -117,22 +117,31 @@ def lend(pool: Callable[[int], WorkerPool], monkeypatch: pytest.MonkeyPatch,
 # ------------------------------------------------------------------------ order of the modules
 
 HEAVIEST_FIRST: tuple[str, ...] = (
-    "test_verify_flash_rule.py",
-    "test_sweep.py",
     "test_torchrun.py",
+    "test_sweep.py",
+    "test_verify_flash_rule.py",
     "test_gpu_acceptance.py",
+    "test_kernels.py",
     "test_mutation.py",
     "test_cp_attention.py",
-    "test_masks_attention.py",
-    "test_kernels.py",
+    "test_sweep_safety.py",
+    "test_calibrate.py",
     "test_report.py",
+    "test_masks_attention.py",
     "test_impls.py",
+    "test_fuzz_readers.py",
+    "test_render_width.py",
+    "test_inference.py",
+    "test_recommend_scale.py",
+    "test_plan_search.py",
+    "test_report_browser.py",
 )
-"""The modules of most CPU time, most first (CPU-seconds of the whole machine per module, 79 to
-15 s of a 538 s suite, torch 2.13 on 2 cores). They start first: pytest-xdist hands whole
-modules to its workers in this order (pyproject's `--dist loadscope --no-loadscope-reorder`),
-so the last modules to finish are short ones and the workers end together. A module not named
-here keeps its place after them; the order changes nothing else."""
+"""The modules of longest time, longest first (seconds per module in CI's two split runs,
+tests/ci_split.py, on 2 cores: 65 to 11 s). They start first: pytest-xdist hands whole modules
+to its workers in this order (pyproject's `--dist loadscope --no-loadscope-reorder`), so the
+last modules to finish are short ones and the workers end together (with test_sweep_safety's
+26 s last, one worker ended 16 s after the other). A module not named here keeps its place
+after them; the order changes nothing else."""
 
 
 @pytest.hookimpl(trylast=True)  # after pytest's own reordering by fixtures

@@ -90,3 +90,11 @@ def test_ci_s_main_run_leaves_the_marked_tests_to_the_floor_run(
     floor = _item(marked=True)
     conftest.pytest_collection_modifyitems([floor])
     assert floor.marks == []
+
+
+@pytest.mark.torch_free
+def test_the_modules_ordered_first_exist() -> None:
+    """A renamed module would drop out of the order silently (and end a worker late)."""
+    here = Path(__file__).parent
+    assert [m for m in conftest.HEAVIEST_FIRST if not (here / m).is_file()] == []
+    assert len(set(conftest.HEAVIEST_FIRST)) == len(conftest.HEAVIEST_FIRST)

@@ -38,6 +38,7 @@ world_size = 2
 device = "cpu"
 warmup = 0
 iters = 2
+precision = "off"
 timeout = {timeout}
 
 [axes]
