@@ -38,12 +38,17 @@ IN_THE_FLOOR_RUN = "torch-free: runs once per CI, in the floor-torch run"
 """Skip reason of a `torch_free` test in CI's main-torch run."""
 
 
-def on_the_main_torch() -> bool:
-    """Whether this torch is CI's main one (or newer)."""
+def torch_release() -> tuple[int, int]:
+    """This torch's (major, minor)."""
     import torch  # noqa: PLC0415 - only where a test asks
 
     release = torch.__version__.split("+")[0].split(".")
-    return (int(release[0]), int(release[1])) >= MAIN_TORCH
+    return int(release[0]), int(release[1])
+
+
+def on_the_main_torch() -> bool:
+    """Whether this torch is CI's main one (or newer)."""
+    return torch_release() >= MAIN_TORCH
 
 
 def in_ci() -> bool:

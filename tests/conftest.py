@@ -183,13 +183,6 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def _torch_before(major: int, minor: int) -> bool:
-    import torch  # noqa: PLC0415
-
-    release = torch.__version__.split("+")[0].split(".")
-    return (int(release[0]), int(release[1])) < (major, minor)
-
-
 def _cpu_flash_without_gqa() -> bool:
     from cpbench import compat  # noqa: PLC0415
 
@@ -211,7 +204,7 @@ class PlatformSkip:
 PLATFORM_SKIPS: tuple[PlatformSkip, ...] = (
     PlatformSkip(
         r"torch \S+ lacks what the torch_cp adapter uses",
-        lambda: _torch_before(2, 13),
+        lambda: ci_split.torch_release() < (2, 13),
         "torch_cp follows torch 2.13's private context-parallel modules; the floor torch "
         "(2.5.1) has none: its torch_cp cases are out there (test_impls names it)",
     ),
